@@ -1,0 +1,31 @@
+#!/usr/bin/env bash
+# Installs everything the worker and its tests need on a fresh Debian machine, idempotently:
+# Redis (Debian's redis-server), Java and Maven when missing, the Python virtualenv in .venv
+# with the pinned versions of constraints.txt, and Kafka's jars from Maven Central.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+need_apt=()
+command -v redis-server >/dev/null 2>&1 || [ -x /usr/bin/redis-server ] || need_apt+=(redis-server)
+command -v java >/dev/null 2>&1 || need_apt+=(openjdk-17-jre-headless)
+command -v mvn >/dev/null 2>&1 || need_apt+=(maven)
+if [ ${#need_apt[@]} -gt 0 ]; then
+  echo "bootstrap: installing ${need_apt[*]} from Debian" >&2
+  sudo_cmd=""; [ "$(id -u)" -ne 0 ] && sudo_cmd="sudo"
+  $sudo_cmd apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive $sudo_cmd apt-get install -y -qq "${need_apt[@]}" >/dev/null
+fi
+
+python=${PYTHON:-python3}
+if [ ! -x .venv/bin/python ]; then
+  "$python" -m venv .venv
+fi
+stamp=.venv/.installed-$(cat pyproject.toml constraints.txt | sha256sum | cut -c1-16)
+if [ ! -f "$stamp" ]; then
+  echo "bootstrap: installing Python packages into .venv" >&2
+  .venv/bin/pip install -q --disable-pip-version-check --upgrade pip
+  .venv/bin/pip install -q --disable-pip-version-check -c constraints.txt -e '.[test]'
+  rm -f .venv/.installed-*; touch "$stamp"
+fi
+
+.venv/bin/python -m deploy.services jars >/dev/null

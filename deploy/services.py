@@ -1,0 +1,309 @@
+"""Local Apache Kafka and Redis for development and tests, on loopback.
+
+This module alone owns how the two services start, how we know they are ready, and how they
+stop. Tests reach it through the session fixtures in ``tests/conftest.py``; people reach it
+through ``python -m deploy.services run -- COMMAND`` (start both, run COMMAND with
+``SGW_KAFKA_BOOTSTRAP`` and ``SGW_REDIS_URL`` set, stop both).
+
+Kafka is the real broker: a single-node KRaft server (broker and controller in one JVM) run
+from the jars that ``deploy/kafka/pom.xml`` resolves from Maven Central. Redis is Debian's
+``redis-server`` with persistence off. Both take free ports chosen at start and keep their data
+in a temporary folder that is removed on stop.
+"""
+
+from __future__ import annotations
+
+import argparse
+import atexit
+import base64
+import contextlib
+import hashlib
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+import uuid
+from pathlib import Path
+
+DEPLOY_DIR = Path(__file__).resolve().parent
+KAFKA_POM = DEPLOY_DIR / "kafka" / "pom.xml"
+KAFKA_LIBS = DEPLOY_DIR / "kafka" / "target" / "libs"
+# Written after a successful resolve; holds the pom's hash so an edited pom resolves again.
+KAFKA_LIBS_STAMP = KAFKA_LIBS / ".pom-sha256"
+
+KAFKA_START_TIMEOUT_S = 90.0
+REDIS_START_TIMEOUT_S = 15.0
+STOP_TIMEOUT_S = 15.0
+# The broker's heap: ample for tests and the demo, small beside a 24 GiB, 2-core machine.
+KAFKA_HEAP = ["-Xms256m", "-Xmx1g"]
+KAFKA_STARTED_LINE = "Kafka Server started"
+
+LOG4J2_PROPERTIES = """\
+status = warn
+appender.file.type = File
+appender.file.name = FILE
+appender.file.fileName = {log_file}
+appender.file.layout.type = PatternLayout
+appender.file.layout.pattern = [%d] %p %m (%c)%n
+rootLogger.level = WARN
+rootLogger.appenderRef.file.ref = FILE
+# The one INFO line we keep: it is how we know the broker is ready.
+logger.started.name = kafka.server.KafkaRaftServer
+logger.started.level = INFO
+"""
+
+
+class ServiceError(RuntimeError):
+    """A local service could not be installed, started or reached."""
+
+
+def free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def _port_open(port: int) -> bool:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.settimeout(0.5)
+        return s.connect_ex(("127.0.0.1", port)) == 0
+
+
+def _stop_process(proc: subprocess.Popen[bytes] | None) -> None:
+    """SIGTERM, wait, then SIGKILL: a broker gets the chance to close its logs cleanly."""
+    if proc is None or proc.poll() is not None:
+        return
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(proc.pid, signal.SIGTERM)
+    try:
+        proc.wait(timeout=STOP_TIMEOUT_S)
+    except subprocess.TimeoutExpired:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait(timeout=STOP_TIMEOUT_S)
+
+
+def _tail(path: Path, lines: int = 30) -> str:
+    try:
+        return "\n".join(path.read_text(errors="replace").splitlines()[-lines:])
+    except OSError:
+        return "(no log)"
+
+
+def ensure_kafka_jars() -> Path:
+    """Resolve the broker's jars with Maven unless the current pom's jars are already there."""
+    pom_hash = hashlib.sha256(KAFKA_POM.read_bytes()).hexdigest()
+    if KAFKA_LIBS_STAMP.exists() and KAFKA_LIBS_STAMP.read_text().strip() == pom_hash:
+        return KAFKA_LIBS
+    if shutil.which("mvn") is None:
+        raise ServiceError("Maven (mvn) is not installed; run deploy/bootstrap.sh first")
+    if KAFKA_LIBS.exists():
+        shutil.rmtree(KAFKA_LIBS)
+    result = subprocess.run(
+        ["mvn", "-B", "-q", "-f", str(KAFKA_POM), "dependency:copy-dependencies"],
+        capture_output=True,
+        text=True,
+    )
+    if result.returncode != 0:
+        raise ServiceError(f"resolving Kafka's jars failed:\n{result.stdout}\n{result.stderr}")
+    KAFKA_LIBS_STAMP.write_text(pom_hash)
+    return KAFKA_LIBS
+
+
+def kafka_version() -> str:
+    jars = sorted(KAFKA_LIBS.glob("kafka_2.13-*.jar"))
+    return jars[0].stem.removeprefix("kafka_2.13-") if jars else "unknown"
+
+
+class LocalKafka:
+    """A single-node KRaft Apache Kafka broker on loopback."""
+
+    def __init__(self, partitions: int = 1) -> None:
+        self.partitions = partitions
+        self.port = 0
+        self.bootstrap = ""
+        self.workdir: Path | None = None
+        self.proc: subprocess.Popen[bytes] | None = None
+        self.started_in_s = 0.0
+
+    def start(self) -> LocalKafka:
+        if shutil.which("java") is None:
+            raise ServiceError("Java is not installed; run deploy/bootstrap.sh first")
+        libs = ensure_kafka_jars()
+        began = time.monotonic()
+        self.workdir = Path(tempfile.mkdtemp(prefix="sgw-kafka-"))
+        self.port, controller_port = free_port(), free_port()
+        self.bootstrap = f"127.0.0.1:{self.port}"
+        props = self.workdir / "server.properties"
+        props.write_text(self._properties(controller_port))
+        log_file = self.workdir / "kafka.log"
+        log4j = self.workdir / "log4j2.properties"
+        log4j.write_text(LOG4J2_PROPERTIES.format(log_file=log_file))
+        java = ["java", *KAFKA_HEAP, f"-Dlog4j2.configurationFile={log4j}",
+                "-Dkafka.logs.dir=" + str(self.workdir), "-cp", f"{libs}/*"]
+        cluster_id = base64.urlsafe_b64encode(uuid.uuid4().bytes).rstrip(b"=").decode()
+        fmt = subprocess.run(
+            [*java, "kafka.tools.StorageTool", "format", "--standalone",
+             "-t", cluster_id, "-c", str(props)],
+            capture_output=True, text=True,
+        )
+        if fmt.returncode != 0:
+            raise ServiceError(f"formatting Kafka's storage failed:\n{fmt.stdout}\n{fmt.stderr}")
+        stdout = open(self.workdir / "kafka.out", "wb")
+        self.proc = subprocess.Popen(
+            [*java, "kafka.Kafka", str(props)],
+            stdout=stdout, stderr=subprocess.STDOUT, start_new_session=True,
+        )
+        deadline = time.monotonic() + KAFKA_START_TIMEOUT_S
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                raise ServiceError(
+                    f"Kafka exited with {self.proc.returncode}:\n{_tail(log_file)}\n"
+                    f"{_tail(self.workdir / 'kafka.out')}"
+                )
+            if log_file.exists() and KAFKA_STARTED_LINE in log_file.read_text(errors="replace"):
+                if _port_open(self.port):
+                    self.started_in_s = time.monotonic() - began
+                    return self
+            time.sleep(0.1)
+        self.stop()
+        raise ServiceError(f"Kafka did not start in {KAFKA_START_TIMEOUT_S:.0f}s")
+
+    def _properties(self, controller_port: int) -> str:
+        assert self.workdir is not None
+        return "\n".join([
+            "process.roles=broker,controller",
+            "node.id=1",
+            f"controller.quorum.bootstrap.servers=127.0.0.1:{controller_port}",
+            f"listeners=PLAINTEXT://127.0.0.1:{self.port},CONTROLLER://127.0.0.1:{controller_port}",
+            f"advertised.listeners=PLAINTEXT://127.0.0.1:{self.port}",
+            "controller.listener.names=CONTROLLER",
+            "inter.broker.listener.name=PLAINTEXT",
+            "listener.security.protocol.map=PLAINTEXT:PLAINTEXT,CONTROLLER:PLAINTEXT",
+            f"log.dirs={self.workdir / 'data'}",
+            f"num.partitions={self.partitions}",
+            # One node: every internal topic has a single replica.
+            "offsets.topic.replication.factor=1",
+            "offsets.topic.num.partitions=8",
+            "transaction.state.log.replication.factor=1",
+            "transaction.state.log.min.isr=1",
+            "share.coordinator.state.topic.replication.factor=1",
+            "share.coordinator.state.topic.min.isr=1",
+            # Tests join and leave groups all the time; waiting 3 s for stragglers only slows them.
+            "group.initial.rebalance.delay.ms=0",
+            "auto.create.topics.enable=true",
+            "",
+        ])
+
+    def memory_rss_mib(self) -> float:
+        """Resident memory of the broker's JVM (Linux), for the foundation report."""
+        if self.proc is None:
+            return 0.0
+        for line in Path(f"/proc/{self.proc.pid}/status").read_text().splitlines():
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1]) / 1024
+        return 0.0
+
+    def stop(self) -> None:
+        _stop_process(self.proc)
+        self.proc = None
+        if self.workdir is not None:
+            shutil.rmtree(self.workdir, ignore_errors=True)
+            self.workdir = None
+
+
+class LocalRedis:
+    """Debian's redis-server on loopback, no persistence."""
+
+    def __init__(self) -> None:
+        self.port = 0
+        self.url = ""
+        self.workdir: Path | None = None
+        self.proc: subprocess.Popen[bytes] | None = None
+
+    def start(self) -> LocalRedis:
+        binary = shutil.which("redis-server") or "/usr/bin/redis-server"
+        if not Path(binary).exists():
+            raise ServiceError("redis-server is not installed; run deploy/bootstrap.sh first")
+        self.workdir = Path(tempfile.mkdtemp(prefix="sgw-redis-"))
+        self.port = free_port()
+        self.url = f"redis://127.0.0.1:{self.port}/0"
+        self.proc = subprocess.Popen(
+            [binary, "--port", str(self.port), "--bind", "127.0.0.1", "--save", "",
+             "--appendonly", "no", "--dir", str(self.workdir), "--loglevel", "warning",
+             "--logfile", str(self.workdir / "redis.log")],
+            stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT, start_new_session=True,
+        )
+        deadline = time.monotonic() + REDIS_START_TIMEOUT_S
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                raise ServiceError(f"redis-server exited:\n{_tail(self.workdir / 'redis.log')}")
+            if self._ping():
+                return self
+            time.sleep(0.05)
+        self.stop()
+        raise ServiceError(f"redis-server did not answer PING in {REDIS_START_TIMEOUT_S:.0f}s")
+
+    def _ping(self) -> bool:
+        try:
+            with socket.create_connection(("127.0.0.1", self.port), timeout=0.5) as s:
+                s.sendall(b"PING\r\n")
+                return s.recv(16).startswith(b"+PONG")
+        except OSError:
+            return False
+
+    def stop(self) -> None:
+        _stop_process(self.proc)
+        self.proc = None
+        if self.workdir is not None:
+            shutil.rmtree(self.workdir, ignore_errors=True)
+            self.workdir = None
+
+
+def _run(command: list[str]) -> int:
+    """Start both services, run ``command`` with their addresses in the environment, stop."""
+    redis = LocalRedis().start()
+    kafka = LocalKafka(partitions=6)
+    atexit.register(redis.stop)
+    atexit.register(kafka.stop)
+    kafka.start()
+    print(
+        f"local services: Kafka {kafka_version()} at {kafka.bootstrap} "
+        f"(started in {kafka.started_in_s:.1f}s), Redis at {redis.url}",
+        file=sys.stderr, flush=True,
+    )
+    env = {**os.environ, "SGW_KAFKA_BOOTSTRAP": kafka.bootstrap, "SGW_REDIS_URL": redis.url}
+    child = subprocess.Popen(command, env=env)
+    # Ctrl-C and SIGTERM go to the command first; the services stop after it has exited.
+    signal.signal(signal.SIGINT, lambda *_: child.send_signal(signal.SIGINT))
+    signal.signal(signal.SIGTERM, lambda *_: child.send_signal(signal.SIGTERM))
+    try:
+        return child.wait()
+    finally:
+        kafka.stop()
+        redis.stop()
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m deploy.services", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    sub = parser.add_subparsers(dest="action", required=True)
+    sub.add_parser("jars", help="resolve Kafka's jars from Maven Central")
+    run = sub.add_parser("run", help="start Kafka and Redis, run COMMAND, stop them")
+    run.add_argument("command", nargs=argparse.REMAINDER)
+    args = parser.parse_args(argv)
+    if args.action == "jars":
+        print(ensure_kafka_jars())
+        return 0
+    command = args.command[1:] if args.command[:1] == ["--"] else args.command
+    if not command:
+        parser.error("run needs a COMMAND")
+    return _run(command)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,58 @@
+"""Shared fixtures: the real Kafka broker and Redis server, started once per test session.
+
+If SGW_KAFKA_BOOTSTRAP / SGW_REDIS_URL are set, those services are used instead. Services that
+this run started are stopped when it ends, passed or failed. A service that cannot start fails
+the tests that need it; nothing is skipped silently.
+"""
+
+from __future__ import annotations
+
+import os
+import uuid
+from collections.abc import AsyncIterator, Iterator
+
+import pytest
+from redis.asyncio import Redis
+
+from deploy.services import LocalKafka, LocalRedis
+
+
+@pytest.fixture(scope="session")
+def kafka_bootstrap() -> Iterator[str]:
+    given = os.environ.get("SGW_KAFKA_BOOTSTRAP")
+    if given:
+        yield given
+        return
+    kafka = LocalKafka().start()
+    try:
+        yield kafka.bootstrap
+    finally:
+        kafka.stop()
+
+
+@pytest.fixture(scope="session")
+def redis_url() -> Iterator[str]:
+    given = os.environ.get("SGW_REDIS_URL")
+    if given:
+        yield given
+        return
+    redis = LocalRedis().start()
+    try:
+        yield redis.url
+    finally:
+        redis.stop()
+
+
+@pytest.fixture
+async def redis(redis_url: str) -> AsyncIterator[Redis]:
+    client = Redis.from_url(redis_url)
+    try:
+        yield client
+    finally:
+        await client.aclose()
+
+
+@pytest.fixture
+def unique() -> str:
+    """A fresh suffix for topic, group and key names, so tests never see each other's data."""
+    return uuid.uuid4().hex[:10]

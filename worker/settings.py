@@ -1,0 +1,105 @@
+"""The worker's settings: one frozen object read from ``SGW_*`` environment variables.
+
+Every field is documented where it is declared; ``scorer-worker settings`` prints them all
+with secrets masked.
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import Field, SecretStr
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+
+class Settings(BaseSettings):
+    model_config = SettingsConfigDict(env_prefix="SGW_", frozen=True, extra="ignore")
+
+    # --- Kafka -------------------------------------------------------------------------------
+    kafka_bootstrap: str = Field(
+        "127.0.0.1:9092", description="Kafka bootstrap servers, comma-separated host:port."
+    )
+    consumer_group: str = Field(
+        "scorer-group-worker",
+        description="Kafka consumer group; every worker process in it shares the partitions.",
+    )
+    traces_topic: str = Field("traces.ingested", description="Topic the ingested traces arrive on.")
+    ratings_topic: str = Field(
+        "scorer-groups.ratings", description="Topic every group result is published to."
+    )
+    signals_topic: str = Field(
+        "scorer-groups.signals", description="Topic below-threshold Signals are published to."
+    )
+    webhooks_topic: str = Field(
+        "scorer-groups.webhooks", description="Topic of webhook deliveries, one per alert channel."
+    )
+    dlq_topic: str = Field(
+        "traces.dlq", description="Dead-letter topic for records that cannot be decoded."
+    )
+    topic_partitions: int = Field(
+        6, ge=1, description="Partition count used when the worker creates a topic it owns."
+    )
+    max_trace_bytes: int = Field(
+        1_048_576, ge=1024, description="A trace record larger than this goes to the DLQ."
+    )
+
+    # --- Redis -------------------------------------------------------------------------------
+    redis_url: str = Field("redis://127.0.0.1:6379/0", description="Redis URL (catalog, budgets).")
+
+    # --- Judges (OpenAI-compatible chat completions) ----------------------------------------
+    judge_base_url: str = Field(
+        "http://127.0.0.1:8000/v1", description="Base URL of the judge endpoint, ending in /v1."
+    )
+    judge_api_key: SecretStr = Field(
+        SecretStr(""), description="Bearer key for the judge endpoint; never logged."
+    )
+    judge_model: str = Field("gpt-4o-mini", description="Model asked when a judge names none.")
+    judge_timeout_s: float = Field(30.0, gt=0, description="Timeout of one judge HTTP call.")
+    judge_concurrency: int = Field(
+        16, ge=1, description="Concurrent judge calls per endpoint, across all traces."
+    )
+
+    # --- Egress guard ------------------------------------------------------------------------
+    egress_allow: str = Field(
+        "",
+        description=(
+            "Hosts or networks (comma-separated, e.g. '127.0.0.0/8,scorer.internal') that "
+            "user-configured URLs may reach although they resolve to a private, loopback, "
+            "link-local or metadata address."
+        ),
+    )
+
+    # --- Processing --------------------------------------------------------------------------
+    max_in_flight: int = Field(
+        256, ge=1, description="Traces being scored at once; partitions pause when it is full."
+    )
+    commit_interval_s: float = Field(
+        1.0, gt=0, description="How often finished offsets are committed."
+    )
+    shutdown_timeout_s: float = Field(
+        20.0, gt=0, description="On SIGTERM, how long in-flight work may take to finish."
+    )
+
+    # --- Operations --------------------------------------------------------------------------
+    metrics_port: int = Field(
+        9108, ge=0, le=65535,
+        description="Port of /metrics, /healthz and /readyz; 0 picks a free port and logs it.",
+    )
+    log_format: Literal["json", "console"] = Field(
+        "json", description="'json' lines for production, 'console' for people."
+    )
+    log_level: Literal["debug", "info", "warning", "error"] = Field(
+        "info", description="Lowest level that is logged."
+    )
+
+    def egress_allow_list(self) -> list[str]:
+        return [item.strip() for item in self.egress_allow.split(",") if item.strip()]
+
+    def described(self) -> list[tuple[str, str, str]]:
+        """(environment variable, value with secrets masked, description) for each field."""
+        rows = []
+        for name, field in type(self).model_fields.items():
+            value = getattr(self, name)
+            shown = "**********" if isinstance(value, SecretStr) and value else str(value)
+            rows.append((f"SGW_{name.upper()}", shown, field.description or ""))
+        return rows
