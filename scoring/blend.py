@@ -1,0 +1,199 @@
+"""THE score: blend what each member of a group said into one 0-10 rating.
+
+1. Every member's native verdict is normalized to a 0-1 goodness (``goodness``).
+2. Must-pass gates are read first: a gate whose goodness is below 0.5 zeroes the group; a gate
+   that could not score leaves the group with no score (fail closed), unless another gate has
+   failed outright - a known failure is never hidden behind "no score".
+3. Otherwise the score is the weighted average of goodness over the members that produced one
+   (renormalization), times 10. With no weight left, there is no score.
+
+Pure code: no I/O, no clock, no randomness.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Literal
+
+from scoring.models import MemberKind, Polarity
+
+MemberStatus = Literal["scored", "failed", "not_scored"]
+
+GATE_PASS_MARK = 0.5  # goodness below this fails a must-pass member; exactly 0.5 passes
+REFERENCE_DELETED = "reference deleted"
+# Scores are rounded so 10 * 2.6 / 4 reads 6.5, not 6.499999999999999. Rounding is monotone,
+# so it never reverses an order between two scores.
+SCORE_DECIMALS = 6
+
+
+def _finite_number(value: object, what: str) -> float:
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        raise ValueError(f"{what} must be a number, got {value!r}")
+    number = float(value)
+    if math.isnan(number) or math.isinf(number):
+        raise ValueError(f"{what} must be a finite number, got {value!r}")
+    return number
+
+
+def goodness(
+    kind: MemberKind,
+    native: float | bool,
+    *,
+    polarity: Polarity | None = None,
+    invert: bool = False,
+) -> float:
+    """Normalize a member's native verdict to 0-1.
+
+    judge: rating 0-10 → rating / 10.  pattern: matched? through polarity (a matched failure
+    pattern is 0, a matched proper pattern is 1).  custom: a 0..1 score as-is, or a boolean
+    verdict as 1/0 flipped by ``invert``. A value off its scale raises ValueError; it is never
+    clamped, because a clamped wrong value would be scored as if it were right.
+    """
+    if kind == "judge":
+        rating = _finite_number(native, "a judge rating")
+        if not 0 <= rating <= 10:
+            raise ValueError(f"a judge rating must be within 0-10, got {native!r}")
+        return rating / 10
+    if kind == "pattern":
+        if not isinstance(native, bool):
+            raise ValueError(f"a pattern verdict must be matched (true) or not (false), got {native!r}")
+        if polarity == "failure":
+            return 0.0 if native else 1.0
+        if polarity == "proper":
+            return 1.0 if native else 0.0
+        raise ValueError(f"a pattern needs polarity 'failure' or 'proper', got {polarity!r}")
+    if kind == "custom":
+        if isinstance(native, bool):
+            return float(native != invert)
+        score = _finite_number(native, "a custom score")
+        if not 0 <= score <= 1:
+            raise ValueError(f"a custom score must be within 0..1, got {native!r}")
+        return score
+    raise ValueError(f"unknown member kind {kind!r}")
+
+
+@dataclass(frozen=True, slots=True)
+class MemberOutcome:
+    """What one member said about one subject: a goodness, or why there is none."""
+
+    name: str
+    kind: MemberKind
+    weight: float
+    gate: bool
+    goodness: float | None = None
+    error: str | None = None
+    ref_id: str = ""
+    native: float | bool | None = None
+    detail: str | None = None
+
+    def __post_init__(self) -> None:
+        weight = _finite_number(self.weight, "a weight")
+        if weight < 0:
+            raise ValueError(f"a weight must be 0 or more, got {self.weight!r}")
+        if self.goodness is not None:
+            g = _finite_number(self.goodness, "goodness")
+            if not 0 <= g <= 1:
+                raise ValueError(f"goodness must be within 0-1, got {self.goodness!r}")
+
+    @property
+    def status(self) -> MemberStatus:
+        if self.goodness is not None:
+            return "scored"
+        # A deleted non-gating member degrades quietly; a deleted gate fails (closed).
+        if self.error == REFERENCE_DELETED and not self.gate:
+            return "not_scored"
+        return "failed"
+
+    @property
+    def why_unscored(self) -> str:
+        return self.error or "no verdict"
+
+
+@dataclass(frozen=True, slots=True)
+class MemberResult:
+    """A member as it appears on a group result: its outcome, status and share of the blend."""
+
+    outcome: MemberOutcome
+    status: MemberStatus
+    share: float  # fraction of the blend's weight this member carried (0 when not counted)
+
+
+@dataclass(frozen=True, slots=True)
+class BlendResult:
+    score: float | None
+    reason: str | None
+    justification: str
+    members: tuple[MemberResult, ...]
+    decided_by: str | None = None  # the gate that decided the score, if one did
+
+    @property
+    def scored(self) -> bool:
+        return self.score is not None
+
+
+def _num(value: float) -> str:
+    return f"{value:.2f}".rstrip("0").rstrip(".") if value != int(value) else str(int(value))
+
+
+def _member_part(result: MemberResult) -> str:
+    o = result.outcome
+    gate = " [must pass]" if o.gate else ""
+    if o.goodness is None:
+        label = "not scored" if result.status == "not_scored" else "could not score"
+        return f"{o.name}{gate} {label} ({o.why_unscored})"
+    if o.weight == 0:
+        return f"{o.name}{gate} {o.goodness:.2f} (gate only)"
+    return f"{o.name}{gate} {o.goodness:.2f} × w{_num(o.weight)} ({result.share:.0%})"
+
+
+def _counts(outcome: MemberOutcome) -> bool:
+    """Does the member carry weight in the average? Only when it scored and weighs something."""
+    return outcome.goodness is not None and outcome.weight > 0
+
+
+def blend(outcomes: list[MemberOutcome] | tuple[MemberOutcome, ...]) -> BlendResult:
+    """The group score from its members' outcomes (see the module docstring for the rules)."""
+    counted = [o for o in outcomes if _counts(o)]
+    total_weight = math.fsum(o.weight for o in counted)
+    members = tuple(
+        MemberResult(o, o.status, o.weight / total_weight if _counts(o) else 0.0) for o in outcomes
+    )
+    parts = "; ".join(_member_part(m) for m in members)
+
+    average: float | None = None
+    if total_weight > 0:
+        # fsum is exactly rounded, so the score does not depend on the members' order.
+        weighted = math.fsum(o.weight * o.goodness for o in counted if o.goodness is not None)
+        average = 10 * weighted / total_weight
+
+    failed_gate = next((o for o in outcomes if o.gate and o.goodness is not None
+                        and o.goodness < GATE_PASS_MARK), None)
+    if failed_gate is not None:
+        why = (f'must-pass member "{failed_gate.name}" failed '
+               f"(goodness {failed_gate.goodness:.2f} < {GATE_PASS_MARK})")
+        alone = f", the blend alone was {average:.2f}" if average is not None else ""
+        return BlendResult(0.0, why[0].upper() + why[1:],
+                           f"Weighted blend: 0/10, {why}{alone}. {parts}",
+                           members, decided_by=failed_gate.name)
+
+    unscored_gate = next((o for o in outcomes if o.gate and o.goodness is None), None)
+    if unscored_gate is not None:
+        why = f'must-pass member "{unscored_gate.name}" could not score ({unscored_gate.why_unscored})'
+        return _no_score(why, parts, members, decided_by=unscored_gate.name)
+
+    if average is None:
+        if all(o.weight == 0 for o in outcomes):
+            return _no_score("every member has weight 0 (gates only)", parts, members)
+        return _no_score("no member with a weight above 0 could score", parts, members)
+
+    score = round(average, SCORE_DECIMALS)
+    gates = [o.name for o in outcomes if o.gate]
+    gate_note = f", must-pass {', '.join(gates)} passed" if gates else ""
+    return BlendResult(score, None, f"Weighted blend: {score:.2f}/10{gate_note}. {parts}", members)
+
+
+def _no_score(why: str, parts: str, members: tuple[MemberResult, ...],
+              decided_by: str | None = None) -> BlendResult:
+    return BlendResult(None, f"No score: {why}", f"Weighted blend: no score, {why}. {parts}",
+                       members, decided_by=decided_by)

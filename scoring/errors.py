@@ -1,0 +1,67 @@
+"""Errors of the scoring domain that reach users.
+
+One family, each with an HTTP-like status, so a future HTTP API maps them one to one:
+400 for a document that breaks a rule, 404 for an id that does not exist, 409 for a write that
+lost a race or conflicts with what is stored. Messages name the user's field (``sampleRate``,
+``members[2].refId``) and the rule it broke.
+"""
+
+from __future__ import annotations
+
+from pydantic import ValidationError
+
+
+class CatalogError(Exception):
+    """A catalog operation was refused; ``status`` says how an HTTP API would answer."""
+
+    status = 400
+
+    def __init__(self, message: str, *, errors: list[str] | None = None) -> None:
+        super().__init__(message)
+        self.message = message
+        self.errors = errors or [message]
+
+
+class InvalidDocument(CatalogError):
+    status = 400
+
+    @classmethod
+    def from_validation(cls, what: str, exc: ValidationError) -> InvalidDocument:
+        errors = field_errors(exc)
+        return cls(f"invalid {what}: " + "; ".join(errors), errors=errors)
+
+
+class NotFound(CatalogError):
+    status = 404
+
+
+class Conflict(CatalogError):
+    status = 409
+
+
+def _location(loc: tuple[int | str, ...]) -> str:
+    path = ""
+    for part in loc:
+        if isinstance(part, int):
+            path += f"[{part}]"
+        else:
+            path += ("." if path else "") + part
+    return path or "(document)"
+
+
+def _internal_step(part: int | str) -> bool:
+    return isinstance(part, str) and part.startswith(("function-", "tagged-"))
+
+
+def field_errors(exc: ValidationError) -> list[str]:
+    """Pydantic's errors as '<field path>: <what is wrong> (got <value>)', in wire names."""
+    messages = []
+    for error in exc.errors(include_url=False):
+        # Union members and validators add their own names to the path; the user never wrote them.
+        loc = tuple(p for p in error["loc"] if not _internal_step(p))
+        message = error["msg"].removeprefix("Value error, ")
+        got = error.get("input")
+        suffix = "" if error["type"] in ("missing", "extra_forbidden") or isinstance(got, dict | list) \
+            else f" (got {got!r})"
+        messages.append(f"{_location(loc)}: {message}{suffix}")
+    return messages

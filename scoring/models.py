@@ -1,0 +1,230 @@
+"""Wire models of scorer groups and the scorers their members refer to.
+
+These pydantic models are the single source of truth for the documents users save (catalog
+files, SDK calls) and for every limit the spec enforces at save time. Field names on the wire
+are camelCase (``sampleRate``); Python code uses snake_case attributes. Validation is strict:
+``"1"`` is not a weight and ``"true"`` is not a boolean.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Literal
+
+import re2
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    SecretStr,
+    StringConstraints,
+    field_validator,
+    model_validator,
+)
+from pydantic.alias_generators import to_camel
+
+MAX_MEMBERS = 20
+MAX_WEIGHT = 1000.0
+MAX_IDLE_SECONDS = 86_400
+DEFAULT_IDLE_SECONDS = 120
+SEVERITIES = ("low", "medium", "high", "critical")
+
+MemberKind = Literal["judge", "pattern", "custom"]
+Severity = Literal["low", "medium", "high", "critical"]
+Scope = Literal["trace", "session"]
+Polarity = Literal["failure", "proper"]
+PatternTarget = Literal["output", "input", "both"]
+PatternTemplate = Literal["email", "phone", "credit_card", "ssn", "apology", "refusal"]
+
+Id = Annotated[str, StringConstraints(min_length=1, max_length=128, strip_whitespace=True)]
+Name = Annotated[str, StringConstraints(min_length=1, max_length=200, strip_whitespace=True)]
+Text = Annotated[str, StringConstraints(min_length=1, max_length=20_000)]
+
+# RE2 options: refuse rather than print parse errors to stderr; cap the compiled program.
+_RE2_OPTIONS = re2.Options()
+_RE2_OPTIONS.log_errors = False
+_RE2_OPTIONS.max_mem = 8 << 20
+
+
+def compile_user_regex(pattern: str) -> re2._Regexp:
+    """Compile a user's regex with RE2 (linear-time matching), or raise ValueError saying why.
+
+    RE2 has no backreferences or lookaround; those are refused here, at save time, instead of
+    being run by a backtracking engine that a hostile pattern can stall for minutes.
+    """
+    try:
+        return re2.compile(pattern, options=_RE2_OPTIONS)
+    except re2.error as exc:
+        why = exc.args[0].decode() if exc.args and isinstance(exc.args[0], bytes) else str(exc)
+        raise ValueError(
+            f"regex is not supported by the linear-time engine (RE2): {why}; "
+            "backreferences and lookaround are not available"
+        ) from None
+
+
+class WireModel(BaseModel):
+    """camelCase on the wire, unknown fields refused, values immutable once validated."""
+
+    model_config = ConfigDict(
+        alias_generator=to_camel,
+        populate_by_name=True,
+        extra="forbid",
+        frozen=True,
+        strict=True,
+        allow_inf_nan=False,
+    )
+
+    def wire(self) -> dict[str, object]:
+        """The JSON-ready document, camelCase, secrets revealed only where the model says."""
+        return self.model_dump(mode="json", by_alias=True, exclude_none=False)
+
+
+# --- Members and the online profile ---------------------------------------------------------
+
+
+class Member(WireModel):
+    """One member of a group: a reference to a scorer, its weight and whether it must pass."""
+
+    kind: MemberKind
+    ref_id: Id
+    weight: float = Field(1.0, ge=0, le=MAX_WEIGHT)
+    gate: bool = False
+
+
+class OnlineProfile(WireModel):
+    """How a group scores live traffic. The four first keys are required: a profile is never
+    completed with defaults the user did not choose (``scope`` and ``idleSeconds`` have the
+    defaults the spec gives them)."""
+
+    enabled: bool
+    sample_rate: float = Field(ge=0, le=1)
+    alert_threshold: float | None = Field(ge=0, le=10)
+    severity: Severity
+    scope: Scope = "trace"
+    idle_seconds: int = Field(DEFAULT_IDLE_SECONDS, ge=0, le=MAX_IDLE_SECONDS)
+
+
+class ScorerGroup(WireModel):
+    id: Id
+    name: Name
+    description: str | None = Field(None, max_length=2000)
+    project_id: Id
+    members: list[Member] = Field(min_length=1, max_length=MAX_MEMBERS)
+    online: OnlineProfile | None = None
+
+    @property
+    def live(self) -> bool:
+        """True when the group scores live traffic."""
+        return self.online is not None and self.online.enabled
+
+
+# --- The scorers members refer to -------------------------------------------------------------
+
+
+class Judge(WireModel):
+    """An LLM judge: a rubric (criteria) answered with a 0-10 rating."""
+
+    id: Id
+    name: Name
+    criteria: Text
+    judge_prompt: str | None = Field(None, max_length=20_000)
+    requires_expected: bool = False
+    model: str | None = Field(None, max_length=200)
+
+
+class Pattern(WireModel):
+    """A tripwire: matched / not matched, read through its polarity. Exactly one of ``regex``,
+    ``contains`` (case-insensitive keywords) or ``template`` says what it matches."""
+
+    id: Id
+    name: Name
+    polarity: Polarity
+    target: PatternTarget = "output"
+    regex: str | None = Field(None, min_length=1, max_length=5_000)
+    contains: list[Annotated[str, StringConstraints(min_length=1)]] | None = Field(
+        None, min_length=1, max_length=200
+    )
+    template: PatternTemplate | None = None
+
+    @field_validator("regex")
+    @classmethod
+    def _regex_runs_in_linear_time(cls, value: str | None) -> str | None:
+        if value is not None:
+            compile_user_regex(value)
+        return value
+
+    @model_validator(mode="after")
+    def _exactly_one_matcher(self) -> Pattern:
+        given = [name for name in ("regex", "contains", "template") if getattr(self, name) is not None]
+        if len(given) != 1:
+            raise ValueError(
+                "a pattern needs exactly one of regex, contains, template"
+                + (f" (got {', '.join(given)})" if given else "")
+            )
+        return self
+
+
+class CustomEvaluator(WireModel):
+    """A code scorer (Python defining ``score(...)``) or an external scorer (an HTTP URL)."""
+
+    id: Id
+    name: Name
+    type: Literal["code", "external"]
+    code: str | None = Field(None, min_length=1, max_length=100_000)
+    url: str | None = Field(None, max_length=2_000)
+    invert: bool = False
+    timeout_ms: int = Field(5_000, ge=10, le=120_000)
+
+    @field_validator("url")
+    @classmethod
+    def _http_url(cls, value: str | None) -> str | None:
+        if value is not None and not value.lower().startswith(("http://", "https://")):
+            raise ValueError("url must start with http:// or https://")
+        return value
+
+    @model_validator(mode="after")
+    def _code_or_url(self) -> CustomEvaluator:
+        if self.type == "code" and (self.code is None or self.url is not None):
+            raise ValueError("a code scorer needs code and no url")
+        if self.type == "external" and (self.url is None or self.code is not None):
+            raise ValueError("an external scorer needs url and no code")
+        return self
+
+
+# --- Project-level settings -----------------------------------------------------------------
+
+
+class Budget(WireModel):
+    """A project's online judge-call budget: N calls per fixed window."""
+
+    project_id: Id
+    judge_calls_per_window: int = Field(ge=0)
+    window_seconds: int = Field(3600, ge=1, le=30 * 86_400)
+
+
+class AlertChannel(WireModel):
+    """A webhook an agent's Signals are delivered to."""
+
+    agent_id: Id
+    url: str = Field(max_length=2_000)
+    secret: SecretStr | None = None
+
+    @field_validator("url")
+    @classmethod
+    def _http_url(cls, value: str) -> str:
+        if not value.lower().startswith(("http://", "https://")):
+            raise ValueError("url must start with http:// or https://")
+        return value
+
+
+class CatalogDocument(WireModel):
+    """The file ``scorer-worker catalog apply`` takes (YAML or JSON)."""
+
+    judges: list[Judge] = Field(default_factory=list)
+    patterns: list[Pattern] = Field(default_factory=list)
+    customs: list[CustomEvaluator] = Field(default_factory=list)
+    groups: list[ScorerGroup] = Field(default_factory=list)
+    budgets: list[Budget] = Field(default_factory=list)
+    channels: list[AlertChannel] = Field(default_factory=list)
+
+
+Scorer = Judge | Pattern | CustomEvaluator
