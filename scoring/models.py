@@ -16,7 +16,9 @@ from pydantic import (
     ConfigDict,
     Field,
     SecretStr,
+    SerializationInfo,
     StringConstraints,
+    field_serializer,
     field_validator,
     model_validator,
 )
@@ -61,6 +63,9 @@ def compile_user_regex(pattern: str) -> re2._Regexp:
         ) from None
 
 
+REVEAL_SECRETS = "reveal_secrets"
+
+
 class WireModel(BaseModel):
     """camelCase on the wire, unknown fields refused, values immutable once validated."""
 
@@ -74,8 +79,12 @@ class WireModel(BaseModel):
     )
 
     def wire(self) -> dict[str, object]:
-        """The JSON-ready document, camelCase, secrets revealed only where the model says."""
-        return self.model_dump(mode="json", by_alias=True, exclude_none=False)
+        """The JSON-ready document, camelCase, secrets masked: what people and logs may see."""
+        return self.model_dump(mode="json", by_alias=True)
+
+    def stored(self) -> dict[str, object]:
+        """The JSON-ready document with secrets revealed: only for the catalog store."""
+        return self.model_dump(mode="json", by_alias=True, context={REVEAL_SECRETS: True})
 
 
 # --- Members and the online profile ---------------------------------------------------------
@@ -214,6 +223,12 @@ class AlertChannel(WireModel):
         if not value.lower().startswith(("http://", "https://")):
             raise ValueError("url must start with http:// or https://")
         return value
+
+    @field_serializer("secret", when_used="json")
+    def _secret(self, value: SecretStr | None, info: SerializationInfo) -> str | None:
+        if value is None:
+            return None
+        return value.get_secret_value() if (info.context or {}).get(REVEAL_SECRETS) else "**********"
 
 
 class CatalogDocument(WireModel):

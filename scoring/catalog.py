@@ -1,0 +1,280 @@
+"""The catalog: judges, patterns, custom evaluators, scorer groups, budgets and alert channels,
+stored in Redis as versioned JSON documents.
+
+Writes are serialized by an optimistic check on one version key: each write WATCHes it, reads
+the catalog, validates the change against what is stored, and commits the documents and the
+next version in one transaction - or starts again when another writer got there first. So two
+people updating one group never lose an update, and a rule that spans documents (a live group
+may not hold a judge that requires an expected answer) holds whichever side changes.
+
+Readers take an immutable ``CatalogSnapshot``; workers keep one current through
+``CatalogWatcher`` (pub/sub, plus a periodic version check as a safety net) and swap it whole,
+so a trace is never scored with half of an old group and half of a new one.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+import orjson
+import structlog
+from redis.asyncio import Redis
+from redis.asyncio.client import Pipeline
+from redis.exceptions import WatchError
+
+from scoring import keys
+from scoring.errors import Conflict
+from scoring.models import (
+    AlertChannel,
+    Budget,
+    CustomEvaluator,
+    Judge,
+    MemberKind,
+    Pattern,
+    Scope,
+    ScorerGroup,
+    WireModel,
+)
+
+log = structlog.get_logger(__name__)
+
+KIND_MODELS: dict[str, type[WireModel]] = {
+    "judges": Judge, "patterns": Pattern, "customs": CustomEvaluator,
+    "groups": ScorerGroup, "budgets": Budget, "channels": AlertChannel,
+}
+MEMBER_KIND_NOUN: dict[MemberKind, str] = {
+    "judge": "LLM judge", "pattern": "pattern", "custom": "custom evaluator"}
+WRITE_ATTEMPTS = 20
+
+
+def doc_id(doc: WireModel) -> str:
+    """The id a document is stored under in its kind's hash."""
+    if isinstance(doc, Budget):
+        return doc.project_id
+    if isinstance(doc, AlertChannel):
+        return f"{doc.agent_id}|{doc.url}"
+    return str(getattr(doc, "id"))  # noqa: B009 - every other kind has an id field
+
+
+def kind_of(doc: WireModel) -> str:
+    return next(kind for kind, model in KIND_MODELS.items() if isinstance(doc, model))
+
+
+@dataclass(frozen=True)
+class CatalogSnapshot:
+    """The whole catalog at one version. Immutable: share it freely between tasks."""
+
+    version: int = 0
+    judges: Mapping[str, Judge] = field(default_factory=dict)
+    patterns: Mapping[str, Pattern] = field(default_factory=dict)
+    customs: Mapping[str, CustomEvaluator] = field(default_factory=dict)
+    groups: Mapping[str, ScorerGroup] = field(default_factory=dict)
+    budgets: Mapping[str, Budget] = field(default_factory=dict)
+    channels: Mapping[str, AlertChannel] = field(default_factory=dict)
+    # Indexes for the hot path, built once per snapshot.
+    _live: dict[tuple[str, Scope], tuple[ScorerGroup, ...]] = field(
+        default_factory=dict, init=False, repr=False, compare=False)
+    _channels_by_agent: dict[str, tuple[AlertChannel, ...]] = field(
+        default_factory=dict, init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        live: dict[tuple[str, Scope], list[ScorerGroup]] = {}
+        for group in sorted(self.groups.values(), key=lambda g: g.id):
+            if group.online is not None and group.online.enabled:
+                live.setdefault((group.project_id, group.online.scope), []).append(group)
+        self._live.update({k: tuple(v) for k, v in live.items()})
+        by_agent: dict[str, list[AlertChannel]] = {}
+        for channel in self.channels.values():
+            by_agent.setdefault(channel.agent_id, []).append(channel)
+        self._channels_by_agent.update({k: tuple(v) for k, v in by_agent.items()})
+
+    # ScorerLookup, for the panel
+    def judge(self, ref_id: str) -> Judge | None:
+        return self.judges.get(ref_id)
+
+    def pattern(self, ref_id: str) -> Pattern | None:
+        return self.patterns.get(ref_id)
+
+    def custom(self, ref_id: str) -> CustomEvaluator | None:
+        return self.customs.get(ref_id)
+
+    def scorer(self, kind: MemberKind, ref_id: str) -> Judge | Pattern | CustomEvaluator | None:
+        return {"judge": self.judge, "pattern": self.pattern, "custom": self.custom}[kind](ref_id)
+
+    def live_groups(self, project_id: str, scope: Scope) -> tuple[ScorerGroup, ...]:
+        """The project's groups whose online profile is enabled for ``scope``."""
+        return self._live.get((project_id, scope), ())
+
+    def channels_for(self, agent_id: str) -> tuple[AlertChannel, ...]:
+        return self._channels_by_agent.get(agent_id, ())
+
+    def budget(self, project_id: str) -> Budget | None:
+        return self.budgets.get(project_id)
+
+    def with_docs(self, docs: list[WireModel]) -> CatalogSnapshot:
+        """This snapshot with ``docs`` put in (for validating a change before it is written)."""
+        maps: dict[str, dict[str, Any]] = {kind: dict(getattr(self, kind)) for kind in KIND_MODELS}
+        for doc in docs:
+            maps[kind_of(doc)][doc_id(doc)] = doc
+        return CatalogSnapshot(self.version, **maps)
+
+    def without(self, kind: str, id_: str) -> CatalogSnapshot:
+        maps: dict[str, dict[str, Any]] = {k: dict(getattr(self, k)) for k in KIND_MODELS}
+        maps[kind].pop(id_, None)
+        return CatalogSnapshot(self.version, **maps)
+
+
+# --- Rules that span documents ----------------------------------------------------------------
+
+REQUIRES_EXPECTED_LIVE = ("has requiresExpected and cannot grade live traffic; disable "
+                          "requiresExpected or keep the group's live scoring off")
+
+
+def group_errors(group: ScorerGroup, catalog: CatalogSnapshot, previous: ScorerGroup | None) -> list[str]:
+    """What is wrong with storing ``group`` next to ``catalog``. References that the stored
+    version already held are grandfathered: their scorer may be gone, they degrade at scoring."""
+    grandfathered = {(m.kind, m.ref_id) for m in previous.members} if previous else set()
+    errors = []
+    for i, member in enumerate(group.members):
+        scorer = catalog.scorer(member.kind, member.ref_id)
+        if scorer is None and (member.kind, member.ref_id) not in grandfathered:
+            errors.append(f"members[{i}].refId: no {MEMBER_KIND_NOUN[member.kind]} "
+                          f"with id {member.ref_id!r}")
+        elif isinstance(scorer, Judge) and scorer.requires_expected and group.live:
+            errors.append(f"members[{i}].refId: judge {scorer.name!r} {REQUIRES_EXPECTED_LIVE}")
+    return errors
+
+
+def judge_errors(judge: Judge, catalog: CatalogSnapshot) -> list[str]:
+    """A judge changed to require an expected answer may not sit in a live group."""
+    if not judge.requires_expected:
+        return []
+    return [f"requiresExpected: judge {judge.name!r} is a member of group {g.name!r} ({g.id}) "
+            "whose live scoring is enabled; a judge that requires an expected answer cannot grade "
+            "live traffic"
+            for g in catalog.groups.values()
+            if g.live and any(m.kind == "judge" and m.ref_id == judge.id for m in g.members)]
+
+
+# --- The store --------------------------------------------------------------------------------
+
+Write = tuple[str, str, WireModel | None]  # (kind, id, document or None to delete)
+
+
+class CatalogStore:
+    def __init__(self, redis: Redis) -> None:
+        self.redis = redis
+
+    async def version(self) -> int:
+        return int(await self.redis.get(keys.CATALOG_VERSION) or 0)
+
+    async def snapshot(self) -> CatalogSnapshot:
+        async with self.redis.pipeline(transaction=True) as pipe:
+            pipe.get(keys.CATALOG_VERSION)
+            for kind in KIND_MODELS:
+                pipe.hgetall(keys.catalog_hash(kind))
+            version, *hashes = await pipe.execute()
+        return _decode(version, hashes)
+
+    async def write(self, change: Callable[[CatalogSnapshot], list[Write]]) -> CatalogSnapshot:
+        """Apply ``change`` to the current catalog atomically. ``change`` validates against the
+        snapshot it is given (raising a CatalogError) and says what to write; it may be called
+        again with a newer snapshot if another writer committed first. Returns the new catalog."""
+        for _ in range(WRITE_ATTEMPTS):
+            async with self.redis.pipeline(transaction=True) as pipe:
+                try:
+                    current = await self._watched_snapshot(pipe)
+                    writes = change(current)
+                    if not writes:
+                        return current
+                    pipe.multi()  # type: ignore[no-untyped-call]
+                    after = current.version + 1
+                    for kind, id_, doc in writes:
+                        if doc is None:
+                            pipe.hdel(keys.catalog_hash(kind), id_)
+                        else:
+                            envelope = {"v": after, "doc": doc.stored()}
+                            pipe.hset(keys.catalog_hash(kind), id_, orjson.dumps(envelope))
+                    pipe.set(keys.CATALOG_VERSION, after)
+                    pipe.publish(keys.CATALOG_CHANNEL, after)
+                    await pipe.execute()
+                except WatchError:
+                    continue
+            log.info("catalog changed", version=after,
+                     changes=[f"{'delete' if d is None else 'put'} {k}/{i}" for k, i, d in writes])
+            return await self.snapshot()
+        raise Conflict(f"the catalog kept changing during {WRITE_ATTEMPTS} attempts to write; try again")
+
+    async def _watched_snapshot(self, pipe: Pipeline) -> CatalogSnapshot:
+        await pipe.watch(keys.CATALOG_VERSION)
+        version = await pipe.get(keys.CATALOG_VERSION)
+        hashes = [await pipe.hgetall(keys.catalog_hash(kind)) for kind in KIND_MODELS]
+        return _decode(version, hashes)
+
+
+def _decode(version: Any, hashes: list[Any]) -> CatalogSnapshot:
+    maps: dict[str, dict[str, Any]] = {}
+    for kind, raw in zip(KIND_MODELS, hashes, strict=True):
+        model = KIND_MODELS[kind]
+        docs: dict[str, Any] = {}
+        for id_, value in raw.items():
+            try:
+                docs[id_.decode()] = model.model_validate(orjson.loads(value)["doc"])
+            except Exception:  # one bad document must not take the whole catalog down
+                log.exception("catalog document is unreadable; it is left out", kind=kind, id=id_)
+        maps[kind] = docs
+    return CatalogSnapshot(int(version or 0), **maps)
+
+
+class CatalogWatcher:
+    """Keeps a current snapshot in a running worker: reloads on every change notice, and checks
+    the version every ``poll_s`` in case a notice was missed (pub/sub is at-most-once)."""
+
+    def __init__(self, store: CatalogStore, *, poll_s: float = 0.5,
+                 on_change: Callable[[CatalogSnapshot], None] | None = None) -> None:
+        self._store = store
+        self._poll_s = poll_s
+        self._on_change = on_change
+        self.current = CatalogSnapshot()
+        self._task: asyncio.Task[None] | None = None
+
+    async def start(self) -> CatalogSnapshot:
+        self.current = await self._store.snapshot()
+        self._task = asyncio.create_task(self._watch(), name="catalog-watcher")
+        return self.current
+
+    async def stop(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._task
+
+    async def refresh(self) -> None:
+        if await self._store.version() != self.current.version:
+            self.current = await self._store.snapshot()
+            log.info("catalog reloaded", version=self.current.version,
+                     groups=len(self.current.groups))
+            if self._on_change is not None:
+                self._on_change(self.current)
+
+    async def _watch(self) -> None:
+        while True:
+            pubsub = self._store.redis.pubsub(ignore_subscribe_messages=True)
+            try:
+                await pubsub.subscribe(keys.CATALOG_CHANNEL)
+                await self.refresh()  # a change between the snapshot and the subscription
+                while True:
+                    await pubsub.get_message(timeout=self._poll_s)
+                    await self.refresh()
+            except asyncio.CancelledError:
+                raise
+            except Exception:
+                log.warning("catalog watch interrupted; retrying", exc_info=True)
+                await asyncio.sleep(self._poll_s)
+            finally:
+                with contextlib.suppress(Exception):
+                    await pubsub.aclose()  # type: ignore[no-untyped-call]

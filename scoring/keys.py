@@ -1,0 +1,65 @@
+"""Every Redis key, channel and TTL the worker uses, in one place, with why.
+
+Keys that one Lua script or transaction touches together share a hash tag (the part in
+braces), so the same code runs on Redis Cluster: the catalog is one tag; a project's budget and
+dedupe keys are the project's tag; a group's rating buckets are the group's tag. Every key that
+grows with traffic has a TTL.
+"""
+
+from __future__ import annotations
+
+PREFIX = "sgw"
+
+# --- Catalog: a handful of small documents, changed by people, read by every worker --------
+CATALOG_TAG = "{catalog}"
+# Bumped by every catalog write; workers compare it to know whether their snapshot is stale,
+# and every write WATCHes it, so concurrent writers serialize instead of losing updates.
+CATALOG_VERSION = f"{PREFIX}:{CATALOG_TAG}:version"
+# One hash per kind of document: field = document id, value = {"v": version, "doc": {...}}.
+CATALOG_KINDS = ("judges", "patterns", "customs", "groups", "budgets", "channels")
+# Published (with the new version) after every write: running workers reload within a second.
+CATALOG_CHANNEL = f"{PREFIX}:catalog:changed"
+
+
+def catalog_hash(kind: str) -> str:
+    return f"{PREFIX}:{CATALOG_TAG}:{kind}"
+
+
+# --- Ratings history: buckets per group, one series per chart window ------------------------
+# window name -> (window seconds, bucket seconds). Bucket counts stay between 60 and 168, so a
+# chart reads a bounded number of small hashes whatever the traffic.
+RATING_WINDOWS: dict[str, tuple[int, int]] = {
+    "1h": (3_600, 60),
+    "24h": (86_400, 900),
+    "7d": (7 * 86_400, 3_600),
+    "30d": (30 * 86_400, 6 * 3_600),
+}
+
+
+def rating_bucket(group_id: str, bucket_s: int, bucket_start: int) -> str:
+    # A bucket lives as long as the window it belongs to, plus one bucket: then it has left
+    # every chart that could show it (TTL set by the script that writes it).
+    return f"{PREFIX}:ratings:{{{group_id}}}:{bucket_s}:{bucket_start}"
+
+
+# The latest verdict per group for a session (sessions.scores): kept 30 days after the last one.
+SESSION_SCORES_TTL_S = 30 * 86_400
+
+
+def session_scores(session_id: str) -> str:
+    return f"{PREFIX}:session-scores:{{{session_id}}}"
+
+
+# --- Live scoring: budgets and dedupe, per project --------------------------------------------
+# The online judge-call budget is shared with online evaluators: the same key for both.
+def judge_budget(project_id: str, window_start: int) -> str:
+    return f"online-judge-budget:{{{project_id}}}:{window_start}"
+
+
+# A (group, subject) claim: "lease:<owner>" while being scored, "done:<ratingId>" once its
+# outputs are acknowledged. Done marks are kept long enough to cover any redelivery.
+DEDUPE_DONE_TTL_S = 7 * 86_400
+
+
+def dedupe_claim(project_id: str, group_id: str, subject_key: str) -> str:
+    return f"{PREFIX}:claim:{{{project_id}}}:{group_id}:{subject_key}"

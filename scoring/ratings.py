@@ -1,0 +1,172 @@
+"""Ratings history (the group's chart) and the latest session verdicts, in Redis.
+
+Every group result lands in one time bucket per chart window (1h, 24h, 7d, 30d), each bucket a
+small hash of count, scored, sum, min, max, below-threshold and no-score counts. Bucket sizes
+grow with the window, so a group costs a bounded number of keys however busy it is, and each
+bucket expires once no window can show it.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import asdict, dataclass
+
+import orjson
+from redis.asyncio import Redis
+
+from scoring import keys
+
+_RECORD = """
+for i, key in ipairs(KEYS) do
+  redis.call('HINCRBY', key, 'count', 1)
+  if ARGV[1] == '' then
+    redis.call('HINCRBY', key, 'noscore', 1)
+  else
+    local r = tonumber(ARGV[1])
+    redis.call('HINCRBY', key, 'scored', 1)
+    redis.call('HINCRBYFLOAT', key, 'sum', ARGV[1])
+    local low = redis.call('HGET', key, 'min')
+    if (not low) or r < tonumber(low) then redis.call('HSET', key, 'min', ARGV[1]) end
+    local high = redis.call('HGET', key, 'max')
+    if (not high) or r > tonumber(high) then redis.call('HSET', key, 'max', ARGV[1]) end
+    if ARGV[2] == '1' then redis.call('HINCRBY', key, 'below', 1) end
+  end
+  redis.call('EXPIRE', key, ARGV[2 + i])
+end
+return #KEYS
+"""
+
+
+@dataclass(frozen=True, slots=True)
+class RatingEvent:
+    """One group result, as the history counts it."""
+
+    group_id: str
+    rating: float | None
+    below_threshold: bool
+    at: float  # epoch seconds
+
+
+@dataclass(frozen=True, slots=True)
+class SessionVerdict:
+    session_id: str
+    group_id: str
+    rating: float | None
+    justification: str
+    scored_at: float
+
+
+@dataclass(frozen=True, slots=True)
+class Bucket:
+    start: int
+    count: int
+    scored: int
+    mean: float | None
+    min: float | None
+    max: float | None
+    below: int
+    no_score: int
+
+
+@dataclass(frozen=True, slots=True)
+class RatingsHistory:
+    group_id: str
+    window: str
+    bucket_seconds: int
+    buckets: tuple[Bucket, ...]  # oldest first; empty buckets included, so a chart has no gaps
+
+    @property
+    def count(self) -> int:
+        return sum(b.count for b in self.buckets)
+
+    @property
+    def scored(self) -> int:
+        return sum(b.scored for b in self.buckets)
+
+    @property
+    def mean(self) -> float | None:
+        total = sum((b.mean or 0) * b.scored for b in self.buckets)
+        return total / self.scored if self.scored else None
+
+    @property
+    def below(self) -> int:
+        return sum(b.below for b in self.buckets)
+
+    @property
+    def no_score(self) -> int:
+        return sum(b.no_score for b in self.buckets)
+
+    def wire(self) -> dict[str, object]:
+        return {
+            "groupId": self.group_id, "window": self.window, "bucketSeconds": self.bucket_seconds,
+            "count": self.count, "scored": self.scored, "mean": self.mean,
+            "belowThreshold": self.below, "noScore": self.no_score,
+            "buckets": [{"start": b.start, "count": b.count, "scored": b.scored, "mean": b.mean,
+                         "min": b.min, "max": b.max, "belowThreshold": b.below, "noScore": b.no_score}
+                        for b in self.buckets],
+        }
+
+
+def _bucket_keys(group_id: str, at: float) -> tuple[list[str], list[int]]:
+    names, ttls = [], []
+    for window_s, bucket_s in keys.RATING_WINDOWS.values():
+        start = int(at) // bucket_s * bucket_s
+        names.append(keys.rating_bucket(group_id, bucket_s, start))
+        ttls.append(window_s + bucket_s)
+    return names, ttls
+
+
+class RatingsStore:
+    def __init__(self, redis: Redis) -> None:
+        self._redis = redis
+        self._record = redis.register_script(_RECORD)
+
+    async def record(self, events: list[RatingEvent], sessions: list[SessionVerdict] = ()) -> None:  # type: ignore[assignment]
+        """Count ``events`` into their buckets and keep the latest session verdicts, in one
+        pipelined round trip for the whole batch."""
+        if not events and not sessions:
+            return
+        async with self._redis.pipeline(transaction=False) as pipe:
+            for event in events:
+                names, ttls = _bucket_keys(event.group_id, event.at)
+                rating = "" if event.rating is None else repr(float(event.rating))
+                await self._record(keys=names, args=[rating, int(event.below_threshold), *ttls],
+                                   client=pipe)
+            for verdict in sessions:
+                key = keys.session_scores(verdict.session_id)
+                pipe.hset(key, verdict.group_id, orjson.dumps(asdict(verdict)))
+                pipe.expire(key, keys.SESSION_SCORES_TTL_S)
+            await pipe.execute()
+
+    async def history(self, group_id: str, window: str = "7d", now: float | None = None) -> RatingsHistory:
+        if window not in keys.RATING_WINDOWS:
+            raise ValueError(f"window must be one of {', '.join(keys.RATING_WINDOWS)}, got {window!r}")
+        window_s, bucket_s = keys.RATING_WINDOWS[window]
+        last = int(time.time() if now is None else now) // bucket_s * bucket_s
+        starts = list(range(last - window_s + bucket_s, last + 1, bucket_s))
+        async with self._redis.pipeline(transaction=False) as pipe:
+            for start in starts:
+                pipe.hgetall(keys.rating_bucket(group_id, bucket_s, start))
+            raw = await pipe.execute()
+        return RatingsHistory(group_id, window, bucket_s,
+                              tuple(_bucket(start, h) for start, h in zip(starts, raw, strict=True)))
+
+    async def session_scores(self, session_id: str) -> list[dict[str, object]]:
+        """The latest verdict of each group on the session, as the SDK returns them."""
+        raw = await self._redis.hgetall(keys.session_scores(session_id))
+        verdicts = sorted((orjson.loads(v) for v in raw.values()), key=lambda v: v["group_id"])
+        return [{"kind": f"scorer-group:{v['group_id']}", "rating": v["rating"],
+                 "justification": v["justification"], "scoredAt": v["scored_at"]} for v in verdicts]
+
+
+def _bucket(start: int, h: dict[bytes, bytes]) -> Bucket:
+    def num(name: str) -> float | None:
+        value = h.get(name.encode())
+        return float(value) if value is not None else None
+
+    scored = int(h.get(b"scored", 0))
+    total = num("sum")
+    return Bucket(start=start, count=int(h.get(b"count", 0)), scored=scored,
+                  mean=(total / scored) if scored and total is not None else None,
+                  min=num("min"), max=num("max"), below=int(h.get(b"below", 0)),
+                  no_score=int(h.get(b"noscore", 0)))

@@ -1,0 +1,62 @@
+"""Ratings history and session verdicts on the real Redis."""
+
+from __future__ import annotations
+
+import pytest
+from redis.asyncio import Redis
+
+from scoring import keys
+from scoring.ratings import RatingEvent, RatingsStore, SessionVerdict
+
+pytestmark = pytest.mark.integration
+
+NOW = 1_796_221_800.0  # half past an hour: the three recent events share one hourly bucket
+
+
+async def test_history_buckets_count_mean_min_max_below_and_no_score(redis: Redis, unique: str) -> None:
+    store = RatingsStore(redis)
+    group = f"g-{unique}"
+    events = [RatingEvent(group, 8.0, False, NOW - 30), RatingEvent(group, 4.0, True, NOW - 20),
+              RatingEvent(group, None, False, NOW - 10), RatingEvent(group, 6.0, False, NOW - 3 * 3600),
+              RatingEvent(f"other-{unique}", 1.0, True, NOW)]
+    await store.record(events)
+
+    week = await store.history(group, "7d", now=NOW)
+    assert week.bucket_seconds == 3600 and len(week.buckets) == 168
+    assert (week.count, week.scored, week.below, week.no_score) == (4, 3, 1, 1)
+    assert week.mean == pytest.approx(6.0)
+    last = week.buckets[-1]
+    assert (last.count, last.min, last.max, last.mean, last.no_score) == (3, 4.0, 8.0, 6.0, 1)
+
+    hour = await store.history(group, "1h", now=NOW)
+    assert (hour.count, hour.scored, hour.no_score) == (3, 2, 1), "the 3-hour-old event is outside 1h"
+    assert hour.bucket_seconds == 60 and len(hour.buckets) == 60
+    assert {b.min for b in hour.buckets if b.scored} <= {4.0, 8.0}
+
+    assert (await store.history(group, "30d", now=NOW)).count == 4
+    assert (await store.history(group, "24h", now=NOW)).count == 4
+    with pytest.raises(ValueError, match="window must be one of 1h, 24h, 7d, 30d"):
+        await store.history(group, "2w")
+
+
+async def test_buckets_expire_after_their_window(redis: Redis, unique: str) -> None:
+    store = RatingsStore(redis)
+    group = f"g-{unique}"
+    await store.record([RatingEvent(group, 5.0, False, NOW)])
+    for window_s, bucket_s in keys.RATING_WINDOWS.values():
+        key = keys.rating_bucket(group, bucket_s, int(NOW) // bucket_s * bucket_s)
+        ttl = await redis.ttl(key)
+        assert 0 < ttl <= window_s + bucket_s
+
+
+async def test_session_scores_keep_the_latest_verdict_per_group(redis: Redis, unique: str) -> None:
+    store = RatingsStore(redis)
+    session = f"s-{unique}"
+    await store.record([], [SessionVerdict(session, "g-a", 3.0, "Weighted blend: first", NOW)])
+    await store.record([], [SessionVerdict(session, "g-a", 4.5, "Weighted blend: second", NOW + 60),
+                            SessionVerdict(session, "g-b", None, "Weighted blend: no score", NOW + 60)])
+    scores = await store.session_scores(session)
+    assert [(s["kind"], s["rating"], s["justification"]) for s in scores] == [
+        ("scorer-group:g-a", 4.5, "Weighted blend: second"),
+        ("scorer-group:g-b", None, "Weighted blend: no score")]
+    assert await store.session_scores(f"none-{unique}") == []
