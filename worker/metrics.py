@@ -10,7 +10,14 @@ import asyncio
 from collections.abc import Callable
 
 import structlog
-from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
+from prometheus_client import (
+    CONTENT_TYPE_LATEST,
+    CollectorRegistry,
+    Counter,
+    Gauge,
+    Histogram,
+    generate_latest,
+)
 
 log = structlog.get_logger(__name__)
 
@@ -70,3 +77,106 @@ class OpsServer:
             ready, why = self._readiness()
             return ("200 OK" if ready else "503 Service Unavailable"), "text/plain", (why + "\n").encode()
         return "404 Not Found", "text/plain", b"not found\n"
+
+
+# --- The metrics ------------------------------------------------------------------------------
+# Labels are bounded: group and project ids come from the catalog (people create them), member
+# failure reasons are folded into a handful of classes by ``failure_class``.
+
+SCORE_BUCKETS = (0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10)
+LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120)
+
+TRACES_CONSUMED = Counter("sgw_traces_consumed", "Trace records read from Kafka.", registry=REGISTRY)
+DEAD_LETTERED = Counter("sgw_traces_dead_lettered", "Records sent to the dead-letter topic.",
+                        ["reason"], registry=REGISTRY)
+KEPT = Counter("sgw_traces_sampled_in", "(trace, group) pairs kept by sampling.", ["project", "group"],
+               registry=REGISTRY)
+GROUPS_SCORED = Counter("sgw_groups_scored", "Group results published.",
+                        ["project", "group", "scope", "outcome"], registry=REGISTRY)
+GROUPS_SKIPPED = Counter("sgw_groups_skipped", "Sampled pairs not scored, by why (budget, dedupe).",
+                         ["project", "group", "why"], registry=REGISTRY)
+GROUP_SCORE = Histogram("sgw_group_score", "Group scores (0-10) of scored results.",
+                        ["project", "group"], buckets=SCORE_BUCKETS, registry=REGISTRY)
+SIGNALS = Counter("sgw_signals_raised", "Below-threshold Signals raised.", ["project", "group", "severity"],
+                  registry=REGISTRY)
+JUDGE_CALLS = Counter("sgw_judge_calls", "Judge calls by outcome.", ["outcome"], registry=REGISTRY)
+JUDGE_LATENCY = Histogram("sgw_judge_call_seconds", "Latency of judge calls (retries included).",
+                          buckets=LATENCY_BUCKETS, registry=REGISTRY)
+MEMBER_FAILURES = Counter("sgw_member_failures", "Members that produced no verdict.", ["kind", "reason"],
+                          registry=REGISTRY)
+MEMBER_SECONDS = Histogram("sgw_member_seconds", "Time a member took, by kind.", ["kind"],
+                           buckets=LATENCY_BUCKETS, registry=REGISTRY)
+IN_FLIGHT = Gauge("sgw_traces_in_flight", "Traces being scored now.", registry=REGISTRY)
+CONSUMER_LAG = Gauge("sgw_consumer_lag", "Records behind the end of the partition.", ["topic", "partition"],
+                     registry=REGISTRY)
+COMMITTED_OFFSET = Gauge("sgw_committed_offset", "Last committed offset.", ["topic", "partition"],
+                         registry=REGISTRY)
+LAST_COMMIT_ADVANCE = Gauge("sgw_last_commit_advance_timestamp_seconds",
+                            "When a committed offset last moved (time() - this = seconds since).",
+                            registry=REGISTRY)
+INGEST_TO_RATING = Histogram("sgw_batch_to_rating_seconds",
+                             "From a trace's batch arriving to its outputs acknowledged and marked done.",
+                             buckets=LATENCY_BUCKETS, registry=REGISTRY)
+
+
+def failure_class(reason: str | None) -> str:
+    """A member's failure reason, folded into a bounded label."""
+    text = (reason or "").lower()
+    for needle, label in (("reference deleted", "reference_deleted"), ("timed out", "timeout"),
+                          ("unreachable", "unreachable"), ("http ", "http_error"),
+                          ("url refused", "egress_refused"), ("memory", "memory"),
+                          ("crashed", "crash"), ("must be within", "off_scale"),
+                          ("rating", "bad_verdict"), ("answer", "bad_verdict"),
+                          ("requires an expected", "no_expected"), ("error", "exception")):
+        if needle in text:
+            return label
+    return "other"
+
+
+class PrometheusEvents:
+    """``consumers.events.PipelineEvents`` as Prometheus metrics."""
+
+    def consumed(self, count: int) -> None:
+        TRACES_CONSUMED.inc(count)
+
+    def dead_lettered(self, reason: str) -> None:
+        DEAD_LETTERED.labels(reason).inc()
+
+    def kept(self, project: str, group: str) -> None:
+        KEPT.labels(project, group).inc()
+
+    def group_scored(self, project: str, group: str, scope: str, rating: float | None) -> None:
+        GROUPS_SCORED.labels(project, group, scope, "scored" if rating is not None else "no_score").inc()
+        if rating is not None:
+            GROUP_SCORE.labels(project, group).observe(rating)
+
+    def group_skipped(self, project: str, group: str, why: str) -> None:
+        GROUPS_SKIPPED.labels(project, group, why).inc()
+
+    def signal_raised(self, project: str, group: str, severity: str) -> None:
+        SIGNALS.labels(project, group, severity).inc()
+
+    def in_flight(self, count: int) -> None:
+        IN_FLIGHT.set(count)
+
+    def committed(self, topic: str, partition: int, offset: int) -> None:
+        COMMITTED_OFFSET.labels(topic, str(partition)).set(offset)
+        LAST_COMMIT_ADVANCE.set_to_current_time()
+
+    def lag(self, topic: str, partition: int, lag: int) -> None:
+        CONSUMER_LAG.labels(topic, str(partition)).set(lag)
+
+    def latency(self, seconds: float) -> None:
+        INGEST_TO_RATING.observe(seconds)
+
+
+def observe_member(kind: str, status: str, reason: str | None, seconds: float) -> None:
+    """``scoring.panel.MemberObserver``."""
+    MEMBER_SECONDS.labels(kind).observe(seconds)
+    if status == "failed" or status == "not_scored":
+        MEMBER_FAILURES.labels(kind, failure_class(reason)).inc()
+
+
+def observe_judge_call(outcome: str, seconds: float) -> None:
+    JUDGE_CALLS.labels(outcome).inc()
+    JUDGE_LATENCY.observe(seconds)

@@ -39,6 +39,12 @@ class Settings(BaseSettings):
     topic_partitions: int = Field(
         6, ge=1, description="Partition count used when the worker creates a topic it owns."
     )
+    topic_replication_factor: int = Field(
+        1, ge=1, description="Replication factor used when the worker creates a topic it owns."
+    )
+    producer_linger_ms: int = Field(
+        5, ge=0, description="How long the producer waits to fill a batch; trades latency for throughput."
+    )
     max_trace_bytes: int = Field(
         1_048_576, ge=1024, description="A trace record larger than this goes to the DLQ."
     )
@@ -79,6 +85,17 @@ class Settings(BaseSettings):
     shutdown_timeout_s: float = Field(
         20.0, gt=0, description="On SIGTERM, how long in-flight work may take to finish."
     )
+
+    claim_lease_s: float = Field(
+        180.0, gt=0,
+        description=(
+            "How long a (group, trace) claim is held while it is scored. Another worker waits on a "
+            "live lease; an expired one (its worker died) is scored again. Keep it above the longest "
+            "scoring time (judge timeout × retries)."
+        ),
+    )
+    code_sandboxes: int = Field(2, ge=1, description="Sandboxed processes that run code scorers.")
+    code_memory_mb: int = Field(256, ge=32, description="Address-space limit of one code-scorer sandbox.")
 
     # --- Operations --------------------------------------------------------------------------
     metrics_port: int = Field(

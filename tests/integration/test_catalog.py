@@ -64,7 +64,7 @@ async def test_unknown_ref_is_a_400_naming_the_member(client: MonitorClient) -> 
 async def test_save_time_limits_are_400s(client: MonitorClient) -> None:
     with pytest.raises(InvalidDocument, match=r"members\[0\].weight: Input should be less than or equal to 1000"):
         await client.scorer_groups.create("G", [member("judge", "quality", weight=1001)], project_id="p")
-    with pytest.raises(InvalidDocument, match="online.sampleRate"):
+    with pytest.raises(InvalidDocument, match=r"online\.sampleRate"):
         await client.scorer_groups.create("G", [member("judge", "quality")], project_id="p",
                                           online={**FULL_ONLINE, "sampleRate": 1.0000001})
 

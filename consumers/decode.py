@@ -1,0 +1,75 @@
+"""Turning a Kafka record into a Trace, or into a dead letter that says why not.
+
+A record is refused when it is over the size limit, not UTF-8, not JSON, or not a valid trace;
+the dead letter keeps the record as received (base64 when it is not text) with its position,
+so nothing is lost and the producer's owner can see exactly what was wrong.
+"""
+
+from __future__ import annotations
+
+import base64
+from datetime import UTC, datetime
+from typing import Literal
+
+import orjson
+from pydantic import BaseModel, ConfigDict, ValidationError
+from pydantic.alias_generators import to_camel
+
+from scoring.errors import field_errors
+from scoring.subjects import Trace
+
+DeadLetterReason = Literal["too_large", "not_utf8", "not_json", "invalid_trace"]
+
+
+class DeadLetter(BaseModel):
+    """The value on the dead-letter topic."""
+
+    model_config = ConfigDict(alias_generator=to_camel, populate_by_name=True, frozen=True)
+
+    reason: DeadLetterReason
+    error: str
+    topic: str
+    partition: int
+    offset: int
+    key: str | None
+    value: str
+    value_encoding: Literal["utf-8", "base64"]
+    received_at: datetime
+
+    def to_json(self) -> bytes:
+        return self.model_dump_json(by_alias=True).encode()
+
+
+def _as_text(raw: bytes | None) -> tuple[str, Literal["utf-8", "base64"]]:
+    if raw is None:
+        return "", "utf-8"
+    try:
+        return raw.decode("utf-8"), "utf-8"
+    except UnicodeDecodeError:
+        return base64.b64encode(raw).decode(), "base64"
+
+
+def decode_trace(topic: str, partition: int, offset: int, key: bytes | None, value: bytes | None,
+                 max_bytes: int) -> Trace | DeadLetter:
+    def dead(reason: DeadLetterReason, error: str) -> DeadLetter:
+        text, encoding = _as_text(value)
+        return DeadLetter(reason=reason, error=error, topic=topic, partition=partition, offset=offset,
+                          key=_as_text(key)[0] if key is not None else None, value=text,
+                          value_encoding=encoding, received_at=datetime.now(UTC))
+
+    if value is None:
+        return dead("not_json", "the record has no value (a tombstone)")
+    if len(value) > max_bytes:
+        return dead("too_large", f"the record is {len(value)} bytes, over the limit of {max_bytes}")
+    try:
+        value.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        return dead("not_utf8", f"the value is not UTF-8: {exc.reason} at byte {exc.start}")
+    try:
+        document = orjson.loads(value)
+    except orjson.JSONDecodeError as exc:
+        return dead("not_json", f"the value is not JSON: {exc}")
+    try:
+        return Trace.model_validate(document)
+    except ValidationError as exc:
+        return dead("invalid_trace", "; ".join(field_errors(exc)))

@@ -1,0 +1,33 @@
+"""What the loops report about their work. The worker turns these into Prometheus metrics;
+tests and tools can pass ``NoEvents``. Keeping this a protocol keeps ``consumers`` free of
+any metrics library."""
+
+from __future__ import annotations
+
+from typing import Protocol
+
+
+class PipelineEvents(Protocol):
+    def consumed(self, count: int) -> None: ...
+    def dead_lettered(self, reason: str) -> None: ...
+    def kept(self, project: str, group: str) -> None: ...
+    def group_scored(self, project: str, group: str, scope: str, rating: float | None) -> None: ...
+    def group_skipped(self, project: str, group: str, why: str) -> None: ...
+    def signal_raised(self, project: str, group: str, severity: str) -> None: ...
+    def in_flight(self, count: int) -> None: ...
+    def committed(self, topic: str, partition: int, offset: int) -> None: ...
+    def lag(self, topic: str, partition: int, lag: int) -> None: ...
+    def latency(self, seconds: float) -> None: ...
+
+
+class NoEvents:
+    def consumed(self, count: int) -> None: pass
+    def dead_lettered(self, reason: str) -> None: pass
+    def kept(self, project: str, group: str) -> None: pass
+    def group_scored(self, project: str, group: str, scope: str, rating: float | None) -> None: pass
+    def group_skipped(self, project: str, group: str, why: str) -> None: pass
+    def signal_raised(self, project: str, group: str, severity: str) -> None: pass
+    def in_flight(self, count: int) -> None: pass
+    def committed(self, topic: str, partition: int, offset: int) -> None: pass
+    def lag(self, topic: str, partition: int, lag: int) -> None: pass
+    def latency(self, seconds: float) -> None: pass

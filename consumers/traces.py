@@ -1,0 +1,380 @@
+"""The live loop: ingested traces in; ratings, Signals and webhook deliveries out.
+
+Each turn of the loop is a short list of steps:
+
+1. make room: pause the partitions while ``max_in_flight`` traces are being scored;
+2. fetch a batch (``getmany``), no larger than the room left;
+3. decode it: malformed records go to the dead-letter topic with their reason;
+4. route it: the project's live trace-scope groups, sampled per (trace, group); session-scope
+   groups only record the turn;
+5. claim it: one pipelined Redis round trip dedupes every (group, trace) pair and reserves each
+   group's judge calls all or nothing;
+6. start a job per trace: score its groups concurrently, publish, mark done;
+7. commit, on a timer: per partition, the offset below which every trace is finished.
+
+A job finishes its trace only once every output is acknowledged by the broker and its pair is
+marked done, so a commit never passes unfinished work (at-least-once), and a redelivered pair
+is skipped without spending budget again (no double spend).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import time
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+import structlog
+from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, ConsumerRebalanceListener, TopicPartition
+from aiokafka.structs import OffsetAndMetadata
+
+from consumers.batcher import Batcher
+from consumers.decode import DeadLetter, decode_trace
+from consumers.events import NoEvents, PipelineEvents
+from consumers.offsets import OffsetTracker
+from scoring.catalog import CatalogSnapshot
+from scoring.claims import ClaimRequest, Claims
+from scoring.models import ScorerGroup
+from scoring.panel import GroupResult, Panel, planned_judge_calls
+from scoring.ratings import RatingEvent, RatingsStore
+from scoring.results import below_threshold, build_deliveries, build_rating, build_signal
+from scoring.sampling import keep
+from scoring.subjects import Subject, Trace, trace_subject
+
+log = structlog.get_logger(__name__)
+
+BUSY_POLL_S = 0.5  # how often a pair leased by another worker is looked at again
+
+
+class TurnRecorder(Protocol):
+    """Where session-scope turns go (the sessions sweeper reads them)."""
+
+    async def record(self, traces: list[tuple[Trace, tuple[ScorerGroup, ...]]]) -> None: ...
+
+
+@dataclass(frozen=True)
+class TopicNames:
+    traces: str
+    ratings: str
+    signals: str
+    webhooks: str
+    dlq: str
+
+
+@dataclass
+class _Pair:
+    """One (group, trace) to score."""
+
+    group: ScorerGroup
+    subject: Subject
+    claim: ClaimRequest
+
+
+@dataclass(frozen=True)
+class _Finished:
+    claim: ClaimRequest
+    rating_id: str
+    event: RatingEvent
+
+
+class OutputError(Exception):
+    """An output could not be published or recorded: the worker must stop without committing."""
+
+
+class TraceConsumer:
+    def __init__(
+        self,
+        *,
+        consumer: AIOKafkaConsumer,
+        producer: AIOKafkaProducer,
+        topics: TopicNames,
+        catalog: Callable[[], CatalogSnapshot],
+        panel: Panel,
+        claims: Claims,
+        ratings: RatingsStore,
+        turns: TurnRecorder | None = None,
+        events: PipelineEvents | None = None,
+        max_in_flight: int = 256,
+        max_trace_bytes: int = 1 << 20,
+        commit_interval_s: float = 1.0,
+    ) -> None:
+        self._consumer = consumer
+        self._producer = producer
+        self._topics = topics
+        self._catalog = catalog
+        self._panel = panel
+        self._claims = claims
+        self._ratings = ratings
+        self._turns = turns
+        self._events: PipelineEvents = events or NoEvents()
+        self._max_in_flight = max_in_flight
+        self._max_trace_bytes = max_trace_bytes
+        self._commit_interval_s = commit_interval_s
+        self._offsets = OffsetTracker()
+        self._jobs: dict[asyncio.Task[None], list[ClaimRequest]] = {}
+        self._room = asyncio.Event()
+        self._finisher: Batcher[_Finished] = Batcher(self._write_finished)
+        self._fatal: BaseException | None = None
+        self._last_commit = 0.0
+        self.assigned_once = False
+        self.last_progress = time.monotonic()  # the loop's heartbeat, for /readyz
+        self.last_commit_advance = time.monotonic()
+
+    # --- lifecycle ---------------------------------------------------------------------------
+
+    def rebalance_listener(self) -> ConsumerRebalanceListener:
+        return _Rebalance(self)
+
+    @property
+    def fatal(self) -> BaseException | None:
+        return self._fatal
+
+    async def run(self, stop: asyncio.Event) -> None:
+        """Consume until ``stop`` is set or an output fails; then drain (see ``drain``)."""
+        self._finisher.start()
+        while not stop.is_set() and self._fatal is None:
+            await self._step()
+        if self._fatal is not None:
+            raise OutputError("an output could not be published; stopping without committing it") \
+                from self._fatal
+
+    async def drain(self, deadline_s: float) -> None:
+        """Shutdown: finish in-flight jobs within ``deadline_s``, cancel the rest and give up
+        their leases, then commit what is finished."""
+        if self._jobs:
+            log.info("draining in-flight traces", traces=len(self._jobs), deadline_s=deadline_s)
+            _, pending = await asyncio.wait(list(self._jobs), timeout=deadline_s)
+            if pending:
+                log.warning("cancelling traces that did not finish in time", traces=len(pending))
+                unfinished = [claim for task in pending for claim in self._jobs.get(task, [])]
+                for task in pending:
+                    task.cancel()
+                await asyncio.gather(*pending, return_exceptions=True)
+                with contextlib.suppress(Exception):
+                    await self._claims.release(unfinished)
+        await self._finisher.stop()
+        await self.commit()
+
+    # --- the loop ----------------------------------------------------------------------------
+
+    async def _step(self) -> None:
+        room = self._max_in_flight - self._offsets.in_flight()
+        assignment = self._consumer.assignment()
+        if room <= 0:
+            self._consumer.pause(*assignment)
+            self._room.clear()
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._room.wait(), timeout=self._commit_interval_s)
+        else:
+            paused = self._consumer.paused()
+            if paused:
+                self._consumer.resume(*paused)
+            batches = await self._consumer.getmany(timeout_ms=100, max_records=min(room, 1000))
+            if batches:
+                await self._handle(batches)
+        self.last_progress = time.monotonic()
+        if time.monotonic() - self._last_commit >= self._commit_interval_s:
+            await self.commit()
+            self._report_lag()
+
+    async def _handle(self, batches: dict[TopicPartition, list[Any]]) -> None:
+        snapshot = self._catalog()  # one catalog version for the whole batch
+        started = time.monotonic()
+        traces: list[tuple[TopicPartition, int, Trace]] = []
+        count = 0
+        for tp, records in batches.items():
+            for record in records:
+                count += 1
+                self._offsets.started(tp, record.offset)
+                decoded = decode_trace(tp.topic, tp.partition, record.offset, record.key, record.value,
+                                       self._max_trace_bytes)
+                if isinstance(decoded, DeadLetter):
+                    await self._dead_letter(tp, record.offset, decoded)
+                else:
+                    traces.append((tp, record.offset, decoded))
+        self._events.consumed(count)
+
+        pairs_by_trace = [(tp, offset, trace, self._route(trace, snapshot)) for tp, offset, trace in traces]
+        if self._turns is not None:
+            session_turns = [(trace, groups) for trace in (t for _, _, t in traces)
+                             if trace.session_id
+                             and (groups := snapshot.live_groups(trace.project_id, "session"))]
+            if session_turns:
+                await self._turns.record(session_turns)
+        claims = await self._claims.claim_many([p.claim for *_, pairs in pairs_by_trace for p in pairs])
+        cursor = 0
+        for tp, offset, trace, pairs in pairs_by_trace:
+            states = claims[cursor:cursor + len(pairs)]
+            cursor += len(pairs)
+            work: list[tuple[_Pair, bool]] = []
+            for pair, claim in zip(pairs, states, strict=True):
+                if claim.state == "claimed":
+                    work.append((pair, False))
+                elif claim.state == "busy":
+                    work.append((pair, True))
+                else:
+                    # exhausted: no budget now; done/skipped: a redelivery of a decided pair.
+                    why = "budget" if claim.state == "exhausted" else "dedupe"
+                    self._events.group_skipped(trace.project_id, pair.group.id, why)
+                    if claim.state == "exhausted":
+                        log.warning("judge budget exhausted; group skipped", project=trace.project_id,
+                                    group=pair.group.id, trace=trace.trace_id, used=claim.detail)
+            if not work:
+                self._offsets.finished(tp, offset)
+                continue
+            task = asyncio.create_task(self._job(tp, offset, work, started))
+            self._jobs[task] = [pair.claim for pair, _ in work]
+            task.add_done_callback(self._job_done)
+        self._events.in_flight(self._offsets.in_flight())
+
+    def _route(self, trace: Trace, snapshot: CatalogSnapshot) -> list[_Pair]:
+        """The project's live trace-scope groups that keep this trace (a stable sample)."""
+        groups = snapshot.live_groups(trace.project_id, "trace")
+        if not groups:
+            return []
+        subject = trace_subject(trace)
+        budget = snapshot.budget(trace.project_id)
+        pairs = []
+        for group in groups:
+            assert group.online is not None
+            if not keep(trace.trace_id, group.id, group.online.sample_rate):
+                continue
+            self._events.kept(trace.project_id, group.id)
+            claim = ClaimRequest(
+                project_id=trace.project_id, group_id=group.id, subject_key=f"trace:{trace.trace_id}",
+                judge_calls=planned_judge_calls(group, snapshot, subject),
+                budget_limit=budget.judge_calls_per_window if budget else None,
+                budget_window_s=budget.window_seconds if budget else 3600,
+            )
+            pairs.append(_Pair(group, subject, claim))
+        return pairs
+
+    # --- one trace -----------------------------------------------------------------------------
+
+    async def _job(self, tp: TopicPartition, offset: int, work: list[tuple[_Pair, bool]],
+                   started: float) -> None:
+        snapshot = self._catalog()
+        results = await asyncio.gather(*(self._score(pair, busy, snapshot) for pair, busy in work))
+        scored = [(pair, r) for (pair, _), r in zip(work, results, strict=True) if r is not None]
+        try:
+            finished = await self._publish(scored, snapshot)
+            await self._finisher.submit(finished)
+        except Exception as exc:
+            self._fatal = exc
+            log.error("publishing a trace's results failed; the worker stops", error=str(exc))
+            raise
+        self._offsets.finished(tp, offset)
+        self._events.latency(time.monotonic() - started)
+
+    def _job_done(self, task: asyncio.Task[None]) -> None:
+        self._jobs.pop(task, None)
+        self._room.set()
+        if not task.cancelled() and task.exception() is not None and self._fatal is None:
+            self._fatal = task.exception()
+
+    async def _score(self, pair: _Pair, busy: bool, snapshot: CatalogSnapshot) -> GroupResult | None:
+        """Score one pair; for a pair another worker holds, wait until it is done (None) or its
+        lease expires (then it is ours, budget reserved again)."""
+        while busy:
+            await asyncio.sleep(BUSY_POLL_S)
+            (claim,) = await self._claims.claim_many([pair.claim])
+            if claim.state in ("done", "skipped", "exhausted"):
+                self._events.group_skipped(pair.claim.project_id, pair.group.id,
+                                           "budget" if claim.state == "exhausted" else "dedupe")
+                return None
+            busy = claim.state == "busy"
+        return await self._panel.score(pair.group, pair.subject, snapshot)
+
+    async def _publish(self, scored: list[tuple[_Pair, GroupResult]],
+                       snapshot: CatalogSnapshot) -> list[_Finished]:
+        """Send every output of a trace without waiting per record, then wait for all acks."""
+        acks: list[Awaitable[Any]] = []
+        finished = []
+        for pair, result in scored:
+            group, subject = pair.group, pair.subject
+            rating = build_rating(result, "trace")
+            acks.append(await self._producer.send(self._topics.ratings, key=subject.trace_id.encode()
+                                                  if subject.trace_id else None, value=rating.to_json()))
+            self._events.group_scored(group.project_id, group.id, "trace", rating.rating)
+            signal = build_signal(group, rating)
+            if signal is not None:
+                acks.append(await self._producer.send(self._topics.signals, key=signal.key.encode(),
+                                                      value=signal.to_json()))
+                self._events.signal_raised(group.project_id, group.id, signal.severity)
+                urls = [c.url for c in snapshot.channels_for(subject.agent_id)]
+                for delivery in build_deliveries(signal, urls):
+                    acks.append(await self._producer.send(self._topics.webhooks,
+                                                          key=delivery.agent_id.encode(),
+                                                          value=delivery.to_json()))
+            event = RatingEvent(group.id, rating.rating, below_threshold(group, rating.rating),
+                                rating.scored_at.timestamp())
+            finished.append(_Finished(pair.claim, rating.id, event))
+        await asyncio.gather(*acks)
+        return finished
+
+    async def _write_finished(self, items: list[_Finished]) -> None:
+        await self._claims.mark_done([(i.claim, i.rating_id) for i in items])
+        await self._ratings.record([i.event for i in items])
+
+    async def _dead_letter(self, tp: TopicPartition, offset: int, dead: DeadLetter) -> None:
+        self._events.dead_lettered(dead.reason)
+        log.warning("dead-lettered a record", reason=dead.reason, error=dead.error[:300],
+                    topic=tp.topic, partition=tp.partition, offset=offset)
+        ack = await self._producer.send(self._topics.dlq, key=dead.key.encode() if dead.key else None,
+                                        value=dead.to_json())
+
+        def done(future: asyncio.Future[Any]) -> None:
+            if future.cancelled() or future.exception() is not None:
+                self._fatal = self._fatal or (future.exception() or OutputError("dead letter cancelled"))
+            else:
+                self._offsets.finished(tp, offset)
+                self._room.set()
+
+        ack.add_done_callback(done)
+
+    # --- offsets -------------------------------------------------------------------------------
+
+    async def commit(self, only: set[TopicPartition] | None = None) -> None:
+        """Commit, per partition, the offset below which every trace is finished."""
+        self._last_commit = time.monotonic()
+        moves = {tp: offset for tp, offset in self._offsets.to_commit().items()
+                 if only is None or tp in only}
+        if not moves:
+            return
+        await self._consumer.commit({tp: OffsetAndMetadata(offset, "") for tp, offset in moves.items()})
+        self._offsets.committed(moves)
+        self.last_commit_advance = time.monotonic()
+        for tp, offset in moves.items():
+            self._events.committed(tp.topic, tp.partition, offset)
+
+    def _report_lag(self) -> None:
+        for tp in self._consumer.assignment():
+            highwater = self._consumer.highwater(tp)
+            position = self._offsets.committable(tp)
+            if highwater is not None and position is not None:
+                self._events.lag(tp.topic, tp.partition, max(0, highwater - position))
+
+    def revoked(self, partitions: set[TopicPartition]) -> None:
+        self._offsets.forget(partitions)
+
+
+class _Rebalance(ConsumerRebalanceListener):  # type: ignore[misc]
+    """Before partitions move to another worker, commit what is finished on them. Work still
+    in flight on them goes on; its leases make the new owner wait instead of scoring twice."""
+
+    def __init__(self, owner: TraceConsumer) -> None:
+        self._owner = owner
+
+    async def on_partitions_revoked(self, revoked: set[TopicPartition]) -> None:
+        try:
+            await self._owner.commit(only=set(revoked))
+        except Exception:
+            log.warning("commit on revocation failed; the new owner may redeliver", exc_info=True)
+        self._owner.revoked(set(revoked))
+        log.info("partitions revoked", partitions=sorted(f"{tp.topic}:{tp.partition}" for tp in revoked))
+
+    async def on_partitions_assigned(self, assigned: set[TopicPartition]) -> None:
+        self._owner.assigned_once = True
+        log.info("partitions assigned", partitions=sorted(f"{tp.topic}:{tp.partition}" for tp in assigned))

@@ -1,0 +1,334 @@
+"""A deterministic, local OpenAI-compatible chat-completions server: the LLM judge for tests and the demo.
+
+Tests never mock HTTP; they start a ``JudgeServer`` on 127.0.0.1 and point the judge client at
+``server.base_url``. By default every request is answered deterministically: if the last user message
+holds a marker ``[[rating=N]]`` the rating is N (the last marker wins), otherwise ``default_rating``.
+Tests script other answers, one per request and first in first out, with ``Behaviour`` constructors:
+
+    with JudgeServer() as judge:
+        judge.script(Behaviour.status(429, retry_after=1), Behaviour.content("not json"))
+        ...  # the next two requests get a 429, then prose; later ones the deterministic default
+
+As a process (for the demo): ``python -m deploy.judge_server --port 0`` prints
+``judge server listening on http://127.0.0.1:<port>/v1`` and serves until SIGTERM or SIGINT.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import re
+import signal
+import socket
+import threading
+import time
+import uuid
+from collections import deque
+from dataclasses import dataclass, replace
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any, Literal
+
+MARKER = re.compile(r"\[\[rating=(-?\d+(?:\.\d+)?)\]\]")
+MODEL_ID = "judge-deterministic"
+_ERROR_KINDS = {  # status code -> (OpenAI error type, error code)
+    400: ("invalid_request_error", "invalid_request"), 401: ("invalid_request_error", "invalid_api_key"),
+    404: ("invalid_request_error", "not_found"), 429: ("requests", "rate_limit_exceeded"),
+    500: ("server_error", "server_error"), 503: ("server_error", "service_unavailable"),
+}
+
+Kind = Literal["deterministic", "rating", "content", "status", "malformed", "disconnect"]
+
+
+@dataclass(frozen=True)
+class Behaviour:
+    """How to answer one request. Build it with the class-method constructors below."""
+
+    kind: Kind = "deterministic"
+    value: Any = None  # the rating (any JSON value) or the raw assistant content
+    justification: str = "Scripted judge answer"
+    status_code: int = 200
+    retry_after: float | None = None  # seconds, sent as the Retry-After header
+    body: Any = None  # error body: dict/list (JSON-encoded) or str (sent as is); None = OpenAI-style
+    delay: float = 0.0  # seconds to wait before answering (or before dropping the connection)
+
+    @classmethod
+    def deterministic(cls, *, delay: float = 0.0) -> Behaviour:
+        """The default: rating from the ``[[rating=N]]`` marker, else the server's default rating."""
+        return cls("deterministic", delay=delay)
+
+    @classmethod
+    def rating(cls, value: Any, justification: str = "Scripted judge answer", *, delay: float = 0.0
+               ) -> Behaviour:
+        """200 with content ``{"rating": value, "justification": ...}``; value may be any JSON value."""
+        return cls("rating", value=value, justification=justification, delay=delay)
+
+    @classmethod
+    def content(cls, text: str, *, delay: float = 0.0) -> Behaviour:
+        """200 with arbitrary assistant content (malformed JSON, fenced JSON, prose...)."""
+        return cls("content", value=text, delay=delay)
+
+    @classmethod
+    def status(cls, code: int, retry_after: float | None = None, body: Any = None, *, delay: float = 0.0
+               ) -> Behaviour:
+        """An HTTP error with an OpenAI-style error body (or ``body`` if given)."""
+        return cls("status", status_code=code, retry_after=retry_after, body=body, delay=delay)
+
+    @classmethod
+    def hang(cls, seconds: float) -> Behaviour:
+        """Wait ``seconds`` (to trip client timeouts), then answer like the default."""
+        return cls("deterministic", delay=seconds)
+
+    @classmethod
+    def malformed_body(cls, *, delay: float = 0.0) -> Behaviour:
+        """200 whose body is not JSON at all."""
+        return cls("malformed", delay=delay)
+
+    @classmethod
+    def disconnect(cls, *, delay: float = 0.0) -> Behaviour:
+        """Close the connection without any response (a transport error for the client)."""
+        return cls("disconnect", delay=delay)
+
+    def with_delay(self, seconds: float) -> Behaviour:
+        """This behaviour, answered after ``seconds`` of latency."""
+        return replace(self, delay=seconds)
+
+
+def _fmt(number: Any) -> str:
+    return f"{number:g}" if isinstance(number, int | float) and not isinstance(number, bool) else str(number)
+
+
+def _text(content: Any) -> str:
+    """Message content as text: a string, or the text parts of a content-part list."""
+    if isinstance(content, list):
+        return "".join(p.get("text", "") for p in content if isinstance(p, dict))
+    return content if isinstance(content, str) else ""
+
+
+def _error_body(code: int, message: str) -> dict[str, Any]:
+    err_type, err_code = _ERROR_KINDS.get(code, ("server_error" if code >= 500 else "invalid_request_error",
+                                                  str(code)))
+    return {"error": {"message": message, "type": err_type, "param": None, "code": err_code}}
+
+
+class _Server(ThreadingHTTPServer):
+    """A quiet threaded HTTP server that also closes its open (keep-alive) connections on close."""
+
+    daemon_threads = True
+    block_on_close = False
+    request_queue_size = 256  # the listen backlog; the default 5 resets bursts of concurrent connects
+
+    def __init__(self, address: tuple[str, int], handler: type[BaseHTTPRequestHandler]) -> None:
+        super().__init__(address, handler)
+        self.connections: set[socket.socket] = set()
+        self.connections_lock = threading.Lock()
+
+    def process_request(self, request: Any, client_address: Any) -> None:
+        with self.connections_lock:
+            self.connections.add(request)
+        super().process_request(request, client_address)
+
+    def shutdown_request(self, request: Any) -> None:
+        with self.connections_lock:
+            self.connections.discard(request)
+        super().shutdown_request(request)
+
+    def handle_error(self, request: Any, client_address: Any) -> None:
+        pass  # a client that went away mid-answer is not news
+
+    def server_close(self) -> None:
+        super().server_close()
+        with self.connections_lock:  # wakes handler threads idling on keep-alive connections
+            for conn in self.connections:
+                with contextlib.suppress(OSError):
+                    conn.shutdown(socket.SHUT_RDWR)
+
+
+class JudgeServer:
+    """The server; ``start()`` binds a free port on 127.0.0.1 and serves from a daemon thread."""
+
+    def __init__(self, *, api_key: str | None = None, default_rating: float = 7.0, port: int = 0) -> None:
+        self._requested_port = port  # 0 = a free port chosen at start
+        self.api_key = api_key
+        self.default_rating = default_rating
+        self.requests: list[dict[str, Any]] = []  # chat request bodies, each with "_headers"
+        self._default = Behaviour.deterministic()
+        self._queue: deque[Behaviour] = deque()
+        self._lock = threading.Lock()
+        self._stopping = threading.Event()  # set on stop: waits end and hung requests are dropped
+        self._httpd: _Server | None = None
+        self._thread: threading.Thread | None = None
+
+    # --- lifecycle --------------------------------------------------------------------------
+
+    def start(self) -> JudgeServer:
+        handler = type("Handler", (_Handler,), {"judge": self})
+        self._httpd = _Server(("127.0.0.1", self._requested_port), handler)
+        self._stopping.clear()
+        self._thread = threading.Thread(target=self._httpd.serve_forever, kwargs={"poll_interval": 0.05},
+                                        name="judge-server", daemon=True)
+        self._thread.start()
+        return self
+
+    def stop(self) -> None:
+        self._stopping.set()
+        if self._httpd is not None:
+            self._httpd.shutdown()
+            self._httpd.server_close()
+            self._httpd = None
+        if self._thread is not None:
+            self._thread.join(timeout=5)
+            self._thread = None
+
+    def __enter__(self) -> JudgeServer:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+    @property
+    def port(self) -> int:
+        if self._httpd is None:
+            raise RuntimeError("judge server is not running")
+        return int(self._httpd.server_address[1])
+
+    @property
+    def base_url(self) -> str:
+        return f"http://127.0.0.1:{self.port}/v1"
+
+    # --- scripting --------------------------------------------------------------------------
+
+    def script(self, *behaviours: Behaviour) -> None:
+        with self._lock:
+            self._queue.extend(behaviours)
+
+    def set_default(self, behaviour: Behaviour) -> None:
+        with self._lock:
+            self._default = behaviour
+
+    def reset(self) -> None:
+        with self._lock:
+            self._queue.clear()
+            self.requests.clear()
+            self._default = Behaviour.deterministic()
+
+    def _take(self, body: dict[str, Any]) -> Behaviour:
+        """Record the request and pick its behaviour: the next scripted one, else the default."""
+        with self._lock:
+            self.requests.append(body)
+            return self._queue.popleft() if self._queue else self._default
+
+    def _deterministic_rating(self, messages: list[Any]) -> float:
+        users = [m for m in messages if isinstance(m, dict) and m.get("role") == "user"]
+        found = MARKER.findall(_text(users[-1].get("content"))) if users else []
+        if not found:
+            return self.default_rating
+        return float(found[-1]) if "." in found[-1] else int(found[-1])
+
+
+class _Handler(BaseHTTPRequestHandler):
+    judge: JudgeServer
+    protocol_version = "HTTP/1.1"  # keep-alive, like the real API
+    disable_nagle_algorithm = True  # headers and body go out in two writes; don't stall the second
+
+    def log_message(self, format: str, *args: Any) -> None:  # keep the server quiet
+        pass
+
+    def _send(self, code: int, payload: Any, headers: dict[str, str] | None = None) -> None:
+        data = payload.encode() if isinstance(payload, str) else json.dumps(payload).encode()
+        try:
+            self.send_response(code)
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Length", str(len(data)))
+            for name, value in (headers or {}).items():
+                self.send_header(name, value)
+            self.end_headers()
+            self.wfile.write(data)
+        except OSError:  # the client gave up (e.g. timed out) before we answered
+            self.close_connection = True
+
+    def _authorized(self) -> bool:
+        key = self.judge.api_key
+        if key is None or self.headers.get("Authorization") == f"Bearer {key}":
+            return True
+        self._send(401, _error_body(401, "Incorrect API key provided."))
+        return False
+
+    def do_GET(self) -> None:
+        if self.path.split("?")[0].rstrip("/") != "/v1/models":
+            self._send(404, _error_body(404, f"Unknown path {self.path}"))
+        elif self._authorized():
+            self._send(200, {"object": "list", "data": [
+                {"id": MODEL_ID, "object": "model", "created": 0, "owned_by": "judge-server"}]})
+
+    def do_POST(self) -> None:
+        raw = self.rfile.read(int(self.headers.get("Content-Length") or 0))  # always drain the body
+        if self.path.split("?")[0].rstrip("/") != "/v1/chat/completions":
+            self._send(404, _error_body(404, f"Unknown path {self.path}"))
+            return
+        if not self._authorized():
+            return
+        try:
+            body = json.loads(raw)
+            if not (isinstance(body, dict) and "model" in body and isinstance(body.get("messages"), list)):
+                raise ValueError("body must be an object with 'model' and a 'messages' list")
+        except ValueError as exc:  # json.JSONDecodeError is a ValueError
+            self._send(400, _error_body(400, f"Invalid request body: {exc}"))
+            return
+        body["_headers"] = {name.lower(): value for name, value in self.headers.items()}
+        behaviour = self.judge._take(body)
+        if behaviour.delay > 0 and self.judge._stopping.wait(behaviour.delay):
+            self.close_connection = True  # the server is stopping: drop the hung request
+            return
+        self._answer(behaviour, body)
+
+    def _answer(self, b: Behaviour, body: dict[str, Any]) -> None:
+        if b.kind == "disconnect":
+            self.close_connection = True
+        elif b.kind == "malformed":
+            self._send(200, "<html>this is not JSON {")
+        elif b.kind == "status":
+            headers = {"Retry-After": _fmt(b.retry_after)} if b.retry_after is not None else {}
+            default_body = _error_body(b.status_code, f"Scripted error {b.status_code}")
+            self._send(b.status_code, default_body if b.body is None else b.body, headers)
+        elif b.kind == "content":
+            self._send(200, _completion(body, str(b.value)))
+        else:  # a rating: scripted, or the deterministic default
+            value, note = b.value, b.justification
+            if b.kind == "deterministic":
+                value = self.judge._deterministic_rating(body["messages"])
+                note = f"Deterministic judge: rating {_fmt(value)}"
+            self._send(200, _completion(body, json.dumps({"rating": value, "justification": note})))
+
+
+def _completion(body: dict[str, Any], text: str) -> dict[str, Any]:
+    """A chat.completion object answering ``body`` with assistant ``text``; tokens are word counts."""
+    prompt = sum(len(_text(m.get("content")).split()) for m in body["messages"] if isinstance(m, dict))
+    completion = len(text.split())
+    message = {"role": "assistant", "content": text}
+    usage = {"prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt + completion}
+    return {"id": f"chatcmpl-{uuid.uuid4().hex[:24]}", "object": "chat.completion",
+            "created": int(time.time()), "model": body["model"],
+            "choices": [{"index": 0, "message": message, "finish_reason": "stop"}], "usage": usage}
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description="Deterministic local OpenAI-compatible judge server.")
+    parser.add_argument("--port", type=int, default=0, help="port on 127.0.0.1 (0 = a free one)")
+    parser.add_argument("--api-key", default=None, help="require 'Authorization: Bearer <key>'")
+    parser.add_argument("--default-rating", type=float, default=7.0)
+    args = parser.parse_args(argv)
+    done = threading.Event()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, lambda *_: done.set())
+    server = JudgeServer(api_key=args.api_key, default_rating=args.default_rating, port=args.port).start()
+    print(f"judge server listening on {server.base_url}", flush=True)
+    try:
+        done.wait()
+    finally:
+        server.stop()
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

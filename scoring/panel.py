@@ -1,0 +1,149 @@
+"""The panel: every member of a group grades one subject, concurrently, then the blend.
+
+Each member runs under its own deadline, and every way it can fail - a deleted reference, a
+judge outage, an exception in user code, a verdict off its scale - becomes a ``MemberOutcome``
+with the reason, so the blend can renormalize or fail closed exactly as the spec says. Nothing a
+member does can fail the panel itself.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Protocol
+
+import structlog
+
+from scoring.blend import REFERENCE_DELETED, BlendResult, MemberOutcome, blend, goodness
+from scoring.external import ExternalClient
+from scoring.http import MemberError
+from scoring.judge import JudgeClient
+from scoring.models import CustomEvaluator, Judge, Member, Pattern, Polarity, ScorerGroup
+from scoring.patterns import compiled
+from scoring.sandbox import CodeScorerError, SandboxPool
+from scoring.subjects import Subject
+
+log = structlog.get_logger(__name__)
+
+# Added to a member's own timeout so its client reports the timeout before the panel does.
+DEADLINE_SLACK_S = 1.0
+
+# Called once per member: (member kind, status, reason or None, seconds it took).
+MemberObserver = Callable[[str, str, str | None, float], None]
+
+
+class ScorerLookup(Protocol):
+    """Where the panel finds the scorers members refer to (a catalog snapshot)."""
+
+    def judge(self, ref_id: str) -> Judge | None: ...
+    def pattern(self, ref_id: str) -> Pattern | None: ...
+    def custom(self, ref_id: str) -> CustomEvaluator | None: ...
+
+
+@dataclass(frozen=True, slots=True)
+class GroupResult:
+    group: ScorerGroup
+    subject: Subject
+    blend: BlendResult
+
+    @property
+    def rating(self) -> float | None:
+        return self.blend.score
+
+
+def code_key(scorer: CustomEvaluator) -> str:
+    """Names one version of a code scorer: the sandbox compiles each key once."""
+    assert scorer.code is not None
+    return f"{scorer.id}:{hashlib.sha256(scorer.code.encode()).hexdigest()[:16]}"
+
+
+def planned_judge_calls(group: ScorerGroup, scorers: ScorerLookup, subject: Subject) -> int:
+    """How many judge calls scoring ``subject`` will make: the budget to reserve up front."""
+    calls = 0
+    for member in group.members:
+        if member.kind != "judge":
+            continue
+        judge = scorers.judge(member.ref_id)
+        if judge is not None and not (judge.requires_expected and subject.expected is None):
+            calls += 1
+    return calls
+
+
+class Panel:
+    """Runs the members of groups. One per process: it holds the clients members call."""
+
+    def __init__(
+        self,
+        *,
+        judges: JudgeClient | None = None,
+        external: ExternalClient | None = None,
+        sandbox: SandboxPool | None = None,
+        judge_timeout_s: float = 60.0,
+        observe: MemberObserver | None = None,
+    ) -> None:
+        self._judges = judges
+        self._external = external
+        self._sandbox = sandbox
+        self._judge_timeout_s = judge_timeout_s
+        self._observe = observe
+
+    async def score(self, group: ScorerGroup, subject: Subject, scorers: ScorerLookup) -> GroupResult:
+        outcomes = await asyncio.gather(*(self._member(m, subject, scorers) for m in group.members))
+        return GroupResult(group, subject, blend(outcomes))
+
+    async def _member(self, member: Member, subject: Subject, scorers: ScorerLookup) -> MemberOutcome:
+        started = time.perf_counter()
+        scorer = {"judge": scorers.judge, "pattern": scorers.pattern,
+                  "custom": scorers.custom}[member.kind](member.ref_id)
+        name = scorer.name if scorer is not None else member.ref_id
+
+        def outcome(**kw: object) -> MemberOutcome:
+            result = MemberOutcome(name=name, kind=member.kind, weight=member.weight, gate=member.gate,
+                                   ref_id=member.ref_id, **kw)  # type: ignore[arg-type]
+            if self._observe is not None:
+                self._observe(member.kind, result.status, result.error, time.perf_counter() - started)
+            return result
+
+        if scorer is None:
+            return outcome(error=REFERENCE_DELETED)
+        native: float | bool | None = None
+        try:
+            native, detail, polarity, invert = await self._verdict(scorer, subject)
+            g = goodness(member.kind, native, polarity=polarity, invert=invert)
+        except (MemberError, CodeScorerError, ValueError) as exc:
+            return outcome(native=native, error=str(exc))
+        except TimeoutError:
+            return outcome(error="timed out")
+        except Exception as exc:  # a bug of ours must cost one member, not the group
+            log.exception("member scorer failed unexpectedly", kind=member.kind, ref_id=member.ref_id)
+            return outcome(error=f"internal error: {type(exc).__name__}")
+        return outcome(native=native, goodness=g, detail=detail)
+
+    async def _verdict(
+        self, scorer: Judge | Pattern | CustomEvaluator, subject: Subject
+    ) -> tuple[float | bool, str | None, Polarity | None, bool]:
+        """(native verdict, detail, polarity, invert) of one scorer on the subject."""
+        if isinstance(scorer, Judge):
+            if self._judges is None:
+                raise MemberError("no judge endpoint is configured")
+            async with asyncio.timeout(self._judge_timeout_s + DEADLINE_SLACK_S):
+                verdict = await self._judges.grade(scorer, subject)
+            return verdict.rating, verdict.justification, None, False
+        if isinstance(scorer, Pattern):
+            result = compiled(scorer).check(subject.input, subject.output)
+            return result.matched, result.detail, scorer.polarity, False
+        if scorer.type == "code":
+            if self._sandbox is None:
+                raise MemberError("code scorers are not enabled in this process")
+            assert scorer.code is not None
+            value = await self._sandbox.run(code_key(scorer), scorer.code, subject.member_payload(),
+                                            timeout_s=scorer.timeout_ms / 1000)
+            return value, None, None, scorer.invert
+        if self._external is None:
+            raise MemberError("external scorers are not enabled in this process")
+        async with asyncio.timeout(scorer.timeout_ms / 1000 + DEADLINE_SLACK_S):
+            value = await self._external.score(scorer, subject)
+        return value, None, None, scorer.invert

@@ -1,0 +1,124 @@
+"""Pattern members: regexes (RE2, linear time), case-insensitive keywords and built-in templates.
+
+A pattern answers matched / not matched; ``blend.goodness`` reads that through its polarity.
+Each pattern version is compiled once (``compiled``), never per trace. Templates whose shape
+alone over-matches (credit cards, SSNs) confirm each candidate in Python: a Luhn checksum, the
+SSN area and group rules.
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import re2
+
+from scoring.models import Pattern, PatternTemplate, compile_user_regex
+
+
+def luhn_valid(digits: str) -> bool:
+    """The Luhn checksum that every payment card number satisfies."""
+    total = 0
+    for position, char in enumerate(reversed(digits)):
+        d = ord(char) - 48
+        if position % 2 == 1:
+            d = d * 2 - 9 if d > 4 else d * 2
+        total += d
+    return total % 10 == 0
+
+
+def _card_number(candidate: str) -> bool:
+    digits = "".join(c for c in candidate if c.isdigit())
+    return 13 <= len(digits) <= 19 and luhn_valid(digits)
+
+
+def _ssn(candidate: str) -> bool:
+    area, group, serial = candidate.split("-")
+    return area not in ("000", "666") and not area.startswith("9") and group != "00" and serial != "0000"
+
+
+@dataclass(frozen=True, slots=True)
+class _Template:
+    regex: str
+    confirm: Callable[[str], bool] | None = None  # checks each candidate the regex found
+
+
+TEMPLATES: dict[PatternTemplate, _Template] = {
+    "email": _Template(r"[A-Za-z0-9._%+-]+@[A-Za-z0-9-]+(?:\.[A-Za-z0-9-]+)*\.[A-Za-z]{2,}"),
+    "phone": _Template(
+        r"(?:\+\d{1,3}[\s.-]?)?(?:\(\d{3}\)\s?|\b\d{3}[\s.-])\d{3}[\s.-]\d{4}\b"
+    ),
+    "credit_card": _Template(r"\b\d(?:[ -]?\d){12,18}\b", confirm=_card_number),
+    "ssn": _Template(r"\b\d{3}-\d{2}-\d{4}\b", confirm=_ssn),
+    "apology": _Template(
+        r"(?i)\b(?:i(?:'|’)?m (?:so |very |really )?sorry|i am (?:so |very |really )?sorry|"
+        r"i apologi[sz]e|(?:my|our) apologies|sorry (?:for|about) (?:the|that|any)|"
+        r"please accept (?:my|our) apolog)"
+    ),
+    "refusal": _Template(
+        r"(?i)\b(?:i (?:can(?:no|'|’)t|am unable to|am not able to|won(?:'|’)t|must decline to)"
+        r" (?:help|assist|do|provide|comply|share|answer|fulfil)|"
+        r"i(?:'|’)m (?:unable|not able) to (?:help|assist|do|provide|comply|share|answer)|"
+        r"as an ai(?: language model)?,? i (?:can(?:no|'|’)t|am unable|won(?:'|’)t))"
+    ),
+}
+
+
+@dataclass(frozen=True, slots=True)
+class PatternVerdict:
+    matched: bool
+    detail: str  # where it matched, never what: the match may be the PII the pattern looks for
+
+
+class CompiledPattern:
+    """One pattern version, ready to run on text many times."""
+
+    def __init__(self, pattern: Pattern) -> None:
+        self.target = pattern.target
+        self._keywords: tuple[str, ...] = ()
+        self._confirm: Callable[[str], bool] | None = None
+        self._regex: re2._Regexp | None = None
+        if pattern.regex is not None:
+            self._regex = compile_user_regex(pattern.regex)
+            self._what = "regex"
+        elif pattern.contains is not None:
+            self._keywords = tuple(k.casefold() for k in pattern.contains)
+            self._what = "keyword"
+        else:
+            assert pattern.template is not None  # the model guarantees exactly one matcher
+            template = TEMPLATES[pattern.template]
+            self._regex = compile_user_regex(template.regex)
+            self._confirm = template.confirm
+            self._what = f"template {pattern.template}"
+
+    def _find(self, text: str) -> int | None:
+        """The offset of the first match in ``text``, or None."""
+        if self._keywords:
+            folded = text.casefold()
+            offsets = [i for i in (folded.find(k) for k in self._keywords) if i >= 0]
+            return min(offsets) if offsets else None
+        assert self._regex is not None
+        for match in self._regex.finditer(text):
+            if self._confirm is None or self._confirm(match.group(0)):
+                return int(match.start())
+        return None
+
+    def check(self, input_text: str, output_text: str) -> PatternVerdict:
+        sides = {"output": [("output", output_text)], "input": [("input", input_text)],
+                 "both": [("input", input_text), ("output", output_text)]}[self.target]
+        for side, text in sides:
+            offset = self._find(text)
+            if offset is not None:
+                return PatternVerdict(True, f"{self._what} matched in {side} at offset {offset}")
+        return PatternVerdict(False, f"{self._what} did not match the {self.target}")
+
+
+@functools.lru_cache(maxsize=4096)
+def _compiled(pattern_json: str) -> CompiledPattern:
+    return CompiledPattern(Pattern.model_validate_json(pattern_json))
+
+
+def compiled(pattern: Pattern) -> CompiledPattern:
+    """The compiled form of this pattern version, built once and shared."""
+    return _compiled(pattern.model_dump_json())

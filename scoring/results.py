@@ -1,0 +1,155 @@
+"""The documents a group result becomes: a Rating (always), a Signal (below the alert
+threshold) and one WebhookDelivery per alert channel of the agent. Their wire formats are the
+design page's contracts; these models are their single source of truth.
+
+Ids are deterministic: the rating id from the (group, subject) pair, the signal id from the
+rating id, the delivery id from the signal id and channel. A repeated publish after a crash
+carries the same ids, so every consumer downstream can deduplicate on them.
+"""
+
+from __future__ import annotations
+
+import uuid
+from datetime import UTC, datetime
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict
+from pydantic.alias_generators import to_camel
+
+from scoring.blend import MemberStatus
+from scoring.models import MemberKind, ScorerGroup, Severity
+from scoring.panel import GroupResult
+
+_IDS = uuid.UUID("6f1c5a8e-6a8f-4f7e-9a63-2c1d0b7e4a10")  # namespace of every id we derive
+
+ResultScope = Literal["trace", "session", "dataset"]
+
+
+def signal_key(group_id: str) -> str:
+    """What events of a group key on, everywhere: ``scorer-group:<id>``."""
+    return f"scorer-group:{group_id}"
+
+
+def rating_id(group_id: str, subject_key: str) -> str:
+    return str(uuid.uuid5(_IDS, f"rating:{group_id}:{subject_key}"))
+
+
+class _Out(BaseModel):
+    model_config = ConfigDict(alias_generator=to_camel, populate_by_name=True, frozen=True)
+
+    def to_json(self) -> bytes:
+        return self.model_dump_json(by_alias=True).encode()
+
+
+class MemberVerdict(_Out):
+    kind: MemberKind
+    ref_id: str
+    name: str
+    weight: float
+    gate: bool
+    status: MemberStatus
+    native: float | bool | None
+    goodness: float | None
+    detail: str | None
+
+
+class Rating(_Out):
+    id: str
+    kind: str
+    group_id: str
+    group_name: str
+    project_id: str
+    agent_id: str
+    scope: ResultScope
+    trace_id: str | None = None
+    session_id: str | None = None
+    turns: int | None = None
+    rating: float | None
+    reason: str | None
+    justification: str
+    members: list[MemberVerdict]
+    scored_at: datetime
+
+
+class Signal(_Out):
+    id: str
+    key: str
+    group_id: str
+    group_name: str
+    project_id: str
+    agent_id: str
+    scope: ResultScope
+    trace_id: str | None = None
+    session_id: str | None = None
+    rating: float
+    alert_threshold: float
+    severity: Severity
+    justification: str
+    rating_id: str
+    raised_at: datetime
+
+
+class WebhookDelivery(_Out):
+    """One Signal to one alert channel. The channel's secret is not here: the webhook sender
+    looks it up in the catalog, so secrets never travel on a topic."""
+
+    id: str
+    signal_id: str
+    agent_id: str
+    url: str
+    event: Literal["scorer_group.signal"] = "scorer_group.signal"
+    signal: Signal
+    created_at: datetime
+
+
+def subject_key(result: GroupResult) -> str:
+    """The subject part of the dedupe pair: the trace, or the session at a turn count."""
+    s = result.subject
+    if s.scope == "session":
+        return f"session:{s.session_id}:{s.turns}"
+    return f"trace:{s.trace_id}"
+
+
+def build_rating(result: GroupResult, scope: ResultScope, now: datetime | None = None) -> Rating:
+    group, s, b = result.group, result.subject, result.blend
+    return Rating(
+        id=rating_id(group.id, subject_key(result)),
+        kind=signal_key(group.id), group_id=group.id, group_name=group.name,
+        project_id=group.project_id, agent_id=s.agent_id, scope=scope,
+        trace_id=s.trace_id if s.scope == "trace" else None,
+        session_id=s.session_id, turns=s.turns if s.scope == "session" else None,
+        rating=b.score, reason=b.reason, justification=b.justification,
+        members=[MemberVerdict(kind=m.outcome.kind, ref_id=m.outcome.ref_id, name=m.outcome.name,
+                               weight=m.outcome.weight, gate=m.outcome.gate, status=m.status,
+                               native=m.outcome.native, goodness=m.outcome.goodness,
+                               detail=m.outcome.detail or m.outcome.error)
+                 for m in b.members],
+        scored_at=now or datetime.now(UTC),
+    )
+
+
+def below_threshold(group: ScorerGroup, rating: float | None) -> bool:
+    """A Signal is due when the group score lands below the threshold. No score raises none."""
+    online = group.online
+    return (online is not None and online.alert_threshold is not None and rating is not None
+            and rating < online.alert_threshold)
+
+
+def build_signal(group: ScorerGroup, rating: Rating) -> Signal | None:
+    if not below_threshold(group, rating.rating) or group.online is None:
+        return None
+    assert rating.rating is not None and group.online.alert_threshold is not None
+    return Signal(
+        id=str(uuid.uuid5(_IDS, f"signal:{rating.id}")), key=signal_key(group.id),
+        group_id=group.id, group_name=group.name, project_id=group.project_id,
+        agent_id=rating.agent_id, scope=rating.scope, trace_id=rating.trace_id,
+        session_id=rating.session_id, rating=rating.rating,
+        alert_threshold=group.online.alert_threshold, severity=group.online.severity,
+        justification=rating.justification, rating_id=rating.id, raised_at=rating.scored_at,
+    )
+
+
+def build_deliveries(signal: Signal, channel_urls: list[str]) -> list[WebhookDelivery]:
+    return [WebhookDelivery(id=str(uuid.uuid5(_IDS, f"delivery:{signal.id}:{url}")), signal_id=signal.id,
+                            agent_id=signal.agent_id, url=url, signal=signal, created_at=signal.raised_at)
+            for url in channel_urls]

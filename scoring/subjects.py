@@ -1,0 +1,173 @@
+"""What a member reads: the trace wire model, and the subject made of one trace or a session.
+
+Trace scope: input and output are the root span's. Session scope (the spec's "Scoring whole
+sessions"): judges read one formatted transcript; pattern and code/external members read the
+conversation split by speaker - every user turn joined as input, every agent turn joined as
+output. Both sides come from root spans first. For OTel-style traces whose roots are empty, the
+user side falls back to the whole formatted transcript (over-matching is the honest direction
+for a tripwire) and the agent side only to child span outputs - genuinely the agent's words -
+staying empty when those are missing too. Tool spans are never passed as text, and a code
+scorer's ``spans`` are the last (anchor) trace's only.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any, Literal
+
+import orjson
+from pydantic import BaseModel, ConfigDict, Field
+from pydantic.alias_generators import to_camel
+
+SubjectScope = Literal["trace", "session"]
+
+TURN_SEPARATOR = "\n\n"
+
+
+class _TraceModel(BaseModel):
+    # Traces come from many SDKs: unknown fields are ignored, not refused.
+    model_config = ConfigDict(alias_generator=to_camel, populate_by_name=True, extra="ignore",
+                              frozen=True)
+
+
+class Span(_TraceModel):
+    span_id: str = Field(min_length=1)
+    parent_span_id: str | None = None
+    name: str = ""
+    kind: str | None = None
+    input: Any = None
+    output: Any = None
+    attributes: dict[str, Any] = Field(default_factory=dict)
+    start_time: datetime | None = None
+    end_time: datetime | None = None
+
+
+class Trace(_TraceModel):
+    """One ingested trace (the value on the traces topic)."""
+
+    trace_id: str = Field(min_length=1, max_length=256)
+    project_id: str = Field(min_length=1, max_length=128)
+    agent_id: str = Field(min_length=1, max_length=128)
+    session_id: str | None = Field(None, max_length=256)
+    timestamp: datetime
+    spans: list[Span] = Field(min_length=1)
+    expected: Any = None
+    metadata: dict[str, Any] = Field(default_factory=dict)
+
+    @property
+    def root(self) -> Span:
+        """The span without a parent (the first one, should an SDK send several)."""
+        return next((s for s in self.spans if not s.parent_span_id), self.spans[0])
+
+    def children(self) -> list[Span]:
+        root = self.root
+        return [s for s in self.spans if s is not root]
+
+
+def as_text(value: Any) -> str:
+    """A span's input or output as text: strings as they are, structures as compact JSON."""
+    if value is None:
+        return ""
+    if isinstance(value, str):
+        return value
+    return orjson.dumps(value, option=orjson.OPT_NON_STR_KEYS).decode()
+
+
+def _agent_words(trace: Trace) -> str:
+    """The agent side of one trace: the root's output, else its non-tool child span outputs."""
+    root_output = as_text(trace.root.output).strip()
+    if root_output:
+        return root_output
+    outputs = [as_text(s.output).strip() for s in trace.children() if s.kind != "tool"]
+    return "\n".join(o for o in outputs if o)
+
+
+def _user_words(trace: Trace) -> str:
+    return as_text(trace.root.input).strip()
+
+
+def format_transcript(traces: list[Trace]) -> str:
+    """The whole conversation as a person reads it, turn by turn, tool calls left out."""
+    lines: list[str] = []
+    for number, trace in enumerate(traces, start=1):
+        lines.append(f"--- Turn {number} ---")
+        user, agent = _user_words(trace), _agent_words(trace)
+        if user:
+            lines.append(f"User: {user}")
+        else:
+            # An OTel-style root carries nothing: show what the non-tool spans were asked.
+            asked = [as_text(s.input).strip() for s in trace.children() if s.kind != "tool"]
+            lines.extend(f"User/context: {a}" for a in asked if a)
+        if agent:
+            lines.append(f"Agent: {agent}")
+    return "\n".join(lines)
+
+
+@dataclass(frozen=True, slots=True)
+class Subject:
+    """What one group is asked to grade: a trace, or a whole session."""
+
+    scope: SubjectScope
+    input: str
+    output: str
+    expected: Any
+    spans: list[dict[str, Any]]
+    metadata: dict[str, Any]
+    transcript: str  # what a judge reads at session scope ("" at trace scope)
+    turns: int = 1
+    project_id: str = ""
+    agent_id: str = ""
+    trace_id: str | None = None
+    session_id: str | None = None
+
+    def member_payload(self) -> dict[str, Any]:
+        """The arguments of a code scorer's score() and the body sent to an external scorer."""
+        return {"input": self.input, "output": self.output, "expected": self.expected,
+                "spans": self.spans, "metadata": self.metadata}
+
+
+def _span_dicts(trace: Trace) -> list[dict[str, Any]]:
+    return [s.model_dump(mode="json", by_alias=True, exclude_none=True) for s in trace.spans]
+
+
+def trace_subject(trace: Trace) -> Subject:
+    user = _user_words(trace)
+    return Subject(
+        scope="trace",
+        input=user or format_transcript([trace]),
+        output=_agent_words(trace),
+        expected=trace.expected,
+        spans=_span_dicts(trace),
+        metadata=trace.metadata,
+        transcript="",
+        project_id=trace.project_id,
+        agent_id=trace.agent_id,
+        trace_id=trace.trace_id,
+        session_id=trace.session_id,
+    )
+
+
+def session_subject(traces: list[Trace]) -> Subject:
+    """A conversation as one subject. ``traces`` are its turns; they are ordered by time here."""
+    if not traces:
+        raise ValueError("a session needs at least one trace")
+    turns = sorted(traces, key=lambda t: (t.timestamp, t.trace_id))
+    anchor = turns[-1]
+    transcript = format_transcript(turns)
+    user_side = TURN_SEPARATOR.join(u for u in (_user_words(t) for t in turns) if u)
+    agent_side = TURN_SEPARATOR.join(a for a in (_agent_words(t) for t in turns) if a)
+    return Subject(
+        scope="session",
+        input=user_side or transcript,
+        output=agent_side,
+        expected=None,
+        spans=_span_dicts(anchor),
+        metadata={**anchor.metadata, "sessionId": anchor.session_id, "turns": len(turns)},
+        transcript=transcript,
+        turns=len(turns),
+        project_id=anchor.project_id,
+        agent_id=anchor.agent_id,
+        trace_id=anchor.trace_id,
+        session_id=anchor.session_id,
+    )

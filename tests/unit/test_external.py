@@ -1,0 +1,122 @@
+"""External scorers over real HTTP, and the private-network guard."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Iterator
+
+import pytest
+
+from scoring.blend import goodness
+from scoring.egress import EgressPolicy, EgressRefused
+from scoring.external import ExternalClient
+from scoring.http import MemberError, RetryPolicy
+from scoring.models import CustomEvaluator
+from scoring.subjects import Subject
+from tests.http_fakes import Reply, ScriptedServer
+
+FAST_RETRY = RetryPolicy(attempts=3, backoff_base_s=0.01, backoff_cap_s=0.05)
+SUBJECT = Subject(scope="trace", input="question", output="answer", expected=None,
+                  spans=[{"spanId": "r"}], metadata={"k": "v"}, transcript="")
+
+
+@pytest.fixture
+def server() -> Iterator[ScriptedServer]:
+    with ScriptedServer() as s:
+        yield s
+
+
+@pytest.fixture
+async def client() -> AsyncIterator[ExternalClient]:
+    c = ExternalClient(EgressPolicy.parse(["127.0.0.0/8"]), policy=FAST_RETRY)
+    yield c
+    await c.close()
+
+
+def scorer(url: str, **over: object) -> CustomEvaluator:
+    return CustomEvaluator.model_validate({"id": "x", "name": "X", "type": "external", "url": url,
+                                           "timeoutMs": 2000, **over})
+
+
+async def test_score_is_posted_the_subject_and_read(server: ScriptedServer, client: ExternalClient) -> None:
+    server.script(Reply(body={"score": 0.7}))
+    assert await client.score(scorer(server.url + "/grade"), SUBJECT) == 0.7
+    sent = server.requests[0]
+    assert sent.path == "/grade"
+    assert sent.json() == {"input": "question", "output": "answer", "expected": None,
+                           "spans": [{"spanId": "r"}], "metadata": {"k": "v"}}
+
+
+@pytest.mark.parametrize(("body", "invert", "expected_goodness"), [
+    ({"verdict": True}, False, 1.0), ({"verdict": True}, True, 0.0),
+    ({"passed": False}, False, 0.0), ({"passed": False}, True, 1.0)])
+async def test_boolean_verdict_through_invert(server: ScriptedServer, client: ExternalClient,
+                                              body: dict, invert: bool, expected_goodness: float) -> None:
+    server.script(Reply(body=body))
+    native = await client.score(scorer(server.url, invert=invert), SUBJECT)
+    assert goodness("custom", native, invert=invert) == expected_goodness
+
+
+async def test_500s_are_retried_then_reported(server: ScriptedServer, client: ExternalClient) -> None:
+    server.script(*[Reply(status=500, body={"error": "boom"})] * 3)
+    with pytest.raises(MemberError, match=r"HTTP 500: boom \(after 3 attempts\)"):
+        await client.score(scorer(server.url), SUBJECT)
+    assert len(server.requests) == 3
+
+
+async def test_a_passing_500_is_retried_to_success(server: ScriptedServer, client: ExternalClient) -> None:
+    server.script(Reply(status=503), Reply(body={"score": 0.25}))
+    assert await client.score(scorer(server.url), SUBJECT) == 0.25
+
+
+async def test_a_400_is_not_retried(server: ScriptedServer, client: ExternalClient) -> None:
+    server.script(Reply(status=400, body={"detail": "bad input"}))
+    with pytest.raises(MemberError, match="HTTP 400: bad input"):
+        await client.score(scorer(server.url), SUBJECT)
+    assert len(server.requests) == 1
+
+
+async def test_answer_without_score_or_verdict(server: ScriptedServer, client: ExternalClient) -> None:
+    server.script(Reply(body={"result": "great"}))
+    with pytest.raises(MemberError, match="neither"):
+        await client.score(scorer(server.url), SUBJECT)
+
+
+async def test_score_out_of_range_is_returned_native_and_refused_by_goodness(
+        server: ScriptedServer, client: ExternalClient) -> None:
+    server.script(Reply(body={"score": 1.5}))
+    native = await client.score(scorer(server.url), SUBJECT)
+    with pytest.raises(ValueError, match=r"within 0\.\.1"):
+        goodness("custom", native)
+
+
+async def test_timeout(server: ScriptedServer) -> None:
+    server.script(*[Reply(delay_s=1.0)] * 3)
+    c = ExternalClient(EgressPolicy.parse(["127.0.0.0/8"]), policy=RetryPolicy(attempts=1))
+    try:
+        with pytest.raises(MemberError, match="timed out"):
+            await c.score(scorer(server.url, timeoutMs=200), SUBJECT)
+    finally:
+        await c.close()
+
+
+@pytest.mark.parametrize("url", ["http://127.0.0.1:9/x", "http://10.1.2.3/x", "http://192.168.0.10/x",
+                                 "http://169.254.169.254/latest/meta-data", "http://[::1]:8080/",
+                                 "http://localhost:9/x", "http://[::ffff:10.0.0.1]/", "http://100.64.1.1/"])
+async def test_private_urls_are_refused_without_traffic(url: str) -> None:
+    c = ExternalClient(EgressPolicy.parse([]), policy=FAST_RETRY)
+    try:
+        with pytest.raises(MemberError, match="URL refused"):
+            await c.score(scorer(url), SUBJECT)
+    finally:
+        await c.close()
+
+
+async def test_allow_list_by_network_and_by_host() -> None:
+    await EgressPolicy.parse(["10.0.0.0/8"]).check("http://10.1.2.3/x")
+    await EgressPolicy.parse(["localhost"]).check("http://localhost:8080/x")
+    with pytest.raises(EgressRefused):
+        await EgressPolicy.parse(["10.0.0.0/8"]).check("http://192.168.1.1/x")
+
+
+async def test_public_address_passes_the_guard() -> None:
+    await EgressPolicy.parse([]).check("https://93.184.216.34/score")

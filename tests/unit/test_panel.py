@@ -1,0 +1,132 @@
+"""The panel: every member kind for real (judge server, sandbox processes, external HTTP), then
+the blend - failures of any member become reasons, never a failed panel."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Iterator
+from typing import Any
+
+import pytest
+
+from deploy.judge_server import Behaviour, JudgeServer
+from scoring.catalog import CatalogSnapshot
+from scoring.egress import EgressPolicy
+from scoring.external import ExternalClient
+from scoring.http import RetryPolicy
+from scoring.judge import JudgeClient
+from scoring.models import CustomEvaluator, Judge, Pattern, ScorerGroup
+from scoring.panel import Panel, planned_judge_calls
+from scoring.sandbox import SandboxPool
+from scoring.subjects import Subject
+from tests.http_fakes import Reply, ScriptedServer
+
+FAST = RetryPolicy(attempts=2, backoff_base_s=0.01, backoff_cap_s=0.02)
+
+
+@pytest.fixture(scope="module")
+def judge_server() -> Iterator[JudgeServer]:
+    with JudgeServer() as s:
+        yield s
+
+
+@pytest.fixture(scope="module")
+def external_server() -> Iterator[ScriptedServer]:
+    with ScriptedServer(default=Reply(body={"score": 0.5})) as s:
+        yield s
+
+
+@pytest.fixture
+async def panel(judge_server: JudgeServer) -> AsyncIterator[Panel]:
+    judge_server.reset()
+    judges = JudgeClient(judge_server.base_url, timeout_s=2, policy=FAST)
+    external = ExternalClient(EgressPolicy.parse(["127.0.0.0/8"]), policy=FAST)
+    sandbox = SandboxPool(size=2)
+    await sandbox.start()
+    yield Panel(judges=judges, external=external, sandbox=sandbox, judge_timeout_s=2)
+    await judges.close()
+    await external.close()
+    await sandbox.close()
+
+
+def catalog(external_url: str) -> CatalogSnapshot:
+    return CatalogSnapshot(
+        version=1,
+        judges={"quality": Judge(id="quality", name="Quality", criteria="Helpful?"),
+                "safety": Judge(id="safety", name="Safety", criteria="Safe?")},
+        patterns={"apology": Pattern(id="apology", name="Apology", polarity="failure", template="apology"),
+                  "disclaimer": Pattern(id="disclaimer", name="Disclaimer", polarity="proper",
+                                        contains=["not financial advice"])},
+        customs={"length": CustomEvaluator(id="length", name="Length", type="code",
+                                           code="def score(input, output, expected, spans, metadata):\n"
+                                                "    return min(1.0, len(output) / 100)\n"),
+                 "boom": CustomEvaluator(id="boom", name="Boom", type="code",
+                                         code="def score(*a):\n    return 1 / 0\n"),
+                 "remote": CustomEvaluator(id="remote", name="Remote", type="external", url=external_url,
+                                           timeout_ms=2000)},
+    )
+
+
+def group(*members: tuple[str, str, float, bool]) -> ScorerGroup:
+    return ScorerGroup.model_validate({
+        "id": "g", "name": "G", "projectId": "p",
+        "members": [{"kind": k, "refId": r, "weight": w, "gate": g} for k, r, w, g in members]})
+
+
+def subject(output: str, **over: Any) -> Subject:
+    base: dict[str, Any] = dict(scope="trace", input="Should I buy?", output=output, expected=None,
+                                spans=[], metadata={}, transcript="")
+    return Subject(**{**base, **over})
+
+
+async def test_every_member_kind_blends_to_the_hand_computed_score(
+        panel: Panel, external_server: ScriptedServer) -> None:
+    output = "x" * 30 + " This is not financial advice. [[rating=8]]"  # 73 characters
+    g = group(("judge", "quality", 2, False), ("pattern", "apology", 0, True),
+              ("pattern", "disclaimer", 1, False), ("custom", "length", 1, False), ("custom", "remote", 1, False))
+    result = await panel.score(g, subject(output), catalog(external_server.url))
+    by_name = {m.outcome.name: m.outcome for m in result.blend.members}
+    assert by_name["Quality"].native == 8 and by_name["Quality"].goodness == 0.8
+    assert by_name["Apology"].native is False and by_name["Apology"].goodness == 1.0
+    assert by_name["Disclaimer"].goodness == 1.0
+    assert by_name["Length"].goodness == pytest.approx(len(output) / 100)
+    assert by_name["Remote"].goodness == 0.5
+    expected = 10 * (2 * 0.8 + 1 * 1.0 + 1 * len(output) / 100 + 1 * 0.5) / 5
+    assert result.rating == pytest.approx(expected)
+    assert result.blend.justification.startswith("Weighted blend:")
+
+
+async def test_failures_become_reasons_and_renormalize(panel: Panel, judge_server: JudgeServer,
+                                                       external_server: ScriptedServer) -> None:
+    judge_server.script(Behaviour.rating(11))  # off its scale
+    g = group(("judge", "quality", 1, False), ("custom", "boom", 1, False),
+              ("judge", "deleted-judge", 1, False), ("custom", "length", 1, False))
+    result = await panel.score(g, subject("y" * 50), catalog(external_server.url))
+    members = {m.outcome.name: m for m in result.blend.members}
+    assert members["Quality"].status == "failed"
+    assert members["Quality"].outcome.error == "a judge rating must be within 0-10, got 11.0"
+    assert members["Boom"].outcome.error == "ZeroDivisionError: division by zero"
+    assert members["deleted-judge"].status == "not_scored"
+    assert result.rating == pytest.approx(5.0), "only Length (0.5) counted"
+
+
+async def test_unscorable_gate_fails_closed(panel: Panel, judge_server: JudgeServer,
+                                            external_server: ScriptedServer) -> None:
+    judge_server.script(*[Behaviour.status(503)] * 2)
+    g = group(("judge", "safety", 1, True), ("custom", "length", 1, False))
+    result = await panel.score(g, subject("z" * 90), catalog(external_server.url))
+    assert result.rating is None
+    assert result.blend.reason is not None
+    assert result.blend.reason.startswith('No score: must-pass member "Safety" could not score (judge answered HTTP 503')
+
+
+async def test_apology_tripwire_zeroes_the_group(panel: Panel, external_server: ScriptedServer) -> None:
+    g = group(("judge", "quality", 1, False), ("pattern", "apology", 0, True))
+    result = await panel.score(g, subject("I'm sorry, I was wrong [[rating=9]]"), catalog(external_server.url))
+    assert result.rating == 0.0 and result.blend.decided_by == "Apology"
+
+
+def test_planned_judge_calls_counts_existing_judges_that_will_be_asked(external_server: ScriptedServer) -> None:
+    cat = catalog(external_server.url)
+    g = group(("judge", "quality", 1, False), ("judge", "safety", 1, True), ("judge", "gone", 1, False),
+              ("pattern", "apology", 0, True))
+    assert planned_judge_calls(g, cat, subject("x")) == 2

@@ -1,0 +1,83 @@
+"""What members read: trace scope, and sessions split by speaker with the spec's fallbacks."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from scoring.subjects import Trace, session_subject, trace_subject
+
+
+def trace(n: int, *, user: str | None = "", agent: str | None = "", children: list[dict[str, Any]] = (),
+          **over: Any) -> Trace:
+    spans = [{"spanId": f"r{n}", "parentSpanId": None, "name": "agent.run", "input": user, "output": agent}]
+    spans += [{"spanId": f"c{n}-{i}", "parentSpanId": f"r{n}", **c} for i, c in enumerate(children)]
+    doc = {"traceId": f"t-{n}", "projectId": "p-1", "agentId": "a-1", "sessionId": "s-1",
+           "timestamp": f"2026-12-02T13:00:{n:02d}Z", "spans": spans, **over}
+    return Trace.model_validate(doc)
+
+
+def test_trace_scope_reads_the_root_span() -> None:
+    s = trace_subject(trace(1, user="What is 2+2?", agent="4", expected="4", metadata={"k": 1}))
+    assert (s.scope, s.input, s.output, s.expected, s.metadata) == ("trace", "What is 2+2?", "4", "4", {"k": 1})
+    assert [sp["spanId"] for sp in s.spans] == ["r1"]
+    assert s.member_payload().keys() == {"input", "output", "expected", "spans", "metadata"}
+
+
+def test_structured_span_values_become_json_text() -> None:
+    s = trace_subject(trace(1, user={"messages": [{"role": "user", "content": "hi"}]}, agent=["a", 1]))
+    assert s.input == '{"messages":[{"role":"user","content":"hi"}]}'
+    assert s.output == '["a",1]'
+
+
+def test_session_splits_by_speaker_reading_roots_first() -> None:
+    turns = [trace(2, user="Second question", agent="Second answer"),
+             trace(1, user="First question", agent="First answer",
+                   children=[{"kind": "llm", "output": "child words"}])]
+    s = session_subject(turns)
+    assert s.scope == "session" and s.turns == 2
+    assert s.input == "First question\n\nSecond question", "every user turn joined, in time order"
+    assert s.output == "First answer\n\nSecond answer", "every agent turn joined; roots win over children"
+    assert "User: First question" in s.transcript and "Agent: Second answer" in s.transcript
+    assert s.transcript.index("Turn 1") < s.transcript.index("First question")
+
+
+def test_session_patterns_never_see_the_users_words_as_output() -> None:
+    s = session_subject([trace(1, user="I am so sorry to bother you", agent="Happy to help"),
+                         trace(2, user="Sorry again", agent="No problem")])
+    assert "sorry" not in s.output.lower()
+
+
+def test_otel_session_user_side_falls_back_to_transcript_agent_side_to_child_outputs() -> None:
+    turns = [trace(1, user=None, agent=None, children=[
+                 {"kind": "llm", "input": "prompt one", "output": "reply one"},
+                 {"kind": "tool", "name": "search", "input": "q", "output": "TOOL RESULT"}]),
+             trace(2, user=None, agent=None, children=[{"kind": "llm", "input": "prompt two",
+                                                        "output": "reply two"}])]
+    s = session_subject(turns)
+    assert s.input == s.transcript, "the user side falls back to the whole formatted transcript"
+    assert "prompt one" in s.input
+    assert s.output == "reply one\n\nreply two", "the agent side falls back to child span outputs"
+    assert "TOOL RESULT" not in s.output and "TOOL RESULT" not in s.input, "tool calls are not passed"
+
+
+def test_otel_session_agent_side_stays_empty_without_child_outputs() -> None:
+    s = session_subject([trace(1, user=None, agent=None, children=[{"kind": "llm", "input": "asked"}]),
+                         trace(2, user=None, agent=None,
+                               children=[{"kind": "tool", "output": "only a tool said this"}])])
+    assert s.output == ""
+    assert "asked" in s.input
+
+
+def test_code_scorer_spans_cover_only_the_anchor_trace() -> None:
+    s = session_subject([trace(1, user="a", agent="b"), trace(3, user="e", agent="f"),
+                         trace(2, user="c", agent="d", children=[{"kind": "llm", "output": "x"}])])
+    assert [sp["spanId"] for sp in s.spans] == ["r3"], "the last trace in time is the anchor"
+    assert s.trace_id == "t-3" and s.metadata["turns"] == 3
+
+
+def test_root_is_the_span_without_a_parent_wherever_it_stands() -> None:
+    t = Trace.model_validate({
+        "traceId": "t", "projectId": "p", "agentId": "a", "timestamp": "2026-12-02T13:00:00Z",
+        "spans": [{"spanId": "c", "parentSpanId": "r", "output": "child"},
+                  {"spanId": "r", "input": "question", "output": "answer"}]})
+    assert trace_subject(t).output == "answer"

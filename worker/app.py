@@ -1,0 +1,141 @@
+"""The worker process: wiring and lifecycle.
+
+``run`` is a short list of named steps: connect, make sure the topics exist, start the parts,
+consume until told to stop, then shut down gracefully - stop fetching, let in-flight traces
+finish within ``SGW_SHUTDOWN_TIMEOUT_S``, cancel the rest, commit what finished, close.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import signal
+import time
+
+import structlog
+from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
+from aiokafka.admin import AIOKafkaAdminClient, NewTopic
+from aiokafka.errors import TopicAlreadyExistsError
+from redis.asyncio import Redis
+
+from consumers.traces import OutputError, TopicNames, TraceConsumer
+from scoring.catalog import CatalogStore, CatalogWatcher
+from scoring.claims import Claims
+from scoring.egress import EgressPolicy
+from scoring.external import ExternalClient
+from scoring.judge import JudgeClient
+from scoring.panel import Panel
+from scoring.ratings import RatingsStore
+from scoring.sandbox import SandboxPool
+from worker import metrics
+from worker.settings import Settings
+
+log = structlog.get_logger(__name__)
+
+STALLED_AFTER_S = 30.0  # /readyz turns false when the loop has not ticked for this long
+
+
+async def ensure_topics(settings: Settings) -> None:
+    """Create the topics the worker reads and writes if they are missing."""
+    wanted = [settings.traces_topic, settings.ratings_topic, settings.signals_topic,
+              settings.webhooks_topic, settings.dlq_topic]
+    admin = AIOKafkaAdminClient(bootstrap_servers=settings.kafka_bootstrap)
+    await admin.start()
+    try:
+        existing = set(await admin.list_topics())
+        missing = [t for t in wanted if t not in existing]
+        if missing:
+            with contextlib.suppress(TopicAlreadyExistsError):  # another worker won the race
+                await admin.create_topics([NewTopic(t, num_partitions=settings.topic_partitions,
+                                                    replication_factor=settings.topic_replication_factor)
+                                           for t in missing])
+            log.info("created topics", topics=missing, partitions=settings.topic_partitions)
+    finally:
+        await admin.close()
+
+
+class Worker:
+    def __init__(self, settings: Settings) -> None:
+        self.settings = settings
+        self.stop = asyncio.Event()
+        self.consumer: TraceConsumer | None = None
+
+    def readiness(self) -> tuple[bool, str]:
+        c = self.consumer
+        if c is None:
+            return False, "starting"
+        if c.fatal is not None:
+            return False, f"stopping after an output failure: {c.fatal}"
+        if not c.assigned_once:
+            return False, "waiting for a partition assignment"
+        stalled = time.monotonic() - c.last_progress
+        if stalled > STALLED_AFTER_S:
+            return False, f"consumer loop stalled for {stalled:.0f}s"
+        return True, "ready"
+
+    async def run(self) -> int:
+        s = self.settings
+        redis = Redis.from_url(s.redis_url)
+        ops = metrics.OpsServer(s.metrics_port, self.readiness)
+        await ops.start()
+        watcher = CatalogWatcher(CatalogStore(redis))
+        await watcher.start()
+        await ensure_topics(s)
+
+        producer = AIOKafkaProducer(bootstrap_servers=s.kafka_bootstrap, enable_idempotence=True,
+                                    acks="all", linger_ms=s.producer_linger_ms)
+        judges = JudgeClient(s.judge_base_url, api_key=s.judge_api_key.get_secret_value(),
+                             model=s.judge_model, timeout_s=s.judge_timeout_s,
+                             concurrency=s.judge_concurrency, observe=metrics.observe_judge_call)
+        external = ExternalClient(EgressPolicy.parse(s.egress_allow_list()))
+        sandbox = SandboxPool(size=s.code_sandboxes, memory_limit_mb=s.code_memory_mb)
+        consumer = AIOKafkaConsumer(
+            bootstrap_servers=s.kafka_bootstrap, group_id=s.consumer_group, enable_auto_commit=False,
+            auto_offset_reset="earliest", max_partition_fetch_bytes=s.max_trace_bytes * 2,
+            client_id=f"scorer-group-worker-{s.consumer_group}")
+        topics = TopicNames(traces=s.traces_topic, ratings=s.ratings_topic, signals=s.signals_topic,
+                            webhooks=s.webhooks_topic, dlq=s.dlq_topic)
+        self.consumer = traces = TraceConsumer(
+            consumer=consumer, producer=producer, topics=topics, catalog=lambda: watcher.current,
+            panel=Panel(judges=judges, external=external, sandbox=sandbox,
+                        judge_timeout_s=s.judge_timeout_s, observe=metrics.observe_member),
+            claims=Claims(redis, lease_s=s.claim_lease_s), ratings=RatingsStore(redis),
+            events=metrics.PrometheusEvents(), max_in_flight=s.max_in_flight,
+            max_trace_bytes=s.max_trace_bytes, commit_interval_s=s.commit_interval_s)
+
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            loop.add_signal_handler(sig, self._request_stop, sig)
+        exit_code = 0
+        try:
+            await producer.start()
+            await sandbox.start()
+            consumer.subscribe([s.traces_topic], listener=traces.rebalance_listener())
+            await consumer.start()
+            log.info("worker started", topic=s.traces_topic, group=s.consumer_group,
+                     catalog_version=watcher.current.version)
+            try:
+                await traces.run(self.stop)
+            except OutputError:
+                log.exception("stopping: outputs could not be published")
+                exit_code = 1
+            await traces.drain(s.shutdown_timeout_s)
+        finally:
+            for sig in (signal.SIGTERM, signal.SIGINT):
+                loop.remove_signal_handler(sig)
+            await _close_quietly(consumer.stop(), producer.stop(), sandbox.close(), judges.close(),
+                                 external.close(), watcher.stop(), ops.stop(), redis.aclose())
+        log.info("worker stopped", exit_code=exit_code)
+        return exit_code
+
+    def _request_stop(self, sig: signal.Signals) -> None:
+        log.info("stop requested; finishing in-flight traces", signal=sig.name)
+        self.stop.set()
+
+
+async def _close_quietly(*closers: object) -> None:
+    for closer in closers:
+        try:
+            await closer  # type: ignore[misc]
+        except Exception:
+            log.warning("error while closing", exc_info=True)
