@@ -1,13 +1,146 @@
-"""The ``scorer-worker`` command line."""
+"""The ``scorer-worker`` command line.
+
+    scorer-worker run                              consume traces and score them (the service)
+    scorer-worker catalog apply FILE               apply a catalog file (YAML or JSON), idempotent
+    scorer-worker catalog list [KIND]              list documents
+    scorer-worker catalog get KIND ID              show one document (secrets masked)
+    scorer-worker catalog delete KIND ID           delete one document
+    scorer-worker groups ratings ID [--window 7d] [--json]
+    scorer-worker sessions scores SESSION_ID
+    scorer-worker settings                         every SGW_* setting, secrets masked
+    scorer-worker check                            reach Kafka and Redis once
+"""
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import json
 import sys
+from collections.abc import Awaitable, Callable
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
 
+import yaml
+from redis.asyncio import Redis
+
+from scoring.catalog import KIND_MODELS
+from scoring.errors import CatalogError
+from scoring.groups import MonitorClient
 from worker.logs import configure_logging
 from worker.settings import Settings
+
+
+def _with_client(settings: Settings, action: Callable[[MonitorClient], Awaitable[int]]) -> int:
+    async def go() -> int:
+        redis = Redis.from_url(settings.redis_url)
+        try:
+            return await action(MonitorClient(redis))
+        finally:
+            await redis.aclose()
+
+    try:
+        return asyncio.run(go())
+    except CatalogError as exc:
+        print(f"error ({exc.status}):", file=sys.stderr)
+        for line in exc.errors:
+            print(f"  - {line}", file=sys.stderr)
+        return 2
+
+
+def load_document(path: str) -> Any:
+    text = Path(path).read_text()
+    return json.loads(text) if path.endswith(".json") else yaml.safe_load(text)
+
+
+def _cmd_apply(settings: Settings, args: argparse.Namespace) -> int:
+    try:
+        document = load_document(args.file)
+    except (OSError, ValueError, yaml.YAMLError) as exc:
+        print(f"error: cannot read {args.file}: {exc}", file=sys.stderr)
+        return 2
+
+    async def action(client: MonitorClient) -> int:
+        report = await client.apply(document)
+        for label, names in (("created", report.created), ("changed", report.changed),
+                             ("unchanged", report.unchanged)):
+            for name in names:
+                print(f"{label:9}  {name}")
+        print(f"{len(report.created)} created, {len(report.changed)} changed, "
+              f"{len(report.unchanged)} unchanged")
+        return 0
+
+    return _with_client(settings, action)
+
+
+def _cmd_list(settings: Settings, args: argparse.Namespace) -> int:
+    async def action(client: MonitorClient) -> int:
+        snapshot = await client.store.snapshot()
+        for kind in [args.kind] if args.kind else list(KIND_MODELS):
+            for id_, doc in sorted(getattr(snapshot, kind).items()):
+                name = getattr(doc, "name", "")
+                print(f"{kind:9}  {id_}  {name}")
+        return 0
+
+    return _with_client(settings, action)
+
+
+def _cmd_get(settings: Settings, args: argparse.Namespace) -> int:
+    async def action(client: MonitorClient) -> int:
+        doc = getattr(await client.store.snapshot(), args.kind).get(args.id)
+        if doc is None:
+            print(f"error (404): no {args.kind[:-1]} with id {args.id!r}", file=sys.stderr)
+            return 1
+        print(json.dumps(doc.wire(), indent=2))
+        return 0
+
+    return _with_client(settings, action)
+
+
+def _cmd_delete(settings: Settings, args: argparse.Namespace) -> int:
+    async def action(client: MonitorClient) -> int:
+        await client.scorers.delete(args.kind, args.id)
+        print(f"deleted {args.kind}/{args.id}")
+        return 0
+
+    return _with_client(settings, action)
+
+
+def _cmd_ratings(settings: Settings, args: argparse.Namespace) -> int:
+    async def action(client: MonitorClient) -> int:
+        history = await client.scorer_groups.ratings(args.id, window=args.window)
+        if args.json:
+            print(json.dumps(history.wire(), indent=2))
+            return 0
+        mean = "-" if history.mean is None else f"{history.mean:.2f}"
+        print(f"group {args.id}, last {args.window}: {history.count} results, {history.scored} scored, "
+              f"mean {mean}, {history.below} below threshold, {history.no_score} without a score")
+        print(f"{'bucket start (UTC)':20} {'count':>6} {'mean':>6} {'min':>6} {'max':>6} "
+              f"{'below':>6} {'no score':>8}")
+        for b in history.buckets:
+            if not b.count:
+                continue
+            start = datetime.fromtimestamp(b.start, UTC).strftime("%Y-%m-%d %H:%M")
+            mean, low, high = ("-" if v is None else f"{v:.2f}" for v in (b.mean, b.min, b.max))
+            print(f"{start:20} {b.count:6} {mean:>6} {low:>6} {high:>6} {b.below:6} {b.no_score:8}")
+        return 0
+
+    return _with_client(settings, action)
+
+
+def _cmd_session_scores(settings: Settings, args: argparse.Namespace) -> int:
+    async def action(client: MonitorClient) -> int:
+        print(json.dumps(await client.sessions.scores(args.id), indent=2))
+        return 0
+
+    return _with_client(settings, action)
+
+
+def _cmd_run(settings: Settings, _: argparse.Namespace) -> int:
+    from worker.app import Worker
+
+    return asyncio.run(Worker(settings).run())
 
 
 def _cmd_settings(settings: Settings, _: argparse.Namespace) -> int:
@@ -19,7 +152,6 @@ def _cmd_settings(settings: Settings, _: argparse.Namespace) -> int:
 async def _check(settings: Settings) -> list[str]:
     """Reach Kafka and Redis once; return what failed."""
     from aiokafka.admin import AIOKafkaAdminClient
-    from redis.asyncio import Redis
 
     problems = []
     redis = Redis.from_url(settings.redis_url)
@@ -34,9 +166,8 @@ async def _check(settings: Settings) -> list[str]:
     try:
         await admin.start()
         cluster = await admin.describe_cluster()
-        topics = await admin.list_topics()
         print(f"kafka   {settings.kafka_bootstrap}  cluster {cluster['cluster_id']}  "
-              f"{len(cluster['brokers'])} broker(s), {len(topics)} topic(s)")
+              f"{len(cluster['brokers'])} broker(s)")
     except Exception as exc:
         problems.append(f"kafka at {settings.kafka_bootstrap}: {exc}")
     finally:
@@ -52,8 +183,37 @@ def _cmd_check(settings: Settings, _: argparse.Namespace) -> int:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="scorer-worker", description=__doc__)
+    parser = argparse.ArgumentParser(prog="scorer-worker", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = parser.add_subparsers(dest="command", required=True)
+    sub.add_parser("run", help="consume traces and score them").set_defaults(func=_cmd_run)
+
+    catalog = sub.add_parser("catalog", help="the catalog of scorers and groups").add_subparsers(
+        dest="action", required=True)
+    apply = catalog.add_parser("apply", help="apply a catalog file (YAML or JSON)")
+    apply.add_argument("file")
+    apply.set_defaults(func=_cmd_apply)
+    listing = catalog.add_parser("list", help="list documents")
+    listing.add_argument("kind", nargs="?", choices=list(KIND_MODELS))
+    listing.set_defaults(func=_cmd_list)
+    for name, func in (("get", _cmd_get), ("delete", _cmd_delete)):
+        p = catalog.add_parser(name, help=f"{name} one document")
+        p.add_argument("kind", choices=list(KIND_MODELS))
+        p.add_argument("id")
+        p.set_defaults(func=func)
+
+    groups = sub.add_parser("groups", help="scorer groups").add_subparsers(dest="action", required=True)
+    ratings = groups.add_parser("ratings", help="a group's ratings history")
+    ratings.add_argument("id")
+    ratings.add_argument("--window", default="7d", choices=["1h", "24h", "7d", "30d"])
+    ratings.add_argument("--json", action="store_true")
+    ratings.set_defaults(func=_cmd_ratings)
+
+    sessions = sub.add_parser("sessions", help="sessions").add_subparsers(dest="action", required=True)
+    scores = sessions.add_parser("scores", help="the latest group verdicts on a session")
+    scores.add_argument("id")
+    scores.set_defaults(func=_cmd_session_scores)
+
     sub.add_parser("settings", help="print every SGW_* setting, secrets masked").set_defaults(
         func=_cmd_settings)
     sub.add_parser("check", help="reach Kafka and Redis once").set_defaults(func=_cmd_check)

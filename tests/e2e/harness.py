@@ -1,0 +1,120 @@
+"""Running the real worker as a subprocess against the real broker and Redis, and reading what
+it publishes."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import httpx
+import orjson
+from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
+
+from deploy.services import free_port
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+@dataclass
+class WorkerProcess:
+    env: dict[str, str]
+    name: str = "worker"
+    proc: subprocess.Popen[bytes] | None = None
+    metrics_port: int = field(default_factory=free_port)
+    log_path: Path | None = None
+
+    def start(self, log_dir: Path) -> WorkerProcess:
+        self.log_path = log_dir / f"{self.name}.log"
+        env = {**os.environ, **self.env, "SGW_METRICS_PORT": str(self.metrics_port),
+               "SGW_LOG_FORMAT": "json", "PYTHONPATH": str(ROOT)}
+        self.proc = subprocess.Popen([sys.executable, "-m", "worker.cli", "run"], env=env, cwd=ROOT,
+                                     stdout=open(self.log_path, "wb"), stderr=subprocess.STDOUT)
+        return self
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.metrics_port}"
+
+    def wait_ready(self, timeout_s: float = 60) -> None:
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            assert self.proc is not None
+            if self.proc.poll() is not None:
+                raise AssertionError(f"{self.name} exited with {self.proc.returncode}:\n{self.logs()}")
+            try:
+                if httpx.get(self.url + "/readyz", timeout=1).status_code == 200:
+                    return
+            except httpx.HTTPError:
+                pass
+            time.sleep(0.2)
+        raise AssertionError(f"{self.name} not ready in {timeout_s}s:\n{self.logs()}")
+
+    def metrics(self) -> str:
+        return httpx.get(self.url + "/metrics", timeout=5).text
+
+    def metric(self, name: str, **labels: str) -> float:
+        """The sum of a metric's samples whose labels include ``labels``."""
+        total = 0.0
+        for line in self.metrics().splitlines():
+            if not line.startswith(name + "{") and not line.startswith(name + " "):
+                continue
+            if all(f'{k}="{v}"' in line for k, v in labels.items()):
+                total += float(line.rsplit(" ", 1)[1])
+        return total
+
+    def stop(self, timeout_s: float = 40) -> int:
+        assert self.proc is not None
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                self.proc.wait(timeout=timeout_s)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+                raise AssertionError(f"{self.name} did not stop on SIGTERM:\n{self.logs()}") from None
+        return self.proc.returncode
+
+    def logs(self) -> str:
+        return self.log_path.read_text(errors="replace")[-6000:] if self.log_path else ""
+
+
+async def produce(bootstrap: str, topic: str, records: list[tuple[bytes | None, bytes]]) -> None:
+    producer = AIOKafkaProducer(bootstrap_servers=bootstrap, linger_ms=5)
+    await producer.start()
+    try:
+        acks = [await producer.send(topic, key=k, value=v) for k, v in records]
+        await asyncio.gather(*acks)
+    finally:
+        await producer.stop()
+
+
+async def read_topic(bootstrap: str, topic: str, until: Callable[[list[Any]], bool],
+                     timeout_s: float = 90, settle_s: float = 0.0) -> list[Any]:
+    """Read ``topic`` from the start until ``until(values)`` holds (then ``settle_s`` more, to
+    catch anything extra), or the timeout; values are decoded JSON."""
+    consumer = AIOKafkaConsumer(topic, bootstrap_servers=bootstrap, auto_offset_reset="earliest",
+                                enable_auto_commit=False, group_id=None)
+    await consumer.start()
+    values: list[Any] = []
+    try:
+        deadline = time.monotonic() + timeout_s
+        settled_at: float | None = None
+        while time.monotonic() < deadline:
+            batches = await consumer.getmany(timeout_ms=200)
+            for records in batches.values():
+                values.extend(orjson.loads(r.value) for r in records)
+            if settled_at is None and until(values):
+                settled_at = time.monotonic() + settle_s
+            if settled_at is not None and time.monotonic() >= settled_at:
+                break
+    finally:
+        await consumer.stop()
+    return values

@@ -1,0 +1,227 @@
+"""End to end: the worker as a subprocess on the real broker and Redis, judges through the
+local judge server, an external scorer through a local HTTP server, code scorers in their
+sandboxes. Every kept (trace, group) is rated once with the right score; Signals exactly below
+threshold; webhook deliveries per Signal and channel; malformed records dead-lettered; an
+exhausted budget skips whole groups; a second worker joins mid-stream without loss or doubles."""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
+from typing import Any
+
+import orjson
+import pytest
+from redis.asyncio import Redis
+
+from deploy.judge_server import JudgeServer
+from scoring.groups import MonitorClient
+from scoring.sampling import keep
+from tests.e2e.harness import WorkerProcess, produce, read_topic
+from tests.http_fakes import Reply, ScriptedServer
+
+pytestmark = pytest.mark.integration
+
+ONLINE = {"enabled": True, "sampleRate": 1.0, "alertThreshold": 6, "severity": "high"}
+LEN_CODE = ("def score(input, output, expected, spans, metadata):\n"
+            "    return 1.0 if 'good' in output else 0.25\n")
+
+
+def catalog(external_url: str) -> dict[str, Any]:
+    def m(kind: str, ref: str, weight: float, gate: bool = False) -> dict[str, Any]:
+        return {"kind": kind, "refId": ref, "weight": weight, "gate": gate}
+
+    return {
+        "judges": [{"id": "help", "name": "Helpfulness", "criteria": "Helpful?"},
+                   {"id": "safe", "name": "Safety", "criteria": "Safe?"}],
+        "patterns": [{"id": "email", "name": "Email", "polarity": "failure", "template": "email"}],
+        "customs": [{"id": "len", "name": "Good word", "type": "code", "code": LEN_CODE},
+                    {"id": "ext", "name": "External", "type": "external", "url": external_url}],
+        "groups": [
+            {"id": "a-full", "name": "Full", "projectId": "p-a", "online": ONLINE,
+             "members": [m("judge", "help", 2), m("judge", "safe", 1, True), m("pattern", "email", 0, True),
+                         m("custom", "len", 1), m("custom", "ext", 1)]},
+            {"id": "a-half", "name": "Half", "projectId": "p-a",
+             "online": {**ONLINE, "sampleRate": 0.5, "alertThreshold": None},
+             "members": [m("judge", "help", 1)]},
+            {"id": "a-session", "name": "Session", "projectId": "p-a",
+             "online": {**ONLINE, "scope": "session"}, "members": [m("judge", "help", 1)]},
+            {"id": "b-det", "name": "Deterministic", "projectId": "p-b",
+             "online": {**ONLINE, "alertThreshold": 5, "severity": "low"},
+             "members": [m("pattern", "email", 1), m("custom", "len", 1)]},
+            {"id": "c-budget", "name": "Budgeted", "projectId": "p-c", "online": ONLINE,
+             "members": [m("judge", "help", 1), m("judge", "safe", 1)]},
+        ],
+        "budgets": [{"projectId": "p-c", "judgeCallsPerWindow": 4, "windowSeconds": 3600}],
+        "channels": [{"agentId": "agent-a", "url": "https://hooks.example.com/one", "secret": "s1"},
+                     {"agentId": "agent-a", "url": "https://hooks.example.com/two"}],
+    }
+
+
+def trace(i: int, project: str) -> dict[str, Any]:
+    rating = i % 11
+    words = ("good " if i % 3 == 0 else "meh ") + ("mail x.y@example.com " if i % 7 == 0 else "")
+    return {"traceId": f"t-{project}-{i}", "projectId": project, "agentId": "agent-a" if project == "p-a" else "agent-b",
+            "sessionId": f"s-{i % 4}", "timestamp": f"2026-12-02T13:{i // 60:02d}:{i % 60:02d}Z",
+            "spans": [{"spanId": "r", "parentSpanId": None, "name": "agent.run", "input": f"question {i}",
+                       "output": f"answer {i} {words}[[rating={rating}]]"}]}
+
+
+def expected_score(i: int, group: str) -> float | None:
+    """Hand-computed from the spec, independent of the engine."""
+    judge = (i % 11) / 10
+    good = 1.0 if i % 3 == 0 else 0.25
+    email = i % 7 == 0
+    if group == "a-full":
+        if judge < 0.5 or email:  # Safety gate (judge under 5/10) or the email tripwire
+            return 0.0
+        return 10 * (2 * judge + 1 * judge + good + 0.5) / 5
+    if group == "a-half":
+        return 10 * judge
+    if group == "b-det":
+        return 10 * ((0.0 if email else 1.0) + good) / 2
+    raise AssertionError(group)
+
+
+@pytest.fixture
+def external() -> Iterator[ScriptedServer]:
+    with ScriptedServer(default=Reply(body={"score": 0.5})) as s:
+        yield s
+
+
+@pytest.fixture
+def judge() -> Iterator[JudgeServer]:
+    with JudgeServer() as s:
+        yield s
+
+
+@pytest.fixture
+async def env(kafka_bootstrap: str, redis_url: str, unique: str, judge: JudgeServer,
+              external: ScriptedServer) -> AsyncIterator[dict[str, str]]:
+    url = redis_url.rsplit("/", 1)[0] + "/3"  # a database of its own: the catalog is global
+    redis = Redis.from_url(url)
+    await redis.flushdb()
+    await MonitorClient(redis).apply(catalog(external.url + "/score"))
+    yield {
+        "SGW_KAFKA_BOOTSTRAP": kafka_bootstrap, "SGW_REDIS_URL": url,
+        "SGW_CONSUMER_GROUP": f"workers-{unique}", "SGW_TRACES_TOPIC": f"traces-{unique}",
+        "SGW_RATINGS_TOPIC": f"ratings-{unique}", "SGW_SIGNALS_TOPIC": f"signals-{unique}",
+        "SGW_WEBHOOKS_TOPIC": f"webhooks-{unique}", "SGW_DLQ_TOPIC": f"dlq-{unique}",
+        "SGW_TOPIC_PARTITIONS": "4", "SGW_JUDGE_BASE_URL": judge.base_url, "SGW_JUDGE_TIMEOUT_S": "5",
+        "SGW_EGRESS_ALLOW": "127.0.0.0/8", "SGW_MAX_TRACE_BYTES": "4096", "SGW_COMMIT_INTERVAL_S": "0.2",
+    }
+    await redis.flushdb()
+    await redis.aclose()
+
+
+def key_of(value: dict[str, Any]) -> tuple[str, str]:
+    return value["groupId"], value["traceId"]
+
+
+async def test_live_scoring_end_to_end(env: dict[str, str], kafka_bootstrap: str, tmp_path: Path) -> None:
+    traces = [trace(i, "p-a") for i in range(30)] + [trace(i, "p-b") for i in range(10)]
+    budgeted = [trace(i, "p-c") for i in range(5)]
+    malformed: list[tuple[bytes | None, bytes]] = [
+        (b"bad-json", b"{not json"), (b"bad-utf8", b"\xff\xfe\x00bad"),
+        (b"bad-trace", orjson.dumps({"traceId": "x", "spans": []})),
+        (b"too-large", orjson.dumps({**trace(99, "p-a"), "metadata": {"blob": "x" * 5000}}))]
+    worker = WorkerProcess(env).start(tmp_path)
+    try:
+        worker.wait_ready()
+        await produce(kafka_bootstrap, env["SGW_TRACES_TOPIC"],
+                      [(t["traceId"].encode(), orjson.dumps(t)) for t in traces + budgeted] + malformed)
+
+        kept = {("a-full", t["traceId"]) for t in traces if t["projectId"] == "p-a"}
+        kept |= {("a-half", t["traceId"]) for t in traces
+                 if t["projectId"] == "p-a" and keep(t["traceId"], "a-half", 0.5)}
+        kept |= {("b-det", t["traceId"]) for t in traces if t["projectId"] == "p-b"}
+        assert 0 < sum(g == "a-half" for g, _ in kept) < 30, "sampling kept some, not all"
+        expected_total = len(kept) + 2  # + two budgeted traces (4 calls / 2 judges each)
+
+        ratings = await read_topic(kafka_bootstrap, env["SGW_RATINGS_TOPIC"],
+                                   until=lambda v: len(v) >= expected_total, settle_s=3)
+        dead = await read_topic(kafka_bootstrap, env["SGW_DLQ_TOPIC"], until=lambda v: len(v) >= 4)
+        signals = await read_topic(kafka_bootstrap, env["SGW_SIGNALS_TOPIC"], until=lambda v: True, settle_s=1)
+        hooks = await read_topic(kafka_bootstrap, env["SGW_WEBHOOKS_TOPIC"], until=lambda v: True, settle_s=1)
+        metrics_text = worker.metrics()
+    finally:
+        code = worker.stop()
+    assert code == 0, worker.logs()
+
+    # Every kept (trace, group) rated exactly once, with the hand-computed score.
+    counts = Counter(key_of(r) for r in ratings)
+    assert max(counts.values()) == 1, [k for k, n in counts.items() if n > 1]
+    live = {k for k in counts if k[0] != "c-budget"}
+    assert live == kept
+    by_key = {key_of(r): r for r in ratings}
+    for (group, trace_id), r in by_key.items():
+        if group == "c-budget":
+            continue
+        i = int(trace_id.rsplit("-", 1)[1])
+        assert r["rating"] == pytest.approx(expected_score(i, group)), (group, trace_id, r["justification"])
+        assert r["kind"] == f"scorer-group:{group}" and r["scope"] == "trace"
+        assert r["justification"].startswith("Weighted blend:")
+    assert not any(r["groupId"] == "a-session" for r in ratings), "session groups never score at ingest"
+    full = by_key[("a-full", "t-p-a-8")]
+    assert {m["name"]: m["status"] for m in full["members"]} == {
+        "Helpfulness": "scored", "Safety": "scored", "Email": "scored", "Good word": "scored", "External": "scored"}
+
+    # An exhausted budget skips whole groups: 4 calls, 2 judges per trace, 5 traces.
+    assert sum(g == "c-budget" for g, _ in counts) == 2
+    assert all(len([m for m in r["members"] if m["status"] == "scored"]) == 2
+               for r in ratings if r["groupId"] == "c-budget"), "never a partial panel"
+    assert 'why="budget"' in metrics_text and worker_metric(metrics_text, "sgw_groups_skipped_total", why="budget") == 3
+
+    # Signals exactly for ratings under the threshold; none for a null threshold.
+    thresholds = {"a-full": 6, "b-det": 5, "c-budget": 6}
+    due = {r["id"] for r in ratings if r["groupId"] in thresholds and r["rating"] is not None
+           and r["rating"] < thresholds[r["groupId"]]}
+    assert {s["ratingId"] for s in signals} == due and len(signals) == len(due)
+    assert all(s["key"] == f"scorer-group:{s['groupId']}" for s in signals)
+
+    # One webhook delivery per Signal and channel of the agent (agent-a has two, agent-b none).
+    agent_a_signals = {s["id"] for s in signals if s["agentId"] == "agent-a"}
+    assert Counter(h["signalId"] for h in hooks) == {sid: 2 for sid in agent_a_signals}
+    assert all("secret" not in orjson.dumps(h).decode() for h in hooks)
+
+    # Malformed records are dead-lettered with their reason and position.
+    assert sorted(d["reason"] for d in dead) == ["invalid_trace", "not_json", "not_utf8", "too_large"]
+    assert all(d["topic"] == env["SGW_TRACES_TOPIC"] and d["offset"] >= 0 for d in dead)
+    bad_utf8 = next(d for d in dead if d["reason"] == "not_utf8")
+    assert bad_utf8["valueEncoding"] == "base64"
+
+
+def worker_metric(text: str, name: str, **labels: str) -> float:
+    total = 0.0
+    for line in text.splitlines():
+        if line.startswith(name) and all(f'{k}="{v}"' in line for k, v in labels.items()):
+            total += float(line.rsplit(" ", 1)[1])
+    return total
+
+
+async def test_a_second_worker_joins_mid_stream_without_loss_or_second_ratings(
+        env: dict[str, str], kafka_bootstrap: str, tmp_path: Path) -> None:
+    first = WorkerProcess(env, name="first").start(tmp_path)
+    second = WorkerProcess(env, name="second")
+    waves = [[trace(i, "p-b") for i in range(w * 100, w * 100 + 100)] for w in range(3)]
+    try:
+        first.wait_ready()
+        await produce(kafka_bootstrap, env["SGW_TRACES_TOPIC"],
+                      [(t["traceId"].encode(), orjson.dumps(t)) for t in waves[0]])
+        second.start(tmp_path)
+        await produce(kafka_bootstrap, env["SGW_TRACES_TOPIC"],
+                      [(t["traceId"].encode(), orjson.dumps(t)) for t in waves[1]])
+        second.wait_ready()
+        await produce(kafka_bootstrap, env["SGW_TRACES_TOPIC"],
+                      [(t["traceId"].encode(), orjson.dumps(t)) for t in waves[2]])
+        ratings = await read_topic(kafka_bootstrap, env["SGW_RATINGS_TOPIC"],
+                                   until=lambda v: len({r["id"] for r in v}) >= 300, settle_s=3)
+        both_worked = first.metric("sgw_groups_scored_total") > 0 and second.metric("sgw_groups_scored_total") > 0
+    finally:
+        codes = (first.stop(), second.stop())
+    assert codes == (0, 0), first.logs() + second.logs()
+    ids = Counter(r["traceId"] for r in ratings)
+    assert set(ids) == {t["traceId"] for wave in waves for t in wave}, "no trace lost"
+    assert max(ids.values()) == 1, "no second rating"
+    assert both_worked, "the partitions were shared"
