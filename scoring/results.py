@@ -53,9 +53,10 @@ class MemberVerdict(_Out):
     detail: str | None
 
 
-class Rating(_Out):
+class _AboutGroupResult(_Out):
+    """What a rating and a signal both say about the result they come from."""
+
     id: str
-    kind: str
     group_id: str
     group_name: str
     project_id: str
@@ -63,6 +64,10 @@ class Rating(_Out):
     scope: ResultScope
     trace_id: str | None = None
     session_id: str | None = None
+
+
+class Rating(_AboutGroupResult):
+    kind: str
     turns: int | None = None
     rating: float | None
     reason: str | None
@@ -71,16 +76,8 @@ class Rating(_Out):
     scored_at: datetime
 
 
-class Signal(_Out):
-    id: str
+class Signal(_AboutGroupResult):
     key: str
-    group_id: str
-    group_name: str
-    project_id: str
-    agent_id: str
-    scope: ResultScope
-    trace_id: str | None = None
-    session_id: str | None = None
     rating: float
     alert_threshold: float
     severity: Severity
