@@ -8,6 +8,7 @@ bucket expires once no window can show it.
 
 from __future__ import annotations
 
+import math
 import time
 from dataclasses import asdict, dataclass
 
@@ -16,22 +17,22 @@ from redis.asyncio import Redis
 
 from scoring import keys
 
+# ARGV: count, scored, sum, min, max, below, noscore, then one TTL per key. One call counts a
+# whole batch's results of one group into its buckets (the worker aggregates before calling).
 _RECORD = """
 for i, key in ipairs(KEYS) do
-  redis.call('HINCRBY', key, 'count', 1)
-  if ARGV[1] == '' then
-    redis.call('HINCRBY', key, 'noscore', 1)
-  else
-    local r = tonumber(ARGV[1])
-    redis.call('HINCRBY', key, 'scored', 1)
-    redis.call('HINCRBYFLOAT', key, 'sum', ARGV[1])
+  redis.call('HINCRBY', key, 'count', ARGV[1])
+  if tonumber(ARGV[2]) > 0 then
+    redis.call('HINCRBY', key, 'scored', ARGV[2])
+    redis.call('HINCRBYFLOAT', key, 'sum', ARGV[3])
     local low = redis.call('HGET', key, 'min')
-    if (not low) or r < tonumber(low) then redis.call('HSET', key, 'min', ARGV[1]) end
+    if (not low) or tonumber(ARGV[4]) < tonumber(low) then redis.call('HSET', key, 'min', ARGV[4]) end
     local high = redis.call('HGET', key, 'max')
-    if (not high) or r > tonumber(high) then redis.call('HSET', key, 'max', ARGV[1]) end
-    if ARGV[2] == '1' then redis.call('HINCRBY', key, 'below', 1) end
+    if (not high) or tonumber(ARGV[5]) > tonumber(high) then redis.call('HSET', key, 'max', ARGV[5]) end
   end
-  redis.call('EXPIRE', key, ARGV[2 + i])
+  if tonumber(ARGV[6]) > 0 then redis.call('HINCRBY', key, 'below', ARGV[6]) end
+  if tonumber(ARGV[7]) > 0 then redis.call('HINCRBY', key, 'noscore', ARGV[7]) end
+  redis.call('EXPIRE', key, ARGV[7 + i])
 end
 return #KEYS
 """
@@ -107,6 +108,43 @@ class RatingsHistory:
         }
 
 
+@dataclass
+class _Aggregate:
+    count: int = 0
+    scored: int = 0
+    total: float = 0.0
+    low: float = math.inf
+    high: float = -math.inf
+    below: int = 0
+    no_score: int = 0
+
+    def add(self, event: RatingEvent) -> None:
+        self.count += 1
+        if event.rating is None:
+            self.no_score += 1
+            return
+        self.scored += 1
+        self.total += event.rating
+        self.low = min(self.low, event.rating)
+        self.high = max(self.high, event.rating)
+        self.below += event.below_threshold
+
+    def args(self) -> list[int | str]:
+        return [self.count, self.scored, repr(self.total), repr(self.low if self.scored else 0.0),
+                repr(self.high if self.scored else 0.0), self.below, self.no_score]
+
+
+def _aggregate(events: list[RatingEvent]) -> dict[tuple[str, int], _Aggregate]:
+    """Events of one group in the same finest bucket share every coarser bucket too, so they
+    are counted together in one script call."""
+    finest = min(bucket_s for _, bucket_s in keys.RATING_WINDOWS.values())
+    aggregates: dict[tuple[str, int], _Aggregate] = {}
+    for event in events:
+        slot = int(event.at) // finest * finest
+        aggregates.setdefault((event.group_id, slot), _Aggregate()).add(event)
+    return aggregates
+
+
 def _bucket_keys(group_id: str, at: float) -> tuple[list[str], list[int]]:
     names, ttls = [], []
     for window_s, bucket_s in keys.RATING_WINDOWS.values():
@@ -127,11 +165,9 @@ class RatingsStore:
         if not events and not sessions:
             return
         async with self._redis.pipeline(transaction=False) as pipe:
-            for event in events:
-                names, ttls = _bucket_keys(event.group_id, event.at)
-                rating = "" if event.rating is None else repr(float(event.rating))
-                await self._record(keys=names, args=[rating, int(event.below_threshold), *ttls],
-                                   client=pipe)
+            for (group_id, at), agg in _aggregate(events).items():
+                names, ttls = _bucket_keys(group_id, at)
+                await self._record(keys=names, args=[*agg.args(), *ttls], client=pipe)
             for verdict in sessions:
                 key = keys.session_scores(verdict.session_id)
                 pipe.hset(key, verdict.group_id, orjson.dumps(asdict(verdict)))
