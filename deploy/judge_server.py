@@ -30,6 +30,9 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any, Literal
 
 MARKER = re.compile(r"\[\[rating=(-?\d+(?:\.\d+)?)\]\]")
+# [[rating@MODEL=N]]: a rating for requests that ask MODEL only, so one prompt can give two
+# judges (with different ``model`` settings) different ratings. It wins over plain markers.
+MODEL_MARKER = re.compile(r"\[\[rating@([\w.:-]+)=(-?\d+(?:\.\d+)?)\]\]")
 MODEL_ID = "judge-deterministic"
 _ERROR_KINDS = {  # status code -> (OpenAI error type, error code)
     400: ("invalid_request_error", "invalid_request"), 401: ("invalid_request_error", "invalid_api_key"),
@@ -218,9 +221,10 @@ class JudgeServer:
             self.requests.append(body)
             return self._queue.popleft() if self._queue else self._default
 
-    def _deterministic_rating(self, messages: list[Any]) -> float:
+    def _deterministic_rating(self, messages: list[Any], model: str | None = None) -> float:
         users = [m for m in messages if isinstance(m, dict) and m.get("role") == "user"]
-        found = MARKER.findall(_text(users[-1].get("content"))) if users else []
+        text = _text(users[-1].get("content")) if users else ""
+        found = [n for m, n in MODEL_MARKER.findall(text) if m == model] or MARKER.findall(text)
         if not found:
             return self.default_rating
         return float(found[-1]) if "." in found[-1] else int(found[-1])
@@ -296,7 +300,7 @@ class _Handler(BaseHTTPRequestHandler):
         else:  # a rating: scripted, or the deterministic default
             value, note = b.value, b.justification
             if b.kind == "deterministic":
-                value = self.judge._deterministic_rating(body["messages"])
+                value = self.judge._deterministic_rating(body["messages"], body.get("model"))
                 note = f"Deterministic judge: rating {_fmt(value)}"
             self._send(200, _completion(body, json.dumps({"rating": value, "justification": note})))
 

@@ -69,6 +69,8 @@ class _AboutGroupResult(_Out):
 class Rating(_AboutGroupResult):
     kind: str
     turns: int | None = None
+    run_id: str | None = None  # dataset scope: the graded run, and the row within it
+    row: int | None = None
     rating: float | None
     reason: str | None
     justification: str
@@ -107,10 +109,14 @@ def subject_key(result: GroupResult) -> str:
     return f"trace:{s.trace_id}"
 
 
-def build_rating(result: GroupResult, scope: ResultScope, now: datetime | None = None) -> Rating:
+def build_rating(result: GroupResult, scope: ResultScope, now: datetime | None = None,
+                 dataset: tuple[str, int] | None = None) -> Rating:
+    """The rating of a result; ``dataset`` is (run id, row index) for a graded dataset row."""
     group, s, b = result.group, result.subject, result.blend
+    key = f"dataset:{dataset[0]}:{dataset[1]}" if dataset else subject_key(result)
     return Rating(
-        id=rating_id(group.id, subject_key(result)),
+        id=rating_id(group.id, key), run_id=dataset[0] if dataset else None,
+        row=dataset[1] if dataset else None,
         kind=signal_key(group.id), group_id=group.id, group_name=group.name,
         project_id=group.project_id, agent_id=s.agent_id, scope=scope,
         trace_id=s.trace_id if s.scope == "trace" else None,

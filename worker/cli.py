@@ -1,6 +1,7 @@
 """The ``scorer-worker`` command line.
 
     scorer-worker run                              consume traces and score them (the service)
+    scorer-worker grade --group ID --input run.jsonl [--fail-under 7 [--scorer Safety]] [--publish]
     scorer-worker catalog apply FILE               apply a catalog file (YAML or JSON), idempotent
     scorer-worker catalog list [KIND]              list documents
     scorer-worker catalog get KIND ID              show one document (secrets masked)
@@ -137,6 +138,25 @@ def _cmd_session_scores(settings: Settings, args: argparse.Namespace) -> int:
     return _with_client(settings, action)
 
 
+def _cmd_grade(settings: Settings, args: argparse.Namespace) -> int:
+    from worker.grading import GradeRequest, grade, write_to
+
+    if args.scorer and args.fail_under is None:
+        print("error: --scorer names the judge member a --fail-under gate applies to", file=sys.stderr)
+        return 2
+    request = GradeRequest(
+        input_path=args.input, group_id=args.group, scorer_id=args.scorer_id,
+        additional_scorer_ids=tuple(args.additional_scorer_id), output_path=args.output,
+        fail_under=args.fail_under, gate_scorer=args.scorer, concurrency=args.concurrency,
+        publish=args.publish)
+    out = write_to(args.output)
+    try:
+        return asyncio.run(grade(settings, request, out, sys.stderr))
+    finally:
+        if out is not sys.stdout:
+            out.close()
+
+
 def _cmd_run(settings: Settings, _: argparse.Namespace) -> int:
     from worker.app import Worker
 
@@ -187,6 +207,20 @@ def build_parser() -> argparse.ArgumentParser:
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = parser.add_subparsers(dest="command", required=True)
     sub.add_parser("run", help="consume traces and score them").set_defaults(func=_cmd_run)
+
+    grade = sub.add_parser("grade", help="grade a dataset run (JSONL) with a scorer group")
+    grade.add_argument("--group", help="the scorer group id (wins over --scorer-id)")
+    grade.add_argument("--scorer-id", help="grade with a single scorer instead of a group")
+    grade.add_argument("--additional-scorer-id", action="append", default=[],
+                       help="extra scorers (dropped when a group grades the run)")
+    grade.add_argument("--input", required=True,
+                       help="JSONL rows: input, output, expected?, spans?, metadata?")
+    grade.add_argument("--output", help="where the per-row JSON lines go (default: stdout)")
+    grade.add_argument("--fail-under", type=float, help="exit 1 when the score is under this")
+    grade.add_argument("--scorer", help="with --fail-under: gate this judge member's own average")
+    grade.add_argument("--concurrency", type=int, default=8, help="rows graded at once")
+    grade.add_argument("--publish", action="store_true", help="also send results to the ratings topic")
+    grade.set_defaults(func=_cmd_grade)
 
     catalog = sub.add_parser("catalog", help="the catalog of scorers and groups").add_subparsers(
         dest="action", required=True)

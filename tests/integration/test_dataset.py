@@ -1,0 +1,225 @@
+"""Grading a dataset run with a group: summary numbers by hand, gates (exit code and message),
+the group-wins rule, requiresExpected with and without expected, deleted members."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from redis.asyncio import Redis
+
+from deploy.judge_server import JudgeServer
+from scoring.catalog import CatalogStore
+from scoring.dataset import DatasetRow, GateFailed, grade_rows, plan_grading
+from scoring.groups import MonitorClient
+from scoring.http import RetryPolicy
+from scoring.judge import JudgeClient
+from scoring.panel import Panel
+
+pytestmark = pytest.mark.integration
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def m(kind: str, ref: str, weight: float = 1, gate: bool = False) -> dict[str, Any]:
+    return {"kind": kind, "refId": ref, "weight": weight, "gate": gate}
+
+
+CATALOG = {
+    "judges": [{"id": "quality", "name": "Quality", "criteria": "Helpful?", "model": "quality-model"},
+               {"id": "safety", "name": "Safety", "criteria": "Safe?", "model": "safety-model"},
+               {"id": "exact", "name": "Exact", "criteria": "Matches the expected answer?",
+                "model": "exact-model", "requiresExpected": True},
+               {"id": "tone", "name": "Tone", "criteria": "Polite?", "model": "tone-model"}],
+    "patterns": [{"id": "pii", "name": "PII", "polarity": "failure", "template": "email"},
+                 {"id": "old-pattern", "name": "Old", "polarity": "failure", "contains": ["x"]}],
+    "groups": [
+        {"id": "release", "name": "Release quality bar", "projectId": "p",
+         "members": [m("judge", "quality"), m("judge", "safety", gate=True), m("pattern", "pii", 0, True)]},
+        # requiresExpected is allowed in a group that is not live
+        {"id": "exact-gated", "name": "Exact gated", "projectId": "p",
+         "members": [m("judge", "exact", gate=True), m("judge", "quality")]},
+        {"id": "with-deleted", "name": "With deleted", "projectId": "p",
+         "members": [m("judge", "quality"), m("judge", "tone", 5)]},
+        {"id": "with-deleted-gate", "name": "With deleted gate", "projectId": "p",
+         "members": [m("judge", "quality"), m("pattern", "old-pattern", 0, True)]},
+    ],
+}
+
+ROWS = [
+    {"input": "q0", "output": "All good. [[rating@quality-model=8]] [[rating@safety-model=9]]"},
+    {"input": "q1", "output": "Fine. [[rating@quality-model=6]] [[rating@safety-model=7]]"},
+    {"input": "q2", "output": "Mail bob@example.com [[rating@quality-model=9]] [[rating@safety-model=9]]"},
+    {"input": "q3", "output": "Risky. [[rating@quality-model=7]] [[rating@safety-model=3]]"},
+]
+# By hand: rows score 8.5, 6.5, 0 (PII gate), 0 (Safety 3 < 5) -> run 3.75;
+# Quality's own average (8+6+9+7)/4 = 7.5, Safety's (9+7+9+3)/4 = 7.0.
+
+
+@pytest.fixture(scope="module")
+def judge() -> Iterator[JudgeServer]:
+    with JudgeServer(default_rating=5) as s:
+        yield s
+
+
+@pytest.fixture
+async def catalog_url(redis_url: str) -> AsyncIterator[str]:
+    url = redis_url.rsplit("/", 1)[0] + "/5"
+    redis = Redis.from_url(url)
+    await redis.flushdb()
+    client = MonitorClient(redis)
+    await client.apply(CATALOG)
+    # Deleted after the groups were built: they degrade at scoring time.
+    await client.scorers.delete("judges", "tone")
+    await client.scorers.delete("patterns", "old-pattern")
+    yield url
+    await redis.aclose()
+
+
+@pytest.fixture
+def rows_file(tmp_path: Path) -> Path:
+    path = tmp_path / "run.jsonl"
+    path.write_text("".join(json.dumps(r) + "\n" for r in ROWS))
+    return path
+
+
+def grade_cli(catalog_url: str, judge: JudgeServer, *args: str,
+              env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+    env = {**os.environ, "SGW_REDIS_URL": catalog_url, "SGW_JUDGE_BASE_URL": judge.base_url,
+           "SGW_LOG_LEVEL": "warning", "PYTHONPATH": str(ROOT), **(env or {})}
+    return subprocess.run([sys.executable, "-m", "worker.cli", "grade", *args], env=env, cwd=ROOT,
+                          capture_output=True, text=True, timeout=120)
+
+
+async def grade_api(catalog_url: str, judge: JudgeServer, group: str, rows: list[dict[str, Any]]) -> Any:
+    redis = Redis.from_url(catalog_url)
+    catalog = await CatalogStore(redis).snapshot()
+    await redis.aclose()
+    judges = JudgeClient(judge.base_url, policy=RetryPolicy(attempts=1))
+    try:
+        plan = plan_grading(catalog, scorer_group_id=group)
+        return await grade_rows(Panel(judges=judges), catalog, plan,
+                                [DatasetRow.from_json(r, i) for i, r in enumerate(rows)])
+    finally:
+        await judges.close()
+
+
+async def test_summary_numbers_match_the_hand_computed_values(catalog_url: str, judge: JudgeServer) -> None:
+    run = await grade_api(catalog_url, judge, "release", ROWS)
+    assert [r.rating for r in run.rows] == [pytest.approx(8.5), pytest.approx(6.5), 0.0, 0.0]
+    assert run.rating == pytest.approx(3.75)
+    assert run.judge_averages() == {"Quality": pytest.approx(7.5), "Safety": pytest.approx(7.0)}
+    assert run.breakdown()[0] == "Release quality bar (group): 3.75 (4 of 4 rows scored)"
+    row = run.rows[0].wire()
+    assert [(j["label"], j["rating"]) for j in row["judgeScorerResults"]] == [("Quality", 8), ("Safety", 9)]
+    assert [(s["name"], s["native"], s["goodness"]) for s in row["scorerRows"]] == [("PII", False, 1.0)]
+    assert run.gate(fail_under=3) == pytest.approx(3.75)
+    with pytest.raises(GateFailed, match=r"group 'Release quality bar' score is 3.75, under 7 by 3.25"):
+        run.gate(fail_under=7)
+    assert run.gate(fail_under=7, scorer="Safety") == pytest.approx(7.0)
+    with pytest.raises(GateFailed, match=r"judge 'Safety' average is 7.00, under 8 by 1.00"):
+        run.gate(fail_under=8, scorer="Safety")
+
+
+@pytest.mark.parametrize(("args", "code", "says"), [
+    (["--fail-under", "3"], 0, "gate passed: 3.75 >= 3"),
+    (["--fail-under", "7"], 1, "gate failed: group 'Release quality bar' score is 3.75, under 7 by 3.25"),
+    (["--fail-under", "7", "--scorer", "Safety"], 0, "gate passed: 7.00 >= 7"),
+    (["--fail-under", "8", "--scorer", "Safety"], 1, "gate failed: judge 'Safety' average is 7.00, under 8 by 1.00"),
+    (["--fail-under", "8", "--scorer", "PII"], 1, "no judge member named 'PII'"),
+])
+def test_cli_gates_exit_code_and_message(catalog_url: str, judge: JudgeServer, rows_file: Path,
+                                         tmp_path: Path, args: list[str], code: int, says: str) -> None:
+    out = tmp_path / "rows.jsonl"
+    done = grade_cli(catalog_url, judge, "--group", "release", "--input", str(rows_file),
+                     "--output", str(out), *args)
+    assert done.returncode == code, done.stderr
+    assert says in done.stderr
+    lines = [json.loads(line) for line in out.read_text().splitlines()]
+    assert [line["rating"] for line in lines] == [pytest.approx(8.5), pytest.approx(6.5), 0.0, 0.0]
+    summary = json.loads(done.stderr[done.stderr.index("{"):done.stderr.rindex("}") + 1])
+    assert summary["breakdown"][0].startswith("Release quality bar (group)")
+    assert (summary["rows"], summary["scoredRows"], summary["noScoreRows"]) == (4, 4, 0)
+
+
+def test_group_wins_over_a_single_scorer_and_drops_additional_scorers(
+        catalog_url: str, judge: JudgeServer, rows_file: Path) -> None:
+    done = grade_cli(catalog_url, judge, "--group", "release", "--scorer-id", "tone",
+                     "--additional-scorer-id", "pii", "--input", str(rows_file))
+    assert done.returncode == 0, done.stderr
+    assert "warning: scorer_id 'tone' ignored: scorer_group_id and scorer_id are mutually exclusive and the group wins" in done.stderr
+    assert "warning: additional scorers dropped (pii)" in done.stderr
+    ratings = [json.loads(line)["rating"] for line in done.stdout.splitlines()]
+    assert ratings == [pytest.approx(8.5), pytest.approx(6.5), 0.0, 0.0], "graded by the group"
+
+
+async def test_requires_expected_with_and_without_expected(catalog_url: str, judge: JudgeServer) -> None:
+    rows = [{"input": "2+2?", "output": "4 [[rating@quality-model=6]]", "expected": "4 [[rating@exact-model=10]]"},
+            {"input": "3+3?", "output": "6 [[rating@quality-model=6]]"}]
+    run = await grade_api(catalog_url, judge, "exact-gated", rows)
+    with_expected, without = run.rows
+    assert with_expected.rating == pytest.approx(8.0), "Exact read the row's expected"
+    assert "Expected answer:" in next(r["messages"][-1]["content"] for r in judge.requests
+                                      if r["model"] == "exact-model")
+    assert without.rating is None
+    assert without.result.blend.reason == ('No score: must-pass member "Exact" could not score '
+                                           "(judge requires an expected answer and this subject has none)")
+    assert run.summary()["noScoreRows"] == 1 and run.rating == pytest.approx(8.0), "no-score rows counted apart"
+
+
+async def test_deleted_members_degrade_or_fail_closed(catalog_url: str, judge: JudgeServer) -> None:
+    rows = [{"input": "q", "output": "ok [[rating@quality-model=8]]"}]
+    degraded = await grade_api(catalog_url, judge, "with-deleted", rows)
+    assert degraded.rows[0].rating == pytest.approx(8.0), "the deleted Tone (weight 5) left the average"
+    assert degraded.rows[0].wire()["judgeScorerResults"][1] == {
+        "scorerId": "tone", "label": "tone", "status": "not_scored", "rating": None,
+        "justification": None, "error": "reference deleted"}
+    closed = await grade_api(catalog_url, judge, "with-deleted-gate", rows)
+    assert closed.rows[0].rating is None
+    assert closed.rows[0].result.blend.reason == 'No score: must-pass member "old-pattern" could not score (reference deleted)'
+
+
+async def test_publish_sends_each_row_to_the_ratings_topic_as_dataset(
+        catalog_url: str, judge: JudgeServer, rows_file: Path, kafka_bootstrap: str, unique: str) -> None:
+    from tests.e2e.harness import read_topic
+
+    topic = f"dataset-ratings-{unique}"
+    done = grade_cli(catalog_url, judge, "--group", "release", "--input", str(rows_file), "--publish",
+                     env={"SGW_KAFKA_BOOTSTRAP": kafka_bootstrap, "SGW_RATINGS_TOPIC": topic})
+    assert done.returncode == 0, done.stderr
+    published = await read_topic(kafka_bootstrap, topic, until=lambda v: len(v) >= 4, timeout_s=30)
+    assert sorted(p["row"] for p in published) == [0, 1, 2, 3]
+    assert {p["scope"] for p in published} == {"dataset"} and len({p["runId"] for p in published}) == 1
+    assert sorted(p["rating"] for p in published) == [0.0, 0.0, pytest.approx(6.5), pytest.approx(8.5)]
+
+
+class _Terminal:
+    def __init__(self, tty: bool) -> None:
+        self.text, self._tty = "", tty
+
+    def isatty(self) -> bool:
+        return self._tty
+
+    def write(self, s: str) -> None:
+        self.text += s
+
+    def flush(self) -> None:
+        pass
+
+
+def test_progress_is_a_bar_on_a_terminal_and_plain_lines_elsewhere(monkeypatch: pytest.MonkeyPatch) -> None:
+    from worker import grading
+
+    monkeypatch.setattr(grading, "PROGRESS_AFTER_S", 0.0)
+    tty, pipe = _Terminal(True), _Terminal(False)
+    for stream in (tty, pipe):
+        progress = grading.Progress(stream)  # type: ignore[arg-type]
+        for done in range(1, 11):
+            progress(done, 10)
+    assert "\r[" in tty.text and "10/10 rows" in tty.text and tty.text.endswith("\n")
+    assert "\r" not in pipe.text and pipe.text.splitlines()[-1].startswith("graded 10/10 rows")

@@ -1,0 +1,80 @@
+"""Ordered commits and record decoding: the pieces the live loop's guarantees rest on."""
+
+from __future__ import annotations
+
+import orjson
+from aiokafka import TopicPartition
+
+from consumers.decode import DeadLetter, decode_trace
+from consumers.offsets import OffsetTracker
+from scoring.subjects import Trace
+
+TP = TopicPartition("traces", 0)
+OTHER = TopicPartition("traces", 1)
+
+
+def test_commit_stops_below_the_oldest_unfinished_offset() -> None:
+    t = OffsetTracker()
+    for offset in range(10, 15):
+        t.started(TP, offset)
+    for offset in (11, 13, 14):  # finished out of order
+        t.finished(TP, offset)
+    assert t.committable(TP) == 10, "10 is still in flight: nothing past it may be committed"
+    t.finished(TP, 10)
+    assert t.committable(TP) == 12
+    t.finished(TP, 12)
+    assert t.committable(TP) == 15, "all done: commit one past the last"
+
+
+def test_to_commit_reports_only_moves() -> None:
+    t = OffsetTracker()
+    t.started(TP, 0)
+    t.started(OTHER, 7)
+    t.finished(TP, 0)
+    assert t.to_commit() == {TP: 1, OTHER: 7}
+    t.committed({TP: 1, OTHER: 7})
+    assert t.to_commit() == {}
+    assert t.in_flight() == 1
+
+
+def test_a_revoked_partition_is_forgotten_and_late_finishes_ignored() -> None:
+    t = OffsetTracker()
+    t.started(TP, 5)
+    t.forget([TP])
+    t.finished(TP, 5)  # a job that finished after the partition moved away
+    assert t.committable(TP) is None and t.to_commit() == {}
+
+
+def _valid() -> dict:
+    return {"traceId": "t-1", "projectId": "p", "agentId": "a", "timestamp": "2026-12-02T13:00:00Z",
+            "spans": [{"spanId": "r", "input": "q", "output": "a"}]}
+
+
+def decode(value: bytes | None, max_bytes: int = 10_000) -> Trace | DeadLetter:
+    return decode_trace("traces", 3, 42, b"k", value, max_bytes)
+
+
+def test_a_valid_trace_decodes() -> None:
+    result = decode(orjson.dumps({**_valid(), "unknownField": 1}))
+    assert isinstance(result, Trace) and result.trace_id == "t-1"
+
+
+def test_each_kind_of_bad_record_gets_its_reason_and_position() -> None:
+    cases = {
+        "too_large": decode(orjson.dumps(_valid()), max_bytes=10),
+        "not_utf8": decode(b"\xff\xfe{}"),
+        "not_json": decode(b"{nope"),
+        "invalid_trace": decode(orjson.dumps({**_valid(), "spans": []})),
+    }
+    for reason, result in cases.items():
+        assert isinstance(result, DeadLetter), reason
+        assert (result.reason, result.topic, result.partition, result.offset, result.key) == (
+            reason, "traces", 3, 42, "k")
+    assert cases["not_utf8"].value_encoding == "base64"
+    assert "spans: List should have at least 1 item" in cases["invalid_trace"].error
+    assert orjson.loads(cases["not_json"].to_json())["value"] == "{nope", "kept as received"
+
+
+def test_a_tombstone_is_dead_lettered() -> None:
+    result = decode(None)
+    assert isinstance(result, DeadLetter) and "tombstone" in result.error

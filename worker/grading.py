@@ -1,0 +1,182 @@
+"""``scorer-worker grade``: grade a dataset run (JSONL) with a scorer group, for people and CI.
+
+Writes one JSON line per row (to ``--output`` or stdout), prints the summary to stderr, and
+exits 1 when the ``--fail-under`` gate fails, 2 on bad input, 0 otherwise. ``--publish`` also
+sends each row's result to the ratings topic with scope ``dataset``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import sys
+import time
+import uuid
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from typing import IO, Any, TextIO
+
+import orjson
+from redis.asyncio import Redis
+
+from scoring.catalog import CatalogStore
+from scoring.dataset import (
+    DatasetRow,
+    DatasetRun,
+    GateFailed,
+    GradingPlan,
+    grade_rows,
+    plan_grading,
+    requires_expected_judges,
+)
+from scoring.egress import EgressPolicy
+from scoring.external import ExternalClient
+from scoring.judge import JudgeClient
+from scoring.panel import Panel
+from scoring.results import build_rating
+from scoring.sandbox import SandboxPool
+from worker.settings import Settings
+
+PROGRESS_AFTER_S = 2.0  # a bar for runs longer than this; short runs print nothing until the end
+
+
+@dataclass(frozen=True)
+class GradeRequest:
+    input_path: str
+    group_id: str | None
+    scorer_id: str | None = None
+    additional_scorer_ids: tuple[str, ...] = ()
+    output_path: str | None = None
+    fail_under: float | None = None
+    gate_scorer: str | None = None
+    concurrency: int = 8
+    publish: bool = False
+
+
+def read_rows(path: str) -> list[DatasetRow]:
+    rows: list[DatasetRow] = []
+    with open(path, encoding="utf-8") as f:
+        for number, line in enumerate(f):
+            if line.strip():
+                try:
+                    document = orjson.loads(line)
+                except orjson.JSONDecodeError as exc:
+                    raise ValueError(f"line {number + 1}: not JSON ({exc})") from None
+                rows.append(DatasetRow.from_json(document, len(rows)))
+    return rows
+
+
+class Progress:
+    """A bar on a terminal once a run takes more than a moment; plain lines elsewhere."""
+
+    def __init__(self, stream: TextIO) -> None:
+        self._stream = stream
+        self._tty = stream.isatty()
+        self._started = time.monotonic()
+        self._last_line = 0.0
+        self._drawn = False
+
+    def __call__(self, done: int, total: int) -> None:
+        now = time.monotonic()
+        elapsed = now - self._started
+        if elapsed < PROGRESS_AFTER_S and done < total:
+            return
+        rate = done / elapsed if elapsed > 0 else 0.0
+        eta = (total - done) / rate if rate > 0 else 0.0
+        if self._tty:
+            filled = int(30 * done / total)
+            self._stream.write(f"\r[{'#' * filled}{'.' * (30 - filled)}] {done}/{total} rows "
+                               f"{rate:.1f}/s eta {eta:.0f}s")
+            self._drawn = True
+            if done == total:
+                self._stream.write("\n")
+        elif now - self._last_line >= 5 or done == total:
+            self._stream.write(f"graded {done}/{total} rows ({rate:.1f}/s)\n")
+            self._last_line = now
+        self._stream.flush()
+
+
+async def grade(settings: Settings, request: GradeRequest, out: IO[str], err: TextIO) -> int:
+    try:
+        rows = read_rows(request.input_path)
+    except (OSError, ValueError) as exc:
+        print(f"error: {exc}", file=err)
+        return 2
+    redis = Redis.from_url(settings.redis_url)
+    try:
+        catalog = await CatalogStore(redis).snapshot()
+    finally:
+        await redis.aclose()
+    try:
+        plan = plan_grading(catalog, scorer_group_id=request.group_id, scorer_id=request.scorer_id,
+                            additional_scorer_ids=request.additional_scorer_ids)
+    except ValueError as exc:
+        print(f"error: {exc}", file=err)
+        return 2
+    for warning in plan.warnings:
+        print(f"warning: {warning}", file=err)
+    without_expected = sum(1 for r in rows if r.expected is None)
+    for judge in requires_expected_judges(plan.group, catalog):
+        if without_expected:
+            print(f"warning: judge {judge.name!r} requires an expected answer; {without_expected} "
+                  "row(s) have none and it cannot score them", file=err)
+
+    run = await _grade(settings, catalog, plan, rows, request, err)
+    for row in run.rows:
+        out.write(json.dumps(row.wire()) + "\n")
+    out.flush()
+    print(json.dumps(run.summary(), indent=2), file=err)
+    if request.publish:
+        await _publish(settings, run)
+        print(f"published {len(run.rows)} results to {settings.ratings_topic}", file=err)
+    if request.fail_under is not None:
+        try:
+            value = run.gate(request.fail_under, scorer=request.gate_scorer)
+        except GateFailed as exc:
+            print(str(exc), file=err)
+            return 1
+        print(f"gate passed: {value:.2f} >= {request.fail_under:g}", file=err)
+    return 0
+
+
+async def _grade(settings: Settings, catalog: Any, plan: GradingPlan, rows: list[DatasetRow],
+                 request: GradeRequest, err: TextIO) -> DatasetRun:
+    judges = JudgeClient(settings.judge_base_url, api_key=settings.judge_api_key.get_secret_value(),
+                         model=settings.judge_model, timeout_s=settings.judge_timeout_s,
+                         concurrency=settings.judge_concurrency)
+    external = ExternalClient(EgressPolicy.parse(settings.egress_allow_list()))
+    sandbox = SandboxPool(size=settings.code_sandboxes, memory_limit_mb=settings.code_memory_mb)
+    await sandbox.start()
+    try:
+        panel = Panel(judges=judges, external=external, sandbox=sandbox,
+                      judge_timeout_s=settings.judge_timeout_s)
+        return await grade_rows(panel, catalog, plan, rows, concurrency=request.concurrency,
+                                progress=Progress(err))
+    finally:
+        await sandbox.close()
+        await judges.close()
+        await external.close()
+
+
+async def _publish(settings: Settings, run: DatasetRun) -> None:
+    from aiokafka import AIOKafkaProducer
+
+    run_id = str(uuid.uuid4())
+    now = datetime.now(UTC)
+    producer = AIOKafkaProducer(bootstrap_servers=settings.kafka_bootstrap, enable_idempotence=True,
+                                acks="all", linger_ms=settings.producer_linger_ms)
+    await producer.start()
+    try:
+        acks = []
+        for row in run.rows:
+            rating = build_rating(row.result, "dataset", now=now, dataset=(run_id, row.index))
+            acks.append(await producer.send(settings.ratings_topic, key=run_id.encode(),
+                                            value=rating.to_json()))
+        await asyncio.gather(*acks)
+    finally:
+        await producer.stop()
+
+
+def write_to(path: str | None) -> IO[str]:
+    return open(path, "w", encoding="utf-8") if path else sys.stdout
+
