@@ -250,15 +250,13 @@ def test_runs_as_a_process_and_exits_cleanly_on_sigterm() -> None:
 
 
 def test_model_marker_rates_only_requests_for_that_model() -> None:
-    import httpx
-
-    from deploy.judge_server import JudgeServer
-
     with JudgeServer(default_rating=5) as server:
         text = "answer [[rating=4]] [[rating@safety-model=9]]"
+
         def ask(model: str) -> float:
             body = {"model": model, "messages": [{"role": "user", "content": text}]}
             reply = httpx.post(server.base_url + "/chat/completions", json=body, timeout=5).json()
-            return float(__import__("json").loads(reply["choices"][0]["message"]["content"])["rating"])
+            return float(json.loads(reply["choices"][0]["message"]["content"])["rating"])
+
         assert ask("safety-model") == 9, "the model's own marker wins"
         assert ask("quality-model") == 4, "other models read the plain marker"
