@@ -22,7 +22,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -34,12 +34,13 @@ from consumers.batcher import Batcher
 from consumers.decode import DeadLetter, decode_trace
 from consumers.events import NoEvents, PipelineEvents
 from consumers.offsets import OffsetTracker
+from consumers.outputs import Outputs, TopicNames
 from scoring.catalog import CatalogSnapshot
 from scoring.claims import ClaimRequest, Claims
 from scoring.models import ScorerGroup
 from scoring.panel import GroupResult, Panel, planned_judge_calls
 from scoring.ratings import RatingEvent, RatingsStore
-from scoring.results import below_threshold, build_deliveries, build_rating, build_signal
+from scoring.results import history_event
 from scoring.sampling import keep
 from scoring.subjects import Subject, Trace, trace_subject
 
@@ -52,15 +53,6 @@ class TurnRecorder(Protocol):
     """Where session-scope turns go (the sessions sweeper reads them)."""
 
     async def record(self, traces: list[tuple[Trace, tuple[ScorerGroup, ...]]]) -> None: ...
-
-
-@dataclass(frozen=True)
-class TopicNames:
-    traces: str
-    ratings: str
-    signals: str
-    webhooks: str
-    dlq: str
 
 
 @dataclass
@@ -109,6 +101,7 @@ class TraceConsumer:
         self._ratings = ratings
         self._turns = turns
         self._events: PipelineEvents = events or NoEvents()
+        self._outputs = Outputs(producer, topics, self._events)
         self._max_in_flight = max_in_flight
         self._max_trace_bytes = max_trace_bytes
         self._commit_interval_s = commit_interval_s
@@ -289,30 +282,9 @@ class TraceConsumer:
 
     async def _publish(self, scored: list[tuple[_Pair, GroupResult]],
                        snapshot: CatalogSnapshot) -> list[_Finished]:
-        """Send every output of a trace without waiting per record, then wait for all acks."""
-        acks: list[Awaitable[Any]] = []
-        finished = []
-        for pair, result in scored:
-            group, subject = pair.group, pair.subject
-            rating = build_rating(result, "trace")
-            acks.append(await self._producer.send(self._topics.ratings, key=subject.trace_id.encode()
-                                                  if subject.trace_id else None, value=rating.to_json()))
-            self._events.group_scored(group.project_id, group.id, "trace", rating.rating)
-            signal = build_signal(group, rating)
-            if signal is not None:
-                acks.append(await self._producer.send(self._topics.signals, key=signal.key.encode(),
-                                                      value=signal.to_json()))
-                self._events.signal_raised(group.project_id, group.id, signal.severity)
-                urls = [c.url for c in snapshot.channels_for(subject.agent_id)]
-                for delivery in build_deliveries(signal, urls):
-                    acks.append(await self._producer.send(self._topics.webhooks,
-                                                          key=delivery.agent_id.encode(),
-                                                          value=delivery.to_json()))
-            event = RatingEvent(group.id, rating.rating, below_threshold(group, rating.rating),
-                                rating.scored_at.timestamp())
-            finished.append(_Finished(pair.claim, rating.id, event))
-        await asyncio.gather(*acks)
-        return finished
+        ratings = await self._outputs.publish([result for _, result in scored], "trace", snapshot)
+        return [_Finished(pair.claim, rating.id, history_event(pair.group, rating))
+                for (pair, _), rating in zip(scored, ratings, strict=True)]
 
     async def _write_finished(self, items: list[_Finished]) -> None:
         await self._claims.mark_done([(i.claim, i.rating_id) for i in items])

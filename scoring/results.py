@@ -19,6 +19,7 @@ from pydantic.alias_generators import to_camel
 from scoring.blend import MemberStatus
 from scoring.models import MemberKind, ScorerGroup, Severity
 from scoring.panel import GroupResult
+from scoring.ratings import RatingEvent
 
 _IDS = uuid.UUID("6f1c5a8e-6a8f-4f7e-9a63-2c1d0b7e4a10")  # namespace of every id we derive
 
@@ -156,3 +157,9 @@ def build_deliveries(signal: Signal, channel_urls: list[str]) -> list[WebhookDel
     return [WebhookDelivery(id=str(uuid.uuid5(_IDS, f"delivery:{signal.id}:{url}")), signal_id=signal.id,
                             agent_id=signal.agent_id, url=url, signal=signal, created_at=signal.raised_at)
             for url in channel_urls]
+
+
+def history_event(group: ScorerGroup, rating: Rating) -> RatingEvent:
+    """How the ratings history counts a published rating."""
+    return RatingEvent(group.id, rating.rating, below_threshold(group, rating.rating),
+                       rating.scored_at.timestamp())

@@ -18,7 +18,8 @@ from aiokafka.admin import AIOKafkaAdminClient, NewTopic
 from aiokafka.errors import TopicAlreadyExistsError
 from redis.asyncio import Redis
 
-from consumers.traces import OutputError, TopicNames, TraceConsumer
+from consumers.outputs import TopicNames
+from consumers.traces import OutputError, TraceConsumer
 from scoring.catalog import CatalogStore, CatalogWatcher
 from scoring.claims import Claims
 from scoring.egress import EgressPolicy
@@ -118,6 +119,9 @@ class Worker:
                 await traces.run(self.stop)
             except OutputError:
                 log.exception("stopping: outputs could not be published")
+                exit_code = 1
+            except Exception:  # Redis or Kafka gone for good: stop, uncommitted work is redelivered
+                log.exception("stopping: the consumer loop failed")
                 exit_code = 1
             await traces.drain(s.shutdown_timeout_s)
         finally:
