@@ -52,7 +52,7 @@ BUSY_POLL_S = 0.5  # how often a pair leased by another worker is looked at agai
 class TurnRecorder(Protocol):
     """Where session-scope turns go (the sessions sweeper reads them)."""
 
-    async def record(self, traces: list[tuple[Trace, tuple[ScorerGroup, ...]]]) -> None: ...
+    async def record(self, traces: list[Trace], now: float | None = None) -> None: ...
 
 
 @dataclass
@@ -191,11 +191,11 @@ class TraceConsumer:
 
         pairs_by_trace = [(tp, offset, trace, self._route(trace, snapshot)) for tp, offset, trace in traces]
         if self._turns is not None:
-            session_turns = [(trace, groups) for trace in (t for _, _, t in traces)
-                             if trace.session_id
-                             and (groups := snapshot.live_groups(trace.project_id, "session"))]
-            if session_turns:
-                await self._turns.record(session_turns)
+            # Session-scope groups never score a single trace: they judge the conversation later.
+            turns = [trace for _, _, trace in traces
+                     if trace.session_id and snapshot.live_groups(trace.project_id, "session")]
+            if turns:
+                await self._turns.record(turns)
         claims = await self._claims.claim_many([p.claim for *_, pairs in pairs_by_trace for p in pairs])
         cursor = 0
         for tp, offset, trace, pairs in pairs_by_trace:

@@ -50,6 +50,23 @@ def session_scores(session_id: str) -> str:
     return f"{PREFIX}:session-scores:{{{session_id}}}"
 
 
+# --- Sessions: the turns of conversations that session-scope groups will judge --------------
+# A session's turns (field = traceId, so a redelivered trace is stored once), kept a week after
+# its last turn; at most SESSION_MAX_TURNS are stored.
+SESSION_TURNS_TTL_S = 7 * 86_400
+SESSION_MAX_TURNS = 500
+
+
+def session_turns(project_id: str, session_id: str) -> str:
+    return f"{PREFIX}:session-turns:{{{project_id}}}:{session_id}"
+
+
+# Per project: session id -> when its last turn arrived. The sweeper reads the quiet ones; a
+# session leaves the index once it has been quiet past every group's idle time and was judged.
+def session_activity(project_id: str) -> str:
+    return f"{PREFIX}:session-activity:{{{project_id}}}"
+
+
 # --- Live scoring: budgets and dedupe, per project --------------------------------------------
 # The online judge-call budget is shared with online evaluators: the same key for both.
 def judge_budget(project_id: str, window_start: int) -> str:

@@ -18,7 +18,8 @@ from aiokafka.admin import AIOKafkaAdminClient, NewTopic
 from aiokafka.errors import TopicAlreadyExistsError
 from redis.asyncio import Redis
 
-from consumers.outputs import TopicNames
+from consumers.outputs import Outputs, TopicNames
+from consumers.sessions import SessionSweeper
 from consumers.traces import OutputError, TraceConsumer
 from scoring.catalog import CatalogStore, CatalogWatcher
 from scoring.claims import Claims
@@ -28,6 +29,7 @@ from scoring.judge import JudgeClient
 from scoring.panel import Panel
 from scoring.ratings import RatingsStore
 from scoring.sandbox import SandboxPool
+from scoring.sessions import SessionStore
 from worker import metrics
 from worker.settings import Settings
 
@@ -96,13 +98,19 @@ class Worker:
             client_id=f"scorer-group-worker-{s.consumer_group}")
         topics = TopicNames(traces=s.traces_topic, ratings=s.ratings_topic, signals=s.signals_topic,
                             webhooks=s.webhooks_topic, dlq=s.dlq_topic)
+        panel = Panel(judges=judges, external=external, sandbox=sandbox,
+                      judge_timeout_s=s.judge_timeout_s, observe=metrics.observe_member)
+        claims, ratings = Claims(redis, lease_s=s.claim_lease_s), RatingsStore(redis)
+        events = metrics.PrometheusEvents()
+        sessions = SessionStore(redis)
         self.consumer = traces = TraceConsumer(
             consumer=consumer, producer=producer, topics=topics, catalog=lambda: watcher.current,
-            panel=Panel(judges=judges, external=external, sandbox=sandbox,
-                        judge_timeout_s=s.judge_timeout_s, observe=metrics.observe_member),
-            claims=Claims(redis, lease_s=s.claim_lease_s), ratings=RatingsStore(redis),
-            events=metrics.PrometheusEvents(), max_in_flight=s.max_in_flight,
-            max_trace_bytes=s.max_trace_bytes, commit_interval_s=s.commit_interval_s)
+            panel=panel, claims=claims, ratings=ratings, turns=sessions, events=events,
+            max_in_flight=s.max_in_flight, max_trace_bytes=s.max_trace_bytes,
+            commit_interval_s=s.commit_interval_s)
+        sweeper = SessionSweeper(store=sessions, outputs=Outputs(producer, topics, events),
+                                 catalog=lambda: watcher.current, panel=panel, claims=claims,
+                                 ratings=ratings, events=events, interval_s=s.session_sweep_interval_s)
 
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGTERM, signal.SIGINT):
@@ -115,6 +123,7 @@ class Worker:
             await consumer.start()
             log.info("worker started", topic=s.traces_topic, group=s.consumer_group,
                      catalog_version=watcher.current.version)
+            sweeping = asyncio.create_task(sweeper.run(self.stop), name="session-sweeper")
             try:
                 await traces.run(self.stop)
             except OutputError:
@@ -123,7 +132,9 @@ class Worker:
             except Exception:  # Redis or Kafka gone for good: stop, uncommitted work is redelivered
                 log.exception("stopping: the consumer loop failed")
                 exit_code = 1
+            self.stop.set()  # the sweeper stops with the loop, whatever ended it
             await traces.drain(s.shutdown_timeout_s)
+            await asyncio.wait_for(sweeping, timeout=s.shutdown_timeout_s)
         finally:
             for sig in (signal.SIGTERM, signal.SIGINT):
                 loop.remove_signal_handler(sig)

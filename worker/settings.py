@@ -94,6 +94,9 @@ class Settings(BaseSettings):
             "scoring time (judge timeout × retries)."
         ),
     )
+    session_sweep_interval_s: float = Field(
+        2.0, gt=0, description="How often quiet sessions are looked for (session-scope groups)."
+    )
     code_sandboxes: int = Field(2, ge=1, description="Sandboxed processes that run code scorers.")
     code_memory_mb: int = Field(256, ge=32, description="Address-space limit of one code-scorer sandbox.")
 

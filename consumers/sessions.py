@@ -1,0 +1,145 @@
+"""The session sweep: judge whole conversations once they go quiet.
+
+Every ``interval_s``, for each project with live session-scope groups:
+
+1. read the sessions quiet for at least the shortest ``idleSeconds`` of those groups, with
+   their turns;
+2. pick the (session, group) pairs due: 2+ turns, quiet for the group's ``idleSeconds``, kept by
+   the stable per-conversation sample;
+3. claim them in one round trip, keyed by the session *and its turn count*: a session already
+   judged at this length is skipped, one that grew is judged again; judge calls are reserved
+   from the same online budget as trace scoring;
+4. score the claimed pairs on the whole transcript, publish (rating, Signal, webhook
+   deliveries), then mark them done and record the verdicts (ratings history, session scores);
+5. drop from the index the sessions quiet past every group's idle time.
+
+Every worker runs a sweeper; the claims make sure each (session, turns, group) is judged once.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import structlog
+
+from consumers.events import NoEvents, PipelineEvents
+from consumers.outputs import Outputs
+from scoring.catalog import CatalogSnapshot
+from scoring.claims import ClaimRequest, Claims
+from scoring.models import ScorerGroup
+from scoring.panel import GroupResult, Panel, planned_judge_calls
+from scoring.ratings import RatingsStore, SessionVerdict
+from scoring.results import history_event
+from scoring.sampling import keep
+from scoring.sessions import SessionStore
+from scoring.subjects import Subject, session_subject
+
+log = structlog.get_logger(__name__)
+
+MIN_TURNS = 2
+
+
+@dataclass(frozen=True)
+class _Due:
+    group: ScorerGroup
+    subject: Subject
+    claim: ClaimRequest
+
+
+class SessionSweeper:
+    def __init__(self, *, store: SessionStore, outputs: Outputs, catalog: Callable[[], CatalogSnapshot],
+                 panel: Panel, claims: Claims, ratings: RatingsStore, events: PipelineEvents | None = None,
+                 interval_s: float = 2.0, concurrency: int = 16) -> None:
+        self._store = store
+        self._outputs = outputs
+        self._catalog = catalog
+        self._panel = panel
+        self._claims = claims
+        self._ratings = ratings
+        self._events: PipelineEvents = events or NoEvents()
+        self._interval_s = interval_s
+        self._slots = asyncio.Semaphore(concurrency)
+
+    async def run(self, stop: asyncio.Event) -> None:
+        while not stop.is_set():
+            try:
+                await self.sweep_once()
+            except Exception:  # Redis or Kafka hiccup: the next tick tries again
+                log.exception("session sweep failed; retrying on the next tick")
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(stop.wait(), timeout=self._interval_s)
+
+    async def sweep_once(self, now: float | None = None) -> int:
+        """One sweep over every project; returns how many (session, group) pairs were judged."""
+        now = time.time() if now is None else now
+        snapshot = self._catalog()
+        projects = sorted({g.project_id for g in snapshot.groups.values()
+                           if g.live and g.online is not None and g.online.scope == "session"})
+        judged = 0
+        for project in projects:
+            judged += await self._sweep_project(project, snapshot, now)
+        return judged
+
+    async def _sweep_project(self, project: str, snapshot: CatalogSnapshot, now: float) -> int:
+        groups = snapshot.live_groups(project, "session")
+        idle = [g.online.idle_seconds for g in groups if g.online is not None]
+        sessions = await self._store.quiet(project, min(idle), now)
+        budget = snapshot.budget(project)
+        due: list[_Due] = []
+        for session in sessions:
+            if len(session.turns) < MIN_TURNS:
+                continue
+            subject = session_subject(session.turns)
+            quiet_for = now - session.last_activity
+            for group in groups:
+                assert group.online is not None
+                if quiet_for < group.online.idle_seconds:
+                    continue
+                if not keep(session.session_id, group.id, group.online.sample_rate):
+                    continue
+                due.append(_Due(group, subject, ClaimRequest(
+                    project_id=project, group_id=group.id,
+                    subject_key=f"session:{session.session_id}:{subject.turns}",
+                    judge_calls=planned_judge_calls(group, snapshot, subject),
+                    budget_limit=budget.judge_calls_per_window if budget else None,
+                    budget_window_s=budget.window_seconds if budget else 3600)))
+        judged = await self._judge(due, snapshot) if due else 0
+        settled = [s.session_id for s in sessions if now - s.last_activity >= max(idle)]
+        await self._store.forget(project, settled, not_after=now - max(idle))
+        return judged
+
+    async def _judge(self, due: list[_Due], snapshot: CatalogSnapshot) -> int:
+        claims = await self._claims.claim_many([d.claim for d in due])
+        mine = []
+        for item, claim in zip(due, claims, strict=True):
+            if claim.state == "claimed":
+                self._events.kept(item.group.project_id, item.group.id)
+                mine.append(item)
+            elif claim.state == "exhausted":
+                self._events.group_skipped(item.group.project_id, item.group.id, "budget")
+                log.warning("judge budget exhausted; session not judged", group=item.group.id,
+                            session=item.subject.session_id)
+        if not mine:
+            return 0
+        try:
+            results = await asyncio.gather(*(self._score(item, snapshot) for item in mine))
+            ratings = await self._outputs.publish(list(results), "session", snapshot)
+        except BaseException:
+            with contextlib.suppress(Exception):
+                await self._claims.release([item.claim for item in mine])
+            raise
+        pairs = list(zip(mine, ratings, strict=True))
+        await self._claims.mark_done([(item.claim, r.id) for item, r in pairs])
+        verdicts = [SessionVerdict(r.session_id or "", r.group_id, r.rating, r.justification,
+                                   r.scored_at.timestamp()) for r in ratings]
+        await self._ratings.record([history_event(item.group, r) for item, r in pairs], verdicts)
+        log.info("sessions judged", pairs=len(mine))
+        return len(mine)
+
+    async def _score(self, item: _Due, snapshot: CatalogSnapshot) -> GroupResult:
+        async with self._slots:
+            return await self._panel.score(item.group, item.subject, snapshot)
