@@ -9,9 +9,13 @@ finished, and nothing finished is ever skipped.
 from __future__ import annotations
 
 import heapq
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 
-from aiokafka import TopicPartition
+import structlog
+from aiokafka import ConsumerRebalanceListener, TopicPartition
+
+log = structlog.get_logger(__name__)
 
 
 @dataclass
@@ -69,3 +73,30 @@ class OffsetTracker:
 
     def partitions(self) -> list[TopicPartition]:
         return list(self._partitions)
+
+
+class CommitOnRevoke(ConsumerRebalanceListener):  # type: ignore[misc]
+    """Before partitions move to another consumer, commit what is finished on them and stop
+    tracking them. Work still in flight on them goes on; for traces, its leases make the new
+    owner wait instead of scoring twice."""
+
+    def __init__(self, commit: Callable[[set[TopicPartition]], Awaitable[None]],
+                 on_assigned: Callable[[set[TopicPartition]], None] | None = None,
+                 tracker: OffsetTracker | None = None) -> None:
+        self._commit = commit
+        self._on_assigned = on_assigned
+        self._tracker = tracker
+
+    async def on_partitions_revoked(self, revoked: set[TopicPartition]) -> None:
+        try:
+            await self._commit(set(revoked))
+        except Exception:
+            log.warning("commit on revocation failed; the new owner may redeliver", exc_info=True)
+        if self._tracker is not None:
+            self._tracker.forget(set(revoked))
+        log.info("partitions revoked", partitions=sorted(f"{tp.topic}:{tp.partition}" for tp in revoked))
+
+    async def on_partitions_assigned(self, assigned: set[TopicPartition]) -> None:
+        if self._on_assigned is not None:
+            self._on_assigned(set(assigned))
+        log.info("partitions assigned", partitions=sorted(f"{tp.topic}:{tp.partition}" for tp in assigned))

@@ -33,7 +33,7 @@ from aiokafka.structs import OffsetAndMetadata
 from consumers.batcher import Batcher
 from consumers.decode import DeadLetter, decode_trace
 from consumers.events import NoEvents, PipelineEvents
-from consumers.offsets import OffsetTracker
+from consumers.offsets import CommitOnRevoke, OffsetTracker
 from consumers.outputs import Outputs, TopicNames
 from scoring.catalog import CatalogSnapshot
 from scoring.claims import ClaimRequest, Claims
@@ -118,7 +118,10 @@ class TraceConsumer:
     # --- lifecycle ---------------------------------------------------------------------------
 
     def rebalance_listener(self) -> ConsumerRebalanceListener:
-        return _Rebalance(self)
+        def assigned(_: set[TopicPartition]) -> None:
+            self.assigned_once = True
+
+        return CommitOnRevoke(lambda revoked: self.commit(only=revoked), assigned, self._offsets)
 
     @property
     def fatal(self) -> BaseException | None:
@@ -328,25 +331,3 @@ class TraceConsumer:
             if highwater is not None and position is not None:
                 self._events.lag(tp.topic, tp.partition, max(0, highwater - position))
 
-    def revoked(self, partitions: set[TopicPartition]) -> None:
-        self._offsets.forget(partitions)
-
-
-class _Rebalance(ConsumerRebalanceListener):  # type: ignore[misc]
-    """Before partitions move to another worker, commit what is finished on them. Work still
-    in flight on them goes on; its leases make the new owner wait instead of scoring twice."""
-
-    def __init__(self, owner: TraceConsumer) -> None:
-        self._owner = owner
-
-    async def on_partitions_revoked(self, revoked: set[TopicPartition]) -> None:
-        try:
-            await self._owner.commit(only=set(revoked))
-        except Exception:
-            log.warning("commit on revocation failed; the new owner may redeliver", exc_info=True)
-        self._owner.revoked(set(revoked))
-        log.info("partitions revoked", partitions=sorted(f"{tp.topic}:{tp.partition}" for tp in revoked))
-
-    async def on_partitions_assigned(self, assigned: set[TopicPartition]) -> None:
-        self._owner.assigned_once = True
-        log.info("partitions assigned", partitions=sorted(f"{tp.topic}:{tp.partition}" for tp in assigned))

@@ -76,15 +76,16 @@ def describe_status(response: httpx.Response) -> str:
 async def post_json(
     client: httpx.AsyncClient,
     url: str,
-    body: dict[str, Any],
+    body: dict[str, Any] | bytes,
     *,
     what: str,
     deadline: float,
     headers: dict[str, str] | None = None,
     policy: RetryPolicy = DEFAULT_RETRY,
 ) -> httpx.Response:
-    """POST ``body`` as JSON until a non-retriable answer, the attempts run out or the deadline
-    (a ``loop.time()`` value) would pass. Returns the 2xx response; raises MemberError."""
+    """POST ``body`` (a JSON document, or JSON bytes sent as they are) until a non-retriable
+    answer, the attempts run out or the deadline (a ``loop.time()`` value) would pass. Returns
+    the 2xx response; raises MemberError."""
     loop = asyncio.get_running_loop()
     last_error = f"{what} was not called"
     attempt = 0
@@ -94,7 +95,11 @@ async def post_json(
             break
         wait: float | None = None
         try:
-            response = await client.post(url, json=body, headers=headers, timeout=remaining)
+            if isinstance(body, bytes):  # exact bytes, e.g. a signed webhook body
+                response = await client.post(url, content=body, timeout=remaining,
+                                             headers={"Content-Type": "application/json", **(headers or {})})
+            else:
+                response = await client.post(url, json=body, headers=headers, timeout=remaining)
         except httpx.TimeoutException:
             last_error = f"{what} timed out"
         except httpx.TransportError as exc:

@@ -21,6 +21,7 @@ from redis.asyncio import Redis
 from consumers.outputs import Outputs, TopicNames
 from consumers.sessions import SessionSweeper
 from consumers.traces import OutputError, TraceConsumer
+from consumers.webhooks import WebhookSender
 from scoring.catalog import CatalogStore, CatalogWatcher
 from scoring.claims import Claims
 from scoring.egress import EgressPolicy
@@ -41,7 +42,7 @@ STALLED_AFTER_S = 30.0  # /readyz turns false when the loop has not ticked for t
 async def ensure_topics(settings: Settings) -> None:
     """Create the topics the worker reads and writes if they are missing."""
     wanted = [settings.traces_topic, settings.ratings_topic, settings.signals_topic,
-              settings.webhooks_topic, settings.dlq_topic]
+              settings.webhooks_topic, settings.dlq_topic, settings.webhooks_dlq_topic]
     admin = AIOKafkaAdminClient(bootstrap_servers=settings.kafka_bootstrap)
     await admin.start()
     try:
@@ -112,6 +113,12 @@ class Worker:
                                  catalog=lambda: watcher.current, panel=panel, claims=claims,
                                  ratings=ratings, events=events, interval_s=s.session_sweep_interval_s)
 
+        hooks_consumer = AIOKafkaConsumer(
+            bootstrap_servers=s.kafka_bootstrap, group_id=f"{s.consumer_group}-webhooks",
+            enable_auto_commit=False, auto_offset_reset="earliest")
+        hooks = WebhookSender(consumer=hooks_consumer, producer=producer, dlq_topic=s.webhooks_dlq_topic,
+                              catalog=lambda: watcher.current, egress=EgressPolicy.parse(s.egress_allow_list()))
+
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(sig, self._request_stop, sig)
@@ -123,7 +130,11 @@ class Worker:
             await consumer.start()
             log.info("worker started", topic=s.traces_topic, group=s.consumer_group,
                      catalog_version=watcher.current.version)
-            sweeping = asyncio.create_task(sweeper.run(self.stop), name="session-sweeper")
+            background = [asyncio.create_task(sweeper.run(self.stop), name="session-sweeper")]
+            if s.send_webhooks:
+                hooks_consumer.subscribe([s.webhooks_topic], listener=hooks.rebalance_listener())
+                await hooks_consumer.start()
+                background.append(asyncio.create_task(hooks.run(self.stop), name="webhook-sender"))
             try:
                 await traces.run(self.stop)
             except OutputError:
@@ -132,14 +143,14 @@ class Worker:
             except Exception:  # Redis or Kafka gone for good: stop, uncommitted work is redelivered
                 log.exception("stopping: the consumer loop failed")
                 exit_code = 1
-            self.stop.set()  # the sweeper stops with the loop, whatever ended it
+            self.stop.set()  # the sweeper and the sender stop with the loop, whatever ended it
             await traces.drain(s.shutdown_timeout_s)
-            await asyncio.wait_for(sweeping, timeout=s.shutdown_timeout_s)
+            await asyncio.wait(background, timeout=s.shutdown_timeout_s)
         finally:
             for sig in (signal.SIGTERM, signal.SIGINT):
                 loop.remove_signal_handler(sig)
-            await _close_quietly(consumer.stop(), producer.stop(), sandbox.close(), judges.close(),
-                                 external.close(), watcher.stop(), ops.stop(), redis.aclose())
+            await _close_quietly(consumer.stop(), hooks_consumer.stop(), producer.stop(), sandbox.close(),
+                                 judges.close(), external.close(), watcher.stop(), ops.stop(), redis.aclose())
         log.info("worker stopped", exit_code=exit_code)
         return exit_code
 

@@ -33,6 +33,12 @@ class Settings(BaseSettings):
     webhooks_topic: str = Field(
         "scorer-groups.webhooks", description="Topic of webhook deliveries, one per alert channel."
     )
+    webhooks_dlq_topic: str = Field(
+        "scorer-groups.webhooks.dlq", description="Dead-letter topic for deliveries that could not be made."
+    )
+    send_webhooks: bool = Field(
+        True, description="Run the webhook sender in this process (POST deliveries to alert channels)."
+    )
     dlq_topic: str = Field(
         "traces.dlq", description="Dead-letter topic for records that cannot be decoded."
     )

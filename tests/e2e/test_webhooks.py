@@ -1,0 +1,91 @@
+"""Webhook deliveries reach the agents' alert channels: signed with the channel's secret,
+retried, and dead-lettered with the reason when they cannot be made."""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import hmac
+import json
+import time
+from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
+
+import orjson
+import pytest
+from redis.asyncio import Redis
+
+from scoring.groups import MonitorClient
+from tests.e2e.harness import WorkerProcess, produce, read_topic
+from tests.http_fakes import Reply, ScriptedServer
+
+pytestmark = pytest.mark.integration
+
+
+@pytest.fixture
+def receivers() -> Iterator[tuple[ScriptedServer, ScriptedServer]]:
+    with ScriptedServer(default=Reply(body={"ok": True})) as ok, \
+            ScriptedServer(default=Reply(status=500, body={"error": "down"})) as failing:
+        yield ok, failing
+
+
+@pytest.fixture
+async def env(kafka_bootstrap: str, redis_url: str, unique: str,
+              receivers: tuple[ScriptedServer, ScriptedServer]) -> AsyncIterator[dict[str, str]]:
+    ok, failing = receivers
+    url = redis_url.rsplit("/", 1)[0] + "/8"
+    redis = Redis.from_url(url)
+    await redis.flushdb()
+    await MonitorClient(redis).apply({
+        "patterns": [{"id": "email", "name": "Email", "polarity": "failure", "template": "email"}],
+        "groups": [{"id": "pii", "name": "PII", "projectId": "p-w",
+                    "online": {"enabled": True, "sampleRate": 1.0, "alertThreshold": 6, "severity": "critical"},
+                    "members": [{"kind": "pattern", "refId": "email", "weight": 1, "gate": True}]}],
+        "channels": [{"agentId": "agent-w", "url": ok.url + "/hook", "secret": "s3cret"},
+                     {"agentId": "agent-w", "url": failing.url + "/hook"},
+                     {"agentId": "agent-w", "url": "http://10.1.2.3/hook"}],
+    })
+    yield {"SGW_KAFKA_BOOTSTRAP": kafka_bootstrap, "SGW_REDIS_URL": url, "SGW_CONSUMER_GROUP": f"w-{unique}",
+           "SGW_TRACES_TOPIC": f"traces-{unique}", "SGW_RATINGS_TOPIC": f"ratings-{unique}",
+           "SGW_SIGNALS_TOPIC": f"signals-{unique}", "SGW_WEBHOOKS_TOPIC": f"webhooks-{unique}",
+           "SGW_WEBHOOKS_DLQ_TOPIC": f"webhooks-dlq-{unique}", "SGW_DLQ_TOPIC": f"dlq-{unique}",
+           "SGW_EGRESS_ALLOW": "127.0.0.0/8"}
+    await redis.flushdb()
+    await redis.aclose()
+
+
+async def test_signals_page_the_agents_channels(env: dict[str, str], kafka_bootstrap: str, tmp_path: Path,
+                                                receivers: tuple[ScriptedServer, ScriptedServer]) -> None:
+    ok, failing = receivers
+    trace = {"traceId": "t-leak", "projectId": "p-w", "agentId": "agent-w", "timestamp": "2026-12-02T13:00:00Z",
+             "spans": [{"spanId": "r", "input": "who?", "output": "write to jane@example.com"}]}
+    worker = WorkerProcess(env).start(tmp_path)
+    try:
+        worker.wait_ready()
+        await produce(kafka_bootstrap, env["SGW_TRACES_TOPIC"], [(b"t-leak", orjson.dumps(trace))])
+        failed = await read_topic(kafka_bootstrap, env["SGW_WEBHOOKS_DLQ_TOPIC"], until=lambda v: len(v) >= 2,
+                                  timeout_s=60)
+        deadline = time.monotonic() + 10
+        while not ok.requests and time.monotonic() < deadline:
+            await asyncio.sleep(0.1)
+    finally:
+        assert worker.stop() == 0, worker.logs()
+
+    assert len(ok.requests) == 1
+    hook = ok.requests[0]
+    body = hook.json()
+    assert hook.path == "/hook" and body["event"] == "scorer_group.signal"
+    assert body["signal"]["key"] == "scorer-group:pii" and body["signal"]["rating"] == 0.0
+    assert body["signal"]["severity"] == "critical" and hook.headers["x-sgw-delivery"] == body["id"]
+    expected = hmac.new(b"s3cret", hook.headers["x-sgw-timestamp"].encode() + b"." + hook.body,
+                        hashlib.sha256).hexdigest()
+    assert hook.headers["x-sgw-signature"] == f"sha256={expected}", "signed with the channel's secret"
+    assert "s3cret" not in hook.body.decode()
+
+    assert len(failing.requests) == 5, "retried, then given up"
+    assert "x-sgw-signature" not in failing.requests[0].headers, "a channel without a secret is not signed"
+    reasons = {f["reason"]: f for f in failed}
+    assert set(reasons) == {"delivery_failed", "url_refused"}
+    assert "HTTP 500" in reasons["delivery_failed"]["error"] and "after 5 attempts" in reasons["delivery_failed"]["error"]
+    assert "10.1.2.3" in reasons["url_refused"]["error"]
+    assert json.dumps(failed).count("s3cret") == 0
