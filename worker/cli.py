@@ -24,6 +24,7 @@ from pathlib import Path
 from typing import Any
 
 import yaml
+from pydantic import ValidationError
 from redis.asyncio import Redis
 
 from scoring.catalog import KIND_MODELS
@@ -256,7 +257,14 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    settings = Settings()
+    try:
+        settings = Settings()
+    except ValidationError as exc:
+        print("error: invalid settings:", file=sys.stderr)
+        for error in exc.errors(include_url=False):
+            name = f"SGW_{str(error['loc'][0]).upper()}" if error["loc"] else "(settings)"
+            print(f"  - {name}: {error['msg']} (got {error.get('input')!r})", file=sys.stderr)
+        return 2
     configure_logging(settings.log_format, settings.log_level)
     return int(args.func(settings, args))
 

@@ -130,3 +130,18 @@ def test_planned_judge_calls_counts_existing_judges_that_will_be_asked(external_
     g = group(("judge", "quality", 1, False), ("judge", "safety", 1, True), ("judge", "gone", 1, False),
               ("pattern", "apology", 0, True))
     assert planned_judge_calls(g, cat, subject("x")) == 2
+
+
+@pytest.mark.parametrize(("returns", "says"), [
+    ("1.5", "a custom score must be within 0..1, got 1.5"),
+    ("float('nan')", "a custom score must be a finite number, got nan"),
+    ("'high'", "score() returned str, expected a number in 0..1"),
+])
+async def test_a_code_scorer_off_its_scale_could_not_score(panel: Panel, external_server: ScriptedServer,
+                                                           returns: str, says: str) -> None:
+    cat = catalog(external_server.url)
+    bad = CustomEvaluator(id="bad", name="Bad", type="code", code=f"def score(*a):\n    return {returns}\n")
+    cat = CatalogSnapshot(version=2, judges=cat.judges, patterns=cat.patterns, customs={**cat.customs, "bad": bad})
+    result = await panel.score(group(("custom", "bad", 1, True), ("custom", "length", 1, False)), subject("x"), cat)
+    assert result.rating is None, "a gate that could not score fails closed"
+    assert result.blend.reason == f'No score: must-pass member "Bad" could not score ({says})'
