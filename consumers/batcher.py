@@ -8,7 +8,6 @@ then resolves the futures (or fails them, so no job counts as finished on a fail
 from __future__ import annotations
 
 import asyncio
-import contextlib
 from collections.abc import Awaitable, Callable
 from typing import Generic, TypeVar
 
@@ -25,15 +24,17 @@ class Batcher(Generic[T]):
         self._waiters: list[asyncio.Future[None]] = []
         self._wake = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
+        self._closing = False
 
     def start(self) -> None:
         self._task = asyncio.create_task(self._run(), name="batcher")
 
     async def stop(self) -> None:
+        """Write what was submitted, then stop. A flush under way is finished, never cut."""
+        self._closing = True
+        self._wake.set()
         if self._task is not None:
-            self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._task
+            await self._task
         await self._flush_now()
 
     async def submit(self, items: list[T]) -> None:
@@ -47,7 +48,7 @@ class Batcher(Generic[T]):
         await waiter
 
     async def _run(self) -> None:
-        while True:
+        while not self._closing:
             await self._wake.wait()
             # A short linger collects the jobs finishing at about the same moment.
             if len(self._items) < self._max_items:

@@ -8,6 +8,7 @@ so nothing is lost and the producer's owner can see exactly what was wrong.
 from __future__ import annotations
 
 import base64
+import hashlib
 from datetime import UTC, datetime
 from typing import Literal
 
@@ -35,6 +36,11 @@ class DeadLetter(BaseModel):
     value: str
     value_encoding: Literal["utf-8", "base64"]
     received_at: datetime
+    # A record too large for the dead-letter topic keeps a prefix: its size and hash say what
+    # it was, so it can be found and matched at its source.
+    value_truncated: bool = False
+    value_bytes: int = 0
+    value_sha256: str = ""
 
     def to_json(self) -> bytes:
         return self.model_dump_json(by_alias=True).encode()
@@ -50,12 +56,20 @@ def _as_text(raw: bytes | None) -> tuple[str, Literal["utf-8", "base64"]]:
 
 
 def decode_trace(topic: str, partition: int, offset: int, key: bytes | None, value: bytes | None,
-                 max_bytes: int) -> Trace | DeadLetter:
+                 max_bytes: int, max_dead_letter_bytes: int | None = None) -> Trace | DeadLetter:
+    """The trace in a record, or the dead letter saying why there is none. A dead letter keeps
+    the whole value unless it exceeds ``max_dead_letter_bytes`` (default: 3 × ``max_bytes``)."""
+    keep_bytes = max_dead_letter_bytes or 3 * max_bytes
+
     def dead(reason: DeadLetterReason, error: str) -> DeadLetter:
-        text, encoding = _as_text(value)
+        raw = value or b""
+        kept = raw[:keep_bytes]
+        text, encoding = _as_text(kept)
         return DeadLetter(reason=reason, error=error, topic=topic, partition=partition, offset=offset,
-                          key=_as_text(key)[0] if key is not None else None, value=text,
-                          value_encoding=encoding, received_at=datetime.now(UTC))
+                          key=_as_text(key[:1024])[0] if key is not None else None, value=text,
+                          value_encoding=encoding, received_at=datetime.now(UTC),
+                          value_truncated=len(kept) < len(raw), value_bytes=len(raw),
+                          value_sha256=hashlib.sha256(raw).hexdigest())
 
     if value is None:
         return dead("not_json", "the record has no value (a tombstone)")

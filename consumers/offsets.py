@@ -18,46 +18,52 @@ from aiokafka import ConsumerRebalanceListener, TopicPartition
 log = structlog.get_logger(__name__)
 
 
-@dataclass
-class _Partition:
+@dataclass(eq=False)
+class PartitionOffsets:
+    """One partition's offsets under one assignment. ``started`` hands it out as the ticket a
+    job finishes with: once the partition is revoked (and perhaps assigned back) the ticket
+    belongs to a forgotten object, so a late finish can never mark the new owner's work done."""
+
     pending: set[int] = field(default_factory=set)
     heap: list[int] = field(default_factory=list)  # pending offsets, lazily cleaned
     next_offset: int | None = None  # one past the highest offset seen
     committed: int | None = None
 
+    def finished(self, offset: int) -> None:
+        self.pending.discard(offset)
+
+    def committable(self) -> int | None:
+        """The oldest pending offset, or one past the last seen when nothing is pending."""
+        if self.next_offset is None:
+            return None
+        while self.heap and self.heap[0] not in self.pending:
+            heapq.heappop(self.heap)
+        return self.heap[0] if self.heap else self.next_offset
+
 
 class OffsetTracker:
     def __init__(self) -> None:
-        self._partitions: dict[TopicPartition, _Partition] = {}
+        self._partitions: dict[TopicPartition, PartitionOffsets] = {}
 
-    def started(self, tp: TopicPartition, offset: int) -> None:
-        p = self._partitions.setdefault(tp, _Partition())
+    def started(self, tp: TopicPartition, offset: int) -> PartitionOffsets:
+        p = self._partitions.setdefault(tp, PartitionOffsets())
         p.pending.add(offset)
         heapq.heappush(p.heap, offset)
         p.next_offset = max(p.next_offset or 0, offset + 1)
-
-    def finished(self, tp: TopicPartition, offset: int) -> None:
-        p = self._partitions.get(tp)
-        if p is not None:  # a partition revoked meanwhile is no longer ours to commit
-            p.pending.discard(offset)
+        return p
 
     def in_flight(self) -> int:
         return sum(len(p.pending) for p in self._partitions.values())
 
     def committable(self, tp: TopicPartition) -> int | None:
-        """The offset to commit for ``tp``: the oldest pending one, or one past the last seen."""
         p = self._partitions.get(tp)
-        if p is None or p.next_offset is None:
-            return None
-        while p.heap and p.heap[0] not in p.pending:
-            heapq.heappop(p.heap)
-        return p.heap[0] if p.heap else p.next_offset
+        return None if p is None else p.committable()
 
     def to_commit(self) -> dict[TopicPartition, int]:
         """Partitions whose committable offset moved since the last commit."""
         moves = {}
         for tp, p in self._partitions.items():
-            offset = self.committable(tp)
+            offset = p.committable()
             if offset is not None and offset != p.committed:
                 moves[tp] = offset
         return moves
@@ -70,9 +76,6 @@ class OffsetTracker:
     def forget(self, partitions: set[TopicPartition] | list[TopicPartition]) -> None:
         for tp in partitions:
             self._partitions.pop(tp, None)
-
-    def partitions(self) -> list[TopicPartition]:
-        return list(self._partitions)
 
 
 class CommitOnRevoke(ConsumerRebalanceListener):  # type: ignore[misc]

@@ -31,7 +31,7 @@ from consumers.outputs import Outputs
 from scoring.catalog import CatalogSnapshot
 from scoring.claims import ClaimRequest, Claims
 from scoring.models import ScorerGroup
-from scoring.panel import GroupResult, Panel, planned_judge_calls
+from scoring.panel import Panel, planned_judge_calls
 from scoring.ratings import RatingsStore, SessionVerdict
 from scoring.results import history_event
 from scoring.sampling import keep
@@ -41,6 +41,8 @@ from scoring.subjects import Subject, session_subject
 log = structlog.get_logger(__name__)
 
 MIN_TURNS = 2
+PAGE = 200  # quiet sessions read at once
+MAX_PAGES = 25  # per project and sweep: the rest wait for the next tick
 
 
 @dataclass(frozen=True)
@@ -62,7 +64,7 @@ class SessionSweeper:
         self._ratings = ratings
         self._events: PipelineEvents = events or NoEvents()
         self._interval_s = interval_s
-        self._slots = asyncio.Semaphore(concurrency)
+        self._concurrency = concurrency
 
     async def run(self, stop: asyncio.Event) -> None:
         while not stop.is_set():
@@ -87,38 +89,51 @@ class SessionSweeper:
     async def _sweep_project(self, project: str, snapshot: CatalogSnapshot, now: float) -> int:
         groups = snapshot.live_groups(project, "session")
         idle = [g.online.idle_seconds for g in groups if g.online is not None]
-        sessions = await self._store.quiet(project, min(idle), now)
         budget = snapshot.budget(project)
-        due: list[_Due] = []
-        for session in sessions:
-            if len(session.turns) < MIN_TURNS:
-                continue
-            subject = session_subject(session.turns)
-            quiet_for = now - session.last_activity
-            for group in groups:
-                assert group.online is not None
-                if quiet_for < group.online.idle_seconds:
+        judged, offset = 0, 0
+        for _ in range(MAX_PAGES):
+            sessions = await self._store.quiet(project, min(idle), now, offset=offset, limit=PAGE)
+            due: list[_Due] = []
+            for session in sessions:
+                if len(session.turns) < MIN_TURNS:
                     continue
-                if not keep(session.session_id, group.id, group.online.sample_rate):
-                    continue
-                due.append(_Due(group, subject, ClaimRequest(
-                    project_id=project, group_id=group.id,
-                    subject_key=f"session:{session.session_id}:{subject.turns}",
-                    judge_calls=planned_judge_calls(group, snapshot, subject),
-                    budget_limit=budget.judge_calls_per_window if budget else None,
-                    budget_window_s=budget.window_seconds if budget else 3600)))
-        judged = await self._judge(due, snapshot) if due else 0
-        settled = [s.session_id for s in sessions if now - s.last_activity >= max(idle)]
-        await self._store.forget(project, settled, not_after=now - max(idle))
+                subject = session_subject(session.turns)
+                quiet_for = now - session.last_activity
+                for group in groups:
+                    assert group.online is not None
+                    if quiet_for < group.online.idle_seconds:
+                        continue
+                    if not keep(session.session_id, group.id, group.online.sample_rate):
+                        continue
+                    due.append(_Due(group, subject, ClaimRequest(
+                        project_id=project, group_id=group.id,
+                        subject_key=f"session:{session.session_id}:{subject.turns}",
+                        judge_calls=planned_judge_calls(group, snapshot, subject),
+                        budget_limit=budget.judge_calls_per_window if budget else None,
+                        budget_window_s=budget.window_seconds if budget else 3600)))
+            unsettled: set[str] = set()
+            # Claim only as much as is scored at once: a lease must not wait behind a long queue.
+            for chunk in range(0, len(due), self._concurrency):
+                judged += await self._judge(due[chunk:chunk + self._concurrency], snapshot, unsettled)
+            # Out of the index: sessions quiet past every group's idle time whose every pair is
+            # decided. One that another worker is still judging (or that failed) stays.
+            settled = [s.session_id for s in sessions
+                       if now - s.last_activity >= max(idle) and s.session_id not in unsettled]
+            await self._store.forget(project, settled, not_after=now - max(idle))
+            if len(sessions) < PAGE:
+                break
+            offset += len(sessions) - len(settled)  # the settled ones left the index
         return judged
 
-    async def _judge(self, due: list[_Due], snapshot: CatalogSnapshot) -> int:
+    async def _judge(self, due: list[_Due], snapshot: CatalogSnapshot, unsettled: set[str]) -> int:
         claims = await self._claims.claim_many([d.claim for d in due])
         mine = []
         for item, claim in zip(due, claims, strict=True):
             if claim.state == "claimed":
                 self._events.kept(item.group.project_id, item.group.id)
                 mine.append(item)
+            elif claim.state == "busy":
+                unsettled.add(item.subject.session_id or "")
             elif claim.state == "exhausted":
                 self._events.group_skipped(item.group.project_id, item.group.id, "budget")
                 log.warning("judge budget exhausted; session not judged", group=item.group.id,
@@ -126,20 +141,18 @@ class SessionSweeper:
         if not mine:
             return 0
         try:
-            results = await asyncio.gather(*(self._score(item, snapshot) for item in mine))
+            results = await asyncio.gather(*(self._panel.score(i.group, i.subject, snapshot) for i in mine))
             ratings = await self._outputs.publish(list(results), "session", snapshot)
+            pairs = list(zip(mine, ratings, strict=True))
+            verdicts = [SessionVerdict(r.session_id or "", r.group_id, r.rating, r.justification,
+                                       r.scored_at.timestamp()) for r in ratings]
+            # History and verdicts first: a pair marked done is never judged again.
+            await self._ratings.record([history_event(item.group, r) for item, r in pairs], verdicts)
+            await self._claims.mark_done([(item.claim, r.id) for item, r in pairs])
         except BaseException:
+            unsettled.update(item.subject.session_id or "" for item in mine)
             with contextlib.suppress(Exception):
                 await self._claims.release([item.claim for item in mine])
             raise
-        pairs = list(zip(mine, ratings, strict=True))
-        await self._claims.mark_done([(item.claim, r.id) for item, r in pairs])
-        verdicts = [SessionVerdict(r.session_id or "", r.group_id, r.rating, r.justification,
-                                   r.scored_at.timestamp()) for r in ratings]
-        await self._ratings.record([history_event(item.group, r) for item, r in pairs], verdicts)
         log.info("sessions judged", pairs=len(mine))
         return len(mine)
-
-    async def _score(self, item: _Due, snapshot: CatalogSnapshot) -> GroupResult:
-        async with self._slots:
-            return await self._panel.score(item.group, item.subject, snapshot)

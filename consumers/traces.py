@@ -28,12 +28,13 @@ from typing import Any, Protocol
 
 import structlog
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, ConsumerRebalanceListener, TopicPartition
+from aiokafka.errors import KafkaError
 from aiokafka.structs import OffsetAndMetadata
 
 from consumers.batcher import Batcher
 from consumers.decode import DeadLetter, decode_trace
 from consumers.events import NoEvents, PipelineEvents
-from consumers.offsets import CommitOnRevoke, OffsetTracker
+from consumers.offsets import CommitOnRevoke, OffsetTracker, PartitionOffsets
 from consumers.outputs import Outputs, TopicNames
 from scoring.catalog import CatalogSnapshot
 from scoring.claims import ClaimRequest, Claims
@@ -106,7 +107,11 @@ class TraceConsumer:
         self._max_trace_bytes = max_trace_bytes
         self._commit_interval_s = commit_interval_s
         self._offsets = OffsetTracker()
-        self._jobs: dict[asyncio.Task[None], list[ClaimRequest]] = {}
+        # Each job's claims not yet being published: what to give up if it must be cancelled.
+        self._jobs: dict[asyncio.Task[None], set[ClaimRequest]] = {}
+        # Publishing is shielded from cancellation: a pair whose outputs are on their way is
+        # finished (marked done), never cancelled halfway and scored again elsewhere.
+        self._publishing: set[asyncio.Task[None]] = set()
         self._room = asyncio.Event()
         self._finisher: Batcher[_Finished] = Batcher(self._write_finished)
         self._fatal: BaseException | None = None
@@ -144,55 +149,73 @@ class TraceConsumer:
             _, pending = await asyncio.wait(list(self._jobs), timeout=deadline_s)
             if pending:
                 log.warning("cancelling traces that did not finish in time", traces=len(pending))
-                unfinished = [claim for task in pending for claim in self._jobs.get(task, [])]
+                unpublished = [claim for task in pending for claim in self._jobs.get(task, ())]
                 for task in pending:
                     task.cancel()
                 await asyncio.gather(*pending, return_exceptions=True)
                 with contextlib.suppress(Exception):
-                    await self._claims.release(unfinished)
+                    await self._claims.release(unpublished)
+        if self._publishing:  # shielded: they finish (outputs acknowledged, marked done)
+            await asyncio.wait(self._publishing, timeout=deadline_s)
         await self._finisher.stop()
-        await self.commit()
+        with contextlib.suppress(KafkaError):
+            await self.commit()
 
     # --- the loop ----------------------------------------------------------------------------
 
     async def _step(self) -> None:
-        room = self._max_in_flight - self._offsets.in_flight()
-        assignment = self._consumer.assignment()
+        # Jobs of revoked partitions still run: they count against the room too.
+        room = self._max_in_flight - max(self._offsets.in_flight(), len(self._jobs))
         if room <= 0:
-            self._consumer.pause(*assignment)
+            self._consumer.pause(*self._consumer.assignment())
             self._room.clear()
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self._room.wait(), timeout=self._commit_interval_s)
+            # Still poll while paused: a consumer that stops polling for max_poll_interval_ms
+            # leaves the group, and its partitions (and leases) go to someone else.
+            batches = await self._consumer.getmany(timeout_ms=0, max_records=1)
         else:
             paused = self._consumer.paused()
             if paused:
                 self._consumer.resume(*paused)
             batches = await self._consumer.getmany(timeout_ms=100, max_records=min(room, 1000))
-            if batches:
-                await self._handle(batches)
+        if batches:
+            await self._handle(batches)
         self.last_progress = time.monotonic()
         if time.monotonic() - self._last_commit >= self._commit_interval_s:
-            await self.commit()
+            try:
+                await self.commit()
+            except KafkaError as exc:  # e.g. a rebalance under way: the next tick commits again
+                log.warning("commit failed; retrying on the next tick", error=repr(exc))
             self._report_lag()
 
     async def _handle(self, batches: dict[TopicPartition, list[Any]]) -> None:
         snapshot = self._catalog()  # one catalog version for the whole batch
         started = time.monotonic()
-        traces: list[tuple[TopicPartition, int, Trace]] = []
+        assigned = self._consumer.assignment()
+        traces: list[tuple[PartitionOffsets, int, Trace]] = []
+        dead: list[tuple[PartitionOffsets, int, DeadLetter]] = []
         count = 0
+        # Every record is started before the first await: a rebalance can run during an await,
+        # and a record must never be tracked under a partition that was already given away.
         for tp, records in batches.items():
+            if tp not in assigned:
+                continue  # revoked since the fetch: the new owner reads these records
             for record in records:
                 count += 1
-                self._offsets.started(tp, record.offset)
+                ticket = self._offsets.started(tp, record.offset)
                 decoded = decode_trace(tp.topic, tp.partition, record.offset, record.key, record.value,
                                        self._max_trace_bytes)
                 if isinstance(decoded, DeadLetter):
-                    await self._dead_letter(tp, record.offset, decoded)
+                    dead.append((ticket, record.offset, decoded))
                 else:
-                    traces.append((tp, record.offset, decoded))
+                    traces.append((ticket, record.offset, decoded))
         self._events.consumed(count)
+        for ticket, offset, letter in dead:
+            await self._dead_letter(ticket, offset, letter)
 
-        pairs_by_trace = [(tp, offset, trace, self._route(trace, snapshot)) for tp, offset, trace in traces]
+        pairs_by_trace = [(ticket, offset, trace, self._route(trace, snapshot))
+                          for ticket, offset, trace in traces]
         if self._turns is not None:
             # Session-scope groups never score a single trace: they judge the conversation later.
             turns = [trace for _, _, trace in traces
@@ -201,7 +224,7 @@ class TraceConsumer:
                 await self._turns.record(turns)
         claims = await self._claims.claim_many([p.claim for *_, pairs in pairs_by_trace for p in pairs])
         cursor = 0
-        for tp, offset, trace, pairs in pairs_by_trace:
+        for ticket, offset, trace, pairs in pairs_by_trace:
             states = claims[cursor:cursor + len(pairs)]
             cursor += len(pairs)
             work: list[tuple[_Pair, bool]] = []
@@ -218,10 +241,11 @@ class TraceConsumer:
                         log.warning("judge budget exhausted; group skipped", project=trace.project_id,
                                     group=pair.group.id, trace=trace.trace_id, used=claim.detail)
             if not work:
-                self._offsets.finished(tp, offset)
+                ticket.finished(offset)
                 continue
-            task = asyncio.create_task(self._job(tp, offset, work, started))
-            self._jobs[task] = [pair.claim for pair, _ in work]
+            unpublished = {pair.claim for pair, _ in work}
+            task = asyncio.create_task(self._job(ticket, offset, work, unpublished, started))
+            self._jobs[task] = unpublished
             task.add_done_callback(self._job_done)
         self._events.in_flight(self._offsets.in_flight())
 
@@ -249,20 +273,35 @@ class TraceConsumer:
 
     # --- one trace -----------------------------------------------------------------------------
 
-    async def _job(self, tp: TopicPartition, offset: int, work: list[tuple[_Pair, bool]],
-                   started: float) -> None:
+    async def _job(self, ticket: PartitionOffsets, offset: int, work: list[tuple[_Pair, bool]],
+                   unpublished: set[ClaimRequest], started: float) -> None:
+        """One trace: each pair is scored and published on its own, so a pair waiting on another
+        worker's lease never holds back (and lets expire) the lease of a pair that is ready."""
         snapshot = self._catalog()
-        results = await asyncio.gather(*(self._score(pair, busy, snapshot) for pair, busy in work))
-        scored = [(pair, r) for (pair, _), r in zip(work, results, strict=True) if r is not None]
-        try:
-            finished = await self._publish(scored, snapshot)
-            await self._finisher.submit(finished)
-        except Exception as exc:
-            self._fatal = exc
-            log.error("publishing a trace's results failed; the worker stops", error=str(exc))
-            raise
-        self._offsets.finished(tp, offset)
+        await asyncio.gather(*(self._pair(pair, busy, snapshot, unpublished) for pair, busy in work))
+        ticket.finished(offset)
         self._events.latency(time.monotonic() - started)
+
+    async def _pair(self, pair: _Pair, busy: bool, snapshot: CatalogSnapshot,
+                    unpublished: set[ClaimRequest]) -> None:
+        result = await self._score(pair, busy, snapshot)
+        if result is None:
+            unpublished.discard(pair.claim)
+            return
+        unpublished.discard(pair.claim)
+        publishing = asyncio.create_task(self._publish(pair, result, snapshot))
+        self._publishing.add(publishing)
+        publishing.add_done_callback(self._publishing.discard)
+        await asyncio.shield(publishing)
+
+    async def _publish(self, pair: _Pair, result: GroupResult, snapshot: CatalogSnapshot) -> None:
+        try:
+            (rating,) = await self._outputs.publish([result], "trace", snapshot)
+            await self._finisher.submit([_Finished(pair.claim, rating.id, history_event(pair.group, rating))])
+        except Exception as exc:
+            self._fatal = self._fatal or exc
+            log.error("publishing a result failed; the worker stops without committing it", error=repr(exc))
+            raise
 
     def _job_done(self, task: asyncio.Task[None]) -> None:
         self._jobs.pop(task, None)
@@ -283,20 +322,15 @@ class TraceConsumer:
             busy = claim.state == "busy"
         return await self._panel.score(pair.group, pair.subject, snapshot)
 
-    async def _publish(self, scored: list[tuple[_Pair, GroupResult]],
-                       snapshot: CatalogSnapshot) -> list[_Finished]:
-        ratings = await self._outputs.publish([result for _, result in scored], "trace", snapshot)
-        return [_Finished(pair.claim, rating.id, history_event(pair.group, rating))
-                for (pair, _), rating in zip(scored, ratings, strict=True)]
-
     async def _write_finished(self, items: list[_Finished]) -> None:
-        await self._claims.mark_done([(i.claim, i.rating_id) for i in items])
+        # History first: a pair marked done is never scored again, so its record must exist.
         await self._ratings.record([i.event for i in items])
+        await self._claims.mark_done([(i.claim, i.rating_id) for i in items])
 
-    async def _dead_letter(self, tp: TopicPartition, offset: int, dead: DeadLetter) -> None:
+    async def _dead_letter(self, ticket: PartitionOffsets, offset: int, dead: DeadLetter) -> None:
         self._events.dead_lettered(dead.reason)
         log.warning("dead-lettered a record", reason=dead.reason, error=dead.error[:300],
-                    topic=tp.topic, partition=tp.partition, offset=offset)
+                    topic=dead.topic, partition=dead.partition, offset=offset)
         ack = await self._producer.send(self._topics.dlq, key=dead.key.encode() if dead.key else None,
                                         value=dead.to_json())
 
@@ -304,7 +338,7 @@ class TraceConsumer:
             if future.cancelled() or future.exception() is not None:
                 self._fatal = self._fatal or (future.exception() or OutputError("dead letter cancelled"))
             else:
-                self._offsets.finished(tp, offset)
+                ticket.finished(offset)
                 self._room.set()
 
         ack.add_done_callback(done)

@@ -77,11 +77,12 @@ class WebhookSender:
         self._http = httpx.AsyncClient(follow_redirects=False,
                                        headers={"User-Agent": "scorer-group-worker-webhooks"})
         self.delivered = 0  # for tests and logs
+        self.failed: BaseException | None = None
 
     async def run(self, stop: asyncio.Event) -> None:
         last_commit = time.monotonic()
         try:
-            while not stop.is_set():
+            while not stop.is_set() and self.failed is None:
                 room = self._concurrency - len(self._tasks)
                 if room <= 0:
                     await asyncio.wait(self._tasks, timeout=self._commit_interval_s,
@@ -101,17 +102,19 @@ class WebhookSender:
             await self._http.aclose()
 
     def _start(self, tp: TopicPartition, offset: int, value: bytes | None) -> None:
-        self._offsets.started(tp, offset)
+        ticket = self._offsets.started(tp, offset)
         task = asyncio.create_task(self._handle(value))
         self._tasks.add(task)
 
         def done(t: asyncio.Task[None]) -> None:
             self._tasks.discard(t)
             if not t.cancelled() and t.exception() is None:
-                self._offsets.finished(tp, offset)
+                ticket.finished(offset)
             elif not t.cancelled():
-                log.error("webhook delivery could not be finished; it will be redelivered",
-                          error=str(t.exception()))
+                # Not even the dead-letter topic took it: stop, so the record is redelivered
+                # after a restart instead of holding the partition's commit back forever.
+                self.failed = self.failed or t.exception()
+                log.error("webhook delivery could not be finished; the sender stops", error=repr(t.exception()))
 
         task.add_done_callback(done)
 
@@ -127,7 +130,7 @@ class WebhookSender:
             log.info("alert channel removed; delivery dropped", agent=delivery.agent_id, delivery=delivery.id)
             return
         try:
-            await self._egress.check(delivery.url)
+            await self._checked(delivery.url)
         except EgressRefused as exc:
             await self._dead_letter("url_refused", str(exc), delivery.model_dump(mode="json", by_alias=True))
             return
@@ -145,6 +148,16 @@ class WebhookSender:
             await self._dead_letter("delivery_failed", str(exc), delivery.model_dump(mode="json", by_alias=True))
             return
         self.delivered += 1
+
+    async def _checked(self, url: str) -> None:
+        """The private-network guard, with a name that does not resolve right now retried."""
+        for attempt in range(self._policy.attempts):
+            try:
+                return await self._egress.check(url)
+            except EgressRefused as exc:
+                if not exc.retriable or attempt == self._policy.attempts - 1:
+                    raise
+                await asyncio.sleep(self._policy.backoff(attempt))
 
     async def _dead_letter(self, reason: str, error: str, delivery: Any) -> None:
         log.warning("webhook delivery dead-lettered", reason=reason, error=error[:300])

@@ -20,9 +20,12 @@ IPNetwork = ipaddress.IPv4Network | ipaddress.IPv6Network
 
 
 class EgressRefused(Exception):
-    """A user URL points where the worker must not send traffic."""
+    """A user URL points where the worker must not send traffic (or, ``retriable``, its name
+    does not resolve right now)."""
 
-    retriable = False
+    def __init__(self, message: str, *, retriable: bool = False) -> None:
+        super().__init__(message)
+        self.retriable = retriable
 
 
 def _forbidden(address: IPAddress) -> bool:
@@ -81,5 +84,5 @@ async def _resolve(host: str, port: int) -> list[IPAddress]:
     try:
         infos = await loop.getaddrinfo(host, port, type=socket.SOCK_STREAM)
     except socket.gaierror as exc:
-        raise EgressRefused(f"cannot resolve {host}: {exc.strerror}") from None
+        raise EgressRefused(f"cannot resolve {host}: {exc.strerror}", retriable=True) from None
     return [ipaddress.ip_address(info[4][0]) for info in infos]

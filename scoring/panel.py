@@ -81,13 +81,15 @@ class Panel:
         judges: JudgeClient | None = None,
         external: ExternalClient | None = None,
         sandbox: SandboxPool | None = None,
-        judge_timeout_s: float = 60.0,
+        member_deadline_s: float = 120.0,
         observe: MemberObserver | None = None,
     ) -> None:
         self._judges = judges
         self._external = external
         self._sandbox = sandbox
-        self._judge_timeout_s = judge_timeout_s
+        # Bounds a member whatever it waits for (a judge slot, a free sandbox, the network), so
+        # a panel always ends well within the lease that keeps other workers off its pair.
+        self._member_deadline_s = member_deadline_s
         self._observe = observe
 
     async def score(self, group: ScorerGroup, subject: Subject, scorers: ScorerLookup) -> GroupResult:
@@ -111,12 +113,13 @@ class Panel:
             return outcome(error=REFERENCE_DELETED)
         native: float | bool | None = None
         try:
-            native, detail, polarity, invert = await self._verdict(scorer, subject)
+            async with asyncio.timeout(self._member_deadline_s):
+                native, detail, polarity, invert = await self._verdict(scorer, subject)
             g = goodness(member.kind, native, polarity=polarity, invert=invert)
         except (MemberError, CodeScorerError, ValueError) as exc:
             return outcome(native=native, error=str(exc))
         except TimeoutError:
-            return outcome(error="timed out")
+            return outcome(error=f"timed out after {self._member_deadline_s:g}s")
         except Exception as exc:  # a bug of ours must cost one member, not the group
             log.exception("member scorer failed unexpectedly", kind=member.kind, ref_id=member.ref_id)
             return outcome(error=f"internal error: {type(exc).__name__}")
@@ -129,8 +132,8 @@ class Panel:
         if isinstance(scorer, Judge):
             if self._judges is None:
                 raise MemberError("no judge endpoint is configured")
-            async with asyncio.timeout(self._judge_timeout_s + DEADLINE_SLACK_S):
-                verdict = await self._judges.grade(scorer, subject)
+            # The judge client's own deadline starts once it has a slot on the endpoint.
+            verdict = await self._judges.grade(scorer, subject)
             return verdict.rating, verdict.justification, None, False
         if isinstance(scorer, Pattern):
             result = compiled(scorer).check(subject.input, subject.output)

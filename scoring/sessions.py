@@ -74,12 +74,13 @@ class SessionStore:
                             session=trace.session_id, trace=trace.trace_id, max=keys.SESSION_MAX_TURNS)
 
     async def quiet(self, project_id: str, quiet_for_s: float, now: float | None = None,
-                    limit: int = 200) -> list[QuietSession]:
-        """Sessions of a project whose last turn is at least ``quiet_for_s`` old, oldest first,
-        with their turns (in two round trips)."""
+                    offset: int = 0, limit: int = 200) -> list[QuietSession]:
+        """A page of the sessions of a project whose last turn is at least ``quiet_for_s`` old,
+        oldest first, with their turns (in two round trips)."""
         now = time.time() if now is None else now
         found: list[Any] = await self._redis.zrangebyscore(keys.session_activity(project_id), "-inf",
-                                                now - quiet_for_s, start=0, num=limit, withscores=True)
+                                                           now - quiet_for_s, start=offset, num=limit,
+                                                           withscores=True)
         if not found:
             return []
         async with self._redis.pipeline(transaction=False) as pipe:

@@ -39,6 +39,11 @@ log = structlog.get_logger(__name__)
 STALLED_AFTER_S = 30.0  # /readyz turns false when the loop has not ticked for this long
 
 
+def dead_letter_limit(settings: Settings) -> int:
+    """Bytes a dead letter may take: a trace at the size limit, base64-encoded, with room."""
+    return 4 * settings.max_trace_bytes + 65_536
+
+
 async def ensure_topics(settings: Settings) -> None:
     """Create the topics the worker reads and writes if they are missing."""
     wanted = [settings.traces_topic, settings.ratings_topic, settings.signals_topic,
@@ -49,9 +54,12 @@ async def ensure_topics(settings: Settings) -> None:
         existing = set(await admin.list_topics())
         missing = [t for t in wanted if t not in existing]
         if missing:
+            # The dead-letter topic takes whole malformed records (base64 when not text).
+            big = {"max.message.bytes": str(dead_letter_limit(settings))}
             with contextlib.suppress(TopicAlreadyExistsError):  # another worker won the race
                 await admin.create_topics([NewTopic(t, num_partitions=settings.topic_partitions,
-                                                    replication_factor=settings.topic_replication_factor)
+                                                    replication_factor=settings.topic_replication_factor,
+                                                    topic_configs=big if t == settings.dlq_topic else {})
                                            for t in missing])
             log.info("created topics", topics=missing, partitions=settings.topic_partitions)
     finally:
@@ -63,6 +71,7 @@ class Worker:
         self.settings = settings
         self.stop = asyncio.Event()
         self.consumer: TraceConsumer | None = None
+        self.webhooks_failed: BaseException | None = None
 
     def readiness(self) -> tuple[bool, str]:
         c = self.consumer
@@ -70,6 +79,8 @@ class Worker:
             return False, "starting"
         if c.fatal is not None:
             return False, f"stopping after an output failure: {c.fatal}"
+        if self.webhooks_failed is not None:
+            return False, f"stopping after a webhook sender failure: {self.webhooks_failed}"
         if not c.assigned_once:
             return False, "waiting for a partition assignment"
         stalled = time.monotonic() - c.last_progress
@@ -87,7 +98,8 @@ class Worker:
         await ensure_topics(s)
 
         producer = AIOKafkaProducer(bootstrap_servers=s.kafka_bootstrap, enable_idempotence=True,
-                                    acks="all", linger_ms=s.producer_linger_ms)
+                                    acks="all", linger_ms=s.producer_linger_ms,
+                                    max_request_size=dead_letter_limit(s))
         judges = JudgeClient(s.judge_base_url, api_key=s.judge_api_key.get_secret_value(),
                              model=s.judge_model, timeout_s=s.judge_timeout_s,
                              concurrency=s.judge_concurrency, observe=metrics.observe_judge_call)
@@ -100,7 +112,7 @@ class Worker:
         topics = TopicNames(traces=s.traces_topic, ratings=s.ratings_topic, signals=s.signals_topic,
                             webhooks=s.webhooks_topic, dlq=s.dlq_topic)
         panel = Panel(judges=judges, external=external, sandbox=sandbox,
-                      judge_timeout_s=s.judge_timeout_s, observe=metrics.observe_member)
+                      member_deadline_s=s.member_deadline_s, observe=metrics.observe_member)
         claims, ratings = Claims(redis, lease_s=s.claim_lease_s), RatingsStore(redis)
         events = metrics.PrometheusEvents()
         sessions = SessionStore(redis)
@@ -134,7 +146,9 @@ class Worker:
             if s.send_webhooks:
                 hooks_consumer.subscribe([s.webhooks_topic], listener=hooks.rebalance_listener())
                 await hooks_consumer.start()
-                background.append(asyncio.create_task(hooks.run(self.stop), name="webhook-sender"))
+                sending = asyncio.create_task(hooks.run(self.stop), name="webhook-sender")
+                sending.add_done_callback(lambda _: self._sender_ended(hooks.failed))
+                background.append(sending)
             try:
                 await traces.run(self.stop)
             except OutputError:
@@ -142,6 +156,8 @@ class Worker:
                 exit_code = 1
             except Exception:  # Redis or Kafka gone for good: stop, uncommitted work is redelivered
                 log.exception("stopping: the consumer loop failed")
+                exit_code = 1
+            if hooks.failed is not None:
                 exit_code = 1
             self.stop.set()  # the sweeper and the sender stop with the loop, whatever ended it
             await traces.drain(s.shutdown_timeout_s)
@@ -154,8 +170,13 @@ class Worker:
         log.info("worker stopped", exit_code=exit_code)
         return exit_code
 
-    def _request_stop(self, sig: signal.Signals) -> None:
-        log.info("stop requested; finishing in-flight traces", signal=sig.name)
+    def _sender_ended(self, failure: BaseException | None) -> None:
+        if failure is not None:
+            self.webhooks_failed = failure
+            self._request_stop(None)
+
+    def _request_stop(self, sig: signal.Signals | None) -> None:
+        log.info("stop requested; finishing in-flight traces", signal=sig.name if sig else "sender failure")
         self.stop.set()
 
 

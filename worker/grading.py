@@ -149,7 +149,7 @@ async def _grade(settings: Settings, catalog: Any, plan: GradingPlan, rows: list
     await sandbox.start()
     try:
         panel = Panel(judges=judges, external=external, sandbox=sandbox,
-                      judge_timeout_s=settings.judge_timeout_s)
+                      member_deadline_s=settings.member_deadline_s)
         return await grade_rows(panel, catalog, plan, rows, concurrency=request.concurrency,
                                 progress=Progress(err))
     finally:

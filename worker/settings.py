@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import Field, SecretStr
+from pydantic import Field, SecretStr, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 
@@ -103,6 +103,13 @@ class Settings(BaseSettings):
     session_sweep_interval_s: float = Field(
         2.0, gt=0, description="How often quiet sessions are looked for (session-scope groups)."
     )
+    member_deadline_s: float = Field(
+        120.0, gt=0,
+        description=(
+            "The most one member may take, waits for a judge slot or a sandbox included; past it the "
+            "member could not score. Must stay below SGW_CLAIM_LEASE_S."
+        ),
+    )
     code_sandboxes: int = Field(2, ge=1, description="Sandboxed processes that run code scorers.")
     code_memory_mb: int = Field(256, ge=32, description="Address-space limit of one code-scorer sandbox.")
 
@@ -117,6 +124,16 @@ class Settings(BaseSettings):
     log_level: Literal["debug", "info", "warning", "error"] = Field(
         "info", description="Lowest level that is logged."
     )
+
+    @model_validator(mode="after")
+    def _lease_outlives_scoring(self) -> Settings:
+        if self.claim_lease_s <= self.member_deadline_s:
+            raise ValueError(
+                f"SGW_CLAIM_LEASE_S ({self.claim_lease_s:g}) must exceed SGW_MEMBER_DEADLINE_S "
+                f"({self.member_deadline_s:g}): a lease that expires while its pair is still scored "
+                "lets another worker score it (and spend budget) again"
+            )
+        return self
 
     def egress_allow_list(self) -> list[str]:
         return [item.strip() for item in self.egress_allow.split(",") if item.strip()]

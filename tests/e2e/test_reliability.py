@@ -51,7 +51,7 @@ async def env(kafka_bootstrap: str, redis_url: str, unique: str, judge: JudgeSer
            "SGW_TRACES_TOPIC": f"traces-{unique}", "SGW_RATINGS_TOPIC": f"ratings-{unique}",
            "SGW_SIGNALS_TOPIC": f"signals-{unique}", "SGW_WEBHOOKS_TOPIC": f"webhooks-{unique}",
            "SGW_DLQ_TOPIC": f"dlq-{unique}", "SGW_JUDGE_BASE_URL": judge.base_url,
-           "SGW_MAX_IN_FLIGHT": str(MAX_IN_FLIGHT), "SGW_CLAIM_LEASE_S": "3", "SGW_COMMIT_INTERVAL_S": "0.5"}
+           "SGW_MAX_IN_FLIGHT": str(MAX_IN_FLIGHT), "SGW_CLAIM_LEASE_S": "3", "SGW_MEMBER_DEADLINE_S": "2", "SGW_COMMIT_INTERVAL_S": "0.5"}
     await redis.flushdb()
     await redis.aclose()
 

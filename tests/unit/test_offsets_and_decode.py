@@ -15,22 +15,20 @@ OTHER = TopicPartition("traces", 1)
 
 def test_commit_stops_below_the_oldest_unfinished_offset() -> None:
     t = OffsetTracker()
-    for offset in range(10, 15):
-        t.started(TP, offset)
+    tickets = {offset: t.started(TP, offset) for offset in range(10, 15)}
     for offset in (11, 13, 14):  # finished out of order
-        t.finished(TP, offset)
+        tickets[offset].finished(offset)
     assert t.committable(TP) == 10, "10 is still in flight: nothing past it may be committed"
-    t.finished(TP, 10)
+    tickets[10].finished(10)
     assert t.committable(TP) == 12
-    t.finished(TP, 12)
+    tickets[12].finished(12)
     assert t.committable(TP) == 15, "all done: commit one past the last"
 
 
 def test_to_commit_reports_only_moves() -> None:
     t = OffsetTracker()
-    t.started(TP, 0)
+    t.started(TP, 0).finished(0)
     t.started(OTHER, 7)
-    t.finished(TP, 0)
     assert t.to_commit() == {TP: 1, OTHER: 7}
     t.committed({TP: 1, OTHER: 7})
     assert t.to_commit() == {}
@@ -39,10 +37,14 @@ def test_to_commit_reports_only_moves() -> None:
 
 def test_a_revoked_partition_is_forgotten_and_late_finishes_ignored() -> None:
     t = OffsetTracker()
-    t.started(TP, 5)
+    old_ticket = t.started(TP, 5)
     t.forget([TP])
-    t.finished(TP, 5)  # a job that finished after the partition moved away
     assert t.committable(TP) is None and t.to_commit() == {}
+    # The partition comes back and offset 5 is redelivered; the old job finishing must not
+    # mark the new owner's work done.
+    t.started(TP, 5)
+    old_ticket.finished(5)
+    assert t.committable(TP) == 5
 
 
 def _valid() -> dict:
@@ -78,3 +80,37 @@ def test_each_kind_of_bad_record_gets_its_reason_and_position() -> None:
 def test_a_tombstone_is_dead_lettered() -> None:
     result = decode(None)
     assert isinstance(result, DeadLetter) and "tombstone" in result.error
+
+
+def test_a_dead_letter_too_large_for_its_topic_keeps_a_prefix_size_and_hash() -> None:
+    import hashlib
+
+    raw = b"\xff" + b"x" * 5000
+    result = decode_trace("traces", 0, 1, None, raw, max_bytes=100_000, max_dead_letter_bytes=1000)
+    assert isinstance(result, DeadLetter) and result.reason == "not_utf8"
+    assert result.value_truncated and result.value_bytes == 5001
+    assert result.value_sha256 == hashlib.sha256(raw).hexdigest()
+    whole = decode_trace("traces", 0, 1, None, b"{broken", max_bytes=100)
+    assert isinstance(whole, DeadLetter) and not whole.value_truncated and whole.value == "{broken"
+
+
+async def test_batcher_stop_finishes_a_flush_under_way() -> None:
+    import asyncio
+
+    from consumers.batcher import Batcher
+
+    written: list[int] = []
+    flushing = asyncio.Event()
+
+    async def flush(items: list[int]) -> None:
+        flushing.set()
+        await asyncio.sleep(0.2)  # a slow Redis round trip
+        written.extend(items)
+
+    batcher: Batcher[int] = Batcher(flush, max_wait_s=0)
+    batcher.start()
+    submitted = asyncio.create_task(batcher.submit([1, 2]))
+    await flushing.wait()
+    await batcher.stop()
+    await submitted
+    assert written == [1, 2], "the flush under way was finished, not cut"

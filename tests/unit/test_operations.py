@@ -88,3 +88,10 @@ def test_invalid_settings_are_refused_naming_the_variable() -> None:
     assert done.returncode == 2
     assert "SGW_MAX_IN_FLIGHT: Input should be greater than or equal to 1 (got '0')" in done.stderr
     assert "SGW_LOG_FORMAT: Input should be 'json' or 'console' (got 'yaml')" in done.stderr
+
+
+def test_a_lease_shorter_than_the_member_deadline_is_refused(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("SGW_CLAIM_LEASE_S", "60")
+    monkeypatch.setenv("SGW_MEMBER_DEADLINE_S", "90")
+    with pytest.raises(Exception, match=r"SGW_CLAIM_LEASE_S \(60\) must exceed SGW_MEMBER_DEADLINE_S \(90\)"):
+        Settings()

@@ -42,7 +42,7 @@ async def panel(judge_server: JudgeServer) -> AsyncIterator[Panel]:
     external = ExternalClient(EgressPolicy.parse(["127.0.0.0/8"]), policy=FAST)
     sandbox = SandboxPool(size=2)
     await sandbox.start()
-    yield Panel(judges=judges, external=external, sandbox=sandbox, judge_timeout_s=2)
+    yield Panel(judges=judges, external=external, sandbox=sandbox, member_deadline_s=10)
     await judges.close()
     await external.close()
     await sandbox.close()

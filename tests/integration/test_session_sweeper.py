@@ -1,0 +1,84 @@
+"""The session sweeper's bookkeeping on the real Redis and broker: a conversation another worker
+is judging stays in the index and is judged once that worker's lease runs out; one judged at
+its length is not judged again; one that failed to publish is released and retried."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import AsyncIterator
+from typing import Any
+
+import pytest
+from aiokafka import AIOKafkaProducer
+from redis.asyncio import Redis
+
+from consumers.events import NoEvents
+from consumers.outputs import Outputs, TopicNames
+from consumers.sessions import SessionSweeper
+from scoring import keys
+from scoring.catalog import CatalogSnapshot
+from scoring.claims import ClaimRequest, Claims
+from scoring.models import Pattern, ScorerGroup
+from scoring.panel import Panel
+from scoring.ratings import RatingsStore
+from scoring.sessions import SessionStore
+from scoring.subjects import Trace
+from tests.e2e.harness import read_topic
+
+pytestmark = pytest.mark.integration
+
+GROUP = ScorerGroup.model_validate({
+    "id": "conv", "name": "Conversation", "projectId": "p-sw",
+    "online": {"enabled": True, "sampleRate": 1.0, "alertThreshold": None, "severity": "low",
+               "scope": "session", "idleSeconds": 0},
+    "members": [{"kind": "pattern", "refId": "apology", "weight": 1, "gate": False}]})
+CATALOG = CatalogSnapshot(version=1, groups={"conv": GROUP},
+                          patterns={"apology": Pattern(id="apology", name="Apology", polarity="failure",
+                                                       template="apology")})
+
+
+def turn(session: str, n: int) -> Trace:
+    return Trace.model_validate({"traceId": f"{session}-{n}", "projectId": "p-sw", "agentId": "a", "sessionId": session,
+                                 "timestamp": f"2026-12-02T13:00:0{n}Z",
+                                 "spans": [{"spanId": "r", "input": "q", "output": "fine"}]})
+
+
+@pytest.fixture
+async def parts(redis_url: str, kafka_bootstrap: str, unique: str) -> AsyncIterator[dict[str, Any]]:
+    url = redis_url.rsplit("/", 1)[0] + "/10"
+    redis = Redis.from_url(url)
+    await redis.flushdb()
+    producer = AIOKafkaProducer(bootstrap_servers=kafka_bootstrap)
+    await producer.start()
+    topics = TopicNames(traces="-", ratings=f"sw-ratings-{unique}", signals=f"sw-signals-{unique}",
+                        webhooks=f"sw-webhooks-{unique}", dlq="-")
+    store, claims = SessionStore(redis), Claims(redis, lease_s=1.0)
+    sweeper = SessionSweeper(store=store, outputs=Outputs(producer, topics, NoEvents()), catalog=lambda: CATALOG,
+                             panel=Panel(), claims=claims, ratings=RatingsStore(redis))
+    yield {"redis": redis, "store": store, "claims": claims, "sweeper": sweeper, "topics": topics}
+    await producer.stop()
+    await redis.flushdb()
+    await redis.aclose()
+
+
+async def test_busy_sessions_stay_until_judged_and_judged_ones_are_not_judged_again(
+        parts: dict[str, Any], kafka_bootstrap: str) -> None:
+    redis, store, sweeper = parts["redis"], parts["store"], parts["sweeper"]
+    now = time.time()
+    await store.record([turn("s-busy", 1), turn("s-busy", 2), turn("s-free", 1), turn("s-free", 2)], now=now - 5)
+    # Another worker holds the lease on s-busy at 2 turns.
+    other = Claims(redis, lease_s=1.0)
+    (held,) = await other.claim_many([ClaimRequest("p-sw", "conv", "session:s-busy:2", 0, None)])
+    assert held.state == "claimed"
+
+    assert await sweeper.sweep_once(now=now) == 1, "only s-free was ours to judge"
+    index = {m.decode() for m in await redis.zrange(keys.session_activity("p-sw"), 0, -1)}
+    assert index == {"s-busy"}, "s-free is settled and leaves the index; s-busy stays"
+
+    assert await sweeper.sweep_once(now=now) == 0, "still busy: nobody judges it twice"
+    await asyncio.sleep(1.1)  # the other worker died: its lease runs out
+    assert await sweeper.sweep_once(now=time.time()) == 1
+    assert await sweeper.sweep_once(now=time.time()) == 0, "judged at this length: not again"
+    ratings = await read_topic(kafka_bootstrap, parts["topics"].ratings, until=lambda v: len(v) >= 2, settle_s=1)
+    assert sorted((r["sessionId"], r["turns"]) for r in ratings) == [("s-busy", 2), ("s-free", 2)]
