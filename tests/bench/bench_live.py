@@ -33,7 +33,7 @@ from redis.asyncio import Redis
 
 from deploy.services import LocalKafka, LocalRedis
 from scoring.groups import MonitorClient
-from tests.e2e.harness import WorkerProcess
+from tests.e2e.harness import WorkerProcess, worker_env
 
 CATALOG = {
     "patterns": [
@@ -128,11 +128,8 @@ async def run(args: argparse.Namespace) -> None:
         await MonitorClient(redis).apply(CATALOG)
         await redis.aclose()
         tag = f"{int(time.time())}"
-        env = {"SGW_KAFKA_BOOTSTRAP": bootstrap, "SGW_REDIS_URL": redis_url, "SGW_LOG_LEVEL": "warning",
-               "SGW_TRACES_TOPIC": f"bench-traces-{tag}", "SGW_RATINGS_TOPIC": f"bench-ratings-{tag}",
-               "SGW_SIGNALS_TOPIC": f"bench-signals-{tag}", "SGW_WEBHOOKS_TOPIC": f"bench-webhooks-{tag}",
-               "SGW_DLQ_TOPIC": f"bench-dlq-{tag}", "SGW_CONSUMER_GROUP": f"bench-{tag}",
-               "SGW_TOPIC_PARTITIONS": "6", "SGW_CODE_SANDBOXES": str(args.sandboxes)}
+        env = worker_env(bootstrap, redis_url, f"bench-{tag}", topic_partitions=6, log_level="warning",
+                         code_sandboxes=args.sandboxes)
         logs = Path(tempfile.mkdtemp(prefix="sgw-bench-"))
 
         # Topics exist before the backlog is produced: the worker creates them at start.

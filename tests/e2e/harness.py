@@ -118,3 +118,20 @@ async def read_topic(bootstrap: str, topic: str, until: Callable[[list[Any]], bo
     finally:
         await consumer.stop()
     return values
+
+
+def redis_db(redis_url: str, db: int) -> str:
+    """The same server, another database: tests that write the (global) catalog keep apart."""
+    return redis_url.rsplit("/", 1)[0] + f"/{db}"
+
+
+def worker_env(kafka_bootstrap: str, redis_url: str, tag: str, **settings: object) -> dict[str, str]:
+    """A worker's environment with topics and consumer group of its own (named by ``tag``);
+    ``settings`` are further SGW_* values by field name (``judge_base_url=...``)."""
+    env = {"SGW_KAFKA_BOOTSTRAP": kafka_bootstrap, "SGW_REDIS_URL": redis_url,
+           "SGW_CONSUMER_GROUP": f"workers-{tag}", "SGW_TRACES_TOPIC": f"traces-{tag}",
+           "SGW_RATINGS_TOPIC": f"ratings-{tag}", "SGW_SIGNALS_TOPIC": f"signals-{tag}",
+           "SGW_WEBHOOKS_TOPIC": f"webhooks-{tag}", "SGW_WEBHOOKS_DLQ_TOPIC": f"webhooks-dlq-{tag}",
+           "SGW_DLQ_TOPIC": f"dlq-{tag}"}
+    env.update({f"SGW_{name.upper()}": str(value) for name, value in settings.items()})
+    return env

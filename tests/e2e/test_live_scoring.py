@@ -18,7 +18,7 @@ from redis.asyncio import Redis
 from deploy.judge_server import JudgeServer
 from scoring.groups import MonitorClient
 from scoring.sampling import keep
-from tests.e2e.harness import WorkerProcess, produce, read_topic
+from tests.e2e.harness import WorkerProcess, produce, read_topic, redis_db, worker_env
 from tests.http_fakes import Reply, ScriptedServer
 
 pytestmark = pytest.mark.integration
@@ -99,18 +99,13 @@ def judge() -> Iterator[JudgeServer]:
 @pytest.fixture
 async def env(kafka_bootstrap: str, redis_url: str, unique: str, judge: JudgeServer,
               external: ScriptedServer) -> AsyncIterator[dict[str, str]]:
-    url = redis_url.rsplit("/", 1)[0] + "/3"  # a database of its own: the catalog is global
+    url = redis_db(redis_url, 3)
     redis = Redis.from_url(url)
     await redis.flushdb()
     await MonitorClient(redis).apply(catalog(external.url + "/score"))
-    yield {
-        "SGW_KAFKA_BOOTSTRAP": kafka_bootstrap, "SGW_REDIS_URL": url,
-        "SGW_CONSUMER_GROUP": f"workers-{unique}", "SGW_TRACES_TOPIC": f"traces-{unique}",
-        "SGW_RATINGS_TOPIC": f"ratings-{unique}", "SGW_SIGNALS_TOPIC": f"signals-{unique}",
-        "SGW_WEBHOOKS_TOPIC": f"webhooks-{unique}", "SGW_DLQ_TOPIC": f"dlq-{unique}",
-        "SGW_TOPIC_PARTITIONS": "4", "SGW_JUDGE_BASE_URL": judge.base_url, "SGW_JUDGE_TIMEOUT_S": "5",
-        "SGW_EGRESS_ALLOW": "127.0.0.0/8", "SGW_MAX_TRACE_BYTES": "4096", "SGW_COMMIT_INTERVAL_S": "0.2",
-    }
+    yield worker_env(kafka_bootstrap, url, unique, topic_partitions=4, judge_base_url=judge.base_url,
+                     judge_timeout_s=5, egress_allow="127.0.0.0/8", max_trace_bytes=4096,
+                     commit_interval_s=0.2)
     await redis.flushdb()
     await redis.aclose()
 

@@ -17,7 +17,7 @@ from redis.asyncio import Redis
 from deploy.judge_server import Behaviour, JudgeServer
 from scoring.claims import Claims
 from scoring.groups import MonitorClient
-from tests.e2e.harness import WorkerProcess, produce, read_topic
+from tests.e2e.harness import WorkerProcess, produce, read_topic, redis_db, worker_env
 
 pytestmark = pytest.mark.integration
 
@@ -43,15 +43,12 @@ def judge() -> Iterator[JudgeServer]:
 
 @pytest.fixture
 async def env(kafka_bootstrap: str, redis_url: str, unique: str, judge: JudgeServer) -> AsyncIterator[dict[str, str]]:
-    url = redis_url.rsplit("/", 1)[0] + "/7"
+    url = redis_db(redis_url, 7)
     redis = Redis.from_url(url)
     await redis.flushdb()
     await MonitorClient(redis).apply(CATALOG)
-    yield {"SGW_KAFKA_BOOTSTRAP": kafka_bootstrap, "SGW_REDIS_URL": url, "SGW_CONSUMER_GROUP": f"r-{unique}",
-           "SGW_TRACES_TOPIC": f"traces-{unique}", "SGW_RATINGS_TOPIC": f"ratings-{unique}",
-           "SGW_SIGNALS_TOPIC": f"signals-{unique}", "SGW_WEBHOOKS_TOPIC": f"webhooks-{unique}",
-           "SGW_DLQ_TOPIC": f"dlq-{unique}", "SGW_JUDGE_BASE_URL": judge.base_url,
-           "SGW_MAX_IN_FLIGHT": str(MAX_IN_FLIGHT), "SGW_CLAIM_LEASE_S": "3", "SGW_MEMBER_DEADLINE_S": "2", "SGW_COMMIT_INTERVAL_S": "0.5"}
+    yield worker_env(kafka_bootstrap, url, unique, judge_base_url=judge.base_url, max_in_flight=MAX_IN_FLIGHT,
+                     claim_lease_s=3, member_deadline_s=2, commit_interval_s=0.5)
     await redis.flushdb()
     await redis.aclose()
 

@@ -16,7 +16,7 @@ from redis.asyncio import Redis
 from deploy.judge_server import JudgeServer
 from scoring.groups import MonitorClient
 from scoring.sampling import keep
-from tests.e2e.harness import WorkerProcess, produce, read_topic
+from tests.e2e.harness import WorkerProcess, produce, read_topic, redis_db, worker_env
 
 pytestmark = pytest.mark.integration
 
@@ -62,15 +62,12 @@ def judge() -> Iterator[JudgeServer]:
 
 @pytest.fixture
 async def env(kafka_bootstrap: str, redis_url: str, unique: str, judge: JudgeServer) -> AsyncIterator[dict[str, str]]:
-    url = redis_url.rsplit("/", 1)[0] + "/6"
+    url = redis_db(redis_url, 6)
     redis = Redis.from_url(url)
     await redis.flushdb()
     await MonitorClient(redis).apply(CATALOG)
-    yield {"SGW_KAFKA_BOOTSTRAP": kafka_bootstrap, "SGW_REDIS_URL": url, "SGW_CONSUMER_GROUP": f"s-{unique}",
-           "SGW_TRACES_TOPIC": f"traces-{unique}", "SGW_RATINGS_TOPIC": f"ratings-{unique}",
-           "SGW_SIGNALS_TOPIC": f"signals-{unique}", "SGW_WEBHOOKS_TOPIC": f"webhooks-{unique}",
-           "SGW_DLQ_TOPIC": f"dlq-{unique}", "SGW_JUDGE_BASE_URL": judge.base_url,
-           "SGW_SESSION_SWEEP_INTERVAL_S": "0.3", "SGW_COMMIT_INTERVAL_S": "0.2"}
+    yield worker_env(kafka_bootstrap, url, unique, judge_base_url=judge.base_url,
+                     session_sweep_interval_s=0.3, commit_interval_s=0.2)
     await redis.flushdb()
     await redis.aclose()
 

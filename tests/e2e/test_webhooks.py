@@ -16,7 +16,7 @@ import pytest
 from redis.asyncio import Redis
 
 from scoring.groups import MonitorClient
-from tests.e2e.harness import WorkerProcess, produce, read_topic
+from tests.e2e.harness import WorkerProcess, produce, read_topic, redis_db, worker_env
 from tests.http_fakes import Reply, ScriptedServer
 
 pytestmark = pytest.mark.integration
@@ -33,7 +33,7 @@ def receivers() -> Iterator[tuple[ScriptedServer, ScriptedServer]]:
 async def env(kafka_bootstrap: str, redis_url: str, unique: str,
               receivers: tuple[ScriptedServer, ScriptedServer]) -> AsyncIterator[dict[str, str]]:
     ok, failing = receivers
-    url = redis_url.rsplit("/", 1)[0] + "/8"
+    url = redis_db(redis_url, 8)
     redis = Redis.from_url(url)
     await redis.flushdb()
     await MonitorClient(redis).apply({
@@ -45,11 +45,7 @@ async def env(kafka_bootstrap: str, redis_url: str, unique: str,
                      {"agentId": "agent-w", "url": failing.url + "/hook"},
                      {"agentId": "agent-w", "url": "http://10.1.2.3/hook"}],
     })
-    yield {"SGW_KAFKA_BOOTSTRAP": kafka_bootstrap, "SGW_REDIS_URL": url, "SGW_CONSUMER_GROUP": f"w-{unique}",
-           "SGW_TRACES_TOPIC": f"traces-{unique}", "SGW_RATINGS_TOPIC": f"ratings-{unique}",
-           "SGW_SIGNALS_TOPIC": f"signals-{unique}", "SGW_WEBHOOKS_TOPIC": f"webhooks-{unique}",
-           "SGW_WEBHOOKS_DLQ_TOPIC": f"webhooks-dlq-{unique}", "SGW_DLQ_TOPIC": f"dlq-{unique}",
-           "SGW_EGRESS_ALLOW": "127.0.0.0/8"}
+    yield worker_env(kafka_bootstrap, url, unique, egress_allow="127.0.0.0/8")
     await redis.flushdb()
     await redis.aclose()
 
