@@ -158,6 +158,7 @@ class LocalKafka:
             [*java, "kafka.Kafka", str(props)],
             stdout=stdout, stderr=subprocess.STDOUT, start_new_session=True,
         )
+        atexit.register(self.stop)  # a run that dies without its fixtures' teardown leaves no JVM
         deadline = time.monotonic() + KAFKA_START_TIMEOUT_S
         while time.monotonic() < deadline:
             if self.proc.poll() is not None:
@@ -238,6 +239,7 @@ class LocalRedis:
              "--logfile", str(self.workdir / "redis.log")],
             stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT, start_new_session=True,
         )
+        atexit.register(self.stop)
         deadline = time.monotonic() + REDIS_START_TIMEOUT_S
         while time.monotonic() < deadline:
             if self.proc.poll() is not None:
@@ -267,10 +269,7 @@ class LocalRedis:
 def _run(command: list[str]) -> int:
     """Start both services, run ``command`` with their addresses in the environment, stop."""
     redis = LocalRedis().start()
-    kafka = LocalKafka(partitions=6)
-    atexit.register(redis.stop)
-    atexit.register(kafka.stop)
-    kafka.start()
+    kafka = LocalKafka(partitions=6).start()
     print(
         f"local services: Kafka {kafka_version()} at {kafka.bootstrap} "
         f"(started in {kafka.started_in_s:.1f}s), Redis at {redis.url}",

@@ -7,6 +7,7 @@ worker in the same process (tests) does not collide with the default registry.
 from __future__ import annotations
 
 import asyncio
+import time
 from collections.abc import Callable
 
 import structlog
@@ -111,9 +112,11 @@ CONSUMER_LAG = Gauge("sgw_consumer_lag", "Records behind the end of the partitio
                      registry=REGISTRY)
 COMMITTED_OFFSET = Gauge("sgw_committed_offset", "Last committed offset.", ["topic", "partition"],
                          registry=REGISTRY)
-LAST_COMMIT_ADVANCE = Gauge("sgw_last_commit_advance_timestamp_seconds",
-                            "When a committed offset last moved (time() - this = seconds since).",
-                            registry=REGISTRY)
+_last_commit_advance = time.time()
+SINCE_COMMIT_ADVANCE = Gauge("sgw_seconds_since_commit_advanced",
+                             "Seconds since a committed offset last moved (read at scrape time).",
+                             registry=REGISTRY)
+SINCE_COMMIT_ADVANCE.set_function(lambda: time.time() - _last_commit_advance)
 INGEST_TO_RATING = Histogram("sgw_batch_to_rating_seconds",
                              "From a trace's batch arriving to its outputs acknowledged and marked done.",
                              buckets=LATENCY_BUCKETS, registry=REGISTRY)
@@ -160,8 +163,9 @@ class PrometheusEvents:
         IN_FLIGHT.set(count)
 
     def committed(self, topic: str, partition: int, offset: int) -> None:
+        global _last_commit_advance
         COMMITTED_OFFSET.labels(topic, str(partition)).set(offset)
-        LAST_COMMIT_ADVANCE.set_to_current_time()
+        _last_commit_advance = time.time()
 
     def lag(self, topic: str, partition: int, lag: int) -> None:
         CONSUMER_LAG.labels(topic, str(partition)).set(lag)
