@@ -35,6 +35,8 @@ ROOT = Path(__file__).resolve().parents[1]
 CATALOG = ROOT / "deploy" / "catalog.example.yaml"
 
 # (project, agent, question, answer) - the judge server rates by the [[rating=N]] marker.
+# The example channels point at hooks.example.com, which does not resolve here: their
+# deliveries show up as HOOKDLQ lines, the webhook sender's dead letters.
 SAMPLES = [
     ("shop-support", "support-bot", "Where is my order #1042?",
      "It shipped yesterday and arrives Friday; here is the tracking link. [[rating=9]]"),
@@ -101,7 +103,8 @@ def _line(kind: str, v: dict[str, Any]) -> str:
                 f"({v['traceId']})")
     if kind == "webhooks":
         return f"WEBHOOK {v['url']} for signal {v['signalId'][:8]}"
-    return f"DLQ     {v['reason']}: {v['error'][:100]}"
+    label = "HOOKDLQ" if kind == "webhooks-dlq" else "DLQ    "
+    return f"{label} {v['reason']}: {v['error'][:100]}"
 
 
 async def main_async(seconds: float | None, rate: float) -> int:
@@ -125,7 +128,8 @@ async def main_async(seconds: float | None, rate: float) -> int:
     for sig in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(sig, stop.set)
     topics = {"ratings": "scorer-groups.ratings", "signals": "scorer-groups.signals",
-              "webhooks": "scorer-groups.webhooks", "dlq": "traces.dlq"}
+              "webhooks": "scorer-groups.webhooks", "dlq": "traces.dlq",
+              "webhooks-dlq": "scorer-groups.webhooks.dlq"}
     tasks = [asyncio.create_task(_produce(bootstrap, "traces.ingested", rate, stop)),
              asyncio.create_task(_tail(bootstrap, topics, stop))]
     with contextlib.suppress(TimeoutError):
