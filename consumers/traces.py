@@ -285,10 +285,9 @@ class TraceConsumer:
     async def _pair(self, pair: _Pair, busy: bool, snapshot: CatalogSnapshot,
                     unpublished: set[ClaimRequest]) -> None:
         result = await self._score(pair, busy, snapshot)
+        unpublished.discard(pair.claim)  # from here on the pair is published or was decided elsewhere
         if result is None:
-            unpublished.discard(pair.claim)
             return
-        unpublished.discard(pair.claim)
         publishing = asyncio.create_task(self._publish(pair, result, snapshot))
         self._publishing.add(publishing)
         publishing.add_done_callback(self._publishing.discard)
