@@ -30,7 +30,7 @@ from pydantic.alias_generators import to_camel
 
 from consumers.offsets import CommitOnRevoke, OffsetTracker
 from scoring.catalog import CatalogSnapshot
-from scoring.egress import EgressPolicy, EgressRefused
+from scoring.egress import EgressPolicy, EgressRefused, Target
 from scoring.http import MemberError, RetryPolicy, post_json
 from scoring.results import WebhookDelivery
 
@@ -130,7 +130,7 @@ class WebhookSender:
             log.info("alert channel removed; delivery dropped", agent=delivery.agent_id, delivery=delivery.id)
             return
         try:
-            await self._checked(delivery.url)
+            target = await self._checked(delivery.url)
         except EgressRefused as exc:
             await self._dead_letter("url_refused", str(exc), delivery.model_dump(mode="json", by_alias=True))
             return
@@ -142,14 +142,15 @@ class WebhookSender:
             headers["X-SGW-Signature"] = signature(channel.secret.get_secret_value(), timestamp, body)
         deadline = asyncio.get_running_loop().time() + self._timeout_s
         try:
-            await post_json(self._http, delivery.url, body, what="webhook receiver", deadline=deadline,
-                            headers=headers, policy=self._policy)
+            await post_json(self._http, target.url, body, what="webhook receiver", deadline=deadline,
+                            headers={**headers, **target.headers}, extensions=target.extensions,
+                            policy=self._policy)
         except MemberError as exc:
             await self._dead_letter("delivery_failed", str(exc), delivery.model_dump(mode="json", by_alias=True))
             return
         self.delivered += 1
 
-    async def _checked(self, url: str) -> None:
+    async def _checked(self, url: str) -> Target:
         """The private-network guard, with a name that does not resolve right now retried."""
         for attempt in range(self._policy.attempts):
             try:
@@ -158,6 +159,7 @@ class WebhookSender:
                 if not exc.retriable or attempt == self._policy.attempts - 1:
                     raise
                 await asyncio.sleep(self._policy.backoff(attempt))
+        raise AssertionError("unreachable: the last attempt returns or raises")
 
     async def _dead_letter(self, reason: str, error: str, delivery: Any) -> None:
         log.warning("webhook delivery dead-lettered", reason=reason, error=error[:300])

@@ -12,8 +12,9 @@ from __future__ import annotations
 import asyncio
 import ipaddress
 import socket
-from dataclasses import dataclass
-from urllib.parse import urlsplit
+from dataclasses import dataclass, field
+from typing import Any
+from urllib.parse import SplitResult, urlsplit, urlunsplit
 
 IPAddress = ipaddress.IPv4Address | ipaddress.IPv6Address
 IPNetwork = ipaddress.IPv4Network | ipaddress.IPv6Network
@@ -40,6 +41,25 @@ _SHARED = ipaddress.ip_network("100.64.0.0/10")  # carrier-grade NAT, not public
 
 
 @dataclass(frozen=True)
+class Target:
+    """A checked request target. A name is pinned to the address that passed the check: the
+    request goes to that address, with the name in the Host header and in TLS (SNI and the
+    certificate check), so a second DNS answer (rebinding) cannot send it somewhere else."""
+
+    url: str
+    headers: dict[str, str] = field(default_factory=dict)
+    extensions: dict[str, Any] = field(default_factory=dict)
+
+
+def _pinned(parts: SplitResult, host: str, address: IPAddress) -> Target:
+    shown = f"[{address}]" if address.version == 6 else str(address)
+    netloc = shown + (f":{parts.port}" if parts.port else "")
+    host_header = host + (f":{parts.port}" if parts.port else "")
+    extensions = {"sni_hostname": host} if parts.scheme == "https" else {}
+    return Target(urlunsplit(parts._replace(netloc=netloc)), {"Host": host_header}, extensions)
+
+
+@dataclass(frozen=True)
 class EgressPolicy:
     """Which private destinations the operator allows (hosts by name, or networks)."""
 
@@ -59,24 +79,28 @@ class EgressPolicy:
     def _allowed(self, address: IPAddress) -> bool:
         return any(address in network for network in self.networks)
 
-    async def check(self, url: str) -> None:
-        """Raise EgressRefused unless every address ``url``'s host resolves to may be reached."""
+    async def check(self, url: str) -> Target:
+        """Raise EgressRefused unless every address ``url``'s host resolves to may be reached;
+        return the request pinned to the address that was checked (see ``Target``)."""
         parts = urlsplit(url)
         if parts.scheme not in ("http", "https") or not parts.hostname:
             raise EgressRefused(f"only http(s) URLs with a host are allowed, got {url!r}")
         host = parts.hostname.lower().rstrip(".")
         if host in self.hosts:
-            return
+            return Target(url)  # trusted by name: the operator vouches for whatever it resolves to
         try:
             addresses = [ipaddress.ip_address(host)]
+            literal = True
         except ValueError:
             addresses = await _resolve(host, parts.port or (443 if parts.scheme == "https" else 80))
+            literal = False
         for address in addresses:
             if _forbidden(address) and not self._allowed(address):
                 raise EgressRefused(
                     f"{host} resolves to {address}, a private/loopback/link-local address; "
                     "allow it in SGW_EGRESS_ALLOW if it is meant to be reached"
                 )
+        return Target(url) if literal else _pinned(parts, host, addresses[0])
 
 
 async def _resolve(host: str, port: int) -> list[IPAddress]:

@@ -56,11 +56,12 @@ class ExternalClient:
         assert scorer.url is not None  # the model guarantees it for type "external"
         deadline = asyncio.get_running_loop().time() + scorer.timeout_ms / 1000
         try:
-            await self._egress.check(scorer.url)
+            target = await self._egress.check(scorer.url)
         except EgressRefused as exc:
-            raise MemberError(f"external scorer URL refused: {exc}") from None
-        response = await post_json(self._http, scorer.url, subject.member_payload(),
-                                   what="external scorer", deadline=deadline, policy=self._policy)
+            raise MemberError(f"external scorer URL refused: {exc}", retriable=exc.retriable) from None
+        response = await post_json(self._http, target.url, subject.member_payload(), what="external scorer",
+                                   deadline=deadline, headers=target.headers, extensions=target.extensions,
+                                   policy=self._policy)
         try:
             document = response.json()
         except ValueError:

@@ -81,6 +81,7 @@ async def post_json(
     what: str,
     deadline: float,
     headers: dict[str, str] | None = None,
+    extensions: dict[str, Any] | None = None,
     policy: RetryPolicy = DEFAULT_RETRY,
 ) -> httpx.Response:
     """POST ``body`` (a JSON document, or JSON bytes sent as they are) until a non-retriable
@@ -96,10 +97,11 @@ async def post_json(
         wait: float | None = None
         try:
             if isinstance(body, bytes):  # exact bytes, e.g. a signed webhook body
-                response = await client.post(url, content=body, timeout=remaining,
+                response = await client.post(url, content=body, timeout=remaining, extensions=extensions,
                                              headers={"Content-Type": "application/json", **(headers or {})})
             else:
-                response = await client.post(url, json=body, headers=headers, timeout=remaining)
+                response = await client.post(url, json=body, headers=headers, timeout=remaining,
+                                             extensions=extensions)
         except httpx.TimeoutException:
             last_error = f"{what} timed out"
         except httpx.TransportError as exc:

@@ -120,3 +120,26 @@ async def test_allow_list_by_network_and_by_host() -> None:
 
 async def test_public_address_passes_the_guard() -> None:
     await EgressPolicy.parse([]).check("https://93.184.216.34/score")
+
+
+async def test_a_checked_name_is_pinned_to_the_address_that_passed() -> None:
+    import ipaddress
+    import socket
+    from urllib.parse import urlsplit
+
+    policy = EgressPolicy.parse(["127.0.0.0/8", "::1/128"])
+    resolved = {info[4][0] for info in socket.getaddrinfo("localhost", 8443, type=socket.SOCK_STREAM)}
+    target = await policy.check("https://localhost:8443/score?x=1")
+    parts = urlsplit(target.url)
+    assert parts.hostname is not None and str(ipaddress.ip_address(parts.hostname)) in resolved
+    assert (parts.port, parts.path, parts.query) == (8443, "/score", "x=1")
+    assert target.headers == {"Host": "localhost:8443"}, "the server still sees the name"
+    assert target.extensions == {"sni_hostname": "localhost"}, "TLS still checks the name"
+    plain = await policy.check("http://localhost/hook")
+    assert "sni_hostname" not in plain.extensions and plain.headers == {"Host": "localhost"}
+
+
+async def test_literal_addresses_and_trusted_names_are_not_rewritten() -> None:
+    assert (await EgressPolicy.parse(["127.0.0.0/8"]).check("http://127.0.0.1:9/x")).url == "http://127.0.0.1:9/x"
+    trusted = await EgressPolicy.parse(["scorer.internal"]).check("http://scorer.internal/x")
+    assert trusted.url == "http://scorer.internal/x" and trusted.headers == {}
