@@ -4,12 +4,13 @@ it publishes."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import signal
 import subprocess
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -17,8 +18,10 @@ from typing import Any
 import httpx
 import orjson
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
+from redis.asyncio import Redis
 
 from deploy.services import free_port
+from scoring.groups import MonitorClient
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -135,3 +138,17 @@ def worker_env(kafka_bootstrap: str, redis_url: str, tag: str, **settings: objec
            "SGW_DLQ_TOPIC": f"dlq-{tag}"}
     env.update({f"SGW_{name.upper()}": str(value) for name, value in settings.items()})
     return env
+
+
+@contextlib.asynccontextmanager
+async def catalog_db(redis_url: str, db: int, catalog: dict[str, Any]) -> AsyncIterator[str]:
+    """A Redis database of its own holding ``catalog``, emptied before and after; yields its URL."""
+    url = redis_db(redis_url, db)
+    redis = Redis.from_url(url)
+    await redis.flushdb()
+    try:
+        await MonitorClient(redis).apply(catalog)
+        yield url
+    finally:
+        await redis.flushdb()
+        await redis.aclose()

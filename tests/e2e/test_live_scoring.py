@@ -13,12 +13,10 @@ from typing import Any
 
 import orjson
 import pytest
-from redis.asyncio import Redis
 
 from deploy.judge_server import JudgeServer
-from scoring.groups import MonitorClient
 from scoring.sampling import keep
-from tests.e2e.harness import WorkerProcess, produce, read_topic, redis_db, worker_env
+from tests.e2e.harness import WorkerProcess, catalog_db, produce, read_topic, worker_env
 from tests.http_fakes import Reply, ScriptedServer
 
 pytestmark = pytest.mark.integration
@@ -99,15 +97,10 @@ def judge() -> Iterator[JudgeServer]:
 @pytest.fixture
 async def env(kafka_bootstrap: str, redis_url: str, unique: str, judge: JudgeServer,
               external: ScriptedServer) -> AsyncIterator[dict[str, str]]:
-    url = redis_db(redis_url, 3)
-    redis = Redis.from_url(url)
-    await redis.flushdb()
-    await MonitorClient(redis).apply(catalog(external.url + "/score"))
-    yield worker_env(kafka_bootstrap, url, unique, topic_partitions=4, judge_base_url=judge.base_url,
-                     judge_timeout_s=5, egress_allow="127.0.0.0/8", max_trace_bytes=4096,
-                     commit_interval_s=0.2)
-    await redis.flushdb()
-    await redis.aclose()
+    async with catalog_db(redis_url, 3, catalog(external.url + "/score")) as url:
+        yield worker_env(kafka_bootstrap, url, unique, topic_partitions=4, judge_base_url=judge.base_url,
+                         judge_timeout_s=5, egress_allow="127.0.0.0/8", max_trace_bytes=4096,
+                         commit_interval_s=0.2)
 
 
 def key_of(value: dict[str, Any]) -> tuple[str, str]:

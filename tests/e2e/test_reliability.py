@@ -16,8 +16,7 @@ from redis.asyncio import Redis
 
 from deploy.judge_server import Behaviour, JudgeServer
 from scoring.claims import Claims
-from scoring.groups import MonitorClient
-from tests.e2e.harness import WorkerProcess, produce, read_topic, redis_db, worker_env
+from tests.e2e.harness import WorkerProcess, catalog_db, produce, read_topic, worker_env
 
 pytestmark = pytest.mark.integration
 
@@ -43,14 +42,9 @@ def judge() -> Iterator[JudgeServer]:
 
 @pytest.fixture
 async def env(kafka_bootstrap: str, redis_url: str, unique: str, judge: JudgeServer) -> AsyncIterator[dict[str, str]]:
-    url = redis_db(redis_url, 7)
-    redis = Redis.from_url(url)
-    await redis.flushdb()
-    await MonitorClient(redis).apply(CATALOG)
-    yield worker_env(kafka_bootstrap, url, unique, judge_base_url=judge.base_url, max_in_flight=MAX_IN_FLIGHT,
-                     claim_lease_s=3, member_deadline_s=2, commit_interval_s=0.5)
-    await redis.flushdb()
-    await redis.aclose()
+    async with catalog_db(redis_url, 7, CATALOG) as url:
+        yield worker_env(kafka_bootstrap, url, unique, judge_base_url=judge.base_url, max_in_flight=MAX_IN_FLIGHT,
+                         claim_lease_s=3, member_deadline_s=2, commit_interval_s=0.5)
 
 
 def trace(i: int) -> dict[str, Any]:

@@ -16,7 +16,7 @@ from redis.asyncio import Redis
 from deploy.judge_server import JudgeServer
 from scoring.groups import MonitorClient
 from scoring.sampling import keep
-from tests.e2e.harness import WorkerProcess, produce, read_topic, redis_db, worker_env
+from tests.e2e.harness import WorkerProcess, catalog_db, produce, read_topic, worker_env
 
 pytestmark = pytest.mark.integration
 
@@ -62,14 +62,9 @@ def judge() -> Iterator[JudgeServer]:
 
 @pytest.fixture
 async def env(kafka_bootstrap: str, redis_url: str, unique: str, judge: JudgeServer) -> AsyncIterator[dict[str, str]]:
-    url = redis_db(redis_url, 6)
-    redis = Redis.from_url(url)
-    await redis.flushdb()
-    await MonitorClient(redis).apply(CATALOG)
-    yield worker_env(kafka_bootstrap, url, unique, judge_base_url=judge.base_url,
-                     session_sweep_interval_s=0.3, commit_interval_s=0.2)
-    await redis.flushdb()
-    await redis.aclose()
+    async with catalog_db(redis_url, 6, CATALOG) as url:
+        yield worker_env(kafka_bootstrap, url, unique, judge_base_url=judge.base_url,
+                         session_sweep_interval_s=0.3, commit_interval_s=0.2)
 
 
 def records(turns: list[dict[str, Any]]) -> list[tuple[bytes | None, bytes]]:

@@ -13,10 +13,8 @@ from pathlib import Path
 
 import orjson
 import pytest
-from redis.asyncio import Redis
 
-from scoring.groups import MonitorClient
-from tests.e2e.harness import WorkerProcess, produce, read_topic, redis_db, worker_env
+from tests.e2e.harness import WorkerProcess, catalog_db, produce, read_topic, worker_env
 from tests.http_fakes import Reply, ScriptedServer
 
 pytestmark = pytest.mark.integration
@@ -33,10 +31,7 @@ def receivers() -> Iterator[tuple[ScriptedServer, ScriptedServer]]:
 async def env(kafka_bootstrap: str, redis_url: str, unique: str,
               receivers: tuple[ScriptedServer, ScriptedServer]) -> AsyncIterator[dict[str, str]]:
     ok, failing = receivers
-    url = redis_db(redis_url, 8)
-    redis = Redis.from_url(url)
-    await redis.flushdb()
-    await MonitorClient(redis).apply({
+    async with catalog_db(redis_url, 8, {
         "patterns": [{"id": "email", "name": "Email", "polarity": "failure", "template": "email"}],
         "groups": [{"id": "pii", "name": "PII", "projectId": "p-w",
                     "online": {"enabled": True, "sampleRate": 1.0, "alertThreshold": 6, "severity": "critical"},
@@ -44,10 +39,8 @@ async def env(kafka_bootstrap: str, redis_url: str, unique: str,
         "channels": [{"agentId": "agent-w", "url": ok.url + "/hook", "secret": "s3cret"},
                      {"agentId": "agent-w", "url": failing.url + "/hook"},
                      {"agentId": "agent-w", "url": "http://10.1.2.3/hook"}],
-    })
-    yield worker_env(kafka_bootstrap, url, unique, egress_allow="127.0.0.0/8")
-    await redis.flushdb()
-    await redis.aclose()
+    }) as url:
+        yield worker_env(kafka_bootstrap, url, unique, egress_allow="127.0.0.0/8")
 
 
 async def test_signals_page_the_agents_channels(env: dict[str, str], kafka_bootstrap: str, tmp_path: Path,
