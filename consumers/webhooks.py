@@ -6,16 +6,14 @@ that cannot be made - its URL is refused by the private-network guard, or the re
 failing - goes to the webhooks dead-letter topic with the reason; one whose channel was deleted
 meanwhile is dropped with a log line. Offsets are committed only past finished deliveries.
 
-Receivers verify ``X-SGW-Signature: sha256=<hex>``, the HMAC-SHA256 of
-``<X-SGW-Timestamp>.<body>`` with the channel's secret, and deduplicate on ``X-SGW-Delivery``
-(a redelivered record carries the same id).
+Deliveries follow Standard Webhooks 1.0 (see ``scoring.signing``): receivers verify
+``webhook-signature`` with the channel's ``whsec_`` secret and deduplicate on ``webhook-id``
+(the delivery's id, the same on every retry and redelivery).
 """
 
 from __future__ import annotations
 
 import asyncio
-import hashlib
-import hmac
 import time
 from collections.abc import Callable
 from datetime import UTC, datetime
@@ -29,6 +27,7 @@ from pydantic import BaseModel, ConfigDict, ValidationError
 from pydantic.alias_generators import to_camel
 
 from consumers.offsets import CommitOnRevoke, OffsetTracker
+from scoring import signing
 from scoring.catalog import CatalogSnapshot
 from scoring.egress import EgressPolicy, EgressRefused, Target
 from scoring.http import MemberError, RetryPolicy, post_json
@@ -51,11 +50,6 @@ class FailedDelivery(BaseModel):
 
     def to_json(self) -> bytes:
         return self.model_dump_json(by_alias=True).encode()
-
-
-def signature(secret: str, timestamp: str, body: bytes) -> str:
-    digest = hmac.new(secret.encode(), timestamp.encode() + b"." + body, hashlib.sha256).hexdigest()
-    return f"sha256={digest}"
 
 
 class WebhookSender:
@@ -135,11 +129,8 @@ class WebhookSender:
             await self._dead_letter("url_refused", str(exc), delivery.model_dump(mode="json", by_alias=True))
             return
         body = delivery.to_json()
-        timestamp = str(int(time.time()))
-        headers = {"X-SGW-Delivery": delivery.id, "X-SGW-Timestamp": timestamp,
-                   "X-SGW-Event": delivery.event}
-        if channel.secret is not None:
-            headers["X-SGW-Signature"] = signature(channel.secret.get_secret_value(), timestamp, body)
+        now = time.time()
+        headers = signing.headers(delivery.id, int(now), body, channel.signing_secrets(now))
         deadline = asyncio.get_running_loop().time() + self._timeout_s
         try:
             await post_json(self._http, target.url, body, what="webhook receiver", deadline=deadline,

@@ -9,6 +9,7 @@ rule holds even when two people change related documents at the same moment.
 from __future__ import annotations
 
 import builtins
+import time
 import uuid
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
@@ -27,8 +28,9 @@ from scoring.catalog import (
     judge_errors,
     kind_of,
 )
+from scoring.channels import saved_channel
 from scoring.errors import InvalidDocument, NotFound
-from scoring.models import CatalogDocument, Judge, Member, OnlineProfile, ScorerGroup, WireModel
+from scoring.models import AlertChannel, CatalogDocument, Judge, Member, OnlineProfile, ScorerGroup, WireModel
 from scoring.ratings import RatingsHistory, RatingsStore
 
 UPDATABLE = {"name": "name", "description": "description", "members": "members", "online": "online",
@@ -173,7 +175,10 @@ class Scorers:
                 _refuse(judge_errors(doc, catalog), "judge")
             if isinstance(doc, ScorerGroup):
                 _refuse(group_errors(doc, catalog, catalog.groups.get(doc.id)), "scorer group")
-            return [(kind_of(doc), doc_id(doc), doc)]
+            saved = doc
+            if isinstance(doc, AlertChannel):
+                saved = saved_channel(doc, catalog.channels.get(doc_id(doc)), time.time())
+            return [(kind_of(saved), doc_id(saved), saved)]
 
         await self._store.write(change)
 
@@ -215,6 +220,7 @@ async def apply_catalog(store: CatalogStore, document: CatalogDocument) -> Apply
     ordered: list[tuple[str, int, WireModel]] = [
         (kind, i, doc) for kind in KIND_MODELS for i, doc in enumerate(getattr(document, kind))]
     report = ApplyReport()
+    now = time.time()
 
     def change(catalog: CatalogSnapshot) -> list[Write]:
         after = catalog.with_docs([doc for _, _, doc in ordered])
@@ -230,6 +236,8 @@ async def apply_catalog(store: CatalogStore, document: CatalogDocument) -> Apply
                 errors += [f"judges[{i}].{e}" for e in judge_errors(doc, after)]
             id_ = doc_id(doc)
             stored = getattr(catalog, kind).get(id_)
+            if isinstance(doc, AlertChannel):
+                doc = saved_channel(doc, stored, now)
             name = f"{kind}/{id_}"
             if stored is None:
                 report.created.append(name)

@@ -24,7 +24,10 @@ from pydantic import (
 )
 from pydantic.alias_generators import to_camel
 
+from scoring.signing import secret_key
+
 MAX_MEMBERS = 20
+SECRET_ROTATION_OVERLAP_S = 24 * 3_600  # a replaced channel secret keeps signing for a day
 MAX_WEIGHT = 1000.0
 MAX_IDLE_SECONDS = 86_400
 DEFAULT_IDLE_SECONDS = 120
@@ -216,6 +219,27 @@ class AlertChannel(WireModel):
     agent_id: Id
     url: str = Field(max_length=2_000)
     secret: SecretStr | None = None
+    previous_secret: SecretStr | None = None  # rotation: still signs until previousSecretUntil
+    previous_secret_until: int | None = Field(None, ge=0)  # Unix seconds
+
+    @model_validator(mode="after")
+    def _whsec_secrets(self) -> AlertChannel:
+        # Checked on the model, not the field: a field error would echo the secret it refuses.
+        for wire_name, value in (("secret", self.secret), ("previousSecret", self.previous_secret)):
+            if value is not None:
+                try:
+                    secret_key(value.get_secret_value())
+                except ValueError as exc:
+                    raise ValueError(f"{wire_name}: {exc}") from None
+        return self
+
+    def signing_secrets(self, now: float) -> list[str]:
+        """The secrets a delivery is signed with now: the current one, and during a rotation's
+        overlap (SECRET_ROTATION_OVERLAP_S) the replaced one too."""
+        out = [self.secret.get_secret_value()] if self.secret is not None else []
+        if self.previous_secret is not None and now < (self.previous_secret_until or 0):
+            out.append(self.previous_secret.get_secret_value())
+        return out
 
     @field_validator("url")
     @classmethod
@@ -224,7 +248,7 @@ class AlertChannel(WireModel):
             raise ValueError("url must start with http:// or https://")
         return value
 
-    @field_serializer("secret", when_used="json")
+    @field_serializer("secret", "previous_secret", when_used="json")
     def _secret(self, value: SecretStr | None, info: SerializationInfo) -> str | None:
         if value is None:
             return None

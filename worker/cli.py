@@ -8,6 +8,7 @@
     scorer-worker catalog delete KIND ID           delete one document
     scorer-worker groups ratings ID [--window 7d] [--json]
     scorer-worker sessions scores SESSION_ID
+    scorer-worker webhooks new-secret              print a fresh whsec_ channel secret
     scorer-worker settings                         every SGW_* setting, secrets masked
     scorer-worker check                            reach Kafka and Redis once
 """
@@ -164,6 +165,13 @@ def _cmd_run(settings: Settings, _: argparse.Namespace) -> int:
     return asyncio.run(Worker(settings).run())
 
 
+def _cmd_new_secret(_settings: Settings, _: argparse.Namespace) -> int:
+    from scoring.signing import new_secret
+
+    print(new_secret())
+    return 0
+
+
 def _cmd_settings(settings: Settings, _: argparse.Namespace) -> int:
     for env, value, description in settings.described():
         print(f"{env}={value}\n    {description}")
@@ -248,6 +256,11 @@ def build_parser() -> argparse.ArgumentParser:
     scores = sessions.add_parser("scores", help="the latest group verdicts on a session")
     scores.add_argument("id")
     scores.set_defaults(func=_cmd_session_scores)
+
+    webhooks = sub.add_parser("webhooks", help="alert-channel deliveries").add_subparsers(
+        dest="action", required=True)
+    webhooks.add_parser("new-secret", help="print a fresh Standard Webhooks (whsec_) channel secret") \
+        .set_defaults(func=_cmd_new_secret)
 
     sub.add_parser("settings", help="print every SGW_* setting, secrets masked").set_defaults(
         func=_cmd_settings)

@@ -52,7 +52,7 @@ def catalog(external_url: str) -> dict[str, Any]:
              "members": [m("judge", "help", 1), m("judge", "safe", 1)]},
         ],
         "budgets": [{"projectId": "p-c", "judgeCallsPerWindow": 4, "windowSeconds": 3600}],
-        "channels": [{"agentId": "agent-a", "url": "https://hooks.example.com/one", "secret": "s1"},
+        "channels": [{"agentId": "agent-a", "url": "https://hooks.example.com/one", "secret": "whsec_MDEyMzQ1Njc4OWFiY2RlZjAxMjM0NTY3"},
                      {"agentId": "agent-a", "url": "https://hooks.example.com/two"}],
     }
 

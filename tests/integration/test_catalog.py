@@ -18,6 +18,7 @@ from scoring.models import Judge, Pattern
 
 pytestmark = pytest.mark.integration
 
+SECRET = "whsec_MDEyMzQ1Njc4OWFiY2RlZjAxMjM0NTY3"  # a Standard Webhooks channel secret
 FULL_ONLINE = {"enabled": True, "sampleRate": 0.2, "alertThreshold": 6, "severity": "high"}
 
 
@@ -189,7 +190,7 @@ async def test_apply_is_idempotent_and_reports(client: MonitorClient) -> None:
                     "members": [member("judge", "tone"), member("pattern", "apology", 0, True)],
                     "online": FULL_ONLINE}],
         "budgets": [{"projectId": "p-1", "judgeCallsPerWindow": 100, "windowSeconds": 3600}],
-        "channels": [{"agentId": "a-1", "url": "https://hooks.example.com/x", "secret": "s3cret"}],
+        "channels": [{"agentId": "a-1", "url": "https://hooks.example.com/x", "secret": SECRET}],
     }
     first = await client.apply(doc)
     assert sorted(first.created) == ["budgets/p-1", "channels/a-1|https://hooks.example.com/x",
@@ -201,7 +202,7 @@ async def test_apply_is_idempotent_and_reports(client: MonitorClient) -> None:
     assert third.changed == ["judges/tone"] and third.created == []
     snapshot = await client.store.snapshot()
     secret = snapshot.channels_for("a-1")[0].secret
-    assert secret is not None and secret.get_secret_value() == "s3cret", "secrets are stored, not masked"
+    assert secret is not None and secret.get_secret_value() == SECRET, "secrets are stored, not masked"
 
 
 async def test_a_bad_file_is_refused_whole_with_every_error(client: MonitorClient) -> None:
