@@ -1,12 +1,15 @@
 #!/usr/bin/env bash
 # Installs everything the worker and its tests need on a fresh Debian machine, idempotently:
-# Redis (Debian's redis-server), Java and Maven when missing, the Python virtualenv in .venv
+# Redis (Debian's redis-server), the code-scorer sandbox (bubblewrap, Debian's python3 with
+# libseccomp's binding python3-seccomp), Java and Maven when missing, the Python virtualenv in .venv
 # with the pinned versions of constraints.txt, and Kafka's jars from Maven Central.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
 need_apt=()
 command -v redis-server >/dev/null 2>&1 || [ -x /usr/bin/redis-server ] || need_apt+=(redis-server)
+command -v bwrap >/dev/null 2>&1 || need_apt+=(bubblewrap)
+/usr/bin/python3 -c 'import seccomp' >/dev/null 2>&1 || need_apt+=(python3-seccomp)
 command -v java >/dev/null 2>&1 || need_apt+=(openjdk-17-jre-headless)
 command -v mvn >/dev/null 2>&1 || need_apt+=(maven)
 if [ ${#need_apt[@]} -gt 0 ]; then

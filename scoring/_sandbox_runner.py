@@ -1,8 +1,14 @@
 """The program each sandbox process runs: load users' code scorers and call them on request.
 
-Started by ``scoring.sandbox`` as ``python -I -S _sandbox_runner.py <memory MiB> <cache size>``.
-Standard library only, because ``-S`` leaves nothing else importable, and the parent must not
-depend on anything the child could not load.
+Started by ``scoring.sandbox`` as ``python -I -S -c <this source> <memory MiB> <cache size>``,
+inside the confinement of ``scoring.isolation`` (its own namespaces, uid, seccomp filter and
+read-only file system): the operating system is the boundary, this program only keeps the
+protocol. Standard library only: ``-S`` leaves nothing else importable, and the source is
+passed on the command line because the service's files are not visible in the sandbox.
+
+A process serves one project at a time (the pool recycles it before another project's call),
+so what a scorer leaves behind - patched builtins, module state - reaches only later calls of
+scorers of the same project.
 
 Protocol: one JSON object per line. The parent sends
 ``{"id", "key", "code" (or null when this process should know the key), "timeout", "args"}``;
@@ -31,32 +37,7 @@ if TYPE_CHECKING:
     from collections.abc import Callable, Iterator
 
 MESSAGE_CHARS = 300  # a reason is read by a person; a megabyte-long exception message is not
-_WRITE_FLAGS = os.O_WRONLY | os.O_RDWR | os.O_CREAT | os.O_TRUNC | os.O_APPEND
-
-# Audit events refused outright: starting programs, signalling or changing the file system,
-# networking, native code, and peeking at other callers' data (tracers, the garbage collector).
-_FORBIDDEN_EVENTS = frozenset({
-    "subprocess.Popen", "os.system", "os.fork", "os.forkpty", "os.posix_spawn", "pty.spawn",
-    "os.kill", "os.killpg", "signal.pthread_kill",
-    "os.remove", "os.rmdir", "os.rename", "os.mkdir", "os.mkfifo", "os.mknod", "os.link",
-    "os.symlink", "os.truncate", "os.chmod", "os.chown", "os.chflags", "os.utime", "os.chdir",
-    "os.setxattr", "os.removexattr",
-    "resource.prlimit", "sys.settrace", "sys.setprofile", "sys._current_frames",
-    "gc.get_objects", "gc.get_referrers", "gc.get_referents",
-})
-_FORBIDDEN_PREFIXES = ("os.exec", "os.spawn", "socket.", "ctypes.", "shutil.", "tempfile.")
-# Modules that hand out what the events above guard (raw fork/exec, arbitrary native calls, a
-# second interpreter, files written by SQLite itself); refusing the import gives a clearer reason.
-_FORBIDDEN_MODULES = frozenset({
-    "subprocess", "_posixsubprocess", "ctypes", "_ctypes", "_xxsubinterpreters", "_testcapi",
-    "_testinternalcapi", "_sqlite3", "sqlite3",
-})
-# Files user code may read: the standard library (which `import` reads) and a few harmless
-# system files. Everything else - the service's configuration, /proc/<parent>/environ - is refused.
-_HERE = os.path.dirname(os.path.realpath(__file__))  # the service's code: not the scorers' business
-_READABLE_DIRS = (*sorted({os.path.realpath(p) for p in sys.path if p} - {_HERE}), "/usr/share/zoneinfo")
-_READABLE_FILES = frozenset({"/dev/null", "/dev/urandom", "/etc/localtime"})
-_CPU_HARD = resource.getrlimit(resource.RLIMIT_CPU)[1]
+_MAX_PROCESSES = 64  # RLIMIT_NPROC: a fork bomb stops here (the parent kills the sandbox on timeout)
 
 
 class _Refusal(Exception):
@@ -77,42 +58,6 @@ def _describe(exc: BaseException) -> str:
     return text if len(text) <= MESSAGE_CHARS else text[: MESSAGE_CHARS - 1] + "…"
 
 
-def _readable(path: object) -> bool:
-    # Only absolute names: a relative name could be resolved against a directory descriptor
-    # (dir_fd) that the event does not show, and an integer is an already-open descriptor such as
-    # the protocol pipe.
-    if not isinstance(path, str | bytes | os.PathLike):
-        return False
-    name = os.fsdecode(os.fspath(path))
-    if not os.path.isabs(name):
-        return False
-    real = os.path.realpath(name)
-    return real in _READABLE_FILES or any(real == d or real.startswith(d + "/") for d in _READABLE_DIRS)
-
-
-def _audit(event: str, args: tuple[Any, ...]) -> None:
-    """Refuse what a scorer has no business doing. Defence in depth, not a security boundary:
-    audit hooks see only what CPython chooses to report (see the module docs of scoring.sandbox)."""
-    if event == "sys.addaudithook":
-        # Only a RuntimeError stops a new hook from being added (quietly).
-        raise RuntimeError("the sandbox forbids audit hooks")
-    if event in _FORBIDDEN_EVENTS or event.startswith(_FORBIDDEN_PREFIXES):
-        raise PermissionError(f"the sandbox forbids {event}")
-    if event == "import" and str(args[0]).partition(".")[0] in _FORBIDDEN_MODULES:
-        raise PermissionError(f"the sandbox forbids importing {args[0]}")
-    if event == "open":
-        path, mode, flags = args
-        if (isinstance(mode, str) and any(c in mode for c in "wax+")) or (flags & _WRITE_FLAGS):
-            raise PermissionError(f"the sandbox forbids writing files ({path!r})")
-        if not _readable(path):
-            raise PermissionError(f"the sandbox forbids reading {path!r}")
-    if event == "resource.setrlimit":
-        # The runner moves its own CPU backstop before each call; nothing else may change.
-        which, limits = args
-        if which != resource.RLIMIT_CPU or limits[1] != _CPU_HARD:
-            raise PermissionError("the sandbox forbids changing resource limits")
-
-
 def _take_protocol_fds() -> tuple[int, int]:
     """Move the protocol pipes to private descriptors and point 0, 1, 2 at /dev/null, so that
     print(), input() or os.write(1, ...) in user code cannot corrupt or read the protocol."""
@@ -130,6 +75,7 @@ def _apply_limits(memory_mb: int) -> None:
     resource.setrlimit(resource.RLIMIT_NOFILE, (64, 64))
     resource.setrlimit(resource.RLIMIT_FSIZE, (0, 0))  # no file may grow, whatever gets through
     resource.setrlimit(resource.RLIMIT_CORE, (0, 0))  # a crash must not litter the disk
+    resource.setrlimit(resource.RLIMIT_NPROC, (_MAX_PROCESSES, _MAX_PROCESSES))
     # Writing past RLIMIT_FSIZE should fail with an error, not kill the process with SIGXFSZ.
     signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
 
@@ -137,11 +83,12 @@ def _apply_limits(memory_mb: int) -> None:
 def _arm_cpu_backstop(timeout_s: float) -> None:
     """Let this call use at most ceil(timeout)+1 more CPU seconds before SIGXCPU kills the
     process - the parent's wall clock normally acts first; this covers a parent that died."""
+    hard = resource.getrlimit(resource.RLIMIT_CPU)[1]
     usage = resource.getrusage(resource.RUSAGE_SELF)
     soft = math.ceil(usage.ru_utime + usage.ru_stime) + math.ceil(timeout_s) + 1
-    if _CPU_HARD != resource.RLIM_INFINITY:
-        soft = min(soft, _CPU_HARD)
-    resource.setrlimit(resource.RLIMIT_CPU, (soft, _CPU_HARD))
+    if hard != resource.RLIM_INFINITY:
+        soft = min(soft, hard)
+    resource.setrlimit(resource.RLIMIT_CPU, (soft, hard))
 
 
 def _load(key: str, code: str, memory_mb: int) -> Callable[..., Any]:
@@ -248,10 +195,9 @@ def _lines(fd: int) -> Iterator[bytes]:
 def main() -> None:
     memory_mb, cache_size = int(sys.argv[1]), int(sys.argv[2])
     proto_in, proto_out = _take_protocol_fds()
-    sys.dont_write_bytecode = True  # imports must not try to write .pyc files (refused anyway)
+    sys.dont_write_bytecode = True  # the file system is read-only: imports must not try to write .pyc
     try:
         _apply_limits(memory_mb)
-        sys.addaudithook(_audit)  # last: setting up needs what the hook refuses
     except BaseException as exc:
         _send(proto_out, {"ready": False, "error": _describe(exc)})
         return

@@ -23,6 +23,7 @@ from scoring.http import MemberError
 from scoring.judge import JudgeClient
 from scoring.models import CustomEvaluator, Judge, Member, Pattern, Polarity, ScorerGroup
 from scoring.patterns import compiled
+from scoring.redact import Redactor
 from scoring.sandbox import CodeScorerError, SandboxPool
 from scoring.subjects import Subject
 
@@ -83,6 +84,7 @@ class Panel:
         sandbox: SandboxPool | None = None,
         member_deadline_s: float = 120.0,
         observe: MemberObserver | None = None,
+        redact: Callable[[str], str] | None = None,
     ) -> None:
         self._judges = judges
         self._external = external
@@ -91,6 +93,10 @@ class Panel:
         # a panel always ends well within the lease that keeps other workers off its pair.
         self._member_deadline_s = member_deadline_s
         self._observe = observe
+        # Every reason and detail is published (ratings, Signals, webhook bodies): whatever a
+        # member's text carries - a hostile scorer's message, an error echoing a URL - is cut of
+        # secrets first.
+        self._redact = redact or Redactor()
 
     async def score(self, group: ScorerGroup, subject: Subject, scorers: ScorerLookup) -> GroupResult:
         outcomes = await asyncio.gather(*(self._member(m, subject, scorers) for m in group.members))
@@ -102,7 +108,11 @@ class Panel:
                   "custom": scorers.custom}[member.kind](member.ref_id)
         name = scorer.name if scorer is not None else member.ref_id
 
-        def outcome(**kw: object) -> MemberOutcome:
+        def outcome(*, error: str | None = None, detail: str | None = None, **kw: object) -> MemberOutcome:
+            if error is not None:
+                kw["error"] = self._redact(error)
+            if detail is not None:
+                kw["detail"] = self._redact(detail)
             result = MemberOutcome(name=name, kind=member.kind, weight=member.weight, gate=member.gate,
                                    ref_id=member.ref_id, **kw)  # type: ignore[arg-type]
             if self._observe is not None:
@@ -142,7 +152,8 @@ class Panel:
             if self._sandbox is None:
                 raise MemberError("code scorers are not enabled in this process")
             assert scorer.code is not None
-            value = await self._sandbox.run(code_key(scorer), scorer.code, subject.member_payload(),
+            value = await self._sandbox.run(subject.project_id, code_key(scorer), scorer.code,
+                                            subject.member_payload(),
                                             timeout_s=scorer.timeout_ms / 1000)
             return value, None, None, scorer.invert
         if self._external is None:

@@ -1,26 +1,22 @@
-"""A pool of warm, sandboxed Python processes that run users' code scorers.
+"""A pool of warm, confined Python processes that run tenants' code scorers.
 
-Each process runs ``scoring/_sandbox_runner.py`` under ``python -I -S`` (no site-packages, no
-environment variables honoured), with an empty environment, in an empty read-only directory, in
-a network namespace of its own when ``unshare --net`` is allowed, and with limits: address space
-(a big allocation raises MemoryError), 64 open files, no file growth, and a CPU-time backstop. An
-audit hook refuses starting programs, sockets, native code, writing files, and reading files
-outside the standard library. The parent enforces the wall-clock timeout: a process that does not
-answer in time is killed (SIGKILL to its process group) and replaced, so a runaway scorer costs
-only its own process.
+Each process runs ``scoring/_sandbox_runner.py`` confined by the operating system as
+``scoring.isolation`` describes (bubblewrap: another uid, its own namespaces, a seccomp filter,
+a read-only view of ``/usr``, an empty environment), with resource limits: address space (a
+big allocation raises MemoryError), processes, open files, no file growth, a CPU backstop. The
+parent enforces the wall-clock timeout: a process that does not answer in time is killed with
+its whole sandbox and replaced, so a runaway scorer costs only its own process.
+
+Tenants never share a process: a process serves one project at a time and is replaced before
+it serves another, and a project may hold at most ``per_project`` processes at once, so one
+project's slow scorers cannot take every slot from the others.
+
+Fail closed: when the confinement cannot be set up, ``available`` is False, ``unavailable_reason``
+says why, and every call fails with "sandbox unavailable: ..." - no code runs unconfined unless
+the operator chose ``unsafe-none``.
 
 A process compiles a scorer version (``key``) once and keeps its score() for later calls; the
 parent remembers which keys a process holds and sends the code only to processes without it.
-
-What this does NOT guarantee - audit hooks are no security boundary (PEP 578):
-* Processes are shared by all scorers. Hostile code can monkeypatch builtins or the runner, or
-  read the protocol descriptors, and so watch or alter later calls of other scorers in the same
-  process. Background threads are caught (the process is replaced) but not prevented.
-* Code runs as the service's user. Reading files is limited by the hook to the standard library;
-  ``os.stat``/``os.listdir`` are not audited. Running the service as a dedicated unprivileged
-  user, in a container without secrets on disk, is the real boundary.
-* ``os.write``/``os.read`` on inherited descriptors, ``os._exit``, signals raised by C code and
-  crashes of the interpreter are not audited; they can only break the process they run in.
 """
 
 from __future__ import annotations
@@ -28,10 +24,7 @@ from __future__ import annotations
 import asyncio
 import json
 import os
-import shutil
 import signal
-import sys
-import tempfile
 from collections import OrderedDict
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -39,17 +32,18 @@ from typing import Any
 
 import structlog
 
+from scoring.isolation import CHILD_ENV, Confinement, IsolationMode, IsolationUnavailable, identity, prepare
+
 log = structlog.get_logger(__name__)
 
-_RUNNER = Path(__file__).with_name("_sandbox_runner.py")
-# Nothing of the service's environment - credentials live there - reaches user code.
-_CHILD_ENV = {"PATH": "/usr/bin:/bin", "LANG": "C.UTF-8"}
+_RUNNER_SOURCE = Path(__file__).with_name("_sandbox_runner.py").read_text()
 _START_TIMEOUT_S = 10.0  # a fresh process must say "ready" within this
 _EXIT_WAIT_S = 1.0  # how long a process that closed its pipe gets to report how it ended
 _KEYS_PER_PROCESS = 256  # compiled scorers a process keeps (least recently used go first)
 _CALLS_PER_PROCESS = 1000  # then the process is replaced, shedding whatever state user code left
 _MAX_REQUEST_BYTES = 16 * 1024 * 1024
 _REPLY_LIMIT = 64 * 1024  # replies are a few hundred bytes; a longer line is not from the runner
+DEFAULT_PYTHON = "/usr/bin/python3"  # Debian's: readable by the sandbox uid, has python3-seccomp
 
 
 class CodeScorerError(Exception):
@@ -80,37 +74,58 @@ class _Slot:
     process is replaced, so the number of slots - the concurrency - never changes."""
 
     proc: asyncio.subprocess.Process | None = None
+    project: str | None = None  # whose code the process has run: no one else's may run there
     loaded: OrderedDict[str, None] = field(default_factory=OrderedDict)  # keys the process holds
     calls: int = 0
 
+    def forget(self) -> None:
+        self.proc, self.project, self.calls = None, None, 0
+        self.loaded.clear()
+
 
 class SandboxPool:
-    def __init__(self, size: int = 2, *, memory_limit_mb: int = 256, python: str = sys.executable,
-                 isolate_network: bool = True) -> None:
+    def __init__(self, size: int = 2, *, memory_limit_mb: int = 256, per_project: int | None = None,
+                 isolation: IsolationMode = "bwrap", python: str = DEFAULT_PYTHON,
+                 sandbox_uid: int = 65534) -> None:
         if size < 1:
             raise ValueError("a sandbox pool needs at least one process")
         self._size = size
+        self._per_project = max(1, min(size, per_project if per_project is not None else max(1, size // 2)))
         self._memory_limit_mb = memory_limit_mb
+        self._isolation: IsolationMode = isolation
         self._python = python
-        self._isolate_network = isolate_network
-        self._prefix: list[str] = []  # ["/usr/bin/unshare", "--net"] once the probe succeeded
+        self._sandbox_uid = sandbox_uid
+        self._confinement: Confinement | None = None
+        self._unavailable: str | None = "not started"
         self._slots = [_Slot() for _ in range(size)]
-        self._idle: asyncio.Queue[_Slot] = asyncio.Queue()
-        self._replacements: set[asyncio.Task[None]] = set()
-        self._workdir: str | None = None
+        self._idle: list[_Slot] = list(self._slots)
+        self._busy_by_project: dict[str, int] = {}
+        self._changed = asyncio.Condition()
         self._started = False
         self._closed = False
         self._seq = 0
         self._compilations = 0
+        self._recycled = 0
 
     @property
     def size(self) -> int:
         return self._size
 
     @property
-    def network_isolated(self) -> bool:
-        """True when processes run in a network namespace of their own (no network at all)."""
-        return bool(self._prefix)
+    def per_project(self) -> int:
+        return self._per_project
+
+    @property
+    def available(self) -> bool:
+        return self._unavailable is None
+
+    @property
+    def unavailable_reason(self) -> str | None:
+        return self._unavailable
+
+    @property
+    def confinement(self) -> str:
+        return self._confinement.description if self._confinement else ""
 
     @property
     def live_processes(self) -> int:
@@ -121,26 +136,36 @@ class SandboxPool:
         """How many times any process compiled a scorer (once per key per process)."""
         return self._compilations
 
+    @property
+    def recycled_for_another_project(self) -> int:
+        return self._recycled
+
     async def start(self) -> None:
-        """Spawn ``size`` warm processes. Raises CodeScorerError (retriable) if they cannot start."""
+        """Set up the confinement and warm ``size`` processes. Never raises for the confinement:
+        if it cannot be set up the pool stays unavailable (fail closed) and says why."""
         if self._started:
             return
         self._started = True
-        # Shared by all processes, empty and read-only: nothing lands there, nothing is left over.
-        self._workdir = tempfile.mkdtemp(prefix="scorer-sandbox-")
-        os.chmod(self._workdir, 0o500)
-        if self._isolate_network:
-            await self._probe_unshare()
+        try:
+            self._confinement = await prepare(self._isolation, self._python, self._sandbox_uid)
+        except IsolationUnavailable as exc:
+            self._unavailable = str(exc)
+            log.error("code scorers will not run: the sandbox cannot be set up", reason=str(exc))
+            return
+        self._unavailable = None
+        if self._isolation == "unsafe-none":
+            log.warning("code scorers run WITHOUT isolation (SGW_CODE_SANDBOX=unsafe-none): tenants' "
+                        "code can read this process's secrets and reach the network")
         try:
             procs = await asyncio.gather(*(self._spawn() for _ in self._slots))
-        except BaseException:
-            await self.close()
-            raise
+        except CodeScorerError as exc:
+            self._unavailable = f"could not start sandbox processes: {exc}"
+            log.error("code scorers will not run", reason=self._unavailable)
+            return
         for slot, proc in zip(self._slots, procs, strict=True):
             slot.proc = proc
-            self._idle.put_nowait(slot)
-        log.info("sandbox pool started", size=self._size, memory_limit_mb=self._memory_limit_mb,
-                 network_isolated=self.network_isolated)
+        log.info("sandbox pool started", size=self._size, per_project=self._per_project,
+                 memory_limit_mb=self._memory_limit_mb, confinement=self.confinement)
 
     async def close(self) -> None:
         """Kill every process; idempotent. Calls in flight fail with a retriable error."""
@@ -150,20 +175,22 @@ class SandboxPool:
         for slot in self._slots:
             if slot.proc is not None:
                 _kill(slot.proc)
-        await asyncio.gather(*self._replacements, return_exceptions=True)
         for slot in self._slots:
             if slot.proc is not None:
                 await _reap(slot.proc)
-                slot.proc = None
-        if self._workdir is not None:
-            shutil.rmtree(self._workdir, ignore_errors=True)
+                slot.forget()
+        async with self._changed:
+            self._changed.notify_all()
 
-    async def run(self, key: str, code: str, args: dict[str, Any], timeout_s: float) -> float | bool:
-        """Run score(input, output, expected, spans, metadata) of ``code`` in a free process.
+    async def run(self, project: str, key: str, code: str, args: dict[str, Any],
+                  timeout_s: float) -> float | bool:
+        """Run score(input, output, expected, spans, metadata) of ``code`` for ``project``.
 
         Returns a bool, or a number as float (NaN, inf or 1.5 as they are: ranges are checked
-        elsewhere). Waits for a free process when all are busy. Raises CodeScorerError.
+        elsewhere). Waits for a free process of this project's share. Raises CodeScorerError.
         """
+        if self._unavailable is not None and self._started:
+            raise CodeScorerError(f"sandbox unavailable: {self._unavailable}")
         if not self._started or self._closed:
             raise CodeScorerError("sandbox pool is not running", retriable=True)
         # Encoded once, before taking a process: a bad argument is the caller's problem alone.
@@ -174,52 +201,73 @@ class SandboxPool:
         if len(args_json) + len(code) > _MAX_REQUEST_BYTES:
             raise CodeScorerError(f"arguments and code exceed {_MAX_REQUEST_BYTES // 2**20} MiB")
 
-        slot = await self._idle.get()
-        in_call = False  # a process interrupted mid-call is in an unknown state: never reuse it
-        handed_over = False  # the slot went to a replacement task, which returns it to the pool
+        slot = await self._acquire(project)
         try:
-            if self._closed:
-                raise CodeScorerError("sandbox pool is not running", retriable=True)
-            if slot.proc is None or slot.proc.returncode is not None:
-                # An earlier replacement failed, or the process died while idle (say, the OOM
-                # killer): start one now rather than blame this call's code for the corpse.
-                slot.proc, slot.calls = None, 0
-                slot.loaded.clear()
-                slot.proc = await self._spawn()
-            proc = slot.proc
-            in_call = True
-            try:
-                reply = await asyncio.wait_for(self._exchange(slot, proc, key, code, args_json, timeout_s),
-                                               timeout_s)
-            except TimeoutError:
-                failure = CodeScorerError(f"timed out after {round(timeout_s * 1000)} ms")
-            except _Broken as broken:
-                failure = CodeScorerError(await _crash_reason(proc, broken, timeout_s))
-            else:
-                in_call = False
-                slot.calls += 1
-                value = reply.get("value")
-                if reply.get("ok") is True and isinstance(value, bool | int | float):
-                    if slot.calls >= _CALLS_PER_PROCESS:
-                        handed_over = True
-                        self._replace_soon(slot)  # in the background: this caller has its answer
-                    return value if isinstance(value, bool) else float(value)
-                failure = CodeScorerError(str(reply.get("error") or "sandbox crashed (protocol error)")[:400])
-                if reply.get("ok") is False and not reply.get("fatal"):
-                    raise failure  # the code failed; its process is fine
-            # The process is gone or untrustworthy: replace it before reporting, so that when
-            # run() raises, the pool is whole again. Shielded: the replacement outlives a cancel.
-            handed_over = True
-            await asyncio.shield(self._replace_soon(slot))
-            if self._closed:
-                raise CodeScorerError("sandbox pool is not running", retriable=True)
-            raise failure
+            return await self._call(slot, project, key, code, args_json, timeout_s)
+        except CodeScorerError:
+            raise  # _call already kept or discarded the process, as the failure warranted
+        except BaseException:
+            await _discard(slot)  # interrupted mid-request (cancelled): its state is unknown
+            raise
         finally:
-            if not handed_over:
-                if in_call:  # cancelled while the process was working
-                    self._replace_soon(slot)
-                else:
-                    self._idle.put_nowait(slot)
+            await self._release(slot, project)
+
+    # --- slots ---------------------------------------------------------------------------------
+
+    async def _acquire(self, project: str) -> _Slot:
+        """An idle slot for ``project`` within its share: one already serving it if any, else an
+        empty one, else the least recently used (recycled for this project)."""
+        async with self._changed:
+            while True:
+                if self._closed:
+                    raise CodeScorerError("sandbox pool is not running", retriable=True)
+                if self._idle and self._busy_by_project.get(project, 0) < self._per_project:
+                    slot = (next((s for s in reversed(self._idle) if s.project == project), None)
+                            or next((s for s in self._idle if s.project is None), None)
+                            or self._idle[0])
+                    self._idle.remove(slot)
+                    self._busy_by_project[project] = self._busy_by_project.get(project, 0) + 1
+                    return slot
+                await self._changed.wait()
+
+    async def _release(self, slot: _Slot, project: str) -> None:
+        async with self._changed:
+            left = self._busy_by_project.get(project, 1) - 1
+            if left:
+                self._busy_by_project[project] = left
+            else:
+                self._busy_by_project.pop(project, None)
+            self._idle.append(slot)
+            self._changed.notify_all()
+
+    async def _call(self, slot: _Slot, project: str, key: str, code: str, args_json: str,
+                    timeout_s: float) -> float | bool:
+        if slot.proc is not None and slot.project not in (None, project):
+            await _discard(slot)  # another tenant's process: never reused across projects
+            self._recycled += 1
+        if slot.proc is None or slot.proc.returncode is not None:
+            slot.forget()
+            slot.proc = await self._spawn()
+        slot.project = project
+        proc = slot.proc
+        try:
+            reply = await asyncio.wait_for(self._exchange(slot, proc, key, code, args_json, timeout_s), timeout_s)
+        except TimeoutError:
+            await _discard(slot)
+            raise CodeScorerError(f"timed out after {round(timeout_s * 1000)} ms") from None
+        except _Broken as broken:
+            why = await _crash_reason(proc, broken, timeout_s)
+            await _discard(slot)
+            raise CodeScorerError(why) from None
+        slot.calls += 1
+        value = reply.get("value")
+        if reply.get("ok") is True and isinstance(value, bool | int | float):
+            if slot.calls >= _CALLS_PER_PROCESS:
+                await _discard(slot)  # shed whatever state user code left; the next call respawns
+            return value if isinstance(value, bool) else float(value)
+        if reply.get("ok") is not False or reply.get("fatal"):
+            await _discard(slot)
+        raise CodeScorerError(str(reply.get("error") or "sandbox crashed (protocol error)")[:400])
 
     async def _exchange(self, slot: _Slot, proc: asyncio.subprocess.Process, key: str, code: str,
                         args_json: str, timeout_s: float) -> dict[str, Any]:
@@ -256,42 +304,24 @@ class SandboxPool:
             slot.loaded.pop(key, None)
         return reply
 
-    def _replace_soon(self, slot: _Slot) -> asyncio.Task[None]:
-        """Kill the slot's process now; spawn its successor in a task that then frees the slot."""
-        if slot.proc is not None:
-            _kill(slot.proc)
-        task = asyncio.get_running_loop().create_task(self._replace(slot))
-        self._replacements.add(task)
-        task.add_done_callback(self._replacements.discard)
-        return task
-
-    async def _replace(self, slot: _Slot) -> None:
-        try:
-            if slot.proc is not None:
-                await _reap(slot.proc)
-            slot.proc, slot.calls = None, 0
-            slot.loaded.clear()
-            if not self._closed:
-                try:
-                    slot.proc = await self._spawn()
-                except CodeScorerError as exc:
-                    # The slot stays empty; the next run() that takes it tries again.
-                    if not self._closed:
-                        log.warning("could not replace a sandbox process", reason=str(exc))
-        finally:
-            self._idle.put_nowait(slot)
-
     async def _spawn(self) -> asyncio.subprocess.Process:
-        cmd = [*self._prefix, self._python, "-I", "-S", str(_RUNNER), str(self._memory_limit_mb),
-               str(_KEYS_PER_PROCESS)]
+        assert self._confinement is not None
+        confinement = self._confinement
+        seccomp_fd = confinement.seccomp_pipe()
+        cmd = confinement.command(["-I", "-S", "-c", _RUNNER_SOURCE, str(self._memory_limit_mb),
+                                   str(_KEYS_PER_PROCESS)], seccomp_fd)
         try:
             proc = await asyncio.create_subprocess_exec(
                 *cmd, stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE,
-                stderr=asyncio.subprocess.DEVNULL, env=_CHILD_ENV, cwd=self._workdir,
+                stderr=asyncio.subprocess.DEVNULL, env=CHILD_ENV, cwd="/",
+                pass_fds=() if seccomp_fd is None else (seccomp_fd,),
                 start_new_session=True,  # its own process group, killed as a whole
-                limit=_REPLY_LIMIT)
+                limit=_REPLY_LIMIT, **identity(confinement))
         except OSError as exc:
             raise CodeScorerError(f"could not start a sandbox: {exc}", retriable=True) from exc
+        finally:
+            if seccomp_fd is not None:
+                os.close(seccomp_fd)
         try:
             hello = await asyncio.wait_for(_read_message(proc), _START_TIMEOUT_S)
             if hello.get("ready") is not True:
@@ -310,29 +340,13 @@ class SandboxPool:
             raise CodeScorerError("sandbox pool is not running", retriable=True)
         return proc
 
-    async def _probe_unshare(self) -> None:
-        """Use `unshare --net` if it works here (it needs root or user namespaces)."""
-        unshare = shutil.which("unshare")
-        reason = "unshare not found"
-        if unshare is not None:
-            try:
-                probe = await asyncio.create_subprocess_exec(
-                    unshare, "--net", self._python, "-I", "-S", "-c", "pass", env=_CHILD_ENV,
-                    stdin=asyncio.subprocess.DEVNULL, stdout=asyncio.subprocess.DEVNULL,
-                    stderr=asyncio.subprocess.PIPE)
-                try:
-                    _, err = await asyncio.wait_for(probe.communicate(), _START_TIMEOUT_S)
-                except TimeoutError:
-                    _kill(probe)
-                    await _reap(probe)
-                    err = b"probe timed out"
-                if probe.returncode == 0:
-                    self._prefix = [unshare, "--net"]
-                    return
-                reason = err.decode(errors="replace").strip()[-200:] or f"exit code {probe.returncode}"
-            except OSError as exc:
-                reason = str(exc)
-        log.warning("code scorers will have network access: unshare --net is unavailable", reason=reason)
+
+async def _discard(slot: _Slot) -> None:
+    """Kill the slot's process (with its sandbox) and forget it; the next call starts another."""
+    if slot.proc is not None:
+        _kill(slot.proc)
+        await asyncio.shield(_reap(slot.proc))
+    slot.forget()
 
 
 async def _read_message(proc: asyncio.subprocess.Process) -> dict[str, Any]:

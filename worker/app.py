@@ -29,6 +29,7 @@ from scoring.external import ExternalClient
 from scoring.judge import JudgeClient
 from scoring.panel import Panel
 from scoring.ratings import RatingsStore
+from scoring.redact import Redactor
 from scoring.sandbox import SandboxPool
 from scoring.sessions import SessionStore
 from worker import metrics
@@ -37,6 +38,19 @@ from worker.settings import Settings
 log = structlog.get_logger(__name__)
 
 STALLED_AFTER_S = 30.0  # /readyz turns false when the loop has not ticked for this long
+
+
+def sandbox_pool(settings: Settings) -> SandboxPool:
+    """The code-scorer sandbox as the settings describe it (confined unless explicitly unsafe)."""
+    return SandboxPool(size=settings.code_sandboxes, memory_limit_mb=settings.code_memory_mb,
+                       per_project=settings.code_sandboxes_per_project or None,
+                       isolation=settings.code_sandbox, python=settings.sandbox_python,
+                       sandbox_uid=settings.sandbox_uid)
+
+
+def redactor(settings: Settings) -> Redactor:
+    """Cuts the process's secrets from whatever members publish."""
+    return Redactor.from_environment(settings.secrets())
 
 
 def dead_letter_limit(settings: Settings) -> int:
@@ -71,6 +85,7 @@ class Worker:
         self.settings = settings
         self.stop = asyncio.Event()
         self.consumer: TraceConsumer | None = None
+        self.sandbox: SandboxPool | None = None
         self.webhooks_failed: BaseException | None = None
 
     def readiness(self) -> tuple[bool, str]:
@@ -86,6 +101,9 @@ class Worker:
         stalled = time.monotonic() - c.last_progress
         if stalled > STALLED_AFTER_S:
             return False, f"consumer loop stalled for {stalled:.0f}s"
+        if self.sandbox is not None and not self.sandbox.available:
+            # Still ready: every other member kind scores; code members report why they cannot.
+            return True, f"ready; code scorers unavailable: {self.sandbox.unavailable_reason}"
         return True, "ready"
 
     async def run(self) -> int:
@@ -104,7 +122,7 @@ class Worker:
                              model=s.judge_model, timeout_s=s.judge_timeout_s,
                              concurrency=s.judge_concurrency, observe=metrics.observe_judge_call)
         external = ExternalClient(EgressPolicy.parse(s.egress_allow_list()))
-        sandbox = SandboxPool(size=s.code_sandboxes, memory_limit_mb=s.code_memory_mb)
+        sandbox = self.sandbox = sandbox_pool(s)
         consumer = AIOKafkaConsumer(
             bootstrap_servers=s.kafka_bootstrap, group_id=s.consumer_group, enable_auto_commit=False,
             auto_offset_reset="earliest", max_partition_fetch_bytes=s.max_trace_bytes * 2,
@@ -112,7 +130,8 @@ class Worker:
         topics = TopicNames(traces=s.traces_topic, ratings=s.ratings_topic, signals=s.signals_topic,
                             webhooks=s.webhooks_topic, dlq=s.dlq_topic)
         panel = Panel(judges=judges, external=external, sandbox=sandbox,
-                      member_deadline_s=s.member_deadline_s, observe=metrics.observe_member)
+                      member_deadline_s=s.member_deadline_s, observe=metrics.observe_member,
+                      redact=redactor(s))
         claims, ratings = Claims(redis, lease_s=s.claim_lease_s), RatingsStore(redis)
         events = metrics.PrometheusEvents()
         sessions = SessionStore(redis)
@@ -138,6 +157,7 @@ class Worker:
         try:
             await producer.start()
             await sandbox.start()
+            metrics.observe_sandbox(sandbox.available)
             consumer.subscribe([s.traces_topic], listener=traces.rebalance_listener())
             await consumer.start()
             log.info("worker started", topic=s.traces_topic, group=s.consumer_group,

@@ -31,7 +31,8 @@ from redis.asyncio import Redis
 from scoring.catalog import KIND_MODELS
 from scoring.errors import CatalogError
 from scoring.groups import MonitorClient
-from worker.logs import configure_logging
+from scoring.redact import Redactor, mask_url
+from worker.logs import configure_logging, use_known_secrets
 from worker.settings import Settings
 
 
@@ -183,12 +184,13 @@ async def _check(settings: Settings) -> list[str]:
     from aiokafka.admin import AIOKafkaAdminClient
 
     problems = []
+    redact = Redactor.from_environment(settings.secrets())
     redis = Redis.from_url(settings.redis_url)
     try:
         info = await redis.info("server")
-        print(f"redis   {settings.redis_url}  version {info['redis_version']}")
+        print(f"redis   {mask_url(settings.redis_url)}  version {info['redis_version']}")
     except Exception as exc:
-        problems.append(f"redis at {settings.redis_url}: {exc}")
+        problems.append(f"redis at {mask_url(settings.redis_url)}: {redact(str(exc))}")
     finally:
         await redis.aclose()
     admin = AIOKafkaAdminClient(bootstrap_servers=settings.kafka_bootstrap)
@@ -198,7 +200,7 @@ async def _check(settings: Settings) -> list[str]:
         print(f"kafka   {settings.kafka_bootstrap}  cluster {cluster['cluster_id']}  "
               f"{len(cluster['brokers'])} broker(s)")
     except Exception as exc:
-        problems.append(f"kafka at {settings.kafka_bootstrap}: {exc}")
+        problems.append(f"kafka at {settings.kafka_bootstrap}: {redact(str(exc))}")
     finally:
         await admin.close()
     return problems
@@ -276,9 +278,11 @@ def main(argv: list[str] | None = None) -> int:
         print("error: invalid settings:", file=sys.stderr)
         for error in exc.errors(include_url=False):
             name = f"SGW_{str(error['loc'][0]).upper()}" if error["loc"] else "(settings)"
-            print(f"  - {name}: {error['msg']} (got {error.get('input')!r})", file=sys.stderr)
+            shown = Redactor.from_environment()(repr(error.get("input")))
+            print(f"  - {name}: {error['msg']} (got {shown})", file=sys.stderr)
         return 2
     configure_logging(settings.log_format, settings.log_level)
+    use_known_secrets(settings.secrets())
     return int(args.func(settings, args))
 
 

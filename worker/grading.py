@@ -34,7 +34,7 @@ from scoring.external import ExternalClient
 from scoring.judge import JudgeClient
 from scoring.panel import Panel
 from scoring.results import build_rating
-from scoring.sandbox import SandboxPool
+from worker.app import redactor, sandbox_pool
 from worker.settings import Settings
 
 PROGRESS_AFTER_S = 2.0  # a bar for runs longer than this; short runs print nothing until the end
@@ -145,11 +145,11 @@ async def _grade(settings: Settings, catalog: Any, plan: GradingPlan, rows: list
                          model=settings.judge_model, timeout_s=settings.judge_timeout_s,
                          concurrency=settings.judge_concurrency)
     external = ExternalClient(EgressPolicy.parse(settings.egress_allow_list()))
-    sandbox = SandboxPool(size=settings.code_sandboxes, memory_limit_mb=settings.code_memory_mb)
+    sandbox = sandbox_pool(settings)
     await sandbox.start()
     try:
         panel = Panel(judges=judges, external=external, sandbox=sandbox,
-                      member_deadline_s=settings.member_deadline_s)
+                      member_deadline_s=settings.member_deadline_s, redact=redactor(settings))
         return await grade_rows(panel, catalog, plan, rows, concurrency=request.concurrency,
                                 progress=Progress(err))
     finally:

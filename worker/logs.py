@@ -8,39 +8,31 @@ are cut out of every string value.
 from __future__ import annotations
 
 import logging
-import re
 import sys
 from collections.abc import MutableMapping
 from typing import Any
 
 import structlog
 
-REDACTED = "[redacted]"
+from scoring.redact import REDACTED, SECRET_NAME, Redactor, redact_text
 
-# Keys whose values are secrets whatever they hold.
-_SECRET_KEY = re.compile(
-    r"(api[_-]?key|apikey|secret|password|passwd|token|authorization|signature|credential)",
-    re.IGNORECASE,
-)
-# user:password@ inside a URL: keep the user, drop the password.
-_URL_PASSWORD = re.compile(r"(?P<scheme>[a-z][a-z0-9+.-]*://)(?P<user>[^:/@\s]*):[^@/\s]+@",
-                           re.IGNORECASE)
-# Bearer tokens and OpenAI-style keys that end up inside messages or reprs.
-_BEARER = re.compile(r"(bearer\s+)[A-Za-z0-9._~+/=-]+", re.IGNORECASE)
-_KEY_LIKE = re.compile(r"\bsk-[A-Za-z0-9_-]{8,}")
+__all__ = ["REDACTED", "configure_logging", "redact_secrets", "redact_text", "use_known_secrets"]
+
+# The process's known secrets (settings, secret-named variables), cut wherever they appear.
+_redact: Redactor = Redactor.from_environment()
 
 
-def redact_text(text: str) -> str:
-    text = _URL_PASSWORD.sub(lambda m: f"{m['scheme']}{m['user']}:{REDACTED}@", text)
-    text = _BEARER.sub(lambda m: m.group(1) + REDACTED, text)
-    return _KEY_LIKE.sub(REDACTED, text)
+def use_known_secrets(secrets: list[str]) -> None:
+    """Also cut these values (the settings' secrets) from every log line."""
+    global _redact
+    _redact = Redactor.from_environment(secrets)
 
 
 def _redact_value(key: str, value: Any) -> Any:
-    if _SECRET_KEY.search(key) and value not in (None, "", False):
+    if SECRET_NAME.search(key) and value not in (None, "", False):
         return REDACTED
     if isinstance(value, str):
-        return redact_text(value)
+        return _redact(value)
     if isinstance(value, dict):
         return {k: _redact_value(str(k), v) for k, v in value.items()}
     if isinstance(value, list | tuple):

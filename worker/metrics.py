@@ -107,6 +107,10 @@ MEMBER_FAILURES = Counter("sgw_member_failures", "Members that produced no verdi
                           registry=REGISTRY)
 MEMBER_SECONDS = Histogram("sgw_member_seconds", "Time a member took, by kind.", ["kind"],
                            buckets=LATENCY_BUCKETS, registry=REGISTRY)
+SANDBOX_AVAILABLE = Gauge(
+    "sgw_code_sandbox_available",
+    "1 when code scorers can run confined; 0 when the sandbox could not be set up (they fail closed).",
+    registry=REGISTRY)
 IN_FLIGHT = Gauge("sgw_traces_in_flight", "Traces being scored now.", registry=REGISTRY)
 CONSUMER_LAG = Gauge("sgw_consumer_lag", "Records behind the end of the partition.", ["topic", "partition"],
                      registry=REGISTRY)
@@ -125,7 +129,8 @@ INGEST_TO_RATING = Histogram("sgw_batch_to_rating_seconds",
 def failure_class(reason: str | None) -> str:
     """A member's failure reason, folded into a bounded label."""
     text = (reason or "").lower()
-    for needle, label in (("reference deleted", "reference_deleted"), ("timed out", "timeout"),
+    for needle, label in (("reference deleted", "reference_deleted"), ("sandbox unavailable", "sandbox_unavailable"),
+                          ("timed out", "timeout"),
                           ("unreachable", "unreachable"), ("http ", "http_error"),
                           ("url refused", "egress_refused"), ("memory", "memory"),
                           ("crashed", "crash"), ("must be within", "off_scale"),
@@ -179,6 +184,10 @@ def observe_member(kind: str, status: str, reason: str | None, seconds: float) -
     MEMBER_SECONDS.labels(kind).observe(seconds)
     if status == "failed" or status == "not_scored":
         MEMBER_FAILURES.labels(kind, failure_class(reason)).inc()
+
+
+def observe_sandbox(available: bool) -> None:
+    SANDBOX_AVAILABLE.set(1 if available else 0)
 
 
 def observe_judge_call(outcome: str, seconds: float) -> None:

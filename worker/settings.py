@@ -7,9 +7,12 @@ with secrets masked.
 from __future__ import annotations
 
 from typing import Literal
+from urllib.parse import urlsplit
 
 from pydantic import Field, SecretStr, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
+
+from scoring.redact import mask_url
 
 
 class Settings(BaseSettings):
@@ -111,6 +114,26 @@ class Settings(BaseSettings):
         ),
     )
     code_sandboxes: int = Field(2, ge=1, description="Sandboxed processes that run code scorers.")
+    code_sandboxes_per_project: int = Field(
+        0, ge=0,
+        description="Sandboxed processes one project may hold at once; 0 means half the pool (at least 1).",
+    )
+    code_sandbox: Literal["bwrap", "unsafe-none"] = Field(
+        "bwrap",
+        description=(
+            "How code scorers are confined: 'bwrap' (bubblewrap: own uid, user/pid/net/mount namespaces, "
+            "seccomp; if it cannot be set up, code scorers do not run) or 'unsafe-none' (no isolation: "
+            "only for a single trusted tenant; warned about at every start)."
+        ),
+    )
+    sandbox_python: str = Field(
+        "/usr/bin/python3",
+        description="Python that runs code scorers inside the sandbox (needs libseccomp's Python binding).",
+    )
+    sandbox_uid: int = Field(
+        65534, ge=1,
+        description="Unprivileged uid (and gid) the sandbox runs as when the worker runs as root.",
+    )
     code_memory_mb: int = Field(256, ge=32, description="Address-space limit of one code-scorer sandbox.")
 
     # --- Operations --------------------------------------------------------------------------
@@ -138,11 +161,40 @@ class Settings(BaseSettings):
     def egress_allow_list(self) -> list[str]:
         return [item.strip() for item in self.egress_allow.split(",") if item.strip()]
 
+    def secrets(self) -> list[str]:
+        """Every secret value the settings hold (secret fields, passwords inside URLs), so that
+        they can be cut from whatever the process publishes or logs."""
+        found = []
+        for name in type(self).model_fields:
+            value = getattr(self, name)
+            if isinstance(value, SecretStr):
+                found.append(value.get_secret_value())
+            elif isinstance(value, str) and "://" in value:
+                found += _url_secrets(value)
+        return [s for s in found if s]
+
     def described(self) -> list[tuple[str, str, str]]:
         """(environment variable, value with secrets masked, description) for each field."""
         rows = []
         for name, field in type(self).model_fields.items():
             value = getattr(self, name)
-            shown = "**********" if isinstance(value, SecretStr) and value else str(value)
+            if isinstance(value, SecretStr):
+                shown = "**********" if value else ""
+            elif isinstance(value, str) and "://" in value:
+                shown = ",".join(mask_url(part) for part in value.split(","))
+            else:
+                shown = str(value)
             rows.append((f"SGW_{name.upper()}", shown, field.description or ""))
         return rows
+
+
+def _url_secrets(value: str) -> list[str]:
+    """Passwords and user names-as-tokens inside the URLs of a (comma-separated) setting."""
+    found = []
+    for part in value.split(","):
+        try:
+            parts = urlsplit(part.strip())
+        except ValueError:
+            continue
+        found += [p for p in (parts.password, parts.username if parts.password is None else None) if p]
+    return found

@@ -1,0 +1,65 @@
+"""Writes the code-scorer sandbox's seccomp filter, as BPF, to standard output.
+
+Run by ``scoring.sandbox`` with the sandbox's Python (Debian's ``/usr/bin/python3`` by default),
+which has libseccomp's own Python binding (Debian package ``python3-seccomp``); the pool hands
+the program to bubblewrap (``bwrap --seccomp FD``), which loads it after ``no_new_privs`` and
+just before it starts the runner, so no user code ever runs without it.
+
+The filter allows what an ordinary Python program does and refuses, with EPERM, what only an
+escape needs: debugging or reading other processes, entering or making namespaces, mounting,
+loading kernel code, keyrings, io_uring, and signalling any process but the scorer's own. Sockets
+other than AF_UNIX cannot be created (there is no network in the namespace anyway).
+
+Standard library and ``seccomp`` only: the worker's virtualenv is not visible here.
+"""
+
+from __future__ import annotations
+
+import errno
+import socket
+import sys
+
+import seccomp
+
+# Refused outright (EPERM). Names the running kernel does not know are skipped.
+DENIED = (
+    # watching or changing other processes
+    "ptrace", "process_vm_readv", "process_vm_writev", "kcmp", "pidfd_open", "pidfd_getfd",
+    "pidfd_send_signal", "kill", "tkill", "rt_sigqueueinfo", "rt_tgsigqueueinfo",
+    # namespaces and the file-system tree
+    "setns", "unshare", "mount", "umount2", "pivot_root", "chroot", "move_mount", "open_tree",
+    "fsopen", "fsconfig", "fsmount", "fspick", "mount_setattr", "name_to_handle_at",
+    "open_by_handle_at",
+    # kernel code, kernel state, and kernel attack surface no scorer needs
+    "bpf", "perf_event_open", "userfaultfd", "io_uring_setup", "io_uring_enter",
+    "io_uring_register", "keyctl", "add_key", "request_key", "init_module", "finit_module",
+    "delete_module", "kexec_load", "kexec_file_load", "reboot", "swapon", "swapoff", "acct",
+    "quotactl", "syslog", "lookup_dcookie", "fanotify_init", "personality", "setdomainname",
+    "sethostname", "settimeofday", "clock_settime", "clock_adjtime", "adjtimex", "vhangup",
+)
+
+# clone() flags that would make a namespace; clone3 cannot be filtered by its flags (they sit
+# in a struct), so it answers ENOSYS and the C library falls back to clone().
+NAMESPACE_FLAGS = (0x00020000, 0x02000000, 0x04000000, 0x08000000, 0x10000000, 0x20000000,
+                   0x40000000, 0x00000080)  # NEWNS, NEWCGROUP, NEWUTS, NEWIPC, NEWUSER, NEWPID, NEWNET, NEWTIME
+
+
+def build() -> seccomp.SyscallFilter:
+    f = seccomp.SyscallFilter(defaction=seccomp.ALLOW)
+    deny = seccomp.ERRNO(errno.EPERM)
+    for name in DENIED:
+        try:
+            f.add_rule(deny, name)
+        except (RuntimeError, ValueError, OSError):
+            pass  # not a system call on this architecture or kernel
+    for flag in NAMESPACE_FLAGS:
+        f.add_rule(deny, "clone", seccomp.Arg(0, seccomp.MASKED_EQ, flag, flag))
+    f.add_rule(seccomp.ERRNO(errno.ENOSYS), "clone3")
+    no_family = seccomp.ERRNO(errno.EAFNOSUPPORT)
+    f.add_rule(no_family, "socket", seccomp.Arg(0, seccomp.NE, socket.AF_UNIX))
+    f.add_rule(no_family, "socketpair", seccomp.Arg(0, seccomp.NE, socket.AF_UNIX))
+    return f
+
+
+if __name__ == "__main__":
+    build().export_bpf(sys.stdout.buffer)

@@ -1,0 +1,166 @@
+"""How a code-scorer process is confined by the operating system.
+
+Tenants' code is hostile, so the boundary is the kernel's, not hooks inside an interpreter:
+every sandbox process is started by bubblewrap (Debian's ``bwrap``) with
+
+* another identity: when the worker runs as root, bwrap itself is started as an unprivileged
+  uid (``SGW_SANDBOX_UID``, default 65534) that owns no files; otherwise as the worker's own uid.
+  Either way bwrap builds a user namespace without capabilities, and refuses nested ones;
+* namespaces of its own: network (only a loopback of its own: no way out), PID (its own
+  ``/proc``: the worker's processes, their memory and environment are not even visible), mount,
+  IPC, UTS and cgroup;
+* a file system of ``/usr`` read-only, an empty ``/dev`` and ``/proc`` of its own, a small empty
+  writable ``/tmp``, nothing else: no service code, configuration or home directories;
+* an empty environment, ``no_new_privs``, every capability dropped, and a seccomp filter made
+  by libseccomp (``scoring/_seccomp_policy.py``) that refuses ptrace, reading other processes'
+  memory, ``setns``/``unshare``/``mount``, signals, keyrings, io_uring and non-AF_UNIX sockets.
+
+If any of this cannot be set up, ``prepare`` raises ``IsolationUnavailable`` with the reason and
+code scorers do not run (fail closed). ``unsafe-none`` - an operator's explicit opt-out - runs
+the process with an empty environment and nothing more.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import shutil
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Literal
+
+IsolationMode = Literal["bwrap", "unsafe-none"]
+
+_POLICY = Path(__file__).with_name("_seccomp_policy.py")
+# The only environment a sandbox process (and bwrap, whose /proc/1/environ it can read) gets.
+CHILD_ENV = {"PATH": "/usr/bin:/bin", "LANG": "C.UTF-8"}
+_PROBE_TIMEOUT_S = 15.0
+_TMP_BYTES = 16 * 1024 * 1024  # the writable /tmp: scratch space, not storage
+
+
+class IsolationUnavailable(Exception):
+    """The confinement cannot be set up here; ``str(exc)`` says what is missing."""
+
+
+@dataclass(frozen=True)
+class Confinement:
+    """Everything needed to start one confined process."""
+
+    mode: IsolationMode
+    python: str
+    prefix: tuple[str, ...] = ()  # the bwrap command line, before the Python command
+    seccomp_bpf: bytes = b""
+    uid: int | None = None  # switch to this uid (and gid) before starting bwrap (root only)
+    description: str = field(default="", compare=False)
+
+    def command(self, python_args: list[str], seccomp_fd: int | None) -> list[str]:
+        if self.mode == "unsafe-none":
+            return [self.python, *python_args]
+        assert seccomp_fd is not None
+        return [*self.prefix, "--seccomp", str(seccomp_fd), self.python, *python_args]
+
+    def seccomp_pipe(self) -> int | None:
+        """A pipe holding the seccomp program, read end returned (the caller closes it after
+        starting the process). A fresh pipe per process: bwrap reads it to the end."""
+        if self.mode == "unsafe-none":
+            return None
+        read_end, write_end = os.pipe()
+        try:
+            os.write(write_end, self.seccomp_bpf)  # a few hundred bytes: well within a pipe buffer
+        finally:
+            os.close(write_end)
+        return read_end
+
+
+def _root_layout() -> list[str]:
+    """/usr read-only, and the top-level links or folders of a merged or classic /usr."""
+    args = ["--ro-bind", "/usr", "/usr"]
+    for top in ("/bin", "/sbin", "/lib", "/lib64", "/lib32"):
+        if os.path.islink(top):
+            args += ["--symlink", os.readlink(top), top]
+        elif os.path.isdir(top):
+            args += ["--ro-bind", top, top]
+    return args
+
+
+def _bwrap_prefix(bwrap: str, python: str) -> list[str]:
+    args = [bwrap, "--unshare-all", "--unshare-user", "--disable-userns", "--die-with-parent",
+            "--new-session", "--cap-drop", "ALL", "--clearenv"]
+    for name, value in CHILD_ENV.items():
+        args += ["--setenv", name, value]
+    args += _root_layout()
+    prefix = Path(os.path.realpath(python)).parent.parent
+    if not prefix.is_relative_to("/usr"):
+        args += ["--ro-bind", str(prefix), str(prefix)]  # a Python installed outside /usr
+    args += ["--proc", "/proc", "--dev", "/dev", "--size", str(_TMP_BYTES), "--tmpfs", "/tmp",
+             "--remount-ro", "/", "--chdir", "/tmp"]
+    return args
+
+
+async def _run(cmd: list[str], *, uid: int | None, pass_fds: tuple[int, ...] = ()) -> tuple[int, bytes, bytes]:
+    proc = await asyncio.create_subprocess_exec(
+        *cmd, stdin=asyncio.subprocess.DEVNULL, stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.PIPE, env=CHILD_ENV, pass_fds=pass_fds, start_new_session=True,
+        **_identity(uid))
+    try:
+        out, err = await asyncio.wait_for(proc.communicate(), _PROBE_TIMEOUT_S)
+    except TimeoutError:
+        proc.kill()
+        await proc.wait()
+        return -1, b"", b"timed out"
+    return proc.returncode if proc.returncode is not None else -1, out, err
+
+
+def _identity(uid: int | None) -> dict[str, Any]:
+    """subprocess arguments that drop to ``uid`` (used when the worker is root)."""
+    if uid is None:
+        return {}
+    return {"user": uid, "group": uid, "extra_groups": []}
+
+
+def _check_executable(python: str) -> None:
+    if not os.path.isfile(python) or not os.access(python, os.X_OK):
+        raise IsolationUnavailable(f"the sandbox Python {python!r} is not an executable file")
+
+
+async def prepare(mode: IsolationMode, python: str, sandbox_uid: int) -> Confinement:
+    """Check that confined processes can be started here and return how; raise
+    IsolationUnavailable with the reason otherwise."""
+    _check_executable(python)
+    if mode == "unsafe-none":
+        return Confinement(mode, python, description="UNSAFE: no isolation (SGW_CODE_SANDBOX=unsafe-none)")
+
+    bwrap = shutil.which("bwrap")
+    if bwrap is None:
+        raise IsolationUnavailable("bubblewrap (bwrap) is not installed (Debian package 'bubblewrap')")
+    # 1. The seccomp program, made by libseccomp's Python binding of the sandbox's Python.
+    code, bpf, err = await _run([python, "-I", str(_POLICY)], uid=None)
+    if code != 0 or not bpf:
+        why = err.decode(errors="replace").strip().splitlines()[-1:] or [f"exit code {code}"]
+        raise IsolationUnavailable(f"cannot build the seccomp filter ({why[0][:200]}); "
+                                   "install libseccomp's Python binding (Debian package 'python3-seccomp')")
+    uid = sandbox_uid if os.geteuid() == 0 else None
+    confinement = Confinement(
+        mode, python, tuple(_bwrap_prefix(bwrap, python)), bpf, uid,
+        description=f"bwrap as uid {uid if uid is not None else os.geteuid()}, own user/pid/net/mount "
+                    "namespaces, seccomp")
+    # 2. A real confined process, with the filter, must start and see the world it should.
+    probe = ("import os, socket\n"
+             "assert not os.path.exists('/etc/passwd') and os.environ.keys() <= {'PATH', 'LANG', 'PWD'}\n"
+             "try:\n    socket.socket(socket.AF_INET)\nexcept OSError:\n    print('confined')\n")
+    fd = confinement.seccomp_pipe()
+    assert fd is not None
+    try:
+        code, out, err = await _run(confinement.command(["-I", "-S", "-c", probe], fd), uid=uid, pass_fds=(fd,))
+    finally:
+        os.close(fd)
+    if code != 0 or out.strip() != b"confined":
+        why = err.decode(errors="replace").strip().splitlines()[-1:] or [f"exit code {code}"]
+        raise IsolationUnavailable(f"bubblewrap cannot start a confined process here: {why[0][:200]} "
+                                   "(it needs unprivileged user namespaces, or root)")
+    return confinement
+
+
+def identity(confinement: Confinement) -> dict[str, Any]:
+    """subprocess arguments that start a process of ``confinement`` as its identity."""
+    return _identity(confinement.uid)
