@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import hashlib
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -26,7 +27,7 @@ from redis.asyncio import Redis
 from redis.asyncio.client import Pipeline
 from redis.exceptions import WatchError
 
-from scoring import keys
+from scoring import changes, keys
 from scoring.errors import Conflict
 from scoring.models import (
     AlertChannel,
@@ -55,9 +56,15 @@ def doc_id(doc: WireModel) -> str:
     """The id a document is stored under in its kind's hash."""
     if isinstance(doc, Budget):
         return doc.project_id
-    if isinstance(doc, AlertChannel):
-        return f"{doc.agent_id}|{doc.url}"
+    if isinstance(doc, AlertChannel):  # a project's channel is its own, even to the same URL
+        return f"{doc.agent_id}|{doc.url}" if doc.project_id is None else f"{doc.project_id}|{doc.agent_id}|{doc.url}"
     return str(getattr(doc, "id"))  # noqa: B009 - every other kind has an id field
+
+
+def etag(doc: WireModel) -> str:
+    """A strong ETag of one stored document: it changes whenever the document does."""
+    digest = hashlib.sha256(orjson.dumps(doc.stored(), option=orjson.OPT_SORT_KEYS)).hexdigest()
+    return f'"{digest[:20]}"'
 
 
 def kind_of(doc: WireModel) -> str:
@@ -141,6 +148,8 @@ def group_errors(group: ScorerGroup, catalog: CatalogSnapshot, previous: ScorerG
     errors = []
     for i, member in enumerate(group.members):
         scorer = catalog.scorer(member.kind, member.ref_id)
+        if scorer is not None and scorer.project_id not in (None, group.project_id):
+            scorer = None  # another project's scorer: as if it did not exist
         if scorer is None and (member.kind, member.ref_id) not in grandfathered:
             errors.append(f"members[{i}].refId: no {MEMBER_KIND_NOUN[member.kind]} "
                           f"with id {member.ref_id!r}")
@@ -166,8 +175,11 @@ Write = tuple[str, str, WireModel | None]  # (kind, id, document or None to dele
 
 
 class CatalogStore:
-    def __init__(self, redis: Redis) -> None:
+    """``actor`` names who writes through this store, in the change log of every document."""
+
+    def __init__(self, redis: Redis, actor: str = "local") -> None:
         self.redis = redis
+        self.actor = actor
 
     async def version(self) -> int:
         return int(await self.redis.get(keys.CATALOG_VERSION) or 0)
@@ -199,6 +211,12 @@ class CatalogStore:
                         else:
                             envelope = {"v": after, "doc": doc.stored()}
                             pipe.hset(keys.catalog_hash(kind), id_, orjson.dumps(envelope))
+                        before = getattr(current, kind).get(id_)
+                        if before is doc or (before and doc and before.stored() == doc.stored()):
+                            continue  # nothing changed: nothing to record
+                        log_key = keys.catalog_changes(kind, id_)
+                        pipe.lpush(log_key, changes.entry(self.actor, before, doc))
+                        pipe.ltrim(log_key, 0, keys.CHANGES_KEPT - 1)
                     pipe.set(keys.CATALOG_VERSION, after)
                     pipe.publish(keys.CATALOG_CHANNEL, after)
                     await pipe.execute()

@@ -1,12 +1,16 @@
 """Errors of the scoring domain that reach users.
 
 One family, each with an HTTP-like status, so a future HTTP API maps them one to one:
-400 for a document that breaks a rule, 404 for an id that does not exist, 409 for a write that
-lost a race or conflicts with what is stored. Messages name the user's field (``sampleRate``,
-``members[2].refId``) and the rule it broke.
+400 for a document that breaks a rule, 403 for a shared document a project may only read, 404 for
+an id that does not exist (or belongs to another project), 409 for a write that lost a race or
+conflicts with what is stored, 412 for a write against a version that is no longer current.
+Messages name the user's field (``sampleRate``, ``members[2].refId``) and the rule it broke.
 """
 
 from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any
 
 from pydantic import ValidationError
 
@@ -39,6 +43,18 @@ class Conflict(CatalogError):
     status = 409
 
 
+class Forbidden(CatalogError):
+    """The caller may see the document but not change it (a shared scorer, for a project key)."""
+
+    status = 403
+
+
+class PreconditionFailed(CatalogError):
+    """The document changed since the caller read it (its ETag no longer matches)."""
+
+    status = 412
+
+
 def _location(loc: tuple[int | str, ...]) -> str:
     path = ""
     for part in loc:
@@ -55,8 +71,13 @@ def _internal_step(part: int | str) -> bool:
 
 def field_errors(exc: ValidationError) -> list[str]:
     """Pydantic's errors as '<field path>: <what is wrong> (got <value>)', in wire names."""
+    return format_errors(exc.errors(include_url=False))
+
+
+def format_errors(errors: Sequence[Mapping[str, Any]]) -> list[str]:
+    """Error dicts in pydantic's shape (``loc``, ``msg``, ``type``, ``input``) as field_errors."""
     messages = []
-    for error in exc.errors(include_url=False):
+    for error in errors:
         # Union members and validators add their own names to the path; the user never wrote them.
         loc = tuple(p for p in error["loc"] if not _internal_step(p))
         message = error["msg"].removeprefix("Value error, ")

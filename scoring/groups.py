@@ -4,6 +4,12 @@
 
 Every rule is checked against the catalog inside the write (see ``CatalogStore.write``), so a
 rule holds even when two people change related documents at the same moment.
+
+A ``Caller`` scopes the surface: a project's caller sees and changes its own project's
+documents only (another project's are "not found", never "forbidden"), reads the shared
+scorers operators keep (``projectId`` null) without changing them, and creates without naming
+its project. The operator (``Caller()``, the CLI) acts on every project. Writes accept the
+document's ETag as ``if_match`` and fail with a 412 when it is no longer current.
 """
 
 from __future__ import annotations
@@ -24,12 +30,13 @@ from scoring.catalog import (
     CatalogStore,
     Write,
     doc_id,
+    etag,
     group_errors,
     judge_errors,
     kind_of,
 )
 from scoring.channels import saved_channel
-from scoring.errors import InvalidDocument, NotFound
+from scoring.errors import Forbidden, InvalidDocument, NotFound, PreconditionFailed
 from scoring.models import AlertChannel, CatalogDocument, Judge, Member, OnlineProfile, ScorerGroup, WireModel
 from scoring.ratings import RatingsHistory, RatingsStore
 
@@ -57,28 +64,89 @@ def _refuse(errors: list[str], what: str) -> None:
         raise InvalidDocument(f"invalid {what}: " + "; ".join(errors), errors=errors)
 
 
+SHARED_KINDS = ("judges", "patterns", "customs")  # kinds an operator may share with every project
+KIND_NOUN = {"judges": "judge", "patterns": "pattern", "customs": "custom evaluator",
+             "groups": "scorer group", "budgets": "budget", "channels": "alert channel"}
+
+
+@dataclass(frozen=True)
+class Caller:
+    """Who is asking: ``project_id`` None is an operator (every project); ``actor`` names them in
+    the change log."""
+
+    project_id: str | None = None
+    actor: str = "local"
+
+    @property
+    def operator(self) -> bool:
+        return self.project_id is None
+
+    def sees(self, kind: str, doc: WireModel) -> bool:
+        owner = getattr(doc, "project_id", None)
+        return self.operator or owner == self.project_id or (owner is None and kind in SHARED_KINDS)
+
+    def found(self, kind: str, catalog: CatalogSnapshot, id_: str) -> WireModel:
+        """The document ``id_`` if the caller may see it; else NotFound, whether it exists or not."""
+        doc: WireModel | None = getattr(catalog, kind).get(id_)
+        if doc is None or not self.sees(kind, doc):
+            raise NotFound(f"no {KIND_NOUN[kind]} with id {id_!r}")
+        return doc
+
+    def writable(self, kind: str, catalog: CatalogSnapshot, id_: str, if_match: str | None) -> WireModel:
+        doc = self.found(kind, catalog, id_)
+        if not self.operator and getattr(doc, "project_id", None) != self.project_id:
+            raise Forbidden(f"{KIND_NOUN[kind]} {id_!r} is shared by the operators; a project can use it "
+                            "in its groups but not change it")
+        check_if_match(if_match, doc)
+        return doc
+
+    def project_for(self, requested: str | None) -> str:
+        """The project a new document goes to: the caller's own; an operator must name one."""
+        if self.project_id is None:
+            if requested is None:
+                raise InvalidDocument("projectId: required (an operator key acts on any project, so "
+                                      "name the one this document belongs to)")
+            return requested
+        if requested not in (None, self.project_id):
+            raise InvalidDocument(f"projectId: this key belongs to project {self.project_id!r} and "
+                                  "cannot write to another project")
+        return self.project_id
+
+
+def check_if_match(if_match: str | None, doc: WireModel) -> None:
+    """``If-Match``: ``*`` or a list of ETags, one of which must be the document's current one."""
+    if if_match is None or if_match.strip() == "*":
+        return
+    current = etag(doc)
+    sent = [tag.strip().removeprefix("W/") for tag in if_match.split(",")]
+    if current not in sent:
+        raise PreconditionFailed(f"If-Match: the document changed since that version was read "
+                                 f"(current ETag {current}); read it again and retry")
+
+
 class ScorerGroups:
     """``client.monitor.scorer_groups``."""
 
-    def __init__(self, store: CatalogStore, ratings_store: RatingsStore) -> None:
+    def __init__(self, store: CatalogStore, ratings_store: RatingsStore, caller: Caller | None = None) -> None:
         self._store = store
         self._ratings = ratings_store
+        self._caller = caller or Caller()
 
     async def list(self, project_id: str | None = None) -> builtins.list[ScorerGroup]:
         groups = (await self._store.snapshot()).groups.values()
+        project_id = self._caller.project_id or project_id
         return sorted((g for g in groups if project_id in (None, g.project_id)), key=lambda g: g.name)
 
     async def get(self, group_id: str) -> ScorerGroup:
-        group = (await self._store.snapshot()).groups.get(group_id)
-        if group is None:
-            raise NotFound(f"no scorer group with id {group_id!r}")
+        group = self._caller.found("groups", await self._store.snapshot(), group_id)
+        assert isinstance(group, ScorerGroup)
         return group
 
     async def create(self, name: str, members: Sequence[Any], description: str | None = None,
-                     online: Mapping[str, Any] | OnlineProfile | None = None, *, project_id: str,
+                     online: Mapping[str, Any] | OnlineProfile | None = None, *, project_id: str | None = None,
                      id: str | None = None) -> ScorerGroup:
         doc = {"id": id or f"grp_{uuid.uuid4().hex[:12]}", "name": name, "description": description,
-               "projectId": project_id, "members": _members_wire(members),
+               "projectId": self._caller.project_for(project_id), "members": _members_wire(members),
                "online": online.wire() if isinstance(online, OnlineProfile) else online}
         group = _validated(doc)
 
@@ -91,16 +159,15 @@ class ScorerGroups:
         await self._store.write(change)
         return group
 
-    async def update(self, group_id: str, **fields: Any) -> ScorerGroup:
+    async def update(self, group_id: str, *, if_match: str | None = None, **fields: Any) -> ScorerGroup:
         unknown = sorted(set(fields) - set(UPDATABLE))
         if unknown:
             raise InvalidDocument(f"{unknown[0]}: not a field of a scorer group that can be updated")
         result: dict[str, ScorerGroup] = {}
 
         def change(catalog: CatalogSnapshot) -> list[Write]:
-            stored = catalog.groups.get(group_id)
-            if stored is None:
-                raise NotFound(f"no scorer group with id {group_id!r}")
+            stored = self._caller.writable("groups", catalog, group_id, if_match)
+            assert isinstance(stored, ScorerGroup)
             doc = stored.stored()
             for key, value in fields.items():
                 wire_key = UPDATABLE[key]
@@ -108,6 +175,8 @@ class ScorerGroups:
                     value = _members_wire(value)
                 elif wire_key == "online":
                     value = _merged_online(stored.online, value)
+                elif wire_key == "projectId" and value != stored.project_id:
+                    value = self._caller.project_for(value)
                 doc[wire_key] = value
             group = _validated(doc)
             _refuse(group_errors(group, catalog, previous=stored), "scorer group")
@@ -117,10 +186,9 @@ class ScorerGroups:
         await self._store.write(change)
         return result["group"]
 
-    async def delete(self, group_id: str) -> None:
+    async def delete(self, group_id: str, *, if_match: str | None = None) -> None:
         def change(catalog: CatalogSnapshot) -> list[Write]:
-            if group_id not in catalog.groups:
-                raise NotFound(f"no scorer group with id {group_id!r}")
+            self._caller.writable("groups", catalog, group_id, if_match)
             return [("groups", group_id, None)]
 
         await self._store.write(change)
@@ -155,22 +223,53 @@ def _merged_online(stored: OnlineProfile | None, patch: Any) -> Any:
 class Sessions:
     """``client.monitor.sessions``."""
 
-    def __init__(self, ratings_store: RatingsStore) -> None:
+    def __init__(self, ratings_store: RatingsStore, store: CatalogStore | None = None,
+                 caller: Caller | None = None) -> None:
         self._ratings = ratings_store
+        self._store = store
+        self._caller = caller or Caller()
 
     async def scores(self, session_id: str) -> list[dict[str, object]]:
-        return await self._ratings.session_scores(session_id)
+        """The latest verdict of each group on the session; a project sees its own groups' only
+        (session ids are the tenants' own, so two projects may use the same one)."""
+        verdicts = await self._ratings.session_scores(session_id)
+        if self._caller.operator or self._store is None:
+            return verdicts
+        groups = (await self._store.snapshot()).groups
+        prefix = len("scorer-group:")
+        return [v for v in verdicts if (g := groups.get(str(v["kind"])[prefix:])) is not None
+                and g.project_id == self._caller.project_id]
 
 
 class Scorers:
     """Puts and deletes of judges, patterns, custom evaluators, budgets and channels."""
 
-    def __init__(self, store: CatalogStore) -> None:
+    def __init__(self, store: CatalogStore, caller: Caller | None = None) -> None:
         self._store = store
+        self._caller = caller or Caller()
 
-    async def put(self, doc: WireModel) -> None:
-        """Create or replace one document, checking the rules it shares with groups."""
+    async def list(self, kind: str) -> builtins.list[WireModel]:
+        """The documents of ``kind`` the caller may see, by id."""
+        docs = getattr(await self._store.snapshot(), _kind(kind))
+        return [doc for _, doc in sorted(docs.items()) if self._caller.sees(kind, doc)]
+
+    async def get(self, kind: str, id_: str) -> WireModel:
+        return self._caller.found(_kind(kind), await self._store.snapshot(), id_)
+
+    async def put(self, doc: WireModel, *, if_match: str | None = None, create: bool = False) -> None:
+        """Create or replace one document, checking the rules it shares with groups. ``create``
+        refuses an id that is taken. A project's caller writes only documents of its project."""
+        kind, id_ = kind_of(doc), doc_id(doc)
+
         def change(catalog: CatalogSnapshot) -> list[Write]:
+            if id_ in getattr(catalog, kind):
+                if create:  # the same answer whoever owns it: an id is just unavailable
+                    raise InvalidDocument(f"id: {id_!r} is already taken; choose another")
+                self._caller.writable(kind, catalog, id_, if_match)
+            elif if_match is not None and if_match.strip() != "*":
+                raise PreconditionFailed("If-Match: the document does not exist (any more)")
+            if not self._caller.operator:
+                self._caller.project_for(getattr(doc, "project_id", None) or "")
             if isinstance(doc, Judge):
                 _refuse(judge_errors(doc, catalog), "judge")
             if isinstance(doc, ScorerGroup):
@@ -182,18 +281,22 @@ class Scorers:
 
         await self._store.write(change)
 
-    async def delete(self, kind: str, id_: str) -> None:
+    async def delete(self, kind: str, id_: str, *, if_match: str | None = None) -> None:
         """Delete a document. Groups that still refer to a deleted scorer keep the reference;
         it degrades at scoring time (not scored, or fail closed for a gate)."""
-        if kind not in KIND_MODELS:
-            raise InvalidDocument(f"kind: must be one of {', '.join(KIND_MODELS)}")
+        kind = _kind(kind)
 
         def change(catalog: CatalogSnapshot) -> list[Write]:
-            if id_ not in getattr(catalog, kind):
-                raise NotFound(f"no {kind[:-1]} with id {id_!r}")
+            self._caller.writable(kind, catalog, id_, if_match)
             return [(kind, id_, None)]
 
         await self._store.write(change)
+
+
+def _kind(kind: str) -> str:
+    if kind not in KIND_MODELS:
+        raise InvalidDocument(f"kind: must be one of {', '.join(KIND_MODELS)}")
+    return kind
 
 
 @dataclass
@@ -257,12 +360,13 @@ async def apply_catalog(store: CatalogStore, document: CatalogDocument) -> Apply
 class MonitorClient:
     """The SDK surface in one object: ``client.scorer_groups``, ``client.sessions``, ..."""
 
-    def __init__(self, redis: Redis) -> None:
-        self.store = CatalogStore(redis)
+    def __init__(self, redis: Redis, caller: Caller | None = None) -> None:
+        caller = caller or Caller()
+        self.store = CatalogStore(redis, actor=caller.actor)
         self.ratings_store = RatingsStore(redis)
-        self.scorer_groups = ScorerGroups(self.store, self.ratings_store)
-        self.sessions = Sessions(self.ratings_store)
-        self.scorers = Scorers(self.store)
+        self.scorer_groups = ScorerGroups(self.store, self.ratings_store, caller)
+        self.sessions = Sessions(self.ratings_store, self.store, caller)
+        self.scorers = Scorers(self.store, caller)
 
     async def apply(self, document: Any) -> ApplyReport:
         return await apply_catalog(self.store, parse_catalog(document))

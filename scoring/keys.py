@@ -80,3 +80,18 @@ DEDUPE_DONE_TTL_S = 7 * 86_400
 
 def dedupe_claim(project_id: str, group_id: str, subject_key: str) -> str:
     return f"{PREFIX}:claim:{{{project_id}}}:{group_id}:{subject_key}"
+
+
+# --- The API: keys and the change log -----------------------------------------------------------
+# API keys: one hash, field = key id, value = JSON with the SHA-256 of the key (never the key),
+# its project (null for an operator key), name, and when it was created and revoked. A few per
+# project, never growing with traffic; revoked keys stay listed.
+API_KEYS = f"{PREFIX}:api-keys"
+
+# Every catalog write, newest first, per document: who, when, what changed. In the catalog's hash
+# tag, so the entry is written in the same transaction as the change. Bounded per document.
+CHANGES_KEPT = 1_000
+
+
+def catalog_changes(kind: str, doc_id: str) -> str:
+    return f"{PREFIX}:{CATALOG_TAG}:changes:{kind}:{doc_id}"

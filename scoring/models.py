@@ -137,6 +137,7 @@ class Judge(WireModel):
 
     id: Id
     name: Name
+    project_id: Id | None = None  # the owning project; None: shared, managed by operators
     criteria: Text
     judge_prompt: str | None = Field(None, max_length=20_000)
     requires_expected: bool = False
@@ -149,6 +150,7 @@ class Pattern(WireModel):
 
     id: Id
     name: Name
+    project_id: Id | None = None  # the owning project; None: shared, managed by operators
     polarity: Polarity
     target: PatternTarget = "output"
     regex: str | None = Field(None, min_length=1, max_length=5_000)
@@ -180,6 +182,7 @@ class CustomEvaluator(WireModel):
 
     id: Id
     name: Name
+    project_id: Id | None = None  # the owning project; None: shared, managed by operators
     type: Literal["code", "external"]
     code: str | None = Field(None, min_length=1, max_length=100_000)
     url: str | None = Field(None, max_length=2_000)
@@ -218,6 +221,7 @@ class AlertChannel(WireModel):
 
     agent_id: Id
     url: str = Field(max_length=2_000)
+    project_id: Id | None = None  # the owning project; None: shared, managed by operators
     secret: SecretStr | None = None
     previous_secret: SecretStr | None = None  # rotation: still signs until previousSecretUntil
     previous_secret_until: int | None = Field(None, ge=0)  # Unix seconds

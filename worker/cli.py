@@ -9,6 +9,10 @@
     scorer-worker groups ratings ID [--window 7d] [--json]
     scorer-worker sessions scores SESSION_ID
     scorer-worker webhooks new-secret              print a fresh whsec_ channel secret
+    scorer-worker api                              the HTTP API (SGW_API_PORT)
+    scorer-worker keys create (--project P | --operator) [--name N]   prints the key once, last line
+    scorer-worker keys list [--project P]          keys (never their secrets)
+    scorer-worker keys revoke KEY_ID               refused from the next request on
     scorer-worker settings                         every SGW_* setting, secrets masked
     scorer-worker check                            reach Kafka and Redis once
 """
@@ -28,6 +32,7 @@ import yaml
 from pydantic import ValidationError
 from redis.asyncio import Redis
 
+from scoring.apikeys import ApiKeyStore
 from scoring.catalog import KIND_MODELS
 from scoring.errors import CatalogError
 from scoring.groups import MonitorClient
@@ -173,6 +178,47 @@ def _cmd_new_secret(_settings: Settings, _: argparse.Namespace) -> int:
     return 0
 
 
+def _cmd_api(settings: Settings, _: argparse.Namespace) -> int:
+    from worker.api import serve
+
+    return asyncio.run(serve(settings))
+
+
+def _with_keys(settings: Settings, action: Callable[[ApiKeyStore], Awaitable[int]]) -> int:
+    return _with_client(settings, lambda client: action(ApiKeyStore(client.store.redis)))
+
+
+def _cmd_keys_create(settings: Settings, args: argparse.Namespace) -> int:
+    async def action(store: ApiKeyStore) -> int:
+        key, token = await store.create(None if args.operator else args.project, args.name or "")
+        scope = "operator key (every project)" if key.operator else f"project {key.project}"
+        print(f"created key {key.id} ({key.name}) for {scope}; it is shown once, store it now:")
+        print(token)  # alone on the last line, for scripts
+        return 0
+
+    return _with_keys(settings, action)
+
+
+def _cmd_keys_list(settings: Settings, args: argparse.Namespace) -> int:
+    async def action(store: ApiKeyStore) -> int:
+        for key in await store.list(args.project):
+            created = datetime.fromtimestamp(key.created_at, UTC).strftime("%Y-%m-%d %H:%M")
+            state = "active" if key.active else "revoked"
+            print(f"{key.id}  {state:7}  {key.project or '(operator)':20}  {created}  {key.name}")
+        return 0
+
+    return _with_keys(settings, action)
+
+
+def _cmd_keys_revoke(settings: Settings, args: argparse.Namespace) -> int:
+    async def action(store: ApiKeyStore) -> int:
+        key = await store.revoke(args.id)
+        print(f"revoked key {key.id} ({key.name})")
+        return 0
+
+    return _with_keys(settings, action)
+
+
 def _cmd_settings(settings: Settings, _: argparse.Namespace) -> int:
     for env, value, description in settings.described():
         print(f"{env}={value}\n    {description}")
@@ -263,6 +309,21 @@ def build_parser() -> argparse.ArgumentParser:
         dest="action", required=True)
     webhooks.add_parser("new-secret", help="print a fresh Standard Webhooks (whsec_) channel secret") \
         .set_defaults(func=_cmd_new_secret)
+
+    sub.add_parser("api", help="serve the HTTP API on SGW_API_PORT").set_defaults(func=_cmd_api)
+    api_keys = sub.add_parser("keys", help="API keys").add_subparsers(dest="action", required=True)
+    create = api_keys.add_parser("create", help="create a key; it is printed once, on the last line")
+    owner = create.add_mutually_exclusive_group(required=True)
+    owner.add_argument("--project", help="the project the key acts for")
+    owner.add_argument("--operator", action="store_true", help="a key that may act on every project")
+    create.add_argument("--name", help="who or what uses the key (shown in change logs)")
+    create.set_defaults(func=_cmd_keys_create)
+    list_keys = api_keys.add_parser("list", help="list keys (never their secrets)")
+    list_keys.add_argument("--project")
+    list_keys.set_defaults(func=_cmd_keys_list)
+    revoke = api_keys.add_parser("revoke", help="revoke a key at once")
+    revoke.add_argument("id")
+    revoke.set_defaults(func=_cmd_keys_revoke)
 
     sub.add_parser("settings", help="print every SGW_* setting, secrets masked").set_defaults(
         func=_cmd_settings)

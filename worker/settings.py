@@ -141,6 +141,11 @@ class Settings(BaseSettings):
         9108, ge=0, le=65535,
         description="Port of /metrics, /healthz and /readyz; 0 picks a free port and logs it.",
     )
+    api_port: int = Field(
+        8080, ge=0, le=65535,
+        description="Port of `scorer-worker api` (the HTTP API); 0 picks a free port and logs it.",
+    )
+    api_host: str = Field("0.0.0.0", description="Address `scorer-worker api` listens on.")
     log_format: Literal["json", "console"] = Field(
         "json", description="'json' lines for production, 'console' for people."
     )

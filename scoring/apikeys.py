@@ -1,0 +1,118 @@
+"""API keys: who may call the HTTP API, and for which project.
+
+A key reads ``sgw_<keyId>_<secret>``. Redis keeps only the SHA-256 of the whole key next to its
+id, so a leaked Redis dump lets no one call the API; the key is shown once, when it is created.
+A key belongs to one project, or is an operator key (``project`` is None) that may act on any
+project. Every request looks its key up again, so a revoked key is refused at once.
+
+SHA-256 is enough here (no slow hash): the secret is 256 random bits, not a password.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+import secrets
+import time
+from dataclasses import asdict, dataclass
+
+import orjson
+from redis.asyncio import Redis
+
+from scoring import keys
+from scoring.errors import NotFound
+
+PREFIX = "sgw"
+
+
+@dataclass(frozen=True, slots=True)
+class ApiKey:
+    """What is stored about a key (never the key itself)."""
+
+    id: str
+    project: str | None  # None: an operator key
+    name: str
+    created_at: float
+    revoked_at: float | None = None
+
+    @property
+    def operator(self) -> bool:
+        return self.project is None
+
+    @property
+    def active(self) -> bool:
+        return self.revoked_at is None
+
+    def label(self) -> str:
+        """How the change log names who made a change."""
+        return f"key:{self.id} ({self.name})"
+
+
+def _digest(token: str) -> str:
+    return hashlib.sha256(token.encode()).hexdigest()
+
+
+def _parse(token: str) -> str | None:
+    """The key id of a well-formed token, else None."""
+    parts = token.split("_")
+    if len(parts) != 3 or parts[0] != PREFIX or len(parts[1]) != 12 or not parts[2]:
+        return None
+    return parts[1]
+
+
+class ApiKeyStore:
+    def __init__(self, redis: Redis) -> None:
+        self._redis = redis
+
+    async def create(self, project: str | None, name: str = "") -> tuple[ApiKey, str]:
+        """A new key for ``project`` (None: an operator key). Returns it and the token, which is
+        not stored and cannot be shown again."""
+        key_id = secrets.token_hex(6)
+        token = f"{PREFIX}_{key_id}_{secrets.token_urlsafe(32).replace('_', '-')}"
+        key = ApiKey(id=key_id, project=project, name=name or ("operator" if project is None else project),
+                     created_at=time.time())
+        record = {**asdict(key), "sha256": _digest(token)}
+        if not await self._redis.hsetnx(keys.API_KEYS, key_id, orjson.dumps(record)):
+            return await self.create(project, name)  # an id collision: 48 random bits, so rare
+        return key, token
+
+    async def authenticate(self, token: str) -> ApiKey | None:
+        """The active key ``token`` is, or None (unknown, malformed or revoked)."""
+        key_id = _parse(token)
+        if key_id is None:
+            return None
+        raw = await self._redis.hget(keys.API_KEYS, key_id)
+        if raw is None:
+            return None
+        record = orjson.loads(raw)
+        if not hmac.compare_digest(record.pop("sha256"), _digest(token)):
+            return None
+        key = ApiKey(**record)
+        return key if key.active else None
+
+    async def list(self, project: str | None = None) -> list[ApiKey]:
+        """Every key (revoked ones included), or a project's, oldest first."""
+        found = []
+        for raw in (await self._redis.hgetall(keys.API_KEYS)).values():
+            record = orjson.loads(raw)
+            record.pop("sha256")
+            key = ApiKey(**record)
+            if project is None or key.project == project:
+                found.append(key)
+        return sorted(found, key=lambda k: (k.created_at, k.id))
+
+    async def revoke(self, key_id: str) -> ApiKey:
+        """Revoke a key; effective for the next request. Revoking twice keeps the first time."""
+        async with self._redis.pipeline(transaction=True) as pipe:
+            await pipe.watch(keys.API_KEYS)
+            raw = await pipe.hget(keys.API_KEYS, key_id)
+            if raw is None:
+                raise NotFound(f"no API key with id {key_id!r}")
+            record = orjson.loads(raw)
+            if record.get("revoked_at") is None:
+                record["revoked_at"] = time.time()
+                pipe.multi()  # type: ignore[no-untyped-call]
+                pipe.hset(keys.API_KEYS, key_id, orjson.dumps(record))
+                await pipe.execute()
+        record.pop("sha256")
+        return ApiKey(**record)

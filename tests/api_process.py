@@ -1,0 +1,75 @@
+"""The real API process (``scorer-worker api``) on a loopback port against the real Redis, and
+API keys made with the real CLI."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import httpx
+
+from deploy.services import free_port
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def cli(redis_url: str, *args: str) -> subprocess.CompletedProcess[str]:
+    env = {**os.environ, "SGW_REDIS_URL": redis_url, "SGW_LOG_FORMAT": "console", "PYTHONPATH": str(ROOT)}
+    return subprocess.run([sys.executable, "-m", "worker.cli", *args], env=env, cwd=ROOT,
+                          capture_output=True, text=True, timeout=60)
+
+
+def create_key(redis_url: str, *args: str) -> str:
+    """A new key (``--project P`` or ``--operator``): the last line of the CLI's stdout."""
+    done = cli(redis_url, "keys", "create", *args)
+    assert done.returncode == 0, done.stderr
+    return done.stdout.strip().splitlines()[-1]
+
+
+@dataclass
+class ApiProcess:
+    redis_url: str
+    log_path: Path
+    port: int = field(default_factory=free_port)
+    proc: subprocess.Popen[bytes] | None = None
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    def start(self, timeout_s: float = 30) -> ApiProcess:
+        env = {**os.environ, "SGW_REDIS_URL": self.redis_url, "SGW_API_PORT": str(self.port),
+               "SGW_API_HOST": "127.0.0.1", "SGW_LOG_FORMAT": "json", "PYTHONPATH": str(ROOT)}
+        self.proc = subprocess.Popen([sys.executable, "-m", "worker.cli", "api"], env=env, cwd=ROOT,
+                                     stdout=open(self.log_path, "wb"), stderr=subprocess.STDOUT)
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                raise AssertionError(f"api exited with {self.proc.returncode}:\n{self.logs()}")
+            try:
+                if httpx.get(self.url + "/healthz", timeout=1).status_code == 200:
+                    return self
+            except httpx.HTTPError:
+                pass
+            time.sleep(0.1)
+        raise AssertionError(f"api not up in {timeout_s}s:\n{self.logs()}")
+
+    def stop(self) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(timeout=15)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+
+    def logs(self) -> str:
+        return self.log_path.read_text(errors="replace")[-6000:]
+
+    def client(self, key: str | None) -> httpx.Client:
+        headers = {"Authorization": f"Bearer {key}"} if key else {}
+        return httpx.Client(base_url=self.url, headers=headers, timeout=10)

@@ -1,0 +1,96 @@
+"""``scorer-worker api``: the scorer-groups API over HTTP (FastAPI, served by uvicorn).
+
+    /v1/scorer-groups[/{id}[/ratings|/changes]]   the spec's SDK surface
+    /v1/sessions/{sessionId}/scores
+    /v1/judges, /v1/patterns, /v1/customs, /v1/budgets/{projectId}, /v1/channels
+    /metrics (Prometheus), /healthz, /openapi.json, /docs
+
+Every /v1 request carries ``Authorization: Bearer <key>`` (``scorer-worker keys create``) and acts
+for the key's project. The API writes the same Redis catalog the workers watch, so a change is
+live in running workers within a second.
+"""
+
+from __future__ import annotations
+
+import socket
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable
+from contextlib import asynccontextmanager
+
+import structlog
+import uvicorn
+from fastapi import FastAPI, Request, Response
+from fastapi.responses import PlainTextResponse
+from prometheus_client import CONTENT_TYPE_LATEST, Counter, Histogram, generate_latest
+from redis.asyncio import Redis
+
+from worker.api import groups, problems, scorers
+from worker.metrics import LATENCY_BUCKETS, REGISTRY
+from worker.settings import Settings
+
+log = structlog.get_logger(__name__)
+
+API_VERSION = "1.0.0"
+REQUESTS = Counter("sgw_api_requests", "API requests by route template, method and status.",
+                   ["route", "method", "status"], registry=REGISTRY)
+REQUEST_SECONDS = Histogram("sgw_api_request_seconds", "API request latency by route template.",
+                            ["route", "method"], buckets=LATENCY_BUCKETS, registry=REGISTRY)
+
+
+def create_app(redis_url: str) -> FastAPI:
+    @asynccontextmanager
+    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        app.state.redis = Redis.from_url(redis_url)
+        try:
+            yield
+        finally:
+            await app.state.redis.aclose()
+
+    app = FastAPI(title="Scorer groups API", version=API_VERSION, lifespan=lifespan,
+                  summary="Scorer groups, the scorers they blend, budgets and alert channels.",
+                  responses=problems.RESPONSES)
+    problems.install(app)
+    app.include_router(groups.router)
+    app.include_router(scorers.router)
+
+    @app.middleware("http")
+    async def measure(request: Request, call_next: Callable[[Request], Awaitable[Response]]) -> Response:
+        started = time.perf_counter()
+        response = await call_next(request)
+        route = request.scope.get("route")
+        template = getattr(route, "path", "unmatched")  # templates, never raw ids: bounded labels
+        REQUESTS.labels(template, request.method, str(response.status_code)).inc()
+        REQUEST_SECONDS.labels(template, request.method).observe(time.perf_counter() - started)
+        return response
+
+    @app.get("/metrics", include_in_schema=False)
+    async def metrics() -> Response:
+        return Response(generate_latest(REGISTRY), media_type=CONTENT_TYPE_LATEST)
+
+    @app.get("/healthz", include_in_schema=False, response_class=PlainTextResponse)
+    async def healthz() -> str:
+        return "ok\n"
+
+    return app
+
+
+def bind(host: str, port: int) -> socket.socket:
+    """A listening socket; port 0 picks a free one (read it back from the socket)."""
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    sock.bind((host, port))
+    sock.listen(1024)
+    sock.setblocking(False)
+    return sock
+
+
+async def serve(settings: Settings) -> int:
+    sock = bind(settings.api_host, settings.api_port)
+    port = sock.getsockname()[1]
+    config = uvicorn.Config(create_app(settings.redis_url), log_config=None, access_log=False,
+                            proxy_headers=False, server_header=False)
+    server = uvicorn.Server(config)
+    log.info("api listening", host=settings.api_host, port=port, docs=f"http://{settings.api_host}:{port}/docs")
+    await server.serve(sockets=[sock])
+    return 0

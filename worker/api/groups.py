@@ -1,0 +1,184 @@
+"""``/v1/scorer-groups`` and ``/v1/sessions``: the spec's SDK surface over HTTP.
+
+Every handler is a thin shell around ``scoring.groups`` (the same code ``catalog apply`` and the
+CLI use), so the rules - limits, unknown refs, ``requiresExpected`` on a live group, the sparse
+``online`` merge - hold the same whichever way a change arrives.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Any, Literal
+
+from fastapi import APIRouter, Header, Path, Request, Response
+from pydantic import BaseModel, ConfigDict, Field
+from pydantic.alias_generators import to_camel
+
+from scoring.catalog import etag
+from scoring.changes import ChangeLog
+from scoring.errors import NotFound
+from scoring.models import Id, Member, Name, OnlineProfile, Scope, ScorerGroup, Severity, WireModel
+from worker.api.auth import Client, Who, redis_of
+from worker.api.pages import Cursor, Limit, Page, page
+
+router = APIRouter(prefix="/v1", tags=["scorer groups"])
+IfMatch = Annotated[str | None, Header(description="An ETag from a read: the write fails with 412 if "
+                                                   "the document changed since.")]
+GroupId = Annotated[str, Path(alias="id", max_length=128)]
+
+
+class ApiModel(BaseModel):
+    model_config = ConfigDict(alias_generator=to_camel, populate_by_name=True)
+
+
+class GroupCreate(WireModel):
+    """A new group. ``projectId`` is the key's project (an operator key names one)."""
+
+    name: Name
+    members: list[Member]
+    description: str | None = None
+    online: OnlineProfile | None = None
+    project_id: Id | None = None
+
+
+class OnlinePatch(WireModel):
+    """Keys to merge into the stored online profile; omitted keys keep their stored values."""
+
+    enabled: bool | None = None
+    sample_rate: float | None = None
+    alert_threshold: float | None = None
+    severity: Severity | None = None
+    scope: Scope | None = None
+    idle_seconds: int | None = None
+
+
+class GroupPatch(WireModel):
+    """A sparse update: only the fields sent change; ``online: null`` detaches live scoring."""
+
+    name: Name | None = None
+    members: list[Member] | None = None
+    description: str | None = None
+    online: OnlinePatch | None = None
+    project_id: Id | None = None
+
+
+class GroupPage(Page):
+    items: list[ScorerGroup]
+
+
+class RatingBucket(ApiModel):
+    start: int
+    count: int
+    scored: int
+    mean: float | None
+    min: float | None
+    max: float | None
+    below_threshold: int
+    no_score: int
+
+
+class Ratings(ApiModel):
+    group_id: str
+    window: str
+    bucket_seconds: int
+    count: int
+    scored: int
+    mean: float | None
+    below_threshold: int
+    no_score: int
+    buckets: list[RatingBucket]
+
+
+class SessionScore(ApiModel):
+    kind: str = Field(description="scorer-group:<groupId>")
+    rating: float | None
+    justification: str
+    scored_at: float
+
+
+class Change(ApiModel):
+    at: float
+    actor: str = Field(description="The API key (id and name) or local user that made the change.")
+    action: Literal["created", "updated", "deleted"]
+    project_id: str | None
+    changes: dict[str, dict[str, Any]] = Field(description="field -> {before, after}; secrets masked.")
+
+
+class ChangePage(Page):
+    items: list[Change]
+
+
+def _with_etag(response: Response, group: ScorerGroup) -> ScorerGroup:
+    response.headers["ETag"] = etag(group)
+    return group
+
+
+@router.get("/scorer-groups", response_model=GroupPage)
+async def list_groups(client: Client, limit: Limit = 50, cursor: Cursor = None) -> GroupPage:
+    groups = await client.scorer_groups.list()
+    items, next_cursor = page(groups, lambda g: g.id, limit, cursor)
+    return GroupPage(items=items, next_cursor=next_cursor)
+
+
+@router.post("/scorer-groups", status_code=201, response_model=ScorerGroup)
+async def create_group(body: GroupCreate, client: Client, request: Request, response: Response) -> ScorerGroup:
+    group = await client.scorer_groups.create(body.name, body.members, body.description, body.online,
+                                              project_id=body.project_id)
+    response.headers["Location"] = str(request.url_for("get_group", id=group.id).path)
+    return _with_etag(response, group)
+
+
+@router.get("/scorer-groups/{id}", response_model=ScorerGroup)
+async def get_group(group_id: GroupId, client: Client, response: Response) -> ScorerGroup:
+    return _with_etag(response, await client.scorer_groups.get(group_id))
+
+
+@router.patch("/scorer-groups/{id}", response_model=ScorerGroup)
+async def update_group(group_id: GroupId, body: GroupPatch, client: Client, response: Response,
+                       if_match: IfMatch = None) -> ScorerGroup:
+    fields: dict[str, Any] = {}
+    for name in body.model_fields_set:
+        if name == "online":
+            fields[name] = None if body.online is None else body.online.model_dump(by_alias=True,
+                                                                                    exclude_unset=True)
+        elif name == "members":
+            fields[name] = None if body.members is None else [m.wire() for m in body.members]
+        else:
+            fields[name] = getattr(body, name)
+    group = await client.scorer_groups.update(group_id, if_match=if_match, **fields)
+    return _with_etag(response, group)
+
+
+@router.delete("/scorer-groups/{id}", status_code=204, response_class=Response)
+async def delete_group(group_id: GroupId, client: Client, if_match: IfMatch = None) -> Response:
+    await client.scorer_groups.delete(group_id, if_match=if_match)
+    return Response(status_code=204)
+
+
+@router.get("/scorer-groups/{id}/ratings", response_model=Ratings)
+async def group_ratings(group_id: GroupId, client: Client,
+                        window: Literal["1h", "24h", "7d", "30d"] = "7d") -> dict[str, object]:
+    return (await client.scorer_groups.ratings(group_id, window=window)).wire()
+
+
+@router.get("/scorer-groups/{id}/changes", response_model=ChangePage)
+async def group_changes(group_id: GroupId, client: Client, who: Who, request: Request,
+                        limit: Limit = 50, cursor: Cursor = None) -> dict[str, object]:
+    """Every write to the group, newest first; still readable by its project once it is deleted."""
+    log = ChangeLog(redis_of(request))
+    try:
+        await client.scorer_groups.get(group_id)
+    except NotFound:
+        newest = await log.read("groups", group_id, 0, 1)
+        if not newest or not (who.operator or newest[0].get("projectId") == who.project_id):
+            raise
+    offset = int(cursor) if cursor and cursor.isdigit() else 0
+    entries = await log.read("groups", group_id, offset, limit + 1)
+    more = len(entries) > limit
+    return {"items": entries[:limit], "nextCursor": str(offset + limit) if more else None}
+
+
+@router.get("/sessions/{sessionId}/scores", response_model=list[SessionScore], tags=["sessions"])
+async def session_scores(session_id: Annotated[str, Path(alias="sessionId", max_length=256)],
+                         client: Client) -> list[dict[str, object]]:
+    """The latest verdict of each of the caller's session-scope groups on the session."""
+    return await client.sessions.scores(session_id)

@@ -1,0 +1,31 @@
+"""Pagination of lists: ``?limit=&cursor=``, answered with ``items`` and ``nextCursor`` (null on
+the last page). Lists are ordered by id, and the cursor is the last id of the page before, so a
+page never repeats or skips a document that existed throughout the walk."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from typing import Annotated, TypeVar
+
+from fastapi import Query
+from pydantic import BaseModel, ConfigDict, Field
+from pydantic.alias_generators import to_camel
+
+T = TypeVar("T")
+
+Limit = Annotated[int, Query(ge=1, le=200, description="Items per page.")]
+Cursor = Annotated[str | None, Query(max_length=512, description="nextCursor of the page before.")]
+
+
+class Page(BaseModel):
+    model_config = ConfigDict(alias_generator=to_camel, populate_by_name=True)
+
+    next_cursor: str | None = Field(None, description="Pass as cursor for the next page; null on the last.")
+
+
+def page(items: Sequence[T], key: Callable[[T], str], limit: int, cursor: str | None) -> tuple[list[T], str | None]:
+    ordered = sorted(items, key=key)
+    if cursor is not None:
+        ordered = [item for item in ordered if key(item) > cursor]
+    chunk = ordered[:limit]
+    return chunk, (key(chunk[-1]) if len(ordered) > limit else None)

@@ -1,0 +1,93 @@
+"""Errors as ``application/problem+json`` (RFC 9457): every refusal the API gives has one shape,
+with the field path of each problem in wire names (``members[1].refId``), as the catalog says it.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse
+from pydantic import BaseModel, ConfigDict, Field
+from pydantic.alias_generators import to_camel
+from starlette.exceptions import HTTPException as StarletteHTTPException
+
+from scoring.errors import CatalogError, format_errors
+
+PROBLEM_JSON = "application/problem+json"
+TITLES = {400: "Invalid request", 401: "Unauthorized", 403: "Forbidden", 404: "Not found",
+          405: "Method not allowed", 409: "Conflict", 412: "Precondition failed",
+          415: "Unsupported media type", 500: "Internal error"}
+
+
+class FieldProblem(BaseModel):
+    model_config = ConfigDict(alias_generator=to_camel, populate_by_name=True)
+
+    field: str = Field(description="The field's path in wire names, e.g. members[1].refId; "
+                                   "'(document)' for the whole body.")
+    message: str
+
+
+class Problem(BaseModel):
+    """RFC 9457 problem details, with ``errors`` listing each field that is wrong."""
+
+    model_config = ConfigDict(alias_generator=to_camel, populate_by_name=True)
+
+    type: str = "about:blank"
+    title: str
+    status: int
+    detail: str
+    instance: str | None = None
+    errors: list[FieldProblem] = Field(default_factory=list)
+
+
+def _field_problem(line: str) -> FieldProblem:
+    path, sep, message = line.partition(": ")
+    if not sep or " " in path:
+        return FieldProblem(field="(document)", message=line)
+    return FieldProblem(field=path, message=message)
+
+
+def problem(status: int, detail: str, request: Request | None = None, errors: list[str] | None = None,
+            headers: dict[str, str] | None = None) -> JSONResponse:
+    body = Problem(title=TITLES.get(status, "Error"), status=status, detail=detail,
+                   instance=request.url.path if request is not None else None,
+                   errors=[_field_problem(e) for e in errors or []])
+    return JSONResponse(body.model_dump(mode="json", by_alias=True), status_code=status,
+                        media_type=PROBLEM_JSON, headers=headers)
+
+
+def install(app: FastAPI) -> None:
+    """Map every error the app can raise to a problem response."""
+
+    @app.exception_handler(CatalogError)
+    async def catalog_error(request: Request, exc: CatalogError) -> JSONResponse:
+        return problem(exc.status, exc.message, request, exc.errors if exc.status == 400 else [])
+
+    @app.exception_handler(RequestValidationError)
+    async def invalid_request(request: Request, exc: RequestValidationError) -> JSONResponse:
+        errors = format_errors([{**e, "loc": _wire_loc(e.get("loc", ()))} for e in exc.errors()])
+        return problem(400, "invalid request: " + "; ".join(errors), request, errors)
+
+    @app.exception_handler(StarletteHTTPException)
+    async def http_error(request: Request, exc: StarletteHTTPException) -> JSONResponse:
+        return problem(exc.status_code, str(exc.detail), request, headers=getattr(exc, "headers", None))
+
+
+def _wire_loc(loc: Any) -> tuple[int | str, ...]:
+    """FastAPI's location starts with where the value came from (``body``, ``query``); a query
+    parameter keeps its name, a body field its path inside the body."""
+    parts = tuple(loc)
+    if parts and parts[0] == "body":
+        return parts[1:]
+    if parts and parts[0] in ("query", "path", "header"):
+        return parts[1:]
+    return parts
+
+
+RESPONSES: dict[int | str, dict[str, Any]] = {
+    status: {"model": Problem, "description": TITLES[status],
+             "content": {PROBLEM_JSON: {"schema": {"$ref": "#/components/schemas/Problem"}}}}
+    for status in (400, 401, 403, 404, 412)
+}

@@ -1,0 +1,241 @@
+"""What groups refer to, over HTTP: ``/v1/judges``, ``/v1/patterns``, ``/v1/customs`` (code and
+external scorers), ``/v1/budgets/{projectId}`` and ``/v1/channels``.
+
+Bodies are the catalog's own models (the limits and rules are theirs); the server picks ids.
+A project's key writes its own documents and reads the shared scorers operators keep (projectId
+null). Channel secrets are write-only: responses say whether one is set, never what it is.
+"""
+
+import hashlib
+import uuid
+from typing import Annotated, Any
+
+from fastapi import APIRouter, Path, Request, Response
+from pydantic import Field, SecretStr
+from pydantic.json_schema import SkipJsonSchema
+
+from scoring.catalog import doc_id, etag
+from scoring.errors import InvalidDocument, NotFound
+from scoring.models import AlertChannel, Budget, CustomEvaluator, Id, Judge, Pattern, WireModel
+from worker.api.auth import Client, Who
+from worker.api.groups import ApiModel, IfMatch
+from worker.api.pages import Cursor, Limit, Page, page
+
+router = APIRouter(prefix="/v1")
+DocId = Annotated[str, Path(max_length=128)]
+
+
+def _new_id(prefix: str) -> str:
+    return f"{prefix}_{uuid.uuid4().hex[:12]}"
+
+
+# --- Judges, patterns, customs: one shape of routes each -------------------------------------
+
+
+class JudgeBody(Judge):
+    id: SkipJsonSchema[Id | None] = None  # type: ignore[assignment]  # the server picks ids
+
+
+class PatternBody(Pattern):
+    id: SkipJsonSchema[Id | None] = None  # type: ignore[assignment]  # the server picks ids
+
+
+class CustomBody(CustomEvaluator):
+    id: SkipJsonSchema[Id | None] = None  # type: ignore[assignment]  # the server picks ids
+
+
+class JudgePage(Page):
+    items: list[Judge]
+
+
+class PatternPage(Page):
+    items: list[Pattern]
+
+
+class CustomPage(Page):
+    items: list[CustomEvaluator]
+
+
+def _scorer_routes(kind: str, path: str, tag: str, model: type[WireModel], body_model: type[WireModel],
+                   page_model: type[Page], id_prefix: str) -> None:
+    noun = tag[:-1]
+
+    def to_doc(body: WireModel, id_: str, project_id: str | None) -> WireModel:
+        if getattr(body, "id", None) is not None:
+            raise InvalidDocument("id: chosen by the server (from the URL or on create); leave it out")
+        return model.model_validate({**body.stored(), "id": id_, "projectId": project_id})
+
+    async def list_docs(client: Client, limit: Limit = 50, cursor: Cursor = None) -> Any:
+        items, next_cursor = page(await client.scorers.list(kind), doc_id, limit, cursor)
+        return page_model(items=items, next_cursor=next_cursor)
+
+    async def create_doc(body: body_model, client: Client, who: Who, request: Request,  # type: ignore[valid-type]
+                         response: Response) -> Any:
+        requested = getattr(body, "project_id", None)  # an operator without one shares the scorer
+        doc = to_doc(body, _new_id(id_prefix), requested if who.operator else who.project_for(requested))
+        await client.scorers.put(doc, create=True)
+        response.headers["Location"] = f"{request.url.path}/{doc_id(doc)}"
+        response.headers["ETag"] = etag(doc)
+        return doc
+
+    async def get_doc(doc_id_: Annotated[str, Path(alias="id", max_length=128)], client: Client,
+                      response: Response) -> Any:
+        doc = await client.scorers.get(kind, doc_id_)
+        response.headers["ETag"] = etag(doc)
+        return doc
+
+    async def replace_doc(doc_id_: Annotated[str, Path(alias="id", max_length=128)], body: body_model,  # type: ignore[valid-type]
+                          client: Client, who: Who, response: Response, if_match: IfMatch = None) -> Any:
+        stored = await client.scorers.get(kind, doc_id_)
+        owner = getattr(stored, "project_id", None)
+        requested = getattr(body, "project_id", None)
+        if requested is not None and requested != owner:  # an operator may move it; a project may not
+            owner = who.project_for(requested)
+        doc = to_doc(body, doc_id_, owner)
+        await client.scorers.put(doc, if_match=if_match or "*")
+        response.headers["ETag"] = etag(doc)
+        return doc
+
+    async def delete_doc(doc_id_: Annotated[str, Path(alias="id", max_length=128)], client: Client,
+                         if_match: IfMatch = None) -> Response:
+        await client.scorers.delete(kind, doc_id_, if_match=if_match)
+        return Response(status_code=204)
+
+    router.add_api_route(f"/{path}", list_docs, methods=["GET"], response_model=page_model, tags=[tag],
+                         name=f"list_{kind}", summary=f"List {tag}")
+    router.add_api_route(f"/{path}", create_doc, methods=["POST"], response_model=model, status_code=201,
+                         tags=[tag], name=f"create_{kind}", summary=f"Create a {noun}")
+    router.add_api_route(f"/{path}/{{id}}", get_doc, methods=["GET"], response_model=model, tags=[tag],
+                         name=f"get_{kind}", summary=f"Get a {noun}")
+    router.add_api_route(f"/{path}/{{id}}", replace_doc, methods=["PUT"], response_model=model, tags=[tag],
+                         name=f"replace_{kind}", summary=f"Replace a {noun}")
+    router.add_api_route(f"/{path}/{{id}}", delete_doc, methods=["DELETE"], status_code=204,
+                         response_class=Response, tags=[tag], name=f"delete_{kind}", summary=f"Delete a {noun}")
+
+
+_scorer_routes("judges", "judges", "judges", Judge, JudgeBody, JudgePage, "jdg")
+_scorer_routes("patterns", "patterns", "patterns", Pattern, PatternBody, PatternPage, "pat")
+_scorer_routes("customs", "customs", "customs", CustomEvaluator, CustomBody, CustomPage, "cst")
+
+
+# --- Budgets: one per project, addressed by it -------------------------------------------------
+
+
+class BudgetBody(Budget):
+    project_id: SkipJsonSchema[Id | None] = None  # type: ignore[assignment]
+
+
+class BudgetPage(Page):
+    items: list[Budget]
+
+
+ProjectId = Annotated[str, Path(alias="projectId", max_length=128)]
+
+
+def _own_project(who: Who, project_id: str) -> None:
+    if not who.operator and project_id != who.project_id:
+        raise NotFound(f"no budget with id {project_id!r}")
+
+
+@router.get("/budgets", response_model=BudgetPage, tags=["budgets"])
+async def list_budgets(client: Client, limit: Limit = 50, cursor: Cursor = None) -> Any:
+    items, next_cursor = page(await client.scorers.list("budgets"), doc_id, limit, cursor)
+    return BudgetPage(items=items, next_cursor=next_cursor)
+
+
+@router.get("/budgets/{projectId}", response_model=Budget, tags=["budgets"])
+async def get_budget(project_id: ProjectId, client: Client, response: Response) -> Any:
+    doc = await client.scorers.get("budgets", project_id)
+    response.headers["ETag"] = etag(doc)
+    return doc
+
+
+@router.put("/budgets/{projectId}", response_model=Budget, tags=["budgets"])
+async def put_budget(project_id: ProjectId, body: BudgetBody, client: Client, who: Who, response: Response,
+                     if_match: IfMatch = None) -> Any:
+    """Set the project's judge-call budget (created or replaced)."""
+    _own_project(who, project_id)
+    doc = Budget.model_validate({**body.stored(), "projectId": project_id})
+    await client.scorers.put(doc, if_match=if_match)
+    response.headers["ETag"] = etag(doc)
+    return doc
+
+
+@router.delete("/budgets/{projectId}", status_code=204, response_class=Response, tags=["budgets"])
+async def delete_budget(project_id: ProjectId, client: Client, if_match: IfMatch = None) -> Response:
+    await client.scorers.delete("budgets", project_id, if_match=if_match)
+    return Response(status_code=204)
+
+
+# --- Alert channels: secrets go in, never out -------------------------------------------------
+
+
+class ChannelBody(WireModel):
+    """An agent's webhook. Sending the same agentId and url again replaces it (a new secret
+    rotates: the old one keeps signing for a day)."""
+
+    agent_id: Id
+    url: str
+    secret: SecretStr | None = Field(None, description="whsec_ + base64; write-only.")
+    project_id: Id | None = None
+
+
+class ChannelOut(ApiModel):
+    id: str
+    agent_id: str
+    url: str
+    project_id: str | None
+    has_secret: bool
+
+
+class ChannelPage(Page):
+    items: list[ChannelOut]
+
+
+def channel_id(channel: AlertChannel) -> str:
+    """A channel's id in the API: stable, path-safe, derived from what identifies it."""
+    return "ch_" + hashlib.blake2b(doc_id(channel).encode(), digest_size=8).hexdigest()
+
+
+def _out(channel: WireModel) -> ChannelOut:
+    assert isinstance(channel, AlertChannel)
+    return ChannelOut(id=channel_id(channel), agent_id=channel.agent_id, url=channel.url,
+                      project_id=channel.project_id, has_secret=channel.secret is not None)
+
+
+async def _channel(client: Client, id_: str) -> AlertChannel:
+    found = [c for c in await client.scorers.list("channels")
+             if isinstance(c, AlertChannel) and channel_id(c) == id_]
+    if not found:
+        raise NotFound(f"no alert channel with id {id_!r}")
+    return found[0]
+
+
+@router.get("/channels", response_model=ChannelPage, tags=["channels"])
+async def list_channels(client: Client, limit: Limit = 50, cursor: Cursor = None) -> Any:
+    outs = [_out(c) for c in await client.scorers.list("channels")]
+    items, next_cursor = page(outs, lambda c: c.id, limit, cursor)
+    return ChannelPage(items=items, next_cursor=next_cursor)
+
+
+@router.post("/channels", response_model=ChannelOut, status_code=201, tags=["channels"])
+async def put_channel(body: ChannelBody, client: Client, who: Who, request: Request, response: Response) -> Any:
+    secret = body.secret.get_secret_value() if body.secret is not None else None
+    doc = AlertChannel.model_validate({"agentId": body.agent_id, "url": body.url, "secret": secret,
+                                       "projectId": who.project_for(body.project_id)})
+    await client.scorers.put(doc)
+    out = _out(doc)
+    response.headers["Location"] = f"{request.url.path}/{out.id}"
+    return out
+
+
+@router.get("/channels/{id}", response_model=ChannelOut, tags=["channels"])
+async def get_channel(id_: Annotated[str, Path(alias="id", max_length=128)], client: Client) -> Any:
+    return _out(await _channel(client, id_))
+
+
+@router.delete("/channels/{id}", status_code=204, response_class=Response, tags=["channels"])
+async def delete_channel(id_: Annotated[str, Path(alias="id", max_length=128)], client: Client) -> Response:
+    channel = await _channel(client, id_)
+    await client.scorers.delete("channels", doc_id(channel))
+    return Response(status_code=204)
