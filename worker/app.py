@@ -21,7 +21,6 @@ from redis.asyncio import Redis
 from consumers.outputs import Outputs, TopicNames
 from consumers.sessions import SessionSweeper
 from consumers.traces import OutputError, TraceConsumer
-from consumers.webhooks import WebhookSender
 from scoring.catalog import CatalogStore, CatalogWatcher
 from scoring.claims import Claims
 from scoring.egress import EgressPolicy
@@ -33,7 +32,9 @@ from scoring.redact import Redactor
 from scoring.sandbox import SandboxPool
 from scoring.sessions import SessionStore
 from worker import metrics
+from worker.otlp import run_otlp_intake
 from worker.settings import Settings
+from worker.webhooks import webhook_sender
 
 log = structlog.get_logger(__name__)
 
@@ -62,6 +63,8 @@ async def ensure_topics(settings: Settings) -> None:
     """Create the topics the worker reads and writes if they are missing."""
     wanted = [settings.traces_topic, settings.ratings_topic, settings.signals_topic,
               settings.webhooks_topic, settings.dlq_topic, settings.webhooks_dlq_topic]
+    if settings.otlp_enabled:
+        wanted.append(settings.otlp_topic)
     admin = AIOKafkaAdminClient(bootstrap_servers=settings.kafka_bootstrap)
     await admin.start()
     try:
@@ -87,6 +90,7 @@ class Worker:
         self.consumer: TraceConsumer | None = None
         self.sandbox: SandboxPool | None = None
         self.webhooks_failed: BaseException | None = None
+        self.otlp_failed: BaseException | None = None
 
     def readiness(self) -> tuple[bool, str]:
         c = self.consumer
@@ -147,8 +151,7 @@ class Worker:
         hooks_consumer = AIOKafkaConsumer(
             bootstrap_servers=s.kafka_bootstrap, group_id=f"{s.consumer_group}-webhooks",
             enable_auto_commit=False, auto_offset_reset="earliest")
-        hooks = WebhookSender(consumer=hooks_consumer, producer=producer, dlq_topic=s.webhooks_dlq_topic,
-                              catalog=lambda: watcher.current, egress=EgressPolicy.parse(s.egress_allow_list()))
+        hooks = webhook_sender(s, redis, hooks_consumer, producer, lambda: watcher.current)
 
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGTERM, signal.SIGINT):
@@ -169,6 +172,10 @@ class Worker:
                 sending = asyncio.create_task(hooks.run(self.stop), name="webhook-sender")
                 sending.add_done_callback(lambda _: self._sender_ended(hooks.failed))
                 background.append(sending)
+            if s.otlp_enabled:  # OpenTelemetry spans in, assembled traces out to the traces topic
+                intake = asyncio.create_task(run_otlp_intake(s, redis, producer, self.stop), name="otlp-intake")
+                intake.add_done_callback(self._otlp_ended)
+                background.append(intake)
             try:
                 await traces.run(self.stop)
             except OutputError:
@@ -177,7 +184,7 @@ class Worker:
             except Exception:  # Redis or Kafka gone for good: stop, uncommitted work is redelivered
                 log.exception("stopping: the consumer loop failed")
                 exit_code = 1
-            if hooks.failed is not None:
+            if hooks.failed is not None or self.otlp_failed is not None:
                 exit_code = 1
             self.stop.set()  # the sweeper and the sender stop with the loop, whatever ended it
             await traces.drain(s.shutdown_timeout_s)
@@ -189,6 +196,12 @@ class Worker:
                                  judges.close(), external.close(), watcher.stop(), ops.stop(), redis.aclose())
         log.info("worker stopped", exit_code=exit_code)
         return exit_code
+
+    def _otlp_ended(self, task: asyncio.Task[None]) -> None:
+        if not task.cancelled() and task.exception() is not None:
+            self.otlp_failed = task.exception()
+            log.error("stopping: the OTLP intake failed", error=repr(self.otlp_failed))
+            self._request_stop(None)
 
     def _sender_ended(self, failure: BaseException | None) -> None:
         if failure is not None:

@@ -20,6 +20,8 @@ from prometheus_client import (
     generate_latest,
 )
 
+from scoring.otlp_buffer import BufferSize
+
 log = structlog.get_logger(__name__)
 
 REGISTRY = CollectorRegistry(auto_describe=True)
@@ -177,6 +179,46 @@ class PrometheusEvents:
 
     def latency(self, seconds: float) -> None:
         INGEST_TO_RATING.observe(seconds)
+
+
+# --- OpenTelemetry in ---------------------------------------------------------------------------
+OTLP_SPANS = Counter("sgw_otlp_spans_consumed", "OTLP spans read from the exporter's topic.", registry=REGISTRY)
+OTLP_LATE = Counter("sgw_otlp_late_spans", "Spans that came after their trace was assembled (not scored).",
+                    registry=REGISTRY)
+OTLP_DROPPED = Counter("sgw_otlp_dropped_spans", "Spans dropped over a trace's span or byte bound.",
+                       registry=REGISTRY)
+OTLP_ASSEMBLED = Counter("sgw_otlp_traces_assembled", "Traces assembled from spans, by how (complete, timeout).",
+                         ["how"], registry=REGISTRY)
+OTLP_BUFFERED = Gauge("sgw_otlp_buffer", "What the assembly buffer holds, by unit (traces, spans, bytes).",
+                      ["unit"], registry=REGISTRY)
+OTLP_DELAY = Histogram("sgw_otlp_assembly_delay_seconds",
+                       "From a trace's last span buffered to the assembled trace acknowledged.",
+                       buckets=LATENCY_BUCKETS, registry=REGISTRY)
+
+
+class PrometheusOtlpEvents:
+    """``consumers.otlp.OtlpEvents`` as Prometheus metrics."""
+
+    def spans_consumed(self, count: int) -> None:
+        OTLP_SPANS.inc(count)
+
+    def spans_late(self, count: int) -> None:
+        OTLP_LATE.inc(count)
+
+    def spans_dropped(self, count: int) -> None:
+        OTLP_DROPPED.inc(count)
+
+    def dead_lettered(self, reason: str) -> None:
+        DEAD_LETTERED.labels(reason).inc()
+
+    def assembled(self, complete: bool, delay_s: float) -> None:
+        OTLP_ASSEMBLED.labels("complete" if complete else "timeout").inc()
+        OTLP_DELAY.observe(delay_s)
+
+    def buffer_size(self, size: BufferSize) -> None:
+        OTLP_BUFFERED.labels("traces").set(size.traces)
+        OTLP_BUFFERED.labels("spans").set(size.spans)
+        OTLP_BUFFERED.labels("bytes").set(size.bytes)
 
 
 def observe_member(kind: str, status: str, reason: str | None, seconds: float) -> None:

@@ -136,6 +136,46 @@ class Settings(BaseSettings):
     )
     code_memory_mb: int = Field(256, ge=32, description="Address-space limit of one code-scorer sandbox.")
 
+    # --- OpenTelemetry in (the Collector's Kafka exporter) ---------------------------------------
+    otlp_enabled: bool = Field(
+        False, description="Consume SGW_OTLP_TOPIC, assemble OpenTelemetry spans into traces and score them."
+    )
+    otlp_topic: str = Field("otlp_spans", description="Topic the Collector's Kafka exporter writes spans to.")
+    otlp_encoding: Literal["auto", "otlp_proto", "otlp_json"] = Field(
+        "auto", description="The exporter's encoding; 'auto' reads both (JSON starts with '{')."
+    )
+    otlp_project_attribute: str = Field(
+        "sgw.project.id", description="Resource (else span) attribute naming a span's project."
+    )
+    otlp_default_project: str = Field(
+        "", description="Project of spans that name none; empty: such spans are dead-lettered (no_project)."
+    )
+    otlp_session_attribute: str = Field(
+        "", description="Attribute read as the session id after gen_ai.conversation.id and session.id."
+    )
+    otlp_quiet_s: float = Field(
+        5.0, gt=0, description="A trace is assembled once its root span arrived and no span came for this long."
+    )
+    otlp_max_wait_s: float = Field(
+        300.0, gt=0, description="A trace is assembled this long after its first span at the latest (partial)."
+    )
+    otlp_max_spans_per_trace: int = Field(
+        1000, ge=1, description="Spans buffered per trace; further spans are dropped and the trace marked partial."
+    )
+    otlp_max_buffer_bytes: int = Field(
+        256 << 20, ge=1 << 16, description="Bytes buffered over all traces; past it span intake pauses."
+    )
+    otlp_buffer_ttl_s: float = Field(
+        6 * 3600.0, gt=0, description="How long buffered spans live in Redis with no worker to assemble them."
+    )
+    otlp_late_window_s: int = Field(
+        6 * 3600, ge=1, description="How long an emitted trace is remembered, so late spans are counted, not re-scored."
+    )
+    otlp_claim_lease_s: float = Field(
+        30.0, gt=0, description="How long a worker holds a due trace while publishing it; then another may."
+    )
+    otlp_flush_interval_s: float = Field(0.5, gt=0, description="How often due traces are looked for.")
+
     # --- Operations --------------------------------------------------------------------------
     metrics_port: int = Field(
         9108, ge=0, le=65535,
