@@ -19,7 +19,32 @@ from pydantic.alias_generators import to_camel
 from scoring.errors import field_errors
 from scoring.subjects import Trace
 
-DeadLetterReason = Literal["too_large", "not_utf8", "not_json", "invalid_trace"]
+DeadLetterReason = Literal["too_large", "not_utf8", "not_json", "invalid_trace", "too_deep", "unprocessable"]
+
+# JSON nesting a trace may have. Every later step (orjson's encoder stops at 255 levels, pydantic,
+# the session store) accepts far more; a record nested deeper is refused here, whole, rather
+# than failing halfway through scoring.
+MAX_NESTING = 64
+
+
+def nesting_depth(document: object, limit: int = MAX_NESTING) -> int:
+    """How deeply ``document`` nests lists and objects, counting no further than ``limit + 1``
+    (iterative: a hostile document cannot exhaust the stack)."""
+    deepest = 0
+    stack: list[tuple[object, int]] = [(document, 1)]
+    while stack:
+        value, depth = stack.pop()
+        if isinstance(value, dict):
+            children: object = value.values()
+        elif isinstance(value, list):
+            children = value
+        else:
+            continue
+        deepest = max(deepest, depth)
+        if deepest > limit:
+            return deepest
+        stack.extend((child, depth + 1) for child in children)  # type: ignore[attr-defined]
+    return deepest
 
 
 class DeadLetter(BaseModel):
@@ -55,6 +80,25 @@ def _as_text(raw: bytes | None) -> tuple[str, Literal["utf-8", "base64"]]:
         return base64.b64encode(raw).decode(), "base64"
 
 
+def unprocessable(topic: str, partition: int, offset: int, key: bytes | None, value: bytes | None,
+                  error: str, max_bytes: int) -> DeadLetter:
+    """The dead letter of a record that decoded but broke a later step (routing, scoring): the
+    loop goes on without it, and its owner sees why."""
+    return _dead_letter("unprocessable", error, topic, partition, offset, key, value, 3 * max_bytes)
+
+
+def _dead_letter(reason: DeadLetterReason, error: str, topic: str, partition: int, offset: int,
+                 key: bytes | None, value: bytes | None, keep_bytes: int) -> DeadLetter:
+    raw = value or b""
+    kept = raw[:keep_bytes]
+    text, encoding = _as_text(kept)
+    return DeadLetter(reason=reason, error=error, topic=topic, partition=partition, offset=offset,
+                      key=_as_text(key[:1024])[0] if key is not None else None, value=text,
+                      value_encoding=encoding, received_at=datetime.now(UTC),
+                      value_truncated=len(kept) < len(raw), value_bytes=len(raw),
+                      value_sha256=hashlib.sha256(raw).hexdigest())
+
+
 def decode_trace(topic: str, partition: int, offset: int, key: bytes | None, value: bytes | None,
                  max_bytes: int, max_dead_letter_bytes: int | None = None) -> Trace | DeadLetter:
     """The trace in a record, or the dead letter saying why there is none. A dead letter keeps
@@ -62,14 +106,7 @@ def decode_trace(topic: str, partition: int, offset: int, key: bytes | None, val
     keep_bytes = max_dead_letter_bytes or 3 * max_bytes
 
     def dead(reason: DeadLetterReason, error: str) -> DeadLetter:
-        raw = value or b""
-        kept = raw[:keep_bytes]
-        text, encoding = _as_text(kept)
-        return DeadLetter(reason=reason, error=error, topic=topic, partition=partition, offset=offset,
-                          key=_as_text(key[:1024])[0] if key is not None else None, value=text,
-                          value_encoding=encoding, received_at=datetime.now(UTC),
-                          value_truncated=len(kept) < len(raw), value_bytes=len(raw),
-                          value_sha256=hashlib.sha256(raw).hexdigest())
+        return _dead_letter(reason, error, topic, partition, offset, key, value, keep_bytes)
 
     if value is None:
         return dead("not_json", "the record has no value (a tombstone)")
@@ -83,6 +120,8 @@ def decode_trace(topic: str, partition: int, offset: int, key: bytes | None, val
         document = orjson.loads(value)
     except orjson.JSONDecodeError as exc:
         return dead("not_json", f"the value is not JSON: {exc}")
+    if nesting_depth(document) > MAX_NESTING:
+        return dead("too_deep", f"the value nests lists and objects deeper than {MAX_NESTING} levels")
     try:
         return Trace.model_validate(document)
     except ValidationError as exc:

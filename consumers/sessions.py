@@ -25,6 +25,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 import structlog
+from aiokafka.errors import KafkaError
+from redis.exceptions import RedisError
 
 from consumers.events import NoEvents, PipelineEvents
 from consumers.outputs import Outputs
@@ -83,7 +85,12 @@ class SessionSweeper:
                            if g.live and g.online is not None and g.online.scope == "session"})
         judged = 0
         for project in projects:
-            judged += await self._sweep_project(project, snapshot, now)
+            try:
+                judged += await self._sweep_project(project, snapshot, now)
+            except (RedisError, KafkaError):
+                raise  # an outage: the whole sweep waits for the next tick
+            except Exception:  # one project's data must never stop the sweep of the others
+                log.exception("sweeping a project's sessions failed; the other projects go on", project=project)
         return judged
 
     async def _sweep_project(self, project: str, snapshot: CatalogSnapshot, now: float) -> int:
@@ -94,10 +101,17 @@ class SessionSweeper:
         for _ in range(MAX_PAGES):
             sessions = await self._store.quiet(project, min(idle), now, offset=offset, limit=PAGE)
             due: list[_Due] = []
+            poisoned: list[str] = []
             for session in sessions:
                 if len(session.turns) < MIN_TURNS:
                     continue
-                subject = session_subject(session.turns)
+                try:
+                    subject = session_subject(session.turns)
+                except Exception as exc:  # a turn no member can read: drop the session, not the sweep
+                    log.warning("session cannot be assembled; dropped from the sweep", project=project,
+                                session=session.session_id, error=repr(exc)[:300])
+                    poisoned.append(session.session_id)
+                    continue
                 quiet_for = now - session.last_activity
                 for group in groups:
                     assert group.online is not None
@@ -120,6 +134,8 @@ class SessionSweeper:
             settled = [s.session_id for s in sessions
                        if now - s.last_activity >= max(idle) and s.session_id not in unsettled]
             await self._store.forget(project, settled, not_after=now - max(idle))
+            await self._store.forget(project, poisoned, not_after=now)  # back only if it grows
+            settled += [p for p in poisoned if p not in settled]
             if len(sessions) < PAGE:
                 break
             offset += len(sessions) - len(settled)  # the settled ones left the index

@@ -30,9 +30,10 @@ import structlog
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, ConsumerRebalanceListener, TopicPartition
 from aiokafka.errors import KafkaError
 from aiokafka.structs import OffsetAndMetadata
+from redis.exceptions import RedisError
 
 from consumers.batcher import Batcher
-from consumers.decode import DeadLetter, decode_trace
+from consumers.decode import DeadLetter, decode_trace, unprocessable
 from consumers.events import NoEvents, PipelineEvents
 from consumers.offsets import CommitOnRevoke, OffsetTracker, PartitionOffsets
 from consumers.outputs import Outputs, TopicNames
@@ -193,7 +194,7 @@ class TraceConsumer:
         snapshot = self._catalog()  # one catalog version for the whole batch
         started = time.monotonic()
         assigned = self._consumer.assignment()
-        traces: list[tuple[PartitionOffsets, int, Trace]] = []
+        traces: list[tuple[PartitionOffsets, Any, Trace]] = []
         dead: list[tuple[PartitionOffsets, int, DeadLetter]] = []
         count = 0
         # Every record is started before the first await: a rebalance can run during an await,
@@ -209,22 +210,29 @@ class TraceConsumer:
                 if isinstance(decoded, DeadLetter):
                     dead.append((ticket, record.offset, decoded))
                 else:
-                    traces.append((ticket, record.offset, decoded))
+                    traces.append((ticket, record, decoded))
         self._events.consumed(count)
+
+        # Nothing a tenant sends may raise out of this loop: a trace that breaks routing is
+        # dead-lettered with the reason, and the others go on.
+        pairs_by_trace = []
+        for ticket, record, trace in traces:
+            try:
+                pairs_by_trace.append((ticket, record, trace, self._route(trace, snapshot)))
+            except Exception as exc:
+                dead.append((ticket, record.offset, self._unprocessable(record, "routing", exc)))
         for ticket, offset, letter in dead:
             await self._dead_letter(ticket, offset, letter)
-
-        pairs_by_trace = [(ticket, offset, trace, self._route(trace, snapshot))
-                          for ticket, offset, trace in traces]
         if self._turns is not None:
             # Session-scope groups never score a single trace: they judge the conversation later.
-            turns = [trace for _, _, trace in traces
+            turns = [trace for _, _, trace, _ in pairs_by_trace
                      if trace.session_id and snapshot.live_groups(trace.project_id, "session")]
             if turns:
                 await self._turns.record(turns)
         claims = await self._claims.claim_many([p.claim for *_, pairs in pairs_by_trace for p in pairs])
         cursor = 0
-        for ticket, offset, trace, pairs in pairs_by_trace:
+        for ticket, record, trace, pairs in pairs_by_trace:
+            offset = record.offset
             states = claims[cursor:cursor + len(pairs)]
             cursor += len(pairs)
             work: list[tuple[_Pair, bool]] = []
@@ -244,7 +252,7 @@ class TraceConsumer:
                 ticket.finished(offset)
                 continue
             unpublished = {pair.claim for pair, _ in work}
-            task = asyncio.create_task(self._job(ticket, offset, work, unpublished, started))
+            task = asyncio.create_task(self._job(ticket, record, work, unpublished, started))
             self._jobs[task] = unpublished
             task.add_done_callback(self._job_done)
         self._events.in_flight(self._offsets.in_flight())
@@ -273,25 +281,40 @@ class TraceConsumer:
 
     # --- one trace -----------------------------------------------------------------------------
 
-    async def _job(self, ticket: PartitionOffsets, offset: int, work: list[tuple[_Pair, bool]],
+    async def _job(self, ticket: PartitionOffsets, record: Any, work: list[tuple[_Pair, bool]],
                    unpublished: set[ClaimRequest], started: float) -> None:
         """One trace: each pair is scored and published on its own, so a pair waiting on another
         worker's lease never holds back (and lets expire) the lease of a pair that is ready."""
         snapshot = self._catalog()
-        await asyncio.gather(*(self._pair(pair, busy, snapshot, unpublished) for pair, busy in work))
-        ticket.finished(offset)
+        failures = await asyncio.gather(*(self._pair(pair, busy, snapshot, unpublished) for pair, busy in work))
+        broken = [f for f in failures if f is not None]
+        if broken:
+            # The trace broke scoring (not an outage): dead-letter it; its other pairs are out.
+            await self._dead_letter(ticket, record.offset, self._unprocessable(record, "scoring", broken[0]))
+        else:
+            ticket.finished(record.offset)
         self._events.latency(time.monotonic() - started)
 
     async def _pair(self, pair: _Pair, busy: bool, snapshot: CatalogSnapshot,
-                    unpublished: set[ClaimRequest]) -> None:
-        result = await self._score(pair, busy, snapshot)
+                    unpublished: set[ClaimRequest]) -> Exception | None:
+        """Score and publish one pair; return the exception if the trace itself broke scoring."""
+        try:
+            result = await self._score(pair, busy, snapshot)
+        except (RedisError, KafkaError):
+            raise  # an outage, not the trace's fault: the worker stops without committing
+        except Exception as exc:
+            unpublished.discard(pair.claim)
+            with contextlib.suppress(Exception):
+                await self._claims.release([pair.claim])
+            return exc
         unpublished.discard(pair.claim)  # from here on the pair is published or was decided elsewhere
         if result is None:
-            return
+            return None
         publishing = asyncio.create_task(self._publish(pair, result, snapshot))
         self._publishing.add(publishing)
         publishing.add_done_callback(self._publishing.discard)
         await asyncio.shield(publishing)
+        return None
 
     async def _publish(self, pair: _Pair, result: GroupResult, snapshot: CatalogSnapshot) -> None:
         try:
@@ -325,6 +348,12 @@ class TraceConsumer:
         # History first: a pair marked done is never scored again, so its record must exist.
         await self._ratings.record([i.event for i in items])
         await self._claims.mark_done([(i.claim, i.rating_id) for i in items])
+
+    def _unprocessable(self, record: Any, step: str, exc: BaseException) -> DeadLetter:
+        log.warning("a trace broke a step; dead-lettered", step=step, error=repr(exc)[:300],
+                    topic=record.topic, partition=record.partition, offset=record.offset)
+        return unprocessable(record.topic, record.partition, record.offset, record.key, record.value,
+                             f"{step} failed: {type(exc).__name__}: {str(exc)[:300]}", self._max_trace_bytes)
 
     async def _dead_letter(self, ticket: PartitionOffsets, offset: int, dead: DeadLetter) -> None:
         self._events.dead_lettered(dead.reason)

@@ -29,9 +29,53 @@ class EgressRefused(Exception):
         self.retriable = retriable
 
 
+_NAT64 = (ipaddress.ip_network("64:ff9b::/96"), ipaddress.ip_network("64:ff9b:1::/48"))
+_MAX_URL_CHARS = 2_000
+
+
+def check_url_shape(url: str) -> str:
+    """Validate a user URL whole, at save time: http(s), a host, a port in range, nothing a
+    parser could read two ways. Returns it unchanged; raises ValueError saying what is wrong."""
+    if len(url) > _MAX_URL_CHARS:
+        raise ValueError(f"url is longer than {_MAX_URL_CHARS} characters")
+    if any(c.isspace() or ord(c) < 32 or ord(c) == 127 or c == "\\" for c in url):
+        raise ValueError("url must not contain spaces, control characters or backslashes")
+    try:
+        parts = urlsplit(url)
+        port = parts.port  # raises ValueError when out of range or not a number
+        host = parts.hostname
+    except ValueError as exc:
+        raise ValueError(f"url cannot be parsed: {exc}") from None
+    if parts.scheme not in ("http", "https"):
+        raise ValueError("url must start with http:// or https://")
+    if not host:
+        raise ValueError("url has no host")
+    if port == 0:
+        raise ValueError("url has port 0")
+    if host.startswith("[") or "%" in host:
+        raise ValueError("url host is not a valid name or address")
+    return url
+
+
+def _embedded_ipv4(address: ipaddress.IPv6Address) -> ipaddress.IPv4Address | None:
+    """The IPv4 address an IPv6 transition form carries (mapped, 6to4, Teredo, NAT64), if any:
+    each of them reaches that IPv4 host, so it is checked as that host."""
+    if address.ipv4_mapped is not None:
+        return address.ipv4_mapped
+    if address.sixtofour is not None:
+        return address.sixtofour
+    if address.teredo is not None:
+        return address.teredo[1]  # the client: where the traffic is delivered
+    if any(address in net for net in _NAT64):
+        return ipaddress.IPv4Address(int(address) & 0xFFFFFFFF)
+    return None
+
+
 def _forbidden(address: IPAddress) -> bool:
-    if isinstance(address, ipaddress.IPv6Address) and address.ipv4_mapped is not None:
-        address = address.ipv4_mapped
+    if isinstance(address, ipaddress.IPv6Address):
+        embedded = _embedded_ipv4(address)
+        if embedded is not None and _forbidden(embedded):
+            return True
     return (address.is_private or address.is_loopback or address.is_link_local
             or address.is_reserved or address.is_multicast or address.is_unspecified
             or (isinstance(address, ipaddress.IPv4Address) and address in _SHARED))
@@ -82,17 +126,20 @@ class EgressPolicy:
     async def check(self, url: str) -> Target:
         """Raise EgressRefused unless every address ``url``'s host resolves to may be reached;
         return the request pinned to the address that was checked (see ``Target``)."""
-        parts = urlsplit(url)
-        if parts.scheme not in ("http", "https") or not parts.hostname:
-            raise EgressRefused(f"only http(s) URLs with a host are allowed, got {url!r}")
-        host = parts.hostname.lower().rstrip(".")
+        try:  # every parse error is a refusal: a stored URL must never raise anything else
+            check_url_shape(url)
+            parts = urlsplit(url)
+            host = (parts.hostname or "").lower().rstrip(".")
+            port = parts.port or (443 if parts.scheme == "https" else 80)
+        except ValueError as exc:
+            raise EgressRefused(f"url refused: {exc}") from None
         if host in self.hosts:
             return Target(url)  # trusted by name: the operator vouches for whatever it resolves to
         try:
             addresses = [ipaddress.ip_address(host)]
             literal = True
         except ValueError:
-            addresses = await _resolve(host, parts.port or (443 if parts.scheme == "https" else 80))
+            addresses = await _resolve(host, port)
             literal = False
         for address in addresses:
             if _forbidden(address) and not self._allowed(address):

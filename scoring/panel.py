@@ -22,6 +22,7 @@ from scoring.external import ExternalClient
 from scoring.http import MemberError
 from scoring.judge import JudgeClient
 from scoring.models import CustomEvaluator, Judge, Member, Pattern, Polarity, ScorerGroup
+from scoring.patterns import DEADLINE_S as PATTERN_DEADLINE_S
 from scoring.patterns import compiled
 from scoring.redact import Redactor
 from scoring.sandbox import CodeScorerError, SandboxPool
@@ -146,7 +147,10 @@ class Panel:
             verdict = await self._judges.grade(scorer, subject)
             return verdict.rating, verdict.justification, None, False
         if isinstance(scorer, Pattern):
-            result = compiled(scorer).check(subject.input, subject.output)
+            try:
+                result = await compiled(scorer).check_off_loop(subject.input, subject.output)
+            except TimeoutError:
+                raise MemberError(f"pattern timed out after {PATTERN_DEADLINE_S:g}s") from None
             return result.matched, result.detail, scorer.polarity, False
         if scorer.type == "code":
             if self._sandbox is None:

@@ -4,17 +4,30 @@ A pattern answers matched / not matched; ``blend.goodness`` reads that through i
 Each pattern version is compiled once (``compiled``), never per trace. Templates whose shape
 alone over-matches (credit cards, SSNs) confirm each candidate in Python: a Luhn checksum, the
 SSN area and group rules.
+
+Bounded, because patterns are written by tenants: a regex's program size is capped at save time
+(``models.MAX_REGEX_PROGRAM_SIZE``), a pattern reads at most ``MAX_TEXT_CHARS`` of each side (the
+verdict's detail says when it read less), and ``check_off_loop`` runs long texts in a thread
+under a deadline, so that no pattern can stall the event loop (heartbeats, other traces).
 """
 
 from __future__ import annotations
 
+import asyncio
 import functools
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
 import re2
 
 from scoring.models import Pattern, PatternTemplate, compile_user_regex
+
+MAX_TEXT_CHARS = 262_144  # of each side (input, output) that a pattern reads
+INLINE_TEXT_CHARS = 16_384  # up to this much text, matching on the event loop costs under a millisecond
+DEADLINE_S = 5.0  # a pattern that has not answered by then could not score
+# RE2 releases the GIL while it matches: these threads run beside the event loop.
+_THREADS = ThreadPoolExecutor(max_workers=2, thread_name_prefix="pattern")
 
 
 def luhn_valid(digits: str) -> bool:
@@ -104,14 +117,28 @@ class CompiledPattern:
                 return int(match.start())
         return None
 
+    def sides(self, input_text: str, output_text: str) -> list[tuple[str, str]]:
+        return {"output": [("output", output_text)], "input": [("input", input_text)],
+                "both": [("input", input_text), ("output", output_text)]}[self.target]
+
     def check(self, input_text: str, output_text: str) -> PatternVerdict:
-        sides = {"output": [("output", output_text)], "input": [("input", input_text)],
-                 "both": [("input", input_text), ("output", output_text)]}[self.target]
+        sides = self.sides(input_text, output_text)
+        cut = [side for side, text in sides if len(text) > MAX_TEXT_CHARS]
         for side, text in sides:
-            offset = self._find(text)
+            offset = self._find(text[:MAX_TEXT_CHARS])
             if offset is not None:
                 return PatternVerdict(True, f"{self._what} matched in {side} at offset {offset}")
-        return PatternVerdict(False, f"{self._what} did not match the {self.target}")
+        read = f" (read the first {MAX_TEXT_CHARS} characters of the {', '.join(cut)})" if cut else ""
+        return PatternVerdict(False, f"{self._what} did not match the {self.target}{read}")
+
+    async def check_off_loop(self, input_text: str, output_text: str) -> PatternVerdict:
+        """``check``, in a thread when the text is long; raises TimeoutError past DEADLINE_S."""
+        length = sum(min(len(text), MAX_TEXT_CHARS) for _, text in self.sides(input_text, output_text))
+        if length <= INLINE_TEXT_CHARS:
+            return self.check(input_text, output_text)
+        work = asyncio.get_running_loop().run_in_executor(_THREADS, self.check, input_text, output_text)
+        async with asyncio.timeout(DEADLINE_S):
+            return await work
 
 
 @functools.lru_cache(maxsize=4096)

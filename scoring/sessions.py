@@ -41,6 +41,17 @@ return 1
 """
 
 
+def _readable_turns(raw_turns: list[bytes]) -> list[Trace]:
+    """The stored turns that still read as traces; an unreadable one is left out, not raised."""
+    turns = []
+    for raw in raw_turns:
+        try:
+            turns.append(Trace.model_validate_json(raw))
+        except ValueError:
+            log.warning("a stored session turn is unreadable; left out", size=len(raw))
+    return turns
+
+
 @dataclass(frozen=True, slots=True)
 class QuietSession:
     project_id: str
@@ -87,8 +98,7 @@ class SessionStore:
             for session_id, _ in found:
                 pipe.hvals(keys.session_turns(project_id, session_id.decode()))
             turn_lists = await pipe.execute()
-        return [QuietSession(project_id, session_id.decode(), float(last),
-                             [Trace.model_validate_json(raw) for raw in turns])
+        return [QuietSession(project_id, session_id.decode(), float(last), _readable_turns(turns))
                 for (session_id, last), turns in zip(found, turn_lists, strict=True)]
 
     async def forget(self, project_id: str, session_ids: list[str], not_after: float) -> None:
