@@ -34,7 +34,7 @@ class Api:
 
 @pytest.fixture(scope="module")
 def api(redis_url: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Api]:
-    url = redis_db(redis_url, 12)
+    url = redis_db(redis_url, 14)
     sync_redis.Redis.from_url(url).flushdb()
     keys = {"a": create_key(url, "--project", "p-a", "--name", "team a"),
             "b": create_key(url, "--project", "p-b"),

@@ -1,0 +1,185 @@
+"""The async twin of ``_sync``: ``AsyncClient(base_url, api_key)``, every call awaited; the same
+requests (``_calls``), retries and models."""
+
+from __future__ import annotations
+
+import asyncio
+import builtins
+from collections.abc import Mapping, Sequence
+from typing import Any, Generic, TypeVar
+
+import httpx
+
+from scorer_groups import _calls as calls
+from scorer_groups._calls import Call, Retry, raise_for_problem
+from scoring.api_models import Change, Channel, Ratings, SessionScore
+from scoring.models import Budget, CustomEvaluator, Judge, Pattern, ScorerGroup, WireModel
+
+T = TypeVar("T")
+S = TypeVar("S", bound=WireModel)
+
+
+class Transport:
+    def __init__(self, base_url: str, api_key: str, *, timeout_s: float, retry: Retry,
+                 http: httpx.AsyncClient | None = None) -> None:
+        self._http = http or httpx.AsyncClient(base_url=base_url, timeout=timeout_s)
+        self._headers = {"Authorization": f"Bearer {api_key}", "User-Agent": "scorer-groups-sdk"}
+        self._retry = retry
+
+    async def close(self) -> None:
+        await self._http.aclose()
+
+    async def send(self, call: Call[Any], params: Mapping[str, Any] | None = None) -> httpx.Response:
+        attempt = 0
+        while True:
+            response = await self._http.request(call.method, call.path, params={**call.params, **(params or {})},
+                                          json=call.json, headers={**self._headers, **call.headers})
+            delay = self._retry.delay(attempt, response)
+            if delay is None:
+                raise_for_problem(response)
+                return response
+            attempt += 1
+            await asyncio.sleep(delay)
+
+    async def run(self, call: Call[T]) -> T:
+        if call.item is None:
+            return call.parse(await self.send(call))
+        items: builtins.list[Any] = []
+        cursor: str | None = None
+        while True:
+            page, cursor = call.page_items(await self.send(call, {"limit": calls.PAGE_SIZE,
+                                                            **({"cursor": cursor} if cursor else {})}))
+            items += page
+            if cursor is None:
+                return items  # type: ignore[return-value]
+
+
+class ScorerGroups:
+    """``client.monitor.scorer_groups``: the spec's surface."""
+
+    def __init__(self, transport: Transport) -> None:
+        self._t = transport
+
+    async def list(self) -> builtins.list[ScorerGroup]:
+        return await self._t.run(calls.list_groups())
+
+    async def get(self, id: str) -> ScorerGroup:
+        return await self._t.run(calls.get_group(id))
+
+    async def create(self, name: str, members: Sequence[Any], description: str | None = None,
+               online: Mapping[str, Any] | None = None, **extra: Any) -> ScorerGroup:
+        """``extra``: ``project_id`` when an operator key creates (a project key needs none)."""
+        return await self._t.run(calls.create_group(name, members, description, online, extra))
+
+    async def update(self, id: str, *, if_match: str | None = None, **fields: Any) -> ScorerGroup:
+        """Sparse: ``online`` merges key by key; ``online=None`` detaches live scoring."""
+        return await self._t.run(calls.update_group(id, fields, if_match))
+
+    async def delete(self, id: str, *, if_match: str | None = None) -> None:
+        await self._t.run(calls.delete_group(id, if_match))
+
+    async def ratings(self, id: str, window: str = "7d") -> Ratings:
+        return await self._t.run(calls.group_ratings(id, window))
+
+    async def changes(self, id: str) -> builtins.list[Change]:
+        return await self._t.run(calls.group_changes(id))
+
+
+class Sessions:
+    def __init__(self, transport: Transport) -> None:
+        self._t = transport
+
+    async def scores(self, session_id: str) -> builtins.list[SessionScore]:
+        return await self._t.run(calls.session_scores(session_id))
+
+
+class Scorers(Generic[S]):
+    """``client.monitor.judges`` / ``.patterns`` / ``.customs``: fields by snake_case or camelCase."""
+
+    def __init__(self, transport: Transport, model: type[S]) -> None:
+        self._t, self._model, self._path = transport, model, calls.SCORER_PATHS[model]
+
+    async def list(self) -> builtins.list[S]:
+        return await self._t.run(calls.list_docs(self._model, self._path))
+
+    async def get(self, id: str) -> S:
+        return await self._t.run(calls.get_doc(self._model, self._path, id))
+
+    async def create(self, **fields: Any) -> S:
+        return await self._t.run(calls.create_doc(self._model, self._path, fields))
+
+    async def update(self, id: str, **fields: Any) -> S:
+        """Changes the fields given; fails with PreconditionFailed if someone else changed the
+        scorer between this call's read and its write."""
+        response = await self._t.send(calls.get_doc(self._model, self._path, id))
+        stored = self._model.model_validate_json(response.content)
+        return await self._t.run(calls.replace_doc(self._model, self._path, id, calls.merged(stored, fields),
+                                             response.headers.get("etag")))
+
+    async def delete(self, id: str) -> None:
+        await self._t.run(calls.delete_doc(self._path, id))
+
+
+class Budgets:
+    def __init__(self, transport: Transport) -> None:
+        self._t = transport
+
+    async def list(self) -> builtins.list[Budget]:
+        return await self._t.run(calls.list_docs(Budget, "budgets"))
+
+    async def get(self, project_id: str) -> Budget:
+        return await self._t.run(calls.get_doc(Budget, "budgets", project_id))
+
+    async def set(self, project_id: str, judge_calls_per_window: int, window_seconds: int = 3600) -> Budget:
+        return await self._t.run(calls.put_budget(project_id, judge_calls_per_window, window_seconds))
+
+    async def delete(self, project_id: str) -> None:
+        await self._t.run(calls.delete_doc("budgets", project_id))
+
+
+class Channels:
+    """Alert channels; a secret goes in and is never read back (``has_secret`` says if one is set)."""
+
+    def __init__(self, transport: Transport) -> None:
+        self._t = transport
+
+    async def list(self) -> builtins.list[Channel]:
+        return await self._t.run(calls.list_docs(Channel, "channels"))
+
+    async def get(self, id: str) -> Channel:
+        return await self._t.run(calls.get_doc(Channel, "channels", id))
+
+    async def create(self, agent_id: str, url: str, secret: str | None = None, **extra: Any) -> Channel:
+        return await self._t.run(calls.create_channel(agent_id, url, secret, extra))
+
+    async def delete(self, id: str) -> None:
+        await self._t.run(calls.delete_doc("channels", id))
+
+
+class Monitor:
+    def __init__(self, transport: Transport) -> None:
+        self.scorer_groups = ScorerGroups(transport)
+        self.sessions = Sessions(transport)
+        self.judges: Scorers[Judge] = Scorers(transport, Judge)
+        self.patterns: Scorers[Pattern] = Scorers(transport, Pattern)
+        self.customs: Scorers[CustomEvaluator] = Scorers(transport, CustomEvaluator)
+        self.budgets = Budgets(transport)
+        self.channels = Channels(transport)
+
+
+class AsyncClient:
+    """``AsyncClient(base_url, api_key)``; use as an async context manager or await ``close()``."""
+
+    def __init__(self, base_url: str, api_key: str, *, timeout_s: float = 30.0, retry: Retry | None = None,
+                 http: httpx.AsyncClient | None = None) -> None:
+        self._transport = Transport(base_url, api_key, timeout_s=timeout_s, retry=retry or Retry(), http=http)
+        self.monitor = Monitor(self._transport)
+
+    async def close(self) -> None:
+        await self._transport.close()
+
+    async def __aenter__(self) -> AsyncClient:
+        return self
+
+    async def __aexit__(self, *_: object) -> None:
+        await self.close()

@@ -1,0 +1,191 @@
+"""What each SDK method sends and how it reads the answer - written once, run by the sync
+client and its async twin alike (``_sync``, ``_async``)."""
+
+from __future__ import annotations
+
+import builtins
+import random
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Generic, TypeVar
+from urllib.parse import quote
+
+import httpx
+from pydantic import BaseModel, TypeAdapter
+from pydantic.alias_generators import to_camel
+
+from scorer_groups.errors import ApiError, error_for
+from scoring.api_models import Change, Channel, Ratings, SessionScore
+from scoring.models import Budget, CustomEvaluator, Judge, Pattern, ScorerGroup, WireModel
+
+T = TypeVar("T")
+RETRY_STATUSES = (429, 503)
+PAGE_SIZE = 200
+
+
+@dataclass(frozen=True)
+class Call(Generic[T]):
+    """One request and how its answer becomes a value."""
+
+    method: str
+    path: str
+    parse: Callable[[httpx.Response], T]
+    params: dict[str, Any] = field(default_factory=dict)
+    json: Any = None
+    headers: dict[str, str] = field(default_factory=dict)
+    item: TypeAdapter[Any] | None = None  # a list: follow nextCursor to the last page, read each item
+
+    def page_items(self, response: httpx.Response) -> tuple[builtins.list[Any], str | None]:
+        assert self.item is not None
+        body = response.json()
+        return [self.item.validate_python(x) for x in body["items"]], body.get("nextCursor")
+
+
+@dataclass(frozen=True)
+class Retry:
+    """Retries on 429 and 503: ``Retry-After`` when the server gives one (capped), otherwise
+    exponential backoff with jitter."""
+
+    attempts: int = 3
+    backoff_s: float = 0.5
+    max_wait_s: float = 30.0
+
+    def delay(self, attempt: int, response: httpx.Response) -> float | None:
+        """Seconds to wait before retrying, or None to give up."""
+        if response.status_code not in RETRY_STATUSES or attempt >= self.attempts:
+            return None
+        after = response.headers.get("retry-after", "")
+        if after.isdigit():
+            return min(float(after), self.max_wait_s)
+        return min(self.backoff_s * float(2 ** attempt) * (1 + random.random() / 4), self.max_wait_s)
+
+
+def raise_for_problem(response: httpx.Response) -> None:
+    if response.status_code < 400:
+        return
+    try:
+        problem = response.json()
+        if not isinstance(problem, dict):
+            raise ValueError
+    except ValueError:
+        problem = {"status": response.status_code, "detail": response.text[:1000]}
+    raise error_for(response.status_code, problem)
+
+
+def _model(model: type[T]) -> Callable[[httpx.Response], T]:
+    adapter = TypeAdapter(model)
+    return lambda response: adapter.validate_json(response.content)
+
+
+def _nothing(_: httpx.Response) -> None:
+    return None
+
+
+def _paged(path: str, model: Any) -> Call[Any]:
+    return Call("GET", path, _nothing, item=TypeAdapter(model))
+
+
+def _wire(value: Any) -> Any:
+    """SDK arguments as JSON: models by their wire form, snake_case keys to camelCase."""
+    if isinstance(value, WireModel):
+        return value.wire()
+    if isinstance(value, BaseModel):
+        return value.model_dump(mode="json", by_alias=True)
+    if isinstance(value, Mapping):
+        return {to_camel(str(k)) if "_" in str(k) else str(k): _wire(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [_wire(v) for v in value]
+    return value
+
+
+def _id(value: str) -> str:
+    return quote(str(value), safe="")
+
+
+def _if_match(etag: str | None) -> dict[str, str]:
+    return {"If-Match": etag} if etag else {}
+
+
+# --- /v1/scorer-groups and /v1/sessions -------------------------------------------------------
+
+
+def list_groups() -> Call[builtins.list[ScorerGroup]]:
+    return _paged("/v1/scorer-groups", ScorerGroup)
+
+
+def get_group(group_id: str) -> Call[ScorerGroup]:
+    return Call("GET", f"/v1/scorer-groups/{_id(group_id)}", _model(ScorerGroup))
+
+
+def create_group(name: str, members: Sequence[Any], description: str | None, online: Any,
+                 extra: Mapping[str, Any]) -> Call[ScorerGroup]:
+    body = {"name": name, "members": _wire(list(members)), "description": description,
+            "online": _wire(online), **_wire(dict(extra))}
+    return Call("POST", "/v1/scorer-groups", _model(ScorerGroup), json=body)
+
+
+def update_group(group_id: str, fields: Mapping[str, Any], if_match: str | None) -> Call[ScorerGroup]:
+    """Sparse: only the fields given are sent; ``online`` is merged key by key by the server,
+    and ``online=None`` detaches live scoring."""
+    return Call("PATCH", f"/v1/scorer-groups/{_id(group_id)}", _model(ScorerGroup), json=_wire(dict(fields)),
+                headers=_if_match(if_match))
+
+
+def delete_group(group_id: str, if_match: str | None) -> Call[None]:
+    return Call("DELETE", f"/v1/scorer-groups/{_id(group_id)}", _nothing, headers=_if_match(if_match))
+
+
+def group_ratings(group_id: str, window: str) -> Call[Ratings]:
+    return Call("GET", f"/v1/scorer-groups/{_id(group_id)}/ratings", _model(Ratings), params={"window": window})
+
+
+def group_changes(group_id: str) -> Call[builtins.list[Change]]:
+    return _paged(f"/v1/scorer-groups/{_id(group_id)}/changes", Change)
+
+
+def session_scores(session_id: str) -> Call[builtins.list[SessionScore]]:
+    return Call("GET", f"/v1/sessions/{_id(session_id)}/scores", _model(builtins.list[SessionScore]))
+
+
+# --- Scorers, budgets, channels ---------------------------------------------------------------
+
+SCORER_PATHS: dict[type[WireModel], str] = {Judge: "judges", Pattern: "patterns", CustomEvaluator: "customs"}
+
+
+def list_docs(model: type[T], path: str) -> Call[builtins.list[T]]:
+    return _paged(f"/v1/{path}", model)
+
+
+def get_doc(model: type[T], path: str, id_: str) -> Call[T]:
+    return Call("GET", f"/v1/{path}/{_id(id_)}", _model(model))
+
+
+def create_doc(model: type[T], path: str, fields: Mapping[str, Any]) -> Call[T]:
+    return Call("POST", f"/v1/{path}", _model(model), json=_wire(dict(fields)))
+
+
+def replace_doc(model: type[T], path: str, id_: str, body: Mapping[str, Any], if_match: str | None) -> Call[T]:
+    return Call("PUT", f"/v1/{path}/{_id(id_)}", _model(model), json=_wire(dict(body)), headers=_if_match(if_match))
+
+
+def delete_doc(path: str, id_: str, if_match: str | None = None) -> Call[None]:
+    return Call("DELETE", f"/v1/{path}/{_id(id_)}", _nothing, headers=_if_match(if_match))
+
+
+def merged(stored: WireModel, fields: Mapping[str, Any]) -> dict[str, Any]:
+    """A stored scorer with ``fields`` put over it, as a PUT body (the server picks the id)."""
+    body = {k: v for k, v in stored.wire().items() if k != "id"}
+    return {**body, **_wire(dict(fields))}
+
+
+def put_budget(project_id: str, judge_calls_per_window: int, window_seconds: int) -> Call[Budget]:
+    return Call("PUT", f"/v1/budgets/{_id(project_id)}", _model(Budget),
+                json={"judgeCallsPerWindow": judge_calls_per_window, "windowSeconds": window_seconds})
+
+
+def create_channel(agent_id: str, url: str, secret: str | None, extra: Mapping[str, Any]) -> Call[Channel]:
+    return Call("POST", "/v1/channels", _model(Channel),
+                json={"agentId": agent_id, "url": url, "secret": secret, **_wire(dict(extra))})
+
+
+__all__ = ["ApiError", "Call", "Retry"]

@@ -1,0 +1,184 @@
+"""The synchronous client: ``Client(base_url, api_key).monitor.scorer_groups.create(...)``."""
+
+from __future__ import annotations
+
+import builtins
+import time
+from collections.abc import Mapping, Sequence
+from typing import Any, Generic, TypeVar
+
+import httpx
+
+from scorer_groups import _calls as calls
+from scorer_groups._calls import Call, Retry, raise_for_problem
+from scoring.api_models import Change, Channel, Ratings, SessionScore
+from scoring.models import Budget, CustomEvaluator, Judge, Pattern, ScorerGroup, WireModel
+
+T = TypeVar("T")
+S = TypeVar("S", bound=WireModel)
+
+
+class Transport:
+    def __init__(self, base_url: str, api_key: str, *, timeout_s: float, retry: Retry,
+                 http: httpx.Client | None = None) -> None:
+        self._http = http or httpx.Client(base_url=base_url, timeout=timeout_s)
+        self._headers = {"Authorization": f"Bearer {api_key}", "User-Agent": "scorer-groups-sdk"}
+        self._retry = retry
+
+    def close(self) -> None:
+        self._http.close()
+
+    def send(self, call: Call[Any], params: Mapping[str, Any] | None = None) -> httpx.Response:
+        attempt = 0
+        while True:
+            response = self._http.request(call.method, call.path, params={**call.params, **(params or {})},
+                                          json=call.json, headers={**self._headers, **call.headers})
+            delay = self._retry.delay(attempt, response)
+            if delay is None:
+                raise_for_problem(response)
+                return response
+            attempt += 1
+            time.sleep(delay)
+
+    def run(self, call: Call[T]) -> T:
+        if call.item is None:
+            return call.parse(self.send(call))
+        items: builtins.list[Any] = []
+        cursor: str | None = None
+        while True:
+            page, cursor = call.page_items(self.send(call, {"limit": calls.PAGE_SIZE,
+                                                            **({"cursor": cursor} if cursor else {})}))
+            items += page
+            if cursor is None:
+                return items  # type: ignore[return-value]
+
+
+class ScorerGroups:
+    """``client.monitor.scorer_groups``: the spec's surface."""
+
+    def __init__(self, transport: Transport) -> None:
+        self._t = transport
+
+    def list(self) -> builtins.list[ScorerGroup]:
+        return self._t.run(calls.list_groups())
+
+    def get(self, id: str) -> ScorerGroup:
+        return self._t.run(calls.get_group(id))
+
+    def create(self, name: str, members: Sequence[Any], description: str | None = None,
+               online: Mapping[str, Any] | None = None, **extra: Any) -> ScorerGroup:
+        """``extra``: ``project_id`` when an operator key creates (a project key needs none)."""
+        return self._t.run(calls.create_group(name, members, description, online, extra))
+
+    def update(self, id: str, *, if_match: str | None = None, **fields: Any) -> ScorerGroup:
+        """Sparse: ``online`` merges key by key; ``online=None`` detaches live scoring."""
+        return self._t.run(calls.update_group(id, fields, if_match))
+
+    def delete(self, id: str, *, if_match: str | None = None) -> None:
+        self._t.run(calls.delete_group(id, if_match))
+
+    def ratings(self, id: str, window: str = "7d") -> Ratings:
+        return self._t.run(calls.group_ratings(id, window))
+
+    def changes(self, id: str) -> builtins.list[Change]:
+        return self._t.run(calls.group_changes(id))
+
+
+class Sessions:
+    def __init__(self, transport: Transport) -> None:
+        self._t = transport
+
+    def scores(self, session_id: str) -> builtins.list[SessionScore]:
+        return self._t.run(calls.session_scores(session_id))
+
+
+class Scorers(Generic[S]):
+    """``client.monitor.judges`` / ``.patterns`` / ``.customs``: fields by snake_case or camelCase."""
+
+    def __init__(self, transport: Transport, model: type[S]) -> None:
+        self._t, self._model, self._path = transport, model, calls.SCORER_PATHS[model]
+
+    def list(self) -> builtins.list[S]:
+        return self._t.run(calls.list_docs(self._model, self._path))
+
+    def get(self, id: str) -> S:
+        return self._t.run(calls.get_doc(self._model, self._path, id))
+
+    def create(self, **fields: Any) -> S:
+        return self._t.run(calls.create_doc(self._model, self._path, fields))
+
+    def update(self, id: str, **fields: Any) -> S:
+        """Changes the fields given; fails with PreconditionFailed if someone else changed the
+        scorer between this call's read and its write."""
+        response = self._t.send(calls.get_doc(self._model, self._path, id))
+        stored = self._model.model_validate_json(response.content)
+        return self._t.run(calls.replace_doc(self._model, self._path, id, calls.merged(stored, fields),
+                                             response.headers.get("etag")))
+
+    def delete(self, id: str) -> None:
+        self._t.run(calls.delete_doc(self._path, id))
+
+
+class Budgets:
+    def __init__(self, transport: Transport) -> None:
+        self._t = transport
+
+    def list(self) -> builtins.list[Budget]:
+        return self._t.run(calls.list_docs(Budget, "budgets"))
+
+    def get(self, project_id: str) -> Budget:
+        return self._t.run(calls.get_doc(Budget, "budgets", project_id))
+
+    def set(self, project_id: str, judge_calls_per_window: int, window_seconds: int = 3600) -> Budget:
+        return self._t.run(calls.put_budget(project_id, judge_calls_per_window, window_seconds))
+
+    def delete(self, project_id: str) -> None:
+        self._t.run(calls.delete_doc("budgets", project_id))
+
+
+class Channels:
+    """Alert channels; a secret goes in and is never read back (``has_secret`` says if one is set)."""
+
+    def __init__(self, transport: Transport) -> None:
+        self._t = transport
+
+    def list(self) -> builtins.list[Channel]:
+        return self._t.run(calls.list_docs(Channel, "channels"))
+
+    def get(self, id: str) -> Channel:
+        return self._t.run(calls.get_doc(Channel, "channels", id))
+
+    def create(self, agent_id: str, url: str, secret: str | None = None, **extra: Any) -> Channel:
+        return self._t.run(calls.create_channel(agent_id, url, secret, extra))
+
+    def delete(self, id: str) -> None:
+        self._t.run(calls.delete_doc("channels", id))
+
+
+class Monitor:
+    def __init__(self, transport: Transport) -> None:
+        self.scorer_groups = ScorerGroups(transport)
+        self.sessions = Sessions(transport)
+        self.judges: Scorers[Judge] = Scorers(transport, Judge)
+        self.patterns: Scorers[Pattern] = Scorers(transport, Pattern)
+        self.customs: Scorers[CustomEvaluator] = Scorers(transport, CustomEvaluator)
+        self.budgets = Budgets(transport)
+        self.channels = Channels(transport)
+
+
+class Client:
+    """``Client(base_url, api_key)``; use as a context manager or call ``close()``."""
+
+    def __init__(self, base_url: str, api_key: str, *, timeout_s: float = 30.0, retry: Retry | None = None,
+                 http: httpx.Client | None = None) -> None:
+        self._transport = Transport(base_url, api_key, timeout_s=timeout_s, retry=retry or Retry(), http=http)
+        self.monitor = Monitor(self._transport)
+
+    def close(self) -> None:
+        self._transport.close()
+
+    def __enter__(self) -> Client:
+        return self
+
+    def __exit__(self, *_: object) -> None:
+        self.close()

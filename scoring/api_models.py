@@ -1,0 +1,76 @@
+"""Wire models of the HTTP API's answers that are not catalog documents: a group's ratings
+history, session verdicts, change-log entries and alert channels as shown (secrets never).
+
+The API declares its responses with them and the SDK (``scorer_groups``) parses with them, so
+the two cannot drift. Catalog documents themselves are ``scoring.models``.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+from pydantic.alias_generators import to_camel
+
+
+class ApiModel(BaseModel):
+    """camelCase on the wire; ``model["field"]`` reads a field too (by wire or Python name), so
+    results print and index like the spec's examples."""
+
+    model_config = ConfigDict(alias_generator=to_camel, populate_by_name=True, frozen=True)
+
+    def __getitem__(self, name: str) -> Any:
+        for field_name, info in type(self).model_fields.items():
+            if name in (field_name, info.alias):
+                return getattr(self, field_name)
+        raise KeyError(name)
+
+
+class RatingBucket(ApiModel):
+    start: int = Field(description="Bucket start, Unix seconds.")
+    count: int
+    scored: int
+    mean: float | None
+    min: float | None
+    max: float | None
+    below_threshold: int
+    no_score: int
+
+
+class Ratings(ApiModel):
+    """A group's score history over a window, oldest bucket first (empty buckets included)."""
+
+    group_id: str
+    window: str
+    bucket_seconds: int
+    count: int
+    scored: int
+    mean: float | None
+    below_threshold: int
+    no_score: int
+    buckets: list[RatingBucket]
+
+
+class SessionScore(ApiModel):
+    kind: str = Field(description="scorer-group:<groupId>")
+    rating: float | None
+    justification: str
+    scored_at: float
+
+
+class Change(ApiModel):
+    at: float
+    actor: str = Field(description="The API key (id and name) or local user that made the change.")
+    action: Literal["created", "updated", "deleted"]
+    project_id: str | None
+    changes: dict[str, dict[str, Any]] = Field(description="field -> {before, after}; secrets masked.")
+
+
+class Channel(ApiModel):
+    """An alert channel as shown: whether it has a secret, never the secret."""
+
+    id: str
+    agent_id: str
+    url: str
+    project_id: str | None
+    has_secret: bool
