@@ -10,9 +10,8 @@ from __future__ import annotations
 from typing import Annotated, Any, Literal
 
 from fastapi import APIRouter, Header, Path, Request, Response
-from pydantic import BaseModel, ConfigDict, Field
-from pydantic.alias_generators import to_camel
 
+from scoring.api_models import Change, Ratings, SessionScore
 from scoring.catalog import etag
 from scoring.changes import ChangeLog
 from scoring.errors import NotFound
@@ -24,10 +23,6 @@ router = APIRouter(prefix="/v1", tags=["scorer groups"])
 IfMatch = Annotated[str | None, Header(description="An ETag from a read: the write fails with 412 if "
                                                    "the document changed since.")]
 GroupId = Annotated[str, Path(alias="id", max_length=128)]
-
-
-class ApiModel(BaseModel):
-    model_config = ConfigDict(alias_generator=to_camel, populate_by_name=True)
 
 
 class GroupCreate(WireModel):
@@ -63,44 +58,6 @@ class GroupPatch(WireModel):
 
 class GroupPage(Page):
     items: list[ScorerGroup]
-
-
-class RatingBucket(ApiModel):
-    start: int
-    count: int
-    scored: int
-    mean: float | None
-    min: float | None
-    max: float | None
-    below_threshold: int
-    no_score: int
-
-
-class Ratings(ApiModel):
-    group_id: str
-    window: str
-    bucket_seconds: int
-    count: int
-    scored: int
-    mean: float | None
-    below_threshold: int
-    no_score: int
-    buckets: list[RatingBucket]
-
-
-class SessionScore(ApiModel):
-    kind: str = Field(description="scorer-group:<groupId>")
-    rating: float | None
-    justification: str
-    scored_at: float
-
-
-class Change(ApiModel):
-    at: float
-    actor: str = Field(description="The API key (id and name) or local user that made the change.")
-    action: Literal["created", "updated", "deleted"]
-    project_id: str | None
-    changes: dict[str, dict[str, Any]] = Field(description="field -> {before, after}; secrets masked.")
 
 
 class ChangePage(Page):

@@ -14,11 +14,12 @@ from fastapi import APIRouter, Path, Request, Response
 from pydantic import Field, SecretStr
 from pydantic.json_schema import SkipJsonSchema
 
+from scoring.api_models import Channel
 from scoring.catalog import doc_id, etag
 from scoring.errors import InvalidDocument, NotFound
 from scoring.models import AlertChannel, Budget, CustomEvaluator, Id, Judge, Pattern, WireModel
 from worker.api.auth import Client, Who
-from worker.api.groups import ApiModel, IfMatch
+from worker.api.groups import IfMatch
 from worker.api.pages import Cursor, Limit, Page, page
 
 router = APIRouter(prefix="/v1")
@@ -180,16 +181,8 @@ class ChannelBody(WireModel):
     project_id: Id | None = None
 
 
-class ChannelOut(ApiModel):
-    id: str
-    agent_id: str
-    url: str
-    project_id: str | None
-    has_secret: bool
-
-
 class ChannelPage(Page):
-    items: list[ChannelOut]
+    items: list[Channel]
 
 
 def channel_id(channel: AlertChannel) -> str:
@@ -197,9 +190,9 @@ def channel_id(channel: AlertChannel) -> str:
     return "ch_" + hashlib.blake2b(doc_id(channel).encode(), digest_size=8).hexdigest()
 
 
-def _out(channel: WireModel) -> ChannelOut:
+def _out(channel: WireModel) -> Channel:
     assert isinstance(channel, AlertChannel)
-    return ChannelOut(id=channel_id(channel), agent_id=channel.agent_id, url=channel.url,
+    return Channel(id=channel_id(channel), agent_id=channel.agent_id, url=channel.url,
                       project_id=channel.project_id, has_secret=channel.secret is not None)
 
 
@@ -218,7 +211,7 @@ async def list_channels(client: Client, limit: Limit = 50, cursor: Cursor = None
     return ChannelPage(items=items, next_cursor=next_cursor)
 
 
-@router.post("/channels", response_model=ChannelOut, status_code=201, tags=["channels"])
+@router.post("/channels", response_model=Channel, status_code=201, tags=["channels"])
 async def put_channel(body: ChannelBody, client: Client, who: Who, request: Request, response: Response) -> Any:
     secret = body.secret.get_secret_value() if body.secret is not None else None
     doc = AlertChannel.model_validate({"agentId": body.agent_id, "url": body.url, "secret": secret,
@@ -229,7 +222,7 @@ async def put_channel(body: ChannelBody, client: Client, who: Who, request: Requ
     return out
 
 
-@router.get("/channels/{id}", response_model=ChannelOut, tags=["channels"])
+@router.get("/channels/{id}", response_model=Channel, tags=["channels"])
 async def get_channel(id_: Annotated[str, Path(alias="id", max_length=128)], client: Client) -> Any:
     return _out(await _channel(client, id_))
 
