@@ -53,7 +53,7 @@ class Outputs:
             acks.append(await self._producer.send(self._topics.signals, key=signal.key.encode(),
                                                   value=signal.to_json()))
             self._events.signal_raised(group.project_id, group.id, signal.severity)
-            urls = [channel.url for channel in snapshot.channels_for(subject.agent_id)]
+            urls = [channel.url for channel in snapshot.channels_for(subject.agent_id) if not channel.disabled]
             for delivery in build_deliveries(signal, urls):
                 acks.append(await self._producer.send(self._topics.webhooks, key=delivery.agent_id.encode(),
                                                       value=delivery.to_json()))

@@ -1,23 +1,35 @@
 """The webhook sender: deliveries from the webhooks topic, POSTed to the agents' alert channels.
 
-Each delivery is signed with its channel's secret (looked up in the catalog: secrets never
-travel on a topic) and retried with backoff on 429, 5xx and transport failures. A delivery
-that cannot be made - its URL is refused by the private-network guard, or the receiver keeps
-failing - goes to the webhooks dead-letter topic with the reason; one whose channel was deleted
-meanwhile is dropped with a log line. Offsets are committed only past finished deliveries.
+1. Ingest: a batch of records from the webhooks topic is written to the durable schedule in
+   Redis (``scoring.delivery_schedule``) in one script call - malformed records go to the
+   webhooks dead-letter topic - and only then do their offsets become committable. A record
+   seen before (a redelivery) is not scheduled again.
+2. Dispatch: fresh deliveries are attempted at once; due retries are claimed from Redis every
+   ``poll_s`` by whichever worker is alive, so restarts and rebalances resume them.
+3. Isolation: every channel has its own lane - a few attempts at a time and a circuit breaker
+   (``scoring.breaker``). A dead or slow channel fills only its own lane; what does not fit is
+   put back in the schedule without counting an attempt, so it never holds up another channel.
+4. Outcome of an attempt: 2xx delivered; 3xx (redirects are not followed), 408, 429, 5xx and
+   transport failures are retried on the schedule (Retry-After honoured); 410 Gone disables the
+   channel; other 4xx are final. A final failure or an exhausted schedule goes to the dead-letter
+   topic with the attempt history (``scorer-worker webhooks replay`` sends it again). A channel
+   failing without a success for ``disable_after_s`` is disabled.
 
-Deliveries follow Standard Webhooks 1.0 (see ``scoring.signing``): receivers verify
+Deliveries follow Standard Webhooks 1.0 (``scoring.signing``): receivers verify
 ``webhook-signature`` with the channel's ``whsec_`` secret and deduplicate on ``webhook-id``
-(the delivery's id, the same on every retry and redelivery).
+(the delivery's id, the same on every retry, redelivery and replay).
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import hashlib
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
 from datetime import UTC, datetime
-from typing import Any
+from typing import Any, Protocol
 
 import httpx
 import structlog
@@ -28,14 +40,18 @@ from pydantic.alias_generators import to_camel
 
 from consumers.offsets import CommitOnRevoke, OffsetTracker
 from scoring import signing
+from scoring.breaker import CircuitBreaker
 from scoring.catalog import CatalogSnapshot
-from scoring.egress import EgressPolicy, EgressRefused, Target
-from scoring.http import MemberError, RetryPolicy, post_json
+from scoring.channels import channel_id
+from scoring.delivery_schedule import Attempt, DeliverySchedule, PendingDelivery, RetrySchedule
+from scoring.egress import EgressPolicy, EgressRefused
+from scoring.http import describe_status, retry_after_seconds
+from scoring.models import AlertChannel
 from scoring.results import WebhookDelivery
 
 log = structlog.get_logger(__name__)
 
-DELIVERY_RETRY = RetryPolicy(attempts=5, backoff_base_s=0.5, backoff_cap_s=10.0)
+RETRY_STATUSES = frozenset({408, 429})  # besides 3xx and 5xx
 
 
 class FailedDelivery(BaseModel):
@@ -43,119 +59,314 @@ class FailedDelivery(BaseModel):
 
     model_config = ConfigDict(alias_generator=to_camel, populate_by_name=True, frozen=True)
 
-    reason: str  # "invalid_delivery" | "url_refused" | "delivery_failed"
+    # invalid_delivery | url_refused | rejected | channel_gone | channel_disabled | delivery_failed
+    reason: str
     error: str
     delivery: Any
+    attempts: tuple[Attempt, ...] = ()
     failed_at: datetime
 
     def to_json(self) -> bytes:
         return self.model_dump_json(by_alias=True).encode()
 
 
+class WebhookEvents(Protocol):
+    """What the sender reports; the worker makes metrics of it."""
+
+    def delivery(self, channel: str, outcome: str) -> None: ...
+    def breaker(self, channel: str, state: str) -> None: ...
+    def channel_disabled(self, channel: str) -> None: ...
+    def pending(self, count: int, oldest_s: float) -> None: ...
+
+
+class NoWebhookEvents:
+    def delivery(self, channel: str, outcome: str) -> None: pass
+    def breaker(self, channel: str, state: str) -> None: pass
+    def channel_disabled(self, channel: str) -> None: pass
+    def pending(self, count: int, oldest_s: float) -> None: pass
+
+
+def channel_label(channel: AlertChannel) -> str:
+    """A metric and log label for a channel: the agent and a short hash of the URL (URLs may
+    carry credentials)."""
+    return f"{channel.agent_id}#{hashlib.sha256(channel.url.encode()).hexdigest()[:8]}"
+
+
+@dataclass(frozen=True)
+class SenderLimits:
+    timeout_s: float = 10.0  # one attempt
+    channel_concurrency: int = 4  # attempts at once per channel
+    channel_backlog: int = 8  # claimed deliveries waiting per channel beyond those
+    max_in_flight: int = 256  # claimed deliveries held by this worker
+    breaker_failures: int = 5
+    breaker_open_s: float = 30.0
+    disable_after_s: float = 86_400.0
+    poll_s: float = 0.5
+    commit_interval_s: float = 1.0
+
+    @property
+    def lease_s(self) -> float:
+        """How long a claim lasts: a wait in a full lane plus the attempt, with room."""
+        return self.timeout_s * (2 + self.channel_backlog / self.channel_concurrency) + 30.0
+
+
+@dataclass
+class Lane:
+    """One channel's share of the sender."""
+
+    slots: asyncio.Semaphore
+    breaker: CircuitBreaker
+    waiting: int = 0
+    reported_state: str = field(default="closed")
+
+
 class WebhookSender:
     def __init__(self, *, consumer: AIOKafkaConsumer, producer: AIOKafkaProducer, dlq_topic: str,
-                 catalog: Callable[[], CatalogSnapshot], egress: EgressPolicy, concurrency: int = 32,
-                 timeout_s: float = 60.0, commit_interval_s: float = 1.0,
-                 policy: RetryPolicy = DELIVERY_RETRY) -> None:
+                 catalog: Callable[[], CatalogSnapshot], schedule: DeliverySchedule, retry: RetrySchedule,
+                 egress: EgressPolicy, disable: Callable[[str, str], Awaitable[bool]],
+                 limits: SenderLimits = SenderLimits(), events: WebhookEvents | None = None,
+                 body: Callable[[AlertChannel, WebhookDelivery], bytes] | None = None) -> None:
         self._consumer = consumer
         self._producer = producer
         self._dlq_topic = dlq_topic
         self._catalog = catalog
+        self._schedule = schedule
+        self._retry = retry
         self._egress = egress
-        self._concurrency = concurrency
-        self._timeout_s = timeout_s
-        self._commit_interval_s = commit_interval_s
-        self._policy = policy
+        self._disable = disable
+        self._limits = limits
+        self._events = events or NoWebhookEvents()
+        self._body = body or (lambda _channel, delivery: delivery.to_json())
         self._offsets = OffsetTracker()
-        self._tasks: set[asyncio.Task[None]] = set()
+        self._tasks: dict[asyncio.Task[None], str] = {}  # attempt task -> delivery id it holds
+        self._lanes: dict[str, Lane] = {}
         self._http = httpx.AsyncClient(follow_redirects=False,
                                        headers={"User-Agent": "scorer-group-worker-webhooks"})
         self.delivered = 0  # for tests and logs
         self.failed: BaseException | None = None
 
+    # --- 1. Ingest ------------------------------------------------------------------------
+
     async def run(self, stop: asyncio.Event) -> None:
+        poller = asyncio.create_task(self._poll(stop), name="webhook-schedule-poller")
         last_commit = time.monotonic()
         try:
             while not stop.is_set() and self.failed is None:
-                room = self._concurrency - len(self._tasks)
-                if room <= 0:
-                    await asyncio.wait(self._tasks, timeout=self._commit_interval_s,
+                if len(self._tasks) >= self._limits.max_in_flight:
+                    await asyncio.wait(list(self._tasks), timeout=self._limits.poll_s,
                                        return_when=asyncio.FIRST_COMPLETED)
                 else:
-                    batches = await self._consumer.getmany(timeout_ms=200, max_records=room)
-                    for tp, records in batches.items():
-                        for record in records:
-                            self._start(tp, record.offset, record.value)
-                if time.monotonic() - last_commit >= self._commit_interval_s:
+                    batches = await self._consumer.getmany(timeout_ms=200, max_records=500)
+                    if batches:
+                        await self._ingest(batches)
+                if time.monotonic() - last_commit >= self._limits.commit_interval_s:
                     await self._commit()
                     last_commit = time.monotonic()
+        except Exception as exc:  # Kafka or Redis gone for good: stop; nothing committed is lost
+            self.failed = exc
+            log.exception("webhook sender stops")
         finally:
-            if self._tasks:  # finish what was started; deliveries are short and bounded
-                await asyncio.wait(self._tasks, timeout=self._timeout_s)
-            await self._commit()
+            poller.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await poller
+            await self._let_attempts_finish()
+            with contextlib.suppress(Exception):
+                await self._commit()
             await self._http.aclose()
 
-    def _start(self, tp: TopicPartition, offset: int, value: bytes | None) -> None:
-        ticket = self._offsets.started(tp, offset)
-        task = asyncio.create_task(self._handle(value))
-        self._tasks.add(task)
+    async def _ingest(self, batches: dict[TopicPartition, list[Any]]) -> None:
+        now = time.time()
+        fresh: list[PendingDelivery] = []
+        acks = []
+        finished = []
+        for tp, records in batches.items():
+            for record in records:
+                finished.append((self._offsets.started(tp, record.offset), record.offset))
+                try:
+                    delivery = WebhookDelivery.model_validate_json(record.value or b"")
+                except ValidationError as exc:
+                    value = (record.value or b"").decode(errors="replace")
+                    acks.append(await self._send_dead_letter("invalid_delivery", str(exc)[:500], value))
+                    continue
+                fresh.append(PendingDelivery(delivery=delivery, first_seen=datetime.fromtimestamp(now, UTC)))
+        added = await self._schedule.add_claimed(fresh, now)  # durable before the offset moves
+        await asyncio.gather(*acks)
+        for ticket, offset in finished:
+            ticket.finished(offset)
+        for pending, new in zip(fresh, added, strict=True):
+            if new:
+                self._dispatch(pending)
 
-        def done(t: asyncio.Task[None]) -> None:
-            self._tasks.discard(t)
-            if not t.cancelled() and t.exception() is None:
-                ticket.finished(offset)
-            elif not t.cancelled():
-                # Not even the dead-letter topic took it: stop, so the record is redelivered
-                # after a restart instead of holding the partition's commit back forever.
-                self.failed = self.failed or t.exception()
-                log.error("webhook delivery could not be finished; the sender stops", error=repr(t.exception()))
+    # --- 2. Dispatch ----------------------------------------------------------------------
 
-        task.add_done_callback(done)
+    async def _poll(self, stop: asyncio.Event) -> None:
+        last_stats = 0.0
+        while not stop.is_set():
+            try:
+                room = self._limits.max_in_flight - len(self._tasks)
+                for pending in await self._schedule.claim_due(time.time(), room):
+                    self._dispatch(pending)
+                if time.monotonic() - last_stats >= 5.0:
+                    self._events.pending(*await self._schedule.stats(time.time()))
+                    last_stats = time.monotonic()
+            except Exception:
+                log.warning("webhook schedule poll failed; trying again", exc_info=True)
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(stop.wait(), timeout=self._limits.poll_s)
 
-    async def _handle(self, value: bytes | None) -> None:
-        try:
-            delivery = WebhookDelivery.model_validate_json(value or b"")
-        except ValidationError as exc:
-            await self._dead_letter("invalid_delivery", str(exc)[:500], (value or b"").decode(errors="replace"))
-            return
+    def _dispatch(self, pending: PendingDelivery) -> None:
+        task = asyncio.create_task(self._deliver(pending))
+        self._tasks[task] = pending.delivery.id
+        task.add_done_callback(self._attempt_ended)
+
+    def _attempt_ended(self, task: asyncio.Task[None]) -> None:
+        self._tasks.pop(task, None)
+        if not task.cancelled() and task.exception() is not None:
+            # Redis or the dead-letter topic refused: the claim runs out and the delivery is
+            # claimed again (here or elsewhere), nothing is lost.
+            log.error("webhook delivery could not be settled; it is tried again after its lease",
+                      error=repr(task.exception()))
+
+    async def _deliver(self, pending: PendingDelivery) -> None:
+        delivery = pending.delivery
         channel = next((c for c in self._catalog().channels_for(delivery.agent_id) if c.url == delivery.url),
                        None)
         if channel is None:
             log.info("alert channel removed; delivery dropped", agent=delivery.agent_id, delivery=delivery.id)
+            await self._schedule.finish(delivery.id, "dead")
             return
+        if channel.disabled:
+            await self._dead_letter(pending, "channel_disabled", f"the channel is disabled: {channel.disabled_reason}")
+            return
+        lane = self._lane(channel)
+        if lane.waiting >= self._limits.channel_backlog:
+            await self._schedule.postpone([delivery.id], time.time() + 1.0)  # this channel is behind
+            return
+        lane.waiting += 1
         try:
-            target = await self._checked(delivery.url)
-        except EgressRefused as exc:
-            await self._dead_letter("url_refused", str(exc), delivery.model_dump(mode="json", by_alias=True))
-            return
-        body = delivery.to_json()
+            await lane.slots.acquire()
+        finally:
+            lane.waiting -= 1
+        try:
+            now = time.time()
+            if not lane.breaker.allows(now):
+                await self._schedule.postpone([delivery.id], lane.breaker.next_try(now))
+                return
+            await self._attempt(pending, channel, lane)
+        finally:
+            lane.slots.release()
+            self._report_breaker(channel, lane)
+
+    def _lane(self, channel: AlertChannel) -> Lane:
+        key = channel_id(channel)
+        lane = self._lanes.get(key)
+        if lane is None:
+            lane = self._lanes[key] = Lane(
+                asyncio.Semaphore(self._limits.channel_concurrency),
+                CircuitBreaker(failures=self._limits.breaker_failures, open_s=self._limits.breaker_open_s))
+        return lane
+
+    def _report_breaker(self, channel: AlertChannel, lane: Lane) -> None:
+        if lane.breaker.state != lane.reported_state:
+            lane.reported_state = lane.breaker.state
+            log.warning("alert channel circuit breaker", channel=channel_label(channel), state=lane.breaker.state)
+        self._events.breaker(channel_label(channel), lane.breaker.state)
+
+    # --- 4. One attempt and its outcome ---------------------------------------------------
+
+    async def _attempt(self, pending: PendingDelivery, channel: AlertChannel, lane: Lane) -> None:
+        delivery = pending.delivery
         now = time.time()
-        headers = signing.headers(delivery.id, int(now), body, channel.signing_secrets(now))
-        deadline = asyncio.get_running_loop().time() + self._timeout_s
-        try:
-            await post_json(self._http, target.url, body, what="webhook receiver", deadline=deadline,
-                            headers={**headers, **target.headers}, extensions=target.extensions,
-                            policy=self._policy)
-        except MemberError as exc:
-            await self._dead_letter("delivery_failed", str(exc), delivery.model_dump(mode="json", by_alias=True))
+        attempt, retry_after = await self._post(channel, delivery, now)
+        pending = pending.with_attempt(attempt)
+        self._events.delivery(channel_label(channel), attempt.outcome)
+        if attempt.outcome == "delivered":
+            lane.breaker.succeeded()
+            await self._schedule.finish(delivery.id, "delivered")
+            self.delivered += 1
             return
-        self.delivered += 1
+        if attempt.outcome == "refused":
+            await self._dead_letter(pending, "url_refused", attempt.error or "")
+            return
+        if attempt.outcome == "rejected":
+            await self._dead_letter(pending, "rejected", attempt.error or "")
+            return
+        if attempt.outcome == "gone":
+            await self._disable_channel(channel, f"the receiver answered {attempt.error}")
+            await self._dead_letter(pending, "channel_gone", attempt.error or "")
+            return
+        lane.breaker.failed(now)
+        wait = self._retry.wait(len(pending.attempts), retry_after)
+        if wait is None:
+            await self._dead_letter(pending, "delivery_failed",
+                                    f"{attempt.error} (after {len(pending.attempts)} attempts)")
+        else:
+            await self._schedule.retry(pending, now + wait)
+        failing_for = lane.breaker.failing_for(now)
+        if lane.breaker.state == "open" and failing_for >= self._limits.disable_after_s:
+            await self._disable_channel(channel, f"failing without a success for {failing_for:.0f}s")
 
-    async def _checked(self, url: str) -> Target:
-        """The private-network guard, with a name that does not resolve right now retried."""
-        for attempt in range(self._policy.attempts):
-            try:
-                return await self._egress.check(url)
-            except EgressRefused as exc:
-                if not exc.retriable or attempt == self._policy.attempts - 1:
-                    raise
-                await asyncio.sleep(self._policy.backoff(attempt))
-        raise AssertionError("unreachable: the last attempt returns or raises")
+    async def _post(self, channel: AlertChannel, delivery: WebhookDelivery,
+                    now: float) -> tuple[Attempt, float | None]:
+        at = datetime.fromtimestamp(now, UTC)
+        try:
+            target = await self._egress.check(delivery.url)
+        except EgressRefused as exc:
+            return Attempt(at=at, outcome="failed" if exc.retriable else "refused", error=str(exc)), None
+        body = self._body(channel, delivery)
+        headers = {"Content-Type": "application/json", **target.headers,
+                   **signing.headers(delivery.id, int(now), body, channel.signing_secrets(now))}
+        try:
+            response = await self._http.post(target.url, content=body, headers=headers,
+                                             extensions=target.extensions, timeout=self._limits.timeout_s)
+        except httpx.TimeoutException:
+            return Attempt(at=at, outcome="failed", error="the receiver timed out"), None
+        except httpx.TransportError as exc:
+            return Attempt(at=at, outcome="failed", error=f"the receiver is unreachable ({type(exc).__name__})"), None
+        status = response.status_code
+        error = describe_status(response)
+        if response.is_success:
+            return Attempt(at=at, outcome="delivered", status=status), None
+        if status == 410:
+            return Attempt(at=at, outcome="gone", status=status, error=error), None
+        if 400 <= status < 500 and status not in RETRY_STATUSES:
+            return Attempt(at=at, outcome="rejected", status=status, error=error), None
+        if response.is_redirect:
+            error += " (redirects are not followed)"
+        return (Attempt(at=at, outcome="failed", status=status, error=error),
+                retry_after_seconds(response.headers.get("retry-after")))
 
-    async def _dead_letter(self, reason: str, error: str, delivery: Any) -> None:
+    async def _disable_channel(self, channel: AlertChannel, reason: str) -> None:
+        if await self._disable(channel_id(channel), reason):
+            log.error("alert channel disabled", channel=channel_label(channel), reason=reason)
+            self._events.channel_disabled(channel_label(channel))
+
+    async def _dead_letter(self, pending: PendingDelivery, reason: str, error: str) -> None:
+        ack = await self._send_dead_letter(reason, error, pending.delivery.model_dump(mode="json", by_alias=True),
+                                           pending.attempts)
+        await ack
+        await self._schedule.finish(pending.delivery.id, "dead")
+
+    async def _send_dead_letter(self, reason: str, error: str, delivery: Any,
+                                attempts: tuple[Attempt, ...] = ()) -> Awaitable[Any]:
         log.warning("webhook delivery dead-lettered", reason=reason, error=error[:300])
-        failed = FailedDelivery(reason=reason, error=error, delivery=delivery, failed_at=datetime.now(UTC))
-        await (await self._producer.send(self._dlq_topic, value=failed.to_json()))
+        failed = FailedDelivery(reason=reason, error=error, delivery=delivery, attempts=attempts,
+                                failed_at=datetime.now(UTC))
+        ack: Awaitable[Any] = await self._producer.send(self._dlq_topic, value=failed.to_json())
+        return ack
+
+    # --- Shutdown and offsets -------------------------------------------------------------
+
+    async def _let_attempts_finish(self) -> None:
+        """Attempts under way may end (they are bounded by the timeout); deliveries still waiting
+        for a slot are put back as due now, for the next worker to claim at once."""
+        if self._tasks:
+            await asyncio.wait(list(self._tasks), timeout=self._limits.timeout_s + 1)
+        held = list(self._tasks.values())
+        for task in list(self._tasks):
+            task.cancel()
+        with contextlib.suppress(Exception):
+            await self._schedule.postpone(held, time.time())
 
     def rebalance_listener(self) -> CommitOnRevoke:
         return CommitOnRevoke(lambda revoked: self._commit(only=revoked), tracker=self._offsets)

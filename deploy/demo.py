@@ -118,7 +118,8 @@ async def main_async(seconds: float | None, rate: float) -> int:
     judge = JudgeServer(default_rating=7).start()
     metrics_port = free_port()
     env = {**os.environ, "SGW_JUDGE_BASE_URL": judge.base_url, "SGW_LOG_FORMAT": "console",
-           "SGW_METRICS_PORT": str(metrics_port)}
+           "SGW_METRICS_PORT": str(metrics_port),
+           "SGW_WEBHOOK_RETRY_SCHEDULE": "1s,2s"}  # the demo's dead letters show within seconds
     worker = await asyncio.create_subprocess_exec(sys.executable, "-m", "worker.cli", "run",
                                                   env=env, cwd=ROOT)
     print(f"worker started (metrics on http://127.0.0.1:{metrics_port}/metrics); Ctrl-C stops", flush=True)

@@ -1,23 +1,54 @@
-"""Rules of alert channels that span a save: secret rotation."""
+"""Rules of alert channels that span a save: secret rotation, and the disabled mark the webhook
+sender sets."""
 
 from __future__ import annotations
 
+from typing import Any
+
+from scoring.catalog import CatalogSnapshot, CatalogStore, Write
 from scoring.models import SECRET_ROTATION_OVERLAP_S, AlertChannel, WireModel
 
 
+def channel_id(channel: AlertChannel) -> str:
+    """The id a channel is stored under (as ``scoring.catalog.doc_id``)."""
+    return f"{channel.agent_id}|{channel.url}"
+
+
 def saved_channel(channel: AlertChannel, stored: WireModel | None, now: float) -> AlertChannel:
-    """``channel`` as it is saved over ``stored``. A changed secret keeps the one it replaces
-    signing for SECRET_ROTATION_OVERLAP_S, so receivers switch without failing a delivery; an
-    unchanged secret keeps a rotation in progress, so applying the same file twice changes
-    nothing."""
-    if not isinstance(stored, AlertChannel) or "previous_secret" in channel.model_fields_set:
+    """``channel`` as it is saved over ``stored``.
+
+    A changed secret keeps the one it replaces signing for SECRET_ROTATION_OVERLAP_S, so
+    receivers switch without failing a delivery; an unchanged secret keeps a rotation in
+    progress, so applying the same file twice changes nothing. A channel the sender disabled
+    stays disabled unless the saved document says ``disabled`` itself.
+    """
+    if not isinstance(stored, AlertChannel):
         return channel
-    if channel.secret == stored.secret:
-        carried = {"previous_secret": stored.previous_secret,
-                   "previous_secret_until": stored.previous_secret_until}
-    elif stored.secret is not None:
-        carried = {"previous_secret": stored.secret,
-                   "previous_secret_until": int(now) + SECRET_ROTATION_OVERLAP_S}
-    else:
-        return channel
-    return channel.model_copy(update=carried)
+    carried: dict[str, Any] = {}
+    if "previous_secret" not in channel.model_fields_set:
+        if channel.secret == stored.secret:
+            carried.update(previous_secret=stored.previous_secret,
+                           previous_secret_until=stored.previous_secret_until)
+        elif stored.secret is not None:
+            carried.update(previous_secret=stored.secret,
+                           previous_secret_until=int(now) + SECRET_ROTATION_OVERLAP_S)
+    if "disabled" not in channel.model_fields_set and stored.disabled:
+        carried.update(disabled=True, disabled_reason=stored.disabled_reason)
+    return channel.model_copy(update=carried) if carried else channel
+
+
+async def disable_channel(store: CatalogStore, id_: str, reason: str) -> bool:
+    """Mark a channel disabled (no more deliveries are made to it); False if it is gone or was
+    already disabled."""
+    changed: list[bool] = []
+
+    def change(catalog: CatalogSnapshot) -> list[Write]:
+        changed.clear()
+        channel = catalog.channels.get(id_)
+        if channel is None or channel.disabled:
+            return []
+        changed.append(True)
+        return [("channels", id_, channel.model_copy(update={"disabled": True, "disabled_reason": reason[:500]}))]
+
+    await store.write(change)
+    return bool(changed)

@@ -82,6 +82,28 @@ def dedupe_claim(project_id: str, group_id: str, subject_key: str) -> str:
     return f"{PREFIX}:claim:{{{project_id}}}:{group_id}:{subject_key}"
 
 
+# --- Webhook deliveries: the durable retry schedule (scoring/delivery_schedule.py) ------------
+# One hash tag for all of them: the schedule's scripts touch the sets and a delivery's keys
+# together. Alerts are few next to traces, so one slot carries them.
+WEBHOOK_TAG = "{webhooks}"
+# Every delivery not yet finished, scored by when it is due (ms); and by when it was first seen.
+# Both shrink as deliveries finish, and expire with the last pending document.
+WEBHOOK_DUE = f"{PREFIX}:webhooks:{WEBHOOK_TAG}:due"
+WEBHOOK_CREATED = f"{PREFIX}:webhooks:{WEBHOOK_TAG}:created"
+# A pending delivery lives as long as its whole schedule could take, plus this.
+WEBHOOK_PENDING_SLACK_S = 86_400
+# A finished delivery's outcome, so a redelivered record is not sent again.
+WEBHOOK_DONE_TTL_S = 7 * 86_400
+
+
+def webhook_pending(delivery_id: str) -> str:
+    return f"{PREFIX}:webhooks:{WEBHOOK_TAG}:pending:{delivery_id}"
+
+
+def webhook_done(delivery_id: str) -> str:
+    return f"{PREFIX}:webhooks:{WEBHOOK_TAG}:done:{delivery_id}"
+
+
 # --- The API: keys and the change log -----------------------------------------------------------
 # API keys: one hash, field = key id, value = JSON with the SHA-256 of the key (never the key),
 # its project (null for an operator key), name, and when it was created and revoked. A few per

@@ -241,6 +241,10 @@ class AlertChannel(WireModel):
     secret: SecretStr | None = None
     previous_secret: SecretStr | None = None  # rotation: still signs until previousSecretUntil
     previous_secret_until: int | None = Field(None, ge=0)  # Unix seconds
+    # Set by the webhook sender when the channel answers 410 Gone or keeps failing; applying the
+    # channel with `disabled: false` turns it back on.
+    disabled: bool = False
+    disabled_reason: str | None = Field(None, max_length=500)
 
     @model_validator(mode="after")
     def _whsec_secrets(self) -> AlertChannel:

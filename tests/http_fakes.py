@@ -28,6 +28,7 @@ class Received:
     path: str
     headers: dict[str, str]
     body: bytes
+    at: float = field(default_factory=time.time)  # when the request arrived (wall clock)
 
     def json(self) -> Any:
         return json.loads(self.body)

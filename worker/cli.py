@@ -9,6 +9,7 @@
     scorer-worker groups ratings ID [--window 7d] [--json]
     scorer-worker sessions scores SESSION_ID
     scorer-worker webhooks new-secret              print a fresh whsec_ channel secret
+    scorer-worker webhooks replay [--channel AGENT|URL] [--since 2h|ISO]   resend dead letters
     scorer-worker api                              the HTTP API (SGW_API_PORT)
     scorer-worker keys create (--project P | --operator) [--name N]   prints the key once, last line
     scorer-worker keys list [--project P]          keys (never their secrets)
@@ -219,6 +220,18 @@ def _cmd_keys_revoke(settings: Settings, args: argparse.Namespace) -> int:
     return _with_keys(settings, action)
 
 
+def _cmd_replay(settings: Settings, args: argparse.Namespace) -> int:
+    from worker.webhooks import parse_since, replay
+
+    try:
+        since = parse_since(args.since) if args.since else None
+    except ValueError:
+        print(f"error: --since {args.since!r} is neither a duration (2h, 3d) nor an ISO time", file=sys.stderr)
+        return 2
+    asyncio.run(replay(settings, channel=args.channel, since=since))
+    return 0
+
+
 def _cmd_settings(settings: Settings, _: argparse.Namespace) -> int:
     for env, value, description in settings.described():
         print(f"{env}={value}\n    {description}")
@@ -309,6 +322,10 @@ def build_parser() -> argparse.ArgumentParser:
         dest="action", required=True)
     webhooks.add_parser("new-secret", help="print a fresh Standard Webhooks (whsec_) channel secret") \
         .set_defaults(func=_cmd_new_secret)
+    replay = webhooks.add_parser("replay", help="send dead-lettered deliveries again")
+    replay.add_argument("--channel", help="only this agent's channels, this URL, or agent|url")
+    replay.add_argument("--since", help="only dead letters since: a duration back (2h, 3d) or an ISO time")
+    replay.set_defaults(func=_cmd_replay)
 
     sub.add_parser("api", help="serve the HTTP API on SGW_API_PORT").set_defaults(func=_cmd_api)
     api_keys = sub.add_parser("keys", help="API keys").add_subparsers(dest="action", required=True)

@@ -9,9 +9,10 @@ from __future__ import annotations
 from typing import Literal
 from urllib.parse import urlsplit
 
-from pydantic import Field, SecretStr, model_validator
+from pydantic import Field, SecretStr, field_validator, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
+from scoring.delivery_schedule import RetrySchedule
 from scoring.redact import mask_url
 
 
@@ -41,6 +42,30 @@ class Settings(BaseSettings):
     )
     send_webhooks: bool = Field(
         True, description="Run the webhook sender in this process (POST deliveries to alert channels)."
+    )
+    webhook_retry_schedule: str = Field(
+        "5s,30s,2m,10m,1h,4h,8h",
+        description=(
+            "Waits between the attempts of a webhook delivery (units ms, s, m, h, d; each spread by "
+            "+-20%), kept in Redis across restarts; after the last the delivery is dead-lettered. A "
+            "receiver's Retry-After wins, up to the longest wait or an hour."
+        ),
+    )
+    webhook_timeout_s: float = Field(10.0, gt=0, description="Timeout of one webhook attempt.")
+    webhook_channel_concurrency: int = Field(
+        4, ge=1, description="Attempts at once per alert channel: a slow channel never takes another's."
+    )
+    webhook_breaker_failures: int = Field(
+        5, ge=1,
+        description=(
+            "Failures in a row that open an alert channel's circuit breaker; it probes again after "
+            "SGW_WEBHOOK_BREAKER_OPEN_S, doubling after each failed probe up to 10 minutes."
+        ),
+    )
+    webhook_breaker_open_s: float = Field(30.0, gt=0, description="First pause of an open circuit breaker.")
+    webhook_disable_after_s: float = Field(
+        86_400.0, gt=0,
+        description="An alert channel failing this long without one success is marked disabled (reported).",
     )
     dlq_topic: str = Field(
         "traces.dlq", description="Dead-letter topic for records that cannot be decoded."
@@ -202,6 +227,15 @@ class Settings(BaseSettings):
                 "lets another worker score it (and spend budget) again"
             )
         return self
+
+    @field_validator("webhook_retry_schedule")
+    @classmethod
+    def _retry_schedule_parses(cls, value: str) -> str:
+        RetrySchedule.parse(value)
+        return value
+
+    def webhook_retry(self) -> RetrySchedule:
+        return RetrySchedule.parse(self.webhook_retry_schedule)
 
     def egress_allow_list(self) -> list[str]:
         return [item.strip() for item in self.egress_allow.split(",") if item.strip()]

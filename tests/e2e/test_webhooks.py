@@ -1,25 +1,58 @@
-"""Webhook deliveries reach the agents' alert channels: signed with the channel's secret,
-retried, and dead-lettered with the reason when they cannot be made."""
+"""Webhook deliveries reach the agents' alert channels: signed per Standard Webhooks (verified
+with the reference ``standardwebhooks`` package), retried on a durable schedule in Redis,
+dead-lettered with their attempt history, replayed from there, and isolated per channel."""
 
 from __future__ import annotations
 
 import asyncio
 import json
+import os
+import sys
 import time
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator, Callable, Iterator
+from datetime import UTC, datetime
 from pathlib import Path
+from typing import Any
 
 import orjson
 import pytest
+from redis.asyncio import Redis
 from standardwebhooks import Webhook
 
-from tests.e2e.harness import WorkerProcess, catalog_db, produce, read_topic, worker_env
-from tests.http_fakes import Reply, ScriptedServer
+from scoring.catalog import CatalogStore
+from scoring.results import Signal, WebhookDelivery, build_deliveries
+from tests.e2e.harness import ROOT, WorkerProcess, catalog_db, produce, read_topic, worker_env
+from tests.http_fakes import Received, Reply, ScriptedServer
 
 pytestmark = pytest.mark.integration
 
 SECRET = "whsec_c2lnbmluZy1rZXktb2YtdGhlLWhlYWx0aHktY2hhbm5lbA=="
 
+
+def signal(agent: str, n: int) -> Signal:
+    return Signal(id=f"sig-{agent}-{n}", key="scorer-group:g", group_id="g", group_name="G", project_id="p-w",
+                  agent_id=agent, scope="trace", trace_id=f"t-{n}", rating=2.0, alert_threshold=6.0,
+                  severity="high", justification="Weighted blend: ...", rating_id=f"r-{n}",
+                  raised_at=datetime.now(UTC))
+
+
+async def publish(env: dict[str, str], kafka_bootstrap: str, deliveries: list[WebhookDelivery]) -> None:
+    await produce(kafka_bootstrap, env["SGW_WEBHOOKS_TOPIC"],
+                  [(d.agent_id.encode(), d.to_json()) for d in deliveries])
+
+
+async def wait_for(check: Callable[[], bool], timeout_s: float = 30, what: str = "") -> None:
+    deadline = time.monotonic() + timeout_s
+    while not check():
+        assert time.monotonic() < deadline, f"timed out waiting for {what}"
+        await asyncio.sleep(0.05)
+
+
+def channel(agent: str, server: ScriptedServer, **extra: Any) -> dict[str, Any]:
+    return {"agentId": agent, "url": server.url + "/hook", **extra}
+
+
+# --- From a trace to a signed delivery ---------------------------------------------------------------
 
 @pytest.fixture
 def receivers() -> Iterator[tuple[ScriptedServer, ScriptedServer]]:
@@ -41,7 +74,8 @@ async def env(kafka_bootstrap: str, redis_url: str, unique: str,
                      {"agentId": "agent-w", "url": failing.url + "/hook"},
                      {"agentId": "agent-w", "url": "http://10.1.2.3/hook"}],
     }) as url:
-        yield worker_env(kafka_bootstrap, url, unique, egress_allow="127.0.0.0/8")
+        yield worker_env(kafka_bootstrap, url, unique, egress_allow="127.0.0.0/8",
+                         webhook_retry_schedule="200ms,200ms")
 
 
 async def test_signals_page_the_agents_channels(env: dict[str, str], kafka_bootstrap: str, tmp_path: Path,
@@ -55,9 +89,7 @@ async def test_signals_page_the_agents_channels(env: dict[str, str], kafka_boots
         await produce(kafka_bootstrap, env["SGW_TRACES_TOPIC"], [(b"t-leak", orjson.dumps(trace))])
         failed = await read_topic(kafka_bootstrap, env["SGW_WEBHOOKS_DLQ_TOPIC"], until=lambda v: len(v) >= 2,
                                   timeout_s=60)
-        deadline = time.monotonic() + 10
-        while not ok.requests and time.monotonic() < deadline:
-            await asyncio.sleep(0.1)
+        await wait_for(lambda: bool(ok.requests), what="the healthy channel")
     finally:
         assert worker.stop() == 0, worker.logs()
 
@@ -71,11 +103,209 @@ async def test_signals_page_the_agents_channels(env: dict[str, str], kafka_boots
     assert not any(name.startswith("x-sgw-") for name in hook.headers), "the old headers are retired"
     assert SECRET not in hook.body.decode()
 
-    assert len(failing.requests) == 5, "retried, then given up"
+    assert len(failing.requests) == 3, "the first attempt and one per wait of the schedule"
     assert "webhook-signature" not in failing.requests[0].headers, "a channel without a secret is not signed"
     assert len({r.headers["webhook-id"] for r in failing.requests}) == 1, "every retry carries the same id"
     reasons = {f["reason"]: f for f in failed}
     assert set(reasons) == {"delivery_failed", "url_refused"}
-    assert "HTTP 500" in reasons["delivery_failed"]["error"] and "after 5 attempts" in reasons["delivery_failed"]["error"]
+    exhausted = reasons["delivery_failed"]
+    assert "HTTP 500" in exhausted["error"] and "after 3 attempts" in exhausted["error"]
+    assert [(a["outcome"], a["status"]) for a in exhausted["attempts"]] == [("failed", 500)] * 3
     assert "10.1.2.3" in reasons["url_refused"]["error"]
     assert json.dumps(failed).count(SECRET) == 0
+
+
+# --- What each answer leads to; replay -----------------------------------------------------------------
+
+@pytest.fixture
+def answers() -> Iterator[dict[str, ScriptedServer]]:
+    servers = {
+        "a-500": ScriptedServer(default=Reply(body={"ok": True})),
+        "a-429": ScriptedServer(default=Reply(body={"ok": True})),
+        "a-400": ScriptedServer(default=Reply(status=400, body={"error": "bad payload"})),
+        "a-410": ScriptedServer(default=Reply(status=410, body={"error": "gone"})),
+        "a-302": ScriptedServer(),
+        "moved-to": ScriptedServer(default=Reply(body={"ok": True})),
+    }
+    for s in servers.values():
+        s.start()
+    servers["a-500"].script(Reply(status=500, body={"error": "hiccup"}))
+    servers["a-429"].script(Reply(status=429, body={"error": "slow down"}, headers={"Retry-After": "3"}))
+    servers["a-302"].default = Reply(status=302, body={}, headers={"Location": servers["moved-to"].url + "/hook"})
+    try:
+        yield servers
+    finally:
+        for s in servers.values():
+            s.stop()
+
+
+async def test_each_answer_is_handled_as_the_protocol_says_and_dead_letters_replay(
+        kafka_bootstrap: str, redis_url: str, unique: str, tmp_path: Path,
+        answers: dict[str, ScriptedServer]) -> None:
+    agents = ["a-500", "a-429", "a-400", "a-410", "a-302"]
+    catalog = {"channels": [channel(a, answers[a], secret=SECRET) for a in agents]}
+    async with catalog_db(redis_url, 12, catalog) as url:
+        env = worker_env(kafka_bootstrap, url, unique, egress_allow="127.0.0.0/8",
+                         webhook_retry_schedule="1s,1s")
+        deliveries = {a: build_deliveries(signal(a, 1), [answers[a].url + "/hook"])[0] for a in agents}
+        worker = WorkerProcess(env).start(tmp_path)
+        try:
+            worker.wait_ready()
+            await publish(env, kafka_bootstrap, list(deliveries.values()))
+            failed = await read_topic(kafka_bootstrap, env["SGW_WEBHOOKS_DLQ_TOPIC"], until=lambda v: len(v) >= 3,
+                                      timeout_s=60, settle_s=1)
+            await wait_for(lambda: len(answers["a-500"].requests) == 2 and len(answers["a-429"].requests) == 2,
+                           what="the retried deliveries")
+            gone = (await CatalogStore(Redis.from_url(url)).snapshot()).channels_for("a-410")[0]
+            disabled_metric = worker.metric("sgw_webhook_channels_disabled_total")
+
+            # Replay: the receiver that refused is fixed; its dead letter is sent again.
+            answers["a-400"].default = Reply(body={"ok": True})
+            replay = await asyncio.create_subprocess_exec(
+                sys.executable, "-m", "worker.cli", "webhooks", "replay", "--channel", "a-400",
+                "--since", "1h", cwd=ROOT, env={**os.environ, **env, "PYTHONPATH": str(ROOT)},
+                stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT)
+            printed = (await replay.communicate())[0].decode()
+            assert replay.returncode == 0, printed
+            await wait_for(lambda: len(answers["a-400"].requests) == 2,
+                           what=f"the replayed delivery; replay printed {printed}\n{worker.logs()}")
+            delivered = worker.metric("sgw_webhook_deliveries_total", outcome="delivered")
+        finally:
+            assert worker.stop() == 0, worker.logs()
+
+    def verified(received: list[Received], agent: str) -> None:
+        assert {r.headers["webhook-id"] for r in received} == {deliveries[agent].id}, "one id on every attempt"
+        for r in received:
+            Webhook(SECRET).verify(r.body, r.headers)
+
+    # 500: retried, then delivered.
+    verified(answers["a-500"].requests, "a-500")
+    # 429 with Retry-After: 3 - the next attempt waits for it rather than the 1 s schedule.
+    first, second = answers["a-429"].requests
+    verified([first, second], "a-429")
+    assert second.at - first.at >= 2.5, "Retry-After honoured"
+    # 400: final, no retry; replayed later under the same id.
+    verified(answers["a-400"].requests, "a-400")
+    assert "1 replayed" in printed and "http" not in printed.lower(), "replay prints no URL"
+    # 410: one attempt, the channel disabled (catalog, metric), no retry.
+    assert len(answers["a-410"].requests) == 1
+    assert gone.disabled and "410" in (gone.disabled_reason or "") and disabled_metric == 1
+    # 3xx: a failure; the redirect is never followed.
+    assert len(answers["a-302"].requests) == 3 and answers["moved-to"].requests == []
+
+    by_agent = {f["delivery"]["agentId"]: f for f in failed}
+    assert {a: f["reason"] for a, f in by_agent.items()} == {
+        "a-400": "rejected", "a-410": "channel_gone", "a-302": "delivery_failed"}
+    assert [a["status"] for a in by_agent["a-400"]["attempts"]] == [400]
+    assert [a["status"] for a in by_agent["a-302"]["attempts"]] == [302, 302, 302]
+    assert "redirects are not followed" in by_agent["a-302"]["error"]
+    assert delivered == 3, "a-500, a-429 and the replayed a-400"
+
+
+# --- A worker killed mid-schedule -----------------------------------------------------------------------
+
+async def committed_offsets(kafka_bootstrap: str, group: str) -> int:
+    from aiokafka.admin import AIOKafkaAdminClient
+
+    admin = AIOKafkaAdminClient(bootstrap_servers=kafka_bootstrap)
+    await admin.start()
+    try:
+        offsets = await admin.list_consumer_group_offsets(group)
+        return sum(max(0, meta.offset) for meta in offsets.values())
+    finally:
+        await admin.close()
+
+
+async def test_a_worker_killed_mid_schedule_leaves_the_retry_to_the_next_one_and_it_arrives_once(
+        kafka_bootstrap: str, redis_url: str, unique: str, tmp_path: Path) -> None:
+    with ScriptedServer(default=Reply(body={"ok": True})) as receiver:
+        receiver.script(Reply(status=503, body={"error": "deploying"}))
+        async with catalog_db(redis_url, 13, {"channels": [channel("a-k", receiver, secret=SECRET)]}) as url:
+            env = worker_env(kafka_bootstrap, url, unique, egress_allow="127.0.0.0/8", webhook_retry_schedule="4s")
+            delivery = build_deliveries(signal("a-k", 1), [receiver.url + "/hook"])[0]
+            first = WorkerProcess(env, name="first").start(tmp_path)
+            second = WorkerProcess(env, name="second")
+            try:
+                first.wait_ready()
+                await publish(env, kafka_bootstrap, [delivery])
+                await wait_for(lambda: len(receiver.requests) == 1, what="the first attempt")
+                # The record's offset is committed: the retry lives in Redis only.
+                deadline = time.monotonic() + 5
+                while await committed_offsets(kafka_bootstrap, f"workers-{unique}-webhooks") < 1:
+                    assert time.monotonic() < deadline, "the offset was not committed once scheduled"
+                    await asyncio.sleep(0.2)
+                assert first.proc is not None
+                first.proc.kill()  # SIGKILL: no goodbye
+                first.proc.wait()
+                second.start(tmp_path)
+                second.wait_ready()
+                await wait_for(lambda: len(receiver.requests) == 2, what=f"the retry\n{second.logs()}")
+                await asyncio.sleep(2)  # nothing more arrives
+            finally:
+                assert second.proc is None or second.stop() == 0, second.logs()
+
+    assert len(receiver.requests) == 2
+    assert {r.headers["webhook-id"] for r in receiver.requests} == {delivery.id}, "a receiver dedupes on one id"
+    for r in receiver.requests:
+        Webhook(SECRET).verify(r.body, r.headers)
+
+
+# --- One bad channel never holds up another -----------------------------------------------------------
+
+async def test_a_dead_and_a_slow_channel_do_not_delay_a_healthy_one(
+        kafka_bootstrap: str, redis_url: str, unique: str, tmp_path: Path) -> None:
+    from consumers.webhooks import channel_label
+    from deploy.services import free_port
+    from scoring.models import AlertChannel
+
+    signals = 8
+    dead_url = f"http://127.0.0.1:{free_port()}/hook"  # nothing listens: refused at once
+    with ScriptedServer(default=Reply(body={"ok": True})) as healthy, \
+            ScriptedServer(default=Reply(body={"ok": True}, delay_s=10)) as slow:
+        catalog = {"channels": [channel("a-iso", healthy), channel("a-iso", slow),
+                                {"agentId": "a-iso", "url": dead_url}]}
+        async with catalog_db(redis_url, 14, catalog) as url:
+            env = worker_env(kafka_bootstrap, url, unique, egress_allow="127.0.0.0/8", webhook_timeout_s=15,
+                             webhook_retry_schedule=",".join(["1s"] * 10), webhook_breaker_failures=3,
+                             webhook_breaker_open_s=1, webhook_disable_after_s=3)
+            worker = WorkerProcess(env).start(tmp_path)
+            store = CatalogStore(Redis.from_url(url))
+            try:
+                worker.wait_ready()
+                deliveries = [d for n in range(signals)
+                              for d in build_deliveries(signal("a-iso", n), [healthy.url + "/hook", slow.url + "/hook",
+                                                                              dead_url])]
+                await publish(env, kafka_bootstrap, deliveries)
+                published = time.time()
+                await wait_for(lambda: len(healthy.requests) == signals, what="the healthy channel")
+                slow_started = min(r.at for r in slow.requests)
+                await wait_for(lambda: len(slow.requests) >= 4, what="the slow channel")
+
+                async def dead_disabled() -> AlertChannel:
+                    deadline = time.monotonic() + 30
+                    while True:
+                        dead = next(c for c in (await store.snapshot()).channels_for("a-iso") if c.url == dead_url)
+                        if dead.disabled or time.monotonic() > deadline:
+                            return dead
+                        await asyncio.sleep(0.2)
+
+                dead = await dead_disabled()
+                breaker = worker.metric("sgw_webhook_breaker_state", channel=channel_label(dead))
+                deadline = time.monotonic() + 10
+                while worker.metric("sgw_webhook_retries_pending") == 0 and time.monotonic() < deadline:
+                    await asyncio.sleep(0.2)
+                pending = worker.metric("sgw_webhook_retries_pending")
+                oldest = worker.metric("sgw_webhook_oldest_pending_seconds")
+                failed = worker.metric("sgw_webhook_deliveries_total", channel=channel_label(dead), outcome="failed")
+            finally:
+                await store.redis.aclose()
+                assert worker.stop() == 0, worker.logs()
+
+    latest_healthy = max(r.at for r in healthy.requests)
+    print(f"healthy channel: last of {signals} deliveries {latest_healthy - published:.3f}s after publishing")
+    assert latest_healthy < slow_started + 10, "every healthy delivery arrived before the slow channel answered once"
+    assert latest_healthy - published < 1.0, "the healthy channel is not delayed beyond 1 s"
+    assert len(slow.requests) <= 4 + 8, "the slow channel got only its own lane's share"
+    assert dead.disabled and "failing without a success" in (dead.disabled_reason or ""), "a dead channel is disabled"
+    assert breaker == 2, "its breaker is open"
+    assert failed >= 3 and pending >= 1 and oldest > 0

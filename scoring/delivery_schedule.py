@@ -1,0 +1,228 @@
+"""The durable retry schedule of webhook deliveries, kept in Redis.
+
+A delivery read from the webhooks topic is written here before its offset is committed, so a
+restart or a rebalance never loses it: whichever worker is alive claims it when it is due.
+
+- ``due`` (sorted set, score = due time in ms): every delivery not yet finished. Claiming one
+  moves its due time one lease ahead, so a worker that dies mid-attempt leaves it to be claimed
+  again when the lease runs out (receivers deduplicate on ``webhook-id``).
+- ``pending:<id>``: the delivery with its attempt history, with a TTL beyond the schedule.
+- ``done:<id>``: "delivered" or "dead", kept a week, so a redelivered record is not sent again.
+- ``created`` (sorted set): first-seen time of every pending delivery, for the oldest-age metric.
+
+All keys share one hash tag, so the scripts run on Redis Cluster too.
+"""
+
+from __future__ import annotations
+
+import random
+import re
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict
+from pydantic.alias_generators import to_camel
+from redis.asyncio import Redis
+
+from scoring import keys
+from scoring.results import WebhookDelivery
+
+AttemptOutcome = Literal["delivered", "failed", "rejected", "gone", "refused"]
+
+
+class _Doc(BaseModel):
+    model_config = ConfigDict(alias_generator=to_camel, populate_by_name=True, frozen=True)
+
+
+class Attempt(_Doc):
+    at: datetime
+    outcome: AttemptOutcome
+    status: int | None = None
+    error: str | None = None
+
+
+class PendingDelivery(_Doc):
+    delivery: WebhookDelivery
+    attempts: tuple[Attempt, ...] = ()
+    first_seen: datetime
+
+    def to_json(self) -> bytes:
+        return self.model_dump_json(by_alias=True).encode()
+
+    def with_attempt(self, attempt: Attempt) -> PendingDelivery:
+        return self.model_copy(update={"attempts": (*self.attempts, attempt)})
+
+
+# --- When to try again ------------------------------------------------------------------------
+
+_DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(ms|s|m|h|d)\s*$")
+_UNIT_S = {"ms": 0.001, "s": 1, "m": 60, "h": 3_600, "d": 86_400}
+
+
+def parse_duration(text: str) -> float:
+    """'5s', '2m', '1h', '1.5d' as seconds; ValueError saying what is accepted."""
+    match = _DURATION.match(text)
+    if not match:
+        raise ValueError(f"{text.strip()!r} is not a duration like 5s, 2m, 1h or 1d")
+    return float(match[1]) * _UNIT_S[match[2]]
+
+
+RETRY_AFTER_CAP_S = 3_600.0
+
+
+@dataclass(frozen=True)
+class RetrySchedule:
+    """Waits after each failed attempt: ``delays_s[n]`` after the (n+1)-th failure, each
+    spread by +-``jitter`` so receivers that come back are not hit by every retry at once."""
+
+    delays_s: tuple[float, ...]
+    jitter: float = 0.2
+
+    @classmethod
+    def parse(cls, text: str) -> RetrySchedule:
+        delays = tuple(parse_duration(part) for part in text.split(",") if part.strip())
+        if not delays:
+            raise ValueError("needs at least one wait, e.g. 5s,30s,2m,10m,1h,4h,8h")
+        return cls(delays)
+
+    @property
+    def attempts(self) -> int:
+        return len(self.delays_s) + 1
+
+    def wait(self, failed_attempts: int, retry_after_s: float | None = None) -> float | None:
+        """Seconds until the next attempt after ``failed_attempts`` failures, or None when the
+        schedule is exhausted. A receiver's Retry-After wins, capped at the longest wait (or an
+        hour, when that is longer) so a receiver cannot park a delivery for ever."""
+        if failed_attempts > len(self.delays_s):
+            return None
+        if retry_after_s is not None:
+            return min(max(retry_after_s, 0.0), max(*self.delays_s, RETRY_AFTER_CAP_S))
+        base = self.delays_s[failed_attempts - 1]
+        return base * random.uniform(1 - self.jitter, 1 + self.jitter)
+
+    def horizon_s(self) -> float:
+        """The longest a delivery can stay pending (every wait at its jittered maximum)."""
+        return sum(self.delays_s) * (1 + self.jitter)
+
+
+# --- The store --------------------------------------------------------------------------------
+
+_ADD = """
+local added = {}
+for i = 1, #ARGV - 3, 3 do
+  local n = (i + 2) / 3
+  local pending, done = KEYS[2 + 2 * n - 1], KEYS[2 + 2 * n]
+  if redis.call('EXISTS', done) == 1 or redis.call('EXISTS', pending) == 1 then
+    added[n] = 0
+  else
+    redis.call('SET', pending, ARGV[i + 1], 'EX', ARGV[#ARGV])
+    redis.call('ZADD', KEYS[1], ARGV[#ARGV - 2] + ARGV[#ARGV - 1], ARGV[i])
+    redis.call('ZADD', KEYS[2], ARGV[i + 2], ARGV[i])
+    added[n] = 1
+  end
+end
+redis.call('EXPIRE', KEYS[1], ARGV[#ARGV])
+redis.call('EXPIRE', KEYS[2], ARGV[#ARGV])
+return added
+"""
+
+# KEYS: due, created, then pending:<id> per id (KEYS[i] for ARGV[i]). ARGV: now_ms, lease_ms,
+# then the ids. A delivery is claimed only if still due (another worker may have claimed it
+# since it was listed); one whose document expired leaves both sets.
+_CLAIM = """
+local now, lease = tonumber(ARGV[1]), tonumber(ARGV[2])
+local out = {}
+for i = 3, #ARGV do
+  local score = redis.call('ZSCORE', KEYS[1], ARGV[i])
+  if score and tonumber(score) <= now then
+    local doc = redis.call('GET', KEYS[i])
+    if doc then
+      redis.call('ZADD', KEYS[1], now + lease, ARGV[i])
+      table.insert(out, doc)
+    else
+      redis.call('ZREM', KEYS[1], ARGV[i])
+      redis.call('ZREM', KEYS[2], ARGV[i])
+    end
+  end
+end
+return out
+"""
+
+
+class DeliverySchedule:
+    def __init__(self, redis: Redis, *, lease_s: float, schedule: RetrySchedule) -> None:
+        self._redis = redis
+        self._lease_ms = int(lease_s * 1000)
+        self._ttl_s = int(schedule.horizon_s() + lease_s + keys.WEBHOOK_PENDING_SLACK_S)
+        self._add = redis.register_script(_ADD)
+        self._claim = redis.register_script(_CLAIM)
+
+    async def add_claimed(self, items: list[PendingDelivery], now: float) -> list[bool]:
+        """Store new deliveries, already claimed by the caller (it attempts them right away).
+        False for one already pending or finished (a redelivered record): not sent again."""
+        if not items:
+            return []
+        key_list = [keys.WEBHOOK_DUE, keys.WEBHOOK_CREATED]
+        args: list[str | bytes | int] = []
+        for item in items:
+            key_list += [keys.webhook_pending(item.delivery.id), keys.webhook_done(item.delivery.id)]
+            args += [item.delivery.id, item.to_json(), int(item.first_seen.timestamp() * 1000)]
+        args += [int(now * 1000), self._lease_ms, self._ttl_s]
+        added = await self._add(keys=key_list, args=args)
+        return [bool(a) for a in added]
+
+    async def claim_due(self, now: float, limit: int) -> list[PendingDelivery]:
+        """Up to ``limit`` due deliveries, each claimed for one lease."""
+        if limit <= 0:
+            return []
+        now_ms = int(now * 1000)
+        listed = await self._redis.zrangebyscore(keys.WEBHOOK_DUE, "-inf", now_ms, start=0, num=limit)
+        ids = [i.decode() if isinstance(i, bytes) else str(i) for i in listed]
+        if not ids:
+            return []
+        docs = await self._claim(keys=[keys.WEBHOOK_DUE, keys.WEBHOOK_CREATED,
+                                       *(keys.webhook_pending(i) for i in ids)],
+                                 args=[now_ms, self._lease_ms, *ids])
+        return [PendingDelivery.model_validate_json(doc) for doc in docs]
+
+    async def retry(self, pending: PendingDelivery, at: float) -> None:
+        """Keep the delivery (with its new attempt) for another try at ``at``."""
+        id_ = pending.delivery.id
+        async with self._redis.pipeline(transaction=True) as pipe:
+            pipe.set(keys.webhook_pending(id_), pending.to_json(), ex=self._ttl_s, xx=True)
+            pipe.zadd(keys.WEBHOOK_DUE, {id_: int(at * 1000)}, xx=True)
+            await pipe.execute()
+
+    async def postpone(self, delivery_ids: list[str], at: float) -> None:
+        """Try these again at ``at`` without counting an attempt (breaker open, lane full,
+        shutting down)."""
+        if delivery_ids:
+            await self._redis.zadd(keys.WEBHOOK_DUE, dict.fromkeys(delivery_ids, int(at * 1000)), xx=True)
+
+    async def finish(self, delivery_id: str, outcome: Literal["delivered", "dead"]) -> None:
+        async with self._redis.pipeline(transaction=True) as pipe:
+            pipe.delete(keys.webhook_pending(delivery_id))
+            pipe.zrem(keys.WEBHOOK_DUE, delivery_id)
+            pipe.zrem(keys.WEBHOOK_CREATED, delivery_id)
+            pipe.set(keys.webhook_done(delivery_id), outcome, ex=keys.WEBHOOK_DONE_TTL_S)
+            await pipe.execute()
+
+    async def forget_dead(self, delivery_ids: list[str]) -> None:
+        """Let dead-lettered deliveries be scheduled again (a replay); delivered ones stay done."""
+        async with self._redis.pipeline(transaction=False) as pipe:
+            for id_ in delivery_ids:
+                pipe.get(keys.webhook_done(id_))
+            outcomes = await pipe.execute()
+        dead = [keys.webhook_done(i) for i, o in zip(delivery_ids, outcomes, strict=True) if o == b"dead"]
+        if dead:
+            await self._redis.delete(*dead)
+
+    async def stats(self, now: float) -> tuple[int, float]:
+        """(deliveries pending, age in seconds of the oldest)."""
+        async with self._redis.pipeline(transaction=False) as pipe:
+            pipe.zcard(keys.WEBHOOK_DUE)
+            pipe.zrange(keys.WEBHOOK_CREATED, 0, 0, withscores=True)
+            count, oldest = await pipe.execute()
+        age = max(0.0, now - oldest[0][1] / 1000) if oldest else 0.0
+        return int(count), age

@@ -1,0 +1,152 @@
+"""The webhook sender's wiring and metrics, and ``scorer-worker webhooks replay``."""
+
+from __future__ import annotations
+
+import asyncio
+import sys
+import time
+from datetime import UTC, datetime, timedelta
+from typing import Any, TextIO
+
+import orjson
+from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
+from prometheus_client import Counter, Gauge
+from redis.asyncio import Redis
+
+from consumers.webhooks import SenderLimits, WebhookSender
+from scoring.breaker import STATE_VALUES
+from scoring.catalog import CatalogSnapshot, CatalogStore
+from scoring.channels import disable_channel
+from scoring.delivery_schedule import DeliverySchedule, parse_duration
+from scoring.egress import EgressPolicy
+from scoring.results import WebhookDelivery
+from worker.metrics import REGISTRY
+from worker.settings import Settings
+
+DELIVERIES = Counter("sgw_webhook_deliveries", "Webhook delivery attempts by channel and outcome "
+                     "(delivered, failed, rejected, gone, refused).", ["channel", "outcome"], registry=REGISTRY)
+PENDING = Gauge("sgw_webhook_retries_pending", "Webhook deliveries not yet finished (scheduled in Redis).",
+                registry=REGISTRY)
+OLDEST = Gauge("sgw_webhook_oldest_pending_seconds", "Age of the oldest unfinished webhook delivery.",
+               registry=REGISTRY)
+BREAKER = Gauge("sgw_webhook_breaker_state", "Circuit breaker per alert channel: 0 closed, 1 half-open, 2 open.",
+                ["channel"], registry=REGISTRY)
+DISABLED = Counter("sgw_webhook_channels_disabled", "Alert channels this worker marked disabled.", ["channel"],
+                   registry=REGISTRY)
+
+
+class PrometheusWebhookEvents:
+    """``consumers.webhooks.WebhookEvents`` as Prometheus metrics."""
+
+    def delivery(self, channel: str, outcome: str) -> None:
+        DELIVERIES.labels(channel, outcome).inc()
+
+    def breaker(self, channel: str, state: str) -> None:
+        BREAKER.labels(channel).set(STATE_VALUES.get(state, 0))  # type: ignore[call-overload]
+
+    def channel_disabled(self, channel: str) -> None:
+        DISABLED.labels(channel).inc()
+
+    def pending(self, count: int, oldest_s: float) -> None:
+        PENDING.set(count)
+        OLDEST.set(oldest_s)
+
+
+def sender_limits(s: Settings) -> SenderLimits:
+    return SenderLimits(timeout_s=s.webhook_timeout_s, channel_concurrency=s.webhook_channel_concurrency,
+                        breaker_failures=s.webhook_breaker_failures, breaker_open_s=s.webhook_breaker_open_s,
+                        disable_after_s=s.webhook_disable_after_s)
+
+
+def delivery_schedule(s: Settings, redis: Redis) -> DeliverySchedule:
+    return DeliverySchedule(redis, lease_s=sender_limits(s).lease_s, schedule=s.webhook_retry())
+
+
+def webhook_sender(s: Settings, redis: Redis, consumer: AIOKafkaConsumer, producer: AIOKafkaProducer,
+                   catalog: Any) -> WebhookSender:
+    """The sender of a worker: ``catalog`` gives the current CatalogSnapshot."""
+    store = CatalogStore(redis)
+
+    async def disable(channel_id: str, reason: str) -> bool:
+        return await disable_channel(store, channel_id, reason)
+
+    def current() -> CatalogSnapshot:
+        snapshot: CatalogSnapshot = catalog()
+        return snapshot
+
+    return WebhookSender(consumer=consumer, producer=producer, dlq_topic=s.webhooks_dlq_topic, catalog=current,
+                         schedule=delivery_schedule(s, redis), retry=s.webhook_retry(),
+                         egress=EgressPolicy.parse(s.egress_allow_list()), disable=disable,
+                         limits=sender_limits(s), events=PrometheusWebhookEvents())
+
+
+# --- scorer-worker webhooks replay ----------------------------------------------------------------
+
+def parse_since(text: str, now: datetime | None = None) -> datetime:
+    """An ISO time ('2026-12-02T13:00:00Z') or a duration back from now ('2h', '3d')."""
+    try:
+        return (now or datetime.now(UTC)) - timedelta(seconds=parse_duration(text))
+    except ValueError:
+        pass
+    when = datetime.fromisoformat(text)
+    return when if when.tzinfo else when.replace(tzinfo=UTC)
+
+
+def matches(delivery: WebhookDelivery, channel: str | None) -> bool:
+    """``--channel`` names an agent (all its channels), a URL, or ``agent|url``."""
+    return channel is None or channel in (delivery.agent_id, delivery.url, f"{delivery.agent_id}|{delivery.url}")
+
+
+async def dead_letters(s: Settings) -> list[dict[str, Any]]:
+    """Everything on the webhooks dead-letter topic now (in order within a partition)."""
+    consumer = AIOKafkaConsumer(bootstrap_servers=s.kafka_bootstrap, group_id=None, enable_auto_commit=False,
+                                auto_offset_reset="earliest")
+    await consumer.start()
+    try:
+        consumer.subscribe([s.webhooks_dlq_topic])  # without a group: every partition, from the start
+        deadline = time.monotonic() + 10
+        while not consumer.assignment() and time.monotonic() < deadline:  # noqa: ASYNC110 - no event for it
+            await asyncio.sleep(0.05)
+        partitions = list(consumer.assignment())
+        if not partitions:
+            return []
+        ends = await consumer.end_offsets(partitions)
+        values: list[dict[str, Any]] = []
+        while [tp for tp in partitions if await consumer.position(tp) < ends[tp]]:
+            for records in (await consumer.getmany(timeout_ms=500)).values():
+                values.extend(orjson.loads(r.value) for r in records if r.value)
+        return values
+    finally:
+        await consumer.stop()
+
+
+async def replay(s: Settings, *, channel: str | None, since: datetime | None, out: TextIO = sys.stdout) -> int:
+    """Send dead-lettered deliveries again: each goes back on the webhooks topic under its own
+    id (receivers that saw it dedupe), with its dead mark in Redis lifted. Returns how many."""
+    chosen: dict[str, WebhookDelivery] = {}
+    for letter in await dead_letters(s):
+        if not isinstance(letter.get("delivery"), dict):
+            continue  # an invalid record: nothing to send
+        failed_at = datetime.fromisoformat(str(letter.get("failedAt")))
+        delivery = WebhookDelivery.model_validate(letter["delivery"])
+        if (since is None or failed_at >= since) and matches(delivery, channel):
+            chosen[delivery.id] = delivery
+    if not chosen:
+        print("no dead letters match", file=out)
+        return 0
+    redis = Redis.from_url(s.redis_url)
+    producer = AIOKafkaProducer(bootstrap_servers=s.kafka_bootstrap, acks="all")
+    await producer.start()
+    try:
+        await delivery_schedule(s, redis).forget_dead(list(chosen))
+        acks = [await producer.send(s.webhooks_topic, key=d.agent_id.encode(), value=d.to_json())
+                for d in chosen.values()]
+        for ack in acks:
+            await ack
+    finally:
+        await producer.stop()
+        await redis.aclose()
+    for d in chosen.values():
+        print(f"replayed {d.id} to agent {d.agent_id} (signal {d.signal_id})", file=out)
+    print(f"{len(chosen)} replayed at {time.strftime('%Y-%m-%dT%H:%M:%SZ', time.gmtime())}", file=out)
+    return len(chosen)
