@@ -258,7 +258,7 @@ class OtlpConsumer:
             acks.append(await self._producer.send(self._traces_topic, key=assembled.trace_id.encode(),
                                                   value=assembled.model_dump_json(by_alias=True, exclude_none=True)
                                                   .encode()))
-            emitted.append((trace, assembled.metadata["partial"] is False))
+            emitted.append((trace, trace.complete))
         if acks:
             await asyncio.gather(*acks)  # acknowledged by the broker before the buffer forgets them
         late = await self._buffer.finish(due)

@@ -158,7 +158,7 @@ class DueTrace:
     member: str
     shard: int
     spans: list[BufferedSpan]
-    complete: bool  # root arrived and the trace went quiet (else: max wait, or a bound hit)
+    complete: bool  # its root arrived and it went quiet (else: assembled at max wait)
     dropped: int
     first_seen: float  # epoch seconds (Redis clock) of its first and last span
     last_seen: float
@@ -241,7 +241,7 @@ class OtlpBuffer:
                 last_ms = int(last)
                 due.append(DueTrace(
                     member=_text(member), shard=shard, spans=items, dropped=int(dropped),
-                    complete=_text(root) == "1" and last_ms + self._quiet_ms <= int(now_ms) and int(dropped) == 0,
+                    complete=_text(root) == "1" and last_ms + self._quiet_ms <= int(now_ms),
                     first_seen=int(first) / 1000, last_seen=last_ms / 1000, claimed_at=int(now_ms) / 1000))
         self.size = BufferSize(traces=traces, spans=spans, bytes=size)
         return due

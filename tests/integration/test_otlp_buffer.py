@@ -11,7 +11,7 @@ from datetime import UTC, datetime
 import pytest
 from redis.asyncio import Redis
 
-from scoring.otlp import BufferedSpan
+from scoring.otlp import BufferedSpan, assemble
 from scoring.otlp_buffer import OtlpBuffer
 from scoring.subjects import Span
 
@@ -100,7 +100,8 @@ async def test_per_trace_bounds_drop_spans_and_mark_the_trace_partial(redis: Red
     result = await b.add([span("t6", "r1"), span("t6", "c1", "r1"), span("t6", "c2", "r1")])
     assert (result.added, result.dropped) == (2, 1)
     (due,) = await claim_after(b, QUIET_S + 0.2)
-    assert due.dropped == 1 and not due.complete and len(due.spans) == 2
+    assert due.dropped == 1 and len(due.spans) == 2
+    assert assemble(due.spans, partial=not due.complete, assembly="quiet", dropped_spans=due.dropped).metadata["partial"]
     await b.finish([due])
     small = buffer(redis, unique + "b", max_trace_bytes=600)
     result = await small.add([span("t7", "r1", text="a" * 200), span("t7", "c1", "r1", text="b" * 400)])
