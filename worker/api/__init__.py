@@ -50,6 +50,7 @@ def create_app(redis_url: str) -> FastAPI:
                   summary="Scorer groups, the scorers they blend, budgets and alert channels.",
                   responses=problems.RESPONSES)
     problems.install(app)
+    app.openapi = lambda: problems.documented(app)  # type: ignore[method-assign]
     app.include_router(groups.router)
     app.include_router(scorers.router)
 

@@ -8,10 +8,10 @@ null). Channel secrets are write-only: responses say whether one is set, never w
 
 import hashlib
 import uuid
-from typing import Annotated, Any
+from typing import Annotated, Any, TypeVar
 
 from fastapi import APIRouter, Path, Request, Response
-from pydantic import Field, SecretStr
+from pydantic import Field, SecretStr, ValidationError
 from pydantic.json_schema import SkipJsonSchema
 
 from scoring.api_models import Channel
@@ -23,7 +23,16 @@ from worker.api.groups import IfMatch
 from worker.api.pages import Cursor, Limit, Page, page
 
 router = APIRouter(prefix="/v1")
+M = TypeVar("M", bound=WireModel)
 DocId = Annotated[str, Path(max_length=128)]
+
+
+def validated(model: type[M], doc: dict[str, Any]) -> M:
+    """``doc`` as a ``model``, or a 400 naming each wrong field."""
+    try:
+        return model.model_validate(doc)
+    except ValidationError as exc:
+        raise InvalidDocument.from_validation(model.__name__, exc) from None
 
 
 def _new_id(prefix: str) -> str:
@@ -64,7 +73,7 @@ def _scorer_routes(kind: str, path: str, tag: str, model: type[WireModel], body_
     def to_doc(body: WireModel, id_: str, project_id: str | None) -> WireModel:
         if getattr(body, "id", None) is not None:
             raise InvalidDocument("id: chosen by the server (from the URL or on create); leave it out")
-        return model.model_validate({**body.stored(), "id": id_, "projectId": project_id})
+        return validated(model, {**body.stored(), "id": id_, "projectId": project_id})
 
     async def list_docs(client: Client, limit: Limit = 50, cursor: Cursor = None) -> Any:
         items, next_cursor = page(await client.scorers.list(kind), doc_id, limit, cursor)
@@ -156,7 +165,7 @@ async def put_budget(project_id: ProjectId, body: BudgetBody, client: Client, wh
                      if_match: IfMatch = None) -> Any:
     """Set the project's judge-call budget (created or replaced)."""
     _own_project(who, project_id)
-    doc = Budget.model_validate({**body.stored(), "projectId": project_id})
+    doc = validated(Budget, {**body.stored(), "projectId": project_id})
     await client.scorers.put(doc, if_match=if_match)
     response.headers["ETag"] = etag(doc)
     return doc
@@ -214,7 +223,7 @@ async def list_channels(client: Client, limit: Limit = 50, cursor: Cursor = None
 @router.post("/channels", response_model=Channel, status_code=201, tags=["channels"])
 async def put_channel(body: ChannelBody, client: Client, who: Who, request: Request, response: Response) -> Any:
     secret = body.secret.get_secret_value() if body.secret is not None else None
-    doc = AlertChannel.model_validate({"agentId": body.agent_id, "url": body.url, "secret": secret,
+    doc = validated(AlertChannel, {"agentId": body.agent_id, "url": body.url, "secret": secret,
                                        "projectId": who.project_for(body.project_id)})
     await client.scorers.put(doc)
     out = _out(doc)
