@@ -223,3 +223,14 @@ def test_scorers_budgets_and_channels(env: Env) -> None:
             b.monitor.channels.get(channel.id)
         a.monitor.channels.delete(channel.id)
         assert a.monitor.channels.list() == []
+
+
+def test_the_readmes_five_lines_run(env: Env) -> None:
+    readme = (Path(__file__).resolve().parents[2] / "README.md").read_text()
+    block = readme.split("The SDK, as the spec shows it")[1].split("```python\n")[1].split("```")[0]
+    assert len(block.strip().splitlines()) == 5
+    names: dict[str, Any] = {"api_key": env.keys["b"]}
+    exec(block.replace("http://127.0.0.1:8080", env.process.url), names)
+    group = names["client"].monitor.scorer_groups.get(names["group"].id)
+    assert group.project_id == "p-b" and group.online is not None and group.online.sample_rate == 0.2
+    names["client"].close()
