@@ -82,3 +82,22 @@ async def test_busy_sessions_stay_until_judged_and_judged_ones_are_not_judged_ag
     assert await sweeper.sweep_once(now=time.time()) == 0, "judged at this length: not again"
     ratings = await read_topic(kafka_bootstrap, parts["topics"].ratings, until=lambda v: len(v) >= 2, settle_s=1)
     assert sorted((r["sessionId"], r["turns"]) for r in ratings) == [("s-busy", 2), ("s-free", 2)]
+
+
+@pytest.mark.parametrize("depth", [150, 199, 255])
+async def test_a_poisoned_session_never_blocks_the_others(parts: dict[str, Any], kafka_bootstrap: str,
+                                                          depth: int) -> None:
+    # Stored before the decoder refused deep nesting (or written by anything else): a turn no
+    # member can read. The sweep drops that session and judges the rest.
+    redis, store, sweeper = parts["redis"], parts["store"], parts["sweeper"]
+    now = time.time()
+    await store.record([turn("s-poison", 1), turn("s-poison", 2), turn("s-fine", 1), turn("s-fine", 2)], now=now - 5)
+    poison = turn("s-poison", 3).model_dump_json(by_alias=True).replace('"fine"', "[" * depth + "]" * depth)
+    await redis.hset(keys.session_turns("p-sw", "s-poison"), "s-poison-3", poison)
+    await redis.hset(keys.session_turns("p-sw", "s-poison"), "s-poison-4", b"\xff not json")
+
+    judged = await sweeper.sweep_once(now=now)
+    ratings = await read_topic(kafka_bootstrap, parts["topics"].ratings, until=lambda v: len(v) >= judged, settle_s=0.5)
+    assert "s-fine" in {r["sessionId"] for r in ratings}
+    index = {m.decode() for m in await redis.zrange(keys.session_activity("p-sw"), 0, -1)}
+    assert "s-poison" not in index, "the poisoned session leaves the index instead of coming back every tick"
