@@ -10,7 +10,8 @@ Input and output of a span, first found wins (the README's mapping table):
 - the older GenAI attributes ``gen_ai.prompt`` / ``gen_ai.completion`` (a string, JSON messages,
   or OpenLLMetry's flattened ``gen_ai.prompt.0.content``), then the older events
   (``gen_ai.content.prompt`` / ``gen_ai.content.completion``, ``gen_ai.{system,user,assistant,
-  tool}.message`` and ``gen_ai.choice``).
+  tool}.message`` and ``gen_ai.choice``);
+- OpenLLMetry's workflow and task spans: ``traceloop.entity.input`` / ``traceloop.entity.output``.
 
 Message lists become text the way a person reads them: one message of plain text is that
 text; several are one ``Role: text`` line each, tool calls written as ``[calls tool name(args)]``.
@@ -25,10 +26,10 @@ from typing import Any
 import orjson
 
 # Attributes read as a span's input or output: not copied again into its attributes.
-CONTENT_ATTRIBUTES = ("gen_ai.input.messages", "gen_ai.output.messages", "gen_ai.system_instructions",
-                      "gen_ai.prompt", "gen_ai.completion", "gen_ai.tool.call.arguments",
-                      "gen_ai.tool.call.result", "llm.input_messages", "llm.output_messages",
-                      "input.value", "output.value")
+CONTENT_ATTRIBUTES = ("gen_ai.input.messages", "gen_ai.output.messages", "gen_ai.prompt", "gen_ai.completion",
+                      "gen_ai.tool.call.arguments", "gen_ai.tool.call.result", "llm.input_messages",
+                      "llm.output_messages", "input.value", "output.value", "traceloop.entity.input",
+                      "traceloop.entity.output")
 _ROLES = {"user": "User", "assistant": "Assistant", "system": "System", "tool": "Tool",
           "developer": "Developer", "model": "Assistant", "ai": "Assistant", "human": "User"}
 _EVENT_ROLES = {"gen_ai.system.message": "system", "gen_ai.user.message": "user",
@@ -76,7 +77,8 @@ def span_content(attrs: dict[str, Any], events: list[tuple[str, dict[str, Any]]]
                      lambda: _value_text(attrs.get("input.value")),
                      lambda: _messages_text(attrs.get("gen_ai.prompt")),
                      lambda: render_messages(_indexed_messages(attrs, "gen_ai.prompt.")),
-                     lambda: _event_messages(events, output=False)),
+                     lambda: _event_messages(events, output=False),
+                     lambda: _value_text(attrs.get("traceloop.entity.input"))),
         output=_first(lambda: _messages_text(attrs.get("gen_ai.output.messages")),
                       lambda: _messages_text(details.get("gen_ai.output.messages")),
                       lambda: _plain(attrs.get("gen_ai.tool.call.result")),
@@ -84,7 +86,8 @@ def span_content(attrs: dict[str, Any], events: list[tuple[str, dict[str, Any]]]
                       lambda: _value_text(attrs.get("output.value")),
                       lambda: _messages_text(attrs.get("gen_ai.completion")),
                       lambda: render_messages(_indexed_messages(attrs, "gen_ai.completion.")),
-                      lambda: _event_messages(events, output=True)),
+                      lambda: _event_messages(events, output=True),
+                      lambda: _value_text(attrs.get("traceloop.entity.output"))),
     )
 
 

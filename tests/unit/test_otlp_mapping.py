@@ -221,3 +221,15 @@ def test_spans_without_valid_ids_are_rejected_not_raised() -> None:
            "scopeSpans": [{"spans": [{"traceId": "00" * 16, "spanId": "0" * 15 + "1", "name": "x"}]}]}]}
     taken, rejected = buffered_spans(decode_request(orjson.dumps(doc)), MappingRules())
     assert taken == [] and [r.reason for r in rejected] == ["invalid_span"]
+
+
+def test_openllmetry_workflow_spans_and_system_instructions_kept_as_attributes() -> None:
+    telemetry = Telemetry(**RESOURCE)
+    with span(telemetry.tracer, "support.workflow", **{"traceloop.span.kind": "workflow",
+              "traceloop.entity.input": '{"messages": [{"role": "user", "content": "Refund?"}]}',
+              "traceloop.entity.output": "Refund issued.", "gen_ai.system_instructions": "Be kind."}):
+        pass
+    (root,) = one_trace(telemetry).spans
+    assert (root.kind, root.input, root.output) == ("chain", "Refund?", "Refund issued.")
+    assert root.attributes["gen_ai.system_instructions"] == "Be kind."
+    assert "traceloop.entity.input" not in root.attributes
