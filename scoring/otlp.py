@@ -193,12 +193,13 @@ def _time(unix_nano: int) -> datetime | None:
     return datetime.fromtimestamp(unix_nano / 1e9, tz=UTC) if unix_nano > 0 else None
 
 
-def _text_attr(*sources: dict[str, Any], names: tuple[str, ...]) -> str | None:
+def _text_attr(*sources: dict[str, Any], names: tuple[str, ...], limit: int = 256) -> str | None:
+    """The first of ``names`` set in ``sources``, as text cut to the trace model's limit."""
     for source in sources:
         for name in names:
             value = source.get(name) if name else None
             if value not in (None, ""):
-                return str(value)[:256]
+                return str(value)[:limit]
     return None
 
 
@@ -221,7 +222,7 @@ def buffered_spans(request: ExportTraceServiceRequest,
             rejected.append(Rejected("invalid_span", binascii.hexlify(otel_span.trace_id).decode(),
                                      "a span needs a 16-byte trace id and an 8-byte span id, not all zero"))
             continue
-        project = _text_attr(resource, span_attrs, names=(rules.project_attribute,)) or rules.default_project
+        project = _text_attr(resource, span_attrs, names=(rules.project_attribute,), limit=129) or rules.default_project
         if not project or len(project) > 128:
             rejected.append(Rejected("no_project", trace_id,
                                      f"no project: neither the resource nor the span has the attribute "
@@ -230,8 +231,8 @@ def buffered_spans(request: ExportTraceServiceRequest,
         try:
             taken.append(BufferedSpan(
                 trace_id=trace_id, project_id=project, span=_span(otel_span, span_id, span_attrs),
-                agent=_text_attr(span_attrs, resource, names=("gen_ai.agent.id", "gen_ai.agent.name")),
-                service=_text_attr(resource, names=("service.name",)),
+                agent=_text_attr(span_attrs, resource, names=("gen_ai.agent.id", "gen_ai.agent.name"), limit=128),
+                service=_text_attr(resource, names=("service.name",), limit=128),
                 session=_text_attr(span_attrs, resource, names=("gen_ai.conversation.id", "session.id",
                                                                 rules.session_attribute)),
             ))

@@ -233,3 +233,16 @@ def test_openllmetry_workflow_spans_and_system_instructions_kept_as_attributes()
     assert (root.kind, root.input, root.output) == ("chain", "Refund?", "Refund issued.")
     assert root.attributes["gen_ai.system_instructions"] == "Be kind."
     assert "traceloop.entity.input" not in root.attributes
+
+
+def test_long_names_are_cut_to_the_trace_models_limits_and_a_long_project_is_refused() -> None:
+    telemetry = Telemetry(**{**RESOURCE, "service.name": "s" * 300})
+    with span(telemetry.tracer, "run", **{"gen_ai.conversation.id": "c" * 300}):
+        pass
+    trace = one_trace(telemetry)
+    assert (len(trace.agent_id), len(trace.session_id or "")) == (128, 256)
+    long_project = Telemetry(**{"sgw.project.id": "p" * 129})
+    with span(long_project.tracer, "run"):
+        pass
+    taken, rejected = buffered_spans(decode_request(records(long_project.spans())[0][1]), MappingRules())
+    assert taken == [] and [r.reason for r in rejected] == ["no_project"]
