@@ -61,6 +61,7 @@ class OtlpEvents(Protocol):
     def dead_lettered(self, reason: str) -> None: ...
     def assembled(self, complete: bool, delay_s: float) -> None: ...
     def buffer_size(self, size: BufferSize) -> None: ...
+    def partitions_assigned(self, count: int) -> None: ...
 
 
 class NoOtlpEvents:
@@ -70,6 +71,7 @@ class NoOtlpEvents:
     def dead_lettered(self, reason: str) -> None: ...
     def assembled(self, complete: bool, delay_s: float) -> None: ...
     def buffer_size(self, size: BufferSize) -> None: ...
+    def partitions_assigned(self, count: int) -> None: ...
 
 
 class OtlpConsumer:
@@ -95,7 +97,7 @@ class OtlpConsumer:
         self._last_commit = 0.0
 
     def rebalance_listener(self) -> ConsumerRebalanceListener:
-        return CommitOnRevoke(self._on_revoke)
+        return CommitOnRevoke(self._on_revoke, lambda assigned: self._events.partitions_assigned(len(assigned)))
 
     async def _on_revoke(self, revoked: set[TopicPartition]) -> None:
         try:
@@ -104,6 +106,7 @@ class OtlpConsumer:
             for tp in revoked:
                 self._positions.pop(tp, None)
                 self._committed.pop(tp, None)
+            self._events.partitions_assigned(0)
 
     async def run(self, stop: asyncio.Event) -> None:
         """Both loops until ``stop``; a failure of either (Redis or Kafka gone) ends both."""

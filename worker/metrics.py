@@ -191,6 +191,8 @@ OTLP_ASSEMBLED = Counter("sgw_otlp_traces_assembled", "Traces assembled from spa
                          ["how"], registry=REGISTRY)
 OTLP_BUFFERED = Gauge("sgw_otlp_buffer", "What the assembly buffer holds, by unit (traces, spans, bytes).",
                       ["unit"], registry=REGISTRY)
+OTLP_ASSIGNED = Gauge("sgw_otlp_partitions_assigned", "Partitions of the OTLP topic this worker reads.",
+                      registry=REGISTRY)
 OTLP_DELAY = Histogram("sgw_otlp_assembly_delay_seconds",
                        "From a trace's last span buffered to the assembled trace acknowledged.",
                        buckets=LATENCY_BUCKETS, registry=REGISTRY)
@@ -214,6 +216,9 @@ class PrometheusOtlpEvents:
     def assembled(self, complete: bool, delay_s: float) -> None:
         OTLP_ASSEMBLED.labels("complete" if complete else "timeout").inc()
         OTLP_DELAY.observe(delay_s)
+
+    def partitions_assigned(self, count: int) -> None:
+        OTLP_ASSIGNED.set(count)
 
     def buffer_size(self, size: BufferSize) -> None:
         OTLP_BUFFERED.labels("traces").set(size.traces)

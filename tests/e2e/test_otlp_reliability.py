@@ -105,3 +105,51 @@ async def test_a_worker_killed_mid_assembly_loses_no_trace_and_rates_none_twice(
     assert all(len(emitted[trace_hex(t.spans()[0])]["spans"]) == 2 for t in later[BUFFERED:]), \
         "a trace whose root came after the crash is assembled whole by the next worker"
     assert all(not emitted[t]["metadata"]["partial"] for t in expected)
+
+
+async def produce_to(bootstrap: str, topic: str, items: list[tuple[bytes, int]]) -> None:
+    from aiokafka import AIOKafkaProducer
+
+    producer = AIOKafkaProducer(bootstrap_servers=bootstrap, linger_ms=5)
+    await producer.start()
+    try:
+        await asyncio.gather(*[await producer.send(topic, value=v, partition=p) for v, p in items])
+    finally:
+        await producer.stop()
+
+
+async def test_two_workers_assemble_traces_whose_spans_they_read_apart(
+        env: dict[str, str], kafka_bootstrap: str, tmp_path: Path) -> None:
+    """Each trace's children and root go to partitions three apart (of six): with two workers in
+    the group, the spans of one trace are read by different workers, and the trace is still
+    assembled whole and rated once."""
+    traces = [agent_trace(i) for i in range(12)]
+    expected = {trace_hex(t.spans()[0]): float(i % 11) for i, t in enumerate(traces)}
+    workers = [WorkerProcess(env, name=f"w{n}") for n in range(2)]
+    try:
+        for w in workers:
+            w.start(tmp_path)
+        for w in workers:
+            w.wait_ready()
+        for w in workers:  # the OTLP partitions are shared out between the two
+            await wait_for(w, "sgw_otlp_partitions_assigned", 1)
+        items = []
+        for i, t in enumerate(traces):
+            children = [s for s in t.spans() if s.parent is not None]
+            root = [s for s in t.spans() if s.parent is None]
+            items += [(records(children, by_trace=False)[0][1], i % 6), (records(root, by_trace=False)[0][1], (i + 3) % 6)]
+        await produce_to(kafka_bootstrap, env["SGW_OTLP_TOPIC"], items)
+        ratings = await read_topic(kafka_bootstrap, env["SGW_RATINGS_TOPIC"],
+                                   until=lambda v: len({r["traceId"] for r in v}) >= len(expected),
+                                   timeout_s=90, settle_s=3)
+        emitted = await read_topic(kafka_bootstrap, env["SGW_TRACES_TOPIC"], until=lambda v: True, settle_s=0.5)
+        both_read = all(w.metric("sgw_otlp_spans_consumed_total") > 0 for w in workers)
+    finally:
+        for w in workers:
+            assert w.stop() == 0, w.logs()
+
+    assert sorted(r["traceId"] for r in ratings) == sorted(expected), "every trace rated, once"
+    assert all(r["rating"] == expected[r["traceId"]] for r in ratings)
+    assert sorted(t["traceId"] for t in emitted) == sorted(expected), "every trace emitted once"
+    assert all(len(t["spans"]) == 2 and not t["metadata"]["partial"] for t in emitted), "assembled whole"
+    assert both_read, "both workers read spans: the traces were assembled across workers"
