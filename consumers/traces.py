@@ -36,6 +36,7 @@ from consumers.batcher import Batcher
 from consumers.decode import DeadLetter, decode_trace, unprocessable
 from consumers.events import NoEvents, PipelineEvents
 from consumers.offsets import CommitOnRevoke, OffsetTracker, PartitionOffsets
+from consumers.outage import OutageGuard, OutageTooLong
 from consumers.outputs import Outputs, TopicNames
 from scoring.catalog import CatalogSnapshot
 from scoring.claims import ClaimRequest, Claims
@@ -93,6 +94,7 @@ class TraceConsumer:
         max_in_flight: int = 256,
         max_trace_bytes: int = 1 << 20,
         commit_interval_s: float = 1.0,
+        outages: OutageGuard | None = None,
     ) -> None:
         self._consumer = consumer
         self._producer = producer
@@ -107,6 +109,9 @@ class TraceConsumer:
         self._max_in_flight = max_in_flight
         self._max_trace_bytes = max_trace_bytes
         self._commit_interval_s = commit_interval_s
+        # Redis or the broker unreachable: steps wait (parked, not fetching) instead of failing.
+        self._outages = outages or OutageGuard(tolerance_s=120.0)
+        self._commit_failing_since: float | None = None
         self._offsets = OffsetTracker()
         # Each job's claims not yet being published: what to give up if it must be cancelled.
         self._jobs: dict[asyncio.Task[None], set[ClaimRequest]] = {}
@@ -132,6 +137,15 @@ class TraceConsumer:
     @property
     def fatal(self) -> BaseException | None:
         return self._fatal
+
+    @property
+    def outage(self) -> str | None:
+        """What this loop is waiting for (Redis, the broker), or None when all answer."""
+        if self._commit_failing_since is not None:
+            lasted = time.monotonic() - self._commit_failing_since
+            if lasted > self._commit_interval_s * 3:
+                return f"offset commits failing for {lasted:.0f}s"
+        return self._outages.reason
 
     async def run(self, stop: asyncio.Event) -> None:
         """Consume until ``stop`` is set or an output fails; then drain (see ``drain``)."""
@@ -174,21 +188,31 @@ class TraceConsumer:
                 await asyncio.wait_for(self._room.wait(), timeout=self._commit_interval_s)
             # Still poll while paused: a consumer that stops polling for max_poll_interval_ms
             # leaves the group, and its partitions (and leases) go to someone else.
-            batches = await self._consumer.getmany(timeout_ms=0, max_records=1)
+            batches = await self._outages.call(lambda: self._consumer.getmany(timeout_ms=0, max_records=1))
         else:
             paused = self._consumer.paused()
             if paused:
                 self._consumer.resume(*paused)
-            batches = await self._consumer.getmany(timeout_ms=100, max_records=min(room, 1000))
+            batches = await self._outages.call(
+                lambda: self._consumer.getmany(timeout_ms=100, max_records=min(room, 1000)))
         if batches:
             await self._handle(batches)
         self.last_progress = time.monotonic()
         if time.monotonic() - self._last_commit >= self._commit_interval_s:
             try:
                 await self.commit()
-            except KafkaError as exc:  # e.g. a rebalance under way: the next tick commits again
+                self._commit_failing_since = None
+            except KafkaError as exc:  # a rebalance under way, or the broker away: the next tick commits again
                 log.warning("commit failed; retrying on the next tick", error=repr(exc))
+                self._commit_failed(exc)
             self._report_lag()
+
+    def _commit_failed(self, exc: KafkaError) -> None:
+        now = time.monotonic()
+        self._commit_failing_since = self._commit_failing_since or now
+        if now - self._commit_failing_since > self._outages.tolerance_s:
+            raise OutageTooLong(f"offsets could not be committed for {now - self._commit_failing_since:.0f}s, past "
+                                f"the tolerance of {self._outages.tolerance_s:g}s: {exc!r}") from exc
 
     async def _handle(self, batches: dict[TopicPartition, list[Any]]) -> None:
         snapshot = self._catalog()  # one catalog version for the whole batch
@@ -221,15 +245,16 @@ class TraceConsumer:
                 pairs_by_trace.append((ticket, record, trace, self._route(trace, snapshot)))
             except Exception as exc:
                 dead.append((ticket, record.offset, self._unprocessable(record, "routing", exc)))
-        for ticket, offset, letter in dead:
-            await self._dead_letter(ticket, offset, letter)
+        await self._dead_letter(dead)
         if self._turns is not None:
             # Session-scope groups never score a single trace: they judge the conversation later.
             turns = [trace for _, _, trace, _ in pairs_by_trace
                      if trace.session_id and snapshot.live_groups(trace.project_id, "session")]
             if turns:
-                await self._turns.record(turns)
-        claims = await self._claims.claim_many([p.claim for *_, pairs in pairs_by_trace for p in pairs])
+                recorder = self._turns
+                await self._outages.call(lambda: recorder.record(turns))
+        requests = [p.claim for *_, pairs in pairs_by_trace for p in pairs]
+        claims = await self._outages.call(lambda: self._claims.claim_many(requests))
         cursor = 0
         for ticket, record, trace, pairs in pairs_by_trace:
             offset = record.offset
@@ -290,7 +315,7 @@ class TraceConsumer:
         broken = [f for f in failures if f is not None]
         if broken:
             # The trace broke scoring (not an outage): dead-letter it; its other pairs are out.
-            await self._dead_letter(ticket, record.offset, self._unprocessable(record, "scoring", broken[0]))
+            await self._dead_letter([(ticket, record.offset, self._unprocessable(record, "scoring", broken[0]))])
         else:
             ticket.finished(record.offset)
         self._events.latency(time.monotonic() - started)
@@ -300,7 +325,7 @@ class TraceConsumer:
         """Score and publish one pair; return the exception if the trace itself broke scoring."""
         try:
             result = await self._score(pair, busy, snapshot)
-        except (RedisError, KafkaError):
+        except (RedisError, KafkaError, OutageTooLong):
             raise  # an outage, not the trace's fault: the worker stops without committing
         except Exception as exc:
             unpublished.discard(pair.claim)
@@ -318,7 +343,7 @@ class TraceConsumer:
 
     async def _publish(self, pair: _Pair, result: GroupResult, snapshot: CatalogSnapshot) -> None:
         try:
-            (rating,) = await self._outputs.publish([result], "trace", snapshot)
+            (rating,) = await self._outages.call(lambda: self._outputs.publish([result], "trace", snapshot))
             await self._finisher.submit([_Finished(pair.claim, rating.id, history_event(pair.group, rating))])
         except Exception as exc:
             self._fatal = self._fatal or exc
@@ -336,7 +361,7 @@ class TraceConsumer:
         lease expires (then it is ours, budget reserved again)."""
         while busy:
             await asyncio.sleep(BUSY_POLL_S)
-            (claim,) = await self._claims.claim_many([pair.claim])
+            (claim,) = await self._outages.call(lambda: self._claims.claim_many([pair.claim]))
             if claim.state in ("done", "skipped", "exhausted"):
                 self._events.group_skipped(pair.claim.project_id, pair.group.id,
                                            "budget" if claim.state == "exhausted" else "dedupe")
@@ -345,9 +370,12 @@ class TraceConsumer:
         return await self._panel.score(pair.group, pair.subject, snapshot)
 
     async def _write_finished(self, items: list[_Finished]) -> None:
-        # History first: a pair marked done is never scored again, so its record must exist.
-        await self._ratings.record([i.event for i in items])
-        await self._claims.mark_done([(i.claim, i.rating_id) for i in items])
+        async def write() -> None:
+            # History first: a pair marked done is never scored again, so its record must exist.
+            await self._ratings.record([i.event for i in items])
+            await self._claims.mark_done([(i.claim, i.rating_id) for i in items])
+
+        await self._outages.call(write)
 
     def _unprocessable(self, record: Any, step: str, exc: BaseException) -> DeadLetter:
         log.warning("a trace broke a step; dead-lettered", step=step, error=repr(exc)[:300],
@@ -355,21 +383,25 @@ class TraceConsumer:
         return unprocessable(record.topic, record.partition, record.offset, record.key, record.value,
                              f"{step} failed: {type(exc).__name__}: {str(exc)[:300]}", self._max_trace_bytes)
 
-    async def _dead_letter(self, ticket: PartitionOffsets, offset: int, dead: DeadLetter) -> None:
-        self._events.dead_lettered(dead.reason)
-        log.warning("dead-lettered a record", reason=dead.reason, error=dead.error[:300],
-                    topic=dead.topic, partition=dead.partition, offset=offset)
-        ack = await self._producer.send(self._topics.dlq, key=dead.key.encode() if dead.key else None,
-                                        value=dead.to_json())
+    async def _dead_letter(self, dead: list[tuple[PartitionOffsets, int, DeadLetter]]) -> None:
+        """Send dead letters and wait for the broker's acknowledgement (under the outage guard):
+        only then are their records finished."""
+        if not dead:
+            return
+        for _, offset, letter in dead:
+            self._events.dead_lettered(letter.reason)
+            log.warning("dead-lettered a record", reason=letter.reason, error=letter.error[:300],
+                        topic=letter.topic, partition=letter.partition, offset=offset)
 
-        def done(future: asyncio.Future[Any]) -> None:
-            if future.cancelled() or future.exception() is not None:
-                self._fatal = self._fatal or (future.exception() or OutputError("dead letter cancelled"))
-            else:
-                ticket.finished(offset)
-                self._room.set()
+        async def send_all() -> None:
+            acks = [await self._producer.send(self._topics.dlq, key=letter.key.encode() if letter.key else None,
+                                              value=letter.to_json()) for _, _, letter in dead]
+            await asyncio.gather(*acks)
 
-        ack.add_done_callback(done)
+        await self._outages.call(send_all)
+        for ticket, offset, _ in dead:
+            ticket.finished(offset)
+        self._room.set()
 
     # --- offsets -------------------------------------------------------------------------------
 

@@ -253,10 +253,13 @@ class CatalogWatcher:
     the version every ``poll_s`` in case a notice was missed (pub/sub is at-most-once)."""
 
     def __init__(self, store: CatalogStore, *, poll_s: float = 0.5,
-                 on_change: Callable[[CatalogSnapshot], None] | None = None) -> None:
+                 on_change: Callable[[CatalogSnapshot], None] | None = None,
+                 on_lost: Callable[[bool], None] | None = None) -> None:
         self._store = store
         self._poll_s = poll_s
         self._on_change = on_change
+        self._on_lost = on_lost
+        self.lost = False  # Redis answered with no catalog after we had one
         self.current = CatalogSnapshot()
         self._task: asyncio.Task[None] | None = None
 
@@ -272,12 +275,29 @@ class CatalogWatcher:
                 await self._task
 
     async def refresh(self) -> None:
-        if await self._store.version() != self.current.version:
-            self.current = await self._store.snapshot()
-            log.info("catalog reloaded", version=self.current.version,
-                     groups=len(self.current.groups))
-            if self._on_change is not None:
-                self._on_change(self.current)
+        version = await self._store.version()
+        if version == self.current.version:
+            return
+        if version == 0 and self.current.version > 0:
+            # No catalog at all after one existed: Redis lost its data (a restart without
+            # persistence, a failover to an empty replica). Never a real change - deleting every
+            # document still leaves a version - so keep scoring with what we have.
+            if not self.lost:
+                self.lost = True
+                log.error("the catalog is gone from Redis; keeping the last snapshot", version=self.current.version,
+                          groups=len(self.current.groups))
+                if self._on_lost is not None:
+                    self._on_lost(True)
+            return
+        if self.lost:
+            self.lost = False
+            log.info("a catalog is back in Redis", version=version)
+            if self._on_lost is not None:
+                self._on_lost(False)
+        self.current = await self._store.snapshot()
+        log.info("catalog reloaded", version=self.current.version, groups=len(self.current.groups))
+        if self._on_change is not None:
+            self._on_change(self.current)
 
     async def _watch(self) -> None:
         while True:

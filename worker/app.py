@@ -18,6 +18,7 @@ from aiokafka.admin import AIOKafkaAdminClient, NewTopic
 from aiokafka.errors import TopicAlreadyExistsError
 from redis.asyncio import Redis
 
+from consumers.outage import OutageGuard
 from consumers.outputs import Outputs, TopicNames
 from consumers.sessions import SessionSweeper
 from consumers.traces import OutputError, TraceConsumer
@@ -100,6 +101,8 @@ class Worker:
             return False, f"stopping after an output failure: {c.fatal}"
         if self.webhooks_failed is not None:
             return False, f"stopping after a webhook sender failure: {self.webhooks_failed}"
+        if c.outage is not None:
+            return False, f"waiting in-process: {c.outage}"
         if not c.assigned_once:
             return False, "waiting for a partition assignment"
         stalled = time.monotonic() - c.last_progress
@@ -112,10 +115,11 @@ class Worker:
 
     async def run(self) -> int:
         s = self.settings
-        redis = Redis.from_url(s.redis_url)
+        redis = Redis.from_url(s.redis_url, socket_timeout=s.redis_timeout_s,
+                               socket_connect_timeout=s.redis_timeout_s)
         ops = metrics.OpsServer(s.metrics_port, self.readiness)
         await ops.start()
-        watcher = CatalogWatcher(CatalogStore(redis))
+        watcher = CatalogWatcher(CatalogStore(redis), on_lost=metrics.observe_catalog_lost)
         await watcher.start()
         await ensure_topics(s)
 
@@ -143,7 +147,8 @@ class Worker:
             consumer=consumer, producer=producer, topics=topics, catalog=lambda: watcher.current,
             panel=panel, claims=claims, ratings=ratings, turns=sessions, events=events,
             max_in_flight=s.max_in_flight, max_trace_bytes=s.max_trace_bytes,
-            commit_interval_s=s.commit_interval_s)
+            commit_interval_s=s.commit_interval_s,
+            outages=OutageGuard(s.outage_tolerance_s, on_change=metrics.observe_outage))
         sweeper = SessionSweeper(store=sessions, outputs=Outputs(producer, topics, events),
                                  catalog=lambda: watcher.current, panel=panel, claims=claims,
                                  ratings=ratings, events=events, interval_s=s.session_sweep_interval_s)

@@ -109,6 +109,14 @@ MEMBER_FAILURES = Counter("sgw_member_failures", "Members that produced no verdi
                           registry=REGISTRY)
 MEMBER_SECONDS = Histogram("sgw_member_seconds", "Time a member took, by kind.", ["kind"],
                            buckets=LATENCY_BUCKETS, registry=REGISTRY)
+DEPENDENCY_UNREACHABLE = Gauge(
+    "sgw_dependency_unreachable",
+    "1 while the worker waits for an unreachable dependency (redis, kafka) instead of exiting.",
+    ["dependency"], registry=REGISTRY)
+CATALOG_LOST = Gauge(
+    "sgw_catalog_lost",
+    "1 when Redis answered with an empty catalog after a non-empty one (data lost); the last "
+    "snapshot is kept.", registry=REGISTRY)
 SANDBOX_AVAILABLE = Gauge(
     "sgw_code_sandbox_available",
     "1 when code scorers can run confined; 0 when the sandbox could not be set up (they fail closed).",
@@ -231,6 +239,14 @@ def observe_member(kind: str, status: str, reason: str | None, seconds: float) -
     MEMBER_SECONDS.labels(kind).observe(seconds)
     if status == "failed" or status == "not_scored":
         MEMBER_FAILURES.labels(kind, failure_class(reason)).inc()
+
+
+def observe_outage(dependency: str, unreachable: bool) -> None:
+    DEPENDENCY_UNREACHABLE.labels(dependency).set(1 if unreachable else 0)
+
+
+def observe_catalog_lost(lost: bool) -> None:
+    CATALOG_LOST.set(1 if lost else 0)
 
 
 def observe_sandbox(available: bool) -> None:

@@ -85,6 +85,10 @@ class Settings(BaseSettings):
 
     # --- Redis -------------------------------------------------------------------------------
     redis_url: str = Field("redis://127.0.0.1:6379/0", description="Redis URL (catalog, budgets).")
+    redis_timeout_s: float = Field(
+        5.0, gt=0,
+        description="Socket timeout of Redis calls: a frozen Redis is noticed (and waited for) after this.",
+    )
 
     # --- Judges (OpenAI-compatible chat completions) ----------------------------------------
     judge_base_url: str = Field(
@@ -120,6 +124,14 @@ class Settings(BaseSettings):
         20.0, gt=0, description="On SIGTERM, how long in-flight work may take to finish."
     )
 
+    outage_tolerance_s: float = Field(
+        120.0, gt=0,
+        description=(
+            "How long Redis or the broker may stay unreachable while the worker waits in-process "
+            "(not fetching, in-flight work parked, /readyz false with the reason); past it the "
+            "worker exits 1 and uncommitted work is redelivered."
+        ),
+    )
     claim_lease_s: float = Field(
         180.0, gt=0,
         description=(

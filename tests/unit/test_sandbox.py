@@ -20,6 +20,7 @@ ARGS: dict[str, Any] = {"input": "question", "output": "answer", "expected": Non
                         "metadata": {}}
 TIMEOUT = 2.0
 P = "project-a"  # the project whose code runs, unless a test says otherwise
+HERE = str(Path(__file__).resolve())
 
 
 def scorer(body: str, header: str = "") -> str:
@@ -251,13 +252,13 @@ async def test_runs_as_an_unprivileged_identity(pool: SandboxPool) -> None:
 
 
 async def test_the_service_files_and_the_host_are_not_visible(pool: SandboxPool) -> None:
-    here = str(Path(__file__).resolve())
+    here = HERE
     code = scorer(f"return float(any(os.path.exists(p) for p in ({here!r}, '/etc/passwd', '/root', '/work', '/home')))",
                   header="import os")
     assert await pool.run(P, "files", code, ARGS, TIMEOUT) == 0.0
     # Writing: only an empty scratch /tmp; the rest is read-only.
     text = await reason(pool, scorer("open('/usr/evil', 'w').write('x')\nreturn 1"))
-    assert text.startswith(("OSError", "PermissionError")) and "Read-only" in text or "denied" in text
+    assert text.startswith(("OSError", "PermissionError")) and ("Read-only" in text or "denied" in text)
     stdlib = scorer("return statistics.mean([0.25, 0.75])", header="import re, json, statistics, difflib")
     assert await pool.run(P, "stdlib", stdlib, ARGS, TIMEOUT) == 0.5
 

@@ -1,0 +1,114 @@
+"""Riding out an outage of Redis or the broker inside the process, instead of exiting.
+
+Kafka's and Redis's clients reconnect by themselves; what a loop must do is wait for them
+without losing or repeating work. ``OutageGuard.call`` runs one step that needs a dependency:
+when it fails with an error that means "unreachable for now", the step is retried with backoff
+(and jitter, so many workers do not retry in step) while the guard reports the outage - for
+``/readyz`` and a metric - and it is given up only once the outage has lasted longer than the
+tolerance. Every step retried this way must be safe to repeat: claims (a repeated claim finds
+its own lease and waits for it), done marks and history (idempotent writes), outputs
+(deterministic ids; the idempotent producer), dead letters.
+
+Errors that are not outages - a bug, bad data - are never retried here: they are raised at once.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import random
+import time
+from collections.abc import Awaitable, Callable
+from typing import TypeVar
+
+import structlog
+from aiokafka.errors import KafkaError, KafkaTimeoutError
+from redis.exceptions import BusyLoadingError, ReadOnlyError
+from redis.exceptions import ConnectionError as RedisConnectionError
+from redis.exceptions import TimeoutError as RedisTimeoutError
+
+log = structlog.get_logger(__name__)
+
+T = TypeVar("T")
+
+_FIRST_DELAY_S = 0.1
+_MAX_DELAY_S = 5.0
+
+
+def outage_of(exc: BaseException) -> str | None:
+    """Which dependency ``exc`` says is unreachable for now ("redis", "kafka"), or None."""
+    if isinstance(exc, RedisConnectionError | RedisTimeoutError | BusyLoadingError | ReadOnlyError):
+        return "redis"
+    if isinstance(exc, KafkaTimeoutError) or (isinstance(exc, KafkaError) and getattr(exc, "retriable", False)):
+        return "kafka"
+    if isinstance(exc, ConnectionError | TimeoutError):  # a socket-level failure under either client
+        return "network"
+    return None
+
+
+class OutageTooLong(Exception):
+    """A dependency stayed unreachable past the tolerance: the process should exit (and be
+    restarted by its orchestrator), leaving uncommitted work to be redelivered."""
+
+
+class OutageGuard:
+    def __init__(self, tolerance_s: float, on_change: Callable[[str, bool], None] | None = None) -> None:
+        self.tolerance_s = tolerance_s
+        self._on_change = on_change
+        self._failing: dict[str, int] = {}  # dependency -> steps now waiting for it
+        self._since: dict[str, float] = {}  # dependency -> when it was first seen unreachable
+        self._reason: dict[str, str] = {}
+
+    @property
+    def reason(self) -> str | None:
+        """None while every dependency answers; else what is unreachable, since when, and why."""
+        if not self._failing:
+            return None
+        now = time.monotonic()
+        return "; ".join(f"{dep} unreachable for {now - self._since[dep]:.0f}s ({self._reason[dep]})"
+                         for dep in sorted(self._failing))
+
+    async def call(self, step: Callable[[], Awaitable[T]]) -> T:
+        """Run ``step``; while it fails with an outage, retry with backoff up to the tolerance."""
+        delay = _FIRST_DELAY_S
+        waiting_for: str | None = None
+        try:
+            while True:
+                try:
+                    return await step()
+                except Exception as exc:
+                    dependency = outage_of(exc)
+                    if dependency is None:
+                        raise
+                    if waiting_for is None:
+                        waiting_for = dependency
+                        self._enter(dependency, exc)
+                    lasted = time.monotonic() - self._since[waiting_for]
+                    if lasted > self.tolerance_s:
+                        raise OutageTooLong(f"{waiting_for} unreachable for {lasted:.0f}s, past the tolerance of "
+                                            f"{self.tolerance_s:g}s: {exc!r}") from exc
+                await asyncio.sleep(delay * random.uniform(0.5, 1.0))
+                delay = min(delay * 2, _MAX_DELAY_S)
+        finally:
+            if waiting_for is not None:
+                self._leave(waiting_for)
+
+    def _enter(self, dependency: str, exc: BaseException) -> None:
+        self._failing[dependency] = self._failing.get(dependency, 0) + 1
+        self._reason[dependency] = type(exc).__name__
+        if self._failing[dependency] == 1:
+            self._since.setdefault(dependency, time.monotonic())
+            log.warning("dependency unreachable; waiting for it", dependency=dependency, error=repr(exc)[:300],
+                        tolerance_s=self.tolerance_s)
+            if self._on_change is not None:
+                self._on_change(dependency, True)
+
+    def _leave(self, dependency: str) -> None:
+        left = self._failing.get(dependency, 1) - 1
+        if left > 0:
+            self._failing[dependency] = left
+            return
+        self._failing.pop(dependency, None)
+        since = self._since.pop(dependency, time.monotonic())
+        log.info("dependency reachable again", dependency=dependency, after_s=round(time.monotonic() - since, 1))
+        if self._on_change is not None:
+            self._on_change(dependency, False)

@@ -1,0 +1,116 @@
+"""The worker rides out outages in-process: Redis frozen, then Redis losing its data, while a
+real worker scores a stream on the real broker. It never exits, says why it is not ready while
+it waits, and afterwards every trace is rated with one rating id and one value.
+
+Redis here is a server of this test's own (it is frozen with SIGSTOP and wiped), so the rest of
+the suite never sees it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import time
+from collections import defaultdict
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import orjson
+import pytest
+from redis.asyncio import Redis
+
+from deploy.services import LocalRedis
+from scoring.groups import MonitorClient
+from tests.e2e.harness import WorkerProcess, produce, read_topic, worker_env
+
+pytestmark = pytest.mark.integration
+
+FREEZE_S = 8
+CATALOG = {
+    "patterns": [{"id": "sorry", "name": "Apology", "polarity": "failure", "template": "apology"}],
+    "groups": [{"id": "tone", "name": "Tone", "projectId": "p-out",
+                "online": {"enabled": True, "sampleRate": 1.0, "alertThreshold": 5, "severity": "low"},
+                "members": [{"kind": "pattern", "refId": "sorry", "weight": 1, "gate": False}]}],
+}
+
+
+@pytest.fixture
+def own_redis() -> Iterator[LocalRedis]:
+    server = LocalRedis().start()
+    try:
+        yield server
+    finally:
+        if server.proc is not None:
+            os.kill(server.proc.pid, signal.SIGCONT)  # never leave it frozen
+        server.stop()
+
+
+def traces(start: int, count: int) -> list[tuple[bytes, bytes]]:
+    return [(f"o-{i}".encode(), orjson.dumps({
+        "traceId": f"o-{i}", "projectId": "p-out", "agentId": "a", "timestamp": "2026-12-02T13:00:00Z",
+        "spans": [{"spanId": "r", "input": "q", "output": "I'm sorry" if i % 2 else "done"}]}))
+        for i in range(start, start + count)]
+
+
+def readiness(worker: WorkerProcess) -> tuple[int, str]:
+    try:
+        response = httpx.get(worker.url + "/readyz", timeout=2)
+        return response.status_code, response.text
+    except httpx.HTTPError as exc:
+        return 0, repr(exc)
+
+
+async def test_redis_frozen_then_wiped_is_ridden_out(own_redis: LocalRedis, kafka_bootstrap: str,
+                                                     unique: str, tmp_path: Path) -> None:
+    redis = Redis.from_url(own_redis.url)
+    await MonitorClient(redis).apply(CATALOG)
+    env = worker_env(kafka_bootstrap, own_redis.url, f"out-{unique}", outage_tolerance_s=60, redis_timeout_s=1)
+    worker = WorkerProcess(env).start(tmp_path)
+    seen_not_ready: list[str] = []
+    try:
+        worker.wait_ready()
+        await produce(kafka_bootstrap, env["SGW_TRACES_TOPIC"], traces(0, 100))
+        await read_topic(kafka_bootstrap, env["SGW_RATINGS_TOPIC"], until=lambda v: len(v) >= 100)
+
+        # 1. Redis frozen for FREEZE_S while traces keep arriving.
+        assert own_redis.proc is not None
+        os.kill(own_redis.proc.pid, signal.SIGSTOP)
+        frozen_at = time.monotonic()
+        await produce(kafka_bootstrap, env["SGW_TRACES_TOPIC"], traces(100, 100))
+        while time.monotonic() - frozen_at < FREEZE_S:
+            status, text = readiness(worker)
+            if status == 503:
+                seen_not_ready.append(text)
+            assert worker.proc is not None and worker.proc.poll() is None, worker.logs()
+            await asyncio.sleep(0.25)
+        os.kill(own_redis.proc.pid, signal.SIGCONT)
+        await read_topic(kafka_bootstrap, env["SGW_RATINGS_TOPIC"], until=lambda v: len({r["traceId"] for r in v}) >= 200,
+                         timeout_s=90)
+
+        # 2. Redis loses everything (a restart without persistence): the catalog snapshot is kept.
+        await redis.flushall()
+        await asyncio.sleep(1.5)  # the watcher notices
+        await produce(kafka_bootstrap, env["SGW_TRACES_TOPIC"], traces(200, 50))
+        ratings = await read_topic(kafka_bootstrap, env["SGW_RATINGS_TOPIC"],
+                                   until=lambda v: len({r["traceId"] for r in v}) >= 250, timeout_s=90, settle_s=2)
+        assert worker.metric("sgw_catalog_lost") == 1.0
+        assert worker.proc is not None and worker.proc.poll() is None, worker.logs()
+    finally:
+        code = worker.stop()
+        await redis.aclose()
+    assert code == 0, worker.logs()
+
+    assert any("redis unreachable" in text for text in seen_not_ready), seen_not_ready
+    ids: dict[str, set[str]] = defaultdict(set)
+    values: dict[str, set[Any]] = defaultdict(set)
+    for r in ratings:
+        ids[r["traceId"]].add(r["id"])
+        values[r["traceId"]].add(r["rating"])
+    assert set(ids) == {f"o-{i}" for i in range(250)}, "no trace is lost"
+    assert all(len(v) == 1 for v in ids.values()), "one rating id per trace"
+    assert all(len(v) == 1 for v in values.values()), "one value per trace"
+    assert {next(iter(values[f"o-{i}"])) for i in range(0, 250, 2)} == {10.0}
+    assert {next(iter(values[f"o-{i}"])) for i in range(1, 250, 2)} == {0.0}
