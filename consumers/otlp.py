@@ -171,6 +171,8 @@ class OtlpConsumer:
             return [], self._letter(tp, record, exc.reason, str(exc))
         except Exception as exc:  # a malformed record must never stop the loop
             return [], self._letter(tp, record, "not_otlp", f"could not read the record: {exc!r}"[:1000])
+        if not taken and not rejected:  # valid protobuf of no spans: foreign bytes, never the exporter's
+            return [], self._letter(tp, record, "not_otlp", "the record holds no spans")
         if not rejected:
             return taken, None
         return taken, self._letter(tp, record, rejected[0].reason, _rejection_summary(rejected, len(taken)))
