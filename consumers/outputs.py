@@ -17,7 +17,14 @@ from aiokafka import AIOKafkaProducer
 from consumers.events import PipelineEvents
 from scoring.catalog import CatalogSnapshot
 from scoring.panel import GroupResult
-from scoring.results import Rating, ResultScope, build_deliveries, build_rating, build_signal
+from scoring.results import (
+    Rating,
+    ResultScope,
+    build_deliveries,
+    build_rating,
+    build_recovery_deliveries,
+    build_signal,
+)
 
 
 @dataclass(frozen=True)
@@ -48,13 +55,17 @@ class Outputs:
                                                   value=rating.to_json()))
             self._events.group_scored(group.project_id, group.id, scope, rating.rating)
             signal = build_signal(group, rating)
-            if signal is None:
+            channels = [c for c in snapshot.channels_for(subject.agent_id) if not c.disabled]
+            if signal is None:  # PagerDuty channels hear when the group is back over its threshold
+                resolving = [c.url for c in channels if c.format == "pagerduty"]
+                for delivery in build_recovery_deliveries(group, rating, resolving):
+                    acks.append(await self._producer.send(self._topics.webhooks, key=delivery.agent_id.encode(),
+                                                          value=delivery.to_json()))
                 continue
             acks.append(await self._producer.send(self._topics.signals, key=signal.key.encode(),
                                                   value=signal.to_json()))
             self._events.signal_raised(group.project_id, group.id, signal.severity)
-            urls = [channel.url for channel in snapshot.channels_for(subject.agent_id) if not channel.disabled]
-            for delivery in build_deliveries(signal, urls):
+            for delivery in build_deliveries(signal, [c.url for c in channels]):
                 acks.append(await self._producer.send(self._topics.webhooks, key=delivery.agent_id.encode(),
                                                       value=delivery.to_json()))
         await asyncio.gather(*acks)

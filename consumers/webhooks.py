@@ -39,15 +39,15 @@ from pydantic import BaseModel, ConfigDict, ValidationError
 from pydantic.alias_generators import to_camel
 
 from consumers.offsets import CommitOnRevoke, OffsetTracker
-from scoring import signing
+from scoring import keys, signing
 from scoring.breaker import CircuitBreaker
 from scoring.catalog import CatalogSnapshot
 from scoring.channels import channel_id
-from scoring.delivery_schedule import Attempt, DeliverySchedule, PendingDelivery, RetrySchedule
+from scoring.delivery_schedule import Attempt, DeliverySchedule, Incident, PendingDelivery, RetrySchedule
 from scoring.egress import EgressPolicy, EgressRefused
 from scoring.http import describe_status, retry_after_seconds
 from scoring.models import AlertChannel
-from scoring.results import WebhookDelivery
+from scoring.results import RECOVERED_EVENT, WebhookDelivery
 
 log = structlog.get_logger(__name__)
 
@@ -177,6 +177,7 @@ class WebhookSender:
     async def _ingest(self, batches: dict[TopicPartition, list[Any]]) -> None:
         now = time.time()
         fresh: list[PendingDelivery] = []
+        incidents: list[Incident | None] = []
         acks = []
         finished = []
         for tp, records in batches.items():
@@ -189,13 +190,27 @@ class WebhookSender:
                     acks.append(await self._send_dead_letter("invalid_delivery", str(exc)[:500], value))
                     continue
                 fresh.append(PendingDelivery(delivery=delivery, first_seen=datetime.fromtimestamp(now, UTC)))
-        added = await self._schedule.add_claimed(fresh, now)  # durable before the offset moves
+                incidents.append(self._incident(delivery))
+        added = await self._schedule.add_claimed(fresh, now, incidents)  # durable before the offset moves
         await asyncio.gather(*acks)
         for ticket, offset in finished:
             ticket.finished(offset)
         for pending, new in zip(fresh, added, strict=True):
             if new:
                 self._dispatch(pending)
+
+    def _channel(self, delivery: WebhookDelivery) -> AlertChannel | None:
+        return next((c for c in self._catalog().channels_for(delivery.agent_id) if c.url == delivery.url), None)
+
+    def _incident(self, delivery: WebhookDelivery) -> Incident | None:
+        """PagerDuty channels: a trigger opens the group's incident, a recovery resolves it
+        (and is not sent at all when none is open)."""
+        channel = self._channel(delivery)
+        if channel is None or channel.format != "pagerduty":
+            return None
+        channel_hash = hashlib.sha256(channel_id(channel).encode()).hexdigest()[:16]
+        return Incident("close" if delivery.event == RECOVERED_EVENT else "open",
+                        keys.webhook_incident(channel_hash, delivery.signal.key))
 
     # --- 2. Dispatch ----------------------------------------------------------------------
 
@@ -229,8 +244,7 @@ class WebhookSender:
 
     async def _deliver(self, pending: PendingDelivery) -> None:
         delivery = pending.delivery
-        channel = next((c for c in self._catalog().channels_for(delivery.agent_id) if c.url == delivery.url),
-                       None)
+        channel = self._channel(delivery)
         if channel is None:
             log.info("alert channel removed; delivery dropped", agent=delivery.agent_id, delivery=delivery.id)
             await self._schedule.finish(delivery.id, "dead")

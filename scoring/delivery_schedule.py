@@ -106,24 +106,44 @@ class RetrySchedule:
         return sum(self.delays_s) * (1 + self.jitter)
 
 
+@dataclass(frozen=True)
+class Incident:
+    """What a delivery does to a PagerDuty channel's incident: a trigger opens, a recovery closes."""
+
+    action: Literal["open", "close"]
+    key: str  # keys.webhook_incident(...)
+
+
 # --- The store --------------------------------------------------------------------------------
 
+# KEYS: due, created, then per delivery: pending, done, incident. ARGV: per delivery: id, document,
+# first seen (ms), incident action ('', 'open' or 'close'); then now (ms), lease (ms), TTL of a
+# pending delivery, TTL of an incident. A 'close' (a recovery) is scheduled only when an incident
+# is open for it, and closes it; an 'open' (a trigger) opens one.
 _ADD = """
+local tail = #ARGV - 4
+local now, lease, ttl, incident_ttl = ARGV[tail + 1], ARGV[tail + 2], ARGV[tail + 3], ARGV[tail + 4]
 local added = {}
-for i = 1, #ARGV - 3, 3 do
-  local n = (i + 2) / 3
-  local pending, done = KEYS[2 + 2 * n - 1], KEYS[2 + 2 * n]
+for i = 1, tail, 4 do
+  local n = (i + 3) / 4
+  local pending, done, incident = KEYS[3 * n], KEYS[3 * n + 1], KEYS[3 * n + 2]
+  local action = ARGV[i + 3]
   if redis.call('EXISTS', done) == 1 or redis.call('EXISTS', pending) == 1 then
     added[n] = 0
+  elseif action == 'close' and redis.call('DEL', incident) == 0 then
+    added[n] = 0
   else
-    redis.call('SET', pending, ARGV[i + 1], 'EX', ARGV[#ARGV])
-    redis.call('ZADD', KEYS[1], ARGV[#ARGV - 2] + ARGV[#ARGV - 1], ARGV[i])
+    if action == 'open' then
+      redis.call('SET', incident, '1', 'EX', incident_ttl)
+    end
+    redis.call('SET', pending, ARGV[i + 1], 'EX', ttl)
+    redis.call('ZADD', KEYS[1], now + lease, ARGV[i])
     redis.call('ZADD', KEYS[2], ARGV[i + 2], ARGV[i])
     added[n] = 1
   end
 end
-redis.call('EXPIRE', KEYS[1], ARGV[#ARGV])
-redis.call('EXPIRE', KEYS[2], ARGV[#ARGV])
+redis.call('EXPIRE', KEYS[1], ttl)
+redis.call('EXPIRE', KEYS[2], ttl)
 return added
 """
 
@@ -158,17 +178,21 @@ class DeliverySchedule:
         self._add = redis.register_script(_ADD)
         self._claim = redis.register_script(_CLAIM)
 
-    async def add_claimed(self, items: list[PendingDelivery], now: float) -> list[bool]:
+    async def add_claimed(self, items: list[PendingDelivery], now: float,
+                          incidents: list[Incident | None] | None = None) -> list[bool]:
         """Store new deliveries, already claimed by the caller (it attempts them right away).
-        False for one already pending or finished (a redelivered record): not sent again."""
+        False for one already pending or finished (a redelivered record): not sent again; and
+        for a recovery (``incidents[i].action == "close"``) with no incident open to resolve."""
         if not items:
             return []
         key_list = [keys.WEBHOOK_DUE, keys.WEBHOOK_CREATED]
         args: list[str | bytes | int] = []
-        for item in items:
-            key_list += [keys.webhook_pending(item.delivery.id), keys.webhook_done(item.delivery.id)]
-            args += [item.delivery.id, item.to_json(), int(item.first_seen.timestamp() * 1000)]
-        args += [int(now * 1000), self._lease_ms, self._ttl_s]
+        for item, incident in zip(items, incidents or [None] * len(items), strict=True):
+            key_list += [keys.webhook_pending(item.delivery.id), keys.webhook_done(item.delivery.id),
+                         incident.key if incident else keys.webhook_incident("-", "-")]
+            args += [item.delivery.id, item.to_json(), int(item.first_seen.timestamp() * 1000),
+                     incident.action if incident else ""]
+        args += [int(now * 1000), self._lease_ms, self._ttl_s, keys.WEBHOOK_INCIDENT_TTL_S]
         added = await self._add(keys=key_list, args=args)
         return [bool(a) for a in added]
 

@@ -104,6 +104,15 @@ def webhook_done(delivery_id: str) -> str:
     return f"{PREFIX}:webhooks:{WEBHOOK_TAG}:done:{delivery_id}"
 
 
+# An incident a PagerDuty channel was sent (trigger) and not yet resolved, per channel and
+# Signal key: a recovery is sent only where one is open. Forgotten after 30 days.
+WEBHOOK_INCIDENT_TTL_S = 30 * 86_400
+
+
+def webhook_incident(channel_hash: str, signal_key: str) -> str:
+    return f"{PREFIX}:webhooks:{WEBHOOK_TAG}:incident:{channel_hash}:{signal_key}"
+
+
 # --- The API: keys and the change log -----------------------------------------------------------
 # API keys: one hash, field = key id, value = JSON with the SHA-256 of the key (never the key),
 # its project (null for an operator key), name, and when it was created and revoked. A few per

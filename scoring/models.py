@@ -245,6 +245,9 @@ class AlertChannel(WireModel):
     # channel with `disabled: false` turns it back on.
     disabled: bool = False
     disabled_reason: str | None = Field(None, max_length=500)
+    # The body's shape (scoring/webhook_payloads.py); pagerduty needs the integration's routingKey.
+    format: Literal["standard", "slack", "pagerduty"] = "standard"
+    routing_key: SecretStr | None = Field(None, max_length=200)
 
     @model_validator(mode="after")
     def _whsec_secrets(self) -> AlertChannel:
@@ -255,6 +258,9 @@ class AlertChannel(WireModel):
                     secret_key(value.get_secret_value())
                 except ValueError as exc:
                     raise ValueError(f"{wire_name}: {exc}") from None
+        if (self.format == "pagerduty") != (self.routing_key is not None):
+            raise ValueError("routingKey: a pagerduty channel needs its integration's routing key, "
+                             "and only a pagerduty channel takes one")
         return self
 
     def signing_secrets(self, now: float) -> list[str]:
@@ -274,7 +280,7 @@ class AlertChannel(WireModel):
     def _url_shown(self, value: str, info: SerializationInfo) -> str:
         return value if (info.context or {}).get(REVEAL_SECRETS) else mask_url(value)
 
-    @field_serializer("secret", "previous_secret", when_used="json")
+    @field_serializer("secret", "previous_secret", "routing_key", when_used="json")
     def _secret(self, value: SecretStr | None, info: SerializationInfo) -> str | None:
         if value is None:
             return None

@@ -89,15 +89,21 @@ class Signal(_AboutGroupResult):
     raised_at: datetime
 
 
+DeliveryEvent = Literal["scorer_group.signal", "scorer_group.recovered"]
+SIGNAL_EVENT: DeliveryEvent = "scorer_group.signal"
+RECOVERED_EVENT: DeliveryEvent = "scorer_group.recovered"  # the group is at or over its threshold again
+
+
 class WebhookDelivery(_Out):
     """One Signal to one alert channel. The channel's secret is not here: the webhook sender
-    looks it up in the catalog, so secrets never travel on a topic."""
+    looks it up in the catalog, so secrets never travel on a topic. A ``recovered`` delivery
+    (PagerDuty channels: resolve the incident) carries the recovering result in ``signal``."""
 
     id: str
     signal_id: str
     agent_id: str
     url: str
-    event: Literal["scorer_group.signal"] = "scorer_group.signal"
+    event: DeliveryEvent = SIGNAL_EVENT
     signal: Signal
     created_at: datetime
 
@@ -156,6 +162,33 @@ def build_signal(group: ScorerGroup, rating: Rating) -> Signal | None:
 def build_deliveries(signal: Signal, channel_urls: list[str]) -> list[WebhookDelivery]:
     return [WebhookDelivery(id=str(uuid.uuid5(_IDS, f"delivery:{signal.id}:{url}")), signal_id=signal.id,
                             agent_id=signal.agent_id, url=url, signal=signal, created_at=signal.raised_at)
+            for url in channel_urls]
+
+
+def recovered(group: ScorerGroup, rating: float | None) -> bool:
+    """The group scored at or above its alert threshold: what resolves an open incident."""
+    online = group.online
+    return (online is not None and online.alert_threshold is not None and rating is not None
+            and rating >= online.alert_threshold)
+
+
+def build_recovery_deliveries(group: ScorerGroup, rating: Rating, channel_urls: list[str]) -> list[WebhookDelivery]:
+    """For channels that resolve incidents: the result that brings the group back over its
+    threshold, Signal-shaped (same key), as a ``scorer_group.recovered`` delivery."""
+    if not channel_urls or not recovered(group, rating.rating) or group.online is None:
+        return []
+    assert rating.rating is not None and group.online.alert_threshold is not None
+    recovery = Signal(
+        id=str(uuid.uuid5(_IDS, f"recovery:{rating.id}")), key=signal_key(group.id),
+        group_id=group.id, group_name=group.name, project_id=group.project_id,
+        agent_id=rating.agent_id, scope=rating.scope, trace_id=rating.trace_id,
+        session_id=rating.session_id, rating=rating.rating,
+        alert_threshold=group.online.alert_threshold, severity=group.online.severity,
+        justification=rating.justification, rating_id=rating.id, raised_at=rating.scored_at,
+    )
+    return [WebhookDelivery(id=str(uuid.uuid5(_IDS, f"delivery:{recovery.id}:{url}")), signal_id=recovery.id,
+                            agent_id=recovery.agent_id, url=url, event=RECOVERED_EVENT, signal=recovery,
+                            created_at=recovery.raised_at)
             for url in channel_urls]
 
 

@@ -5,51 +5,25 @@ from __future__ import annotations
 import asyncio
 import sys
 import time
+from collections.abc import Callable
 from datetime import UTC, datetime, timedelta
 from typing import Any, TextIO
 
 import orjson
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
-from prometheus_client import Counter, Gauge
 from redis.asyncio import Redis
 
 from consumers.webhooks import SenderLimits, WebhookSender
-from scoring.breaker import STATE_VALUES
+from scoring import webhook_payloads as payloads
 from scoring.catalog import CatalogSnapshot, CatalogStore
 from scoring.channels import disable_channel
 from scoring.delivery_schedule import DeliverySchedule, parse_duration
 from scoring.egress import EgressPolicy
+from scoring.models import AlertChannel
 from scoring.results import WebhookDelivery
-from worker.metrics import REGISTRY
+from scoring.webhook_payloads import LinkTemplate
+from worker.metrics import PrometheusWebhookEvents
 from worker.settings import Settings
-
-DELIVERIES = Counter("sgw_webhook_deliveries", "Webhook delivery attempts by channel and outcome "
-                     "(delivered, failed, rejected, gone, refused).", ["channel", "outcome"], registry=REGISTRY)
-PENDING = Gauge("sgw_webhook_retries_pending", "Webhook deliveries not yet finished (scheduled in Redis).",
-                registry=REGISTRY)
-OLDEST = Gauge("sgw_webhook_oldest_pending_seconds", "Age of the oldest unfinished webhook delivery.",
-               registry=REGISTRY)
-BREAKER = Gauge("sgw_webhook_breaker_state", "Circuit breaker per alert channel: 0 closed, 1 half-open, 2 open.",
-                ["channel"], registry=REGISTRY)
-DISABLED = Counter("sgw_webhook_channels_disabled", "Alert channels this worker marked disabled.", ["channel"],
-                   registry=REGISTRY)
-
-
-class PrometheusWebhookEvents:
-    """``consumers.webhooks.WebhookEvents`` as Prometheus metrics."""
-
-    def delivery(self, channel: str, outcome: str) -> None:
-        DELIVERIES.labels(channel, outcome).inc()
-
-    def breaker(self, channel: str, state: str) -> None:
-        BREAKER.labels(channel).set(STATE_VALUES.get(state, 0))  # type: ignore[call-overload]
-
-    def channel_disabled(self, channel: str) -> None:
-        DISABLED.labels(channel).inc()
-
-    def pending(self, count: int, oldest_s: float) -> None:
-        PENDING.set(count)
-        OLDEST.set(oldest_s)
 
 
 def sender_limits(s: Settings) -> SenderLimits:
@@ -77,7 +51,12 @@ def webhook_sender(s: Settings, redis: Redis, consumer: AIOKafkaConsumer, produc
     return WebhookSender(consumer=consumer, producer=producer, dlq_topic=s.webhooks_dlq_topic, catalog=current,
                          schedule=delivery_schedule(s, redis), retry=s.webhook_retry(),
                          egress=EgressPolicy.parse(s.egress_allow_list()), disable=disable,
-                         limits=sender_limits(s), events=PrometheusWebhookEvents())
+                         limits=sender_limits(s), events=PrometheusWebhookEvents(), body=payload_builder(s))
+
+
+def payload_builder(s: Settings) -> Callable[[AlertChannel, WebhookDelivery], bytes]:
+    links = LinkTemplate(s.webhook_link_template)
+    return lambda channel, delivery: payloads.body(channel, delivery, links)
 
 
 # --- scorer-worker webhooks replay ----------------------------------------------------------------

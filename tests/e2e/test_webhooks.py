@@ -75,7 +75,8 @@ async def env(kafka_bootstrap: str, redis_url: str, unique: str,
                      {"agentId": "agent-w", "url": "http://10.1.2.3/hook"}],
     }) as url:
         yield worker_env(kafka_bootstrap, url, unique, egress_allow="127.0.0.0/8",
-                         webhook_retry_schedule="200ms,200ms")
+                         webhook_retry_schedule="200ms,200ms",
+                         webhook_link_template="https://app.example.com/groups/{groupId}/ratings/{ratingId}")
 
 
 async def test_signals_page_the_agents_channels(env: dict[str, str], kafka_bootstrap: str, tmp_path: Path,
@@ -90,15 +91,20 @@ async def test_signals_page_the_agents_channels(env: dict[str, str], kafka_boots
         failed = await read_topic(kafka_bootstrap, env["SGW_WEBHOOKS_DLQ_TOPIC"], until=lambda v: len(v) >= 2,
                                   timeout_s=60)
         await wait_for(lambda: bool(ok.requests), what="the healthy channel")
+        published = await read_topic(kafka_bootstrap, env["SGW_WEBHOOKS_TOPIC"], until=lambda v: len(v) >= 3)
     finally:
         assert worker.stop() == 0, worker.logs()
 
     assert len(ok.requests) == 1
     hook = ok.requests[0]
     body = hook.json()
-    assert hook.path == "/hook" and body["event"] == "scorer_group.signal"
-    assert body["signal"]["key"] == "scorer-group:pii" and body["signal"]["rating"] == 0.0
-    assert body["signal"]["severity"] == "critical" and hook.headers["webhook-id"] == body["id"]
+    [delivery] = [d for d in published if d["url"] == ok.url + "/hook"]
+    assert hook.path == "/hook" and hook.headers["webhook-id"] == delivery["id"]
+    assert body == {"type": "scorer_group.signal", "timestamp": delivery["signal"]["raisedAt"],
+                    "data": {**delivery["signal"], "link": "https://app.example.com/groups/pii/ratings/"
+                                                           + delivery["signal"]["ratingId"]}}
+    assert body["data"]["key"] == "scorer-group:pii" and body["data"]["rating"] == 0.0
+    assert body["data"]["severity"] == "critical"
     assert Webhook(SECRET).verify(hook.body, hook.headers) == body, "Standard Webhooks signature verifies"
     assert not any(name.startswith("x-sgw-") for name in hook.headers), "the old headers are retired"
     assert SECRET not in hook.body.decode()
@@ -309,3 +315,50 @@ async def test_a_dead_and_a_slow_channel_do_not_delay_a_healthy_one(
     assert dead.disabled and "failing without a success" in (dead.disabled_reason or ""), "a dead channel is disabled"
     assert breaker == 2, "its breaker is open"
     assert failed >= 3 and pending >= 1 and oldest > 0
+
+
+# --- Slack and PagerDuty channels ---------------------------------------------------------------------
+
+async def test_pagerduty_triggers_then_resolves_when_the_group_recovers_and_slack_gets_a_message(
+        kafka_bootstrap: str, redis_url: str, unique: str, tmp_path: Path) -> None:
+    from tests.unit.test_webhook_payloads import ROUTING_KEY, check_pagerduty_event, check_slack_message
+
+    def trace(n: int, output: str) -> tuple[bytes, bytes]:
+        return f"t-{n}".encode(), orjson.dumps({
+            "traceId": f"t-{n}", "projectId": "p-f", "agentId": "a-f", "timestamp": "2026-12-02T13:00:00Z",
+            "spans": [{"spanId": "r", "input": "who?", "output": output}]})
+
+    with ScriptedServer(default=Reply(status=202, body={"status": "success"})) as pd, \
+            ScriptedServer(default=Reply(body=b"ok")) as slack:
+        catalog = {
+            "patterns": [{"id": "email", "name": "Email", "polarity": "failure", "template": "email"}],
+            "groups": [{"id": "pii", "name": "PII", "projectId": "p-f",
+                        "online": {"enabled": True, "sampleRate": 1.0, "alertThreshold": 6, "severity": "high"},
+                        "members": [{"kind": "pattern", "refId": "email", "weight": 1, "gate": True}]}],
+            "channels": [channel("a-f", pd, format="pagerduty", routingKey=ROUTING_KEY),
+                         channel("a-f", slack, format="slack")]}
+        async with catalog_db(redis_url, 12, catalog) as url:
+            env = worker_env(kafka_bootstrap, url, unique, egress_allow="127.0.0.0/8")
+            worker = WorkerProcess(env).start(tmp_path)
+            try:
+                worker.wait_ready()
+                await produce(kafka_bootstrap, env["SGW_TRACES_TOPIC"], [trace(1, "mail jane@example.com")])
+                await wait_for(lambda: len(pd.requests) == 1 and len(slack.requests) == 1, what="the trigger")
+                await produce(kafka_bootstrap, env["SGW_TRACES_TOPIC"], [trace(2, "all good")])
+                await wait_for(lambda: len(pd.requests) == 2, what="the resolve")
+                await produce(kafka_bootstrap, env["SGW_TRACES_TOPIC"], [trace(3, "still good")])
+                await read_topic(kafka_bootstrap, env["SGW_RATINGS_TOPIC"], until=lambda v: len(v) >= 3)
+                await asyncio.sleep(2)  # a recovery with no open incident is not sent
+            finally:
+                assert worker.stop() == 0, worker.logs()
+
+    trigger, resolve = (r.json() for r in pd.requests)
+    assert len(pd.requests) == 2 and len(slack.requests) == 1
+    for event in (trigger, resolve):
+        check_pagerduty_event(event)
+    assert trigger["event_action"] == "trigger" and trigger["payload"]["severity"] == "error"
+    assert resolve == {"routing_key": ROUTING_KEY, "event_action": "resolve", "dedup_key": "scorer-group:pii"}
+    assert trigger["dedup_key"] == "scorer-group:pii"
+    message = slack.requests[0].json()
+    check_slack_message(message)
+    assert "PII scored 0.0/10, below 6" in message["text"]

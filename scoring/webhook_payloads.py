@@ -1,0 +1,121 @@
+"""What a delivery's body looks like, per channel ``format``.
+
+- ``standard``: the Standard Webhooks envelope ``{"type", "timestamp", "data"}`` with the Signal
+  as ``data`` plus ``link`` (from ``SGW_WEBHOOK_LINK_TEMPLATE``, null without one).
+- ``slack``: a Slack incoming-webhook message: ``text`` (the notification line) and ``blocks``.
+- ``pagerduty``: a PagerDuty Events API v2 event: ``trigger`` for a Signal, ``resolve`` when the
+  group scores at or above its threshold again; ``dedup_key`` is the Signal key
+  (``scorer-group:<id>``), so one incident per group opens and closes.
+
+The body is built when the delivery is attempted, from the delivery on the topic and the
+channel in the catalog, so a channel's routing key never travels on a topic.
+"""
+
+from __future__ import annotations
+
+import string
+from collections.abc import Mapping
+from typing import Any
+
+import orjson
+
+from scoring.models import AlertChannel
+from scoring.results import RECOVERED_EVENT, Signal, WebhookDelivery
+
+PAGERDUTY_SEVERITY = {"low": "info", "medium": "warning", "high": "error", "critical": "critical"}
+SLACK_HEADER_MAX = 150  # Slack's limits on a header block and a section's text
+SLACK_TEXT_MAX = 3000
+PAGERDUTY_SUMMARY_MAX = 1024
+
+
+class LinkTemplate:
+    """``SGW_WEBHOOK_LINK_TEMPLATE``: a URL with ``{field}`` placeholders from the Signal's wire
+    fields, e.g. ``https://app.example.com/groups/{groupId}/ratings/{ratingId}``."""
+
+    FIELDS = frozenset(Signal.model_json_schema(by_alias=True)["properties"])
+
+    def __init__(self, template: str) -> None:
+        names = {name for _, name, _, _ in string.Formatter().parse(template) if name is not None}
+        unknown = sorted(names - self.FIELDS)
+        if unknown:
+            raise ValueError(f"unknown placeholder {{{unknown[0]}}}; use any of "
+                             + ", ".join(f"{{{f}}}" for f in sorted(self.FIELDS)))
+        self._template = template
+
+    def render(self, signal: Signal) -> str | None:
+        if not self._template:
+            return None
+        wire: Mapping[str, Any] = signal.model_dump(mode="json", by_alias=True)
+        return self._template.format_map({k: "" if v is None else v for k, v in wire.items()})
+
+
+def _headline(signal: Signal, recovered: bool) -> str:
+    if recovered:
+        return (f"{signal.group_name} recovered: {signal.rating:.1f}/10, at or above "
+                f"{signal.alert_threshold:g} (agent {signal.agent_id})")
+    return (f"{signal.group_name} scored {signal.rating:.1f}/10, below {signal.alert_threshold:g} "
+            f"(agent {signal.agent_id}, {signal.severity})")
+
+
+def standard(delivery: WebhookDelivery, link: str | None) -> dict[str, Any]:
+    data = delivery.signal.model_dump(mode="json", by_alias=True)
+    return {"type": delivery.event, "timestamp": data["raisedAt"], "data": {**data, "link": link}}
+
+
+def _escaped(text: str) -> str:
+    """Slack's mrkdwn escaping: tenant text cannot become a mention (<!channel>) or a link."""
+    return text.replace("&", "&amp;").replace("<", "&lt;").replace(">", "&gt;")
+
+
+def slack(delivery: WebhookDelivery, link: str | None) -> dict[str, Any]:
+    s = delivery.signal
+    recovered = delivery.event == RECOVERED_EVENT
+    headline = _headline(s, recovered)
+    subject = f"trace `{_escaped(s.trace_id or '')}`" if s.trace_id else f"session `{_escaped(s.session_id or '')}`"
+    fields = [f"*Group*\n{_escaped(s.group_name)}",
+              f"*Score*\n{s.rating:.1f} / 10 (threshold {s.alert_threshold:g})",
+              f"*Severity*\n{s.severity}", f"*Agent*\n{_escaped(s.agent_id)}"]
+    blocks: list[dict[str, Any]] = [
+        {"type": "header", "text": {"type": "plain_text", "text": headline[:SLACK_HEADER_MAX]}},
+        {"type": "section", "text": {"type": "mrkdwn", "text": _escaped(s.justification)[:SLACK_TEXT_MAX]},
+         "fields": [{"type": "mrkdwn", "text": f} for f in fields]},
+        {"type": "context",
+         "elements": [{"type": "mrkdwn", "text": f"{s.key} · {subject} · {s.raised_at.isoformat()}"}]},
+    ]
+    if link:
+        blocks.append({"type": "actions", "elements": [
+            {"type": "button", "text": {"type": "plain_text", "text": "Open ratings"}, "url": link}]})
+    return {"text": headline, "blocks": blocks}
+
+
+def pagerduty(delivery: WebhookDelivery, routing_key: str, link: str | None) -> dict[str, Any]:
+    s = delivery.signal
+    if delivery.event == RECOVERED_EVENT:
+        return {"routing_key": routing_key, "event_action": "resolve", "dedup_key": s.key}
+    event: dict[str, Any] = {
+        "routing_key": routing_key, "event_action": "trigger", "dedup_key": s.key,
+        "payload": {
+            "summary": _headline(s, False)[:PAGERDUTY_SUMMARY_MAX], "source": s.agent_id,
+            "severity": PAGERDUTY_SEVERITY[s.severity], "timestamp": s.raised_at.isoformat(),
+            "component": s.group_name, "group": s.project_id, "class": "scorer_group.signal",
+            "custom_details": {"rating": s.rating, "alertThreshold": s.alert_threshold, "groupId": s.group_id,
+                               "ratingId": s.rating_id, "traceId": s.trace_id, "sessionId": s.session_id,
+                               "justification": s.justification},
+        },
+        "client": "scorer-group-worker",
+    }
+    if link:
+        event["links"] = [{"href": link, "text": "Group ratings"}]
+        event["client_url"] = link
+    return event
+
+
+def body(channel: AlertChannel, delivery: WebhookDelivery, links: LinkTemplate) -> bytes:
+    """The exact bytes POSTed (and signed) for ``delivery`` to ``channel``."""
+    link = links.render(delivery.signal)
+    if channel.format == "slack":
+        return orjson.dumps(slack(delivery, link))
+    if channel.format == "pagerduty":
+        key = channel.routing_key.get_secret_value() if channel.routing_key is not None else ""
+        return orjson.dumps(pagerduty(delivery, key, link))
+    return orjson.dumps(standard(delivery, link))

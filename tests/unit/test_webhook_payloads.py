@@ -1,0 +1,121 @@
+"""Alert bodies per channel format, checked against the shapes Slack (incoming webhooks, Block
+Kit limits) and PagerDuty (Events API v2) document."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime
+from typing import Any
+
+import orjson
+import pytest
+
+from scoring.models import AlertChannel
+from scoring.results import RECOVERED_EVENT, Signal, WebhookDelivery, build_deliveries
+from scoring.webhook_payloads import LinkTemplate, body
+
+LINK = LinkTemplate("https://app.example.com/groups/{groupId}/ratings/{ratingId}")
+ROUTING_KEY = "R0UT1NGK3Y0123456789abcdefABCDEF"
+
+
+def delivery(severity: str = "high", event: str = "scorer_group.signal") -> WebhookDelivery:
+    signal = Signal(id="sig-1", key="scorer-group:support", group_id="support", group_name="Support quality",
+                    project_id="shop", agent_id="support-bot", scope="trace", trace_id="t-9", rating=3.5,
+                    alert_threshold=6, severity=severity, justification="Weighted blend: " + "x" * 5000,
+                    rating_id="r-9", raised_at=datetime(2026, 12, 2, 13, 0, tzinfo=UTC))
+    d = build_deliveries(signal, ["https://hooks.example.com/x"])[0]
+    return d.model_copy(update={"event": event})
+
+
+def channel(fmt: str, **extra: Any) -> AlertChannel:
+    return AlertChannel.model_validate({"agentId": "support-bot", "url": "https://hooks.example.com/x",
+                                        "format": fmt, **extra})
+
+
+def check_slack_message(message: dict[str, Any]) -> None:
+    """Slack: `text` is the notification fallback; `blocks` at most 50, each of a known type
+    within Block Kit's limits."""
+    assert set(message) <= {"text", "blocks"} and isinstance(message["text"], str) and message["text"]
+    assert len(message["blocks"]) <= 50
+    for block in message["blocks"]:
+        kind = block["type"]
+        if kind == "header":
+            assert block["text"]["type"] == "plain_text" and 0 < len(block["text"]["text"]) <= 150
+        elif kind == "section":
+            assert block["text"]["type"] in ("mrkdwn", "plain_text") and len(block["text"]["text"]) <= 3000
+            assert len(block.get("fields", [])) <= 10
+            assert all(f["type"] in ("mrkdwn", "plain_text") and len(f["text"]) <= 2000 for f in block["fields"])
+        elif kind == "context":
+            assert 0 < len(block["elements"]) <= 10
+            assert all(e["type"] in ("mrkdwn", "plain_text", "image") for e in block["elements"])
+        elif kind == "actions":
+            for e in block["elements"]:
+                assert e["type"] == "button" and e["text"]["type"] == "plain_text" and len(e["text"]["text"]) <= 75
+                assert len(e["url"]) <= 3000
+        else:
+            raise AssertionError(f"unexpected block type {kind}")
+
+
+def check_pagerduty_event(event: dict[str, Any]) -> None:
+    """PagerDuty Events API v2: routing_key, event_action and (for trigger) a payload with
+    summary (<= 1024), source and one of four severities; dedup_key <= 255."""
+    assert isinstance(event["routing_key"], str) and event["routing_key"]
+    assert event["event_action"] in ("trigger", "acknowledge", "resolve")
+    assert 0 < len(event["dedup_key"]) <= 255
+    if event["event_action"] == "trigger":
+        payload = event["payload"]
+        assert 0 < len(payload["summary"]) <= 1024 and payload["source"]
+        assert payload["severity"] in ("critical", "error", "warning", "info")
+        datetime.fromisoformat(payload["timestamp"])
+        assert all(set(link) <= {"href", "text"} for link in event.get("links", []))
+    assert set(event) <= {"routing_key", "event_action", "dedup_key", "payload", "images", "links", "client",
+                          "client_url"}
+
+
+def test_standard_is_the_standard_webhooks_envelope_with_the_signal_and_a_link() -> None:
+    sent = orjson.loads(body(channel("standard"), delivery(), LINK))
+    assert sent["type"] == "scorer_group.signal" and sent["timestamp"] == "2026-12-02T13:00:00Z"
+    assert sent["data"]["key"] == "scorer-group:support" and sent["data"]["rating"] == 3.5
+    assert sent["data"]["link"] == "https://app.example.com/groups/support/ratings/r-9"
+    assert orjson.loads(body(channel("standard"), delivery(), LinkTemplate("")))["data"]["link"] is None
+
+
+def test_slack_is_an_incoming_webhook_message_within_block_kit_limits() -> None:
+    message = orjson.loads(body(channel("slack"), delivery(), LINK))
+    check_slack_message(message)
+    assert "Support quality scored 3.5/10, below 6" in message["text"]
+    assert message["blocks"][-1]["elements"][0]["url"] == "https://app.example.com/groups/support/ratings/r-9"
+
+
+def test_tenant_text_cannot_mention_everyone_in_slack() -> None:
+    d = delivery()
+    d = d.model_copy(update={"signal": d.signal.model_copy(update={"justification": "<!channel> see <http://x|here>"})})
+    message = orjson.loads(body(channel("slack"), d, LINK))
+    assert "<!channel>" not in orjson.dumps(message).decode() and "&lt;!channel&gt;" in orjson.dumps(message).decode()
+
+
+@pytest.mark.parametrize(("severity", "expected"), [("low", "info"), ("medium", "warning"), ("high", "error"),
+                                                    ("critical", "critical")])
+def test_pagerduty_triggers_with_the_signal_key_as_dedup_key(severity: str, expected: str) -> None:
+    event = orjson.loads(body(channel("pagerduty", routingKey=ROUTING_KEY), delivery(severity), LINK))
+    check_pagerduty_event(event)
+    assert event["event_action"] == "trigger" and event["dedup_key"] == "scorer-group:support"
+    assert event["routing_key"] == ROUTING_KEY and event["payload"]["severity"] == expected
+
+
+def test_pagerduty_resolves_the_same_incident_on_recovery() -> None:
+    event = orjson.loads(body(channel("pagerduty", routingKey=ROUTING_KEY), delivery(event=RECOVERED_EVENT), LINK))
+    check_pagerduty_event(event)
+    assert event == {"routing_key": ROUTING_KEY, "event_action": "resolve", "dedup_key": "scorer-group:support"}
+
+
+def test_a_pagerduty_channel_needs_its_routing_key_and_it_is_masked() -> None:
+    with pytest.raises(ValueError, match="routingKey"):
+        channel("pagerduty")
+    with pytest.raises(ValueError, match="routingKey"):
+        channel("slack", routingKey=ROUTING_KEY)
+    assert channel("pagerduty", routingKey=ROUTING_KEY).wire()["routingKey"] == "**********"
+
+
+def test_a_link_template_with_an_unknown_placeholder_is_refused() -> None:
+    with pytest.raises(ValueError, match=r"unknown placeholder \{group\}"):
+        LinkTemplate("https://x/{group}")
