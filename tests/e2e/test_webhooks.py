@@ -20,6 +20,7 @@ from redis.asyncio import Redis
 from standardwebhooks import Webhook
 
 from scoring.catalog import CatalogStore
+from scoring.groups import MonitorClient
 from scoring.results import Signal, WebhookDelivery, build_deliveries
 from tests.e2e.harness import ROOT, WorkerProcess, catalog_db, produce, read_topic, worker_env
 from tests.http_fakes import Received, Reply, ScriptedServer
@@ -27,6 +28,7 @@ from tests.http_fakes import Received, Reply, ScriptedServer
 pytestmark = pytest.mark.integration
 
 SECRET = "whsec_c2lnbmluZy1rZXktb2YtdGhlLWhlYWx0aHktY2hhbm5lbA=="
+ROTATED = "whsec_dGhlLW5ldy1zZWNyZXQtYWZ0ZXItYS1yb3RhdGlvbi0x"
 
 
 def signal(agent: str, n: int) -> Signal:
@@ -151,6 +153,11 @@ async def test_each_answer_is_handled_as_the_protocol_says_and_dead_letters_repl
     agents = ["a-500", "a-429", "a-400", "a-410", "a-302"]
     catalog = {"channels": [channel(a, answers[a], secret=SECRET) for a in agents]}
     async with catalog_db(redis_url, 12, catalog) as url:
+        # a-500's secret is rotated: both secrets sign during the overlap
+        rotation = Redis.from_url(url)
+        report = await MonitorClient(rotation).apply({"channels": [channel("a-500", answers["a-500"], secret=ROTATED)]})
+        await rotation.aclose()
+        assert report.changed == [f"channels/a-500|{answers['a-500'].url}/hook"]
         env = worker_env(kafka_bootstrap, url, unique, egress_allow="127.0.0.0/8",
                          webhook_retry_schedule="1s,1s")
         deliveries = {a: build_deliveries(signal(a, 1), [answers[a].url + "/hook"])[0] for a in agents}
@@ -179,13 +186,15 @@ async def test_each_answer_is_handled_as_the_protocol_says_and_dead_letters_repl
         finally:
             assert worker.stop() == 0, worker.logs()
 
-    def verified(received: list[Received], agent: str) -> None:
+    def verified(received: list[Received], agent: str, secrets: tuple[str, ...] = (SECRET,)) -> None:
         assert {r.headers["webhook-id"] for r in received} == {deliveries[agent].id}, "one id on every attempt"
         for r in received:
-            Webhook(SECRET).verify(r.body, r.headers)
+            for secret in secrets:
+                Webhook(secret).verify(r.body, r.headers)
 
-    # 500: retried, then delivered.
-    verified(answers["a-500"].requests, "a-500")
+    # 500: retried, then delivered; across a secret rotation receivers with either secret verify.
+    verified(answers["a-500"].requests, "a-500", secrets=(SECRET, ROTATED))
+    assert all(len(r.headers["webhook-signature"].split(" ")) == 2 for r in answers["a-500"].requests)
     # 429 with Retry-After: 3 - the next attempt waits for it rather than the 1 s schedule.
     first, second = answers["a-429"].requests
     verified([first, second], "a-429")
