@@ -9,7 +9,9 @@ The **span loop**, per batch of records:
    (``scoring.otlp``); a record that is not OTLP, or whose spans lack a project or valid ids,
    goes to the dead-letter topic with the reason (its other spans are still buffered);
 3. buffer the spans: one pipelined Redis round trip; when the buffer is over its total bound,
-   pause, wait for the flush loop to make room, and try again (nothing is dropped);
+   pause, wait for the flush loop to make room, and try again (nothing is dropped); a record
+   whose project is over its own share is dead-lettered (``over_quota``), so one tenant never
+   holds up the others;
 4. only then are the batch's offsets committable (committed on a timer): a crash before step 3
    redelivers the records, and buffering them again changes nothing.
 
@@ -39,11 +41,11 @@ from aiokafka.structs import OffsetAndMetadata
 from consumers.decode import DeadLetter
 from consumers.offsets import CommitOnRevoke
 from scoring.otlp import BufferedSpan, MappingRules, OtlpError, Rejected, assemble, buffered_spans, decode_request
-from scoring.otlp_buffer import BufferSize, DueTrace, OtlpBuffer
+from scoring.otlp_buffer import BufferSize, DueTrace, OtlpBuffer, member_of
 
 log = structlog.get_logger(__name__)
 
-OtlpDeadLetterReason = Literal["too_large", "not_otlp", "no_project", "invalid_span", "invalid_trace"]
+OtlpDeadLetterReason = Literal["too_large", "not_otlp", "no_project", "invalid_span", "invalid_trace", "over_quota"]
 
 
 class OtlpDeadLetter(DeadLetter):
@@ -132,23 +134,21 @@ class OtlpConsumer:
     async def _step(self, stop: asyncio.Event) -> None:
         batches = await self._consumer.getmany(timeout_ms=200, max_records=1000)
         assigned = self._consumer.assignment()
-        spans: list[BufferedSpan] = []
-        dead: list[OtlpDeadLetter] = []
+        decoded: list[tuple[TopicPartition, Any, list[BufferedSpan], OtlpDeadLetter | None]] = []
         ends: dict[TopicPartition, int] = {}
         for tp, records in batches.items():
             if tp not in assigned:
                 continue  # revoked since the fetch: the new owner reads these records
             for record in records:
-                taken, letter = self._decode(tp, record)
-                spans += taken
-                if letter is not None:
-                    dead.append(letter)
+                decoded.append((tp, record, *self._decode(tp, record)))
                 ends[tp] = record.offset + 1
         if ends:
+            spans = [span for _, _, taken, _ in decoded for span in taken]
             self._events.spans_consumed(len(spans))
-            if not await self._buffer_all(spans, stop):
+            refused = await self._buffer_all(spans, stop)
+            if refused is None:
                 return  # stopped while the buffer was full: the records are redelivered
-            await self._dead_letter(dead)
+            await self._dead_letter([letter for letter in (self._over_quota(d, refused) for d in decoded) if letter])
             self._positions.update(ends)
         if time.monotonic() - self._last_commit >= self._commit_interval_s:
             try:
@@ -177,7 +177,23 @@ class OtlpConsumer:
             return taken, None
         return taken, self._letter(tp, record, rejected[0].reason, _rejection_summary(rejected, len(taken)))
 
-    async def _buffer_all(self, spans: list[BufferedSpan], stop: asyncio.Event) -> bool:
+    def _over_quota(self, decoded: tuple[TopicPartition, Any, list[BufferedSpan], OtlpDeadLetter | None],
+                    refused: frozenset[str]) -> OtlpDeadLetter | None:
+        """A record's dead letter: its own, or - when its project is over its share of the buffer
+        and spans of it were refused - one saying so (replaying it later loses nothing)."""
+        tp, record, taken, letter = decoded
+        over = sorted({member_of(s) for s in taken} & refused)
+        if not over:
+            return letter
+        error = (f"project {over[0].rsplit('/', 1)[0]!r} is over its share of the assembly buffer "
+                 f"(SGW_OTLP_MAX_PROJECT_BYTES); {len(over)} trace(s) of this record were not buffered")
+        if letter is not None:
+            return letter.model_copy(update={"error": f"{letter.error}; {error}"})
+        return self._letter(tp, record, "over_quota", error)
+
+    async def _buffer_all(self, spans: list[BufferedSpan], stop: asyncio.Event) -> frozenset[str] | None:
+        """Buffer ``spans``, waiting while the buffer is full; the members refused for their
+        project's share, or None when stopped before the spans were buffered."""
         while True:
             result = await self._buffer.add(spans)
             if result.late:
@@ -186,7 +202,7 @@ class OtlpConsumer:
                 self._events.spans_dropped(result.dropped)
                 log.warning("spans dropped over a trace's bounds", spans=result.dropped)
             if not result.full:
-                return True
+                return result.refused
             # Over the total bound: hold these offsets (and the partitions) until traces leave.
             # Storing again what was stored changes nothing, so the whole batch is retried.
             log.warning("OTLP buffer full; pausing span intake until traces are emitted")
@@ -194,7 +210,7 @@ class OtlpConsumer:
             await asyncio.sleep(self._full_retry_s)
             await self._consumer.getmany(timeout_ms=0, max_records=1)  # keep polling while paused
             if stop.is_set():
-                return False
+                return None
             self._consumer.resume(*self._consumer.paused())
 
     def _letter(self, tp: TopicPartition, record: Any, reason: str, error: str) -> OtlpDeadLetter:

@@ -22,8 +22,11 @@ of one tag only (Redis Cluster). Per shard: ``due`` (sorted set: member -> due t
 another project's trace by reusing its trace id.
 
 Bounds: ``max_spans`` and ``max_trace_bytes`` per trace (spans past them are dropped, counted,
-and the trace is marked partial); ``max_total_bytes`` over all traces: past it ``add`` refuses
-(the consumer holds its offsets and retries), by at most one batch over.
+and the trace is marked partial); ``max_project_bytes`` per project (default a quarter of the
+total), so one tenant cannot fill the buffer for all: past it the project's spans are refused
+and the consumer dead-letters their records (``over_quota``); ``max_total_bytes`` over all
+traces: past it ``add`` refuses (the consumer holds its offsets and retries), by at most one
+batch over. Both totals are kept per shard (a sixteenth each).
 """
 
 from __future__ import annotations
@@ -46,15 +49,21 @@ local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 local quiet, max_wait, ttl = tonumber(ARGV[1]), tonumber(ARGV[2]), tonumber(ARGV[3])
 local max_spans, max_bytes, max_shard = tonumber(ARGV[4]), tonumber(ARGV[5]), tonumber(ARGV[6])
-if tonumber(redis.call('HGET', KEYS[2], 'bytes') or '0') > max_shard then return {-1, 0, 0} end
-local added, dropped, late = 0, 0, 0
-local a, k = 7, 4
+local max_project = tonumber(ARGV[7])
+if tonumber(redis.call('HGET', KEYS[2], 'bytes') or '0') > max_shard then return {-1, 0, 0, {}} end
+local added, dropped, late, refused = 0, 0, 0, {}
+local a, k = 8, 4
 while a <= #ARGV do
   local member, n = ARGV[a], tonumber(ARGV[a + 1])
   local spans, meta, done = KEYS[k], KEYS[k + 1], KEYS[k + 2]
   a, k = a + 2, k + 3
+  local project = string.sub(member, 1, #member - 33)  -- a member is <project>/<32 hex digits>
   if redis.call('EXISTS', done) == 1 then
     late = late + n
+    a = a + 3 * n
+  elseif tonumber(redis.call('HGET', KEYS[2], 'p|' .. project) or '0') > max_project then
+    table.insert(refused, member)  -- the project is over its share: its record is dead-lettered
+    if redis.call('EXISTS', meta) == 1 then redis.call('HINCRBY', meta, 'dropped', n) end
     a = a + 3 * n
   else
     local count = tonumber(redis.call('HGET', KEYS[3], member .. '|n') or '0')
@@ -88,10 +97,11 @@ while a <= #ARGV do
     redis.call('HINCRBY', KEYS[3], member .. '|b', got_bytes)
     redis.call('HINCRBY', KEYS[2], 'spans', got_n)
     redis.call('HINCRBY', KEYS[2], 'bytes', got_bytes)
+    redis.call('HINCRBY', KEYS[2], 'p|' .. project, got_bytes)
     added, dropped = added + got_n, dropped + trace_dropped
   end
 end
-return {added, dropped, late}
+return {added, dropped, late, refused}
 """
 
 # Forget a member's sizes (its keys are gone or about to be): shared by claim and finish.
@@ -101,6 +111,8 @@ local function forget(member)
   local b = tonumber(redis.call('HGET', KEYS[3], member .. '|b') or '0')
   redis.call('HINCRBY', KEYS[2], 'spans', -n)
   redis.call('HINCRBY', KEYS[2], 'bytes', -b)
+  local project = 'p|' .. string.sub(member, 1, #member - 33)
+  if redis.call('HINCRBY', KEYS[2], project, -b) <= 0 then redis.call('HDEL', KEYS[2], project) end
   redis.call('HDEL', KEYS[3], member .. '|n', member .. '|b')
   redis.call('ZREM', KEYS[1], member)
   return n
@@ -149,6 +161,7 @@ class AddResult:
     dropped: int  # over a trace's bounds
     late: int  # for traces already emitted
     full: bool  # the buffer is over its total bound: nothing of the refused shards was stored
+    refused: frozenset[str] = frozenset()  # members of projects over their share: not stored
 
 
 @dataclass(frozen=True)
@@ -187,13 +200,15 @@ def shard_prefix(prefix: str, shard: int) -> str:
 class OtlpBuffer:
     def __init__(self, redis: Redis, *, quiet_s: float = 5.0, max_wait_s: float = 300.0, lease_s: float = 30.0,
                  max_spans: int = 1000, max_trace_bytes: int = 1 << 20, max_total_bytes: int = 256 << 20,
-                 ttl_s: float = 6 * 3600, done_ttl_s: int = 6 * 3600, prefix: str = PREFIX) -> None:
+                 max_project_bytes: int | None = None, ttl_s: float = 6 * 3600, done_ttl_s: int = 6 * 3600,
+                 prefix: str = PREFIX) -> None:
         self._redis = redis
         self._prefix = prefix
         self._quiet_ms, self._max_wait_ms = int(quiet_s * 1000), int(max_wait_s * 1000)
         self._lease_ms, self._ttl_ms = int(lease_s * 1000), int(max(ttl_s, 2 * max_wait_s) * 1000)
         self._max_spans, self._max_trace_bytes = max_spans, max_trace_bytes
         self._max_shard_bytes = max(1, max_total_bytes // SHARDS)
+        self._max_project_shard_bytes = max(1, (max_project_bytes or max_total_bytes // 4) // SHARDS)
         self._done_ttl_s = done_ttl_s
         self._add = redis.register_script(_ADD)
         self._claim = redis.register_script(_CLAIM)
@@ -213,7 +228,7 @@ class OtlpBuffer:
             p = shard_prefix(self._prefix, shard)
             keys = [f"{p}due", f"{p}stats", f"{p}sizes"]
             args: list[Any] = [self._quiet_ms, self._max_wait_ms, self._ttl_ms, self._max_spans,
-                               self._max_trace_bytes, self._max_shard_bytes]
+                               self._max_trace_bytes, self._max_shard_bytes, self._max_project_shard_bytes]
             for member, items in members.items():
                 keys += [f"{p}spans:{member}", f"{p}meta:{member}", f"{p}done:{member}"]
                 args += [member, len(items)]
@@ -223,7 +238,8 @@ class OtlpBuffer:
         replies = await pipe.execute()
         full = any(int(r[0]) < 0 for r in replies)
         return AddResult(added=sum(max(0, int(r[0])) for r in replies), dropped=sum(int(r[1]) for r in replies),
-                         late=sum(int(r[2]) for r in replies), full=full)
+                         late=sum(int(r[2]) for r in replies), full=full,
+                         refused=frozenset(_text(m) for r in replies for m in r[3]))
 
     async def claim_due(self, limit_per_shard: int = 100) -> list[DueTrace]:
         """Due traces of every shard, each under a lease: one pipelined round trip."""

@@ -29,7 +29,8 @@ async def run_otlp_intake(settings: Settings, redis: Redis, producer: AIOKafkaPr
         client_id=f"scorer-group-worker-{s.consumer_group}-otlp")
     buffer = OtlpBuffer(redis, quiet_s=s.otlp_quiet_s, max_wait_s=s.otlp_max_wait_s, lease_s=s.otlp_claim_lease_s,
                         max_spans=s.otlp_max_spans_per_trace, max_trace_bytes=s.max_trace_bytes - RECORD_HEADROOM,
-                        max_total_bytes=s.otlp_max_buffer_bytes, ttl_s=s.otlp_buffer_ttl_s,
+                        max_total_bytes=s.otlp_max_buffer_bytes, max_project_bytes=s.otlp_max_project_bytes,
+                        ttl_s=s.otlp_buffer_ttl_s,
                         done_ttl_s=s.otlp_late_window_s)
     rules = MappingRules(project_attribute=s.otlp_project_attribute, default_project=s.otlp_default_project,
                          session_attribute=s.otlp_session_attribute)

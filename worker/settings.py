@@ -202,6 +202,11 @@ class Settings(BaseSettings):
     otlp_max_buffer_bytes: int = Field(
         256 << 20, ge=1 << 16, description="Bytes buffered over all traces; past it span intake pauses."
     )
+    otlp_max_project_bytes: int = Field(
+        64 << 20, ge=1 << 14,
+        description="Bytes one project may hold in the assembly buffer; past it its records are dead-lettered "
+                    "(over_quota), so one tenant cannot stall the others.",
+    )
     otlp_buffer_ttl_s: float = Field(
         6 * 3600.0, gt=0, description="How long buffered spans live in Redis with no worker to assemble them."
     )

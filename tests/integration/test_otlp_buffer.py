@@ -125,3 +125,18 @@ async def test_projects_never_share_a_trace(redis: Redis, unique: str) -> None:
     due = await claim_after(b, QUIET_S + 0.2)
     assert sorted((d.member, d.spans[0].span.output) for d in due) == [("p-a/same", "a"), ("p-b/same", "b")]
     await b.finish(due)
+
+
+async def test_a_project_over_its_share_is_refused_while_others_go_on(redis: Redis, unique: str) -> None:
+    b = buffer(redis, unique, max_total_bytes=1 << 20, max_project_bytes=16 * 400)  # 400 bytes a shard: 2 traces
+    first = await b.add([span(f"a{i}", "r1", project="p-flood") for i in range(60)])
+    assert first.refused, "once a shard holds the project's share, its next traces are refused"
+    assert all(m.startswith("p-flood/") for m in first.refused)
+    assert first.added + len(first.refused) == 60, "nothing refused is stored; nothing else is lost"
+    other = await b.add([span(f"b{i}", "r1", project="p-quiet") for i in range(2)])
+    assert (other.added, other.refused) == (2, frozenset()), "another project is not held back"
+    due = await claim_after(b, QUIET_S + 0.2)
+    await b.finish(due)
+    again = await b.add([span(f"c{i}", "r1", project="p-flood") for i in range(3)])
+    assert again.refused == frozenset() and again.added == 3, "the share frees up as traces leave"
+    await b.finish(await claim_after(b, QUIET_S + 0.2))

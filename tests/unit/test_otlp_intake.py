@@ -79,3 +79,12 @@ def test_a_tombstone_an_oversized_record_and_a_projectless_one_are_dead_lettered
     assert letter.value_encoding == "base64", "a protobuf record is kept as received, base64"
     spans, letter = intake()._decode(TP, record(VALID))
     assert len(spans) == 1 and letter is None
+
+
+def test_a_record_whose_project_is_over_its_share_is_dead_lettered_over_quota() -> None:
+    reader = intake()
+    spans, letter = reader._decode(TP, record(VALID, key=b"k"))
+    member = f"{spans[0].project_id}/{spans[0].trace_id}"
+    over = reader._over_quota((TP, record(VALID, key=b"k"), spans, letter), frozenset({member}))
+    assert over is not None and over.reason == "over_quota" and "'p'" in over.error and over.value_encoding == "base64"
+    assert reader._over_quota((TP, record(VALID), spans, None), frozenset({"other/" + "0" * 32})) is None
