@@ -182,7 +182,10 @@ async def test_each_answer_is_handled_as_the_protocol_says_and_dead_letters_repl
             assert replay.returncode == 0, printed
             await wait_for(lambda: len(answers["a-400"].requests) == 2,
                            what=f"the replayed delivery; replay printed {printed}\n{worker.logs()}")
-            delivered = worker.metric("sgw_webhook_deliveries_total", outcome="delivered")
+            deadline = time.monotonic() + 10  # the count follows the receiver's answer
+            while (delivered := worker.metric("sgw_webhook_deliveries_total", outcome="delivered")) < 3 \
+                    and time.monotonic() < deadline:
+                await asyncio.sleep(0.1)
         finally:
             assert worker.stop() == 0, worker.logs()
 
