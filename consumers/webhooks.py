@@ -15,6 +15,9 @@
    topic with the attempt history (``scorer-worker webhooks replay`` sends it again). A channel
    failing without a success for ``disable_after_s`` is disabled.
 
+A Redis or broker outage is waited out (``consumers.outage``): ingest stops fetching and the
+schedule's writes are retried, up to the outage tolerance.
+
 Deliveries follow Standard Webhooks 1.0 (``scoring.signing``): receivers verify
 ``webhook-signature`` with the channel's ``whsec_`` secret and deduplicate on ``webhook-id``
 (the delivery's id, the same on every retry, redelivery and replay).
@@ -39,6 +42,7 @@ from pydantic import BaseModel, ConfigDict, ValidationError
 from pydantic.alias_generators import to_camel
 
 from consumers.offsets import CommitOnRevoke, OffsetTracker
+from consumers.outage import OutageGuard
 from scoring import keys, signing
 from scoring.breaker import CircuitBreaker
 from scoring.catalog import CatalogSnapshot
@@ -125,7 +129,8 @@ class WebhookSender:
                  catalog: Callable[[], CatalogSnapshot], schedule: DeliverySchedule, retry: RetrySchedule,
                  egress: EgressPolicy, disable: Callable[[str, str], Awaitable[bool]],
                  limits: SenderLimits = SenderLimits(), events: WebhookEvents | None = None,
-                 body: Callable[[AlertChannel, WebhookDelivery], bytes] | None = None) -> None:
+                 body: Callable[[AlertChannel, WebhookDelivery], bytes] | None = None,
+                 outages: OutageGuard | None = None) -> None:
         self._consumer = consumer
         self._producer = producer
         self._dlq_topic = dlq_topic
@@ -137,6 +142,7 @@ class WebhookSender:
         self._limits = limits
         self._events = events or NoWebhookEvents()
         self._body = body or (lambda _channel, delivery: delivery.to_json())
+        self._outages = outages or OutageGuard(tolerance_s=120.0)
         self._offsets = OffsetTracker()
         self._tasks: dict[asyncio.Task[None], str] = {}  # attempt task -> delivery id it holds
         self._lanes: dict[str, Lane] = {}
@@ -191,7 +197,8 @@ class WebhookSender:
                     continue
                 fresh.append(PendingDelivery(delivery=delivery, first_seen=datetime.fromtimestamp(now, UTC)))
                 incidents.append(self._incident(delivery))
-        added = await self._schedule.add_claimed(fresh, now, incidents)  # durable before the offset moves
+        # Durable before the offset moves; a Redis outage is waited out here, fetching nothing more.
+        added = await self._outages.call(lambda: self._schedule.add_claimed(fresh, now, incidents))
         await asyncio.gather(*acks)
         for ticket, offset in finished:
             ticket.finished(offset)

@@ -13,6 +13,7 @@ import orjson
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
 from redis.asyncio import Redis
 
+from consumers.outage import OutageGuard
 from consumers.webhooks import SenderLimits, WebhookSender
 from scoring import webhook_payloads as payloads
 from scoring.catalog import CatalogSnapshot, CatalogStore
@@ -22,7 +23,7 @@ from scoring.egress import EgressPolicy
 from scoring.models import AlertChannel
 from scoring.results import WebhookDelivery
 from scoring.webhook_payloads import LinkTemplate
-from worker.metrics import PrometheusWebhookEvents
+from worker.metrics import PrometheusWebhookEvents, observe_outage
 from worker.settings import Settings
 
 
@@ -51,7 +52,8 @@ def webhook_sender(s: Settings, redis: Redis, consumer: AIOKafkaConsumer, produc
     return WebhookSender(consumer=consumer, producer=producer, dlq_topic=s.webhooks_dlq_topic, catalog=current,
                          schedule=delivery_schedule(s, redis), retry=s.webhook_retry(),
                          egress=EgressPolicy.parse(s.egress_allow_list()), disable=disable,
-                         limits=sender_limits(s), events=PrometheusWebhookEvents(), body=payload_builder(s))
+                         limits=sender_limits(s), events=PrometheusWebhookEvents(), body=payload_builder(s),
+                         outages=OutageGuard(s.outage_tolerance_s, on_change=observe_outage))
 
 
 def payload_builder(s: Settings) -> Callable[[AlertChannel, WebhookDelivery], bytes]:

@@ -1,0 +1,80 @@
+"""The webhook sender waits out a Redis outage at ingest: the batch is scheduled once Redis
+answers again, and only then does its offset become committable (nothing is lost, the worker
+does not stop)."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+from collections.abc import AsyncIterator, Iterator
+from datetime import UTC, datetime
+
+import pytest
+from aiokafka import TopicPartition
+from aiokafka.structs import ConsumerRecord
+from redis.asyncio import Redis
+
+from consumers.outage import OutageGuard
+from consumers.webhooks import WebhookSender
+from deploy.services import LocalRedis
+from scoring import keys
+from scoring.catalog import CatalogSnapshot
+from scoring.delivery_schedule import DeliverySchedule, RetrySchedule
+from scoring.egress import EgressPolicy
+from scoring.results import Signal, build_deliveries
+
+pytestmark = pytest.mark.integration
+
+
+@pytest.fixture
+def own_redis() -> Iterator[LocalRedis]:
+    server = LocalRedis().start()
+    try:
+        yield server
+    finally:
+        if server.proc is not None:
+            os.kill(server.proc.pid, signal.SIGCONT)  # never leave it frozen
+        server.stop()
+
+
+@pytest.fixture
+async def redis(own_redis: LocalRedis) -> AsyncIterator[Redis]:
+    client = Redis.from_url(own_redis.url, socket_timeout=0.3, socket_connect_timeout=0.3)
+    try:
+        yield client
+    finally:
+        await client.aclose()
+
+
+async def test_ingest_waits_for_a_frozen_redis_then_schedules_and_frees_the_offset(
+        own_redis: LocalRedis, redis: Redis) -> None:
+    async def never_disabled(_id: str, _reason: str) -> bool:
+        return False
+
+    retry = RetrySchedule.parse("5s")
+    guard = OutageGuard(tolerance_s=30)
+    sender = WebhookSender(consumer=None, producer=None, dlq_topic="unused",  # type: ignore[arg-type]
+                           catalog=CatalogSnapshot, schedule=DeliverySchedule(redis, lease_s=60, schedule=retry),
+                           retry=retry, egress=EgressPolicy(), disable=never_disabled, outages=guard)
+    signal_ = Signal(id="s-1", key="scorer-group:g", group_id="g", group_name="G", project_id="p", agent_id="a",
+                     scope="trace", trace_id="t-1", rating=1.0, alert_threshold=5.0, severity="low",
+                     justification="j", rating_id="r-1", raised_at=datetime.now(UTC))
+    delivery = build_deliveries(signal_, ["https://hooks.example.com/x"])[0]
+    tp = TopicPartition("webhooks", 0)
+    record = ConsumerRecord(topic=tp.topic, partition=0, offset=41, timestamp=0, timestamp_type=0, key=None,
+                            value=delivery.to_json(), checksum=None, serialized_key_size=0,
+                            serialized_value_size=0, headers=())
+    assert own_redis.proc is not None
+    os.kill(own_redis.proc.pid, signal.SIGSTOP)
+    ingest = asyncio.create_task(sender._ingest({tp: [record]}))
+    await asyncio.sleep(1.5)
+    assert not ingest.done() and guard.reason is not None and "redis unreachable" in guard.reason
+    assert sender._offsets.to_commit() == {tp: 41}, "the record is not committed while it is not in Redis"
+    os.kill(own_redis.proc.pid, signal.SIGCONT)
+    await asyncio.wait_for(ingest, timeout=15)
+
+    assert guard.reason is None
+    assert await redis.exists(keys.webhook_pending(delivery.id)) or await redis.exists(keys.webhook_done(delivery.id))
+    assert sender._offsets.to_commit() == {tp: 42}, "the offset moves once the delivery is durable"
+    await asyncio.gather(*sender._tasks, return_exceptions=True)
