@@ -22,7 +22,7 @@ from scoring.claims import ClaimRequest, Claims
 from scoring.models import Pattern, ScorerGroup
 from scoring.panel import Panel
 from scoring.ratings import RatingsStore
-from scoring.sessions import SessionStore
+from scoring.sessions import QuietSession, SessionStore
 from scoring.subjects import Trace
 from tests.e2e.harness import read_topic
 
@@ -56,7 +56,7 @@ async def parts(redis_url: str, kafka_bootstrap: str, unique: str) -> AsyncItera
     store, claims = SessionStore(redis), Claims(redis, lease_s=1.0)
     sweeper = SessionSweeper(store=store, outputs=Outputs(producer, topics, NoEvents()), catalog=lambda: CATALOG,
                              panel=Panel(), claims=claims, ratings=RatingsStore(redis))
-    yield {"redis": redis, "store": store, "claims": claims, "sweeper": sweeper, "topics": topics}
+    yield {"redis": redis, "store": store, "claims": claims, "sweeper": sweeper, "topics": topics, "producer": producer}
     await producer.stop()
     await redis.flushdb()
     await redis.aclose()
@@ -101,3 +101,50 @@ async def test_a_poisoned_session_never_blocks_the_others(parts: dict[str, Any],
     assert "s-fine" in {r["sessionId"] for r in ratings}
     index = {m.decode() for m in await redis.zrange(keys.session_activity("p-sw"), 0, -1)}
     assert "s-poison" not in index, "the poisoned session leaves the index instead of coming back every tick"
+
+
+class ReadsRecorded(SessionStore):
+    """The real store, noting how long each session it hands the sweep had been quiet."""
+
+    def __init__(self, redis: Redis) -> None:
+        super().__init__(redis)
+        self.quiet_for: list[float] = []
+
+    async def quiet(self, project_id: str, quiet_for_s: float, now: float | None = None,
+                    offset: int = 0, limit: int = 200) -> list[QuietSession]:
+        found = await super().quiet(project_id, quiet_for_s, now, offset, limit)
+        assert now is not None
+        self.quiet_for += [now - s.last_activity for s in found]
+        return found
+
+
+async def test_a_session_is_judged_only_once_quiet_for_its_groups_idle_seconds(
+        parts: dict[str, Any], kafka_bootstrap: str) -> None:
+    def session_group(group_id: str, idle: int) -> ScorerGroup:
+        return ScorerGroup.model_validate({
+            "id": group_id, "name": group_id, "projectId": "p-sw",
+            "online": {"enabled": True, "sampleRate": 1.0, "alertThreshold": None, "severity": "low",
+                       "scope": "session", "idleSeconds": idle},
+            "members": [{"kind": "pattern", "refId": "apology", "weight": 1, "gate": False}]})
+
+    catalog = CatalogSnapshot(version=1, groups={"fast": session_group("fast", 10), "slow": session_group("slow", 60)},
+                              patterns=CATALOG.patterns)
+    store = ReadsRecorded(parts["redis"])
+    sweeper = SessionSweeper(store=store, outputs=Outputs(parts["producer"], parts["topics"], NoEvents()),
+                             catalog=lambda: catalog, panel=Panel(), claims=parts["claims"],
+                             ratings=RatingsStore(parts["redis"]))
+    t0 = float(int(time.time()))  # whole seconds: t0 + 10 - 10 is exactly t0
+    await store.record([turn("s-idle", 1), turn("s-idle", 2)], now=t0)
+    for n in range(3):  # busier conversations, still talking
+        await store.record([turn(f"s-busy{n}", 1), turn(f"s-busy{n}", 2)], now=t0 + 5)
+
+    assert await sweeper.sweep_once(now=t0 + 9) == 0, "quiet 9 s: no group's idle time has passed"
+    assert store.quiet_for == [], "nothing quiet for the shortest idle time is even read"
+    assert await sweeper.sweep_once(now=t0 + 10) == 1, "quiet 10 s: only the 10 s group judges it"
+    for n in range(3):
+        await store.record([turn(f"s-busy{n}", 3)], now=t0 + 55)
+    assert await sweeper.sweep_once(now=t0 + 59) == 0, "judged by fast at 2 turns; slow still waits"
+    assert await sweeper.sweep_once(now=t0 + 60) == 1, "quiet 60 s: now the slow group"
+    assert min(store.quiet_for) >= 10, "the sweep reads only sessions quiet for the shortest idle time"
+    ratings = await read_topic(kafka_bootstrap, parts["topics"].ratings, until=lambda v: len(v) >= 2)
+    assert sorted((r["groupId"], r["sessionId"]) for r in ratings) == [("fast", "s-idle"), ("slow", "s-idle")]

@@ -145,3 +145,40 @@ async def test_a_code_scorer_off_its_scale_could_not_score(panel: Panel, externa
     result = await panel.score(group(("custom", "bad", 1, True), ("custom", "length", 1, False)), subject("x"), cat)
     assert result.rating is None, "a gate that could not score fails closed"
     assert result.blend.reason == f'No score: must-pass member "Bad" could not score ({says})'
+
+
+@pytest.mark.parametrize(("answer", "invert", "rating"), [
+    ({"verdict": True}, False, 10.0),
+    ({"verdict": True}, True, 0.0),  # an inverted verdict: "true" means the bad thing was found
+    ({"passed": False}, True, 10.0),
+])
+async def test_an_external_verdict_goes_through_the_scorers_invert(
+        panel: Panel, answer: dict[str, bool], invert: bool, rating: float) -> None:
+    with ScriptedServer(default=Reply(body=answer)) as server:
+        cat = catalog(server.url)
+        flagged = CustomEvaluator(id="flag", name="Flag", type="external", url=server.url, invert=invert,
+                                  timeout_ms=2000)
+        cat = CatalogSnapshot(version=2, customs={**cat.customs, "flag": flagged})
+        result = await panel.score(group(("custom", "flag", 1, False)), subject("x"), cat)
+    (member,) = result.blend.members
+    assert member.outcome.native is answer.get("verdict", answer.get("passed"))
+    assert result.rating == rating
+
+
+async def test_scoring_in_bulk_gives_what_scoring_one_by_one_gives(panel: Panel,
+                                                                   external_server: ScriptedServer) -> None:
+    scorers = catalog(external_server.url)
+    g = group(("pattern", "apology", 0, True), ("pattern", "disclaimer", 1, False),
+              ("custom", "length", 2, False), ("custom", "boom", 1, False), ("custom", "deleted", 1, False))
+    other = group(("custom", "length", 1, True), ("pattern", "apology", 1, False))
+    assert not panel.waits(g, scorers) and not panel.waits(other, scorers)
+    assert panel.waits(group(("custom", "remote", 1, False)), scorers)
+    assert panel.waits(group(("judge", "quality", 1, False)), scorers)
+    outputs = ["short", "I'm sorry, " + "y" * 60, "z" * 120 + " not financial advice", ""]
+    items = [(grp, subject(text)) for text in outputs for grp in (g, other)]
+    bulk = await panel.score_many(items, scorers)
+    alone = [await panel.score(grp, subj, scorers) for grp, subj in items]
+    assert [r.rating for r in bulk] == [r.rating for r in alone]
+    assert [r.blend.reason for r in bulk] == [r.blend.reason for r in alone]
+    assert [[(m.outcome.name, m.status, m.outcome.error) for m in r.blend.members] for r in bulk] == \
+           [[(m.outcome.name, m.status, m.outcome.error) for m in r.blend.members] for r in alone]
