@@ -9,7 +9,8 @@ Each turn of the loop is a short list of steps:
    groups only record the turn;
 5. claim it: one pipelined Redis round trip dedupes every (group, trace) pair and reserves each
    group's judge calls all or nothing;
-6. start a job per trace: score its groups concurrently, publish, mark done;
+6. start one job for the batch: pairs that wait on nothing are scored, published and marked
+   done in bulk; pairs that wait (judges, external scorers) each on their own;
 7. commit, on a timer: per partition, the offset below which every trace is finished.
 
 A job finishes its trace only once every output is acknowledged by the broker and its pair is
@@ -65,6 +66,17 @@ class _Pair:
     group: ScorerGroup
     subject: Subject
     claim: ClaimRequest
+
+
+@dataclass
+class _TraceWork:
+    """One trace's pairs in a batch job: it is finished when the last of them is."""
+
+    ticket: PartitionOffsets
+    record: Any
+    pending: int
+    started: float
+    broken: Exception | None = None
 
 
 @dataclass(frozen=True)
@@ -255,9 +267,13 @@ class TraceConsumer:
                 await self._outages.call(lambda: recorder.record(turns))
         requests = [p.claim for *_, pairs in pairs_by_trace for p in pairs]
         claims = await self._outages.call(lambda: self._claims.claim_many(requests))
+        # 6. One job for the batch: pairs that wait on nothing (patterns, code scorers) are scored
+        #    in bulk; pairs that wait (judges, external scorers, another worker's lease) each on
+        #    their own, so none holds back the others.
+        bulk: list[tuple[_Pair, _TraceWork]] = []
+        each: list[tuple[_Pair, bool, _TraceWork]] = []
         cursor = 0
         for ticket, record, trace, pairs in pairs_by_trace:
-            offset = record.offset
             states = claims[cursor:cursor + len(pairs)]
             cursor += len(pairs)
             work: list[tuple[_Pair, bool]] = []
@@ -274,10 +290,17 @@ class TraceConsumer:
                         log.warning("judge budget exhausted; group skipped", project=trace.project_id,
                                     group=pair.group.id, trace=trace.trace_id, used=claim.detail)
             if not work:
-                ticket.finished(offset)
+                ticket.finished(record.offset)
                 continue
-            unpublished = {pair.claim for pair, _ in work}
-            task = asyncio.create_task(self._job(ticket, record, work, unpublished, started))
+            tracked = _TraceWork(ticket, record, pending=len(work), started=started)
+            for pair, busy in work:
+                if busy or self._panel.waits(pair.group, snapshot):
+                    each.append((pair, busy, tracked))
+                else:
+                    bulk.append((pair, tracked))
+        if bulk or each:
+            unpublished = {pair.claim for pair, _ in bulk} | {pair.claim for pair, _, _ in each}
+            task = asyncio.create_task(self._batch_job(bulk, each, unpublished, snapshot))
             self._jobs[task] = unpublished
             task.add_done_callback(self._job_done)
         self._events.in_flight(self._offsets.in_flight())
@@ -306,19 +329,53 @@ class TraceConsumer:
 
     # --- one trace -----------------------------------------------------------------------------
 
-    async def _job(self, ticket: PartitionOffsets, record: Any, work: list[tuple[_Pair, bool]],
-                   unpublished: set[ClaimRequest], started: float) -> None:
-        """One trace: each pair is scored and published on its own, so a pair waiting on another
-        worker's lease never holds back (and lets expire) the lease of a pair that is ready."""
-        snapshot = self._catalog()
-        failures = await asyncio.gather(*(self._pair(pair, busy, snapshot, unpublished) for pair, busy in work))
-        broken = [f for f in failures if f is not None]
-        if broken:
+    async def _batch_job(self, bulk: list[tuple[_Pair, _TraceWork]], each: list[tuple[_Pair, bool, _TraceWork]],
+                         unpublished: set[ClaimRequest], snapshot: CatalogSnapshot) -> None:
+        await asyncio.gather(self._bulk(bulk, unpublished, snapshot),
+                             *(self._one(pair, busy, work, snapshot, unpublished) for pair, busy, work in each))
+
+    async def _bulk(self, bulk: list[tuple[_Pair, _TraceWork]], unpublished: set[ClaimRequest],
+                    snapshot: CatalogSnapshot) -> None:
+        """Score, publish and record many pairs at once (one sandbox message per code scorer,
+        one batch of records to the producer, one write of history and done marks)."""
+        if not bulk:
+            return
+        try:
+            results = await self._panel.score_many([(pair.group, pair.subject) for pair, _ in bulk], snapshot)
+        except (RedisError, KafkaError, OutageTooLong):
+            raise
+        except Exception:
+            # Not an outage: some trace broke scoring. Score each pair alone to find which.
+            await asyncio.gather(*(self._one(pair, False, work, snapshot, unpublished) for pair, work in bulk))
+            return
+        for pair, _ in bulk:
+            unpublished.discard(pair.claim)  # from here on the pair is published (shielded)
+        scored = [(pair, result) for (pair, _), result in zip(bulk, results, strict=True)]
+        publishing = asyncio.create_task(self._publish_many(scored, snapshot))
+        self._publishing.add(publishing)
+        publishing.add_done_callback(self._publishing.discard)
+        await asyncio.shield(publishing)
+        for _, work in bulk:
+            await self._pair_finished(work, None)
+
+    async def _one(self, pair: _Pair, busy: bool, work: _TraceWork, snapshot: CatalogSnapshot,
+                   unpublished: set[ClaimRequest]) -> None:
+        await self._pair_finished(work, await self._pair(pair, busy, snapshot, unpublished))
+
+    async def _pair_finished(self, work: _TraceWork, failure: Exception | None) -> None:
+        """Count one pair of a trace as done; the trace is finished with its last pair (or, if
+        any of its pairs broke scoring, dead-lettered)."""
+        work.pending -= 1
+        work.broken = work.broken or failure
+        if work.pending:
+            return
+        if work.broken is not None:
             # The trace broke scoring (not an outage): dead-letter it; its other pairs are out.
-            await self._dead_letter([(ticket, record.offset, self._unprocessable(record, "scoring", broken[0]))])
+            await self._dead_letter([(work.ticket, work.record.offset,
+                                      self._unprocessable(work.record, "scoring", work.broken))])
         else:
-            ticket.finished(record.offset)
-        self._events.latency(time.monotonic() - started)
+            work.ticket.finished(work.record.offset)
+        self._events.latency(time.monotonic() - work.started)
 
     async def _pair(self, pair: _Pair, busy: bool, snapshot: CatalogSnapshot,
                     unpublished: set[ClaimRequest]) -> Exception | None:
@@ -348,6 +405,17 @@ class TraceConsumer:
         except Exception as exc:
             self._fatal = self._fatal or exc
             log.error("publishing a result failed; the worker stops without committing it", error=repr(exc))
+            raise
+
+    async def _publish_many(self, scored: list[tuple[_Pair, GroupResult]], snapshot: CatalogSnapshot) -> None:
+        try:
+            ratings = await self._outages.call(
+                lambda: self._outputs.publish([result for _, result in scored], "trace", snapshot))
+            await self._finisher.submit([_Finished(pair.claim, rating.id, history_event(pair.group, rating))
+                                         for (pair, _), rating in zip(scored, ratings, strict=True)])
+        except Exception as exc:
+            self._fatal = self._fatal or exc
+            log.error("publishing results failed; the worker stops without committing them", error=repr(exc))
             raise
 
     def _job_done(self, task: asyncio.Task[None]) -> None:

@@ -13,7 +13,9 @@ scorers of the same project.
 Protocol: one JSON object per line. The parent sends
 ``{"id", "key", "code" (or null when this process should know the key), "timeout", "args"}``;
 the child answers with the same ``id`` and either ``{"ok": true, "value"}`` or
-``{"ok": false, "error"}`` (``"fatal": true`` when the process must not be reused), or
+``{"ok": false, "error"}`` (``"fatal": true`` when the process must not be reused). A request
+with ``"batch": [args, ...]`` instead of ``"args"`` calls score() once per entry and answers
+``{"ok": true, "results": [{"ok", "value" | "error"}, ...]}`` in the same order. Or
 ``{"missing": true}`` when it no longer holds the compiled code for ``key``. ``"compiled"`` says
 whether this call compiled the code (so compilations can be counted), ``"loaded"`` whether the
 process now holds it. The first line, sent
@@ -156,12 +158,17 @@ class _Runner:
                 self.cache.popitem(last=False)
         self.cache.move_to_end(key)
         reply["loaded"] = True
-        try:
-            value = _call(score, request["args"], self.memory_mb)
-        except _Refusal as refusal:
-            reply |= {"ok": False, "error": refusal.reason}
+        # One call ("args"), or many subjects of one scorer in one message ("batch").
+        results = []
+        for args in request["batch"] if "batch" in request else [request["args"]]:
+            try:
+                results.append({"ok": True, "value": _call(score, args, self.memory_mb)})
+            except _Refusal as refusal:
+                results.append({"ok": False, "error": refusal.reason})
+        if "batch" in request:
+            reply |= {"ok": True, "results": results}
         else:
-            reply |= {"ok": True, "value": value}
+            reply |= results[0]
         if _thread._count():
             # A thread outliving its call could watch or alter later calls of other scorers.
             reply |= {"ok": False, "error": "code left a background thread running", "fatal": True}

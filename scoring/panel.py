@@ -103,22 +103,91 @@ class Panel:
         outcomes = await asyncio.gather(*(self._member(m, subject, scorers) for m in group.members))
         return GroupResult(group, subject, blend(outcomes))
 
+    def waits(self, group: ScorerGroup, scorers: ScorerLookup) -> bool:
+        """Whether scoring the group waits on the network (a judge or an external scorer); the
+        others - patterns and code scorers - can be scored in bulk by ``score_many``."""
+        for member in group.members:
+            if member.kind == "judge":
+                return True
+            if member.kind == "custom":
+                scorer = scorers.custom(member.ref_id)
+                if scorer is not None and scorer.type == "external":
+                    return True
+        return False
+
+    async def score_many(self, items: list[tuple[ScorerGroup, Subject]], scorers: ScorerLookup) -> list[GroupResult]:
+        """Score many pairs at once, without a task per member: patterns in one pass (long texts in
+        a thread), and each code scorer version with all its subjects of a project in one sandbox
+        message. Meant for groups that do not ``wait``; any member kind still scores correctly."""
+        rows: list[list[MemberOutcome | None]] = []
+        code_calls: dict[tuple[str, str], list[tuple[int, int, Member, CustomEvaluator, Subject]]] = {}
+        for i, (group, subject) in enumerate(items):
+            row: list[MemberOutcome | None] = []
+            for j, member in enumerate(group.members):
+                custom = scorers.custom(member.ref_id) if member.kind == "custom" else None
+                if custom is not None and custom.type == "code" and self._sandbox is not None:
+                    code_calls.setdefault((subject.project_id, code_key(custom)), []).append(
+                        (i, j, member, custom, subject))
+                    row.append(None)
+                else:
+                    row.append(await self._member(member, subject, scorers))
+            rows.append(row)
+        await asyncio.gather(*(self._code_batch(project, key, calls, rows)
+                               for (project, key), calls in code_calls.items()))
+        return [GroupResult(group, subject, blend([o for o in row if o is not None]))
+                for (group, subject), row in zip(items, rows, strict=True)]
+
+    async def _code_batch(self, project: str, key: str,
+                          calls: list[tuple[int, int, Member, CustomEvaluator, Subject]],
+                          rows: list[list[MemberOutcome | None]]) -> None:
+        """One code scorer version on many subjects of one project: one sandbox message."""
+        assert self._sandbox is not None
+        started = time.perf_counter()
+        scorer = calls[0][3]
+        assert scorer.code is not None
+        values: list[float | bool | CodeScorerError | TimeoutError]
+        try:
+            async with asyncio.timeout(self._member_deadline_s):
+                values = list(await self._sandbox.run_many(project, key, scorer.code,
+                                                           [c[4].member_payload() for c in calls],
+                                                           timeout_s=scorer.timeout_ms / 1000))
+        except TimeoutError as exc:
+            values = [exc] * len(calls)
+        for (i, j, member, _, _), value in zip(calls, values, strict=True):
+            if isinstance(value, TimeoutError):
+                rows[i][j] = self._outcome(member, scorer.name, started,
+                                           error=f"timed out after {self._member_deadline_s:g}s")
+            elif isinstance(value, CodeScorerError):
+                rows[i][j] = self._outcome(member, scorer.name, started, error=str(value))
+            else:
+                try:
+                    g = goodness(member.kind, value, invert=scorer.invert)
+                except ValueError as exc:
+                    rows[i][j] = self._outcome(member, scorer.name, started, native=value, error=str(exc))
+                else:
+                    rows[i][j] = self._outcome(member, scorer.name, started, native=value, goodness=g)
+
+    def _outcome(self, member: Member, name: str, started: float, *, error: str | None = None,
+                 detail: str | None = None, **kw: object) -> MemberOutcome:
+        """A member's outcome, its text cut of secrets, observed (kind, status, time)."""
+        if error is not None:
+            kw["error"] = self._redact(error)
+        if detail is not None:
+            kw["detail"] = self._redact(detail)
+        result = MemberOutcome(name=name, kind=member.kind, weight=member.weight, gate=member.gate,
+                               ref_id=member.ref_id, **kw)  # type: ignore[arg-type]
+        if self._observe is not None:
+            self._observe(member.kind, result.status, result.error, time.perf_counter() - started)
+        return result
+
     async def _member(self, member: Member, subject: Subject, scorers: ScorerLookup) -> MemberOutcome:
         started = time.perf_counter()
         scorer = {"judge": scorers.judge, "pattern": scorers.pattern,
                   "custom": scorers.custom}[member.kind](member.ref_id)
         name = scorer.name if scorer is not None else member.ref_id
 
-        def outcome(*, error: str | None = None, detail: str | None = None, **kw: object) -> MemberOutcome:
-            if error is not None:
-                kw["error"] = self._redact(error)
-            if detail is not None:
-                kw["detail"] = self._redact(detail)
-            result = MemberOutcome(name=name, kind=member.kind, weight=member.weight, gate=member.gate,
-                                   ref_id=member.ref_id, **kw)  # type: ignore[arg-type]
-            if self._observe is not None:
-                self._observe(member.kind, result.status, result.error, time.perf_counter() - started)
-            return result
+        def outcome(**kw: object) -> MemberOutcome:
+            return self._outcome(member, name, started, **kw)  # type: ignore[arg-type]
 
         if scorer is None:
             return outcome(error=REFERENCE_DELETED)

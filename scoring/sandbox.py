@@ -43,6 +43,8 @@ _KEYS_PER_PROCESS = 256  # compiled scorers a process keeps (least recently used
 _CALLS_PER_PROCESS = 1000  # then the process is replaced, shedding whatever state user code left
 _MAX_REQUEST_BYTES = 16 * 1024 * 1024
 _REPLY_LIMIT = 64 * 1024  # replies are a few hundred bytes; a longer line is not from the runner
+_BATCH_CALLS = 256  # subjects in one message at most
+_BATCH_SECONDS_PER_CALL = 0.05  # what a batch's deadline grows by per extra subject
 DEFAULT_PYTHON = "/usr/bin/python3"  # Debian's: readable by the sandbox uid, has python3-seccomp
 
 
@@ -106,6 +108,7 @@ class SandboxPool:
         self._seq = 0
         self._compilations = 0
         self._recycled = 0
+        self._messages = 0
 
     @property
     def size(self) -> int:
@@ -135,6 +138,11 @@ class SandboxPool:
     def compilations(self) -> int:
         """How many times any process compiled a scorer (once per key per process)."""
         return self._compilations
+
+    @property
+    def messages(self) -> int:
+        """Requests sent to sandbox processes (a batch is one)."""
+        return self._messages
 
     @property
     def recycled_for_another_project(self) -> int:
@@ -212,6 +220,70 @@ class SandboxPool:
         finally:
             await self._release(slot, project)
 
+    async def run_many(self, project: str, key: str, code: str, calls: list[dict[str, Any]],
+                       timeout_s: float) -> list[float | bool | CodeScorerError]:
+        """``run`` for many subjects of one scorer version, in one message per chunk: one pipe
+        round trip instead of one per subject. Each entry is the value or the CodeScorerError of
+        that subject. A chunk that fails as a whole (a subject hangs or crashes the process) is
+        run again one subject at a time, so each subject gets its own verdict and reason."""
+        if len(calls) == 1:
+            return [await self._run_one(project, key, code, calls[0], timeout_s)]
+        if self._unavailable is not None and self._started:
+            return [CodeScorerError(f"sandbox unavailable: {self._unavailable}")] * len(calls)
+        results: list[float | bool | CodeScorerError] = []
+        for start in range(0, len(calls), _BATCH_CALLS):
+            chunk = calls[start:start + _BATCH_CALLS]
+            try:
+                results += await self._run_chunk(project, key, code, chunk, timeout_s)
+            except CodeScorerError:
+                results += [await self._run_one(project, key, code, args, timeout_s) for args in chunk]
+        return results
+
+    async def _run_one(self, project: str, key: str, code: str, args: dict[str, Any],
+                       timeout_s: float) -> float | bool | CodeScorerError:
+        try:
+            return await self.run(project, key, code, args, timeout_s)
+        except CodeScorerError as exc:
+            return exc
+
+    async def _run_chunk(self, project: str, key: str, code: str, chunk: list[dict[str, Any]],
+                         timeout_s: float) -> list[float | bool | CodeScorerError]:
+        if not self._started or self._closed:
+            raise CodeScorerError("sandbox pool is not running", retriable=True)
+        try:
+            batch_json = json.dumps(chunk)
+        except (TypeError, ValueError) as exc:
+            raise CodeScorerError(f"arguments are not JSON: {exc}") from exc
+        if len(batch_json) + len(code) > _MAX_REQUEST_BYTES:
+            raise CodeScorerError("a batch is too large for one message")  # run one by one instead
+        # Each subject gets the scorer's own timeout; the batch a little more per extra subject.
+        deadline_s = timeout_s + (len(chunk) - 1) * min(timeout_s, _BATCH_SECONDS_PER_CALL)
+        slot = await self._acquire(project)
+        try:
+            proc = await self._ready(slot, project)
+            try:
+                reply = await asyncio.wait_for(
+                    self._exchange(slot, proc, key, code, batch_json, deadline_s, field="batch"), deadline_s)
+            except (TimeoutError, _Broken):
+                await _discard(slot)
+                raise CodeScorerError("the batch failed as a whole") from None
+            slot.calls += len(chunk)
+            entries = reply.get("results")
+            if reply.get("ok") is not True or not isinstance(entries, list) or len(entries) != len(chunk):
+                if reply.get("fatal") or reply.get("ok") is not False:
+                    await _discard(slot)
+                reason = str(reply.get("error") or "sandbox crashed (protocol error)")[:400]
+                return [CodeScorerError(reason)] * len(chunk)  # e.g. the code does not compile
+            if slot.calls >= _CALLS_PER_PROCESS:
+                await _discard(slot)
+            return [_verdict(entry) for entry in entries]
+        except BaseException as exc:
+            if not isinstance(exc, CodeScorerError):
+                await _discard(slot)  # cancelled mid-request
+            raise
+        finally:
+            await self._release(slot, project)
+
     # --- slots ---------------------------------------------------------------------------------
 
     async def _acquire(self, project: str) -> _Slot:
@@ -240,8 +312,8 @@ class SandboxPool:
             self._idle.append(slot)
             self._changed.notify_all()
 
-    async def _call(self, slot: _Slot, project: str, key: str, code: str, args_json: str,
-                    timeout_s: float) -> float | bool:
+    async def _ready(self, slot: _Slot, project: str) -> asyncio.subprocess.Process:
+        """The slot's process, fit to run ``project``'s code: another tenant's is replaced."""
         if slot.proc is not None and slot.project not in (None, project):
             await _discard(slot)  # another tenant's process: never reused across projects
             self._recycled += 1
@@ -249,7 +321,11 @@ class SandboxPool:
             slot.forget()
             slot.proc = await self._spawn()
         slot.project = project
-        proc = slot.proc
+        return slot.proc
+
+    async def _call(self, slot: _Slot, project: str, key: str, code: str, args_json: str,
+                    timeout_s: float) -> float | bool:
+        proc = await self._ready(slot, project)
         try:
             reply = await asyncio.wait_for(self._exchange(slot, proc, key, code, args_json, timeout_s), timeout_s)
         except TimeoutError:
@@ -270,16 +346,17 @@ class SandboxPool:
         raise CodeScorerError(str(reply.get("error") or "sandbox crashed (protocol error)")[:400])
 
     async def _exchange(self, slot: _Slot, proc: asyncio.subprocess.Process, key: str, code: str,
-                        args_json: str, timeout_s: float) -> dict[str, Any]:
+                        args_json: str, timeout_s: float, field: str = "args") -> dict[str, Any]:
         assert proc.stdin is not None
         send_code = key not in slot.loaded
         while True:  # twice at most: again, with the code, if the process no longer held the key
             self._seq += 1
+            self._messages += 1
             rid = self._seq
             head = json.dumps({"id": rid, "key": key, "code": code if send_code else None,
                                "timeout": timeout_s})
             # Splice the pre-encoded arguments in rather than encoding them again.
-            request = head[:-1] + ', "args": ' + args_json + "}\n"
+            request = head[:-1] + f', "{field}": ' + args_json + "}\n"
             try:
                 proc.stdin.write(request.encode())
                 await proc.stdin.drain()
@@ -339,6 +416,16 @@ class SandboxPool:
             await _reap(proc)
             raise CodeScorerError("sandbox pool is not running", retriable=True)
         return proc
+
+
+def _verdict(entry: Any) -> float | bool | CodeScorerError:
+    """One subject's entry of a batch reply."""
+    if isinstance(entry, dict):
+        value = entry.get("value")
+        if entry.get("ok") is True and isinstance(value, bool | int | float):
+            return value if isinstance(value, bool) else float(value)
+        return CodeScorerError(str(entry.get("error") or "sandbox crashed (protocol error)")[:400])
+    return CodeScorerError("sandbox crashed (protocol error)")
 
 
 async def _discard(slot: _Slot) -> None:

@@ -224,20 +224,25 @@ async def test_no_secret_of_the_worker_is_readable(monkeypatch: pytest.MonkeyPat
 
 
 def _descendant_uids() -> set[int]:
-    """Real uids, seen from the host, of every process below this one (the sandboxes)."""
+    """Real uids, seen from the host, of the sandbox processes (bwrap and the runner) below this
+    one. A child caught between fork and exec still carries this process's command line and uid:
+    it is not a sandbox yet, and is left out."""
     parent_of, uid_of = {}, {}
     for pid in filter(str.isdigit, os.listdir("/proc")):
         try:
             status = dict(line.split(":", 1) for line in Path(f"/proc/{pid}/status").read_text().splitlines())
+            cmdline = Path(f"/proc/{pid}/cmdline").read_bytes()
         except (OSError, ValueError):
             continue
-        parent_of[int(pid)], uid_of[int(pid)] = int(status["PPid"]), int(status["Uid"].split()[0])
+        parent_of[int(pid)] = int(status["PPid"])
+        if cmdline.startswith((b"/usr/bin/bwrap\0", b"/usr/bin/python3\0-I\0-S\0-c\0")):
+            uid_of[int(pid)] = int(status["Uid"].split()[0])
     me, found = os.getpid(), set()
     for pid in parent_of:
         ancestor = parent_of.get(pid)
         while ancestor not in (None, 0, 1, me):
             ancestor = parent_of.get(ancestor)
-        if ancestor == me:
+        if ancestor == me and pid in uid_of:
             found.add(uid_of[pid])
     return found
 
@@ -369,3 +374,28 @@ async def test_a_missing_python_fails_closed() -> None:
     sandbox = SandboxPool(1, python="/nonexistent/python3")
     await sandbox.start()
     assert not sandbox.available and "/nonexistent/python3" in (sandbox.unavailable_reason or "")
+
+
+# --- many subjects in one message -----------------------------------------------------------------
+
+async def test_many_subjects_go_in_one_message_with_a_verdict_each(pool: SandboxPool) -> None:
+    code = scorer("if input == 'boom':\n    raise ValueError('no')\nreturn len(input) / 10")
+    calls = [{**ARGS, "input": text} for text in ("a", "abc", "boom", "abcde")]
+    before = pool.messages
+    results = await pool.run_many(P, "many", code, calls, TIMEOUT)
+    assert pool.messages - before <= 2  # one message (and the code sent with it if not held)
+    assert results[:2] == [0.1, 0.3] and results[3] == 0.5
+    assert isinstance(results[2], CodeScorerError) and str(results[2]) == "ValueError: no"
+
+
+async def test_a_subject_that_hangs_fails_alone(pool: SandboxPool) -> None:
+    code = scorer("while input == 'hang':\n    pass\nreturn 0.5")
+    calls = [{**ARGS, "input": text} for text in ("ok", "hang", "ok")]
+    results = await pool.run_many(P, "many-hang", code, calls, 0.3)
+    assert results[0] == 0.5 and results[2] == 0.5
+    assert isinstance(results[1], CodeScorerError) and str(results[1]) == "timed out after 300 ms"
+
+
+async def test_a_batch_is_refused_whole_when_the_code_is_broken(pool: SandboxPool) -> None:
+    results = await pool.run_many(P, "many-broken", "def score(:\n", [ARGS, ARGS], TIMEOUT)
+    assert all(isinstance(r, CodeScorerError) and str(r).startswith("SyntaxError") for r in results)
