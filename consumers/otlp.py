@@ -40,6 +40,7 @@ from aiokafka.structs import OffsetAndMetadata
 
 from consumers.decode import DeadLetter
 from consumers.offsets import CommitOnRevoke
+from consumers.outage import OutageGuard
 from scoring.otlp import BufferedSpan, MappingRules, OtlpError, Rejected, assemble, buffered_spans, decode_request
 from scoring.otlp_buffer import BufferSize, DueTrace, OtlpBuffer, member_of
 
@@ -80,7 +81,8 @@ class OtlpConsumer:
     def __init__(self, *, consumer: AIOKafkaConsumer, producer: AIOKafkaProducer, buffer: OtlpBuffer,
                  rules: MappingRules, traces_topic: str, dlq_topic: str, events: OtlpEvents | None = None,
                  encoding: str = "auto", max_record_bytes: int = 8 << 20, max_dead_letter_bytes: int = 3 << 20,
-                 commit_interval_s: float = 1.0, flush_interval_s: float = 0.5, full_retry_s: float = 0.5) -> None:
+                 commit_interval_s: float = 1.0, flush_interval_s: float = 0.5, full_retry_s: float = 0.5,
+                 outages: OutageGuard | None = None) -> None:
         self._consumer = consumer
         self._producer = producer
         self._buffer = buffer
@@ -94,6 +96,10 @@ class OtlpConsumer:
         self._commit_interval_s = commit_interval_s
         self._flush_interval_s = flush_interval_s
         self._full_retry_s = full_retry_s
+        # Redis or the broker unreachable for a while: every step below is safe to repeat
+        # (buffering is idempotent, claims expire, emitted traces keep their ids), so it waits.
+        self._outages = outages or OutageGuard(tolerance_s=120.0)
+        self._flushing: asyncio.Task[None] | None = None
         self._positions: dict[TopicPartition, int] = {}  # next offset to commit, per partition
         self._committed: dict[TopicPartition, int] = {}
         self._last_commit = 0.0
@@ -112,7 +118,7 @@ class OtlpConsumer:
 
     async def run(self, stop: asyncio.Event) -> None:
         """Both loops until ``stop``; a failure of either (Redis or Kafka gone) ends both."""
-        flushing = asyncio.create_task(self._flush_loop(stop), name="otlp-flush")
+        self._flushing = flushing = asyncio.create_task(self._flush_loop(stop), name="otlp-flush")
         try:
             while not stop.is_set():
                 if flushing.done():
@@ -195,7 +201,7 @@ class OtlpConsumer:
         """Buffer ``spans``, waiting while the buffer is full; the members refused for their
         project's share, or None when stopped before the spans were buffered."""
         while True:
-            result = await self._buffer.add(spans)
+            result = await self._outages.call(lambda: self._buffer.add(spans))
             if result.late:
                 self._events.spans_late(result.late)
             if result.dropped:
@@ -211,6 +217,8 @@ class OtlpConsumer:
             await self._consumer.getmany(timeout_ms=0, max_records=1)  # keep polling while paused
             if stop.is_set():
                 return None
+            if self._flushing is not None and self._flushing.done():
+                raise RuntimeError("the OTLP flush loop ended while the buffer was full")
             self._consumer.resume(*self._consumer.paused())
 
     def _letter(self, tp: TopicPartition, record: Any, reason: str, error: str) -> OtlpDeadLetter:
@@ -227,15 +235,22 @@ class OtlpConsumer:
                               value_bytes=len(raw), value_sha256=hashlib.sha256(raw).hexdigest())
 
     async def _dead_letter(self, letters: list[OtlpDeadLetter]) -> None:
-        acks = []
         for letter in letters:
             self._events.dead_lettered(letter.reason)
             log.warning("dead-lettered an OTLP record", reason=letter.reason, error=letter.error[:300],
                         topic=letter.topic, partition=letter.partition, offset=letter.offset)
-            acks.append(await self._producer.send(self._dlq_topic, key=letter.key.encode() if letter.key else None,
-                                                  value=letter.to_json()))
-        if acks:
+        messages = [(self._dlq_topic, letter.key.encode() if letter.key else None, letter.to_json())
+                    for letter in letters]
+        await self._send_all(messages)
+
+    async def _send_all(self, messages: list[tuple[str, bytes | None, bytes]]) -> None:
+        """Publish and wait for every acknowledgement, riding out a broker outage."""
+        async def send() -> None:
+            acks = [await self._producer.send(topic, key=key, value=value) for topic, key, value in messages]
             await asyncio.gather(*acks)
+
+        if messages:
+            await self._outages.call(send)
 
     async def commit(self, only: set[TopicPartition] | None = None) -> None:
         self._last_commit = time.monotonic()
@@ -250,7 +265,7 @@ class OtlpConsumer:
 
     async def _flush_loop(self, stop: asyncio.Event) -> None:
         while not stop.is_set():
-            due = await self._buffer.claim_due()
+            due = await self._outages.call(self._buffer.claim_due)
             self._events.buffer_size(self._buffer.size)
             if due:
                 await self._emit(due)
@@ -261,7 +276,7 @@ class OtlpConsumer:
                     pass
 
     async def _emit(self, due: list[DueTrace]) -> None:
-        acks = []
+        messages: list[tuple[str, bytes | None, bytes]] = []
         emitted: list[tuple[DueTrace, bool]] = []
         for trace in due:
             if not trace.spans:
@@ -272,17 +287,14 @@ class OtlpConsumer:
                                      dropped_spans=trace.dropped)
             except Exception as exc:  # e.g. a field the trace model refuses
                 log.warning("an assembled OTLP trace is invalid; dead-lettered", trace=trace.member, error=repr(exc))
-                acks.append(await self._producer.send(self._dlq_topic, key=trace.member.encode(),
-                                                      value=_assembly_letter(trace, exc)))
+                messages.append((self._dlq_topic, trace.member.encode(), _assembly_letter(trace, exc)))
                 self._events.dead_lettered("invalid_trace")
                 continue
-            acks.append(await self._producer.send(self._traces_topic, key=assembled.trace_id.encode(),
-                                                  value=assembled.model_dump_json(by_alias=True, exclude_none=True)
-                                                  .encode()))
+            messages.append((self._traces_topic, assembled.trace_id.encode(),
+                             assembled.model_dump_json(by_alias=True, exclude_none=True).encode()))
             emitted.append((trace, trace.complete))
-        if acks:
-            await asyncio.gather(*acks)  # acknowledged by the broker before the buffer forgets them
-        late = await self._buffer.finish(due)
+        await self._send_all(messages)  # acknowledged by the broker before the buffer forgets them
+        late = await self._outages.call(lambda: self._buffer.finish(due))
         if late:
             self._events.spans_late(late)
         now = time.time()

@@ -11,6 +11,7 @@ from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
 from redis.asyncio import Redis
 
 from consumers.otlp import OtlpConsumer
+from consumers.outage import OutageGuard
 from scoring.otlp import MappingRules
 from scoring.otlp_buffer import OtlpBuffer
 from worker import metrics
@@ -37,7 +38,8 @@ async def run_otlp_intake(settings: Settings, redis: Redis, producer: AIOKafkaPr
     intake = OtlpConsumer(consumer=consumer, producer=producer, buffer=buffer, rules=rules,
                           traces_topic=s.traces_topic, dlq_topic=s.dlq_topic, events=metrics.PrometheusOtlpEvents(),
                           encoding=s.otlp_encoding, max_dead_letter_bytes=3 * s.max_trace_bytes,
-                          commit_interval_s=s.commit_interval_s, flush_interval_s=s.otlp_flush_interval_s)
+                          commit_interval_s=s.commit_interval_s, flush_interval_s=s.otlp_flush_interval_s,
+                          outages=OutageGuard(s.outage_tolerance_s, on_change=metrics.observe_outage))
     consumer.subscribe([s.otlp_topic], listener=intake.rebalance_listener())
     await consumer.start()
     log.info("OTLP intake started", topic=s.otlp_topic, quiet_s=s.otlp_quiet_s, max_wait_s=s.otlp_max_wait_s)
