@@ -155,6 +155,11 @@ class JudgeServer:
         self.api_key = api_key
         self.default_rating = default_rating
         self.requests: list[dict[str, Any]] = []  # chat request bodies, each with "_headers"
+        # The most chat requests answered at once among those since start or reset (tests check a
+        # client's cap with it; a request still hanging from before a reset does not count).
+        self.peak_in_flight = 0
+        self._in_flight = 0
+        self._generation = 0
         self._default = Behaviour.deterministic()
         self._queue: deque[Behaviour] = deque()
         self._lock = threading.Lock()
@@ -213,6 +218,8 @@ class JudgeServer:
         with self._lock:
             self._queue.clear()
             self.requests.clear()
+            self.peak_in_flight = self._in_flight = 0
+            self._generation += 1
             self._default = Behaviour.deterministic()
 
     def _take(self, body: dict[str, Any]) -> Behaviour:
@@ -220,6 +227,13 @@ class JudgeServer:
         with self._lock:
             self.requests.append(body)
             return self._queue.popleft() if self._queue else self._default
+
+    def _entered(self, step: int, generation: int | None = None) -> int:
+        with self._lock:
+            if generation is None or generation == self._generation:
+                self._in_flight += step
+                self.peak_in_flight = max(self.peak_in_flight, self._in_flight)
+            return self._generation
 
     def _deterministic_rating(self, messages: list[Any], model: str | None = None) -> float:
         users = [m for m in messages if isinstance(m, dict) and m.get("role") == "user"]
@@ -281,10 +295,14 @@ class _Handler(BaseHTTPRequestHandler):
             return
         body["_headers"] = {name.lower(): value for name, value in self.headers.items()}
         behaviour = self.judge._take(body)
-        if behaviour.delay > 0 and self.judge._stopping.wait(behaviour.delay):
-            self.close_connection = True  # the server is stopping: drop the hung request
-            return
-        self._answer(behaviour, body)
+        generation = self.judge._entered(+1)
+        try:
+            if behaviour.delay > 0 and self.judge._stopping.wait(behaviour.delay):
+                self.close_connection = True  # the server is stopping: drop the hung request
+                return
+            self._answer(behaviour, body)
+        finally:
+            self.judge._entered(-1, generation)
 
     def _answer(self, b: Behaviour, body: dict[str, Any]) -> None:
         if b.kind == "disconnect":

@@ -53,7 +53,9 @@ def test_a_bad_file_is_refused_whole_listing_every_error(url: str, tmp_path: Pat
     done = cli(url, "catalog", "apply", str(bad))
     assert done.returncode == 2
     assert "error (400):" in done.stderr and "groups[0].online.sampleRate" in done.stderr
-    assert cli(url, "catalog", "list").stdout == "", "nothing half-applied"
+    listing = cli(url, "catalog", "list")
+    assert (listing.returncode, listing.stderr) == (0, ""), listing.stderr
+    assert listing.stdout == "", "nothing half-applied"
 
 
 def test_list_get_delete(url: str) -> None:

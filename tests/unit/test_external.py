@@ -119,7 +119,10 @@ async def test_allow_list_by_network_and_by_host() -> None:
 
 
 async def test_public_address_passes_the_guard() -> None:
-    await EgressPolicy.parse([]).check("https://93.184.216.34/score")
+    # Checked only: nothing connects to it (the tests reach loopback alone).
+    target = await EgressPolicy.parse([]).check("https://93.184.216.34:8443/score?x=1")
+    assert target.url == "https://93.184.216.34:8443/score?x=1", "an address is called as given"
+    assert target.headers == {} and target.extensions == {}, "no name to keep in Host or SNI"
 
 
 async def test_a_checked_name_is_pinned_to_the_address_that_passed() -> None:
