@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import Callable
+from typing import Any
 
 import structlog
 from prometheus_client import (
@@ -151,6 +152,19 @@ def failure_class(reason: str | None) -> str:
     return "other"
 
 
+# Label children, bound once: ``metric.labels(...)`` validates and locks on every call, and the
+# hot path counts several per trace. The keys are bounded as the metrics' own label sets are.
+_children: dict[tuple[int, tuple[str, ...]], Any] = {}
+
+
+def _child(metric: Any, *labels: str) -> Any:
+    key = (id(metric), labels)
+    child = _children.get(key)
+    if child is None:
+        child = _children[key] = metric.labels(*labels)
+    return child
+
+
 class PrometheusEvents:
     """``consumers.events.PipelineEvents`` as Prometheus metrics."""
 
@@ -161,18 +175,18 @@ class PrometheusEvents:
         DEAD_LETTERED.labels(reason).inc()
 
     def kept(self, project: str, group: str) -> None:
-        KEPT.labels(project, group).inc()
+        _child(KEPT, project, group).inc()
 
     def group_scored(self, project: str, group: str, scope: str, rating: float | None) -> None:
-        GROUPS_SCORED.labels(project, group, scope, "scored" if rating is not None else "no_score").inc()
+        _child(GROUPS_SCORED, project, group, scope, "scored" if rating is not None else "no_score").inc()
         if rating is not None:
-            GROUP_SCORE.labels(project, group).observe(rating)
+            _child(GROUP_SCORE, project, group).observe(rating)
 
     def group_skipped(self, project: str, group: str, why: str) -> None:
-        GROUPS_SKIPPED.labels(project, group, why).inc()
+        _child(GROUPS_SKIPPED, project, group, why).inc()
 
     def signal_raised(self, project: str, group: str, severity: str) -> None:
-        SIGNALS.labels(project, group, severity).inc()
+        _child(SIGNALS, project, group, severity).inc()
 
     def in_flight(self, count: int) -> None:
         IN_FLIGHT.set(count)
@@ -236,9 +250,9 @@ class PrometheusOtlpEvents:
 
 def observe_member(kind: str, status: str, reason: str | None, seconds: float) -> None:
     """``scoring.panel.MemberObserver``."""
-    MEMBER_SECONDS.labels(kind).observe(seconds)
+    _child(MEMBER_SECONDS, kind).observe(seconds)
     if status == "failed" or status == "not_scored":
-        MEMBER_FAILURES.labels(kind, failure_class(reason)).inc()
+        _child(MEMBER_FAILURES, kind, failure_class(reason)).inc()
 
 
 def observe_outage(dependency: str, unreachable: bool) -> None:
