@@ -27,6 +27,7 @@ from redis.asyncio import Redis
 
 from deploy.judge_server import JudgeServer
 from deploy.services import free_port
+from deploy.webhook_receiver import WebhookReceiver
 from scoring.groups import MonitorClient
 from worker.app import ensure_topics
 from worker.settings import Settings
@@ -35,8 +36,8 @@ ROOT = Path(__file__).resolve().parents[1]
 CATALOG = ROOT / "deploy" / "catalog.example.yaml"
 
 # (project, agent, question, answer) - the judge server rates by the [[rating=N]] marker.
-# The example channels point at hooks.example.com, which does not resolve here: their
-# deliveries show up as HOOKDLQ lines, the webhook sender's dead letters.
+# The example channels' URLs are replaced by a local receiver's (deploy/webhook_receiver.py):
+# the demo reaches loopback only, and every delivery shows up as a RECEIVED line, verified.
 SAMPLES = [
     ("shop-support", "support-bot", "Where is my order #1042?",
      "It shipped yesterday and arrives Friday; here is the tracking link. [[rating=9]]"),
@@ -107,10 +108,22 @@ def _line(kind: str, v: dict[str, Any]) -> str:
     return f"{label} {v['reason']}: {v['error'][:100]}"
 
 
+def local_channels(catalog: dict[str, Any]) -> tuple[dict[str, Any], WebhookReceiver]:
+    """The catalog with each alert channel pointed at a local receiver that checks its secret."""
+    channels = catalog.get("channels", [])
+    receiver = WebhookReceiver({c["agentId"]: c.get("secret") for c in channels},
+                               say=lambda line: print(line + "\n", end="", flush=True))  # one write: no interleaving
+    local = [{**c, "url": receiver.channel_url(c["agentId"])} for c in channels]
+    return {**catalog, "channels": local}, receiver
+
+
 async def main_async(seconds: float | None, rate: float) -> int:
     bootstrap, redis_url = os.environ["SGW_KAFKA_BOOTSTRAP"], os.environ["SGW_REDIS_URL"]
+    catalog, receiver = local_channels(yaml.safe_load(CATALOG.read_text()))
+    receiver.start()
+    print(f"webhook receiver listening on {receiver.url}", flush=True)
     redis = Redis.from_url(redis_url)
-    report = await MonitorClient(redis).apply(yaml.safe_load(CATALOG.read_text()))
+    report = await MonitorClient(redis).apply(catalog)
     await redis.aclose()
     print(f"catalog applied: {len(report.created)} created, {len(report.changed)} changed", flush=True)
 
@@ -119,7 +132,8 @@ async def main_async(seconds: float | None, rate: float) -> int:
     metrics_port = free_port()
     env = {**os.environ, "SGW_JUDGE_BASE_URL": judge.base_url, "SGW_LOG_FORMAT": "console",
            "SGW_METRICS_PORT": str(metrics_port),
-           "SGW_WEBHOOK_RETRY_SCHEDULE": "1s,2s"}  # the demo's dead letters show within seconds
+           "SGW_EGRESS_ALLOW": "127.0.0.1/32",  # the local receiver; every other private address stays refused
+           "SGW_WEBHOOK_RETRY_SCHEDULE": "1s,2s"}  # a refused delivery dead-letters within seconds
     worker = await asyncio.create_subprocess_exec(sys.executable, "-m", "worker.cli", "run",
                                                   env=env, cwd=ROOT)
     print(f"worker started (metrics on http://127.0.0.1:{metrics_port}/metrics); Ctrl-C stops", flush=True)
@@ -140,6 +154,7 @@ async def main_async(seconds: float | None, rate: float) -> int:
     worker.send_signal(signal.SIGTERM)
     code = await worker.wait()
     judge.stop()
+    receiver.stop()
     print(f"worker exited with {code}", flush=True)
     return code
 

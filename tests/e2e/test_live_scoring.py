@@ -26,7 +26,7 @@ LEN_CODE = ("def score(input, output, expected, spans, metadata):\n"
             "    return 1.0 if 'good' in output else 0.25\n")
 
 
-def catalog(external_url: str) -> dict[str, Any]:
+def catalog(external_url: str, hooks_url: str) -> dict[str, Any]:
     def m(kind: str, ref: str, weight: float, gate: bool = False) -> dict[str, Any]:
         return {"kind": kind, "refId": ref, "weight": weight, "gate": gate}
 
@@ -52,8 +52,9 @@ def catalog(external_url: str) -> dict[str, Any]:
              "members": [m("judge", "help", 1), m("judge", "safe", 1)]},
         ],
         "budgets": [{"projectId": "p-c", "judgeCallsPerWindow": 4, "windowSeconds": 3600}],
-        "channels": [{"agentId": "agent-a", "url": "https://hooks.example.com/one", "secret": "whsec_MDEyMzQ1Njc4OWFiY2RlZjAxMjM0NTY3"},
-                     {"agentId": "agent-a", "url": "https://hooks.example.com/two"}],
+        # A receiver on loopback: the worker never looks up or calls a public host.
+        "channels": [{"agentId": "agent-a", "url": f"{hooks_url}/one", "secret": "whsec_MDEyMzQ1Njc4OWFiY2RlZjAxMjM0NTY3"},
+                     {"agentId": "agent-a", "url": f"{hooks_url}/two"}],
     }
 
 
@@ -89,6 +90,12 @@ def external() -> Iterator[ScriptedServer]:
 
 
 @pytest.fixture
+def receiver() -> Iterator[ScriptedServer]:
+    with ScriptedServer(default=Reply(status=204, body=b"")) as s:
+        yield s
+
+
+@pytest.fixture
 def judge() -> Iterator[JudgeServer]:
     with JudgeServer() as s:
         yield s
@@ -96,8 +103,8 @@ def judge() -> Iterator[JudgeServer]:
 
 @pytest.fixture
 async def env(kafka_bootstrap: str, redis_url: str, unique: str, judge: JudgeServer,
-              external: ScriptedServer) -> AsyncIterator[dict[str, str]]:
-    async with catalog_db(redis_url, 3, catalog(external.url + "/score")) as url:
+              external: ScriptedServer, receiver: ScriptedServer) -> AsyncIterator[dict[str, str]]:
+    async with catalog_db(redis_url, 3, catalog(external.url + "/score", receiver.url)) as url:
         yield worker_env(kafka_bootstrap, url, unique, topic_partitions=4, judge_base_url=judge.base_url,
                          judge_timeout_s=5, egress_allow="127.0.0.0/8", max_trace_bytes=4096,
                          commit_interval_s=0.2)
