@@ -173,7 +173,9 @@ class Panel:
         if error is not None:
             kw["error"] = self._redact(error)
         if detail is not None:
-            kw["detail"] = self._redact(detail)
+            # A pattern's detail is ours ("matched in output at offset 12"); other members' is
+            # text from a model or a tenant's service.
+            kw["detail"] = detail if member.kind == "pattern" else self._redact(detail)
         result = MemberOutcome(name=name, kind=member.kind, weight=member.weight, gate=member.gate,
                                ref_id=member.ref_id, **kw)  # type: ignore[arg-type]
         if self._observe is not None:

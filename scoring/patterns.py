@@ -146,6 +146,19 @@ def _compiled(pattern_json: str) -> CompiledPattern:
     return CompiledPattern(Pattern.model_validate_json(pattern_json))
 
 
+# The same Pattern object (catalog snapshots are immutable) maps to its compiled form without
+# serializing it again: the cache holds the object itself, so an id is never reused meanwhile.
+_BY_OBJECT: dict[int, tuple[Pattern, CompiledPattern]] = {}
+_BY_OBJECT_MAX = 4096
+
+
 def compiled(pattern: Pattern) -> CompiledPattern:
     """The compiled form of this pattern version, built once and shared."""
-    return _compiled(pattern.model_dump_json())
+    hit = _BY_OBJECT.get(id(pattern))
+    if hit is not None and hit[0] is pattern:
+        return hit[1]
+    result = _compiled(pattern.model_dump_json())
+    if len(_BY_OBJECT) >= _BY_OBJECT_MAX:
+        _BY_OBJECT.clear()
+    _BY_OBJECT[id(pattern)] = (pattern, result)
+    return result
