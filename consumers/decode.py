@@ -19,7 +19,10 @@ from pydantic.alias_generators import to_camel
 from scoring.errors import field_errors
 from scoring.subjects import Trace
 
-DeadLetterReason = Literal["too_large", "not_utf8", "not_json", "invalid_trace", "too_deep", "unprocessable"]
+DeadLetterReason = Literal[
+    "too_large", "not_utf8", "not_json", "invalid_trace", "too_deep", "unprocessable",  # traces
+    "not_otlp", "no_project", "invalid_span", "over_quota",  # OpenTelemetry spans (consumers/otlp.py)
+]
 
 # JSON nesting a trace may have. Every later step (orjson's encoder stops at 255 levels, pydantic,
 # the session store) accepts far more; a record nested deeper is refused here, whole, rather
@@ -84,11 +87,13 @@ def unprocessable(topic: str, partition: int, offset: int, key: bytes | None, va
                   error: str, max_bytes: int) -> DeadLetter:
     """The dead letter of a record that decoded but broke a later step (routing, scoring): the
     loop goes on without it, and its owner sees why."""
-    return _dead_letter("unprocessable", error, topic, partition, offset, key, value, 3 * max_bytes)
+    return dead_letter("unprocessable", error, topic, partition, offset, key, value, 3 * max_bytes)
 
 
-def _dead_letter(reason: DeadLetterReason, error: str, topic: str, partition: int, offset: int,
-                 key: bytes | None, value: bytes | None, keep_bytes: int) -> DeadLetter:
+def dead_letter(reason: DeadLetterReason, error: str, topic: str, partition: int, offset: int,
+                key: bytes | None, value: bytes | None, keep_bytes: int) -> DeadLetter:
+    """The dead letter of a record: its position, key and value as received (base64 when not
+    text), a prefix only past ``keep_bytes`` with the whole value's size and hash."""
     raw = value or b""
     kept = raw[:keep_bytes]
     text, encoding = _as_text(kept)
@@ -106,7 +111,7 @@ def decode_trace(topic: str, partition: int, offset: int, key: bytes | None, val
     keep_bytes = max_dead_letter_bytes or 3 * max_bytes
 
     def dead(reason: DeadLetterReason, error: str) -> DeadLetter:
-        return _dead_letter(reason, error, topic, partition, offset, key, value, keep_bytes)
+        return dead_letter(reason, error, topic, partition, offset, key, value, keep_bytes)
 
     if value is None:
         return dead("not_json", "the record has no value (a tombstone)")

@@ -26,11 +26,9 @@ budget, dedupe).
 from __future__ import annotations
 
 import asyncio
-import base64
-import hashlib
 import time
 from datetime import UTC, datetime
-from typing import Any, Literal, Protocol
+from typing import Any, Protocol, get_args
 
 import orjson
 import structlog
@@ -38,7 +36,7 @@ from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, ConsumerRebalanceListen
 from aiokafka.errors import KafkaError
 from aiokafka.structs import OffsetAndMetadata
 
-from consumers.decode import DeadLetter
+from consumers.decode import DeadLetter, DeadLetterReason, dead_letter
 from consumers.offsets import CommitOnRevoke
 from consumers.outage import OutageGuard
 from scoring.otlp import BufferedSpan, MappingRules, OtlpError, Rejected, assemble, buffered_spans, decode_request
@@ -46,13 +44,6 @@ from scoring.otlp_buffer import BufferSize, DueTrace, OtlpBuffer, member_of
 
 log = structlog.get_logger(__name__)
 
-OtlpDeadLetterReason = Literal["too_large", "not_otlp", "no_project", "invalid_span", "invalid_trace", "over_quota"]
-
-
-class OtlpDeadLetter(DeadLetter):
-    """The dead-letter value (same shape as for traces), with the OTLP reasons."""
-
-    reason: OtlpDeadLetterReason  # type: ignore[assignment]
 
 
 class OtlpEvents(Protocol):
@@ -140,7 +131,7 @@ class OtlpConsumer:
     async def _step(self, stop: asyncio.Event) -> None:
         batches = await self._consumer.getmany(timeout_ms=200, max_records=1000)
         assigned = self._consumer.assignment()
-        decoded: list[tuple[TopicPartition, Any, list[BufferedSpan], OtlpDeadLetter | None]] = []
+        decoded: list[tuple[TopicPartition, Any, list[BufferedSpan], DeadLetter | None]] = []
         ends: dict[TopicPartition, int] = {}
         for tp, records in batches.items():
             if tp not in assigned:
@@ -162,7 +153,7 @@ class OtlpConsumer:
             except KafkaError as exc:
                 log.warning("OTLP commit failed; retrying on the next tick", error=repr(exc))
 
-    def _decode(self, tp: TopicPartition, record: Any) -> tuple[list[BufferedSpan], OtlpDeadLetter | None]:
+    def _decode(self, tp: TopicPartition, record: Any) -> tuple[list[BufferedSpan], DeadLetter | None]:
         """A record's spans and, if any of it could not be taken, its dead letter. Never raises:
         whatever a tenant sends ends up buffered or dead-lettered with the reason."""
         value: bytes | None = record.value
@@ -183,8 +174,8 @@ class OtlpConsumer:
             return taken, None
         return taken, self._letter(tp, record, rejected[0].reason, _rejection_summary(rejected, len(taken)))
 
-    def _over_quota(self, decoded: tuple[TopicPartition, Any, list[BufferedSpan], OtlpDeadLetter | None],
-                    refused: frozenset[str]) -> OtlpDeadLetter | None:
+    def _over_quota(self, decoded: tuple[TopicPartition, Any, list[BufferedSpan], DeadLetter | None],
+                    refused: frozenset[str]) -> DeadLetter | None:
         """A record's dead letter: its own, or - when its project is over its share of the buffer
         and spans of it were refused - one saying so (replaying it later loses nothing)."""
         tp, record, taken, letter = decoded
@@ -221,20 +212,12 @@ class OtlpConsumer:
                 raise RuntimeError("the OTLP flush loop ended while the buffer was full")
             self._consumer.resume(*self._consumer.paused())
 
-    def _letter(self, tp: TopicPartition, record: Any, reason: str, error: str) -> OtlpDeadLetter:
-        raw: bytes = record.value or b""
-        kept = raw[:self._max_dead_letter_bytes]
-        try:
-            text, encoding = kept.decode("utf-8"), "utf-8"
-        except UnicodeDecodeError:
-            text, encoding = base64.b64encode(kept).decode(), "base64"
-        key = record.key[:1024].decode("utf-8", "replace") if record.key is not None else None
-        return OtlpDeadLetter(reason=reason, error=error, topic=tp.topic, partition=tp.partition,
-                              offset=record.offset, key=key, value=text, value_encoding=encoding,
-                              received_at=datetime.now(UTC), value_truncated=len(kept) < len(raw),
-                              value_bytes=len(raw), value_sha256=hashlib.sha256(raw).hexdigest())
+    def _letter(self, tp: TopicPartition, record: Any, reason: str, error: str) -> DeadLetter:
+        known: DeadLetterReason = reason if reason in get_args(DeadLetterReason) else "not_otlp"  # type: ignore[assignment]
+        return dead_letter(known, error, tp.topic, tp.partition, record.offset, record.key, record.value,
+                           self._max_dead_letter_bytes)
 
-    async def _dead_letter(self, letters: list[OtlpDeadLetter]) -> None:
+    async def _dead_letter(self, letters: list[DeadLetter]) -> None:
         for letter in letters:
             self._events.dead_lettered(letter.reason)
             log.warning("dead-lettered an OTLP record", reason=letter.reason, error=letter.error[:300],

@@ -11,12 +11,13 @@ from aiokafka.structs import ConsumerRecord
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from consumers.otlp import OtlpConsumer, OtlpDeadLetterReason
+from consumers.decode import DeadLetterReason
+from consumers.otlp import OtlpConsumer
 from scoring.otlp import MappingRules
 from tests.otlp_records import Telemetry, records, span
 
 TP = TopicPartition("otlp_spans", 0)
-REASONS = set(get_args(OtlpDeadLetterReason))
+REASONS = set(get_args(DeadLetterReason))
 
 
 def intake() -> OtlpConsumer:
