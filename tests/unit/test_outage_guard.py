@@ -1,0 +1,66 @@
+"""The outage guard: waits out "unreachable for now", never retries anything else, gives up past
+its tolerance, and says what it waits for while it does."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+from aiokafka.errors import KafkaConnectionError, KafkaTimeoutError, UnknownTopicOrPartitionError
+from redis.exceptions import ConnectionError as RedisConnectionError
+from redis.exceptions import ResponseError
+
+from consumers.outage import OutageGuard, OutageTooLong, outage_of
+
+
+def test_what_counts_as_an_outage() -> None:
+    assert outage_of(RedisConnectionError("down")) == "redis"
+    assert outage_of(KafkaConnectionError()) == "kafka"
+    assert outage_of(KafkaTimeoutError()) == "kafka"
+    assert outage_of(UnknownTopicOrPartitionError()) == "kafka"  # retriable per aiokafka
+    assert outage_of(ResponseError("WRONGTYPE")) is None  # a bug or bad data, not an outage
+    assert outage_of(ValueError("x")) is None
+
+
+async def test_an_outage_is_waited_out_and_reported_meanwhile() -> None:
+    changes: list[tuple[str, bool]] = []
+    guard = OutageGuard(tolerance_s=30, on_change=lambda dep, down: changes.append((dep, down)))
+    failures = 3
+    seen_reason: list[str | None] = []
+
+    async def step() -> str:
+        nonlocal failures
+        seen_reason.append(guard.reason)
+        if failures:
+            failures -= 1
+            raise RedisConnectionError("Connection refused")
+        return "done"
+
+    assert await guard.call(step) == "done"
+    assert seen_reason[0] is None and all(r and r.startswith("redis unreachable") for r in seen_reason[1:])
+    assert guard.reason is None
+    assert changes == [("redis", True), ("redis", False)]
+
+
+async def test_other_errors_are_raised_at_once() -> None:
+    calls = 0
+
+    async def step() -> None:
+        nonlocal calls
+        calls += 1
+        raise ResponseError("NOSCRIPT")
+
+    with pytest.raises(ResponseError):
+        await OutageGuard(tolerance_s=30).call(step)
+    assert calls == 1
+
+
+async def test_an_outage_past_the_tolerance_is_given_up() -> None:
+    guard = OutageGuard(tolerance_s=0.3)
+
+    async def step() -> None:
+        raise KafkaConnectionError()
+
+    with pytest.raises(OutageTooLong) as caught:
+        await asyncio.wait_for(guard.call(step), 10)
+    assert "kafka unreachable" in str(caught.value) and guard.reason is None
