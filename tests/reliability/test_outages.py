@@ -9,6 +9,7 @@ the suite never sees it.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import signal
 import time
@@ -22,7 +23,7 @@ import orjson
 import pytest
 from redis.asyncio import Redis
 
-from deploy.services import LocalRedis
+from deploy.services import LocalKafka, LocalRedis
 from scoring.groups import MonitorClient
 from tests.e2e.harness import WorkerProcess, produce, read_topic, worker_env
 
@@ -114,3 +115,51 @@ async def test_redis_frozen_then_wiped_is_ridden_out(own_redis: LocalRedis, kafk
     assert all(len(v) == 1 for v in values.values()), "one value per trace"
     assert {next(iter(values[f"o-{i}"])) for i in range(0, 250, 2)} == {10.0}
     assert {next(iter(values[f"o-{i}"])) for i in range(1, 250, 2)} == {0.0}
+
+
+@pytest.fixture
+def own_kafka() -> Iterator[LocalKafka]:
+    broker = LocalKafka().start()
+    try:
+        yield broker
+    finally:
+        if broker.proc is not None:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(broker.proc.pid, signal.SIGCONT)
+        broker.stop()
+
+
+async def test_a_frozen_broker_is_ridden_out(own_kafka: LocalKafka, redis_url: str, unique: str,
+                                             tmp_path: Path) -> None:
+    url = redis_url.rsplit("/", 1)[0] + "/11"
+    redis = Redis.from_url(url)
+    await redis.flushdb()
+    await MonitorClient(redis).apply(CATALOG)
+    bootstrap = own_kafka.bootstrap
+    env = worker_env(bootstrap, url, f"kout-{unique}", outage_tolerance_s=90)
+    worker = WorkerProcess(env).start(tmp_path)
+    try:
+        worker.wait_ready()
+        await produce(bootstrap, env["SGW_TRACES_TOPIC"], traces(0, 100))
+        await read_topic(bootstrap, env["SGW_RATINGS_TOPIC"], until=lambda v: len(v) >= 100)
+        assert own_kafka.proc is not None
+        os.kill(own_kafka.proc.pid, signal.SIGSTOP)
+        frozen_at = time.monotonic()
+        while time.monotonic() - frozen_at < FREEZE_S:
+            assert worker.proc is not None and worker.proc.poll() is None, worker.logs()
+            await asyncio.sleep(0.5)
+        os.kill(own_kafka.proc.pid, signal.SIGCONT)
+        await produce(bootstrap, env["SGW_TRACES_TOPIC"], traces(100, 100))
+        ratings = await read_topic(bootstrap, env["SGW_RATINGS_TOPIC"], timeout_s=120, settle_s=2,
+                                   until=lambda v: len({r["traceId"] for r in v}) >= 200)
+        assert worker.proc is not None and worker.proc.poll() is None, worker.logs()
+    finally:
+        code = worker.stop(timeout_s=60)
+        await redis.flushdb()
+        await redis.aclose()
+    assert code == 0, worker.logs()
+    ids: dict[str, set[str]] = defaultdict(set)
+    for r in ratings:
+        ids[r["traceId"]].add(r["id"])
+    assert set(ids) == {f"o-{i}" for i in range(200)}, "no trace is lost"
+    assert all(len(v) == 1 for v in ids.values()), "one rating id per trace"

@@ -261,6 +261,7 @@ def test_grading_a_run_with_hostile_scorers_leaks_nothing(redis_url: str, tmp_pa
     (tmp_path / "catalog.json").write_text(json.dumps(catalog("http://127.0.0.1:9/hook")))
     rows = tmp_path / "rows.jsonl"
     rows.write_text("\n".join(json.dumps({"input": "hi", "output": f"answer {i}"}) for i in range(3)) + "\n")
+    asyncio.run(_flush(url))  # a database shared with other tests, one at a time
     try:
         applied = cli("catalog", "apply", str(tmp_path / "catalog.json"))
         assert applied.returncode == 0, applied.stderr
