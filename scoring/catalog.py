@@ -17,7 +17,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import hashlib
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Set
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -137,14 +137,18 @@ class CatalogSnapshot:
 
 # --- Rules that span documents ----------------------------------------------------------------
 
+LABEL_MAX = 200  # a Name's length
 REQUIRES_EXPECTED_LIVE = ("has requiresExpected and cannot grade live traffic; disable "
                           "requiresExpected or keep the group's live scoring off")
 
 
-def group_errors(group: ScorerGroup, catalog: CatalogSnapshot, previous: ScorerGroup | None) -> list[str]:
+def group_errors(group: ScorerGroup, catalog: CatalogSnapshot, previous: ScorerGroup | None,
+                 reported: Set[tuple[str, str]] = frozenset()) -> list[str]:
     """What is wrong with storing ``group`` next to ``catalog``. References that the stored
-    version already held are grandfathered: their scorer may be gone, they degrade at scoring."""
-    grandfathered = {(m.kind, m.ref_id) for m in previous.members} if previous else set()
+    version already held are grandfathered: their scorer may be gone, they degrade at scoring.
+    ``reported``: (kind, id) of scorers whose own document was refused (already an error)."""
+    grandfathered: set[tuple[str, str]] = {(m.kind, m.ref_id) for m in previous.members} if previous else set()
+    grandfathered |= reported
     errors = []
     for i, member in enumerate(group.members):
         scorer = catalog.scorer(member.kind, member.ref_id)
@@ -156,6 +160,48 @@ def group_errors(group: ScorerGroup, catalog: CatalogSnapshot, previous: ScorerG
         elif isinstance(scorer, Judge) and scorer.requires_expected and group.live:
             errors.append(f"members[{i}].refId: judge {scorer.name!r} {REQUIRES_EXPECTED_LIVE}")
     return errors
+
+
+def labelled(group: ScorerGroup, catalog: CatalogSnapshot,
+             previous: ScorerGroup | None) -> tuple[ScorerGroup, list[str]]:
+    """``group`` with every member labelled, and what is wrong with its labels. A label the
+    user gave is kept, else the one the stored version gave the same member, else the scorer's
+    name - so a member keeps its name after its scorer is renamed or deleted. New labels that
+    would repeat a name get the ref id ("Quality [q-1]") so two members are never one name."""
+    kept: dict[tuple[str, str], list[str]] = {}
+    for m in previous.members if previous else []:
+        if m.label is not None:
+            kept.setdefault((m.kind, m.ref_id), []).append(m.label)
+    chosen: list[str | None] = []  # given or kept labels; None: to be named from the scorer
+    for m in group.members:
+        reuse = kept.get((m.kind, m.ref_id))
+        chosen.append(m.label if m.label is not None else (reuse.pop(0) if reuse else None))
+    errors: list[str] = []
+    taken: dict[str, int] = {}
+    for i, label in enumerate(chosen):
+        if label is None:
+            continue
+        if label in taken:
+            errors.append(f"members[{i}].label: {label!r} is already the label of members[{taken[label]}]; "
+                          "labels name members in results and gates, so each must be unique")
+        taken.setdefault(label, i)
+    bases = []
+    for m in group.members:
+        scorer = catalog.scorer(m.kind, m.ref_id)
+        visible = scorer is not None and scorer.project_id in (None, group.project_id)
+        bases.append(scorer.name if scorer is not None and visible else m.ref_id)
+    wanted = [bases[i] for i, label in enumerate(chosen) if label is None]
+    members = []
+    for i, (m, label) in enumerate(zip(group.members, chosen, strict=True)):
+        if label is None:
+            label = bases[i]
+            number = 1
+            while label in taken or (number == 1 and wanted.count(label) > 1):
+                suffix = f" [{m.ref_id}]" + (f" #{number}" if number > 1 else "")
+                label, number = bases[i][:LABEL_MAX - len(suffix)] + suffix, number + 1
+            taken[label] = i
+        members.append(m.model_copy(update={"label": label}))
+    return group.model_copy(update={"members": members}), errors
 
 
 def judge_errors(judge: Judge, catalog: CatalogSnapshot) -> list[str]:

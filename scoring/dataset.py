@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import math
+from collections import Counter
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -22,10 +23,6 @@ from scoring.catalog import CatalogSnapshot
 from scoring.models import Judge, Member, MemberKind, ScorerGroup
 from scoring.panel import GroupResult, Panel
 from scoring.subjects import Subject, as_text
-
-
-class GateFailed(Exception):
-    """A CI gate did not pass; the message says which and by how much."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -71,14 +68,14 @@ class RowResult:
         """One output line: the group score, then judges as labelled verdicts and
         deterministic members as scorer rows."""
         judges, scorer_rows = [], []
-        for m in self.result.blend.members:
+        for member, m in zip(self.result.group.members, self.result.blend.members, strict=True):
             o = m.outcome
             if o.kind == "judge":
-                judges.append({"scorerId": o.ref_id, "label": o.name, "status": m.status,
+                judges.append({"scorerId": o.ref_id, "label": member.label or o.name, "status": m.status,
                                "rating": o.native if o.goodness is not None else None,
                                "justification": o.detail, "error": o.error})
             else:
-                scorer_rows.append({"scorerId": o.ref_id, "name": o.name, "kind": o.kind,
+                scorer_rows.append({"scorerId": o.ref_id, "name": member.label or o.name, "kind": o.kind,
                                     "status": m.status, "native": o.native, "goodness": o.goodness,
                                     "detail": o.detail or o.error})
         b = self.result.blend
@@ -86,11 +83,41 @@ class RowResult:
                 "justification": b.justification, "judgeScorerResults": judges, "scorerRows": scorer_rows}
 
 
+Allowance = int | float  # rows without a score a gate lets pass: a count, or a fraction of the rows
+
+
+def parse_allowance(text: str) -> Allowance:
+    """``--allow-unscored``: a count ("3") or a fraction of the rows ("0.1")."""
+    try:
+        value: Allowance = int(text) if text.strip().isdigit() else float(text)
+    except ValueError:
+        raise ValueError(f"--allow-unscored: {text!r} is neither a row count nor a fraction") from None
+    if isinstance(value, float) and not 0 <= value <= 1:
+        raise ValueError(f"--allow-unscored: a fraction is between 0 and 1 (got {text})")
+    if value < 0:
+        raise ValueError(f"--allow-unscored: cannot be negative (got {text})")
+    return value
+
+
+class GateFailed(Exception):
+    """A CI gate did not pass; the message says which and by how much. ``shortfall`` is how far
+    the score is under ``fail_under`` (None when the score passed or there is none), and
+    ``unscored`` / ``allowed`` count the rows without a score and how many the gate let pass."""
+
+    def __init__(self, message: str, *, value: float | None = None, fail_under: float | None = None,
+                 unscored: int = 0, allowed: int = 0) -> None:
+        super().__init__(message)
+        self.value, self.fail_under, self.unscored, self.allowed = value, fail_under, unscored, allowed
+        self.shortfall = (fail_under - value if value is not None and fail_under is not None
+                          and value < fail_under else None)
+
+
 @dataclass
 class DatasetRun:
     group: ScorerGroup
     rows: list[RowResult]
     warnings: list[str] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)
 
     @property
     def scored(self) -> list[RowResult]:
@@ -102,18 +129,52 @@ class DatasetRun:
         scores = [r.rating for r in self.rows if r.rating is not None]
         return math.fsum(scores) / len(scores) if scores else None
 
+    def judge_labels(self) -> dict[int, str]:
+        """member index -> label of each judge member: the label saved with the group (so a
+        deleted scorer keeps its name), else its scorer's name; never two members one label."""
+        labels: dict[int, str] = {}
+        for i, member in enumerate(self.group.members):
+            if member.kind == "judge":
+                labels[i] = member.label or (self.rows[0].result.blend.members[i].outcome.name
+                                             if self.rows else member.ref_id)
+        for i, label in labels.items():  # a group saved before labels existed may repeat a name
+            if sum(1 for other in labels.values() if other == label) > 1:
+                labels[i] = f"{label} [{self.group.members[i].ref_id} #{i}]"
+        return labels
+
+    def _judge_ratings(self, index: int) -> list[float | None]:
+        ratings: list[float | None] = []
+        for r in self.rows:
+            o = r.result.blend.members[index].outcome
+            ratings.append(float(o.native) if o.goodness is not None and isinstance(o.native, int | float)
+                           else None)
+        return ratings
+
     def judge_averages(self) -> dict[str, float | None]:
-        """Each judge member's own average rating (0-10) over the rows it scored."""
+        """Each judge member's own average rating (0-10) over the rows it scored, by label."""
         averages: dict[str, float | None] = {}
-        for member_index, member in enumerate(self.group.members):
-            if member.kind != "judge" or not self.rows:
-                continue
-            name = self.rows[0].result.blend.members[member_index].outcome.name
-            ratings = [float(o.native) for r in self.rows
-                       if (o := r.result.blend.members[member_index].outcome).goodness is not None
-                       and isinstance(o.native, int | float)]
-            averages[name] = math.fsum(ratings) / len(ratings) if ratings else None
+        for index, label in self.judge_labels().items():
+            ratings = [v for v in self._judge_ratings(index) if v is not None]
+            averages[label] = math.fsum(ratings) / len(ratings) if ratings else None
         return averages
+
+    def judge_member(self, name: str) -> int:
+        """The judge member a named gate means: its label, else its scorer's name or id. A name
+        that fits several members is refused, never guessed."""
+        labels = self.judge_labels()
+        by_label = [i for i, label in labels.items() if label == name]
+        found = by_label or [i for i in labels if name in (
+            self.group.members[i].ref_id,
+            self.rows[0].result.blend.members[i].outcome.name if self.rows else None)]
+        if len(found) == 1:
+            return found[0]
+        known = ", ".join(repr(label) for label in labels.values()) or "none"
+        if not found:
+            raise GateFailed(f"no judge member named {name!r} in group {self.group.name!r} "
+                             f"(judge members: {known})")
+        raise GateFailed(f"judge name {name!r} is ambiguous in group {self.group.name!r}: it names "
+                         f"{len(found)} members ({', '.join(repr(labels[i]) for i in found)}); "
+                         "gate on one of their labels")
 
     def breakdown(self) -> list[str]:
         """The run's breakdown, led by "<Name> (group)"."""
@@ -129,65 +190,103 @@ class DatasetRun:
         return {"group": {"id": self.group.id, "name": self.group.name}, "rows": len(self.rows),
                 "scoredRows": len(self.scored), "noScoreRows": len(self.rows) - len(self.scored),
                 "runRating": self.rating, "judgeAverages": self.judge_averages(),
-                "breakdown": self.breakdown(), "warnings": self.warnings}
+                "breakdown": self.breakdown(), "warnings": self.warnings, "notes": self.notes}
 
-    def gate(self, fail_under: float, scorer: str | None = None) -> float:
+    def gate(self, fail_under: float, scorer: str | None = None, allow_unscored: Allowance = 0) -> float:
         """Pass when the group score (or the named judge member's own average) is at least
-        ``fail_under``; raise GateFailed saying which and by how much otherwise."""
+        ``fail_under`` and no row lacks that score; raise GateFailed saying which and by how
+        much otherwise. Fail closed: a row where a must-pass member could not score has no group
+        score, and fails the gate unless ``allow_unscored`` (a count, or a fraction of the rows)
+        lets it pass explicitly."""
         if scorer is None:
             value, what = self.rating, f"group {self.group.name!r} score"
+            why = [r.result.blend.reason or "no score" for r in self.rows if r.rating is None]
         else:
-            averages = self.judge_averages()
-            if scorer not in averages:
-                known = ", ".join(averages) or "none"
-                raise GateFailed(f"no judge member named {scorer!r} in group {self.group.name!r} "
-                                 f"(judge members: {known})")
-            value, what = averages[scorer], f"judge {scorer!r} average"
+            index = self.judge_member(scorer)
+            label = self.judge_labels()[index]
+            value, what = self.judge_averages()[label], f"judge {label!r} average"
+            why = [r.result.blend.members[index].outcome.error or "no verdict"
+                   for r, v in zip(self.rows, self._judge_ratings(index), strict=True) if v is None]
+        total = len(self.rows)
+        allowed = allow_unscored if isinstance(allow_unscored, int) else math.floor(allow_unscored * total + 1e-9)
+        problems = []
+        if len(why) > allowed:
+            reasons = Counter(why).most_common()
+            problems.append(f"{len(why)} of {total} rows have no {what.rsplit(' ', 1)[0]} score "
+                            f"and {allowed} may (allow_unscored / --allow-unscored): "
+                            + "; ".join(f"{n} row{'s' if n > 1 else ''}: {reason}" for reason, n in reasons))
         if value is None:
-            raise GateFailed(f"gate failed: {what} has no score on any row (needs >= {fail_under:g})")
-        if value < fail_under:
-            raise GateFailed(f"gate failed: {what} is {value:.2f}, under {fail_under:g} "
-                             f"by {fail_under - value:.2f}")
+            problems.append(f"{what} has no score on any row (needs >= {fail_under:g})")
+        elif value < fail_under:
+            problems.append(f"{what} is {value:.2f}, under {fail_under:g} by {fail_under - value:.2f}")
+        if problems:
+            raise GateFailed("gate failed: " + "; and ".join(problems), value=value, fail_under=fail_under,
+                             unscored=len(why), allowed=allowed)
+        assert value is not None
         return value
 
 
 @dataclass(frozen=True)
 class GradingPlan:
-    """What a run is graded with, after the spec's rules for the request's fields."""
+    """What a run is graded with, after the spec's rules for the request's fields: warnings for
+    what was ignored, notes for what was done that the request may not make obvious."""
 
     group: ScorerGroup
     warnings: list[str]
+    notes: list[str] = field(default_factory=list)
+    additional_scorer_ids: list[str] | None = None  # None: nulled (a group grades the run alone)
 
 
 def plan_grading(catalog: CatalogSnapshot, *, scorer_group_id: str | None = None,
-                 scorer_id: str | None = None,
-                 additional_scorer_ids: Iterable[str] = ()) -> GradingPlan:
+                 scorer_id: str | None = None, additional_scorer_ids: Iterable[str] = (),
+                 project_id: str | None = None) -> GradingPlan:
     """``scorer_group_id`` and ``scorer_id`` are mutually exclusive: the group wins when both
-    are sent, and a group-graded run drops any additional scorers (the group is the whole
-    grading recipe). A single scorer alone is graded as a one-member group."""
-    additional = list(additional_scorer_ids)
-    warnings = []
+    are sent, and a group-graded run nulls any additional scorers (the group is the whole
+    grading recipe, not a layer on top of one). A single scorer is graded as a one-member group,
+    and additional scorers are a layer on top of it: graded alongside, reported on every row
+    (judges among the verdicts, others as scorer rows), never part of the rating.
+    ``project_id`` limits the run to that project's documents (and the shared scorers)."""
+    additional = list(dict.fromkeys(additional_scorer_ids))
+    warnings: list[str] = []
     if scorer_group_id is not None:
         group = catalog.groups.get(scorer_group_id)
-        if group is None:
+        if group is None or project_id not in (None, group.project_id):
             raise ValueError(f"no scorer group with id {scorer_group_id!r}")
         if scorer_id is not None:
             warnings.append(f"scorer_id {scorer_id!r} ignored: scorer_group_id and scorer_id are "
                             "mutually exclusive and the group wins")
         if additional:
-            warnings.append(f"additional scorers dropped ({', '.join(additional)}): a group-graded "
-                            "run is graded by the group alone")
-        return GradingPlan(group, warnings)
+            warnings.append(f"additional_scorer_ids nulled ({', '.join(additional)} not graded): the "
+                            f"group wins, and a run graded by group {group.name!r} is graded by the "
+                            "group alone")
+        return GradingPlan(group, warnings, additional_scorer_ids=None)
     if scorer_id is None:
         raise ValueError("give scorer_group_id (or scorer_id)")
+    project = project_id or "dataset"
+    members = [_single_member(catalog, scorer_id, 1, project_id)]
+    members += [_single_member(catalog, extra, 0, project_id) for extra in additional if extra != scorer_id]
+    name = _scorer_name(catalog, members[0])
+    notes = []
+    if len(members) > 1:
+        notes.append(f"additional scorers graded alongside {name!r}: "
+                     f"{', '.join(m.ref_id for m in members[1:])} are reported on every row and do "
+                     "not change the rating")
+    group = ScorerGroup(id=f"single:{scorer_id}", name=name, project_id=project, members=members)
+    return GradingPlan(group, warnings, notes, additional_scorer_ids=additional)
+
+
+def _single_member(catalog: CatalogSnapshot, scorer_id: str, weight: float, project_id: str | None) -> Member:
     kinds: tuple[MemberKind, ...] = ("judge", "pattern", "custom")
-    found = [(kind, scorer) for kind in kinds if (scorer := catalog.scorer(kind, scorer_id)) is not None]
-    if not found:
-        raise ValueError(f"no scorer with id {scorer_id!r}")
-    kind, scorer = found[0]
-    group = ScorerGroup(id=f"single:{scorer_id}", name=scorer.name, project_id="dataset",
-                        members=[Member(kind=kind, ref_id=scorer_id, weight=1, gate=False)])
-    return GradingPlan(group, warnings)
+    for kind in kinds:
+        scorer = catalog.scorer(kind, scorer_id)
+        if scorer is not None and (project_id is None or scorer.project_id in (None, project_id)):
+            return Member(kind=kind, ref_id=scorer_id, weight=weight, gate=False, label=scorer.name)
+    raise ValueError(f"no scorer with id {scorer_id!r}")
+
+
+def _scorer_name(catalog: CatalogSnapshot, member: Member) -> str:
+    scorer = catalog.scorer(member.kind, member.ref_id)
+    return scorer.name if scorer is not None else member.ref_id
 
 
 async def grade_rows(panel: Panel, catalog: CatalogSnapshot, plan: GradingPlan, rows: list[DatasetRow],
@@ -207,7 +306,7 @@ async def grade_rows(panel: Panel, catalog: CatalogSnapshot, plan: GradingPlan, 
         return RowResult(index, row, result)
 
     results = await asyncio.gather(*(one(i, row) for i, row in enumerate(rows)))
-    return DatasetRun(plan.group, list(results), list(plan.warnings))
+    return DatasetRun(plan.group, list(results), list(plan.warnings), list(plan.notes))
 
 
 def requires_expected_judges(group: ScorerGroup, catalog: CatalogSnapshot) -> list[Judge]:

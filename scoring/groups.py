@@ -18,7 +18,7 @@ import builtins
 import time
 import uuid
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 from pydantic import ValidationError
@@ -34,10 +34,12 @@ from scoring.catalog import (
     group_errors,
     judge_errors,
     kind_of,
+    labelled,
 )
+from scoring.catalog_file import ApplyReport, apply_file
 from scoring.channels import saved_channel
 from scoring.errors import Forbidden, InvalidDocument, NotFound, PreconditionFailed
-from scoring.models import AlertChannel, CatalogDocument, Judge, Member, OnlineProfile, ScorerGroup, WireModel
+from scoring.models import AlertChannel, Judge, Member, OnlineProfile, ScorerGroup, WireModel
 from scoring.ratings import RatingsHistory, RatingsStore
 
 UPDATABLE = {"name": "name", "description": "description", "members": "members", "online": "online",
@@ -148,16 +150,19 @@ class ScorerGroups:
         doc = {"id": id or f"grp_{uuid.uuid4().hex[:12]}", "name": name, "description": description,
                "projectId": self._caller.project_for(project_id), "members": _members_wire(members),
                "online": online.wire() if isinstance(online, OnlineProfile) else online}
-        group = _validated(doc)
+        given = _validated(doc)
+        result: dict[str, ScorerGroup] = {}
 
         def change(catalog: CatalogSnapshot) -> list[Write]:
-            if group.id in catalog.groups:
-                raise InvalidDocument(f"id: a scorer group with id {group.id!r} already exists")
-            _refuse(group_errors(group, catalog, previous=None), "scorer group")
+            if given.id in catalog.groups:
+                raise InvalidDocument(f"id: a scorer group with id {given.id!r} already exists")
+            group, label_errors = labelled(given, catalog, previous=None)
+            _refuse(group_errors(group, catalog, previous=None) + label_errors, "scorer group")
+            result["group"] = group
             return [("groups", group.id, group)]
 
         await self._store.write(change)
-        return group
+        return result["group"]
 
     async def update(self, group_id: str, *, if_match: str | None = None, **fields: Any) -> ScorerGroup:
         unknown = sorted(set(fields) - set(UPDATABLE))
@@ -178,8 +183,8 @@ class ScorerGroups:
                 elif wire_key == "projectId" and value != stored.project_id:
                     value = self._caller.project_for(value)
                 doc[wire_key] = value
-            group = _validated(doc)
-            _refuse(group_errors(group, catalog, previous=stored), "scorer group")
+            group, label_errors = labelled(_validated(doc), catalog, previous=stored)
+            _refuse(group_errors(group, catalog, previous=stored) + label_errors, "scorer group")
             result["group"] = group
             return [] if group == stored else [("groups", group_id, group)]
 
@@ -272,11 +277,13 @@ class Scorers:
                 self._caller.project_for(getattr(doc, "project_id", None) or "")
             if isinstance(doc, Judge):
                 _refuse(judge_errors(doc, catalog), "judge")
-            if isinstance(doc, ScorerGroup):
-                _refuse(group_errors(doc, catalog, catalog.groups.get(doc.id)), "scorer group")
             saved = doc
-            if isinstance(doc, AlertChannel):
-                saved = saved_channel(doc, catalog.channels.get(doc_id(doc)), time.time())
+            if isinstance(doc, ScorerGroup):
+                saved, label_errors = labelled(doc, catalog, catalog.groups.get(doc.id))
+                _refuse(group_errors(saved, catalog, catalog.groups.get(doc.id)) + label_errors,
+                        "scorer group")
+            if isinstance(saved, AlertChannel):
+                saved = saved_channel(saved, catalog.channels.get(doc_id(saved)), time.time())
             return [(kind_of(saved), doc_id(saved), saved)]
 
         await self._store.write(change)
@@ -299,64 +306,6 @@ def _kind(kind: str) -> str:
     return kind
 
 
-@dataclass
-class ApplyReport:
-    created: list[str] = field(default_factory=list)
-    changed: list[str] = field(default_factory=list)
-    unchanged: list[str] = field(default_factory=list)
-
-    @property
-    def changes(self) -> int:
-        return len(self.created) + len(self.changed)
-
-
-def parse_catalog(document: Any) -> CatalogDocument:
-    try:
-        return CatalogDocument.model_validate(document)
-    except ValidationError as exc:
-        raise InvalidDocument.from_validation("catalog file", exc) from None
-
-
-async def apply_catalog(store: CatalogStore, document: CatalogDocument) -> ApplyReport:
-    """Put every document of a catalog file, all or nothing; idempotent. Documents the file does
-    not mention are left alone. Every error is listed; on any error nothing is written."""
-    ordered: list[tuple[str, int, WireModel]] = [
-        (kind, i, doc) for kind in KIND_MODELS for i, doc in enumerate(getattr(document, kind))]
-    report = ApplyReport()
-    now = time.time()
-
-    def change(catalog: CatalogSnapshot) -> list[Write]:
-        after = catalog.with_docs([doc for _, _, doc in ordered])
-        errors: list[str] = []
-        writes: list[Write] = []
-        for names in (report.created, report.changed, report.unchanged):
-            names.clear()  # a retried write starts its report again
-        for kind, i, doc in ordered:
-            if isinstance(doc, ScorerGroup):
-                previous = catalog.groups.get(doc.id)
-                errors += [f"groups[{i}].{e}" for e in group_errors(doc, after, previous)]
-            if isinstance(doc, Judge):
-                errors += [f"judges[{i}].{e}" for e in judge_errors(doc, after)]
-            id_ = doc_id(doc)
-            stored = getattr(catalog, kind).get(id_)
-            if isinstance(doc, AlertChannel):
-                doc = saved_channel(doc, stored, now)
-            name = f"{kind}/{id_}"
-            if stored is None:
-                report.created.append(name)
-            elif stored.stored() != doc.stored():
-                report.changed.append(name)
-            else:
-                report.unchanged.append(name)
-                continue
-            writes.append((kind, id_, doc))
-        _refuse(errors, "catalog file")
-        return writes
-
-    await store.write(change)
-    return report
-
-
 class MonitorClient:
     """The SDK surface in one object: ``client.scorer_groups``, ``client.sessions``, ..."""
 
@@ -369,4 +318,5 @@ class MonitorClient:
         self.scorers = Scorers(self.store, caller)
 
     async def apply(self, document: Any) -> ApplyReport:
-        return await apply_catalog(self.store, parse_catalog(document))
+        """Apply a catalog file (see scoring.catalog_file): every error listed, all or nothing."""
+        return await apply_file(self.store, document)

@@ -114,6 +114,9 @@ class Member(WireModel):
     ref_id: Id
     weight: float = Field(1.0, ge=0, le=MAX_WEIGHT)
     gate: bool = False
+    # What results and named gates call the member; filled from the scorer's name at save time
+    # and kept, so it still names the member after the scorer is renamed or deleted.
+    label: Name | None = None
 
 
 class OnlineProfile(WireModel):

@@ -1,7 +1,7 @@
 """The ``scorer-worker`` command line.
 
     scorer-worker run                              consume traces and score them (the service)
-    scorer-worker grade --group ID --input run.jsonl [--fail-under 7 [--scorer Safety]] [--publish]
+    scorer-worker grade --group ID --input run.jsonl [--fail-under 7 [--scorer Safety] [--allow-unscored N]]
     scorer-worker catalog apply FILE               apply a catalog file (YAML or JSON), idempotent
     scorer-worker catalog list [KIND]              list documents
     scorer-worker catalog get KIND ID              show one document (secrets masked)
@@ -148,16 +148,22 @@ def _cmd_session_scores(settings: Settings, args: argparse.Namespace) -> int:
 
 
 def _cmd_grade(settings: Settings, args: argparse.Namespace) -> int:
+    from scoring.dataset import parse_allowance
     from worker.grading import GradeRequest, grade, write_to
 
     if args.scorer and args.fail_under is None:
         print("error: --scorer names the judge member a --fail-under gate applies to", file=sys.stderr)
         return 2
+    try:
+        allow_unscored = parse_allowance(args.allow_unscored)
+    except ValueError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
     request = GradeRequest(
         input_path=args.input, group_id=args.group, scorer_id=args.scorer_id,
         additional_scorer_ids=tuple(args.additional_scorer_id), output_path=args.output,
         fail_under=args.fail_under, gate_scorer=args.scorer, concurrency=args.concurrency,
-        publish=args.publish)
+        publish=args.publish, allow_unscored=allow_unscored)
     out = write_to(args.output)
     try:
         return asyncio.run(grade(settings, request, out, sys.stderr))
@@ -282,12 +288,17 @@ def build_parser() -> argparse.ArgumentParser:
     grade.add_argument("--group", help="the scorer group id (wins over --scorer-id)")
     grade.add_argument("--scorer-id", help="grade with a single scorer instead of a group")
     grade.add_argument("--additional-scorer-id", action="append", default=[],
-                       help="extra scorers (dropped when a group grades the run)")
+                       help="extra scorers graded alongside --scorer-id, reported per row, not in the "
+                            "rating (nulled, with a warning, when a group grades the run)")
     grade.add_argument("--input", required=True,
                        help="JSONL rows: input, output, expected?, spans?, metadata?")
     grade.add_argument("--output", help="where the per-row JSON lines go (default: stdout)")
     grade.add_argument("--fail-under", type=float, help="exit 1 when the score is under this")
-    grade.add_argument("--scorer", help="with --fail-under: gate this judge member's own average")
+    grade.add_argument("--scorer", help="with --fail-under: gate this judge member's own average "
+                       "(its label; a name several members share is refused)")
+    grade.add_argument("--allow-unscored", default="0", metavar="N",
+                       help="rows without a score the gate lets pass: a count (3) or a fraction "
+                            "(0.1); default 0, the gate fails closed")
     grade.add_argument("--concurrency", type=int, default=8, help="rows graded at once")
     grade.add_argument("--publish", action="store_true", help="also send results to the ratings topic")
     grade.set_defaults(func=_cmd_grade)

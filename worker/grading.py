@@ -1,7 +1,9 @@
 """``scorer-worker grade``: grade a dataset run (JSONL) with a scorer group, for people and CI.
 
 Writes one JSON line per row (to ``--output`` or stdout), prints the summary to stderr, and
-exits 1 when the ``--fail-under`` gate fails, 2 on bad input, 0 otherwise. ``--publish`` also
+exits 1 when the ``--fail-under`` gate fails, 2 on bad input, 0 otherwise. The gate fails closed:
+a row without a score (a must-pass member could not score it) fails it, unless
+``--allow-unscored`` lets that many rows (a count, or a fraction of the rows) pass. ``--publish`` also
 sends each row's result to the ratings topic with scope ``dataset``.
 """
 
@@ -21,6 +23,7 @@ from redis.asyncio import Redis
 
 from scoring.catalog import CatalogStore
 from scoring.dataset import (
+    Allowance,
     DatasetRow,
     DatasetRun,
     GateFailed,
@@ -51,6 +54,7 @@ class GradeRequest:
     gate_scorer: str | None = None
     concurrency: int = 8
     publish: bool = False
+    allow_unscored: Allowance = 0  # rows without a score the gate lets pass (count or fraction)
 
 
 def read_rows(path: str) -> list[DatasetRow]:
@@ -115,6 +119,8 @@ async def grade(settings: Settings, request: GradeRequest, out: IO[str], err: Te
         return 2
     for warning in plan.warnings:
         print(f"warning: {warning}", file=err)
+    for note in plan.notes:
+        print(f"note: {note}", file=err)
     without_expected = sum(1 for r in rows if r.expected is None)
     for judge in requires_expected_judges(plan.group, catalog):
         if without_expected:
@@ -131,7 +137,8 @@ async def grade(settings: Settings, request: GradeRequest, out: IO[str], err: Te
         print(f"published {len(run.rows)} results to {settings.ratings_topic}", file=err)
     if request.fail_under is not None:
         try:
-            value = run.gate(request.fail_under, scorer=request.gate_scorer)
+            value = run.gate(request.fail_under, scorer=request.gate_scorer,
+                             allow_unscored=request.allow_unscored)
         except GateFailed as exc:
             print(str(exc), file=err)
             return 1

@@ -214,8 +214,8 @@ async def test_a_bad_file_is_refused_whole_with_every_error(client: MonitorClien
     with pytest.raises(InvalidDocument) as info:
         await client.apply(bad)
     assert info.value.errors == [
-        "groups[0].members[0].refId: no LLM judge with id 'missing'",
-        "groups[1].members[0].refId: judge 'Exact' has requiresExpected and cannot grade live traffic; "
+        "groups[0] 'g1': members[0].refId: no LLM judge with id 'missing'",
+        "groups[1] 'g2': members[0].refId: judge 'Exact' has requiresExpected and cannot grade live traffic; "
         "disable requiresExpected or keep the group's live scoring off"]
     assert await client.store.version() == before, "nothing half-applied"
     with pytest.raises(InvalidDocument) as info:

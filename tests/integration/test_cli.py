@@ -52,7 +52,9 @@ def test_a_bad_file_is_refused_whole_listing_every_error(url: str, tmp_path: Pat
         "online": {"enabled": True, "sampleRate": 2, "alertThreshold": 6, "severity": "high"}}]}))
     done = cli(url, "catalog", "apply", str(bad))
     assert done.returncode == 2
-    assert "error (400):" in done.stderr and "groups[0].online.sampleRate" in done.stderr
+    assert "error (400):" in done.stderr and "groups[0] 'g': online.sampleRate" in done.stderr
+    assert "groups[0] 'g': members[0].refId: no LLM judge with id 'nope'" in done.stderr, \
+        "the refused group's refs are checked too"
     listing = cli(url, "catalog", "list")
     assert (listing.returncode, listing.stderr) == (0, ""), listing.stderr
     assert listing.stdout == "", "nothing half-applied"

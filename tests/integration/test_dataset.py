@@ -153,7 +153,7 @@ def test_group_wins_over_a_single_scorer_and_drops_additional_scorers(
                      "--additional-scorer-id", "pii", "--input", str(rows_file))
     assert done.returncode == 0, done.stderr
     assert "warning: scorer_id 'tone' ignored: scorer_group_id and scorer_id are mutually exclusive and the group wins" in done.stderr
-    assert "warning: additional scorers dropped (pii)" in done.stderr
+    assert "warning: additional_scorer_ids nulled (pii not graded): the group wins" in done.stderr
     ratings = [json.loads(line)["rating"] for line in done.stdout.splitlines()]
     assert ratings == [pytest.approx(8.5), pytest.approx(6.5), 0.0, 0.0], "graded by the group"
 
@@ -177,7 +177,7 @@ async def test_deleted_members_degrade_or_fail_closed(catalog_url: str, judge: J
     degraded = await grade_api(catalog_url, judge, "with-deleted", rows)
     assert degraded.rows[0].rating == pytest.approx(8.0), "the deleted Tone (weight 5) left the average"
     assert degraded.rows[0].wire()["judgeScorerResults"][1] == {
-        "scorerId": "tone", "label": "tone", "status": "not_scored", "rating": None,
+        "scorerId": "tone", "label": "Tone", "status": "not_scored", "rating": None,
         "justification": None, "error": "reference deleted"}
     closed = await grade_api(catalog_url, judge, "with-deleted-gate", rows)
     assert closed.rows[0].rating is None
