@@ -159,7 +159,7 @@ class _Runner:
         self.cache.move_to_end(key)
         reply["loaded"] = True
         # One call ("args"), or many subjects of one scorer in one message ("batch").
-        results = []
+        results: list[dict[str, Any]] = []
         for args in request["batch"] if "batch" in request else [request["args"]]:
             try:
                 results.append({"ok": True, "value": _call(score, args, self.memory_mb)})
