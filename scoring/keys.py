@@ -126,3 +126,29 @@ CHANGES_KEPT = 1_000
 
 def catalog_changes(kind: str, doc_id: str) -> str:
     return f"{PREFIX}:{CATALOG_TAG}:changes:{kind}:{doc_id}"
+
+
+# --- Datasets and evaluation runs, per project (scoring/datasets.py, scoring/evaluations.py) ----
+# A project's datasets: one hash, field = dataset id, value = the dataset's JSON (name, latest
+# version, row counts). Each version's rows are one immutable JSON string, so a run reads the
+# version it recorded even after newer ones are added. Kept until deleted: they are the tenant's.
+def datasets(project_id: str) -> str:
+    return f"{PREFIX}:datasets:{{{project_id}}}"
+
+
+def dataset_rows(project_id: str, dataset_id: str, version: int) -> str:
+    return f"{PREFIX}:dataset-rows:{{{project_id}}}:{dataset_id}:{version}"
+
+
+# An evaluation run (its request, outputs and row results) is one JSON string kept
+# EVALUATION_TTL_S after its last change, so a failed CI gate can be inspected later; the
+# project's index of runs (a sorted set by creation time) drops ids whose run has expired.
+EVALUATION_TTL_S = 90 * 86_400
+
+
+def evaluation(project_id: str, run_id: str) -> str:
+    return f"{PREFIX}:evaluation:{{{project_id}}}:{run_id}"
+
+
+def evaluations(project_id: str) -> str:
+    return f"{PREFIX}:evaluations:{{{project_id}}}"

@@ -2,6 +2,9 @@
 
     scorer-worker run                              consume traces and score them (the service)
     scorer-worker grade --group ID --input run.jsonl [--fail-under 7 [--scorer Safety] [--allow-unscored N]]
+    scorer-worker datasets create FILE --project P [--name N] [--id ID]   JSONL or CSV rows, version 1
+    scorer-worker datasets version ID FILE --project P                   the next version
+    scorer-worker datasets list --project P
     scorer-worker catalog apply FILE               apply a catalog file (YAML or JSON), idempotent
     scorer-worker catalog list [KIND]              list documents
     scorer-worker catalog get KIND ID              show one document (secrets masked)
@@ -172,6 +175,36 @@ def _cmd_grade(settings: Settings, args: argparse.Namespace) -> int:
             out.close()
 
 
+def _cmd_datasets(settings: Settings, args: argparse.Namespace) -> int:
+    """datasets create|version|list: rows from a JSONL or CSV file, one version per upload."""
+    from scoring.datasets import DatasetStore, format_of, parse_rows
+
+    text = ""
+    if args.action != "list":
+        try:
+            text = Path(args.file).read_text(encoding="utf-8")
+        except (OSError, UnicodeDecodeError) as exc:
+            print(f"error: cannot read {args.file}: {exc}", file=sys.stderr)
+            return 2
+
+    async def action(client: MonitorClient) -> int:
+        store = DatasetStore(client.store.redis)
+        if args.action == "list":
+            for d in await store.list(args.project):
+                print(f"{d.id}  v{d.version}  {d.row_count:6} rows  {d.name}")
+            return 0
+        rows = parse_rows(text, format_of(args.file))
+        if args.action == "create":
+            dataset = await store.create(args.project, args.name or Path(args.file).stem, rows,
+                                         dataset_id=args.id)
+        else:
+            dataset = await store.add_version(args.project, args.id, rows)
+        print(f"dataset {dataset.id} ({dataset.name}) version {dataset.version}: {dataset.row_count} rows")
+        return 0
+
+    return _with_client(settings, action)
+
+
 def _cmd_run(settings: Settings, _: argparse.Namespace) -> int:
     from worker.app import Worker
 
@@ -302,6 +335,21 @@ def build_parser() -> argparse.ArgumentParser:
     grade.add_argument("--concurrency", type=int, default=8, help="rows graded at once")
     grade.add_argument("--publish", action="store_true", help="also send results to the ratings topic")
     grade.set_defaults(func=_cmd_grade)
+
+    datasets = sub.add_parser("datasets", help="a project's datasets").add_subparsers(dest="action", required=True)
+    ds_create = datasets.add_parser("create", help="a dataset from a JSONL or CSV file (its version 1)")
+    ds_create.add_argument("file", help="JSONL rows {input, expected?, metadata?}, or CSV with an input column")
+    ds_create.add_argument("--project", required=True)
+    ds_create.add_argument("--name", help="default: the file's name")
+    ds_create.add_argument("--id", help="default: a new ds_... id")
+    ds_version = datasets.add_parser("version", help="upload a file as the dataset's next version")
+    ds_version.add_argument("id")
+    ds_version.add_argument("file")
+    ds_version.add_argument("--project", required=True)
+    ds_list = datasets.add_parser("list", help="the project's datasets")
+    ds_list.add_argument("--project", required=True)
+    for p in (ds_create, ds_version, ds_list):
+        p.set_defaults(func=_cmd_datasets)
 
     catalog = sub.add_parser("catalog", help="the catalog of scorers and groups").add_subparsers(
         dest="action", required=True)

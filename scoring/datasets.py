@@ -1,0 +1,187 @@
+"""Datasets: a project's rows of ``input``, optional ``expected`` and ``metadata``, versioned.
+
+A dataset is created from a JSONL or CSV file (the CLI, the API, the SDK) and each new upload
+of rows is a new version; a version never changes once written, so an evaluation run records
+the version it graded and reads exactly those rows later. Stored in Redis under the project's
+hash tag (scoring/keys.py): the dataset documents in one hash, each version's rows as one JSON
+string.
+
+CSV: a header row with an ``input`` column; ``expected`` is optional (an empty cell is no
+expected answer); a ``metadata`` column holds a JSON object, and any other column becomes a
+metadata entry of that name.
+"""
+
+from __future__ import annotations
+
+import builtins
+import csv
+import io
+import time
+import uuid
+from typing import Any
+
+import orjson
+from pydantic import Field, JsonValue, ValidationError, field_validator
+from redis.asyncio import Redis
+from redis.exceptions import WatchError
+
+from scoring import keys
+from scoring.errors import InvalidDocument, NotFound, field_errors
+from scoring.models import Id, Name, WireModel
+
+MAX_ROWS = 10_000
+MAX_FILE_BYTES = 32 * 1024 * 1024
+
+
+class DatasetItem(WireModel):
+    """One row: what the agent is given, and optionally the answer it should give."""
+
+    input: JsonValue
+    expected: JsonValue = None
+    metadata: dict[str, JsonValue] = Field(default_factory=dict)
+
+    @field_validator("input")
+    @classmethod
+    def _has_input(cls, value: JsonValue) -> JsonValue:
+        if value is None or value == "":
+            raise ValueError("every row needs an input")
+        return value
+
+
+class Dataset(WireModel):
+    id: Id
+    project_id: Id
+    name: Name
+    description: str | None = Field(None, max_length=2000)
+    version: int = Field(ge=1)  # the latest version
+    row_count: int = Field(ge=0)  # of the latest version
+    created_at: float
+    updated_at: float
+
+
+def parse_rows(text: str, fmt: str) -> list[DatasetItem]:
+    """Rows of a JSONL (``fmt`` "jsonl") or CSV ("csv") upload; every bad row is named at once."""
+    if len(text.encode()) > MAX_FILE_BYTES:
+        raise InvalidDocument(f"file: larger than {MAX_FILE_BYTES // (1024 * 1024)} MiB")
+    if fmt == "jsonl":
+        raws: list[tuple[int, Any]] = []
+        errors: list[str] = []
+        for number, line in enumerate(text.splitlines(), 1):
+            if line.strip():
+                try:
+                    raws.append((number, orjson.loads(line)))
+                except orjson.JSONDecodeError as exc:
+                    errors.append(f"line {number}: not JSON ({exc})")
+    elif fmt == "csv":
+        raws, errors = _csv_rows(text)
+    else:
+        raise InvalidDocument(f"format: must be jsonl or csv (got {fmt!r})")
+    rows = []
+    for number, raw in raws:
+        try:
+            rows.append(DatasetItem.model_validate(raw))
+        except ValidationError as exc:
+            errors += [f"line {number}: {e}" for e in field_errors(exc)]
+    if not rows and not errors:
+        errors.append("file: no rows")
+    if len(rows) > MAX_ROWS:
+        errors.append(f"file: {len(rows)} rows, at most {MAX_ROWS} in one dataset version")
+    if errors:
+        raise InvalidDocument("invalid dataset file: " + "; ".join(errors[:20]), errors=errors)
+    return rows
+
+
+def _csv_rows(text: str) -> tuple[list[tuple[int, Any]], list[str]]:
+    reader = csv.DictReader(io.StringIO(text))
+    if reader.fieldnames is None or "input" not in reader.fieldnames:
+        return [], ["line 1: a CSV dataset needs a header row with an input column"]
+    raws, errors = [], []
+    for number, record in enumerate(reader, 2):
+        metadata: dict[str, Any] = {k: v for k, v in record.items()
+                                    if k not in ("input", "expected", "metadata") and k is not None}
+        if record.get("metadata"):
+            try:
+                extra = orjson.loads(record["metadata"])
+            except orjson.JSONDecodeError:
+                extra = None
+            if not isinstance(extra, dict):
+                errors.append(f"line {number}: metadata: must be a JSON object")
+                continue
+            metadata.update(extra)
+        expected = record.get("expected")
+        raws.append((number, {"input": record["input"], "expected": expected or None, "metadata": metadata}))
+    return raws, errors
+
+
+def format_of(path: str) -> str:
+    """The format a file's name says: .csv is CSV, anything else JSON Lines."""
+    return "csv" if path.lower().endswith(".csv") else "jsonl"
+
+
+class DatasetStore:
+    def __init__(self, redis: Redis) -> None:
+        self.redis = redis
+
+    async def create(self, project_id: str, name: str, rows: list[DatasetItem], *,
+                     description: str | None = None, dataset_id: str | None = None) -> Dataset:
+        now = time.time()
+        try:
+            dataset = Dataset(id=dataset_id or f"ds_{uuid.uuid4().hex[:12]}", project_id=project_id, name=name,
+                              description=description, version=1, row_count=len(rows), created_at=now,
+                              updated_at=now)
+        except ValidationError as exc:
+            raise InvalidDocument.from_validation("dataset", exc) from None
+        while True:  # WATCHed, so a taken id never has its rows overwritten
+            async with self.redis.pipeline(transaction=True) as pipe:
+                await pipe.watch(keys.datasets(project_id))
+                if await pipe.hexists(keys.datasets(project_id), dataset.id):
+                    raise InvalidDocument(f"id: a dataset with id {dataset.id!r} already exists")
+                pipe.multi()  # type: ignore[no-untyped-call]
+                pipe.set(keys.dataset_rows(project_id, dataset.id, 1), _rows_json(rows))
+                pipe.hset(keys.datasets(project_id), dataset.id, orjson.dumps(dataset.stored()))
+                try:
+                    await pipe.execute()
+                except WatchError:
+                    continue
+                return dataset
+
+    async def add_version(self, project_id: str, dataset_id: str, rows: builtins.list[DatasetItem]) -> Dataset:
+        """The rows as the dataset's next version; earlier versions stay as they were."""
+        while True:  # optimistic: two uploads at once become two versions, never one
+            async with self.redis.pipeline(transaction=True) as pipe:
+                await pipe.watch(keys.datasets(project_id))
+                current = await self.get(project_id, dataset_id)
+                updated = current.model_copy(update={"version": current.version + 1, "row_count": len(rows),
+                                                     "updated_at": time.time()})
+                pipe.multi()  # type: ignore[no-untyped-call]
+                pipe.set(keys.dataset_rows(project_id, dataset_id, updated.version), _rows_json(rows))
+                pipe.hset(keys.datasets(project_id), dataset_id, orjson.dumps(updated.stored()))
+                try:
+                    await pipe.execute()
+                except WatchError:
+                    continue
+                return updated
+
+    async def get(self, project_id: str, dataset_id: str) -> Dataset:
+        raw = await self.redis.hget(keys.datasets(project_id), dataset_id)
+        if raw is None:
+            raise NotFound(f"no dataset with id {dataset_id!r}")
+        return Dataset.model_validate(orjson.loads(raw))
+
+    async def list(self, project_id: str) -> builtins.list[Dataset]:
+        raw = await self.redis.hgetall(keys.datasets(project_id))
+        return sorted((Dataset.model_validate(orjson.loads(v)) for v in raw.values()), key=lambda d: d.created_at)
+
+    async def rows(self, project_id: str, dataset_id: str,
+                   version: int | None = None) -> tuple[int, builtins.list[DatasetItem]]:
+        """(version, rows) of one version of the dataset, the latest by default."""
+        if version is None:
+            version = (await self.get(project_id, dataset_id)).version
+        raw = await self.redis.get(keys.dataset_rows(project_id, dataset_id, version))
+        if raw is None:
+            raise NotFound(f"no version {version} of dataset {dataset_id!r}")
+        return version, [DatasetItem.model_validate(r) for r in orjson.loads(raw)]
+
+
+def _rows_json(rows: list[DatasetItem]) -> bytes:
+    return orjson.dumps([r.stored() for r in rows])
