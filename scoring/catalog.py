@@ -116,8 +116,13 @@ class CatalogSnapshot:
         """The project's groups whose online profile is enabled for ``scope``."""
         return self._live.get((project_id, scope), ())
 
-    def channels_for(self, agent_id: str) -> tuple[AlertChannel, ...]:
-        return self._channels_by_agent.get(agent_id, ())
+    def channels_for(self, agent_id: str, project_id: str | None = None) -> tuple[AlertChannel, ...]:
+        """The agent's channels; with ``project_id``, only that project's and the shared ones (agent
+        ids are the tenants' own, so two projects may both have an agent "bot")."""
+        channels = self._channels_by_agent.get(agent_id, ())
+        if project_id is None:
+            return channels
+        return tuple(c for c in channels if c.project_id in (None, project_id))
 
     def budget(self, project_id: str) -> Budget | None:
         return self.budgets.get(project_id)

@@ -135,6 +135,11 @@ SINCE_COMMIT_ADVANCE.set_function(lambda: time.time() - _last_commit_advance)
 INGEST_TO_RATING = Histogram("sgw_batch_to_rating_seconds",
                              "From a trace's batch arriving to its outputs acknowledged and marked done.",
                              buckets=LATENCY_BUCKETS, registry=REGISTRY)
+# The HTTP API (`scorer-worker api`): route templates as labels, never raw ids, so they stay bounded.
+API_REQUESTS = Counter("sgw_api_requests", "API requests by route template, method and status.",
+                       ["route", "method", "status"], registry=REGISTRY)
+API_REQUEST_SECONDS = Histogram("sgw_api_request_seconds", "API request latency by route template.",
+                                ["route", "method"], buckets=LATENCY_BUCKETS, registry=REGISTRY)
 
 
 def failure_class(reason: str | None) -> str:

@@ -5,7 +5,10 @@ write-only secrets and the metrics."""
 from __future__ import annotations
 
 import base64
+import json
 import os
+import subprocess
+import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -294,7 +297,8 @@ def test_ratings_and_session_scores_are_the_projects_own(api: Api, scorers: dict
             await RatingsStore(redis).record(
                 [RatingEvent(ga["id"], 8.0, False, now), RatingEvent(ga["id"], 4.0, True, now)],
                 [SessionVerdict("s-shared", ga["id"], 4.5, "Weighted blend: A", now),
-                 SessionVerdict("s-shared", gb["id"], 9.0, "Weighted blend: B", now)])
+                 SessionVerdict("s-shared", gb["id"], 9.0, "Weighted blend: B", now),
+                 SessionVerdict("s-only-a", ga["id"], 7.0, "Weighted blend: A", now)])
             await redis.aclose()
 
         asyncio.run(record())
@@ -308,6 +312,8 @@ def test_ratings_and_session_scores_are_the_projects_own(api: Api, scorers: dict
                            "justification": "Weighted blend: A", "scoredAt": scores[0]["scoredAt"]}]
         with api.as_("b") as b:
             assert [s["kind"] for s in b.get("/v1/sessions/s-shared/scores").json()] == [f"scorer-group:{gb['id']}"]
+            assert_problem(b.get("/v1/sessions/s-only-a/scores"), 404)
+        assert a.get("/v1/sessions/s-only-a/scores").json()[0]["rating"] == 7.0
 
 
 # --- The change log -----------------------------------------------------------------------------
@@ -394,6 +400,48 @@ def test_metrics_count_requests_by_route_and_status(api: Api) -> None:
     assert "does-not-exist" not in text, "labels are route templates, never raw ids"
 
 
-def test_log_names_the_port(api: Api) -> None:
-    logs = Path(api.process.log_path).read_text()
-    assert f'"port": {api.process.port}' in logs or f'"port":{api.process.port}' in logs
+
+
+def test_port_0_picks_a_free_port_and_logs_it(api: Api, tmp_path: Path) -> None:
+    log_path = tmp_path / "api0.log"
+    env = {**os.environ, "SGW_REDIS_URL": api.redis_url, "SGW_API_PORT": "0", "SGW_API_HOST": "127.0.0.1",
+           "SGW_LOG_FORMAT": "json", "PYTHONPATH": str(Path(__file__).resolve().parents[2])}
+    proc = subprocess.Popen([sys.executable, "-m", "worker.cli", "api"], env=env,
+                            stdout=open(log_path, "wb"), stderr=subprocess.STDOUT)
+    try:
+        port = None
+        deadline = time.monotonic() + 30
+        while port is None and time.monotonic() < deadline:
+            events = [json.loads(line) for line in log_path.read_text().splitlines() if line.startswith("{")]
+            port = next((e["port"] for e in events if e.get("event") == "api listening"), None)
+            time.sleep(0.1)
+        assert port, log_path.read_text()
+        with ApiProcess(api.redis_url, log_path, port=port).client(api.keys["a"]) as a:
+            assert a.get("/v1/scorer-groups").status_code == 200
+    finally:
+        proc.terminate()
+        proc.wait(timeout=15)
+
+
+def test_channels_of_two_projects_for_one_agent_id_stay_apart(api: Api) -> None:
+    import asyncio
+
+    from redis.asyncio import Redis
+
+    from scoring.catalog import CatalogStore
+
+    with api.as_("a") as a, api.as_("b") as b:
+        mine = a.post("/v1/channels", json={"agentId": "same-bot", "url": "https://hooks.example.com/a"}).json()
+        theirs = b.post("/v1/channels", json={"agentId": "same-bot", "url": "https://hooks.example.com/a"}).json()
+        assert mine["id"] != theirs["id"], "the same agent and URL in two projects are two channels"
+
+    async def snapshot() -> Any:
+        redis = Redis.from_url(api.redis_url)
+        try:
+            return await CatalogStore(redis).snapshot()
+        finally:
+            await redis.aclose()
+
+    catalog = asyncio.run(snapshot())
+    assert [c.project_id for c in catalog.channels_for("same-bot", "p-a")] == ["p-a"]
+    assert [c.project_id for c in catalog.channels_for("same-bot", "p-b")] == ["p-b"]

@@ -21,20 +21,16 @@ import structlog
 import uvicorn
 from fastapi import FastAPI, Request, Response
 from fastapi.responses import PlainTextResponse
-from prometheus_client import CONTENT_TYPE_LATEST, Counter, Histogram, generate_latest
+from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from redis.asyncio import Redis
 
 from worker.api import groups, problems, scorers
-from worker.metrics import LATENCY_BUCKETS, REGISTRY
+from worker.metrics import API_REQUEST_SECONDS, API_REQUESTS, REGISTRY
 from worker.settings import Settings
 
 log = structlog.get_logger(__name__)
 
 API_VERSION = "1.0.0"
-REQUESTS = Counter("sgw_api_requests", "API requests by route template, method and status.",
-                   ["route", "method", "status"], registry=REGISTRY)
-REQUEST_SECONDS = Histogram("sgw_api_request_seconds", "API request latency by route template.",
-                            ["route", "method"], buckets=LATENCY_BUCKETS, registry=REGISTRY)
 
 
 def create_app(redis_url: str) -> FastAPI:
@@ -48,7 +44,8 @@ def create_app(redis_url: str) -> FastAPI:
 
     app = FastAPI(title="Scorer groups API", version=API_VERSION, lifespan=lifespan,
                   summary="Scorer groups, the scorers they blend, budgets and alert channels.",
-                  responses=problems.RESPONSES)
+                  responses=problems.RESPONSES,
+                  generate_unique_id_function=lambda route: route.name)  # operationIds: list_groups, ...
     problems.install(app)
     app.openapi = lambda: problems.documented(app)  # type: ignore[method-assign]
     app.include_router(groups.router)
@@ -60,8 +57,8 @@ def create_app(redis_url: str) -> FastAPI:
         response = await call_next(request)
         route = request.scope.get("route")
         template = getattr(route, "path", "unmatched")  # templates, never raw ids: bounded labels
-        REQUESTS.labels(template, request.method, str(response.status_code)).inc()
-        REQUEST_SECONDS.labels(template, request.method).observe(time.perf_counter() - started)
+        API_REQUESTS.labels(template, request.method, str(response.status_code)).inc()
+        API_REQUEST_SECONDS.labels(template, request.method).observe(time.perf_counter() - started)
         return response
 
     @app.get("/metrics", include_in_schema=False)

@@ -137,5 +137,9 @@ async def group_changes(group_id: GroupId, client: Client, who: Who, request: Re
 @router.get("/sessions/{sessionId}/scores", response_model=list[SessionScore], tags=["sessions"])
 async def session_scores(session_id: Annotated[str, Path(alias="sessionId", max_length=256)],
                          client: Client) -> list[dict[str, object]]:
-    """The latest verdict of each of the caller's session-scope groups on the session."""
-    return await client.sessions.scores(session_id)
+    """The latest verdict of each of the caller's groups on the session; 404 when the caller's
+    project has none (whether or not another project's groups judged a session of that id)."""
+    scores = await client.sessions.scores(session_id)
+    if not scores:
+        raise NotFound(f"no scores for session {session_id!r}")
+    return scores

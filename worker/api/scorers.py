@@ -24,7 +24,6 @@ from worker.api.pages import Cursor, Limit, Page, page
 
 router = APIRouter(prefix="/v1")
 M = TypeVar("M", bound=WireModel)
-DocId = Annotated[str, Path(max_length=128)]
 
 
 def validated(model: type[M], doc: dict[str, Any]) -> M:
@@ -66,9 +65,9 @@ class CustomPage(Page):
     items: list[CustomEvaluator]
 
 
-def _scorer_routes(kind: str, path: str, tag: str, model: type[WireModel], body_model: type[WireModel],
+def _scorer_routes(kind: str, noun: str, model: type[WireModel], body_model: type[WireModel],
                    page_model: type[Page], id_prefix: str) -> None:
-    noun = tag[:-1]
+    """GET and POST ``/v1/<kind>``, GET, PUT and DELETE ``/v1/<kind>/{id}``."""
 
     def to_doc(body: WireModel, id_: str, project_id: str | None) -> WireModel:
         if getattr(body, "id", None) is not None:
@@ -111,21 +110,21 @@ def _scorer_routes(kind: str, path: str, tag: str, model: type[WireModel], body_
         await client.scorers.delete(kind, doc_id_, if_match=if_match)
         return Response(status_code=204)
 
-    router.add_api_route(f"/{path}", list_docs, methods=["GET"], response_model=page_model, tags=[tag],
-                         name=f"list_{kind}", summary=f"List {tag}")
-    router.add_api_route(f"/{path}", create_doc, methods=["POST"], response_model=model, status_code=201,
-                         tags=[tag], name=f"create_{kind}", summary=f"Create a {noun}")
-    router.add_api_route(f"/{path}/{{id}}", get_doc, methods=["GET"], response_model=model, tags=[tag],
-                         name=f"get_{kind}", summary=f"Get a {noun}")
-    router.add_api_route(f"/{path}/{{id}}", replace_doc, methods=["PUT"], response_model=model, tags=[tag],
-                         name=f"replace_{kind}", summary=f"Replace a {noun}")
-    router.add_api_route(f"/{path}/{{id}}", delete_doc, methods=["DELETE"], status_code=204,
-                         response_class=Response, tags=[tag], name=f"delete_{kind}", summary=f"Delete a {noun}")
+    router.add_api_route(f"/{kind}", list_docs, methods=["GET"], response_model=page_model, tags=[kind],
+                         name=f"list_{kind}", summary=f"List {kind}")
+    router.add_api_route(f"/{kind}", create_doc, methods=["POST"], response_model=model, status_code=201,
+                         tags=[kind], name=f"create_{noun}", summary=f"Create a {noun}")
+    router.add_api_route(f"/{kind}/{{id}}", get_doc, methods=["GET"], response_model=model, tags=[kind],
+                         name=f"get_{noun}", summary=f"Get a {noun}")
+    router.add_api_route(f"/{kind}/{{id}}", replace_doc, methods=["PUT"], response_model=model, tags=[kind],
+                         name=f"replace_{noun}", summary=f"Replace a {noun}")
+    router.add_api_route(f"/{kind}/{{id}}", delete_doc, methods=["DELETE"], status_code=204,
+                         response_class=Response, tags=[kind], name=f"delete_{noun}", summary=f"Delete a {noun}")
 
 
-_scorer_routes("judges", "judges", "judges", Judge, JudgeBody, JudgePage, "jdg")
-_scorer_routes("patterns", "patterns", "patterns", Pattern, PatternBody, PatternPage, "pat")
-_scorer_routes("customs", "customs", "customs", CustomEvaluator, CustomBody, CustomPage, "cst")
+_scorer_routes("judges", "judge", Judge, JudgeBody, JudgePage, "jdg")
+_scorer_routes("patterns", "pattern", Pattern, PatternBody, PatternPage, "pat")
+_scorer_routes("customs", "custom", CustomEvaluator, CustomBody, CustomPage, "cst")
 
 
 # --- Budgets: one per project, addressed by it -------------------------------------------------
