@@ -1,6 +1,7 @@
 """Shared fixtures: the real Kafka broker and Redis server, started once per test session.
 
-If SGW_KAFKA_BOOTSTRAP / SGW_REDIS_URL are set, those services are used instead. Services that
+If SGW_KAFKA_BOOTSTRAP / SGW_REDIS_URL are set, those services are used instead; a given Redis
+server holding keys is refused (the tests empty databases) unless SGW_TESTS_MAY_WIPE_REDIS=1. Services that
 this run started are stopped when it ends, passed or failed. A service that cannot start fails
 the tests that need it; nothing is skipped silently.
 """
@@ -15,6 +16,7 @@ import pytest
 from redis.asyncio import Redis
 
 from deploy.services import LocalKafka, LocalRedis
+from tests.redis_guard import refuse_foreign_keys
 
 
 @pytest.fixture(scope="session")
@@ -34,6 +36,7 @@ def kafka_bootstrap() -> Iterator[str]:
 def redis_url() -> Iterator[str]:
     given = os.environ.get("SGW_REDIS_URL")
     if given:
+        refuse_foreign_keys(given)  # before any test writes (or FLUSHDBs) anything there
         yield given
         return
     redis = LocalRedis().start()

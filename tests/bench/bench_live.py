@@ -34,6 +34,7 @@ from redis.asyncio import Redis
 from deploy.services import LocalKafka, LocalRedis
 from scoring.groups import MonitorClient
 from tests.e2e.harness import WorkerProcess, worker_env
+from tests.redis_guard import refuse_foreign_keys
 
 CATALOG = {
     "patterns": [
@@ -119,7 +120,9 @@ async def run(args: argparse.Namespace) -> None:
             kafka = LocalKafka().start()
             stack.callback(kafka.stop)
             bootstrap = kafka.bootstrap
-        if not redis_url:
+        if redis_url:
+            refuse_foreign_keys(redis_url)  # it is emptied below
+        else:
             local_redis = LocalRedis().start()
             stack.callback(local_redis.stop)
             redis_url = local_redis.url

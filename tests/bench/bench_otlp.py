@@ -37,6 +37,7 @@ from redis.asyncio import Redis
 from deploy.services import LocalKafka, LocalRedis
 from tests.bench.bench_live import collect, pct, rss_mib
 from tests.e2e.harness import WorkerProcess, worker_env
+from tests.redis_guard import refuse_foreign_keys
 
 SPANS_PER_TRACE = 4
 
@@ -96,7 +97,9 @@ async def run(args: argparse.Namespace) -> None:
             kafka = LocalKafka().start()
             stack.callback(kafka.stop)
             bootstrap = kafka.bootstrap
-        if not redis_url:
+        if redis_url:
+            refuse_foreign_keys(redis_url)  # it is emptied below
+        else:
             local_redis = LocalRedis().start()
             stack.callback(local_redis.stop)
             redis_url = local_redis.url
