@@ -158,23 +158,16 @@ class DatasetRun:
             averages[label] = math.fsum(ratings) / len(ratings) if ratings else None
         return averages
 
-    def judge_member(self, name: str) -> int:
-        """The judge member a named gate means: its label, else its scorer's name or id. A name
-        that fits several members is refused, never guessed."""
-        labels = self.judge_labels()
-        by_label = [i for i, label in labels.items() if label == name]
-        found = by_label or [i for i in labels if name in (
-            self.group.members[i].ref_id,
-            self.rows[0].result.blend.members[i].outcome.name if self.rows else None)]
-        if len(found) == 1:
-            return found[0]
-        known = ", ".join(repr(label) for label in labels.values()) or "none"
-        if not found:
-            raise GateFailed(f"no judge member named {name!r} in group {self.group.name!r} "
-                             f"(judge members: {known})")
-        raise GateFailed(f"judge name {name!r} is ambiguous in group {self.group.name!r}: it names "
-                         f"{len(found)} members ({', '.join(repr(labels[i]) for i in found)}); "
-                         "gate on one of their labels")
+    def columns(self) -> GateColumns:
+        """What a gate reads: the group score of each row and each judge member's column."""
+        first = self.rows[0].result.blend.members if self.rows else []
+        judges = [JudgeColumn(label=label, ref_id=self.group.members[i].ref_id,
+                              name=first[i].outcome.name if first else self.group.members[i].ref_id,
+                              ratings=self._judge_ratings(i),
+                              errors=[r.result.blend.members[i].outcome.error for r in self.rows])
+                  for i, label in self.judge_labels().items()]
+        return GateColumns(self.group.name, [r.rating for r in self.rows],
+                           [r.result.blend.reason for r in self.rows], judges)
 
     def breakdown(self) -> list[str]:
         """The run's breakdown, led by "<Name> (group)"."""
@@ -193,32 +186,84 @@ class DatasetRun:
                 "breakdown": self.breakdown(), "warnings": self.warnings, "notes": self.notes}
 
     def gate(self, fail_under: float, scorer: str | None = None, allow_unscored: Allowance = 0) -> float:
+        """See ``GateColumns.gate``."""
+        return self.columns().gate(fail_under, scorer, allow_unscored)
+
+
+@dataclass(frozen=True)
+class JudgeColumn:
+    """One judge member over a run's rows: its label, and its rating (or error) on each row."""
+
+    label: str
+    ref_id: str
+    name: str
+    ratings: list[float | None]
+    errors: list[str | None]
+
+    @property
+    def average(self) -> float | None:
+        scored = [r for r in self.ratings if r is not None]
+        return math.fsum(scored) / len(scored) if scored else None
+
+
+@dataclass(frozen=True)
+class GateColumns:
+    """What a CI gate reads of a run, whether graded here or fetched from the API: the group
+    score (or why there is none) of each row, and each judge member's column."""
+
+    group_name: str
+    ratings: list[float | None]
+    reasons: list[str | None]
+    judges: list[JudgeColumn]
+
+    @property
+    def rating(self) -> float | None:
+        scored = [r for r in self.ratings if r is not None]
+        return math.fsum(scored) / len(scored) if scored else None
+
+    def judge(self, name: str) -> JudgeColumn:
+        """The judge member a named gate means: its label, else its scorer's name or id. A name
+        that fits several members is refused, never guessed."""
+        found = [j for j in self.judges if j.label == name] or \
+            [j for j in self.judges if name in (j.ref_id, j.name)]
+        if len(found) == 1:
+            return found[0]
+        known = ", ".join(repr(j.label) for j in self.judges) or "none"
+        if not found:
+            raise GateFailed(f"no judge member named {name!r} in group {self.group_name!r} "
+                             f"(judge members: {known})")
+        raise GateFailed(f"judge name {name!r} is ambiguous in group {self.group_name!r}: it names "
+                         f"{len(found)} members ({', '.join(repr(j.label) for j in found)}); "
+                         "gate on one of their labels")
+
+    def gate(self, fail_under: float, scorer: str | None = None, allow_unscored: Allowance = 0) -> float:
         """Pass when the group score (or the named judge member's own average) is at least
         ``fail_under`` and no row lacks that score; raise GateFailed saying which and by how
         much otherwise. Fail closed: a row where a must-pass member could not score has no group
         score, and fails the gate unless ``allow_unscored`` (a count, or a fraction of the rows)
         lets it pass explicitly."""
         if scorer is None:
-            value, what = self.rating, f"group {self.group.name!r} score"
-            why = [r.result.blend.reason or "no score" for r in self.rows if r.rating is None]
+            value, what = self.rating, f"group {self.group_name!r}"
+            why = [reason or "no score" for rating, reason in zip(self.ratings, self.reasons, strict=True)
+                   if rating is None]
         else:
-            index = self.judge_member(scorer)
-            label = self.judge_labels()[index]
-            value, what = self.judge_averages()[label], f"judge {label!r} average"
-            why = [r.result.blend.members[index].outcome.error or "no verdict"
-                   for r, v in zip(self.rows, self._judge_ratings(index), strict=True) if v is None]
-        total = len(self.rows)
+            judge = self.judge(scorer)
+            value, what = judge.average, f"judge {judge.label!r}"
+            why = [error or "no verdict" for rating, error in zip(judge.ratings, judge.errors, strict=True)
+                   if rating is None]
+        total = len(self.ratings)
         allowed = allow_unscored if isinstance(allow_unscored, int) else math.floor(allow_unscored * total + 1e-9)
         problems = []
         if len(why) > allowed:
             reasons = Counter(why).most_common()
-            problems.append(f"{len(why)} of {total} rows have no {what.rsplit(' ', 1)[0]} score "
-                            f"and {allowed} may (allow_unscored / --allow-unscored): "
+            problems.append(f"{len(why)} of {total} rows have no {what} score and {allowed} may "
+                            "(allow_unscored / --allow-unscored): "
                             + "; ".join(f"{n} row{'s' if n > 1 else ''}: {reason}" for reason, n in reasons))
+        noun = "score" if scorer is None else "average"
         if value is None:
-            problems.append(f"{what} has no score on any row (needs >= {fail_under:g})")
+            problems.append(f"{what} {noun} has no score on any row (needs >= {fail_under:g})")
         elif value < fail_under:
-            problems.append(f"{what} is {value:.2f}, under {fail_under:g} by {fail_under - value:.2f}")
+            problems.append(f"{what} {noun} is {value:.2f}, under {fail_under:g} by {fail_under - value:.2f}")
         if problems:
             raise GateFailed("gate failed: " + "; and ".join(problems), value=value, fail_under=fail_under,
                              unscored=len(why), allowed=allowed)
