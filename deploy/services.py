@@ -61,6 +61,19 @@ class ServiceError(RuntimeError):
     """A local service could not be installed, started or reached."""
 
 
+class PortTaken(ServiceError):
+    """The port chosen for a service was taken before the service bound it."""
+
+
+# free_port() only finds a port that is free now: another process may bind it before the
+# service does. Then the service fails to bind, and start() tries again on new ports.
+BIND_ATTEMPTS = 3
+
+
+def _bind_failed(output: str) -> bool:
+    return "Address already in use" in output or "BindException" in output
+
+
 def free_port() -> int:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
         s.bind(("127.0.0.1", 0))
@@ -131,6 +144,18 @@ class LocalKafka:
         self.started_in_s = 0.0
 
     def start(self) -> LocalKafka:
+        """Start on free ports; if another process took a port between choosing it and the
+        broker binding it, start again on new ones."""
+        for attempt in range(BIND_ATTEMPTS):
+            try:
+                return self._start_once()
+            except PortTaken:
+                self.stop()
+                if attempt == BIND_ATTEMPTS - 1:
+                    raise
+        raise AssertionError("unreachable")
+
+    def _start_once(self) -> LocalKafka:
         if shutil.which("java") is None:
             raise ServiceError("Java is not installed; run deploy/bootstrap.sh first")
         libs = ensure_kafka_jars()
@@ -162,10 +187,9 @@ class LocalKafka:
         deadline = time.monotonic() + KAFKA_START_TIMEOUT_S
         while time.monotonic() < deadline:
             if self.proc.poll() is not None:
-                raise ServiceError(
-                    f"Kafka exited with {self.proc.returncode}:\n{_tail(log_file)}\n"
-                    f"{_tail(self.workdir / 'kafka.out')}"
-                )
+                output = f"{_tail(log_file)}\n{_tail(self.workdir / 'kafka.out')}"
+                error = PortTaken if _bind_failed(output) else ServiceError
+                raise error(f"Kafka exited with {self.proc.returncode}:\n{output}")
             if log_file.exists() and KAFKA_STARTED_LINE in log_file.read_text(errors="replace"):
                 if _port_open(self.port):
                     self.started_in_s = time.monotonic() - began
@@ -227,6 +251,17 @@ class LocalRedis:
         self.proc: subprocess.Popen[bytes] | None = None
 
     def start(self) -> LocalRedis:
+        """Start on a free port, again on another if that one was taken before Redis bound it."""
+        for attempt in range(BIND_ATTEMPTS):
+            try:
+                return self._start_once()
+            except PortTaken:
+                self.stop()
+                if attempt == BIND_ATTEMPTS - 1:
+                    raise
+        raise AssertionError("unreachable")
+
+    def _start_once(self) -> LocalRedis:
         binary = shutil.which("redis-server") or "/usr/bin/redis-server"
         if not Path(binary).exists():
             raise ServiceError("redis-server is not installed; run deploy/bootstrap.sh first")
@@ -243,7 +278,8 @@ class LocalRedis:
         deadline = time.monotonic() + REDIS_START_TIMEOUT_S
         while time.monotonic() < deadline:
             if self.proc.poll() is not None:
-                raise ServiceError(f"redis-server exited:\n{_tail(self.workdir / 'redis.log')}")
+                output = _tail(self.workdir / "redis.log")
+                raise (PortTaken if _bind_failed(output) else ServiceError)(f"redis-server exited:\n{output}")
             if self._ping():
                 return self
             time.sleep(0.05)

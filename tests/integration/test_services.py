@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import socket
 
 import orjson
 import pytest
@@ -10,6 +11,9 @@ from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
 from aiokafka.admin import AIOKafkaAdminClient, NewTopic
 from redis.asyncio import Redis
 
+from deploy import services
+from deploy.services import LocalKafka, LocalRedis
+from deploy.services import free_port as real_free_port
 from scoring.claims import ClaimRequest, Claims
 
 pytestmark = pytest.mark.integration
@@ -77,3 +81,22 @@ async def test_the_claim_script_runs_atomically_on_real_redis(redis_url: str, un
     finally:
         for client in clients:
             await client.aclose()
+
+
+@pytest.mark.parametrize("service", [LocalRedis, LocalKafka])
+def test_a_port_taken_before_the_service_binds_it_is_replaced(
+        service: type[LocalRedis] | type[LocalKafka], monkeypatch: pytest.MonkeyPatch) -> None:
+    # Another process grabs the port between free_port() choosing it and the service binding it.
+    with socket.socket() as squatter:
+        squatter.bind(("127.0.0.1", 0))
+        squatter.listen()
+        taken = squatter.getsockname()[1]
+        ports = iter([taken])
+        monkeypatch.setattr(services, "free_port", lambda: next(ports, None) or real_free_port())
+        started = service().start()
+        try:
+            assert started.port != taken
+            with socket.create_connection(("127.0.0.1", started.port), timeout=5):
+                pass
+        finally:
+            started.stop()
