@@ -115,7 +115,7 @@ def test_server_errors_have_openai_style_bodies(judge: JudgeServer) -> None:
 
 
 def test_hang_times_out_its_client_without_blocking_other_requests(judge: JudgeServer) -> None:
-    judge.script(Behaviour.hang(0.5))
+    judge.script(Behaviour.hang(30))  # ended by the fixture's stop
     outcome: list[BaseException] = []
 
     def hung_request() -> None:
@@ -129,10 +129,9 @@ def test_hang_times_out_its_client_without_blocking_other_requests(judge: JudgeS
     deadline = time.monotonic() + 2
     while not judge.requests and time.monotonic() < deadline:  # the hung request took its behaviour
         time.sleep(0.01)
-    started = time.monotonic()
-    assert verdict(post(judge, chat("[[rating=5]]"), timeout=2))["rating"] == 5
-    assert time.monotonic() - started < 0.3
-    hung.join(timeout=2)
+    assert verdict(post(judge, chat("[[rating=5]]"), timeout=10))["rating"] == 5
+    assert judge.peak_in_flight == 2, "answered while the hung request was still held"
+    hung.join(timeout=10)
     assert len(outcome) == 1 and isinstance(outcome[0], httpx.ReadTimeout)
 
 
@@ -162,13 +161,13 @@ def test_stop_ends_a_hung_request_promptly() -> None:
 
     client = threading.Thread(target=hung_request)
     client.start()
-    while not server.requests:
+    deadline = time.monotonic() + 10
+    while not server.requests and time.monotonic() < deadline:
         time.sleep(0.01)
-    started = time.monotonic()
+    assert server.requests, "the request did not arrive"
     server.stop()
-    client.join(timeout=2)
-    assert not client.is_alive()
-    assert time.monotonic() - started < 1.5
+    client.join(timeout=10)
+    assert not client.is_alive(), "stop ended the request held for 30 s"
     assert len(errors) == 1  # the connection was dropped, not answered
 
 
@@ -177,9 +176,7 @@ def test_stop_closes_idle_keep_alive_connections() -> None:
     url = f"{server.base_url}/chat/completions"
     with httpx.Client(timeout=2) as client:
         assert verdict(client.post(url, json=chat()))["rating"] == 7.0  # leaves a pooled connection
-        started = time.monotonic()
-        server.stop()
-        assert time.monotonic() - started < 1
+        server.stop()  # returns although a client still holds an idle connection (the test's timeout bounds it)
         with pytest.raises(httpx.TransportError):  # a stopped server answers nothing
             client.post(url, json=chat())
 

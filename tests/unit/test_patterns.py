@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import time
-
 import pytest
 
 from scoring.models import Pattern
@@ -18,14 +16,11 @@ def matched(p: Pattern, output: str, input: str = "") -> bool:
     return compiled(p).check(input, output).matched
 
 
+@pytest.mark.timeout(60)  # a deadline, not a speed check: backtracking would outlive the universe
 def test_catastrophic_regex_on_100000_characters_is_linear() -> None:
     p = pattern(regex=r"(a+)+$")
     text = "a" * 100_000 + "!"
-    started = time.perf_counter()
     assert not matched(p, text)
-    elapsed = time.perf_counter() - started
-    # A backtracking engine needs longer than the age of the universe here; RE2 a few ms.
-    assert elapsed < 1.0, elapsed
 
 
 def test_contains_is_case_insensitive_any_keyword() -> None:
