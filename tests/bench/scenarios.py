@@ -1,0 +1,319 @@
+"""The suite's scenarios. Each runs what it measures as its own process (the worker, the plain
+aiokafka stage, the Quix peer, the judge server), reads the process tree's CPU and memory from
+/proc, and counts outputs by their broker timestamps (output topics use LogAppendTime)."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import statistics
+import subprocess
+import sys
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import orjson
+from aiokafka import AIOKafkaProducer
+from redis.asyncio import Redis
+
+from scoring.groups import MonitorClient
+from tests.bench.workload import (
+    DETERMINISTIC_CATALOG,
+    DETERMINISTIC_GROUPS,
+    JUDGE_CATALOG,
+    OutputTopic,
+    ProcessTree,
+    calls_delta,
+    create_topics,
+    produce_traces,
+    redis_calls,
+    trace_value,
+)
+from tests.e2e.harness import ROOT, WorkerProcess, redis_db, worker_env
+
+PEER_PYTHON = ROOT / ".venv-bench" / "bin" / "python"
+JUDGE_LATENCY_S = 0.3
+
+
+@dataclass
+class Bench:
+    """What every scenario shares: the services, the pre-filled topic and its size."""
+
+    bootstrap: str
+    redis_url: str
+    topic: str
+    traces: int
+    tag: str
+    logs: Path
+    sandboxes: int = 2
+    next_db: int = 1
+    results: dict[str, dict[str, Any]] = field(default_factory=dict)
+
+    def name(self, what: str) -> str:
+        return f"{what}-{self.tag}"
+
+    async def fresh_db(self, catalog: dict[str, Any]) -> str:
+        """A Redis database of its own (a scenario's done marks must not skip another's pairs)."""
+        url = redis_db(self.redis_url, self.next_db)
+        self.next_db += 1
+        redis = Redis.from_url(url)
+        try:
+            await redis.flushdb()
+            await MonitorClient(redis).apply(catalog)
+        finally:
+            await redis.aclose()
+        return url
+
+    def worker(self, name: str, redis_url: str, *, topic: str | None = None, **settings: object) -> WorkerProcess:
+        env = worker_env(self.bootstrap, redis_url, self.name(name), topic_partitions=6, log_level="warning",
+                         code_sandboxes=self.sandboxes, **settings)
+        env["SGW_TRACES_TOPIC"] = topic or self.topic
+        return WorkerProcess(env, name=name).start(self.logs)
+
+    def process(self, name: str, argv: list[str]) -> subprocess.Popen[bytes]:
+        env = {**os.environ, "PYTHONPATH": str(ROOT)}
+        return subprocess.Popen(argv, cwd=ROOT, env=env, stdout=open(self.logs / f"{name}.log", "wb"),
+                                stderr=subprocess.STDOUT)
+
+
+async def _drain(bench: Bench, pid: int, alive: Any, out_topic: str, traces: int, groups: int,
+                 redis_url: str | None = None) -> dict[str, Any]:
+    """Wait until ``traces`` x ``groups`` outputs are out; measure from the first output on."""
+    tree = ProcessTree(pid).start()
+    expected = traces * groups
+    try:
+        async with OutputTopic(bench.bootstrap, out_topic) as out:
+            while await out.count() == 0 and alive():
+                await asyncio.sleep(0.05)
+            tree.mark()
+            marked = time.monotonic()
+            first = await out.count()
+            before = await redis_calls(redis_url) if redis_url else {}
+            got = await out.wait_for(expected, timeout_s=max(300.0, traces / 100), alive=alive)
+            cpu_s, wall_s = tree.cpu_s(), time.monotonic() - marked
+            after = await redis_calls(redis_url) if redis_url else {}
+            span_s = await out.span_s()
+            hwm = tree.root_hwm_mb() if alive() else None
+    finally:
+        tree.stop()
+    done = got / groups
+    calls = calls_delta(before, after)
+    result: dict[str, Any] = {
+        "traces": int(done), "complete": got >= expected, "seconds": round(span_s, 2),
+        "traces_per_s": round(done / span_s, 1),
+        "cpu_s_per_1k": round(cpu_s / max(1, (got - first) / groups) * 1000, 3),
+        "cpu_cores_used": round(cpu_s / wall_s, 2),  # below 1: it waits, not computes
+        "peak_rss_mb": round(hwm, 1) if hwm is not None else None,
+        "tree_peak_rss_mb": round(tree.peak_rss / 2**20, 1),
+    }
+    if redis_url:
+        result["redis_cmds_per_pair"] = round(sum(calls.values()) / max(1, got - first), 3)
+        result["redis_commands"] = dict(list(calls.items())[:8])
+    if got < expected:
+        print(f"  !! only {got} of {expected} outputs (see {bench.logs})", flush=True)
+    return result
+
+
+async def limit(bench: Bench) -> dict[str, Any]:
+    out = bench.name("limit-out")
+    await create_topics(bench.bootstrap, [out], log_append_time=True)
+    proc = bench.process("limit", [sys.executable, "-m", "tests.bench.limit_stage", bench.bootstrap, bench.topic,
+                                   out, bench.name("limit"), str(DETERMINISTIC_GROUPS)])
+    try:
+        return await _drain(bench, proc.pid, lambda: proc.poll() is None, out, bench.traces, DETERMINISTIC_GROUPS)
+    finally:
+        _stop(proc)
+
+
+async def peer(bench: Bench) -> dict[str, Any]:
+    if not PEER_PYTHON.exists():
+        print(f"  skipped: {PEER_PYTHON} is missing (bash tests/bench/peer_env.sh creates it)")
+        return {"skipped": "no .venv-bench with quixstreams"}
+    out = bench.name("peer-out")
+    await create_topics(bench.bootstrap, [out], log_append_time=True)
+    proc = bench.process("peer", [str(PEER_PYTHON), "-m", "tests.bench.peer_quix", bench.bootstrap, bench.topic,
+                                  out, bench.name("peer")])
+    try:
+        return await _drain(bench, proc.pid, lambda: proc.poll() is None, out, bench.traces, DETERMINISTIC_GROUPS)
+    finally:
+        _stop(proc)
+
+
+async def _worker_drain(bench: Bench, name: str, traces: int) -> dict[str, Any]:
+    redis_url = await bench.fresh_db(DETERMINISTIC_CATALOG)
+    ratings = bench.name(f"{name}-ratings")
+    await create_topics(bench.bootstrap, [ratings], log_append_time=True)
+    worker = bench.worker(name, redis_url, ratings_topic=ratings)
+    assert worker.proc is not None
+    try:
+        return await _drain(bench, worker.proc.pid, lambda: worker.proc is not None and worker.proc.poll() is None,
+                            ratings, traces, DETERMINISTIC_GROUPS, redis_url)
+    finally:
+        worker.stop(timeout_s=120)
+
+
+async def deterministic(bench: Bench) -> dict[str, Any]:
+    return await _worker_drain(bench, "deterministic", bench.traces)
+
+
+async def backlog(bench: Bench, size: int) -> dict[str, Any]:
+    """The pre-filled topic grown to ``size`` traces, drained by a fresh consumer group."""
+    if size > bench.traces:
+        print(f"  growing the topic to {size:,} traces", flush=True)
+        await produce_traces(bench.bootstrap, bench.topic, bench.traces, size - bench.traces)
+        bench.traces = size
+    return await _worker_drain(bench, "backlog", size)
+
+
+class JudgeProcess:
+    """deploy/judge_server.py in its own process at a fixed latency; its answered-request count."""
+
+    def __init__(self, bench: Bench, latency_s: float) -> None:
+        env = {**os.environ, "PYTHONPATH": str(ROOT)}
+        self.proc = subprocess.Popen([sys.executable, "-m", "tests.bench.judge_process", str(latency_s)],
+                                     cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL)
+        assert self.proc.stdout is not None
+        self.base_url = self.proc.stdout.readline().decode().rsplit(" ", 1)[1].strip()
+        self.count = (time.monotonic(), 0, 0)  # (when, answered so far, peak in flight)
+        threading.Thread(target=self._read, daemon=True).start()
+
+    def _read(self) -> None:
+        assert self.proc.stdout is not None
+        for line in self.proc.stdout:
+            _, when, total, peak = line.decode().split()
+            self.count = (float(when), int(total), int(peak))
+
+    def stop(self) -> None:
+        _stop(self.proc)
+
+
+async def _raw_calls_per_s(base_url: str, concurrency: int, seconds: float) -> float:
+    """What the judge server answers to a minimal client (asyncio streams, one keep-alive
+    connection per slot): the server's own capacity, so a shortfall is known to be the worker's."""
+    host, port = base_url.split("//", 1)[1].split("/", 1)[0].rsplit(":", 1)
+    body = orjson.dumps({"model": "m", "messages": [{"role": "user", "content": "Rate this."}]})
+    request = (f"POST /v1/chat/completions HTTP/1.1\r\nHost: {host}\r\nContent-Type: application/json\r\n"
+               f"Content-Length: {len(body)}\r\n\r\n").encode() + body
+    answered = 0
+
+    async def connection() -> None:
+        nonlocal answered
+        reader, writer = await asyncio.open_connection(host, int(port))
+        try:
+            while True:
+                writer.write(request)
+                head = await reader.readuntil(b"\r\n\r\n")
+                length = next(int(line.split(b":")[1]) for line in head.split(b"\r\n")
+                              if line.lower().startswith(b"content-length:"))
+                await reader.readexactly(length)
+                answered += 1
+        finally:
+            writer.close()
+
+    tasks = [asyncio.create_task(connection()) for _ in range(concurrency)]
+    await asyncio.sleep(1.0)
+    start, started = answered, time.monotonic()
+    await asyncio.sleep(seconds)
+    rate = (answered - start) / (time.monotonic() - started)
+    for task in tasks:
+        task.cancel()
+    await asyncio.gather(*tasks, return_exceptions=True)
+    return rate
+
+
+async def judge_bound(bench: Bench, concurrency: int, window_s: float) -> dict[str, Any]:
+    judge = JudgeProcess(bench, JUDGE_LATENCY_S)
+    server_capacity = await _raw_calls_per_s(judge.base_url, concurrency, min(3.0, window_s))
+    await asyncio.sleep(0.6)  # the probe's calls counted: the worker's start from here
+    probe_calls = judge.count[1]
+    redis_url = await bench.fresh_db(JUDGE_CATALOG)
+    in_flight = max(256, 4 * concurrency)
+    worker = bench.worker(f"judge-{concurrency}", redis_url, judge_base_url=judge.base_url,
+                          judge_concurrency=concurrency, max_in_flight=in_flight)
+    assert worker.proc is not None
+    tree = ProcessTree(worker.proc.pid).start()
+    server = ProcessTree(judge.proc.pid)
+    try:
+        await asyncio.to_thread(worker.wait_ready, 90)
+        while judge.count[1] == probe_calls and worker.proc.poll() is None:
+            await asyncio.sleep(0.05)
+        await asyncio.sleep(1.0)  # warm up: connections opened, the pipeline full
+        tree.mark()
+        server.mark()
+        t1, n1, _ = judge.count
+        await asyncio.sleep(window_s)
+        t2, n2, peak = judge.count
+        cpu_s, server_cpu_s = tree.cpu_s(), server.cpu_s()
+        hwm = tree.root_hwm_mb()
+    finally:
+        tree.stop()
+        worker.stop(timeout_s=120)
+        judge.stop()
+    achieved, ideal = (n2 - n1) / (t2 - t1), concurrency / JUDGE_LATENCY_S
+    return {"concurrency": concurrency, "max_in_flight": in_flight, "calls_per_s": round(achieved, 1),
+            "ideal_calls_per_s": round(ideal, 1), "ratio_to_ideal": round(achieved / ideal, 3),
+            "server_peak_in_flight": peak, "server_capacity_calls_per_s": round(server_capacity, 1),
+            "server_cpu_share": round(server_cpu_s / (t2 - t1), 2), "traces_per_s": round(achieved, 1),
+            "cpu_s_per_1k": round(cpu_s / max(1, n2 - n1) * 1000, 3), "peak_rss_mb": round(hwm, 1),
+            "seconds": round(t2 - t1, 2)}
+
+
+async def latency(bench: Bench, rate: float, seconds: float) -> dict[str, Any]:
+    """Open-loop production at ``rate`` traces/s to a fresh topic; produce time -> the rating's
+    broker timestamp (LogAppendTime), per rating."""
+    topic, ratings = bench.name("latency-traces"), bench.name("latency-ratings")
+    await create_topics(bench.bootstrap, [topic])
+    await create_topics(bench.bootstrap, [ratings], log_append_time=True)
+    redis_url = await bench.fresh_db(DETERMINISTIC_CATALOG)
+    worker = bench.worker("latency", redis_url, topic=topic, ratings_topic=ratings)
+    assert worker.proc is not None
+    count = int(rate * seconds)
+    sent: dict[str, int] = {}
+    tree = ProcessTree(worker.proc.pid).start()
+    try:
+        await asyncio.to_thread(worker.wait_ready, 90)
+        await asyncio.sleep(2.0)  # partitions assigned, first fetch under way
+        tree.mark()
+        producer = AIOKafkaProducer(bootstrap_servers=bench.bootstrap, linger_ms=0)
+        await producer.start()
+        try:
+            acks, started = [], time.monotonic()
+            for i in range(count):
+                ahead = started + i / rate - time.monotonic()
+                if ahead > 0:
+                    await asyncio.sleep(ahead)
+                now_ms = int(time.time() * 1000)
+                n = 10_000_000 + i
+                sent[f"t-{n}"] = now_ms
+                acks.append(await producer.send(topic, key=f"t-{n}".encode(), value=trace_value(n),
+                                                timestamp_ms=now_ms))
+            produced_s = time.monotonic() - started
+            await asyncio.gather(*acks)
+        finally:
+            await producer.stop()
+        async with OutputTopic(bench.bootstrap, ratings) as out:
+            got = await out.wait_for(count * DETERMINISTIC_GROUPS, timeout_s=120)
+            records = await out.records()
+        cpu_s = tree.cpu_s()
+        hwm = tree.root_hwm_mb()
+    finally:
+        tree.stop()
+        worker.stop(timeout_s=120)
+    lat = sorted(r.timestamp - sent[orjson.loads(r.value)["traceId"]] for r in records)
+    q = statistics.quantiles(lat, n=100) if len(lat) > 1 else lat * 99
+    return {"rate": round(rate, 1), "achieved_rate": round(count / produced_s, 1), "traces": count,
+            "ratings": got, "p50_ms": round(q[49]), "p99_ms": round(q[98]), "max_ms": lat[-1],
+            "cpu_s_per_1k": round(cpu_s / max(1, count) * 1000, 3), "peak_rss_mb": round(hwm, 1)}
+
+
+def _stop(proc: subprocess.Popen[bytes]) -> None:
+    if proc.poll() is None:
+        proc.terminate()
+        try:
+            proc.wait(timeout=60)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()

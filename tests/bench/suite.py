@@ -1,0 +1,178 @@
+"""The benchmark suite: every throughput figure of issue 16 in one invocation, on one topic.
+
+    .venv/bin/python -m tests.bench.suite [--traces 100000] [--backlog 1000000] [--quick]
+
+Starts its own Kafka and Redis (or uses SGW_KAFKA_BOOTSTRAP / SGW_REDIS_URL), pre-fills one
+traces topic (6 partitions) with ``--traces`` realistic ~2 KB traces, then runs, in order:
+
+- limit: a plain aiokafka stage (fetch, orjson-decode, produce one ~1 KB record per trace and
+  group, commit) - the most any consumer of this topic can do here;
+- peer: the deterministic scenario written plainly with Quix Streams, scoring in-process with
+  the same scoring functions (needs .venv-bench: ``bash tests/bench/peer_env.sh``);
+- deterministic: ``scorer-worker run`` with two deterministic groups (four patterns; a code
+  scorer plus a pattern) draining the topic;
+- judge-bound: one judge group against deploy/judge_server.py in its own process answering in
+  300 ms, at SGW_JUDGE_CONCURRENCY 16, 64 and 256: judge calls/s against concurrency / latency;
+- latency: open-loop production at half the deterministic rate to a fresh topic; produce time
+  to the rating's broker timestamp, p50 / p99 / max;
+- backlog: the topic grown to ``--backlog`` traces, drained by a fresh worker: its peak RSS.
+
+Each scenario reads its own consumer group and a Redis database of its own. traces/s counts
+outputs by broker timestamp (output topics use LogAppendTime) from the first to the last;
+cpu_s_per_1k is the CPU of the measured process and its children (sandboxes) from /proc from the
+first output on; peak_rss_mb is the measured process's VmHWM; redis_cmds_per_pair is the
+``INFO commandstats`` delta (commands run inside Lua scripts included) per output.
+
+Writes tests/bench/results/bench-results.json and bench-results.md. Asserts nothing.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+import tempfile
+import time
+from contextlib import ExitStack
+from pathlib import Path
+from typing import Any
+
+import orjson
+
+from deploy.services import LocalKafka, LocalRedis
+from tests.bench import scenarios
+from tests.bench.scenarios import Bench
+from tests.bench.workload import create_topics, machine, produce_traces
+
+RESULTS = Path(__file__).resolve().parent / "results"
+ALL = ["limit", "peer", "deterministic", "judge", "latency", "backlog"]
+
+
+async def run(args: argparse.Namespace) -> dict[str, Any]:
+    report: dict[str, Any] = {"deterministic_vs_limit": None, "machine": machine(),
+                              "started_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+                              "settings": {k: v for k, v in vars(args).items() if k != "out"}, "scenarios": {}}
+    print(f"machine: {report['machine']}", flush=True)
+    with ExitStack() as stack:
+        bootstrap = os.environ.get("SGW_KAFKA_BOOTSTRAP")
+        redis_url = os.environ.get("SGW_REDIS_URL")
+        if not bootstrap:
+            kafka = LocalKafka(partitions=6).start()
+            stack.callback(kafka.stop)
+            bootstrap = kafka.bootstrap
+        if not redis_url:
+            local_redis = LocalRedis().start()
+            stack.callback(local_redis.stop)
+            redis_url = local_redis.url
+        tag = f"bench{int(time.time())}"
+        bench = Bench(bootstrap, redis_url, topic=f"traces-{tag}", traces=args.traces, tag=tag,
+                      logs=Path(tempfile.mkdtemp(prefix="sgw-bench-")), sandboxes=args.sandboxes)
+        print(f"logs in {bench.logs}; pre-filling {args.traces:,} traces", flush=True)
+        await create_topics(bootstrap, [bench.topic])
+        rate = await produce_traces(bootstrap, bench.topic, 0, args.traces)
+        report["prefill_traces_per_s"] = round(rate, 1)
+        results: dict[str, Any] = report["scenarios"]
+
+        async def scenario(name: str, coro: Any) -> None:
+            print(f"{name} ...", flush=True)
+            results[name] = await coro
+            print(f"  {results[name]}", flush=True)
+
+        wanted = args.only.split(",") if args.only else ALL
+        if "limit" in wanted:
+            await scenario("limit", scenarios.limit(bench))
+        if "peer" in wanted:
+            await scenario("peer", scenarios.peer(bench))
+        if "deterministic" in wanted:
+            await scenario("deterministic", scenarios.deterministic(bench))
+        if "judge" in wanted:
+            for concurrency in (int(c) for c in args.judge_concurrency.split(",")):
+                await scenario(f"judge_{concurrency}", scenarios.judge_bound(bench, concurrency, args.judge_seconds))
+        if "latency" in wanted:
+            det = results.get("deterministic", {}).get("traces_per_s")
+            rate = args.latency_rate or (det / 2 if det else 200.0)
+            await scenario("latency", scenarios.latency(bench, rate, args.latency_seconds))
+        if "backlog" in wanted:
+            await scenario("backlog", scenarios.backlog(bench, args.backlog))
+    report["load_average_at_end"] = [round(x, 2) for x in os.getloadavg()]
+    _ratios(report)
+    return report
+
+
+def _ratios(report: dict[str, Any]) -> None:
+    results = report["scenarios"]
+    limit = results.get("limit", {}).get("traces_per_s")
+    for name, r in results.items():
+        if limit and "traces_per_s" in r and not name.startswith("judge"):
+            r["ratio_to_limit"] = round(r["traces_per_s"] / limit, 3)
+    det, peer = results.get("deterministic", {}), results.get("peer", {})
+    report["deterministic_vs_limit"] = det.get("ratio_to_limit")
+    if det.get("traces_per_s") and peer.get("traces_per_s"):
+        report["deterministic_vs_peer"] = round(det["traces_per_s"] / peer["traces_per_s"], 3)
+
+
+def _cell(value: Any) -> str:
+    if value is None:
+        return "-"
+    return f"{value:,.3f}".rstrip("0").rstrip(".") if isinstance(value, float) else str(value)
+
+
+def markdown(report: dict[str, Any]) -> str:
+    m = report["machine"]
+    lines = [f"# Benchmark ({report['started_at']})", "",
+             f"Machine: {m['cores']} cores, {m['memory_gb']} GB, {m['cpu_model']}; load average at start "
+             f"{m['load_average_at_start']}, at end {report.get('load_average_at_end')}.", "",
+             f"**deterministic / limit: {_cell(report['deterministic_vs_limit'])}**"
+             f" (deterministic / peer: {_cell(report.get('deterministic_vs_peer'))})", "",
+             "| scenario | traces/s | ratio to limit | CPU s / 1k traces | peak RSS MB | Redis cmds / pair | notes |",
+             "|---|---:|---:|---:|---:|---:|---|"]
+    for name, r in report["scenarios"].items():
+        notes = ""
+        if name.startswith("judge"):
+            notes = (f"{_cell(r.get('calls_per_s'))} calls/s of {_cell(r.get('ideal_calls_per_s'))} ideal "
+                     f"({_cell(r.get('ratio_to_ideal'))}); the judge server alone answers "
+                     f"{_cell(r.get('server_capacity_calls_per_s'))}/s to a minimal client")
+        elif name == "latency":
+            notes = (f"at {_cell(r.get('achieved_rate'))} traces/s: p50 {r.get('p50_ms')} ms, p99 {r.get('p99_ms')} ms,"
+                     f" max {r.get('max_ms')} ms")
+        elif "traces" in r:
+            notes = (f"{r['traces']:,} traces in {r.get('seconds')} s; {_cell(r.get('cpu_cores_used'))} cores busy; "
+                     f"with children {_cell(r.get('tree_peak_rss_mb'))} MB")
+        elif "skipped" in r:
+            notes = f"skipped: {r['skipped']}"
+        lines.append(f"| {name} | {_cell(r.get('traces_per_s'))} | {_cell(r.get('ratio_to_limit'))} | "
+                     f"{_cell(r.get('cpu_s_per_1k'))} | {_cell(r.get('peak_rss_mb'))} | "
+                     f"{_cell(r.get('redis_cmds_per_pair'))} | {notes} |")
+    return "\n".join(lines) + "\n"
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--traces", type=int, default=100_000, help="traces pre-filled in the topic")
+    parser.add_argument("--backlog", type=int, default=None,
+                        help="traces waiting in the backlog scenario (default 10 x --traces, 1,000,000)")
+    parser.add_argument("--quick", action="store_true",
+                        help="a few minutes: 10,000 traces, a 30,000 backlog, 8 s judge windows, 10 s of latency")
+    parser.add_argument("--judge-seconds", type=float, default=20.0, help="measured window per concurrency")
+    parser.add_argument("--judge-concurrency", default="16,64,256", help="SGW_JUDGE_CONCURRENCY values to run")
+    parser.add_argument("--latency-seconds", type=float, default=30.0)
+    parser.add_argument("--latency-rate", type=float, default=None, help="default: half the deterministic rate")
+    parser.add_argument("--sandboxes", type=int, default=2, help="SGW_CODE_SANDBOXES of the worker")
+    parser.add_argument("--only", default="", help=f"comma-separated subset of {','.join(ALL)}")
+    parser.add_argument("--out", type=Path, default=RESULTS)
+    args = parser.parse_args()
+    if args.quick:
+        args.traces = min(args.traces, 10_000)
+        args.judge_seconds, args.latency_seconds = min(args.judge_seconds, 8.0), min(args.latency_seconds, 10.0)
+        args.backlog = args.backlog or 3 * args.traces
+    args.backlog = args.backlog or 10 * args.traces
+    report = asyncio.run(run(args))
+    args.out.mkdir(parents=True, exist_ok=True)
+    (args.out / "bench-results.json").write_bytes(orjson.dumps(report, option=orjson.OPT_INDENT_2))
+    table = markdown(report)
+    (args.out / "bench-results.md").write_text(table)
+    print(table)
+
+
+if __name__ == "__main__":
+    main()
