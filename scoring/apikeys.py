@@ -18,6 +18,7 @@ from dataclasses import asdict, dataclass
 
 import orjson
 from redis.asyncio import Redis
+from redis.exceptions import WatchError
 
 from scoring import keys
 from scoring.errors import NotFound
@@ -103,16 +104,20 @@ class ApiKeyStore:
 
     async def revoke(self, key_id: str) -> ApiKey:
         """Revoke a key; effective for the next request. Revoking twice keeps the first time."""
-        async with self._redis.pipeline(transaction=True) as pipe:
-            await pipe.watch(keys.API_KEYS)
-            raw = await pipe.hget(keys.API_KEYS, key_id)
-            if raw is None:
-                raise NotFound(f"no API key with id {key_id!r}")
-            record = orjson.loads(raw)
-            if record.get("revoked_at") is None:
-                record["revoked_at"] = time.time()
-                pipe.multi()  # type: ignore[no-untyped-call]
-                pipe.hset(keys.API_KEYS, key_id, orjson.dumps(record))
-                await pipe.execute()
-        record.pop("sha256")
-        return ApiKey(**record)
+        while True:  # another key's creation or revocation between the read and the write: again
+            async with self._redis.pipeline(transaction=True) as pipe:
+                try:
+                    await pipe.watch(keys.API_KEYS)
+                    raw = await pipe.hget(keys.API_KEYS, key_id)
+                    if raw is None:
+                        raise NotFound(f"no API key with id {key_id!r}")
+                    record = orjson.loads(raw)
+                    if record.get("revoked_at") is None:
+                        record["revoked_at"] = time.time()
+                        pipe.multi()  # type: ignore[no-untyped-call]
+                        pipe.hset(keys.API_KEYS, key_id, orjson.dumps(record))
+                        await pipe.execute()
+                except WatchError:
+                    continue
+            record.pop("sha256")
+            return ApiKey(**record)

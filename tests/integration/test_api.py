@@ -445,3 +445,13 @@ def test_channels_of_two_projects_for_one_agent_id_stay_apart(api: Api) -> None:
     catalog = asyncio.run(snapshot())
     assert [c.project_id for c in catalog.channels_for("same-bot", "p-a")] == ["p-a"]
     assert [c.project_id for c in catalog.channels_for("same-bot", "p-b")] == ["p-b"]
+
+
+def test_scorer_writes_are_recorded_too(api: Api) -> None:
+    with api.as_("a") as a, api.as_("b") as b:
+        judge = a.post("/v1/judges", json={"name": "Tone", "criteria": "Polite?"}).json()
+        a.put(f"/v1/judges/{judge['id']}", json={"name": "Tone", "criteria": "Polite and warm?"})
+        entries = a.get(f"/v1/judges/{judge['id']}/changes").json()["items"]
+        assert [e["action"] for e in entries] == ["updated", "created"]
+        assert entries[0]["changes"] == {"criteria": {"before": "Polite?", "after": "Polite and warm?"}}
+        assert_problem(b.get(f"/v1/judges/{judge['id']}/changes"), 404)

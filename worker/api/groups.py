@@ -15,6 +15,7 @@ from scoring.api_models import Change, Ratings, SessionScore
 from scoring.catalog import etag
 from scoring.changes import ChangeLog
 from scoring.errors import NotFound
+from scoring.groups import Caller, MonitorClient
 from scoring.models import Id, Member, Name, OnlineProfile, Scope, ScorerGroup, Severity, WireModel
 from worker.api.auth import Client, Who, redis_of
 from worker.api.pages import Cursor, Limit, Page, page
@@ -121,15 +122,22 @@ async def group_ratings(group_id: GroupId, client: Client,
 async def group_changes(group_id: GroupId, client: Client, who: Who, request: Request,
                         limit: Limit = 50, cursor: Cursor = None) -> dict[str, object]:
     """Every write to the group, newest first; still readable by its project once it is deleted."""
+    return await changes_page(request, client, who, "groups", group_id, limit, cursor)
+
+
+async def changes_page(request: Request, client: MonitorClient, who: Caller, kind: str, id_: str, limit: int,
+                       cursor: str | None) -> dict[str, object]:
+    """A page of a document's change log, for whoever may see the document - or, once it is
+    deleted, for its last project (by the log's newest entry)."""
     log = ChangeLog(redis_of(request))
     try:
-        await client.scorer_groups.get(group_id)
+        await client.scorers.get(kind, id_)
     except NotFound:
-        newest = await log.read("groups", group_id, 0, 1)
+        newest = await log.read(kind, id_, 0, 1)
         if not newest or not (who.operator or newest[0].get("projectId") == who.project_id):
             raise
     offset = int(cursor) if cursor and cursor.isdigit() else 0
-    entries = await log.read("groups", group_id, offset, limit + 1)
+    entries = await log.read(kind, id_, offset, limit + 1)
     more = len(entries) > limit
     return {"items": entries[:limit], "nextCursor": str(offset + limit) if more else None}
 

@@ -19,7 +19,7 @@ from scoring.catalog import doc_id, etag
 from scoring.errors import InvalidDocument, NotFound
 from scoring.models import AlertChannel, Budget, CustomEvaluator, Id, Judge, Pattern, WireModel
 from worker.api.auth import Client, Who
-from worker.api.groups import IfMatch
+from worker.api.groups import ChangePage, IfMatch, changes_page
 from worker.api.pages import Cursor, Limit, Page, page
 
 router = APIRouter(prefix="/v1")
@@ -110,6 +110,10 @@ def _scorer_routes(kind: str, noun: str, model: type[WireModel], body_model: typ
         await client.scorers.delete(kind, doc_id_, if_match=if_match)
         return Response(status_code=204)
 
+    async def doc_changes(doc_id_: Annotated[str, Path(alias="id", max_length=128)], client: Client, who: Who,
+                          request: Request, limit: Limit = 50, cursor: Cursor = None) -> Any:
+        return await changes_page(request, client, who, kind, doc_id_, limit, cursor)
+
     router.add_api_route(f"/{kind}", list_docs, methods=["GET"], response_model=page_model, tags=[kind],
                          name=f"list_{kind}", summary=f"List {kind}")
     router.add_api_route(f"/{kind}", create_doc, methods=["POST"], response_model=model, status_code=201,
@@ -120,6 +124,8 @@ def _scorer_routes(kind: str, noun: str, model: type[WireModel], body_model: typ
                          name=f"replace_{noun}", summary=f"Replace a {noun}")
     router.add_api_route(f"/{kind}/{{id}}", delete_doc, methods=["DELETE"], status_code=204,
                          response_class=Response, tags=[kind], name=f"delete_{noun}", summary=f"Delete a {noun}")
+    router.add_api_route(f"/{kind}/{{id}}/changes", doc_changes, methods=["GET"], response_model=ChangePage,
+                         tags=[kind], name=f"{noun}_changes", summary=f"Who changed a {noun}, when, and what")
 
 
 _scorer_routes("judges", "judge", Judge, JudgeBody, JudgePage, "jdg")
