@@ -55,3 +55,11 @@ def test_points_are_uniform_chi_square() -> None:
 
 def test_points_lie_in_zero_one() -> None:
     assert all(0 <= sample_point(str(i), "g") < 1 for i in range(10_000))
+
+
+def test_the_rate_is_an_open_bound() -> None:
+    # Kept when the point is below the rate: [0, rate) has exactly the rate's share of [0, 1).
+    for subject in ("t-1", "t-2", "t-3"):
+        point = sample_point(subject, "g")
+        assert not keep(subject, "g", point), "a point exactly at the rate is not kept"
+        assert keep(subject, "g", min(1.0, point + 1e-12))
