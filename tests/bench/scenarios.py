@@ -49,6 +49,7 @@ class Bench:
     tag: str
     logs: Path
     sandboxes: int = 2
+    worker_settings: dict[str, str] = field(default_factory=dict)  # --worker-setting: over every scenario's
     next_db: int = 1
     results: dict[str, dict[str, Any]] = field(default_factory=dict)
 
@@ -69,7 +70,7 @@ class Bench:
 
     def worker(self, name: str, redis_url: str, *, topic: str | None = None, **settings: object) -> WorkerProcess:
         env = worker_env(self.bootstrap, redis_url, self.name(name), topic_partitions=6, log_level="warning",
-                         code_sandboxes=self.sandboxes, **settings)
+                         code_sandboxes=self.sandboxes, **{**settings, **self.worker_settings})
         env["SGW_TRACES_TOPIC"] = topic or self.topic
         return WorkerProcess(env, name=name).start(self.logs)
 
@@ -94,6 +95,7 @@ async def _drain(bench: Bench, pid: int, alive: Any, out_topic: str, traces: int
             before = await redis_calls(redis_url) if redis_url else {}
             got = await out.wait_for(expected, timeout_s=max(300.0, traces / 100), alive=alive)
             cpu_s, wall_s = tree.cpu_s(), time.monotonic() - marked
+            waited_s = tree.waited_s()
             after = await redis_calls(redis_url) if redis_url else {}
             span_s = await out.span_s()
             hwm = tree.root_hwm_mb() if alive() else None
@@ -105,7 +107,10 @@ async def _drain(bench: Bench, pid: int, alive: Any, out_topic: str, traces: int
         "traces": int(done), "complete": got >= expected, "seconds": round(span_s, 2),
         "traces_per_s": round(done / span_s, 1),
         "cpu_s_per_1k": round(cpu_s / max(1, (got - first) / groups) * 1000, 3),
-        "cpu_cores_used": round(cpu_s / wall_s, 2),  # below 1: it waits, not computes
+        "cpu_cores_used": round(cpu_s / wall_s, 2),
+        # threads ready to run but not running, on average: high means starved by the machine's
+        # load, low (with few cores used) means it waits on I/O (the broker, Redis, sandboxes)
+        "cpu_starved": round(waited_s / wall_s, 2),
         "peak_rss_mb": round(hwm, 1) if hwm is not None else None,
         "tree_peak_rss_mb": round(tree.peak_rss / 2**20, 1),
     }
@@ -246,7 +251,7 @@ async def judge_bound(bench: Bench, concurrency: int, window_s: float) -> dict[s
         t1, n1, _ = judge.count
         await asyncio.sleep(window_s)
         t2, n2, peak = judge.count
-        cpu_s, server_cpu_s = tree.cpu_s(), server.cpu_s()
+        cpu_s, server_cpu_s, starved = tree.cpu_s(), server.cpu_s(), tree.waited_s() / (t2 - t1)
         hwm = tree.root_hwm_mb()
     finally:
         tree.stop()
@@ -256,7 +261,8 @@ async def judge_bound(bench: Bench, concurrency: int, window_s: float) -> dict[s
     return {"concurrency": concurrency, "max_in_flight": in_flight, "calls_per_s": round(achieved, 1),
             "ideal_calls_per_s": round(ideal, 1), "ratio_to_ideal": round(achieved / ideal, 3),
             "server_peak_in_flight": peak, "server_capacity_calls_per_s": round(server_capacity, 1),
-            "server_cpu_share": round(server_cpu_s / (t2 - t1), 2), "traces_per_s": round(achieved, 1),
+            "server_cpu_share": round(server_cpu_s / (t2 - t1), 2), "cpu_cores_used": round(cpu_s / (t2 - t1), 2),
+            "cpu_starved": round(starved, 2), "traces_per_s": round(achieved, 1),
             "cpu_s_per_1k": round(cpu_s / max(1, n2 - n1) * 1000, 3), "peak_rss_mb": round(hwm, 1),
             "seconds": round(t2 - t1, 2)}
 
@@ -277,6 +283,7 @@ async def latency(bench: Bench, rate: float, seconds: float) -> dict[str, Any]:
         await asyncio.to_thread(worker.wait_ready, 90)
         await asyncio.sleep(2.0)  # partitions assigned, first fetch under way
         tree.mark()
+        marked = time.monotonic()
         producer = AIOKafkaProducer(bootstrap_servers=bench.bootstrap, linger_ms=0)
         await producer.start()
         try:
@@ -297,7 +304,7 @@ async def latency(bench: Bench, rate: float, seconds: float) -> dict[str, Any]:
         async with OutputTopic(bench.bootstrap, ratings) as out:
             got = await out.wait_for(count * DETERMINISTIC_GROUPS, timeout_s=120)
             records = await out.records()
-        cpu_s = tree.cpu_s()
+        cpu_s, starved = tree.cpu_s(), tree.waited_s() / (time.monotonic() - marked)
         hwm = tree.root_hwm_mb()
     finally:
         tree.stop()
@@ -306,7 +313,8 @@ async def latency(bench: Bench, rate: float, seconds: float) -> dict[str, Any]:
     q = statistics.quantiles(lat, n=100) if len(lat) > 1 else lat * 99
     return {"rate": round(rate, 1), "achieved_rate": round(count / produced_s, 1), "traces": count,
             "ratings": got, "p50_ms": round(q[49]), "p99_ms": round(q[98]), "max_ms": lat[-1],
-            "cpu_s_per_1k": round(cpu_s / max(1, count) * 1000, 3), "peak_rss_mb": round(hwm, 1)}
+            "cpu_s_per_1k": round(cpu_s / max(1, count) * 1000, 3), "cpu_starved": round(starved, 2),
+            "peak_rss_mb": round(hwm, 1)}
 
 
 def _stop(proc: subprocess.Popen[bytes]) -> None:

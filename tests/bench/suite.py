@@ -66,7 +66,8 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
             redis_url = local_redis.url
         tag = f"bench{int(time.time())}"
         bench = Bench(bootstrap, redis_url, topic=f"traces-{tag}", traces=args.traces, tag=tag,
-                      logs=Path(tempfile.mkdtemp(prefix="sgw-bench-")), sandboxes=args.sandboxes)
+                      logs=Path(tempfile.mkdtemp(prefix="sgw-bench-")), sandboxes=args.sandboxes,
+                      worker_settings=dict(s.split("=", 1) for s in args.worker_setting))
         print(f"logs in {bench.logs}; pre-filling {args.traces:,} traces", flush=True)
         await create_topics(bootstrap, [bench.topic])
         rate = await produce_traces(bootstrap, bench.topic, 0, args.traces)
@@ -131,12 +132,14 @@ def markdown(report: dict[str, Any]) -> str:
         if name.startswith("judge"):
             notes = (f"{_cell(r.get('calls_per_s'))} calls/s of {_cell(r.get('ideal_calls_per_s'))} ideal "
                      f"({_cell(r.get('ratio_to_ideal'))}); the judge server alone answers "
-                     f"{_cell(r.get('server_capacity_calls_per_s'))}/s to a minimal client")
+                     f"{_cell(r.get('server_capacity_calls_per_s'))}/s to a minimal client; worker "
+                     f"{_cell(r.get('cpu_cores_used'))} cores busy, {_cell(r.get('cpu_starved'))} starved")
         elif name == "latency":
             notes = (f"at {_cell(r.get('achieved_rate'))} traces/s: p50 {r.get('p50_ms')} ms, p99 {r.get('p99_ms')} ms,"
-                     f" max {r.get('max_ms')} ms")
+                     f" max {r.get('max_ms')} ms; worker {_cell(r.get('cpu_starved'))} starved")
         elif "traces" in r:
-            notes = (f"{r['traces']:,} traces in {r.get('seconds')} s; {_cell(r.get('cpu_cores_used'))} cores busy; "
+            notes = (f"{r['traces']:,} traces in {r.get('seconds')} s; {_cell(r.get('cpu_cores_used'))} cores busy, "
+                     f"{_cell(r.get('cpu_starved'))} starved; "
                      f"with children {_cell(r.get('tree_peak_rss_mb'))} MB")
         elif "skipped" in r:
             notes = f"skipped: {r['skipped']}"
@@ -158,6 +161,8 @@ def main() -> None:
     parser.add_argument("--latency-seconds", type=float, default=30.0)
     parser.add_argument("--latency-rate", type=float, default=None, help="default: half the deterministic rate")
     parser.add_argument("--sandboxes", type=int, default=2, help="SGW_CODE_SANDBOXES of the worker")
+    parser.add_argument("--worker-setting", action="append", default=[], metavar="NAME=VALUE",
+                        help="a worker setting for every scenario, e.g. max_in_flight=1024 (SGW_MAX_IN_FLIGHT)")
     parser.add_argument("--only", default="", help=f"comma-separated subset of {','.join(ALL)}")
     parser.add_argument("--out", type=Path, default=RESULTS)
     args = parser.parse_args()

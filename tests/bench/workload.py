@@ -5,6 +5,7 @@ memory from /proc, Redis ``INFO commandstats`` deltas)."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import threading
 import time
@@ -206,6 +207,17 @@ def _stat(pid: str) -> tuple[int, float, int] | None:
     return int(fields[1]), (int(fields[11]) + int(fields[12])) / _TICK, int(fields[21]) * _PAGE
 
 
+def _runqueue_wait_s(pid: int) -> float:
+    total = 0
+    try:
+        for task in os.listdir(f"/proc/{pid}/task"):
+            with contextlib.suppress(OSError):
+                total += int(Path(f"/proc/{pid}/task/{task}/schedstat").read_text().split()[1])
+    except OSError:
+        pass
+    return total / 1e9
+
+
 @dataclass
 class ProcessTree:
     """Samples a process and its descendants (sandboxes, threads' CPU included) from /proc:
@@ -214,8 +226,12 @@ class ProcessTree:
     root: int
     interval_s: float = 0.25
     cpu: dict[int, float] = field(default_factory=dict)  # last seen, per pid (dead ones kept)
+    # Seconds its threads were runnable but waited for a CPU (/proc/PID/task/*/schedstat), per pid:
+    # on a shared machine this tells a starved process from one that waits on I/O.
+    waited: dict[int, float] = field(default_factory=dict)
     peak_rss: int = 0
     _base: float = 0.0
+    _base_waited: float = 0.0
     _stop: threading.Event = field(default_factory=threading.Event)
     _thread: threading.Thread | None = None
 
@@ -243,17 +259,23 @@ class ProcessTree:
         for pid in tree & stats.keys():
             self.cpu[pid] = stats[pid][1]
             rss += stats[pid][2]
+            self.waited[pid] = _runqueue_wait_s(pid)
         self.peak_rss = max(self.peak_rss, rss)
 
     def mark(self) -> None:
         """From now on: CPU is counted from here, and the RSS peak starts over."""
         self.sample()
         self._base, self.peak_rss = sum(self.cpu.values()), 0
+        self._base_waited = sum(self.waited.values())
         self.sample()
 
     def cpu_s(self) -> float:
         self.sample()
         return sum(self.cpu.values()) - self._base
+
+    def waited_s(self) -> float:
+        """Seconds (summed over threads) runnable but not running since ``mark()``."""
+        return sum(self.waited.values()) - self._base_waited
 
     def root_hwm_mb(self) -> float:
         """The root process's own peak RSS (VmHWM) since it started."""
