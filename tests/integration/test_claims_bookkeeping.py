@@ -1,0 +1,43 @@
+"""The claims' bookkeeping on the real Redis: done marks expire, released leases are gone,
+the budget counter reads the current window."""
+
+from __future__ import annotations
+
+import pytest
+from redis.asyncio import Redis
+
+from scoring.claims import ClaimRequest, Claims
+
+pytestmark = pytest.mark.integration
+
+
+def req(unique: str, subject: str, calls: int = 1) -> ClaimRequest:
+    return ClaimRequest(project_id=f"pb-{unique}", group_id="g", subject_key=f"trace:{subject}",
+                        judge_calls=calls, budget_limit=10, budget_window_s=3600)
+
+
+async def test_a_done_mark_expires_after_its_ttl(redis: Redis, unique: str) -> None:
+    claims = Claims(redis, done_ttl_s=100)
+    r = req(unique, "t-1")
+    await claims.claim_many([r])
+    await claims.mark_done([(r, "rating-1")])
+    assert await redis.get(r.key) == b"done:rating-1"
+    assert 0 < await redis.ttl(r.key) <= 100, "every key that grows with traffic has a TTL"
+
+
+async def test_release_gives_up_only_this_workers_leases(redis: Redis, unique: str) -> None:
+    mine, theirs = Claims(redis), Claims(redis)
+    a, b = req(unique, "t-a"), req(unique, "t-b")
+    await mine.claim_many([a])
+    await theirs.claim_many([b])
+    await mine.release([a, b])
+    assert await redis.get(a.key) is None, "my lease is gone: another worker need not wait for it"
+    assert (await redis.get(b.key) or b"").startswith(b"lease:"), "another worker's lease stays"
+    assert [c.state for c in await theirs.claim_many([a])] == ["claimed"]
+
+
+async def test_budget_used_reads_the_current_window(redis: Redis, unique: str) -> None:
+    claims = Claims(redis)
+    assert await claims.budget_used(f"pb-{unique}", 3600) == 0, "nothing spent yet"
+    await claims.claim_many([req(unique, "t-1", calls=3)])  # now, in the current window
+    assert await claims.budget_used(f"pb-{unique}", 3600) == 3
