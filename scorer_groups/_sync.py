@@ -11,6 +11,7 @@ import httpx
 
 from scorer_groups import _calls as calls
 from scorer_groups._calls import Call, Retry, raise_for_problem
+from scorer_groups.evaluations import Datasets, Evaluations
 from scoring.api_models import Change, Channel, Ratings, SessionScore
 from scoring.models import Budget, CustomEvaluator, Judge, Pattern, ScorerGroup, WireModel
 
@@ -173,6 +174,8 @@ class Client:
                  http: httpx.Client | None = None) -> None:
         self._transport = Transport(base_url, api_key, timeout_s=timeout_s, retry=retry or Retry(), http=http)
         self.monitor = Monitor(self._transport)
+        self.datasets = Datasets(self._transport)
+        self.evaluations = Evaluations(self._transport)
 
     def close(self) -> None:
         self._transport.close()

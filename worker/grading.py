@@ -14,6 +14,7 @@ import json
 import sys
 import time
 import uuid
+from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import IO, Any, TextIO
@@ -148,6 +149,15 @@ async def grade(settings: Settings, request: GradeRequest, out: IO[str], err: Te
 
 async def _grade(settings: Settings, catalog: Any, plan: GradingPlan, rows: list[DatasetRow],
                  request: GradeRequest, err: TextIO) -> DatasetRun:
+    return await grade_with_settings(settings, catalog, plan, rows, concurrency=request.concurrency,
+                                     progress=Progress(err))
+
+
+async def grade_with_settings(settings: Settings, catalog: Any, plan: GradingPlan, rows: list[DatasetRow], *,
+                              concurrency: int = 8,
+                              progress: Callable[[int, int], None] | None = None) -> DatasetRun:
+    """Grade rows with the judge endpoint, external scorers and code sandbox ``settings`` name
+    (the CLI's and the API's shared engine)."""
     judges = JudgeClient(settings.judge_base_url, api_key=settings.judge_api_key.get_secret_value(),
                          model=settings.judge_model, timeout_s=settings.judge_timeout_s,
                          concurrency=settings.judge_concurrency)
@@ -157,8 +167,7 @@ async def _grade(settings: Settings, catalog: Any, plan: GradingPlan, rows: list
     try:
         panel = Panel(judges=judges, external=external, sandbox=sandbox,
                       member_deadline_s=settings.member_deadline_s, redact=redactor(settings))
-        return await grade_rows(panel, catalog, plan, rows, concurrency=request.concurrency,
-                                progress=Progress(err))
+        return await grade_rows(panel, catalog, plan, rows, concurrency=concurrency, progress=progress)
     finally:
         await sandbox.close()
         await judges.close()

@@ -3,6 +3,7 @@
     /v1/scorer-groups[/{id}[/ratings|/changes]]   the spec's SDK surface
     /v1/sessions/{sessionId}/scores
     /v1/judges, /v1/patterns, /v1/customs, /v1/budgets/{projectId}, /v1/channels
+    /v1/datasets[/{id}[/versions|/rows]], /v1/evaluations[/{id}[/finalize]]   dataset runs
     /metrics (Prometheus), /healthz, /openapi.json, /docs
 
 Every /v1 request carries ``Authorization: Bearer <key>`` (``scorer-worker keys create``) and acts
@@ -24,7 +25,8 @@ from fastapi.responses import PlainTextResponse
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from redis.asyncio import Redis
 
-from worker.api import groups, problems, scorers
+from scoring.catalog import SnapshotCache
+from worker.api import evaluations, groups, problems, scorers
 from worker.metrics import API_REQUEST_SECONDS, API_REQUESTS, REGISTRY
 from worker.settings import Settings
 
@@ -37,6 +39,7 @@ def create_app(redis_url: str) -> FastAPI:
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         app.state.redis = Redis.from_url(redis_url)
+        app.state.snapshots = SnapshotCache()
         try:
             yield
         finally:
@@ -50,6 +53,7 @@ def create_app(redis_url: str) -> FastAPI:
     app.openapi = lambda: problems.documented(app)  # type: ignore[method-assign]
     app.include_router(groups.router)
     app.include_router(scorers.router)
+    app.include_router(evaluations.router)
 
     @app.middleware("http")
     async def measure(request: Request, call_next: Callable[[Request], Awaitable[Response]]) -> Response:

@@ -1,0 +1,198 @@
+"""Evaluation runs: a dataset version, the subject that answered it, and what grades it.
+
+A run is created against one version of a dataset (recorded, so the run always reads the rows
+it was made for); the caller runs its agent on every row and sends the outputs back; the server
+grades them with the same engine as ``scorer-worker grade`` (scoring.dataset) and keeps every
+row's result, so a failed CI gate can be inspected later (``GET /v1/evaluations/{id}``).
+
+A row the agent failed on (it raised, after the retries it was given) has no output: it is not
+graded and counts as a row without a score - a gate fails closed on it like on any other.
+"""
+
+from __future__ import annotations
+
+import builtins
+import time
+import uuid
+from typing import Any, Literal
+
+import orjson
+from pydantic import Field, JsonValue
+from redis.asyncio import Redis
+
+from scoring import keys
+from scoring.dataset import DatasetRun, GateColumns, GradingPlan, JudgeColumn
+from scoring.errors import InvalidDocument, NotFound
+from scoring.models import Id, Name, WireModel
+
+Status = Literal["created", "completed"]
+
+
+class RunSubject(WireModel):
+    """Who answered the rows, as the spec's ``subject={"kind": "custom_agent", "displayName": ...}``."""
+
+    kind: Literal["custom_agent"] = "custom_agent"
+    display_name: Name
+
+
+class EvaluationCreate(WireModel):
+    dataset_id: Id
+    subject: RunSubject
+    scorer_group_id: Id | None = None
+    scorer_id: Id | None = None
+    additional_scorer_ids: list[Id] | None = Field(None, max_length=20)
+    dataset_version: int | None = Field(None, ge=1)
+
+
+class RowOutput(WireModel):
+    """The agent's answer on one row, or why there is none."""
+
+    row: int = Field(ge=0)
+    output: JsonValue = None
+    error: str | None = Field(None, max_length=2000)
+
+
+class Outputs(WireModel):
+    outputs: list[RowOutput] = Field(max_length=10_000)
+
+
+class JudgeSummary(WireModel):
+    """A judge member over the run: its label, average, and rating (or error) on each row."""
+
+    label: str
+    scorer_id: str
+    name: str
+    average: float | None
+    ratings: list[float | None]
+    errors: list[str | None]
+
+
+class EvaluationRun(WireModel):
+    id: Id
+    project_id: Id
+    dataset_id: Id
+    dataset_version: int
+    subject: RunSubject
+    scorer_group_id: Id | None
+    scorer_id: Id | None
+    additional_scorer_ids: list[Id] | None  # null on a group-graded run: the group is the whole recipe
+    status: Status
+    row_count: int
+    group_name: str  # what the rating column is: the group, or the single scorer
+    warnings: list[str] = Field(default_factory=list)
+    notes: list[str] = Field(default_factory=list)
+    created_at: float
+    finalized_at: float | None = None
+    rating: float | None = None  # the run rating: mean group score over the rows that have one
+    scored_rows: int = 0
+    no_score_rows: int = 0
+    breakdown: list[str] = Field(default_factory=list)
+    judges: list[JudgeSummary] = Field(default_factory=list)
+    rows: list[dict[str, Any]] = Field(default_factory=list)  # one result per row, in row order
+
+    def columns(self) -> GateColumns:
+        """What a gate reads (scoring.dataset.GateColumns)."""
+        return GateColumns(self.group_name, [r.get("rating") for r in self.rows],
+                           [r.get("reason") for r in self.rows],
+                           [JudgeColumn(j.label, j.scorer_id, j.name, j.ratings, j.errors) for j in self.judges])
+
+
+def new_run(project_id: str, request: EvaluationCreate, version: int, row_count: int,
+            plan: GradingPlan) -> EvaluationRun:
+    group_graded = request.scorer_group_id is not None
+    return EvaluationRun(
+        id=f"run_{uuid.uuid4().hex[:16]}", project_id=project_id, dataset_id=request.dataset_id,
+        dataset_version=version, subject=request.subject, scorer_group_id=request.scorer_group_id,
+        scorer_id=None if group_graded else request.scorer_id,
+        additional_scorer_ids=plan.additional_scorer_ids, status="created", row_count=row_count,
+        group_name=plan.group.name, warnings=plan.warnings, notes=plan.notes, created_at=time.time())
+
+
+def completed(run: EvaluationRun, graded: DatasetRun, failed: dict[int, str]) -> EvaluationRun:
+    """The run with its results: graded rows from ``graded`` (in the order they were graded),
+    and the rows in ``failed`` (row -> the agent's error) as rows without a score."""
+    by_row = {r.row.id: r for r in graded.rows}
+    columns = graded.columns()
+    rows: list[dict[str, Any]] = []
+    ratings: dict[str, list[float | None]] = {j.label: [] for j in columns.judges}
+    errors: dict[str, list[str | None]] = {j.label: [] for j in columns.judges}
+    for index in range(run.row_count):
+        result = by_row.get(str(index))
+        if result is None:
+            reason = f"No score: the agent failed on this row ({failed.get(index, 'no output')})"
+            rows.append({"row": index, "rating": None, "reason": reason, "judgeScorerResults": [],
+                         "scorerRows": [], "error": failed.get(index, "no output")})
+            for j in columns.judges:
+                ratings[j.label].append(None)
+                errors[j.label].append("the agent failed on this row")
+            continue
+        at = graded.rows.index(result)
+        rows.append({**result.wire(), "row": index, "output": result.row.output})
+        for j in columns.judges:
+            ratings[j.label].append(j.ratings[at])
+            errors[j.label].append(j.errors[at])
+    judges = [JudgeSummary(label=j.label, scorer_id=j.ref_id, name=j.name, ratings=ratings[j.label],
+                           errors=errors[j.label],
+                           average=JudgeColumn(j.label, j.ref_id, j.name, ratings[j.label], []).average)
+              for j in columns.judges]
+    scored = [r["rating"] for r in rows if r["rating"] is not None]
+    done = run.model_copy(update={
+        "status": "completed", "finalized_at": time.time(), "rows": rows, "judges": judges,
+        "scored_rows": len(scored), "no_score_rows": len(rows) - len(scored)})
+    rating = done.columns().rating
+    breakdown = [f"{run.group_name} (group): {'no score' if rating is None else f'{rating:.2f}'} "
+                 f"({len(scored)} of {len(rows)} rows scored)"]
+    breakdown += [f"{j.label}: {'no score' if j.average is None else f'{j.average:.2f}'}" for j in judges]
+    return done.model_copy(update={"rating": rating, "breakdown": breakdown})
+
+
+class EvaluationStore:
+    def __init__(self, redis: Redis) -> None:
+        self.redis = redis
+
+    async def save(self, run: EvaluationRun) -> None:
+        async with self.redis.pipeline(transaction=True) as pipe:
+            pipe.set(keys.evaluation(run.project_id, run.id), orjson.dumps(run.stored()),
+                     ex=keys.EVALUATION_TTL_S)
+            pipe.zadd(keys.evaluations(run.project_id), {run.id: run.created_at})
+            pipe.expire(keys.evaluations(run.project_id), keys.EVALUATION_TTL_S)
+            await pipe.execute()
+
+    async def get(self, project_id: str, run_id: str) -> EvaluationRun:
+        raw = await self.redis.get(keys.evaluation(project_id, run_id))
+        if raw is None:
+            raise NotFound(f"no evaluation run with id {run_id!r}")
+        return EvaluationRun.model_validate(orjson.loads(raw))
+
+    async def list(self, project_id: str) -> builtins.list[EvaluationRun]:
+        """The project's runs, newest first, without their rows (fetch one run for those)."""
+        members = await self.redis.zrevrange(keys.evaluations(project_id), 0, 999)
+        ids = [i.decode() if isinstance(i, bytes) else str(i) for i in members]
+        raws = await self.redis.mget([keys.evaluation(project_id, i) for i in ids]) if ids else []
+        runs = []
+        for run_id, raw in zip(ids, raws, strict=True):
+            if raw is None:  # expired: forget it
+                await self.redis.zrem(keys.evaluations(project_id), run_id)
+                continue
+            run = EvaluationRun.model_validate(orjson.loads(raw))
+            runs.append(run.model_copy(update={"rows": [], "judges": []}))
+        return runs
+
+
+def check_outputs(run: EvaluationRun, outputs: list[RowOutput]) -> None:
+    """Every row answered once: an output or an error, never both missing."""
+    errors = []
+    seen: set[int] = set()
+    for i, o in enumerate(outputs):
+        if o.row >= run.row_count:
+            errors.append(f"outputs[{i}].row: the run has {run.row_count} rows (got {o.row})")
+        elif o.row in seen:
+            errors.append(f"outputs[{i}].row: row {o.row} is answered twice")
+        seen.add(o.row)
+    missing = sorted(set(range(run.row_count)) - seen)
+    if missing:
+        errors.append(f"outputs: rows {', '.join(map(str, missing[:20]))} have no output or error")
+    if run.status != "created":
+        errors.insert(0, "status: the run is already finalized")
+    if errors:
+        raise InvalidDocument("invalid outputs: " + "; ".join(errors), errors=errors)

@@ -1,0 +1,215 @@
+"""Dataset runs graded server-side: the spec's dataset-run snippet verbatim (only the client is
+constructed here) against the real API process, Redis and the local judge; gates that fail
+closed on rows the agent failed; the group-wins warnings; runs fetched back later."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+import redis as sync_redis
+
+from deploy.judge_server import JudgeServer
+from scorer_groups import Client, GateFailed, NotFound
+from tests.api_process import ApiProcess, create_key
+from tests.e2e.harness import redis_db
+
+pytestmark = pytest.mark.integration
+
+SPEC = Path(__file__).resolve().parents[3] / "shared" / "spec" / "scorer-groups.md"
+# The spec's "Grading a dataset run with a group" block, character for character.
+RUN_SNIPPET = '''group = client.monitor.scorer_groups.create(
+    "Release quality bar",
+    members=[
+        {"kind": "judge",   "refId": quality.id, "weight": 1, "gate": False},
+        {"kind": "judge",   "refId": safety.id,  "weight": 1, "gate": True},   # must pass
+        {"kind": "pattern", "refId": pii.id,     "weight": 0, "gate": True},   # gate only
+    ],
+)
+
+run = client.evaluations.run(
+    dataset_id=dataset.id,
+    subject={"kind": "custom_agent", "displayName": "my-agent"},
+    scorer_group_id=group.id,
+).execute(my_agent).finalize()
+
+run.gate(fail_under=7)                    # gates on the GROUP score, like any rating
+run.gate(fail_under=8, scorer="Safety")   # or gate a named JUDGE member's own average
+'''
+ROWS = [{"input": "What is 2+2?", "expected": "4"}, {"input": "Capital of France?"},
+        {"input": "Say hi", "metadata": {"lang": "en"}}]
+
+
+@pytest.fixture(scope="module")
+def judge() -> Iterator[JudgeServer]:
+    with JudgeServer(default_rating=5) as s:
+        yield s
+
+
+@pytest.fixture(scope="module")
+def api(redis_url: str, judge: JudgeServer,
+        tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, str, str]]:
+    url = redis_db(redis_url, 13)
+    sync_redis.Redis.from_url(url).flushdb()
+    key = create_key(url, "--project", "p-eval")
+    before = os.environ.get("SGW_JUDGE_BASE_URL")
+    os.environ["SGW_JUDGE_BASE_URL"] = judge.base_url  # the API process grades with this judge
+    try:
+        process = ApiProcess(url, tmp_path_factory.mktemp("api") / "api.log").start()
+    finally:
+        if before is None:
+            os.environ.pop("SGW_JUDGE_BASE_URL")
+        else:
+            os.environ["SGW_JUDGE_BASE_URL"] = before
+    try:
+        yield process.url, key, url
+    finally:
+        process.stop()
+        sync_redis.Redis.from_url(url).flushdb()
+
+
+@pytest.fixture
+def names(api: tuple[str, str, str]) -> Iterator[dict[str, Any]]:
+    client = Client(api[0], api[1])
+    quality = client.monitor.judges.create(name="Quality", criteria="Helpful?", model="quality-model")
+    safety = client.monitor.judges.create(name="Safety", criteria="Safe?", model="safety-model")
+    pii = client.monitor.patterns.create(name="PII", polarity="failure", template="email")
+    dataset = client.datasets.create("Release questions", rows=ROWS)
+    yield {"client": client, "quality": quality, "safety": safety, "pii": pii, "dataset": dataset}
+    client.close()
+
+
+def agent_rating(quality: int, safety: int) -> Any:
+    def my_agent(question: str) -> str:
+        return f"An answer to {question} [[rating@quality-model={quality}]] [[rating@safety-model={safety}]]"
+    return my_agent
+
+
+def test_the_snippet_is_the_specs() -> None:
+    if not SPEC.exists():
+        pytest.skip(f"the spec is not next to the repository ({SPEC})")
+    assert RUN_SNIPPET in SPEC.read_text()
+
+
+def test_the_specs_dataset_run_runs_verbatim(names: dict[str, Any], judge: JudgeServer, api: tuple[str, str, str]) -> None:
+    names["my_agent"] = agent_rating(quality=8, safety=9)
+    exec(RUN_SNIPPET, names)
+    run = names["run"]
+    assert run.status == "completed" and run.dataset_version == 1 and run.row_count == 3
+    assert run.rating == pytest.approx(8.5), "(8/10 + 9/10) / 2, PII clean"
+    assert run.breakdown == ["Release quality bar (group): 8.50 (3 of 3 rows scored)", "Quality: 8.00", "Safety: 9.00"]
+    assert [[(j["label"], j["rating"]) for j in row] for row in run.judge_scorer_results] == \
+        [[("Quality", 8), ("Safety", 9)]] * 3
+    assert [[(s["name"], s["native"]) for s in row] for row in run.scorer_rows] == [[("PII", False)]] * 3
+    assert {r["model"] for r in judge.requests} >= {"quality-model", "safety-model"}, "the server judged"
+    # Kept: the run is fetched back, every row with its output and result.
+    again = names["client"].evaluations.get(run.id)
+    assert again.rows == run.rows and again.rows[1]["output"].startswith("An answer to Capital of France?")
+    assert run.id in [r.id for r in names["client"].evaluations.list()]
+
+
+def test_a_gate_under_the_bar_raises_with_the_shortfall(names: dict[str, Any]) -> None:
+    client, group = names["client"], _group(names)
+    run = client.evaluations.run(dataset_id=names["dataset"].id, subject={"kind": "custom_agent", "displayName": "a"},
+                                 scorer_group_id=group.id).execute(agent_rating(quality=8, safety=7)).finalize()
+    assert run.gate(fail_under=7) == pytest.approx(7.5)
+    with pytest.raises(GateFailed, match=r"judge 'Safety' average is 7.00, under 8 by 1.00") as info:
+        run.gate(fail_under=8, scorer="Safety")
+    assert info.value.shortfall == pytest.approx(1.0)
+
+
+def test_rows_the_agent_failed_on_fail_the_gate_unless_allowed(names: dict[str, Any]) -> None:
+    client, group = names["client"], _group(names)
+    calls: list[str] = []
+
+    def flaky(question: str) -> str:
+        calls.append(question)
+        if question == "Say hi":
+            raise RuntimeError("model overloaded")
+        return "ok [[rating@quality-model=9]] [[rating@safety-model=9]]"
+
+    run = client.evaluations.run(dataset_id=names["dataset"].id, subject={"kind": "custom_agent", "displayName": "a"},
+                                 scorer_group_id=group.id).execute(flaky, retries=2).finalize()
+    assert calls.count("Say hi") == 3, "tried, then retried twice"
+    assert [r["rating"] for r in run.rows] == [9.0, 9.0, None]
+    with pytest.raises(GateFailed, match=r"1 of 3 rows have no group 'Release quality bar' score and 0 may .*"
+                                         r"1 row: No score: the agent failed on this row \(RuntimeError: model overloaded\)"):
+        run.gate(fail_under=7)
+    assert run.gate(fail_under=7, allow_unscored=1) == 9.0
+    assert run.gate(fail_under=7, allow_unscored=0.34) == 9.0
+
+
+async def test_async_agents_run_too(names: dict[str, Any]) -> None:
+    async def my_agent(question: str) -> str:
+        return "fine [[rating@quality-model=6]] [[rating@safety-model=6]]"
+
+    run = names["client"].evaluations.run(dataset_id=names["dataset"].id,
+                                          subject={"kind": "custom_agent", "displayName": "a"},
+                                          scorer_group_id=_group(names).id)
+    assert run.execute(my_agent).finalize().rating == pytest.approx(6.0)
+
+
+def test_the_group_wins_and_additional_scorers_are_nulled_with_a_warning(
+        names: dict[str, Any], capsys: pytest.CaptureFixture[str]) -> None:
+    client, group = names["client"], _group(names)
+    pending = client.evaluations.run(dataset_id=names["dataset"].id,
+                                     subject={"kind": "custom_agent", "displayName": "a"},
+                                     scorer_group_id=group.id, scorer_id=names["quality"].id,
+                                     additional_scorer_ids=[names["pii"].id])
+    assert pending.run.scorer_id is None and pending.run.additional_scorer_ids is None
+    assert pending.warnings == [
+        f"scorer_id {names['quality'].id!r} ignored: scorer_group_id and scorer_id are mutually exclusive "
+        "and the group wins",
+        f"additional_scorer_ids nulled ({names['pii'].id} not graded): the group wins, and a run graded by "
+        "group 'Release quality bar' is graded by the group alone"]
+    assert "warning: additional_scorer_ids nulled" in capsys.readouterr().err, "the SDK says so"
+    single = client.evaluations.run(dataset_id=names["dataset"].id,
+                                    subject={"kind": "custom_agent", "displayName": "a"},
+                                    scorer_id=names["quality"].id, additional_scorer_ids=[names["safety"].id])
+    assert single.run.additional_scorer_ids == [names["safety"].id] and single.warnings == []
+    graded = single.execute(agent_rating(quality=7, safety=2)).finalize()
+    assert graded.rating == pytest.approx(7.0), "additional scorers are graded alongside, not in the rating"
+    assert graded.judge_scorer_results[0][1]["label"] == "Safety" and graded.judge_scorer_results[0][1]["rating"] == 2
+
+
+def test_runs_and_datasets_are_the_projects_own(names: dict[str, Any], api: tuple[str, str, str]) -> None:
+    run = names["client"].evaluations.run(dataset_id=names["dataset"].id,
+                                          subject={"kind": "custom_agent", "displayName": "a"},
+                                          scorer_group_id=_group(names).id)
+    with Client(api[0], create_key(api[2], "--project", "p-other")) as stranger:
+        with pytest.raises(NotFound):
+            stranger.datasets.get(names["dataset"].id)
+        with pytest.raises(NotFound):
+            stranger.evaluations.get(run.id)
+        with pytest.raises(NotFound):
+            stranger.evaluations.run(dataset_id=names["dataset"].id,
+                                     subject={"kind": "custom_agent", "displayName": "a"},
+                                     scorer_group_id=_group(names).id)
+
+
+def test_a_finalize_must_answer_every_row_once(names: dict[str, Any], api: tuple[str, str, str]) -> None:
+    client = names["client"]
+    pending = client.evaluations.run(dataset_id=names["dataset"].id,
+                                     subject={"kind": "custom_agent", "displayName": "a"},
+                                     scorer_group_id=_group(names).id)
+    answer = httpx.post(f"{api[0]}/v1/evaluations/{pending.id}/finalize",
+                        headers={"Authorization": f"Bearer {api[1]}"},
+                        json={"outputs": [{"row": 0, "output": "x"}, {"row": 0, "output": "y"}]})
+    assert answer.status_code == 400
+    assert [e["message"] for e in answer.json()["errors"]] == ["row 0 is answered twice",
+                                                               "rows 1, 2 have no output or error"]
+
+
+def _group(names: dict[str, Any]) -> Any:
+    client = names["client"]
+    found = [g for g in client.monitor.scorer_groups.list() if g.name == "Release quality bar"]
+    if found:
+        return found[0]
+    return client.monitor.scorer_groups.create("Release quality bar", members=[
+        {"kind": "judge", "refId": names["quality"].id, "weight": 1, "gate": False},
+        {"kind": "judge", "refId": names["safety"].id, "weight": 1, "gate": True},
+        {"kind": "pattern", "refId": names["pii"].id, "weight": 0, "gate": True}])

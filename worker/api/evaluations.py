@@ -1,0 +1,178 @@
+"""``/v1/datasets`` and ``/v1/evaluations``: dataset runs graded server-side.
+
+The SDK creates a run against a dataset version, runs the user's agent on the rows, and sends
+the outputs to ``finalize``; the server grades them here, with the judge endpoint and the keys
+this process holds and the same engine ``scorer-worker grade`` uses, and keeps the results.
+Datasets and runs belong to the key's project: an operator key must use a project's key.
+"""
+
+from __future__ import annotations
+
+import functools
+from typing import Annotated, Literal
+
+from fastapi import APIRouter, Path, Query, Request, Response
+from pydantic import Field
+
+from scoring.catalog import CatalogStore
+from scoring.dataset import DatasetRow, plan_grading
+from scoring.datasets import Dataset, DatasetItem, DatasetStore, parse_rows
+from scoring.errors import InvalidDocument, NotFound
+from scoring.evaluations import (
+    EvaluationCreate,
+    EvaluationRun,
+    EvaluationStore,
+    Outputs,
+    check_outputs,
+    completed,
+    new_run,
+)
+from scoring.models import Id, Name, WireModel
+from scoring.subjects import as_text
+from worker.api.auth import Who, redis_of
+from worker.api.pages import Cursor, Limit, Page, page
+from worker.settings import Settings
+
+router = APIRouter(prefix="/v1", tags=["datasets and evaluations"])
+ItemId = Annotated[str, Path(alias="id", max_length=128)]
+MAX_CONTENT = 32 * 1024 * 1024
+
+
+class DatasetUpload(WireModel):
+    """Rows as the text of a JSONL or CSV file (see scoring.datasets for the CSV columns)."""
+
+    format: Literal["jsonl", "csv"] = "jsonl"
+    content: str = Field(max_length=MAX_CONTENT)
+
+
+class DatasetCreate(DatasetUpload):
+    name: Name
+    description: str | None = Field(None, max_length=2000)
+    id: Id | None = None
+
+
+class DatasetPage(Page):
+    items: list[Dataset]
+
+
+class DatasetRows(WireModel):
+    dataset_id: str
+    version: int
+    items: list[DatasetItem]
+
+
+class EvaluationPage(Page):
+    items: list[EvaluationRun]
+
+
+@functools.cache
+def _settings() -> Settings:
+    return Settings()
+
+
+def _project(who: Who) -> str:
+    if who.project_id is None:
+        raise InvalidDocument("authorization: datasets and evaluation runs belong to a project; "
+                              "use that project's key")
+    return who.project_id
+
+
+@router.post("/datasets", status_code=201, response_model=Dataset)
+async def create_dataset(body: DatasetCreate, who: Who, request: Request, response: Response) -> Dataset:
+    project = _project(who)
+    dataset = await DatasetStore(redis_of(request)).create(project, body.name, parse_rows(body.content, body.format),
+                                                           description=body.description, dataset_id=body.id)
+    response.headers["Location"] = str(request.url_for("get_dataset", id=dataset.id).path)
+    return dataset
+
+
+@router.get("/datasets", response_model=DatasetPage)
+async def list_datasets(who: Who, request: Request, limit: Limit = 50, cursor: Cursor = None) -> DatasetPage:
+    datasets = await DatasetStore(redis_of(request)).list(_project(who))
+    items, next_cursor = page(datasets, lambda d: d.id, limit, cursor)
+    return DatasetPage(items=items, next_cursor=next_cursor)
+
+
+@router.get("/datasets/{id}", response_model=Dataset)
+async def get_dataset(dataset_id: ItemId, who: Who, request: Request) -> Dataset:
+    return await DatasetStore(redis_of(request)).get(_project(who), dataset_id)
+
+
+@router.post("/datasets/{id}/versions", status_code=201, response_model=Dataset)
+async def add_dataset_version(dataset_id: ItemId, body: DatasetUpload, who: Who, request: Request) -> Dataset:
+    store = DatasetStore(redis_of(request))
+    project = _project(who)
+    await store.get(project, dataset_id)  # 404 before reading a large upload's rows
+    return await store.add_version(project, dataset_id, parse_rows(body.content, body.format))
+
+
+@router.get("/datasets/{id}/rows", response_model=DatasetRows)
+async def dataset_rows(dataset_id: ItemId, who: Who, request: Request,
+                       version: Annotated[int | None, Query(ge=1, le=1_000_000)] = None) -> DatasetRows:
+    found, items = await DatasetStore(redis_of(request)).rows(_project(who), dataset_id, version)
+    return DatasetRows(dataset_id=dataset_id, version=found, items=items)
+
+
+@router.post("/evaluations", status_code=201, response_model=EvaluationRun)
+async def create_evaluation(body: EvaluationCreate, who: Who, request: Request, response: Response) -> EvaluationRun:
+    """The group wins when both ``scorerGroupId`` and ``scorerId`` are sent, and a group-graded
+    run nulls ``additionalScorerIds``: the run's ``warnings`` say so."""
+    project = _project(who)
+    redis = redis_of(request)
+    version, items = await DatasetStore(redis).rows(project, body.dataset_id, body.dataset_version)
+    catalog = await CatalogStore(redis).snapshot()
+    try:
+        plan = plan_grading(catalog, scorer_group_id=body.scorer_group_id, scorer_id=body.scorer_id,
+                            additional_scorer_ids=body.additional_scorer_ids or (), project_id=project)
+    except ValueError as exc:
+        message = str(exc)
+        raise (NotFound(message) if message.startswith("no ") else InvalidDocument(message)) from None
+    run = new_run(project, body, version, len(items), plan)
+    await EvaluationStore(redis).save(run)
+    response.headers["Location"] = str(request.url_for("get_evaluation", id=run.id).path)
+    return run
+
+
+@router.get("/evaluations", response_model=EvaluationPage)
+async def list_evaluations(who: Who, request: Request, limit: Limit = 50, cursor: Cursor = None) -> EvaluationPage:
+    """The project's runs without their rows; fetch a run for those."""
+    runs = await EvaluationStore(redis_of(request)).list(_project(who))
+    items, next_cursor = page(runs, lambda r: r.id, limit, cursor)
+    return EvaluationPage(items=items, next_cursor=next_cursor)
+
+
+@router.get("/evaluations/{id}", response_model=EvaluationRun)
+async def get_evaluation(run_id: ItemId, who: Who, request: Request) -> EvaluationRun:
+    return await EvaluationStore(redis_of(request)).get(_project(who), run_id)
+
+
+@router.post("/evaluations/{id}/finalize", response_model=EvaluationRun)
+async def finalize_evaluation(run_id: ItemId, body: Outputs, who: Who, request: Request) -> EvaluationRun:
+    """Grade the agent's outputs (one per row: an ``output``, or the ``error`` the agent raised)
+    and keep every row's result; answers the completed run."""
+    from worker.grading import grade_with_settings  # the engine: judges, sandbox, external scorers
+
+    project = _project(who)
+    redis = redis_of(request)
+    store = EvaluationStore(redis)
+    run = await store.get(project, run_id)
+    check_outputs(run, body.outputs)
+    _, items = await DatasetStore(redis).rows(project, run.dataset_id, run.dataset_version)
+    catalog = await CatalogStore(redis).snapshot()
+    try:
+        plan = plan_grading(catalog, scorer_group_id=run.scorer_group_id, scorer_id=run.scorer_id,
+                            additional_scorer_ids=run.additional_scorer_ids or (), project_id=project)
+    except ValueError as exc:  # deleted since the run was created
+        raise NotFound(f"what grades this run is gone: {exc}") from None
+    rows, failed = [], {}
+    for o in body.outputs:
+        if o.error is not None or o.output is None:
+            failed[o.row] = o.error or "no output"
+            continue
+        item = items[o.row]
+        rows.append(DatasetRow(input=as_text(item.input), output=as_text(o.output), expected=item.expected,
+                               metadata=dict(item.metadata), id=str(o.row)))
+    graded = await grade_with_settings(_settings(), catalog, plan, rows)
+    done = completed(run, graded, failed)
+    await store.save(done)
+    return done
