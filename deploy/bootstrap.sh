@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Installs everything the worker and its tests need on a fresh Debian machine, idempotently:
 # Redis (Debian's redis-server), the code-scorer sandbox (bubblewrap, Debian's python3 with
-# libseccomp's binding python3-seccomp), Java and Maven when missing, the Python virtualenv in .venv
+# libseccomp's binding python3-seccomp), Prometheus with promtool (Debian's prometheus, for the
+# dashboard and alert-rule tests), Java and Maven when missing, the Python virtualenv in .venv
 # with the pinned versions of constraints.txt, and Kafka's jars from Maven Central.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -12,6 +13,8 @@ command -v bwrap >/dev/null 2>&1 || need_apt+=(bubblewrap)
 /usr/bin/python3 -c 'import seccomp' >/dev/null 2>&1 || need_apt+=(python3-seccomp)
 command -v java >/dev/null 2>&1 || need_apt+=(openjdk-17-jre-headless)
 command -v mvn >/dev/null 2>&1 || need_apt+=(maven)
+# Prometheus and promtool: tests/reliability/test_prometheus_live.py runs its own on loopback.
+command -v prometheus >/dev/null 2>&1 && command -v promtool >/dev/null 2>&1 || need_apt+=(prometheus)
 if [ ${#need_apt[@]} -gt 0 ]; then
   echo "bootstrap: installing ${need_apt[*]} from Debian" >&2
   sudo_cmd=""; [ "$(id -u)" -ne 0 ] && sudo_cmd="sudo"

@@ -119,6 +119,8 @@ class Worker:
                                socket_connect_timeout=s.redis_timeout_s)
         ops = metrics.OpsServer(s.metrics_port, self.readiness)
         await ops.start()
+        for dependency in ("redis", "kafka"):  # a series from the start: panels and alerts see 0, not nothing
+            metrics.observe_outage(dependency, False)
         watcher = CatalogWatcher(CatalogStore(redis), on_lost=metrics.observe_catalog_lost)
         await watcher.start()
         await ensure_topics(s)
