@@ -41,3 +41,13 @@ async def test_budget_used_reads_the_current_window(redis: Redis, unique: str) -
     assert await claims.budget_used(f"pb-{unique}", 3600) == 0, "nothing spent yet"
     await claims.claim_many([req(unique, "t-1", calls=3)])  # now, in the current window
     assert await claims.budget_used(f"pb-{unique}", 3600) == 3
+
+
+async def test_a_lease_lasts_its_lease_time_and_a_budget_window_key_two_windows(redis: Redis, unique: str) -> None:
+    claims = Claims(redis, lease_s=10)
+    r = req(unique, "t-lease")
+    await claims.claim_many([r])
+    assert 9_000 < await redis.pttl(r.key) <= 10_000, "the lease is the configured 10 s"
+    budget_keys = [k async for k in redis.scan_iter(match=f"*budget*pb-{unique}*")]
+    assert budget_keys, "the window's counter exists"
+    assert all(3_600 < await redis.ttl(k) <= 7_200 for k in budget_keys), "kept two windows, then gone"
