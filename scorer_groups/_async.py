@@ -12,6 +12,7 @@ import httpx
 
 from scorer_groups import _calls as calls
 from scorer_groups._calls import Call, Retry, raise_for_problem
+from scorer_groups.evaluations_async import AsyncDatasets, AsyncEvaluations
 from scoring.api_models import Change, Channel, Ratings, SessionScore
 from scoring.models import Budget, CustomEvaluator, Judge, Pattern, ScorerGroup, WireModel
 
@@ -174,6 +175,8 @@ class AsyncClient:
                  http: httpx.AsyncClient | None = None) -> None:
         self._transport = Transport(base_url, api_key, timeout_s=timeout_s, retry=retry or Retry(), http=http)
         self.monitor = Monitor(self._transport)
+        self.datasets = AsyncDatasets(self._transport)
+        self.evaluations = AsyncEvaluations(self._transport)
 
     async def close(self) -> None:
         await self._transport.close()

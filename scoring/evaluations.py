@@ -111,14 +111,14 @@ def new_run(project_id: str, request: EvaluationCreate, version: int, row_count:
 def completed(run: EvaluationRun, graded: DatasetRun, failed: dict[int, str]) -> EvaluationRun:
     """The run with its results: graded rows from ``graded`` (in the order they were graded),
     and the rows in ``failed`` (row -> the agent's error) as rows without a score."""
-    by_row = {r.row.id: r for r in graded.rows}
+    by_row = {r.row.id: (at, r) for at, r in enumerate(graded.rows)}
     columns = graded.columns()
     rows: list[dict[str, Any]] = []
     ratings: dict[str, list[float | None]] = {j.label: [] for j in columns.judges}
     errors: dict[str, list[str | None]] = {j.label: [] for j in columns.judges}
     for index in range(run.row_count):
-        result = by_row.get(str(index))
-        if result is None:
+        found = by_row.get(str(index))
+        if found is None:
             reason = f"No score: the agent failed on this row ({failed.get(index, 'no output')})"
             rows.append({"row": index, "rating": None, "reason": reason, "judgeScorerResults": [],
                          "scorerRows": [], "error": failed.get(index, "no output")})
@@ -126,7 +126,7 @@ def completed(run: EvaluationRun, graded: DatasetRun, failed: dict[int, str]) ->
                 ratings[j.label].append(None)
                 errors[j.label].append("the agent failed on this row")
             continue
-        at = graded.rows.index(result)
+        at, result = found
         rows.append({**result.wire(), "row": index, "output": result.row.output})
         for j in columns.judges:
             ratings[j.label].append(j.ratings[at])

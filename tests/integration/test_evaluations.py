@@ -213,3 +213,18 @@ def _group(names: dict[str, Any]) -> Any:
         {"kind": "judge", "refId": names["quality"].id, "weight": 1, "gate": False},
         {"kind": "judge", "refId": names["safety"].id, "weight": 1, "gate": True},
         {"kind": "pattern", "refId": names["pii"].id, "weight": 0, "gate": True}])
+
+
+async def test_the_async_twin_runs_and_gates_alike(names: dict[str, Any], api: tuple[str, str, str]) -> None:
+    from scorer_groups import AsyncClient
+
+    group = _group(names)
+    async with AsyncClient(api[0], api[1]) as client:
+        dataset = await client.datasets.create("Async questions", rows=[{"input": "a"}, {"input": "b"}])
+        pending = await client.evaluations.run(dataset_id=dataset.id, scorer_group_id=group.id,
+                                               subject={"kind": "custom_agent", "displayName": "a"})
+        run = await (await pending.execute(agent_rating(quality=9, safety=4))).finalize()
+        assert [r["rating"] for r in run.rows] == [0.0, 0.0], "Safety under 5 zeroes the group (must pass)"
+        with pytest.raises(GateFailed, match=r"group 'Release quality bar' score is 0.00, under 7 by 7.00"):
+            run.gate(fail_under=7)
+        assert (await client.evaluations.get(run.id)).rows == run.rows
