@@ -11,7 +11,7 @@ import subprocess
 import sys
 import time
 from collections.abc import AsyncIterator, Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -20,7 +20,6 @@ import orjson
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
 from redis.asyncio import Redis
 
-from deploy.services import free_port
 from scoring.groups import MonitorClient
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -31,7 +30,7 @@ class WorkerProcess:
     env: dict[str, str]
     name: str = "worker"
     proc: subprocess.Popen[bytes] | None = None
-    metrics_port: int = field(default_factory=free_port)
+    metrics_port: int = 0  # 0: the worker binds a free port itself and logs it (no race for it)
     log_path: Path | None = None
 
     def start(self, log_dir: Path) -> WorkerProcess:
@@ -44,7 +43,22 @@ class WorkerProcess:
 
     @property
     def url(self) -> str:
+        if not self.metrics_port:
+            self.metrics_port = self._logged_port()
         return f"http://127.0.0.1:{self.metrics_port}"
+
+    def _logged_port(self, timeout_s: float = 60) -> int:
+        """The port the worker bound for its ops endpoint, read from its log."""
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            for line in self.logs(whole=True).splitlines():
+                if '"ops endpoint listening"' in line:
+                    return int(orjson.loads(line)["port"])
+            assert self.proc is not None
+            if self.proc.poll() is not None:
+                raise AssertionError(f"{self.name} exited with {self.proc.returncode}:\n{self.logs()}")
+            time.sleep(0.1)
+        raise AssertionError(f"{self.name} logged no ops port in {timeout_s}s:\n{self.logs()}")
 
     def wait_ready(self, timeout_s: float = 60) -> None:
         deadline = time.monotonic() + timeout_s
@@ -85,8 +99,9 @@ class WorkerProcess:
                 raise AssertionError(f"{self.name} did not stop on SIGTERM:\n{self.logs()}") from None
         return self.proc.returncode
 
-    def logs(self) -> str:
-        return self.log_path.read_text(errors="replace")[-6000:] if self.log_path else ""
+    def logs(self, whole: bool = False) -> str:
+        text = self.log_path.read_text(errors="replace") if self.log_path and self.log_path.exists() else ""
+        return text if whole else text[-6000:]
 
 
 async def produce(bootstrap: str, topic: str, records: list[tuple[bytes | None, bytes]]) -> None:
