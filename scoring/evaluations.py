@@ -158,6 +158,16 @@ class EvaluationStore:
             pipe.expire(keys.evaluations(run.project_id), keys.EVALUATION_TTL_S)
             await pipe.execute()
 
+    async def claim_finalize(self, project_id: str, run_id: str, hold_s: int = 3_600) -> bool:
+        """Only one finalize grades a run: a second one at the same time (a retried request, a
+        double click) is refused instead of spending the judges twice."""
+        claimed = await self.redis.set(keys.evaluation(project_id, run_id) + ":finalizing", b"1",
+                                       nx=True, ex=hold_s)
+        return bool(claimed)
+
+    async def release_finalize(self, project_id: str, run_id: str) -> None:
+        await self.redis.delete(keys.evaluation(project_id, run_id) + ":finalizing")
+
     async def get(self, project_id: str, run_id: str) -> EvaluationRun:
         raw = await self.redis.get(keys.evaluation(project_id, run_id))
         if raw is None:

@@ -228,3 +228,22 @@ async def test_the_async_twin_runs_and_gates_alike(names: dict[str, Any], api: t
         with pytest.raises(GateFailed, match=r"group 'Release quality bar' score is 0.00, under 7 by 7.00"):
             run.gate(fail_under=7)
         assert (await client.evaluations.get(run.id)).rows == run.rows
+
+
+def test_a_run_is_graded_once(names: dict[str, Any], api: tuple[str, str, str]) -> None:
+    from scoring import keys
+
+    client = names["client"]
+    pending = client.evaluations.run(dataset_id=names["dataset"].id, scorer_group_id=_group(names).id,
+                                     subject={"kind": "custom_agent", "displayName": "a"})
+    outputs = {"outputs": [{"row": i, "output": "x"} for i in range(3)]}
+    finalize = f"{api[0]}/v1/evaluations/{pending.id}/finalize"
+    auth = {"Authorization": f"Bearer {api[1]}"}
+    claim = keys.evaluation("p-eval", pending.id) + ":finalizing"
+    sync_redis.Redis.from_url(api[2]).set(claim, b"1")  # another request is grading it right now
+    busy = httpx.post(finalize, headers=auth, json=outputs)
+    assert busy.status_code == 409 and "being finalized by another request" in busy.json()["detail"]
+    sync_redis.Redis.from_url(api[2]).delete(claim)
+    assert httpx.post(finalize, headers=auth, json=outputs, timeout=60).status_code == 200
+    again = httpx.post(finalize, headers=auth, json=outputs, timeout=60)
+    assert again.status_code == 400 and again.json()["errors"][0]["message"] == "the run is already finalized"

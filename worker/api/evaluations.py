@@ -13,11 +13,12 @@ from typing import Annotated, Literal
 
 from fastapi import APIRouter, Path, Query, Request, Response
 from pydantic import Field
+from redis.asyncio import Redis
 
 from scoring.catalog import CatalogStore
 from scoring.dataset import DatasetRow, plan_grading
 from scoring.datasets import Dataset, DatasetItem, DatasetStore, parse_rows
-from scoring.errors import InvalidDocument, NotFound
+from scoring.errors import Conflict, InvalidDocument, NotFound
 from scoring.evaluations import (
     EvaluationCreate,
     EvaluationRun,
@@ -29,6 +30,7 @@ from scoring.evaluations import (
 )
 from scoring.models import Id, Name, WireModel
 from scoring.subjects import as_text
+from worker.api import problems
 from worker.api.auth import Who, redis_of
 from worker.api.pages import Cursor, Limit, Page, page
 from worker.settings import Settings
@@ -146,17 +148,30 @@ async def get_evaluation(run_id: ItemId, who: Who, request: Request) -> Evaluati
     return await EvaluationStore(redis_of(request)).get(_project(who), run_id)
 
 
-@router.post("/evaluations/{id}/finalize", response_model=EvaluationRun)
+@router.post("/evaluations/{id}/finalize", response_model=EvaluationRun,
+             responses={409: {**problems.RESPONSES[412], "description": "Being finalized by another request"}})
 async def finalize_evaluation(run_id: ItemId, body: Outputs, who: Who, request: Request) -> EvaluationRun:
     """Grade the agent's outputs (one per row: an ``output``, or the ``error`` the agent raised)
     and keep every row's result; answers the completed run."""
-    from worker.grading import grade_with_settings  # the engine: judges, sandbox, external scorers
-
     project = _project(who)
     redis = redis_of(request)
     store = EvaluationStore(redis)
-    run = await store.get(project, run_id)
-    check_outputs(run, body.outputs)
+    await store.get(project, run_id)  # 404 first
+    if not await store.claim_finalize(project, run_id):
+        raise Conflict(f"evaluation run {run_id!r} is being finalized by another request")
+    try:
+        run = await store.get(project, run_id)  # read under the claim: a finished run is not graded again
+        check_outputs(run, body.outputs)
+        done = await _grade(redis, project, run, body)
+    finally:
+        await store.release_finalize(project, run_id)
+    await store.save(done)
+    return done
+
+
+async def _grade(redis: Redis, project: str, run: EvaluationRun, body: Outputs) -> EvaluationRun:
+    from worker.grading import grade_with_settings  # the engine: judges, sandbox, external scorers
+
     _, items = await DatasetStore(redis).rows(project, run.dataset_id, run.dataset_version)
     catalog = await CatalogStore(redis).snapshot()
     try:
@@ -173,6 +188,4 @@ async def finalize_evaluation(run_id: ItemId, body: Outputs, who: Who, request: 
         rows.append(DatasetRow(input=as_text(item.input), output=as_text(o.output), expected=item.expected,
                                metadata=dict(item.metadata), id=str(o.row)))
     graded = await grade_with_settings(_settings(), catalog, plan, rows)
-    done = completed(run, graded, failed)
-    await store.save(done)
-    return done
+    return completed(run, graded, failed)
