@@ -49,6 +49,7 @@ RULES = DEPLOY / "prometheus" / "rules.yml"
 RULE_TESTS = DEPLOY / "prometheus" / "rules.test.yml"
 DASHBOARD = DEPLOY / "grafana" / "scorer-group-worker.json"
 JOB = "scorer-group-worker"  # the job name the rules' `up{job=...}` expects
+METRIC_NAME = re.compile(r"\bsgw_[a-z_]+")
 SELECTOR = re.compile(r'\b((?:sgw_[a-z_]+|up(?=\{))(?:\{[^}]*\})?)')
 PROMETHEUS_START_TIMEOUT_S = 30
 DATA_TIMEOUT_S = 90
@@ -57,6 +58,11 @@ WAVES, WAVE_PAUSE_S = 3, 3.0
 HAPPENED = {"sgw_webhook_channels_disabled_total", "sgw_groups_skipped_total", "sgw_otlp_dropped_spans_total",
             "sgw_traces_dead_lettered_total", "sgw_signals_raised_total", "sgw_member_failures_total",
             "sgw_judge_calls_total", "sgw_webhook_deliveries_total"}
+# Alerts about what this test keeps healthy (with the API process scraped too, as the dashboard's
+# API panels need): their expressions must have no result.
+SILENT_UNDER_TRAFFIC = {"ScorerWorkerNotReady", "ScorerWorkerCommitsStalled", "ScorerDependencyUnreachable",
+                        "ScorerCatalogLost", "ScorerCodeSandboxUnavailable", "ScorerOtlpAssemblySlow",
+                        "ScorerWebhookDeliveriesStuck"}
 # Alerts this traffic must make true: their expressions must have a result, not only parse.
 TRUE_UNDER_TRAFFIC = {"ScorerJudgeBudgetExhausted", "ScorerOtlpSpansDropped", "ScorerWebhookChannelDisabled"}
 
@@ -280,8 +286,8 @@ async def test_every_panel_and_alert_expression_works_on_a_real_prometheus(
             worker.wait_ready()
             api.start()
             prometheus = Prometheus(prometheus_folder, {JOB: f"127.0.0.1:{worker.metrics_port}",
-                                                        f"{JOB}-api": f"127.0.0.1:{api.port}"}).start()
-
+                                                        f"{JOB}-api": f"127.0.0.1:{api.port}"})
+            prometheus.start()  # assigned first: stopped in `finally` even if it never gets ready
             prometheus.wait_scraped(JOB, f"{JOB}-api")
 
             # Traffic, in waves a few scrapes apart (rates see increases, not counters that were
@@ -311,7 +317,7 @@ async def test_every_panel_and_alert_expression_works_on_a_real_prometheus(
                     if answer.get("status") == "error":
                         parse_errors[expr] = answer.get("error", "")
                         dead.pop(expr)
-                    elif has_values(answer, positive=bool(HAPPENED & set(SELECTOR.findall(expr)))):
+                    elif has_values(answer, positive=bool(HAPPENED & set(METRIC_NAME.findall(expr)))):
                         dead.pop(expr)
                 if dead:
                     await asyncio.sleep(1)
@@ -330,6 +336,11 @@ async def test_every_panel_and_alert_expression_works_on_a_real_prometheus(
             silent = [rule["alert"] for rule in alert_rules() if rule["alert"] in TRUE_UNDER_TRAFFIC
                       and not prometheus.query(rule["expr"])["data"]["result"]]
             assert not silent, f"alert expressions false although the traffic made them true: {silent}"
+            healthy = SILENT_UNDER_TRAFFIC - (set() if worker.metric("sgw_code_sandbox_available") == 1
+                                              else {"ScorerCodeSandboxUnavailable"})  # no bwrap here
+            firing = [rule["alert"] for rule in alert_rules() if rule["alert"] in healthy
+                      and prometheus.query(rule["expr"])["data"]["result"]]
+            assert not firing, f"alert expressions true although nothing they watch is wrong: {firing}"
             evaluated = {r["name"]: r for r in prometheus.rules()}
             assert set(evaluated) == {r["alert"] for r in alert_rules()}
             unhealthy = {name: r.get("lastError") for name, r in evaluated.items() if r["health"] != "ok"}
