@@ -19,6 +19,7 @@ import orjson
 from aiokafka import AIOKafkaProducer
 from redis.asyncio import Redis
 
+from deploy.services import free_port
 from scoring.groups import MonitorClient
 from tests.bench.workload import (
     DETERMINISTIC_CATALOG,
@@ -72,7 +73,9 @@ class Bench:
         env = worker_env(self.bootstrap, redis_url, self.name(name), topic_partitions=6, log_level="warning",
                          code_sandboxes=self.sandboxes, **{**settings, **self.worker_settings})
         env["SGW_TRACES_TOPIC"] = topic or self.topic
-        return WorkerProcess(env, name=name).start(self.logs)
+        # A port of our own: the worker logs the one it binds at info level, and the bench runs it at
+        # warning (no log lines on the hot path).
+        return WorkerProcess(env, name=name, metrics_port=free_port()).start(self.logs)
 
     def process(self, name: str, argv: list[str]) -> subprocess.Popen[bytes]:
         env = {**os.environ, "PYTHONPATH": str(ROOT)}
