@@ -28,6 +28,7 @@ from scoring.catalog import (
     KIND_MODELS,
     CatalogSnapshot,
     CatalogStore,
+    SnapshotCache,
     Write,
     doc_id,
     etag,
@@ -309,9 +310,9 @@ def _kind(kind: str) -> str:
 class MonitorClient:
     """The SDK surface in one object: ``client.scorer_groups``, ``client.sessions``, ..."""
 
-    def __init__(self, redis: Redis, caller: Caller | None = None) -> None:
+    def __init__(self, redis: Redis, caller: Caller | None = None, cache: SnapshotCache | None = None) -> None:
         caller = caller or Caller()
-        self.store = CatalogStore(redis, actor=caller.actor)
+        self.store = CatalogStore(redis, actor=caller.actor, cache=cache)
         self.ratings_store = RatingsStore(redis)
         self.scorer_groups = ScorerGroups(self.store, self.ratings_store, caller)
         self.sessions = Sessions(self.ratings_store, self.store, caller)

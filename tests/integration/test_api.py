@@ -455,3 +455,27 @@ def test_scorer_writes_are_recorded_too(api: Api) -> None:
         assert [e["action"] for e in entries] == ["updated", "created"]
         assert entries[0]["changes"] == {"criteria": {"before": "Polite?", "after": "Polite and warm?"}}
         assert_problem(b.get(f"/v1/judges/{judge['id']}/changes"), 404)
+
+
+def test_reads_see_a_change_made_outside_the_api_at_once(api: Api, scorers: dict[str, str]) -> None:
+    import asyncio
+
+    from redis.asyncio import Redis
+
+    from scoring.groups import MonitorClient
+
+    with api.as_("a") as a:
+        g = create_group(a, name="Before", members=[member("judge", scorers["quality"])])
+        assert a.get(f"/v1/scorer-groups/{g['id']}").json()["name"] == "Before"  # now cached
+
+        async def rename() -> None:
+            redis = Redis.from_url(api.redis_url)
+            try:
+                await MonitorClient(redis).scorer_groups.update(g["id"], name="After")  # as the CLI would
+            finally:
+                await redis.aclose()
+
+        asyncio.run(rename())
+        assert a.get(f"/v1/scorer-groups/{g['id']}").json()["name"] == "After"
+        changes = a.get(f"/v1/scorer-groups/{g['id']}/changes").json()["items"]
+        assert changes[0]["actor"] == "local" and changes[0]["changes"]["name"]["after"] == "After"

@@ -34,7 +34,7 @@ async def caller(request: Request,
 
 async def client(request: Request, who: Annotated[Caller, Depends(caller)]) -> MonitorClient:
     """The catalog surface, scoped to the caller's project."""
-    return MonitorClient(redis_of(request), who)
+    return MonitorClient(redis_of(request), who, cache=request.app.state.snapshots)
 
 
 Client = Annotated[MonitorClient, Depends(client)]
