@@ -182,3 +182,43 @@ async def test_scoring_in_bulk_gives_what_scoring_one_by_one_gives(panel: Panel,
     assert [r.blend.reason for r in bulk] == [r.blend.reason for r in alone]
     assert [[(m.outcome.name, m.status, m.outcome.error) for m in r.blend.members] for r in bulk] == \
            [[(m.outcome.name, m.status, m.outcome.error) for m in r.blend.members] for r in alone]
+
+
+async def test_bulk_outcomes_are_whole_and_each_member_is_observed(external_server: ScriptedServer) -> None:
+    seen: list[tuple[str, str, str | None, float]] = []
+    sandbox = SandboxPool(size=2)
+    await sandbox.start()
+    try:
+        p = Panel(sandbox=sandbox, member_deadline_s=10, observe=lambda *call: seen.append(call))
+        scorers = catalog(external_server.url)
+        g = group(("pattern", "disclaimer", 1, False), ("custom", "length", 2, False), ("custom", "boom", 1, False))
+        items = [(g, subject(text)) for text in ("short", "z" * 120 + " not financial advice")]
+        bulk = await p.score_many(items, scorers)
+        in_bulk, seen[:] = list(seen), []
+        alone = [await p.score(grp, subj, scorers) for grp, subj in items]
+    finally:
+        await sandbox.close()
+
+    def whole(r: Any) -> list[tuple[Any, ...]]:
+        return [(m.outcome.name, m.outcome.kind, m.outcome.ref_id, m.outcome.native, m.outcome.goodness,
+                 m.outcome.detail, m.outcome.error, m.status) for m in r.blend.members]
+
+    assert [whole(r) for r in bulk] == [whole(r) for r in alone]
+    assert [(r.group, r.subject) for r in bulk] == items
+    assert whole(bulk[0])[1] == ("Length", "custom", "length", 0.05, 0.05, None, None, "scored")
+    assert whole(bulk[0])[2][6] == "ZeroDivisionError: division by zero"
+    assert sorted(c[:3] for c in in_bulk) == sorted(c[:3] for c in seen), "observed alike, member by member"
+    assert sorted(c[:3] for c in in_bulk) == sorted(
+        [("custom", "failed", "ZeroDivisionError: division by zero")] * 2 + [("custom", "scored", None)] * 2
+        + [("pattern", "scored", None)] * 2)
+    assert all(0 <= c[3] < 60 for c in in_bulk), "seconds it took"
+
+
+def test_planned_judge_calls_skips_a_judge_that_needs_an_expected_answer_it_lacks(
+        external_server: ScriptedServer) -> None:
+    cat = catalog(external_server.url)
+    exact = Judge(id="exact", name="Exact", criteria="Matches?", requires_expected=True)
+    cat = CatalogSnapshot(version=2, judges={**cat.judges, "exact": exact}, patterns=cat.patterns)
+    g = group(("pattern", "apology", 0, True), ("judge", "exact", 1, False), ("judge", "quality", 1, False))
+    assert planned_judge_calls(g, cat, subject("x")) == 1, "Exact is not asked without an expected answer"
+    assert planned_judge_calls(g, cat, subject("x", expected="4")) == 2
