@@ -11,6 +11,8 @@ whether the user's need was resolved) and never uses ``judgePrompt``.
 from __future__ import annotations
 
 import asyncio
+import itertools
+import math
 import re
 import time
 from collections.abc import Callable
@@ -101,6 +103,9 @@ def parse_verdict(content: str) -> JudgeVerdict:
     return JudgeVerdict(float(rating), justification if isinstance(justification, str) else "")
 
 
+_CONNECTIONS_PER_POOL = 16
+
+
 class JudgeClient:
     """One OpenAI-compatible endpoint: pooled connections and a cap on concurrent calls."""
 
@@ -122,13 +127,20 @@ class JudgeClient:
         self._timeout_s = timeout_s
         self._policy = policy
         self._slots = asyncio.Semaphore(concurrency)
-        self._http = httpx.AsyncClient(
-            limits=httpx.Limits(max_connections=concurrency, max_keepalive_connections=concurrency),
-            timeout=timeout_s,
-        )
+        # Several small connection pools rather than one large one: httpx's pool looks over all
+        # its connections for every request, which costs more than the calls themselves past a
+        # few dozen connections (measured: 0.13 of concurrency / latency at 64 in one pool, 0.25
+        # in four). Calls take the pools in turn.
+        pools = max(1, math.ceil(concurrency / _CONNECTIONS_PER_POOL))
+        per_pool = math.ceil(concurrency / pools)
+        self._pools = [httpx.AsyncClient(limits=httpx.Limits(max_connections=per_pool,
+                                                             max_keepalive_connections=per_pool),
+                                         timeout=timeout_s) for _ in range(pools)]
+        self._turn = itertools.cycle(self._pools)
 
     async def close(self) -> None:
-        await self._http.aclose()
+        for pool in self._pools:
+            await pool.aclose()
 
     async def grade(self, judge: Judge, subject: Subject) -> JudgeVerdict:
         if judge.requires_expected and subject.expected is None:
@@ -144,7 +156,7 @@ class JudgeClient:
         try:
             async with self._slots:
                 deadline = asyncio.get_running_loop().time() + self._timeout_s
-                response = await post_json(self._http, self._url, body, what="judge", deadline=deadline,
+                response = await post_json(next(self._turn), self._url, body, what="judge", deadline=deadline,
                                            headers=self._headers, policy=self._policy)
             verdict = parse_verdict(_content(response))
             outcome = "ok"
