@@ -131,7 +131,7 @@ async def run(args: argparse.Namespace) -> None:
         await MonitorClient(redis).apply(CATALOG)
         await redis.aclose()
         tag = f"{int(time.time())}"
-        env = worker_env(bootstrap, redis_url, f"bench-{tag}", topic_partitions=6, log_level="warning",
+        env = worker_env(bootstrap, redis_url, f"bench-{tag}", topic_partitions=6,
                          code_sandboxes=args.sandboxes)
         logs = Path(tempfile.mkdtemp(prefix="sgw-bench-"))
 
