@@ -47,7 +47,14 @@ from scoring import keys, signing
 from scoring.breaker import CircuitBreaker
 from scoring.catalog import CatalogSnapshot
 from scoring.channels import channel_id
-from scoring.delivery_schedule import Attempt, DeliverySchedule, Incident, PendingDelivery, RetrySchedule
+from scoring.delivery_schedule import (
+    Attempt,
+    DeliverySchedule,
+    Incident,
+    PendingDelivery,
+    RetrySchedule,
+    Settlements,
+)
 from scoring.egress import EgressPolicy, EgressRefused
 from scoring.http import describe_status, retry_after_seconds
 from scoring.models import AlertChannel
@@ -100,28 +107,50 @@ def channel_label(channel: AlertChannel) -> str:
 class SenderLimits:
     timeout_s: float = 10.0  # one attempt
     channel_concurrency: int = 4  # attempts at once per channel
-    channel_backlog: int = 8  # claimed deliveries waiting per channel beyond those
-    max_in_flight: int = 256  # claimed deliveries held by this worker
+    channel_backlog: int = 128  # claimed deliveries waiting per channel, at most
+    lane_wait_s: float = 5.0  # a channel takes a delivery only if it expects to start it within this
+    max_in_flight: int = 512  # claimed deliveries held by this worker
     breaker_failures: int = 5
     breaker_open_s: float = 30.0
     disable_after_s: float = 86_400.0
     poll_s: float = 0.5
+    flush_s: float = 0.05  # how often the schedule's writes are sent (one round trip each time)
     commit_interval_s: float = 1.0
 
     @property
+    def max_wait_s(self) -> float:
+        """The longest a delivery waits for its channel's slot before it is put back."""
+        return 4 * self.lane_wait_s + 20.0
+
+    @property
     def lease_s(self) -> float:
-        """How long a claim lasts: a wait in a full lane plus the attempt, with room."""
-        return self.timeout_s * (2 + self.channel_backlog / self.channel_concurrency) + 30.0
+        """How long a claim lasts: the longest wait for a slot, the attempt, and room."""
+        return self.max_wait_s + self.timeout_s + 30.0
 
 
 @dataclass
 class Lane:
-    """One channel's share of the sender."""
+    """One channel's share of the sender: its slots, its breaker, and how long its attempts take
+    (so a slow channel is given only the deliveries it can start soon)."""
 
     slots: asyncio.Semaphore
     breaker: CircuitBreaker
     waiting: int = 0
-    reported_state: str = field(default="closed")
+    running: list[float] = field(default_factory=list)  # monotonic start of each attempt under way
+    latency_s: float | None = None  # moving average of attempt durations
+    reported_state: str = "closed"
+
+    PRIOR_LATENCY_S = 0.25  # until a channel has answered once
+
+    def expected_wait(self, now: float, concurrency: int) -> float:
+        """Seconds until one more delivery would start: the work ahead of it, at the channel's
+        pace (an attempt still under way counts for as long as it has run)."""
+        oldest = now - min(self.running) if self.running else 0.0
+        latency = max(self.PRIOR_LATENCY_S if self.latency_s is None else self.latency_s, oldest, 0.001)
+        return (self.waiting + len(self.running)) / concurrency * latency
+
+    def observe(self, seconds: float) -> None:
+        self.latency_s = seconds if self.latency_s is None else 0.8 * self.latency_s + 0.2 * seconds
 
 
 class WebhookSender:
@@ -146,6 +175,7 @@ class WebhookSender:
         self._offsets = OffsetTracker()
         self._tasks: dict[asyncio.Task[None], str] = {}  # attempt task -> delivery id it holds
         self._lanes: dict[str, Lane] = {}
+        self._writes = Settlements()  # what ended attempts write to the schedule, sent in batches
         self._http = httpx.AsyncClient(follow_redirects=False,
                                        headers={"User-Agent": "scorer-group-worker-webhooks"})
         self.delivered = 0  # for tests and logs
@@ -155,6 +185,7 @@ class WebhookSender:
 
     async def run(self, stop: asyncio.Event) -> None:
         poller = asyncio.create_task(self._poll(stop), name="webhook-schedule-poller")
+        flusher = asyncio.create_task(self._flush_writes(), name="webhook-schedule-writes")
         last_commit = time.monotonic()
         try:
             while not stop.is_set() and self.failed is None:
@@ -176,6 +207,10 @@ class WebhookSender:
             with contextlib.suppress(asyncio.CancelledError):
                 await poller
             await self._let_attempts_finish()
+            flusher.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await flusher
+            await self._flush()
             with contextlib.suppress(Exception):
                 await self._commit()
             await self._http.aclose()
@@ -224,17 +259,37 @@ class WebhookSender:
     async def _poll(self, stop: asyncio.Event) -> None:
         last_stats = 0.0
         while not stop.is_set():
+            more = False
             try:
                 room = self._limits.max_in_flight - len(self._tasks)
-                for pending in await self._schedule.claim_due(time.time(), room):
+                claimed = await self._schedule.claim_due(time.time(), room)
+                for pending in claimed:
                     self._dispatch(pending)
+                more = room > 0 and len(claimed) == room  # a backlog: claim again soon
                 if time.monotonic() - last_stats >= 5.0:
                     self._events.pending(*await self._schedule.stats(time.time()))
                     last_stats = time.monotonic()
             except Exception:
                 log.warning("webhook schedule poll failed; trying again", exc_info=True)
             with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(stop.wait(), timeout=self._limits.poll_s)
+                await asyncio.wait_for(stop.wait(), timeout=self._limits.flush_s if more else self._limits.poll_s)
+
+    async def _flush_writes(self) -> None:
+        while True:
+            await asyncio.sleep(self._limits.flush_s)
+            await self._flush()
+
+    async def _flush(self) -> None:
+        """Send the schedule writes of the attempts that ended since the last flush, together:
+        one round trip however many attempts ended (and one Redis connection)."""
+        if not self._writes:
+            return
+        writes, self._writes = self._writes, Settlements()
+        try:
+            await self._outages.call(lambda: self._schedule.settle(writes))
+        except Exception:
+            log.exception("webhook schedule writes failed; those deliveries come back when their claims run out",
+                          deliveries=len(writes.finished) + len(writes.retries) + len(writes.postponed))
 
     def _dispatch(self, pending: PendingDelivery) -> None:
         task = asyncio.create_task(self._deliver(pending))
@@ -254,27 +309,36 @@ class WebhookSender:
         channel = self._channel(delivery)
         if channel is None:
             log.info("alert channel removed; delivery dropped", agent=delivery.agent_id, delivery=delivery.id)
-            await self._schedule.finish(delivery.id, "dead")
+            self._writes.finished[delivery.id] = "dead"
             return
         if channel.disabled:
             await self._dead_letter(pending, "channel_disabled", f"the channel is disabled: {channel.disabled_reason}")
             return
         lane = self._lane(channel)
-        if lane.waiting >= self._limits.channel_backlog:
-            await self._schedule.postpone([delivery.id], time.time() + 1.0)  # this channel is behind
+        expected = lane.expected_wait(time.monotonic(), self._limits.channel_concurrency)
+        if lane.waiting >= self._limits.channel_backlog or expected > self._limits.lane_wait_s:
+            # This channel is behind: the delivery waits in Redis, not here, holding nothing.
+            self._writes.postponed[delivery.id] = time.time() + min(max(expected, 1.0), 60.0)
             return
         lane.waiting += 1
         try:
-            await lane.slots.acquire()
+            await asyncio.wait_for(lane.slots.acquire(), timeout=self._limits.max_wait_s)
+        except TimeoutError:
+            self._writes.postponed[delivery.id] = time.time() + 1.0  # put back before the claim runs out
+            return
         finally:
             lane.waiting -= 1
+        started = time.monotonic()
+        lane.running.append(started)
         try:
             now = time.time()
             if not lane.breaker.allows(now):
-                await self._schedule.postpone([delivery.id], lane.breaker.next_try(now))
+                self._writes.postponed[delivery.id] = lane.breaker.next_try(now)
                 return
             await self._attempt(pending, channel, lane)
+            lane.observe(time.monotonic() - started)
         finally:
+            lane.running.remove(started)
             lane.slots.release()
             self._report_breaker(channel, lane)
 
@@ -303,7 +367,7 @@ class WebhookSender:
         self._events.delivery(channel_label(channel), attempt.outcome)
         if attempt.outcome == "delivered":
             lane.breaker.succeeded()
-            await self._schedule.finish(delivery.id, "delivered")
+            self._writes.finished[delivery.id] = "delivered"
             self.delivered += 1
             return
         if attempt.outcome == "refused":
@@ -322,7 +386,7 @@ class WebhookSender:
             await self._dead_letter(pending, "delivery_failed",
                                     f"{attempt.error} (after {len(pending.attempts)} attempts)")
         else:
-            await self._schedule.retry(pending, now + wait)
+            self._writes.retries[delivery.id] = (pending, now + wait)
         failing_for = lane.breaker.failing_for(now)
         if lane.breaker.state == "open" and failing_for >= self._limits.disable_after_s:
             await self._disable_channel(channel, f"failing without a success for {failing_for:.0f}s")
@@ -366,7 +430,7 @@ class WebhookSender:
         ack = await self._send_dead_letter(reason, error, pending.delivery.model_dump(mode="json", by_alias=True),
                                            pending.attempts)
         await ack
-        await self._schedule.finish(pending.delivery.id, "dead")
+        self._writes.finished[pending.delivery.id] = "dead"
 
     async def _send_dead_letter(self, reason: str, error: str, delivery: Any,
                                 attempts: tuple[Attempt, ...] = ()) -> Awaitable[Any]:
@@ -383,11 +447,10 @@ class WebhookSender:
         for a slot are put back as due now, for the next worker to claim at once."""
         if self._tasks:
             await asyncio.wait(list(self._tasks), timeout=self._limits.timeout_s + 1)
-        held = list(self._tasks.values())
-        for task in list(self._tasks):
+        now = time.time()
+        for task, delivery_id in list(self._tasks.items()):
             task.cancel()
-        with contextlib.suppress(Exception):
-            await self._schedule.postpone(held, time.time())
+            self._writes.postponed[delivery_id] = now
 
     def rebalance_listener(self) -> CommitOnRevoke:
         return CommitOnRevoke(lambda revoked: self._commit(only=revoked), tracker=self._offsets)

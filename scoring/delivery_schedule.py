@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import random
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Literal
 
@@ -112,6 +112,18 @@ class Incident:
 
     action: Literal["open", "close"]
     key: str  # keys.webhook_incident(...)
+
+
+@dataclass
+class Settlements:
+    """Schedule writes gathered from many attempts, sent together by ``DeliverySchedule.settle``."""
+
+    finished: dict[str, Literal["delivered", "dead"]] = field(default_factory=dict)
+    retries: dict[str, tuple[PendingDelivery, float]] = field(default_factory=dict)
+    postponed: dict[str, float] = field(default_factory=dict)
+
+    def __bool__(self) -> bool:
+        return bool(self.finished or self.retries or self.postponed)
 
 
 # --- The store --------------------------------------------------------------------------------
@@ -210,27 +222,37 @@ class DeliverySchedule:
                                  args=[now_ms, self._lease_ms, *ids])
         return [PendingDelivery.model_validate_json(doc) for doc in docs]
 
+    async def settle(self, writes: Settlements) -> None:
+        """What attempts ended in, in one round trip: finished deliveries leave the schedule
+        (with their outcome kept), failed ones wait for their retry with the attempt recorded,
+        postponed ones (breaker open, channel behind, shutting down) move without an attempt.
+        Every write is idempotent, so a flush that failed half-way can be sent again."""
+        if not writes:
+            return
+        async with self._redis.pipeline(transaction=False) as pipe:
+            for id_, outcome in writes.finished.items():
+                pipe.delete(keys.webhook_pending(id_))
+                pipe.zrem(keys.WEBHOOK_DUE, id_)
+                pipe.zrem(keys.WEBHOOK_CREATED, id_)
+                pipe.set(keys.webhook_done(id_), outcome, ex=keys.WEBHOOK_DONE_TTL_S)
+            for pending, at in writes.retries.values():
+                id_ = pending.delivery.id
+                pipe.set(keys.webhook_pending(id_), pending.to_json(), ex=self._ttl_s, xx=True)
+                pipe.zadd(keys.WEBHOOK_DUE, {id_: int(at * 1000)}, xx=True)
+            if writes.postponed:
+                pipe.zadd(keys.WEBHOOK_DUE, {id_: int(at * 1000) for id_, at in writes.postponed.items()}, xx=True)
+            await pipe.execute()
+
     async def retry(self, pending: PendingDelivery, at: float) -> None:
         """Keep the delivery (with its new attempt) for another try at ``at``."""
-        id_ = pending.delivery.id
-        async with self._redis.pipeline(transaction=True) as pipe:
-            pipe.set(keys.webhook_pending(id_), pending.to_json(), ex=self._ttl_s, xx=True)
-            pipe.zadd(keys.WEBHOOK_DUE, {id_: int(at * 1000)}, xx=True)
-            await pipe.execute()
+        await self.settle(Settlements(retries={pending.delivery.id: (pending, at)}))
 
     async def postpone(self, delivery_ids: list[str], at: float) -> None:
-        """Try these again at ``at`` without counting an attempt (breaker open, lane full,
-        shutting down)."""
-        if delivery_ids:
-            await self._redis.zadd(keys.WEBHOOK_DUE, dict.fromkeys(delivery_ids, int(at * 1000)), xx=True)
+        """Try these again at ``at`` without counting an attempt."""
+        await self.settle(Settlements(postponed=dict.fromkeys(delivery_ids, at)))
 
     async def finish(self, delivery_id: str, outcome: Literal["delivered", "dead"]) -> None:
-        async with self._redis.pipeline(transaction=True) as pipe:
-            pipe.delete(keys.webhook_pending(delivery_id))
-            pipe.zrem(keys.WEBHOOK_DUE, delivery_id)
-            pipe.zrem(keys.WEBHOOK_CREATED, delivery_id)
-            pipe.set(keys.webhook_done(delivery_id), outcome, ex=keys.WEBHOOK_DONE_TTL_S)
-            await pipe.execute()
+        await self.settle(Settlements(finished={delivery_id: outcome}))
 
     async def forget_dead(self, delivery_ids: list[str]) -> None:
         """Let dead-lettered deliveries be scheduled again (a replay); delivered ones stay done."""

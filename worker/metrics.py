@@ -21,6 +21,7 @@ from prometheus_client import (
     generate_latest,
 )
 
+from scoring.breaker import STATE_VALUES
 from scoring.otlp_buffer import BufferSize
 
 log = structlog.get_logger(__name__)
@@ -275,3 +276,37 @@ def observe_sandbox(available: bool) -> None:
 def observe_judge_call(outcome: str, seconds: float) -> None:
     JUDGE_CALLS.labels(outcome).inc()
     JUDGE_LATENCY.observe(seconds)
+
+
+# --- Webhook deliveries (consumers/webhooks.py) ---------------------------------------------------
+# channel labels are "<agentId>#<8 hex of the URL hash>": bounded by the catalog, no credentials.
+
+WEBHOOK_DELIVERIES = Counter("sgw_webhook_deliveries", "Webhook delivery attempts by channel and outcome "
+                             "(delivered, failed, rejected, gone, refused).", ["channel", "outcome"],
+                             registry=REGISTRY)
+WEBHOOK_PENDING = Gauge("sgw_webhook_retries_pending", "Webhook deliveries not yet finished (scheduled in Redis).",
+                        registry=REGISTRY)
+WEBHOOK_OLDEST = Gauge("sgw_webhook_oldest_pending_seconds", "Age of the oldest unfinished webhook delivery.",
+                       registry=REGISTRY)
+WEBHOOK_BREAKER = Gauge("sgw_webhook_breaker_state",
+                        "Circuit breaker per alert channel: 0 closed, 1 half-open, 2 open.", ["channel"],
+                        registry=REGISTRY)
+WEBHOOK_DISABLED = Counter("sgw_webhook_channels_disabled", "Alert channels this worker marked disabled.",
+                           ["channel"], registry=REGISTRY)
+
+
+class PrometheusWebhookEvents:
+    """``consumers.webhooks.WebhookEvents`` as Prometheus metrics."""
+
+    def delivery(self, channel: str, outcome: str) -> None:
+        WEBHOOK_DELIVERIES.labels(channel, outcome).inc()
+
+    def breaker(self, channel: str, state: str) -> None:
+        WEBHOOK_BREAKER.labels(channel).set(STATE_VALUES.get(state, 0))  # type: ignore[call-overload]
+
+    def channel_disabled(self, channel: str) -> None:
+        WEBHOOK_DISABLED.labels(channel).inc()
+
+    def pending(self, count: int, oldest_s: float) -> None:
+        WEBHOOK_PENDING.set(count)
+        WEBHOOK_OLDEST.set(oldest_s)

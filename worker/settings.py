@@ -14,6 +14,7 @@ from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from scoring.delivery_schedule import RetrySchedule
 from scoring.redact import mask_url
+from scoring.webhook_payloads import LinkTemplate
 
 
 class Settings(BaseSettings):
@@ -52,6 +53,14 @@ class Settings(BaseSettings):
         ),
     )
     webhook_timeout_s: float = Field(10.0, gt=0, description="Timeout of one webhook attempt.")
+    webhook_link_template: str = Field(
+        "",
+        description=(
+            "Link put in alerts (standard: data.link, Slack: a button, PagerDuty: links), with Signal "
+            "fields as placeholders, e.g. 'https://app.example.com/groups/{groupId}/ratings/{ratingId}'; "
+            "empty: no link."
+        ),
+    )
     webhook_channel_concurrency: int = Field(
         4, ge=1, description="Attempts at once per alert channel: a slow channel never takes another's."
     )
@@ -249,6 +258,12 @@ class Settings(BaseSettings):
     @classmethod
     def _retry_schedule_parses(cls, value: str) -> str:
         RetrySchedule.parse(value)
+        return value
+
+    @field_validator("webhook_link_template")
+    @classmethod
+    def _link_template_names_signal_fields(cls, value: str) -> str:
+        LinkTemplate(value)
         return value
 
     def webhook_retry(self) -> RetrySchedule:
