@@ -55,7 +55,8 @@ class Outputs:
                                                   value=rating.to_json()))
             self._events.group_scored(group.project_id, group.id, scope, rating.rating)
             signal = build_signal(group, rating)
-            channels = [c for c in snapshot.channels_for(subject.agent_id) if not c.disabled]
+            # Agent ids are the tenants' own: only this project's (and operators' shared) channels.
+            channels = [c for c in snapshot.channels_for(subject.agent_id, group.project_id) if not c.disabled]
             if signal is None:  # PagerDuty channels hear when the group is back over its threshold
                 resolving = [c.url for c in channels if c.format == "pagerduty"]
                 for delivery in build_recovery_deliveries(group, rating, resolving):

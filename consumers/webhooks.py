@@ -242,7 +242,8 @@ class WebhookSender:
                 self._dispatch(pending)
 
     def _channel(self, delivery: WebhookDelivery) -> AlertChannel | None:
-        return next((c for c in self._catalog().channels_for(delivery.agent_id) if c.url == delivery.url), None)
+        channels = self._catalog().channels_for(delivery.agent_id, delivery.signal.project_id)
+        return next((c for c in channels if c.url == delivery.url), None)
 
     def _incident(self, delivery: WebhookDelivery) -> Incident | None:
         """PagerDuty channels: a trigger opens the group's incident, a recovery resolves it

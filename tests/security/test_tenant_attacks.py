@@ -91,7 +91,7 @@ def member(kind: str, ref: str, weight: float = 1, gate: bool = False) -> dict[s
     return {"kind": kind, "refId": ref, "weight": weight, "gate": gate}
 
 
-def catalog(channel_url: str) -> dict[str, Any]:
+def catalog(channel_url: str, eavesdropper_url: str = "http://127.0.0.1:9/eavesdrop") -> dict[str, Any]:
     return {
         "patterns": [{"id": "worst", "name": "Worst regex", "polarity": "failure", "regex": WORST_ACCEPTED_REGEX},
                      {"id": "clean", "name": "Clean", "polarity": "failure", "contains": ["forbidden"]}],
@@ -109,12 +109,15 @@ def catalog(channel_url: str) -> dict[str, Any]:
              "members": [member("custom", "hijack")]},
             {"id": "evil-sessions", "name": "Evil sessions", "projectId": "p-evil", "online": SESSION,
              "members": [member("pattern", "worst")]},
-            {"id": "good", "name": "Good", "projectId": "p-good", "online": ONLINE,
+            {"id": "good", "name": "Good", "projectId": "p-good", "online": {**ONLINE, "alertThreshold": 7},
              "members": [member("custom", "victim"), member("pattern", "clean")]},
             {"id": "good-sessions", "name": "Good sessions", "projectId": "p-good", "online": SESSION,
              "members": [member("pattern", "clean")]},
         ],
-        "channels": [{"agentId": "agent-good", "url": channel_url, "secret": VICTIM_CHANNEL_SECRET}],
+        "channels": [{"agentId": "agent-good", "projectId": "p-good", "url": channel_url,
+                      "secret": VICTIM_CHANNEL_SECRET},
+                     # The attacker registers a channel under the victim's agent id, hoping for its Signals.
+                     {"agentId": "agent-good", "projectId": "p-evil", "url": eavesdropper_url}],
     }
 
 
@@ -177,8 +180,8 @@ class HealthProbe:
 
 async def test_a_hostile_tenant_reads_nothing_and_stops_nothing(kafka_bootstrap: str, redis_url: str,
                                                                unique: str, tmp_path: Path) -> None:
-    with ScriptedServer() as receiver:
-        async with catalog_db(redis_url, 14, catalog(receiver.url + "/hook")) as url:
+    with ScriptedServer() as receiver, ScriptedServer() as eavesdropper:
+        async with catalog_db(redis_url, 14, catalog(receiver.url + "/hook", eavesdropper.url + "/steal")) as url:
             env = worker_env(kafka_bootstrap, url, f"sec-{unique}", judge_api_key=JUDGE_KEY,
                              egress_allow="127.0.0.0/8", max_trace_bytes=2 * 1024 * 1024,
                              session_sweep_interval_s=0.5, member_deadline_s=20, claim_lease_s=60)
@@ -247,6 +250,8 @@ async def test_a_hostile_tenant_reads_nothing_and_stops_nothing(kafka_bootstrap:
             log = worker.log_path.read_text(errors="replace") if worker.log_path else ""
             assert not [c for c in CANARIES if c in log]
             assert not [c for c in CANARIES if any(c in r.body.decode(errors="replace") for r in receiver.requests)]
+            # The victim's Signals (6.25 < 7) reached the victim's channel, never the attacker's.
+            assert receiver.requests and not eavesdropper.requests
 
 
 def test_grading_a_run_with_hostile_scorers_leaks_nothing(redis_url: str, tmp_path: Path) -> None:
