@@ -58,7 +58,7 @@ from scoring.delivery_schedule import (
 from scoring.egress import EgressPolicy, EgressRefused
 from scoring.http import describe_status, retry_after_seconds
 from scoring.models import AlertChannel
-from scoring.results import RECOVERED_EVENT, WebhookDelivery
+from scoring.results import RECOVERED_EVENT, WebhookDelivery, channel_key
 
 log = structlog.get_logger(__name__)
 
@@ -243,7 +243,9 @@ class WebhookSender:
 
     def _channel(self, delivery: WebhookDelivery) -> AlertChannel | None:
         channels = self._catalog().channels_for(delivery.agent_id, delivery.signal.project_id)
-        return next((c for c in channels if c.url == delivery.url), None)
+        if not delivery.channel:  # written before deliveries named channels by key
+            return next((c for c in channels if c.url == delivery.url), None)
+        return next((c for c in channels if channel_key(c.url) == delivery.channel), None)
 
     def _incident(self, delivery: WebhookDelivery) -> Incident | None:
         """PagerDuty channels: a trigger opens the group's incident, a recovery resolves it
@@ -396,7 +398,7 @@ class WebhookSender:
                     now: float) -> tuple[Attempt, float | None]:
         at = datetime.fromtimestamp(now, UTC)
         try:
-            target = await self._egress.check(delivery.url)
+            target = await self._egress.check(channel.url)  # the catalog's URL: the record's is masked
         except EgressRefused as exc:
             return Attempt(at=at, outcome="failed" if exc.retriable else "refused", error=str(exc)), None
         body = self._body(channel, delivery)

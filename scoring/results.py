@@ -9,6 +9,7 @@ carries the same ids, so every consumer downstream can deduplicate on them.
 
 from __future__ import annotations
 
+import hashlib
 import uuid
 from datetime import UTC, datetime
 from typing import Literal
@@ -20,6 +21,7 @@ from scoring.blend import MemberStatus
 from scoring.models import MemberKind, ScorerGroup, Severity
 from scoring.panel import GroupResult
 from scoring.ratings import RatingEvent
+from scoring.redact import mask_url
 
 _IDS = uuid.UUID("6f1c5a8e-6a8f-4f7e-9a63-2c1d0b7e4a10")  # namespace of every id we derive
 
@@ -94,15 +96,23 @@ SIGNAL_EVENT: DeliveryEvent = "scorer_group.signal"
 RECOVERED_EVENT: DeliveryEvent = "scorer_group.recovered"  # the group is at or over its threshold again
 
 
+def channel_key(url: str) -> str:
+    """Names an alert channel on topics and in dead letters without its URL, which may carry
+    credentials: a hash of the URL, looked up in the catalog by the sender."""
+    return hashlib.sha256(url.encode()).hexdigest()[:16]
+
+
 class WebhookDelivery(_Out):
-    """One Signal to one alert channel. The channel's secret is not here: the webhook sender
-    looks it up in the catalog, so secrets never travel on a topic. A ``recovered`` delivery
+    """One Signal to one alert channel. Neither the channel's secret nor its real URL is here:
+    the webhook sender looks the channel up in the catalog by ``channel`` (``url`` is the URL
+    masked, for people), so no credential travels on a topic. A ``recovered`` delivery
     (PagerDuty channels: resolve the incident) carries the recovering result in ``signal``."""
 
     id: str
     signal_id: str
     agent_id: str
-    url: str
+    url: str  # masked: credentials and secret query parameters cut
+    channel: str = ""  # channel_key(the real URL); empty on deliveries written before it existed
     event: DeliveryEvent = SIGNAL_EVENT
     signal: Signal
     created_at: datetime
@@ -161,7 +171,8 @@ def build_signal(group: ScorerGroup, rating: Rating) -> Signal | None:
 
 def build_deliveries(signal: Signal, channel_urls: list[str]) -> list[WebhookDelivery]:
     return [WebhookDelivery(id=str(uuid.uuid5(_IDS, f"delivery:{signal.id}:{url}")), signal_id=signal.id,
-                            agent_id=signal.agent_id, url=url, signal=signal, created_at=signal.raised_at)
+                            agent_id=signal.agent_id, url=mask_url(url), channel=channel_key(url), signal=signal,
+                            created_at=signal.raised_at)
             for url in channel_urls]
 
 
@@ -187,7 +198,8 @@ def build_recovery_deliveries(group: ScorerGroup, rating: Rating, channel_urls: 
         justification=rating.justification, rating_id=rating.id, raised_at=rating.scored_at,
     )
     return [WebhookDelivery(id=str(uuid.uuid5(_IDS, f"delivery:{recovery.id}:{url}")), signal_id=recovery.id,
-                            agent_id=recovery.agent_id, url=url, event=RECOVERED_EVENT, signal=recovery,
+                            agent_id=recovery.agent_id, url=mask_url(url), channel=channel_key(url),
+                            event=RECOVERED_EVENT, signal=recovery,
                             created_at=recovery.raised_at)
             for url in channel_urls]
 

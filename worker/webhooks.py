@@ -21,7 +21,7 @@ from scoring.channels import disable_channel
 from scoring.delivery_schedule import DeliverySchedule, parse_duration
 from scoring.egress import EgressPolicy
 from scoring.models import AlertChannel
-from scoring.results import WebhookDelivery
+from scoring.results import WebhookDelivery, channel_key
 from scoring.webhook_payloads import LinkTemplate
 from worker.metrics import PrometheusWebhookEvents, observe_outage
 from worker.settings import Settings
@@ -75,7 +75,11 @@ def parse_since(text: str, now: datetime | None = None) -> datetime:
 
 def matches(delivery: WebhookDelivery, channel: str | None) -> bool:
     """``--channel`` names an agent (all its channels), a URL, or ``agent|url``."""
-    return channel is None or channel in (delivery.agent_id, delivery.url, f"{delivery.agent_id}|{delivery.url}")
+    if channel is None or channel == delivery.agent_id:
+        return True
+    agent, _, url = channel.rpartition("|") if "|" in channel else ("", "", channel)
+    same_url = url == delivery.url or (bool(delivery.channel) and channel_key(url) == delivery.channel)
+    return same_url and agent in ("", delivery.agent_id)
 
 
 async def dead_letters(s: Settings) -> list[dict[str, Any]]:

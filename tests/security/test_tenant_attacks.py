@@ -181,7 +181,9 @@ class HealthProbe:
 async def test_a_hostile_tenant_reads_nothing_and_stops_nothing(kafka_bootstrap: str, redis_url: str,
                                                                unique: str, tmp_path: Path) -> None:
     with ScriptedServer() as receiver, ScriptedServer() as eavesdropper:
-        async with catalog_db(redis_url, 14, catalog(receiver.url + "/hook", eavesdropper.url + "/steal")) as url:
+        # The victim's channel URL carries credentials: the sender uses them, no topic shows them.
+        with_credentials = receiver.url.replace("http://", "http://hook-user:CANARY-pw@") + "/hook?token=CANARY-tok"
+        async with catalog_db(redis_url, 14, catalog(with_credentials, eavesdropper.url + "/steal")) as url:
             env = worker_env(kafka_bootstrap, url, f"sec-{unique}", judge_api_key=JUDGE_KEY,
                              egress_allow="127.0.0.0/8", max_trace_bytes=2 * 1024 * 1024,
                              session_sweep_interval_s=0.5, member_deadline_s=20, claim_lease_s=60)
@@ -252,6 +254,7 @@ async def test_a_hostile_tenant_reads_nothing_and_stops_nothing(kafka_bootstrap:
             assert not [c for c in CANARIES if any(c in r.body.decode(errors="replace") for r in receiver.requests)]
             # The victim's Signals (6.25 < 7) reached the victim's channel, never the attacker's.
             assert receiver.requests and not eavesdropper.requests
+            assert all(r.path == "/hook?token=CANARY-tok" and r.headers.get("authorization") for r in receiver.requests)
 
 
 def test_grading_a_run_with_hostile_scorers_leaks_nothing(redis_url: str, tmp_path: Path) -> None:
