@@ -73,3 +73,7 @@ def test_refusals_say_exactly_what_is_wrong(call: object, says: str) -> None:
 
 def test_a_boolean_verdict_is_not_inverted_unless_asked() -> None:
     assert goodness("custom", True) == 1.0 and goodness("custom", False) == 0.0
+
+
+def test_a_weight_that_rounds_to_a_whole_number_reads_whole() -> None:
+    assert blend([m("Help", 2.001, 0.5)]).justification == "Weighted blend: 5.00/10. Help 0.50 × w2 (100%)"
