@@ -71,6 +71,9 @@ class Channel(ApiModel):
 
     id: str
     agent_id: str
-    url: str
+    url: str  # credentials and secret query parameters masked
     project_id: str | None
     has_secret: bool
+    format: Literal["standard", "slack", "pagerduty"] = "standard"
+    disabled: bool = False  # set by the sender after 410 Gone or failing past SGW_WEBHOOK_DISABLE_AFTER_S
+    disabled_reason: str | None = None

@@ -388,6 +388,20 @@ def test_channel_secrets_are_write_only(api: Api) -> None:
         assert_problem(a.get(f"/v1/channels/{channel['id']}"), 404)
 
 
+def test_channels_show_format_and_disabled_and_hide_url_credentials(api: Api) -> None:
+    with api.as_("a") as a:
+        r = a.post("/v1/channels", json={"agentId": "pd", "url": "https://u:pa55word@events.example.com/v2?token=t0k3n",
+                                         "format": "pagerduty", "routingKey": "R0UT1NGKEY"})
+        assert r.status_code == 201, r.text
+        for response in (r, a.get(r.headers["location"]), a.get("/v1/channels")):
+            for secret in ("pa55word", "t0k3n", "R0UT1NGKEY"):
+                assert secret not in response.text
+        shown = a.get(r.headers["location"]).json()
+        assert shown["format"] == "pagerduty" and shown["disabled"] is False and shown["disabledReason"] is None
+        assert_problem(a.post("/v1/channels", json={"agentId": "pd", "url": "https://x.example.com/",
+                                                    "format": "pagerduty"}), 400)
+
+
 # --- Operations -------------------------------------------------------------------------------
 
 

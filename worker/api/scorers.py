@@ -8,7 +8,7 @@ null). Channel secrets are write-only: responses say whether one is set, never w
 
 import hashlib
 import uuid
-from typing import Annotated, Any, TypeVar
+from typing import Annotated, Any, Literal, TypeVar
 
 from fastapi import APIRouter, Path, Request, Response
 from pydantic import Field, SecretStr, ValidationError
@@ -18,6 +18,7 @@ from scoring.api_models import Channel
 from scoring.catalog import doc_id, etag
 from scoring.errors import InvalidDocument, NotFound
 from scoring.models import AlertChannel, Budget, CustomEvaluator, Id, Judge, Pattern, WireModel
+from scoring.redact import mask_url
 from worker.api.auth import Client, Who
 from worker.api.groups import ChangePage, IfMatch, changes_page
 from worker.api.pages import Cursor, Limit, Page, page
@@ -193,6 +194,9 @@ class ChannelBody(WireModel):
     url: str
     secret: SecretStr | None = Field(None, description="whsec_ + base64; write-only.")
     project_id: Id | None = None
+    format: Literal["standard", "slack", "pagerduty"] = "standard"
+    routing_key: SecretStr | None = Field(None, description="PagerDuty's Events API v2 routing key; write-only.")
+    disabled: bool = Field(False, description="false turns a channel the sender disabled back on.")
 
 
 class ChannelPage(Page):
@@ -206,8 +210,9 @@ def channel_id(channel: AlertChannel) -> str:
 
 def _out(channel: WireModel) -> Channel:
     assert isinstance(channel, AlertChannel)
-    return Channel(id=channel_id(channel), agent_id=channel.agent_id, url=channel.url,
-                      project_id=channel.project_id, has_secret=channel.secret is not None)
+    return Channel(id=channel_id(channel), agent_id=channel.agent_id, url=mask_url(channel.url),
+                   project_id=channel.project_id, has_secret=channel.secret is not None, format=channel.format,
+                   disabled=channel.disabled, disabled_reason=channel.disabled_reason)
 
 
 async def _channel(client: Client, id_: str) -> AlertChannel:
@@ -228,8 +233,13 @@ async def list_channels(client: Client, limit: Limit = 50, cursor: Cursor = None
 @router.post("/channels", response_model=Channel, status_code=201, tags=["channels"])
 async def put_channel(body: ChannelBody, client: Client, who: Who, request: Request, response: Response) -> Any:
     secret = body.secret.get_secret_value() if body.secret is not None else None
-    doc = validated(AlertChannel, {"agentId": body.agent_id, "url": body.url, "secret": secret,
-                                       "projectId": who.project_for(body.project_id)})
+    routing_key = body.routing_key.get_secret_value() if body.routing_key is not None else None
+    fields: dict[str, Any] = {"agentId": body.agent_id, "url": body.url, "secret": secret,
+                              "projectId": who.project_for(body.project_id), "format": body.format,
+                              "routingKey": routing_key}
+    if "disabled" in body.model_fields_set:  # unsent: a mark the sender set survives the save
+        fields["disabled"] = body.disabled
+    doc = validated(AlertChannel, fields)
     await client.scorers.put(doc)
     out = _out(doc)
     response.headers["Location"] = f"{request.url.path}/{out.id}"
