@@ -9,6 +9,7 @@ the tests that need it; nothing is skipped silently.
 from __future__ import annotations
 
 import os
+import signal
 import uuid
 from collections.abc import AsyncIterator, Iterator
 
@@ -44,6 +45,18 @@ def redis_url() -> Iterator[str]:
         yield redis.url
     finally:
         redis.stop()
+
+
+@pytest.fixture
+def own_redis() -> Iterator[LocalRedis]:
+    """A Redis server of the test's own, for tests that freeze (SIGSTOP) or wipe it."""
+    server = LocalRedis().start()
+    try:
+        yield server
+    finally:
+        if server.proc is not None:
+            os.kill(server.proc.pid, signal.SIGCONT)  # never leave it frozen
+        server.stop()
 
 
 @pytest.fixture

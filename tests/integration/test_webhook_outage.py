@@ -7,7 +7,7 @@ from __future__ import annotations
 import asyncio
 import os
 import signal
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator
 from datetime import UTC, datetime
 
 import pytest
@@ -25,17 +25,6 @@ from scoring.egress import EgressPolicy
 from scoring.results import Signal, build_deliveries
 
 pytestmark = pytest.mark.integration
-
-
-@pytest.fixture
-def own_redis() -> Iterator[LocalRedis]:
-    server = LocalRedis().start()
-    try:
-        yield server
-    finally:
-        if server.proc is not None:
-            os.kill(server.proc.pid, signal.SIGCONT)  # never leave it frozen
-        server.stop()
 
 
 @pytest.fixture

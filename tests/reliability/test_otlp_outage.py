@@ -35,17 +35,6 @@ CATALOG = {
 
 
 @pytest.fixture
-def own_redis() -> Iterator[LocalRedis]:
-    server = LocalRedis().start()
-    try:
-        yield server
-    finally:
-        if server.proc is not None:
-            os.kill(server.proc.pid, signal.SIGCONT)  # never leave it frozen
-        server.stop()
-
-
-@pytest.fixture
 def judge() -> Iterator[JudgeServer]:
     with JudgeServer() as s:
         yield s

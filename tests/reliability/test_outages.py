@@ -38,17 +38,6 @@ CATALOG = {
 }
 
 
-@pytest.fixture
-def own_redis() -> Iterator[LocalRedis]:
-    server = LocalRedis().start()
-    try:
-        yield server
-    finally:
-        if server.proc is not None:
-            os.kill(server.proc.pid, signal.SIGCONT)  # never leave it frozen
-        server.stop()
-
-
 def traces(start: int, count: int) -> list[tuple[bytes, bytes]]:
     return [(f"o-{i}".encode(), orjson.dumps({
         "traceId": f"o-{i}", "projectId": "p-out", "agentId": "a", "timestamp": "2026-12-02T13:00:00Z",
