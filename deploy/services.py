@@ -132,6 +132,15 @@ def kafka_version() -> str:
     return jars[0].stem.removeprefix("kafka_2.13-") if jars else "unknown"
 
 
+def kafka_cluster_id() -> str:
+    """A random cluster id as Kafka writes them: url-safe base64 of a UUID, never starting with
+    '-' (the storage tool's argument parser would read such an id as an option - 1 run in 64)."""
+    while True:
+        cluster_id = base64.urlsafe_b64encode(uuid.uuid4().bytes).rstrip(b"=").decode()
+        if not cluster_id.startswith("-"):
+            return cluster_id
+
+
 class LocalKafka:
     """A single-node KRaft Apache Kafka broker on loopback."""
 
@@ -170,7 +179,7 @@ class LocalKafka:
         log4j.write_text(LOG4J2_PROPERTIES.format(log_file=log_file))
         java = ["java", *KAFKA_HEAP, f"-Dlog4j2.configurationFile={log4j}",
                 "-Dkafka.logs.dir=" + str(self.workdir), "-cp", f"{libs}/*"]
-        cluster_id = base64.urlsafe_b64encode(uuid.uuid4().bytes).rstrip(b"=").decode()
+        cluster_id = kafka_cluster_id()
         fmt = subprocess.run(
             [*java, "kafka.tools.StorageTool", "format", "--standalone",
              "-t", cluster_id, "-c", str(props)],

@@ -100,3 +100,11 @@ def test_a_port_taken_before_the_service_binds_it_is_replaced(
                 pass
         finally:
             started.stop()
+
+
+def test_a_kafka_cluster_id_never_starts_with_a_dash(monkeypatch: pytest.MonkeyPatch) -> None:
+    # b"\xf8..." encodes to "-..." in url-safe base64: the storage tool would read it as an option.
+    draws = iter([services.uuid.UUID(bytes=b"\xf8" + bytes(15)),
+                  services.uuid.UUID(bytes=b"\x10" + bytes(15))])
+    monkeypatch.setattr(services.uuid, "uuid4", lambda: next(draws))
+    assert services.kafka_cluster_id() == "EAAAAAAAAAAAAAAAAAAAAA"
