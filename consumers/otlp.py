@@ -1,12 +1,12 @@
 """OpenTelemetry in: the Collector's Kafka exporter output, assembled into traces.
 
-Two loops share a Redis assembly buffer (``scoring.otlp_buffer``):
+Two loops share a Redis assembly buffer (``scoring.otlp.buffer``):
 
 The **span loop**, per batch of records:
 
 1. fetch a batch (``getmany``);
 2. decode every record (``otlp_proto`` or ``otlp_json``) and map its spans
-   (``scoring.otlp``); a record that is not OTLP, or whose spans lack a project or valid ids,
+   (``scoring.otlp.mapping``); a record that is not OTLP, or whose spans lack a project or valid ids,
    goes to the dead-letter topic with the reason (its other spans are still buffered);
 3. buffer the spans: one pipelined Redis round trip; when the buffer is over its total bound,
    pause, wait for the flush loop to make room, and try again (nothing is dropped); a record
@@ -39,8 +39,16 @@ from aiokafka.structs import OffsetAndMetadata
 from consumers.decode import DeadLetter, DeadLetterReason, dead_letter
 from consumers.offsets import CommitOnRevoke
 from consumers.outage import OutageGuard
-from scoring.otlp import BufferedSpan, MappingRules, OtlpError, Rejected, assemble, buffered_spans, decode_request
-from scoring.otlp_buffer import BufferSize, DueTrace, OtlpBuffer, member_of
+from scoring.otlp.buffer import BufferSize, DueTrace, OtlpBuffer, member_of
+from scoring.otlp.mapping import (
+    BufferedSpan,
+    MappingRules,
+    OtlpError,
+    Rejected,
+    assemble,
+    buffered_spans,
+    decode_request,
+)
 
 log = structlog.get_logger(__name__)
 

@@ -15,7 +15,6 @@ from typing import Any
 from aiokafka import AIOKafkaProducer
 
 from consumers.events import PipelineEvents
-from scoring.catalog import CatalogSnapshot
 from scoring.panel import GroupResult
 from scoring.results import (
     Rating,
@@ -25,6 +24,7 @@ from scoring.results import (
     build_recovery_deliveries,
     build_signal,
 )
+from scoring.stores.catalog import CatalogSnapshot
 
 
 @dataclass(frozen=True)

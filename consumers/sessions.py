@@ -30,14 +30,14 @@ from redis.exceptions import RedisError
 
 from consumers.events import NoEvents, PipelineEvents
 from consumers.outputs import Outputs
-from scoring.catalog import CatalogSnapshot
-from scoring.claims import ClaimRequest, Claims
 from scoring.models import ScorerGroup
 from scoring.panel import Panel, planned_judge_calls
-from scoring.ratings import RatingsStore, SessionVerdict
 from scoring.results import history_event
 from scoring.sampling import keep
-from scoring.sessions import SessionStore
+from scoring.stores.catalog import CatalogSnapshot
+from scoring.stores.claims import ClaimRequest, Claims
+from scoring.stores.ratings import RatingsStore, SessionVerdict
+from scoring.stores.sessions import SessionStore
 from scoring.subjects import Subject, session_subject
 
 log = structlog.get_logger(__name__)

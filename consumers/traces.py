@@ -39,13 +39,13 @@ from consumers.events import NoEvents, PipelineEvents
 from consumers.offsets import CommitOnRevoke, OffsetTracker, PartitionOffsets
 from consumers.outage import OutageGuard, OutageTooLong
 from consumers.outputs import Outputs, TopicNames
-from scoring.catalog import CatalogSnapshot
-from scoring.claims import ClaimRequest, Claims
 from scoring.models import ScorerGroup
 from scoring.panel import GroupResult, Panel, planned_judge_calls
-from scoring.ratings import RatingEvent, RatingsStore
 from scoring.results import history_event
 from scoring.sampling import keep
+from scoring.stores.catalog import CatalogSnapshot
+from scoring.stores.claims import ClaimRequest, Claims
+from scoring.stores.ratings import RatingEvent, RatingsStore
 from scoring.subjects import Subject, Trace, trace_subject
 
 log = structlog.get_logger(__name__)

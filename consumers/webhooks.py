@@ -1,13 +1,13 @@
 """The webhook sender: deliveries from the webhooks topic, POSTed to the agents' alert channels.
 
 1. Ingest: a batch of records from the webhooks topic is written to the durable schedule in
-   Redis (``scoring.delivery_schedule``) in one script call - malformed records go to the
+   Redis (``scoring.webhooks.schedule``) in one script call - malformed records go to the
    webhooks dead-letter topic - and only then do their offsets become committable. A record
    seen before (a redelivery) is not scheduled again.
 2. Dispatch: fresh deliveries are attempted at once; due retries are claimed from Redis every
    ``poll_s`` by whichever worker is alive, so restarts and rebalances resume them.
 3. Isolation: every channel has its own lane - a few attempts at a time and a circuit breaker
-   (``scoring.breaker``). A dead or slow channel fills only its own lane; what does not fit is
+   (``scoring.webhooks.breaker``). A dead or slow channel fills only its own lane; what does not fit is
    put back in the schedule without counting an attempt, so it never holds up another channel.
 4. Outcome of an attempt: 2xx delivered; 3xx (redirects are not followed), 408, 429, 5xx and
    transport failures are retried on the schedule (Retry-After honoured); 410 Gone disables the
@@ -18,7 +18,7 @@
 A Redis or broker outage is waited out (``consumers.outage``): ingest stops fetching and the
 schedule's writes are retried, up to the outage tolerance.
 
-Deliveries follow Standard Webhooks 1.0 (``scoring.signing``): receivers verify
+Deliveries follow Standard Webhooks 1.0 (``scoring.webhooks.signing``): receivers verify
 ``webhook-signature`` with the channel's ``whsec_`` secret and deduplicate on ``webhook-id``
 (the delivery's id, the same on every retry, redelivery and replay).
 """
@@ -43,11 +43,16 @@ from pydantic.alias_generators import to_camel
 
 from consumers.offsets import CommitOnRevoke, OffsetTracker
 from consumers.outage import OutageGuard
-from scoring import keys, signing
-from scoring.breaker import CircuitBreaker
-from scoring.catalog import CatalogSnapshot
-from scoring.channels import channel_id
-from scoring.delivery_schedule import (
+from scoring.egress import EgressPolicy, EgressRefused
+from scoring.members.http import describe_status, retry_after_seconds
+from scoring.models import AlertChannel
+from scoring.results import RECOVERED_EVENT, WebhookDelivery, channel_key
+from scoring.stores import keys
+from scoring.stores.catalog import CatalogSnapshot
+from scoring.stores.channels import channel_id
+from scoring.webhooks import signing
+from scoring.webhooks.breaker import CircuitBreaker
+from scoring.webhooks.schedule import (
     Attempt,
     DeliverySchedule,
     Incident,
@@ -55,10 +60,6 @@ from scoring.delivery_schedule import (
     RetrySchedule,
     Settlements,
 )
-from scoring.egress import EgressPolicy, EgressRefused
-from scoring.http import describe_status, retry_after_seconds
-from scoring.models import AlertChannel
-from scoring.results import RECOVERED_EVENT, WebhookDelivery, channel_key
 
 log = structlog.get_logger(__name__)
 

@@ -30,8 +30,8 @@ import orjson
 
 from scorer_groups._calls import Call, _model, _paged
 from scoring.dataset import Allowance, GateFailed
-from scoring.datasets import Dataset, DatasetItem
-from scoring.evaluations import EvaluationRun
+from scoring.stores.datasets import Dataset, DatasetItem
+from scoring.stores.evaluations import EvaluationRun
 
 if TYPE_CHECKING:
     from scorer_groups._sync import Transport

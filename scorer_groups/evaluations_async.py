@@ -20,8 +20,8 @@ from typing import TYPE_CHECKING, Any
 
 from scorer_groups._calls import Call, _model, _paged
 from scorer_groups.evaluations import Evaluation, _error, _id, _Progress, _upload
-from scoring.datasets import Dataset, DatasetItem
-from scoring.evaluations import EvaluationRun
+from scoring.stores.datasets import Dataset, DatasetItem
+from scoring.stores.evaluations import EvaluationRun
 
 if TYPE_CHECKING:
     from scorer_groups._async import Transport

@@ -24,7 +24,9 @@ from typing import Any
 from pydantic import ValidationError
 from redis.asyncio import Redis
 
-from scoring.catalog import (
+from scoring.errors import Forbidden, InvalidDocument, NotFound, PreconditionFailed
+from scoring.models import AlertChannel, Judge, Member, OnlineProfile, ScorerGroup, WireModel
+from scoring.stores.catalog import (
     KIND_MODELS,
     CatalogSnapshot,
     CatalogStore,
@@ -37,11 +39,9 @@ from scoring.catalog import (
     kind_of,
     labelled,
 )
-from scoring.catalog_file import ApplyReport, apply_file
-from scoring.channels import saved_channel
-from scoring.errors import Forbidden, InvalidDocument, NotFound, PreconditionFailed
-from scoring.models import AlertChannel, Judge, Member, OnlineProfile, ScorerGroup, WireModel
-from scoring.ratings import RatingsHistory, RatingsStore
+from scoring.stores.catalog_file import ApplyReport, apply_file
+from scoring.stores.channels import saved_channel
+from scoring.stores.ratings import RatingsHistory, RatingsStore
 
 UPDATABLE = {"name": "name", "description": "description", "members": "members", "online": "online",
              "project_id": "projectId", "projectId": "projectId"}
@@ -319,5 +319,5 @@ class MonitorClient:
         self.scorers = Scorers(self.store, caller)
 
     async def apply(self, document: Any) -> ApplyReport:
-        """Apply a catalog file (see scoring.catalog_file): every error listed, all or nothing."""
+        """Apply a catalog file (see scoring.stores.catalog_file): every error listed, all or nothing."""
         return await apply_file(self.store, document)

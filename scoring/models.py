@@ -26,7 +26,7 @@ from pydantic.alias_generators import to_camel
 
 from scoring.egress import check_url_shape
 from scoring.redact import mask_url
-from scoring.signing import secret_key
+from scoring.webhooks.signing import secret_key
 
 MAX_MEMBERS = 20
 SECRET_ROTATION_OVERLAP_S = 24 * 3_600  # a replaced channel secret keeps signing for a day
@@ -52,7 +52,7 @@ _RE2_OPTIONS.log_errors = False
 _RE2_OPTIONS.max_mem = 8 << 20
 # RE2 matches in linear time, but the factor is the program's size: `(\w+\s?){1,1000}zz` compiles
 # to 11,005 instructions and scanned a megabyte in ~40 s. 2,000 keeps every accepted regex
-# within milliseconds on the text a pattern reads (see scoring.patterns.MAX_TEXT_CHARS); the
+# within milliseconds on the text a pattern reads (see scoring.members.patterns.MAX_TEXT_CHARS); the
 # built-in templates are under 250.
 MAX_REGEX_PROGRAM_SIZE = 2_000
 
@@ -248,7 +248,7 @@ class AlertChannel(WireModel):
     # channel with `disabled: false` turns it back on.
     disabled: bool = False
     disabled_reason: str | None = Field(None, max_length=500)
-    # The body's shape (scoring/webhook_payloads.py); pagerduty needs the integration's routingKey.
+    # The body's shape (scoring/webhooks/payloads.py); pagerduty needs the integration's routingKey.
     format: Literal["standard", "slack", "pagerduty"] = "standard"
     routing_key: SecretStr | None = Field(None, max_length=200)
 

@@ -18,14 +18,14 @@ from typing import Protocol
 import structlog
 
 from scoring.blend import REFERENCE_DELETED, BlendResult, MemberOutcome, blend, goodness
-from scoring.external import ExternalClient
-from scoring.http import MemberError
-from scoring.judge import JudgeClient
+from scoring.members.external import ExternalClient
+from scoring.members.http import MemberError
+from scoring.members.judge import JudgeClient
+from scoring.members.patterns import DEADLINE_S as PATTERN_DEADLINE_S
+from scoring.members.patterns import compiled
+from scoring.members.sandbox import CodeScorerError, SandboxPool
 from scoring.models import CustomEvaluator, Judge, Member, Pattern, Polarity, ScorerGroup
-from scoring.patterns import DEADLINE_S as PATTERN_DEADLINE_S
-from scoring.patterns import compiled
 from scoring.redact import Redactor
-from scoring.sandbox import CodeScorerError, SandboxPool
 from scoring.subjects import Subject
 
 log = structlog.get_logger(__name__)

@@ -20,8 +20,8 @@ from pydantic.alias_generators import to_camel
 from scoring.blend import MemberStatus
 from scoring.models import MemberKind, ScorerGroup, Severity
 from scoring.panel import GroupResult
-from scoring.ratings import RatingEvent
 from scoring.redact import mask_url
+from scoring.stores.ratings import RatingEvent
 
 _IDS = uuid.UUID("6f1c5a8e-6a8f-4f7e-9a63-2c1d0b7e4a10")  # namespace of every id we derive
 

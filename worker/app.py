@@ -22,16 +22,16 @@ from consumers.outage import OutageGuard
 from consumers.outputs import Outputs, TopicNames
 from consumers.sessions import SessionSweeper
 from consumers.traces import OutputError, TraceConsumer
-from scoring.catalog import CatalogStore, CatalogWatcher
-from scoring.claims import Claims
 from scoring.egress import EgressPolicy
-from scoring.external import ExternalClient
-from scoring.judge import JudgeClient
+from scoring.members.external import ExternalClient
+from scoring.members.judge import JudgeClient
+from scoring.members.sandbox import SandboxPool
 from scoring.panel import Panel
-from scoring.ratings import RatingsStore
 from scoring.redact import Redactor
-from scoring.sandbox import SandboxPool
-from scoring.sessions import SessionStore
+from scoring.stores.catalog import CatalogStore, CatalogWatcher
+from scoring.stores.claims import Claims
+from scoring.stores.ratings import RatingsStore
+from scoring.stores.sessions import SessionStore
 from worker import metrics
 from worker.otlp import run_otlp_intake
 from worker.settings import Settings

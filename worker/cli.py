@@ -36,11 +36,11 @@ import yaml
 from pydantic import ValidationError
 from redis.asyncio import Redis
 
-from scoring.apikeys import ApiKeyStore
-from scoring.catalog import KIND_MODELS
 from scoring.errors import CatalogError
 from scoring.groups import MonitorClient
 from scoring.redact import Redactor, mask_url
+from scoring.stores.apikeys import ApiKeyStore
+from scoring.stores.catalog import KIND_MODELS
 from worker.logs import configure_logging, use_known_secrets
 from worker.settings import Settings
 
@@ -177,7 +177,7 @@ def _cmd_grade(settings: Settings, args: argparse.Namespace) -> int:
 
 def _cmd_datasets(settings: Settings, args: argparse.Namespace) -> int:
     """datasets create|version|list: rows from a JSONL or CSV file, one version per upload."""
-    from scoring.datasets import DatasetStore, format_of, parse_rows
+    from scoring.stores.datasets import DatasetStore, format_of, parse_rows
 
     text = ""
     if args.action != "list":
@@ -212,7 +212,7 @@ def _cmd_run(settings: Settings, _: argparse.Namespace) -> int:
 
 
 def _cmd_new_secret(_settings: Settings, _: argparse.Namespace) -> int:
-    from scoring.signing import new_secret
+    from scoring.webhooks.signing import new_secret
 
     print(new_secret())
     return 0

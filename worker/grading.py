@@ -22,7 +22,6 @@ from typing import IO, Any, TextIO
 import orjson
 from redis.asyncio import Redis
 
-from scoring.catalog import CatalogStore
 from scoring.dataset import (
     Allowance,
     DatasetRow,
@@ -34,10 +33,11 @@ from scoring.dataset import (
     requires_expected_judges,
 )
 from scoring.egress import EgressPolicy
-from scoring.external import ExternalClient
-from scoring.judge import JudgeClient
+from scoring.members.external import ExternalClient
+from scoring.members.judge import JudgeClient
 from scoring.panel import Panel
 from scoring.results import build_rating
+from scoring.stores.catalog import CatalogStore
 from worker.app import redactor, sandbox_pool
 from worker.settings import Settings
 

@@ -21,8 +21,8 @@ from prometheus_client import (
     generate_latest,
 )
 
-from scoring.breaker import STATE_VALUES
-from scoring.otlp_buffer import BufferSize
+from scoring.otlp.buffer import BufferSize
+from scoring.webhooks.breaker import STATE_VALUES
 
 log = structlog.get_logger(__name__)
 

@@ -12,8 +12,8 @@ from redis.asyncio import Redis
 
 from consumers.otlp import OtlpConsumer
 from consumers.outage import OutageGuard
-from scoring.otlp import MappingRules
-from scoring.otlp_buffer import OtlpBuffer
+from scoring.otlp.buffer import OtlpBuffer
+from scoring.otlp.mapping import MappingRules
 from worker import metrics
 from worker.settings import Settings
 

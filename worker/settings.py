@@ -12,9 +12,9 @@ from urllib.parse import urlsplit
 from pydantic import Field, SecretStr, field_validator, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
-from scoring.delivery_schedule import RetrySchedule
 from scoring.redact import mask_url
-from scoring.webhook_payloads import LinkTemplate
+from scoring.webhooks.payloads import LinkTemplate
+from scoring.webhooks.schedule import RetrySchedule
 
 
 class Settings(BaseSettings):

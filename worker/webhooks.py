@@ -15,14 +15,14 @@ from redis.asyncio import Redis
 
 from consumers.outage import OutageGuard
 from consumers.webhooks import SenderLimits, WebhookSender
-from scoring import webhook_payloads as payloads
-from scoring.catalog import CatalogSnapshot, CatalogStore
-from scoring.channels import disable_channel
-from scoring.delivery_schedule import DeliverySchedule, parse_duration
 from scoring.egress import EgressPolicy
 from scoring.models import AlertChannel
 from scoring.results import WebhookDelivery, channel_key
-from scoring.webhook_payloads import LinkTemplate
+from scoring.stores.catalog import CatalogSnapshot, CatalogStore
+from scoring.stores.channels import disable_channel
+from scoring.webhooks import payloads
+from scoring.webhooks.payloads import LinkTemplate
+from scoring.webhooks.schedule import DeliverySchedule, parse_duration
 from worker.metrics import PrometheusWebhookEvents, observe_outage
 from worker.settings import Settings
 

@@ -3,7 +3,7 @@
     .venv-bench/bin/python -m tests.bench.peer_quix BOOTSTRAP TOPIC OUT_TOPIC GROUP_ID
 
 Reads the traces topic, scores every trace with the same two groups through the same scoring
-functions (``scoring.patterns``, ``scoring.blend``, the trace subject) in-process, the code
+functions (``scoring.members.patterns``, ``scoring.blend``, the trace subject) in-process, the code
 scorer run plainly in this process, and produces one rating per (trace, group). No sandbox,
 dedupe, budget or history: what scoring costs without the worker's guarantees. Runs until
 SIGTERM, in its own virtualenv (Quix Streams pins an older pydantic than the project).
@@ -18,8 +18,8 @@ from typing import Any
 from quixstreams import Application
 
 from scoring.blend import MemberOutcome, blend, goodness
+from scoring.members.patterns import compiled
 from scoring.models import CustomEvaluator, Pattern, ScorerGroup
-from scoring.patterns import compiled
 from scoring.subjects import Trace, trace_subject
 from tests.bench.workload import DETERMINISTIC_CATALOG
 

@@ -15,7 +15,7 @@ import pytest
 from redis.asyncio import Redis
 
 from deploy.judge_server import Behaviour, JudgeServer
-from scoring.claims import Claims
+from scoring.stores.claims import Claims
 from tests.e2e.harness import WorkerProcess, catalog_db, produce, read_topic, worker_env
 
 pytestmark = pytest.mark.integration

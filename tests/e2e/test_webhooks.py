@@ -19,9 +19,9 @@ import pytest
 from redis.asyncio import Redis
 from standardwebhooks import Webhook
 
-from scoring.catalog import CatalogStore
 from scoring.groups import MonitorClient
 from scoring.results import Signal, WebhookDelivery, build_deliveries
+from scoring.stores.catalog import CatalogStore
 from tests.e2e.harness import ROOT, WorkerProcess, catalog_db, produce, read_topic, worker_env
 from tests.http_fakes import Received, Reply, ScriptedServer
 

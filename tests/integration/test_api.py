@@ -284,7 +284,7 @@ def test_ratings_and_session_scores_are_the_projects_own(api: Api, scorers: dict
 
     from redis.asyncio import Redis
 
-    from scoring.ratings import RatingEvent, RatingsStore, SessionVerdict
+    from scoring.stores.ratings import RatingEvent, RatingsStore, SessionVerdict
 
     with api.as_("a") as a, api.as_("op") as op:
         ga = create_group(a, name="A live", members=[member("judge", scorers["quality"])], online=FULL_ONLINE)
@@ -442,7 +442,7 @@ def test_channels_of_two_projects_for_one_agent_id_stay_apart(api: Api) -> None:
 
     from redis.asyncio import Redis
 
-    from scoring.catalog import CatalogStore
+    from scoring.stores.catalog import CatalogStore
 
     with api.as_("a") as a, api.as_("b") as b:
         mine = a.post("/v1/channels", json={"agentId": "same-bot", "url": "https://hooks.example.com/a"}).json()

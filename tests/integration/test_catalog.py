@@ -11,10 +11,10 @@ from typing import Any
 import pytest
 from redis.asyncio import Redis
 
-from scoring.catalog import CatalogWatcher
 from scoring.errors import InvalidDocument, NotFound
 from scoring.groups import MonitorClient
 from scoring.models import Judge, Pattern
+from scoring.stores.catalog import CatalogWatcher
 
 pytestmark = pytest.mark.integration
 

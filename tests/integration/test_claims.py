@@ -7,7 +7,7 @@ import asyncio
 import pytest
 from redis.asyncio import Redis
 
-from scoring.claims import ClaimRequest, Claims
+from scoring.stores.claims import ClaimRequest, Claims
 
 pytestmark = pytest.mark.integration
 

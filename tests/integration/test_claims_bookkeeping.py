@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 from redis.asyncio import Redis
 
-from scoring.claims import ClaimRequest, Claims
+from scoring.stores.claims import ClaimRequest, Claims
 
 pytestmark = pytest.mark.integration
 

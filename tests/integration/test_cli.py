@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 from redis.asyncio import Redis
 
-from scoring.ratings import RatingEvent, RatingsStore, SessionVerdict
+from scoring.stores.ratings import RatingEvent, RatingsStore, SessionVerdict
 
 pytestmark = pytest.mark.integration
 ROOT = Path(__file__).resolve().parents[2]

@@ -15,12 +15,12 @@ import pytest
 from redis.asyncio import Redis
 
 from deploy.judge_server import JudgeServer
-from scoring.catalog import CatalogStore
 from scoring.dataset import DatasetRow, GateFailed, grade_rows, plan_grading
 from scoring.groups import MonitorClient
-from scoring.http import RetryPolicy
-from scoring.judge import JudgeClient
+from scoring.members.http import RetryPolicy
+from scoring.members.judge import JudgeClient
 from scoring.panel import Panel
+from scoring.stores.catalog import CatalogStore
 
 pytestmark = pytest.mark.integration
 ROOT = Path(__file__).resolve().parents[2]

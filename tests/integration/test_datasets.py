@@ -12,8 +12,8 @@ from pathlib import Path
 import pytest
 from redis.asyncio import Redis
 
-from scoring.datasets import DatasetItem, DatasetStore, parse_rows
 from scoring.errors import InvalidDocument, NotFound
+from scoring.stores.datasets import DatasetItem, DatasetStore, parse_rows
 
 pytestmark = pytest.mark.integration
 ROOT = Path(__file__).resolve().parents[2]

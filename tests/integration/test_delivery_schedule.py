@@ -10,9 +10,9 @@ from datetime import UTC, datetime
 import pytest
 from redis.asyncio import Redis
 
-from scoring import keys
-from scoring.delivery_schedule import Attempt, DeliverySchedule, PendingDelivery, RetrySchedule
 from scoring.results import Signal, build_deliveries
+from scoring.stores import keys
+from scoring.webhooks.schedule import Attempt, DeliverySchedule, PendingDelivery, RetrySchedule
 
 pytestmark = pytest.mark.integration
 

@@ -231,7 +231,7 @@ async def test_the_async_twin_runs_and_gates_alike(names: dict[str, Any], api: t
 
 
 def test_a_run_is_graded_once(names: dict[str, Any], api: tuple[str, str, str]) -> None:
-    from scoring import keys
+    from scoring.stores import keys
 
     client = names["client"]
     pending = client.evaluations.run(dataset_id=names["dataset"].id, scorer_group_id=_group(names).id,

@@ -27,14 +27,14 @@ from redis.asyncio import Redis
 
 from consumers.outputs import TopicNames
 from consumers.traces import OutputError, TraceConsumer
-from scoring.catalog import CatalogSnapshot
-from scoring.claims import ClaimRequest, Claims
 from scoring.egress import EgressPolicy
-from scoring.external import ExternalClient
-from scoring.http import RetryPolicy
+from scoring.members.external import ExternalClient
+from scoring.members.http import RetryPolicy
 from scoring.models import CustomEvaluator, ScorerGroup
 from scoring.panel import Panel
-from scoring.ratings import RatingsStore
+from scoring.stores.catalog import CatalogSnapshot
+from scoring.stores.claims import ClaimRequest, Claims
+from scoring.stores.ratings import RatingsStore
 from tests.gated_scorer import HOLD, GatedScorer
 from worker.app import Worker
 from worker.metrics import OpsServer

@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 from redis.asyncio import Redis
 
-from scoring import keys
-from scoring.ratings import RatingEvent, RatingsStore, SessionVerdict
+from scoring.stores import keys
+from scoring.stores.ratings import RatingEvent, RatingsStore, SessionVerdict
 
 pytestmark = pytest.mark.integration
 

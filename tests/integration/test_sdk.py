@@ -28,7 +28,7 @@ from scorer_groups import (
     ServerError,
     Unauthorized,
 )
-from scoring.ratings import RatingsStore, SessionVerdict
+from scoring.stores.ratings import RatingsStore, SessionVerdict
 from tests.api_process import ApiProcess, cli, create_key
 from tests.e2e.harness import redis_db
 from tests.http_fakes import Reply, ScriptedServer

@@ -14,7 +14,7 @@ from redis.asyncio import Redis
 from deploy import services
 from deploy.services import LocalKafka, LocalRedis
 from deploy.services import free_port as real_free_port
-from scoring.claims import ClaimRequest, Claims
+from scoring.stores.claims import ClaimRequest, Claims
 
 pytestmark = pytest.mark.integration
 

@@ -16,13 +16,13 @@ from redis.asyncio import Redis
 from consumers.events import NoEvents
 from consumers.outputs import Outputs, TopicNames
 from consumers.sessions import SessionSweeper
-from scoring import keys
-from scoring.catalog import CatalogSnapshot
-from scoring.claims import ClaimRequest, Claims
 from scoring.models import Pattern, ScorerGroup
 from scoring.panel import Panel
-from scoring.ratings import RatingsStore
-from scoring.sessions import QuietSession, SessionStore
+from scoring.stores import keys
+from scoring.stores.catalog import CatalogSnapshot
+from scoring.stores.claims import ClaimRequest, Claims
+from scoring.stores.ratings import RatingsStore
+from scoring.stores.sessions import QuietSession, SessionStore
 from scoring.subjects import Trace
 from tests.e2e.harness import read_topic
 

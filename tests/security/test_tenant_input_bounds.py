@@ -12,8 +12,8 @@ from pydantic import ValidationError
 
 from consumers.decode import MAX_NESTING, DeadLetter, decode_trace, nesting_depth
 from scoring.egress import EgressPolicy, EgressRefused
+from scoring.members.patterns import INLINE_TEXT_CHARS, MAX_TEXT_CHARS, compiled
 from scoring.models import MAX_REGEX_PROGRAM_SIZE, AlertChannel, CustomEvaluator, Pattern
-from scoring.patterns import INLINE_TEXT_CHARS, MAX_TEXT_CHARS, compiled
 from scoring.redact import Redactor, mask_url
 from worker.settings import Settings
 

@@ -2,7 +2,7 @@
 10001): bwrap then builds an unprivileged user namespace, and the same attacks fail.
 
 As root, the test creates an ordinary user with ``useradd`` and runs, as that user, a driver
-that does what ``scoring.sandbox`` does for one call - ``scoring.isolation.prepare`` (its
+that does what ``scoring.members.sandbox`` does for one call - ``scoring.members.isolation.prepare`` (its
 non-root branch), one confined runner, one request - with Debian's python3, since the
 worker's virtualenv is not readable by other users. The driver holds a secret in its
 environment, as the worker would.
@@ -88,7 +88,7 @@ def driver_dir() -> Iterator[Path]:
     folder = Path(tempfile.mkdtemp(prefix="sgw-unprivileged-", dir="/tmp"))
     try:
         for name in ("isolation.py", "_seccomp_policy.py", "_sandbox_runner.py"):
-            shutil.copy(ROOT / "scoring" / name, folder / name)
+            shutil.copy(ROOT / "scoring" / "members" / name, folder / name)
         (folder / "driver.py").write_text(DRIVER)
         for path in (folder, *folder.iterdir()):
             path.chmod(0o755)

@@ -8,8 +8,8 @@ import pytest
 
 from scoring.blend import goodness
 from scoring.egress import EgressPolicy, EgressRefused
-from scoring.external import ExternalClient
-from scoring.http import MemberError, RetryPolicy
+from scoring.members.external import ExternalClient
+from scoring.members.http import MemberError, RetryPolicy
 from scoring.models import CustomEvaluator
 from scoring.subjects import Subject
 from tests.http_fakes import Reply, ScriptedServer

@@ -9,8 +9,8 @@ from collections.abc import AsyncIterator, Iterator
 import pytest
 
 from deploy.judge_server import Behaviour, JudgeServer
-from scoring.http import MemberError, RetryPolicy
-from scoring.judge import SESSION_QUESTION, JudgeClient, parse_verdict
+from scoring.members.http import MemberError, RetryPolicy
+from scoring.members.judge import SESSION_QUESTION, JudgeClient, parse_verdict
 from scoring.models import Judge
 from scoring.subjects import Subject
 

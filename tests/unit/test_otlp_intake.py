@@ -13,7 +13,7 @@ from hypothesis import strategies as st
 
 from consumers.decode import DeadLetterReason
 from consumers.otlp import OtlpConsumer
-from scoring.otlp import MappingRules
+from scoring.otlp.mapping import MappingRules
 from tests.otlp_records import Telemetry, records, span
 
 TP = TopicPartition("otlp_spans", 0)

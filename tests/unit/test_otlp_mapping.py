@@ -10,7 +10,7 @@ from typing import Any
 import orjson
 import pytest
 
-from scoring.otlp import MappingRules, OtlpError, assemble, buffered_spans, decode_request
+from scoring.otlp.mapping import MappingRules, OtlpError, assemble, buffered_spans, decode_request
 from scoring.subjects import Trace, session_subject, trace_subject
 from tests.otlp_records import Telemetry, records, span
 

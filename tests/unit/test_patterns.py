@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
+from scoring.members.patterns import compiled, luhn_valid
 from scoring.models import Pattern
-from scoring.patterns import compiled, luhn_valid
 
 
 def pattern(**over: object) -> Pattern:

@@ -13,8 +13,8 @@ from typing import Any
 
 import pytest
 
-from scoring import sandbox as sandbox_module
-from scoring.sandbox import CodeScorerError, SandboxPool
+from scoring.members import sandbox as sandbox_module
+from scoring.members.sandbox import CodeScorerError, SandboxPool
 
 ARGS: dict[str, Any] = {"input": "question", "output": "answer", "expected": None, "spans": [],
                         "metadata": {}}

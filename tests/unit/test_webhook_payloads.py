@@ -11,7 +11,7 @@ import pytest
 
 from scoring.models import AlertChannel
 from scoring.results import RECOVERED_EVENT, Signal, WebhookDelivery, build_deliveries
-from scoring.webhook_payloads import LinkTemplate, body
+from scoring.webhooks.payloads import LinkTemplate, body
 
 LINK = LinkTemplate("https://app.example.com/groups/{groupId}/ratings/{ratingId}")
 ROUTING_KEY = "R0UT1NGK3Y0123456789abcdefABCDEF"

@@ -25,7 +25,7 @@ from fastapi.responses import PlainTextResponse
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from redis.asyncio import Redis
 
-from scoring.catalog import SnapshotCache
+from scoring.stores.catalog import SnapshotCache
 from worker.api import evaluations, groups, problems, scorers
 from worker.metrics import API_REQUEST_SECONDS, API_REQUESTS, REGISTRY
 from worker.settings import Settings

@@ -9,8 +9,8 @@ from fastapi import Depends, HTTPException, Request
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 from redis.asyncio import Redis
 
-from scoring.apikeys import ApiKeyStore
 from scoring.groups import Caller, MonitorClient
+from scoring.stores.apikeys import ApiKeyStore
 
 bearer = HTTPBearer(auto_error=False, description="An API key from `scorer-worker keys create`.")
 CHALLENGE = {"WWW-Authenticate": "Bearer"}

@@ -15,11 +15,12 @@ from fastapi import APIRouter, Path, Query, Request, Response
 from pydantic import Field
 from redis.asyncio import Redis
 
-from scoring.catalog import CatalogStore
 from scoring.dataset import DatasetRow, plan_grading
-from scoring.datasets import Dataset, DatasetItem, DatasetStore, parse_rows
 from scoring.errors import Conflict, InvalidDocument, NotFound
-from scoring.evaluations import (
+from scoring.models import Id, Name, WireModel
+from scoring.stores.catalog import CatalogStore
+from scoring.stores.datasets import Dataset, DatasetItem, DatasetStore, parse_rows
+from scoring.stores.evaluations import (
     EvaluationCreate,
     EvaluationRun,
     EvaluationStore,
@@ -28,7 +29,6 @@ from scoring.evaluations import (
     completed,
     new_run,
 )
-from scoring.models import Id, Name, WireModel
 from scoring.subjects import as_text
 from worker.api import problems
 from worker.api.auth import Who, redis_of
@@ -41,7 +41,9 @@ MAX_CONTENT = 32 * 1024 * 1024
 
 
 class DatasetUpload(WireModel):
-    """Rows as the text of a JSONL or CSV file (see scoring.datasets for the CSV columns)."""
+    """Rows as the text of a JSONL or CSV file. CSV: a header row with an `input` column; `expected` is
+    optional (an empty cell is no expected answer); a `metadata` column holds a JSON object, and any
+    other column becomes a metadata entry of that name."""
 
     format: Literal["jsonl", "csv"] = "jsonl"
     content: str = Field(max_length=MAX_CONTENT)

@@ -14,7 +14,7 @@ from typing import Any
 import structlog
 from redis.asyncio import Redis
 
-from scoring import keys
+from scoring.stores import keys
 from scoring.subjects import Trace
 
 log = structlog.get_logger(__name__)

@@ -3,7 +3,7 @@
 A dataset is created from a JSONL or CSV file (the CLI, the API, the SDK) and each new upload
 of rows is a new version; a version never changes once written, so an evaluation run records
 the version it graded and reads exactly those rows later. Stored in Redis under the project's
-hash tag (scoring/keys.py): the dataset documents in one hash, each version's rows as one JSON
+hash tag (scoring/stores/keys.py): the dataset documents in one hash, each version's rows as one JSON
 string.
 
 CSV: a header row with an ``input`` column; ``expected`` is optional (an empty cell is no
@@ -25,9 +25,9 @@ from pydantic import Field, JsonValue, ValidationError, field_validator
 from redis.asyncio import Redis
 from redis.exceptions import WatchError
 
-from scoring import keys
 from scoring.errors import InvalidDocument, NotFound, field_errors
 from scoring.models import Id, Name, WireModel
+from scoring.stores import keys
 
 MAX_ROWS = 10_000
 MAX_FILE_BYTES = 32 * 1024 * 1024

@@ -1,7 +1,7 @@
 """The program each sandbox process runs: load users' code scorers and call them on request.
 
-Started by ``scoring.sandbox`` as ``python -I -S -c <this source> <memory MiB> <cache size>``,
-inside the confinement of ``scoring.isolation`` (its own namespaces, uid, seccomp filter and
+Started by ``scoring.members.sandbox`` as ``python -I -S -c <this source> <memory MiB> <cache size>``,
+inside the confinement of ``scoring.members.isolation`` (its own namespaces, uid, seccomp filter and
 read-only file system): the operating system is the boundary, this program only keeps the
 protocol. Standard library only: ``-S`` leaves nothing else importable, and the source is
 passed on the command line because the service's files are not visible in the sandbox.

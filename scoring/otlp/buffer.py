@@ -39,7 +39,7 @@ from typing import Any
 from pydantic import ValidationError
 from redis.asyncio import Redis
 
-from scoring.otlp import BufferedSpan
+from scoring.otlp.mapping import BufferedSpan
 
 SHARDS = 16  # fixed: changing it strands buffered traces under the old tags
 PREFIX = "sgw:otlp"

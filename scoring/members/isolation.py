@@ -12,7 +12,7 @@ every sandbox process is started by bubblewrap (Debian's ``bwrap``) with
 * a file system of ``/usr`` read-only, an empty ``/dev`` and ``/proc`` of its own, a small empty
   writable ``/tmp``, nothing else: no service code, configuration or home directories;
 * an empty environment, ``no_new_privs``, every capability dropped, and a seccomp filter made
-  by libseccomp (``scoring/_seccomp_policy.py``) that refuses ptrace, reading other processes'
+  by libseccomp (``scoring/members/_seccomp_policy.py``) that refuses ptrace, reading other processes'
   memory, ``setns``/``unshare``/``mount``, signals, keyrings, io_uring and non-AF_UNIX sockets.
 
 If any of this cannot be set up, ``prepare`` raises ``IsolationUnavailable`` with the reason and

@@ -17,7 +17,9 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from scoring.catalog import (
+from scoring.errors import InvalidDocument, field_errors
+from scoring.models import AlertChannel, Judge, Member, OnlineProfile, ScorerGroup, WireModel
+from scoring.stores.catalog import (
     KIND_MODELS,
     CatalogSnapshot,
     CatalogStore,
@@ -27,9 +29,7 @@ from scoring.catalog import (
     judge_errors,
     labelled,
 )
-from scoring.channels import saved_channel
-from scoring.errors import InvalidDocument, field_errors
-from scoring.models import AlertChannel, Judge, Member, OnlineProfile, ScorerGroup, WireModel
+from scoring.stores.channels import saved_channel
 
 MEMBER_KIND = {"judges": "judge", "patterns": "pattern", "customs": "custom"}
 

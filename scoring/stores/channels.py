@@ -5,12 +5,12 @@ from __future__ import annotations
 
 from typing import Any
 
-from scoring.catalog import CatalogSnapshot, CatalogStore, Write
 from scoring.models import SECRET_ROTATION_OVERLAP_S, AlertChannel, WireModel
+from scoring.stores.catalog import CatalogSnapshot, CatalogStore, Write
 
 
 def channel_id(channel: AlertChannel) -> str:
-    """The id a channel is stored under (as ``scoring.catalog.doc_id``)."""
+    """The id a channel is stored under (as ``scoring.stores.catalog.doc_id``)."""
     return f"{channel.agent_id}|{channel.url}"
 
 

@@ -20,8 +20,8 @@ import orjson
 from redis.asyncio import Redis
 from redis.exceptions import WatchError
 
-from scoring import keys
 from scoring.errors import NotFound
+from scoring.stores import keys
 
 PREFIX = "sgw"
 

@@ -22,7 +22,7 @@ from typing import Any
 import httpx
 import orjson
 
-from scoring.http import DEFAULT_RETRY, MemberError, RetryPolicy, post_json
+from scoring.members.http import DEFAULT_RETRY, MemberError, RetryPolicy, post_json
 from scoring.models import Judge
 from scoring.subjects import Subject, as_text
 

@@ -13,8 +13,8 @@ from typing import Any
 import orjson
 from redis.asyncio import Redis
 
-from scoring import keys
 from scoring.models import WireModel
+from scoring.stores import keys
 
 
 def entry(actor: str, before: WireModel | None, after: WireModel | None, at: float | None = None) -> bytes:

@@ -12,7 +12,7 @@ steps, each a function here:
 3. ``assemble``: the buffered spans of one trace as one ``Trace``.
 
 How the conventions map (GenAI semantic conventions, OpenInference, OpenLLMetry) is decided in
-``scoring.otlp_conventions``; the README has the table.
+``scoring.otlp.conventions``; the README has the table.
 """
 
 from __future__ import annotations
@@ -32,7 +32,7 @@ from opentelemetry.proto.common.v1.common_pb2 import AnyValue, KeyValue
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from pydantic.alias_generators import to_camel
 
-from scoring.otlp_conventions import CONTENT_ATTRIBUTES, span_content, span_kind
+from scoring.otlp.conventions import CONTENT_ATTRIBUTES, span_content, span_kind
 from scoring.subjects import Span, Trace
 
 MAX_VALUE_DEPTH = 8  # nesting kept of one attribute value (deeper parts become a marker)

@@ -25,7 +25,7 @@ from typing import Literal
 
 from redis.asyncio import Redis
 
-from scoring import keys
+from scoring.stores import keys
 
 ClaimState = Literal["claimed", "done", "skipped", "busy", "exhausted"]
 

@@ -15,7 +15,7 @@ from dataclasses import asdict, dataclass
 import orjson
 from redis.asyncio import Redis
 
-from scoring import keys
+from scoring.stores import keys
 
 # ARGV: count, scored, sum, min, max, below, noscore, then one TTL per key. One call counts a
 # whole batch's results of one group into its buckets (the worker aggregates before calling).

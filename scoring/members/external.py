@@ -13,7 +13,7 @@ import asyncio
 import httpx
 
 from scoring.egress import EgressPolicy, EgressRefused
-from scoring.http import DEFAULT_RETRY, MemberError, RetryPolicy, post_json
+from scoring.members.http import DEFAULT_RETRY, MemberError, RetryPolicy, post_json
 from scoring.models import CustomEvaluator
 from scoring.subjects import Subject
 

@@ -25,8 +25,8 @@ from pydantic import BaseModel, ConfigDict
 from pydantic.alias_generators import to_camel
 from redis.asyncio import Redis
 
-from scoring import keys
 from scoring.results import WebhookDelivery
+from scoring.stores import keys
 
 AttemptOutcome = Literal["delivered", "failed", "rejected", "gone", "refused"]
 

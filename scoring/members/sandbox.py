@@ -1,7 +1,7 @@
 """A pool of warm, confined Python processes that run tenants' code scorers.
 
-Each process runs ``scoring/_sandbox_runner.py`` confined by the operating system as
-``scoring.isolation`` describes (bubblewrap: another uid, its own namespaces, a seccomp filter,
+Each process runs ``scoring/members/_sandbox_runner.py`` confined by the operating system as
+``scoring.members.isolation`` describes (bubblewrap: another uid, its own namespaces, a seccomp filter,
 a read-only view of ``/usr``, an empty environment), with resource limits: address space (a
 big allocation raises MemoryError), processes, open files, no file growth, a CPU backstop. The
 parent enforces the wall-clock timeout: a process that does not answer in time is killed with
@@ -32,7 +32,7 @@ from typing import Any
 
 import structlog
 
-from scoring.isolation import CHILD_ENV, Confinement, IsolationMode, IsolationUnavailable, identity, prepare
+from scoring.members.isolation import CHILD_ENV, Confinement, IsolationMode, IsolationUnavailable, identity, prepare
 
 log = structlog.get_logger(__name__)
 

@@ -20,10 +20,10 @@ import orjson
 from pydantic import Field, JsonValue
 from redis.asyncio import Redis
 
-from scoring import keys
 from scoring.dataset import DatasetRun, GateColumns, GradingPlan, JudgeColumn
 from scoring.errors import InvalidDocument, NotFound
 from scoring.models import Id, Name, WireModel
+from scoring.stores import keys
 
 Status = Literal["created", "completed"]
 

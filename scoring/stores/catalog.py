@@ -27,7 +27,6 @@ from redis.asyncio import Redis
 from redis.asyncio.client import Pipeline
 from redis.exceptions import WatchError
 
-from scoring import changes, keys
 from scoring.errors import Conflict
 from scoring.models import (
     AlertChannel,
@@ -40,6 +39,7 @@ from scoring.models import (
     ScorerGroup,
     WireModel,
 )
+from scoring.stores import changes, keys
 
 log = structlog.get_logger(__name__)
 

@@ -82,7 +82,7 @@ def dedupe_claim(project_id: str, group_id: str, subject_key: str) -> str:
     return f"{PREFIX}:claim:{{{project_id}}}:{group_id}:{subject_key}"
 
 
-# --- Webhook deliveries: the durable retry schedule (scoring/delivery_schedule.py) ------------
+# --- Webhook deliveries: the durable retry schedule (scoring/webhooks/schedule.py) ------------
 # One hash tag for all of them: the schedule's scripts touch the sets and a delivery's keys
 # together. Alerts are few next to traces, so one slot carries them.
 WEBHOOK_TAG = "{webhooks}"
@@ -128,7 +128,7 @@ def catalog_changes(kind: str, doc_id: str) -> str:
     return f"{PREFIX}:{CATALOG_TAG}:changes:{kind}:{doc_id}"
 
 
-# --- Datasets and evaluation runs, per project (scoring/datasets.py, scoring/evaluations.py) ----
+# --- Datasets and evaluation runs, per project (scoring/stores/datasets.py, scoring/stores/evaluations.py) ----
 # A project's datasets: one hash, field = dataset id, value = the dataset's JSON (name, latest
 # version, row counts). Each version's rows are one immutable JSON string, so a run reads the
 # version it recorded even after newer ones are added. Kept until deleted: they are the tenant's.
