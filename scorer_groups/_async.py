@@ -3,7 +3,6 @@ requests (``_calls``), retries and models."""
 
 from __future__ import annotations
 
-import asyncio
 import builtins
 from collections.abc import Mapping, Sequence
 from typing import Any, Generic, TypeVar
@@ -11,48 +10,14 @@ from typing import Any, Generic, TypeVar
 import httpx
 
 from scorer_groups import _calls as calls
-from scorer_groups._calls import Call, Retry, raise_for_problem
+from scorer_groups._calls import Retry
+from scorer_groups._transport import AsyncTransport as Transport
 from scorer_groups.evaluations_async import AsyncDatasets, AsyncEvaluations
 from scoring.api_models import Change, Channel, Ratings, SessionScore
 from scoring.models import Budget, CustomEvaluator, Judge, Pattern, ScorerGroup, WireModel
 
 T = TypeVar("T")
 S = TypeVar("S", bound=WireModel)
-
-
-class Transport:
-    def __init__(self, base_url: str, api_key: str, *, timeout_s: float, retry: Retry,
-                 http: httpx.AsyncClient | None = None) -> None:
-        self._http = http or httpx.AsyncClient(base_url=base_url, timeout=timeout_s)
-        self._headers = {"Authorization": f"Bearer {api_key}", "User-Agent": "scorer-groups-sdk"}
-        self._retry = retry
-
-    async def close(self) -> None:
-        await self._http.aclose()
-
-    async def send(self, call: Call[Any], params: Mapping[str, Any] | None = None) -> httpx.Response:
-        attempt = 0
-        while True:
-            response = await self._http.request(call.method, call.path, params={**call.params, **(params or {})},
-                                          json=call.json, headers={**self._headers, **call.headers})
-            delay = self._retry.delay(attempt, response)
-            if delay is None:
-                raise_for_problem(response)
-                return response
-            attempt += 1
-            await asyncio.sleep(delay)
-
-    async def run(self, call: Call[T]) -> T:
-        if call.item is None:
-            return call.parse(await self.send(call))
-        items: builtins.list[Any] = []
-        cursor: str | None = None
-        while True:
-            page, cursor = call.page_items(await self.send(call, {"limit": calls.PAGE_SIZE,
-                                                            **({"cursor": cursor} if cursor else {})}))
-            items += page
-            if cursor is None:
-                return items  # type: ignore[return-value]
 
 
 class ScorerGroups:

@@ -23,18 +23,16 @@ import threading
 from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 from urllib.parse import quote
 
 import orjson
 
 from scorer_groups._calls import Call, _model, _paged
+from scorer_groups._transport import Transport
 from scoring.dataset import Allowance, GateFailed
 from scoring.stores.datasets import Dataset, DatasetItem
 from scoring.stores.evaluations import EvaluationRun
-
-if TYPE_CHECKING:
-    from scorer_groups._sync import Transport
 
 __all__ = ["Datasets", "Evaluation", "Evaluations", "GateFailed", "PendingRun"]
 

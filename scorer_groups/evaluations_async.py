@@ -16,15 +16,13 @@ import inspect
 import sys
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from scorer_groups._calls import Call, _model, _paged
+from scorer_groups._transport import AsyncTransport as Transport
 from scorer_groups.evaluations import Evaluation, _error, _id, _Progress, _upload
 from scoring.stores.datasets import Dataset, DatasetItem
 from scoring.stores.evaluations import EvaluationRun
-
-if TYPE_CHECKING:
-    from scorer_groups._async import Transport
 
 
 class AsyncDatasets:
