@@ -8,7 +8,8 @@ through ``python -m deploy.services run -- COMMAND`` (start both, run COMMAND wi
 Kafka is the real broker: a single-node KRaft server (broker and controller in one JVM) run
 from the jars that ``deploy/kafka/pom.xml`` resolves from Maven Central. Redis is Debian's
 ``redis-server`` with persistence off. Both take free ports chosen at start and keep their data
-in a temporary folder that is removed on stop.
+in a temporary folder that is removed on stop. A broker can also crash on purpose and come back
+(``LocalKafka.kill`` then ``restart``: same ports, same data), for the chaos test.
 """
 
 from __future__ import annotations
@@ -107,6 +108,12 @@ def _tail(path: Path, lines: int = 30) -> str:
         return "(no log)"
 
 
+def _read_from(path: Path, offset: int) -> str:
+    with path.open("rb") as f:
+        f.seek(offset)
+        return f.read().decode(errors="replace")
+
+
 def ensure_kafka_jars() -> Path:
     """Resolve the broker's jars with Maven unless the current pom's jars are already there."""
     pom_hash = hashlib.sha256(KAFKA_POM.read_bytes()).hexdigest()
@@ -148,6 +155,7 @@ class LocalKafka:
         self.partitions = partitions
         self.port = 0
         self.bootstrap = ""
+        self.controller_port = 0
         self.workdir: Path | None = None
         self.proc: subprocess.Popen[bytes] | None = None
         self.started_in_s = 0.0
@@ -167,45 +175,84 @@ class LocalKafka:
     def _start_once(self) -> LocalKafka:
         if shutil.which("java") is None:
             raise ServiceError("Java is not installed; run deploy/bootstrap.sh first")
-        libs = ensure_kafka_jars()
+        ensure_kafka_jars()
         began = time.monotonic()
         self.workdir = Path(tempfile.mkdtemp(prefix="sgw-kafka-"))
-        self.port, controller_port = free_port(), free_port()
+        self.port, self.controller_port = free_port(), free_port()
         self.bootstrap = f"127.0.0.1:{self.port}"
         props = self.workdir / "server.properties"
-        props.write_text(self._properties(controller_port))
-        log_file = self.workdir / "kafka.log"
-        log4j = self.workdir / "log4j2.properties"
-        log4j.write_text(LOG4J2_PROPERTIES.format(log_file=log_file))
-        java = ["java", *KAFKA_HEAP, f"-Dlog4j2.configurationFile={log4j}",
-                "-Dkafka.logs.dir=" + str(self.workdir), "-cp", f"{libs}/*"]
+        props.write_text(self._properties(self.controller_port))
+        (self.workdir / "log4j2.properties").write_text(LOG4J2_PROPERTIES.format(log_file=self.workdir / "kafka.log"))
         cluster_id = kafka_cluster_id()
         fmt = subprocess.run(
-            [*java, "kafka.tools.StorageTool", "format", "--standalone",
+            [*self._java(), "kafka.tools.StorageTool", "format", "--standalone",
              "-t", cluster_id, "-c", str(props)],
             capture_output=True, text=True,
         )
         if fmt.returncode != 0:
             raise ServiceError(f"formatting Kafka's storage failed:\n{fmt.stdout}\n{fmt.stderr}")
-        stdout = open(self.workdir / "kafka.out", "wb")
-        self.proc = subprocess.Popen(
-            [*java, "kafka.Kafka", str(props)],
-            stdout=stdout, stderr=subprocess.STDOUT, start_new_session=True,
-        )
         atexit.register(self.stop)  # a run that dies without its fixtures' teardown leaves no JVM
+        self._launch()
+        self.started_in_s = time.monotonic() - began
+        return self
+
+    def _java(self) -> list[str]:
+        assert self.workdir is not None
+        return ["java", *KAFKA_HEAP, f"-Dlog4j2.configurationFile={self.workdir / 'log4j2.properties'}",
+                "-Dkafka.logs.dir=" + str(self.workdir), "-cp", f"{KAFKA_LIBS}/*"]
+
+    def _launch(self) -> None:
+        """Run the broker on the formatted storage in ``workdir`` and wait until it serves."""
+        assert self.workdir is not None
+        log_file = self.workdir / "kafka.log"
+        # A restart appends to the same log: only a "started" line written after this counts.
+        seen = log_file.stat().st_size if log_file.exists() else 0
+        with open(self.workdir / "kafka.out", "ab") as stdout:
+            self.proc = subprocess.Popen(
+                [*self._java(), "kafka.Kafka", str(self.workdir / "server.properties")],
+                stdout=stdout, stderr=subprocess.STDOUT, start_new_session=True,
+            )
         deadline = time.monotonic() + KAFKA_START_TIMEOUT_S
         while time.monotonic() < deadline:
             if self.proc.poll() is not None:
                 output = f"{_tail(log_file)}\n{_tail(self.workdir / 'kafka.out')}"
                 error = PortTaken if _bind_failed(output) else ServiceError
                 raise error(f"Kafka exited with {self.proc.returncode}:\n{output}")
-            if log_file.exists() and KAFKA_STARTED_LINE in log_file.read_text(errors="replace"):
+            if log_file.exists() and KAFKA_STARTED_LINE in _read_from(log_file, seen):
                 if _port_open(self.port):
-                    self.started_in_s = time.monotonic() - began
-                    return self
+                    return
             time.sleep(0.1)
         self.stop()
         raise ServiceError(f"Kafka did not start in {KAFKA_START_TIMEOUT_S:.0f}s")
+
+    def kill(self) -> None:
+        """SIGKILL the broker, as a crash would (no clean shutdown, logs not closed). Its ports,
+        configuration and data stay, for ``restart``."""
+        if self.proc is None or self.proc.poll() is not None:
+            return
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(self.proc.pid, signal.SIGKILL)
+        self.proc.wait(timeout=STOP_TIMEOUT_S)
+
+    def restart(self) -> LocalKafka:
+        """Start the broker again (killing it first if it still runs) on the same ports, cluster
+        id and data directory, nothing formatted again: what clients see when a broker comes
+        back. Clients know these ports, so one another process took meanwhile is not replaced:
+        the restart waits for it a little, then fails."""
+        if self.workdir is None:
+            raise ServiceError("restart needs a broker that was started (and not stopped)")
+        self.kill()
+        began = time.monotonic()
+        for attempt in range(BIND_ATTEMPTS):
+            try:
+                self._launch()
+                break
+            except PortTaken:
+                if attempt == BIND_ATTEMPTS - 1:
+                    raise
+                time.sleep(1.0)  # a socket of the killed broker may linger briefly
+        self.started_in_s = time.monotonic() - began
+        return self
 
     def _properties(self, controller_port: int) -> str:
         assert self.workdir is not None

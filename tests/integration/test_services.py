@@ -108,3 +108,57 @@ def test_a_kafka_cluster_id_never_starts_with_a_dash(monkeypatch: pytest.MonkeyP
                   services.uuid.UUID(bytes=b"\x10" + bytes(15))])
     monkeypatch.setattr(services.uuid, "uuid4", lambda: next(draws))
     assert services.kafka_cluster_id() == "EAAAAAAAAAAAAAAAAAAAAA"
+
+
+async def test_a_killed_broker_restarts_on_its_port_with_its_data(unique: str) -> None:
+    # The chaos test kills its broker (SIGKILL, as a crash) and starts it again: clients must find
+    # it where it was, with the records and the committed offsets it had.
+    topic, group = f"restart-{unique}", f"restart-group-{unique}"
+    broker = LocalKafka().start()
+    try:
+        bootstrap, workdir = broker.bootstrap, broker.workdir
+        await produce_numbers(bootstrap, topic, range(100))
+        assert await consume_numbers(bootstrap, topic, group, 100) == list(range(100))  # commits at 100
+
+        broker.kill()
+        assert broker.proc is not None and broker.proc.returncode == -9
+        with pytest.raises(ConnectionRefusedError):  # the broker is down
+            socket.create_connection(("127.0.0.1", broker.port), timeout=5).close()
+        broker.restart()
+
+        assert (broker.bootstrap, broker.workdir) == (bootstrap, workdir), "same port, same data"
+        await produce_numbers(bootstrap, topic, range(100, 110))
+        assert await consume_numbers(bootstrap, topic, group, 10) == list(range(100, 110)), \
+            "the group resumes from the offset it committed before the crash"
+        assert await consume_numbers(bootstrap, topic, None, 110) == list(range(110)), "no record lost"
+    finally:
+        broker.stop()
+
+
+async def produce_numbers(bootstrap: str, topic: str, numbers: range) -> None:
+    producer = AIOKafkaProducer(bootstrap_servers=bootstrap, enable_idempotence=True)
+    await producer.start()
+    try:
+        for n in numbers:
+            await producer.send_and_wait(topic, value=orjson.dumps(n))
+    finally:
+        await producer.stop()
+
+
+async def consume_numbers(bootstrap: str, topic: str, group: str | None, count: int) -> list[int]:
+    """Read ``count`` records (from the group's committed offset, or from the start without a
+    group), then commit them for the group."""
+    consumer = AIOKafkaConsumer(topic, bootstrap_servers=bootstrap, group_id=group, enable_auto_commit=False,
+                                auto_offset_reset="earliest")
+    await consumer.start()
+    seen: list[int] = []
+    try:
+        async with asyncio.timeout(60):
+            while len(seen) < count:
+                for records in (await consumer.getmany(timeout_ms=500)).values():
+                    seen.extend(orjson.loads(r.value) for r in records)
+        if group is not None:
+            await consumer.commit()
+    finally:
+        await consumer.stop()
+    return seen
