@@ -3,7 +3,9 @@
 Tests never mock HTTP; they start a ``JudgeServer`` on 127.0.0.1 and point the judge client at
 ``server.base_url``. By default every request is answered deterministically: if the last user message
 holds a marker ``[[rating=N]]`` the rating is N (the last marker wins), otherwise ``default_rating``.
-Tests script other answers, one per request and first in first out, with ``Behaviour`` constructors:
+A marker ``[[key=K]]`` in the same message counts the request under K in ``calls_by_key``, so a test
+can tell how often each trace was judged. Tests script other answers, one per request and first in
+first out, with ``Behaviour`` constructors:
 
     with JudgeServer() as judge:
         judge.script(Behaviour.status(429, retry_after=1), Behaviour.content("not json"))
@@ -24,7 +26,7 @@ import socket
 import threading
 import time
 import uuid
-from collections import deque
+from collections import Counter, deque
 from dataclasses import dataclass, replace
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any, Literal
@@ -33,6 +35,8 @@ MARKER = re.compile(r"\[\[rating=(-?\d+(?:\.\d+)?)\]\]")
 # [[rating@MODEL=N]]: a rating for requests that ask MODEL only, so one prompt can give two
 # judges (with different ``model`` settings) different ratings. It wins over plain markers.
 MODEL_MARKER = re.compile(r"\[\[rating@([\w.:-]+)=(-?\d+(?:\.\d+)?)\]\]")
+# [[key=K]]: count the request under K (``JudgeServer.calls_by_key``); the last marker wins.
+KEY_MARKER = re.compile(r"\[\[key=([^\]\s]+)\]\]")
 MODEL_ID = "judge-deterministic"
 _ERROR_KINDS = {  # status code -> (OpenAI error type, error code)
     400: ("invalid_request_error", "invalid_request"), 401: ("invalid_request_error", "invalid_api_key"),
@@ -155,6 +159,9 @@ class JudgeServer:
         self.api_key = api_key
         self.default_rating = default_rating
         self.requests: list[dict[str, Any]] = []  # chat request bodies, each with "_headers"
+        # Chat requests by the [[key=K]] marker of their last user message (those without one are
+        # not counted here): how many times each trace, say, was judged.
+        self.calls_by_key: Counter[str] = Counter()
         # The most chat requests answered at once among those since start or reset (tests check a
         # client's cap with it; a request still hanging from before a reset does not count).
         self.peak_in_flight = 0
@@ -218,14 +225,19 @@ class JudgeServer:
         with self._lock:
             self._queue.clear()
             self.requests.clear()
+            self.calls_by_key.clear()
             self.peak_in_flight = self._in_flight = 0
             self._generation += 1
             self._default = Behaviour.deterministic()
 
     def _take(self, body: dict[str, Any]) -> Behaviour:
         """Record the request and pick its behaviour: the next scripted one, else the default."""
+        users = [m for m in body["messages"] if isinstance(m, dict) and m.get("role") == "user"]
+        keys = KEY_MARKER.findall(_text(users[-1].get("content"))) if users else []
         with self._lock:
             self.requests.append(body)
+            if keys:
+                self.calls_by_key[keys[-1]] += 1
             return self._queue.popleft() if self._queue else self._default
 
     def _entered(self, step: int, generation: int | None = None) -> int:

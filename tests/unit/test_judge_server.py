@@ -217,6 +217,17 @@ def test_requests_are_recorded_with_bodies_and_headers(judge: JudgeServer) -> No
     assert first["_headers"]["content-type"] == "application/json"
 
 
+def test_calls_are_counted_by_the_key_marker_of_the_last_user_message(judge: JudgeServer) -> None:
+    for text in ("t-1 [[key=t-1]] [[rating=3]]", "again [[key=t-1]]", "[[key=old]] then [[key=t-2]]", "no key"):
+        assert post(judge, chat(text)).status_code == 200
+    body = chat("[[key=t-3]]")
+    body["messages"].append({"role": "user", "content": "the last user message has none"})
+    post(judge, body)
+    assert judge.calls_by_key == {"t-1": 2, "t-2": 1}, "the last marker of the last user message counts"
+    judge.reset()
+    assert judge.calls_by_key == {}
+
+
 def test_models_unknown_paths_and_bad_request_bodies(judge: JudgeServer) -> None:
     models = httpx.get(f"{judge.base_url}/models", timeout=5)
     assert models.status_code == 200 and models.json()["object"] == "list" and models.json()["data"]
