@@ -35,7 +35,7 @@ from scoring.panel import Panel, planned_judge_calls
 from scoring.results import history_event
 from scoring.sampling import keep
 from scoring.stores.catalog import CatalogSnapshot
-from scoring.stores.claims import ClaimRequest, Claims
+from scoring.stores.claims import ClaimRequest, Claims, day_of
 from scoring.stores.ratings import RatingsStore, SessionVerdict
 from scoring.stores.sessions import SessionStore
 from scoring.subjects import Subject, session_subject
@@ -124,7 +124,8 @@ class SessionSweeper:
                         subject_key=f"session:{session.session_id}:{subject.turns}",
                         judge_calls=planned_judge_calls(group, snapshot, subject),
                         budget_limit=budget.judge_calls_per_window if budget else None,
-                        budget_window_s=budget.window_seconds if budget else 3600)))
+                        budget_window_s=budget.window_seconds if budget else 3600,
+                        day=day_of(min(t.timestamp for t in session.turns).timestamp()))))
             unsettled: set[str] = set()
             # Claim only as much as is scored at once: a lease must not wait behind a long queue.
             for chunk in range(0, len(due), self._concurrency):

@@ -44,7 +44,7 @@ from scoring.panel import GroupResult, Panel, planned_judge_calls
 from scoring.results import history_event
 from scoring.sampling import keep
 from scoring.stores.catalog import CatalogSnapshot
-from scoring.stores.claims import ClaimRequest, Claims
+from scoring.stores.claims import ClaimRequest, Claims, day_of
 from scoring.stores.ratings import RatingEvent, RatingsStore
 from scoring.subjects import Subject, Trace, trace_subject
 
@@ -312,6 +312,7 @@ class TraceConsumer:
             return []
         subject = trace_subject(trace)
         budget = snapshot.budget(trace.project_id)
+        day = day_of(trace.timestamp.timestamp())  # the trace's own time: the same on redelivery
         pairs = []
         for group in groups:
             assert group.online is not None
@@ -322,7 +323,7 @@ class TraceConsumer:
                 project_id=trace.project_id, group_id=group.id, subject_key=f"trace:{trace.trace_id}",
                 judge_calls=planned_judge_calls(group, snapshot, subject),
                 budget_limit=budget.judge_calls_per_window if budget else None,
-                budget_window_s=budget.window_seconds if budget else 3600,
+                budget_window_s=budget.window_seconds if budget else 3600, day=day,
             )
             pairs.append(_Pair(group, subject, claim))
         return pairs

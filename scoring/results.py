@@ -24,6 +24,7 @@ from scoring.redact import mask_url
 from scoring.stores.ratings import RatingEvent
 
 _IDS = uuid.UUID("6f1c5a8e-6a8f-4f7e-9a63-2c1d0b7e4a10")  # namespace of every id we derive
+_IDS_BYTES = _IDS.bytes
 
 ResultScope = Literal["trace", "session", "dataset"]
 
@@ -33,8 +34,17 @@ def signal_key(group_id: str) -> str:
     return f"scorer-group:{group_id}"
 
 
+def derived_id(name: str) -> str:
+    """``str(uuid.uuid5(_IDS, name))``, without building UUID objects (two per output record)."""
+    digest = bytearray(hashlib.sha1(_IDS_BYTES + name.encode()).digest()[:16])
+    digest[6] = (digest[6] & 0x0F) | 0x50  # version 5
+    digest[8] = (digest[8] & 0x3F) | 0x80  # the RFC 4122 variant
+    h = digest.hex()
+    return f"{h[:8]}-{h[8:12]}-{h[12:16]}-{h[16:20]}-{h[20:]}"
+
+
 def rating_id(group_id: str, subject_key: str) -> str:
-    return str(uuid.uuid5(_IDS, f"rating:{group_id}:{subject_key}"))
+    return derived_id(f"rating:{group_id}:{subject_key}")
 
 
 class _Out(BaseModel):
@@ -131,7 +141,8 @@ def build_rating(result: GroupResult, scope: ResultScope, now: datetime | None =
     """The rating of a result; ``dataset`` is (run id, row index) for a graded dataset row."""
     group, s, b = result.group, result.subject, result.blend
     key = f"dataset:{dataset[0]}:{dataset[1]}" if dataset else subject_key(result)
-    return Rating(
+    # Every value comes from the engine's own checked types: constructed, not validated again.
+    return Rating.model_construct(
         id=rating_id(group.id, key), run_id=dataset[0] if dataset else None,
         row=dataset[1] if dataset else None,
         kind=signal_key(group.id), group_id=group.id, group_name=group.name,
@@ -139,7 +150,7 @@ def build_rating(result: GroupResult, scope: ResultScope, now: datetime | None =
         trace_id=s.trace_id if s.scope == "trace" else None,
         session_id=s.session_id, turns=s.turns if s.scope == "session" else None,
         rating=b.score, reason=b.reason, justification=b.justification,
-        members=[MemberVerdict(kind=m.outcome.kind, ref_id=m.outcome.ref_id, name=m.outcome.name,
+        members=[MemberVerdict.model_construct(kind=m.outcome.kind, ref_id=m.outcome.ref_id, name=m.outcome.name,
                                weight=m.outcome.weight, gate=m.outcome.gate, status=m.status,
                                native=m.outcome.native, goodness=m.outcome.goodness,
                                detail=m.outcome.detail or m.outcome.error)
@@ -159,8 +170,8 @@ def build_signal(group: ScorerGroup, rating: Rating) -> Signal | None:
     if not below_threshold(group, rating.rating) or group.online is None:
         return None
     assert rating.rating is not None and group.online.alert_threshold is not None
-    return Signal(
-        id=str(uuid.uuid5(_IDS, f"signal:{rating.id}")), key=signal_key(group.id),
+    return Signal.model_construct(
+        id=derived_id(f"signal:{rating.id}"), key=signal_key(group.id),
         group_id=group.id, group_name=group.name, project_id=group.project_id,
         agent_id=rating.agent_id, scope=rating.scope, trace_id=rating.trace_id,
         session_id=rating.session_id, rating=rating.rating,
@@ -170,7 +181,7 @@ def build_signal(group: ScorerGroup, rating: Rating) -> Signal | None:
 
 
 def build_deliveries(signal: Signal, channel_urls: list[str]) -> list[WebhookDelivery]:
-    return [WebhookDelivery(id=str(uuid.uuid5(_IDS, f"delivery:{signal.id}:{url}")), signal_id=signal.id,
+    return [WebhookDelivery(id=derived_id(f"delivery:{signal.id}:{url}"), signal_id=signal.id,
                             agent_id=signal.agent_id, url=mask_url(url), channel=channel_key(url), signal=signal,
                             created_at=signal.raised_at)
             for url in channel_urls]
@@ -190,14 +201,14 @@ def build_recovery_deliveries(group: ScorerGroup, rating: Rating, channel_urls: 
         return []
     assert rating.rating is not None and group.online.alert_threshold is not None
     recovery = Signal(
-        id=str(uuid.uuid5(_IDS, f"recovery:{rating.id}")), key=signal_key(group.id),
+        id=derived_id(f"recovery:{rating.id}"), key=signal_key(group.id),
         group_id=group.id, group_name=group.name, project_id=group.project_id,
         agent_id=rating.agent_id, scope=rating.scope, trace_id=rating.trace_id,
         session_id=rating.session_id, rating=rating.rating,
         alert_threshold=group.online.alert_threshold, severity=group.online.severity,
         justification=rating.justification, rating_id=rating.id, raised_at=rating.scored_at,
     )
-    return [WebhookDelivery(id=str(uuid.uuid5(_IDS, f"delivery:{recovery.id}:{url}")), signal_id=recovery.id,
+    return [WebhookDelivery(id=derived_id(f"delivery:{recovery.id}:{url}"), signal_id=recovery.id,
                             agent_id=recovery.agent_id, url=mask_url(url), channel=channel_key(url),
                             event=RECOVERED_EVENT, signal=recovery,
                             created_at=recovery.raised_at)

@@ -127,6 +127,7 @@ class Worker:
 
         producer = AIOKafkaProducer(bootstrap_servers=s.kafka_bootstrap, enable_idempotence=True,
                                     acks="all", linger_ms=s.producer_linger_ms,
+                                    max_batch_size=s.producer_batch_bytes,
                                     max_request_size=dead_letter_limit(s))
         judges = JudgeClient(s.judge_base_url, api_key=s.judge_api_key.get_secret_value(),
                              model=s.judge_model, timeout_s=s.judge_timeout_s,

@@ -88,6 +88,10 @@ class Settings(BaseSettings):
     producer_linger_ms: int = Field(
         5, ge=0, description="How long the producer waits to fill a batch; trades latency for throughput."
     )
+    producer_batch_bytes: int = Field(
+        262_144, ge=16_384, description="Largest batch of records per partition the producer sends at once; "
+        "ratings are sent in bulk, so larger batches mean fewer produce requests."
+    )
     max_trace_bytes: int = Field(
         1_048_576, ge=1024, description="A trace record larger than this goes to the DLQ."
     )

@@ -1,6 +1,7 @@
 """Claims: dedupe of (group, subject) pairs and the judge-call budget, in one Redis round trip.
 
-A Lua script per pair, pipelined across a whole batch, decides atomically:
+One Lua call per project of a batch (pipelined together) decides every pair of it atomically,
+in the batch's order:
 
 - the pair is already **done** (its outputs were acknowledged) or was **skipped** for budget:
   do nothing again - no budget, no second rating;
@@ -10,8 +11,12 @@ A Lua script per pair, pipelined across a whole batch, decides atomically:
   and take the lease (**claimed**), or, with too few calls left, mark it **exhausted**: the
   group is skipped whole, never scored on a partial panel.
 
-The budget key is shared with online evaluators (same name, same fixed windows), and the claim
-and budget keys of a project share its hash tag, so the script runs on Redis Cluster too.
+Pairs live as fields of one hash per project and day (``keys.dedupe_claims``), so the call
+costs a handful of commands whatever the batch's size: the server's clock, one HMGET and one
+HSET per day touched, one GET and one INCRBY of the budget. A lease carries its own expiry
+(server time), since fields cannot expire on their own. The budget key is shared with online
+evaluators (same name, same fixed windows), and a project's keys share its hash tag, so the
+script runs on Redis Cluster too.
 """
 
 from __future__ import annotations
@@ -20,7 +25,8 @@ import os
 import socket
 import time
 import uuid
-from dataclasses import dataclass
+from collections import defaultdict
+from dataclasses import dataclass, field
 from typing import Literal
 
 from redis.asyncio import Redis
@@ -29,31 +35,100 @@ from scoring.stores import keys
 
 ClaimState = Literal["claimed", "done", "skipped", "busy", "exhausted"]
 
+DAY_S = 86_400
+
+# KEYS: the budget key, then the claim hashes. ARGV: owner, lease ms, budget limit (-1: none),
+# budget TTL, hash TTL, then per pair: hash index (1-based into KEYS[2..]), field, judge calls.
+# Returns a flat list: state, detail per pair.
 _CLAIM = """
-local current = redis.call('GET', KEYS[1])
-if current then
-  if string.sub(current, 1, 5) == 'done:' then return {'done', current} end
-  if string.sub(current, 1, 8) == 'skipped:' then return {'skipped', current} end
-  return {'busy', current}
+local t = redis.call('TIME')
+local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+local owner, lease_ms, limit = ARGV[1], tonumber(ARGV[2]), tonumber(ARGV[3])
+local lease = 'lease:' .. (now + lease_ms) .. ':' .. owner
+local n = (#ARGV - 5) / 3
+
+-- 1. what is stored for every pair: one HMGET per hash (in chunks: Lua's stack is finite)
+local by_hash = {}
+for i = 1, n do
+  local h = tonumber(ARGV[3 + 3 * i])
+  by_hash[h] = by_hash[h] or {}
+  table.insert(by_hash[h], ARGV[4 + 3 * i])
 end
-local want = tonumber(ARGV[3])
-if want > 0 then
-  local limit = tonumber(ARGV[4])
-  local used = tonumber(redis.call('GET', KEYS[2]) or '0')
-  if limit >= 0 and used + want > limit then
-    redis.call('SET', KEYS[1], 'skipped:budget', 'EX', ARGV[6])
-    return {'exhausted', tostring(used)}
+local stored = {}
+for h, fields in pairs(by_hash) do
+  for from = 1, #fields, 4000 do
+    local chunk = {}
+    for k = from, math.min(from + 3999, #fields) do table.insert(chunk, fields[k]) end
+    local values = redis.call('HMGET', KEYS[h + 1], unpack(chunk))
+    for k, field in ipairs(chunk) do stored[h .. ' ' .. field] = values[k] end
   end
-  redis.call('INCRBY', KEYS[2], want)
-  redis.call('EXPIRE', KEYS[2], ARGV[5])
 end
-redis.call('SET', KEYS[1], 'lease:' .. ARGV[1], 'PX', ARGV[2])
-return {'claimed', ''}
+
+-- 2. decide in order: a pair twice in the batch sees its own first decision
+local used = nil
+local reserved = 0
+local writes = {}
+local out = {}
+for i = 1, n do
+  local h, field, want = tonumber(ARGV[3 + 3 * i]), ARGV[4 + 3 * i], tonumber(ARGV[5 + 3 * i])
+  local slot = h .. ' ' .. field
+  local current = stored[slot]
+  local state, detail = nil, ''
+  if current then
+    if string.sub(current, 1, 5) == 'done:' then state, detail = 'done', current
+    elseif string.sub(current, 1, 8) == 'skipped:' then state, detail = 'skipped', current
+    else
+      local expires = tonumber(string.match(current, '^lease:(%d+):'))
+      if expires and expires > now then state, detail = 'busy', current end
+    end
+  end
+  if not state then
+    local value = lease
+    state = 'claimed'
+    if want > 0 then
+      used = used or tonumber(redis.call('GET', KEYS[1]) or '0')
+      if limit >= 0 and used + reserved + want > limit then
+        value, state, detail = 'skipped:budget', 'exhausted', tostring(used + reserved)
+      else
+        reserved = reserved + want
+      end
+    end
+    stored[slot] = value
+    writes[h] = writes[h] or {}
+    table.insert(writes[h], field)
+    table.insert(writes[h], value)
+  end
+  table.insert(out, state)
+  table.insert(out, detail)
+end
+
+-- 3. write: one HSET (in chunks) and one EXPIRE per hash; the budget once
+for h, flat in pairs(writes) do
+  for from = 1, #flat, 4000 do
+    redis.call('HSET', KEYS[h + 1], unpack(flat, from, math.min(from + 3999, #flat)))
+  end
+  redis.call('EXPIRE', KEYS[h + 1], ARGV[5])
+end
+if reserved > 0 then
+  redis.call('INCRBY', KEYS[1], reserved)
+  redis.call('EXPIRE', KEYS[1], ARGV[4])
+end
+return out
 """
 
+# KEYS: claim hashes. ARGV: owner, then per pair: hash index, field. Deletes this owner's leases.
 _RELEASE = """
-if redis.call('GET', KEYS[1]) == 'lease:' .. ARGV[1] then return redis.call('DEL', KEYS[1]) end
-return 0
+local suffix = ':' .. ARGV[1]
+local released = 0
+for i = 1, (#ARGV - 1) / 2 do
+  local key, field = KEYS[tonumber(ARGV[2 * i])], ARGV[2 * i + 1]
+  local current = redis.call('HGET', key, field)
+  if current and string.sub(current, 1, 6) == 'lease:'
+      and string.sub(current, -string.len(suffix)) == suffix then
+    released = released + redis.call('HDEL', key, field)
+  end
+end
+return released
 """
 
 
@@ -65,10 +140,22 @@ class ClaimRequest:
     judge_calls: int  # slots to reserve, all or nothing
     budget_limit: int | None  # calls per window; None = no budget configured (unlimited, counted)
     budget_window_s: int = 3600
+    # The subject's own day (``day_of``: a trace's timestamp, a session's first turn), the same
+    # on every redelivery: the hash its claim is kept in.
+    day: int = field(kw_only=True)
 
     @property
-    def key(self) -> str:
-        return keys.dedupe_claim(self.project_id, self.group_id, self.subject_key)
+    def hash_key(self) -> str:
+        return keys.dedupe_claims(self.project_id, self.day)
+
+    @property
+    def field_name(self) -> str:
+        return keys.dedupe_field(self.group_id, self.subject_key)
+
+
+def day_of(epoch_s: float) -> int:
+    """The day (since 1970-01-01, UTC) a subject's claim is kept under."""
+    return int(epoch_s // DAY_S)
 
 
 @dataclass(frozen=True, slots=True)
@@ -93,29 +180,46 @@ class Claims:
         self._release = redis.register_script(_RELEASE)
 
     async def claim_many(self, requests: list[ClaimRequest], now: float | None = None) -> list[ClaimResult]:
-        """Claim every pair of a batch in one pipelined round trip."""
+        """Claim every pair of a batch in one round trip: one script call per project."""
         if not requests:
             return []
         now = time.time() if now is None else now
+        # One call per project and budget (a batch's requests of a project share its budget).
+        by_project: dict[tuple[str, int | None, int], list[int]] = defaultdict(list)
+        for i, r in enumerate(requests):
+            by_project[(r.project_id, r.budget_limit, r.budget_window_s)].append(i)
+        results: list[ClaimResult | None] = [None] * len(requests)
         async with self._redis.pipeline(transaction=False) as pipe:
-            for r in requests:
-                window_start = int(now) // r.budget_window_s * r.budget_window_s
-                budget_key = keys.judge_budget(r.project_id, window_start)
-                limit = -1 if r.budget_limit is None else r.budget_limit
-                await self._claim(keys=[r.key, budget_key],
-                                  args=[self.owner, self.lease_ms, r.judge_calls, limit,
-                                        r.budget_window_s * 2, self._done_ttl_s], client=pipe)
+            for indexes in by_project.values():
+                first = requests[indexes[0]]
+                window_start = int(now) // first.budget_window_s * first.budget_window_s
+                hashes: dict[str, int] = {}
+                args: list[str | int] = [self.owner, self.lease_ms,
+                                         -1 if first.budget_limit is None else first.budget_limit,
+                                         first.budget_window_s * 2, self._done_ttl_s]
+                for i in indexes:
+                    r = requests[i]
+                    args += [hashes.setdefault(r.hash_key, len(hashes) + 1), r.field_name, r.judge_calls]
+                await self._claim(keys=[keys.judge_budget(first.project_id, window_start), *hashes],
+                                  args=args, client=pipe)
             replies = await pipe.execute()
-        return [ClaimResult(state=_text(state), detail=_text(detail))  # type: ignore[arg-type]
-                for state, detail in replies]
+        for indexes, reply in zip(by_project.values(), replies, strict=True):
+            for n, i in enumerate(indexes):
+                results[i] = ClaimResult(state=_text(reply[2 * n]), detail=_text(reply[2 * n + 1]))  # type: ignore[arg-type]
+        return results  # type: ignore[return-value]
 
     async def mark_done(self, done: list[tuple[ClaimRequest, str]]) -> None:
-        """Mark pairs done with their rating ids, once their outputs are acknowledged."""
+        """Mark pairs done with their rating ids, once their outputs are acknowledged: one HSET
+        and one EXPIRE per hash."""
         if not done:
             return
+        by_hash: dict[str, dict[str, str]] = defaultdict(dict)
+        for request, rating_id in done:
+            by_hash[request.hash_key][request.field_name] = f"done:{rating_id}"
         async with self._redis.pipeline(transaction=False) as pipe:
-            for request, rating_id in done:
-                pipe.set(request.key, f"done:{rating_id}", ex=self._done_ttl_s)
+            for key, fields in by_hash.items():
+                pipe.hset(key, mapping=fields)  # type: ignore[arg-type]
+                pipe.expire(key, self._done_ttl_s)
             await pipe.execute()
 
     async def release(self, requests: list[ClaimRequest]) -> None:
@@ -123,10 +227,22 @@ class Claims:
         worker need not wait for them to expire."""
         if not requests:
             return
+        by_project: dict[str, list[ClaimRequest]] = defaultdict(list)
+        for r in requests:
+            by_project[r.project_id].append(r)
         async with self._redis.pipeline(transaction=False) as pipe:
-            for r in requests:
-                await self._release(keys=[r.key], args=[self.owner], client=pipe)
+            for mine in by_project.values():
+                hashes: dict[str, int] = {}
+                args: list[str | int] = [self.owner]
+                for r in mine:
+                    args += [hashes.setdefault(r.hash_key, len(hashes) + 1), r.field_name]
+                await self._release(keys=list(hashes), args=args, client=pipe)
             await pipe.execute()
+
+    async def stored(self, request: ClaimRequest) -> str:
+        """What is kept for a pair ("lease:...", "done:<ratingId>", "skipped:budget"), or ""."""
+        value = await self._redis.hget(request.hash_key, request.field_name)
+        return _text(value) if value is not None else ""
 
     async def budget_used(self, project_id: str, window_s: int, now: float | None = None) -> int:
         now = time.time() if now is None else now

@@ -73,13 +73,22 @@ def judge_budget(project_id: str, window_start: int) -> str:
     return f"online-judge-budget:{{{project_id}}}:{window_start}"
 
 
-# A (group, subject) claim: "lease:<owner>" while being scored, "done:<ratingId>" once its
-# outputs are acknowledged. Done marks are kept long enough to cover any redelivery.
+# (group, subject) claims: "lease:<expiresAtMs>:<owner>" while being scored, "done:<ratingId>"
+# once its outputs are acknowledged, "skipped:budget" when the budget was short. One hash per
+# project and day of the subject (a trace's own timestamp, a session's first turn), field
+# "<groupId>:<subjectKey>": a batch reads and writes its pairs with one command per hash instead
+# of one key per pair. A hash expires this long after its last write, so a done mark outlives any
+# redelivery.
 DEDUPE_DONE_TTL_S = 7 * 86_400
 
 
-def dedupe_claim(project_id: str, group_id: str, subject_key: str) -> str:
-    return f"{PREFIX}:claim:{{{project_id}}}:{group_id}:{subject_key}"
+def dedupe_claims(project_id: str, day: int) -> str:
+    """The claims of a project's subjects of one day (days since 1970-01-01, UTC)."""
+    return f"{PREFIX}:claims:{{{project_id}}}:{day}"
+
+
+def dedupe_field(group_id: str, subject_key: str) -> str:
+    return f"{group_id}:{subject_key}"
 
 
 # --- Webhook deliveries: the durable retry schedule (scoring/webhooks/schedule.py) ------------

@@ -7,16 +7,17 @@ import asyncio
 import pytest
 from redis.asyncio import Redis
 
-from scoring.stores.claims import ClaimRequest, Claims
+from scoring.stores.claims import ClaimRequest, Claims, day_of
 
 pytestmark = pytest.mark.integration
 
 NOW = 1_796_221_800.0
 
 
-def req(unique: str, subject: str, calls: int, limit: int | None = 10, group: str = "g") -> ClaimRequest:
+def req(unique: str, subject: str, calls: int, limit: int | None = 10, group: str = "g",
+        day: int = day_of(NOW)) -> ClaimRequest:
     return ClaimRequest(project_id=f"p-{unique}", group_id=group, subject_key=f"trace:{subject}",
-                        judge_calls=calls, budget_limit=limit, budget_window_s=3600)
+                        judge_calls=calls, budget_limit=limit, budget_window_s=3600, day=day)
 
 
 async def test_budget_is_reserved_all_or_nothing(redis: Redis, unique: str) -> None:
@@ -59,7 +60,7 @@ async def test_a_live_lease_is_busy_and_an_expired_one_is_claimed_again(redis: R
     r = req(unique, "t1", 1)
     assert (await first.claim_many([r], now=NOW))[0].state == "claimed"
     busy = (await second.claim_many([r], now=NOW))[0]
-    assert busy.state == "busy" and busy.detail == f"lease:{first.owner}"
+    assert busy.state == "busy" and busy.detail.startswith("lease:") and busy.detail.endswith(f":{first.owner}")
     await asyncio.sleep(0.4)  # the first worker died mid-score: its lease runs out
     assert (await second.claim_many([r], now=NOW))[0].state == "claimed"
     assert await second.budget_used(f"p-{unique}", 3600, now=NOW) == 2, "scoring again reserves again"
@@ -87,3 +88,61 @@ async def test_no_budget_configured_is_unlimited_but_counted(redis: Redis, uniqu
     results = await claims.claim_many([req(unique, f"t{i}", 3, limit=None) for i in range(50)], now=NOW)
     assert all(r.state == "claimed" for r in results)
     assert await claims.budget_used(f"p-{unique}", 3600, now=NOW) == 150
+
+
+async def test_a_pair_twice_in_one_batch_is_claimed_once(redis: Redis, unique: str) -> None:
+    claims = Claims(redis)
+    r = req(unique, "t1", 2)
+    states = [c.state for c in await claims.claim_many([r, req(unique, "t2", 2), r], now=NOW)]
+    assert states == ["claimed", "claimed", "busy"], "the second copy sees the first one's lease"
+    assert await claims.budget_used(f"p-{unique}", 3600, now=NOW) == 4, "reserved once per pair"
+
+
+async def test_budget_runs_out_in_batch_order_within_one_call(redis: Redis, unique: str) -> None:
+    claims = Claims(redis)
+    batch = [req(unique, "t1", 4, limit=7), req(unique, "t2", 4, limit=7), req(unique, "t3", 3, limit=7)]
+    states = [c.state for c in await claims.claim_many(batch, now=NOW)]
+    assert states == ["claimed", "exhausted", "claimed"], "4 fit, 4 more do not, 3 more do"
+    assert await claims.budget_used(f"p-{unique}", 3600, now=NOW) == 7
+
+
+async def test_projects_in_one_batch_keep_their_own_budgets(redis: Redis, unique: str) -> None:
+    claims = Claims(redis)
+    other = ClaimRequest(project_id=f"q-{unique}", group_id="g", subject_key="trace:t1", judge_calls=3,
+                         budget_limit=3, budget_window_s=3600, day=day_of(NOW))
+    states = [c.state for c in await claims.claim_many(
+        [req(unique, "t1", 3, limit=3), other, req(unique, "t2", 3, limit=3)], now=NOW)]
+    assert states == ["claimed", "claimed", "exhausted"]
+    assert await claims.budget_used(f"q-{unique}", 3600, now=NOW) == 3
+
+
+async def test_a_large_batch_costs_a_handful_of_commands(redis: Redis, unique: str) -> None:
+    """Claims are kept per project and day: a batch of thousands of pairs is read and written
+    with a few commands, not a few per pair (commands run inside scripts count)."""
+    async def commands() -> int:
+        stats = await redis.info("commandstats")
+        return sum(int(v["calls"]) for k, v in stats.items() if k != "cmdstat_info")
+
+    claims = Claims(redis)
+    batch = [req(unique, f"t{i}", 1, limit=None, day=day_of(NOW) - (i % 2)) for i in range(9_000)]
+    await claims.claim_many(batch[:1], now=NOW)  # the script is loaded: not counted below
+    before = await commands()
+    results = await claims.claim_many(batch, now=NOW)
+    await claims.mark_done([(r, f"rating-{i}") for i, r in enumerate(batch)])
+    spent = await commands() - before
+    assert [c.state for c in results] == ["busy"] + ["claimed"] * 8_999
+    assert spent <= 30, f"{spent} commands for 9,000 pairs over two days (past the script's chunks of 4,000)"
+    again = await claims.claim_many(batch, now=NOW)
+    assert {c.state for c in again} == {"done"}, "every pair is done after its mark"
+    assert again[7].detail == "done:rating-7"
+
+
+async def test_the_same_subject_on_another_day_is_another_pair(redis: Redis, unique: str) -> None:
+    # A claim is kept under the subject's own day (a trace's timestamp): a trace re-sent with
+    # another day's timestamp is scored again (under the same rating id).
+    claims = Claims(redis)
+    r = req(unique, "t1", 0)
+    await claims.claim_many([r], now=NOW)
+    await claims.mark_done([(r, "rating-1")])
+    assert (await claims.claim_many([r], now=NOW))[0].state == "done"
+    assert (await claims.claim_many([req(unique, "t1", 0, day=r.day + 1)], now=NOW))[0].state == "claimed"

@@ -3,17 +3,21 @@ the budget counter reads the current window."""
 
 from __future__ import annotations
 
+import time
+
 import pytest
 from redis.asyncio import Redis
 
-from scoring.stores.claims import ClaimRequest, Claims
+from scoring.stores.claims import ClaimRequest, Claims, day_of
 
 pytestmark = pytest.mark.integration
+
+DAY = day_of(1_796_000_000)
 
 
 def req(unique: str, subject: str, calls: int = 1) -> ClaimRequest:
     return ClaimRequest(project_id=f"pb-{unique}", group_id="g", subject_key=f"trace:{subject}",
-                        judge_calls=calls, budget_limit=10, budget_window_s=3600)
+                        judge_calls=calls, budget_limit=10, budget_window_s=3600, day=DAY)
 
 
 async def test_a_done_mark_expires_after_its_ttl(redis: Redis, unique: str) -> None:
@@ -21,8 +25,8 @@ async def test_a_done_mark_expires_after_its_ttl(redis: Redis, unique: str) -> N
     r = req(unique, "t-1")
     await claims.claim_many([r])
     await claims.mark_done([(r, "rating-1")])
-    assert await redis.get(r.key) == b"done:rating-1"
-    assert 0 < await redis.ttl(r.key) <= 100, "every key that grows with traffic has a TTL"
+    assert await claims.stored(r) == "done:rating-1"
+    assert 0 < await redis.ttl(r.hash_key) <= 100, "every key that grows with traffic has a TTL"
 
 
 async def test_release_gives_up_only_this_workers_leases(redis: Redis, unique: str) -> None:
@@ -31,8 +35,8 @@ async def test_release_gives_up_only_this_workers_leases(redis: Redis, unique: s
     await mine.claim_many([a])
     await theirs.claim_many([b])
     await mine.release([a, b])
-    assert await redis.get(a.key) is None, "my lease is gone: another worker need not wait for it"
-    assert (await redis.get(b.key) or b"").startswith(b"lease:"), "another worker's lease stays"
+    assert await mine.stored(a) == "", "my lease is gone: another worker need not wait for it"
+    assert (await mine.stored(b)).startswith("lease:"), "another worker's lease stays"
     assert [c.state for c in await theirs.claim_many([a])] == ["claimed"]
 
 
@@ -47,7 +51,9 @@ async def test_a_lease_lasts_its_lease_time_and_a_budget_window_key_two_windows(
     claims = Claims(redis, lease_s=10)
     r = req(unique, "t-lease")
     await claims.claim_many([r])
-    assert 9_000 < await redis.pttl(r.key) <= 10_000, "the lease is the configured 10 s"
+    server_now_ms = int(time.time() * 1000)
+    expires_ms = int((await claims.stored(r)).split(":")[1])
+    assert 8_000 < expires_ms - server_now_ms <= 10_500, "the lease is the configured 10 s"
     budget_keys = [k async for k in redis.scan_iter(match=f"*budget*pb-{unique}*")]
     assert budget_keys, "the window's counter exists"
     ttls = [await redis.ttl(k) for k in budget_keys]

@@ -16,6 +16,7 @@ import asyncio
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
+from datetime import UTC, datetime
 from typing import Any
 
 import httpx
@@ -33,7 +34,7 @@ from scoring.members.http import RetryPolicy
 from scoring.models import CustomEvaluator, ScorerGroup
 from scoring.panel import Panel
 from scoring.stores.catalog import CatalogSnapshot
-from scoring.stores.claims import ClaimRequest, Claims
+from scoring.stores.claims import ClaimRequest, Claims, day_of
 from scoring.stores.ratings import RatingsStore
 from tests.gated_scorer import HOLD, GatedScorer
 from worker.app import Worker
@@ -100,9 +101,8 @@ class Loop:
 
     async def state(self, trace_id: str) -> str:
         """The pair's claim as stored (read without claiming): lease:..., done:... or ''."""
-        key = ClaimRequest(self.project, "g", f"trace:{trace_id}", 0, None).key
-        value = await self.redis.get(key)
-        return value.decode() if value else ""
+        day = day_of(datetime(2026, 12, 2, 13, tzinfo=UTC).timestamp())  # the traces' own timestamp
+        return await Claims(self.redis).stored(ClaimRequest(self.project, "g", f"trace:{trace_id}", 0, None, day=day))
 
     async def done(self, *trace_ids: str) -> None:
         async def all_done() -> bool:

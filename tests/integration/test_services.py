@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import socket
+import time
 
 import orjson
 import pytest
@@ -14,7 +15,7 @@ from redis.asyncio import Redis
 from deploy import services
 from deploy.services import LocalKafka, LocalRedis
 from deploy.services import free_port as real_free_port
-from scoring.stores.claims import ClaimRequest, Claims
+from scoring.stores.claims import ClaimRequest, Claims, day_of
 
 pytestmark = pytest.mark.integration
 
@@ -72,7 +73,7 @@ async def test_the_claim_script_runs_atomically_on_real_redis(redis_url: str, un
     clients = [Redis.from_url(redis_url) for _ in range(8)]
     workers = [Claims(client) for client in clients]
     pair = ClaimRequest(project_id=f"p-{unique}", group_id="g", subject_key="trace:t-1", judge_calls=3,
-                        budget_limit=10)
+                        budget_limit=10, day=day_of(time.time()))
     try:
         results = await asyncio.gather(*[w.claim_many([pair]) for w in workers])
         states = sorted(state.state for (state,) in results)

@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import AsyncIterator
+from datetime import UTC, datetime
 from typing import Any
 
 import pytest
@@ -20,13 +21,15 @@ from scoring.models import Pattern, ScorerGroup
 from scoring.panel import Panel
 from scoring.stores import keys
 from scoring.stores.catalog import CatalogSnapshot
-from scoring.stores.claims import ClaimRequest, Claims
+from scoring.stores.claims import ClaimRequest, Claims, day_of
 from scoring.stores.ratings import RatingsStore
 from scoring.stores.sessions import QuietSession, SessionStore
 from scoring.subjects import Trace
 from tests.e2e.harness import read_topic
 
 pytestmark = pytest.mark.integration
+
+TURNS_DAY = day_of(datetime(2026, 12, 2, tzinfo=UTC).timestamp())  # the turns' own day
 
 GROUP = ScorerGroup.model_validate({
     "id": "conv", "name": "Conversation", "projectId": "p-sw",
@@ -69,7 +72,7 @@ async def test_busy_sessions_stay_until_judged_and_judged_ones_are_not_judged_ag
     await store.record([turn("s-busy", 1), turn("s-busy", 2), turn("s-free", 1), turn("s-free", 2)], now=now - 5)
     # Another worker holds the lease on s-busy at 2 turns.
     other = Claims(redis, lease_s=1.0)
-    (held,) = await other.claim_many([ClaimRequest("p-sw", "conv", "session:s-busy:2", 0, None)])
+    (held,) = await other.claim_many([ClaimRequest("p-sw", "conv", "session:s-busy:2", 0, None, day=TURNS_DAY)])
     assert held.state == "claimed"
 
     assert await sweeper.sweep_once(now=now) == 1, "only s-free was ours to judge"

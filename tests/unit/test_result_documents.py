@@ -1,0 +1,56 @@
+"""The documents a result becomes are built without re-validation on the hot path: they must be
+exactly what the validated wire models would be, and their ids exactly the documented UUIDv5s."""
+
+from __future__ import annotations
+
+import uuid
+from datetime import UTC, datetime
+
+import orjson
+from hypothesis import given
+from hypothesis import strategies as st
+
+from scoring.blend import MemberOutcome, blend
+from scoring.models import ScorerGroup
+from scoring.panel import GroupResult
+from scoring.results import _IDS, Rating, Signal, build_rating, build_signal, derived_id
+from scoring.subjects import Trace, trace_subject
+
+GROUP = ScorerGroup.model_validate({
+    "id": "g-1", "name": "Quality", "projectId": "p-1",
+    "online": {"enabled": True, "sampleRate": 1.0, "alertThreshold": 7, "severity": "high"},
+    "members": [{"kind": "pattern", "refId": "pii", "weight": 1, "gate": True},
+                {"kind": "custom", "refId": "len", "weight": 2, "gate": False}]})
+TRACE = Trace.model_validate({"traceId": "t-1", "projectId": "p-1", "agentId": "a-1",
+                              "timestamp": "2026-12-02T13:00:00Z",
+                              "spans": [{"spanId": "s", "input": "hi", "output": "hello"}]})
+
+
+@given(st.text(max_size=200))
+def test_derived_ids_are_the_uuid5_of_the_name(name: str) -> None:
+    assert derived_id(name) == str(uuid.uuid5(_IDS, name))
+
+
+def result(pattern_matched: bool, code_value: float) -> GroupResult:
+    outcomes = [MemberOutcome(name="PII", kind="pattern", weight=1, gate=True, ref_id="pii",
+                              native=pattern_matched, goodness=0.0 if pattern_matched else 1.0,
+                              detail="regex matched in output at offset 3" if pattern_matched else None),
+                MemberOutcome(name="Length", kind="custom", weight=2, gate=False, ref_id="len",
+                              native=code_value, goodness=code_value)]
+    return GroupResult(GROUP, trace_subject(TRACE), blend(outcomes))
+
+
+def test_a_built_rating_and_signal_serialize_as_their_validated_models() -> None:
+    at = datetime(2026, 12, 2, 13, 0, 1, tzinfo=UTC)
+    for matched, value in ((False, 0.9), (True, 0.2)):
+        rating = build_rating(result(matched, value), "trace", now=at)
+        validated = Rating.model_validate(orjson.loads(rating.to_json()))
+        assert rating.to_json() == validated.to_json()
+        assert orjson.loads(rating.to_json())["id"] == str(uuid.uuid5(_IDS, "rating:g-1:trace:t-1"))
+        signal = build_signal(GROUP, rating)
+        if matched:  # the gate failed: 0, below the threshold of 7
+            assert signal is not None
+            assert signal.to_json() == Signal.model_validate(orjson.loads(signal.to_json())).to_json()
+            assert orjson.loads(signal.to_json())["ratingId"] == rating.id
+        else:
+            assert signal is None
