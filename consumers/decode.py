@@ -118,14 +118,15 @@ def decode_trace(topic: str, partition: int, offset: int, key: bytes | None, val
     if len(value) > max_bytes:
         return dead("too_large", f"the record is {len(value)} bytes, over the limit of {max_bytes}")
     try:
-        value.decode("utf-8")
-    except UnicodeDecodeError as exc:
-        return dead("not_utf8", f"the value is not UTF-8: {exc.reason} at byte {exc.start}")
-    try:
-        document = orjson.loads(value)
+        document = orjson.loads(value)  # refuses text that is not UTF-8, too
     except orjson.JSONDecodeError as exc:
+        try:
+            value.decode("utf-8")
+        except UnicodeDecodeError as not_utf8:
+            return dead("not_utf8", f"the value is not UTF-8: {not_utf8.reason} at byte {not_utf8.start}")
         return dead("not_json", f"the value is not JSON: {exc}")
-    if nesting_depth(document) > MAX_NESTING:
+    # A value with few brackets cannot nest deeply: count them (fast) before walking it.
+    if value.count(b"{") + value.count(b"[") > MAX_NESTING and nesting_depth(document) > MAX_NESTING:
         return dead("too_deep", f"the value nests lists and objects deeper than {MAX_NESTING} levels")
     try:
         return Trace.model_validate(document)

@@ -9,6 +9,7 @@ member does can fail the panel itself.
 from __future__ import annotations
 
 import asyncio
+import functools
 import hashlib
 import time
 from collections.abc import Callable
@@ -59,7 +60,12 @@ class GroupResult:
 def code_key(scorer: CustomEvaluator) -> str:
     """Names one version of a code scorer: the sandbox compiles each key once."""
     assert scorer.code is not None
-    return f"{scorer.id}:{hashlib.sha256(scorer.code.encode()).hexdigest()[:16]}"
+    return _code_key(scorer.id, scorer.code)
+
+
+@functools.lru_cache(maxsize=1024)
+def _code_key(scorer_id: str, code: str) -> str:  # once per version, not once per subject
+    return f"{scorer_id}:{hashlib.sha256(code.encode()).hexdigest()[:16]}"
 
 
 def planned_judge_calls(group: ScorerGroup, scorers: ScorerLookup, subject: Subject) -> int:
@@ -130,12 +136,31 @@ class Panel:
                         (i, j, member, custom, subject))
                     row.append(None)
                 else:
-                    row.append(await self._member(member, subject, scorers))
+                    row.append(self._pattern_inline(member, subject, scorers)
+                               or await self._member(member, subject, scorers))
             rows.append(row)
         await asyncio.gather(*(self._code_batch(project, key, calls, rows)
                                for (project, key), calls in code_calls.items()))
         return [GroupResult(group, subject, blend([o for o in row if o is not None]))
                 for (group, subject), row in zip(items, rows, strict=True)]
+
+    def _pattern_inline(self, member: Member, subject: Subject, scorers: ScorerLookup) -> MemberOutcome | None:
+        """A pattern member on short text, right here (no task, no deadline to arm): the bulk
+        path's common case. None for anything else, which ``_member`` scores."""
+        pattern = scorers.pattern(member.ref_id) if member.kind == "pattern" else None
+        if pattern is None:
+            return None
+        started = time.perf_counter()
+        try:
+            matcher = compiled(pattern)
+            if not matcher.short(subject.input, subject.output):
+                return None
+            verdict = matcher.check(subject.input, subject.output)
+            g = goodness(member.kind, verdict.matched, polarity=pattern.polarity)
+        except Exception:  # whatever it is, ``_member`` turns it into the member's error
+            return None
+        return self._outcome(member, pattern.name, started, native=verdict.matched, goodness=g,
+                             detail=verdict.detail)
 
     async def _code_batch(self, project: str, key: str,
                           calls: list[tuple[int, int, Member, CustomEvaluator, Subject]],

@@ -131,10 +131,14 @@ class CompiledPattern:
         read = f" (read the first {MAX_TEXT_CHARS} characters of the {', '.join(cut)})" if cut else ""
         return PatternVerdict(False, f"{self._what} did not match the {self.target}{read}")
 
+    def short(self, input_text: str, output_text: str) -> bool:
+        """Whether checking this text is quick enough to do on the event loop."""
+        return sum(min(len(text), MAX_TEXT_CHARS)
+                   for _, text in self.sides(input_text, output_text)) <= INLINE_TEXT_CHARS
+
     async def check_off_loop(self, input_text: str, output_text: str) -> PatternVerdict:
         """``check``, in a thread when the text is long; raises TimeoutError past DEADLINE_S."""
-        length = sum(min(len(text), MAX_TEXT_CHARS) for _, text in self.sides(input_text, output_text))
-        if length <= INLINE_TEXT_CHARS:
+        if self.short(input_text, output_text):
             return self.check(input_text, output_text)
         work = asyncio.get_running_loop().run_in_executor(_THREADS, self.check, input_text, output_text)
         async with asyncio.timeout(DEADLINE_S):

@@ -30,6 +30,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import orjson
 import structlog
 
 from scoring.members.isolation import CHILD_ENV, Confinement, IsolationMode, IsolationUnavailable, identity, prepare
@@ -251,9 +252,12 @@ class SandboxPool:
         if not self._started or self._closed:
             raise CodeScorerError("sandbox pool is not running", retriable=True)
         try:
-            batch_json = json.dumps(chunk)
-        except (TypeError, ValueError) as exc:
-            raise CodeScorerError(f"arguments are not JSON: {exc}") from exc
+            batch_json = orjson.dumps(chunk).decode()
+        except TypeError:  # what orjson refuses (an integer past 64 bits...): the slow encoder
+            try:
+                batch_json = json.dumps(chunk)
+            except (TypeError, ValueError) as exc:
+                raise CodeScorerError(f"arguments are not JSON: {exc}") from exc
         if len(batch_json) + len(code) > _MAX_REQUEST_BYTES:
             raise CodeScorerError("a batch is too large for one message")  # run one by one instead
         # Each subject gets the scorer's own timeout; the batch a little more per extra subject.
