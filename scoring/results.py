@@ -141,8 +141,7 @@ def build_rating(result: GroupResult, scope: ResultScope, now: datetime | None =
     """The rating of a result; ``dataset`` is (run id, row index) for a graded dataset row."""
     group, s, b = result.group, result.subject, result.blend
     key = f"dataset:{dataset[0]}:{dataset[1]}" if dataset else subject_key(result)
-    # Every value comes from the engine's own checked types: constructed, not validated again.
-    return Rating.model_construct(
+    return Rating(
         id=rating_id(group.id, key), run_id=dataset[0] if dataset else None,
         row=dataset[1] if dataset else None,
         kind=signal_key(group.id), group_id=group.id, group_name=group.name,
@@ -150,7 +149,7 @@ def build_rating(result: GroupResult, scope: ResultScope, now: datetime | None =
         trace_id=s.trace_id if s.scope == "trace" else None,
         session_id=s.session_id, turns=s.turns if s.scope == "session" else None,
         rating=b.score, reason=b.reason, justification=b.justification,
-        members=[MemberVerdict.model_construct(kind=m.outcome.kind, ref_id=m.outcome.ref_id, name=m.outcome.name,
+        members=[MemberVerdict(kind=m.outcome.kind, ref_id=m.outcome.ref_id, name=m.outcome.name,
                                weight=m.outcome.weight, gate=m.outcome.gate, status=m.status,
                                native=m.outcome.native, goodness=m.outcome.goodness,
                                detail=m.outcome.detail or m.outcome.error)
@@ -170,7 +169,7 @@ def build_signal(group: ScorerGroup, rating: Rating) -> Signal | None:
     if not below_threshold(group, rating.rating) or group.online is None:
         return None
     assert rating.rating is not None and group.online.alert_threshold is not None
-    return Signal.model_construct(
+    return Signal(
         id=derived_id(f"signal:{rating.id}"), key=signal_key(group.id),
         group_id=group.id, group_name=group.name, project_id=group.project_id,
         agent_id=rating.agent_id, scope=rating.scope, trace_id=rating.trace_id,
