@@ -1,8 +1,8 @@
 """Publishing group results: a Rating for every result, a Signal below the alert threshold, and
 one webhook delivery per Signal and alert channel of the agent.
 
-Records are sent in bulk: gathered per (topic, partition) into producer batches, each handed to
-the producer without waiting; the caller gets the ratings back only once the broker has
+Records are handed to the producer without waiting - many for one partition as whole producer
+batches, a few as plain sends; the caller gets the ratings back only once the broker has
 acknowledged every batch, which is when a result counts as done. Partitions are chosen exactly as
 the producer itself would (murmur2 of the key), so a trace's ratings, Signals and deliveries land
 where a plain ``send`` would have put them.
@@ -30,6 +30,9 @@ from scoring.results import (
 from scoring.stores.catalog import CatalogSnapshot
 
 _partition_of = DefaultPartitioner()
+
+# From this many records for one partition in one publish, they go as whole producer batches.
+BULK_RECORDS = 16
 
 
 @dataclass(frozen=True)
@@ -76,30 +79,35 @@ class Outputs:
     async def send(self, records: list[tuple[str, bytes | None, bytes]]) -> None:
         """Send ``records`` and wait until the broker has acknowledged all of them.
 
-        1. per topic, its partitions (known metadata: no round trip after the first time);
-        2. each record appended to its (topic, partition)'s open batch; a full batch is handed to
-           the producer at once (its order within the partition kept) and a new one opened;
-        3. the last batches handed over, then every acknowledgement awaited together.
+        1. each record's partition, as the producer would choose it (murmur2 of the key);
+        2. a partition with many records gets them as whole producer batches, each handed over
+           at once; a partition with few gets plain sends, which join the producer's open batch
+           (a whole batch waits for the one before it to leave: right for bulk, slow for one);
+        3. every acknowledgement awaited together.
         """
         partitions: dict[str, list[int]] = {}
         for topic in {topic for topic, _, _ in records}:
             partitions[topic] = sorted(await self._producer.partitions_for(topic))
-        open_batches: dict[tuple[str, int], Any] = {}
-        acks: list[asyncio.Future[Any]] = []
+        by_partition: dict[tuple[str, int], list[tuple[bytes | None, bytes]]] = {}
         for topic, key, value in records:
             where = (topic, _partition_of(key, partitions[topic], partitions[topic]))
-            batch = open_batches.get(where)
-            if batch is None:
-                batch = open_batches[where] = self._producer.create_batch()
-            if batch.append(key=key, value=value, timestamp=None) is None:  # full: send it, open the next
-                acks.append(await self._submit(batch, where))
-                batch = open_batches[where] = self._producer.create_batch()
-                batch.append(key=key, value=value, timestamp=None)  # an empty batch takes any record
-        for where, batch in open_batches.items():
-            acks.append(await self._submit(batch, where))
+            by_partition.setdefault(where, []).append((key, value))
+        acks: list[asyncio.Future[Any]] = []
+        for (topic, partition), items in by_partition.items():
+            if len(items) < BULK_RECORDS:
+                for key, value in items:
+                    acks.append(await self._producer.send(topic, key=key, value=value, partition=partition))
+                continue
+            batch = self._producer.create_batch()
+            for key, value in items:
+                if batch.append(key=key, value=value, timestamp=None) is None:  # full: send it
+                    acks.append(await self._submit(batch, topic, partition))
+                    batch = self._producer.create_batch()
+                    batch.append(key=key, value=value, timestamp=None)  # an empty batch takes any record
+            acks.append(await self._submit(batch, topic, partition))
         await asyncio.gather(*acks)
 
-    async def _submit(self, batch: Any, where: tuple[str, int]) -> asyncio.Future[Any]:
+    async def _submit(self, batch: Any, topic: str, partition: int) -> asyncio.Future[Any]:
         batch.close()  # no plain ``send`` may add to it behind our back
-        future: asyncio.Future[Any] = await self._producer.send_batch(batch, where[0], partition=where[1])
+        future: asyncio.Future[Any] = await self._producer.send_batch(batch, topic, partition=partition)
         return future
