@@ -413,7 +413,7 @@ class WebhookSender:
         except httpx.TransportError as exc:
             return Attempt(at=at, outcome="failed", error=f"the receiver is unreachable ({type(exc).__name__})"), None
         status = response.status_code
-        error = describe_status(response)
+        error = describe_status(status, response.content)
         if response.is_success:
             return Attempt(at=at, outcome="delivered", status=status), None
         if status == 410:
