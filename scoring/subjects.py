@@ -17,7 +17,7 @@ from datetime import datetime
 from typing import Any, Literal
 
 import orjson
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, TypeAdapter
 from pydantic.alias_generators import to_camel
 
 SubjectScope = Literal["trace", "session"]
@@ -127,8 +127,13 @@ class Subject:
                 "spans": self.spans, "metadata": self.metadata}
 
 
+_SPANS = TypeAdapter(list[Span])
+
+
 def _span_dicts(trace: Trace) -> list[dict[str, Any]]:
-    return [s.model_dump(mode="json", by_alias=True, exclude_none=True) for s in trace.spans]
+    # One serializer call for the whole list: a call per span cost a measurable share of a trace.
+    spans: list[dict[str, Any]] = _SPANS.dump_python(trace.spans, mode="json", by_alias=True, exclude_none=True)
+    return spans
 
 
 def trace_subject(trace: Trace) -> Subject:
