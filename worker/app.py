@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import gc
 import signal
 import time
 
@@ -173,6 +174,11 @@ class Worker:
             await consumer.start()
             log.info("worker started", topic=s.traces_topic, group=s.consumer_group,
                      catalog_version=watcher.current.version)
+            # What startup built (modules, models' schemas, clients: ~85,000 objects) lives as long
+            # as the process: out of the collector's sight, a full collection no longer walks it
+            # (~26 ms each, measured) - a pause every trace in flight would wait through.
+            gc.collect()
+            gc.freeze()
             background = [asyncio.create_task(sweeper.run(self.stop), name="session-sweeper")]
             if s.send_webhooks:
                 hooks_consumer.subscribe([s.webhooks_topic], listener=hooks.rebalance_listener())
