@@ -23,6 +23,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
+from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Protocol
@@ -252,11 +253,17 @@ class TraceConsumer:
         # Nothing a tenant sends may raise out of this loop: a trace that breaks routing is
         # dead-lettered with the reason, and the others go on.
         pairs_by_trace = []
+        kept: Counter[tuple[str, str]] = Counter()  # counted per batch, not per pair
         for ticket, record, trace in traces:
             try:
-                pairs_by_trace.append((ticket, record, trace, self._route(trace, snapshot)))
+                pairs = self._route(trace, snapshot)
             except Exception as exc:
                 dead.append((ticket, record.offset, self._unprocessable(record, "routing", exc)))
+                continue
+            pairs_by_trace.append((ticket, record, trace, pairs))
+            kept.update((trace.project_id, pair.group.id) for pair in pairs)
+        for (project, group), count in kept.items():
+            self._events.kept(project, group, count)
         await self._dead_letter(dead)
         if self._turns is not None:
             # Session-scope groups never score a single trace: they judge the conversation later.
@@ -318,7 +325,6 @@ class TraceConsumer:
             assert group.online is not None
             if not keep(trace.trace_id, group.id, group.online.sample_rate):
                 continue
-            self._events.kept(trace.project_id, group.id)
             claim = ClaimRequest(
                 project_id=trace.project_id, group_id=group.id, subject_key=f"trace:{trace.trace_id}",
                 judge_calls=planned_judge_calls(group, snapshot, subject),

@@ -180,8 +180,8 @@ class PrometheusEvents:
     def dead_lettered(self, reason: str) -> None:
         DEAD_LETTERED.labels(reason).inc()
 
-    def kept(self, project: str, group: str) -> None:
-        _child(KEPT, project, group).inc()
+    def kept(self, project: str, group: str, count: int = 1) -> None:
+        _child(KEPT, project, group).inc(count)
 
     def group_scored(self, project: str, group: str, scope: str, rating: float | None) -> None:
         _child(GROUPS_SCORED, project, group, scope, "scored" if rating is not None else "no_score").inc()

@@ -167,6 +167,9 @@ async def test_live_scoring_end_to_end(env: dict[str, str], kafka_bootstrap: str
     assert all(len([m for m in r["members"] if m["status"] == "scored"]) == 2
                for r in ratings if r["groupId"] == "c-budget"), "never a partial panel"
     assert 'why="budget"' in metrics_text and worker_metric(metrics_text, "sgw_groups_skipped_total", why="budget") == 3
+    # Sampling is counted per (project, group), batch by batch: every kept pair, once.
+    for group in ("a-full", "a-half", "b-det"):
+        assert worker_metric(metrics_text, "sgw_traces_sampled_in_total", group=group) == sum(g == group for g, _ in kept)
 
     # Signals exactly for ratings under the threshold; none for a null threshold.
     thresholds = {"a-full": 6, "b-det": 5, "c-budget": 6}
