@@ -8,6 +8,7 @@ the tests that need it; nothing is skipped silently.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import uuid
@@ -57,6 +58,19 @@ def own_redis() -> Iterator[LocalRedis]:
         if server.proc is not None:
             os.kill(server.proc.pid, signal.SIGCONT)  # never leave it frozen
         server.stop()
+
+
+@pytest.fixture
+def own_kafka() -> Iterator[LocalKafka]:
+    """A broker of the test's own, for tests that freeze (SIGSTOP) or kill and restart it."""
+    broker = LocalKafka().start()
+    try:
+        yield broker
+    finally:
+        if broker.proc is not None:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(broker.proc.pid, signal.SIGCONT)  # a frozen JVM would not stop on SIGTERM
+        broker.stop()
 
 
 @pytest.fixture

@@ -9,12 +9,10 @@ the suite never sees it.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import os
 import signal
 import time
 from collections import defaultdict
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -104,18 +102,6 @@ async def test_redis_frozen_then_wiped_is_ridden_out(own_redis: LocalRedis, kafk
     assert all(len(v) == 1 for v in values.values()), "one value per trace"
     assert {next(iter(values[f"o-{i}"])) for i in range(0, 250, 2)} == {10.0}
     assert {next(iter(values[f"o-{i}"])) for i in range(1, 250, 2)} == {0.0}
-
-
-@pytest.fixture
-def own_kafka() -> Iterator[LocalKafka]:
-    broker = LocalKafka().start()
-    try:
-        yield broker
-    finally:
-        if broker.proc is not None:
-            with contextlib.suppress(ProcessLookupError):
-                os.kill(broker.proc.pid, signal.SIGCONT)
-        broker.stop()
 
 
 async def test_a_frozen_broker_is_ridden_out(own_kafka: LocalKafka, redis_url: str, unique: str,
