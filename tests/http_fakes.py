@@ -20,6 +20,7 @@ class Reply:
     body: Any = field(default_factory=lambda: {"score": 1.0})  # JSON-encoded unless bytes
     headers: dict[str, str] = field(default_factory=dict)
     delay_s: float = 0.0
+    trickle_s: float = 0.0  # send the body a byte at a time, spread over this many seconds
 
 
 @dataclass
@@ -62,7 +63,13 @@ class ScriptedServer:
                     for name, value in reply.headers.items():
                         self.send_header(name, value)
                     self.end_headers()
-                    self.wfile.write(payload)
+                    if reply.trickle_s:
+                        for i in range(len(payload)):
+                            self.wfile.write(payload[i:i + 1])
+                            self.wfile.flush()
+                            time.sleep(reply.trickle_s / len(payload))
+                    else:
+                        self.wfile.write(payload)
                 except (BrokenPipeError, ConnectionResetError):
                     pass  # the client gave up (a timeout test)
 

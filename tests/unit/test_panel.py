@@ -84,6 +84,7 @@ async def test_every_member_kind_blends_to_the_hand_computed_score(
     g = group(("judge", "quality", 2, False), ("pattern", "apology", 0, True),
               ("pattern", "disclaimer", 1, False), ("custom", "length", 1, False), ("custom", "remote", 1, False))
     result = await panel.score(g, subject(output), catalog(external_server.url))
+    assert (result.group, result.subject) == (g, subject(output)), "the result names what it grades"
     by_name = {m.outcome.name: m.outcome for m in result.blend.members}
     assert by_name["Quality"].native == 8 and by_name["Quality"].goodness == 0.8
     assert by_name["Apology"].native is False and by_name["Apology"].goodness == 1.0
