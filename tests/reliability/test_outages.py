@@ -1,6 +1,7 @@
 """The worker rides out outages in-process: Redis frozen, then Redis losing its data, while a
 real worker scores a stream on the real broker. It never exits, says why it is not ready while
-it waits, and afterwards every trace is rated with one rating id and one value.
+it waits, and afterwards every trace is rated with one rating id and one value. An outage past
+SGW_OUTAGE_TOLERANCE_S ends it (exit 1), and another worker rates what it left.
 
 Redis here is a server of this test's own (it is frozen with SIGSTOP and wiped), so the rest of
 the suite never sees it.
@@ -138,3 +139,38 @@ async def test_a_frozen_broker_is_ridden_out(own_kafka: LocalKafka, redis_url: s
         ids[r["traceId"]].add(r["id"])
     assert set(ids) == {f"o-{i}" for i in range(200)}, "no trace is lost"
     assert all(len(v) == 1 for v in ids.values()), "one rating id per trace"
+
+
+async def test_an_outage_past_the_tolerance_ends_the_worker(own_redis: LocalRedis, kafka_bootstrap: str,
+                                                            unique: str, tmp_path: Path) -> None:
+    redis = Redis.from_url(own_redis.url)
+    await MonitorClient(redis).apply(CATALOG)
+    await redis.aclose()
+    env = worker_env(kafka_bootstrap, own_redis.url, f"past-{unique}", outage_tolerance_s=3, redis_timeout_s=1,
+                     shutdown_timeout_s=5)
+    first, second = WorkerProcess(env, name="first").start(tmp_path), WorkerProcess(env, name="second")
+    assert own_redis.proc is not None and first.proc is not None
+    try:
+        first.wait_ready()
+        # 1. Redis frozen longer than the tolerance while traces arrive: the worker gives up.
+        os.kill(own_redis.proc.pid, signal.SIGSTOP)
+        await produce(kafka_bootstrap, env["SGW_TRACES_TOPIC"], traces(0, 20))
+        deadline = time.monotonic() + 60
+        while first.proc.poll() is None:
+            assert time.monotonic() < deadline, f"still running 60s into an outage tolerated for 3s:\n{first.logs()}"
+            await asyncio.sleep(0.25)
+        assert first.proc.returncode == 1, first.logs()
+        assert "past the tolerance" in first.logs(whole=True), first.logs()
+
+        # 2. Redis back: a worker started in its place rates every trace the first left.
+        os.kill(own_redis.proc.pid, signal.SIGCONT)
+        second.start(tmp_path)
+        ratings = await read_topic(kafka_bootstrap, env["SGW_RATINGS_TOPIC"], timeout_s=90,
+                                   until=lambda v: len({r["traceId"] for r in v}) >= 20)
+    finally:
+        os.kill(own_redis.proc.pid, signal.SIGCONT)
+        if first.proc.poll() is None:
+            first.stop()
+        code = second.stop() if second.proc is not None else 0
+    assert code == 0, second.logs()
+    assert {r["traceId"] for r in ratings} == {f"o-{i}" for i in range(20)}, "nothing the first worker held is lost"
