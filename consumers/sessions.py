@@ -159,7 +159,13 @@ class SessionSweeper:
             return 0
         try:
             results = await asyncio.gather(*(self._panel.score(i.group, i.subject, snapshot) for i in mine))
-            ratings = await self._outputs.publish(list(results), "session", snapshot)
+            # Still ours? A sweep that stalled past its leases may have lost sessions to another
+            # worker, which judged them since: those are left to it (and to the next sweep).
+            held = await self._claims.confirm([i.claim for i in mine])
+            unsettled.update(i.subject.session_id or "" for i, ours in zip(mine, held, strict=True) if not ours)
+            kept = [(i, r) for i, r, ours in zip(mine, results, held, strict=True) if ours]
+            mine = [i for i, _ in kept]
+            ratings = await self._outputs.publish([r for _, r in kept], "session", snapshot)
             pairs = list(zip(mine, ratings, strict=True))
             verdicts = [SessionVerdict(r.session_id or "", r.group_id, r.rating, r.justification,
                                        r.scored_at.timestamp()) for r in ratings]

@@ -355,15 +355,22 @@ class TraceConsumer:
             # Not an outage: some trace broke scoring. Score each pair alone to find which.
             await asyncio.gather(*(self._one(pair, False, work, snapshot, unpublished) for pair, work in bulk))
             return
-        for pair, _ in bulk:
+        # Still ours? A worker that stalled past its leases may have lost pairs to another worker,
+        # which scored them since: those are not published from here but waited for again.
+        claims = [pair.claim for pair, _ in bulk]
+        held = await self._outages.call(lambda: self._claims.confirm(claims))
+        lost = [(pair, work) for (pair, work), ours in zip(bulk, held, strict=True) if not ours]
+        scored = [(pair, result) for (pair, _), result, ours in zip(bulk, results, held, strict=True) if ours]
+        for pair, _ in scored:
             unpublished.discard(pair.claim)  # from here on the pair is published (shielded)
-        scored = [(pair, result) for (pair, _), result in zip(bulk, results, strict=True)]
         publishing = asyncio.create_task(self._publish_many(scored, snapshot))
         self._publishing.add(publishing)
         publishing.add_done_callback(self._publishing.discard)
-        await asyncio.shield(publishing)
-        for _, work in bulk:
-            await self._pair_finished(work, None)
+        await asyncio.gather(asyncio.shield(publishing),
+                             *(self._one(pair, True, work, snapshot, unpublished) for pair, work in lost))
+        for (_, work), ours in zip(bulk, held, strict=True):
+            if ours:
+                await self._pair_finished(work, None)
 
     async def _one(self, pair: _Pair, busy: bool, work: _TraceWork, snapshot: CatalogSnapshot,
                    unpublished: set[ClaimRequest]) -> None:
@@ -389,6 +396,10 @@ class TraceConsumer:
         """Score and publish one pair; return the exception if the trace itself broke scoring."""
         try:
             result = await self._score(pair, busy, snapshot)
+            # Still ours? A worker that stalled past its lease may have lost the pair to another
+            # worker, which scored it since: publishing would put a second value under its id.
+            while result is not None and not await self._still_held(pair.claim):
+                result = await self._score(pair, True, snapshot)
         except (RedisError, KafkaError, OutageTooLong):
             raise  # an outage, not the trace's fault: the worker stops without committing
         except Exception as exc:
@@ -404,6 +415,10 @@ class TraceConsumer:
         publishing.add_done_callback(self._publishing.discard)
         await asyncio.shield(publishing)
         return None
+
+    async def _still_held(self, claim: ClaimRequest) -> bool:
+        (held,) = await self._outages.call(lambda: self._claims.confirm([claim]))
+        return held
 
     async def _publish(self, pair: _Pair, result: GroupResult, snapshot: CatalogSnapshot) -> None:
         try:

@@ -132,6 +132,30 @@ return released
 """
 
 
+# KEYS: claim hashes. ARGV: owner, lease ms, then per pair: hash index, field. Per pair 1 when
+# this owner still holds its lease (renewed from now, even if it had run out while no one took
+# the pair), 0 when the pair is done or another worker's.
+_CONFIRM = """
+local t = redis.call('TIME')
+local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+local suffix = ':' .. ARGV[1]
+local renewed = 'lease:' .. (now + tonumber(ARGV[2])) .. suffix
+local out = {}
+for i = 1, (#ARGV - 2) / 2 do
+  local key, field = KEYS[tonumber(ARGV[1 + 2 * i])], ARGV[2 + 2 * i]
+  local current = redis.call('HGET', key, field)
+  if current and string.sub(current, 1, 6) == 'lease:'
+      and string.sub(current, -string.len(suffix)) == suffix then
+    redis.call('HSET', key, field, renewed)
+    table.insert(out, 1)
+  else
+    table.insert(out, 0)
+  end
+end
+return out
+"""
+
+
 @dataclass(frozen=True, slots=True)
 class ClaimRequest:
     project_id: str
@@ -178,6 +202,7 @@ class Claims:
         self._done_ttl_s = done_ttl_s
         self._claim = redis.register_script(_CLAIM)
         self._release = redis.register_script(_RELEASE)
+        self._confirm = redis.register_script(_CONFIRM)
 
     async def claim_many(self, requests: list[ClaimRequest], now: float | None = None) -> list[ClaimResult]:
         """Claim every pair of a batch in one round trip: one script call per project."""
@@ -221,6 +246,30 @@ class Claims:
                 pipe.hset(key, mapping=fields)  # type: ignore[arg-type]
                 pipe.expire(key, self._done_ttl_s)
             await pipe.execute()
+
+    async def confirm(self, requests: list[ClaimRequest]) -> list[bool]:
+        """Whether this worker still holds each pair's lease - renewed if so - right before it
+        publishes: a worker that stalled (frozen, starved) past its lease may have lost the pair
+        to another, which scored it since; publishing then would put a second value under the
+        pair's rating id."""
+        if not requests:
+            return []
+        by_project: dict[str, list[int]] = defaultdict(list)
+        for i, r in enumerate(requests):
+            by_project[r.project_id].append(i)
+        held = [False] * len(requests)
+        async with self._redis.pipeline(transaction=False) as pipe:
+            for indexes in by_project.values():
+                hashes: dict[str, int] = {}
+                args: list[str | int] = [self.owner, self.lease_ms]
+                for i in indexes:
+                    args += [hashes.setdefault(requests[i].hash_key, len(hashes) + 1), requests[i].field_name]
+                await self._confirm(keys=list(hashes), args=args, client=pipe)
+            replies = await pipe.execute()
+        for indexes, reply in zip(by_project.values(), replies, strict=True):
+            for n, i in enumerate(indexes):
+                held[i] = bool(reply[n])
+        return held
 
     async def release(self, requests: list[ClaimRequest]) -> None:
         """Give up leases this worker still holds (shutdown with work unfinished), so another

@@ -146,3 +146,17 @@ async def test_the_same_subject_on_another_day_is_another_pair(redis: Redis, uni
     await claims.mark_done([(r, "rating-1")])
     assert (await claims.claim_many([r], now=NOW))[0].state == "done"
     assert (await claims.claim_many([req(unique, "t1", 0, day=r.day + 1)], now=NOW))[0].state == "claimed"
+
+
+async def test_confirm_holds_only_this_workers_own_lease_and_renews_it(redis: Redis, unique: str) -> None:
+    mine, theirs = Claims(redis, lease_s=0.3), Claims(redis)
+    kept, lapsed, taken, done = (req(unique, f"t{i}", 0) for i in range(4))
+    await mine.claim_many([kept, lapsed, taken, done], now=NOW)
+    await asyncio.sleep(0.4)  # every lease of ours has run out
+    assert (await theirs.claim_many([taken], now=NOW))[0].state == "claimed", "another worker took this one"
+    await theirs.mark_done([(done, "rating-theirs")])
+    assert await mine.confirm([kept, taken, done]) == [True, False, False], \
+        "a lapsed lease no one took is still ours; a taken or done pair is not"
+    assert (await theirs.claim_many([kept], now=NOW))[0].state == "busy", "confirming renewed the lease"
+    assert await mine.confirm([lapsed, kept]) == [True, True]
+    assert await theirs.stored(done) == "done:rating-theirs", "a confirm never touches another's pair"

@@ -268,3 +268,26 @@ async def test_an_output_failure_makes_the_worker_unready(loops: Callable[..., A
     finally:
         await ops.stop()
     assert await loop.committed() in (None, 0), "the trace whose outputs failed is not committed"
+
+
+async def test_a_pair_taken_over_while_being_scored_is_not_published_by_its_first_worker(
+        loops: Callable[..., Awaitable[Loop]], scorer: GatedScorer) -> None:
+    # This worker stalls on t-0 (its scorer holds the call). Meanwhile the pair is taken over
+    # and finished elsewhere - as when a worker frozen past its lease resumes: another worker
+    # claimed the lapsed lease, scored and marked the pair done.
+    loop = await loops()
+    await loop.start()
+    await loop.send("t-0", f"stalled {HOLD}")
+    await asyncio.to_thread(scorer.held.wait, WAIT_S)
+    assert (await loop.state("t-0")).startswith("lease:")
+    day = day_of(datetime(2026, 12, 2, 13, tzinfo=UTC).timestamp())
+    elsewhere = Claims(loop.redis, owner="another-worker")
+    await elsewhere.mark_done([(ClaimRequest(loop.project, "g", "trace:t-0", 0, None, day=day), "rating-elsewhere")])
+
+    scorer.release()  # the stalled worker's result arrives: the pair is no longer its own
+
+    async def finished() -> bool:
+        return await loop.committed() == 1
+    await until(finished, "t-0 to be finished and committed")
+    assert await loop.ratings() == [], "the first worker published nothing: one value per pair"
+    assert await loop.state("t-0") == "done:rating-elsewhere"
