@@ -18,8 +18,9 @@ Then, from the ratings topic and the judge's own count of calls:
 - one rating id and one value per pair, and it is the expected value (a pair may be published
   again under the same id with the same value: at-least-once). A worker resuming from a freeze
   finds its members' deadlines passed: what it held reads "timed out" (fail-closed; counted and
-  printed). When it publishes that for a pair another worker has scored since - a second value
-  under one id - the test ends as xfail naming the fix (KNOWN_FAULT);
+  printed). It publishes that only for pairs still its own: for a pair another worker took over
+  and scored meanwhile it would be a second value under one id (found by this test; fixed by
+  confirming the lease before publishing, ``Claims.confirm``);
 - judge calls are repeated only for work that was in flight when a fault hit (REPEAT_BOUND);
 - no worker exits for an outage shorter than SGW_OUTAGE_TOLERANCE_S: every worker the test did
   not kill still runs at the end, and exits 0 on SIGTERM;
@@ -83,16 +84,6 @@ BROKER_DOWN_S = 2  # between the kill and the restart (which itself takes some s
 REPEAT_BOUND = ROUNDS * len(FAULTS) * WORKERS * MAX_IN_FLIGHT * JUDGE_CALLS_PER_TRACE
 # Short leases, so work left by a killed or frozen worker is taken over within seconds.
 CLAIM_LEASE_S, MEMBER_DEADLINE_S, JUDGE_TIMEOUT_S = 4, 3, 2.5
-# Found by this test, in code another engineer is rewriting (consumers/traces.py, scoring/stores/
-# claims.py): until it is fixed, the test ends as xfail when this is all that went wrong.
-KNOWN_FAULT = (
-    "a worker frozen past its leases publishes what it scored before the freeze although the pair "
-    "was taken over and scored since: two values under one rating id. Its members' deadlines passed "
-    "while it was stopped, so its results read 'timed out'. Fix: consumers/traces.py _pair (and "
-    "_bulk) confirm the lease before publishing - a new Claims.confirm in scoring/stores/claims.py "
-    "that renews this owner's lease and answers False once another worker holds the pair or it is "
-    "done - and go back to claiming when it is lost (done: skip; busy: wait; claimed: score again)"
-)
 STALE_GRACE_S = 5  # a resumed worker publishes what it held within this many seconds
 
 CATALOG = {
@@ -389,12 +380,11 @@ async def test_workers_ride_out_kills_joins_freezes_and_outages(
     differing = {pair for pair, v in values.items() if len(v) > 1}
     wrong = [r for r in ratings if r["rating"] != expected_rating(r["traceId"], r["groupId"])]
     # A worker that resumes from a freeze finds its members' deadlines passed: what it held reads
-    # "timed out", a fail-closed result (reported, not failed). Published for a pair another
-    # worker took over meanwhile, it is a second value under one id (KNOWN_FAULT).
+    # "timed out", a fail-closed result (reported, not failed) - published only for pairs that
+    # are still its own, never as a second value for a pair another worker took over meanwhile.
     timed_out_in_freeze = [r for r in wrong if chaos.stale_after_freeze(r)]
     unexplained = [r for r in wrong if r not in timed_out_in_freeze]
     differing_by_freeze = differing & {(r["traceId"], r["groupId"]) for r in timed_out_in_freeze}
-    differing_unexplained = differing - differing_by_freeze
     failed_exits = {name: code for name, code in exits.items() if code != 0}
     lag_after_stop = await commit_lag(bootstrap, env["SGW_TRACES_TOPIC"], env["SGW_CONSUMER_GROUP"])
     print(f"chaos: rounds={ROUNDS} pairs={len(wanted)} missing={missing} duplicate_ids={duplicate_ids} "
@@ -410,7 +400,7 @@ async def test_workers_ride_out_kills_joins_freezes_and_outages(
 
     assert missing == 0, "every (trace, group) pair has a rating"
     assert duplicate_ids == 0, "one rating id per pair"
-    assert not differing_unexplained, f"one value per pair; not for {sorted(differing_unexplained)[:5]}"
+    assert not differing, f"one value per pair; not for {sorted(differing)[:5]}"
     assert not unexplained, "each pair's value is the one its scorers give; not these: " + "; ".join(
         f"{r['traceId']}/{r['groupId']}: {r['rating']} at {r['scoredAt']} ({r['reason']})" for r in unexplained[:5])
     assert repeats <= REPEAT_BOUND, "judge calls repeated only for work in flight when a fault hit"
@@ -418,5 +408,3 @@ async def test_workers_ride_out_kills_joins_freezes_and_outages(
     assert not failed_exits, "\n\n".join(f"{w.name}: {failed_exits[w.name]}\n{w.logs()}"
                                          for w in chaos.running if w.name in failed_exits)
     assert lag_after_stop == 0, "the committed offsets reach the end of the traces topic"
-    if differing_by_freeze:
-        pytest.xfail(f"{KNOWN_FAULT} ({len(differing_by_freeze)} pairs with two values)")
