@@ -128,6 +128,9 @@ class TraceConsumer:
         self._offsets = OffsetTracker()
         # Each job's claims not yet being published: what to give up if it must be cancelled.
         self._jobs: dict[asyncio.Task[None], set[ClaimRequest]] = {}
+        # Traces each job has not finished yet: jobs of revoked partitions still count against the
+        # room once their partitions' offsets are forgotten.
+        self._job_traces: dict[asyncio.Task[None], list[_TraceWork]] = {}
         # Publishing is shielded from cancellation: a pair whose outputs are on their way is
         # finished (marked done), never cancelled halfway and scored again elsewhere.
         self._publishing: set[asyncio.Task[None]] = set()
@@ -193,7 +196,8 @@ class TraceConsumer:
 
     async def _step(self) -> None:
         # Jobs of revoked partitions still run: they count against the room too.
-        room = self._max_in_flight - max(self._offsets.in_flight(), len(self._jobs))
+        unfinished = sum(1 for works in self._job_traces.values() for w in works if w.pending)
+        room = self._max_in_flight - max(self._offsets.in_flight(), unfinished)
         if room <= 0:
             self._consumer.pause(*self._consumer.assignment())
             self._room.clear()
@@ -279,6 +283,7 @@ class TraceConsumer:
         #    their own, so none holds back the others.
         bulk: list[tuple[_Pair, _TraceWork]] = []
         each: list[tuple[_Pair, bool, _TraceWork]] = []
+        job_traces: list[_TraceWork] = []
         cursor = 0
         for ticket, record, trace, pairs in pairs_by_trace:
             states = claims[cursor:cursor + len(pairs)]
@@ -300,6 +305,7 @@ class TraceConsumer:
                 ticket.finished(record.offset)
                 continue
             tracked = _TraceWork(ticket, record, pending=len(work), started=started)
+            job_traces.append(tracked)
             for pair, busy in work:
                 if busy or self._panel.waits(pair.group, snapshot):
                     each.append((pair, busy, tracked))
@@ -309,6 +315,7 @@ class TraceConsumer:
             unpublished = {pair.claim for pair, _ in bulk} | {pair.claim for pair, _, _ in each}
             task = asyncio.create_task(self._batch_job(bulk, each, unpublished, snapshot))
             self._jobs[task] = unpublished
+            self._job_traces[task] = job_traces
             task.add_done_callback(self._job_done)
         self._events.in_flight(self._offsets.in_flight())
 
@@ -442,6 +449,7 @@ class TraceConsumer:
 
     def _job_done(self, task: asyncio.Task[None]) -> None:
         self._jobs.pop(task, None)
+        self._job_traces.pop(task, None)
         self._room.set()
         if not task.cancelled() and task.exception() is not None and self._fatal is None:
             self._fatal = task.exception()
