@@ -1,0 +1,132 @@
+"""The session sweeper as a loop, and its leases, on the real Redis and broker: it sweeps every
+interval and rides out a failed sweep; a sweep that lost a session's lease to another worker
+publishes nothing for it; a sweep cut short gives its leases back at once."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable
+
+import pytest
+from redis.asyncio import Redis
+from structlog.testing import capture_logs
+
+from scoring.egress import EgressPolicy
+from scoring.members.external import ExternalClient
+from scoring.models import CustomEvaluator
+from scoring.panel import Panel
+from scoring.stores.catalog import CatalogSnapshot
+from scoring.stores.claims import Claims
+from tests.http_fakes import Reply, ScriptedServer
+from tests.session_sweeps import Sweep, project_sweep, session_group
+
+pytestmark = pytest.mark.integration
+
+
+@pytest.fixture
+async def sweep(redis: Redis, kafka_bootstrap: str, unique: str) -> AsyncIterator[Sweep]:
+    async with project_sweep(redis, kafka_bootstrap, unique) as s:
+        yield s
+
+
+@pytest.fixture
+async def remote() -> AsyncIterator[tuple[ScriptedServer, Panel]]:
+    """An external scorer (answers 1.0 unless scripted otherwise) and a panel that calls it."""
+    client = ExternalClient(EgressPolicy.parse(["127.0.0.0/8"]))
+    with ScriptedServer(default=Reply(body={"score": 1.0})) as server:
+        yield server, Panel(external=client)
+    await client.close()
+
+
+def remote_catalog(sweep: Sweep, server: ScriptedServer) -> CatalogSnapshot:
+    return sweep.catalog(
+        session_group(sweep.project, members=[{"kind": "custom", "refId": "remote", "weight": 1, "gate": False}]),
+        customs={"remote": CustomEvaluator(id="remote", name="Remote", type="external", url=server.url,
+                                           timeout_ms=10_000)})
+
+
+async def until(check: Callable[[], Awaitable[bool]], what: str, timeout_s: float = 30) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not await check():
+        assert time.monotonic() < deadline, f"timed out waiting for {what}"
+        await asyncio.sleep(0.05)
+
+
+async def test_the_sweeper_sweeps_every_interval_rides_out_a_failed_sweep_and_stops_when_told(sweep: Sweep) -> None:
+    catalog = sweep.catalog()
+    reads = 0
+
+    def current() -> CatalogSnapshot:
+        nonlocal reads
+        reads += 1
+        if reads == 1:
+            raise RuntimeError("the catalog is not loaded yet")
+        return catalog
+
+    await sweep.record("s-1", 2, at=time.time() - 5)
+    stop = asyncio.Event()
+    with capture_logs() as logs:
+        loop = asyncio.create_task(sweep.sweeper(current, interval_s=0.05).run(stop))
+
+        async def judged() -> bool:
+            assert not loop.done(), loop
+            return await sweep.index() == set()
+
+        await until(judged, "a sweep after the failed one")
+        stop.set()
+        await asyncio.wait_for(loop, timeout=10)
+    (failed,) = [e for e in logs if e["log_level"] == "error"]
+    assert failed["event"] == "session sweep failed; retrying on the next tick" and failed["exc_info"] is True
+    assert await sweep.ratings(1) == [("conv", "s-1", 2)]
+
+
+async def test_a_sweep_that_lost_its_lease_publishes_nothing_and_leaves_the_session_to_its_new_owner(
+        sweep: Sweep, remote: tuple[ScriptedServer, Panel]) -> None:
+    # Our sweep stalls on a slow scorer past its half-second lease; another worker takes the
+    # session over meanwhile. Publishing now would put a second value under the pair's id.
+    server, panel = remote
+    server.script(Reply(body={"score": 0.0}, delay_s=2))
+    sweeper = sweep.sweeper(remote_catalog(sweep, server), panel=panel, claims=Claims(sweep.redis, lease_s=0.5))
+    now = time.time()
+    await sweep.record("s-1", 2, at=now - 5)
+    stalled = asyncio.create_task(sweeper.sweep_once(now=now))
+
+    async def scoring() -> bool:
+        return bool(server.requests)
+
+    await until(scoring, "our sweep to call the scorer")
+    other = Claims(sweep.redis, lease_s=60)
+
+    async def taken_over() -> bool:
+        (claim,) = await other.claim_many([sweep.claim("s-1", 2)])
+        return claim.state == "claimed"
+
+    await until(taken_over, "our lease to run out")
+    assert await stalled == 0, "nothing judged by us"
+    assert (await other.stored(sweep.claim("s-1", 2))).startswith("lease:"), "not marked done by us"
+    assert await sweep.index() == {"s-1"}, "it stays in the index until its new owner judged it"
+    assert await sweep.published(0, settle_s=1) == []
+
+
+async def test_a_cancelled_sweep_gives_its_leases_back_at_once(sweep: Sweep,
+                                                               remote: tuple[ScriptedServer, Panel]) -> None:
+    server, panel = remote
+    server.script(Reply(body={"score": 0.0}, delay_s=5))
+    catalog = remote_catalog(sweep, server)
+    now = time.time()
+    await sweep.record("s-1", 2, at=now - 5)
+    cut_short = asyncio.create_task(sweep.sweeper(catalog, panel=panel, claims=Claims(sweep.redis, lease_s=60))
+                                    .sweep_once(now=now))
+
+    async def scoring() -> bool:
+        return bool(server.requests)
+
+    await until(scoring, "the sweep to call the scorer")
+    cut_short.cancel()  # the worker shuts down mid-sweep
+    with pytest.raises(asyncio.CancelledError):
+        await cut_short
+    assert await sweep.index() == {"s-1"}
+    another_worker = sweep.sweeper(catalog, panel=panel, claims=Claims(sweep.redis, lease_s=60))
+    assert await another_worker.sweep_once(now=now) == 1, "no 60 s lease to wait out"
+    assert await sweep.ratings(1) == [("conv", "s-1", 2)]

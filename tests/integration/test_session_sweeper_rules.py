@@ -1,0 +1,235 @@
+"""The session sweep's rules on the real Redis and broker (the spec's "Scoring whole sessions"):
+which projects, sessions and groups are due, the stable per-conversation sample, the judge
+budget, whole backlogs past one page, what is recorded for a judged session, and what stays in
+the index for the next sweep."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import AsyncIterator, Iterator
+from datetime import datetime
+
+import pytest
+from redis.asyncio import Redis
+from structlog.testing import capture_logs
+
+from consumers.events import NoEvents
+from consumers.sessions import PAGE
+from deploy.judge_server import JudgeServer
+from scoring.members.judge import JudgeClient
+from scoring.models import Budget, Judge, ScorerGroup
+from scoring.panel import Panel
+from scoring.sampling import keep
+from scoring.stores import keys
+from scoring.stores.claims import Claims
+from scoring.stores.ratings import RatingsStore
+from scoring.stores.sessions import QuietSession, SessionStore
+from scoring.subjects import Trace
+from tests.session_sweeps import Sweep, project_sweep, session_group, turn
+
+pytestmark = pytest.mark.integration
+
+
+@pytest.fixture
+async def sweep(redis: Redis, kafka_bootstrap: str, unique: str) -> AsyncIterator[Sweep]:
+    async with project_sweep(redis, kafka_bootstrap, unique) as s:
+        yield s
+
+
+class Recorded(NoEvents):
+    """The events the sweep reports (the worker turns them into metrics)."""
+
+    def __init__(self) -> None:
+        self.kept_pairs: list[tuple[str, str]] = []
+        self.skipped: list[tuple[str, str, str]] = []
+
+    def kept(self, project: str, group: str, count: int = 1) -> None:
+        self.kept_pairs += [(project, group)] * count
+
+    def group_skipped(self, project: str, group: str, why: str) -> None:
+        self.skipped.append((project, group, why))
+
+
+def broken_turns(project: str, session: str) -> list[Trace]:
+    """Two turns that read, but not as one conversation: their times cannot be ordered (one
+    carries a time zone, the other does not)."""
+    return [turn(project, session, 1, timestamp="2026-12-02T13:00:01Z"),
+            turn(project, session, 2, timestamp="2026-12-02T13:00:02")]
+
+
+async def test_one_turn_sessions_broken_sessions_and_groups_not_yet_due_never_stop_the_rest(sweep: Sweep) -> None:
+    # Oldest first on the page: a one-turn session, then one that cannot be assembled, then one
+    # due. The 60 s group comes before the 10 s group, and is not due yet.
+    catalog = sweep.catalog(session_group(sweep.project, "a-slow", idle=60),
+                            session_group(sweep.project, "b-fast", idle=10))
+    t0 = time.time()
+    await sweep.record("s-one", 1, at=t0 - 2)
+    await sweep.store.record(broken_turns(sweep.project, "s-broken"), now=t0 - 1)
+    await sweep.record("s-fine", 2, at=t0)
+    with capture_logs() as logs:
+        assert await sweep.sweeper(catalog).sweep_once(now=t0 + 15) == 1
+    assert await sweep.ratings(1) == [("b-fast", "s-fine", 2)]
+    (dropped,) = [e for e in logs if e["event"] == "session cannot be assembled; dropped from the sweep"]
+    assert (dropped["project"], dropped["session"], dropped["log_level"]) == (sweep.project, "s-broken", "warning")
+    assert "offset-naive and offset-aware" in dropped["error"], "the log says why"
+    assert await sweep.index() == {"s-one", "s-fine"}, \
+        "the broken session leaves the index (until it grows); the others wait for the 60 s group"
+
+
+async def test_a_backlog_of_more_than_two_pages_is_judged_whole_in_one_sweep(sweep: Sweep) -> None:
+    catalog = sweep.catalog(session_group(sweep.project, "a-slow", idle=60),
+                            session_group(sweep.project, "b-fast", idle=10))
+    sweeper = sweep.sweeper(catalog)
+    t0 = time.time()
+    backlog = 2 * PAGE + 1
+    await sweep.store.record(broken_turns(sweep.project, "s-broken"), now=t0 - 1)  # on the first page
+    await sweep.store.record([turn(sweep.project, f"s-{i:03d}", n) for i in range(backlog) for n in (1, 2)], now=t0)
+
+    assert await sweeper.sweep_once(now=t0 + 30) == backlog, "the 10 s group, every session: they stay for the 60 s one"
+    assert len(await sweep.index()) == backlog, "only the broken session left the index"
+    assert await sweeper.sweep_once(now=t0 + 60) == backlog, "the 60 s group, every session: now they all leave"
+    assert await sweep.index() == set()
+
+
+async def test_each_group_samples_conversations_on_its_own_and_keeps_its_choice(sweep: Sweep) -> None:
+    # The spec: the keep-or-skip decision is made once per (conversation, group) and stays
+    # stable across sweep ticks - a conversation that grows is kept or skipped as before.
+    groups = [session_group(sweep.project, g, rate=0.5) for g in ("g-a", "g-b")]
+    sweeper = sweep.sweeper(sweep.catalog(*groups))
+    sessions = [f"s-{i}" for i in range(24)]
+    expected = {(g.id, s) for g in groups for s in sessions if keep(s, g.id, 0.5)}
+    assert 0 < len(expected) < 2 * len(sessions) and {g for g, _ in expected} == {"g-a", "g-b"}
+    t0 = time.time()
+    for s in sessions:
+        await sweep.record(s, 2, at=t0 - 5)
+    assert await sweeper.sweep_once(now=t0) == len(expected)
+    for s in sessions:
+        await sweep.store.record([turn(sweep.project, s, 3)], now=t0 + 1)
+    assert await sweeper.sweep_once(now=t0 + 6) == len(expected)
+    judged = await sweep.ratings(2 * len(expected))
+    assert {(g, s) for g, s, turns in judged if turns == 2} == expected
+    assert {(g, s) for g, s, turns in judged if turns == 3} == expected, "the same choice at 3 turns"
+
+
+async def test_only_projects_with_live_session_groups_are_swept_and_each_one_counts(sweep: Sweep) -> None:
+    p = sweep.project
+    trace_scope = ScorerGroup.model_validate({
+        "id": "per-trace", "name": "Per trace", "projectId": f"{p}-trace",
+        "online": {"enabled": True, "sampleRate": 1.0, "alertThreshold": None, "severity": "low"},
+        "members": [{"kind": "pattern", "refId": "apology", "weight": 1, "gate": False}]})
+    offline = ScorerGroup.model_validate({
+        "id": "offline", "name": "Offline", "projectId": f"{p}-offline",
+        "members": [{"kind": "pattern", "refId": "apology", "weight": 1, "gate": False}]})
+    paused = session_group(f"{p}-paused", "paused", enabled=False)
+    catalog = sweep.catalog(session_group(p, "conv"), session_group(f"{p}-other", "conv-other"),
+                            trace_scope, offline, paused)
+    now = time.time()
+    for project in (p, f"{p}-other", f"{p}-trace", f"{p}-offline", f"{p}-paused"):
+        await sweep.record("s-1", 2, at=now - 5, project=project)
+    with capture_logs() as logs:
+        assert await sweep.sweeper(catalog).sweep_once(now=now) == 2, "one session in each session-scope project"
+    assert [e for e in logs if e["log_level"] == "error"] == []
+    assert await sweep.index(p) == await sweep.index(f"{p}-other") == set()
+    for project in (f"{p}-trace", f"{p}-offline", f"{p}-paused"):
+        assert await sweep.index(project) == {"s-1"}, f"{project} is never swept"
+
+
+async def test_one_projects_unreadable_index_never_stops_the_others(sweep: Sweep) -> None:
+    bad = f"a-{sweep.project}"  # swept first: projects go in order
+    catalog = sweep.catalog(session_group(bad, "conv-bad"), session_group(sweep.project, "conv"))
+    now = time.time()
+    await sweep.redis.zadd(keys.session_activity(bad), {b"\xff\xfe not text": now - 5})
+    await sweep.record("s-1", 2, at=now - 5)
+    try:
+        with capture_logs() as logs:
+            assert await sweep.sweeper(catalog).sweep_once(now=now) == 1
+    finally:
+        await sweep.redis.delete(keys.session_activity(bad))
+    assert await sweep.ratings(1) == [("conv", "s-1", 2)]
+    (failed,) = [e for e in logs if e["log_level"] == "error"]
+    assert failed["event"] == "sweeping a project's sessions failed; the other projects go on"
+    assert failed["project"] == bad and failed["exc_info"] is True
+
+
+@pytest.fixture(scope="module")
+def judge_server() -> Iterator[JudgeServer]:
+    with JudgeServer() as server:
+        yield server
+
+
+async def test_judge_calls_come_out_of_the_projects_online_budget(sweep: Sweep, judge_server: JudgeServer) -> None:
+    # One judge call per minute: of two conversations due, one is judged and the group is
+    # skipped for the other rather than scored on a partial panel.
+    judges = JudgeClient(judge_server.base_url, timeout_s=10)
+    catalog = sweep.catalog(
+        session_group(sweep.project, members=[{"kind": "judge", "refId": "quality", "weight": 1, "gate": False}]),
+        judges={"quality": Judge(id="quality", name="Quality", criteria="Helpful?")},
+        budgets={sweep.project: Budget(project_id=sweep.project, judge_calls_per_window=1, window_seconds=60)})
+    events = Recorded()
+    claims = Claims(sweep.redis)
+    now = time.time()
+    await sweep.record("s-1", 2, at=now - 6)
+    await sweep.record("s-2", 2, at=now - 5)
+    try:
+        with capture_logs() as logs:
+            assert await sweep.sweeper(catalog, panel=Panel(judges=judges), claims=claims,
+                                       events=events).sweep_once(now=now) == 1
+        after = time.time()
+    finally:
+        await judges.close()
+    assert await sweep.ratings(1) == [("conv", "s-1", 2)]
+    assert events.kept_pairs == [(sweep.project, "conv")]
+    assert events.skipped == [(sweep.project, "conv", "budget")]
+    (skipped,) = [e for e in logs if e["event"] == "judge budget exhausted; session not judged"]
+    assert (skipped["group"], skipped["session"], skipped["log_level"]) == ("conv", "s-2", "warning")
+    used = [await claims.budget_used(sweep.project, 60, now=at) for at in (now, after)]
+    assert max(used) == 1, "the call counts in the project's 60 s window"
+
+
+async def test_a_judged_session_is_recorded_for_the_sdk_and_a_redelivery_judges_nothing(
+        sweep: Sweep, unique: str) -> None:
+    session = f"s-{unique}"  # session scores are kept by session id
+    claims = Claims(sweep.redis)
+    sweeper = sweep.sweeper(sweep.catalog(), claims=claims)
+    now = time.time()
+    await sweep.record(session, 2, at=now - 5)
+    with capture_logs() as logs:
+        assert await sweeper.sweep_once(now=now) == 1
+    (rating,) = await sweep.published(1)
+    assert await RatingsStore(sweep.redis).session_scores(session) == [{
+        "kind": "scorer-group:conv", "rating": rating["rating"], "justification": rating["justification"],
+        "scoredAt": pytest.approx(datetime.fromisoformat(rating["scoredAt"]).timestamp())}]
+    assert await claims.stored(sweep.claim(session, 2)) == f"done:{rating['id']}"
+    assert [(e["event"], e["pairs"]) for e in logs if e["log_level"] == "info"] == [("sessions judged", 1)]
+    await sweep.record(session, 2, at=now - 5)  # the same turns again: a redelivery
+    assert await sweep.index() == {session}
+    assert await sweeper.sweep_once(now=now) == 0, "done at this length: no second verdict"
+    assert await sweep.index() == set()
+
+
+class GrowsWhileJudged(SessionStore):
+    """The real store, where a new turn of a session arrives right after the sweep has read it."""
+
+    def __init__(self, sweep: Sweep, session: str, at: float) -> None:
+        super().__init__(sweep.redis)
+        self.pending: Trace | None = turn(sweep.project, session, 3)
+        self.at = at
+
+    async def quiet(self, project_id: str, quiet_for_s: float, now: float | None = None,
+                    offset: int = 0, limit: int = 200) -> list[QuietSession]:
+        found = await super().quiet(project_id, quiet_for_s, now, offset, limit)
+        if self.pending is not None:
+            await self.record([self.pending], now=self.at)
+            self.pending = None
+        return found
+
+
+async def test_a_session_that_grows_while_it_is_judged_is_judged_again_at_its_new_length(sweep: Sweep) -> None:
+    t0 = float(int(time.time()))
+    store = GrowsWhileJudged(sweep, "s-1", at=t0 + 5)
+    sweeper = sweep.sweeper(sweep.catalog(session_group(sweep.project, idle=5)), store=store)
+    await sweep.record("s-1", 2, at=t0)
+    assert await sweeper.sweep_once(now=t0 + 5) == 1, "judged at the 2 turns it read"
+    assert await sweep.index() == {"s-1"}, "its third turn keeps it in the index"
+    assert await sweeper.sweep_once(now=t0 + 10) == 1
+    assert await sweep.ratings(2) == [("conv", "s-1", 2), ("conv", "s-1", 3)]
