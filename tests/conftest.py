@@ -18,6 +18,7 @@ import pytest
 from redis.asyncio import Redis
 
 from deploy.services import LocalKafka, LocalRedis
+from tests.redis_databases import RedisDatabases
 from tests.redis_guard import refuse_foreign_keys
 
 
@@ -73,8 +74,23 @@ def own_kafka() -> Iterator[LocalKafka]:
         broker.stop()
 
 
+@pytest.fixture(scope="session")
+def redis_databases(redis_url: str) -> RedisDatabases:
+    """Hands out databases of the shared server one holder at a time (module fixtures lease one)."""
+    return RedisDatabases(redis_url)
+
+
+@pytest.fixture
+def redis_db_url(redis_databases: RedisDatabases) -> Iterator[str]:
+    """A database of the shared server that is this test's alone, empty when the test starts:
+    for tests that write global keys (the catalog, API keys) or run a worker."""
+    with redis_databases.lease() as url:
+        yield url
+
+
 @pytest.fixture
 async def redis(redis_url: str) -> AsyncIterator[Redis]:
+    """Database 0, shared by the tests that use it: they name their keys uniquely (``unique``)."""
     client = Redis.from_url(redis_url)
     try:
         yield client

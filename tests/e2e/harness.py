@@ -139,7 +139,7 @@ async def read_topic(bootstrap: str, topic: str, until: Callable[[list[Any]], bo
 
 
 def redis_db(redis_url: str, db: int) -> str:
-    """The same server, another database: tests that write the (global) catalog keep apart."""
+    """The same server, another database (the benchmarks keep their runs apart by it)."""
     return redis_url.rsplit("/", 1)[0] + f"/{db}"
 
 
@@ -156,14 +156,12 @@ def worker_env(kafka_bootstrap: str, redis_url: str, tag: str, **settings: objec
 
 
 @contextlib.asynccontextmanager
-async def catalog_db(redis_url: str, db: int, catalog: dict[str, Any]) -> AsyncIterator[str]:
-    """A Redis database of its own holding ``catalog``, emptied before and after; yields its URL."""
-    url = redis_db(redis_url, db)
+async def catalog_db(url: str, catalog: dict[str, Any]) -> AsyncIterator[str]:
+    """``catalog`` applied to the database at ``url`` - the test's own (``redis_db_url``), which is
+    emptied before and after the test; yields the URL."""
     redis = Redis.from_url(url)
-    await redis.flushdb()
     try:
         await MonitorClient(redis).apply(catalog)
-        yield url
     finally:
-        await redis.flushdb()
         await redis.aclose()
+    yield url

@@ -7,11 +7,10 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-import redis as sync_redis
 
 from scorer_groups import Client
 from tests.api_process import ApiProcess, create_key
-from tests.e2e.harness import WorkerProcess, produce, read_topic, redis_db, worker_env
+from tests.e2e.harness import WorkerProcess, produce, read_topic, worker_env
 
 pytestmark = pytest.mark.integration
 
@@ -26,9 +25,8 @@ def trace(i: int, project: str, text: str) -> tuple[bytes, bytes]:
 
 
 async def test_a_group_created_through_the_api_scores_live_traffic(
-        redis_url: str, kafka_bootstrap: str, unique: str, tmp_path: Path) -> None:
-    url = redis_db(redis_url, 10)
-    sync_redis.Redis.from_url(url).flushdb()
+        redis_db_url: str, kafka_bootstrap: str, unique: str, tmp_path: Path) -> None:
+    url = redis_db_url
     env = worker_env(kafka_bootstrap, url, unique, topic_partitions=2)
     api = ApiProcess(url, tmp_path / "api.log").start()
     worker = WorkerProcess(env).start(tmp_path)
@@ -78,4 +76,3 @@ async def test_a_group_created_through_the_api_scores_live_traffic(
     finally:
         worker.stop()
         api.stop()
-        sync_redis.Redis.from_url(url).flushdb()

@@ -102,9 +102,9 @@ def judge() -> Iterator[JudgeServer]:
 
 
 @pytest.fixture
-async def env(kafka_bootstrap: str, redis_url: str, unique: str, judge: JudgeServer,
+async def env(kafka_bootstrap: str, redis_db_url: str, unique: str, judge: JudgeServer,
               external: ScriptedServer, receiver: ScriptedServer) -> AsyncIterator[dict[str, str]]:
-    async with catalog_db(redis_url, 3, catalog(external.url + "/score", receiver.url)) as url:
+    async with catalog_db(redis_db_url, catalog(external.url + "/score", receiver.url)) as url:
         yield worker_env(kafka_bootstrap, url, unique, topic_partitions=4, judge_base_url=judge.base_url,
                          judge_timeout_s=5, egress_allow="127.0.0.0/8", max_trace_bytes=4096,
                          commit_interval_s=0.2)

@@ -124,8 +124,8 @@ def judge() -> Iterator[JudgeServer]:
 
 
 @pytest.fixture
-async def env(kafka_bootstrap: str, redis_url: str, unique: str, judge: JudgeServer) -> AsyncIterator[dict[str, str]]:
-    async with catalog_db(redis_url, 12, CATALOG) as url:
+async def env(kafka_bootstrap: str, redis_db_url: str, unique: str, judge: JudgeServer) -> AsyncIterator[dict[str, str]]:
+    async with catalog_db(redis_db_url, CATALOG) as url:
         yield worker_env(kafka_bootstrap, url, unique, judge_base_url=judge.base_url, otlp_enabled="true",
                          otlp_topic=f"otlp-{unique}", otlp_quiet_s=0.5, otlp_max_wait_s=MAX_WAIT_S,
                          otlp_flush_interval_s=0.2, session_sweep_interval_s=0.3, commit_interval_s=0.2)

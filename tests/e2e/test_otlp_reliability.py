@@ -38,8 +38,8 @@ def judge() -> Iterator[JudgeServer]:
 
 
 @pytest.fixture
-async def env(kafka_bootstrap: str, redis_url: str, unique: str, judge: JudgeServer) -> AsyncIterator[dict[str, str]]:
-    async with catalog_db(redis_url, 13, CATALOG) as url:
+async def env(kafka_bootstrap: str, redis_db_url: str, unique: str, judge: JudgeServer) -> AsyncIterator[dict[str, str]]:
+    async with catalog_db(redis_db_url, CATALOG) as url:
         yield worker_env(kafka_bootstrap, url, unique, judge_base_url=judge.base_url, otlp_enabled="true",
                          otlp_topic=f"otlp-{unique}", otlp_quiet_s=3, otlp_max_wait_s=60, otlp_claim_lease_s=3,
                          otlp_flush_interval_s=0.2, claim_lease_s=3, member_deadline_s=2, commit_interval_s=0.2)

@@ -41,8 +41,8 @@ def judge() -> Iterator[JudgeServer]:
 
 
 @pytest.fixture
-async def env(kafka_bootstrap: str, redis_url: str, unique: str, judge: JudgeServer) -> AsyncIterator[dict[str, str]]:
-    async with catalog_db(redis_url, 7, CATALOG) as url:
+async def env(kafka_bootstrap: str, redis_db_url: str, unique: str, judge: JudgeServer) -> AsyncIterator[dict[str, str]]:
+    async with catalog_db(redis_db_url, CATALOG) as url:
         yield worker_env(kafka_bootstrap, url, unique, judge_base_url=judge.base_url, max_in_flight=MAX_IN_FLIGHT,
                          claim_lease_s=3, member_deadline_s=2, commit_interval_s=0.5)
 

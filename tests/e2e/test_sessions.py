@@ -61,8 +61,8 @@ def judge() -> Iterator[JudgeServer]:
 
 
 @pytest.fixture
-async def env(kafka_bootstrap: str, redis_url: str, unique: str, judge: JudgeServer) -> AsyncIterator[dict[str, str]]:
-    async with catalog_db(redis_url, 6, CATALOG) as url:
+async def env(kafka_bootstrap: str, redis_db_url: str, unique: str, judge: JudgeServer) -> AsyncIterator[dict[str, str]]:
+    async with catalog_db(redis_db_url, CATALOG) as url:
         yield worker_env(kafka_bootstrap, url, unique, judge_base_url=judge.base_url,
                          session_sweep_interval_s=0.3, commit_interval_s=0.2)
 

@@ -64,10 +64,10 @@ def receivers() -> Iterator[tuple[ScriptedServer, ScriptedServer]]:
 
 
 @pytest.fixture
-async def env(kafka_bootstrap: str, redis_url: str, unique: str,
+async def env(kafka_bootstrap: str, redis_db_url: str, unique: str,
               receivers: tuple[ScriptedServer, ScriptedServer]) -> AsyncIterator[dict[str, str]]:
     ok, failing = receivers
-    async with catalog_db(redis_url, 8, {
+    async with catalog_db(redis_db_url, {
         "patterns": [{"id": "email", "name": "Email", "polarity": "failure", "template": "email"}],
         "groups": [{"id": "pii", "name": "PII", "projectId": "p-w",
                     "online": {"enabled": True, "sampleRate": 1.0, "alertThreshold": 6, "severity": "critical"},
@@ -148,11 +148,11 @@ def answers() -> Iterator[dict[str, ScriptedServer]]:
 
 
 async def test_each_answer_is_handled_as_the_protocol_says_and_dead_letters_replay(
-        kafka_bootstrap: str, redis_url: str, unique: str, tmp_path: Path,
+        kafka_bootstrap: str, redis_db_url: str, unique: str, tmp_path: Path,
         answers: dict[str, ScriptedServer]) -> None:
     agents = ["a-500", "a-429", "a-400", "a-410", "a-302"]
     catalog = {"channels": [channel(a, answers[a], secret=SECRET) for a in agents]}
-    async with catalog_db(redis_url, 12, catalog) as url:
+    async with catalog_db(redis_db_url, catalog) as url:
         # a-500's secret is rotated: both secrets sign during the overlap
         rotation = Redis.from_url(url)
         report = await MonitorClient(rotation).apply({"channels": [channel("a-500", answers["a-500"], secret=ROTATED)]})
@@ -235,10 +235,10 @@ async def committed_offsets(kafka_bootstrap: str, group: str) -> int:
 
 
 async def test_a_worker_killed_mid_schedule_leaves_the_retry_to_the_next_one_and_it_arrives_once(
-        kafka_bootstrap: str, redis_url: str, unique: str, tmp_path: Path) -> None:
+        kafka_bootstrap: str, redis_db_url: str, unique: str, tmp_path: Path) -> None:
     with ScriptedServer(default=Reply(body={"ok": True})) as receiver:
         receiver.script(Reply(status=503, body={"error": "deploying"}))
-        async with catalog_db(redis_url, 13, {"channels": [channel("a-k", receiver, secret=SECRET)]}) as url:
+        async with catalog_db(redis_db_url, {"channels": [channel("a-k", receiver, secret=SECRET)]}) as url:
             env = worker_env(kafka_bootstrap, url, unique, egress_allow="127.0.0.0/8", webhook_retry_schedule="4s")
             delivery = build_deliveries(signal("a-k", 1), [receiver.url + "/hook"])[0]
             first = WorkerProcess(env, name="first").start(tmp_path)
@@ -271,7 +271,7 @@ async def test_a_worker_killed_mid_schedule_leaves_the_retry_to_the_next_one_and
 # --- One bad channel never holds up another -----------------------------------------------------------
 
 async def test_a_dead_and_a_slow_channel_do_not_delay_a_healthy_one(
-        kafka_bootstrap: str, redis_url: str, unique: str, tmp_path: Path) -> None:
+        kafka_bootstrap: str, redis_db_url: str, unique: str, tmp_path: Path) -> None:
     from consumers.webhooks import channel_label
     from deploy.services import free_port
     from scoring.models import AlertChannel
@@ -282,7 +282,7 @@ async def test_a_dead_and_a_slow_channel_do_not_delay_a_healthy_one(
             ScriptedServer(default=Reply(body={"ok": True}, delay_s=10)) as slow:
         catalog = {"channels": [channel("a-iso", healthy), channel("a-iso", slow),
                                 {"agentId": "a-iso", "url": dead_url}]}
-        async with catalog_db(redis_url, 14, catalog) as url:
+        async with catalog_db(redis_db_url, catalog) as url:
             env = worker_env(kafka_bootstrap, url, unique, egress_allow="127.0.0.0/8", webhook_timeout_s=15,
                              webhook_retry_schedule=",".join(["1s"] * 10), webhook_breaker_failures=3,
                              webhook_breaker_open_s=1, webhook_disable_after_s=3)
@@ -332,7 +332,7 @@ async def test_a_dead_and_a_slow_channel_do_not_delay_a_healthy_one(
 # --- Slack and PagerDuty channels ---------------------------------------------------------------------
 
 async def test_pagerduty_triggers_then_resolves_when_the_group_recovers_and_slack_gets_a_message(
-        kafka_bootstrap: str, redis_url: str, unique: str, tmp_path: Path) -> None:
+        kafka_bootstrap: str, redis_db_url: str, unique: str, tmp_path: Path) -> None:
     from tests.unit.test_webhook_payloads import ROUTING_KEY, check_pagerduty_event, check_slack_message
 
     def trace(n: int, output: str) -> tuple[bytes, bytes]:
@@ -349,7 +349,7 @@ async def test_pagerduty_triggers_then_resolves_when_the_group_recovers_and_slac
                         "members": [{"kind": "pattern", "refId": "email", "weight": 1, "gate": True}]}],
             "channels": [channel("a-f", pd, format="pagerduty", routingKey=ROUTING_KEY),
                          channel("a-f", slack, format="slack")]}
-        async with catalog_db(redis_url, 12, catalog) as url:
+        async with catalog_db(redis_db_url, catalog) as url:
             env = worker_env(kafka_bootstrap, url, unique, egress_allow="127.0.0.0/8")
             worker = WorkerProcess(env).start(tmp_path)
             try:

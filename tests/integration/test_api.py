@@ -19,7 +19,7 @@ import pytest
 import redis as sync_redis
 
 from tests.api_process import ApiProcess, cli, create_key
-from tests.e2e.harness import redis_db
+from tests.redis_databases import RedisDatabases
 
 pytestmark = pytest.mark.integration
 
@@ -36,18 +36,16 @@ class Api:
 
 
 @pytest.fixture(scope="module")
-def api(redis_url: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Api]:
-    url = redis_db(redis_url, 14)
-    sync_redis.Redis.from_url(url).flushdb()
-    keys = {"a": create_key(url, "--project", "p-a", "--name", "team a"),
-            "b": create_key(url, "--project", "p-b"),
-            "op": create_key(url, "--operator", "--name", "ops")}
-    process = ApiProcess(url, tmp_path_factory.mktemp("api") / "api.log").start()
-    try:
-        yield Api(process, url, keys)
-    finally:
-        process.stop()
-        sync_redis.Redis.from_url(url).flushdb()
+def api(redis_databases: RedisDatabases, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Api]:
+    with redis_databases.lease() as url:
+        keys = {"a": create_key(url, "--project", "p-a", "--name", "team a"),
+                "b": create_key(url, "--project", "p-b"),
+                "op": create_key(url, "--operator", "--name", "ops")}
+        process = ApiProcess(url, tmp_path_factory.mktemp("api") / "api.log").start()
+        try:
+            yield Api(process, url, keys)
+        finally:
+            process.stop()
 
 
 def member(kind: str, ref: str, weight: float = 1, gate: bool = False) -> dict[str, Any]:

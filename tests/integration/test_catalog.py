@@ -23,8 +23,8 @@ FULL_ONLINE = {"enabled": True, "sampleRate": 0.2, "alertThreshold": 6, "severit
 
 
 @pytest.fixture
-async def client(redis: Redis) -> AsyncIterator[MonitorClient]:
-    await redis.flushdb()
+async def client(redis_db_url: str) -> AsyncIterator[MonitorClient]:
+    redis = Redis.from_url(redis_db_url)
     c = MonitorClient(redis)
     await c.scorers.put(Judge.model_validate({"id": "quality", "name": "Quality", "criteria": "Helpful?"}))
     await c.scorers.put(Judge.model_validate({"id": "safety", "name": "Safety", "criteria": "Safe?"}))
@@ -145,11 +145,11 @@ async def test_requires_expected_refused_when_a_live_groups_judge_changes(client
     assert not (await client.store.snapshot()).judges["quality"].requires_expected
 
 
-async def test_two_concurrent_updates_of_one_group_lose_nothing(redis_url: str, client: MonitorClient) -> None:
+async def test_two_concurrent_updates_of_one_group_lose_nothing(redis_db_url: str, client: MonitorClient) -> None:
     g = await client.scorer_groups.create("G", [member("judge", "quality")], project_id="p-1",
                                           online=FULL_ONLINE)
     # Separate connections, so the writers really race on the server.
-    writers = [MonitorClient(Redis.from_url(redis_url)) for _ in range(4)]
+    writers = [MonitorClient(Redis.from_url(redis_db_url)) for _ in range(4)]
     await asyncio.gather(
         writers[0].scorer_groups.update(g.id, description="new description"),
         writers[1].scorer_groups.update(g.id, online={"sampleRate": 0.9}),
@@ -164,7 +164,7 @@ async def test_two_concurrent_updates_of_one_group_lose_nothing(redis_url: str, 
         await w.store.redis.aclose()
 
 
-async def test_running_watcher_sees_a_change(client: MonitorClient, redis: Redis) -> None:
+async def test_running_watcher_sees_a_change(client: MonitorClient) -> None:
     watcher = CatalogWatcher(client.store)
     await watcher.start()
     try:

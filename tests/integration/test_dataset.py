@@ -68,10 +68,9 @@ def judge() -> Iterator[JudgeServer]:
 
 
 @pytest.fixture
-async def catalog_url(redis_url: str) -> AsyncIterator[str]:
-    url = redis_url.rsplit("/", 1)[0] + "/5"
+async def catalog_url(redis_db_url: str) -> AsyncIterator[str]:
+    url = redis_db_url
     redis = Redis.from_url(url)
-    await redis.flushdb()
     client = MonitorClient(redis)
     await client.apply(CATALOG)
     # Deleted after the groups were built: they degrade at scoring time.

@@ -51,9 +51,8 @@ def judge() -> Iterator[JudgeServer]:
 
 
 @pytest.fixture
-async def client(redis_url: str) -> AsyncIterator[MonitorClient]:
-    redis = Redis.from_url(redis_url.rsplit("/", 1)[0] + "/6")
-    await redis.flushdb()
+async def client(redis_db_url: str) -> AsyncIterator[MonitorClient]:
+    redis = Redis.from_url(redis_db_url)
     client = MonitorClient(redis)
     await client.apply(CATALOG)
     yield client
@@ -61,8 +60,8 @@ async def client(redis_url: str) -> AsyncIterator[MonitorClient]:
 
 
 @pytest.fixture
-def catalog_url(client: MonitorClient, redis_url: str) -> str:
-    return redis_url.rsplit("/", 1)[0] + "/6"
+def catalog_url(client: MonitorClient, redis_db_url: str) -> str:
+    return redis_db_url
 
 
 def rows_file(tmp_path: Path, rows: list[dict[str, Any]]) -> str:

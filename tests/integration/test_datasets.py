@@ -20,14 +20,13 @@ ROOT = Path(__file__).resolve().parents[2]
 
 
 @pytest.fixture
-def url(redis_url: str) -> str:
-    return redis_url.rsplit("/", 1)[0] + "/7"
+def url(redis_db_url: str) -> str:
+    return redis_db_url
 
 
 @pytest.fixture
 async def store(url: str) -> AsyncIterator[DatasetStore]:
     redis = Redis.from_url(url)
-    await redis.flushdb()
     yield DatasetStore(redis)
     await redis.aclose()
 

@@ -18,13 +18,11 @@ pytestmark = pytest.mark.integration
 
 
 @pytest.fixture
-async def schedule(redis_url: str) -> AsyncIterator[DeliverySchedule]:
-    redis = Redis.from_url(redis_url.rsplit("/", 1)[0] + "/15")
-    await redis.flushdb()
+async def schedule(redis_db_url: str) -> AsyncIterator[DeliverySchedule]:
+    redis = Redis.from_url(redis_db_url)
     try:
         yield DeliverySchedule(redis, lease_s=10, schedule=RetrySchedule.parse("5s,30s"))
     finally:
-        await redis.flushdb()
         await redis.aclose()
 
 

@@ -16,7 +16,7 @@ import redis as sync_redis
 from deploy.judge_server import JudgeServer
 from scorer_groups import Client, GateFailed, NotFound
 from tests.api_process import ApiProcess, create_key
-from tests.e2e.harness import redis_db
+from tests.redis_databases import RedisDatabases
 
 pytestmark = pytest.mark.integration
 
@@ -51,25 +51,23 @@ def judge() -> Iterator[JudgeServer]:
 
 
 @pytest.fixture(scope="module")
-def api(redis_url: str, judge: JudgeServer,
+def api(redis_databases: RedisDatabases, judge: JudgeServer,
         tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, str, str]]:
-    url = redis_db(redis_url, 13)
-    sync_redis.Redis.from_url(url).flushdb()
-    key = create_key(url, "--project", "p-eval")
-    before = os.environ.get("SGW_JUDGE_BASE_URL")
-    os.environ["SGW_JUDGE_BASE_URL"] = judge.base_url  # the API process grades with this judge
-    try:
-        process = ApiProcess(url, tmp_path_factory.mktemp("api") / "api.log").start()
-    finally:
-        if before is None:
-            os.environ.pop("SGW_JUDGE_BASE_URL")
-        else:
-            os.environ["SGW_JUDGE_BASE_URL"] = before
-    try:
-        yield process.url, key, url
-    finally:
-        process.stop()
-        sync_redis.Redis.from_url(url).flushdb()
+    with redis_databases.lease() as url:
+        key = create_key(url, "--project", "p-eval")
+        before = os.environ.get("SGW_JUDGE_BASE_URL")
+        os.environ["SGW_JUDGE_BASE_URL"] = judge.base_url  # the API process grades with this judge
+        try:
+            process = ApiProcess(url, tmp_path_factory.mktemp("api") / "api.log").start()
+        finally:
+            if before is None:
+                os.environ.pop("SGW_JUDGE_BASE_URL")
+            else:
+                os.environ["SGW_JUDGE_BASE_URL"] = before
+        try:
+            yield process.url, key, url
+        finally:
+            process.stop()
 
 
 @pytest.fixture

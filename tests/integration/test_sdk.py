@@ -13,7 +13,6 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-import redis as sync_redis
 from redis.asyncio import Redis
 
 from scorer_groups import (
@@ -30,8 +29,8 @@ from scorer_groups import (
 )
 from scoring.stores.ratings import RatingsStore, SessionVerdict
 from tests.api_process import ApiProcess, cli, create_key
-from tests.e2e.harness import redis_db
 from tests.http_fakes import Reply, ScriptedServer
+from tests.redis_databases import RedisDatabases
 
 pytestmark = pytest.mark.integration
 
@@ -79,16 +78,14 @@ class Env:
 
 
 @pytest.fixture(scope="module")
-def env(redis_url: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Env]:
-    url = redis_db(redis_url, 15)
-    sync_redis.Redis.from_url(url).flushdb()
-    keys = {"a": create_key(url, "--project", "p-a"), "b": create_key(url, "--project", "p-b")}
-    process = ApiProcess(url, tmp_path_factory.mktemp("api") / "api.log").start()
-    try:
-        yield Env(process, url, keys)
-    finally:
-        process.stop()
-        sync_redis.Redis.from_url(url).flushdb()
+def env(redis_databases: RedisDatabases, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Env]:
+    with redis_databases.lease() as url:
+        keys = {"a": create_key(url, "--project", "p-a"), "b": create_key(url, "--project", "p-b")}
+        process = ApiProcess(url, tmp_path_factory.mktemp("api") / "api.log").start()
+        try:
+            yield Env(process, url, keys)
+        finally:
+            process.stop()
 
 
 def test_snippets_are_the_specs() -> None:

@@ -105,11 +105,10 @@ async def test_redis_frozen_then_wiped_is_ridden_out(own_redis: LocalRedis, kafk
     assert {next(iter(values[f"o-{i}"])) for i in range(1, 250, 2)} == {0.0}
 
 
-async def test_a_frozen_broker_is_ridden_out(own_kafka: LocalKafka, redis_url: str, unique: str,
+async def test_a_frozen_broker_is_ridden_out(own_kafka: LocalKafka, redis_db_url: str, unique: str,
                                              tmp_path: Path) -> None:
-    url = redis_url.rsplit("/", 1)[0] + "/11"
+    url = redis_db_url
     redis = Redis.from_url(url)
-    await redis.flushdb()
     await MonitorClient(redis).apply(CATALOG)
     bootstrap = own_kafka.bootstrap
     env = worker_env(bootstrap, url, f"kout-{unique}", outage_tolerance_s=90)
@@ -131,7 +130,6 @@ async def test_a_frozen_broker_is_ridden_out(own_kafka: LocalKafka, redis_url: s
         assert worker.proc is not None and worker.proc.poll() is None, worker.logs()
     finally:
         code = worker.stop(timeout_s=60)
-        await redis.flushdb()
         await redis.aclose()
     assert code == 0, worker.logs()
     ids: dict[str, set[str]] = defaultdict(set)

@@ -270,9 +270,9 @@ def otlp_traces() -> list[tuple[bytes | None, bytes]]:
 
 
 async def test_every_panel_and_alert_expression_works_on_a_real_prometheus(
-        kafka_bootstrap: str, redis_url: str, unique: str, tmp_path: Path, prometheus_folder: Path,
+        kafka_bootstrap: str, redis_db_url: str, unique: str, tmp_path: Path, prometheus_folder: Path,
         judge: JudgeServer, receivers: dict[str, ScriptedServer]) -> None:
-    async with catalog_db(redis_url, 5, catalog(receivers)) as url:
+    async with catalog_db(redis_db_url, catalog(receivers)) as url:
         env = worker_env(kafka_bootstrap, url, f"prom-{unique}", judge_base_url=judge.base_url,
                          egress_allow="127.0.0.0/8", webhook_retry_schedule="200ms,200ms",
                          webhook_breaker_failures=2, webhook_breaker_open_s=600,

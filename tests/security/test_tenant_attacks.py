@@ -9,7 +9,6 @@ the worker alive, exiting 0 on SIGTERM; every victim trace and session rated wit
 
 from __future__ import annotations
 
-import asyncio
 import json
 import os
 import subprocess
@@ -178,12 +177,12 @@ class HealthProbe:
         self._thread.join()
 
 
-async def test_a_hostile_tenant_reads_nothing_and_stops_nothing(kafka_bootstrap: str, redis_url: str,
+async def test_a_hostile_tenant_reads_nothing_and_stops_nothing(kafka_bootstrap: str, redis_db_url: str,
                                                                unique: str, tmp_path: Path) -> None:
     with ScriptedServer() as receiver, ScriptedServer() as eavesdropper:
         # The victim's channel URL carries credentials: the sender uses them, no topic shows them.
         with_credentials = receiver.url.replace("http://", "http://hook-user:CANARY-pw@") + "/hook?token=CANARY-tok"
-        async with catalog_db(redis_url, 14, catalog(with_credentials, eavesdropper.url + "/steal")) as url:
+        async with catalog_db(redis_db_url, catalog(with_credentials, eavesdropper.url + "/steal")) as url:
             env = worker_env(kafka_bootstrap, url, f"sec-{unique}", judge_api_key=JUDGE_KEY,
                              egress_allow="127.0.0.0/8", max_trace_bytes=2 * 1024 * 1024,
                              session_sweep_interval_s=0.5, member_deadline_s=20, claim_lease_s=60)
@@ -257,9 +256,8 @@ async def test_a_hostile_tenant_reads_nothing_and_stops_nothing(kafka_bootstrap:
             assert all(r.path == "/hook?token=CANARY-tok" and r.headers.get("authorization") for r in receiver.requests)
 
 
-def test_grading_a_run_with_hostile_scorers_leaks_nothing(redis_url: str, tmp_path: Path) -> None:
-    url = redis_url.rsplit("/", 1)[0] + "/15"
-    env = {**os.environ, "SGW_REDIS_URL": url, "SGW_JUDGE_API_KEY": JUDGE_KEY, "APP_DATABASE_PASSWORD": DB_PASSWORD,
+def test_grading_a_run_with_hostile_scorers_leaks_nothing(redis_db_url: str, tmp_path: Path) -> None:
+    env = {**os.environ, "SGW_REDIS_URL": redis_db_url, "SGW_JUDGE_API_KEY": JUDGE_KEY, "APP_DATABASE_PASSWORD": DB_PASSWORD,
            "PYTHONPATH": str(ROOT)}
 
     def cli(*args: str) -> subprocess.CompletedProcess[str]:
@@ -269,15 +267,11 @@ def test_grading_a_run_with_hostile_scorers_leaks_nothing(redis_url: str, tmp_pa
     (tmp_path / "catalog.json").write_text(json.dumps(catalog("http://127.0.0.1:9/hook")))
     rows = tmp_path / "rows.jsonl"
     rows.write_text("\n".join(json.dumps({"input": "hi", "output": f"answer {i}"}) for i in range(3)) + "\n")
-    asyncio.run(_flush(url))  # a database shared with other tests, one at a time
-    try:
-        applied = cli("catalog", "apply", str(tmp_path / "catalog.json"))
-        assert applied.returncode == 0, applied.stderr
-        graded = cli("grade", "--group", "evil", "--input", str(rows))
-        shown = cli("catalog", "get", "channels", "agent-good")
-        settings = cli("settings")
-    finally:
-        asyncio.run(_flush(url))
+    applied = cli("catalog", "apply", str(tmp_path / "catalog.json"))
+    assert applied.returncode == 0, applied.stderr
+    graded = cli("grade", "--group", "evil", "--input", str(rows))
+    shown = cli("catalog", "get", "channels", "agent-good")
+    settings = cli("settings")
     assert graded.returncode == 0, graded.stderr
     lines = [json.loads(line) for line in graded.stdout.splitlines() if line.startswith("{")]
     assert len(lines) == 3
@@ -288,10 +282,3 @@ def test_grading_a_run_with_hostile_scorers_leaks_nothing(redis_url: str, tmp_pa
     for output in (graded, shown, settings):
         assert not [c for c in CANARIES if c in output.stdout or c in output.stderr], output.args
 
-
-async def _flush(url: str) -> None:
-    from redis.asyncio import Redis
-
-    redis = Redis.from_url(url)
-    await redis.flushdb()
-    await redis.aclose()

@@ -1,0 +1,59 @@
+"""Databases of the shared Redis server, handed to tests one holder at a time.
+
+A test that writes global keys - the catalog, API keys, a worker's state - gets a database no
+other test holds, emptied when it is handed out and when it is given back, so what one test
+leaves behind is never seen by another, whatever order they run in. Database 0 is handed to
+no one: tests there share it and keep apart by naming their keys uniquely (``unique``).
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator
+
+from redis import Redis
+from redis.exceptions import ResponseError
+
+DEFAULT_DATABASES = 16  # Redis's own default, when the server will not say (CONFIG refused)
+
+
+class RedisDatabases:
+    def __init__(self, server_url: str) -> None:
+        self._base = server_url.rsplit("/", 1)[0]
+        self._count = _databases(server_url)
+        self._held: set[int] = set()
+        self._next = 1
+
+    @contextlib.contextmanager
+    def lease(self) -> Iterator[str]:
+        """The URL of a database of the caller's own, empty, for the duration of the block."""
+        db = self._take()
+        url = f"{self._base}/{db}"
+        _empty(url)
+        try:
+            yield url
+        finally:
+            _empty(url)
+            self._held.discard(db)
+
+    def _take(self) -> int:
+        # In turn, not lowest first: a database goes back into use as late as possible.
+        for _ in range(self._count - 1):
+            db, self._next = self._next, self._next % (self._count - 1) + 1
+            if db not in self._held:
+                self._held.add(db)
+                return db
+        raise RuntimeError(f"every one of the {self._count - 1} test databases is held")
+
+
+def _databases(server_url: str) -> int:
+    with contextlib.closing(Redis.from_url(server_url, socket_timeout=5)) as client:
+        try:
+            return int(client.config_get("databases")["databases"])
+        except (ResponseError, KeyError):
+            return DEFAULT_DATABASES
+
+
+def _empty(url: str) -> None:
+    with contextlib.closing(Redis.from_url(url, socket_timeout=5)) as client:
+        client.flushdb()
