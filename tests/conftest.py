@@ -18,6 +18,7 @@ import pytest
 from redis.asyncio import Redis
 
 from deploy.services import LocalKafka, LocalRedis
+from tests.e2e.harness import end_leftover_workers
 from tests.redis_databases import RedisDatabases
 from tests.redis_guard import refuse_foreign_keys
 
@@ -96,6 +97,13 @@ async def redis(redis_url: str) -> AsyncIterator[Redis]:
         yield client
     finally:
         await client.aclose()
+
+
+@pytest.fixture(autouse=True)
+def no_worker_outlives_its_test() -> Iterator[None]:
+    """A worker process left running by a failed test is killed when the test ends."""
+    yield
+    end_leftover_workers()
 
 
 @pytest.fixture

@@ -25,6 +25,23 @@ from scoring.groups import MonitorClient
 ROOT = Path(__file__).resolve().parents[2]
 
 
+# Every worker a test starts, until it ends: see ``end_leftover_workers``.
+_started: list[WorkerProcess] = []
+
+
+def end_leftover_workers() -> list[str]:
+    """Kill the workers the test started and did not stop - it failed first, or stopping one of
+    several failed - so that none outlives its test, still reading and writing what later tests
+    use. Returns their names."""
+    left = [w for w in _started if w.proc is not None and w.proc.poll() is None]
+    for worker in left:
+        assert worker.proc is not None
+        worker.proc.kill()
+        worker.proc.wait()
+    _started.clear()
+    return [w.name for w in left]
+
+
 @dataclass
 class WorkerProcess:
     env: dict[str, str]
@@ -39,6 +56,7 @@ class WorkerProcess:
                "SGW_LOG_FORMAT": "json", "PYTHONPATH": str(ROOT)}
         self.proc = subprocess.Popen([sys.executable, "-m", "worker.cli", "run"], env=env, cwd=ROOT,
                                      stdout=open(self.log_path, "wb"), stderr=subprocess.STDOUT)
+        _started.append(self)
         return self
 
     @property
