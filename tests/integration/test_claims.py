@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+from datetime import UTC, datetime
 
 import pytest
 from redis.asyncio import Redis
@@ -165,3 +166,15 @@ async def test_confirm_holds_only_this_workers_own_lease_and_renews_it(redis: Re
     assert (await theirs.claim_many([kept], now=NOW))[0].state == "busy", "confirming renewed the lease"
     assert await mine.confirm([lapsed, kept]) == [True, True]
     assert await theirs.stored(done) == "done:rating-theirs", "a confirm never touches another's pair"
+
+
+async def test_a_tenants_extreme_timestamps_keep_its_claims_in_its_own_project(redis: Redis, unique: str) -> None:
+    # A trace's timestamp is the tenant's to set: the far past or future only picks the day its
+    # claim is kept under, inside its own project's keys, with the usual TTL.
+    claims = Claims(redis)
+    days = [day_of(datetime(1, 1, 1, tzinfo=UTC).timestamp()), day_of(datetime(9999, 12, 31, tzinfo=UTC).timestamp())]
+    batch = [req(unique, "t-extreme", 0, day=d) for d in days]
+    assert [c.state for c in await claims.claim_many(batch, now=NOW)] == ["claimed", "claimed"]
+    for r in batch:
+        assert f"{{p-{unique}}}" in r.hash_key, "under the project's own hash tag"
+        assert 0 < await redis.ttl(r.hash_key), "kept with a TTL like any other day"
