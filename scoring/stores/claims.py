@@ -116,16 +116,46 @@ end
 return out
 """
 
+# Both scripts below read and write per hash, as the claim does: one HMGET (in chunks: Lua's
+# stack is finite) and one HSET or HDEL per hash touched, whatever the number of pairs.
+_OWN_LEASES = """
+local function own_leases(first, suffix)
+  local by_hash = {}
+  for i = first, #ARGV, 2 do
+    local h = tonumber(ARGV[i])
+    by_hash[h] = by_hash[h] or {}
+    table.insert(by_hash[h], ARGV[i + 1])
+  end
+  local mine = {}
+  for h, fields in pairs(by_hash) do
+    for from = 1, #fields, 4000 do
+      local chunk = {}
+      for k = from, math.min(from + 3999, #fields) do table.insert(chunk, fields[k]) end
+      local values = redis.call('HMGET', KEYS[h], unpack(chunk))
+      for k, field in ipairs(chunk) do
+        local current = values[k]
+        if current and string.sub(current, 1, 6) == 'lease:'
+            and string.sub(current, -string.len(suffix)) == suffix then
+          mine[h .. ' ' .. field] = true
+        end
+      end
+    end
+  end
+  return by_hash, mine
+end
+"""
+
 # KEYS: claim hashes. ARGV: owner, then per pair: hash index, field. Deletes this owner's leases.
-_RELEASE = """
-local suffix = ':' .. ARGV[1]
+_RELEASE = _OWN_LEASES + """
+local by_hash, mine = own_leases(2, ':' .. ARGV[1])
 local released = 0
-for i = 1, (#ARGV - 1) / 2 do
-  local key, field = KEYS[tonumber(ARGV[2 * i])], ARGV[2 * i + 1]
-  local current = redis.call('HGET', key, field)
-  if current and string.sub(current, 1, 6) == 'lease:'
-      and string.sub(current, -string.len(suffix)) == suffix then
-    released = released + redis.call('HDEL', key, field)
+for h, fields in pairs(by_hash) do
+  local gone = {}
+  for _, field in ipairs(fields) do
+    if mine[h .. ' ' .. field] then table.insert(gone, field) end
+  end
+  for from = 1, #gone, 4000 do
+    released = released + redis.call('HDEL', KEYS[h], unpack(gone, from, math.min(from + 3999, #gone)))
   end
 end
 return released
@@ -135,21 +165,27 @@ return released
 # KEYS: claim hashes. ARGV: owner, lease ms, then per pair: hash index, field. Per pair 1 when
 # this owner still holds its lease (renewed from now, even if it had run out while no one took
 # the pair), 0 when the pair is done or another worker's.
-_CONFIRM = """
+_CONFIRM = _OWN_LEASES + """
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
-local suffix = ':' .. ARGV[1]
-local renewed = 'lease:' .. (now + tonumber(ARGV[2])) .. suffix
+local renewed = 'lease:' .. (now + tonumber(ARGV[2])) .. ':' .. ARGV[1]
+local by_hash, mine = own_leases(3, ':' .. ARGV[1])
+local writes = {}
 local out = {}
-for i = 1, (#ARGV - 2) / 2 do
-  local key, field = KEYS[tonumber(ARGV[1 + 2 * i])], ARGV[2 + 2 * i]
-  local current = redis.call('HGET', key, field)
-  if current and string.sub(current, 1, 6) == 'lease:'
-      and string.sub(current, -string.len(suffix)) == suffix then
-    redis.call('HSET', key, field, renewed)
+for i = 3, #ARGV, 2 do
+  local h, field = tonumber(ARGV[i]), ARGV[i + 1]
+  if mine[h .. ' ' .. field] then
+    writes[h] = writes[h] or {}
+    table.insert(writes[h], field)
+    table.insert(writes[h], renewed)
     table.insert(out, 1)
   else
     table.insert(out, 0)
+  end
+end
+for h, flat in pairs(writes) do
+  for from = 1, #flat, 4000 do
+    redis.call('HSET', KEYS[h], unpack(flat, from, math.min(from + 3999, #flat)))
   end
 end
 return out
