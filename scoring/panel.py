@@ -258,6 +258,14 @@ class Panel:
             return value, None, None, scorer.invert
         if self._external is None:
             raise MemberError("external scorers are not enabled in this process")
-        async with asyncio.timeout(scorer.timeout_ms / 1000 + DEADLINE_SLACK_S):
-            value = await self._external.score(scorer, subject)
+        # The scorer's own timeout bounds the whole call (a body trickling in never ends a read):
+        # when it fires, the reason names it, not the member deadline (which ``_member`` names).
+        own_timeout = asyncio.timeout(scorer.timeout_ms / 1000 + DEADLINE_SLACK_S)
+        try:
+            async with own_timeout:
+                value = await self._external.score(scorer, subject)
+        except TimeoutError:
+            if not own_timeout.expired():
+                raise
+            raise MemberError(f"external scorer timed out after {scorer.timeout_ms} ms") from None
         return value, None, None, scorer.invert

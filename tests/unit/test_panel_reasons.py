@@ -119,6 +119,22 @@ async def test_an_external_answer_trickling_in_past_its_timeout_does_not_count(e
     assert result.rating == 10.0, "the disclaimer alone counted"
 
 
+async def test_an_external_scorer_cut_at_its_own_timeout_names_that_timeout(external: ExternalClient) -> None:
+    # A slow scorer (its body trickles in over 6 s, each read quick) with a 300 ms timeout of its
+    # own: that timeout fires, long before the panel's 60 s member deadline, and is the one named.
+    slow_body = b" " * 60 + b'{"score": 0.9}'
+    with ScriptedServer(default=Reply(body=slow_body, trickle_s=6)) as server:
+        slow = CustomEvaluator(id="slow", name="Slow", type="external", url=server.url, timeout_ms=300)
+        seen: Observed = []
+        panel = Panel(external=external, member_deadline_s=60, observe=lambda *call: seen.append(call))
+        result = await panel.score(group(("custom", "slow", 1, True)), subject("x"),
+                                   with_customs(catalog(server.url), slow))
+    assert result.rating is None
+    assert result.blend.reason == \
+        'No score: must-pass member "Slow" could not score (external scorer timed out after 300 ms)'
+    assert [call[:3] for call in seen] == [("custom", "failed", "external scorer timed out after 300 ms")]
+
+
 @pytest.mark.parametrize("way", ["one by one", "in bulk"])
 async def test_a_process_without_a_client_for_a_member_kind_says_so(way: str) -> None:
     panel = Panel()  # no judge endpoint, no sandbox, no external client
