@@ -36,6 +36,7 @@ from scoring.stores.sessions import SessionStore
 from worker import metrics
 from worker.otlp import run_otlp_intake
 from worker.settings import Settings
+from worker.shutdown import WATCHDOG_GRACE_S, ShutdownWatchdog, close_all
 from worker.webhooks import webhook_sender
 
 log = structlog.get_logger(__name__)
@@ -93,6 +94,8 @@ class Worker:
         self.sandbox: SandboxPool | None = None
         self.webhooks_failed: BaseException | None = None
         self.otlp_failed: BaseException | None = None
+        # Drain, then background loops, each within the shutdown timeout; then the clients.
+        self.watchdog = ShutdownWatchdog(2 * settings.shutdown_timeout_s + WATCHDOG_GRACE_S)
 
     def readiness(self) -> tuple[bool, str]:
         c = self.consumer
@@ -201,13 +204,18 @@ class Worker:
             if hooks.failed is not None or self.otlp_failed is not None:
                 exit_code = 1
             self.stop.set()  # the sweeper and the sender stop with the loop, whatever ended it
+            self.watchdog.arm()
             await traces.drain(s.shutdown_timeout_s)
             await asyncio.wait(background, timeout=s.shutdown_timeout_s)
         finally:
             for sig in (signal.SIGTERM, signal.SIGINT):
                 loop.remove_signal_handler(sig)
-            await _close_quietly(consumer.stop(), hooks_consumer.stop(), producer.stop(), sandbox.close(),
-                                 judges.close(), external.close(), watcher.stop(), ops.stop(), redis.aclose())
+            await close_all([("traces consumer", consumer.stop()), ("webhooks consumer", hooks_consumer.stop()),
+                             ("producer", producer.stop()), ("sandbox", sandbox.close()),
+                             ("judges", judges.close()), ("external scorers", external.close()),
+                             ("catalog watcher", watcher.stop()), ("metrics server", ops.stop()),
+                             ("redis", redis.aclose())])
+            self.watchdog.disarm()
         log.info("worker stopped", exit_code=exit_code)
         return exit_code
 
@@ -225,11 +233,5 @@ class Worker:
     def _request_stop(self, sig: signal.Signals | None) -> None:
         log.info("stop requested; finishing in-flight traces", signal=sig.name if sig else "sender failure")
         self.stop.set()
+        self.watchdog.arm()
 
-
-async def _close_quietly(*closers: object) -> None:
-    for closer in closers:
-        try:
-            await closer  # type: ignore[misc]
-        except Exception:
-            log.warning("error while closing", exc_info=True)

@@ -1,0 +1,81 @@
+"""A shutdown that always ends.
+
+The worker stops in steps, each with a deadline: the loop drains in-flight traces
+(``SGW_SHUTDOWN_TIMEOUT_S``), background loops get as long, then every client is closed, each
+given ``CLOSE_TIMEOUT_S`` - a client stuck closing (a consumer leaving its group mid-rebalance,
+a broker gone) is left behind with a warning instead of holding the others.
+
+A watchdog armed when the stop is requested backs the steps up: if the whole sequence has not
+ended by its deadline, it logs where every task is waiting and ends the process with exit code 1.
+Nothing is lost by that: offsets are committed only for finished work, so what was in flight is
+redelivered, and its leases expire. An orchestrator would kill the pod anyway; exiting first
+leaves a record of what hung.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import sys
+from collections.abc import Awaitable, Callable
+from types import CoroutineType, GeneratorType
+from typing import Any
+
+import structlog
+
+log = structlog.get_logger(__name__)
+
+CLOSE_TIMEOUT_S = 10.0  # per client: closing sends at most a request or two (leave group, flush)
+WATCHDOG_GRACE_S = 60.0  # beyond the drain's deadlines: every client's close, and then some
+
+
+async def close_all(closers: list[tuple[str, Awaitable[Any]]], timeout_s: float = CLOSE_TIMEOUT_S) -> None:
+    """Close every client in turn, each within ``timeout_s``; a failure or a hang is logged and
+    the next one is closed all the same."""
+    for name, closer in closers:
+        try:
+            await asyncio.wait_for(closer, timeout_s)
+        except TimeoutError:
+            log.warning("a client did not close in time; left behind", client=name, timeout_s=timeout_s)
+        except Exception:
+            log.warning("error while closing", client=name, exc_info=True)
+
+
+class ShutdownWatchdog:
+    """Ends the process if a shutdown has not finished ``deadline_s`` after it was requested."""
+
+    def __init__(self, deadline_s: float, exit: Callable[[int], object] = os._exit) -> None:
+        self.deadline_s = deadline_s
+        self._exit = exit
+        self._timer: asyncio.TimerHandle | None = None
+
+    def arm(self) -> None:
+        """Start the countdown (again calls do not restart it: the first request counts)."""
+        if self._timer is None:
+            self._timer = asyncio.get_running_loop().call_later(self.deadline_s, self._overdue)
+
+    def disarm(self) -> None:
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
+
+    def _overdue(self) -> None:
+        log.error("shutdown overdue: exiting without finishing it", deadline_s=self.deadline_s,
+                  waiting=[where_waiting(task) for task in asyncio.all_tasks()])
+        sys.stdout.flush()
+        sys.stderr.flush()
+        self._exit(1)
+
+
+def where_waiting(task: asyncio.Task[Any]) -> str:
+    """``<task name>: outer -> ... -> innermost (file:line)``: the chain of awaits a task is
+    suspended in, innermost last - what a stack dump of a coroutine would not show."""
+    chain: list[str] = []
+    awaited: Any = task.get_coro()
+    while isinstance(awaited, CoroutineType | GeneratorType):
+        frame = awaited.cr_frame if isinstance(awaited, CoroutineType) else awaited.gi_frame
+        if frame is None:
+            break
+        chain.append(f"{frame.f_code.co_qualname} ({os.path.basename(frame.f_code.co_filename)}:{frame.f_lineno})")
+        awaited = awaited.cr_await if isinstance(awaited, CoroutineType) else awaited.gi_yieldfrom
+    return f"{task.get_name()}: {' -> '.join(chain) or repr(awaited)}"
