@@ -105,8 +105,9 @@ class SessionSweeper:
             for session in sessions:
                 if len(session.turns) < MIN_TURNS:
                     continue
-                try:
+                try:  # everything read from the turns: whatever a tenant sent costs its session only
                     subject = session_subject(session.turns)
+                    day = day_of(min(t.timestamp for t in session.turns).timestamp())
                 except Exception as exc:  # a turn no member can read: drop the session, not the sweep
                     log.warning("session cannot be assembled; dropped from the sweep", project=project,
                                 session=session.session_id, error=repr(exc)[:300])
@@ -125,7 +126,7 @@ class SessionSweeper:
                         judge_calls=planned_judge_calls(group, snapshot, subject),
                         budget_limit=budget.judge_calls_per_window if budget else None,
                         budget_window_s=budget.window_seconds if budget else 3600,
-                        day=day_of(min(t.timestamp for t in session.turns).timestamp()))))
+                        day=day)))
             unsettled: set[str] = set()
             # Claim only as much as is scored at once: a lease must not wait behind a long queue.
             for chunk in range(0, len(due), self._concurrency):

@@ -16,8 +16,10 @@ from structlog.testing import capture_logs
 from consumers.events import NoEvents
 from consumers.sessions import PAGE
 from deploy.judge_server import JudgeServer
+from scoring.egress import EgressPolicy
+from scoring.members.external import ExternalClient
 from scoring.members.judge import JudgeClient
-from scoring.models import Budget, Judge, ScorerGroup
+from scoring.models import Budget, CustomEvaluator, Judge, ScorerGroup
 from scoring.panel import Panel
 from scoring.sampling import keep
 from scoring.stores import keys
@@ -25,6 +27,7 @@ from scoring.stores.claims import Claims
 from scoring.stores.ratings import RatingsStore
 from scoring.stores.sessions import QuietSession, SessionStore
 from scoring.subjects import Trace
+from tests.http_fakes import Reply, ScriptedServer
 from tests.session_sweeps import Sweep, project_sweep, session_group, turn
 
 pytestmark = pytest.mark.integration
@@ -51,10 +54,17 @@ class Recorded(NoEvents):
 
 
 def broken_turns(project: str, session: str) -> list[Trace]:
-    """Two turns that read, but not as one conversation: their times cannot be ordered (one
-    carries a time zone, the other does not)."""
-    return [turn(project, session, 1, timestamp="2026-12-02T13:00:01Z"),
-            turn(project, session, 2, timestamp="2026-12-02T13:00:02")]
+    """Two turns that read, but not as one conversation: the second asks with a number past 64
+    bits, which the transcript cannot write out."""
+    asks_too_big = Trace.model_validate({**turn(project, session, 2).model_dump(by_alias=True),
+                                         "spans": [{"spanId": "r", "input": {"n": 2 ** 70}, "output": "fine"}]})
+    return [turn(project, session, 1), asks_too_big]
+
+
+def said(project: str, session: str, n: int, timestamp: str, words: str) -> Trace:
+    return Trace.model_validate({"traceId": f"{session}-{n}", "projectId": project, "agentId": "a",
+                                 "sessionId": session, "timestamp": timestamp,
+                                 "spans": [{"spanId": "r", "input": words, "output": "fine"}]})
 
 
 async def test_one_turn_sessions_broken_sessions_and_groups_not_yet_due_never_stop_the_rest(sweep: Sweep) -> None:
@@ -71,9 +81,35 @@ async def test_one_turn_sessions_broken_sessions_and_groups_not_yet_due_never_st
     assert await sweep.ratings(1) == [("b-fast", "s-fine", 2)]
     (dropped,) = [e for e in logs if e["event"] == "session cannot be assembled; dropped from the sweep"]
     assert (dropped["project"], dropped["session"], dropped["log_level"]) == (sweep.project, "s-broken", "warning")
-    assert "offset-naive and offset-aware" in dropped["error"], "the log says why"
+    assert "Integer exceeds 64-bit range" in dropped["error"], "the log says why"
     assert await sweep.index() == {"s-one", "s-fine"}, \
         "the broken session leaves the index (until it grows); the others wait for the 60 s group"
+
+
+async def test_a_session_mixing_turn_times_with_and_without_a_zone_is_judged_once_idle(sweep: Sweep) -> None:
+    # A time without a zone is read as UTC: the naive turn at 13:00:02 comes after the one at
+    # 14:00:01+02:00 (12:00:01 UTC), and the conversation is judged in that order.
+    p, session = sweep.project, "s-mixed"
+    with ScriptedServer(default=Reply(body={"score": 1.0})) as server:
+        scorer = CustomEvaluator(id="ext", name="Ext", type="external", url=server.url, timeout_ms=5000)
+        catalog = sweep.catalog(session_group(p, idle=10, members=[
+            {"kind": "custom", "refId": "ext", "weight": 1, "gate": False}]), customs={"ext": scorer})
+        external = ExternalClient(EgressPolicy.parse(["127.0.0.0/8"]))
+        t0 = time.time()
+        await sweep.store.record([said(p, session, 1, "2026-12-02T13:00:02", "asked second"),
+                                  said(p, session, 2, "2026-12-02T14:00:01+02:00", "asked first")], now=t0)
+        try:
+            sweeper = sweep.sweeper(catalog, panel=Panel(external=external))
+            assert await sweeper.sweep_once(now=t0 + 5) == 0, "not idle yet"
+            with capture_logs() as logs:
+                assert await sweeper.sweep_once(now=t0 + 10) == 1
+        finally:
+            await external.close()
+    assert [e for e in logs if e["log_level"] in ("warning", "error")] == []
+    assert await sweep.ratings(1) == [("conv", session, 2)]
+    (request,) = server.requests
+    assert request.json()["input"] == "asked first\n\nasked second"
+    assert await sweep.index() == set(), "judged: it leaves the index"
 
 
 async def test_a_backlog_of_more_than_two_pages_is_judged_whole_in_one_sweep(sweep: Sweep) -> None:
