@@ -13,16 +13,26 @@ scorer's ``spans`` are the last (anchor) trace's only.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from datetime import datetime
-from typing import Any, Literal
+from datetime import UTC, datetime
+from typing import Annotated, Any, Literal
 
 import orjson
-from pydantic import BaseModel, ConfigDict, Field, TypeAdapter
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, TypeAdapter
 from pydantic.alias_generators import to_camel
 
 SubjectScope = Literal["trace", "session"]
 
 TURN_SEPARATOR = "\n\n"
+
+
+def _utc_if_naive(value: datetime) -> datetime:
+    # A time without a zone is read as UTC (as OTLP's are): times from different SDKs must
+    # compare - a session's turns are ordered by them - and ``.timestamp()`` must not depend on
+    # the host's zone.
+    return value.replace(tzinfo=UTC) if value.tzinfo is None else value
+
+
+TraceTime = Annotated[datetime, AfterValidator(_utc_if_naive)]
 
 
 class _TraceModel(BaseModel):
@@ -39,8 +49,8 @@ class Span(_TraceModel):
     input: Any = None
     output: Any = None
     attributes: dict[str, Any] = Field(default_factory=dict)
-    start_time: datetime | None = None
-    end_time: datetime | None = None
+    start_time: TraceTime | None = None
+    end_time: TraceTime | None = None
 
 
 class Trace(_TraceModel):
@@ -50,7 +60,7 @@ class Trace(_TraceModel):
     project_id: str = Field(min_length=1, max_length=128)
     agent_id: str = Field(min_length=1, max_length=128)
     session_id: str | None = Field(None, max_length=256)
-    timestamp: datetime
+    timestamp: TraceTime
     spans: list[Span] = Field(min_length=1)
     expected: Any = None
     metadata: dict[str, Any] = Field(default_factory=dict)

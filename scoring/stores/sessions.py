@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass
-from datetime import UTC
 from typing import Any
 
 import structlog
@@ -42,21 +41,13 @@ return 1
 """
 
 
-def _in_utc(trace: Trace) -> Trace:
-    """A turn whose time has no zone, read as UTC (as OTLP times and ``--since`` times are), so
-    that the turns of a session order whichever way each SDK wrote its times."""
-    if trace.timestamp.tzinfo is not None:
-        return trace
-    return trace.model_copy(update={"timestamp": trace.timestamp.replace(tzinfo=UTC)})
-
-
 def _readable_turns(raw_turns: list[bytes]) -> list[Trace]:
-    """The stored turns that still read as traces (a time without a zone read as UTC); an
-    unreadable one is left out, not raised."""
+    """The stored turns that still read as traces (``Trace`` reads a time without a zone as
+    UTC); an unreadable one is left out, not raised."""
     turns = []
     for raw in raw_turns:
         try:
-            turns.append(_in_utc(Trace.model_validate_json(raw)))
+            turns.append(Trace.model_validate_json(raw))
         except ValueError:
             log.warning("a stored session turn is unreadable; left out", size=len(raw))
     return turns

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import time
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from scoring.subjects import Trace, session_subject, trace_subject
@@ -81,3 +83,25 @@ def test_root_is_the_span_without_a_parent_wherever_it_stands() -> None:
         "spans": [{"spanId": "c", "parentSpanId": "r", "output": "child"},
                   {"spanId": "r", "input": "question", "output": "answer"}]})
     assert trace_subject(t).output == "answer"
+
+
+def test_a_time_without_a_zone_is_read_as_utc_whatever_the_hosts_zone(monkeypatch: Any) -> None:
+    # The claim's day comes from trace.timestamp.timestamp(): a naive time would be read in the
+    # host's zone, so two workers in different zones would keep the same trace under two days.
+    monkeypatch.setenv("TZ", "Asia/Tokyo")
+    time.tzset()
+    try:
+        naive = trace(1, timestamp="2026-12-02T23:30:00")
+        aware = trace(2, timestamp="2026-12-02T23:30:00+02:00")
+        assert naive.timestamp.tzinfo is UTC
+        assert naive.timestamp.timestamp() == datetime(2026, 12, 2, 23, 30, tzinfo=UTC).timestamp()
+        assert aware.timestamp.utcoffset() == timedelta(hours=2), "a time with its zone keeps it"
+        span = trace(3, children=[{"startTime": "2026-12-02T23:30:00"}]).spans[1]
+        assert span.start_time is not None and span.start_time.tzinfo is UTC
+        # Turns of one session mixing both still order (by UTC): the aware one is 21:30 UTC, so
+        # the naive one is the last turn, the session's anchor.
+        assert session_subject([naive, aware]).trace_id == "t-1"
+    finally:
+        monkeypatch.delenv("TZ")
+        time.tzset()
+
