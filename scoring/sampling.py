@@ -19,13 +19,10 @@ def sample_point(subject_id: str, group_id: str) -> float:
     digest = hashlib.blake2b(
         subject_id.encode() + b"\x1f" + group_id.encode(), digest_size=8
     ).digest()
-    return (int.from_bytes(digest, "big") >> 11) / _TWO_TO_53
+    return (int.from_bytes(digest) >> 11) / _TWO_TO_53  # big-endian, the default
 
 
 def keep(subject_id: str, group_id: str, sample_rate: float) -> bool:
-    """Keep the subject for the group? Exact at 0 (never) and 1 (always)."""
-    if sample_rate >= 1:
-        return True
-    if sample_rate <= 0:
-        return False
+    """Keep the subject for the group? Exact at 0 (never) and 1 (always), as the point lies in
+    [0, 1)."""
     return sample_point(subject_id, group_id) < sample_rate

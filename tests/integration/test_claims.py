@@ -3,13 +3,13 @@
 from __future__ import annotations
 
 import asyncio
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 
 import pytest
 from redis.asyncio import Redis
 
 from deploy.services import LocalRedis
-from scoring.stores.claims import ClaimRequest, Claims, day_of
+from scoring.stores.claims import ClaimRequest, ClaimResult, Claims, day_of
 
 pytestmark = pytest.mark.integration
 
@@ -183,3 +183,45 @@ async def test_a_tenants_extreme_timestamps_keep_its_claims_in_its_own_project(r
     for r in batch:
         assert f"{{p-{unique}}}" in r.hash_key, "under the project's own hash tag"
         assert 0 < await redis.ttl(r.hash_key), "kept with a TTL like any other day"
+
+
+def test_a_subject_is_kept_under_its_own_utc_day_before_1970_too() -> None:
+    # The day is floored, not cut toward zero: the last second of 31 Dec 1969 is day -1.
+    for midnight in (datetime(1969, 12, 31, tzinfo=UTC), datetime(2026, 12, 1, tzinfo=UTC)):
+        first, last = midnight.timestamp(), (midnight + timedelta(days=1)).timestamp() - 1
+        assert day_of(first) == day_of(last) == day_of(last + 1) - 1, midnight
+    assert day_of(datetime(1969, 12, 31, 23, 59, 59, tzinfo=UTC).timestamp()) == -1
+
+
+async def test_claims_work_on_a_client_that_decodes_replies(redis_url: str, unique: str) -> None:
+    redis = Redis.from_url(redis_url, decode_responses=True)
+    try:
+        claims = Claims(redis)
+        r = req(unique, "t1", 1)
+        assert await claims.claim_many([r], now=NOW) == [ClaimResult(state="claimed", detail="")]
+        await claims.mark_done([(r, "rating-1")])
+        assert await claims.claim_many([r], now=NOW) == [ClaimResult(state="done", detail="done:rating-1")]
+        assert await claims.stored(r) == "done:rating-1"
+    finally:
+        await redis.aclose()
+
+
+async def test_a_batch_over_several_projects_is_never_one_transaction(own_redis: LocalRedis, unique: str) -> None:
+    """On Redis Cluster a batch's projects lie in several hash slots, which one MULTI cannot
+    span: claims, confirmations, releases and done marks are pipelined without MULTI/EXEC. On a
+    server of its own: no other client's transaction is counted."""
+    redis = Redis.from_url(own_redis.url)
+    try:
+        claims = Claims(redis)
+        other = ClaimRequest(project_id=f"q-{unique}", group_id="g", subject_key="trace:t1", judge_calls=1,
+                             budget_limit=10, budget_window_s=3600, day=day_of(NOW))
+        batch = [req(unique, "t1", 1), other]
+        assert [c.state for c in await claims.claim_many(batch, now=NOW)] == ["claimed", "claimed"]
+        assert await claims.confirm(batch) == [True, True]
+        await claims.release(batch[:1])
+        await claims.mark_done([(other, "rating-1")])
+        assert [await claims.stored(r) for r in batch] == ["", "done:rating-1"]
+        stats = await redis.info("commandstats")
+        assert "cmdstat_multi" not in stats and "cmdstat_exec" not in stats, sorted(stats)
+    finally:
+        await redis.aclose()

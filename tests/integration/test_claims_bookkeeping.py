@@ -58,3 +58,20 @@ async def test_a_lease_lasts_its_lease_time_and_a_budget_window_key_two_windows(
     assert budget_keys, "the window's counter exists"
     ttls = [await redis.ttl(k) for k in budget_keys]
     assert all(3_600 < ttl <= 7_200 for ttl in ttls), f"kept two windows, then gone: {ttls}"
+
+
+async def test_a_lease_expires_its_lease_time_after_the_servers_clock_at_the_claim(redis: Redis, unique: str) -> None:
+    # A lease of over a day: a wrong length would be off by far more than the round trips between
+    # the two readings of the server's clock that bracket the claim.
+    claims = Claims(redis, lease_s=100_000)
+    r = req(unique, "t-long-lease")
+
+    async def server_ms() -> int:
+        seconds, micros = await redis.time()
+        return seconds * 1000 + micros // 1000
+
+    before = await server_ms()
+    await claims.claim_many([r])
+    after = await server_ms()
+    expires_ms = int((await claims.stored(r)).split(":")[1])
+    assert before + 100_000_000 <= expires_ms <= after + 100_000_000
