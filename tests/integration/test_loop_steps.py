@@ -1,0 +1,949 @@
+"""The live loop's steps, each pinned on the real broker and Redis (``consumers/traces.py``).
+
+``TraceConsumer`` runs in-process, as in ``test_loop_guarantees.py``, with what the test
+controls: a panel whose members block until the test releases them or raise for a marked trace,
+an events recorder (the ``PipelineEvents`` protocol), a turns recorder, and claims whose polls
+the test can hold. Every wait is for a condition, with a deadline; no result depends on a sleep.
+
+The groups a test routes to: ``wait`` (a judge: scored pair by pair; no judge endpoint is
+configured, so its member answers an error and the rating has no score), ``bulk`` (a pattern:
+scored in bulk) and ``sess`` (session scope: only its turns are recorded here).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import inspect
+import os
+import re
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from typing import Any
+
+import orjson
+import pytest
+from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
+from aiokafka.admin import AIOKafkaAdminClient, NewTopic
+from aiokafka.errors import KafkaError
+from aiokafka.structs import ConsumerRecord
+from redis.asyncio import Redis
+from redis.exceptions import ConnectionError as RedisConnectionError
+from structlog.testing import capture_logs
+
+from consumers.outage import OutageGuard, OutageTooLong
+from consumers.outputs import TopicNames
+from consumers.traces import OutputError, TraceConsumer
+from scoring.models import Budget, Judge, Pattern, ScorerGroup
+from scoring.panel import GroupResult, Panel
+from scoring.sampling import keep
+from scoring.stores.catalog import CatalogSnapshot
+from scoring.stores.claims import ClaimRequest, ClaimResult, Claims, day_of
+from scoring.stores.ratings import RatingsStore
+from scoring.subjects import Subject, Trace
+
+pytestmark = pytest.mark.integration
+
+# Every wait below ends by this deadline; none is a sleep the result depends on. Mutation runs
+# may set it lower, so that a mutant which stalls the loop fails in seconds.
+WAIT_S = float(os.environ.get("SGW_TEST_WAIT_S", "15"))
+TIMESTAMP = "2026-12-02T13:00:00Z"
+DAY = day_of(datetime(2026, 12, 2, 13, tzinfo=UTC).timestamp())
+BLOCK = "[[block]]"  # an output carrying this makes its pairs wait for Controls.release()
+
+
+async def until(check: Callable[[], Any], what: str, timeout_s: float = WAIT_S) -> None:
+    deadline = time.monotonic() + timeout_s
+    while True:
+        ok = check()
+        if inspect.isawaitable(ok):
+            ok = await ok
+        if ok:
+            return
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out waiting for {what}")
+        await asyncio.sleep(0.02)
+
+
+# --- what the test controls ---------------------------------------------------------------------
+
+
+class Events:
+    """Records every PipelineEvents call, in order."""
+
+    def __init__(self) -> None:
+        self.seen: list[tuple[str, tuple[Any, ...]]] = []
+
+    def of(self, name: str) -> list[tuple[Any, ...]]:
+        return [args for n, args in self.seen if n == name]
+
+    def consumed(self, count: int) -> None: self.seen.append(("consumed", (count,)))
+    def dead_lettered(self, reason: str) -> None: self.seen.append(("dead_lettered", (reason,)))
+    def kept(self, project: str, group: str, count: int = 1) -> None:
+        self.seen.append(("kept", (project, group, count)))
+    def group_scored(self, project: str, group: str, scope: str, rating: float | None) -> None:
+        self.seen.append(("group_scored", (project, group, scope)))
+    def group_skipped(self, project: str, group: str, why: str) -> None:
+        self.seen.append(("group_skipped", (project, group, why)))
+    def signal_raised(self, project: str, group: str, severity: str) -> None:
+        self.seen.append(("signal_raised", (project, group, severity)))
+    def in_flight(self, count: int) -> None: self.seen.append(("in_flight", (count,)))
+    def committed(self, topic: str, partition: int, offset: int) -> None:
+        self.seen.append(("committed", (topic, partition, offset)))
+    def lag(self, topic: str, partition: int, lag: int) -> None: self.seen.append(("lag", (topic, partition, lag)))
+    def latency(self, seconds: float) -> None: self.seen.append(("latency", (seconds,)))
+
+
+class Turns:
+    """A TurnRecorder that keeps the trace ids it was given."""
+
+    def __init__(self) -> None:
+        self.recorded: list[list[str]] = []
+
+    async def record(self, traces: list[Trace], now: float | None = None) -> None:
+        self.recorded.append([t.trace_id for t in traces])
+
+
+class ControlledPanel(Panel):
+    """The real panel, with controls keyed on the subject's output:
+
+    - ``[[block]]``: the pair waits until ``release()`` (alone or in bulk);
+    - ``[[block:<group>]]``: only that group's pair waits;
+    - ``[[break:<group>]]``: scoring that group's pair raises ValueError (alone and in bulk);
+    - ``[[break-bulk]]``: scoring in bulk raises ValueError, scoring alone does not;
+    - ``[[outage:<group>]]``: scoring that group's pair raises Redis's ConnectionError.
+    """
+
+    def __init__(self) -> None:
+        super().__init__(member_deadline_s=10)
+        self.alone: list[tuple[str, str]] = []  # (group, trace) scored by score()
+        self.batches: list[list[tuple[str, str]]] = []  # one list per score_many()
+        self.entered: list[tuple[str, str]] = []  # pairs now waiting for release()
+        self.released = asyncio.Event()
+
+    def release(self) -> None:
+        self.released.set()
+
+    async def _control(self, group: ScorerGroup, subject: Subject, bulk: bool) -> None:
+        out = subject.output
+        if f"[[break:{group.id}]]" in out or (bulk and "[[break-bulk]]" in out):
+            raise ValueError(f"scoring broke on {subject.trace_id}")
+        if f"[[outage:{group.id}]]" in out:
+            raise RedisConnectionError("redis went away while scoring")
+        if BLOCK in out or f"[[block:{group.id}]]" in out:
+            self.entered.append((group.id, str(subject.trace_id)))
+            await self.released.wait()
+
+    async def score(self, group: ScorerGroup, subject: Subject, scorers: Any) -> GroupResult:
+        self.alone.append((group.id, str(subject.trace_id)))
+        await self._control(group, subject, bulk=False)
+        return await super().score(group, subject, scorers)
+
+    async def score_many(self, items: list[tuple[ScorerGroup, Subject]], scorers: Any) -> list[GroupResult]:
+        self.batches.append([(g.id, str(s.trace_id)) for g, s in items])
+        await asyncio.gather(*(self._control(g, s, bulk=True) for g, s in items))
+        return await super().score_many(items, scorers)
+
+    def scored(self, trace_id: str) -> int:
+        """How many times any group scored the trace, alone or in bulk."""
+        return (sum(1 for _, t in self.alone if t == trace_id)
+                + sum(1 for batch in self.batches for _, t in batch if t == trace_id))
+
+
+class HeldClaims(Claims):
+    """The real claims in Redis; counts ``claim_many`` calls per subject and can hold them."""
+
+    def __init__(self, redis: Redis) -> None:
+        super().__init__(redis, lease_s=90)
+        self.calls: list[list[str]] = []
+        self.open = asyncio.Event()
+        self.open.set()
+
+    async def claim_many(self, requests: list[ClaimRequest], now: float | None = None) -> list[ClaimResult]:
+        await self.open.wait()
+        self.calls.append([r.subject_key for r in requests])
+        return await super().claim_many(requests, now)
+
+    def claims_of(self, trace_id: str) -> int:
+        return sum(call.count(f"trace:{trace_id}") for call in self.calls)
+
+
+class BrokenBudgets(CatalogSnapshot):
+    """A catalog whose budget lookup raises for projects ending in ``-broken``: routing breaks."""
+
+    def budget(self, project_id: str) -> Budget | None:
+        if project_id.endswith("-broken"):
+            raise RuntimeError("x" * 400)
+        return super().budget(project_id)
+
+
+def group(kind: str, project: str, sample_rate: float = 1.0) -> ScorerGroup:
+    member = {"wait": {"kind": "judge", "refId": "j"}, "bulk": {"kind": "pattern", "refId": "p"},
+              "sess": {"kind": "pattern", "refId": "p"}, "expect": {"kind": "judge", "refId": "jx"}}[kind]
+    return ScorerGroup.model_validate({
+        "id": kind, "name": kind.title(), "projectId": project,
+        "online": {"enabled": True, "sampleRate": sample_rate, "alertThreshold": None, "severity": "low",
+                   "scope": "session" if kind == "sess" else "trace"},
+        "members": [member | {"weight": 1, "gate": False}]})
+
+
+def catalog(live: dict[str, tuple[str, ...]], budgets: list[Budget] = (), sample_rate: float = 1.0,  # type: ignore[assignment]
+            kind: type[CatalogSnapshot] = CatalogSnapshot) -> CatalogSnapshot:
+    groups = {f"{project}/{g}": group(g, project, sample_rate) for project, gs in live.items() for g in gs}
+    return kind(version=1, groups=groups,
+                judges={"j": Judge(id="j", name="J", criteria="Is it right?"),
+                        "jx": Judge(id="jx", name="JX", criteria="Is it the expected answer?", requires_expected=True)},
+                patterns={"p": Pattern(id="p", name="P", polarity="failure", contains=["refund"])},
+                budgets={b.project_id: b for b in budgets})
+
+
+def trace(project: str, trace_id: str, output: str, session: str | None = None, expected: str | None = None) -> bytes:
+    doc: dict[str, Any] = {"traceId": trace_id, "projectId": project, "agentId": "a", "timestamp": TIMESTAMP,
+                           "spans": [{"spanId": "r", "input": "q", "output": output}]}
+    if session is not None:
+        doc["sessionId"] = session
+    if expected is not None:
+        doc["expected"] = expected
+    return orjson.dumps(doc)
+
+
+# --- one loop -----------------------------------------------------------------------------------
+
+
+@dataclass
+class Loop:
+    traces: TraceConsumer
+    consumer: AIOKafkaConsumer
+    producer: AIOKafkaProducer
+    redis: Redis
+    panel: ControlledPanel
+    claims: HeldClaims
+    events: Events
+    project: str
+    topics: TopicNames
+    tp: TopicPartition
+    bootstrap: str
+    group_id: str = ""
+    task: asyncio.Task[None] | None = None
+    stop: asyncio.Event | None = None
+
+    async def send(self, trace_id: str, output: str = "fine", *, session: str | None = None,
+                   project: str | None = None, partition: int = 0, expected: str | None = None) -> None:
+        await self.producer.send_and_wait(self.topics.traces, key=trace_id.encode(),
+                                          value=trace(project or self.project, trace_id, output, session, expected),
+                                          partition=partition)
+
+    async def send_raw(self, value: bytes | None, key: bytes | None) -> None:
+        await self.producer.send_and_wait(self.topics.traces, key=key, value=value, partition=0)
+
+    async def start(self) -> None:
+        """Join the group (records sent before are in its first fetch) and run the loop."""
+        await self.consumer.start()
+        self.stop = asyncio.Event()
+        self.task = asyncio.create_task(self.traces.run(self.stop))
+        await until(self._assigned, "the partition assignment")
+
+    def _assigned(self) -> bool:
+        if self.task is not None and self.task.done():
+            self.task.result()
+        return self.traces.assigned_once
+
+    async def halt(self) -> None:
+        """Stop the loop (not drained)."""
+        assert self.stop is not None and self.task is not None
+        self.stop.set()
+        await asyncio.wait_for(self.task, WAIT_S)
+
+    def request(self, group_id: str, trace_id: str, judge_calls: int = 0,
+                budget_limit: int | None = None) -> ClaimRequest:
+        return ClaimRequest(self.project, group_id, f"trace:{trace_id}", judge_calls, budget_limit, day=DAY)
+
+    async def state(self, group_id: str, trace_id: str) -> str:
+        return await Claims(self.redis).stored(self.request(group_id, trace_id))
+
+    async def committed(self, tp: TopicPartition | None = None) -> int | None:
+        return await self.consumer.committed(tp or self.tp)  # type: ignore[no-any-return]
+
+    async def committed_to(self, offset: int) -> None:
+        async def there() -> bool:
+            return await self.committed() == offset
+        await until(there, f"the commit to reach {offset}")
+
+    async def steps(self, n: int = 2) -> None:
+        """Wait until the loop has gone through ``n`` more turns."""
+        for _ in range(n):
+            before = self.traces.last_progress
+            await until(lambda b=before: self.traces.last_progress > b, "a turn of the loop")  # type: ignore[misc]
+
+    async def read(self, topic: str) -> list[ConsumerRecord]:
+        """Every record on partition 0 of ``topic``, read to its end."""
+        reader = AIOKafkaConsumer(bootstrap_servers=self.bootstrap, enable_auto_commit=False, group_id=None)
+        await reader.start()
+        try:
+            tp = TopicPartition(topic, 0)
+            reader.assign([tp])
+            await reader.seek_to_beginning(tp)
+            end = (await reader.end_offsets([tp]))[tp]
+            records: list[ConsumerRecord] = []
+            deadline = time.monotonic() + WAIT_S
+            while await reader.position(tp) < end and time.monotonic() < deadline:
+                for batch in (await reader.getmany(tp, timeout_ms=200)).values():
+                    records.extend(batch)
+            return records
+        finally:
+            await reader.stop()
+
+    async def ratings(self) -> list[tuple[str, str]]:
+        """(group, trace) of every rating published."""
+        values = [orjson.loads(r.value) for r in await self.read(self.topics.ratings)]
+        return sorted((v["groupId"], v["traceId"]) for v in values)
+
+    async def dead(self) -> list[tuple[bytes | None, dict[str, Any]]]:
+        return [(r.key, orjson.loads(r.value)) for r in await self.read(self.topics.dlq)]
+
+
+@pytest.fixture
+def logs() -> Iterator[list[dict[str, Any]]]:
+    """What the loop logs (structlog), as dicts: operators read these lines."""
+    with capture_logs() as captured:
+        yield captured
+
+
+def logged(logs: list[dict[str, Any]], event: str) -> list[dict[str, Any]]:
+    return [entry for entry in logs if entry["event"] == event]
+
+
+@pytest.fixture
+async def loops(kafka_bootstrap: str, redis: Redis, unique: str) -> AsyncIterator[Callable[..., Awaitable[Loop]]]:
+    made: list[Loop] = []
+
+    async def make(live: tuple[str, ...] = ("bulk",), *, snapshot: CatalogSnapshot | None = None,
+                   commit_interval_s: float = 0.05, partitions: int = 1,
+                   ratings_config: dict[str, str] | None = None, **kw: Any) -> Loop:
+        suffix = f"{unique}-{len(made)}"
+        topics = TopicNames(traces=f"ls-traces-{suffix}", ratings=f"ls-ratings-{suffix}",
+                            signals=f"ls-signals-{suffix}", webhooks=f"ls-webhooks-{suffix}", dlq=f"ls-dlq-{suffix}")
+        admin = AIOKafkaAdminClient(bootstrap_servers=kafka_bootstrap)
+        await admin.start()
+        try:
+            await admin.create_topics([
+                NewTopic(t, num_partitions=partitions if t == topics.traces else 1, replication_factor=1,
+                         topic_configs=(ratings_config or {}) if t == topics.ratings else {})
+                for t in (topics.traces, topics.ratings, topics.signals, topics.webhooks, topics.dlq)])
+        finally:
+            await admin.close()
+        producer = AIOKafkaProducer(bootstrap_servers=kafka_bootstrap, acks="all", enable_idempotence=True)
+        consumer = AIOKafkaConsumer(bootstrap_servers=kafka_bootstrap, group_id=f"ls-{suffix}",
+                                    enable_auto_commit=False, auto_offset_reset="earliest")
+        project = f"p-{unique}"
+        snap = snapshot or catalog({project: live})
+        panel = ControlledPanel()
+        claims = HeldClaims(redis)
+        events = Events()
+        traces = TraceConsumer(consumer=consumer, producer=producer, topics=topics, catalog=lambda: snap,
+                               panel=panel, claims=claims, ratings=RatingsStore(redis), events=events,
+                               commit_interval_s=commit_interval_s, **kw)
+        # Before the loop runs: not assigned yet, and the heartbeats (read by /readyz) are times.
+        assert traces.assigned_once is False and traces.fatal is None and traces.outage is None
+        assert isinstance(traces.last_progress, float) and isinstance(traces.last_commit_advance, float)
+        await producer.start()
+        consumer.subscribe([topics.traces], listener=traces.rebalance_listener())
+        loop = Loop(traces, consumer, producer, redis, panel, claims, events, project, topics,
+                    TopicPartition(topics.traces, 0), kafka_bootstrap, group_id=f"ls-{suffix}")
+        made.append(loop)
+        return loop
+
+    yield make
+    for loop in made:
+        loop.panel.release()
+        loop.claims.open.set()
+        if loop.stop is not None and loop.task is not None:
+            loop.stop.set()
+            await asyncio.gather(loop.task, return_exceptions=True)
+            await loop.traces.drain(2)
+        await loop.consumer.stop()
+        await loop.producer.stop()
+
+
+# --- decode and route ---------------------------------------------------------------------------
+
+
+async def test_malformed_and_unroutable_records_are_dead_lettered_with_their_reason_and_the_loop_commits_past_them(
+        loops: Callable[..., Awaitable[Loop]], unique: str, logs: list[dict[str, Any]]) -> None:
+    project = f"p-{unique}"
+    broken = f"{project}-broken"
+    loop = await loops(snapshot=catalog({project: ("bulk",), broken: ("bulk",)}, kind=BrokenBudgets))
+    await loop.send_raw(b"not json {", b"k-0")  # offset 0: does not decode
+    await loop.send("t-1")  # offset 1
+    await loop.send_raw(trace(broken, "t-2", "fine"), None)  # offset 2: its routing raises
+    await loop.send("t-3")  # offset 3
+    await loop.start()
+    await loop.committed_to(4)
+
+    dead = await loop.dead()
+    assert [(key, letter["reason"], letter["offset"]) for key, letter in dead] == [
+        (b"k-0", "not_json", 0), (None, "unprocessable", 2)]
+    routing = dead[1][1]
+    assert routing["error"] == "routing failed: RuntimeError: " + "x" * 300, "the reason, its message cut at 300"
+    assert routing["key"] is None and orjson.loads(routing["value"])["traceId"] == "t-2"
+    assert (routing["topic"], routing["partition"]) == (loop.topics.traces, 0)
+    assert await loop.ratings() == [("bulk", "t-1"), ("bulk", "t-3")], "the others are scored"
+    assert loop.events.of("dead_lettered") == [("not_json",), ("unprocessable",)]
+    assert sum(c for (c,) in loop.events.of("consumed")) == 4
+    assert sum(c for p, g, c in loop.events.of("kept") if (p, g) == (project, "bulk")) == 2
+    assert not [k for k in loop.events.of("kept") if k[0] == broken]
+    assert (loop.topics.traces, 0, 4) in loop.events.of("committed")
+    assert loop.traces.outage is None and loop.traces.fatal is None
+    where = {"topic": loop.topics.traces, "partition": 0}
+    assert logged(logs, "dead-lettered a record") == [
+        {"event": "dead-lettered a record", "log_level": "warning", "reason": "not_json",
+         "error": dead[0][1]["error"], "offset": 0} | where,
+        {"event": "dead-lettered a record", "log_level": "warning", "reason": "unprocessable",
+         "error": routing["error"][:300], "offset": 2} | where]
+    assert logged(logs, "a trace broke a step; dead-lettered") == [
+        {"event": "a trace broke a step; dead-lettered", "log_level": "warning", "step": "routing",
+         "error": repr(RuntimeError("x" * 400))[:300], "offset": 2} | where]
+
+
+async def test_a_record_over_max_trace_bytes_is_dead_lettered_as_too_large(
+        loops: Callable[..., Awaitable[Loop]]) -> None:
+    loop = await loops(max_trace_bytes=400)
+    await loop.send("t-0", "big " * 200)
+    await loop.send("t-1", "small")
+    await loop.start()
+    await loop.committed_to(2)
+    dead = await loop.dead()
+    assert [(letter["reason"], letter["offset"]) for _, letter in dead] == [("too_large", 0)]
+    assert await loop.ratings() == [("bulk", "t-1")]
+
+
+async def test_kept_traces_are_counted_per_project_and_group_once_per_batch(
+        loops: Callable[..., Awaitable[Loop]]) -> None:
+    loop = await loops(("bulk", "wait"))
+    for i in range(3):
+        await loop.send(f"t-{i}")
+    await loop.start()
+    await loop.committed_to(3)
+    kept = loop.events.of("kept")
+    assert sum(c for _, g, c in kept if g == "bulk") == 3 and sum(c for _, g, c in kept if g == "wait") == 3
+    assert {p for p, _, _ in kept} == {loop.project}
+    assert len(kept) < 6, "counted per batch, not reported once per pair"
+    assert await loop.ratings() == sorted([(g, f"t-{i}") for g in ("bulk", "wait") for i in range(3)])
+    latencies = [s for (s,) in loop.events.of("latency")]
+    assert len(latencies) == 3 and all(0 <= s < WAIT_S for s in latencies), "one latency per trace, with its last pair"
+    assert sorted(loop.panel.alone) == [("wait", f"t-{i}") for i in range(3)], "a judge's pairs are scored alone"
+    assert {g for batch in loop.panel.batches for g, _ in batch} == {"bulk"}, "a pattern's pairs in bulk"
+    assert await loop.claims.budget_used(loop.project, 3600) == 3, "without a budget, calls are counted by the hour"
+
+
+async def test_a_group_that_samples_nothing_claims_nothing_and_the_trace_is_finished(
+        loops: Callable[..., Awaitable[Loop]], unique: str) -> None:
+    project, other = f"p-{unique}", f"p-{unique}-all"
+    snapshot = CatalogSnapshot(version=1, groups={
+        "a": group("bulk", project, sample_rate=0.0), "b": group("wait", project, sample_rate=1.0),
+        "c": group("bulk", other, sample_rate=1.0)}, judges={"j": Judge(id="j", name="J", criteria="Right?")},
+        patterns={"p": Pattern(id="p", name="P", polarity="failure", contains=["refund"])})
+    loop = await loops(snapshot=snapshot)
+    await loop.send("t-0")  # bulk samples nothing; wait keeps all
+    await loop.send("t-1", project=f"p-{unique}-none")  # a project without live groups
+    await loop.send("t-2", project=other)
+    await loop.start()
+    await loop.committed_to(3)
+    assert await loop.state("bulk", "t-0") == "" and ("bulk", "t-0") not in loop.panel.alone
+    values = [orjson.loads(r.value) for r in await loop.read(loop.topics.ratings)]
+    assert sorted((v["projectId"], v["groupId"], v["traceId"]) for v in values) == [
+        (project, "wait", "t-0"), (other, "bulk", "t-2")]
+
+
+async def test_a_group_sampling_half_keeps_the_traces_its_stable_sample_picks(
+        loops: Callable[..., Awaitable[Loop]], unique: str) -> None:
+    loop = await loops(snapshot=catalog({f"p-{unique}": ("bulk",)}, sample_rate=0.5))
+    ids = [f"t-{i}" for i in range(12)]
+    picked = [t for t in ids if keep(t, "bulk", 0.5)]
+    assert 0 < len(picked) < len(ids)
+    for t in ids:
+        await loop.send(t)
+    await loop.start()
+    await loop.committed_to(len(ids))
+    assert await loop.ratings() == sorted(("bulk", t) for t in picked)
+
+
+async def test_a_judge_that_needs_an_expected_answer_the_trace_lacks_reserves_no_budget(
+        loops: Callable[..., Awaitable[Loop]], unique: str) -> None:
+    project = f"p-{unique}"
+    loop = await loops(snapshot=catalog({project: ("expect",)}, [Budget(project_id=project, judge_calls_per_window=0)]))
+    await loop.send("t-0")  # no expected answer: the judge will not be called, nothing to reserve
+    await loop.send("t-1", expected="42")  # its judge call would be over the budget
+    await loop.start()
+    await loop.committed_to(2)
+    assert await loop.ratings() == [("expect", "t-0")]
+    assert loop.events.of("group_skipped") == [(project, "expect", "budget")]
+
+
+async def test_a_fetch_takes_no_more_records_than_the_room_left(loops: Callable[..., Awaitable[Loop]]) -> None:
+    loop = await loops(("wait",), max_in_flight=2)
+    for i in range(3):
+        await loop.send(f"t-{i}", BLOCK)
+    await loop.start()  # the three are fetchable at once
+    await until(lambda: len(loop.panel.entered) == 2, "two traces in flight")
+    await until(lambda: loop.consumer.paused() == {loop.tp}, "the partition to be paused")
+    await loop.steps(3)
+    assert sorted(t for _, t in loop.panel.entered) == ["t-0", "t-1"] and await loop.state("wait", "t-2") == ""
+    assert loop.events.of("consumed")[0] == (2,)
+    loop.panel.release()
+    await loop.committed_to(3)
+
+
+async def test_a_fetch_takes_at_most_1000_records(loops: Callable[..., Awaitable[Loop]], unique: str) -> None:
+    loop = await loops(max_in_flight=5000)
+    value = trace(f"p-{unique}-none", "t", "fine")  # a project without groups: decoded, then finished
+    acks = [await loop.producer.send(loop.topics.traces, value=value, partition=0) for _ in range(1001)]
+    await asyncio.gather(*acks)
+    await loop.start()
+    await loop.committed_to(1001)
+    batches = [c for (c,) in loop.events.of("consumed")]
+    assert sum(batches) == 1001 and max(batches) <= 1000
+
+
+async def test_session_scope_groups_record_turns_and_do_not_score_a_single_trace(
+        loops: Callable[..., Awaitable[Loop]], unique: str) -> None:
+    project = f"p-{unique}"
+    plain = f"{project}-plain"  # a project without session groups
+    turns = Turns()
+    loop = await loops(snapshot=catalog({project: ("sess", "bulk"), plain: ("bulk",)}), turns=turns)
+    await loop.send("t-0", session="s-0")
+    await loop.send("t-1")  # no session
+    await loop.send("t-2", session="s-2", project=plain)
+    await loop.start()
+    await loop.committed_to(3)
+    assert [t for batch in turns.recorded for t in batch] == ["t-0"], "only a session trace of a project with one"
+    assert await loop.state("sess", "t-0") == "", "a session group never claims a single trace"
+    assert [g for g, _ in loop.panel.alone] + [g for b in loop.panel.batches for g, _ in b] == ["bulk"] * 3
+    values = [orjson.loads(r.value) for r in await loop.read(loop.topics.ratings)]
+    assert sorted((v["groupId"], v["traceId"]) for v in values) == [("bulk", "t-0"), ("bulk", "t-1"), ("bulk", "t-2")]
+
+
+# --- claim --------------------------------------------------------------------------------------
+
+
+async def test_an_exhausted_budget_skips_the_group_and_the_trace_is_finished(
+        loops: Callable[..., Awaitable[Loop]], unique: str, logs: list[dict[str, Any]]) -> None:
+    project = f"p-{unique}"
+    loop = await loops(snapshot=catalog({project: ("wait",)}, [Budget(project_id=project, judge_calls_per_window=0)]))
+    await loop.send("t-0")
+    await loop.start()
+    await loop.committed_to(1)
+    assert loop.events.of("group_skipped") == [(project, "wait", "budget")]
+    assert await loop.state("wait", "t-0") == "skipped:budget"
+    assert loop.panel.scored("t-0") == 0 and await loop.ratings() == []
+    assert loop.events.of("latency") == [], "no pair was started"
+    assert logged(logs, "judge budget exhausted; group skipped") == [
+        {"event": "judge budget exhausted; group skipped", "log_level": "warning", "project": project,
+         "group": "wait", "trace": "t-0", "used": "0"}]
+
+
+async def test_a_budgeted_group_reserves_its_judge_calls_in_the_project_budget_window(
+        loops: Callable[..., Awaitable[Loop]], unique: str) -> None:
+    project = f"p-{unique}"
+    budget = Budget(project_id=project, judge_calls_per_window=2, window_seconds=600)
+    loop = await loops(snapshot=catalog({project: ("wait",)}, [budget]))
+    for i in range(3):
+        await loop.send(f"t-{i}")
+    await loop.start()
+    await loop.committed_to(3)
+    assert await loop.claims.budget_used(project, 600) == 2, "two calls reserved in the 600 s window"
+    assert loop.events.of("group_skipped") == [(project, "wait", "budget")], "the third is over the limit"
+    assert await loop.ratings() == [("wait", "t-0"), ("wait", "t-1")]
+
+
+async def test_a_redelivered_done_pair_is_skipped_as_a_dedupe(loops: Callable[..., Awaitable[Loop]]) -> None:
+    loop = await loops(("bulk",))
+    await loop.start()
+    await loop.send("t-0")
+    await loop.committed_to(1)
+    assert (await loop.state("bulk", "t-0")).startswith("done:")
+    await loop.send("t-0")
+    await loop.committed_to(2)
+    assert loop.events.of("group_skipped") == [(loop.project, "bulk", "dedupe")]
+    assert loop.panel.scored("t-0") == 1 and await loop.ratings() == [("bulk", "t-0")]
+
+
+async def test_a_pair_another_worker_holds_is_polled_and_not_scored_while_its_lease_lives(
+        loops: Callable[..., Awaitable[Loop]]) -> None:
+    loop = await loops(("bulk",))
+    other = Claims(loop.redis, owner="another-worker", lease_s=90)
+    assert [c.state for c in await other.claim_many([loop.request("bulk", "t-0")])] == ["claimed"]
+    await loop.send("t-0")
+    await loop.start()
+    await until(lambda: loop.claims.claims_of("t-0") >= 3, "the held pair to be polled twice")
+    assert loop.panel.scored("t-0") == 0, "not scored while the other worker's lease lives"
+    assert await loop.committed() is None or await loop.committed() == 0
+    await other.mark_done([(loop.request("bulk", "t-0"), "rating-elsewhere")])
+    await loop.committed_to(1)
+    assert loop.panel.scored("t-0") == 0 and await loop.ratings() == []
+    assert loop.events.of("group_skipped") == [(loop.project, "bulk", "dedupe")]
+    assert await loop.state("bulk", "t-0") == "done:rating-elsewhere"
+
+
+async def test_a_pair_whose_other_lease_lapses_is_taken_over_and_scored(loops: Callable[..., Awaitable[Loop]]) -> None:
+    loop = await loops(("bulk",))
+    other = Claims(loop.redis, owner="another-worker", lease_s=90)
+    await other.claim_many([loop.request("bulk", "t-0")])
+    await loop.send("t-0")
+    await loop.start()
+    await until(lambda: loop.claims.claims_of("t-0") >= 2, "the held pair to be polled")
+    await other.release([loop.request("bulk", "t-0")])  # as if its lease had lapsed
+    await loop.committed_to(1)
+    assert loop.panel.alone == [("bulk", "t-0")], "scored once, alone, once the pair was free"
+    assert await loop.ratings() == [("bulk", "t-0")]
+    assert (await loop.state("bulk", "t-0")).startswith("done:")
+    assert loop.events.of("group_skipped") == []
+
+
+async def test_a_held_pair_whose_budget_runs_out_meanwhile_is_skipped_for_budget(
+        loops: Callable[..., Awaitable[Loop]], unique: str) -> None:
+    project = f"p-{unique}"
+    loop = await loops(snapshot=catalog({project: ("wait",)}, [Budget(project_id=project, judge_calls_per_window=1)]))
+    other = Claims(loop.redis, owner="another-worker", lease_s=90)
+    held = loop.request("wait", "t-0", judge_calls=1, budget_limit=1)
+    assert [c.state for c in await other.claim_many([held])] == ["claimed"], "the other worker spent the budget"
+    await loop.send("t-0")
+    await loop.start()
+    await until(lambda: loop.claims.claims_of("t-0") >= 2, "the held pair to be polled")
+    await other.release([held])  # it gave up; the budget stays spent
+    await loop.committed_to(1)
+    assert loop.events.of("group_skipped") == [(project, "wait", "budget")]
+    assert loop.panel.scored("t-0") == 0 and await loop.ratings() == []
+
+
+async def test_a_held_pair_found_skipped_at_a_poll_is_not_scored(loops: Callable[..., Awaitable[Loop]]) -> None:
+    loop = await loops(("wait",))
+    other = Claims(loop.redis, owner="another-worker", lease_s=90)
+    await other.claim_many([loop.request("wait", "t-0", judge_calls=1)])
+    await loop.send("t-0")
+    await loop.start()
+    await until(lambda: loop.claims.claims_of("t-0") >= 2, "the held pair to be polled")
+    loop.claims.open.clear()  # hold the loop's next poll while the pair changes hands
+    await other.release([loop.request("wait", "t-0")])
+    third = Claims(loop.redis, owner="third-worker")
+    assert [c.state for c in await third.claim_many([loop.request("wait", "t-0", judge_calls=1, budget_limit=0)])] \
+        == ["exhausted"], "a third worker found no budget: the pair is skipped"
+    loop.claims.open.set()
+    await loop.committed_to(1)
+    assert loop.events.of("group_skipped") == [(loop.project, "wait", "dedupe")]
+    assert loop.panel.scored("t-0") == 0 and await loop.ratings() == []
+
+
+# --- room: pause and resume ---------------------------------------------------------------------
+
+
+async def test_partitions_are_paused_while_max_in_flight_traces_are_in_flight_and_resumed_after(
+        loops: Callable[..., Awaitable[Loop]]) -> None:
+    loop = await loops(("wait",), max_in_flight=2)
+    await loop.start()
+    await loop.send("t-0", BLOCK)
+    await loop.send("t-1", BLOCK)
+    await until(lambda: len(loop.panel.entered) == 2, "two traces in flight")
+    await loop.send("t-2")
+    await until(lambda: loop.consumer.paused() == {loop.tp}, "the partition to be paused")
+    await loop.steps(3)
+    assert await loop.state("wait", "t-2") == "", "no third trace is taken while two are in flight"
+    assert loop.consumer.paused() == {loop.tp}
+    assert max(c for (c,) in loop.events.of("in_flight")) == 2
+
+    loop.panel.release()
+    await loop.committed_to(3)
+    assert loop.consumer.paused() == set(), "resumed once there is room"
+    assert await loop.ratings() == [("wait", "t-0"), ("wait", "t-1"), ("wait", "t-2")]
+
+
+async def test_a_paused_loop_still_commits_on_its_interval(loops: Callable[..., Awaitable[Loop]]) -> None:
+    loop = await loops(("wait",), max_in_flight=1)
+    await loop.start()
+    await loop.send("t-0")
+    await loop.committed_to(1)
+    await loop.send("t-1", BLOCK)
+    await until(lambda: len(loop.panel.entered) == 1, "t-1 in flight")
+    await until(lambda: loop.consumer.paused() == {loop.tp}, "the partition to be paused")
+    await loop.steps(2)  # turns while paused end on the commit interval, not on room
+    loop.panel.release()
+    await loop.committed_to(2)
+
+
+# --- score: bulk and alone ----------------------------------------------------------------------
+
+
+async def test_a_bulk_batch_that_raises_falls_back_to_scoring_each_pair_alone_and_dead_letters_only_the_broken_trace(
+        loops: Callable[..., Awaitable[Loop]], logs: list[dict[str, Any]]) -> None:
+    loop = await loops(("bulk",))
+    await loop.send("t-0")
+    await loop.send("t-1", "[[break:bulk]]")
+    await loop.send("t-2")
+    await loop.start()  # the three are in the first fetch: one batch
+    await loop.committed_to(3)
+    assert loop.panel.batches == [[("bulk", "t-0"), ("bulk", "t-1"), ("bulk", "t-2")]]
+    assert sorted(loop.panel.alone) == [("bulk", "t-0"), ("bulk", "t-1"), ("bulk", "t-2")], "then each alone"
+    dead = await loop.dead()
+    assert [(letter["reason"], letter["offset"], letter["error"]) for _, letter in dead] == [
+        ("unprocessable", 1, "scoring failed: ValueError: scoring broke on t-1")]
+    assert dead[0][0] == b"t-1" and dead[0][1]["key"] == "t-1" and orjson.loads(dead[0][1]["value"])["traceId"] == "t-1"
+    assert await loop.ratings() == [("bulk", "t-0"), ("bulk", "t-2")]
+    assert await loop.state("bulk", "t-1") == "", "the broken pair's lease is given up"
+    assert len(loop.events.of("latency")) == 3
+    assert logged(logs, "a trace broke a step; dead-lettered") == [
+        {"event": "a trace broke a step; dead-lettered", "log_level": "warning", "step": "scoring",
+         "error": repr(ValueError("scoring broke on t-1")), "topic": loop.topics.traces, "partition": 0, "offset": 1}]
+
+
+async def test_a_bulk_batch_that_only_breaks_in_bulk_is_scored_pair_by_pair(
+        loops: Callable[..., Awaitable[Loop]]) -> None:
+    loop = await loops(("bulk",))
+    await loop.send("t-0")
+    await loop.send("t-1", "[[break-bulk]]")
+    await loop.start()
+    await loop.committed_to(2)
+    assert await loop.dead() == []
+    assert await loop.ratings() == [("bulk", "t-0"), ("bulk", "t-1")]
+    assert [(await loop.state("bulk", t))[:5] for t in ("t-0", "t-1")] == ["done:", "done:"]
+
+
+async def test_a_trace_whose_pair_breaks_is_dead_lettered_once_its_other_pairs_are_done(
+        loops: Callable[..., Awaitable[Loop]]) -> None:
+    loop = await loops(("wait", "bulk"))
+    await loop.start()
+    await loop.send("t-0", "[[break:wait]] [[block:bulk]]")
+    await until(lambda: loop.panel.entered == [("bulk", "t-0")], "the bulk pair to wait")
+
+    async def wait_pair_gave_up() -> bool:
+        return ("wait", "t-0") in loop.panel.alone and await loop.state("wait", "t-0") == ""
+    await until(wait_pair_gave_up, "the broken pair to give up its lease")
+    await loop.steps(2)
+    assert await loop.dead() == [] and await loop.committed() in (None, 0), "not before its last pair"
+
+    loop.panel.release()
+    await loop.committed_to(1)
+    dead = await loop.dead()
+    assert [(letter["reason"], letter["offset"], letter["error"]) for _, letter in dead] == [
+        ("unprocessable", 0, "scoring failed: ValueError: scoring broke on t-0")]
+    assert await loop.ratings() == [("bulk", "t-0")], "its other pair is out"
+    assert len(loop.events.of("latency")) == 1
+
+
+@pytest.mark.parametrize("group_id", ["wait", "bulk"])
+async def test_an_outage_while_scoring_stops_the_loop_without_dead_lettering_or_committing(
+        loops: Callable[..., Awaitable[Loop]], group_id: str) -> None:
+    loop = await loops((group_id,))
+    await loop.send("t-0", f"[[outage:{group_id}]]")
+    await loop.start()
+    assert loop.task is not None
+    with pytest.raises(OutputError) as raised:
+        await asyncio.wait_for(loop.task, WAIT_S)
+    assert isinstance(raised.value.__cause__, RedisConnectionError)
+    assert loop.traces.fatal is raised.value.__cause__
+    assert await loop.dead() == [] and await loop.committed() in (None, 0)
+    assert (await loop.state(group_id, "t-0")).startswith("lease:"), "not the trace's fault: nothing given up"
+
+
+async def test_a_bulk_pair_taken_over_while_being_scored_is_not_published_and_its_trace_finishes(
+        loops: Callable[..., Awaitable[Loop]]) -> None:
+    loop = await loops(("bulk",))
+    await loop.send("t-0", BLOCK)
+    await loop.send("t-1")
+    await loop.start()
+    await until(lambda: loop.panel.entered == [("bulk", "t-0")], "t-0 to be in scoring")
+    elsewhere = Claims(loop.redis, owner="another-worker")
+    await elsewhere.mark_done([(loop.request("bulk", "t-0"), "rating-elsewhere")])
+    loop.panel.release()
+    await loop.committed_to(2)
+    assert await loop.ratings() == [("bulk", "t-1")], "only the pair still held is published"
+    assert loop.panel.alone == [], "the lost pair is waited for, not scored again"
+    assert await loop.state("bulk", "t-0") == "done:rating-elsewhere"
+    assert (await loop.state("bulk", "t-1")).startswith("done:")
+    assert loop.events.of("group_skipped") == [(loop.project, "bulk", "dedupe")]
+
+
+# --- publish ------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(("group_id", "other", "message"), [
+    ("wait", "bulk", "publishing a result failed; the worker stops without committing it"),
+    ("bulk", "wait", "publishing results failed; the worker stops without committing them")])
+async def test_an_output_that_fails_sets_fatal_and_run_raises_output_error(
+        loops: Callable[..., Awaitable[Loop]], group_id: str, other: str, message: str,
+        logs: list[dict[str, Any]]) -> None:
+    # The ratings topic refuses any record over 64 bytes: publishing a rating fails for sure. The
+    # trace's other pair waits meanwhile: the failure stops the loop at once, not with the job.
+    loop = await loops((group_id, other), ratings_config={"max.message.bytes": "64"})
+    await loop.send("t-0", f"[[block:{other}]]")
+    await loop.start()
+    assert loop.task is not None
+    with pytest.raises(OutputError, match=r"^an output could not be published; stopping without committing it$") \
+            as raised:
+        await asyncio.wait_for(loop.task, WAIT_S)
+    assert loop.panel.entered == [(other, "t-0")] and not loop.panel.released.is_set()
+    assert isinstance(loop.traces.fatal, KafkaError)
+    assert raised.value.__cause__ is loop.traces.fatal
+    assert await loop.committed() in (None, 0)
+    assert (await loop.state(group_id, "t-0")).startswith("lease:"), "not marked done"
+    assert logged(logs, message) == [{"event": message, "log_level": "error", "error": repr(loop.traces.fatal)}]
+
+
+async def test_a_finished_pair_is_recorded_in_history_and_marked_done_with_its_rating_id(
+        loops: Callable[..., Awaitable[Loop]]) -> None:
+    loop = await loops(("wait", "bulk"))
+    await loop.send("t-0")
+    await loop.start()
+    await loop.committed_to(1)
+    ratings = {orjson.loads(r.value)["groupId"]: orjson.loads(r.value) for r in await loop.read(loop.topics.ratings)}
+    for group_id in ("wait", "bulk"):
+        assert await loop.state(group_id, "t-0") == f"done:{ratings[group_id]['id']}"
+        assert ratings[group_id]["scope"] == "trace" and ratings[group_id]["traceId"] == "t-0"
+    assert {r.key for r in await loop.read(loop.topics.ratings)} == {b"t-0"}
+    history = await RatingsStore(loop.redis).history("bulk", "24h")
+    assert sum(b.count for b in history.buckets) >= 1
+
+
+# --- shutdown -----------------------------------------------------------------------------------
+
+
+async def test_drain_cancels_jobs_past_the_deadline_and_releases_their_leases(
+        loops: Callable[..., Awaitable[Loop]], logs: list[dict[str, Any]]) -> None:
+    loop = await loops(("wait", "bulk"), commit_interval_s=3600)
+    await loop.start()
+    await loop.send("t-0")
+    await until(lambda: len(loop.events.of("latency")) == 1, "t-0 to be finished")
+    await loop.send("t-1", BLOCK)
+    await until(lambda: len(loop.panel.entered) == 2, "t-1's two pairs in scoring")
+    await loop.halt()
+    await asyncio.wait_for(loop.traces.drain(0.05), WAIT_S)  # t-1 never finishes by itself
+    loop.stop = None  # drained
+    assert await loop.state("wait", "t-1") == "" and await loop.state("bulk", "t-1") == "", "leases given up"
+    assert await loop.committed() == 1, "drain commits what finished, up to the cancelled trace"
+    assert await loop.ratings() == [("bulk", "t-0"), ("wait", "t-0")]
+    assert logged(logs, "draining in-flight traces") == [
+        {"event": "draining in-flight traces", "log_level": "info", "traces": 1, "deadline_s": 0.05}]
+    assert logged(logs, "cancelling traces that did not finish in time") == [
+        {"event": "cancelling traces that did not finish in time", "log_level": "warning", "traces": 1}]
+
+
+async def test_drain_with_nothing_in_flight_commits_what_is_finished(loops: Callable[..., Awaitable[Loop]]) -> None:
+    loop = await loops(("bulk",), commit_interval_s=3600)
+    await loop.send("t-0")
+    await loop.start()
+    await until(lambda: loop.events.of("latency") != [], "t-0 to be finished")
+    await loop.halt()
+    await asyncio.wait_for(loop.traces.drain(5), WAIT_S)
+    loop.stop = None
+    assert await loop.committed() == 1
+
+
+# --- commit and lag -----------------------------------------------------------------------------
+
+
+async def test_the_commit_happens_on_the_interval_and_only_for_finished_offsets(
+        loops: Callable[..., Awaitable[Loop]]) -> None:
+    slow = await loops(("bulk",), commit_interval_s=3600)  # the first turn's commit, then none for an hour
+    await slow.send("t-0")
+    await slow.start()
+    await until(lambda: slow.events.of("latency") != [], "t-0 to be finished")
+    await slow.steps(3)
+    assert await slow.committed() in (None, 0), "not before the interval has passed"
+    advanced = slow.traces.last_commit_advance
+    await slow.traces.commit()
+    assert await slow.committed() == 1 and slow.traces.last_commit_advance > advanced
+    assert slow.events.of("committed") == [(slow.topics.traces, 0, 1)]
+    advanced = slow.traces.last_commit_advance
+    await slow.traces.commit()  # nothing moved: nothing committed
+    assert slow.events.of("committed") == [(slow.topics.traces, 0, 1)]
+    assert slow.traces.last_commit_advance == advanced
+
+    quick = await loops(("wait",), commit_interval_s=0.05)
+    await quick.start()
+    await quick.send("t-0", BLOCK)
+    await quick.send("t-1")
+    await until(lambda: quick.events.of("latency") != [], "t-1 to be finished")
+    await quick.steps(3)
+    assert await quick.committed() in (None, 0), "t-0 is unfinished: nothing past it"
+    quick.panel.release()
+    await quick.committed_to(2)
+    assert quick.events.of("committed")[-1] == (quick.topics.traces, 0, 2)
+    assert quick.traces.outage is None
+
+
+async def test_on_revocation_only_the_revoked_partitions_are_committed(
+        loops: Callable[..., Awaitable[Loop]]) -> None:
+    loop = await loops(("bulk",), commit_interval_s=3600, partitions=2)
+    await loop.send("t-0", partition=0)
+    await loop.send("t-1", partition=1)
+    await loop.start()
+    await until(lambda: len(loop.events.of("latency")) == 2, "both traces finished")
+    other = TopicPartition(loop.topics.traces, 1)
+    await loop.traces.rebalance_listener().on_partitions_revoked({loop.tp})
+    assert await loop.committed() == 1 and await loop.committed(other) is None
+    assert loop.events.of("committed") == [(loop.topics.traces, 0, 1)]
+
+
+async def test_lag_is_reported_from_the_oldest_unfinished_offset(loops: Callable[..., Awaitable[Loop]]) -> None:
+    loop = await loops(("wait",))
+    await loop.start()
+    await loop.send("t-0", BLOCK)
+    await loop.send("t-1")
+    await loop.send("t-2")
+    await until(lambda: len(loop.events.of("latency")) == 2, "t-1 and t-2 finished")
+    await until(lambda: loop.events.of("lag")[-1:] == [(loop.topics.traces, 0, 3)], "a lag of 3 behind t-0")
+    loop.panel.release()
+    await until(lambda: loop.events.of("lag")[-1:] == [(loop.topics.traces, 0, 0)], "no lag")
+
+
+async def test_failing_commits_are_reported_as_an_outage_and_stop_the_loop_past_the_tolerance(
+        loops: Callable[..., Awaitable[Loop]], logs: list[dict[str, Any]]) -> None:
+    loop = await loops(("wait",), commit_interval_s=0.02, outages=OutageGuard(tolerance_s=1.0))
+    await loop.start()
+    await loop.send("t-0", BLOCK)
+    await until(lambda: loop.panel.entered != [], "t-0 in scoring")
+    assert loop.traces.outage is None
+    # The consumer loses its partition (it reads another topic now): every commit of it now fails.
+    loop.consumer.unsubscribe()
+    loop.consumer.assign([TopicPartition(loop.topics.signals, 0)])
+    loop.panel.release()
+    await until(lambda: (loop.traces.outage or "").startswith("offset commits failing for "),
+                "the failing commits to be reported")
+    assert loop.task is not None
+    with pytest.raises(OutageTooLong, match=r"offsets could not be committed for .* past the tolerance of 1s") as raised:
+        await asyncio.wait_for(loop.task, WAIT_S)
+    assert await loop.committed() in (None, 0)
+    lasted = re.search(r"committed for (\d+)s", str(raised.value))
+    assert lasted is not None and 1 <= int(lasted.group(1)) < WAIT_S
+    failed = logged(logs, "commit failed; retrying on the next tick")
+    assert len(failed) >= 2 and failed[0] == {"event": "commit failed; retrying on the next tick",
+                                              "log_level": "warning", "error": repr(raised.value.__cause__)}
+
+
+async def test_a_failing_commit_is_retried_on_the_next_tick_and_the_loop_goes_on(
+        loops: Callable[..., Awaitable[Loop]]) -> None:
+    loop = await loops(("wait",), commit_interval_s=0.02)  # the default tolerance: 120 s
+    await loop.start()
+    await loop.send("t-0", BLOCK)
+    await until(lambda: loop.panel.entered != [], "t-0 in scoring")
+    loop.consumer.unsubscribe()
+    loop.consumer.assign([TopicPartition(loop.topics.signals, 0)])
+    loop.panel.release()
+    await until(lambda: (loop.traces.outage or "").startswith("offset commits failing for "),
+                "the failing commits to be reported")
+    await loop.steps(3)
+    assert loop.task is not None and not loop.task.done(), "within the tolerance the loop goes on"
+
+
+async def test_offsets_are_committed_without_metadata(loops: Callable[..., Awaitable[Loop]]) -> None:
+    loop = await loops(("bulk",))
+    await loop.send("t-0")
+    await loop.start()
+    await loop.committed_to(1)
+    admin = AIOKafkaAdminClient(bootstrap_servers=loop.bootstrap)
+    await admin.start()
+    try:
+        offsets = await admin.list_consumer_group_offsets(loop.group_id)
+    finally:
+        await admin.close()
+    assert {tp: (o.offset, o.metadata) for tp, o in offsets.items()} == {loop.tp: (1, "")}
