@@ -80,6 +80,9 @@ class _Slot:
     project: str | None = None  # whose code the process has run: no one else's may run there
     loaded: OrderedDict[str, None] = field(default_factory=OrderedDict)  # keys the process holds
     calls: int = 0
+    # The process that takes over: started in the background past half this one's life, so no
+    # call waits for a process to start when this one is retired. It outlives ``forget``.
+    spare: asyncio.Task[asyncio.subprocess.Process] | None = None
 
     def forget(self) -> None:
         self.proc, self.project, self.calls = None, None, 0
@@ -110,6 +113,8 @@ class SandboxPool:
         self._compilations = 0
         self._recycled = 0
         self._messages = 0
+        self._cold_starts = 0
+        self._reaping: set[asyncio.Task[None]] = set()
 
     @property
     def size(self) -> int:
@@ -148,6 +153,12 @@ class SandboxPool:
     @property
     def recycled_for_another_project(self) -> int:
         return self._recycled
+
+    @property
+    def cold_starts(self) -> int:
+        """Calls that had to wait for a process to start (no spare was ready or starting): after
+        a crash, a timeout or a switch of tenant - not when a process is retired for age."""
+        return self._cold_starts
 
     async def start(self) -> None:
         """Set up the confinement and warm ``size`` processes. Never raises for the confinement:
@@ -188,6 +199,14 @@ class SandboxPool:
             if slot.proc is not None:
                 await _reap(slot.proc)
                 slot.forget()
+        spares = [slot.spare for slot in self._slots if slot.spare is not None]
+        for spare in spares:
+            if spare.done() and not spare.cancelled() and spare.exception() is None:
+                _kill(spare.result())
+                await _reap(spare.result())
+            else:
+                spare.cancel()  # a process half started is killed by _spawn
+        await asyncio.gather(*spares, *self._reaping, return_exceptions=True)
         async with self._changed:
             self._changed.notify_all()
 
@@ -278,8 +297,7 @@ class SandboxPool:
                     await _discard(slot)
                 reason = str(reply.get("error") or "sandbox crashed (protocol error)")[:400]
                 return [CodeScorerError(reason)] * len(chunk)  # e.g. the code does not compile
-            if slot.calls >= _CALLS_PER_PROCESS:
-                await _discard(slot)
+            self._wear(slot)
             return [_verdict(entry) for entry in entries]
         except BaseException as exc:
             if not isinstance(exc, CodeScorerError):
@@ -323,9 +341,41 @@ class SandboxPool:
             self._recycled += 1
         if slot.proc is None or slot.proc.returncode is not None:
             slot.forget()
-            slot.proc = await self._spawn()
+            slot.proc = await self._take_spare(slot)
+            if slot.proc is None:
+                self._cold_starts += 1
+                slot.proc = await self._spawn()
         slot.project = project
         return slot.proc
+
+    def _wear(self, slot: _Slot) -> None:
+        """After a call: a process past half its calls gets a replacement starting in the
+        background; one at the end of its calls is retired (shedding whatever state user code
+        left), and the next call takes the replacement, already started (or starting, when one
+        batch took the process from under half to its end)."""
+        if slot.calls >= _CALLS_PER_PROCESS // 2 and slot.spare is None and not self._closed:
+            slot.spare = asyncio.create_task(self._spawn())
+        if slot.calls >= _CALLS_PER_PROCESS:
+            retired = slot.proc
+            slot.forget()
+            if retired is not None:
+                _kill(retired)
+                reaping = asyncio.create_task(_reap(retired))
+                self._reaping.add(reaping)
+                reaping.add_done_callback(self._reaping.discard)
+
+    @staticmethod
+    async def _take_spare(slot: _Slot) -> asyncio.subprocess.Process | None:
+        """The slot's replacement process once it has started, or None (none, or it failed to
+        start: the caller starts one itself, and its error is the caller's)."""
+        spare, slot.spare = slot.spare, None
+        if spare is None:
+            return None
+        try:
+            proc = await spare
+        except CodeScorerError:
+            return None
+        return proc if proc.returncode is None else None
 
     async def _call(self, slot: _Slot, project: str, key: str, code: str, args_json: str,
                     timeout_s: float) -> float | bool:
@@ -342,8 +392,7 @@ class SandboxPool:
         slot.calls += 1
         value = reply.get("value")
         if reply.get("ok") is True and isinstance(value, bool | int | float):
-            if slot.calls >= _CALLS_PER_PROCESS:
-                await _discard(slot)  # shed whatever state user code left; the next call respawns
+            self._wear(slot)
             return value if isinstance(value, bool) else float(value)
         if reply.get("ok") is not False or reply.get("fatal"):
             await _discard(slot)

@@ -104,6 +104,26 @@ async def test_a_process_is_replaced_after_many_calls(monkeypatch: pytest.Monkey
         await sandbox.close()
 
 
+async def test_a_retired_process_is_replaced_by_one_started_in_the_background(monkeypatch: pytest.MonkeyPatch) -> None:
+    # A call never waits for a process to start because the one before it reached its age:
+    # its replacement starts past half the old one's calls.
+    monkeypatch.setattr(sandbox_module, "_CALLS_PER_PROCESS", 4)
+    sandbox = SandboxPool(1)
+    await sandbox.start()
+    try:
+        code = scorer("global calls\ncalls += 1\nreturn calls", header="calls = 0")
+        values = [await sandbox.run(P, "spare", code, ARGS, TIMEOUT) for _ in range(12)]
+        assert values == [1.0, 2.0, 3.0, 4.0] * 3, "a fresh process every 4 calls"
+        batch = await sandbox.run_many(P, "spare", code, [ARGS] * 4, TIMEOUT)
+        assert batch == [1.0, 2.0, 3.0, 4.0], "batches retire processes the same way"
+        assert await sandbox.run(P, "spare", code, ARGS, TIMEOUT) == 1.0
+        assert sandbox.cold_starts == 0, "every replacement was started ahead"
+        assert sandbox.live_processes == 1
+    finally:
+        await sandbox.close()
+    assert sandbox.live_processes == 0
+
+
 async def test_code_is_sent_again_when_the_process_lost_it() -> None:
     sandbox = SandboxPool(1)
     await sandbox.start()
