@@ -745,6 +745,29 @@ async def test_an_outage_while_scoring_stops_the_loop_without_dead_lettering_or_
     assert (await loop.state(group_id, "t-0")).startswith("lease:"), "not the trace's fault: nothing given up"
 
 
+async def test_a_pair_taken_over_while_being_scored_is_waited_for_and_scored_again_if_given_up(
+        loops: Callable[..., Awaitable[Loop]]) -> None:
+    # This worker stalls on t-0 past its lease; another worker takes the pair over, then gives it
+    # up unfinished: this worker's result is not published, it waits and scores the pair again.
+    loop = await loops(("wait",))
+    await loop.send("t-0", BLOCK)
+    await loop.start()
+    await until(lambda: loop.panel.entered == [("wait", "t-0")], "t-0 to be in scoring")
+    request = loop.request("wait", "t-0", judge_calls=1)
+    await loop.claims.release([request])  # as if this worker's lease had lapsed...
+    other = Claims(loop.redis, owner="another-worker", lease_s=90)
+    assert [c.state for c in await other.claim_many([request])] == ["claimed"]  # ...and was taken over
+    polls = loop.claims.claims_of("t-0")
+    loop.panel.release()
+    await until(lambda: loop.claims.claims_of("t-0") >= polls + 2, "the taken-over pair to be polled")
+    assert await loop.ratings() == [] and loop.panel.alone == [("wait", "t-0")]
+    await other.release([request])  # the other worker gave it up
+    await loop.committed_to(1)
+    assert loop.panel.alone == [("wait", "t-0"), ("wait", "t-0")], "scored again once the pair was free"
+    assert await loop.ratings() == [("wait", "t-0")] and await loop.dead() == []
+    assert (await loop.state("wait", "t-0")).startswith("done:")
+
+
 async def test_a_bulk_pair_taken_over_while_being_scored_is_not_published_and_its_trace_finishes(
         loops: Callable[..., Awaitable[Loop]]) -> None:
     loop = await loops(("bulk",))
@@ -792,6 +815,11 @@ async def test_an_output_that_fails_sets_fatal_and_run_raises_output_error(
 async def test_a_finished_pair_is_recorded_in_history_and_marked_done_with_its_rating_id(
         loops: Callable[..., Awaitable[Loop]]) -> None:
     loop = await loops(("wait", "bulk"))
+    store = RatingsStore(loop.redis)
+
+    async def counted() -> dict[str, int]:  # group ids are shared: count what this trace adds
+        return {g: sum(b.count for b in (await store.history(g, "24h")).buckets) for g in ("wait", "bulk")}
+    before = await counted()
     await loop.send("t-0")
     await loop.start()
     await loop.committed_to(1)
@@ -800,8 +828,8 @@ async def test_a_finished_pair_is_recorded_in_history_and_marked_done_with_its_r
         assert await loop.state(group_id, "t-0") == f"done:{ratings[group_id]['id']}"
         assert ratings[group_id]["scope"] == "trace" and ratings[group_id]["traceId"] == "t-0"
     assert {r.key for r in await loop.read(loop.topics.ratings)} == {b"t-0"}
-    history = await RatingsStore(loop.redis).history("bulk", "24h")
-    assert sum(b.count for b in history.buckets) >= 1
+    after = await counted()
+    assert all(after[g] > before[g] for g in ("wait", "bulk")), (before, after)
 
 
 # --- shutdown -----------------------------------------------------------------------------------
