@@ -658,6 +658,19 @@ async def test_partitions_are_paused_while_max_in_flight_traces_are_in_flight_an
     assert await loop.ratings() == [("wait", "t-0"), ("wait", "t-1"), ("wait", "t-2")]
 
 
+async def test_a_trace_in_flight_below_max_in_flight_leaves_room_for_the_next(
+        loops: Callable[..., Awaitable[Loop]]) -> None:
+    loop = await loops(("wait",), max_in_flight=2)
+    await loop.start()
+    await loop.send("t-0", BLOCK)
+    await until(lambda: loop.panel.entered == [("wait", "t-0")], "t-0 in flight")
+    await loop.send("t-1")
+    await until(lambda: len(loop.events.of("latency")) == 1, "t-1 to be finished while t-0 is in flight")
+    assert loop.consumer.paused() == set() and not loop.panel.released.is_set()
+    loop.panel.release()
+    await loop.committed_to(2)
+
+
 async def test_a_paused_loop_still_commits_on_its_interval(loops: Callable[..., Awaitable[Loop]]) -> None:
     loop = await loops(("wait",), max_in_flight=1)
     await loop.start()
