@@ -37,32 +37,43 @@ ClaimState = Literal["claimed", "done", "skipped", "busy", "exhausted"]
 
 DAY_S = 86_400
 
+# Every script reads per hash: ``stored_fields(first, stride, key_offset)`` groups the pairs of
+# ARGV (from ``first``, ``stride`` arguments each: hash index, field, ...) by hash and reads each
+# hash with one HMGET (in chunks: Lua's stack is finite). Returns the fields per hash and what
+# is stored, by "<hash index> <field>".
+_STORED_FIELDS = """
+local function stored_fields(first, stride, key_offset)
+  local by_hash = {}
+  for i = first, #ARGV, stride do
+    local h = tonumber(ARGV[i])
+    by_hash[h] = by_hash[h] or {}
+    table.insert(by_hash[h], ARGV[i + 1])
+  end
+  local stored = {}
+  for h, fields in pairs(by_hash) do
+    for from = 1, #fields, 4000 do
+      local chunk = {}
+      for k = from, math.min(from + 3999, #fields) do table.insert(chunk, fields[k]) end
+      local values = redis.call('HMGET', KEYS[h + key_offset], unpack(chunk))
+      for k, field in ipairs(chunk) do stored[h .. ' ' .. field] = values[k] end
+    end
+  end
+  return by_hash, stored
+end
+"""
+
 # KEYS: the budget key, then the claim hashes. ARGV: owner, lease ms, budget limit (-1: none),
 # budget TTL, hash TTL, then per pair: hash index (1-based into KEYS[2..]), field, judge calls.
 # Returns a flat list: state, detail per pair.
-_CLAIM = """
+_CLAIM = _STORED_FIELDS + """
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 local owner, lease_ms, limit = ARGV[1], tonumber(ARGV[2]), tonumber(ARGV[3])
 local lease = 'lease:' .. (now + lease_ms) .. ':' .. owner
 local n = (#ARGV - 5) / 3
 
--- 1. what is stored for every pair: one HMGET per hash (in chunks: Lua's stack is finite)
-local by_hash = {}
-for i = 1, n do
-  local h = tonumber(ARGV[3 + 3 * i])
-  by_hash[h] = by_hash[h] or {}
-  table.insert(by_hash[h], ARGV[4 + 3 * i])
-end
-local stored = {}
-for h, fields in pairs(by_hash) do
-  for from = 1, #fields, 4000 do
-    local chunk = {}
-    for k = from, math.min(from + 3999, #fields) do table.insert(chunk, fields[k]) end
-    local values = redis.call('HMGET', KEYS[h + 1], unpack(chunk))
-    for k, field in ipairs(chunk) do stored[h .. ' ' .. field] = values[k] end
-  end
-end
+-- 1. what is stored for every pair: one HMGET per hash
+local _, stored = stored_fields(6, 3, 1)
 
 -- 2. decide in order: a pair twice in the batch sees its own first decision
 local used = nil
@@ -116,29 +127,17 @@ end
 return out
 """
 
-# Both scripts below read and write per hash, as the claim does: one HMGET (in chunks: Lua's
-# stack is finite) and one HSET or HDEL per hash touched, whatever the number of pairs.
-_OWN_LEASES = """
+# Both scripts below read and write per hash, as the claim does: one HMGET and one HSET or HDEL
+# per hash touched, whatever the number of pairs. A lease is this owner's if its value ends with
+# ":<owner>".
+_OWN_LEASES = _STORED_FIELDS + """
 local function own_leases(first, suffix)
-  local by_hash = {}
-  for i = first, #ARGV, 2 do
-    local h = tonumber(ARGV[i])
-    by_hash[h] = by_hash[h] or {}
-    table.insert(by_hash[h], ARGV[i + 1])
-  end
+  local by_hash, stored = stored_fields(first, 2, 0)
   local mine = {}
-  for h, fields in pairs(by_hash) do
-    for from = 1, #fields, 4000 do
-      local chunk = {}
-      for k = from, math.min(from + 3999, #fields) do table.insert(chunk, fields[k]) end
-      local values = redis.call('HMGET', KEYS[h], unpack(chunk))
-      for k, field in ipairs(chunk) do
-        local current = values[k]
-        if current and string.sub(current, 1, 6) == 'lease:'
-            and string.sub(current, -string.len(suffix)) == suffix then
-          mine[h .. ' ' .. field] = true
-        end
-      end
+  for slot, current in pairs(stored) do
+    if current and string.sub(current, 1, 6) == 'lease:'
+        and string.sub(current, -string.len(suffix)) == suffix then
+      mine[slot] = true
     end
   end
   return by_hash, mine
