@@ -167,7 +167,7 @@ async def post_json(
             response = await client.post(url, content=content, headers=sent_headers, timeout=remaining,
                                          extensions=extensions)
         except httpx.TimeoutException:
-            raise Unreachable("timed out") from None
+            raise Unreachable(f"timed out after {round(remaining * 1000)} ms") from None
         except httpx.TransportError as exc:
             raise Unreachable(f"unreachable ({type(exc).__name__})") from None
         return Answer(response.status_code, response.headers, response.content)
@@ -196,7 +196,7 @@ async def post_json_aiohttp(
                                     timeout=aiohttp.ClientTimeout(total=remaining)) as response:
                 return Answer(response.status, response.headers, await response.read())
         except TimeoutError:
-            raise Unreachable("timed out") from None
+            raise Unreachable(f"timed out after {round(remaining * 1000)} ms") from None
         except aiohttp.ClientError as exc:
             raise Unreachable(f"unreachable ({type(exc).__name__})") from None
 
