@@ -152,11 +152,13 @@ class ControlledPanel(Panel):
 
 
 class HeldClaims(Claims):
-    """The real claims in Redis; counts ``claim_many`` calls per subject and can hold them."""
+    """The real claims in Redis; counts ``claim_many`` calls per subject and can hold them, and
+    keeps the subjects whose leases were given up."""
 
     def __init__(self, redis: Redis) -> None:
         super().__init__(redis, lease_s=90)
         self.calls: list[list[str]] = []
+        self.released: list[str] = []  # subject keys given up
         self.open = asyncio.Event()
         self.open.set()
 
@@ -165,8 +167,29 @@ class HeldClaims(Claims):
         self.calls.append([r.subject_key for r in requests])
         return await super().claim_many(requests, now)
 
+    async def release(self, requests: list[ClaimRequest]) -> None:
+        self.released.extend(r.subject_key for r in requests)
+        await super().release(requests)
+
     def claims_of(self, trace_id: str) -> int:
         return sum(call.count(f"trace:{trace_id}") for call in self.calls)
+
+
+class HeldProducer(AIOKafkaProducer):  # type: ignore[misc]
+    """The real producer; sends to ``held_topic`` wait while ``held`` is clear."""
+
+    def __init__(self, **config: Any) -> None:
+        super().__init__(**config)
+        self.held_topic = ""
+        self.held = asyncio.Event()
+        self.held.set()
+        self.waiting = 0
+
+    async def send(self, topic: str, *args: Any, **kwargs: Any) -> Any:
+        if topic == self.held_topic and not self.held.is_set():
+            self.waiting += 1
+            await self.held.wait()
+        return await super().send(topic, *args, **kwargs)
 
 
 class BrokenBudgets(CatalogSnapshot):
@@ -215,7 +238,7 @@ def trace(project: str, trace_id: str, output: str, session: str | None = None, 
 class Loop:
     traces: TraceConsumer
     consumer: AIOKafkaConsumer
-    producer: AIOKafkaProducer
+    producer: HeldProducer
     redis: Redis
     panel: ControlledPanel
     claims: HeldClaims
@@ -320,7 +343,8 @@ async def loops(kafka_bootstrap: str, redis: Redis, unique: str) -> AsyncIterato
 
     async def make(live: tuple[str, ...] = ("bulk",), *, snapshot: CatalogSnapshot | None = None,
                    commit_interval_s: float = 0.05, partitions: int = 1,
-                   ratings_config: dict[str, str] | None = None, **kw: Any) -> Loop:
+                   ratings_config: dict[str, str] | None = None, consumer_config: dict[str, Any] | None = None,
+                   **kw: Any) -> Loop:
         suffix = f"{unique}-{len(made)}"
         topics = TopicNames(traces=f"ls-traces-{suffix}", ratings=f"ls-ratings-{suffix}",
                             signals=f"ls-signals-{suffix}", webhooks=f"ls-webhooks-{suffix}", dlq=f"ls-dlq-{suffix}")
@@ -333,9 +357,9 @@ async def loops(kafka_bootstrap: str, redis: Redis, unique: str) -> AsyncIterato
                 for t in (topics.traces, topics.ratings, topics.signals, topics.webhooks, topics.dlq)])
         finally:
             await admin.close()
-        producer = AIOKafkaProducer(bootstrap_servers=kafka_bootstrap, acks="all", enable_idempotence=True)
+        producer = HeldProducer(bootstrap_servers=kafka_bootstrap, acks="all", enable_idempotence=True)
         consumer = AIOKafkaConsumer(bootstrap_servers=kafka_bootstrap, group_id=f"ls-{suffix}",
-                                    enable_auto_commit=False, auto_offset_reset="earliest")
+                                    enable_auto_commit=False, auto_offset_reset="earliest", **(consumer_config or {}))
         project = f"p-{unique}"
         snap = snapshot or catalog({project: live})
         panel = ControlledPanel()
@@ -358,6 +382,7 @@ async def loops(kafka_bootstrap: str, redis: Redis, unique: str) -> AsyncIterato
     for loop in made:
         loop.panel.release()
         loop.claims.open.set()
+        loop.producer.held.set()
         if loop.stop is not None and loop.task is not None:
             loop.stop.set()
             await asyncio.gather(loop.task, return_exceptions=True)
@@ -673,6 +698,39 @@ async def test_a_trace_in_flight_below_max_in_flight_leaves_room_for_the_next(
     await loop.committed_to(2)
 
 
+async def test_a_paused_loop_keeps_polling_so_the_consumer_stays_in_its_group(
+        loops: Callable[..., Awaitable[Loop]], logs: list[dict[str, Any]]) -> None:
+    # The room is full for three times max.poll.interval.ms: a consumer that stopped calling
+    # getmany meanwhile would leave its group and have its partitions (and their work) revoked.
+    loop = await loops(("wait",), max_in_flight=1, consumer_config={"max_poll_interval_ms": 1000})
+    await loop.send("t-0", BLOCK)
+    await loop.start()
+    await until(lambda: loop.panel.entered == [("wait", "t-0")], "t-0 in flight")
+    await until(lambda: loop.consumer.paused() == {loop.tp}, "the partition to be paused")
+    await asyncio.sleep(3)  # held past max.poll.interval.ms: only its length is the point
+    loop.panel.release()
+    await loop.committed_to(1)
+    revoked = [entry["partitions"] for entry in logged(logs, "partitions revoked") if entry["partitions"]]
+    assert revoked == [], "the consumer never left its group"
+
+
+async def test_records_of_a_partition_revoked_since_the_fetch_are_left_and_the_rest_of_the_batch_handled(
+        loops: Callable[..., Awaitable[Loop]]) -> None:
+    loop = await loops(("bulk",))
+    await loop.start()
+
+    def record(tp: TopicPartition, trace_id: str) -> ConsumerRecord:
+        value = trace(loop.project, trace_id, "fine")
+        return ConsumerRecord(topic=tp.topic, partition=tp.partition, offset=0, timestamp=0, timestamp_type=0,
+                              key=trace_id.encode(), value=value, checksum=None, serialized_key_size=len(trace_id),
+                              serialized_value_size=len(value), headers=())
+    gone = TopicPartition(loop.topics.traces, 7)  # in the fetch, no longer this consumer's
+    await loop.traces._handle({gone: [record(gone, "t-gone")], loop.tp: [record(loop.tp, "t-0")]})
+    await loop.committed_to(1)
+    assert loop.claims.claims_of("t-gone") == 0, "the new owner reads it"
+    assert await loop.ratings() == [("bulk", "t-0")]
+
+
 async def test_a_paused_loop_still_commits_on_its_interval(loops: Callable[..., Awaitable[Loop]]) -> None:
     loop = await loops(("wait",), max_in_flight=1)
     await loop.start()
@@ -868,6 +926,60 @@ async def test_drain_cancels_jobs_past_the_deadline_and_releases_their_leases(
         {"event": "draining in-flight traces", "log_level": "info", "traces": 1, "deadline_s": 0.05}]
     assert logged(logs, "cancelling traces that did not finish in time") == [
         {"event": "cancelling traces that did not finish in time", "log_level": "warning", "traces": 1}]
+
+
+async def test_a_publish_under_way_when_drain_cancels_its_trace_completes_and_keeps_its_lease(
+        loops: Callable[..., Awaitable[Loop]], logs: list[dict[str, Any]]) -> None:
+    # t-0's rating is on its way to the broker (held there) when drain's deadline passes and
+    # cancels the job: the publish is shielded - it ends, marked done with the published rating's
+    # id, and its lease is never given up (a free pair whose rating is out would be scored again).
+    loop = await loops(("bulk",), commit_interval_s=3600)
+    loop.producer.held_topic = loop.topics.ratings
+    loop.producer.held.clear()
+    await loop.send("t-0")
+    await loop.start()
+    await until(lambda: loop.producer.waiting == 1, "t-0's rating to be held on its way out")
+    await loop.halt()
+    draining = asyncio.create_task(loop.traces.drain(1))
+    await until(lambda: logged(logs, "cancelling traces that did not finish in time") != [], "t-0's job cancelled")
+    loop.producer.held.set()
+    await asyncio.wait_for(draining, WAIT_S)
+    loop.stop = None  # drained
+    (rating,) = [orjson.loads(r.value) for r in await loop.read(loop.topics.ratings)]
+    assert await loop.state("bulk", "t-0") == f"done:{rating['id']}"
+    assert loop.claims.released == [], "a published pair's lease is not given up"
+    assert await loop.committed() in (None, 0), "its job was cancelled: a redelivery finds the pair done"
+
+
+async def test_a_job_that_finishes_after_a_fatal_error_does_not_clear_it(loops: Callable[..., Awaitable[Loop]]) -> None:
+    # /readyz reports `fatal` while the worker drains; jobs finishing meanwhile must not clear it.
+    loop = await loops(("wait",))
+    await loop.send("t-0", BLOCK)
+    await loop.start()
+    await until(lambda: loop.panel.entered == [("wait", "t-0")], "t-0 in flight")
+    await loop.send("t-1", "[[outage:wait]]")
+    assert loop.task is not None
+    with pytest.raises(OutputError):
+        await asyncio.wait_for(loop.task, WAIT_S)
+    fatal = loop.traces.fatal
+    assert isinstance(fatal, RedisConnectionError)
+    loop.panel.release()
+    await asyncio.wait_for(loop.traces.drain(WAIT_S), 2 * WAIT_S)
+    loop.stop = None  # drained
+    assert await loop.ratings() == [("wait", "t-0")], "t-0's job finished during the drain"
+    assert loop.traces.fatal is fatal
+
+
+async def test_finished_jobs_and_publishes_are_not_kept(loops: Callable[..., Awaitable[Loop]]) -> None:
+    # Bounded memory: the loop forgets a job, its traces and its publish once they are done.
+    loop = await loops(("wait", "bulk"))
+    for i in range(3):
+        await loop.send(f"t-{i}")
+    await loop.start()
+    await loop.committed_to(3)
+    traces = loop.traces
+    await until(lambda: not traces._jobs and not traces._job_traces and not traces._publishing,
+                "nothing kept of finished work")
 
 
 async def test_drain_with_nothing_in_flight_commits_what_is_finished(loops: Callable[..., Awaitable[Loop]]) -> None:
