@@ -17,33 +17,38 @@ the operator chose ``unsafe-none``.
 
 A process compiles a scorer version (``key``) once and keeps its score() for later calls; the
 parent remembers which keys a process holds and sends the code only to processes without it.
+
+Talking to one process - starting it, a request and its reply on the pipes, how it ended - is
+``scoring.members.sandbox_process``; this module decides which process serves whom, and when.
 """
 
 from __future__ import annotations
 
 import asyncio
 import json
-import os
-import signal
 from collections import OrderedDict
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
 import orjson
 import structlog
 
-from scoring.members.isolation import CHILD_ENV, Confinement, IsolationMode, IsolationUnavailable, identity, prepare
+from scoring.members.isolation import Confinement, IsolationMode, IsolationUnavailable, prepare
+from scoring.members.sandbox_process import (
+    MAX_REQUEST_BYTES,
+    Broken,
+    StartFailed,
+    crash_reason,
+    exchange,
+    kill,
+    reap,
+    spawn,
+)
 
 log = structlog.get_logger(__name__)
 
-_RUNNER_SOURCE = Path(__file__).with_name("_sandbox_runner.py").read_text()
-_START_TIMEOUT_S = 10.0  # a fresh process must say "ready" within this
-_EXIT_WAIT_S = 1.0  # how long a process that closed its pipe gets to report how it ended
 _KEYS_PER_PROCESS = 256  # compiled scorers a process keeps (least recently used go first)
 _CALLS_PER_PROCESS = 1000  # then the process is replaced, shedding whatever state user code left
-_MAX_REQUEST_BYTES = 16 * 1024 * 1024
-_REPLY_LIMIT = 64 * 1024  # replies are a few hundred bytes; a longer line is not from the runner
 _BATCH_CALLS = 256  # subjects in one message at most
 _BATCH_SECONDS_PER_CALL = 0.05  # what a batch's deadline grows by per extra subject
 DEFAULT_PYTHON = "/usr/bin/python3"  # Debian's: readable by the sandbox uid, has python3-seccomp
@@ -61,14 +66,6 @@ class CodeScorerError(Exception):
         super().__init__(reason)
         self.reason = reason
         self.retriable = retriable
-
-
-class _Broken(Exception):
-    """The process stopped speaking the protocol: end of file, garbage, or a reply out of turn."""
-
-    def __init__(self, what: str, *, ended: bool = False) -> None:
-        super().__init__(what)
-        self.ended = ended  # its end of the pipe closed: the process is probably exiting
 
 
 @dataclass(eq=False)
@@ -194,16 +191,16 @@ class SandboxPool:
         self._closed = True
         for slot in self._slots:
             if slot.proc is not None:
-                _kill(slot.proc)
+                kill(slot.proc)
         for slot in self._slots:
             if slot.proc is not None:
-                await _reap(slot.proc)
+                await reap(slot.proc)
                 slot.forget()
         spares = [slot.spare for slot in self._slots if slot.spare is not None]
         for spare in spares:
             if spare.done() and not spare.cancelled() and spare.exception() is None:
-                _kill(spare.result())
-                await _reap(spare.result())
+                kill(spare.result())
+                await reap(spare.result())
             else:
                 spare.cancel()  # a process half started is killed by _spawn
         await asyncio.gather(*spares, *self._reaping, return_exceptions=True)
@@ -226,8 +223,8 @@ class SandboxPool:
             args_json = json.dumps(args)
         except (TypeError, ValueError) as exc:
             raise CodeScorerError(f"arguments are not JSON: {exc}") from exc
-        if len(args_json) + len(code) > _MAX_REQUEST_BYTES:
-            raise CodeScorerError(f"arguments and code exceed {_MAX_REQUEST_BYTES // 2**20} MiB")
+        if len(args_json) + len(code) > MAX_REQUEST_BYTES:
+            raise CodeScorerError(f"arguments and code exceed {MAX_REQUEST_BYTES // 2**20} MiB")
 
         slot = await self._acquire(project)
         try:
@@ -277,7 +274,7 @@ class SandboxPool:
                 batch_json = json.dumps(chunk)
             except (TypeError, ValueError) as exc:
                 raise CodeScorerError(f"arguments are not JSON: {exc}") from exc
-        if len(batch_json) + len(code) > _MAX_REQUEST_BYTES:
+        if len(batch_json) + len(code) > MAX_REQUEST_BYTES:
             raise CodeScorerError("a batch is too large for one message")  # run one by one instead
         # Each subject gets the scorer's own timeout; the batch a little more per extra subject.
         deadline_s = timeout_s + (len(chunk) - 1) * min(timeout_s, _BATCH_SECONDS_PER_CALL)
@@ -287,7 +284,7 @@ class SandboxPool:
             try:
                 reply = await asyncio.wait_for(
                     self._exchange(slot, proc, key, code, batch_json, deadline_s, field="batch"), deadline_s)
-            except (TimeoutError, _Broken):
+            except (TimeoutError, Broken):
                 await _discard(slot)
                 raise CodeScorerError("the batch failed as a whole") from None
             slot.calls += len(chunk)
@@ -359,8 +356,8 @@ class SandboxPool:
             retired = slot.proc
             slot.forget()
             if retired is not None:
-                _kill(retired)
-                reaping = asyncio.create_task(_reap(retired))
+                kill(retired)
+                reaping = asyncio.create_task(reap(retired))
                 self._reaping.add(reaping)
                 reaping.add_done_callback(self._reaping.discard)
 
@@ -385,8 +382,8 @@ class SandboxPool:
         except TimeoutError:
             await _discard(slot)
             raise CodeScorerError(f"timed out after {round(timeout_s * 1000)} ms") from None
-        except _Broken as broken:
-            why = await _crash_reason(proc, broken, timeout_s)
+        except Broken as broken:
+            why = await crash_reason(proc, broken, timeout_s)
             await _discard(slot)
             raise CodeScorerError(why) from None
         slot.calls += 1
@@ -400,28 +397,18 @@ class SandboxPool:
 
     async def _exchange(self, slot: _Slot, proc: asyncio.subprocess.Process, key: str, code: str,
                         args_json: str, timeout_s: float, field: str = "args") -> dict[str, Any]:
-        assert proc.stdin is not None
+        """One request on ``slot``'s process, with the code only if the process does not hold
+        ``key`` (or says it no longer does); keeps the pool's record of what it holds."""
         send_code = key not in slot.loaded
         while True:  # twice at most: again, with the code, if the process no longer held the key
             self._seq += 1
             self._messages += 1
-            rid = self._seq
-            head = json.dumps({"id": rid, "key": key, "code": code if send_code else None,
-                               "timeout": timeout_s})
-            # Splice the pre-encoded arguments in rather than encoding them again.
-            request = head[:-1] + f', "{field}": ' + args_json + "}\n"
-            try:
-                proc.stdin.write(request.encode())
-                await proc.stdin.drain()
-            except (BrokenPipeError, ConnectionResetError) as exc:
-                raise _Broken("pipe closed", ended=True) from exc
-            reply = await _read_message(proc)
-            if reply.get("id") != rid:
-                raise _Broken("reply out of turn")
+            reply = await exchange(proc, self._seq, key, code if send_code else None, timeout_s,
+                                   field=field, payload_json=args_json)
             if not reply.get("missing"):
                 break
             if send_code:
-                raise _Broken("code sent but reported missing")
+                raise Broken("code sent but reported missing")
             send_code = True
         if reply.get("compiled"):
             self._compilations += 1
@@ -436,37 +423,13 @@ class SandboxPool:
 
     async def _spawn(self) -> asyncio.subprocess.Process:
         assert self._confinement is not None
-        confinement = self._confinement
-        seccomp_fd = confinement.seccomp_pipe()
-        cmd = confinement.command(["-I", "-S", "-c", _RUNNER_SOURCE, str(self._memory_limit_mb),
-                                   str(_KEYS_PER_PROCESS)], seccomp_fd)
         try:
-            proc = await asyncio.create_subprocess_exec(
-                *cmd, stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE,
-                stderr=asyncio.subprocess.DEVNULL, env=CHILD_ENV, cwd="/",
-                pass_fds=() if seccomp_fd is None else (seccomp_fd,),
-                start_new_session=True,  # its own process group, killed as a whole
-                limit=_REPLY_LIMIT, **identity(confinement))
-        except OSError as exc:
-            raise CodeScorerError(f"could not start a sandbox: {exc}", retriable=True) from exc
-        finally:
-            if seccomp_fd is not None:
-                os.close(seccomp_fd)
-        try:
-            hello = await asyncio.wait_for(_read_message(proc), _START_TIMEOUT_S)
-            if hello.get("ready") is not True:
-                raise _Broken(str(hello.get("error")))
-        except (TimeoutError, _Broken) as exc:
-            _kill(proc)
-            await _reap(proc)
-            raise CodeScorerError(f"could not start a sandbox: {exc or 'no answer'} "
-                                  f"(exit code {proc.returncode})", retriable=True) from exc
-        except BaseException:
-            _kill(proc)
-            raise
+            proc = await spawn(self._confinement, self._memory_limit_mb, _KEYS_PER_PROCESS)
+        except StartFailed as exc:
+            raise CodeScorerError(str(exc), retriable=True) from exc
         if self._closed:  # close() ran while this process was starting
-            _kill(proc)
-            await _reap(proc)
+            kill(proc)
+            await reap(proc)
             raise CodeScorerError("sandbox pool is not running", retriable=True)
         return proc
 
@@ -484,54 +447,6 @@ def _verdict(entry: Any) -> float | bool | CodeScorerError:
 async def _discard(slot: _Slot) -> None:
     """Kill the slot's process (with its sandbox) and forget it; the next call starts another."""
     if slot.proc is not None:
-        _kill(slot.proc)
-        await asyncio.shield(_reap(slot.proc))
+        kill(slot.proc)
+        await asyncio.shield(reap(slot.proc))
     slot.forget()
-
-
-async def _read_message(proc: asyncio.subprocess.Process) -> dict[str, Any]:
-    assert proc.stdout is not None
-    try:
-        line = await proc.stdout.readline()
-    except ValueError as exc:  # longer than the stream limit
-        raise _Broken("oversized reply") from exc
-    if not line.endswith(b"\n"):
-        raise _Broken("end of file", ended=True)
-    try:
-        message = json.loads(line)
-    except ValueError as exc:
-        raise _Broken("garbled reply") from exc
-    if not isinstance(message, dict):
-        raise _Broken("garbled reply")
-    return message
-
-
-async def _crash_reason(proc: asyncio.subprocess.Process, broken: _Broken, timeout_s: float) -> str:
-    """Name how the process ended, giving it a moment to exit after closing its pipe."""
-    if not broken.ended:
-        return f"sandbox crashed (protocol error: {broken})"
-    try:
-        code = await asyncio.wait_for(proc.wait(), _EXIT_WAIT_S)
-    except TimeoutError:
-        return f"sandbox crashed ({broken})"
-    if code == -signal.SIGXCPU:  # the CPU backstop fired before the wall clock
-        return f"timed out after {round(timeout_s * 1000)} ms"
-    return f"sandbox crashed (exit code {code})"
-
-
-def _kill(proc: asyncio.subprocess.Process) -> None:
-    if proc.returncode is not None:  # already reaped: its pid may belong to someone else now
-        return
-    try:
-        os.killpg(proc.pid, signal.SIGKILL)
-    except ProcessLookupError:
-        pass
-    except PermissionError:  # not the group leader after all (should not happen)
-        proc.kill()
-
-
-async def _reap(proc: asyncio.subprocess.Process) -> None:
-    try:
-        await asyncio.wait_for(proc.wait(), _START_TIMEOUT_S)
-    except TimeoutError:
-        log.warning("a killed sandbox process did not exit", pid=proc.pid)
