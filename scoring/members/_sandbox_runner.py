@@ -1,6 +1,6 @@
 """The program each sandbox process runs: load users' code scorers and call them on request.
 
-Started by ``scoring.members.sandbox`` as ``python -I -S -c <this source> <memory MiB> <cache size>``,
+Started by ``scoring.members.sandbox_process`` as ``python -I -S -c <this source> <memory MiB> <cache size>``,
 inside the confinement of ``scoring.members.isolation`` (its own namespaces, uid, seccomp filter and
 read-only file system): the operating system is the boundary, this program only keeps the
 protocol. Standard library only: ``-S`` leaves nothing else importable, and the source is

@@ -1,6 +1,6 @@
 """Writes the code-scorer sandbox's seccomp filter, as BPF, to standard output.
 
-Run by ``scoring.members.sandbox`` with the sandbox's Python (Debian's ``/usr/bin/python3`` by default),
+Run by ``scoring.members.isolation`` with the sandbox's Python (Debian's ``/usr/bin/python3`` by default),
 which has libseccomp's own Python binding (Debian package ``python3-seccomp``); the pool hands
 the program to bubblewrap (``bwrap --seccomp FD``), which loads it after ``no_new_privs`` and
 just before it starts the runner, so no user code ever runs without it.
