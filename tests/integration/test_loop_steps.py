@@ -158,7 +158,8 @@ class HeldClaims(Claims):
     def __init__(self, redis: Redis) -> None:
         super().__init__(redis, lease_s=90)
         self.calls: list[list[str]] = []
-        self.released: list[str] = []  # subject keys given up
+        self.released: list[str] = []  # subject keys given up (or tried to)
+        self.release_fails = False
         self.open = asyncio.Event()
         self.open.set()
 
@@ -169,6 +170,8 @@ class HeldClaims(Claims):
 
     async def release(self, requests: list[ClaimRequest]) -> None:
         self.released.extend(r.subject_key for r in requests)
+        if self.release_fails:
+            raise RedisConnectionError("redis went away while giving up leases")
         await super().release(requests)
 
     def claims_of(self, trace_id: str) -> int:
@@ -803,6 +806,20 @@ async def test_a_trace_whose_pair_breaks_is_dead_lettered_once_its_other_pairs_a
     assert len(loop.events.of("latency")) == 1
 
 
+async def test_a_broken_pair_whose_lease_cannot_be_given_up_still_dead_letters_its_trace(
+        loops: Callable[..., Awaitable[Loop]]) -> None:
+    # Giving up the lease is a courtesy (it expires anyway): its failure must not stop the loop.
+    loop = await loops(("wait",))
+    loop.claims.release_fails = True
+    await loop.send("t-0", "[[break:wait]]")
+    await loop.send("t-1")
+    await loop.start()
+    await loop.committed_to(2)
+    assert loop.claims.released == ["trace:t-0"], "it was tried"
+    assert [letter["error"] for _, letter in await loop.dead()] == ["scoring failed: ValueError: scoring broke on t-0"]
+    assert await loop.ratings() == [("wait", "t-1")] and loop.traces.fatal is None
+
+
 @pytest.mark.parametrize("group_id", ["wait", "bulk"])
 async def test_an_outage_while_scoring_stops_the_loop_without_dead_lettering_or_committing(
         loops: Callable[..., Awaitable[Loop]], group_id: str) -> None:
@@ -928,12 +945,13 @@ async def test_drain_cancels_jobs_past_the_deadline_and_releases_their_leases(
         {"event": "cancelling traces that did not finish in time", "log_level": "warning", "traces": 1}]
 
 
+@pytest.mark.parametrize("group_id", ["bulk", "wait"])  # scored in bulk / pair by pair
 async def test_a_publish_under_way_when_drain_cancels_its_trace_completes_and_keeps_its_lease(
-        loops: Callable[..., Awaitable[Loop]], logs: list[dict[str, Any]]) -> None:
+        loops: Callable[..., Awaitable[Loop]], logs: list[dict[str, Any]], group_id: str) -> None:
     # t-0's rating is on its way to the broker (held there) when drain's deadline passes and
     # cancels the job: the publish is shielded - it ends, marked done with the published rating's
     # id, and its lease is never given up (a free pair whose rating is out would be scored again).
-    loop = await loops(("bulk",), commit_interval_s=3600)
+    loop = await loops((group_id,), commit_interval_s=3600)
     loop.producer.held_topic = loop.topics.ratings
     loop.producer.held.clear()
     await loop.send("t-0")
@@ -946,9 +964,61 @@ async def test_a_publish_under_way_when_drain_cancels_its_trace_completes_and_ke
     await asyncio.wait_for(draining, WAIT_S)
     loop.stop = None  # drained
     (rating,) = [orjson.loads(r.value) for r in await loop.read(loop.topics.ratings)]
-    assert await loop.state("bulk", "t-0") == f"done:{rating['id']}"
+    assert await loop.state(group_id, "t-0") == f"done:{rating['id']}"
     assert loop.claims.released == [], "a published pair's lease is not given up"
     assert await loop.committed() in (None, 0), "its job was cancelled: a redelivery finds the pair done"
+    assert loop.traces.fatal is None
+
+
+@pytest.mark.parametrize("group_id", ["bulk", "wait"])
+async def test_a_publish_that_fails_after_drain_cancelled_its_job_is_still_reported_as_fatal(
+        loops: Callable[..., Awaitable[Loop]], logs: list[dict[str, Any]], group_id: str) -> None:
+    # The job is cancelled, so its failure is not the job's: the publish itself records it (the
+    # worker exits 1 on it), and the pair keeps its lease - not done, not given up.
+    loop = await loops((group_id,), commit_interval_s=3600, ratings_config={"max.message.bytes": "64"})
+    loop.producer.held_topic = loop.topics.ratings
+    loop.producer.held.clear()
+    await loop.send("t-0")
+    await loop.start()
+    await until(lambda: loop.producer.waiting == 1, "t-0's rating to be held on its way out")
+    await loop.halt()
+    draining = asyncio.create_task(loop.traces.drain(1))
+    await until(lambda: logged(logs, "cancelling traces that did not finish in time") != [], "t-0's job cancelled")
+    loop.producer.held.set()  # ...and the broker refuses the rating
+    await asyncio.wait_for(draining, WAIT_S)
+    loop.stop = None  # drained
+    assert isinstance(loop.traces.fatal, KafkaError)
+    assert (await loop.state(group_id, "t-0")).startswith("lease:") and loop.claims.released == []
+
+
+async def test_a_publish_that_never_ends_does_not_hold_drain_past_its_deadline(
+        loops: Callable[..., Awaitable[Loop]]) -> None:
+    loop = await loops(("bulk",), commit_interval_s=3600)
+    loop.producer.held_topic = loop.topics.ratings
+    loop.producer.held.clear()  # never opened before drain returns
+    await loop.send("t-0")
+    await loop.start()
+    await until(lambda: loop.producer.waiting == 1, "t-0's rating to be held on its way out")
+    await loop.halt()
+    await asyncio.wait_for(loop.traces.drain(0.2), WAIT_S)
+    loop.stop = None  # drained
+    assert loop.producer.waiting == 1 and not loop.producer.held.is_set(), "returned with the publish still held"
+
+
+async def test_drain_commits_what_is_finished_even_when_giving_up_leases_fails(
+        loops: Callable[..., Awaitable[Loop]]) -> None:
+    loop = await loops(("wait",), commit_interval_s=3600)
+    await loop.send("t-0")
+    await loop.send("t-1", BLOCK)
+    await loop.start()
+    await until(lambda: len(loop.events.of("latency")) == 1 and loop.panel.entered == [("wait", "t-1")],
+                "t-0 finished and t-1 in flight")
+    await loop.halt()
+    loop.claims.release_fails = True
+    await asyncio.wait_for(loop.traces.drain(0.05), WAIT_S)
+    loop.stop = None  # drained
+    assert loop.claims.released == ["trace:t-1"], "it was tried"
+    assert await loop.committed() == 1
 
 
 async def test_a_job_that_finishes_after_a_fatal_error_does_not_clear_it(loops: Callable[..., Awaitable[Loop]]) -> None:
@@ -1037,6 +1107,36 @@ async def test_on_revocation_only_the_revoked_partitions_are_committed(
     await loop.traces.rebalance_listener().on_partitions_revoked({loop.tp})
     assert await loop.committed() == 1 and await loop.committed(other) is None
     assert loop.events.of("committed") == [(loop.topics.traces, 0, 1)]
+
+
+async def test_work_finishing_on_a_partition_lost_in_a_rebalance_does_not_block_the_commits_of_those_kept(
+        loops: Callable[..., Awaitable[Loop]], logs: list[dict[str, Any]]) -> None:
+    # A second member joins the group: each keeps one of the two partitions. The trace in flight
+    # on the partition that left ends afterwards; its offset is not this worker's to commit any
+    # more (the consumer refuses it), so it must not hold back the commits of the partition kept.
+    loop = await loops(("wait",), partitions=2)
+    await loop.send("t-0", BLOCK, partition=0)
+    await loop.send("t-1", BLOCK, partition=1)
+    await loop.start()
+    await until(lambda: len(loop.panel.entered) == 2, "a trace in flight on each partition")
+    peer = AIOKafkaConsumer(bootstrap_servers=loop.bootstrap, group_id=loop.group_id, enable_auto_commit=False)
+    peer.subscribe([loop.topics.traces])
+    await peer.start()
+    try:
+        await until(lambda: len(loop.consumer.assignment()) == 1 and len(peer.assignment()) == 1,
+                    "the partitions to be split between the two members")
+        (kept,) = loop.consumer.assignment()
+        loop.panel.release()  # both jobs end, one on the partition that left
+        await until(lambda: len(loop.events.of("latency")) >= 2, "the two in-flight traces to end")
+        await loop.send("t-2", partition=kept.partition)
+        position = (await loop.consumer.end_offsets([kept]))[kept]
+
+        async def kept_committed() -> bool:
+            return await loop.committed(kept) == position
+        await until(kept_committed, "the kept partition's commit to pass t-2")
+        assert logged(logs, "commit failed; retrying on the next tick") == []
+    finally:
+        await peer.stop()
 
 
 async def test_lag_is_reported_from_the_oldest_unfinished_offset(loops: Callable[..., Awaitable[Loop]]) -> None:
