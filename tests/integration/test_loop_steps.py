@@ -876,6 +876,27 @@ async def test_a_bulk_pair_taken_over_while_being_scored_is_not_published_and_it
     assert loop.events.of("group_skipped") == [(loop.project, "bulk", "dedupe")]
 
 
+async def test_a_bulk_pair_taken_over_while_being_scored_and_given_up_is_scored_again_alone(
+        loops: Callable[..., Awaitable[Loop]]) -> None:
+    loop = await loops(("bulk",))
+    await loop.send("t-0", BLOCK)
+    await loop.start()
+    await until(lambda: loop.panel.entered == [("bulk", "t-0")], "t-0 to be in scoring")
+    request = loop.request("bulk", "t-0")
+    await loop.claims.release([request])  # as if this worker's lease had lapsed...
+    other = Claims(loop.redis, owner="another-worker", lease_s=90)
+    assert [c.state for c in await other.claim_many([request])] == ["claimed"]  # ...and was taken over
+    polls = loop.claims.claims_of("t-0")
+    loop.panel.release()
+    await until(lambda: loop.claims.claims_of("t-0") >= polls + 2, "the taken-over pair to be polled")
+    assert await loop.ratings() == []
+    await other.release([request])  # the other worker gave it up
+    await loop.committed_to(1)
+    assert loop.panel.alone == [("bulk", "t-0")], "scored again, alone, once the pair was free"
+    assert await loop.ratings() == [("bulk", "t-0")] and await loop.dead() == []
+    assert (await loop.state("bulk", "t-0")).startswith("done:")
+
+
 # --- publish ------------------------------------------------------------------------------------
 
 
