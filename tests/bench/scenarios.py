@@ -69,13 +69,16 @@ class Bench:
             await redis.aclose()
         return url
 
-    def worker(self, name: str, redis_url: str, *, topic: str | None = None, **settings: object) -> WorkerProcess:
+    def worker(self, name: str, redis_url: str, *, topic: str | None = None, instance: int = 0,
+               **settings: object) -> WorkerProcess:
+        """A worker of the consumer group ``name`` (``instance`` tells its log from its peers')."""
         env = worker_env(self.bootstrap, redis_url, self.name(name), topic_partitions=6, log_level="warning",
                          code_sandboxes=self.sandboxes, **{**settings, **self.worker_settings})
         env["SGW_TRACES_TOPIC"] = topic or self.topic
         # A port of our own: the worker logs the one it binds at info level, and the bench runs it at
         # warning (no log lines on the hot path).
-        return WorkerProcess(env, name=name, metrics_port=free_port()).start(self.logs)
+        log_name = f"{name}-{instance}" if instance else name
+        return WorkerProcess(env, name=log_name, metrics_port=free_port()).start(self.logs)
 
     def process(self, name: str, argv: list[str]) -> subprocess.Popen[bytes]:
         env = {**os.environ, "PYTHONPATH": str(ROOT)}
@@ -84,9 +87,10 @@ class Bench:
 
 
 async def _drain(bench: Bench, pid: int, alive: Any, out_topic: str, traces: int, groups: int,
-                 redis_url: str | None = None) -> dict[str, Any]:
-    """Wait until ``traces`` x ``groups`` outputs are out; measure from the first output on."""
-    tree = ProcessTree(pid).start()
+                 redis_url: str | None = None, peers: tuple[int, ...] = ()) -> dict[str, Any]:
+    """Wait until ``traces`` x ``groups`` outputs are out; measure from the first output on (the
+    CPU and memory of ``pid``, of the ``peers`` working alongside it, and of their children)."""
+    tree = ProcessTree(pid, peers=peers).start()
     expected = traces * groups
     try:
         async with OutputTopic(bench.bootstrap, out_topic) as out:
@@ -150,21 +154,30 @@ async def peer(bench: Bench) -> dict[str, Any]:
         _stop(proc)
 
 
-async def _worker_drain(bench: Bench, name: str, traces: int) -> dict[str, Any]:
+async def _worker_drain(bench: Bench, name: str, traces: int, workers: int = 1) -> dict[str, Any]:
     redis_url = await bench.fresh_db(DETERMINISTIC_CATALOG)
     ratings = bench.name(f"{name}-ratings")
     await create_topics(bench.bootstrap, [ratings], log_append_time=True)
-    worker = bench.worker(name, redis_url, ratings_topic=ratings)
-    assert worker.proc is not None
+    # Several workers share one consumer group, as an operator scales out: the partitions split.
+    started = [bench.worker(name, redis_url, ratings_topic=ratings, instance=i) for i in range(workers)]
+    pids = [w.proc.pid for w in started if w.proc is not None]
     try:
-        return await _drain(bench, worker.proc.pid, lambda: worker.proc is not None and worker.proc.poll() is None,
-                            ratings, traces, DETERMINISTIC_GROUPS, redis_url)
+        result = await _drain(bench, pids[0], lambda: all(w.proc is not None and w.proc.poll() is None
+                                                          for w in started),
+                              ratings, traces, DETERMINISTIC_GROUPS, redis_url, peers=tuple(pids[1:]))
+        return result | ({"workers": workers} if workers > 1 else {})
     finally:
-        worker.stop(timeout_s=120)
+        for worker in started:
+            worker.stop(timeout_s=120)
 
 
 async def deterministic(bench: Bench) -> dict[str, Any]:
     return await _worker_drain(bench, "deterministic", bench.traces)
+
+
+async def scale_out(bench: Bench, workers: int) -> dict[str, Any]:
+    """The deterministic scenario with ``workers`` processes in one consumer group."""
+    return await _worker_drain(bench, f"deterministic-x{workers}", bench.traces, workers)
 
 
 async def backlog(bench: Bench, size: int) -> dict[str, Any]:

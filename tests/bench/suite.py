@@ -11,6 +11,8 @@ traces topic (6 partitions) with ``--traces`` realistic ~2 KB traces, then runs,
   the same scoring functions (needs .venv-bench: ``bash tests/bench/peer_env.sh``);
 - deterministic: ``scorer-worker run`` with two deterministic groups (four patterns; a code
   scorer plus a pattern) draining the topic;
+- scale_out: the same with ``--scale-workers`` worker processes in one consumer group, as an
+  operator scales out (CPU and memory summed over them; peak_rss_mb is the first one's);
 - judge-bound: one judge group against deploy/judge_server.py in its own process answering in
   300 ms, at SGW_JUDGE_CONCURRENCY 16, 64 and 256: judge calls/s against concurrency / latency;
 - latency: open-loop production at half the deterministic rate to a fresh topic; produce time
@@ -45,7 +47,7 @@ from tests.bench.scenarios import Bench
 from tests.bench.workload import create_topics, machine, produce_traces
 
 RESULTS = Path(__file__).resolve().parent / "results"
-ALL = ["limit", "peer", "deterministic", "judge", "latency", "backlog"]
+ALL = ["limit", "peer", "deterministic", "scale_out", "judge", "latency", "backlog"]
 
 
 async def run(args: argparse.Namespace) -> dict[str, Any]:
@@ -86,6 +88,8 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
             await scenario("peer", scenarios.peer(bench))
         if "deterministic" in wanted:
             await scenario("deterministic", scenarios.deterministic(bench))
+        if "scale_out" in wanted:
+            await scenario(f"deterministic_x{args.scale_workers}", scenarios.scale_out(bench, args.scale_workers))
         if "judge" in wanted:
             for concurrency in (int(c) for c in args.judge_concurrency.split(",")):
                 await scenario(f"judge_{concurrency}", scenarios.judge_bound(bench, concurrency, args.judge_seconds))
@@ -138,7 +142,8 @@ def markdown(report: dict[str, Any]) -> str:
             notes = (f"at {_cell(r.get('achieved_rate'))} traces/s: p50 {r.get('p50_ms')} ms, p99 {r.get('p99_ms')} ms,"
                      f" max {r.get('max_ms')} ms; worker {_cell(r.get('cpu_starved'))} starved")
         elif "traces" in r:
-            notes = (f"{r['traces']:,} traces in {r.get('seconds')} s; {_cell(r.get('cpu_cores_used'))} cores busy, "
+            notes = (f"{r['workers']} workers; " if r.get("workers") else "") + (
+                     f"{r['traces']:,} traces in {r.get('seconds')} s; {_cell(r.get('cpu_cores_used'))} cores busy, "
                      f"{_cell(r.get('cpu_starved'))} starved; "
                      f"with children {_cell(r.get('tree_peak_rss_mb'))} MB")
         elif "skipped" in r:
@@ -161,6 +166,7 @@ def main() -> None:
     parser.add_argument("--latency-seconds", type=float, default=30.0)
     parser.add_argument("--latency-rate", type=float, default=None, help="default: half the deterministic rate")
     parser.add_argument("--sandboxes", type=int, default=2, help="SGW_CODE_SANDBOXES of the worker")
+    parser.add_argument("--scale-workers", type=int, default=2, help="worker processes in the scale_out scenario")
     parser.add_argument("--worker-setting", action="append", default=[], metavar="NAME=VALUE",
                         help="a worker setting for every scenario, e.g. max_in_flight=1024 (SGW_MAX_IN_FLIGHT)")
     parser.add_argument("--only", default="", help=f"comma-separated subset of {','.join(ALL)}")

@@ -224,6 +224,7 @@ class ProcessTree:
     CPU seconds used since ``mark()`` and the peak of their summed RSS."""
 
     root: int
+    peers: tuple[int, ...] = ()  # processes measured with the root (workers of the same group)
     interval_s: float = 0.25
     cpu: dict[int, float] = field(default_factory=dict)  # last seen, per pid (dead ones kept)
     # Seconds its threads were runnable but waited for a CPU (/proc/PID/task/*/schedstat), per pid:
@@ -246,7 +247,7 @@ class ProcessTree:
 
     def sample(self) -> None:
         stats = {int(p): s for p in os.listdir("/proc") if p.isdigit() and (s := _stat(p)) is not None}
-        tree, frontier = {self.root}, [self.root]
+        tree, frontier = {self.root, *self.peers}, [self.root, *self.peers]
         children: dict[int, list[int]] = {}
         for pid, (ppid, _, _) in stats.items():
             children.setdefault(ppid, []).append(pid)
