@@ -22,7 +22,6 @@ import asyncio
 import contextlib
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
 
 import structlog
 from aiokafka.errors import KafkaError
@@ -30,28 +29,21 @@ from redis.exceptions import RedisError
 
 from consumers.events import NoEvents, PipelineEvents
 from consumers.outputs import Outputs
-from scoring.models import ScorerGroup
-from scoring.panel import Panel, planned_judge_calls
+from scoring.panel import Panel
 from scoring.results import history_event
+from scoring.routing import Pair, pair
 from scoring.sampling import keep
 from scoring.stores.catalog import CatalogSnapshot
-from scoring.stores.claims import ClaimRequest, Claims, day_of
+from scoring.stores.claims import Claims, day_of
 from scoring.stores.ratings import RatingsStore, SessionVerdict
 from scoring.stores.sessions import SessionStore
-from scoring.subjects import Subject, session_subject
+from scoring.subjects import session_subject
 
 log = structlog.get_logger(__name__)
 
 MIN_TURNS = 2
 PAGE = 200  # quiet sessions read at once
 MAX_PAGES = 25  # per project and sweep: the rest wait for the next tick
-
-
-@dataclass(frozen=True)
-class _Due:
-    group: ScorerGroup
-    subject: Subject
-    claim: ClaimRequest
 
 
 class SessionSweeper:
@@ -100,7 +92,7 @@ class SessionSweeper:
         judged, offset = 0, 0
         for _ in range(MAX_PAGES):
             sessions = await self._store.quiet(project, min(idle), now, offset=offset, limit=PAGE)
-            due: list[_Due] = []
+            due: list[Pair] = []
             poisoned: list[str] = []
             for session in sessions:
                 if len(session.turns) < MIN_TURNS:
@@ -120,13 +112,8 @@ class SessionSweeper:
                         continue
                     if not keep(session.session_id, group.id, group.online.sample_rate):
                         continue
-                    due.append(_Due(group, subject, ClaimRequest(
-                        project_id=project, group_id=group.id,
-                        subject_key=f"session:{session.session_id}:{subject.turns}",
-                        judge_calls=planned_judge_calls(group, snapshot, subject),
-                        budget_limit=budget.judge_calls_per_window if budget else None,
-                        budget_window_s=budget.window_seconds if budget else 3600,
-                        day=day)))
+                    due.append(pair(group, subject, snapshot, budget, project_id=project,
+                                    subject_key=f"session:{session.session_id}:{subject.turns}", day=day))
             unsettled: set[str] = set()
             # Claim only as much as is scored at once: a lease must not wait behind a long queue.
             for chunk in range(0, len(due), self._concurrency):
@@ -143,7 +130,7 @@ class SessionSweeper:
             offset += len(sessions) - len(settled)  # the settled ones left the index
         return judged
 
-    async def _judge(self, due: list[_Due], snapshot: CatalogSnapshot, unsettled: set[str]) -> int:
+    async def _judge(self, due: list[Pair], snapshot: CatalogSnapshot, unsettled: set[str]) -> int:
         claims = await self._claims.claim_many([d.claim for d in due])
         mine = []
         for item, claim in zip(due, claims, strict=True):

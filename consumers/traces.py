@@ -40,14 +40,13 @@ from consumers.events import NoEvents, PipelineEvents
 from consumers.offsets import CommitOnRevoke, OffsetTracker, PartitionOffsets
 from consumers.outage import OutageGuard, OutageTooLong
 from consumers.outputs import Outputs, TopicNames
-from scoring.models import ScorerGroup
-from scoring.panel import GroupResult, Panel, planned_judge_calls
+from scoring.panel import GroupResult, Panel
 from scoring.results import history_event
-from scoring.sampling import keep
+from scoring.routing import Pair, trace_pairs
 from scoring.stores.catalog import CatalogSnapshot
-from scoring.stores.claims import ClaimRequest, Claims, day_of
+from scoring.stores.claims import ClaimRequest, Claims
 from scoring.stores.ratings import RatingEvent, RatingsStore
-from scoring.subjects import Subject, Trace, trace_subject
+from scoring.subjects import Trace
 
 log = structlog.get_logger(__name__)
 
@@ -58,15 +57,6 @@ class TurnRecorder(Protocol):
     """Where session-scope turns go (the sessions sweeper reads them)."""
 
     async def record(self, traces: list[Trace], now: float | None = None) -> None: ...
-
-
-@dataclass
-class _Pair:
-    """One (group, trace) to score."""
-
-    group: ScorerGroup
-    subject: Subject
-    claim: ClaimRequest
 
 
 @dataclass
@@ -260,7 +250,7 @@ class TraceConsumer:
         kept: Counter[tuple[str, str]] = Counter()  # counted per batch, not per pair
         for ticket, record, trace in traces:
             try:
-                pairs = self._route(trace, snapshot)
+                pairs = trace_pairs(trace, snapshot)
             except Exception as exc:
                 dead.append((ticket, record.offset, self._unprocessable(record, "routing", exc)))
                 continue
@@ -281,14 +271,14 @@ class TraceConsumer:
         # 6. One job for the batch: pairs that wait on nothing (patterns, code scorers) are scored
         #    in bulk; pairs that wait (judges, external scorers, another worker's lease) each on
         #    their own, so none holds back the others.
-        bulk: list[tuple[_Pair, _TraceWork]] = []
-        each: list[tuple[_Pair, bool, _TraceWork]] = []
+        bulk: list[tuple[Pair, _TraceWork]] = []
+        each: list[tuple[Pair, bool, _TraceWork]] = []
         job_traces: list[_TraceWork] = []
         cursor = 0
         for ticket, record, trace, pairs in pairs_by_trace:
             states = claims[cursor:cursor + len(pairs)]
             cursor += len(pairs)
-            work: list[tuple[_Pair, bool]] = []
+            work: list[tuple[Pair, bool]] = []
             for pair, claim in zip(pairs, states, strict=True):
                 if claim.state == "claimed":
                     work.append((pair, False))
@@ -319,36 +309,14 @@ class TraceConsumer:
             task.add_done_callback(self._job_done)
         self._events.in_flight(self._offsets.in_flight())
 
-    def _route(self, trace: Trace, snapshot: CatalogSnapshot) -> list[_Pair]:
-        """The project's live trace-scope groups that keep this trace (a stable sample)."""
-        groups = snapshot.live_groups(trace.project_id, "trace")
-        if not groups:
-            return []
-        subject = trace_subject(trace)
-        budget = snapshot.budget(trace.project_id)
-        day = day_of(trace.timestamp.timestamp())  # the trace's own time: the same on redelivery
-        pairs = []
-        for group in groups:
-            assert group.online is not None
-            if not keep(trace.trace_id, group.id, group.online.sample_rate):
-                continue
-            claim = ClaimRequest(
-                project_id=trace.project_id, group_id=group.id, subject_key=f"trace:{trace.trace_id}",
-                judge_calls=planned_judge_calls(group, snapshot, subject),
-                budget_limit=budget.judge_calls_per_window if budget else None,
-                budget_window_s=budget.window_seconds if budget else 3600, day=day,
-            )
-            pairs.append(_Pair(group, subject, claim))
-        return pairs
-
     # --- one trace -----------------------------------------------------------------------------
 
-    async def _batch_job(self, bulk: list[tuple[_Pair, _TraceWork]], each: list[tuple[_Pair, bool, _TraceWork]],
+    async def _batch_job(self, bulk: list[tuple[Pair, _TraceWork]], each: list[tuple[Pair, bool, _TraceWork]],
                          unpublished: set[ClaimRequest], snapshot: CatalogSnapshot) -> None:
         await asyncio.gather(self._bulk(bulk, unpublished, snapshot),
                              *(self._one(pair, busy, work, snapshot, unpublished) for pair, busy, work in each))
 
-    async def _bulk(self, bulk: list[tuple[_Pair, _TraceWork]], unpublished: set[ClaimRequest],
+    async def _bulk(self, bulk: list[tuple[Pair, _TraceWork]], unpublished: set[ClaimRequest],
                     snapshot: CatalogSnapshot) -> None:
         """Score, publish and record many pairs at once (one sandbox message per code scorer,
         one batch of records to the producer, one write of history and done marks)."""
@@ -379,7 +347,7 @@ class TraceConsumer:
             if ours:
                 await self._pair_finished(work, None)
 
-    async def _one(self, pair: _Pair, busy: bool, work: _TraceWork, snapshot: CatalogSnapshot,
+    async def _one(self, pair: Pair, busy: bool, work: _TraceWork, snapshot: CatalogSnapshot,
                    unpublished: set[ClaimRequest]) -> None:
         await self._pair_finished(work, await self._pair(pair, busy, snapshot, unpublished))
 
@@ -398,7 +366,7 @@ class TraceConsumer:
             work.ticket.finished(work.record.offset)
         self._events.latency(time.monotonic() - work.started)
 
-    async def _pair(self, pair: _Pair, busy: bool, snapshot: CatalogSnapshot,
+    async def _pair(self, pair: Pair, busy: bool, snapshot: CatalogSnapshot,
                     unpublished: set[ClaimRequest]) -> Exception | None:
         """Score and publish one pair; return the exception if the trace itself broke scoring."""
         try:
@@ -427,7 +395,7 @@ class TraceConsumer:
         (held,) = await self._outages.call(lambda: self._claims.confirm([claim]))
         return held
 
-    async def _publish(self, pair: _Pair, result: GroupResult, snapshot: CatalogSnapshot) -> None:
+    async def _publish(self, pair: Pair, result: GroupResult, snapshot: CatalogSnapshot) -> None:
         try:
             (rating,) = await self._outages.call(lambda: self._outputs.publish([result], "trace", snapshot))
             await self._finisher.submit([_Finished(pair.claim, rating.id, history_event(pair.group, rating))])
@@ -436,7 +404,7 @@ class TraceConsumer:
             log.error("publishing a result failed; the worker stops without committing it", error=repr(exc))
             raise
 
-    async def _publish_many(self, scored: list[tuple[_Pair, GroupResult]], snapshot: CatalogSnapshot) -> None:
+    async def _publish_many(self, scored: list[tuple[Pair, GroupResult]], snapshot: CatalogSnapshot) -> None:
         try:
             ratings = await self._outages.call(
                 lambda: self._outputs.publish([result for _, result in scored], "trace", snapshot))
@@ -454,7 +422,7 @@ class TraceConsumer:
         if not task.cancelled() and task.exception() is not None and self._fatal is None:
             self._fatal = task.exception()
 
-    async def _score(self, pair: _Pair, busy: bool, snapshot: CatalogSnapshot) -> GroupResult | None:
+    async def _score(self, pair: Pair, busy: bool, snapshot: CatalogSnapshot) -> GroupResult | None:
         """Score one pair; for a pair another worker holds, wait until it is done (None) or its
         lease expires (then it is ours, budget reserved again)."""
         while busy:

@@ -1,0 +1,71 @@
+"""Routing a trace to its (group, trace) pairs and the claims that reserve them."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime
+from typing import Any
+
+from scoring.models import Budget, Judge, Pattern, ScorerGroup
+from scoring.routing import DEFAULT_BUDGET_WINDOW_S, trace_pairs
+from scoring.sampling import keep
+from scoring.stores.catalog import CatalogSnapshot
+from scoring.stores.claims import day_of
+from scoring.subjects import Trace
+
+
+def group(group_id: str, project: str, members: list[dict[str, Any]], *, sample_rate: float = 1.0,
+          scope: str = "trace", enabled: bool = True) -> ScorerGroup:
+    return ScorerGroup.model_validate({
+        "id": group_id, "name": group_id, "projectId": project,
+        "online": {"enabled": enabled, "sampleRate": sample_rate, "alertThreshold": None, "severity": "low",
+                   "scope": scope},
+        "members": [m | {"weight": 1, "gate": False} for m in members]})
+
+
+JUDGES = [{"kind": "judge", "refId": "j1"}, {"kind": "judge", "refId": "j2"}]
+PATTERN = [{"kind": "pattern", "refId": "p"}]
+
+
+def snapshot(*groups: ScorerGroup, budgets: tuple[Budget, ...] = ()) -> CatalogSnapshot:
+    return CatalogSnapshot(version=1, groups={f"{g.project_id}/{g.id}": g for g in groups},
+                           judges={j: Judge(id=j, name=j, criteria="Is it right?") for j in ("j1", "j2")},
+                           patterns={"p": Pattern(id="p", name="P", polarity="failure", contains=["refund"])},
+                           budgets={b.project_id: b for b in budgets})
+
+
+def trace(trace_id: str = "t-1", project: str = "acme", timestamp: str = "2026-12-02T13:00:00Z") -> Trace:
+    return Trace.model_validate({"traceId": trace_id, "projectId": project, "agentId": "a", "timestamp": timestamp,
+                                 "spans": [{"spanId": "r", "input": "q", "output": "fine"}]})
+
+
+def test_each_live_trace_group_of_the_project_gets_a_pair_with_its_claim() -> None:
+    catalog = snapshot(group("judged", "acme", JUDGES), group("patterned", "acme", PATTERN),
+                       group("sessions", "acme", PATTERN, scope="session"),
+                       group("off", "acme", PATTERN, enabled=False), group("theirs", "other", PATTERN),
+                       budgets=(Budget(project_id="acme", judge_calls_per_window=500, window_seconds=600),))
+    pairs = trace_pairs(trace(), catalog)
+    claims = {p.group.id: p.claim for p in pairs}
+    assert sorted(claims) == ["judged", "patterned"], "trace scope, enabled, this project's only"
+    assert claims["judged"].judge_calls == 2 and claims["patterned"].judge_calls == 0
+    for claim in claims.values():
+        assert claim.project_id == "acme" and claim.subject_key == "trace:t-1"
+        assert (claim.budget_limit, claim.budget_window_s) == (500, 600)
+        assert claim.day == day_of(datetime(2026, 12, 2, 13, tzinfo=UTC).timestamp()), "the trace's own day"
+    assert all(p.subject.trace_id == "t-1" and p.subject.output == "fine" for p in pairs)
+
+
+def test_a_project_without_a_budget_claims_without_a_limit() -> None:
+    (pair,) = trace_pairs(trace(), snapshot(group("judged", "acme", JUDGES)))
+    assert pair.claim.budget_limit is None and pair.claim.budget_window_s == DEFAULT_BUDGET_WINDOW_S
+
+
+def test_sampling_keeps_the_same_traces_for_a_group_every_time() -> None:
+    catalog = snapshot(group("half", "acme", PATTERN, sample_rate=0.5))
+    kept = [f"t-{i}" for i in range(200) if trace_pairs(trace(f"t-{i}"), catalog)]
+    assert kept == [f"t-{i}" for i in range(200) if keep(f"t-{i}", "half", 0.5)]
+    assert 60 < len(kept) < 140
+    assert kept == [f"t-{i}" for i in range(200) if trace_pairs(trace(f"t-{i}"), catalog)], "stable"
+
+
+def test_a_project_with_no_live_groups_has_no_pairs() -> None:
+    assert trace_pairs(trace(project="quiet"), snapshot(group("theirs", "other", PATTERN))) == []
