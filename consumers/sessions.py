@@ -31,7 +31,7 @@ from consumers.events import NoEvents, PipelineEvents
 from consumers.outputs import Outputs
 from scoring.panel import Panel
 from scoring.results import history_event
-from scoring.routing import Pair, pair
+from scoring.routing import Pair, pair_of
 from scoring.sampling import keep
 from scoring.stores.catalog import CatalogSnapshot
 from scoring.stores.claims import Claims, day_of
@@ -88,7 +88,6 @@ class SessionSweeper:
     async def _sweep_project(self, project: str, snapshot: CatalogSnapshot, now: float) -> int:
         groups = snapshot.live_groups(project, "session")
         idle = [g.online.idle_seconds for g in groups if g.online is not None]
-        budget = snapshot.budget(project)
         judged, offset = 0, 0
         for _ in range(MAX_PAGES):
             sessions = await self._store.quiet(project, min(idle), now, offset=offset, limit=PAGE)
@@ -112,8 +111,8 @@ class SessionSweeper:
                         continue
                     if not keep(session.session_id, group.id, group.online.sample_rate):
                         continue
-                    due.append(pair(group, subject, snapshot, budget, project_id=project,
-                                    subject_key=f"session:{session.session_id}:{subject.turns}", day=day))
+                    due.append(pair_of(group, subject, snapshot,
+                                       subject_key=f"session:{session.session_id}:{subject.turns}", day=day))
             unsettled: set[str] = set()
             # Claim only as much as is scored at once: a lease must not wait behind a long queue.
             for chunk in range(0, len(due), self._concurrency):

@@ -177,7 +177,10 @@ class TraceConsumer:
                 with contextlib.suppress(Exception):
                     await self._claims.release(unpublished)
         if self._publishing:  # shielded: they finish (outputs acknowledged, marked done)
-            await asyncio.wait(self._publishing, timeout=deadline_s)
+            _, running = await asyncio.wait(self._publishing, timeout=deadline_s)
+            if running:  # outputs perhaps out, not marked done: their pairs may be scored again
+                log.error("publishes did not finish in time", publishes=len(running))
+                self._fatal = self._fatal or TimeoutError(f"{len(running)} publishes did not finish in time")
         await self._finisher.stop()
         with contextlib.suppress(KafkaError):
             await self.commit()

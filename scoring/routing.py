@@ -1,16 +1,16 @@
-"""Which groups score a subject, and what each (group, subject) pair reserves.
+"""Which groups score a trace, and what each (group, subject) pair reserves.
 
-The step between a decoded trace (or an idle session) and the claims: the project's live groups
-of the subject's scope, each kept or not by a stable sample, each with the claim that dedupes the
-pair and reserves its judge calls in the project's budget. The topic loops call it; it knows
-nothing of Kafka.
+The step between a decoded trace and the claims: the project's live trace-scope groups, each
+kept or not by a stable sample, each with the claim that dedupes the pair and reserves its judge
+calls in the project's budget. The session sweeper (which also waits for a session to be idle)
+builds its pairs with ``pair_of`` too. Knows nothing of Kafka.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
-from scoring.models import Budget, ScorerGroup
+from scoring.models import ScorerGroup
 from scoring.panel import planned_judge_calls
 from scoring.sampling import keep
 from scoring.stores.catalog import CatalogSnapshot
@@ -29,12 +29,13 @@ class Pair:
     claim: ClaimRequest
 
 
-def pair(group: ScorerGroup, subject: Subject, snapshot: CatalogSnapshot, budget: Budget | None, *,
-         project_id: str, subject_key: str, day: int) -> Pair:
-    """The pair and its claim, kept under ``project_id`` (the tenant the subject came from): the
-    judge calls its panel will make, within ``budget`` (None: the project has no budget)."""
+def pair_of(group: ScorerGroup, subject: Subject, snapshot: CatalogSnapshot, *, subject_key: str,
+            day: int) -> Pair:
+    """The pair and its claim, kept under the group's own project (never another tenant's) and
+    reserving the judge calls its panel will make within that project's budget, if it has one."""
+    budget = snapshot.budget(group.project_id)
     return Pair(group, subject, ClaimRequest(
-        project_id=project_id, group_id=group.id, subject_key=subject_key,
+        project_id=group.project_id, group_id=group.id, subject_key=subject_key,
         judge_calls=planned_judge_calls(group, snapshot, subject),
         budget_limit=budget.judge_calls_per_window if budget else None,
         budget_window_s=budget.window_seconds if budget else DEFAULT_BUDGET_WINDOW_S, day=day))
@@ -46,9 +47,7 @@ def trace_pairs(trace: Trace, snapshot: CatalogSnapshot) -> list[Pair]:
     if not groups:
         return []
     subject = trace_subject(trace)
-    budget = snapshot.budget(trace.project_id)
     day = day_of(trace.timestamp.timestamp())  # the trace's own time: the same on redelivery
-    return [pair(group, subject, snapshot, budget, project_id=trace.project_id,
-                 subject_key=f"trace:{trace.trace_id}", day=day)
+    return [pair_of(group, subject, snapshot, subject_key=f"trace:{trace.trace_id}", day=day)
             for group in groups
             if group.online is not None and keep(trace.trace_id, group.id, group.online.sample_rate)]

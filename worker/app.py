@@ -206,8 +206,8 @@ class Worker:
             self.stop.set()  # the sweeper and the sender stop with the loop, whatever ended it
             self.watchdog.arm()
             await traces.drain(s.shutdown_timeout_s)
-            if traces.fatal is not None and exit_code == 0:  # a publish failed while draining
-                log.error("stopping: outputs could not be published while draining", error=repr(traces.fatal))
+            if traces.fatal is not None and exit_code == 0:  # a publish failed or hung while draining
+                log.error("the loop failed while draining", error=repr(traces.fatal))
                 exit_code = 1
             await asyncio.wait(background, timeout=s.shutdown_timeout_s)
         finally:

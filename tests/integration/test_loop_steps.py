@@ -2,8 +2,10 @@
 
 ``TraceConsumer`` runs in-process, as in ``test_loop_guarantees.py``, with what the test
 controls: a panel whose members block until the test releases them or raise for a marked trace,
-an events recorder (the ``PipelineEvents`` protocol), a turns recorder, and claims whose polls
-the test can hold. Every wait is for a condition, with a deadline; no result depends on a sleep.
+an events recorder (the ``PipelineEvents`` protocol), a turns recorder, claims whose polls the
+test can hold (and whose releases can fail), and a producer whose sends to one topic it can hold.
+Every wait is for a condition, with a deadline; no result depends on a sleep (one test holds the
+loop past max.poll.interval.ms: there the length of the hold is what is tested).
 
 The groups a test routes to: ``wait`` (a judge: scored pair by pair; no judge endpoint is
 configured, so its member answers an error and the rating has no score), ``bulk`` (a pattern:
@@ -179,7 +181,8 @@ class HeldClaims(Claims):
 
 
 class HeldProducer(AIOKafkaProducer):  # type: ignore[misc]
-    """The real producer; sends to ``held_topic`` wait while ``held`` is clear."""
+    """The real producer; plain sends to ``held_topic`` wait while ``held`` is clear (outputs
+    use plain sends below ``BULK_RECORDS`` records per partition: every test here)."""
 
     def __init__(self, **config: Any) -> None:
         super().__init__(**config)
@@ -703,14 +706,14 @@ async def test_a_trace_in_flight_below_max_in_flight_leaves_room_for_the_next(
 
 async def test_a_paused_loop_keeps_polling_so_the_consumer_stays_in_its_group(
         loops: Callable[..., Awaitable[Loop]], logs: list[dict[str, Any]]) -> None:
-    # The room is full for three times max.poll.interval.ms: a consumer that stopped calling
-    # getmany meanwhile would leave its group and have its partitions (and their work) revoked.
-    loop = await loops(("wait",), max_in_flight=1, consumer_config={"max_poll_interval_ms": 1000})
+    # The room is full for two and a half times max.poll.interval.ms: a consumer that stopped
+    # calling getmany meanwhile would leave its group and have its partitions (and work) revoked.
+    loop = await loops(("wait",), max_in_flight=1, consumer_config={"max_poll_interval_ms": 2000})
     await loop.send("t-0", BLOCK)
     await loop.start()
     await until(lambda: loop.panel.entered == [("wait", "t-0")], "t-0 in flight")
     await until(lambda: loop.consumer.paused() == {loop.tp}, "the partition to be paused")
-    await asyncio.sleep(3)  # held past max.poll.interval.ms: only its length is the point
+    await asyncio.sleep(5)  # the one sleep of this module: holding past max.poll.interval.ms is the point
     loop.panel.release()
     await loop.committed_to(1)
     revoked = [entry["partitions"] for entry in logged(logs, "partitions revoked") if entry["partitions"]]
@@ -727,7 +730,10 @@ async def test_records_of_a_partition_revoked_since_the_fetch_are_left_and_the_r
         return ConsumerRecord(topic=tp.topic, partition=tp.partition, offset=0, timestamp=0, timestamp_type=0,
                               key=trace_id.encode(), value=value, checksum=None, serialized_key_size=len(trace_id),
                               serialized_value_size=len(value), headers=())
-    gone = TopicPartition(loop.topics.traces, 7)  # in the fetch, no longer this consumer's
+    # A partition in the fetch that is not (any more) this consumer's, first in the batch: the
+    # records after it are still handled. _handle is called beside the running loop, whose own
+    # fetches find an empty topic.
+    gone = TopicPartition(loop.topics.traces, 7)
     await loop.traces._handle({gone: [record(gone, "t-gone")], loop.tp: [record(loop.tp, "t-0")]})
     await loop.committed_to(1)
     assert loop.claims.claims_of("t-gone") == 0, "the new owner reads it"
@@ -967,7 +973,7 @@ async def test_drain_cancels_jobs_past_the_deadline_and_releases_their_leases(
 
 
 @pytest.mark.parametrize("group_id", ["bulk", "wait"])  # scored in bulk / pair by pair
-async def test_a_publish_under_way_when_drain_cancels_its_trace_completes_and_keeps_its_lease(
+async def test_a_publish_under_way_when_drain_cancels_its_trace_completes_marked_done_and_its_lease_is_not_given_up(
         loops: Callable[..., Awaitable[Loop]], logs: list[dict[str, Any]], group_id: str) -> None:
     # t-0's rating is on its way to the broker (held there) when drain's deadline passes and
     # cancels the job: the publish is shielded - it ends, marked done with the published rating's
@@ -987,6 +993,7 @@ async def test_a_publish_under_way_when_drain_cancels_its_trace_completes_and_ke
     (rating,) = [orjson.loads(r.value) for r in await loop.read(loop.topics.ratings)]
     assert await loop.state(group_id, "t-0") == f"done:{rating['id']}"
     assert loop.claims.released == [], "a published pair's lease is not given up"
+    # None: no commit yet (the interval is an hour); 0: drain's final commit, nothing finished
     assert await loop.committed() in (None, 0), "its job was cancelled: a redelivery finds the pair done"
     assert loop.traces.fatal is None
 
@@ -995,7 +1002,8 @@ async def test_a_publish_under_way_when_drain_cancels_its_trace_completes_and_ke
 async def test_a_publish_that_fails_after_drain_cancelled_its_job_is_still_reported_as_fatal(
         loops: Callable[..., Awaitable[Loop]], logs: list[dict[str, Any]], group_id: str) -> None:
     # The job is cancelled, so its failure is not the job's: the publish itself records it (the
-    # worker exits 1 on it), and the pair keeps its lease - not done, not given up.
+    # worker exits 1 on a fatal error after drain, worker/app.py), and the pair keeps its lease -
+    # not done, not given up.
     loop = await loops((group_id,), commit_interval_s=3600, ratings_config={"max.message.bytes": "64"})
     loop.producer.held_topic = loop.topics.ratings
     loop.producer.held.clear()
@@ -1012,8 +1020,9 @@ async def test_a_publish_that_fails_after_drain_cancelled_its_job_is_still_repor
     assert (await loop.state(group_id, "t-0")).startswith("lease:") and loop.claims.released == []
 
 
-async def test_a_publish_that_never_ends_does_not_hold_drain_past_its_deadline(
-        loops: Callable[..., Awaitable[Loop]]) -> None:
+async def test_a_publish_that_never_ends_does_not_hold_drain_past_its_deadline_and_is_fatal(
+        loops: Callable[..., Awaitable[Loop]], logs: list[dict[str, Any]]) -> None:
+    # Its rating may be out and is not marked done: the worker must say so (it exits 1 on fatal).
     loop = await loops(("bulk",), commit_interval_s=3600)
     loop.producer.held_topic = loop.topics.ratings
     loop.producer.held.clear()  # never opened before drain returns
@@ -1021,9 +1030,14 @@ async def test_a_publish_that_never_ends_does_not_hold_drain_past_its_deadline(
     await loop.start()
     await until(lambda: loop.producer.waiting == 1, "t-0's rating to be held on its way out")
     await loop.halt()
+    started = time.monotonic()
     await asyncio.wait_for(loop.traces.drain(0.2), WAIT_S)
+    assert time.monotonic() - started < 0.2 * 2 + 3, "the job's deadline, then the publishes' deadline"
     loop.stop = None  # drained
     assert loop.producer.waiting == 1 and not loop.producer.held.is_set(), "returned with the publish still held"
+    assert str(loop.traces.fatal) == "1 publishes did not finish in time"
+    assert logged(logs, "publishes did not finish in time") == [
+        {"event": "publishes did not finish in time", "log_level": "error", "publishes": 1}]
 
 
 async def test_drain_commits_what_is_finished_even_when_giving_up_leases_fails(

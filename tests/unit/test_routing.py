@@ -42,14 +42,15 @@ def test_each_live_trace_group_of_the_project_gets_a_pair_with_its_claim() -> No
     catalog = snapshot(group("judged", "acme", JUDGES), group("patterned", "acme", PATTERN),
                        group("sessions", "acme", PATTERN, scope="session"),
                        group("off", "acme", PATTERN, enabled=False), group("theirs", "other", PATTERN),
-                       budgets=(Budget(project_id="acme", judge_calls_per_window=500, window_seconds=600),))
+                       budgets=(Budget(project_id="acme", judge_calls_per_window=500, window_seconds=600),
+                                Budget(project_id="other", judge_calls_per_window=7, window_seconds=60)))
     pairs = trace_pairs(trace(), catalog)
     claims = {p.group.id: p.claim for p in pairs}
     assert sorted(claims) == ["judged", "patterned"], "trace scope, enabled, this project's only"
     assert claims["judged"].judge_calls == 2 and claims["patterned"].judge_calls == 0
     for claim in claims.values():
         assert claim.project_id == "acme" and claim.subject_key == "trace:t-1"
-        assert (claim.budget_limit, claim.budget_window_s) == (500, 600)
+        assert (claim.budget_limit, claim.budget_window_s) == (500, 600), "acme's budget, not another's"
         assert claim.day == day_of(datetime(2026, 12, 2, 13, tzinfo=UTC).timestamp()), "the trace's own day"
     assert all(p.subject.trace_id == "t-1" and p.subject.output == "fine" for p in pairs)
 
@@ -59,12 +60,11 @@ def test_a_project_without_a_budget_claims_without_a_limit() -> None:
     assert pair.claim.budget_limit is None and pair.claim.budget_window_s == DEFAULT_BUDGET_WINDOW_S
 
 
-def test_sampling_keeps_the_same_traces_for_a_group_every_time() -> None:
-    catalog = snapshot(group("half", "acme", PATTERN, sample_rate=0.5))
-    kept = [f"t-{i}" for i in range(200) if trace_pairs(trace(f"t-{i}"), catalog)]
-    assert kept == [f"t-{i}" for i in range(200) if keep(f"t-{i}", "half", 0.5)]
-    assert 60 < len(kept) < 140
-    assert kept == [f"t-{i}" for i in range(200) if trace_pairs(trace(f"t-{i}"), catalog)], "stable"
+def test_sampling_keeps_the_traces_the_stable_sample_of_the_trace_and_group_picks() -> None:
+    catalog = snapshot(group("half", "acme", PATTERN, sample_rate=0.5), group("all", "acme", PATTERN))
+    kept = {f"t-{i}": sorted(p.group.id for p in trace_pairs(trace(f"t-{i}"), catalog)) for i in range(200)}
+    assert kept == {t: sorted(["all"] + (["half"] if keep(t, "half", 0.5) else [])) for t in kept}
+    assert 60 < sum("half" in groups for groups in kept.values()) < 140
 
 
 def test_a_project_with_no_live_groups_has_no_pairs() -> None:
