@@ -27,15 +27,17 @@ PATTERN = [{"kind": "pattern", "refId": "p"}]
 
 
 def snapshot(*groups: ScorerGroup, budgets: tuple[Budget, ...] = ()) -> CatalogSnapshot:
-    return CatalogSnapshot(version=1, groups={f"{g.project_id}/{g.id}": g for g in groups},
-                           judges={j: Judge(id=j, name=j, criteria="Is it right?") for j in ("j1", "j2")},
+    judges = {j: Judge(id=j, name=j, criteria="Is it right?") for j in ("j1", "j2")}
+    judges["jx"] = Judge(id="jx", name="JX", criteria="Is it the expected answer?", requires_expected=True)
+    return CatalogSnapshot(version=1, groups={f"{g.project_id}/{g.id}": g for g in groups}, judges=judges,
                            patterns={"p": Pattern(id="p", name="P", polarity="failure", contains=["refund"])},
                            budgets={b.project_id: b for b in budgets})
 
 
-def trace(trace_id: str = "t-1", project: str = "acme", timestamp: str = "2026-12-02T13:00:00Z") -> Trace:
+def trace(trace_id: str = "t-1", project: str = "acme", timestamp: str = "2026-12-02T13:00:00Z",
+          **extra: str) -> Trace:
     return Trace.model_validate({"traceId": trace_id, "projectId": project, "agentId": "a", "timestamp": timestamp,
-                                 "spans": [{"spanId": "r", "input": "q", "output": "fine"}]})
+                                 "spans": [{"spanId": "r", "input": "q", "output": "fine"}], **extra})
 
 
 def test_each_live_trace_group_of_the_project_gets_a_pair_with_its_claim() -> None:
@@ -48,11 +50,18 @@ def test_each_live_trace_group_of_the_project_gets_a_pair_with_its_claim() -> No
     claims = {p.group.id: p.claim for p in pairs}
     assert sorted(claims) == ["judged", "patterned"], "trace scope, enabled, this project's only"
     assert claims["judged"].judge_calls == 2 and claims["patterned"].judge_calls == 0
-    for claim in claims.values():
+    for group_id, claim in claims.items():
+        assert claim.group_id == group_id
         assert claim.project_id == "acme" and claim.subject_key == "trace:t-1"
         assert (claim.budget_limit, claim.budget_window_s) == (500, 600), "acme's budget, not another's"
         assert claim.day == day_of(datetime(2026, 12, 2, 13, tzinfo=UTC).timestamp()), "the trace's own day"
     assert all(p.subject.trace_id == "t-1" and p.subject.output == "fine" for p in pairs)
+
+
+def test_a_judge_that_needs_an_expected_answer_reserves_a_call_only_when_the_trace_has_one() -> None:
+    catalog = snapshot(group("exact", "acme", [*JUDGES, {"kind": "judge", "refId": "jx"}]))
+    assert [p.claim.judge_calls for p in trace_pairs(trace(), catalog)] == [2]
+    assert [p.claim.judge_calls for p in trace_pairs(trace(expected="42"), catalog)] == [3]
 
 
 def test_a_project_without_a_budget_claims_without_a_limit() -> None:
