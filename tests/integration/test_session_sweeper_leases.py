@@ -1,6 +1,7 @@
 """The session sweeper as a loop, and its leases, on the real Redis and broker: it sweeps every
 interval and rides out a failed sweep; a sweep that lost a session's lease to another worker
-publishes nothing for it; a sweep cut short gives its leases back at once."""
+publishes nothing for it; a sweep cut short gives its leases back at once (and ends as cut short
+even when they cannot be given back)."""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 
 import pytest
 from redis.asyncio import Redis
+from redis.exceptions import ConnectionError as RedisConnectionError
 from structlog.testing import capture_logs
 
 from scoring.egress import EgressPolicy
@@ -17,7 +19,7 @@ from scoring.members.external import ExternalClient
 from scoring.models import CustomEvaluator
 from scoring.panel import Panel
 from scoring.stores.catalog import CatalogSnapshot
-from scoring.stores.claims import Claims
+from scoring.stores.claims import ClaimRequest, Claims
 from tests.http_fakes import Reply, ScriptedServer
 from tests.session_sweeps import Sweep, project_sweep, session_group
 
@@ -130,3 +132,36 @@ async def test_a_cancelled_sweep_gives_its_leases_back_at_once(sweep: Sweep,
     another_worker = sweep.sweeper(catalog, panel=panel, claims=Claims(sweep.redis, lease_s=60))
     assert await another_worker.sweep_once(now=now) == 1, "no 60 s lease to wait out"
     assert await sweep.ratings(1) == [("conv", "s-1", 2)]
+
+
+class UnreleasingClaims(Claims):
+    """Real claims whose release fails, as with Redis gone at that moment."""
+
+    tried = 0
+
+    async def release(self, requests: list[ClaimRequest]) -> None:
+        self.tried += 1
+        raise RedisConnectionError("redis went away while giving up leases")
+
+
+async def test_a_cancelled_sweep_whose_leases_cannot_be_given_back_still_ends_as_cancelled(
+        sweep: Sweep, remote: tuple[ScriptedServer, Panel]) -> None:
+    # Giving leases back is a courtesy (they expire anyway): its failure must not replace why the
+    # sweep ended, here the worker shutting down.
+    server, panel = remote
+    server.script(Reply(body={"score": 0.0}, delay_s=5))
+    now = time.time()
+    await sweep.record("s-1", 2, at=now - 5)
+    claims = UnreleasingClaims(sweep.redis, lease_s=60)
+    cut_short = asyncio.create_task(sweep.sweeper(remote_catalog(sweep, server), panel=panel, claims=claims)
+                                    .sweep_once(now=now))
+
+    async def scoring() -> bool:
+        return bool(server.requests)
+
+    await until(scoring, "the sweep to call the scorer")
+    cut_short.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await cut_short
+    assert claims.tried == 1
+    assert (await claims.stored(sweep.claim("s-1", 2))).startswith("lease:"), "left to expire"
