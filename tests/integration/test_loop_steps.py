@@ -284,6 +284,23 @@ class Loop:
         self.stop.set()
         await asyncio.wait_for(self.task, WAIT_S)
 
+    async def run_until_the_rating_of_t0_is_held(self) -> None:
+        """Send t-0 and run the loop until its rating waits on its way to the broker; stop the loop."""
+        self.producer.held_topic = self.topics.ratings
+        self.producer.held.clear()
+        await self.send("t-0")
+        await self.start()
+        await until(lambda: self.producer.waiting == 1, "t-0's rating to be held on its way out")
+        await self.halt()
+
+    async def drain_letting_held_sends_go_once_it_cancels(self, logs: list[dict[str, Any]]) -> None:
+        """Drain with a 1 s deadline; once it has cancelled the jobs past it, let held sends go."""
+        draining = asyncio.create_task(self.traces.drain(1))
+        await until(lambda: logged(logs, "cancelling traces that did not finish in time") != [], "a job cancelled")
+        self.producer.held.set()
+        await asyncio.wait_for(draining, WAIT_S)
+        self.stop = None  # drained
+
     def request(self, group_id: str, trace_id: str, judge_calls: int = 0,
                 budget_limit: int | None = None) -> ClaimRequest:
         return ClaimRequest(self.project, group_id, f"trace:{trace_id}", judge_calls, budget_limit, day=DAY)
@@ -841,27 +858,30 @@ async def test_an_outage_while_scoring_stops_the_loop_without_dead_lettering_or_
     assert (await loop.state(group_id, "t-0")).startswith("lease:"), "not the trace's fault: nothing given up"
 
 
+@pytest.mark.parametrize(("group_id", "scored_alone"), [
+    ("wait", 2),  # scored pair by pair: alone the first time and again
+    ("bulk", 1)])  # scored in bulk the first time, alone the second
 async def test_a_pair_taken_over_while_being_scored_is_waited_for_and_scored_again_if_given_up(
-        loops: Callable[..., Awaitable[Loop]]) -> None:
+        loops: Callable[..., Awaitable[Loop]], group_id: str, scored_alone: int) -> None:
     # This worker stalls on t-0 past its lease; another worker takes the pair over, then gives it
     # up unfinished: this worker's result is not published, it waits and scores the pair again.
-    loop = await loops(("wait",))
+    loop = await loops((group_id,))
     await loop.send("t-0", BLOCK)
     await loop.start()
-    await until(lambda: loop.panel.entered == [("wait", "t-0")], "t-0 to be in scoring")
-    request = loop.request("wait", "t-0", judge_calls=1)
+    await until(lambda: loop.panel.entered == [(group_id, "t-0")], "t-0 to be in scoring")
+    request = loop.request(group_id, "t-0", judge_calls=1 if group_id == "wait" else 0)
     await loop.claims.release([request])  # as if this worker's lease had lapsed...
     other = Claims(loop.redis, owner="another-worker", lease_s=90)
     assert [c.state for c in await other.claim_many([request])] == ["claimed"]  # ...and was taken over
     polls = loop.claims.claims_of("t-0")
     loop.panel.release()
     await until(lambda: loop.claims.claims_of("t-0") >= polls + 2, "the taken-over pair to be polled")
-    assert await loop.ratings() == [] and loop.panel.alone == [("wait", "t-0")]
+    assert await loop.ratings() == [] and loop.panel.scored("t-0") == 1
     await other.release([request])  # the other worker gave it up
     await loop.committed_to(1)
-    assert loop.panel.alone == [("wait", "t-0"), ("wait", "t-0")], "scored again once the pair was free"
-    assert await loop.ratings() == [("wait", "t-0")] and await loop.dead() == []
-    assert (await loop.state("wait", "t-0")).startswith("done:")
+    assert loop.panel.alone == [(group_id, "t-0")] * scored_alone, "scored again, alone, once the pair was free"
+    assert await loop.ratings() == [(group_id, "t-0")] and await loop.dead() == []
+    assert (await loop.state(group_id, "t-0")).startswith("done:")
 
 
 async def test_a_bulk_pair_taken_over_while_being_scored_is_not_published_and_its_trace_finishes(
@@ -880,27 +900,6 @@ async def test_a_bulk_pair_taken_over_while_being_scored_is_not_published_and_it
     assert await loop.state("bulk", "t-0") == "done:rating-elsewhere"
     assert (await loop.state("bulk", "t-1")).startswith("done:")
     assert loop.events.of("group_skipped") == [(loop.project, "bulk", "dedupe")]
-
-
-async def test_a_bulk_pair_taken_over_while_being_scored_and_given_up_is_scored_again_alone(
-        loops: Callable[..., Awaitable[Loop]]) -> None:
-    loop = await loops(("bulk",))
-    await loop.send("t-0", BLOCK)
-    await loop.start()
-    await until(lambda: loop.panel.entered == [("bulk", "t-0")], "t-0 to be in scoring")
-    request = loop.request("bulk", "t-0")
-    await loop.claims.release([request])  # as if this worker's lease had lapsed...
-    other = Claims(loop.redis, owner="another-worker", lease_s=90)
-    assert [c.state for c in await other.claim_many([request])] == ["claimed"]  # ...and was taken over
-    polls = loop.claims.claims_of("t-0")
-    loop.panel.release()
-    await until(lambda: loop.claims.claims_of("t-0") >= polls + 2, "the taken-over pair to be polled")
-    assert await loop.ratings() == []
-    await other.release([request])  # the other worker gave it up
-    await loop.committed_to(1)
-    assert loop.panel.alone == [("bulk", "t-0")], "scored again, alone, once the pair was free"
-    assert await loop.ratings() == [("bulk", "t-0")] and await loop.dead() == []
-    assert (await loop.state("bulk", "t-0")).startswith("done:")
 
 
 # --- publish ------------------------------------------------------------------------------------
@@ -979,17 +978,8 @@ async def test_a_publish_under_way_when_drain_cancels_its_trace_completes_marked
     # cancels the job: the publish is shielded - it ends, marked done with the published rating's
     # id, and its lease is never given up (a free pair whose rating is out would be scored again).
     loop = await loops((group_id,), commit_interval_s=3600)
-    loop.producer.held_topic = loop.topics.ratings
-    loop.producer.held.clear()
-    await loop.send("t-0")
-    await loop.start()
-    await until(lambda: loop.producer.waiting == 1, "t-0's rating to be held on its way out")
-    await loop.halt()
-    draining = asyncio.create_task(loop.traces.drain(1))
-    await until(lambda: logged(logs, "cancelling traces that did not finish in time") != [], "t-0's job cancelled")
-    loop.producer.held.set()
-    await asyncio.wait_for(draining, WAIT_S)
-    loop.stop = None  # drained
+    await loop.run_until_the_rating_of_t0_is_held()
+    await loop.drain_letting_held_sends_go_once_it_cancels(logs)
     (rating,) = [orjson.loads(r.value) for r in await loop.read(loop.topics.ratings)]
     assert await loop.state(group_id, "t-0") == f"done:{rating['id']}"
     assert loop.claims.released == [], "a published pair's lease is not given up"
@@ -1005,17 +995,8 @@ async def test_a_publish_that_fails_after_drain_cancelled_its_job_is_still_repor
     # worker exits 1 on a fatal error after drain, worker/app.py), and the pair keeps its lease -
     # not done, not given up.
     loop = await loops((group_id,), commit_interval_s=3600, ratings_config={"max.message.bytes": "64"})
-    loop.producer.held_topic = loop.topics.ratings
-    loop.producer.held.clear()
-    await loop.send("t-0")
-    await loop.start()
-    await until(lambda: loop.producer.waiting == 1, "t-0's rating to be held on its way out")
-    await loop.halt()
-    draining = asyncio.create_task(loop.traces.drain(1))
-    await until(lambda: logged(logs, "cancelling traces that did not finish in time") != [], "t-0's job cancelled")
-    loop.producer.held.set()  # ...and the broker refuses the rating
-    await asyncio.wait_for(draining, WAIT_S)
-    loop.stop = None  # drained
+    await loop.run_until_the_rating_of_t0_is_held()
+    await loop.drain_letting_held_sends_go_once_it_cancels(logs)  # ...and the broker refuses the rating
     assert isinstance(loop.traces.fatal, KafkaError)
     assert (await loop.state(group_id, "t-0")).startswith("lease:") and loop.claims.released == []
 
@@ -1024,12 +1005,7 @@ async def test_a_publish_that_never_ends_does_not_hold_drain_past_its_deadline_a
         loops: Callable[..., Awaitable[Loop]], logs: list[dict[str, Any]]) -> None:
     # Its rating may be out and is not marked done: the worker must say so (it exits 1 on fatal).
     loop = await loops(("bulk",), commit_interval_s=3600)
-    loop.producer.held_topic = loop.topics.ratings
-    loop.producer.held.clear()  # never opened before drain returns
-    await loop.send("t-0")
-    await loop.start()
-    await until(lambda: loop.producer.waiting == 1, "t-0's rating to be held on its way out")
-    await loop.halt()
+    await loop.run_until_the_rating_of_t0_is_held()  # never let go before drain returns
     started = time.monotonic()
     await asyncio.wait_for(loop.traces.drain(0.2), WAIT_S)
     assert time.monotonic() - started < 0.2 * 2 + 3, "the job's deadline, then the publishes' deadline"

@@ -97,7 +97,7 @@ async def test_a_process_is_replaced_after_many_calls(monkeypatch: pytest.Monkey
     await sandbox.start()
     try:
         code = scorer("global calls\ncalls += 1\nreturn calls", header="calls = 0")
-        # The third call waits for the fresh process, which has to compile the code again.
+        # The third call goes to a fresh process, which has to compile the code again.
         assert [await sandbox.run(P, "recycle", code, ARGS, TIMEOUT) for _ in range(3)] == [1.0, 2.0, 1.0]
         assert sandbox.compilations == 2
     finally:
