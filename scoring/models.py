@@ -12,12 +12,14 @@ from typing import Annotated, Literal
 
 import re2
 from pydantic import (
+    AfterValidator,
     BaseModel,
     ConfigDict,
     Field,
     SecretStr,
     SerializationInfo,
     StringConstraints,
+    WithJsonSchema,
     field_serializer,
     field_validator,
     model_validator,
@@ -42,7 +44,25 @@ Polarity = Literal["failure", "proper"]
 PatternTarget = Literal["output", "input", "both"]
 PatternTemplate = Literal["email", "phone", "credit_card", "ssn", "apology", "refusal"]
 
-Id = Annotated[str, StringConstraints(min_length=1, max_length=128, strip_whitespace=True)]
+# An id names a key in Redis and a segment of an API path: a "/" would make it unreachable by
+# path, a control character (NUL above all) breaks logs, headers and clients. The pattern is
+# the schema's (clients and the API fuzzer read it); the validator says it in words.
+ID_PATTERN = r"^[^/\x00-\x1f\x7f-\x9f]*$"
+_ID_FORBIDDEN = re2.compile(r"[/\x00-\x1f\x7f-\x9f]")
+
+
+def _plain_id(value: str) -> str:
+    if _ID_FORBIDDEN.search(value):
+        raise ValueError("an id must not contain '/' or control characters")
+    return value
+
+
+Id = Annotated[str, StringConstraints(min_length=1, max_length=128, strip_whitespace=True),
+               AfterValidator(_plain_id), WithJsonSchema({"type": "string", "minLength": 1, "maxLength": 128,
+                                                          "pattern": ID_PATTERN})]
+# The most calls a budget may grant per window: far past any real budget, and exact in a Lua
+# number (a double) and in Redis' 64-bit integers, so larger values are refused at save.
+MAX_BUDGET_CALLS = 10**12
 Name = Annotated[str, StringConstraints(min_length=1, max_length=200, strip_whitespace=True)]
 Text = Annotated[str, StringConstraints(min_length=1, max_length=20_000)]
 
@@ -231,7 +251,7 @@ class Budget(WireModel):
     """A project's online judge-call budget: N calls per fixed window."""
 
     project_id: Id
-    judge_calls_per_window: int = Field(ge=0)
+    judge_calls_per_window: int = Field(ge=0, le=MAX_BUDGET_CALLS)
     window_seconds: int = Field(3600, ge=1, le=30 * 86_400)
 
 

@@ -115,6 +115,8 @@ class Worker:
         if self.sandbox is not None and not self.sandbox.available:
             # Still ready: every other member kind scores; code members report why they cannot.
             return True, f"ready; code scorers unavailable: {self.sandbox.unavailable_reason}"
+        if self.sandbox is not None and self.sandbox.bounds:
+            return True, f"ready; code scorers run {self.sandbox.bounds}"  # the bounds in force
         return True, "ready"
 
     async def run(self) -> int:

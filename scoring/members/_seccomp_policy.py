@@ -7,7 +7,8 @@ just before it starts the runner, so no user code ever runs without it.
 
 The filter allows what an ordinary Python program does and refuses, with EPERM, what only an
 escape needs: debugging or reading other processes, entering or making namespaces, mounting,
-loading kernel code, keyrings, io_uring, and signalling any process but the scorer's own. Sockets
+loading kernel code, keyrings, io_uring, System V and POSIX message-queue IPC (their objects
+outlive the call that made them), and signalling any process. Sockets
 other than AF_UNIX cannot be created (there is no network in the namespace anyway).
 
 Standard library and ``seccomp`` only: the worker's virtualenv is not visible here.
@@ -36,6 +37,9 @@ DENIED = (
     "delete_module", "kexec_load", "kexec_file_load", "reboot", "swapon", "swapoff", "acct",
     "quotactl", "syslog", "lookup_dcookie", "fanotify_init", "personality", "setdomainname",
     "sethostname", "settimeofday", "clock_settime", "clock_adjtime", "adjtimex", "vhangup",
+    # kernel objects that outlive the process that made them (until the sandbox's IPC namespace
+    # ends): System V shared memory, semaphores and message queues, POSIX message queues
+    "shmget", "semget", "msgget", "mq_open",
 )
 
 # clone() flags that would make a namespace; clone3 cannot be filtered by its flags (they sit

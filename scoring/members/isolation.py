@@ -9,11 +9,17 @@ every sandbox process is started by bubblewrap (Debian's ``bwrap``) with
 * namespaces of its own: network (only a loopback of its own: no way out), PID (its own
   ``/proc``: the worker's processes, their memory and environment are not even visible), mount,
   IPC, UTS and cgroup;
-* a file system of ``/usr`` read-only, an empty ``/dev`` and ``/proc`` of its own, a small empty
-  writable ``/tmp``, nothing else: no service code, configuration or home directories;
+* a file system of ``/usr`` read-only, ``/dev`` and ``/proc`` of its own, an empty ``/tmp``,
+  all read-only: no service code, configuration or home directories, and nowhere to write;
 * an empty environment, ``no_new_privs``, every capability dropped, and a seccomp filter made
   by libseccomp (``scoring/members/_seccomp_policy.py``) that refuses ptrace, reading other processes'
-  memory, ``setns``/``unshare``/``mount``, signals, keyrings, io_uring and non-AF_UNIX sockets.
+  memory, ``setns``/``unshare``/``mount``, signals, keyrings, io_uring, System V and POSIX
+  message-queue IPC (kernel objects that would outlive a call) and non-AF_UNIX sockets.
+
+Inside, the runner (``_sandbox_runner.py``) runs each call in a child that may not fork, has a
+hard CPU limit and no descriptor but its own result pipe; the per-call bounds are listed in
+``CALL_BOUNDS``. Control groups are not used: the bounds are rlimits, namespaces and seccomp,
+which hold without cgroup delegation (and on cgroup v1).
 
 If any of this cannot be set up, ``prepare`` raises ``IsolationUnavailable`` with the reason and
 code scorers do not run (fail closed). ``unsafe-none`` - an operator's explicit opt-out - runs
@@ -35,7 +41,9 @@ _POLICY = Path(__file__).with_name("_seccomp_policy.py")
 # The only environment a sandbox process (and bwrap, whose /proc/1/environ it can read) gets.
 CHILD_ENV = {"PATH": "/usr/bin:/bin", "LANG": "C.UTF-8"}
 _PROBE_TIMEOUT_S = 15.0
-_TMP_BYTES = 16 * 1024 * 1024  # the writable /tmp: scratch space, not storage
+# What a call gets and no more (the runner sets them; the pool's memory limit is the address space).
+CALL_BOUNDS = ("one process (no fork, no threads), a hard CPU limit of its timeout + 2 s, "
+               "the address-space limit, no writable file system, nothing left after it returns")
 
 
 class IsolationUnavailable(Exception):
@@ -52,6 +60,11 @@ class Confinement:
     seccomp_bpf: bytes = b""
     uid: int | None = None  # switch to this uid (and gid) before starting bwrap (root only)
     description: str = field(default="", compare=False)
+
+    @property
+    def bounds(self) -> str:
+        """Which bounds are in force, as /readyz and the startup log say it."""
+        return f"{self.description}; per call: {CALL_BOUNDS}"
 
     def command(self, python_args: list[str], seccomp_fd: int | None) -> list[str]:
         if self.mode == "unsafe-none":
@@ -84,7 +97,7 @@ def _root_layout() -> list[str]:
 
 
 def _bwrap_prefix(bwrap: str, python: str) -> list[str]:
-    args = [bwrap, "--unshare-all", "--unshare-user", "--disable-userns", "--die-with-parent",
+    args = [bwrap, "--unshare-all", "--unshare-user", "--disable-userns", "--die-with-parent", "--as-pid-1",
             "--new-session", "--cap-drop", "ALL", "--clearenv"]
     for name, value in CHILD_ENV.items():
         args += ["--setenv", name, value]
@@ -92,16 +105,25 @@ def _bwrap_prefix(bwrap: str, python: str) -> list[str]:
     prefix = Path(os.path.realpath(python)).parent.parent
     if not prefix.is_relative_to("/usr"):
         args += ["--ro-bind", str(prefix), str(prefix)]  # a Python installed outside /usr
-    args += ["--proc", "/proc", "--dev", "/dev", "--size", str(_TMP_BYTES), "--tmpfs", "/tmp",
-             "--remount-ro", "/", "--chdir", "/tmp"]
+    # Nothing writable: /dev (its shm included) and /tmp are read-only too, so no call can leave
+    # files, links or folders behind - in bytes or in inodes - for itself or a later call.
+    args += ["--proc", "/proc", "--dev", "/dev", "--remount-ro", "/dev", "--tmpfs", "/tmp",
+             "--remount-ro", "/tmp", "--remount-ro", "/", "--chdir", "/tmp"]
     return args
 
 
 async def _run(cmd: list[str], *, uid: int | None, pass_fds: tuple[int, ...] = ()) -> tuple[int, bytes, bytes]:
-    proc = await asyncio.create_subprocess_exec(
-        *cmd, stdin=asyncio.subprocess.DEVNULL, stdout=asyncio.subprocess.PIPE,
-        stderr=asyncio.subprocess.PIPE, env=CHILD_ENV, pass_fds=pass_fds, start_new_session=True,
-        **_identity(uid))
+    try:
+        proc = await asyncio.create_subprocess_exec(
+            *cmd, stdin=asyncio.subprocess.DEVNULL, stdout=asyncio.subprocess.PIPE,
+            stderr=asyncio.subprocess.PIPE, env=CHILD_ENV, pass_fds=pass_fds, start_new_session=True,
+            **_identity(uid))
+    except PermissionError as exc:  # e.g. root of a user namespace in which the uid is not mapped
+        raise IsolationUnavailable(
+            f"this process may not start a process as uid {uid} ({exc.strerror}): run the worker as "
+            "real root, or as a non-root user, or set SGW_SANDBOX_UID to a uid it may switch to") from exc
+    except OSError as exc:
+        raise IsolationUnavailable(f"cannot start {cmd[0]}: {exc}") from exc
     try:
         out, err = await asyncio.wait_for(proc.communicate(), _PROBE_TIMEOUT_S)
     except TimeoutError:

@@ -134,6 +134,11 @@ class SandboxPool:
         return self._confinement.description if self._confinement else ""
 
     @property
+    def bounds(self) -> str:
+        """The confinement and the per-call bounds in force ("" until started, or unavailable)."""
+        return self._confinement.bounds if self._confinement else ""
+
+    @property
     def live_processes(self) -> int:
         return sum(1 for s in self._slots if s.proc is not None and s.proc.returncode is None)
 
@@ -158,31 +163,40 @@ class SandboxPool:
         return self._cold_starts
 
     async def start(self) -> None:
-        """Set up the confinement and warm ``size`` processes. Never raises for the confinement:
-        if it cannot be set up the pool stays unavailable (fail closed) and says why."""
+        """Set up the confinement and warm ``size`` processes. Never raises: if any of it fails
+        (a missing binary, an identity this process may not take, a start that fails), the pool
+        stays unavailable - code scorers fail closed - and says why."""
         if self._started:
             return
         self._started = True
         try:
             self._confinement = await prepare(self._isolation, self._python, self._sandbox_uid)
-        except IsolationUnavailable as exc:
-            self._unavailable = str(exc)
-            log.error("code scorers will not run: the sandbox cannot be set up", reason=str(exc))
+            procs = await self._warm()
+        except Exception as exc:  # whatever it is, no code may run: the reason is shown, not raised
+            self._confinement = None
+            self._unavailable = _setup_failure(exc)
+            log.error("code scorers will not run: the sandbox cannot be set up", reason=self._unavailable)
             return
         self._unavailable = None
+        for slot, proc in zip(self._slots, procs, strict=True):
+            slot.proc = proc
         if self._isolation == "unsafe-none":
             log.warning("code scorers run WITHOUT isolation (SGW_CODE_SANDBOX=unsafe-none): tenants' "
                         "code can read this process's secrets and reach the network")
-        try:
-            procs = await asyncio.gather(*(self._spawn() for _ in self._slots))
-        except CodeScorerError as exc:
-            self._unavailable = f"could not start sandbox processes: {exc}"
-            log.error("code scorers will not run", reason=self._unavailable)
-            return
-        for slot, proc in zip(self._slots, procs, strict=True):
-            slot.proc = proc
         log.info("sandbox pool started", size=self._size, per_project=self._per_project,
-                 memory_limit_mb=self._memory_limit_mb, confinement=self.confinement)
+                 memory_limit_mb=self._memory_limit_mb, bounds=self.bounds)
+
+    async def _warm(self) -> list[asyncio.subprocess.Process]:
+        """A process per slot, or none: if one fails to start, those started are killed."""
+        started = await asyncio.gather(*(self._spawn() for _ in self._slots), return_exceptions=True)
+        failure = next((p for p in started if isinstance(p, BaseException)), None)
+        procs = [p for p in started if not isinstance(p, BaseException)]
+        if failure is None:
+            return procs
+        for proc in procs:
+            kill(proc)
+            await reap(proc)
+        raise failure
 
     async def close(self) -> None:
         """Kill every process; idempotent. Calls in flight fail with a retriable error."""
@@ -432,6 +446,15 @@ class SandboxPool:
             await reap(proc)
             raise CodeScorerError("sandbox pool is not running", retriable=True)
         return proc
+
+
+def _setup_failure(exc: Exception) -> str:
+    """Why the sandbox cannot be set up, for /readyz and the log."""
+    if isinstance(exc, IsolationUnavailable):
+        return str(exc)
+    if isinstance(exc, CodeScorerError):
+        return f"could not start sandbox processes: {exc}"
+    return f"setting up the sandbox failed: {type(exc).__name__}: {exc}"[:400]
 
 
 def _verdict(entry: Any) -> float | bool | CodeScorerError:

@@ -10,17 +10,19 @@ pipes, handshakes and exit codes are read once, here.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
+import logging
 import os
 import signal
 from pathlib import Path
 from typing import Any
 
-import structlog
-
 from scoring.members.isolation import CHILD_ENV, Confinement, identity
 
-log = structlog.get_logger(__name__)
+# The standard library's logger: this module and isolation.py import nothing outside it, so that
+# the security tests can drive a sandbox with Debian's python3 as an unprivileged user.
+log = logging.getLogger(__name__)
 
 _RUNNER_SOURCE = Path(__file__).with_name("_sandbox_runner.py").read_text()
 _START_TIMEOUT_S = 10.0  # a fresh process must say "ready" within this
@@ -41,13 +43,16 @@ class StartFailed(Exception):
     """A process could not be started, or did not say it was ready; ``str(exc)`` says why."""
 
 
-async def spawn(confinement: Confinement, memory_limit_mb: int, keys: int) -> asyncio.subprocess.Process:
+async def spawn(confinement: Confinement, memory_limit_mb: int, keys: int,
+                processes_per_call: int = 1) -> asyncio.subprocess.Process:
     """Start one runner inside ``confinement``, limited to ``memory_limit_mb`` and keeping ``keys``
-    compiled scorers, and wait for its "ready". Raises StartFailed; a process that does not get
-    that far is killed with its sandbox."""
+    compiled scorers, and wait for its "ready". A call's code may run ``processes_per_call``
+    processes (its own included: 1 forbids fork and threads). Raises StartFailed; a process that
+    does not get that far is killed with its sandbox."""
     seccomp_fd = confinement.seccomp_pipe()
-    cmd = confinement.command(["-I", "-S", "-c", _RUNNER_SOURCE, str(memory_limit_mb),
-                               str(keys)], seccomp_fd)
+    own_pid_namespace = "1" if confinement.mode == "bwrap" else "0"
+    cmd = confinement.command(["-I", "-S", "-c", _RUNNER_SOURCE, str(memory_limit_mb), str(keys),
+                               str(processes_per_call), own_pid_namespace], seccomp_fd)
     try:
         proc = await asyncio.create_subprocess_exec(
             *cmd, stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE,
@@ -126,7 +131,23 @@ async def crash_reason(proc: asyncio.subprocess.Process, broken: Broken, timeout
 
 
 def kill(proc: asyncio.subprocess.Process) -> None:
+    """End a sandbox process with everything it runs. Under bubblewrap that is its child, the
+    init of the sandbox's PID namespace: the kernel ends the whole namespace with it, and
+    bubblewrap reaps it and exits by itself. Killing bubblewrap first would leave that child a
+    zombie of the host's init, which in a container may never reap it (a pid lost per sandbox
+    ended). Without such a child (unsafe-none, or not started that far): the process group."""
     if proc.returncode is not None:  # already reaped: its pid may belong to someone else now
+        return
+    inits = _namespace_inits(proc.pid)
+    for pid in inits:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGKILL)
+    if not inits:
+        _kill_group(proc)
+
+
+def _kill_group(proc: asyncio.subprocess.Process) -> None:
+    if proc.returncode is not None:
         return
     try:
         os.killpg(proc.pid, signal.SIGKILL)
@@ -136,8 +157,29 @@ def kill(proc: asyncio.subprocess.Process) -> None:
         proc.kill()
 
 
+def _namespace_inits(pid: int) -> list[int]:
+    """The children of ``pid`` that live in another PID namespace than it does."""
+    try:
+        namespace = os.readlink(f"/proc/{pid}/ns/pid")
+        children = Path(f"/proc/{pid}/task/{pid}/children").read_text().split()
+    except OSError:
+        return []
+    inits = []
+    for child in children:
+        with contextlib.suppress(OSError):
+            if os.readlink(f"/proc/{child}/ns/pid") != namespace:
+                inits.append(int(child))
+    return inits
+
+
 async def reap(proc: asyncio.subprocess.Process) -> None:
+    """Wait for a killed process to exit; if it does not soon, kill its process group."""
+    try:
+        await asyncio.wait_for(proc.wait(), _EXIT_WAIT_S)
+        return
+    except TimeoutError:
+        _kill_group(proc)
     try:
         await asyncio.wait_for(proc.wait(), _START_TIMEOUT_S)
     except TimeoutError:
-        log.warning("a killed sandbox process did not exit", pid=proc.pid)
+        log.warning("a killed sandbox process did not exit (pid %d)", proc.pid)

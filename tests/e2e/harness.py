@@ -49,12 +49,13 @@ class WorkerProcess:
     proc: subprocess.Popen[bytes] | None = None
     metrics_port: int = 0  # 0: the worker binds a free port itself and logs it (no race for it)
     log_path: Path | None = None
+    prefix: tuple[str, ...] = ()  # a command the worker runs under (``unshare --user ...``)
 
     def start(self, log_dir: Path) -> WorkerProcess:
         self.log_path = log_dir / f"{self.name}.log"
         env = {**os.environ, **self.env, "SGW_METRICS_PORT": str(self.metrics_port),
                "SGW_LOG_FORMAT": "json", "PYTHONPATH": str(ROOT)}
-        self.proc = subprocess.Popen([sys.executable, "-m", "worker.cli", "run"], env=env, cwd=ROOT,
+        self.proc = subprocess.Popen([*self.prefix, sys.executable, "-m", "worker.cli", "run"], env=env, cwd=ROOT,
                                      stdout=open(self.log_path, "wb"), stderr=subprocess.STDOUT)
         _started.append(self)
         return self

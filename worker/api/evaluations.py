@@ -17,7 +17,7 @@ from redis.asyncio import Redis
 
 from scoring.dataset import DatasetRow, plan_grading
 from scoring.errors import Conflict, InvalidDocument, NotFound
-from scoring.models import Id, Name, WireModel
+from scoring.models import ID_PATTERN, Id, Name, WireModel
 from scoring.stores.catalog import CatalogStore
 from scoring.stores.datasets import Dataset, DatasetItem, DatasetStore, parse_rows
 from scoring.stores.evaluations import (
@@ -36,7 +36,7 @@ from worker.api.pages import Cursor, Limit, Page, page
 from worker.settings import Settings
 
 router = APIRouter(prefix="/v1", tags=["datasets and evaluations"])
-ItemId = Annotated[str, Path(alias="id", max_length=128)]
+ItemId = Annotated[str, Path(alias="id", max_length=128, pattern=ID_PATTERN)]
 MAX_CONTENT = 32 * 1024 * 1024
 
 

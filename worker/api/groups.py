@@ -14,7 +14,7 @@ from fastapi import APIRouter, Header, Path, Request, Response
 from scoring.api_models import Change, Ratings, SessionScore
 from scoring.errors import NotFound
 from scoring.groups import Caller, MonitorClient
-from scoring.models import Id, Member, Name, OnlineProfile, Scope, ScorerGroup, Severity, WireModel
+from scoring.models import ID_PATTERN, Id, Member, Name, OnlineProfile, Scope, ScorerGroup, Severity, WireModel
 from scoring.stores.catalog import etag
 from scoring.stores.changes import ChangeLog
 from worker.api.auth import Client, Who, redis_of
@@ -23,7 +23,7 @@ from worker.api.pages import Cursor, Limit, Page, page
 router = APIRouter(prefix="/v1", tags=["scorer groups"])
 IfMatch = Annotated[str | None, Header(description="An ETag from a read: the write fails with 412 if "
                                                    "the document changed since.")]
-GroupId = Annotated[str, Path(alias="id", max_length=128)]
+GroupId = Annotated[str, Path(alias="id", max_length=128, pattern=ID_PATTERN)]
 
 
 class GroupCreate(WireModel):

@@ -16,7 +16,7 @@ from pydantic.json_schema import SkipJsonSchema
 
 from scoring.api_models import Channel
 from scoring.errors import InvalidDocument, NotFound
-from scoring.models import AlertChannel, Budget, CustomEvaluator, Id, Judge, Pattern, WireModel
+from scoring.models import ID_PATTERN, AlertChannel, Budget, CustomEvaluator, Id, Judge, Pattern, WireModel
 from scoring.redact import mask_url
 from scoring.stores.catalog import doc_id, etag
 from worker.api.auth import Client, Who
@@ -66,6 +66,10 @@ class CustomPage(Page):
     items: list[CustomEvaluator]
 
 
+# An id in a path is held to the same rule as one in a body (no "/", no control characters).
+PathId = Annotated[str, Path(alias="id", max_length=128, pattern=ID_PATTERN)]
+
+
 def _scorer_routes(kind: str, noun: str, model: type[WireModel], body_model: type[WireModel],
                    page_model: type[Page], id_prefix: str) -> None:
     """GET and POST ``/v1/<kind>``, GET, PUT and DELETE ``/v1/<kind>/{id}``."""
@@ -88,13 +92,13 @@ def _scorer_routes(kind: str, noun: str, model: type[WireModel], body_model: typ
         response.headers["ETag"] = etag(doc)
         return doc
 
-    async def get_doc(doc_id_: Annotated[str, Path(alias="id", max_length=128)], client: Client,
+    async def get_doc(doc_id_: PathId, client: Client,
                       response: Response) -> Any:
         doc = await client.scorers.get(kind, doc_id_)
         response.headers["ETag"] = etag(doc)
         return doc
 
-    async def replace_doc(doc_id_: Annotated[str, Path(alias="id", max_length=128)], body: body_model,  # type: ignore[valid-type]
+    async def replace_doc(doc_id_: PathId, body: body_model,  # type: ignore[valid-type]
                           client: Client, who: Who, response: Response, if_match: IfMatch = None) -> Any:
         stored = await client.scorers.get(kind, doc_id_)
         owner = getattr(stored, "project_id", None)
@@ -106,12 +110,12 @@ def _scorer_routes(kind: str, noun: str, model: type[WireModel], body_model: typ
         response.headers["ETag"] = etag(doc)
         return doc
 
-    async def delete_doc(doc_id_: Annotated[str, Path(alias="id", max_length=128)], client: Client,
+    async def delete_doc(doc_id_: PathId, client: Client,
                          if_match: IfMatch = None) -> Response:
         await client.scorers.delete(kind, doc_id_, if_match=if_match)
         return Response(status_code=204)
 
-    async def doc_changes(doc_id_: Annotated[str, Path(alias="id", max_length=128)], client: Client, who: Who,
+    async def doc_changes(doc_id_: PathId, client: Client, who: Who,
                           request: Request, limit: Limit = 50, cursor: Cursor = None) -> Any:
         return await changes_page(request, client, who, kind, doc_id_, limit, cursor)
 
@@ -145,7 +149,7 @@ class BudgetPage(Page):
     items: list[Budget]
 
 
-ProjectId = Annotated[str, Path(alias="projectId", max_length=128)]
+ProjectId = Annotated[str, Path(alias="projectId", max_length=128, pattern=ID_PATTERN)]
 
 
 def _own_project(who: Who, project_id: str) -> None:
@@ -247,12 +251,12 @@ async def put_channel(body: ChannelBody, client: Client, who: Who, request: Requ
 
 
 @router.get("/channels/{id}", response_model=Channel, tags=["channels"])
-async def get_channel(id_: Annotated[str, Path(alias="id", max_length=128)], client: Client) -> Any:
+async def get_channel(id_: PathId, client: Client) -> Any:
     return _out(await _channel(client, id_))
 
 
 @router.delete("/channels/{id}", status_code=204, response_class=Response, tags=["channels"])
-async def delete_channel(id_: Annotated[str, Path(alias="id", max_length=128)], client: Client) -> Response:
+async def delete_channel(id_: PathId, client: Client) -> Response:
     channel = await _channel(client, id_)
     await client.scorers.delete("channels", doc_id(channel))
     return Response(status_code=204)
