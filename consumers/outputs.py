@@ -18,6 +18,7 @@ from aiokafka import AIOKafkaProducer
 from aiokafka.partitioner import DefaultPartitioner
 
 from consumers.events import PipelineEvents
+from scoring.catalog import CatalogSnapshot
 from scoring.panel import GroupResult
 from scoring.results import (
     Rating,
@@ -27,7 +28,6 @@ from scoring.results import (
     build_recovery_deliveries,
     build_signal,
 )
-from scoring.stores.catalog import CatalogSnapshot
 
 _partition_of = DefaultPartitioner()
 

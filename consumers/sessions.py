@@ -29,12 +29,13 @@ from redis.exceptions import RedisError
 
 from consumers.events import NoEvents, PipelineEvents
 from consumers.outputs import Outputs
+from scoring.catalog import CatalogSnapshot
+from scoring.pairs import day_of
 from scoring.panel import Panel
 from scoring.results import history_event
 from scoring.routing import Pair, pair_of
 from scoring.sampling import keep
-from scoring.stores.catalog import CatalogSnapshot
-from scoring.stores.claims import Claims, day_of
+from scoring.stores.claims import Claims
 from scoring.stores.ratings import RatingsStore, SessionVerdict
 from scoring.stores.sessions import SessionStore
 from scoring.subjects import session_subject

@@ -40,12 +40,13 @@ from consumers.events import NoEvents, PipelineEvents
 from consumers.offsets import CommitOnRevoke, OffsetTracker, PartitionOffsets
 from consumers.outage import OutageGuard, OutageTooLong
 from consumers.outputs import Outputs, TopicNames
+from scoring.catalog import CatalogSnapshot
+from scoring.pairs import ClaimRequest
 from scoring.panel import GroupResult, Panel
-from scoring.results import history_event
+from scoring.results import RatingEvent, history_event
 from scoring.routing import Pair, trace_pairs
-from scoring.stores.catalog import CatalogSnapshot
-from scoring.stores.claims import ClaimRequest, Claims
-from scoring.stores.ratings import RatingEvent, RatingsStore
+from scoring.stores.claims import Claims
+from scoring.stores.ratings import RatingsStore
 from scoring.subjects import Trace
 
 log = structlog.get_logger(__name__)

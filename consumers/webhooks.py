@@ -18,7 +18,7 @@
 A Redis or broker outage is waited out (``consumers.outage``): ingest stops fetching and the
 schedule's writes are retried, up to the outage tolerance.
 
-Deliveries follow Standard Webhooks 1.0 (``scoring.webhooks.signing``): receivers verify
+Deliveries follow Standard Webhooks 1.0 (``scoring.signing``): receivers verify
 ``webhook-signature`` with the channel's ``whsec_`` secret and deduplicate on ``webhook-id``
 (the delivery's id, the same on every retry, redelivery and replay).
 """
@@ -43,14 +43,14 @@ from pydantic.alias_generators import to_camel
 
 from consumers.offsets import CommitOnRevoke, OffsetTracker
 from consumers.outage import OutageGuard
+from scoring import signing
+from scoring.catalog import CatalogSnapshot
 from scoring.egress import EgressPolicy, EgressRefused
 from scoring.members.http import describe_status, retry_after_seconds
 from scoring.models import AlertChannel
 from scoring.results import RECOVERED_EVENT, WebhookDelivery, channel_key
 from scoring.stores import keys
-from scoring.stores.catalog import CatalogSnapshot
 from scoring.stores.channels import channel_id
-from scoring.webhooks import signing
 from scoring.webhooks.breaker import CircuitBreaker
 from scoring.webhooks.schedule import (
     Attempt,

@@ -19,9 +19,9 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from scoring.catalog import CatalogSnapshot
 from scoring.models import Judge, Member, MemberKind, ScorerGroup
 from scoring.panel import GroupResult, Panel
-from scoring.stores.catalog import CatalogSnapshot
 from scoring.subjects import Subject, as_text
 
 

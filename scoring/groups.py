@@ -24,14 +24,9 @@ from typing import Any
 from pydantic import ValidationError
 from redis.asyncio import Redis
 
-from scoring.errors import Forbidden, InvalidDocument, NotFound, PreconditionFailed
-from scoring.models import AlertChannel, Judge, Member, OnlineProfile, ScorerGroup, WireModel
-from scoring.stores.catalog import (
+from scoring.catalog import (
     KIND_MODELS,
     CatalogSnapshot,
-    CatalogStore,
-    SnapshotCache,
-    Write,
     doc_id,
     etag,
     group_errors,
@@ -39,6 +34,9 @@ from scoring.stores.catalog import (
     kind_of,
     labelled,
 )
+from scoring.errors import Forbidden, InvalidDocument, NotFound, PreconditionFailed
+from scoring.models import AlertChannel, Judge, Member, OnlineProfile, ScorerGroup, WireModel
+from scoring.stores.catalog import CatalogStore, SnapshotCache, Write
 from scoring.stores.catalog_file import ApplyReport, apply_file
 from scoring.stores.channels import saved_channel
 from scoring.stores.ratings import RatingsHistory, RatingsStore

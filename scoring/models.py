@@ -28,7 +28,7 @@ from pydantic.alias_generators import to_camel
 
 from scoring.egress import check_url_shape
 from scoring.redact import mask_url
-from scoring.webhooks.signing import secret_key
+from scoring.signing import secret_key
 
 MAX_MEMBERS = 20
 SECRET_ROTATION_OVERLAP_S = 24 * 3_600  # a replaced channel secret keeps signing for a day

@@ -19,13 +19,10 @@ from typing import Protocol
 import structlog
 
 from scoring.blend import REFERENCE_DELETED, BlendResult, MemberOutcome, blend, goodness
-from scoring.members.external import ExternalClient
-from scoring.members.http import MemberError
-from scoring.members.judge import JudgeClient
 from scoring.members.patterns import DEADLINE_S as PATTERN_DEADLINE_S
 from scoring.members.patterns import compiled
-from scoring.members.sandbox import CodeScorerError, SandboxPool
 from scoring.models import CustomEvaluator, Judge, Member, Pattern, Polarity, ScorerGroup
+from scoring.ports import CodeSandbox, CodeScorerError, ExternalScorers, Judges, MemberError
 from scoring.redact import Redactor
 from scoring.subjects import Subject
 
@@ -86,9 +83,9 @@ class Panel:
     def __init__(
         self,
         *,
-        judges: JudgeClient | None = None,
-        external: ExternalClient | None = None,
-        sandbox: SandboxPool | None = None,
+        judges: Judges | None = None,
+        external: ExternalScorers | None = None,
+        sandbox: CodeSandbox | None = None,
         member_deadline_s: float = 120.0,
         observe: MemberObserver | None = None,
         redact: Callable[[str], str] | None = None,

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import hashlib
 import uuid
+from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Literal
 
@@ -21,7 +22,6 @@ from scoring.blend import MemberStatus
 from scoring.models import MemberKind, ScorerGroup, Severity
 from scoring.panel import GroupResult
 from scoring.redact import mask_url
-from scoring.stores.ratings import RatingEvent
 
 _IDS = uuid.UUID("6f1c5a8e-6a8f-4f7e-9a63-2c1d0b7e4a10")  # namespace of every id we derive
 _IDS_BYTES = _IDS.bytes
@@ -212,6 +212,16 @@ def build_recovery_deliveries(group: ScorerGroup, rating: Rating, channel_urls: 
                             event=RECOVERED_EVENT, signal=recovery,
                             created_at=recovery.raised_at)
             for url in channel_urls]
+
+
+@dataclass(frozen=True, slots=True)
+class RatingEvent:
+    """One group result, as the ratings history counts it (``scoring.stores.ratings``)."""
+
+    group_id: str
+    rating: float | None
+    below_threshold: bool
+    at: float  # epoch seconds
 
 
 def history_event(group: ScorerGroup, rating: Rating) -> RatingEvent:

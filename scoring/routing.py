@@ -10,11 +10,11 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from scoring.catalog import CatalogSnapshot
 from scoring.models import ScorerGroup
+from scoring.pairs import ClaimRequest, day_of
 from scoring.panel import planned_judge_calls
 from scoring.sampling import keep
-from scoring.stores.catalog import CatalogSnapshot
-from scoring.stores.claims import ClaimRequest, day_of
 from scoring.subjects import Subject, Trace, trace_subject
 
 DEFAULT_BUDGET_WINDOW_S = 3600  # the window a claim names when its project has no budget

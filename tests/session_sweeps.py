@@ -16,11 +16,12 @@ from redis.asyncio import Redis
 from consumers.events import NoEvents, PipelineEvents
 from consumers.outputs import Outputs, TopicNames
 from consumers.sessions import SessionSweeper
+from scoring.catalog import CatalogSnapshot
 from scoring.models import Pattern, ScorerGroup
+from scoring.pairs import ClaimRequest, day_of
 from scoring.panel import Panel
 from scoring.stores import keys
-from scoring.stores.catalog import CatalogSnapshot
-from scoring.stores.claims import ClaimRequest, Claims, day_of
+from scoring.stores.claims import Claims
 from scoring.stores.ratings import RatingsStore
 from scoring.stores.sessions import SessionStore
 from scoring.subjects import Trace

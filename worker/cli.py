@@ -36,11 +36,11 @@ import yaml
 from pydantic import ValidationError
 from redis.asyncio import Redis
 
+from scoring.catalog import KIND_MODELS
 from scoring.errors import CatalogError
 from scoring.groups import MonitorClient
 from scoring.redact import Redactor, mask_url
 from scoring.stores.apikeys import ApiKeyStore
-from scoring.stores.catalog import KIND_MODELS
 from worker.logs import configure_logging, use_known_secrets
 from worker.settings import Settings
 
@@ -212,7 +212,7 @@ def _cmd_run(settings: Settings, _: argparse.Namespace) -> int:
 
 
 def _cmd_new_secret(_settings: Settings, _: argparse.Namespace) -> int:
-    from scoring.webhooks.signing import new_secret
+    from scoring.signing import new_secret
 
     print(new_secret())
     return 0

@@ -15,10 +15,11 @@ from redis.asyncio import Redis
 
 from consumers.outage import OutageGuard
 from consumers.webhooks import SenderLimits, WebhookSender
+from scoring.catalog import CatalogSnapshot
 from scoring.egress import EgressPolicy
 from scoring.models import AlertChannel
 from scoring.results import WebhookDelivery, channel_key
-from scoring.stores.catalog import CatalogSnapshot, CatalogStore
+from scoring.stores.catalog import CatalogStore
 from scoring.stores.channels import disable_channel
 from scoring.webhooks import payloads
 from scoring.webhooks.payloads import LinkTemplate

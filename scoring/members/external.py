@@ -13,8 +13,9 @@ import asyncio
 import httpx
 
 from scoring.egress import EgressPolicy, EgressRefused
-from scoring.members.http import DEFAULT_RETRY, MemberError, RetryPolicy, post_json
+from scoring.members.http import DEFAULT_RETRY, RetryPolicy, post_json
 from scoring.models import CustomEvaluator
+from scoring.ports import MemberError
 from scoring.subjects import Subject
 
 VERDICT_KEYS = ("verdict", "passed")

@@ -21,15 +21,9 @@ import aiohttp
 import httpx
 import orjson
 
+from scoring.ports import MemberError
+
 RETRY_STATUSES = frozenset({429, 500, 502, 503, 504})
-
-
-class MemberError(Exception):
-    """A member produced no verdict. ``str(exc)`` is the reason shown on the result."""
-
-    def __init__(self, reason: str, *, retriable: bool = False) -> None:
-        super().__init__(reason)
-        self.retriable = retriable
 
 
 @dataclass(frozen=True, slots=True)

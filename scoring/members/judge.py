@@ -15,14 +15,14 @@ import re
 import ssl
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
 from typing import Any
 
 import aiohttp
 import orjson
 
-from scoring.members.http import DEFAULT_RETRY, Answer, MemberError, RetryPolicy, post_json_aiohttp
+from scoring.members.http import DEFAULT_RETRY, Answer, RetryPolicy, post_json_aiohttp
 from scoring.models import Judge
+from scoring.ports import JudgeVerdict, MemberError
 from scoring.subjects import Subject, as_text
 
 # Bounds what one judge call can cost: text beyond this is cut, with a marker saying so.
@@ -43,12 +43,6 @@ SESSION_QUESTION = (
     "2. Resolution: by the end, was the user's need resolved?\n\n"
     "Conversation ({turns} turns):\n{transcript}"
 )
-
-
-@dataclass(frozen=True, slots=True)
-class JudgeVerdict:
-    rating: float  # native: checked against 0-10 by blend.goodness, never clamped here
-    justification: str
 
 
 def _cut(text: str) -> str:

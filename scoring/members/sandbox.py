@@ -44,6 +44,7 @@ from scoring.members.sandbox_process import (
     reap,
     spawn,
 )
+from scoring.ports import CodeScorerError
 
 log = structlog.get_logger(__name__)
 
@@ -52,20 +53,6 @@ _CALLS_PER_PROCESS = 1000  # then the process is replaced, shedding whatever sta
 _BATCH_CALLS = 256  # subjects in one message at most
 _BATCH_SECONDS_PER_CALL = 0.05  # what a batch's deadline grows by per extra subject
 DEFAULT_PYTHON = "/usr/bin/python3"  # Debian's: readable by the sandbox uid, has python3-seccomp
-
-
-class CodeScorerError(Exception):
-    """Why a code scorer produced no verdict. ``str(exc)`` is a short reason a person reads.
-
-    ``retriable`` is True only for infrastructure failures (a process could not be started, the
-    pool is closed); everything the user's code caused - including crashes, which cannot be told
-    apart from infrastructure crashes - is not retriable.
-    """
-
-    def __init__(self, reason: str, *, retriable: bool = False) -> None:
-        super().__init__(reason)
-        self.reason = reason
-        self.retriable = retriable
 
 
 @dataclass(eq=False)

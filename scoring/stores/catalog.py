@@ -7,7 +7,7 @@ next version in one transaction - or starts again when another writer got there 
 people updating one group never lose an update, and a rule that spans documents (a live group
 may not hold a judge that requires an expected answer) holds whichever side changes.
 
-Readers take an immutable ``CatalogSnapshot``; workers keep one current through
+Readers take an immutable ``scoring.catalog.CatalogSnapshot``; workers keep one current through
 ``CatalogWatcher`` (pub/sub, plus a periodic version check as a safety net) and swap it whole,
 so a trace is never scored with half of an old group and half of a new one.
 """
@@ -16,9 +16,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import hashlib
-from collections.abc import Callable, Mapping, Set
-from dataclasses import dataclass, field
+from collections.abc import Callable
 from typing import Any
 
 import orjson
@@ -27,200 +25,14 @@ from redis.asyncio import Redis
 from redis.asyncio.client import Pipeline
 from redis.exceptions import WatchError
 
+from scoring.catalog import KIND_MODELS, CatalogSnapshot
 from scoring.errors import Conflict
-from scoring.models import (
-    AlertChannel,
-    Budget,
-    CustomEvaluator,
-    Judge,
-    MemberKind,
-    Pattern,
-    Scope,
-    ScorerGroup,
-    WireModel,
-)
+from scoring.models import WireModel
 from scoring.stores import changes, keys
 
 log = structlog.get_logger(__name__)
 
-KIND_MODELS: dict[str, type[WireModel]] = {
-    "judges": Judge, "patterns": Pattern, "customs": CustomEvaluator,
-    "groups": ScorerGroup, "budgets": Budget, "channels": AlertChannel,
-}
-MEMBER_KIND_NOUN: dict[MemberKind, str] = {
-    "judge": "LLM judge", "pattern": "pattern", "custom": "custom evaluator"}
 WRITE_ATTEMPTS = 20
-
-
-def doc_id(doc: WireModel) -> str:
-    """The id a document is stored under in its kind's hash."""
-    if isinstance(doc, Budget):
-        return doc.project_id
-    if isinstance(doc, AlertChannel):  # a project's channel is its own, even to the same URL
-        return f"{doc.agent_id}|{doc.url}" if doc.project_id is None else f"{doc.project_id}|{doc.agent_id}|{doc.url}"
-    return str(getattr(doc, "id"))  # noqa: B009 - every other kind has an id field
-
-
-def etag(doc: WireModel) -> str:
-    """A strong ETag of one stored document: it changes whenever the document does."""
-    digest = hashlib.sha256(orjson.dumps(doc.stored(), option=orjson.OPT_SORT_KEYS)).hexdigest()
-    return f'"{digest[:20]}"'
-
-
-def kind_of(doc: WireModel) -> str:
-    return next(kind for kind, model in KIND_MODELS.items() if isinstance(doc, model))
-
-
-@dataclass(frozen=True)
-class CatalogSnapshot:
-    """The whole catalog at one version. Immutable: share it freely between tasks."""
-
-    version: int = 0
-    judges: Mapping[str, Judge] = field(default_factory=dict)
-    patterns: Mapping[str, Pattern] = field(default_factory=dict)
-    customs: Mapping[str, CustomEvaluator] = field(default_factory=dict)
-    groups: Mapping[str, ScorerGroup] = field(default_factory=dict)
-    budgets: Mapping[str, Budget] = field(default_factory=dict)
-    channels: Mapping[str, AlertChannel] = field(default_factory=dict)
-    # Indexes for the hot path, built once per snapshot.
-    _live: dict[tuple[str, Scope], tuple[ScorerGroup, ...]] = field(
-        default_factory=dict, init=False, repr=False, compare=False)
-    _channels_by_agent: dict[str, tuple[AlertChannel, ...]] = field(
-        default_factory=dict, init=False, repr=False, compare=False)
-
-    def __post_init__(self) -> None:
-        live: dict[tuple[str, Scope], list[ScorerGroup]] = {}
-        for group in sorted(self.groups.values(), key=lambda g: g.id):
-            if group.online is not None and group.online.enabled:
-                live.setdefault((group.project_id, group.online.scope), []).append(group)
-        self._live.update({k: tuple(v) for k, v in live.items()})
-        by_agent: dict[str, list[AlertChannel]] = {}
-        for channel in self.channels.values():
-            by_agent.setdefault(channel.agent_id, []).append(channel)
-        self._channels_by_agent.update({k: tuple(v) for k, v in by_agent.items()})
-
-    # ScorerLookup, for the panel
-    def judge(self, ref_id: str) -> Judge | None:
-        return self.judges.get(ref_id)
-
-    def pattern(self, ref_id: str) -> Pattern | None:
-        return self.patterns.get(ref_id)
-
-    def custom(self, ref_id: str) -> CustomEvaluator | None:
-        return self.customs.get(ref_id)
-
-    def scorer(self, kind: MemberKind, ref_id: str) -> Judge | Pattern | CustomEvaluator | None:
-        return {"judge": self.judge, "pattern": self.pattern, "custom": self.custom}[kind](ref_id)
-
-    def live_groups(self, project_id: str, scope: Scope) -> tuple[ScorerGroup, ...]:
-        """The project's groups whose online profile is enabled for ``scope``."""
-        return self._live.get((project_id, scope), ())
-
-    def channels_for(self, agent_id: str, project_id: str | None = None) -> tuple[AlertChannel, ...]:
-        """The agent's channels; with ``project_id``, only that project's and the shared ones (agent
-        ids are the tenants' own, so two projects may both have an agent "bot")."""
-        channels = self._channels_by_agent.get(agent_id, ())
-        if project_id is None:
-            return channels
-        return tuple(c for c in channels if c.project_id in (None, project_id))
-
-    def budget(self, project_id: str) -> Budget | None:
-        return self.budgets.get(project_id)
-
-    def with_docs(self, docs: list[WireModel]) -> CatalogSnapshot:
-        """This snapshot with ``docs`` put in (for validating a change before it is written)."""
-        maps: dict[str, dict[str, Any]] = {kind: dict(getattr(self, kind)) for kind in KIND_MODELS}
-        for doc in docs:
-            maps[kind_of(doc)][doc_id(doc)] = doc
-        return CatalogSnapshot(self.version, **maps)
-
-    def without(self, kind: str, id_: str) -> CatalogSnapshot:
-        maps: dict[str, dict[str, Any]] = {k: dict(getattr(self, k)) for k in KIND_MODELS}
-        maps[kind].pop(id_, None)
-        return CatalogSnapshot(self.version, **maps)
-
-
-# --- Rules that span documents ----------------------------------------------------------------
-
-LABEL_MAX = 200  # a Name's length
-REQUIRES_EXPECTED_LIVE = ("has requiresExpected and cannot grade live traffic; disable "
-                          "requiresExpected or keep the group's live scoring off")
-
-
-def group_errors(group: ScorerGroup, catalog: CatalogSnapshot, previous: ScorerGroup | None,
-                 reported: Set[tuple[str, str]] = frozenset()) -> list[str]:
-    """What is wrong with storing ``group`` next to ``catalog``. References that the stored
-    version already held are grandfathered: their scorer may be gone, they degrade at scoring.
-    ``reported``: (kind, id) of scorers whose own document was refused (already an error)."""
-    grandfathered: set[tuple[str, str]] = {(m.kind, m.ref_id) for m in previous.members} if previous else set()
-    grandfathered |= reported
-    errors = []
-    for i, member in enumerate(group.members):
-        scorer = catalog.scorer(member.kind, member.ref_id)
-        if scorer is not None and scorer.project_id not in (None, group.project_id):
-            scorer = None  # another project's scorer: as if it did not exist
-        if scorer is None and (member.kind, member.ref_id) not in grandfathered:
-            errors.append(f"members[{i}].refId: no {MEMBER_KIND_NOUN[member.kind]} "
-                          f"with id {member.ref_id!r}")
-        elif isinstance(scorer, Judge) and scorer.requires_expected and group.live:
-            errors.append(f"members[{i}].refId: judge {scorer.name!r} {REQUIRES_EXPECTED_LIVE}")
-    return errors
-
-
-def labelled(group: ScorerGroup, catalog: CatalogSnapshot,
-             previous: ScorerGroup | None) -> tuple[ScorerGroup, list[str]]:
-    """``group`` with every member labelled, and what is wrong with its labels. A label the
-    user gave is kept, else the one the stored version gave the same member, else the scorer's
-    name - so a member keeps its name after its scorer is renamed or deleted. New labels that
-    would repeat a name get the ref id ("Quality [q-1]") so two members are never one name."""
-    kept: dict[tuple[str, str], list[str]] = {}
-    for m in previous.members if previous else []:
-        if m.label is not None:
-            kept.setdefault((m.kind, m.ref_id), []).append(m.label)
-    chosen: list[str | None] = []  # given or kept labels; None: to be named from the scorer
-    for m in group.members:
-        reuse = kept.get((m.kind, m.ref_id))
-        chosen.append(m.label if m.label is not None else (reuse.pop(0) if reuse else None))
-    errors: list[str] = []
-    taken: dict[str, int] = {}
-    for i, label in enumerate(chosen):
-        if label is None:
-            continue
-        if label in taken:
-            errors.append(f"members[{i}].label: {label!r} is already the label of members[{taken[label]}]; "
-                          "labels name members in results and gates, so each must be unique")
-        taken.setdefault(label, i)
-    bases = []
-    for m in group.members:
-        scorer = catalog.scorer(m.kind, m.ref_id)
-        visible = scorer is not None and scorer.project_id in (None, group.project_id)
-        bases.append(scorer.name if scorer is not None and visible else m.ref_id)
-    wanted = [bases[i] for i, label in enumerate(chosen) if label is None]
-    members = []
-    for i, (m, label) in enumerate(zip(group.members, chosen, strict=True)):
-        if label is None:
-            label = bases[i]
-            number = 1
-            while label in taken or (number == 1 and wanted.count(label) > 1):
-                suffix = f" [{m.ref_id}]" + (f" #{number}" if number > 1 else "")
-                label, number = bases[i][:LABEL_MAX - len(suffix)] + suffix, number + 1
-            taken[label] = i
-        members.append(m.model_copy(update={"label": label}))
-    return group.model_copy(update={"members": members}), errors
-
-
-def judge_errors(judge: Judge, catalog: CatalogSnapshot) -> list[str]:
-    """A judge changed to require an expected answer may not sit in a live group."""
-    if not judge.requires_expected:
-        return []
-    return [f"requiresExpected: judge {judge.name!r} is a member of group {g.name!r} ({g.id}) "
-            "whose live scoring is enabled; a judge that requires an expected answer cannot grade "
-            "live traffic"
-            for g in catalog.groups.values()
-            if g.live and any(m.kind == "judge" and m.ref_id == judge.id for m in g.members)]
-
-
-# --- The store --------------------------------------------------------------------------------
 
 Write = tuple[str, str, WireModel | None]  # (kind, id, document or None to delete)
 

@@ -17,18 +17,10 @@ from typing import Any
 
 from pydantic import ValidationError
 
+from scoring.catalog import KIND_MODELS, CatalogSnapshot, doc_id, group_errors, judge_errors, labelled
 from scoring.errors import InvalidDocument, field_errors
 from scoring.models import AlertChannel, Judge, Member, OnlineProfile, ScorerGroup, WireModel
-from scoring.stores.catalog import (
-    KIND_MODELS,
-    CatalogSnapshot,
-    CatalogStore,
-    Write,
-    doc_id,
-    group_errors,
-    judge_errors,
-    labelled,
-)
+from scoring.stores.catalog import CatalogStore, Write
 from scoring.stores.channels import saved_channel
 
 MEMBER_KIND = {"judges": "judge", "patterns": "pattern", "customs": "custom"}

@@ -5,8 +5,9 @@ from __future__ import annotations
 
 from typing import Any
 
+from scoring.catalog import CatalogSnapshot
 from scoring.models import SECRET_ROTATION_OVERLAP_S, AlertChannel, WireModel
-from scoring.stores.catalog import CatalogSnapshot, CatalogStore, Write
+from scoring.stores.catalog import CatalogStore, Write
 
 
 def channel_id(channel: AlertChannel) -> str:

@@ -26,16 +26,15 @@ import socket
 import time
 import uuid
 from collections import defaultdict
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Literal
 
 from redis.asyncio import Redis
 
+from scoring.pairs import ClaimRequest
 from scoring.stores import keys
 
 ClaimState = Literal["claimed", "done", "skipped", "busy", "exhausted"]
-
-DAY_S = 86_400
 
 # Every script reads per hash: ``stored_fields(first, stride, key_offset)`` groups the pairs of
 # ARGV (from ``first``, ``stride`` arguments each: hash index, field, ...) by hash and reads each
@@ -191,30 +190,14 @@ return out
 """
 
 
-@dataclass(frozen=True, slots=True)
-class ClaimRequest:
-    project_id: str
-    group_id: str
-    subject_key: str  # "trace:<traceId>" or "session:<sessionId>:<turns>"
-    judge_calls: int  # slots to reserve, all or nothing
-    budget_limit: int | None  # calls per window; None = no budget configured (unlimited, counted)
-    budget_window_s: int = 3600
-    # The subject's own day (``day_of``: a trace's timestamp, a session's first turn), the same
-    # on every redelivery: the hash its claim is kept in.
-    day: int = field(kw_only=True)
-
-    @property
-    def hash_key(self) -> str:
-        return keys.dedupe_claims(self.project_id, self.day)
-
-    @property
-    def field_name(self) -> str:
-        return keys.dedupe_field(self.group_id, self.subject_key)
+def claim_hash(request: ClaimRequest) -> str:
+    """The hash a pair's claim is kept in: its project's, of its subject's day."""
+    return keys.dedupe_claims(request.project_id, request.day)
 
 
-def day_of(epoch_s: float) -> int:
-    """The day (since 1970-01-01, UTC) a subject's claim is kept under."""
-    return int(epoch_s // DAY_S)
+def claim_field(request: ClaimRequest) -> str:
+    """The pair's field in that hash."""
+    return keys.dedupe_field(request.group_id, request.subject_key)
 
 
 @dataclass(frozen=True, slots=True)
@@ -259,7 +242,7 @@ class Claims:
                                          first.budget_window_s * 2, self._done_ttl_s]
                 for i in indexes:
                     r = requests[i]
-                    args += [hashes.setdefault(r.hash_key, len(hashes) + 1), r.field_name, r.judge_calls]
+                    args += [hashes.setdefault(claim_hash(r), len(hashes) + 1), claim_field(r), r.judge_calls]
                 await self._claim(keys=[keys.judge_budget(first.project_id, window_start), *hashes],
                                   args=args, client=pipe)
             replies = await pipe.execute()
@@ -275,7 +258,7 @@ class Claims:
             return
         by_hash: dict[str, dict[str, str]] = defaultdict(dict)
         for request, rating_id in done:
-            by_hash[request.hash_key][request.field_name] = f"done:{rating_id}"
+            by_hash[claim_hash(request)][claim_field(request)] = f"done:{rating_id}"
         async with self._redis.pipeline(transaction=False) as pipe:
             for key, fields in by_hash.items():
                 pipe.hset(key, mapping=fields)  # type: ignore[arg-type]
@@ -298,7 +281,7 @@ class Claims:
                 hashes: dict[str, int] = {}
                 args: list[str | int] = [self.owner, self.lease_ms]
                 for i in indexes:
-                    args += [hashes.setdefault(requests[i].hash_key, len(hashes) + 1), requests[i].field_name]
+                    args += [hashes.setdefault(claim_hash(requests[i]), len(hashes) + 1), claim_field(requests[i])]
                 await self._confirm(keys=list(hashes), args=args, client=pipe)
             replies = await pipe.execute()
         for indexes, reply in zip(by_project.values(), replies, strict=True):
@@ -319,13 +302,13 @@ class Claims:
                 hashes: dict[str, int] = {}
                 args: list[str | int] = [self.owner]
                 for r in mine:
-                    args += [hashes.setdefault(r.hash_key, len(hashes) + 1), r.field_name]
+                    args += [hashes.setdefault(claim_hash(r), len(hashes) + 1), claim_field(r)]
                 await self._release(keys=list(hashes), args=args, client=pipe)
             await pipe.execute()
 
     async def stored(self, request: ClaimRequest) -> str:
         """What is kept for a pair ("lease:...", "done:<ratingId>", "skipped:budget"), or ""."""
-        value = await self._redis.hget(request.hash_key, request.field_name)
+        value = await self._redis.hget(claim_hash(request), claim_field(request))
         return _text(value) if value is not None else ""
 
     async def budget_used(self, project_id: str, window_s: int, now: float | None = None) -> int:

@@ -15,6 +15,7 @@ from dataclasses import asdict, dataclass
 import orjson
 from redis.asyncio import Redis
 
+from scoring.results import RatingEvent
 from scoring.stores import keys
 
 # ARGV: count, scored, sum, min, max, below, noscore, then one TTL per key. One call counts a
@@ -36,16 +37,6 @@ for i, key in ipairs(KEYS) do
 end
 return #KEYS
 """
-
-
-@dataclass(frozen=True, slots=True)
-class RatingEvent:
-    """One group result, as the history counts it."""
-
-    group_id: str
-    rating: float | None
-    below_threshold: bool
-    at: float  # epoch seconds
 
 
 @dataclass(frozen=True, slots=True)

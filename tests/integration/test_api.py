@@ -282,7 +282,8 @@ def test_ratings_and_session_scores_are_the_projects_own(api: Api, scorers: dict
 
     from redis.asyncio import Redis
 
-    from scoring.stores.ratings import RatingEvent, RatingsStore, SessionVerdict
+    from scoring.results import RatingEvent
+    from scoring.stores.ratings import RatingsStore, SessionVerdict
 
     with api.as_("a") as a, api.as_("op") as op:
         ga = create_group(a, name="A live", members=[member("judge", scorers["quality"])], online=FULL_ONLINE)

@@ -9,7 +9,8 @@ import pytest
 from redis.asyncio import Redis
 
 from deploy.services import LocalRedis
-from scoring.stores.claims import ClaimRequest, ClaimResult, Claims, day_of
+from scoring.pairs import ClaimRequest, day_of
+from scoring.stores.claims import ClaimResult, Claims, claim_hash
 
 pytestmark = pytest.mark.integration
 
@@ -181,8 +182,8 @@ async def test_a_tenants_extreme_timestamps_keep_its_claims_in_its_own_project(r
     batch = [req(unique, "t-extreme", 0, day=d) for d in days]
     assert [c.state for c in await claims.claim_many(batch, now=NOW)] == ["claimed", "claimed"]
     for r in batch:
-        assert f"{{p-{unique}}}" in r.hash_key, "under the project's own hash tag"
-        assert 0 < await redis.ttl(r.hash_key), "kept with a TTL like any other day"
+        assert f"{{p-{unique}}}" in claim_hash(r), "under the project's own hash tag"
+        assert 0 < await redis.ttl(claim_hash(r)), "kept with a TTL like any other day"
 
 
 def test_a_subject_is_kept_under_its_own_utc_day_before_1970_too() -> None:

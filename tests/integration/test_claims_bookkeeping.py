@@ -8,7 +8,8 @@ import time
 import pytest
 from redis.asyncio import Redis
 
-from scoring.stores.claims import ClaimRequest, Claims, day_of
+from scoring.pairs import ClaimRequest, day_of
+from scoring.stores.claims import Claims, claim_hash
 
 pytestmark = pytest.mark.integration
 
@@ -26,7 +27,7 @@ async def test_a_done_mark_expires_after_its_ttl(redis: Redis, unique: str) -> N
     await claims.claim_many([r])
     await claims.mark_done([(r, "rating-1")])
     assert await claims.stored(r) == "done:rating-1"
-    assert 0 < await redis.ttl(r.hash_key) <= 100, "every key that grows with traffic has a TTL"
+    assert 0 < await redis.ttl(claim_hash(r)) <= 100, "every key that grows with traffic has a TTL"
 
 
 async def test_release_gives_up_only_this_workers_leases(redis: Redis, unique: str) -> None:

@@ -12,7 +12,8 @@ from pathlib import Path
 import pytest
 from redis.asyncio import Redis
 
-from scoring.stores.ratings import RatingEvent, RatingsStore, SessionVerdict
+from scoring.results import RatingEvent
+from scoring.stores.ratings import RatingsStore, SessionVerdict
 
 pytestmark = pytest.mark.integration
 ROOT = Path(__file__).resolve().parents[2]

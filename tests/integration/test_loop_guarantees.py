@@ -28,13 +28,14 @@ from redis.asyncio import Redis
 
 from consumers.outputs import TopicNames
 from consumers.traces import OutputError, TraceConsumer
+from scoring.catalog import CatalogSnapshot
 from scoring.egress import EgressPolicy
 from scoring.members.external import ExternalClient
 from scoring.members.http import RetryPolicy
 from scoring.models import CustomEvaluator, ScorerGroup
+from scoring.pairs import ClaimRequest, day_of
 from scoring.panel import Panel
-from scoring.stores.catalog import CatalogSnapshot
-from scoring.stores.claims import ClaimRequest, Claims, day_of
+from scoring.stores.claims import Claims
 from scoring.stores.ratings import RatingsStore
 from tests.gated_scorer import HOLD, GatedScorer
 from worker.app import Worker

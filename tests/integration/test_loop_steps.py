@@ -37,11 +37,12 @@ from structlog.testing import capture_logs
 from consumers.outage import OutageGuard, OutageTooLong
 from consumers.outputs import TopicNames
 from consumers.traces import OutputError, TraceConsumer
+from scoring.catalog import CatalogSnapshot
 from scoring.models import Budget, Judge, Pattern, ScorerGroup
+from scoring.pairs import ClaimRequest, day_of
 from scoring.panel import GroupResult, Panel
 from scoring.sampling import keep
-from scoring.stores.catalog import CatalogSnapshot
-from scoring.stores.claims import ClaimRequest, ClaimResult, Claims, day_of
+from scoring.stores.claims import ClaimResult, Claims
 from scoring.stores.ratings import RatingsStore
 from scoring.subjects import Subject, Trace
 

@@ -5,8 +5,9 @@ from __future__ import annotations
 import pytest
 from redis.asyncio import Redis
 
+from scoring.results import RatingEvent
 from scoring.stores import keys
-from scoring.stores.ratings import RatingEvent, RatingsStore, SessionVerdict
+from scoring.stores.ratings import RatingsStore, SessionVerdict
 
 pytestmark = pytest.mark.integration
 

@@ -15,7 +15,8 @@ from redis.asyncio import Redis
 from deploy import services
 from deploy.services import LocalKafka, LocalRedis
 from deploy.services import free_port as real_free_port
-from scoring.stores.claims import ClaimRequest, Claims, day_of
+from scoring.pairs import ClaimRequest, day_of
+from scoring.stores.claims import Claims
 
 pytestmark = pytest.mark.integration
 

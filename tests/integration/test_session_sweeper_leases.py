@@ -14,12 +14,13 @@ from redis.asyncio import Redis
 from redis.exceptions import ConnectionError as RedisConnectionError
 from structlog.testing import capture_logs
 
+from scoring.catalog import CatalogSnapshot
 from scoring.egress import EgressPolicy
 from scoring.members.external import ExternalClient
 from scoring.models import CustomEvaluator
+from scoring.pairs import ClaimRequest
 from scoring.panel import Panel
-from scoring.stores.catalog import CatalogSnapshot
-from scoring.stores.claims import ClaimRequest, Claims
+from scoring.stores.claims import Claims
 from tests.http_fakes import Reply, ScriptedServer
 from tests.session_sweeps import Sweep, project_sweep, session_group
 

@@ -18,10 +18,10 @@ from redis.asyncio import Redis
 from consumers.outage import OutageGuard
 from consumers.webhooks import WebhookSender
 from deploy.services import LocalRedis
+from scoring.catalog import CatalogSnapshot
 from scoring.egress import EgressPolicy
 from scoring.results import Signal, build_deliveries
 from scoring.stores import keys
-from scoring.stores.catalog import CatalogSnapshot
 from scoring.webhooks.schedule import DeliverySchedule, RetrySchedule
 
 pytestmark = pytest.mark.integration

@@ -10,8 +10,9 @@ import pytest
 from scoring.blend import goodness
 from scoring.egress import EgressPolicy, EgressRefused
 from scoring.members.external import ExternalClient
-from scoring.members.http import MemberError, RetryPolicy
+from scoring.members.http import RetryPolicy
 from scoring.models import CustomEvaluator
+from scoring.ports import MemberError
 from scoring.subjects import Subject
 from tests.http_fakes import Reply, ScriptedServer
 

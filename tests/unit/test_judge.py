@@ -10,9 +10,10 @@ from collections.abc import AsyncIterator, Iterator
 import pytest
 
 from deploy.judge_server import Behaviour, JudgeServer
-from scoring.members.http import MemberError, RetryPolicy
+from scoring.members.http import RetryPolicy
 from scoring.members.judge import SESSION_QUESTION, JudgeClient, parse_verdict
 from scoring.models import Judge
+from scoring.ports import MemberError
 from scoring.subjects import Subject
 
 FAST = RetryPolicy(attempts=3, backoff_base_s=0.01, backoff_cap_s=0.05)

@@ -9,6 +9,7 @@ from typing import Any
 import pytest
 
 from deploy.judge_server import Behaviour, JudgeServer
+from scoring.catalog import CatalogSnapshot
 from scoring.egress import EgressPolicy
 from scoring.members.external import ExternalClient
 from scoring.members.http import RetryPolicy
@@ -16,7 +17,6 @@ from scoring.members.judge import JudgeClient
 from scoring.members.sandbox import SandboxPool
 from scoring.models import CustomEvaluator, Judge, Pattern, ScorerGroup
 from scoring.panel import Panel, planned_judge_calls
-from scoring.stores.catalog import CatalogSnapshot
 from scoring.subjects import Subject
 from tests.http_fakes import Reply, ScriptedServer
 

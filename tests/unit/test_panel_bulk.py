@@ -9,10 +9,10 @@ from typing import Any
 
 import pytest
 
+from scoring.catalog import CatalogSnapshot
 from scoring.members.sandbox import SandboxPool
 from scoring.models import CustomEvaluator, Pattern, ScorerGroup
 from scoring.panel import GroupResult, Panel
-from scoring.stores.catalog import CatalogSnapshot
 from scoring.subjects import Subject
 from tests.unit.test_panel import catalog, group, subject
 

@@ -12,6 +12,7 @@ from structlog.testing import capture_logs
 import scoring.members.patterns
 import scoring.panel
 from deploy.judge_server import Behaviour, JudgeServer
+from scoring.catalog import CatalogSnapshot
 from scoring.egress import EgressPolicy
 from scoring.members.external import ExternalClient
 from scoring.members.http import RetryPolicy
@@ -20,7 +21,6 @@ from scoring.members.sandbox import SandboxPool
 from scoring.models import CustomEvaluator, Pattern
 from scoring.panel import Panel
 from scoring.redact import Redactor
-from scoring.stores.catalog import CatalogSnapshot
 from tests.http_fakes import Reply, ScriptedServer
 from tests.unit.test_panel import catalog, group, subject
 

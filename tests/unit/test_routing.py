@@ -5,11 +5,11 @@ from __future__ import annotations
 from datetime import UTC, datetime
 from typing import Any
 
+from scoring.catalog import CatalogSnapshot
 from scoring.models import Budget, Judge, Pattern, ScorerGroup
+from scoring.pairs import day_of
 from scoring.routing import DEFAULT_BUDGET_WINDOW_S, trace_pairs
 from scoring.sampling import keep
-from scoring.stores.catalog import CatalogSnapshot
-from scoring.stores.claims import day_of
 from scoring.subjects import Trace
 
 

@@ -14,7 +14,8 @@ from typing import Any
 import pytest
 
 from scoring.members import sandbox as sandbox_module
-from scoring.members.sandbox import CodeScorerError, SandboxPool
+from scoring.members.sandbox import SandboxPool
+from scoring.ports import CodeScorerError
 
 ARGS: dict[str, Any] = {"input": "question", "output": "answer", "expected": None, "spans": [],
                         "metadata": {}}

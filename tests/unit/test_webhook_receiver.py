@@ -9,7 +9,7 @@ import orjson
 
 from deploy.demo import local_channels
 from deploy.webhook_receiver import WebhookReceiver
-from scoring.webhooks import signing
+from scoring import signing
 
 SECRET = "whsec_MDEyMzQ1Njc4OWFiY2RlZjAxMjM0NTY3"
 BODY = orjson.dumps({"type": "scorer_group.signal", "timestamp": "2026-12-02T13:00:00Z",

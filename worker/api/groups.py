@@ -12,10 +12,10 @@ from typing import Annotated, Any, Literal
 from fastapi import APIRouter, Header, Path, Request, Response
 
 from scoring.api_models import Change, Ratings, SessionScore
+from scoring.catalog import etag
 from scoring.errors import NotFound
 from scoring.groups import Caller, MonitorClient
 from scoring.models import ID_PATTERN, Id, Member, Name, OnlineProfile, Scope, ScorerGroup, Severity, WireModel
-from scoring.stores.catalog import etag
 from scoring.stores.changes import ChangeLog
 from worker.api.auth import Client, Who, redis_of
 from worker.api.pages import Cursor, Limit, Page, page

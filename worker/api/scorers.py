@@ -15,10 +15,10 @@ from pydantic import Field, SecretStr, ValidationError
 from pydantic.json_schema import SkipJsonSchema
 
 from scoring.api_models import Channel
+from scoring.catalog import doc_id, etag
 from scoring.errors import InvalidDocument, NotFound
 from scoring.models import ID_PATTERN, AlertChannel, Budget, CustomEvaluator, Id, Judge, Pattern, WireModel
 from scoring.redact import mask_url
-from scoring.stores.catalog import doc_id, etag
 from worker.api.auth import Client, Who
 from worker.api.groups import ChangePage, IfMatch, changes_page
 from worker.api.pages import Cursor, Limit, Page, page

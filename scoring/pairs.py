@@ -1,0 +1,29 @@
+"""A (subject, group) pair, as the pair protocol claims it: which project, group and subject,
+how many judge calls to reserve, under which budget, and the day its claim is kept under.
+
+Pure: ``scoring.routing`` builds the requests, ``scoring.stores.claims`` keeps them in Redis.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+DAY_S = 86_400
+
+
+@dataclass(frozen=True, slots=True)
+class ClaimRequest:
+    project_id: str
+    group_id: str
+    subject_key: str  # "trace:<traceId>" or "session:<sessionId>:<turns>"
+    judge_calls: int  # slots to reserve, all or nothing
+    budget_limit: int | None  # calls per window; None = no budget configured (unlimited, counted)
+    budget_window_s: int = 3600
+    # The subject's own day (``day_of``: a trace's timestamp, a session's first turn), the same
+    # on every redelivery: the hash its claim is kept in.
+    day: int = field(kw_only=True)
+
+
+def day_of(epoch_s: float) -> int:
+    """The day (since 1970-01-01, UTC) a subject's claim is kept under."""
+    return int(epoch_s // DAY_S)
