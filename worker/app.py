@@ -23,17 +23,13 @@ from consumers.outage import OutageGuard
 from consumers.outputs import Outputs, TopicNames
 from consumers.sessions import SessionSweeper
 from consumers.traces import OutputError, TraceConsumer
-from scoring.egress import EgressPolicy
-from scoring.members.external import ExternalClient
-from scoring.members.judge import JudgeClient
 from scoring.members.sandbox import SandboxPool
-from scoring.panel import Panel
-from scoring.redact import Redactor
 from scoring.stores.catalog import CatalogStore, CatalogWatcher
 from scoring.stores.claims import Claims
 from scoring.stores.ratings import RatingsStore
 from scoring.stores.sessions import SessionStore
 from worker import metrics
+from worker.engine import ScoringEngine
 from worker.otlp import run_otlp_intake
 from worker.settings import Settings
 from worker.shutdown import WATCHDOG_GRACE_S, ShutdownWatchdog, close_all
@@ -42,19 +38,6 @@ from worker.webhooks import webhook_sender
 log = structlog.get_logger(__name__)
 
 STALLED_AFTER_S = 30.0  # /readyz turns false when the loop has not ticked for this long
-
-
-def sandbox_pool(settings: Settings) -> SandboxPool:
-    """The code-scorer sandbox as the settings describe it (confined unless explicitly unsafe)."""
-    return SandboxPool(size=settings.code_sandboxes, memory_limit_mb=settings.code_memory_mb,
-                       per_project=settings.code_sandboxes_per_project or None,
-                       isolation=settings.code_sandbox, python=settings.sandbox_python,
-                       sandbox_uid=settings.sandbox_uid)
-
-
-def redactor(settings: Settings) -> Redactor:
-    """Cuts the process's secrets from whatever members publish."""
-    return Redactor.from_environment(settings.secrets())
 
 
 def dead_letter_limit(settings: Settings) -> int:
@@ -135,31 +118,26 @@ class Worker:
                                     acks="all", linger_ms=s.producer_linger_ms,
                                     max_batch_size=s.producer_batch_bytes,
                                     max_request_size=dead_letter_limit(s))
-        judges = JudgeClient(s.judge_base_url, api_key=s.judge_api_key.get_secret_value(),
-                             model=s.judge_model, timeout_s=s.judge_timeout_s,
-                             concurrency=s.judge_concurrency, observe=metrics.observe_judge_call)
-        external = ExternalClient(EgressPolicy.parse(s.egress_allow_list()))
-        sandbox = self.sandbox = sandbox_pool(s)
+        engine = ScoringEngine(s, observe_judge_call=metrics.observe_judge_call,
+                               observe_member=metrics.observe_member)
+        self.sandbox = engine.sandbox
         consumer = AIOKafkaConsumer(
             bootstrap_servers=s.kafka_bootstrap, group_id=s.consumer_group, enable_auto_commit=False,
             auto_offset_reset="earliest", max_partition_fetch_bytes=s.max_trace_bytes * 2,
             client_id=f"scorer-group-worker-{s.consumer_group}")
         topics = TopicNames(traces=s.traces_topic, ratings=s.ratings_topic, signals=s.signals_topic,
                             webhooks=s.webhooks_topic, dlq=s.dlq_topic)
-        panel = Panel(judges=judges, external=external, sandbox=sandbox,
-                      member_deadline_s=s.member_deadline_s, observe=metrics.observe_member,
-                      redact=redactor(s))
         claims, ratings = Claims(redis, lease_s=s.claim_lease_s), RatingsStore(redis)
         events = metrics.PrometheusEvents()
         sessions = SessionStore(redis)
         self.consumer = traces = TraceConsumer(
             consumer=consumer, producer=producer, topics=topics, catalog=lambda: watcher.current,
-            panel=panel, claims=claims, ratings=ratings, turns=sessions, events=events,
+            panel=engine.panel, claims=claims, ratings=ratings, turns=sessions, events=events,
             max_in_flight=s.max_in_flight, max_trace_bytes=s.max_trace_bytes,
             commit_interval_s=s.commit_interval_s,
             outages=OutageGuard(s.outage_tolerance_s, on_change=metrics.observe_outage))
         sweeper = SessionSweeper(store=sessions, outputs=Outputs(producer, topics, events),
-                                 catalog=lambda: watcher.current, panel=panel, claims=claims,
+                                 catalog=lambda: watcher.current, panel=engine.panel, claims=claims,
                                  ratings=ratings, events=events, interval_s=s.session_sweep_interval_s)
 
         hooks_consumer = AIOKafkaConsumer(
@@ -173,8 +151,8 @@ class Worker:
         exit_code = 0
         try:
             await producer.start()
-            await sandbox.start()
-            metrics.observe_sandbox(sandbox.available)
+            await engine.start()
+            metrics.observe_sandbox(engine.sandbox.available)
             consumer.subscribe([s.traces_topic], listener=traces.rebalance_listener())
             await consumer.start()
             log.info("worker started", topic=s.traces_topic, group=s.consumer_group,
@@ -216,8 +194,7 @@ class Worker:
             for sig in (signal.SIGTERM, signal.SIGINT):
                 loop.remove_signal_handler(sig)
             await close_all([("traces consumer", consumer.stop()), ("webhooks consumer", hooks_consumer.stop()),
-                             ("producer", producer.stop()), ("sandbox", sandbox.close()),
-                             ("judges", judges.close()), ("external scorers", external.close()),
+                             ("producer", producer.stop()), ("scoring engine", engine.close()),
                              ("catalog watcher", watcher.stop()), ("metrics server", ops.stop()),
                              ("redis", redis.aclose())])
             self.watchdog.disarm()

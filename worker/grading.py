@@ -14,7 +14,6 @@ import json
 import sys
 import time
 import uuid
-from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import IO, Any, TextIO
@@ -32,13 +31,9 @@ from scoring.dataset import (
     plan_grading,
     requires_expected_judges,
 )
-from scoring.egress import EgressPolicy
-from scoring.members.external import ExternalClient
-from scoring.members.judge import JudgeClient
-from scoring.panel import Panel
 from scoring.results import build_rating
 from scoring.stores.catalog import CatalogStore
-from worker.app import redactor, sandbox_pool
+from worker.engine import ScoringEngine
 from worker.settings import Settings
 
 PROGRESS_AFTER_S = 2.0  # a bar for runs longer than this; short runs print nothing until the end
@@ -149,29 +144,10 @@ async def grade(settings: Settings, request: GradeRequest, out: IO[str], err: Te
 
 async def _grade(settings: Settings, catalog: Any, plan: GradingPlan, rows: list[DatasetRow],
                  request: GradeRequest, err: TextIO) -> DatasetRun:
-    return await grade_with_settings(settings, catalog, plan, rows, concurrency=request.concurrency,
-                                     progress=Progress(err))
-
-
-async def grade_with_settings(settings: Settings, catalog: Any, plan: GradingPlan, rows: list[DatasetRow], *,
-                              concurrency: int = 8,
-                              progress: Callable[[int, int], None] | None = None) -> DatasetRun:
-    """Grade rows with the judge endpoint, external scorers and code sandbox ``settings`` name
-    (the CLI's and the API's shared engine)."""
-    judges = JudgeClient(settings.judge_base_url, api_key=settings.judge_api_key.get_secret_value(),
-                         model=settings.judge_model, timeout_s=settings.judge_timeout_s,
-                         concurrency=settings.judge_concurrency)
-    external = ExternalClient(EgressPolicy.parse(settings.egress_allow_list()))
-    sandbox = sandbox_pool(settings)
-    await sandbox.start()
-    try:
-        panel = Panel(judges=judges, external=external, sandbox=sandbox,
-                      member_deadline_s=settings.member_deadline_s, redact=redactor(settings))
-        return await grade_rows(panel, catalog, plan, rows, concurrency=concurrency, progress=progress)
-    finally:
-        await sandbox.close()
-        await judges.close()
-        await external.close()
+    """Grade rows with the judge endpoint, external scorers and code sandbox ``settings`` name."""
+    async with ScoringEngine(settings) as engine:
+        return await grade_rows(engine.panel, catalog, plan, rows, concurrency=request.concurrency,
+                                progress=Progress(err))
 
 
 async def _publish(settings: Settings, run: DatasetRun) -> None:

@@ -51,8 +51,8 @@ def judge() -> Iterator[JudgeServer]:
 
 
 @pytest.fixture(scope="module")
-def api(redis_databases: RedisDatabases, judge: JudgeServer,
-        tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, str, str]]:
+def api_process(redis_databases: RedisDatabases, judge: JudgeServer,
+                tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[ApiProcess, str, str]]:
     with redis_databases.lease() as url:
         key = create_key(url, "--project", "p-eval")
         before = os.environ.get("SGW_JUDGE_BASE_URL")
@@ -65,9 +65,15 @@ def api(redis_databases: RedisDatabases, judge: JudgeServer,
             else:
                 os.environ["SGW_JUDGE_BASE_URL"] = before
         try:
-            yield process.url, key, url
+            yield process, key, url
         finally:
             process.stop()
+
+
+@pytest.fixture(scope="module")
+def api(api_process: tuple[ApiProcess, str, str]) -> tuple[str, str, str]:
+    process, key, url = api_process
+    return process.url, key, url
 
 
 @pytest.fixture
@@ -200,6 +206,31 @@ def test_a_finalize_must_answer_every_row_once(names: dict[str, Any], api: tuple
     assert answer.status_code == 400
     assert [e["message"] for e in answer.json()["errors"]] == ["row 0 is answered twice",
                                                                "rows 1, 2 have no output or error"]
+
+
+def sandboxes_of(pid: int) -> set[int]:
+    """The sandbox processes (bubblewrap) a process started and still runs."""
+    children = Path(f"/proc/{pid}/task/{pid}/children").read_text().split()
+    return {int(c) for c in children if Path(f"/proc/{c}/comm").read_text().strip() == "bwrap"}
+
+
+def test_every_run_is_graded_by_the_api_process_one_engine(api_process: tuple[ApiProcess, str, str],
+                                                           names: dict[str, Any]) -> None:
+    # One engine per process, built at start: its sandbox pool serves every finalize request
+    # (no pool, judge client or processes of its own per request, outside the process's bounds).
+    process, client = api_process[0], names["client"]
+    assert process.proc is not None
+    warm = sandboxes_of(process.proc.pid)
+    assert len(warm) == 2, "the pool (SGW_CODE_SANDBOXES) started with the process"
+    length = client.monitor.customs.create(name="Length", type="code",
+                                           code="def score(i, o, e, s, m):\n    return min(1.0, len(o) / 100)\n")
+    group = client.monitor.scorer_groups.create(
+        "Length only", members=[{"kind": "custom", "refId": length.id, "weight": 1, "gate": False}])
+    for _ in range(2):
+        run = client.evaluations.run(dataset_id=names["dataset"].id, subject={"kind": "custom_agent", "displayName": "a"},
+                                     scorer_group_id=group.id).execute(lambda question: "x" * 50).finalize()
+        assert [r["rating"] for r in run.rows] == [5.0] * 3  # the code scorer ran
+        assert sandboxes_of(process.proc.pid) == warm, "the same sandbox processes graded it"
 
 
 def _group(names: dict[str, Any]) -> Any:

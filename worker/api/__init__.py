@@ -27,23 +27,28 @@ from redis.asyncio import Redis
 
 from scoring.stores.catalog import SnapshotCache
 from worker.api import evaluations, groups, problems, scorers
+from worker.engine import ScoringEngine
 from worker.metrics import API_REQUEST_SECONDS, API_REQUESTS, REGISTRY
 from worker.settings import Settings
+from worker.shutdown import close_all
 
 log = structlog.get_logger(__name__)
 
 API_VERSION = "1.0.0"
 
 
-def create_app(redis_url: str) -> FastAPI:
+def create_app(settings: Settings) -> FastAPI:
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
-        app.state.redis = Redis.from_url(redis_url)
+        app.state.redis = Redis.from_url(settings.redis_url)
         app.state.snapshots = SnapshotCache()
+        # One engine for every request: dataset runs finalized at once share its judge cap and
+        # sandbox pool, as the worker's traces do.
+        app.state.engine = await ScoringEngine(settings).start()
         try:
             yield
         finally:
-            await app.state.redis.aclose()
+            await close_all([("scoring engine", app.state.engine.close()), ("redis", app.state.redis.aclose())])
 
     app = FastAPI(title="Scorer groups API", version=API_VERSION, lifespan=lifespan,
                   summary="Scorer groups, the scorers they blend, budgets and alert channels.",
@@ -90,7 +95,7 @@ def bind(host: str, port: int) -> socket.socket:
 async def serve(settings: Settings) -> int:
     sock = bind(settings.api_host, settings.api_port)
     port = sock.getsockname()[1]
-    config = uvicorn.Config(create_app(settings.redis_url), log_config=None, access_log=False,
+    config = uvicorn.Config(create_app(settings), log_config=None, access_log=False,
                             proxy_headers=False, server_header=False)
     server = uvicorn.Server(config)
     log.info("api listening", host=settings.api_host, port=port, docs=f"http://{settings.api_host}:{port}/docs")

@@ -13,9 +13,8 @@ from typing import Annotated, Literal
 
 from fastapi import APIRouter, Path, Query, Request, Response
 from pydantic import Field
-from redis.asyncio import Redis
 
-from scoring.dataset import DatasetRow, plan_grading
+from scoring.dataset import DatasetRow, grade_rows, plan_grading
 from scoring.errors import Conflict, InvalidDocument, NotFound
 from scoring.models import ID_PATTERN, Id, Name, WireModel
 from scoring.stores.catalog import CatalogStore
@@ -33,7 +32,7 @@ from scoring.subjects import as_text
 from worker.api import problems
 from worker.api.auth import Who, redis_of
 from worker.api.pages import Cursor, Limit, Page, page
-from worker.settings import Settings
+from worker.engine import ScoringEngine
 
 router = APIRouter(prefix="/v1", tags=["datasets and evaluations"])
 ItemId = Annotated[str, Path(alias="id", max_length=128, pattern=ID_PATTERN)]
@@ -70,10 +69,6 @@ class EvaluationPage(Page):
 
 
 @functools.cache
-def _settings() -> Settings:
-    return Settings()
-
-
 def _project(who: Who) -> str:
     if who.project_id is None:
         raise InvalidDocument("authorization: datasets and evaluation runs belong to a project; "
@@ -164,16 +159,15 @@ async def finalize_evaluation(run_id: ItemId, body: Outputs, who: Who, request: 
     try:
         run = await store.get(project, run_id)  # read under the claim: a finished run is not graded again
         check_outputs(run, body.outputs)
-        done = await _grade(redis, project, run, body)
+        done = await _grade(request, project, run, body)
     finally:
         await store.release_finalize(project, run_id)
     await store.save(done)
     return done
 
 
-async def _grade(redis: Redis, project: str, run: EvaluationRun, body: Outputs) -> EvaluationRun:
-    from worker.grading import grade_with_settings  # the engine: judges, sandbox, external scorers
-
+async def _grade(request: Request, project: str, run: EvaluationRun, body: Outputs) -> EvaluationRun:
+    redis = redis_of(request)
     _, items = await DatasetStore(redis).rows(project, run.dataset_id, run.dataset_version)
     catalog = await CatalogStore(redis).snapshot()
     try:
@@ -189,5 +183,6 @@ async def _grade(redis: Redis, project: str, run: EvaluationRun, body: Outputs) 
         item = items[o.row]
         rows.append(DatasetRow(input=as_text(item.input), output=as_text(o.output), expected=item.expected,
                                metadata=dict(item.metadata), id=str(o.row)))
-    graded = await grade_with_settings(_settings(), catalog, plan, rows)
+    engine: ScoringEngine = request.app.state.engine  # the process's one engine (judges, sandbox, external)
+    graded = await grade_rows(engine.panel, catalog, plan, rows)
     return completed(run, graded, failed)

@@ -1,0 +1,69 @@
+"""The scoring engine: the panel with the clients its members call - the judge endpoint, external
+scorers behind the egress guard, the code-scorer sandbox - and the redactor that cuts the
+process's secrets from what members say.
+
+Built from ``Settings`` once per process: by the worker, by ``scorer-worker grade``, and by the
+HTTP API in its lifespan. So every grading in a process shares one judge concurrency cap and one
+sandbox pool, and API grading is bounded like the worker's, not given a pool per request.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable
+from types import TracebackType
+
+from scoring.egress import EgressPolicy
+from scoring.members.external import ExternalClient
+from scoring.members.judge import JudgeClient
+from scoring.members.sandbox import SandboxPool
+from scoring.panel import MemberObserver, Panel
+from scoring.redact import Redactor
+from worker.settings import Settings
+
+
+def sandbox_pool(settings: Settings) -> SandboxPool:
+    """The code-scorer sandbox as the settings describe it (confined unless explicitly unsafe)."""
+    return SandboxPool(size=settings.code_sandboxes, memory_limit_mb=settings.code_memory_mb,
+                       per_project=settings.code_sandboxes_per_project or None,
+                       isolation=settings.code_sandbox, python=settings.sandbox_python,
+                       sandbox_uid=settings.sandbox_uid)
+
+
+def redactor(settings: Settings) -> Redactor:
+    """Cuts the process's secrets from whatever members publish."""
+    return Redactor.from_environment(settings.secrets())
+
+
+class ScoringEngine:
+    """``start`` warms the sandbox (it never raises: code scorers fail closed and say why);
+    ``close`` ends every client. Also an async context manager doing both."""
+
+    def __init__(self, settings: Settings, *, observe_judge_call: Callable[[str, float], None] | None = None,
+                 observe_member: MemberObserver | None = None) -> None:
+        self.judges = JudgeClient(settings.judge_base_url, api_key=settings.judge_api_key.get_secret_value(),
+                                  model=settings.judge_model, timeout_s=settings.judge_timeout_s,
+                                  concurrency=settings.judge_concurrency, observe=observe_judge_call)
+        self.external = ExternalClient(EgressPolicy.parse(settings.egress_allow_list()))
+        self.sandbox = sandbox_pool(settings)
+        self.panel = Panel(judges=self.judges, external=self.external, sandbox=self.sandbox,
+                           member_deadline_s=settings.member_deadline_s, observe=observe_member,
+                           redact=redactor(settings))
+
+    async def start(self) -> ScoringEngine:
+        await self.sandbox.start()
+        return self
+
+    async def close(self) -> None:
+        results = await asyncio.gather(self.sandbox.close(), self.judges.close(), self.external.close(),
+                                       return_exceptions=True)
+        failures = [r for r in results if isinstance(r, BaseException)]
+        if failures:
+            raise failures[0]
+
+    async def __aenter__(self) -> ScoringEngine:
+        return await self.start()
+
+    async def __aexit__(self, kind: type[BaseException] | None, exc: BaseException | None,
+                        tb: TracebackType | None) -> None:
+        await self.close()
