@@ -14,10 +14,8 @@ import signal
 import time
 
 import structlog
-from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
-from aiokafka.admin import AIOKafkaAdminClient, NewTopic
+from aiokafka.admin import NewTopic
 from aiokafka.errors import TopicAlreadyExistsError
-from redis.asyncio import Redis
 
 from consumers.outage import OutageGuard
 from consumers.outputs import Outputs, TopicNames
@@ -29,6 +27,7 @@ from scoring.stores.claims import Claims
 from scoring.stores.ratings import RatingsStore
 from scoring.stores.sessions import SessionStore
 from worker import metrics
+from worker.connections import kafka_admin, kafka_consumer, kafka_producer, redis_client
 from worker.engine import ScoringEngine
 from worker.otlp import run_otlp_intake
 from worker.settings import Settings
@@ -51,7 +50,7 @@ async def ensure_topics(settings: Settings) -> None:
               settings.webhooks_topic, settings.dlq_topic, settings.webhooks_dlq_topic]
     if settings.otlp_enabled:
         wanted.append(settings.otlp_topic)
-    admin = AIOKafkaAdminClient(bootstrap_servers=settings.kafka_bootstrap)
+    admin = kafka_admin(settings)
     await admin.start()
     try:
         existing = set(await admin.list_topics())
@@ -104,8 +103,7 @@ class Worker:
 
     async def run(self) -> int:
         s = self.settings
-        redis = Redis.from_url(s.redis_url, socket_timeout=s.redis_timeout_s,
-                               socket_connect_timeout=s.redis_timeout_s)
+        redis = redis_client(s)
         ops = metrics.OpsServer(s.metrics_port, self.readiness)
         await ops.start()
         for dependency in ("redis", "kafka"):  # a series from the start: panels and alerts see 0, not nothing
@@ -114,17 +112,12 @@ class Worker:
         await watcher.start()
         await ensure_topics(s)
 
-        producer = AIOKafkaProducer(bootstrap_servers=s.kafka_bootstrap, enable_idempotence=True,
-                                    acks="all", linger_ms=s.producer_linger_ms,
-                                    max_batch_size=s.producer_batch_bytes,
-                                    max_request_size=dead_letter_limit(s))
+        producer = kafka_producer(s, max_request_size=dead_letter_limit(s))
         engine = ScoringEngine(s, observe_judge_call=metrics.observe_judge_call,
                                observe_member=metrics.observe_member)
         self.sandbox = engine.sandbox
-        consumer = AIOKafkaConsumer(
-            bootstrap_servers=s.kafka_bootstrap, group_id=s.consumer_group, enable_auto_commit=False,
-            auto_offset_reset="earliest", max_partition_fetch_bytes=s.max_trace_bytes * 2,
-            client_id=f"scorer-group-worker-{s.consumer_group}")
+        consumer = kafka_consumer(s, s.consumer_group, max_partition_fetch_bytes=s.max_trace_bytes * 2,
+                                  client_id=f"scorer-group-worker-{s.consumer_group}")
         topics = TopicNames(traces=s.traces_topic, ratings=s.ratings_topic, signals=s.signals_topic,
                             webhooks=s.webhooks_topic, dlq=s.dlq_topic)
         claims, ratings = Claims(redis, lease_s=s.claim_lease_s), RatingsStore(redis)
@@ -140,9 +133,7 @@ class Worker:
                                  catalog=lambda: watcher.current, panel=engine.panel, claims=claims,
                                  ratings=ratings, events=events, interval_s=s.session_sweep_interval_s)
 
-        hooks_consumer = AIOKafkaConsumer(
-            bootstrap_servers=s.kafka_bootstrap, group_id=f"{s.consumer_group}-webhooks",
-            enable_auto_commit=False, auto_offset_reset="earliest")
+        hooks_consumer = kafka_consumer(s, f"{s.consumer_group}-webhooks")
         hooks = webhook_sender(s, redis, hooks_consumer, producer, lambda: watcher.current)
 
         loop = asyncio.get_running_loop()

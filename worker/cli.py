@@ -34,20 +34,20 @@ from typing import Any
 
 import yaml
 from pydantic import ValidationError
-from redis.asyncio import Redis
 
 from scoring.catalog import KIND_MODELS
 from scoring.errors import CatalogError
 from scoring.groups import MonitorClient
 from scoring.redact import Redactor, mask_url
 from scoring.stores.apikeys import ApiKeyStore
+from worker.connections import kafka_admin, redis_client
 from worker.logs import configure_logging, use_known_secrets
 from worker.settings import Settings
 
 
 def _with_client(settings: Settings, action: Callable[[MonitorClient], Awaitable[int]]) -> int:
     async def go() -> int:
-        redis = Redis.from_url(settings.redis_url)
+        redis = redis_client(settings)
         try:
             return await action(MonitorClient(redis))
         finally:
@@ -279,11 +279,10 @@ def _cmd_settings(settings: Settings, _: argparse.Namespace) -> int:
 
 async def _check(settings: Settings) -> list[str]:
     """Reach Kafka and Redis once; return what failed."""
-    from aiokafka.admin import AIOKafkaAdminClient
 
     problems = []
     redact = Redactor.from_environment(settings.secrets())
-    redis = Redis.from_url(settings.redis_url)
+    redis = redis_client(settings)
     try:
         info = await redis.info("server")
         print(f"redis   {mask_url(settings.redis_url)}  version {info['redis_version']}")
@@ -291,7 +290,7 @@ async def _check(settings: Settings) -> list[str]:
         problems.append(f"redis at {mask_url(settings.redis_url)}: {redact(str(exc))}")
     finally:
         await redis.aclose()
-    admin = AIOKafkaAdminClient(bootstrap_servers=settings.kafka_bootstrap)
+    admin = kafka_admin(settings)
     try:
         await admin.start()
         cluster = await admin.describe_cluster()

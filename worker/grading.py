@@ -19,7 +19,6 @@ from datetime import UTC, datetime
 from typing import IO, Any, TextIO
 
 import orjson
-from redis.asyncio import Redis
 
 from scoring.dataset import (
     Allowance,
@@ -33,6 +32,7 @@ from scoring.dataset import (
 )
 from scoring.results import build_rating
 from scoring.stores.catalog import CatalogStore
+from worker.connections import kafka_producer, redis_client
 from worker.engine import ScoringEngine
 from worker.settings import Settings
 
@@ -102,7 +102,7 @@ async def grade(settings: Settings, request: GradeRequest, out: IO[str], err: Te
     except (OSError, ValueError) as exc:
         print(f"error: {exc}", file=err)
         return 2
-    redis = Redis.from_url(settings.redis_url)
+    redis = redis_client(settings)
     try:
         catalog = await CatalogStore(redis).snapshot()
     finally:
@@ -151,12 +151,10 @@ async def _grade(settings: Settings, catalog: Any, plan: GradingPlan, rows: list
 
 
 async def _publish(settings: Settings, run: DatasetRun) -> None:
-    from aiokafka import AIOKafkaProducer
 
     run_id = str(uuid.uuid4())
     now = datetime.now(UTC)
-    producer = AIOKafkaProducer(bootstrap_servers=settings.kafka_bootstrap, enable_idempotence=True,
-                                acks="all", linger_ms=settings.producer_linger_ms)
+    producer = kafka_producer(settings)
     await producer.start()
     try:
         acks = []

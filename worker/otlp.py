@@ -7,7 +7,7 @@ from __future__ import annotations
 import asyncio
 
 import structlog
-from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
+from aiokafka import AIOKafkaProducer
 from redis.asyncio import Redis
 
 from consumers.otlp import OtlpConsumer
@@ -15,6 +15,7 @@ from consumers.outage import OutageGuard
 from scoring.otlp.buffer import OtlpBuffer
 from scoring.otlp.mapping import MappingRules
 from worker import metrics
+from worker.connections import kafka_consumer
 from worker.settings import Settings
 
 log = structlog.get_logger(__name__)
@@ -24,9 +25,8 @@ RECORD_HEADROOM = 4096  # bytes an assembled trace adds around its spans' JSON
 
 async def run_otlp_intake(settings: Settings, redis: Redis, producer: AIOKafkaProducer, stop: asyncio.Event) -> None:
     s = settings
-    consumer = AIOKafkaConsumer(
-        bootstrap_servers=s.kafka_bootstrap, group_id=f"{s.consumer_group}-otlp", enable_auto_commit=False,
-        auto_offset_reset="earliest", max_partition_fetch_bytes=max(s.max_trace_bytes * 2, 8 << 20),
+    consumer = kafka_consumer(
+        s, f"{s.consumer_group}-otlp", max_partition_fetch_bytes=max(s.max_trace_bytes * 2, 8 << 20),
         client_id=f"scorer-group-worker-{s.consumer_group}-otlp")
     buffer = OtlpBuffer(redis, quiet_s=s.otlp_quiet_s, max_wait_s=s.otlp_max_wait_s, lease_s=s.otlp_claim_lease_s,
                         max_spans=s.otlp_max_spans_per_trace, max_trace_bytes=s.max_trace_bytes - RECORD_HEADROOM,

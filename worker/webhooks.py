@@ -24,6 +24,7 @@ from scoring.stores.channels import disable_channel
 from scoring.webhooks import payloads
 from scoring.webhooks.payloads import LinkTemplate
 from scoring.webhooks.schedule import DeliverySchedule, parse_duration
+from worker.connections import kafka_consumer, kafka_producer, redis_client
 from worker.metrics import PrometheusWebhookEvents, observe_outage
 from worker.settings import Settings
 
@@ -85,8 +86,7 @@ def matches(delivery: WebhookDelivery, channel: str | None) -> bool:
 
 async def dead_letters(s: Settings) -> list[dict[str, Any]]:
     """Everything on the webhooks dead-letter topic now (in order within a partition)."""
-    consumer = AIOKafkaConsumer(bootstrap_servers=s.kafka_bootstrap, group_id=None, enable_auto_commit=False,
-                                auto_offset_reset="earliest")
+    consumer = kafka_consumer(s, None)
     await consumer.start()
     try:
         consumer.subscribe([s.webhooks_dlq_topic])  # without a group: every partition, from the start
@@ -120,8 +120,8 @@ async def replay(s: Settings, *, channel: str | None, since: datetime | None, ou
     if not chosen:
         print("no dead letters match", file=out)
         return 0
-    redis = Redis.from_url(s.redis_url)
-    producer = AIOKafkaProducer(bootstrap_servers=s.kafka_bootstrap, acks="all")
+    redis = redis_client(s)
+    producer = kafka_producer(s)
     await producer.start()
     try:
         await delivery_schedule(s, redis).forget_dead(list(chosen))

@@ -23,10 +23,10 @@ import uvicorn
 from fastapi import FastAPI, Request, Response
 from fastapi.responses import PlainTextResponse
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
-from redis.asyncio import Redis
 
 from scoring.stores.catalog import SnapshotCache
 from worker.api import evaluations, groups, problems, scorers
+from worker.connections import redis_client
 from worker.engine import ScoringEngine
 from worker.metrics import API_REQUEST_SECONDS, API_REQUESTS, REGISTRY
 from worker.settings import Settings
@@ -40,7 +40,7 @@ API_VERSION = "1.0.0"
 def create_app(settings: Settings) -> FastAPI:
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
-        app.state.redis = Redis.from_url(settings.redis_url)
+        app.state.redis = redis_client(settings)
         app.state.snapshots = SnapshotCache()
         # One engine for every request: dataset runs finalized at once share its judge cap and
         # sandbox pool, as the worker's traces do.

@@ -1,0 +1,32 @@
+"""Every Redis and Kafka client of the service is built by ``worker.connections``, so that they
+all share its options (Redis timeouts; idempotent producers with acks=all; consumers that never
+commit by themselves). A client built anywhere else would silently miss them."""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+CLIENTS = {"AIOKafkaProducer", "AIOKafkaConsumer", "AIOKafkaAdminClient", "Redis", "RedisCluster"}
+
+
+def built_clients(path: Path) -> list[str]:
+    """Where ``path`` constructs a client: ``Name(...)`` or ``Name.from_url(...)``."""
+    found = []
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        if not isinstance(node, ast.Call):
+            continue
+        target = node.func
+        if isinstance(target, ast.Attribute) and target.attr == "from_url":
+            target = target.value
+        if isinstance(target, ast.Name) and target.id in CLIENTS:
+            found.append(f"{path.relative_to(ROOT)}:{node.lineno} {target.id}")
+    return found
+
+
+def test_only_the_connections_module_builds_redis_and_kafka_clients() -> None:
+    modules = [p for package in ("scoring", "consumers", "worker") for p in (ROOT / package).rglob("*.py")]
+    elsewhere = [hit for p in modules if p.name != "connections.py" for hit in built_clients(p)]
+    assert elsewhere == []
+    assert len(built_clients(ROOT / "worker" / "connections.py")) == 4
