@@ -26,6 +26,8 @@ from redis.exceptions import BusyLoadingError, ReadOnlyError
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
+from scoring.errors import ScoringError
+
 log = structlog.get_logger(__name__)
 
 T = TypeVar("T")
@@ -45,9 +47,11 @@ def outage_of(exc: BaseException) -> str | None:
     return None
 
 
-class OutageTooLong(Exception):
+class OutageTooLong(ScoringError):
     """A dependency stayed unreachable past the tolerance: the process should exit (and be
     restarted by its orchestrator), leaving uncommitted work to be redelivered."""
+
+    outage = True
 
 
 class OutageGuard:

@@ -41,6 +41,7 @@ from consumers.offsets import CommitOnRevoke, OffsetTracker, PartitionOffsets
 from consumers.outage import OutageGuard, OutageTooLong
 from consumers.outputs import Outputs, TopicNames
 from scoring.catalog import CatalogSnapshot
+from scoring.errors import ScoringError
 from scoring.pairs import ClaimRequest
 from scoring.panel import GroupResult, Panel
 from scoring.results import RatingEvent, history_event
@@ -78,7 +79,7 @@ class _Finished:
     event: RatingEvent
 
 
-class OutputError(Exception):
+class OutputError(ScoringError):
     """An output could not be published or recorded: the worker must stop without committing."""
 
 

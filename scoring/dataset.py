@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from scoring.catalog import CatalogSnapshot
+from scoring.errors import InvalidDocument, NotFound, ScoringError
 from scoring.models import Judge, Member, MemberKind, ScorerGroup
 from scoring.panel import GroupResult, Panel
 from scoring.subjects import Subject, as_text
@@ -99,7 +100,7 @@ def parse_allowance(text: str) -> Allowance:
     return value
 
 
-class GateFailed(Exception):
+class GateFailed(ScoringError):
     """A CI gate did not pass; the message says which and by how much. ``shortfall`` is how far
     the score is under ``fail_under`` (None when the score passed or there is none), and
     ``unscored`` / ``allowed`` count the rows without a score and how many the gate let pass."""
@@ -296,7 +297,7 @@ def plan_grading(catalog: CatalogSnapshot, *, scorer_group_id: str | None = None
     if scorer_group_id is not None:
         group = catalog.groups.get(scorer_group_id)
         if group is None or project_id not in (None, group.project_id):
-            raise ValueError(f"no scorer group with id {scorer_group_id!r}")
+            raise NotFound(f"no scorer group with id {scorer_group_id!r}")
         if scorer_id is not None:
             warnings.append(f"scorer_id {scorer_id!r} ignored: scorer_group_id and scorer_id are "
                             "mutually exclusive and the group wins")
@@ -306,7 +307,7 @@ def plan_grading(catalog: CatalogSnapshot, *, scorer_group_id: str | None = None
                             "group alone")
         return GradingPlan(group, warnings, additional_scorer_ids=None)
     if scorer_id is None:
-        raise ValueError("give scorer_group_id (or scorer_id)")
+        raise InvalidDocument("give scorer_group_id (or scorer_id)")
     project = project_id or "dataset"
     members = [_single_member(catalog, scorer_id, 1, project_id)]
     members += [_single_member(catalog, extra, 0, project_id) for extra in additional if extra != scorer_id]
@@ -326,7 +327,7 @@ def _single_member(catalog: CatalogSnapshot, scorer_id: str, weight: float, proj
         scorer = catalog.scorer(kind, scorer_id)
         if scorer is not None and (project_id is None or scorer.project_id in (None, project_id)):
             return Member(kind=kind, ref_id=scorer_id, weight=weight, gate=False, label=scorer.name)
-    raise ValueError(f"no scorer with id {scorer_id!r}")
+    raise NotFound(f"no scorer with id {scorer_id!r}")
 
 
 def _scorer_name(catalog: CatalogSnapshot, member: Member) -> str:

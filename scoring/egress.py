@@ -16,11 +16,13 @@ from dataclasses import dataclass, field
 from typing import Any
 from urllib.parse import SplitResult, urlsplit, urlunsplit
 
+from scoring.errors import ScoringError
+
 IPAddress = ipaddress.IPv4Address | ipaddress.IPv6Address
 IPNetwork = ipaddress.IPv4Network | ipaddress.IPv6Network
 
 
-class EgressRefused(Exception):
+class EgressRefused(ScoringError):
     """A user URL points where the worker must not send traffic (or, ``retriable``, its name
     does not resolve right now)."""
 

@@ -1,9 +1,19 @@
-"""Errors of the scoring domain that reach users.
+"""The service's errors: one root, ``ScoringError``, whose attributes are what callers branch
+on - never the message, which is for people:
 
-One family, each with an HTTP-like status, so a future HTTP API maps them one to one:
-400 for a document that breaks a rule, 403 for a shared document a project may only read, 404 for
-an id that does not exist (or belongs to another project), 409 for a write that lost a race or
-conflicts with what is stored, 412 for a write against a version that is no longer current.
+- ``status``: how the HTTP API answers it (400 a document that breaks a rule, 403 a shared
+  document a project may only read, 404 an id that does not exist or belongs to another project,
+  409 a write that lost a race or conflicts with what is stored, 412 a write against a version
+  that is no longer current; 500 for what is not the caller's doing);
+- ``retriable``: the same call may succeed later (the infrastructure failed, not the input);
+- ``outage``: a dependency (Redis, Kafka) is away - wait for it, lose nothing.
+
+Catalog errors (``CatalogError`` and its kinds) are here; the others sit with what raises them
+and derive from the root: ``MemberError`` and ``CodeScorerError`` (``scoring.ports``),
+``GateFailed`` (``scoring.dataset``), ``OtlpError`` (``scoring.otlp.mapping``), ``EgressRefused``
+(``scoring.egress``), ``OutputError`` (``consumers.traces``), ``OutageTooLong``
+(``consumers.outage``). Errors that never leave their module (a sandbox's pipe protocol, its
+set-up, an HTTP attempt that went unanswered) are not part of the family.
 Messages name the user's field (``sampleRate``, ``members[2].refId``) and the rule it broke.
 """
 
@@ -15,8 +25,16 @@ from typing import Any
 from pydantic import ValidationError
 
 
-class CatalogError(Exception):
-    """A catalog operation was refused; ``status`` says how an HTTP API would answer."""
+class ScoringError(Exception):
+    """The root of the service's errors; see the module's docstring for what each flag means."""
+
+    status: int = 500
+    retriable: bool = False
+    outage: bool = False
+
+
+class CatalogError(ScoringError):
+    """A catalog operation was refused; ``status`` says how the HTTP API answers."""
 
     status = 400
 

@@ -12,12 +12,14 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol
 
+from scoring.errors import ScoringError
+
 if TYPE_CHECKING:
     from scoring.models import CustomEvaluator, Judge
     from scoring.subjects import Subject
 
 
-class MemberError(Exception):
+class MemberError(ScoringError):
     """A member produced no verdict. ``str(exc)`` is the reason shown on the result."""
 
     def __init__(self, reason: str, *, retriable: bool = False) -> None:
@@ -25,7 +27,7 @@ class MemberError(Exception):
         self.retriable = retriable
 
 
-class CodeScorerError(Exception):
+class CodeScorerError(ScoringError):
     """Why a code scorer produced no verdict. ``str(exc)`` is a short reason a person reads.
 
     ``retriable`` is True only for infrastructure failures (a process could not be started, the

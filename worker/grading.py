@@ -30,6 +30,7 @@ from scoring.dataset import (
     plan_grading,
     requires_expected_judges,
 )
+from scoring.errors import CatalogError
 from scoring.results import build_rating
 from scoring.stores.catalog import CatalogStore
 from worker.connections import kafka_producer, redis_client
@@ -110,7 +111,7 @@ async def grade(settings: Settings, request: GradeRequest, out: IO[str], err: Te
     try:
         plan = plan_grading(catalog, scorer_group_id=request.group_id, scorer_id=request.scorer_id,
                             additional_scorer_ids=request.additional_scorer_ids)
-    except ValueError as exc:
+    except CatalogError as exc:
         print(f"error: {exc}", file=err)
         return 2
     for warning in plan.warnings:

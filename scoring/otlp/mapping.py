@@ -32,6 +32,7 @@ from opentelemetry.proto.common.v1.common_pb2 import AnyValue, KeyValue
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from pydantic.alias_generators import to_camel
 
+from scoring.errors import ScoringError
 from scoring.otlp.conventions import CONTENT_ATTRIBUTES, span_content, span_kind
 from scoring.subjects import Span, Trace
 
@@ -44,7 +45,7 @@ PLACEHOLDER_ROOT = "(root span not received)"
 _ID_FIELDS = ("traceId", "spanId", "parentSpanId", "trace_id", "span_id", "parent_span_id")
 
 
-class OtlpError(ValueError):
+class OtlpError(ValueError, ScoringError):
     """A record that is not an OTLP trace request, or spans that cannot be taken; ``reason`` is
     the dead-letter reason."""
 

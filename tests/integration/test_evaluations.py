@@ -195,6 +195,15 @@ def test_runs_and_datasets_are_the_projects_own(names: dict[str, Any], api: tupl
                                      scorer_group_id=_group(names).id)
 
 
+def test_what_grades_a_run_is_refused_by_the_errors_kind(names: dict[str, Any], api: tuple[str, str, str]) -> None:
+    # Chosen by the error's type (NotFound 404, InvalidDocument 400), whatever its message says.
+    headers = {"Authorization": f"Bearer {api[1]}"}
+    base = {"datasetId": names["dataset"].id, "subject": {"kind": "custom_agent", "displayName": "a"}}
+    for body, status in (({}, 400), ({"scorerId": "nope"}, 404), ({"scorerGroupId": "nope"}, 404)):
+        answer = httpx.post(f"{api[0]}/v1/evaluations", headers=headers, json={**base, **body})
+        assert answer.status_code == status, (body, answer.text)
+
+
 def test_a_finalize_must_answer_every_row_once(names: dict[str, Any], api: tuple[str, str, str]) -> None:
     client = names["client"]
     pending = client.evaluations.run(dataset_id=names["dataset"].id,

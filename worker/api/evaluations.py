@@ -120,12 +120,9 @@ async def create_evaluation(body: EvaluationCreate, who: Who, request: Request, 
     redis = redis_of(request)
     version, items = await DatasetStore(redis).rows(project, body.dataset_id, body.dataset_version)
     catalog = await CatalogStore(redis).snapshot()
-    try:
-        plan = plan_grading(catalog, scorer_group_id=body.scorer_group_id, scorer_id=body.scorer_id,
-                            additional_scorer_ids=body.additional_scorer_ids or (), project_id=project)
-    except ValueError as exc:
-        message = str(exc)
-        raise (NotFound(message) if message.startswith("no ") else InvalidDocument(message)) from None
+    # NotFound (404) or InvalidDocument (400), answered as their status says.
+    plan = plan_grading(catalog, scorer_group_id=body.scorer_group_id, scorer_id=body.scorer_id,
+                        additional_scorer_ids=body.additional_scorer_ids or (), project_id=project)
     run = new_run(project, body, version, len(items), plan)
     await EvaluationStore(redis).save(run)
     response.headers["Location"] = str(request.url_for("get_evaluation", id=run.id).path)
@@ -173,7 +170,7 @@ async def _grade(request: Request, project: str, run: EvaluationRun, body: Outpu
     try:
         plan = plan_grading(catalog, scorer_group_id=run.scorer_group_id, scorer_id=run.scorer_id,
                             additional_scorer_ids=run.additional_scorer_ids or (), project_id=project)
-    except ValueError as exc:  # deleted since the run was created
+    except NotFound as exc:  # deleted since the run was created
         raise NotFound(f"what grades this run is gone: {exc}") from None
     rows, failed = [], {}
     for o in body.outputs:
