@@ -1,6 +1,6 @@
 """OpenTelemetry in: the Collector's Kafka exporter output, assembled into traces.
 
-Two loops share a Redis assembly buffer (``scoring.otlp.buffer``):
+Two loops share a Redis assembly buffer (``scoring.stores.otlp_buffer``):
 
 The **span loop**, per batch of records:
 
@@ -39,7 +39,6 @@ from aiokafka.structs import OffsetAndMetadata
 from consumers.decode import DeadLetter, DeadLetterReason, dead_letter
 from consumers.offsets import CommitOnRevoke
 from consumers.outage import OutageGuard
-from scoring.otlp.buffer import BufferSize, DueTrace, OtlpBuffer, member_of
 from scoring.otlp.mapping import (
     BufferedSpan,
     MappingRules,
@@ -49,6 +48,7 @@ from scoring.otlp.mapping import (
     buffered_spans,
     decode_request,
 )
+from scoring.stores.otlp_buffer import BufferSize, DueTrace, OtlpBuffer, member_of
 
 log = structlog.get_logger(__name__)
 

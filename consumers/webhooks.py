@@ -1,7 +1,7 @@
 """The webhook sender: deliveries from the webhooks topic, POSTed to the agents' alert channels.
 
 1. Ingest: a batch of records from the webhooks topic is written to the durable schedule in
-   Redis (``scoring.webhooks.schedule``) in one script call - malformed records go to the
+   Redis (``scoring.stores.deliveries``) in one script call - malformed records go to the
    webhooks dead-letter topic - and only then do their offsets become committable. A record
    seen before (a redelivery) is not scheduled again.
 2. Dispatch: fresh deliveries are attempted at once; due retries are claimed from Redis every
@@ -51,15 +51,9 @@ from scoring.models import AlertChannel
 from scoring.results import RECOVERED_EVENT, WebhookDelivery, channel_key
 from scoring.stores import keys
 from scoring.stores.channels import channel_id
+from scoring.stores.deliveries import Attempt, DeliverySchedule, Incident, PendingDelivery, Settlements
 from scoring.webhooks.breaker import CircuitBreaker
-from scoring.webhooks.schedule import (
-    Attempt,
-    DeliverySchedule,
-    Incident,
-    PendingDelivery,
-    RetrySchedule,
-    Settlements,
-)
+from scoring.webhooks.retries import RetrySchedule
 
 log = structlog.get_logger(__name__)
 

@@ -21,7 +21,7 @@ from prometheus_client import (
     generate_latest,
 )
 
-from scoring.otlp.buffer import BufferSize
+from scoring.stores.otlp_buffer import BufferSize
 from scoring.webhooks.breaker import STATE_VALUES
 
 log = structlog.get_logger(__name__)

@@ -12,8 +12,8 @@ from redis.asyncio import Redis
 
 from consumers.otlp import OtlpConsumer
 from consumers.outage import OutageGuard
-from scoring.otlp.buffer import OtlpBuffer
 from scoring.otlp.mapping import MappingRules
+from scoring.stores.otlp_buffer import OtlpBuffer
 from worker import metrics
 from worker.connections import kafka_consumer
 from worker.settings import Settings

@@ -14,7 +14,7 @@ from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from scoring.redact import mask_url
 from scoring.webhooks.payloads import LinkTemplate
-from scoring.webhooks.schedule import RetrySchedule
+from scoring.webhooks.retries import RetrySchedule
 
 
 class Settings(BaseSettings):

@@ -21,9 +21,10 @@ from scoring.models import AlertChannel
 from scoring.results import WebhookDelivery, channel_key
 from scoring.stores.catalog import CatalogStore
 from scoring.stores.channels import disable_channel
+from scoring.stores.deliveries import DeliverySchedule
 from scoring.webhooks import payloads
 from scoring.webhooks.payloads import LinkTemplate
-from scoring.webhooks.schedule import DeliverySchedule, parse_duration
+from scoring.webhooks.retries import parse_duration
 from worker.connections import kafka_consumer, kafka_producer, redis_client
 from worker.metrics import PrometheusWebhookEvents, observe_outage
 from worker.settings import Settings

@@ -91,7 +91,7 @@ def dedupe_field(group_id: str, subject_key: str) -> str:
     return f"{group_id}:{subject_key}"
 
 
-# --- Webhook deliveries: the durable retry schedule (scoring/webhooks/schedule.py) ------------
+# --- Webhook deliveries: the durable retry schedule (scoring/stores/deliveries.py) ------------
 # One hash tag for all of them: the schedule's scripts touch the sets and a delivery's keys
 # together. Alerts are few next to traces, so one slot carries them.
 WEBHOOK_TAG = "{webhooks}"

@@ -12,7 +12,8 @@ from redis.asyncio import Redis
 
 from scoring.results import Signal, build_deliveries
 from scoring.stores import keys
-from scoring.webhooks.schedule import Attempt, DeliverySchedule, PendingDelivery, RetrySchedule
+from scoring.stores.deliveries import Attempt, DeliverySchedule, PendingDelivery
+from scoring.webhooks.retries import RetrySchedule
 
 pytestmark = pytest.mark.integration
 

@@ -22,7 +22,8 @@ from scoring.catalog import CatalogSnapshot
 from scoring.egress import EgressPolicy
 from scoring.results import Signal, build_deliveries
 from scoring.stores import keys
-from scoring.webhooks.schedule import DeliverySchedule, RetrySchedule
+from scoring.stores.deliveries import DeliverySchedule
+from scoring.webhooks.retries import RetrySchedule
 
 pytestmark = pytest.mark.integration
 

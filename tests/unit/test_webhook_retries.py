@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from scoring.webhooks.breaker import CircuitBreaker
-from scoring.webhooks.schedule import RETRY_AFTER_CAP_S, RetrySchedule, parse_duration
+from scoring.webhooks.retries import RETRY_AFTER_CAP_S, RetrySchedule, parse_duration
 
 
 def test_the_default_schedule_parses_into_growing_waits() -> None:
