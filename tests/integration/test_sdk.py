@@ -129,8 +129,10 @@ def test_the_specs_snippets_run_unchanged(env: Env) -> None:
                                                              time.time())])
         await redis.aclose()
 
-    asyncio.run(verdict())
     names["session_id"] = "s-42"
+    # Before any verdict (one turn so far, or still within idleSeconds): an empty list, no error.
+    assert eval(SCORES_SNIPPET.splitlines()[0], names) == []
+    asyncio.run(verdict())
     scores = eval(SCORES_SNIPPET.splitlines()[0], names)
     assert [(s["kind"], s["rating"], s["justification"]) for s in scores] == [
         (f"scorer-group:{group.id}", 4.5, "Weighted blend: ...")]

@@ -145,9 +145,8 @@ async def changes_page(request: Request, client: MonitorClient, who: Caller, kin
 @router.get("/sessions/{sessionId}/scores", response_model=list[SessionScore], tags=["sessions"])
 async def session_scores(session_id: Annotated[str, Path(alias="sessionId", max_length=256)],
                          client: Client) -> list[dict[str, object]]:
-    """The latest verdict of each of the caller's groups on the session; 404 when the caller's
-    project has none (whether or not another project's groups judged a session of that id)."""
-    scores = await client.sessions.scores(session_id)
-    if not scores:
-        raise NotFound(f"no scores for session {session_id!r}")
-    return scores
+    """The latest verdict of each of the caller's groups on the session: an empty list while it
+    has none - a conversation of one turn so far, still inside its idle window, or not seen -
+    so a client polling after sending traces reads [] rather than catching an error. Another
+    project's verdicts on a session of that id are never shown."""
+    return await client.sessions.scores(session_id)
