@@ -191,14 +191,17 @@ class Panel:
 
     def _outcome(self, member: Member, name: str, started: float, *, error: str | None = None,
                  detail: str | None = None, **kw: object) -> MemberOutcome:
-        """A member's outcome, its text cut of secrets, observed (kind, status, time)."""
+        """A member's outcome, its text cut of secrets, observed (kind, status, time). It is named
+        by the label the group saved for it (the scorer's name when the group was saved, or the
+        label its owner gave), so a renamed or deleted scorer keeps its name in every result,
+        Signal and CI message; ``name`` (the scorer's name, or its ref id) when it has none."""
         if error is not None:
             kw["error"] = self._redact(error)
         if detail is not None:
             # A pattern's detail is ours ("matched in output at offset 12"); other members' is
             # text from a model or a tenant's service.
             kw["detail"] = detail if member.kind == "pattern" else self._redact(detail)
-        result = MemberOutcome(name=name, kind=member.kind, weight=member.weight, gate=member.gate,
+        result = MemberOutcome(name=member.label or name, kind=member.kind, weight=member.weight, gate=member.gate,
                                ref_id=member.ref_id, **kw)  # type: ignore[arg-type]
         if self._observe is not None:
             self._observe(member.kind, result.status, result.error, time.perf_counter() - started)

@@ -180,7 +180,9 @@ async def test_deleted_members_degrade_or_fail_closed(catalog_url: str, judge: J
         "justification": None, "error": "reference deleted"}
     closed = await grade_api(catalog_url, judge, "with-deleted-gate", rows)
     assert closed.rows[0].rating is None
-    assert closed.rows[0].result.blend.reason == 'No score: must-pass member "old-pattern" could not score (reference deleted)'
+    # Named by the label the group saved (the pattern's name then), not by its raw ref id.
+    assert closed.rows[0].result.blend.reason == 'No score: must-pass member "Old" could not score (reference deleted)'
+    assert "Tone not scored (reference deleted)" in degraded.rows[0].result.blend.justification
 
 
 async def test_publish_sends_each_row_to_the_ratings_topic_as_dataset(
