@@ -26,13 +26,34 @@ from scorer_groups.errors import (
     ServerError,
     Unauthorized,
 )
-from scorer_groups.evaluations import Evaluation, GateFailed
+from scorer_groups.evaluations import Evaluation, GateFailed, NotAJudgeMember
 from scoring.api_models import Change, Channel, Ratings, SessionScore
 from scoring.models import Budget, CustomEvaluator, Judge, Member, OnlineProfile, Pattern, ScorerGroup
 
 __all__ = [
-    "ApiError", "AsyncClient", "BadRequest", "Budget", "Change", "Channel", "Client", "CustomEvaluator",
-    "Evaluation", "Forbidden", "GateFailed", "Judge", "Member", "NotFound", "OnlineProfile", "Pattern",
-    "PreconditionFailed", "RateLimited", "Ratings", "Retry", "ScorerGroup", "ServerError", "SessionScore",
+    "ApiError",
+    "AsyncClient",
+    "BadRequest",
+    "Budget",
+    "Change",
+    "Channel",
+    "Client",
+    "CustomEvaluator",
+    "Evaluation",
+    "Forbidden",
+    "GateFailed",
+    "Judge",
+    "Member",
+    "NotAJudgeMember",
+    "NotFound",
+    "OnlineProfile",
+    "Pattern",
+    "PreconditionFailed",
+    "RateLimited",
+    "Ratings",
+    "Retry",
+    "ScorerGroup",
+    "ServerError",
+    "SessionScore",
     "Unauthorized",
 ]

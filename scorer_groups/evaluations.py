@@ -30,11 +30,11 @@ import orjson
 
 from scorer_groups._calls import Call, _model, _paged
 from scorer_groups._transport import Transport
-from scoring.dataset import Allowance, GateFailed
+from scoring.dataset import Allowance, GateFailed, NotAJudgeMember
 from scoring.stores.datasets import Dataset, DatasetItem
 from scoring.stores.evaluations import EvaluationRun
 
-__all__ = ["Datasets", "Evaluation", "Evaluations", "GateFailed", "PendingRun"]
+__all__ = ["Datasets", "Evaluation", "Evaluations", "GateFailed", "NotAJudgeMember", "PendingRun"]
 
 
 def _id(value: str) -> str:

@@ -86,6 +86,7 @@ class MemberOutcome:
     ref_id: str = ""
     native: float | bool | None = None
     detail: str | None = None
+    scorer_name: str = ""  # the scorer's own name now ("" when unknown); ``name`` is the member's label
 
     def __post_init__(self) -> None:
         weight = _finite_number(self.weight, "a weight")

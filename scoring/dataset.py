@@ -113,12 +113,20 @@ class GateFailed(ScoringError):
                           and value < fail_under else None)
 
 
+class NotAJudgeMember(ScoringError):
+    """A gate names no judge member of the run (a pattern, a typo), or several: a mistake in the
+    gate's configuration, not a quality failure - the message lists the judge members there are."""
+
+    status = 400
+
+
 @dataclass
 class DatasetRun:
-    group: ScorerGroup
+    group: ScorerGroup  # a single-scorer run's is a one-member group named after the scorer
     rows: list[RowResult]
     warnings: list[str] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
+    by_group: bool = True  # False: graded by one scorer (plus additional ones), not by a group
 
     @property
     def scored(self) -> list[RowResult]:
@@ -163,25 +171,22 @@ class DatasetRun:
         """What a gate reads: the group score of each row and each judge member's column."""
         first = self.rows[0].result.blend.members if self.rows else []
         judges = [JudgeColumn(label=label, ref_id=self.group.members[i].ref_id,
-                              name=first[i].outcome.name if first else self.group.members[i].ref_id,
+                              name=first[i].outcome.scorer_name if first else self.group.members[i].ref_id,
                               ratings=self._judge_ratings(i),
                               errors=[r.result.blend.members[i].outcome.error for r in self.rows])
                   for i, label in self.judge_labels().items()]
         return GateColumns(self.group.name, [r.rating for r in self.rows],
-                           [r.result.blend.reason for r in self.rows], judges)
+                           [r.result.blend.reason for r in self.rows], judges, by_group=self.by_group)
 
     def breakdown(self) -> list[str]:
-        """The run's breakdown, led by "<Name> (group)"."""
-        def show(v: float | None) -> str:
-            return "no score" if v is None else f"{v:.2f}"
-
-        lines = [f"{self.group.name} (group): {show(self.rating)} "
-                 f"({len(self.scored)} of {len(self.rows)} rows scored)"]
-        lines += [f"{name}: {show(avg)}" for name, avg in self.judge_averages().items()]
-        return lines
+        """The run's breakdown (``breakdown_lines``)."""
+        return breakdown_lines(self.group.name, self.by_group, self.rating, len(self.scored), len(self.rows),
+                               list(self.judge_averages().items()))
 
     def summary(self) -> dict[str, Any]:
-        return {"group": {"id": self.group.id, "name": self.group.name}, "rows": len(self.rows),
+        graded_by = {"group" if self.by_group else "scorer": {
+            "id": self.group.id if self.by_group else self.group.members[0].ref_id, "name": self.group.name}}
+        return {**graded_by, "rows": len(self.rows),
                 "scoredRows": len(self.scored), "noScoreRows": len(self.rows) - len(self.scored),
                 "runRating": self.rating, "judgeAverages": self.judge_averages(),
                 "breakdown": self.breakdown(), "warnings": self.warnings, "notes": self.notes}
@@ -207,15 +212,33 @@ class JudgeColumn:
         return math.fsum(scored) / len(scored) if scored else None
 
 
+def breakdown_lines(name: str, by_group: bool, rating: float | None, scored: int, rows: int,
+                    judges: list[tuple[str, float | None]]) -> list[str]:
+    """A run's breakdown: led by "<Name> (group)" on a group-graded run; on a single-scorer run
+    by the scorer's name alone (no group graded it), whose own line is then not repeated."""
+    def show(v: float | None) -> str:
+        return "no score" if v is None else f"{v:.2f}"
+
+    lines = [f"{name}{' (group)' if by_group else ''}: {show(rating)} ({scored} of {rows} rows scored)"]
+    lines += [f"{label}: {show(average)}" for label, average in judges if by_group or label != name]
+    return lines
+
+
 @dataclass(frozen=True)
 class GateColumns:
     """What a CI gate reads of a run, whether graded here or fetched from the API: the group
-    score (or why there is none) of each row, and each judge member's column."""
+    score (or why there is none) of each row, and each judge member's column. ``name`` is the
+    group's, or on a single-scorer run (``by_group`` False) the scorer's."""
 
-    group_name: str
+    name: str
     ratings: list[float | None]
     reasons: list[str | None]
     judges: list[JudgeColumn]
+    by_group: bool = True
+
+    @property
+    def graded_by(self) -> str:
+        return f"{'group' if self.by_group else 'scorer'} {self.name!r}"
 
     @property
     def rating(self) -> float | None:
@@ -231,9 +254,9 @@ class GateColumns:
             return found[0]
         known = ", ".join(repr(j.label) for j in self.judges) or "none"
         if not found:
-            raise GateFailed(f"no judge member named {name!r} in group {self.group_name!r} "
-                             f"(judge members: {known})")
-        raise GateFailed(f"judge name {name!r} is ambiguous in group {self.group_name!r}: it names "
+            raise NotAJudgeMember(f"no judge member named {name!r} in {self.graded_by} "
+                                  f"(judge members: {known})")
+        raise NotAJudgeMember(f"judge name {name!r} is ambiguous in {self.graded_by}: it names "
                          f"{len(found)} members ({', '.join(repr(j.label) for j in found)}); "
                          "gate on one of their labels")
 
@@ -244,7 +267,7 @@ class GateColumns:
         score, and fails the gate unless ``allow_unscored`` (a count, or a fraction of the rows)
         lets it pass explicitly."""
         if scorer is None:
-            value, what = self.rating, f"group {self.group_name!r}"
+            value, what = self.rating, self.graded_by
             why = [reason or "no score" for rating, reason in zip(self.ratings, self.reasons, strict=True)
                    if rating is None]
         else:
@@ -352,7 +375,8 @@ async def grade_rows(panel: Panel, catalog: CatalogSnapshot, plan: GradingPlan, 
         return RowResult(index, row, result)
 
     results = await asyncio.gather(*(one(i, row) for i, row in enumerate(rows)))
-    return DatasetRun(plan.group, list(results), list(plan.warnings), list(plan.notes))
+    return DatasetRun(plan.group, list(results), list(plan.warnings), list(plan.notes),
+                      by_group=plan.additional_scorer_ids is None)
 
 
 def requires_expected_judges(group: ScorerGroup, catalog: CatalogSnapshot) -> list[Judge]:

@@ -202,7 +202,7 @@ class Panel:
             # text from a model or a tenant's service.
             kw["detail"] = detail if member.kind == "pattern" else self._redact(detail)
         result = MemberOutcome(name=member.label or name, kind=member.kind, weight=member.weight, gate=member.gate,
-                               ref_id=member.ref_id, **kw)  # type: ignore[arg-type]
+                               ref_id=member.ref_id, scorer_name=name, **kw)  # type: ignore[arg-type]
         if self._observe is not None:
             self._observe(member.kind, result.status, result.error, time.perf_counter() - started)
         return result

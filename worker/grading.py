@@ -26,6 +26,7 @@ from scoring.dataset import (
     DatasetRun,
     GateFailed,
     GradingPlan,
+    NotAJudgeMember,
     grade_rows,
     plan_grading,
     requires_expected_judges,
@@ -136,6 +137,9 @@ async def grade(settings: Settings, request: GradeRequest, out: IO[str], err: Te
         try:
             value = run.gate(request.fail_under, scorer=request.gate_scorer,
                              allow_unscored=request.allow_unscored)
+        except NotAJudgeMember as exc:  # the gate's configuration, not the run's quality
+            print(f"error: {exc}", file=err)
+            return 2
         except GateFailed as exc:
             print(str(exc), file=err)
             return 1

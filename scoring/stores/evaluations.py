@@ -20,7 +20,7 @@ import orjson
 from pydantic import Field, JsonValue
 from redis.asyncio import Redis
 
-from scoring.dataset import DatasetRun, GateColumns, GradingPlan, JudgeColumn
+from scoring.dataset import DatasetRun, GateColumns, GradingPlan, JudgeColumn, breakdown_lines
 from scoring.errors import InvalidDocument, NotFound
 from scoring.models import Id, Name, WireModel
 from scoring.stores import keys
@@ -78,7 +78,10 @@ class EvaluationRun(WireModel):
     additional_scorer_ids: list[Id] | None  # null on a group-graded run: the group is the whole recipe
     status: Status
     row_count: int
-    group_name: str  # what the rating column is: the group, or the single scorer
+    # What the rating column is: the group (``groupName``) on a group-graded run, else the single
+    # scorer (``scorerName``); the other is null.
+    group_name: str | None = None
+    scorer_name: str | None = None
     warnings: list[str] = Field(default_factory=list)
     notes: list[str] = Field(default_factory=list)
     created_at: float
@@ -92,9 +95,10 @@ class EvaluationRun(WireModel):
 
     def columns(self) -> GateColumns:
         """What a gate reads (scoring.dataset.GateColumns)."""
-        return GateColumns(self.group_name, [r.get("rating") for r in self.rows],
+        return GateColumns(self.group_name or self.scorer_name or "", [r.get("rating") for r in self.rows],
                            [r.get("reason") for r in self.rows],
-                           [JudgeColumn(j.label, j.scorer_id, j.name, j.ratings, j.errors) for j in self.judges])
+                           [JudgeColumn(j.label, j.scorer_id, j.name, j.ratings, j.errors) for j in self.judges],
+                           by_group=self.group_name is not None)
 
 
 def new_run(project_id: str, request: EvaluationCreate, version: int, row_count: int,
@@ -105,7 +109,9 @@ def new_run(project_id: str, request: EvaluationCreate, version: int, row_count:
         dataset_version=version, subject=request.subject, scorer_group_id=request.scorer_group_id,
         scorer_id=None if group_graded else request.scorer_id,
         additional_scorer_ids=plan.additional_scorer_ids, status="created", row_count=row_count,
-        group_name=plan.group.name, warnings=plan.warnings, notes=plan.notes, created_at=time.time())
+        group_name=plan.group.name if group_graded else None,
+        scorer_name=None if group_graded else plan.group.name, warnings=plan.warnings, notes=plan.notes,
+        created_at=time.time())
 
 
 def completed(run: EvaluationRun, graded: DatasetRun, failed: dict[int, str]) -> EvaluationRun:
@@ -139,10 +145,10 @@ def completed(run: EvaluationRun, graded: DatasetRun, failed: dict[int, str]) ->
     done = run.model_copy(update={
         "status": "completed", "finalized_at": time.time(), "rows": rows, "judges": judges,
         "scored_rows": len(scored), "no_score_rows": len(rows) - len(scored)})
-    rating = done.columns().rating
-    breakdown = [f"{run.group_name} (group): {'no score' if rating is None else f'{rating:.2f}'} "
-                 f"({len(scored)} of {len(rows)} rows scored)"]
-    breakdown += [f"{j.label}: {'no score' if j.average is None else f'{j.average:.2f}'}" for j in judges]
+    columns_done = done.columns()
+    breakdown = breakdown_lines(columns_done.name, columns_done.by_group, columns_done.rating, len(scored),
+                                len(rows), [(j.label, j.average) for j in judges])
+    rating = columns_done.rating
     return done.model_copy(update={"rating": rating, "breakdown": breakdown})
 
 

@@ -130,7 +130,10 @@ async def test_summary_numbers_match_the_hand_computed_values(catalog_url: str, 
     (["--fail-under", "7"], 1, "gate failed: group 'Release quality bar' score is 3.75, under 7 by 3.25"),
     (["--fail-under", "7", "--scorer", "Safety"], 0, "gate passed: 7.00 >= 7"),
     (["--fail-under", "8", "--scorer", "Safety"], 1, "gate failed: judge 'Safety' average is 7.00, under 8 by 1.00"),
-    (["--fail-under", "8", "--scorer", "PII"], 1, "no judge member named 'PII'"),
+    # A gate on a name that is no judge member is a configuration error (2), not a failed gate (1).
+    (["--fail-under", "8", "--scorer", "PII"], 2,
+     "error: no judge member named 'PII' in group 'Release quality bar' (judge members: 'Quality', 'Safety')"),
+    (["--fail-under", "8", "--scorer", "Saftey"], 2, "error: no judge member named 'Saftey'"),
 ])
 def test_cli_gates_exit_code_and_message(catalog_url: str, judge: JudgeServer, rows_file: Path,
                                          tmp_path: Path, args: list[str], code: int, says: str) -> None:

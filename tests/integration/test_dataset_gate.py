@@ -116,7 +116,7 @@ async def test_two_members_of_one_name_are_told_apart_and_an_ambiguous_gate_is_r
     assert run.judge_averages() == {"Quality [quality]": 9.0, "Quality [quality-2]": 4.0}, "never one average"
     done = grade_cli(catalog_url, judge, "--group", "twins", "--input", rows_file(tmp_path, rows),
                      "--fail-under", "5", "--scorer", "Quality")
-    assert done.returncode == 1
+    assert done.returncode == 2, "an ambiguous name is the gate's configuration, not a quality failure"
     assert ("judge name 'Quality' is ambiguous in group 'Twins': it names 2 members ('Quality [quality]', "
             "'Quality [quality-2]'); gate on one of their labels") in done.stderr
     strict = grade_cli(catalog_url, judge, "--group", "twins", "--input", rows_file(tmp_path, rows),

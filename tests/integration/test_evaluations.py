@@ -14,7 +14,7 @@ import pytest
 import redis as sync_redis
 
 from deploy.judge_server import JudgeServer
-from scorer_groups import Client, GateFailed, NotFound
+from scorer_groups import Client, GateFailed, NotAJudgeMember, NotFound
 from tests.api_process import ApiProcess, create_key
 from tests.redis_databases import RedisDatabases
 
@@ -178,6 +178,21 @@ def test_the_group_wins_and_additional_scorers_are_nulled_with_a_warning(
     graded = single.execute(agent_rating(quality=7, safety=2)).finalize()
     assert graded.rating == pytest.approx(7.0), "additional scorers are graded alongside, not in the rating"
     assert graded.judge_scorer_results[0][1]["label"] == "Safety" and graded.judge_scorer_results[0][1]["rating"] == 2
+    # No group graded it: no "(group)", no groupName - the scorer's name, and the others' lines.
+    assert (graded.run.group_name, graded.run.scorer_name) == (None, "Quality")
+    assert graded.breakdown == ["Quality: 7.00 (3 of 3 rows scored)", "Safety: 2.00"]
+    with pytest.raises(GateFailed, match=r"gate failed: scorer 'Quality' score is 7.00, under 8 by 1.00"):
+        graded.gate(fail_under=8)
+
+
+def test_a_gate_on_a_name_that_is_no_judge_member_is_a_configuration_error(names: dict[str, Any]) -> None:
+    client, group = names["client"], _group(names)
+    run = client.evaluations.run(dataset_id=names["dataset"].id, subject={"kind": "custom_agent", "displayName": "a"},
+                                 scorer_group_id=group.id).execute(agent_rating(quality=8, safety=9)).finalize()
+    for name in ("PII", "Qualty"):  # a pattern member, a typo
+        with pytest.raises(NotAJudgeMember, match=r"judge members: 'Quality', 'Safety'") as info:
+            run.gate(fail_under=8, scorer=name)
+        assert not isinstance(info.value, GateFailed), "CI must not read it as a quality failure"
 
 
 def test_runs_and_datasets_are_the_projects_own(names: dict[str, Any], api: tuple[str, str, str]) -> None:
