@@ -44,13 +44,21 @@ class CatalogError(ScoringError):
         self.errors = errors or [message]
 
 
+REFUSED = "invalid request: "  # one wording for a refused document, whichever layer found the fault
+SHOWN_VALUE_CHARS = 80  # of an offending value echoed back: enough to recognise it, never all of it
+
+
 class InvalidDocument(CatalogError):
     status = 400
 
     @classmethod
-    def from_validation(cls, what: str, exc: ValidationError) -> InvalidDocument:
-        errors = field_errors(exc)
-        return cls(f"invalid {what}: " + "; ".join(errors), errors=errors)
+    def of(cls, errors: list[str]) -> InvalidDocument:
+        """Refused for ``errors`` ('<field path>: <what is wrong>'), in the one wording."""
+        return cls(REFUSED + "; ".join(errors), errors=errors)
+
+    @classmethod
+    def from_validation(cls, exc: ValidationError) -> InvalidDocument:
+        return cls.of(field_errors(exc))
 
 
 class NotFound(CatalogError):
@@ -87,6 +95,15 @@ def _internal_step(part: int | str) -> bool:
     return isinstance(part, str) and part.startswith(("function-", "tagged-"))
 
 
+def _shown(value: Any) -> str:
+    """``repr(value)``, cut when long: a 2,000-character description is named, not echoed."""
+    text = repr(value)
+    if len(text) <= SHOWN_VALUE_CHARS:
+        return text
+    size = f", {len(value):,} characters" if isinstance(value, str | bytes) else ""
+    return f"{text[:SHOWN_VALUE_CHARS]}… (cut{size})"
+
+
 def field_errors(exc: ValidationError) -> list[str]:
     """Pydantic's errors as '<field path>: <what is wrong> (got <value>)', in wire names."""
     return format_errors(exc.errors(include_url=False))
@@ -101,6 +118,6 @@ def format_errors(errors: Sequence[Mapping[str, Any]]) -> list[str]:
         message = error["msg"].removeprefix("Value error, ")
         got = error.get("input")
         suffix = "" if error["type"] in ("missing", "extra_forbidden") or isinstance(got, dict | list) \
-            else f" (got {got!r})"
+            else f" (got {_shown(got)})"
         messages.append(f"{_location(loc)}: {message}{suffix}")
     return messages

@@ -57,12 +57,12 @@ def _validated(doc: dict[str, Any]) -> ScorerGroup:
     try:
         return ScorerGroup.model_validate(doc)
     except ValidationError as exc:
-        raise InvalidDocument.from_validation("scorer group", exc) from None
+        raise InvalidDocument.from_validation(exc) from None
 
 
-def _refuse(errors: list[str], what: str) -> None:
+def _refuse(errors: list[str]) -> None:
     if errors:
-        raise InvalidDocument(f"invalid {what}: " + "; ".join(errors), errors=errors)
+        raise InvalidDocument.of(errors)
 
 
 SHARED_KINDS = ("judges", "patterns", "customs")  # kinds an operator may share with every project
@@ -156,7 +156,7 @@ class ScorerGroups:
             if given.id in catalog.groups:
                 raise InvalidDocument(f"id: a scorer group with id {given.id!r} already exists")
             group, label_errors = labelled(given, catalog, previous=None)
-            _refuse(group_errors(group, catalog, previous=None) + label_errors, "scorer group")
+            _refuse(group_errors(group, catalog, previous=None) + label_errors)
             result["group"] = group
             return [("groups", group.id, group)]
 
@@ -183,7 +183,7 @@ class ScorerGroups:
                     value = self._caller.project_for(value)
                 doc[wire_key] = value
             group, label_errors = labelled(_validated(doc), catalog, previous=stored)
-            _refuse(group_errors(group, catalog, previous=stored) + label_errors, "scorer group")
+            _refuse(group_errors(group, catalog, previous=stored) + label_errors)
             result["group"] = group
             return [] if group == stored else [("groups", group_id, group)]
 
@@ -275,12 +275,11 @@ class Scorers:
             if not self._caller.operator:
                 self._caller.project_for(getattr(doc, "project_id", None) or "")
             if isinstance(doc, Judge):
-                _refuse(judge_errors(doc, catalog), "judge")
+                _refuse(judge_errors(doc, catalog))
             saved = doc
             if isinstance(doc, ScorerGroup):
                 saved, label_errors = labelled(doc, catalog, catalog.groups.get(doc.id))
-                _refuse(group_errors(saved, catalog, catalog.groups.get(doc.id)) + label_errors,
-                        "scorer group")
+                _refuse(group_errors(saved, catalog, catalog.groups.get(doc.id)) + label_errors)
             if isinstance(saved, AlertChannel):
                 saved = saved_channel(saved, catalog.channels.get(doc_id(saved)), time.time())
             return [(kind_of(saved), doc_id(saved), saved)]

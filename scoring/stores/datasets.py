@@ -130,7 +130,7 @@ class DatasetStore:
                               description=description, version=1, row_count=len(rows), created_at=now,
                               updated_at=now)
         except ValidationError as exc:
-            raise InvalidDocument.from_validation("dataset", exc) from None
+            raise InvalidDocument.from_validation(exc) from None
         while True:  # WATCHed, so a taken id never has its rows overwritten
             async with self.redis.pipeline(transaction=True) as pipe:
                 await pipe.watch(keys.datasets(project_id))

@@ -211,4 +211,4 @@ def check_outputs(run: EvaluationRun, outputs: list[RowOutput]) -> None:
     if run.status != "created":
         errors.insert(0, "status: the run is already finalized")
     if errors:
-        raise InvalidDocument("invalid outputs: " + "; ".join(errors), errors=errors)
+        raise InvalidDocument.of(errors)

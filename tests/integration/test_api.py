@@ -213,6 +213,22 @@ def test_every_save_time_limit_is_a_400_naming_the_field(api: Api, scorers: dict
         assert_problem(a.post("/v1/scorer-groups", json=body), 400, field)
 
 
+def test_a_refusal_names_a_long_value_without_echoing_it_in_one_wording(api: Api, scorers: dict[str, str]) -> None:
+    long = "d" * 2001
+    with api.as_("a") as a:
+        # Refused by the API's request model, and by the group's own model: the same wording.
+        for answer in (a.post("/v1/scorer-groups", json={"name": "G", "members": [], "description": long}),
+                       a.post("/v1/datasets", json={"name": "D", "content": "{}\n", "description": long}),
+                       a.put("/v1/budgets/p-a", json={"judgeCallsPerWindow": 1, "windowSeconds": "x" * 500})):
+            body = assert_problem(answer, 400)
+            assert body["detail"].startswith("invalid request: "), body["detail"]
+            assert "d" * 200 not in answer.text and "x" * 200 not in answer.text, "the value is not echoed whole"
+            assert len(answer.text) < 1500
+        described = a.post("/v1/scorer-groups", json={"name": "G", "members": [], "description": long}).json()
+        message = described["errors"][0]["message"]
+        assert described["errors"][0]["field"] == "description" and "2,001 characters" in message, message
+
+
 def test_stale_if_match_is_a_412_and_the_current_one_writes(api: Api, scorers: dict[str, str]) -> None:
     with api.as_("a") as a:
         r = a.post("/v1/scorer-groups", json={"name": "G", "members": [member("judge", scorers["quality"])]})

@@ -26,7 +26,7 @@ def online(**over: Any) -> dict[str, Any]:
 def errors_of(model: type, doc: dict[str, Any]) -> list[str]:
     with pytest.raises(ValidationError) as info:
         model.model_validate(doc)
-    return InvalidDocument.from_validation("document", info.value).errors
+    return InvalidDocument.from_validation(info.value).errors
 
 
 def test_a_group_round_trips_in_camel_case() -> None:
@@ -150,6 +150,6 @@ def test_catalog_document_lists_every_error_with_its_path() -> None:
             "judges": [{"id": "j", "name": "J"}],
             "groups": [group(online=online(sampleRate=2))],
         })
-    msgs = InvalidDocument.from_validation("catalog", info.value).errors
+    msgs = InvalidDocument.from_validation(info.value).errors
     assert msgs == ["judges[0].criteria: Field required",
                     "groups[0].online.sampleRate: Input should be less than or equal to 1 (got 2)"]

@@ -13,7 +13,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from pydantic.alias_generators import to_camel
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from scoring.errors import CatalogError, format_errors
+from scoring.errors import REFUSED, CatalogError, format_errors
 
 PROBLEM_JSON = "application/problem+json"
 TITLES = {400: "Invalid request", 401: "Unauthorized", 403: "Forbidden", 404: "Not found",
@@ -68,7 +68,7 @@ def install(app: FastAPI) -> None:
     @app.exception_handler(RequestValidationError)
     async def invalid_request(request: Request, exc: RequestValidationError) -> JSONResponse:
         errors = format_errors([{**e, "loc": _wire_loc(e.get("loc", ()))} for e in exc.errors()])
-        return problem(400, "invalid request: " + "; ".join(errors), request, errors)
+        return problem(400, REFUSED + "; ".join(errors), request, errors)
 
     @app.exception_handler(StarletteHTTPException)
     async def http_error(request: Request, exc: StarletteHTTPException) -> JSONResponse:

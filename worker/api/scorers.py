@@ -32,7 +32,7 @@ def validated(model: type[M], doc: dict[str, Any]) -> M:
     try:
         return model.model_validate(doc)
     except ValidationError as exc:
-        raise InvalidDocument.from_validation(model.__name__, exc) from None
+        raise InvalidDocument.from_validation(exc) from None
 
 
 def _new_id(prefix: str) -> str:
