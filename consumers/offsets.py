@@ -1,19 +1,23 @@
-"""Which offsets may be committed: per partition, the lowest offset not yet finished.
+"""Which offsets may be committed, and the one commit path of the loops that read topics.
 
 Traces finish out of order (a judge is slow on one, quick on the next), but Kafka commits one
 position per partition, meaning "everything before this is done". So the tracker remembers the
 offsets in flight and commits up to the oldest of them; a crash redelivers only what was not
-finished, and nothing finished is ever skipped.
+finished, and nothing finished is ever skipped. ``Committer`` is how the traces, webhooks and
+OTLP loops commit: on an interval, and for partitions about to be revoked (``CommitOnRevoke``).
 """
 
 from __future__ import annotations
 
 import heapq
+import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
+from typing import Any
 
 import structlog
 from aiokafka import ConsumerRebalanceListener, TopicPartition
+from aiokafka.structs import OffsetAndMetadata
 
 log = structlog.get_logger(__name__)
 
@@ -52,6 +56,12 @@ class OffsetTracker:
         p.next_offset = max(p.next_offset or 0, offset + 1)
         return p
 
+    def advance(self, tp: TopicPartition, next_offset: int) -> None:
+        """Everything before ``next_offset`` is finished: for a loop that finishes its records in
+        order, a batch at a time, and tracks nothing in flight."""
+        p = self._partitions.setdefault(tp, PartitionOffsets())
+        p.next_offset = max(p.next_offset or 0, next_offset)
+
     def in_flight(self) -> int:
         return sum(len(p.pending) for p in self._partitions.values())
 
@@ -83,7 +93,7 @@ class CommitOnRevoke(ConsumerRebalanceListener):  # type: ignore[misc]
     tracking them. Work still in flight on them goes on; for traces, its leases make the new
     owner wait instead of scoring twice."""
 
-    def __init__(self, commit: Callable[[set[TopicPartition]], Awaitable[None]],
+    def __init__(self, commit: Callable[[set[TopicPartition]], Awaitable[Any]],
                  on_assigned: Callable[[set[TopicPartition]], None] | None = None,
                  tracker: OffsetTracker | None = None) -> None:
         self._commit = commit
@@ -103,3 +113,33 @@ class CommitOnRevoke(ConsumerRebalanceListener):  # type: ignore[misc]
         if self._on_assigned is not None:
             self._on_assigned(set(assigned))
         log.info("partitions assigned", partitions=sorted(f"{tp.topic}:{tp.partition}" for tp in assigned))
+
+
+class Committer:
+    """The loops' one commit path. ``commit`` commits, per partition tracked, the offset below
+    which everything is finished (``tracker``), when it moved; the
+    loop calls it when ``due`` (every ``interval_s``), at the end, and - through ``listener`` -
+    for partitions about to be revoked, which the tracker then forgets. Returns what moved."""
+
+    def __init__(self, consumer: Any, interval_s: float) -> None:
+        self.tracker = OffsetTracker()
+        self.interval_s = interval_s
+        self._consumer = consumer
+        self._last = 0.0
+
+    @property
+    def due(self) -> bool:
+        return time.monotonic() - self._last >= self.interval_s
+
+    async def commit(self, only: set[TopicPartition] | None = None) -> dict[TopicPartition, int]:
+        self._last = time.monotonic()
+        moves = {tp: offset for tp, offset in self.tracker.to_commit().items() if only is None or tp in only}
+        if moves:
+            await self._consumer.commit({tp: OffsetAndMetadata(offset, "") for tp, offset in moves.items()})
+            self.tracker.committed(moves)
+        return moves
+
+    def listener(self, commit: Callable[[set[TopicPartition]], Awaitable[Any]] | None = None,
+                 on_assigned: Callable[[set[TopicPartition]], None] | None = None) -> CommitOnRevoke:
+        """The rebalance listener: ``commit`` (default: this one's) for revoked partitions."""
+        return CommitOnRevoke(commit or (lambda revoked: self.commit(only=revoked)), on_assigned, self.tracker)

@@ -34,10 +34,9 @@ import orjson
 import structlog
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, ConsumerRebalanceListener, TopicPartition
 from aiokafka.errors import KafkaError
-from aiokafka.structs import OffsetAndMetadata
 
 from consumers.decode import DeadLetter, DeadLetterReason, dead_letter
-from consumers.offsets import CommitOnRevoke
+from consumers.offsets import Committer
 from consumers.outage import OutageGuard
 from scoring.otlp.mapping import (
     BufferedSpan,
@@ -92,27 +91,23 @@ class OtlpConsumer:
         self._encoding = encoding
         self._max_record_bytes = max_record_bytes
         self._max_dead_letter_bytes = max_dead_letter_bytes
-        self._commit_interval_s = commit_interval_s
         self._flush_interval_s = flush_interval_s
         self._full_retry_s = full_retry_s
         # Redis or the broker unreachable for a while: every step below is safe to repeat
         # (buffering is idempotent, claims expire, emitted traces keep their ids), so it waits.
         self._outages = outages or OutageGuard(tolerance_s=120.0)
         self._flushing: asyncio.Task[None] | None = None
-        self._positions: dict[TopicPartition, int] = {}  # next offset to commit, per partition
-        self._committed: dict[TopicPartition, int] = {}
-        self._last_commit = 0.0
+        # A batch's records are finished together, once buffered: its offsets advance at once.
+        self._committer = Committer(consumer, commit_interval_s)
 
     def rebalance_listener(self) -> ConsumerRebalanceListener:
-        return CommitOnRevoke(self._on_revoke, lambda assigned: self._events.partitions_assigned(len(assigned)))
+        return self._committer.listener(self._on_revoke,
+                                        lambda assigned: self._events.partitions_assigned(len(assigned)))
 
     async def _on_revoke(self, revoked: set[TopicPartition]) -> None:
         try:
             await self.commit(only=revoked)
         finally:
-            for tp in revoked:
-                self._positions.pop(tp, None)
-                self._committed.pop(tp, None)
             self._events.partitions_assigned(0)
 
     async def run(self, stop: asyncio.Event) -> None:
@@ -154,8 +149,11 @@ class OtlpConsumer:
             if refused is None:
                 return  # stopped while the buffer was full: the records are redelivered
             await self._dead_letter([letter for letter in (self._over_quota(d, refused) for d in decoded) if letter])
-            self._positions.update(ends)
-        if time.monotonic() - self._last_commit >= self._commit_interval_s:
+            held = self._consumer.assignment()
+            for tp, next_offset in ends.items():
+                if tp in held:  # revoked while buffering: forgotten, the new owner commits it
+                    self._committer.tracker.advance(tp, next_offset)
+        if self._committer.due:
             try:
                 await self.commit()
             except KafkaError as exc:
@@ -244,13 +242,7 @@ class OtlpConsumer:
             await self._outages.call(send)
 
     async def commit(self, only: set[TopicPartition] | None = None) -> None:
-        self._last_commit = time.monotonic()
-        assigned = self._consumer.assignment()
-        moves = {tp: offset for tp, offset in self._positions.items()
-                 if tp in assigned and self._committed.get(tp) != offset and (only is None or tp in only)}
-        if moves:
-            await self._consumer.commit({tp: OffsetAndMetadata(o, "") for tp, o in moves.items()})
-            self._committed.update(moves)
+        await self._committer.commit(only)
 
     # --- the flush loop ------------------------------------------------------------------------
 

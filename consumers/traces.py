@@ -31,13 +31,12 @@ from typing import Any, Protocol
 import structlog
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, ConsumerRebalanceListener, TopicPartition
 from aiokafka.errors import KafkaError
-from aiokafka.structs import OffsetAndMetadata
 from redis.exceptions import RedisError
 
 from consumers.batcher import Batcher
 from consumers.decode import DeadLetter, decode_trace, unprocessable
 from consumers.events import NoEvents, PipelineEvents
-from consumers.offsets import CommitOnRevoke, OffsetTracker, PartitionOffsets
+from consumers.offsets import Committer, PartitionOffsets
 from consumers.outage import OutageGuard, OutageTooLong
 from consumers.outputs import Outputs, TopicNames
 from scoring.catalog import CatalogSnapshot
@@ -113,11 +112,11 @@ class TraceConsumer:
         self._outputs = Outputs(producer, topics, self._events)
         self._max_in_flight = max_in_flight
         self._max_trace_bytes = max_trace_bytes
-        self._commit_interval_s = commit_interval_s
         # Redis or the broker unreachable: steps wait (parked, not fetching) instead of failing.
         self._outages = outages or OutageGuard(tolerance_s=120.0)
         self._commit_failing_since: float | None = None
-        self._offsets = OffsetTracker()
+        self._committer = Committer(consumer, commit_interval_s)
+        self._offsets = self._committer.tracker
         # Each job's claims not yet being published: what to give up if it must be cancelled.
         self._jobs: dict[asyncio.Task[None], set[ClaimRequest]] = {}
         # Traces each job has not finished yet: jobs of revoked partitions still count against the
@@ -129,7 +128,6 @@ class TraceConsumer:
         self._room = asyncio.Event()
         self._finisher: Batcher[_Finished] = Batcher(self._write_finished)
         self._fatal: BaseException | None = None
-        self._last_commit = 0.0
         self.assigned_once = False
         self.last_progress = time.monotonic()  # the loop's heartbeat, for /readyz
         self.last_commit_advance = time.monotonic()
@@ -140,7 +138,7 @@ class TraceConsumer:
         def assigned(_: set[TopicPartition]) -> None:
             self.assigned_once = True
 
-        return CommitOnRevoke(lambda revoked: self.commit(only=revoked), assigned, self._offsets)
+        return self._committer.listener(lambda revoked: self.commit(only=revoked), assigned)
 
     @property
     def fatal(self) -> BaseException | None:
@@ -151,7 +149,7 @@ class TraceConsumer:
         """What this loop is waiting for (Redis, the broker), or None when all answer."""
         if self._commit_failing_since is not None:
             lasted = time.monotonic() - self._commit_failing_since
-            if lasted > self._commit_interval_s * 3:
+            if lasted > self._committer.interval_s * 3:
                 return f"offset commits failing for {lasted:.0f}s"
         return self._outages.reason
 
@@ -197,7 +195,7 @@ class TraceConsumer:
             self._consumer.pause(*self._consumer.assignment())
             self._room.clear()
             with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._room.wait(), timeout=self._commit_interval_s)
+                await asyncio.wait_for(self._room.wait(), timeout=self._committer.interval_s)
             # Still poll while paused: a consumer that stops polling for max_poll_interval_ms
             # leaves the group, and its partitions (and leases) go to someone else.
             batches = await self._outages.call(lambda: self._consumer.getmany(timeout_ms=0, max_records=1))
@@ -210,7 +208,7 @@ class TraceConsumer:
         if batches:
             await self._handle(batches)
         self.last_progress = time.monotonic()
-        if time.monotonic() - self._last_commit >= self._commit_interval_s:
+        if self._committer.due:
             try:
                 await self.commit()
                 self._commit_failing_since = None
@@ -478,13 +476,9 @@ class TraceConsumer:
 
     async def commit(self, only: set[TopicPartition] | None = None) -> None:
         """Commit, per partition, the offset below which every trace is finished."""
-        self._last_commit = time.monotonic()
-        moves = {tp: offset for tp, offset in self._offsets.to_commit().items()
-                 if only is None or tp in only}
+        moves = await self._committer.commit(only)
         if not moves:
             return
-        await self._consumer.commit({tp: OffsetAndMetadata(offset, "") for tp, offset in moves.items()})
-        self._offsets.committed(moves)
         self.last_commit_advance = time.monotonic()
         for tp, offset in moves.items():
             self._events.committed(tp.topic, tp.partition, offset)

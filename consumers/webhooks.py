@@ -37,11 +37,10 @@ from typing import Any, Protocol
 import httpx
 import structlog
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
-from aiokafka.structs import OffsetAndMetadata
 from pydantic import BaseModel, ConfigDict, ValidationError
 from pydantic.alias_generators import to_camel
 
-from consumers.offsets import CommitOnRevoke, OffsetTracker
+from consumers.offsets import CommitOnRevoke, Committer
 from consumers.outage import OutageGuard
 from scoring import signing
 from scoring.catalog import CatalogSnapshot
@@ -167,7 +166,8 @@ class WebhookSender:
         self._events = events or NoWebhookEvents()
         self._body = body or (lambda _channel, delivery: delivery.to_json())
         self._outages = outages or OutageGuard(tolerance_s=120.0)
-        self._offsets = OffsetTracker()
+        self._committer = Committer(consumer, limits.commit_interval_s)
+        self._offsets = self._committer.tracker
         self._tasks: dict[asyncio.Task[None], str] = {}  # attempt task -> delivery id it holds
         self._lanes: dict[str, Lane] = {}
         self._writes = Settlements()  # what ended attempts write to the schedule, sent in batches
@@ -181,7 +181,6 @@ class WebhookSender:
     async def run(self, stop: asyncio.Event) -> None:
         poller = asyncio.create_task(self._poll(stop), name="webhook-schedule-poller")
         flusher = asyncio.create_task(self._flush_writes(), name="webhook-schedule-writes")
-        last_commit = time.monotonic()
         try:
             while not stop.is_set() and self.failed is None:
                 if len(self._tasks) >= self._limits.max_in_flight:
@@ -191,9 +190,8 @@ class WebhookSender:
                     batches = await self._consumer.getmany(timeout_ms=200, max_records=500)
                     if batches:
                         await self._ingest(batches)
-                if time.monotonic() - last_commit >= self._limits.commit_interval_s:
-                    await self._commit()
-                    last_commit = time.monotonic()
+                if self._committer.due:
+                    await self._committer.commit()
         except Exception as exc:  # Kafka or Redis gone for good: stop; nothing committed is lost
             self.failed = exc
             log.exception("webhook sender stops")
@@ -207,7 +205,7 @@ class WebhookSender:
                 await flusher
             await self._flush()
             with contextlib.suppress(Exception):
-                await self._commit()
+                await self._committer.commit()
             await self._http.aclose()
 
     async def _ingest(self, batches: dict[TopicPartition, list[Any]]) -> None:
@@ -451,10 +449,4 @@ class WebhookSender:
             self._writes.postponed[delivery_id] = now
 
     def rebalance_listener(self) -> CommitOnRevoke:
-        return CommitOnRevoke(lambda revoked: self._commit(only=revoked), tracker=self._offsets)
-
-    async def _commit(self, only: set[TopicPartition] | None = None) -> None:
-        moves = {tp: o for tp, o in self._offsets.to_commit().items() if only is None or tp in only}
-        if moves:
-            await self._consumer.commit({tp: OffsetAndMetadata(o, "") for tp, o in moves.items()})
-            self._offsets.committed(moves)
+        return self._committer.listener()
