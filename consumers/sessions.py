@@ -21,6 +21,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
+from collections import Counter
 from collections.abc import Callable
 
 import structlog
@@ -133,6 +134,7 @@ class SessionSweeper:
     async def _judge(self, due: list[Pair], snapshot: CatalogSnapshot, unsettled: set[str]) -> int:
         claims = await self._claims.claim_many([d.claim for d in due])
         mine = []
+        starved: Counter[str] = Counter()  # skipped for budget, by group: shown in the ratings history
         for item, claim in zip(due, claims, strict=True):
             if claim.state == "claimed":
                 self._events.kept(item.group.project_id, item.group.id)
@@ -143,6 +145,8 @@ class SessionSweeper:
                 self._events.group_skipped(item.group.project_id, item.group.id, "budget")
                 log.warning("judge budget exhausted; session not judged", group=item.group.id,
                             session=item.subject.session_id)
+                starved[item.group.id] += 1
+        await self._ratings.record_skipped(dict(starved), time.time())
         if not mine:
             return 0
         try:

@@ -128,6 +128,9 @@ class TraceConsumer:
         self._room = asyncio.Event()
         self._finisher: Batcher[_Finished] = Batcher(self._write_finished)
         self._fatal: BaseException | None = None
+        # Pairs skipped for budget since the last commit, by group: the ratings history shows them
+        # beside no-score results (a starved group is seen, not silent); written once a commit.
+        self._skipped: Counter[str] = Counter()
         self.assigned_once = False
         self.last_progress = time.monotonic()  # the loop's heartbeat, for /readyz
         self.last_commit_advance = time.monotonic()
@@ -209,6 +212,7 @@ class TraceConsumer:
             await self._handle(batches)
         self.last_progress = time.monotonic()
         if self._committer.due:
+            await self._record_skipped()
             try:
                 await self.commit()
                 self._commit_failing_since = None
@@ -216,6 +220,12 @@ class TraceConsumer:
                 log.warning("commit failed; retrying on the next tick", error=repr(exc))
                 self._commit_failed(exc)
             self._report_lag()
+
+    async def _record_skipped(self) -> None:
+        if not self._skipped:
+            return
+        counts, self._skipped = dict(self._skipped), Counter()
+        await self._outages.call(lambda: self._ratings.record_skipped(counts, time.time()))
 
     def _commit_failed(self, exc: KafkaError) -> None:
         now = time.monotonic()
@@ -294,6 +304,7 @@ class TraceConsumer:
                     if claim.state == "exhausted":
                         log.warning("judge budget exhausted; group skipped", project=trace.project_id,
                                     group=pair.group.id, trace=trace.trace_id, used=claim.detail)
+                        self._skipped[pair.group.id] += 1  # counted in the history at the next commit
             if not work:
                 ticket.finished(record.offset)
                 continue

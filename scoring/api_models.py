@@ -35,6 +35,7 @@ class RatingBucket(ApiModel):
     max: float | None
     below_threshold: int
     no_score: int
+    skipped: int = Field(0, description="Pairs sampled in but not scored: the judge budget was exhausted.")
 
 
 class Ratings(ApiModel):
@@ -48,6 +49,7 @@ class Ratings(ApiModel):
     mean: float | None
     below_threshold: int
     no_score: int
+    skipped: int = Field(0, description="Pairs sampled in but not scored: the judge budget was exhausted.")
     buckets: list[RatingBucket]
 
 

@@ -175,6 +175,9 @@ class Panel:
                                                            timeout_s=scorer.timeout_ms / 1000))
         except TimeoutError as exc:
             values = [exc] * len(calls)
+        except Exception as exc:  # a bug of ours must cost this scorer's calls, not the whole bulk
+            log.exception("code scorer batch failed unexpectedly", project=project, key=key)
+            values = [CodeScorerError(f"internal error: {type(exc).__name__}")] * len(calls)
         for (i, j, member, _, _), value in zip(calls, values, strict=True):
             if isinstance(value, TimeoutError):
                 rows[i][j] = self._outcome(member, scorer.name, started,

@@ -128,15 +128,16 @@ def _cmd_ratings(settings: Settings, args: argparse.Namespace) -> int:
             return 0
         mean = "-" if history.mean is None else f"{history.mean:.2f}"
         print(f"group {args.id}, last {args.window}: {history.count} results, {history.scored} scored, "
-              f"mean {mean}, {history.below} below threshold, {history.no_score} without a score")
+              f"mean {mean}, {history.below} below threshold, {history.no_score} without a score, "
+              f"{history.skipped} skipped for budget")
         print(f"{'bucket start (UTC)':20} {'count':>6} {'mean':>6} {'min':>6} {'max':>6} "
-              f"{'below':>6} {'no score':>8}")
+              f"{'below':>6} {'no score':>8} {'skipped':>7}")
         for b in history.buckets:
-            if not b.count:
+            if not b.count and not b.skipped:
                 continue
             start = datetime.fromtimestamp(b.start, UTC).strftime("%Y-%m-%d %H:%M")
             mean, low, high = ("-" if v is None else f"{v:.2f}" for v in (b.mean, b.min, b.max))
-            print(f"{start:20} {b.count:6} {mean:>6} {low:>6} {high:>6} {b.below:6} {b.no_score:8}")
+            print(f"{start:20} {b.count:6} {mean:>6} {low:>6} {high:>6} {b.below:6} {b.no_score:8} {b.skipped:7}")
         return 0
 
     return _with_client(settings, action)

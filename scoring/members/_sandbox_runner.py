@@ -194,8 +194,13 @@ def _result(line: bytes) -> dict[str, Any]:
         entry = None
     if isinstance(entry, dict) and len(entry) == 1:
         value = entry.get("v")
-        if isinstance(value, bool | int | float):
+        if isinstance(value, bool):
             return {"ok": True, "value": value}
+        if isinstance(value, int | float):
+            try:  # an integer written to the pipe by hand may be past a float (score() refuses those)
+                return {"ok": True, "value": float(value)}
+            except OverflowError:
+                return {"ok": False, "error": "score() returned an int too large for a float"}
         for name in ("e", "module"):
             if isinstance(entry.get(name), str):
                 return {"ok": False, "error": _cut(entry[name])} | ({"module": True} if name == "module" else {})
@@ -344,6 +349,9 @@ def _lines(fd: int) -> Iterator[bytes]:
 def main() -> None:
     memory_mb, cache_size, processes = int(sys.argv[1]), int(sys.argv[2]), int(sys.argv[3])
     own_pid_namespace = sys.argv[4] == "1"
+    # The supervisor is its PID namespace's init: a signal reaches it only if it has a handler,
+    # and Python's SIGINT handler is the one it would have. Without it no call can signal it.
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
     proto_in, proto_out = _take_protocol_fds()
     sys.dont_write_bytecode = True  # the file system is read-only: imports must not try to write .pyc
     try:

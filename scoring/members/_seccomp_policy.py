@@ -8,8 +8,9 @@ just before it starts the runner, so no user code ever runs without it.
 The filter allows what an ordinary Python program does and refuses, with EPERM, what only an
 escape needs: debugging or reading other processes, entering or making namespaces, mounting,
 loading kernel code, keyrings, io_uring, System V and POSIX message-queue IPC (their objects
-outlive the call that made them), and signalling any process. Sockets
-other than AF_UNIX cannot be created (there is no network in the namespace anyway).
+outlive the call that made them), signalling any process, sockets of any family (there is no
+network in the namespace, and unix sockets can carry descriptors past a call), and changing
+another process's limits, priority or CPU placement.
 
 Standard library and ``seccomp`` only: the worker's virtualenv is not visible here.
 """
@@ -17,7 +18,6 @@ Standard library and ``seccomp`` only: the worker's virtualenv is not visible he
 from __future__ import annotations
 
 import errno
-import socket
 import sys
 
 import seccomp
@@ -59,9 +59,19 @@ def build() -> seccomp.SyscallFilter:
     for flag in NAMESPACE_FLAGS:
         f.add_rule(deny, "clone", seccomp.Arg(0, seccomp.MASKED_EQ, flag, flag))
     f.add_rule(seccomp.ERRNO(errno.ENOSYS), "clone3")
+    # No sockets at all: there is no network, and a unix socket can carry descriptors past the
+    # end of the call that made them (SCM_RIGHTS in a cycle the kernel collects only later).
     no_family = seccomp.ERRNO(errno.EAFNOSUPPORT)
-    f.add_rule(no_family, "socket", seccomp.Arg(0, seccomp.NE, socket.AF_UNIX))
-    f.add_rule(no_family, "socketpair", seccomp.Arg(0, seccomp.NE, socket.AF_UNIX))
+    f.add_rule(no_family, "socket")
+    f.add_rule(no_family, "socketpair")
+    # Limits, priorities and CPU placement of this process only (pid/who 0): a call must not
+    # lower the supervisor's limits or priority for the calls after it.
+    for name, arg in (("prlimit64", 0), ("setpriority", 1), ("sched_setscheduler", 0), ("sched_setparam", 0),
+                      ("sched_setaffinity", 0), ("sched_setattr", 0), ("ioprio_set", 1)):
+        try:
+            f.add_rule(deny, name, seccomp.Arg(arg, seccomp.NE, 0))
+        except (RuntimeError, ValueError, OSError):
+            pass  # not a system call on this architecture or kernel
     return f
 
 

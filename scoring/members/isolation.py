@@ -14,7 +14,8 @@ every sandbox process is started by bubblewrap (Debian's ``bwrap``) with
 * an empty environment, ``no_new_privs``, every capability dropped, and a seccomp filter made
   by libseccomp (``scoring/members/_seccomp_policy.py``) that refuses ptrace, reading other processes'
   memory, ``setns``/``unshare``/``mount``, signals, keyrings, io_uring, System V and POSIX
-  message-queue IPC (kernel objects that would outlive a call) and non-AF_UNIX sockets.
+  message-queue IPC (kernel objects that would outlive a call), sockets of any family, and
+  changing another process's limits, priority or CPU placement.
 
 Inside, the runner (``_sandbox_runner.py``) runs each call in a child that may not fork, has a
 hard CPU limit and no descriptor but its own result pipe; the per-call bounds are listed in

@@ -388,10 +388,10 @@ class SandboxPool:
             await _discard(slot)
             raise CodeScorerError(why) from None
         slot.calls += 1
-        value = reply.get("value")
-        if reply.get("ok") is True and isinstance(value, bool | int | float):
+        value = _value(reply)
+        if value is not None:
             self._wear(slot)
-            return value if isinstance(value, bool) else float(value)
+            return value
         if reply.get("ok") is not False or reply.get("fatal"):
             await _discard(slot)
         raise CodeScorerError(str(reply.get("error") or "sandbox crashed (protocol error)")[:400])
@@ -435,6 +435,19 @@ class SandboxPool:
         return proc
 
 
+def _value(reply: dict[str, Any]) -> float | bool | None:
+    """An ``ok`` reply's value as a bool or a float; None when there is none that is one."""
+    value = reply.get("value")
+    if reply.get("ok") is not True or not isinstance(value, bool | int | float):
+        return None
+    if isinstance(value, bool):
+        return value
+    try:
+        return float(value)
+    except OverflowError:  # the runner converts; this is the backstop
+        return None
+
+
 def _setup_failure(exc: Exception) -> str:
     """Why the sandbox cannot be set up, for /readyz and the log."""
     if isinstance(exc, IsolationUnavailable):
@@ -447,9 +460,9 @@ def _setup_failure(exc: Exception) -> str:
 def _verdict(entry: Any) -> float | bool | CodeScorerError:
     """One subject's entry of a batch reply."""
     if isinstance(entry, dict):
-        value = entry.get("value")
-        if entry.get("ok") is True and isinstance(value, bool | int | float):
-            return value if isinstance(value, bool) else float(value)
+        value = _value(entry)
+        if value is not None:
+            return value
         return CodeScorerError(str(entry.get("error") or "sandbox crashed (protocol error)")[:400])
     return CodeScorerError("sandbox crashed (protocol error)")
 

@@ -10,7 +10,6 @@ pipes, handshakes and exit codes are read once, here.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import json
 import logging
 import os
@@ -28,7 +27,10 @@ _RUNNER_SOURCE = Path(__file__).with_name("_sandbox_runner.py").read_text()
 _START_TIMEOUT_S = 10.0  # a fresh process must say "ready" within this
 _EXIT_WAIT_S = 1.0  # how long a process that closed its pipe gets to report how it ended
 MAX_REQUEST_BYTES = 16 * 1024 * 1024
-_REPLY_LIMIT = 64 * 1024  # replies are a few hundred bytes; a longer line is not from the runner
+# A reply is a few hundred bytes a subject; a batch's, up to 256 subjects whose reasons (300
+# characters, non-ASCII escaped to six bytes each) may take ~2 KiB apiece. A longer line is not
+# from the runner.
+_REPLY_LIMIT = 1 << 20
 
 
 class Broken(Exception):
@@ -139,9 +141,13 @@ def kill(proc: asyncio.subprocess.Process) -> None:
     if proc.returncode is not None:  # already reaped: its pid may belong to someone else now
         return
     inits = _namespace_inits(proc.pid)
-    for pid in inits:
-        with contextlib.suppress(ProcessLookupError):
-            os.kill(pid, signal.SIGKILL)
+    for pidfd in inits:
+        try:
+            signal.pidfd_send_signal(pidfd, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+        finally:
+            os.close(pidfd)
     if not inits:
         _kill_group(proc)
 
@@ -158,7 +164,9 @@ def _kill_group(proc: asyncio.subprocess.Process) -> None:
 
 
 def _namespace_inits(pid: int) -> list[int]:
-    """The children of ``pid`` that live in another PID namespace than it does."""
+    """Process descriptors (pidfds) of the children of ``pid`` that live in another PID
+    namespace than it does. A pidfd is taken before the child is checked, so a signal sent
+    through it reaches that process or none - never one that took its pid after it was reaped."""
     try:
         namespace = os.readlink(f"/proc/{pid}/ns/pid")
         children = Path(f"/proc/{pid}/task/{pid}/children").read_text().split()
@@ -166,19 +174,31 @@ def _namespace_inits(pid: int) -> list[int]:
         return []
     inits = []
     for child in children:
-        with contextlib.suppress(OSError):
-            if os.readlink(f"/proc/{child}/ns/pid") != namespace:
-                inits.append(int(child))
+        try:
+            pidfd = os.pidfd_open(int(child))
+        except OSError:
+            continue
+        try:
+            stat = Path(f"/proc/{child}/stat").read_text()
+            ours = int(stat[stat.rindex(")") + 2:].split()[1]) == pid  # still the child of ``pid``
+            if ours and os.readlink(f"/proc/{child}/ns/pid") != namespace:
+                inits.append(pidfd)
+                continue
+        except (OSError, ValueError):
+            pass
+        os.close(pidfd)
     return inits
 
 
 async def reap(proc: asyncio.subprocess.Process) -> None:
-    """Wait for a killed process to exit; if it does not soon, kill its process group."""
-    try:
-        await asyncio.wait_for(proc.wait(), _EXIT_WAIT_S)
-        return
-    except TimeoutError:
-        _kill_group(proc)
+    """Wait for a killed process to exit; if it does not soon, kill the sandbox's init again
+    (it may have been starting), then the process group."""
+    for end in (kill, _kill_group):
+        try:
+            await asyncio.wait_for(proc.wait(), _EXIT_WAIT_S)
+            return
+        except TimeoutError:
+            end(proc)
     try:
         await asyncio.wait_for(proc.wait(), _START_TIMEOUT_S)
     except TimeoutError:

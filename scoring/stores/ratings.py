@@ -18,8 +18,10 @@ from redis.asyncio import Redis
 from scoring.results import RatingEvent
 from scoring.stores import keys
 
-# ARGV: count, scored, sum, min, max, below, noscore, then one TTL per key. One call counts a
-# whole batch's results of one group into its buckets (the worker aggregates before calling).
+# ARGV: count, scored, sum, min, max, below, noscore, skipped, then one TTL per key. One call
+# counts a whole batch's results of one group into its buckets (the worker aggregates first).
+# "skipped" counts pairs sampled in but not scored for want of judge budget: no result, so
+# not in "count", but shown beside "noscore" so that a starved group is seen, not silent.
 _RECORD = """
 for i, key in ipairs(KEYS) do
   redis.call('HINCRBY', key, 'count', ARGV[1])
@@ -33,7 +35,8 @@ for i, key in ipairs(KEYS) do
   end
   if tonumber(ARGV[6]) > 0 then redis.call('HINCRBY', key, 'below', ARGV[6]) end
   if tonumber(ARGV[7]) > 0 then redis.call('HINCRBY', key, 'noscore', ARGV[7]) end
-  redis.call('EXPIRE', key, ARGV[7 + i])
+  if tonumber(ARGV[8]) > 0 then redis.call('HINCRBY', key, 'skipped', ARGV[8]) end
+  redis.call('EXPIRE', key, ARGV[8 + i])
 end
 return #KEYS
 """
@@ -58,6 +61,7 @@ class Bucket:
     max: float | None
     below: int
     no_score: int
+    skipped: int = 0  # skipped for budget: sampled in, never scored
 
 
 @dataclass(frozen=True, slots=True)
@@ -88,13 +92,18 @@ class RatingsHistory:
     def no_score(self) -> int:
         return sum(b.no_score for b in self.buckets)
 
+    @property
+    def skipped(self) -> int:
+        return sum(b.skipped for b in self.buckets)
+
     def wire(self) -> dict[str, object]:
         return {
             "groupId": self.group_id, "window": self.window, "bucketSeconds": self.bucket_seconds,
             "count": self.count, "scored": self.scored, "mean": self.mean,
-            "belowThreshold": self.below, "noScore": self.no_score,
+            "belowThreshold": self.below, "noScore": self.no_score, "skipped": self.skipped,
             "buckets": [{"start": b.start, "count": b.count, "scored": b.scored, "mean": b.mean,
-                         "min": b.min, "max": b.max, "belowThreshold": b.below, "noScore": b.no_score}
+                         "min": b.min, "max": b.max, "belowThreshold": b.below, "noScore": b.no_score,
+                         "skipped": b.skipped}
                         for b in self.buckets],
         }
 
@@ -108,6 +117,7 @@ class _Aggregate:
     high: float = -math.inf
     below: int = 0
     no_score: int = 0
+    skipped: int = 0
 
     def add(self, event: RatingEvent) -> None:
         self.count += 1
@@ -122,7 +132,7 @@ class _Aggregate:
 
     def args(self) -> list[int | str]:
         return [self.count, self.scored, repr(self.total), repr(self.low if self.scored else 0.0),
-                repr(self.high if self.scored else 0.0), self.below, self.no_score]
+                repr(self.high if self.scored else 0.0), self.below, self.no_score, self.skipped]
 
 
 def _aggregate(events: list[RatingEvent]) -> dict[tuple[str, int], _Aggregate]:
@@ -165,6 +175,16 @@ class RatingsStore:
                 pipe.expire(key, keys.SESSION_SCORES_TTL_S)
             await pipe.execute()
 
+    async def record_skipped(self, counts: dict[str, int], at: float) -> None:
+        """Count pairs skipped for budget (``counts``, by group) into the buckets of ``at``."""
+        if not counts:
+            return
+        async with self._redis.pipeline(transaction=False) as pipe:
+            for group_id, skipped in counts.items():
+                names, ttls = _bucket_keys(group_id, at)
+                await self._record(keys=names, args=[*_Aggregate(skipped=skipped).args(), *ttls], client=pipe)
+            await pipe.execute()
+
     async def history(self, group_id: str, window: str = "7d", now: float | None = None) -> RatingsHistory:
         if window not in keys.RATING_WINDOWS:
             raise ValueError(f"window must be one of {', '.join(keys.RATING_WINDOWS)}, got {window!r}")
@@ -196,4 +216,4 @@ def _bucket(start: int, h: dict[bytes, bytes]) -> Bucket:
     return Bucket(start=start, count=int(h.get(b"count", 0)), scored=scored,
                   mean=(total / scored) if scored and total is not None else None,
                   min=num("min"), max=num("max"), below=int(h.get(b"below", 0)),
-                  no_score=int(h.get(b"noscore", 0)))
+                  no_score=int(h.get(b"noscore", 0)), skipped=int(h.get(b"skipped", 0)))

@@ -580,11 +580,14 @@ async def test_an_exhausted_budget_skips_the_group_and_the_trace_is_finished(
         loops: Callable[..., Awaitable[Loop]], unique: str, logs: list[dict[str, Any]]) -> None:
     project = f"p-{unique}"
     loop = await loops(snapshot=catalog({project: ("wait",)}, [Budget(project_id=project, judge_calls_per_window=0)]))
+    history = RatingsStore(loop.redis)
+    before = (await history.history("wait", "1h")).skipped  # group ids are shared: this trace's own increase
     await loop.send("t-0")
     await loop.start()
     await loop.committed_to(1)
     assert loop.events.of("group_skipped") == [(project, "wait", "budget")]
     assert await loop.state("wait", "t-0") == "skipped:budget"
+    assert (await history.history("wait", "1h")).skipped == before + 1, "the ratings history shows the skip"
     assert loop.panel.scored("t-0") == 0 and await loop.ratings() == []
     assert loop.events.of("latency") == [], "no pair was started"
     assert logged(logs, "judge budget exhausted; group skipped") == [

@@ -40,6 +40,21 @@ async def test_history_buckets_count_mean_min_max_below_and_no_score(redis: Redi
         await store.history(group, "2w")
 
 
+async def test_pairs_skipped_for_budget_are_counted_beside_no_score_and_are_not_results(
+        redis: Redis, unique: str) -> None:
+    store = RatingsStore(redis)
+    group = f"g-{unique}"
+    await store.record([RatingEvent(group, None, False, NOW - 10)])
+    await store.record_skipped({group: 3, f"other-{unique}": 1}, NOW - 5)
+    await store.record_skipped({group: 2}, NOW - 3 * 3600)
+    await store.record_skipped({}, NOW)  # nothing to count: no call
+    hour = await store.history(group, "1h", now=NOW)
+    assert (hour.count, hour.no_score, hour.skipped) == (1, 1, 3), "skips are not results"
+    assert (await store.history(group, "7d", now=NOW)).skipped == 5
+    wire = hour.wire()
+    assert wire["skipped"] == 3 and sum(b["skipped"] for b in wire["buckets"]) == 3  # what ratings() answers
+
+
 async def test_buckets_expire_after_their_window(redis: Redis, unique: str) -> None:
     store = RatingsStore(redis)
     group = f"g-{unique}"

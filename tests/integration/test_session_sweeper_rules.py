@@ -206,6 +206,8 @@ async def test_judge_calls_come_out_of_the_projects_online_budget(sweep: Sweep, 
     now = time.time()
     await sweep.record("s-1", 2, at=now - 6)
     await sweep.record("s-2", 2, at=now - 5)
+    history = RatingsStore(sweep.redis)
+    before = (await history.history("conv", "1h")).skipped  # group ids are shared: this sweep's own increase
     try:
         with capture_logs() as logs:
             assert await sweep.sweeper(catalog, panel=Panel(judges=judges), claims=claims,
@@ -216,6 +218,7 @@ async def test_judge_calls_come_out_of_the_projects_online_budget(sweep: Sweep, 
     assert await sweep.ratings(1) == [("conv", "s-1", 2)]
     assert events.kept_pairs == [(sweep.project, "conv")]
     assert events.skipped == [(sweep.project, "conv", "budget")]
+    assert (await history.history("conv", "1h")).skipped == before + 1, "the ratings history shows the skip"
     (skipped,) = [e for e in logs if e["event"] == "judge budget exhausted; session not judged"]
     assert (skipped["group"], skipped["session"], skipped["log_level"]) == ("conv", "s-2", "warning")
     used = [await claims.budget_used(sweep.project, 60, now=at) for at in (now, after)]

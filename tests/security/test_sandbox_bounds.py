@@ -183,7 +183,50 @@ def score(input, output, expected, spans, metadata):
     return 1.0 if any("CANARY" in s for s in seen) else 0.0
 '''
 
+# 9. The supervisor is the namespace's init: a signal reaches it only if it has a handler. Tried
+#    with tgkill and with a pipe that signals its owner on I/O (F_SETOWN / F_SETSIG); then its
+#    limits, priority and CPU placement, which later calls would inherit. Returns how many took.
+SUPERVISOR = '''
+import ctypes, fcntl, os, resource, signal
+libc = ctypes.CDLL(None, use_errno=True)
+def score(input, output, expected, spans, metadata):
+    took = 0
+    for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGUSR1):
+        libc.syscall(234, 1, 1, int(sig))  # tgkill(1, 1, sig): it has no handler left to deliver to
+    for fd in os.listdir("/proc/self/fd"):
+        try:
+            if os.readlink(f"/proc/self/fd/{fd}").startswith("pipe:"):
+                fcntl.fcntl(int(fd), fcntl.F_SETOWN, 1)
+                fcntl.fcntl(int(fd), 10, int(signal.SIGINT))  # F_SETSIG
+                fcntl.fcntl(int(fd), fcntl.F_SETFL, fcntl.fcntl(int(fd), fcntl.F_GETFL) | os.O_ASYNC)
+        except OSError:
+            pass
+    for attempt in (lambda: resource.prlimit(1, resource.RLIMIT_NOFILE, (4, 4)),
+                    lambda: resource.prlimit(1, resource.RLIMIT_AS, (64 << 20, 64 << 20)),
+                    lambda: os.setpriority(os.PRIO_PROCESS, 1, 19),
+                    lambda: os.sched_setaffinity(1, {0}),
+                    lambda: os.sched_setscheduler(1, os.SCHED_IDLE, os.sched_param(0))):
+        try:
+            attempt()
+            took += 1
+        except (OSError, ValueError):
+            pass
+    return took
+'''
+# 10. Descriptors parked in a unix socket cycle outlive the process that made them: no sockets.
+SOCKETS = '''
+import os, socket
+def score(input, output, expected, spans, metadata):
+    try:
+        a, b = socket.socketpair()
+    except OSError:
+        return 0
+    return 1
+'''
+
 ATTACKS: list[dict[str, Any]] = [
+    {"name": "supervisor", "code": SUPERVISOR, "timeout": 5},
+    {"name": "sockets", "code": SOCKETS, "timeout": 5},
     {"name": "escape", "code": ESCAPE, "timeout": 5},
     {"name": "fork_and_spin", "code": FORK_AND_SPIN, "timeout": 5},
     {"name": "memory", "code": MEMORY, "timeout": 5},
@@ -249,6 +292,18 @@ def outcomes(request: pytest.FixtureRequest, driver_dir: Path) -> dict[str, dict
 def test_no_secret_no_signal_no_network(outcomes: dict[str, dict[str, Any]]) -> None:
     outcome = outcomes["escape"]
     assert outcome["reply"]["value"] == 0.0, outcome
+    nothing_stayed(outcome)
+
+
+def test_a_call_can_neither_signal_nor_limit_the_supervisor(outcomes: dict[str, dict[str, Any]]) -> None:
+    outcome = outcomes["supervisor"]
+    assert outcome["reply"]["ok"] is True and outcome["reply"]["value"] == 0, outcome  # none took
+    nothing_stayed(outcome)  # and the supervisor answered the probe after it
+
+
+def test_no_socket_can_be_made(outcomes: dict[str, dict[str, Any]]) -> None:
+    outcome = outcomes["sockets"]
+    assert outcome["reply"]["value"] == 0, outcome
     nothing_stayed(outcome)
 
 

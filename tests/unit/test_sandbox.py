@@ -427,3 +427,28 @@ async def test_a_subject_that_hangs_fails_alone(pool: SandboxPool) -> None:
 async def test_a_batch_is_refused_whole_when_the_code_is_broken(pool: SandboxPool) -> None:
     results = await pool.run_many(P, "many-broken", "def score(:\n", [ARGS, ARGS], TIMEOUT)
     assert all(isinstance(r, CodeScorerError) and str(r).startswith("SyntaxError") for r in results)
+
+
+async def test_an_integer_past_a_float_written_to_the_result_pipe_is_an_error_not_a_crash(pool: SandboxPool) -> None:
+    # The call's own pipe is its own to write: what it writes must still be a verdict or a
+    # reason, never an exception in the worker (it would break the bulk of every tenant).
+    forged = scorer('import os\nfor fd in os.listdir("/proc/self/fd"):\n'
+                    '    try:\n'
+                    '        pipe = int(fd) > 2 and os.readlink(f"/proc/self/fd/{fd}").startswith("pipe:")\n'
+                    '    except OSError:\n'
+                    '        continue\n'
+                    '    if pipe:\n'
+                    '        os.write(int(fd), b\'{"v": 1\' + b"0" * 400 + b"}\\n")\n'
+                    '        os._exit(0)\nreturn 0.5')
+    assert await reason(pool, forged) == "score() returned an int too large for a float"
+    results = await pool.run_many(P, "forged-many", forged, [ARGS, ARGS], TIMEOUT)
+    assert all(isinstance(r, CodeScorerError) for r in results)
+    assert await pool.run(P, "after-forged", scorer("return 0.5"), ARGS, TIMEOUT) == 0.5
+
+
+async def test_a_batch_of_long_non_ascii_reasons_is_still_one_message(pool: SandboxPool) -> None:
+    code = scorer('raise ValueError("réponse invalide: " + "é" * 400)')
+    before = pool.messages
+    results = await pool.run_many(P, "long-reasons", code, [ARGS] * 256, TIMEOUT)
+    assert pool.messages - before <= 2, "one message (and the code sent with it), not one per subject"
+    assert all(isinstance(r, CodeScorerError) and str(r).startswith("ValueError: réponse invalide") for r in results)
