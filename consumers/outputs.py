@@ -1,5 +1,6 @@
-"""Publishing group results: a Rating for every result, a Signal below the alert threshold, and
-one webhook delivery per Signal and alert channel of the agent.
+"""Publishing group results: a Rating for every result, a Signal below the alert threshold (or,
+at most once per group and interval, for a result without a score: ``scoring.stores.alerts``),
+and one webhook delivery per Signal and alert channel of the agent.
 
 Records are handed to the producer without waiting - many for one partition as whole producer
 batches, a few as plain sends; the caller gets the ratings back only once the broker has
@@ -23,11 +24,16 @@ from scoring.panel import GroupResult
 from scoring.results import (
     Rating,
     ResultScope,
+    Signal,
     build_deliveries,
+    build_no_score_signal,
     build_rating,
     build_recovery_deliveries,
     build_signal,
+    no_score_due,
+    no_score_signal_id,
 )
+from scoring.stores.alerts import NoScoreAlerts
 
 _partition_of = DefaultPartitioner()
 
@@ -45,23 +51,26 @@ class TopicNames:
 
 
 class Outputs:
-    def __init__(self, producer: AIOKafkaProducer, topics: TopicNames, events: PipelineEvents) -> None:
+    def __init__(self, producer: AIOKafkaProducer, topics: TopicNames, events: PipelineEvents,
+                 alerts: NoScoreAlerts | None = None) -> None:
         self._producer = producer
         self._topics = topics
         self._events = events
+        self._alerts = alerts  # None: no no-score Signals (tests of other steps)
 
     async def publish(self, results: list[GroupResult], scope: ResultScope,
                       snapshot: CatalogSnapshot) -> list[Rating]:
         records: list[tuple[str, bytes | None, bytes]] = []  # (topic, key, value), in order
-        ratings = []
-        for result in results:
+        ratings = [build_rating(result, scope) for result in results]
+        no_score = await self._no_score_due(results, ratings)
+        for result, rating in zip(results, ratings, strict=True):
             group, subject = result.group, result.subject
-            rating = build_rating(result, scope)
-            ratings.append(rating)
             key = subject.trace_id if scope == "trace" else subject.session_id
             records.append((self._topics.ratings, key.encode() if key else None, rating.to_json()))
             self._events.group_scored(group.project_id, group.id, scope, rating.rating)
-            signal = build_signal(group, rating)
+            signal: Signal | None = build_signal(group, rating)
+            if signal is None and no_score_signal_id(rating) in no_score:
+                signal = build_no_score_signal(group, rating)
             # Agent ids are the tenants' own: only this project's (and operators' shared) channels.
             channels = [c for c in snapshot.channels_for(subject.agent_id, group.project_id) if not c.disabled]
             if signal is None:  # PagerDuty channels hear when the group is back over its threshold
@@ -75,6 +84,15 @@ class Outputs:
                 records.append((self._topics.webhooks, delivery.agent_id.encode(), delivery.to_json()))
         await self.send(records)
         return ratings
+
+    async def _no_score_due(self, results: list[GroupResult], ratings: list[Rating]) -> set[str]:
+        """The no-score Signals this publish raises (one round trip, and only when some result
+        of an alerting group has no score)."""
+        candidates = [(r.group.project_id, r.group.id, no_score_signal_id(rating))
+                      for r, rating in zip(results, ratings, strict=True) if no_score_due(r.group, rating)]
+        if not candidates or self._alerts is None:
+            return set()
+        return await self._alerts.due(candidates)
 
     async def send(self, records: list[tuple[str, bytes | None, bytes]]) -> None:
         """Send ``records`` and wait until the broker has acknowledged all of them.

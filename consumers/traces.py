@@ -45,6 +45,7 @@ from scoring.pairs import ClaimRequest
 from scoring.panel import GroupResult, Panel
 from scoring.results import RatingEvent, history_event
 from scoring.routing import Pair, trace_pairs
+from scoring.stores.alerts import NoScoreAlerts
 from scoring.stores.claims import Claims
 from scoring.stores.ratings import RatingsStore
 from scoring.subjects import Trace
@@ -99,6 +100,7 @@ class TraceConsumer:
         max_trace_bytes: int = 1 << 20,
         commit_interval_s: float = 1.0,
         outages: OutageGuard | None = None,
+        alerts: NoScoreAlerts | None = None,
     ) -> None:
         self._consumer = consumer
         self._producer = producer
@@ -109,7 +111,7 @@ class TraceConsumer:
         self._ratings = ratings
         self._turns = turns
         self._events: PipelineEvents = events or NoEvents()
-        self._outputs = Outputs(producer, topics, self._events)
+        self._outputs = Outputs(producer, topics, self._events, alerts)
         self._max_in_flight = max_in_flight
         self._max_trace_bytes = max_trace_bytes
         # Redis or the broker unreachable: steps wait (parked, not fetching) instead of failing.

@@ -150,6 +150,10 @@ class OnlineProfile(WireModel):
     severity: Severity
     scope: Scope = "trace"
     idle_seconds: int = Field(DEFAULT_IDLE_SECONDS, ge=0, le=MAX_IDLE_SECONDS)
+    # A must-pass member that cannot score leaves every result without a score - and so without
+    # a Signal: a broken safety gate would go quiet. One "no_score" Signal says so (rate-limited).
+    alert_on_no_score: bool = Field(True, description="Raise one Signal (reason no_score) when the group's "
+                                                      "results start having no score; false opts out.")
 
 
 class ScorerGroup(WireModel):

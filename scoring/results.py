@@ -91,10 +91,18 @@ class Rating(_AboutGroupResult):
     scored_at: datetime
 
 
+SignalReason = Literal["below_threshold", "no_score"]
+
+
 class Signal(_AboutGroupResult):
+    """A group result that needs a person: its score below the alert threshold, or - at most
+    once per group and interval - no score at all (``reason`` "no_score": a must-pass member
+    could not score; ``justification`` names it and why)."""
+
     key: str
-    rating: float
-    alert_threshold: float
+    reason: SignalReason = "below_threshold"
+    rating: float | None
+    alert_threshold: float | None
     severity: Severity
     justification: str
     rating_id: str
@@ -176,6 +184,29 @@ def build_signal(group: ScorerGroup, rating: Rating) -> Signal | None:
         session_id=rating.session_id, rating=rating.rating,
         alert_threshold=group.online.alert_threshold, severity=group.online.severity,
         justification=rating.justification, rating_id=rating.id, raised_at=rating.scored_at,
+    )
+
+
+def no_score_due(group: ScorerGroup, rating: Rating) -> bool:
+    """A result without a score, of a group that alerts on it: a no-score Signal may be due
+    (whether it is, the rate limit decides: ``scoring.stores.alerts``)."""
+    online = group.online
+    return online is not None and online.alert_on_no_score and rating.rating is None
+
+
+def no_score_signal_id(rating: Rating) -> str:
+    return derived_id(f"no-score-signal:{rating.id}")
+
+
+def build_no_score_signal(group: ScorerGroup, rating: Rating) -> Signal:
+    assert group.online is not None
+    return Signal(
+        id=no_score_signal_id(rating), key=signal_key(group.id), reason="no_score",
+        group_id=group.id, group_name=group.name, project_id=group.project_id,
+        agent_id=rating.agent_id, scope=rating.scope, trace_id=rating.trace_id,
+        session_id=rating.session_id, rating=None, alert_threshold=group.online.alert_threshold,
+        severity=group.online.severity, justification=rating.reason or "No score",
+        rating_id=rating.id, raised_at=rating.scored_at,
     )
 
 

@@ -22,6 +22,7 @@ from consumers.outputs import Outputs, TopicNames
 from consumers.sessions import SessionSweeper
 from consumers.traces import OutputError, TraceConsumer
 from scoring.members.sandbox import SandboxPool
+from scoring.stores.alerts import NoScoreAlerts
 from scoring.stores.catalog import CatalogStore, CatalogWatcher
 from scoring.stores.claims import Claims
 from scoring.stores.ratings import RatingsStore
@@ -121,15 +122,16 @@ class Worker:
         topics = TopicNames(traces=s.traces_topic, ratings=s.ratings_topic, signals=s.signals_topic,
                             webhooks=s.webhooks_topic, dlq=s.dlq_topic)
         claims, ratings = Claims(redis, lease_s=s.claim_lease_s), RatingsStore(redis)
+        alerts = NoScoreAlerts(redis, s.no_score_alert_interval_s)
         events = metrics.PrometheusEvents()
         sessions = SessionStore(redis)
         self.consumer = traces = TraceConsumer(
             consumer=consumer, producer=producer, topics=topics, catalog=lambda: watcher.current,
-            panel=engine.panel, claims=claims, ratings=ratings, turns=sessions, events=events,
+            panel=engine.panel, claims=claims, alerts=alerts, ratings=ratings, turns=sessions, events=events,
             max_in_flight=s.max_in_flight, max_trace_bytes=s.max_trace_bytes,
             commit_interval_s=s.commit_interval_s,
             outages=OutageGuard(s.outage_tolerance_s, on_change=metrics.observe_outage))
-        sweeper = SessionSweeper(store=sessions, outputs=Outputs(producer, topics, events),
+        sweeper = SessionSweeper(store=sessions, outputs=Outputs(producer, topics, events, alerts),
                                  catalog=lambda: watcher.current, panel=engine.panel, claims=claims,
                                  ratings=ratings, events=events, interval_s=s.session_sweep_interval_s)
 

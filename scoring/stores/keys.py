@@ -91,6 +91,14 @@ def dedupe_field(group_id: str, subject_key: str) -> str:
     return f"{group_id}:{subject_key}"
 
 
+# --- No-score alerts: at most one Signal per group and interval while results lack a score ---
+# The value is the id of the Signal that claimed the interval (so a redelivered result raises the
+# same Signal again, never a second one); the TTL is the interval. The project's tag: one
+# script call claims a batch's groups of one project.
+def no_score_alert(project_id: str, group_id: str) -> str:
+    return f"{PREFIX}:{{{project_id}}}:no-score-alert:{group_id}"
+
+
 # --- Webhook deliveries: the durable retry schedule (scoring/stores/deliveries.py) ------------
 # One hash tag for all of them: the schedule's scripts touch the sets and a delivery's keys
 # together. Alerts are few next to traces, so one slot carries them.

@@ -49,11 +49,18 @@ class LinkTemplate:
         return self._template.format_map({k: "" if v is None else v for k, v in wire.items()})
 
 
+def _threshold(signal: Signal) -> str:
+    return "none" if signal.alert_threshold is None else f"{signal.alert_threshold:g}"
+
+
 def _headline(signal: Signal, recovered: bool) -> str:
+    if signal.rating is None:  # reason no_score: a must-pass member could not score
+        return (f"{signal.group_name} has no score: a must-pass member could not score "
+                f"(agent {signal.agent_id}, {signal.severity})")
     if recovered:
         return (f"{signal.group_name} recovered: {signal.rating:.1f}/10, at or above "
-                f"{signal.alert_threshold:g} (agent {signal.agent_id})")
-    return (f"{signal.group_name} scored {signal.rating:.1f}/10, below {signal.alert_threshold:g} "
+                f"{_threshold(signal)} (agent {signal.agent_id})")
+    return (f"{signal.group_name} scored {signal.rating:.1f}/10, below {_threshold(signal)} "
             f"(agent {signal.agent_id}, {signal.severity})")
 
 
@@ -73,7 +80,7 @@ def slack(delivery: WebhookDelivery, link: str | None) -> dict[str, Any]:
     headline = _headline(s, recovered)
     subject = f"trace `{_escaped(s.trace_id or '')}`" if s.trace_id else f"session `{_escaped(s.session_id or '')}`"
     fields = [f"*Group*\n{_escaped(s.group_name)}",
-              f"*Score*\n{s.rating:.1f} / 10 (threshold {s.alert_threshold:g})",
+              f"*Score*\n{'no score' if s.rating is None else f'{s.rating:.1f} / 10'} (threshold {_threshold(s)})",
               f"*Severity*\n{s.severity}", f"*Agent*\n{_escaped(s.agent_id)}"]
     blocks: list[dict[str, Any]] = [
         {"type": "header", "text": {"type": "plain_text", "text": headline[:SLACK_HEADER_MAX]}},
@@ -98,7 +105,8 @@ def pagerduty(delivery: WebhookDelivery, routing_key: str, link: str | None) -> 
             "summary": _headline(s, False)[:PAGERDUTY_SUMMARY_MAX], "source": s.agent_id,
             "severity": PAGERDUTY_SEVERITY[s.severity], "timestamp": s.raised_at.isoformat(),
             "component": s.group_name, "group": s.project_id, "class": "scorer_group.signal",
-            "custom_details": {"rating": s.rating, "alertThreshold": s.alert_threshold, "groupId": s.group_id,
+            "custom_details": {"reason": s.reason, "rating": s.rating, "alertThreshold": s.alert_threshold,
+                               "groupId": s.group_id,
                                "ratingId": s.rating_id, "traceId": s.trace_id, "sessionId": s.session_id,
                                "justification": s.justification},
         },

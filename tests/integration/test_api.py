@@ -167,7 +167,9 @@ def test_patch_is_sparse_and_online_merges_key_by_key(api: Api, scorers: dict[st
         g2 = r.json()
         assert g2["name"] == "G" and g2["members"] == g["members"], "omitted fields keep their values"
         assert g2["online"] == {**FULL_ONLINE, "scope": "session", "idleSeconds": 300, "sampleRate": 0.5,
-                                "severity": "critical"}
+                                "severity": "critical", "alertOnNoScore": True}
+        opted_out = a.patch(f"/v1/scorer-groups/{g['id']}", json={"online": {"alertOnNoScore": False}}).json()
+        assert opted_out["online"] == {**g2["online"], "alertOnNoScore": False}, "a group may opt out"
         r = a.patch(f"/v1/scorer-groups/{g['id']}", json={"online": None})
         assert r.status_code == 200 and r.json()["online"] is None, "online: null detaches"
 

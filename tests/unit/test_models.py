@@ -35,7 +35,7 @@ def test_a_group_round_trips_in_camel_case() -> None:
     wire = g.wire()
     assert wire["projectId"] == "p-1"
     assert wire["online"] == {"enabled": True, "sampleRate": 0.2, "alertThreshold": 6,
-                              "severity": "high", "scope": "trace", "idleSeconds": 120}
+                              "severity": "high", "scope": "trace", "idleSeconds": 120, "alertOnNoScore": True}
     assert ScorerGroup.model_validate(wire) == g
 
 

@@ -119,3 +119,20 @@ def test_a_pagerduty_channel_needs_its_routing_key_and_it_is_masked() -> None:
 def test_a_link_template_with_an_unknown_placeholder_is_refused() -> None:
     with pytest.raises(ValueError, match=r"unknown placeholder \{group\}"):
         LinkTemplate("https://x/{group}")
+
+
+def test_a_no_score_signal_says_so_in_every_format() -> None:
+    broken = delivery("critical")
+    signal = broken.signal.model_copy(update={
+        "reason": "no_score", "rating": None,
+        "justification": 'No score: must-pass member "Safety" could not score (judge down)'})
+    broken = broken.model_copy(update={"signal": signal})
+    slack = orjson.loads(body(channel("slack"), broken, LINK))
+    check_slack_message(slack)
+    assert slack["text"] == "Support quality has no score: a must-pass member could not score (agent support-bot, critical)"
+    assert "*Score*\nno score (threshold 6)" in [f["text"] for f in slack["blocks"][1]["fields"]]
+    event = orjson.loads(body(channel("pagerduty", routingKey=ROUTING_KEY), broken, LINK))
+    assert event["event_action"] == "trigger" and event["dedup_key"] == "scorer-group:support"
+    assert event["payload"]["custom_details"]["reason"] == "no_score" and event["payload"]["custom_details"]["rating"] is None
+    standard = orjson.loads(body(channel("standard"), broken, LINK))
+    assert (standard["data"]["reason"], standard["data"]["rating"]) == ("no_score", None)

@@ -45,6 +45,7 @@ class OnlinePatch(WireModel):
     severity: Severity | None = None
     scope: Scope | None = None
     idle_seconds: int | None = None
+    alert_on_no_score: bool | None = None
 
 
 class GroupPatch(WireModel):
