@@ -18,9 +18,9 @@ import pytest
 from redis.asyncio import Redis
 
 from deploy.services import LocalKafka, LocalRedis
-from tests.e2e.harness import end_leftover_workers
-from tests.redis_databases import RedisDatabases
-from tests.redis_guard import refuse_foreign_keys
+from tests.support.harness import end_leftover_workers
+from tests.support.redis_databases import RedisDatabases
+from tests.support.redis_guard import refuse_foreign_keys
 
 
 @pytest.fixture(scope="session")

@@ -33,8 +33,8 @@ from redis.asyncio import Redis
 
 from deploy.services import LocalKafka, LocalRedis
 from scoring.groups import MonitorClient
-from tests.e2e.harness import WorkerProcess, worker_env
-from tests.redis_guard import refuse_foreign_keys
+from tests.support.harness import WorkerProcess, worker_env
+from tests.support.redis_guard import refuse_foreign_keys
 
 CATALOG = {
     "patterns": [

@@ -36,8 +36,8 @@ from redis.asyncio import Redis
 
 from deploy.services import LocalKafka, LocalRedis
 from tests.bench.bench_live import collect, pct, rss_mib
-from tests.e2e.harness import WorkerProcess, worker_env
-from tests.redis_guard import refuse_foreign_keys
+from tests.support.harness import WorkerProcess, worker_env
+from tests.support.redis_guard import refuse_foreign_keys
 
 SPANS_PER_TRACE = 4
 

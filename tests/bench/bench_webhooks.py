@@ -27,8 +27,8 @@ from redis.asyncio import Redis
 from deploy.services import LocalKafka, LocalRedis, free_port
 from scoring.groups import MonitorClient
 from scoring.results import Signal, build_deliveries
-from tests.e2e.harness import WorkerProcess, produce, worker_env
-from tests.http_fakes import Reply, ScriptedServer
+from tests.support.harness import WorkerProcess, produce, worker_env
+from tests.support.http_fakes import Reply, ScriptedServer
 
 
 def pct(values: list[float], q: float) -> float:

@@ -33,7 +33,7 @@ from tests.bench.workload import (
     redis_calls,
     trace_value,
 )
-from tests.e2e.harness import ROOT, WorkerProcess, redis_db, worker_env
+from tests.support.harness import ROOT, WorkerProcess, redis_db, worker_env
 
 PEER_PYTHON = ROOT / ".venv-bench" / "bin" / "python"
 JUDGE_LATENCY_S = 0.3

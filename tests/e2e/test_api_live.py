@@ -9,8 +9,8 @@ from typing import Any
 import pytest
 
 from scorer_groups import Client
-from tests.api_process import ApiProcess, create_key
-from tests.e2e.harness import WorkerProcess, produce, read_topic, worker_env
+from tests.support.api_process import ApiProcess, create_key
+from tests.support.harness import WorkerProcess, produce, read_topic, worker_env
 
 pytestmark = pytest.mark.integration
 

@@ -10,7 +10,7 @@ import sys
 
 import pytest
 
-from tests.e2e.harness import ROOT
+from tests.support.harness import ROOT
 
 pytestmark = pytest.mark.integration
 

@@ -16,8 +16,8 @@ import pytest
 
 from deploy.judge_server import JudgeServer
 from scoring.sampling import keep
-from tests.e2e.harness import WorkerProcess, catalog_db, produce, read_topic, worker_env
-from tests.http_fakes import Reply, ScriptedServer
+from tests.support.harness import WorkerProcess, catalog_db, produce, read_topic, worker_env
+from tests.support.http_fakes import Reply, ScriptedServer
 
 pytestmark = pytest.mark.integration
 

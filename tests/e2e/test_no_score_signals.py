@@ -14,7 +14,7 @@ from redis.asyncio import Redis
 
 from scoring.groups import MonitorClient
 from scoring.stores.alerts import NoScoreAlerts
-from tests.e2e.harness import WorkerProcess, catalog_db, produce, read_topic, worker_env
+from tests.support.harness import WorkerProcess, catalog_db, produce, read_topic, worker_env
 
 pytestmark = pytest.mark.integration
 

@@ -18,8 +18,8 @@ import pytest
 from aiokafka import AIOKafkaProducer
 
 from deploy.judge_server import JudgeServer
-from tests.e2e.harness import WorkerProcess, catalog_db, read_topic, worker_env
-from tests.otlp_records import Telemetry, records, span, trace_hex
+from tests.support.harness import WorkerProcess, catalog_db, read_topic, worker_env
+from tests.support.otlp_records import Telemetry, records, span, trace_hex
 
 pytestmark = pytest.mark.integration
 

@@ -17,8 +17,8 @@ from typing import Any
 import pytest
 
 from deploy.judge_server import JudgeServer
-from tests.e2e.harness import WorkerProcess, catalog_db, produce, read_topic, worker_env
-from tests.otlp_records import Telemetry, records, span, trace_hex
+from tests.support.harness import WorkerProcess, catalog_db, produce, read_topic, worker_env
+from tests.support.otlp_records import Telemetry, records, span, trace_hex
 
 pytestmark = pytest.mark.integration
 

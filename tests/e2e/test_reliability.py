@@ -16,7 +16,7 @@ from redis.asyncio import Redis
 
 from deploy.judge_server import Behaviour, JudgeServer
 from scoring.stores.claims import Claims
-from tests.e2e.harness import WorkerProcess, catalog_db, produce, read_topic, worker_env
+from tests.support.harness import WorkerProcess, catalog_db, produce, read_topic, worker_env
 
 pytestmark = pytest.mark.integration
 

@@ -16,7 +16,7 @@ from redis.asyncio import Redis
 from deploy.judge_server import JudgeServer
 from scoring.groups import MonitorClient
 from scoring.sampling import keep
-from tests.e2e.harness import WorkerProcess, catalog_db, produce, read_topic, worker_env
+from tests.support.harness import WorkerProcess, catalog_db, produce, read_topic, worker_env
 
 pytestmark = pytest.mark.integration
 

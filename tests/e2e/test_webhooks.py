@@ -22,8 +22,8 @@ from standardwebhooks import Webhook
 from scoring.groups import MonitorClient
 from scoring.results import Signal, WebhookDelivery, build_deliveries
 from scoring.stores.catalog import CatalogStore
-from tests.e2e.harness import ROOT, WorkerProcess, catalog_db, produce, read_topic, worker_env
-from tests.http_fakes import Received, Reply, ScriptedServer
+from tests.support.harness import ROOT, WorkerProcess, catalog_db, produce, read_topic, worker_env
+from tests.support.http_fakes import Received, Reply, ScriptedServer
 
 pytestmark = pytest.mark.integration
 
@@ -334,7 +334,7 @@ async def test_a_dead_and_a_slow_channel_do_not_delay_a_healthy_one(
 
 async def test_pagerduty_triggers_then_resolves_when_the_group_recovers_and_slack_gets_a_message(
         kafka_bootstrap: str, redis_db_url: str, unique: str, tmp_path: Path) -> None:
-    from tests.unit.test_webhook_payloads import ROUTING_KEY, check_pagerduty_event, check_slack_message
+    from tests.support.webhook_shapes import ROUTING_KEY, check_pagerduty_event, check_slack_message
 
     def trace(n: int, output: str) -> tuple[bytes, bytes]:
         return f"t-{n}".encode(), orjson.dumps({

@@ -18,8 +18,8 @@ import httpx
 import pytest
 import redis as sync_redis
 
-from tests.api_process import ApiProcess, cli, create_key
-from tests.redis_databases import RedisDatabases
+from tests.support.api_process import ApiProcess, cli, create_key
+from tests.support.redis_databases import RedisDatabases
 
 pytestmark = pytest.mark.integration
 

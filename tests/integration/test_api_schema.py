@@ -23,8 +23,8 @@ from schemathesis.checks import (
 )
 
 from scoring.stores import keys
-from tests.api_process import ApiProcess, create_key
-from tests.redis_databases import RedisDatabases
+from tests.support.api_process import ApiProcess, create_key
+from tests.support.redis_databases import RedisDatabases
 from worker.api.openapi import COMMITTED, render
 
 pytestmark = pytest.mark.integration

@@ -4,30 +4,19 @@ the group-wins rule, requiresExpected with and without expected, deleted members
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
-from typing import Any
 
 import pytest
 from redis.asyncio import Redis
 
 from deploy.judge_server import JudgeServer
-from scoring.dataset import DatasetRow, GateFailed, grade_rows, plan_grading
+from scoring.dataset import GateFailed
 from scoring.groups import MonitorClient
-from scoring.members.http import RetryPolicy
-from scoring.members.judge import JudgeClient
-from scoring.panel import Panel
-from scoring.stores.catalog import CatalogStore
+from tests.support.datasets import grade_api, grade_cli, m
 
 pytestmark = pytest.mark.integration
 ROOT = Path(__file__).resolve().parents[2]
-
-
-def m(kind: str, ref: str, weight: float = 1, gate: bool = False) -> dict[str, Any]:
-    return {"kind": kind, "refId": ref, "weight": weight, "gate": gate}
 
 
 CATALOG = {
@@ -85,27 +74,6 @@ def rows_file(tmp_path: Path) -> Path:
     path = tmp_path / "run.jsonl"
     path.write_text("".join(json.dumps(r) + "\n" for r in ROWS))
     return path
-
-
-def grade_cli(catalog_url: str, judge: JudgeServer, *args: str,
-              env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
-    env = {**os.environ, "SGW_REDIS_URL": catalog_url, "SGW_JUDGE_BASE_URL": judge.base_url,
-           "SGW_LOG_LEVEL": "warning", "PYTHONPATH": str(ROOT), **(env or {})}
-    return subprocess.run([sys.executable, "-m", "worker.cli", "grade", *args], env=env, cwd=ROOT,
-                          capture_output=True, text=True, timeout=120)
-
-
-async def grade_api(catalog_url: str, judge: JudgeServer, group: str, rows: list[dict[str, Any]]) -> Any:
-    redis = Redis.from_url(catalog_url)
-    catalog = await CatalogStore(redis).snapshot()
-    await redis.aclose()
-    judges = JudgeClient(judge.base_url, policy=RetryPolicy(attempts=1))
-    try:
-        plan = plan_grading(catalog, scorer_group_id=group)
-        return await grade_rows(Panel(judges=judges), catalog, plan,
-                                [DatasetRow.from_json(r, i) for i, r in enumerate(rows)])
-    finally:
-        await judges.close()
 
 
 async def test_summary_numbers_match_the_hand_computed_values(catalog_url: str, judge: JudgeServer) -> None:
@@ -190,7 +158,7 @@ async def test_deleted_members_degrade_or_fail_closed(catalog_url: str, judge: J
 
 async def test_publish_sends_each_row_to_the_ratings_topic_as_dataset(
         catalog_url: str, judge: JudgeServer, rows_file: Path, kafka_bootstrap: str, unique: str) -> None:
-    from tests.e2e.harness import read_topic
+    from tests.support.harness import read_topic
 
     topic = f"dataset-ratings-{unique}"
     done = grade_cli(catalog_url, judge, "--group", "release", "--input", str(rows_file), "--publish",

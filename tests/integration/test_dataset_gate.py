@@ -14,7 +14,7 @@ from redis.asyncio import Redis
 from deploy.judge_server import JudgeServer
 from scoring.errors import InvalidDocument
 from scoring.groups import MonitorClient
-from tests.integration.test_dataset import grade_api, grade_cli, m
+from tests.support.datasets import grade_api, grade_cli, m
 
 pytestmark = pytest.mark.integration
 

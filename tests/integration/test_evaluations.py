@@ -15,8 +15,8 @@ import redis as sync_redis
 
 from deploy.judge_server import JudgeServer
 from scorer_groups import Client, GateFailed, NotAJudgeMember, NotFound
-from tests.api_process import ApiProcess, create_key
-from tests.redis_databases import RedisDatabases
+from tests.support.api_process import ApiProcess, create_key
+from tests.support.redis_databases import RedisDatabases
 
 pytestmark = pytest.mark.integration
 

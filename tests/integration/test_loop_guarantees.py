@@ -37,7 +37,7 @@ from scoring.pairs import ClaimRequest, day_of
 from scoring.panel import Panel
 from scoring.stores.claims import Claims
 from scoring.stores.ratings import RatingsStore
-from tests.gated_scorer import HOLD, GatedScorer
+from tests.support.gated_scorer import HOLD, GatedScorer
 from worker.app import Worker
 from worker.metrics import OpsServer
 from worker.settings import Settings

@@ -28,9 +28,9 @@ from scorer_groups import (
     Unauthorized,
 )
 from scoring.stores.ratings import RatingsStore, SessionVerdict
-from tests.api_process import ApiProcess, cli, create_key
-from tests.http_fakes import Reply, ScriptedServer
-from tests.redis_databases import RedisDatabases
+from tests.support.api_process import ApiProcess, cli, create_key
+from tests.support.http_fakes import Reply, ScriptedServer
+from tests.support.redis_databases import RedisDatabases
 
 pytestmark = pytest.mark.integration
 

@@ -14,7 +14,7 @@ from redis.asyncio import Redis
 from scoring.stores import keys
 from scoring.stores.claims import Claims
 from scoring.stores.sessions import QuietSession, SessionStore
-from tests.session_sweeps import Sweep, project_sweep, session_group, turn
+from tests.support.session_sweeps import Sweep, project_sweep, session_group, turn
 
 pytestmark = pytest.mark.integration
 

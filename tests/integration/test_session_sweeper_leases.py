@@ -21,8 +21,8 @@ from scoring.models import CustomEvaluator
 from scoring.pairs import ClaimRequest
 from scoring.panel import Panel
 from scoring.stores.claims import Claims
-from tests.http_fakes import Reply, ScriptedServer
-from tests.session_sweeps import Sweep, project_sweep, session_group
+from tests.support.http_fakes import Reply, ScriptedServer
+from tests.support.session_sweeps import Sweep, project_sweep, session_group
 
 pytestmark = pytest.mark.integration
 

@@ -27,8 +27,8 @@ from scoring.stores.claims import Claims
 from scoring.stores.ratings import RatingsStore
 from scoring.stores.sessions import QuietSession, SessionStore
 from scoring.subjects import Trace
-from tests.http_fakes import Reply, ScriptedServer
-from tests.session_sweeps import Sweep, project_sweep, session_group, turn
+from tests.support.http_fakes import Reply, ScriptedServer
+from tests.support.session_sweeps import Sweep, project_sweep, session_group, turn
 
 pytestmark = pytest.mark.integration
 

@@ -55,7 +55,7 @@ from redis.asyncio import Redis
 from deploy.judge_server import Behaviour, JudgeServer
 from deploy.services import LocalKafka, LocalRedis
 from scoring.groups import MonitorClient
-from tests.e2e.harness import WorkerProcess, produce, worker_env
+from tests.support.harness import WorkerProcess, produce, worker_env
 
 ROUNDS = int(os.environ.get("SGW_CHAOS_ROUNDS", "1"))
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(150 + 150 * ROUNDS)]

@@ -20,8 +20,8 @@ from redis.asyncio import Redis
 from deploy.judge_server import JudgeServer
 from deploy.services import LocalRedis
 from scoring.groups import MonitorClient
-from tests.e2e.harness import WorkerProcess, produce, read_topic, worker_env
-from tests.otlp_records import Telemetry, records, span, trace_hex
+from tests.support.harness import WorkerProcess, produce, read_topic, worker_env
+from tests.support.otlp_records import Telemetry, records, span, trace_hex
 
 pytestmark = pytest.mark.integration
 

@@ -24,7 +24,7 @@ from redis.asyncio import Redis
 
 from deploy.services import LocalKafka, LocalRedis
 from scoring.groups import MonitorClient
-from tests.e2e.harness import WorkerProcess, produce, read_topic, worker_env
+from tests.support.harness import WorkerProcess, produce, read_topic, worker_env
 
 pytestmark = pytest.mark.integration
 

@@ -39,10 +39,10 @@ import yaml
 
 from deploy.judge_server import Behaviour, JudgeServer
 from deploy.services import free_port
-from tests.api_process import ApiProcess
-from tests.e2e.harness import WorkerProcess, catalog_db, produce, read_topic, worker_env
-from tests.http_fakes import Reply, ScriptedServer
-from tests.otlp_records import Telemetry, records, span
+from tests.support.api_process import ApiProcess
+from tests.support.harness import WorkerProcess, catalog_db, produce, read_topic, worker_env
+from tests.support.http_fakes import Reply, ScriptedServer
+from tests.support.otlp_records import Telemetry, records, span
 
 DEPLOY = Path(__file__).resolve().parents[2] / "deploy"
 RULES = DEPLOY / "prometheus" / "rules.yml"

@@ -23,7 +23,7 @@ from typing import Any
 
 import pytest
 
-from tests.e2e.harness import ROOT
+from tests.support.harness import ROOT
 
 USER = "sgw-sandbox-test"
 

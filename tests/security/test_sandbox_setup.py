@@ -14,7 +14,7 @@ import pytest
 from scoring.members import sandbox as sandbox_module
 from scoring.members.sandbox import SandboxPool
 from scoring.ports import CodeScorerError
-from tests.e2e.harness import WorkerProcess, catalog_db, produce, read_topic, worker_env
+from tests.support.harness import WorkerProcess, catalog_db, produce, read_topic, worker_env
 
 ONLINE = {"enabled": True, "sampleRate": 1.0, "alertThreshold": 6, "severity": "high"}
 CATALOG: dict[str, Any] = {

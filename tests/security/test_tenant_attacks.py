@@ -24,8 +24,8 @@ import orjson
 import pytest
 from aiokafka import AIOKafkaConsumer
 
-from tests.e2e.harness import ROOT, WorkerProcess, catalog_db, produce, read_topic, worker_env
-from tests.http_fakes import ScriptedServer
+from tests.support.harness import ROOT, WorkerProcess, catalog_db, produce, read_topic, worker_env
+from tests.support.http_fakes import ScriptedServer
 
 pytestmark = pytest.mark.integration
 

@@ -14,7 +14,7 @@ from scoring.members.http import RetryPolicy
 from scoring.models import CustomEvaluator
 from scoring.ports import MemberError
 from scoring.subjects import Subject
-from tests.http_fakes import Reply, ScriptedServer
+from tests.support.http_fakes import Reply, ScriptedServer
 
 FAST_RETRY = RetryPolicy(attempts=3, backoff_base_s=0.01, backoff_cap_s=0.05)
 SUBJECT = Subject(scope="trace", input="question", output="answer", expected=None,

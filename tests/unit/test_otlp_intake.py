@@ -14,7 +14,7 @@ from hypothesis import strategies as st
 from consumers.decode import DeadLetterReason
 from consumers.otlp import OtlpConsumer
 from scoring.otlp.mapping import MappingRules
-from tests.otlp_records import Telemetry, records, span
+from tests.support.otlp_records import Telemetry, records, span
 
 TP = TopicPartition("otlp_spans", 0)
 REASONS = set(get_args(DeadLetterReason))

@@ -12,7 +12,7 @@ import pytest
 
 from scoring.otlp.mapping import MappingRules, OtlpError, assemble, buffered_spans, decode_request
 from scoring.subjects import Trace, session_subject, trace_subject
-from tests.otlp_records import Telemetry, records, span
+from tests.support.otlp_records import Telemetry, records, span
 
 RESOURCE = {"service.name": "support-bot", "sgw.project.id": "p-otel"}
 

@@ -15,10 +15,10 @@ from scoring.members.external import ExternalClient
 from scoring.members.http import RetryPolicy
 from scoring.members.judge import JudgeClient
 from scoring.members.sandbox import SandboxPool
-from scoring.models import CustomEvaluator, Judge, Pattern, ScorerGroup
+from scoring.models import CustomEvaluator, Judge
 from scoring.panel import Panel, planned_judge_calls
-from scoring.subjects import Subject
-from tests.http_fakes import Reply, ScriptedServer
+from tests.support.http_fakes import Reply, ScriptedServer
+from tests.support.panel_catalog import catalog, group, subject
 
 FAST = RetryPolicy(attempts=2, backoff_base_s=0.01, backoff_cap_s=0.02)
 
@@ -46,36 +46,6 @@ async def panel(judge_server: JudgeServer) -> AsyncIterator[Panel]:
     await judges.close()
     await external.close()
     await sandbox.close()
-
-
-def catalog(external_url: str) -> CatalogSnapshot:
-    return CatalogSnapshot(
-        version=1,
-        judges={"quality": Judge(id="quality", name="Quality", criteria="Helpful?"),
-                "safety": Judge(id="safety", name="Safety", criteria="Safe?")},
-        patterns={"apology": Pattern(id="apology", name="Apology", polarity="failure", template="apology"),
-                  "disclaimer": Pattern(id="disclaimer", name="Disclaimer", polarity="proper",
-                                        contains=["not financial advice"])},
-        customs={"length": CustomEvaluator(id="length", name="Length", type="code",
-                                           code="def score(input, output, expected, spans, metadata):\n"
-                                                "    return min(1.0, len(output) / 100)\n"),
-                 "boom": CustomEvaluator(id="boom", name="Boom", type="code",
-                                         code="def score(*a):\n    return 1 / 0\n"),
-                 "remote": CustomEvaluator(id="remote", name="Remote", type="external", url=external_url,
-                                           timeout_ms=2000)},
-    )
-
-
-def group(*members: tuple[str, str, float, bool]) -> ScorerGroup:
-    return ScorerGroup.model_validate({
-        "id": "g", "name": "G", "projectId": "p",
-        "members": [{"kind": k, "refId": r, "weight": w, "gate": g} for k, r, w, g in members]})
-
-
-def subject(output: str, **over: Any) -> Subject:
-    base: dict[str, Any] = dict(scope="trace", input="Should I buy?", output=output, expected=None,
-                                spans=[], metadata={}, transcript="")
-    return Subject(**{**base, **over})
 
 
 async def test_every_member_kind_blends_to_the_hand_computed_score(

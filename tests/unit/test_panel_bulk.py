@@ -14,7 +14,7 @@ from scoring.members.sandbox import SandboxPool
 from scoring.models import CustomEvaluator, Pattern, ScorerGroup
 from scoring.panel import GroupResult, Panel
 from scoring.subjects import Subject
-from tests.unit.test_panel import catalog, group, subject
+from tests.support.panel_catalog import catalog, group, subject
 
 Observed = list[tuple[str, str, str | None, float]]
 

@@ -21,8 +21,8 @@ from scoring.members.sandbox import SandboxPool
 from scoring.models import CustomEvaluator, Pattern
 from scoring.panel import Panel
 from scoring.redact import Redactor
-from tests.http_fakes import Reply, ScriptedServer
-from tests.unit.test_panel import catalog, group, subject
+from tests.support.http_fakes import Reply, ScriptedServer
+from tests.support.panel_catalog import catalog, group, subject
 
 FAST = RetryPolicy(attempts=2, backoff_base_s=0.01, backoff_cap_s=0.02)
 Observed = list[tuple[str, str, str | None, float]]

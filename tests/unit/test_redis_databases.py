@@ -9,7 +9,7 @@ import pytest
 from redis import Redis
 
 from deploy.services import LocalRedis
-from tests.redis_databases import RedisDatabases
+from tests.support.redis_databases import RedisDatabases
 
 
 def test_each_holder_gets_an_empty_database_no_one_else_holds(own_redis: LocalRedis) -> None:

@@ -8,7 +8,7 @@ import pytest
 from redis import Redis
 
 from deploy.services import LocalRedis
-from tests.redis_guard import MAY_WIPE, RedisNotOurs, refuse_foreign_keys
+from tests.support.redis_guard import MAY_WIPE, RedisNotOurs, refuse_foreign_keys
 
 
 @pytest.fixture

@@ -25,7 +25,7 @@ from scoring.stores.claims import Claims
 from scoring.stores.ratings import RatingsStore
 from scoring.stores.sessions import SessionStore
 from scoring.subjects import Trace
-from tests.e2e.harness import read_topic
+from tests.support.harness import read_topic
 
 APOLOGY = Pattern(id="apology", name="Apology", polarity="failure", template="apology")
 

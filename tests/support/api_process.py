@@ -14,7 +14,7 @@ import httpx
 
 from deploy.services import free_port
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def cli(redis_url: str, *args: str) -> subprocess.CompletedProcess[str]:

@@ -1,0 +1,1 @@
+"""What tests share: builders, local servers that speak real protocols, the worker harness."""
