@@ -5,6 +5,8 @@ within the interval raise none. A group may opt out. The real worker on the real
 
 from __future__ import annotations
 
+import asyncio
+import time
 from pathlib import Path
 from typing import Any
 
@@ -73,3 +75,47 @@ async def test_the_rate_limit_claims_one_signal_per_group_and_interval_and_a_red
     assert await alerts.due([("p", "g", "s-1")]) == {"s-1"}, "the same Signal again (a redelivery) is due"
     assert await alerts.due([("p", "g", "s-5")]) == set(), "another within the interval is not"
     assert await alerts.due([]) == set()
+
+
+async def test_pagerduty_opens_the_groups_incident_on_no_score_and_resolves_it_when_scores_return(
+        kafka_bootstrap: str, redis_db_url: str, unique: str, tmp_path: Path) -> None:
+    from deploy.judge_server import JudgeServer
+    from tests.support.http_fakes import Reply, ScriptedServer
+    from tests.support.webhook_shapes import ROUTING_KEY, check_pagerduty_event
+
+    with JudgeServer(default_rating=8) as judge, \
+            ScriptedServer(default=Reply(status=202, body={"status": "success"})) as pd:
+        bare = catalog()
+        bare["groups"] = [g for g in bare["groups"] if g["id"] == "gated"]
+        bare["channels"] = [{"agentId": "a", "projectId": "p-ns", "url": pd.url + "/pd", "format": "pagerduty",
+                             "routingKey": ROUTING_KEY}]
+        async with catalog_db(redis_db_url, bare) as url:
+            redis = Redis.from_url(url)
+            client = MonitorClient(redis)
+            await client.scorers.delete("judges", "safety")
+            env = worker_env(kafka_bootstrap, url, f"ns-pd-{unique}", egress_allow="127.0.0.0/8",
+                             judge_base_url=judge.base_url)
+            worker = WorkerProcess(env).start(tmp_path)
+            try:
+                worker.wait_ready()
+                await produce(kafka_bootstrap, env["SGW_TRACES_TOPIC"], [trace("t-0"), trace("t-1")])
+                await read_topic(kafka_bootstrap, env["SGW_RATINGS_TOPIC"], until=lambda v: len(v) >= 2)
+                deadline = time.monotonic() + 30
+                while not pd.requests and time.monotonic() < deadline:
+                    await asyncio.sleep(0.2)
+                # The gate's judge is back: the next result scores (8 >= 6) and resolves the incident.
+                await client.apply({"judges": [{"id": "safety", "name": "Safety", "criteria": "Safe?"}]})
+                await asyncio.sleep(2)  # the worker picks the change up within a second
+                await produce(kafka_bootstrap, env["SGW_TRACES_TOPIC"], [trace("t-2")])
+                while len(pd.requests) < 2 and time.monotonic() < deadline + 30:
+                    await asyncio.sleep(0.2)
+            finally:
+                await redis.aclose()
+                assert worker.stop() == 0, worker.logs()
+    events = [r.json() for r in pd.requests]
+    assert [e["event_action"] for e in events] == ["trigger", "resolve"], events
+    for event in events:
+        check_pagerduty_event(event)
+    assert events[0]["dedup_key"] == events[1]["dedup_key"] == "scorer-group:gated"
+    assert events[0]["payload"]["custom_details"]["reason"] == "no_score"
+    assert events[0]["payload"]["summary"].startswith("Gated has no score: a must-pass member could not score")
