@@ -1,27 +1,33 @@
-"""Batching of small Redis writes that finish each trace (done marks, ratings history).
+"""Batching of small Redis calls made once per trace or pair (done marks, ratings history, lease
+confirmations).
 
-Jobs finish one by one; writing for each would cost a round trip per trace. Each job submits
-its items and awaits a future; one flusher writes everything submitted meanwhile in one call,
-then resolves the futures (or fails them, so no job counts as finished on a failed write).
+Jobs finish one by one; a call for each would cost a round trip each. Each job submits its
+items and awaits a future; one flusher makes one call for everything submitted meanwhile, then
+resolves the futures - with each job's own answers, when the call answers item by item - or
+fails them, so no job counts as finished on a failed write.
 """
 
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Awaitable, Callable
-from typing import Generic, TypeVar
+from collections.abc import Awaitable, Callable, Sequence
+from typing import Any, Generic, TypeVar
 
 T = TypeVar("T")
+R = TypeVar("R")
 
 
-class Batcher(Generic[T]):
-    def __init__(self, flush: Callable[[list[T]], Awaitable[None]], *, max_items: int = 500,
+class Batcher(Generic[T, R]):
+    """``flush`` takes every item submitted meanwhile; it answers None (a write) or one answer
+    per item, in order (``submit`` then returns its own items' answers)."""
+
+    def __init__(self, flush: Callable[[list[T]], Awaitable[Sequence[R] | None]], *, max_items: int = 500,
                  max_wait_s: float = 0.005) -> None:
         self._flush = flush
         self._max_items = max_items
         self._max_wait_s = max_wait_s
         self._items: list[T] = []
-        self._waiters: list[asyncio.Future[None]] = []
+        self._waiters: list[tuple[asyncio.Future[list[R]], int]] = []  # (future, how many items)
         self._wake = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
         self._closing = False
@@ -37,15 +43,15 @@ class Batcher(Generic[T]):
             await self._task
         await self._flush_now()
 
-    async def submit(self, items: list[T]) -> None:
-        """Write ``items`` with the next batch; returns once they are written."""
+    async def submit(self, items: list[T]) -> list[R]:
+        """Send ``items`` with the next batch; returns once it is done, with their answers."""
         if not items:
-            return
-        waiter = asyncio.get_running_loop().create_future()
+            return []
+        waiter: asyncio.Future[list[R]] = asyncio.get_running_loop().create_future()
         self._items.extend(items)
-        self._waiters.append(waiter)
+        self._waiters.append((waiter, len(items)))
         self._wake.set()
-        await waiter
+        return await waiter
 
     async def _run(self) -> None:
         while not self._closing:
@@ -62,12 +68,14 @@ class Batcher(Generic[T]):
         if not waiters:
             return
         try:
-            await self._flush(items)
+            answers: Sequence[Any] = await self._flush(items) or ()
         except Exception as exc:
-            for w in waiters:
+            for w, _ in waiters:
                 if not w.done():
                     w.set_exception(exc)
-        else:
-            for w in waiters:
-                if not w.done():
-                    w.set_result(None)
+            return
+        start = 0
+        for w, count in waiters:
+            if not w.done():
+                w.set_result(list(answers[start:start + count]))
+            start += count

@@ -128,7 +128,10 @@ class TraceConsumer:
         # finished (marked done), never cancelled halfway and scored again elsewhere.
         self._publishing: set[asyncio.Task[None]] = set()
         self._room = asyncio.Event()
-        self._finisher: Batcher[_Finished] = Batcher(self._write_finished)
+        self._finisher: Batcher[_Finished, None] = Batcher(self._write_finished)
+        # A pair scored alone (a judge's) confirms its lease before publishing: confirmations of
+        # pairs that finish together go in one script call, not one each.
+        self._confirmer: Batcher[ClaimRequest, bool] = Batcher(self._confirm_many)
         self._fatal: BaseException | None = None
         # Pairs skipped for budget since the last commit, by group: the ratings history shows them
         # beside no-score results (a starved group is seen, not silent); written once a commit.
@@ -161,6 +164,7 @@ class TraceConsumer:
     async def run(self, stop: asyncio.Event) -> None:
         """Consume until ``stop`` is set or an output fails; then drain (see ``drain``)."""
         self._finisher.start()
+        self._confirmer.start()
         while not stop.is_set() and self._fatal is None:
             await self._step()
         if self._fatal is not None:
@@ -186,6 +190,7 @@ class TraceConsumer:
             if running:  # outputs perhaps out, not marked done: their pairs may be scored again
                 log.error("publishes did not finish in time", publishes=len(running))
                 self._fatal = self._fatal or TimeoutError(f"{len(running)} publishes did not finish in time")
+        await self._confirmer.stop()
         await self._finisher.stop()
         with contextlib.suppress(KafkaError):
             await self.commit()
@@ -408,8 +413,11 @@ class TraceConsumer:
         return None
 
     async def _still_held(self, claim: ClaimRequest) -> bool:
-        (held,) = await self._outages.call(lambda: self._claims.confirm([claim]))
+        (held,) = await self._confirmer.submit([claim])
         return held
+
+    async def _confirm_many(self, claims: list[ClaimRequest]) -> list[bool]:
+        return await self._outages.call(lambda: self._claims.confirm(claims))
 
     async def _publish(self, pair: Pair, result: GroupResult, snapshot: CatalogSnapshot) -> None:
         try:

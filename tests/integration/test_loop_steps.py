@@ -161,6 +161,7 @@ class HeldClaims(Claims):
     def __init__(self, redis: Redis) -> None:
         super().__init__(redis, lease_s=90)
         self.calls: list[list[str]] = []
+        self.confirms: list[list[str]] = []  # subject keys of each confirm call
         self.released: list[str] = []  # subject keys given up (or tried to)
         self.release_fails = False
         self.open = asyncio.Event()
@@ -170,6 +171,10 @@ class HeldClaims(Claims):
         await self.open.wait()
         self.calls.append([r.subject_key for r in requests])
         return await super().claim_many(requests, now)
+
+    async def confirm(self, requests: list[ClaimRequest]) -> list[bool]:
+        self.confirms.append([r.subject_key for r in requests])
+        return await super().confirm(requests)
 
     async def release(self, requests: list[ClaimRequest]) -> None:
         self.released.extend(r.subject_key for r in requests)
@@ -528,6 +533,22 @@ async def test_a_judge_that_needs_an_expected_answer_the_trace_lacks_reserves_no
     await loop.committed_to(2)
     assert await loop.ratings() == [("expect", "t-0")]
     assert loop.events.of("group_skipped") == [(project, "expect", "budget")]
+
+
+async def test_pairs_scored_alone_that_finish_together_confirm_their_leases_in_one_call(
+        loops: Callable[..., Awaitable[Loop]]) -> None:
+    # A judge pair costs a confirmation before it publishes: those finishing together share a
+    # script call (one round trip), as their done marks and history do.
+    loop = await loops(("wait",))
+    for i in range(6):
+        await loop.send(f"t-{i}", BLOCK)
+    await loop.start()
+    await until(lambda: len(loop.panel.entered) == 6, "six judge pairs in scoring")
+    loop.panel.release()
+    await loop.committed_to(6)
+    confirmed = [key for call in loop.claims.confirms for key in call]
+    assert sorted(confirmed) == sorted(f"trace:t-{i}" for i in range(6)), "every pair confirmed once"
+    assert len(loop.claims.confirms) < 6, loop.claims.confirms
 
 
 async def test_a_fetch_takes_no_more_records_than_the_room_left(loops: Callable[..., Awaitable[Loop]]) -> None:

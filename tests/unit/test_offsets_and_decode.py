@@ -107,10 +107,29 @@ async def test_batcher_stop_finishes_a_flush_under_way() -> None:
         await asyncio.sleep(0.2)  # a slow Redis round trip
         written.extend(items)
 
-    batcher: Batcher[int] = Batcher(flush, max_wait_s=0)
+    batcher: Batcher[int, None] = Batcher(flush, max_wait_s=0)
     batcher.start()
     submitted = asyncio.create_task(batcher.submit([1, 2]))
     await flushing.wait()
     await batcher.stop()
     await submitted
     assert written == [1, 2], "the flush under way was finished, not cut"
+
+
+async def test_a_batcher_answers_each_submitter_with_its_own_items_answers() -> None:
+    import asyncio
+
+    from consumers.batcher import Batcher
+
+    calls: list[list[int]] = []
+
+    async def double(items: list[int]) -> list[int]:
+        calls.append(items)
+        return [2 * i for i in items]
+
+    batcher: Batcher[int, int] = Batcher(double, max_wait_s=0.05)
+    batcher.start()
+    answers = await asyncio.gather(batcher.submit([1, 2]), batcher.submit([3]), batcher.submit([4, 5, 6]))
+    await batcher.stop()
+    assert answers == [[2, 4], [6], [8, 10, 12]]
+    assert calls == [[1, 2, 3, 4, 5, 6]], "one call for all three"
