@@ -192,6 +192,9 @@ class TraceConsumer:
                 self._fatal = self._fatal or TimeoutError(f"{len(running)} publishes did not finish in time")
         await self._confirmer.stop()
         await self._finisher.stop()
+        if self._skipped:  # counts only: written if Redis answers now, never waited for
+            with contextlib.suppress(Exception):
+                await self._ratings.record_skipped(dict(self._skipped), time.time())
         with contextlib.suppress(KafkaError):
             await self.commit()
 
