@@ -30,9 +30,8 @@ import orjson
 
 from scorer_groups._calls import Call, _model, _paged
 from scorer_groups._transport import Transport
-from scoring.dataset import Allowance, GateFailed, NotAJudgeMember
-from scoring.stores.datasets import Dataset, DatasetItem
-from scoring.stores.evaluations import EvaluationRun
+from scoring.gates import Allowance, GateFailed, NotAJudgeMember
+from scoring.runs import Dataset, DatasetItem, EvaluationRun
 
 __all__ = ["Datasets", "Evaluation", "Evaluations", "GateFailed", "NotAJudgeMember", "PendingRun"]
 

@@ -21,17 +21,15 @@ from typing import IO, Any, TextIO
 import orjson
 
 from scoring.dataset import (
-    Allowance,
     DatasetRow,
     DatasetRun,
-    GateFailed,
     GradingPlan,
-    NotAJudgeMember,
     grade_rows,
     plan_grading,
     requires_expected_judges,
 )
 from scoring.errors import CatalogError
+from scoring.gates import Allowance, GateFailed, NotAJudgeMember
 from scoring.results import build_rating
 from scoring.stores.catalog import CatalogStore
 from worker.connections import kafka_producer, redis_client

@@ -21,42 +21,16 @@ import uuid
 from typing import Any
 
 import orjson
-from pydantic import Field, JsonValue, ValidationError, field_validator
+from pydantic import ValidationError
 from redis.asyncio import Redis
 from redis.exceptions import WatchError
 
 from scoring.errors import InvalidDocument, NotFound, field_errors
-from scoring.models import Id, Name, WireModel
+from scoring.runs import Dataset, DatasetItem
 from scoring.stores import keys
 
 MAX_ROWS = 10_000
 MAX_FILE_BYTES = 32 * 1024 * 1024
-
-
-class DatasetItem(WireModel):
-    """One row: what the agent is given, and optionally the answer it should give."""
-
-    input: JsonValue
-    expected: JsonValue = None
-    metadata: dict[str, JsonValue] = Field(default_factory=dict)
-
-    @field_validator("input")
-    @classmethod
-    def _has_input(cls, value: JsonValue) -> JsonValue:
-        if value is None or value == "":
-            raise ValueError("every row needs an input")
-        return value
-
-
-class Dataset(WireModel):
-    id: Id
-    project_id: Id
-    name: Name
-    description: str | None = Field(None, max_length=2000)
-    version: int = Field(ge=1)  # the latest version
-    row_count: int = Field(ge=0)  # of the latest version
-    created_at: float
-    updated_at: float
 
 
 def parse_rows(text: str, fmt: str) -> list[DatasetItem]:

@@ -14,91 +14,16 @@ from __future__ import annotations
 import builtins
 import time
 import uuid
-from typing import Any, Literal
+from typing import Any
 
 import orjson
-from pydantic import Field, JsonValue
 from redis.asyncio import Redis
 
-from scoring.dataset import DatasetRun, GateColumns, GradingPlan, JudgeColumn, breakdown_lines
+from scoring.dataset import DatasetRun, GradingPlan
 from scoring.errors import InvalidDocument, NotFound
-from scoring.models import Id, Name, WireModel
+from scoring.gates import JudgeColumn, breakdown_lines
+from scoring.runs import EvaluationCreate, EvaluationRun, JudgeSummary, RowOutput
 from scoring.stores import keys
-
-Status = Literal["created", "completed"]
-
-
-class RunSubject(WireModel):
-    """Who answered the rows, as the spec's ``subject={"kind": "custom_agent", "displayName": ...}``."""
-
-    kind: Literal["custom_agent"] = "custom_agent"
-    display_name: Name
-
-
-class EvaluationCreate(WireModel):
-    dataset_id: Id
-    subject: RunSubject
-    scorer_group_id: Id | None = None
-    scorer_id: Id | None = None
-    additional_scorer_ids: list[Id] | None = Field(None, max_length=20)
-    dataset_version: int | None = Field(None, ge=1)
-
-
-class RowOutput(WireModel):
-    """The agent's answer on one row, or why there is none."""
-
-    row: int = Field(ge=0)
-    output: JsonValue = None
-    error: str | None = Field(None, max_length=2000)
-
-
-class Outputs(WireModel):
-    outputs: list[RowOutput] = Field(max_length=10_000)
-
-
-class JudgeSummary(WireModel):
-    """A judge member over the run: its label, average, and rating (or error) on each row."""
-
-    label: str
-    scorer_id: str
-    name: str
-    average: float | None
-    ratings: list[float | None]
-    errors: list[str | None]
-
-
-class EvaluationRun(WireModel):
-    id: Id
-    project_id: Id
-    dataset_id: Id
-    dataset_version: int
-    subject: RunSubject
-    scorer_group_id: Id | None
-    scorer_id: Id | None
-    additional_scorer_ids: list[Id] | None  # null on a group-graded run: the group is the whole recipe
-    status: Status
-    row_count: int
-    # What the rating column is: the group (``groupName``) on a group-graded run, else the single
-    # scorer (``scorerName``); the other is null.
-    group_name: str | None = None
-    scorer_name: str | None = None
-    warnings: list[str] = Field(default_factory=list)
-    notes: list[str] = Field(default_factory=list)
-    created_at: float
-    finalized_at: float | None = None
-    rating: float | None = None  # the run rating: mean group score over the rows that have one
-    scored_rows: int = 0
-    no_score_rows: int = 0
-    breakdown: list[str] = Field(default_factory=list)
-    judges: list[JudgeSummary] = Field(default_factory=list)
-    rows: list[dict[str, Any]] = Field(default_factory=list)  # one result per row, in row order
-
-    def columns(self) -> GateColumns:
-        """What a gate reads (scoring.dataset.GateColumns)."""
-        return GateColumns(self.group_name or self.scorer_name or "", [r.get("rating") for r in self.rows],
-                           [r.get("reason") for r in self.rows],
-                           [JudgeColumn(j.label, j.scorer_id, j.name, j.ratings, j.errors) for j in self.judges],
-                           by_group=self.group_name is not None)
 
 
 def new_run(project_id: str, request: EvaluationCreate, version: int, row_count: int,

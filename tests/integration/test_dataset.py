@@ -11,7 +11,7 @@ import pytest
 from redis.asyncio import Redis
 
 from deploy.judge_server import JudgeServer
-from scoring.dataset import GateFailed
+from scoring.gates import GateFailed
 from scoring.groups import MonitorClient
 from tests.support.datasets import grade_api, grade_cli, m
 

@@ -13,7 +13,8 @@ import pytest
 from redis.asyncio import Redis
 
 from scoring.errors import InvalidDocument, NotFound
-from scoring.stores.datasets import DatasetItem, DatasetStore, parse_rows
+from scoring.runs import DatasetItem
+from scoring.stores.datasets import DatasetStore, parse_rows
 
 pytestmark = pytest.mark.integration
 ROOT = Path(__file__).resolve().parents[2]

@@ -6,9 +6,9 @@ import pytest
 
 from consumers.outage import OutageTooLong
 from consumers.traces import OutputError
-from scoring.dataset import GateFailed
 from scoring.egress import EgressRefused
 from scoring.errors import Conflict, Forbidden, InvalidDocument, NotFound, PreconditionFailed, ScoringError
+from scoring.gates import GateFailed
 from scoring.otlp.mapping import OtlpError
 from scoring.ports import CodeScorerError, MemberError
 

@@ -17,17 +17,10 @@ from pydantic import Field
 from scoring.dataset import DatasetRow, grade_rows, plan_grading
 from scoring.errors import Conflict, InvalidDocument, NotFound
 from scoring.models import ID_PATTERN, Id, Name, WireModel
+from scoring.runs import Dataset, DatasetItem, EvaluationCreate, EvaluationRun, Outputs
 from scoring.stores.catalog import CatalogStore
-from scoring.stores.datasets import Dataset, DatasetItem, DatasetStore, parse_rows
-from scoring.stores.evaluations import (
-    EvaluationCreate,
-    EvaluationRun,
-    EvaluationStore,
-    Outputs,
-    check_outputs,
-    completed,
-    new_run,
-)
+from scoring.stores.datasets import DatasetStore, parse_rows
+from scoring.stores.evaluations import EvaluationStore, check_outputs, completed, new_run
 from scoring.subjects import as_text
 from worker.api import problems
 from worker.api.auth import Who, redis_of
