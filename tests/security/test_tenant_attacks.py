@@ -9,6 +9,7 @@ the worker alive, exiting 0 on SIGTERM; every victim trace and session rated wit
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 import subprocess
@@ -220,6 +221,10 @@ async def test_a_hostile_tenant_reads_nothing_and_stops_nothing(kafka_bootstrap:
 
                 assert worker.proc is not None and worker.proc.poll() is None, worker.logs()
                 assert worker.metric("sgw_code_sandbox_available") == 1.0
+                # /readyz and the startup log say which bounds hold each call.
+                ready = await asyncio.to_thread(httpx.get, worker.url + "/readyz", timeout=5)
+                assert "per call: one process (no fork, no threads), a hard CPU limit" in ready.text, ready.text
+                assert "per call: one process (no fork, no threads)" in worker.logs(whole=True)
             finally:
                 code = worker.stop()
             assert code == 0, worker.logs()
