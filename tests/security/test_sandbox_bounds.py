@@ -187,12 +187,14 @@ def score(input, output, expected, spans, metadata):
 #    with tgkill and with a pipe that signals its owner on I/O (F_SETOWN / F_SETSIG); then its
 #    limits, priority and CPU placement, which later calls would inherit. Returns how many took.
 SUPERVISOR = '''
-import ctypes, fcntl, os, resource, signal
+import ctypes, fcntl, os, platform, resource, signal
 libc = ctypes.CDLL(None, use_errno=True)
 def score(input, output, expected, spans, metadata):
     took = 0
+    tgkill = {"x86_64": 234, "aarch64": 131}.get(platform.machine())  # numbers differ by architecture
     for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGUSR1):
-        libc.syscall(234, 1, 1, int(sig))  # tgkill(1, 1, sig): it has no handler left to deliver to
+        if tgkill is not None:
+            libc.syscall(tgkill, 1, 1, int(sig))  # tgkill(1, 1, sig): it has no handler left to deliver to
     for fd in os.listdir("/proc/self/fd"):
         try:
             if os.readlink(f"/proc/self/fd/{fd}").startswith("pipe:"):
