@@ -18,7 +18,7 @@
 A Redis or broker outage is waited out (``consumers.outage``): ingest stops fetching and the
 schedule's writes are retried, up to the outage tolerance.
 
-Deliveries follow Standard Webhooks 1.0 (``scoring.signing``): receivers verify
+Deliveries follow Standard Webhooks 1.0 (``scorer_groups.signing``): receivers verify
 ``webhook-signature`` with the channel's ``whsec_`` secret and deduplicate on ``webhook-id``
 (the delivery's id, the same on every retry, redelivery and replay).
 """
@@ -39,10 +39,10 @@ import structlog
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
 from pydantic import BaseModel, ConfigDict, ValidationError
 from pydantic.alias_generators import to_camel
+from scorer_groups import signing
 
 from consumers.offsets import CommitOnRevoke, Committer
 from consumers.outage import OutageGuard
-from scoring import signing
 from scoring.catalog import CatalogSnapshot
 from scoring.egress import EgressPolicy, EgressRefused
 from scoring.members.http import describe_status, retry_after_seconds

@@ -26,11 +26,12 @@ python=${PYTHON:-python3}
 if [ ! -x .venv/bin/python ]; then
   "$python" -m venv .venv
 fi
-stamp=.venv/.installed-$(cat pyproject.toml constraints.txt | sha256sum | cut -c1-16)
+stamp=.venv/.installed-$(cat pyproject.toml sdk/pyproject.toml constraints.txt | sha256sum | cut -c1-16)
 if [ ! -f "$stamp" ]; then
   echo "bootstrap: installing Python packages into .venv" >&2
   .venv/bin/pip install -q --disable-pip-version-check --upgrade pip
-  .venv/bin/pip install -q --disable-pip-version-check -c constraints.txt -e '.[test]'
+  # The SDK (sdk/) is a distribution of its own, which the server depends on: both in one go.
+  .venv/bin/pip install -q --disable-pip-version-check -c constraints.txt -e ./sdk -e '.[test]'
   rm -f .venv/.installed-*; touch "$stamp"
 fi
 

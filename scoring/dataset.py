@@ -18,9 +18,10 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from scorer_groups.gates import Allowance, GateColumns, JudgeColumn, breakdown_lines
+
 from scoring.catalog import CatalogSnapshot
 from scoring.errors import InvalidDocument, NotFound
-from scoring.gates import Allowance, GateColumns, JudgeColumn, breakdown_lines
 from scoring.models import Judge, Member, MemberKind, ScorerGroup
 from scoring.panel import GroupResult, Panel
 from scoring.subjects import Subject, as_text

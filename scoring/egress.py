@@ -16,6 +16,8 @@ from dataclasses import dataclass, field
 from typing import Any
 from urllib.parse import SplitResult, urlsplit, urlunsplit
 
+from scorer_groups.models import check_url_shape
+
 from scoring.errors import ScoringError
 
 IPAddress = ipaddress.IPv4Address | ipaddress.IPv6Address
@@ -32,31 +34,6 @@ class EgressRefused(ScoringError):
 
 
 _NAT64 = (ipaddress.ip_network("64:ff9b::/96"), ipaddress.ip_network("64:ff9b:1::/48"))
-_MAX_URL_CHARS = 2_000
-
-
-def check_url_shape(url: str) -> str:
-    """Validate a user URL whole, at save time: http(s), a host, a port in range, nothing a
-    parser could read two ways. Returns it unchanged; raises ValueError saying what is wrong."""
-    if len(url) > _MAX_URL_CHARS:
-        raise ValueError(f"url is longer than {_MAX_URL_CHARS} characters")
-    if any(c.isspace() or ord(c) < 32 or ord(c) == 127 or c == "\\" for c in url):
-        raise ValueError("url must not contain spaces, control characters or backslashes")
-    try:
-        parts = urlsplit(url)
-        port = parts.port  # raises ValueError when out of range or not a number
-        host = parts.hostname
-    except ValueError as exc:
-        raise ValueError(f"url cannot be parsed: {exc}") from None
-    if parts.scheme not in ("http", "https"):
-        raise ValueError("url must start with http:// or https://")
-    if not host:
-        raise ValueError("url has no host")
-    if port == 0:
-        raise ValueError("url has port 0")
-    if host.startswith("[") or "%" in host:
-        raise ValueError("url host is not a valid name or address")
-    return url
 
 
 def _embedded_ipv4(address: ipaddress.IPv6Address) -> ipaddress.IPv4Address | None:

@@ -10,7 +10,7 @@ on - never the message, which is for people:
 
 Catalog errors (``CatalogError`` and its kinds) are here; the others sit with what raises them
 and derive from the root: ``MemberError`` and ``CodeScorerError`` (``scoring.ports``),
-``GateFailed`` (``scoring.dataset``), ``OtlpError`` (``scoring.otlp.mapping``), ``EgressRefused``
+``OtlpError`` (``scoring.otlp.mapping``), ``EgressRefused``
 (``scoring.egress``), ``OutputError`` (``consumers.traces``), ``OutageTooLong``
 (``consumers.outage``). Errors that never leave their module (a sandbox's pipe protocol, its
 set-up, an HTTP attempt that went unanswered) are not part of the family.

@@ -152,7 +152,8 @@ def _cmd_session_scores(settings: Settings, args: argparse.Namespace) -> int:
 
 
 def _cmd_grade(settings: Settings, args: argparse.Namespace) -> int:
-    from scoring.gates import parse_allowance
+    from scorer_groups.gates import parse_allowance
+
     from worker.grading import GradeRequest, grade, write_to
 
     if args.scorer and args.fail_under is None:
@@ -213,7 +214,7 @@ def _cmd_run(settings: Settings, _: argparse.Namespace) -> int:
 
 
 def _cmd_new_secret(_settings: Settings, _: argparse.Namespace) -> int:
-    from scoring.signing import new_secret
+    from scorer_groups.signing import new_secret
 
     print(new_secret())
     return 0

@@ -19,6 +19,7 @@ from datetime import UTC, datetime
 from typing import IO, Any, TextIO
 
 import orjson
+from scorer_groups.gates import Allowance, GateFailed, NotAJudgeMember
 
 from scoring.dataset import (
     DatasetRow,
@@ -29,7 +30,6 @@ from scoring.dataset import (
     requires_expected_judges,
 )
 from scoring.errors import CatalogError
-from scoring.gates import Allowance, GateFailed, NotAJudgeMember
 from scoring.results import build_rating
 from scoring.stores.catalog import CatalogStore
 from worker.connections import kafka_producer, redis_client

@@ -95,7 +95,7 @@ def test_a_bad_allowance_is_refused(catalog_url: str, judge: JudgeServer, tmp_pa
 
 async def test_a_named_gate_fails_closed_on_rows_its_judge_could_not_score(
         catalog_url: str, judge: JudgeServer) -> None:
-    from scoring.gates import GateFailed
+    from scorer_groups.gates import GateFailed
 
     run = await grade_api(catalog_url, judge, "exact-gated", ROWS)
     with pytest.raises(GateFailed, match=r"3 of 4 rows have no judge 'Exact' score and 0 may") as info:

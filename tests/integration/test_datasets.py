@@ -11,9 +11,9 @@ from pathlib import Path
 
 import pytest
 from redis.asyncio import Redis
+from scorer_groups.runs import DatasetItem
 
 from scoring.errors import InvalidDocument, NotFound
-from scoring.runs import DatasetItem
 from scoring.stores.datasets import DatasetStore, parse_rows
 
 pytestmark = pytest.mark.integration

@@ -12,34 +12,15 @@ from typing import Any
 import httpx
 import pytest
 import redis as sync_redis
+from scorer_groups import Client, GateFailed, NotAJudgeMember, NotFound
 
 from deploy.judge_server import JudgeServer
-from scorer_groups import Client, GateFailed, NotAJudgeMember, NotFound
 from tests.support.api_process import ApiProcess, create_key
 from tests.support.redis_databases import RedisDatabases
+from tests.support.spec_snippets import RUN_SNIPPET, SPEC
 
 pytestmark = pytest.mark.integration
 
-SPEC = Path(__file__).resolve().parents[3] / "shared" / "spec" / "scorer-groups.md"
-# The spec's "Grading a dataset run with a group" block, character for character.
-RUN_SNIPPET = '''group = client.monitor.scorer_groups.create(
-    "Release quality bar",
-    members=[
-        {"kind": "judge",   "refId": quality.id, "weight": 1, "gate": False},
-        {"kind": "judge",   "refId": safety.id,  "weight": 1, "gate": True},   # must pass
-        {"kind": "pattern", "refId": pii.id,     "weight": 0, "gate": True},   # gate only
-    ],
-)
-
-run = client.evaluations.run(
-    dataset_id=dataset.id,
-    subject={"kind": "custom_agent", "displayName": "my-agent"},
-    scorer_group_id=group.id,
-).execute(my_agent).finalize()
-
-run.gate(fail_under=7)                    # gates on the GROUP score, like any rating
-run.gate(fail_under=8, scorer="Safety")   # or gate a named JUDGE member's own average
-'''
 ROWS = [{"input": "What is 2+2?", "expected": "4"}, {"input": "Capital of France?"},
         {"input": "Say hi", "metadata": {"lang": "en"}}]
 

@@ -14,7 +14,6 @@ from typing import Any
 
 import pytest
 from redis.asyncio import Redis
-
 from scorer_groups import (
     AsyncClient,
     BadRequest,
@@ -27,47 +26,14 @@ from scorer_groups import (
     ServerError,
     Unauthorized,
 )
+
 from scoring.stores.ratings import RatingsStore, SessionVerdict
 from tests.support.api_process import ApiProcess, cli, create_key
 from tests.support.http_fakes import Reply, ScriptedServer
 from tests.support.redis_databases import RedisDatabases
+from tests.support.spec_snippets import CREATE_SNIPPET, SCORES_SNIPPET, SESSION_SNIPPET, SPEC, TRACE_SNIPPET
 
 pytestmark = pytest.mark.integration
-
-SPEC = Path(__file__).resolve().parents[3] / "shared" / "spec" / "scorer-groups.md"
-
-# The spec's snippets, character for character (test_snippets_are_the_specs checks it).
-CREATE_SNIPPET = '''group = client.monitor.scorer_groups.create(
-    "Release quality bar",
-    members=[
-        {"kind": "judge",   "refId": quality.id, "weight": 1, "gate": False},
-        {"kind": "judge",   "refId": safety.id,  "weight": 1, "gate": True},   # must pass
-        {"kind": "pattern", "refId": pii.id,     "weight": 0, "gate": True},   # gate only
-    ],
-)
-'''
-TRACE_SNIPPET = '''client.monitor.scorer_groups.update(group.id, online={
-    "enabled": True,
-    "sampleRate": 0.2,        # 20% of traffic
-    "alertThreshold": 6,      # Signal when the GROUP score lands below 6/10
-    "severity": "high",       # omitted keys keep their stored value - send "scope": "trace" to flip a session group back
-})
-
-client.monitor.scorer_groups.ratings(group.id, window="7d")  # score history for the chart
-'''
-SESSION_SNIPPET = '''client.monitor.scorer_groups.update(group.id, online={
-    "enabled": True,
-    "sampleRate": 1.0,        # of eligible idle sessions
-    "scope": "session",
-    "idleSeconds": 120,       # judge once quiet for 2 minutes
-    "alertThreshold": 6,      # Signal when the conversation's GROUP score lands below 6/10
-    "severity": "high",
-})
-'''
-SCORES_SNIPPET = '''client.monitor.sessions.scores(session_id)
-# -> [{"kind": "scorer-group:<groupId>", "rating": 4.5, "justification": "Weighted blend: ..."}, ...]
-'''
-
 
 class Env:
     def __init__(self, process: ApiProcess, redis_url: str, keys: dict[str, str]) -> None:

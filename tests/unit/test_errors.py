@@ -8,7 +8,6 @@ from consumers.outage import OutageTooLong
 from consumers.traces import OutputError
 from scoring.egress import EgressRefused
 from scoring.errors import Conflict, Forbidden, InvalidDocument, NotFound, PreconditionFailed, ScoringError
-from scoring.gates import GateFailed
 from scoring.otlp.mapping import OtlpError
 from scoring.ports import CodeScorerError, MemberError
 
@@ -16,7 +15,7 @@ from scoring.ports import CodeScorerError, MemberError
 @pytest.mark.parametrize(("error", "status"), [
     (InvalidDocument("x"), 400), (Forbidden("x"), 403), (NotFound("x"), 404), (Conflict("x"), 409),
     (PreconditionFailed("x"), 412), (MemberError("x"), 500), (CodeScorerError("x"), 500),
-    (GateFailed("x"), 500), (OtlpError("not_otlp", "x"), 500), (EgressRefused("x"), 500),
+    (OtlpError("not_otlp", "x"), 500), (EgressRefused("x"), 500),
     (OutputError("x"), 500), (OutageTooLong("x"), 500),
 ])
 def test_every_error_the_service_raises_is_a_scoring_error_with_a_status(error: ScoringError, status: int) -> None:

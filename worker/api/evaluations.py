@@ -13,11 +13,11 @@ from typing import Annotated, Literal
 
 from fastapi import APIRouter, Path, Query, Request, Response
 from pydantic import Field
+from scorer_groups.runs import Dataset, DatasetItem, EvaluationCreate, EvaluationRun, Outputs
 
 from scoring.dataset import DatasetRow, grade_rows, plan_grading
 from scoring.errors import Conflict, InvalidDocument, NotFound
 from scoring.models import ID_PATTERN, Id, Name, WireModel
-from scoring.runs import Dataset, DatasetItem, EvaluationCreate, EvaluationRun, Outputs
 from scoring.stores.catalog import CatalogStore
 from scoring.stores.datasets import DatasetStore, parse_rows
 from scoring.stores.evaluations import EvaluationStore, check_outputs, completed, new_run

@@ -18,6 +18,7 @@ from __future__ import annotations
 import asyncio
 import builtins
 import inspect
+import json
 import sys
 import threading
 from collections.abc import Callable, Mapping, Sequence
@@ -26,12 +27,10 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import quote
 
-import orjson
-
 from scorer_groups._calls import Call, _model, _paged
 from scorer_groups._transport import Transport
-from scoring.gates import Allowance, GateFailed, NotAJudgeMember
-from scoring.runs import Dataset, DatasetItem, EvaluationRun
+from scorer_groups.gates import Allowance, GateFailed, NotAJudgeMember
+from scorer_groups.runs import Dataset, DatasetItem, EvaluationRun
 
 __all__ = ["Datasets", "Evaluation", "Evaluations", "GateFailed", "NotAJudgeMember", "PendingRun"]
 
@@ -49,7 +48,8 @@ def _upload(rows: Sequence[Mapping[str, Any]] | None, path: str | Path | None,
         text = Path(path).read_text(encoding="utf-8")
         return {"format": fmt or ("csv" if str(path).lower().endswith(".csv") else "jsonl"), "content": text}
     assert rows is not None
-    return {"format": "jsonl", "content": "".join(orjson.dumps(dict(r)).decode() + "\n" for r in rows)}
+    lines = (json.dumps(dict(r), separators=(",", ":"), ensure_ascii=False) + "\n" for r in rows)
+    return {"format": "jsonl", "content": "".join(lines)}
 
 
 class Datasets:

@@ -8,8 +8,8 @@ from typing import Any, Literal
 
 from pydantic import Field, JsonValue, field_validator
 
-from scoring.gates import GateColumns, JudgeColumn
-from scoring.models import Id, Name, WireModel
+from scorer_groups.gates import GateColumns, JudgeColumn
+from scorer_groups.models import Id, Name, WireModel
 
 
 class DatasetItem(WireModel):
@@ -107,7 +107,7 @@ class EvaluationRun(WireModel):
     rows: list[dict[str, Any]] = Field(default_factory=list)  # one result per row, in row order
 
     def columns(self) -> GateColumns:
-        """What a gate reads (``scoring.gates.GateColumns``)."""
+        """What a gate reads (``scorer_groups.gates.GateColumns``)."""
         return GateColumns(self.group_name or self.scorer_name or "", [r.get("rating") for r in self.rows],
                            [r.get("reason") for r in self.rows],
                            [JudgeColumn(j.label, j.scorer_id, j.name, j.ratings, j.errors) for j in self.judges],

@@ -1,14 +1,15 @@
 """CI gates over a run's columns - the group score of each row (or why it has none) and each
 judge member's verdicts - whether the run was graded here or fetched from the API: the SDK's
-``run.gate`` and ``scorer-worker grade --fail-under`` read the same rules. Pure: no I/O."""
+``run.gate`` and ``scorer-worker grade --fail-under`` read the same rules. Pure: no I/O.
+
+Its errors are the SDK's, not the server's ``ScoringError`` family: a gate's verdict is for
+the caller (a CI job) to act on, and never an HTTP answer."""
 
 from __future__ import annotations
 
 import math
 from collections import Counter
 from dataclasses import dataclass
-
-from scoring.errors import ScoringError
 
 Allowance = int | float  # rows without a score a gate lets pass: a count, or a fraction of the rows
 
@@ -26,7 +27,7 @@ def parse_allowance(text: str) -> Allowance:
     return value
 
 
-class GateFailed(ScoringError):
+class GateFailed(Exception):
     """A CI gate did not pass; the message says which and by how much. ``shortfall`` is how far
     the score is under ``fail_under`` (None when the score passed or there is none), and
     ``unscored`` / ``allowed`` count the rows without a score and how many the gate let pass."""
@@ -39,11 +40,9 @@ class GateFailed(ScoringError):
                           and value < fail_under else None)
 
 
-class NotAJudgeMember(ScoringError):
+class NotAJudgeMember(ValueError):
     """A gate names no judge member of the run (a pattern, a typo), or several: a mistake in the
     gate's configuration, not a quality failure - the message lists the judge members there are."""
-
-    status = 400
 
 
 @dataclass(frozen=True)

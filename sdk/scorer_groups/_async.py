@@ -12,9 +12,9 @@ import httpx
 from scorer_groups import _calls as calls
 from scorer_groups._calls import Retry
 from scorer_groups._transport import AsyncTransport as Transport
+from scorer_groups.api_models import Change, Channel, Ratings, SessionScore
 from scorer_groups.evaluations_async import AsyncDatasets, AsyncEvaluations
-from scoring.api_models import Change, Channel, Ratings, SessionScore
-from scoring.models import Budget, CustomEvaluator, Judge, Pattern, ScorerGroup, WireModel
+from scorer_groups.models import Budget, CustomEvaluator, Judge, Pattern, ScorerGroup, WireModel
 
 T = TypeVar("T")
 S = TypeVar("S", bound=WireModel)

@@ -14,9 +14,9 @@ import httpx
 from pydantic import BaseModel, TypeAdapter
 from pydantic.alias_generators import to_camel
 
+from scorer_groups.api_models import Change, Channel, Ratings, SessionScore
 from scorer_groups.errors import ApiError, error_for
-from scoring.api_models import Change, Channel, Ratings, SessionScore
-from scoring.models import Budget, CustomEvaluator, Judge, Pattern, ScorerGroup, WireModel
+from scorer_groups.models import Budget, CustomEvaluator, Judge, Pattern, ScorerGroup, WireModel
 
 T = TypeVar("T")
 RETRY_STATUSES = (429, 503)

@@ -21,7 +21,7 @@ from typing import Any
 from scorer_groups._calls import Call, _model, _paged
 from scorer_groups._transport import AsyncTransport as Transport
 from scorer_groups.evaluations import Evaluation, _error, _id, _Progress, _upload
-from scoring.runs import Dataset, DatasetItem, EvaluationRun
+from scorer_groups.runs import Dataset, DatasetItem, EvaluationRun
 
 
 class AsyncDatasets:

@@ -1,0 +1,91 @@
+"""The scorer-groups SDK, as the spec shows it.
+
+    from scorer_groups import Client
+
+    client = Client("http://127.0.0.1:8080", api_key)
+    group = client.monitor.scorer_groups.create("Release quality bar", members=[...])
+    client.monitor.scorer_groups.update(group.id, online={"enabled": True, "sampleRate": 0.2,
+                                                          "alertThreshold": 6, "severity": "high"})
+    client.monitor.scorer_groups.ratings(group.id, window="7d")
+
+``AsyncClient`` is the same surface with every call awaited. Results are pydantic models (the
+server's own wire models); refusals raise ``ApiError`` subclasses carrying the HTTP status and
+the problem body; 429 and 503 are retried with backoff (``Retry``).
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from scorer_groups._async import AsyncClient
+    from scorer_groups._calls import Retry
+    from scorer_groups._sync import Client
+    from scorer_groups.api_models import Change, Channel, Ratings, SessionScore
+    from scorer_groups.errors import (
+        ApiError,
+        BadRequest,
+        Forbidden,
+        NotFound,
+        PreconditionFailed,
+        RateLimited,
+        ServerError,
+        Unauthorized,
+    )
+    from scorer_groups.evaluations import Evaluation, GateFailed, NotAJudgeMember
+    from scorer_groups.models import Budget, CustomEvaluator, Judge, Member, OnlineProfile, Pattern, ScorerGroup
+
+# The names below load on first use (PEP 562): the server imports the wire models
+# (scorer_groups.models, ...) without the HTTP clients, so its scoring core loads no httpx.
+_HOMES = {
+    "AsyncClient": "_async", "Retry": "_calls", "Client": "_sync",
+    "ApiError": "errors", "BadRequest": "errors", "Forbidden": "errors", "NotFound": "errors",
+    "PreconditionFailed": "errors", "RateLimited": "errors", "ServerError": "errors", "Unauthorized": "errors",
+    "Evaluation": "evaluations", "GateFailed": "gates", "NotAJudgeMember": "gates",
+    "Change": "api_models", "Channel": "api_models", "Ratings": "api_models", "SessionScore": "api_models",
+    "Budget": "models", "CustomEvaluator": "models", "Judge": "models", "Member": "models",
+    "OnlineProfile": "models", "Pattern": "models", "ScorerGroup": "models",
+}
+
+
+def __getattr__(name: str) -> Any:
+    home = _HOMES.get(name)
+    if home is None:
+        raise AttributeError(f"module 'scorer_groups' has no attribute {name!r}")
+    value = getattr(importlib.import_module(f"scorer_groups.{home}"), name)
+    globals()[name] = value  # once: later reads do not come here
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(__all__)
+
+
+__all__ = [
+    "ApiError",
+    "AsyncClient",
+    "BadRequest",
+    "Budget",
+    "Change",
+    "Channel",
+    "Client",
+    "CustomEvaluator",
+    "Evaluation",
+    "Forbidden",
+    "GateFailed",
+    "Judge",
+    "Member",
+    "NotAJudgeMember",
+    "NotFound",
+    "OnlineProfile",
+    "Pattern",
+    "PreconditionFailed",
+    "RateLimited",
+    "Ratings",
+    "Retry",
+    "ScorerGroup",
+    "ServerError",
+    "SessionScore",
+    "Unauthorized",
+]

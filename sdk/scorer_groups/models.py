@@ -1,0 +1,319 @@
+"""Wire models of scorer groups and the scorers their members refer to.
+
+These pydantic models are the single source of truth for the documents users save (catalog
+files, SDK calls) and for every limit the spec enforces at save time. Field names on the wire
+are camelCase (``sampleRate``); Python code uses snake_case attributes. Validation is strict:
+``"1"`` is not a weight and ``"true"`` is not a boolean.
+
+They live in the SDK so that the SDK installs alone; the server (``scoring.models``) uses them
+as they are, and adds the one rule that needs its own engine: a pattern's ``regex`` must compile
+in RE2 within a program size. The SDK leaves that rule to the server, which refuses the save
+(400, naming ``regex``).
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Annotated, Literal
+from urllib.parse import urlsplit
+
+from pydantic import (
+    AfterValidator,
+    BaseModel,
+    ConfigDict,
+    Field,
+    SecretStr,
+    SerializationInfo,
+    StringConstraints,
+    WithJsonSchema,
+    field_serializer,
+    field_validator,
+    model_validator,
+)
+from pydantic.alias_generators import to_camel
+
+from scorer_groups.redaction import mask_url
+from scorer_groups.signing import secret_key
+
+MAX_MEMBERS = 20
+SECRET_ROTATION_OVERLAP_S = 24 * 3_600  # a replaced channel secret keeps signing for a day
+MAX_WEIGHT = 1000.0
+MAX_IDLE_SECONDS = 86_400
+DEFAULT_IDLE_SECONDS = 120
+SEVERITIES = ("low", "medium", "high", "critical")
+
+MemberKind = Literal["judge", "pattern", "custom"]
+Severity = Literal["low", "medium", "high", "critical"]
+Scope = Literal["trace", "session"]
+Polarity = Literal["failure", "proper"]
+PatternTarget = Literal["output", "input", "both"]
+PatternTemplate = Literal["email", "phone", "credit_card", "ssn", "apology", "refusal"]
+
+# An id names a key in Redis and a segment of an API path: a "/" would make it unreachable by
+# path, a control character (NUL above all) breaks logs, headers and clients. The pattern is
+# the schema's (clients and the API fuzzer read it); the validator says it in words.
+ID_PATTERN = r"^[^/\x00-\x1f\x7f-\x9f]*$"
+_ID_FORBIDDEN = re.compile(r"[/\x00-\x1f\x7f-\x9f]")
+
+
+def _plain_id(value: str) -> str:
+    if _ID_FORBIDDEN.search(value):
+        raise ValueError("an id must not contain '/' or control characters")
+    return value
+
+
+Id = Annotated[str, StringConstraints(min_length=1, max_length=128, strip_whitespace=True),
+               AfterValidator(_plain_id), WithJsonSchema({"type": "string", "minLength": 1, "maxLength": 128,
+                                                          "pattern": ID_PATTERN})]
+# The most calls a budget may grant per window: far past any real budget, and exact in a Lua
+# number (a double) and in Redis' 64-bit integers, so larger values are refused at save.
+MAX_BUDGET_CALLS = 10**12
+Name = Annotated[str, StringConstraints(min_length=1, max_length=200, strip_whitespace=True)]
+Text = Annotated[str, StringConstraints(min_length=1, max_length=20_000)]
+
+_MAX_URL_CHARS = 2_000
+
+
+def check_url_shape(url: str) -> str:
+    """Validate a user URL whole, at save time: http(s), a host, a port in range, nothing a
+    parser could read two ways. Returns it unchanged; raises ValueError saying what is wrong."""
+    if len(url) > _MAX_URL_CHARS:
+        raise ValueError(f"url is longer than {_MAX_URL_CHARS} characters")
+    if any(c.isspace() or ord(c) < 32 or ord(c) == 127 or c == "\\" for c in url):
+        raise ValueError("url must not contain spaces, control characters or backslashes")
+    try:
+        parts = urlsplit(url)
+        port = parts.port  # raises ValueError when out of range or not a number
+        host = parts.hostname
+    except ValueError as exc:
+        raise ValueError(f"url cannot be parsed: {exc}") from None
+    if parts.scheme not in ("http", "https"):
+        raise ValueError("url must start with http:// or https://")
+    if not host:
+        raise ValueError("url has no host")
+    if port == 0:
+        raise ValueError("url has port 0")
+    if host.startswith("[") or "%" in host:
+        raise ValueError("url host is not a valid name or address")
+    return url
+
+
+REVEAL_SECRETS = "reveal_secrets"
+
+
+class WireModel(BaseModel):
+    """camelCase on the wire, unknown fields refused, values immutable once validated."""
+
+    model_config = ConfigDict(
+        alias_generator=to_camel,
+        populate_by_name=True,
+        extra="forbid",
+        frozen=True,
+        strict=True,
+        allow_inf_nan=False,
+    )
+
+    def wire(self) -> dict[str, object]:
+        """The JSON-ready document, camelCase, secrets masked: what people and logs may see."""
+        return self.model_dump(mode="json", by_alias=True)
+
+    def stored(self) -> dict[str, object]:
+        """The JSON-ready document with secrets revealed: only for the catalog store."""
+        return self.model_dump(mode="json", by_alias=True, context={REVEAL_SECRETS: True})
+
+
+# --- Members and the online profile ---------------------------------------------------------
+
+
+class Member(WireModel):
+    """One member of a group: a reference to a scorer, its weight and whether it must pass."""
+
+    kind: MemberKind
+    ref_id: Id
+    weight: float = Field(1.0, ge=0, le=MAX_WEIGHT)
+    gate: bool = False
+    # What results and named gates call the member; filled from the scorer's name at save time
+    # and kept, so it still names the member after the scorer is renamed or deleted.
+    label: Name | None = None
+
+
+class OnlineProfile(WireModel):
+    """How a group scores live traffic. The four first keys are required: a profile is never
+    completed with defaults the user did not choose (``scope`` and ``idleSeconds`` have the
+    defaults the spec gives them)."""
+
+    enabled: bool
+    sample_rate: float = Field(ge=0, le=1)
+    alert_threshold: float | None = Field(ge=0, le=10)
+    severity: Severity
+    scope: Scope = "trace"
+    idle_seconds: int = Field(DEFAULT_IDLE_SECONDS, ge=0, le=MAX_IDLE_SECONDS)
+    # A must-pass member that cannot score leaves every result without a score - and so without
+    # a Signal: a broken safety gate would go quiet. One "no_score" Signal says so (rate-limited).
+    alert_on_no_score: bool = Field(True, description="Raise one Signal (reason no_score) when the group's "
+                                                      "results start having no score; false opts out.")
+
+
+class ScorerGroup(WireModel):
+    id: Id
+    name: Name
+    description: str | None = Field(None, max_length=2000)
+    project_id: Id
+    members: list[Member] = Field(min_length=1, max_length=MAX_MEMBERS)
+    online: OnlineProfile | None = None
+
+    @property
+    def live(self) -> bool:
+        """True when the group scores live traffic."""
+        return self.online is not None and self.online.enabled
+
+
+# --- The scorers members refer to -------------------------------------------------------------
+
+
+class Judge(WireModel):
+    """An LLM judge: a rubric (criteria) answered with a 0-10 rating."""
+
+    id: Id
+    name: Name
+    project_id: Id | None = None  # the owning project; None: shared, managed by operators
+    criteria: Text
+    judge_prompt: str | None = Field(None, max_length=20_000)
+    requires_expected: bool = False
+    model: str | None = Field(None, max_length=200)
+
+
+class Pattern(WireModel):
+    """A tripwire: matched / not matched, read through its polarity. Exactly one of ``regex``,
+    ``contains`` (case-insensitive keywords) or ``template`` says what it matches."""
+
+    id: Id
+    name: Name
+    project_id: Id | None = None  # the owning project; None: shared, managed by operators
+    polarity: Polarity
+    target: PatternTarget = "output"
+    regex: str | None = Field(None, min_length=1, max_length=5_000)
+    contains: list[Annotated[str, StringConstraints(min_length=1)]] | None = Field(
+        None, min_length=1, max_length=200
+    )
+    template: PatternTemplate | None = None
+
+    @model_validator(mode="after")
+    def _exactly_one_matcher(self) -> Pattern:
+        given = [name for name in ("regex", "contains", "template") if getattr(self, name) is not None]
+        if len(given) != 1:
+            raise ValueError(
+                "a pattern needs exactly one of regex, contains, template"
+                + (f" (got {', '.join(given)})" if given else "")
+            )
+        return self
+
+
+class CustomEvaluator(WireModel):
+    """A code scorer (Python defining ``score(...)``) or an external scorer (an HTTP URL)."""
+
+    id: Id
+    name: Name
+    project_id: Id | None = None  # the owning project; None: shared, managed by operators
+    type: Literal["code", "external"]
+    code: str | None = Field(None, min_length=1, max_length=100_000)
+    url: str | None = Field(None, max_length=2_000)
+    invert: bool = False
+    timeout_ms: int = Field(5_000, ge=10, le=120_000)
+
+    @field_validator("url")
+    @classmethod
+    def _http_url(cls, value: str | None) -> str | None:
+        return None if value is None else check_url_shape(value)
+
+    @field_serializer("url", when_used="json")
+    def _url_shown(self, value: str | None, info: SerializationInfo) -> str | None:
+        return value if value is None or (info.context or {}).get(REVEAL_SECRETS) else mask_url(value)
+
+    @model_validator(mode="after")
+    def _code_or_url(self) -> CustomEvaluator:
+        if self.type == "code" and (self.code is None or self.url is not None):
+            raise ValueError("a code scorer needs code and no url")
+        if self.type == "external" and (self.url is None or self.code is not None):
+            raise ValueError("an external scorer needs url and no code")
+        return self
+
+
+# --- Project-level settings -----------------------------------------------------------------
+
+
+class Budget(WireModel):
+    """A project's online judge-call budget: N calls per fixed window."""
+
+    project_id: Id
+    judge_calls_per_window: int = Field(ge=0, le=MAX_BUDGET_CALLS)
+    window_seconds: int = Field(3600, ge=1, le=30 * 86_400)
+
+
+class AlertChannel(WireModel):
+    """A webhook an agent's Signals are delivered to."""
+
+    agent_id: Id
+    url: str = Field(max_length=2_000)
+    project_id: Id | None = None  # the owning project; None: shared, managed by operators
+    secret: SecretStr | None = None
+    previous_secret: SecretStr | None = None  # rotation: still signs until previousSecretUntil
+    previous_secret_until: int | None = Field(None, ge=0)  # Unix seconds
+    # Set by the webhook sender when the channel answers 410 Gone or keeps failing; applying the
+    # channel with `disabled: false` turns it back on.
+    disabled: bool = False
+    disabled_reason: str | None = Field(None, max_length=500)
+    # The body's shape (scoring/webhooks/payloads.py); pagerduty needs the integration's routingKey.
+    format: Literal["standard", "slack", "pagerduty"] = "standard"
+    routing_key: SecretStr | None = Field(None, max_length=200)
+
+    @model_validator(mode="after")
+    def _whsec_secrets(self) -> AlertChannel:
+        # Checked on the model, not the field: a field error would echo the secret it refuses.
+        for wire_name, value in (("secret", self.secret), ("previousSecret", self.previous_secret)):
+            if value is not None:
+                try:
+                    secret_key(value.get_secret_value())
+                except ValueError as exc:
+                    raise ValueError(f"{wire_name}: {exc}") from None
+        if (self.format == "pagerduty") != (self.routing_key is not None):
+            raise ValueError("routingKey: a pagerduty channel needs its integration's routing key, "
+                             "and only a pagerduty channel takes one")
+        return self
+
+    def signing_secrets(self, now: float) -> list[str]:
+        """The secrets a delivery is signed with now: the current one, and during a rotation's
+        overlap (SECRET_ROTATION_OVERLAP_S) the replaced one too."""
+        out = [self.secret.get_secret_value()] if self.secret is not None else []
+        if self.previous_secret is not None and now < (self.previous_secret_until or 0):
+            out.append(self.previous_secret.get_secret_value())
+        return out
+
+    @field_validator("url")
+    @classmethod
+    def _http_url(cls, value: str) -> str:
+        return check_url_shape(value)
+
+    @field_serializer("url", when_used="json")
+    def _url_shown(self, value: str, info: SerializationInfo) -> str:
+        return value if (info.context or {}).get(REVEAL_SECRETS) else mask_url(value)
+
+    @field_serializer("secret", "previous_secret", "routing_key", when_used="json")
+    def _secret(self, value: SecretStr | None, info: SerializationInfo) -> str | None:
+        if value is None:
+            return None
+        return value.get_secret_value() if (info.context or {}).get(REVEAL_SECRETS) else "**********"
+
+
+class CatalogDocument(WireModel):
+    """The file ``scorer-worker catalog apply`` takes (YAML or JSON)."""
+
+    judges: list[Judge] = Field(default_factory=list)
+    patterns: list[Pattern] = Field(default_factory=list)
+    customs: list[CustomEvaluator] = Field(default_factory=list)
+    groups: list[ScorerGroup] = Field(default_factory=list)
+    budgets: list[Budget] = Field(default_factory=list)
+    channels: list[AlertChannel] = Field(default_factory=list)
+
+
+Scorer = Judge | Pattern | CustomEvaluator
