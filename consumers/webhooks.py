@@ -39,10 +39,10 @@ import structlog
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
 from pydantic import BaseModel, ConfigDict, ValidationError
 from pydantic.alias_generators import to_camel
-from scorer_groups import signing
 
 from consumers.offsets import CommitOnRevoke, Committer
 from consumers.outage import OutageGuard
+from scorer_groups import signing
 from scoring.catalog import CatalogSnapshot
 from scoring.egress import EgressPolicy, EgressRefused
 from scoring.members.http import describe_status, retry_after_seconds

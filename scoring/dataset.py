@@ -19,7 +19,6 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from scorer_groups.gates import Allowance, GateColumns, JudgeColumn, breakdown_lines
-
 from scoring.catalog import CatalogSnapshot
 from scoring.errors import InvalidDocument, NotFound
 from scoring.models import Judge, Member, MemberKind, ScorerGroup

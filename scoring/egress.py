@@ -17,7 +17,6 @@ from typing import Any
 from urllib.parse import SplitResult, urlsplit, urlunsplit
 
 from scorer_groups.models import check_url_shape
-
 from scoring.errors import ScoringError
 
 IPAddress = ipaddress.IPv4Address | ipaddress.IPv6Address

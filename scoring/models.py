@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import re2
 from pydantic import Field, field_validator
+
 from scorer_groups import models as wire
 from scorer_groups.models import (
     DEFAULT_IDLE_SECONDS,

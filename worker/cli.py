@@ -153,7 +153,6 @@ def _cmd_session_scores(settings: Settings, args: argparse.Namespace) -> int:
 
 def _cmd_grade(settings: Settings, args: argparse.Namespace) -> int:
     from scorer_groups.gates import parse_allowance
-
     from worker.grading import GradeRequest, grade, write_to
 
     if args.scorer and args.fail_under is None:

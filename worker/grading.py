@@ -19,8 +19,8 @@ from datetime import UTC, datetime
 from typing import IO, Any, TextIO
 
 import orjson
-from scorer_groups.gates import Allowance, GateFailed, NotAJudgeMember
 
+from scorer_groups.gates import Allowance, GateFailed, NotAJudgeMember
 from scoring.dataset import (
     DatasetRow,
     DatasetRun,

@@ -24,8 +24,8 @@ import orjson
 from pydantic import ValidationError
 from redis.asyncio import Redis
 from redis.exceptions import WatchError
-from scorer_groups.runs import Dataset, DatasetItem
 
+from scorer_groups.runs import Dataset, DatasetItem
 from scoring.errors import InvalidDocument, NotFound, field_errors
 from scoring.stores import keys
 

@@ -18,9 +18,9 @@ from typing import Any
 
 import orjson
 from redis.asyncio import Redis
+
 from scorer_groups.gates import JudgeColumn, breakdown_lines
 from scorer_groups.runs import EvaluationCreate, EvaluationRun, JudgeSummary, RowOutput
-
 from scoring.dataset import DatasetRun, GradingPlan
 from scoring.errors import InvalidDocument, NotFound
 from scoring.stores import keys

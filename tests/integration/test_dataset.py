@@ -9,9 +9,9 @@ from pathlib import Path
 
 import pytest
 from redis.asyncio import Redis
-from scorer_groups.gates import GateFailed
 
 from deploy.judge_server import JudgeServer
+from scorer_groups.gates import GateFailed
 from scoring.groups import MonitorClient
 from tests.support.datasets import grade_api, grade_cli, m
 

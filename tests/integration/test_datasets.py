@@ -11,8 +11,8 @@ from pathlib import Path
 
 import pytest
 from redis.asyncio import Redis
-from scorer_groups.runs import DatasetItem
 
+from scorer_groups.runs import DatasetItem
 from scoring.errors import InvalidDocument, NotFound
 from scoring.stores.datasets import DatasetStore, parse_rows
 

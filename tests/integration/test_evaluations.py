@@ -12,9 +12,9 @@ from typing import Any
 import httpx
 import pytest
 import redis as sync_redis
-from scorer_groups import Client, GateFailed, NotAJudgeMember, NotFound
 
 from deploy.judge_server import JudgeServer
+from scorer_groups import Client, GateFailed, NotAJudgeMember, NotFound
 from tests.support.api_process import ApiProcess, create_key
 from tests.support.redis_databases import RedisDatabases
 from tests.support.spec_snippets import RUN_SNIPPET, SPEC

@@ -14,6 +14,7 @@ from typing import Any
 
 import pytest
 from redis.asyncio import Redis
+
 from scorer_groups import (
     AsyncClient,
     BadRequest,
@@ -26,7 +27,6 @@ from scorer_groups import (
     ServerError,
     Unauthorized,
 )
-
 from scoring.stores.ratings import RatingsStore, SessionVerdict
 from tests.support.api_process import ApiProcess, cli, create_key
 from tests.support.http_fakes import Reply, ScriptedServer

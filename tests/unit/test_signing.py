@@ -7,9 +7,9 @@ import time
 
 import pytest
 from pydantic import ValidationError
-from scorer_groups import signing
 from standardwebhooks import Webhook, WebhookVerificationError
 
+from scorer_groups import signing
 from scoring.errors import field_errors
 from scoring.models import SECRET_ROTATION_OVERLAP_S, AlertChannel
 from scoring.stores.channels import saved_channel

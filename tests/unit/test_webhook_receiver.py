@@ -6,10 +6,10 @@ import time
 
 import httpx
 import orjson
-from scorer_groups import signing
 
 from deploy.demo import local_channels
 from deploy.webhook_receiver import WebhookReceiver
+from scorer_groups import signing
 
 SECRET = "whsec_MDEyMzQ1Njc4OWFiY2RlZjAxMjM0NTY3"
 BODY = orjson.dumps({"type": "scorer_group.signal", "timestamp": "2026-12-02T13:00:00Z",

@@ -13,8 +13,8 @@ from typing import Annotated, Literal
 
 from fastapi import APIRouter, Path, Query, Request, Response
 from pydantic import Field
-from scorer_groups.runs import Dataset, DatasetItem, EvaluationCreate, EvaluationRun, Outputs
 
+from scorer_groups.runs import Dataset, DatasetItem, EvaluationCreate, EvaluationRun, Outputs
 from scoring.dataset import DatasetRow, grade_rows, plan_grading
 from scoring.errors import Conflict, InvalidDocument, NotFound
 from scoring.models import ID_PATTERN, Id, Name, WireModel

@@ -10,8 +10,8 @@ from __future__ import annotations
 from typing import Annotated, Any, Literal
 
 from fastapi import APIRouter, Header, Path, Request, Response
-from scorer_groups.api_models import Change, Ratings, SessionScore
 
+from scorer_groups.api_models import Change, Ratings, SessionScore
 from scoring.catalog import etag
 from scoring.errors import NotFound
 from scoring.groups import Caller, MonitorClient

@@ -13,8 +13,8 @@ from typing import Annotated, Any, Literal, TypeVar
 from fastapi import APIRouter, Path, Request, Response
 from pydantic import Field, SecretStr, ValidationError
 from pydantic.json_schema import SkipJsonSchema
-from scorer_groups.api_models import Channel
 
+from scorer_groups.api_models import Channel
 from scoring.catalog import doc_id, etag
 from scoring.errors import InvalidDocument, NotFound
 from scoring.models import ID_PATTERN, AlertChannel, Budget, CustomEvaluator, Id, Judge, Pattern, WireModel
