@@ -32,7 +32,8 @@ from consumers.events import NoEvents, PipelineEvents
 from consumers.outputs import Outputs
 from scoring.catalog import CatalogSnapshot
 from scoring.pairs import day_of
-from scoring.panel import Panel
+from scoring.panel import GroupResult, Panel
+from scoring.ports import BudgetExhausted
 from scoring.results import history_event
 from scoring.routing import Pair, pair_of
 from scoring.sampling import keep
@@ -147,10 +148,19 @@ class SessionSweeper:
                             session=item.subject.session_id)
                 starved[item.group.id] += 1
         await self._ratings.record_skipped(dict(starved), time.time())
+        starved.clear()
         if not mine:
             return 0
         try:
-            results = await asyncio.gather(*(self._panel.score(i.group, i.subject, snapshot) for i in mine))
+            scored = await asyncio.gather(*(self._score(i, snapshot) for i in mine))
+            # A gates-first group whose judges found no room in the budget is skipped whole (its
+            # claim now says so); the rest go on.
+            for item, result in zip(mine, scored, strict=True):
+                if result is None:
+                    self._events.group_skipped(item.group.project_id, item.group.id, "budget")
+                    starved[item.group.id] += 1
+            results = [r for r in scored if r is not None]
+            mine = [i for i, r in zip(mine, scored, strict=True) if r is not None]
             # Still ours? A sweep that stalled past its leases may have lost sessions to another
             # worker, which judged them since: those are left to it (and to the next sweep).
             held = await self._claims.confirm([i.claim for i in mine])
@@ -169,5 +179,14 @@ class SessionSweeper:
             with contextlib.suppress(Exception):
                 await self._claims.release([item.claim for item in mine])
             raise
+        await self._ratings.record_skipped(dict(starved), time.time())
         log.info("sessions judged", pairs=len(mine))
         return len(mine)
+
+    async def _score(self, item: Pair, snapshot: CatalogSnapshot) -> GroupResult | None:
+        try:
+            return await self._panel.score(item.group, item.subject, snapshot, spend=self._claims.spend(item.claim))
+        except BudgetExhausted:
+            log.warning("judge budget exhausted after the gates passed; session not judged", group=item.group.id,
+                        session=item.subject.session_id)
+            return None

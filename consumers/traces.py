@@ -43,6 +43,7 @@ from scoring.catalog import CatalogSnapshot
 from scoring.errors import ScoringError
 from scoring.pairs import ClaimRequest
 from scoring.panel import GroupResult, Panel
+from scoring.ports import BudgetExhausted
 from scoring.results import RatingEvent, history_event
 from scoring.routing import Pair, trace_pairs
 from scoring.stores.alerts import NoScoreAlerts
@@ -309,12 +310,10 @@ class TraceConsumer:
                     work.append((pair, True))
                 else:
                     # exhausted: no budget now; done/skipped: a redelivery of a decided pair.
-                    why = "budget" if claim.state == "exhausted" else "dedupe"
-                    self._events.group_skipped(trace.project_id, pair.group.id, why)
+                    if claim.state != "exhausted":
+                        self._events.group_skipped(trace.project_id, pair.group.id, "dedupe")
                     if claim.state == "exhausted":
-                        log.warning("judge budget exhausted; group skipped", project=trace.project_id,
-                                    group=pair.group.id, trace=trace.trace_id, used=claim.detail)
-                        self._skipped[pair.group.id] += 1  # counted in the history at the next commit
+                        self._budget_skipped(pair, trace.trace_id, f"{claim.detail} calls used")
             if not work:
                 ticket.finished(record.offset)
                 continue
@@ -460,7 +459,17 @@ class TraceConsumer:
                                            "budget" if claim.state == "exhausted" else "dedupe")
                 return None
             busy = claim.state == "busy"
-        return await self._panel.score(pair.group, pair.subject, snapshot)
+        try:
+            return await self._panel.score(pair.group, pair.subject, snapshot, spend=self._claims.spend(pair.claim))
+        except BudgetExhausted:  # a gates-first group's judges found no room: skipped whole
+            self._budget_skipped(pair, pair.subject.trace_id, "after its gates passed")
+            return None
+
+    def _budget_skipped(self, pair: Pair, trace_id: str | None, when: str) -> None:
+        self._events.group_skipped(pair.claim.project_id, pair.group.id, "budget")
+        log.warning("judge budget exhausted; group skipped", project=pair.claim.project_id,
+                    group=pair.group.id, trace=trace_id, detail=when)
+        self._skipped[pair.group.id] += 1  # counted in the history at the next commit
 
     async def _write_finished(self, items: list[_Finished]) -> None:
         async def write() -> None:

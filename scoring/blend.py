@@ -17,8 +17,10 @@ from dataclasses import dataclass
 from typing import Literal
 
 from scoring.models import MemberKind, Polarity
+from scoring.ports import TokenUsage
 
-MemberStatus = Literal["scored", "failed", "not_scored"]
+# "skipped": a judge member of a gates-first group not called, a cheap gate having decided.
+MemberStatus = Literal["scored", "failed", "not_scored", "skipped"]
 
 GATE_PASS_MARK = 0.5  # goodness below this fails a must-pass member; exactly 0.5 passes
 REFERENCE_DELETED = "reference deleted"
@@ -87,6 +89,8 @@ class MemberOutcome:
     native: float | bool | None = None
     detail: str | None = None
     scorer_name: str = ""  # the scorer's own name now ("" when unknown); ``name`` is the member's label
+    usage: TokenUsage | None = None  # a judge's tokens, when its API reported them
+    skipped: str | None = None  # why the member was not called (gates first), when it was not
 
     def __post_init__(self) -> None:
         weight = _finite_number(self.weight, "a weight")
@@ -101,6 +105,8 @@ class MemberOutcome:
     def status(self) -> MemberStatus:
         if self.goodness is not None:
             return "scored"
+        if self.skipped is not None:
+            return "skipped"
         # A deleted non-gating member degrades quietly; a deleted gate fails (closed).
         if self.error == REFERENCE_DELETED and not self.gate:
             return "not_scored"
@@ -108,7 +114,7 @@ class MemberOutcome:
 
     @property
     def why_unscored(self) -> str:
-        return self.error or "no verdict"
+        return self.error or self.skipped or "no verdict"
 
 
 @dataclass(frozen=True, slots=True)
@@ -141,7 +147,7 @@ def _member_part(result: MemberResult) -> str:
     o = result.outcome
     gate = " [must pass]" if o.gate else ""
     if o.goodness is None:
-        label = "not scored" if result.status == "not_scored" else "could not score"
+        label = {"not_scored": "not scored", "skipped": "skipped"}.get(result.status, "could not score")
         return f"{o.name}{gate} {label} ({o.why_unscored})"
     if o.weight == 0:
         return f"{o.name}{gate} {o.goodness:.2f} (gate only)"

@@ -18,11 +18,21 @@ from typing import Protocol
 
 import structlog
 
-from scoring.blend import REFERENCE_DELETED, BlendResult, MemberOutcome, blend, goodness
+from scoring.blend import GATE_PASS_MARK, REFERENCE_DELETED, BlendResult, MemberOutcome, blend, goodness
 from scoring.members.patterns import DEADLINE_S as PATTERN_DEADLINE_S
 from scoring.members.patterns import compiled
 from scoring.models import CustomEvaluator, Judge, Member, Pattern, Polarity, ScorerGroup
-from scoring.ports import CodeSandbox, CodeScorerError, ExternalScorers, Judges, MemberError
+from scoring.ports import (
+    BudgetExhausted,
+    CodeSandbox,
+    CodeScorerError,
+    ExternalScorers,
+    Judges,
+    JudgeSpend,
+    MemberError,
+    RetryGate,
+    TokenUsage,
+)
 from scoring.redact import Redactor
 from scoring.subjects import Subject
 
@@ -33,6 +43,8 @@ DEADLINE_SLACK_S = 1.0
 
 # Called once per member: (member kind, status, reason or None, seconds it took).
 MemberObserver = Callable[[str, str, str | None, float], None]
+# Called once per judge verdict whose API reported its tokens: (project, usage).
+TokenObserver = Callable[[str, TokenUsage], None]
 
 
 class ScorerLookup(Protocol):
@@ -65,8 +77,20 @@ def _code_key(scorer_id: str, code: str) -> str:  # once per version, not once p
     return f"{scorer_id}:{hashlib.sha256(code.encode()).hexdigest()[:16]}"
 
 
+def defers_judges(group: ScorerGroup) -> bool:
+    """A gates-first group with a must-pass member that costs no judge call: its judges are
+    called (and their budget reserved) only once those gates passed."""
+    return group.gates_first and any(m.gate and m.kind != "judge" for m in group.members)
+
+
+def upfront_judge_calls(group: ScorerGroup, scorers: ScorerLookup, subject: Subject) -> int:
+    """The judge calls a pair's claim reserves: all of them, or none for a group that defers its
+    judges (the panel reserves them itself, once its cheap gates passed)."""
+    return 0 if defers_judges(group) else planned_judge_calls(group, scorers, subject)
+
+
 def planned_judge_calls(group: ScorerGroup, scorers: ScorerLookup, subject: Subject) -> int:
-    """How many judge calls scoring ``subject`` will make: the budget to reserve up front."""
+    """How many judge calls scoring ``subject`` will make (retries aside)."""
     calls = 0
     for member in group.members:
         if member.kind != "judge":
@@ -89,6 +113,7 @@ class Panel:
         member_deadline_s: float = 120.0,
         observe: MemberObserver | None = None,
         redact: Callable[[str], str] | None = None,
+        count_tokens: TokenObserver | None = None,
     ) -> None:
         self._judges = judges
         self._external = external
@@ -97,14 +122,50 @@ class Panel:
         # a panel always ends well within the lease that keeps other workers off its pair.
         self._member_deadline_s = member_deadline_s
         self._observe = observe
+        self._count_tokens = count_tokens
         # Every reason and detail is published (ratings, Signals, webhook bodies): whatever a
         # member's text carries - a hostile scorer's message, an error echoing a URL - is cut of
         # secrets first.
         self._redact = redact or Redactor()
 
-    async def score(self, group: ScorerGroup, subject: Subject, scorers: ScorerLookup) -> GroupResult:
-        outcomes = await asyncio.gather(*(self._member(m, subject, scorers) for m in group.members))
-        return GroupResult(group, subject, blend(outcomes))
+    async def score(self, group: ScorerGroup, subject: Subject, scorers: ScorerLookup,
+                    spend: JudgeSpend | None = None) -> GroupResult:
+        """Every member on the subject, then the blend. ``spend`` is the pair's live budget: each
+        judge retry reserves a slot from it, and a gates-first group reserves its judges' calls
+        from it once its cheap gates passed (raising ``BudgetExhausted`` when there is no room)."""
+        retry = spend.reserve_retry if spend is not None else None
+        if not defers_judges(group):
+            outcomes = await asyncio.gather(*(self._member(m, subject, scorers, retry) for m in group.members))
+            return GroupResult(group, subject, blend(outcomes))
+        # Gates first: every member that costs no judge call, then the judges only if no
+        # must-pass among them failed outright (one that could not score fails closed anyway,
+        # but a judge gate failing would still be the stronger verdict: they run).
+        members = group.members
+        cheap = [i for i, m in enumerate(members) if m.kind != "judge"]
+        judges = [i for i, m in enumerate(members) if m.kind == "judge"]
+        said: list[MemberOutcome | None] = [None] * len(members)
+        for i, outcome in zip(cheap, await asyncio.gather(*(self._member(members[i], subject, scorers)
+                                                            for i in cheap)), strict=True):
+            said[i] = outcome
+        failed = next((o for i in cheap if members[i].gate and (o := said[i]) is not None
+                       and o.goodness is not None and o.goodness < GATE_PASS_MARK), None)
+        if failed is not None:
+            why = f'not called: must-pass member "{failed.name}" failed first (gatesFirst)'
+            for i in judges:
+                said[i] = self._skipped(members[i], scorers, why)
+        else:
+            calls = planned_judge_calls(group, scorers, subject)
+            if spend is not None and calls and not await spend.reserve_panel(calls):
+                raise BudgetExhausted(f"no room in the judge budget for {calls} judge call(s)")
+            verdicts = await asyncio.gather(*(self._member(members[i], subject, scorers, retry) for i in judges))
+            for i, outcome in zip(judges, verdicts, strict=True):
+                said[i] = outcome
+        return GroupResult(group, subject, blend([o for o in said if o is not None]))
+
+    def _skipped(self, member: Member, scorers: ScorerLookup, why: str) -> MemberOutcome:
+        judge = scorers.judge(member.ref_id)
+        return self._outcome(member, judge.name if judge is not None else member.ref_id, time.perf_counter(),
+                             skipped=why)
 
     def waits(self, group: ScorerGroup, scorers: ScorerLookup) -> bool:
         """Whether scoring the group waits on the network (a judge or an external scorer); the
@@ -210,7 +271,8 @@ class Panel:
             self._observe(member.kind, result.status, result.error, time.perf_counter() - started)
         return result
 
-    async def _member(self, member: Member, subject: Subject, scorers: ScorerLookup) -> MemberOutcome:
+    async def _member(self, member: Member, subject: Subject, scorers: ScorerLookup,
+                      retry: RetryGate | None = None) -> MemberOutcome:
         started = time.perf_counter()
         scorer = {"judge": scorers.judge, "pattern": scorers.pattern,
                   "custom": scorers.custom}[member.kind](member.ref_id)
@@ -222,35 +284,38 @@ class Panel:
         if scorer is None:
             return outcome(error=REFERENCE_DELETED)
         native: float | bool | None = None
+        usage: TokenUsage | None = None
         try:
             async with asyncio.timeout(self._member_deadline_s):
-                native, detail, polarity, invert = await self._verdict(scorer, subject)
+                native, detail, polarity, invert, usage = await self._verdict(scorer, subject, retry)
+            if usage is not None and self._count_tokens is not None:
+                self._count_tokens(subject.project_id, usage)
             g = goodness(member.kind, native, polarity=polarity, invert=invert)
         except (MemberError, CodeScorerError, ValueError) as exc:
-            return outcome(native=native, error=str(exc))
+            return outcome(native=native, error=str(exc), usage=usage)
         except TimeoutError:
             return outcome(error=f"timed out after {self._member_deadline_s:g}s")
         except Exception as exc:  # a bug of ours must cost one member, not the group
             log.exception("member scorer failed unexpectedly", kind=member.kind, ref_id=member.ref_id)
             return outcome(error=f"internal error: {type(exc).__name__}")
-        return outcome(native=native, goodness=g, detail=detail)
+        return outcome(native=native, goodness=g, detail=detail, usage=usage)
 
     async def _verdict(
-        self, scorer: Judge | Pattern | CustomEvaluator, subject: Subject
-    ) -> tuple[float | bool, str | None, Polarity | None, bool]:
-        """(native verdict, detail, polarity, invert) of one scorer on the subject."""
+        self, scorer: Judge | Pattern | CustomEvaluator, subject: Subject, retry: RetryGate | None = None
+    ) -> tuple[float | bool, str | None, Polarity | None, bool, TokenUsage | None]:
+        """(native verdict, detail, polarity, invert, a judge's tokens) of one scorer on the subject."""
         if isinstance(scorer, Judge):
             if self._judges is None:
                 raise MemberError("no judge endpoint is configured")
             # The judge client's own deadline starts once it has a slot on the endpoint.
-            verdict = await self._judges.grade(scorer, subject)
-            return verdict.rating, verdict.justification, None, False
+            verdict = await self._judges.grade(scorer, subject, retry=retry)
+            return verdict.rating, verdict.justification, None, False, verdict.usage
         if isinstance(scorer, Pattern):
             try:
                 result = await compiled(scorer).check_off_loop(subject.input, subject.output)
             except TimeoutError:
                 raise MemberError(f"pattern timed out after {PATTERN_DEADLINE_S:g}s") from None
-            return result.matched, result.detail, scorer.polarity, False
+            return result.matched, result.detail, scorer.polarity, False, None
         if scorer.type == "code":
             if self._sandbox is None:
                 raise MemberError("code scorers are not enabled in this process")
@@ -258,7 +323,7 @@ class Panel:
             value = await self._sandbox.run(subject.project_id, code_key(scorer), scorer.code,
                                             subject.member_payload(),
                                             timeout_s=scorer.timeout_ms / 1000)
-            return value, None, None, scorer.invert
+            return value, None, None, scorer.invert, None
         if self._external is None:
             raise MemberError("external scorers are not enabled in this process")
         # The scorer's own timeout bounds the whole call (a body trickling in never ends a read):
@@ -271,4 +336,4 @@ class Panel:
             if not own_timeout.expired():
                 raise
             raise MemberError(f"external scorer timed out after {scorer.timeout_ms} ms") from None
-        return value, None, None, scorer.invert
+        return value, None, None, scorer.invert, None

@@ -9,6 +9,7 @@ A port that cannot produce a verdict raises ``MemberError`` (a judge or external
 
 from __future__ import annotations
 
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol
 
@@ -45,12 +46,50 @@ class CodeScorerError(ScoringError):
 class JudgeVerdict:
     rating: float  # native: checked against 0-10 by blend.goodness, never clamped here
     justification: str
+    usage: TokenUsage | None = None  # what the call cost, when the API said (OpenAI's ``usage``)
+
+
+@dataclass(frozen=True, slots=True)
+class TokenUsage:
+    """Tokens one judge call cost, as the API reported them (either may be missing)."""
+
+    prompt_tokens: int | None
+    completion_tokens: int | None
+
+    @property
+    def total(self) -> int:
+        return (self.prompt_tokens or 0) + (self.completion_tokens or 0)
+
+
+# Asked before each retry of a judge call: True when one more slot of the budget was reserved
+# for it (a retry is a call, and the budget counts calls made); False refuses the retry.
+RetryGate = Callable[[], Awaitable[bool]]
 
 
 class Judges(Protocol):
     """An LLM judge endpoint."""
 
-    async def grade(self, judge: Judge, subject: Subject) -> JudgeVerdict: ...
+    async def grade(self, judge: Judge, subject: Subject, *, retry: RetryGate | None = None) -> JudgeVerdict: ...
+
+
+class BudgetExhausted(ScoringError):
+    """The judge budget had no room for a gates-first group's judges once its cheap gates passed:
+    the group is skipped whole, as when its claim finds the budget exhausted."""
+
+    retriable = True
+
+
+class JudgeSpend(Protocol):
+    """The judge-call budget of the pair being scored, for the calls decided while it is scored
+    (``scoring.stores.claims``; live scoring only: dataset runs spend no online budget)."""
+
+    async def reserve_panel(self, calls: int) -> bool:
+        """A gates-first group's judge calls, all or nothing, once its cheap gates passed."""
+        ...
+
+    async def reserve_retry(self) -> bool:
+        """One more slot, before a judge call is retried."""
+        ...
 
 
 class ExternalScorers(Protocol):

@@ -15,12 +15,13 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict
+from pydantic import BaseModel, ConfigDict, Field
 from pydantic.alias_generators import to_camel
 
 from scoring.blend import MemberStatus
 from scoring.models import MemberKind, ScorerGroup, Severity
 from scoring.panel import GroupResult
+from scoring.ports import TokenUsage
 from scoring.redact import mask_url
 
 _IDS = uuid.UUID("6f1c5a8e-6a8f-4f7e-9a63-2c1d0b7e4a10")  # namespace of every id we derive
@@ -54,6 +55,13 @@ class _Out(BaseModel):
         return self.model_dump_json(by_alias=True).encode()
 
 
+class Usage(_Out):
+    """A judge call's tokens, as its API reported them."""
+
+    prompt_tokens: int | None
+    completion_tokens: int | None
+
+
 class MemberVerdict(_Out):
     kind: MemberKind
     ref_id: str
@@ -63,7 +71,9 @@ class MemberVerdict(_Out):
     status: MemberStatus
     native: float | bool | None
     goodness: float | None
-    detail: str | None
+    detail: str | None  # a verdict's justification, or why there is none (an error, a skip)
+    # A judge's tokens; the key is absent when its API reported none (and for other kinds).
+    usage: Usage | None = Field(None, exclude_if=lambda usage: usage is None)
 
 
 class _AboutGroupResult(_Out):
@@ -160,10 +170,16 @@ def build_rating(result: GroupResult, scope: ResultScope, now: datetime | None =
         members=[MemberVerdict(kind=m.outcome.kind, ref_id=m.outcome.ref_id, name=m.outcome.name,
                                weight=m.outcome.weight, gate=m.outcome.gate, status=m.status,
                                native=m.outcome.native, goodness=m.outcome.goodness,
-                               detail=m.outcome.detail or m.outcome.error)
+                               detail=m.outcome.detail or m.outcome.error or m.outcome.skipped,
+                               usage=_usage(m.outcome.usage))
                  for m in b.members],
         scored_at=now or datetime.now(UTC),
     )
+
+
+def _usage(usage: TokenUsage | None) -> Usage | None:
+    return None if usage is None else Usage(prompt_tokens=usage.prompt_tokens,
+                                            completion_tokens=usage.completion_tokens)
 
 
 def below_threshold(group: ScorerGroup, rating: float | None) -> bool:

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from scoring.catalog import CatalogSnapshot
 from scoring.models import ScorerGroup
 from scoring.pairs import ClaimRequest, day_of
-from scoring.panel import planned_judge_calls
+from scoring.panel import upfront_judge_calls
 from scoring.sampling import keep
 from scoring.subjects import Subject, Trace, trace_subject
 
@@ -32,11 +32,12 @@ class Pair:
 def pair_of(group: ScorerGroup, subject: Subject, snapshot: CatalogSnapshot, *, subject_key: str,
             day: int) -> Pair:
     """The pair and its claim, kept under the group's own project (never another tenant's) and
-    reserving the judge calls its panel will make within that project's budget, if it has one."""
+    reserving the judge calls its panel will make within that project's budget, if it has one
+    (a gates-first group's judges reserve later, once its cheap gates passed)."""
     budget = snapshot.budget(group.project_id)
     return Pair(group, subject, ClaimRequest(
         project_id=group.project_id, group_id=group.id, subject_key=subject_key,
-        judge_calls=planned_judge_calls(group, snapshot, subject),
+        judge_calls=upfront_judge_calls(group, snapshot, subject),
         budget_limit=budget.judge_calls_per_window if budget else None,
         budget_window_s=budget.window_seconds if budget else DEFAULT_BUDGET_WINDOW_S, day=day))
 

@@ -115,7 +115,7 @@ class Worker:
 
         producer = kafka_producer(s, max_request_size=dead_letter_limit(s))
         engine = ScoringEngine(s, observe_judge_call=metrics.observe_judge_call,
-                               observe_member=metrics.observe_member)
+                               observe_member=metrics.observe_member, count_tokens=metrics.count_judge_tokens)
         self.sandbox = engine.sandbox
         consumer = kafka_consumer(s, s.consumer_group, max_partition_fetch_bytes=s.max_trace_bytes * 2,
                                   client_id=f"scorer-group-worker-{s.consumer_group}")

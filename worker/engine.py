@@ -17,7 +17,7 @@ from scoring.egress import EgressPolicy
 from scoring.members.external import ExternalClient
 from scoring.members.judge import JudgeClient
 from scoring.members.sandbox import SandboxPool
-from scoring.panel import MemberObserver, Panel
+from scoring.panel import MemberObserver, Panel, TokenObserver
 from scoring.redact import Redactor
 from worker.settings import Settings
 
@@ -40,7 +40,7 @@ class ScoringEngine:
     ``close`` ends every client. Also an async context manager doing both."""
 
     def __init__(self, settings: Settings, *, observe_judge_call: Callable[[str, float], None] | None = None,
-                 observe_member: MemberObserver | None = None) -> None:
+                 observe_member: MemberObserver | None = None, count_tokens: TokenObserver | None = None) -> None:
         self.judges = JudgeClient(settings.judge_base_url, api_key=settings.judge_api_key.get_secret_value(),
                                   model=settings.judge_model, timeout_s=settings.judge_timeout_s,
                                   concurrency=settings.judge_concurrency, observe=observe_judge_call)
@@ -48,7 +48,7 @@ class ScoringEngine:
         self.sandbox = sandbox_pool(settings)
         self.panel = Panel(judges=self.judges, external=self.external, sandbox=self.sandbox,
                            member_deadline_s=settings.member_deadline_s, observe=observe_member,
-                           redact=redactor(settings))
+                           redact=redactor(settings), count_tokens=count_tokens)
 
     async def start(self) -> ScoringEngine:
         await self.sandbox.start()

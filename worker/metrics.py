@@ -21,6 +21,7 @@ from prometheus_client import (
     generate_latest,
 )
 
+from scoring.ports import TokenUsage
 from scoring.stores.otlp_buffer import BufferSize
 from scoring.webhooks.breaker import STATE_VALUES
 
@@ -105,6 +106,8 @@ GROUP_SCORE = Histogram("sgw_group_score", "Group scores (0-10) of scored result
 SIGNALS = Counter("sgw_signals_raised", "Below-threshold Signals raised.", ["project", "group", "severity"],
                   registry=REGISTRY)
 JUDGE_CALLS = Counter("sgw_judge_calls", "Judge calls by outcome.", ["outcome"], registry=REGISTRY)
+JUDGE_TOKENS = Counter("sgw_judge_tokens", "Judge tokens as the judge API reported them, by project and "
+                       "direction (prompt, completion).", ["project", "direction"], registry=REGISTRY)
 JUDGE_LATENCY = Histogram("sgw_judge_call_seconds", "Latency of judge calls (retries included).",
                           buckets=LATENCY_BUCKETS, registry=REGISTRY)
 MEMBER_FAILURES = Counter("sgw_member_failures", "Members that produced no verdict.", ["kind", "reason"],
@@ -276,6 +279,13 @@ def observe_sandbox(available: bool) -> None:
 def observe_judge_call(outcome: str, seconds: float) -> None:
     JUDGE_CALLS.labels(outcome).inc()
     JUDGE_LATENCY.observe(seconds)
+
+
+def count_judge_tokens(project: str, usage: TokenUsage) -> None:
+    if usage.prompt_tokens:
+        JUDGE_TOKENS.labels(project, "prompt").inc(usage.prompt_tokens)
+    if usage.completion_tokens:
+        JUDGE_TOKENS.labels(project, "completion").inc(usage.completion_tokens)
 
 
 # --- Webhook deliveries (consumers/webhooks.py) ---------------------------------------------------

@@ -21,7 +21,7 @@ import aiohttp
 import httpx
 import orjson
 
-from scoring.ports import MemberError
+from scoring.ports import MemberError, RetryGate
 
 RETRY_STATUSES = frozenset({429, 500, 502, 503, 504})
 
@@ -105,9 +105,11 @@ def describe_status(status: int, body: bytes) -> str:
 
 
 async def with_retries(send: Callable[[float], Awaitable[Answer]], *, what: str, deadline: float,
-                       policy: RetryPolicy = DEFAULT_RETRY) -> Answer:
+                       policy: RetryPolicy = DEFAULT_RETRY, before_retry: RetryGate | None = None) -> Answer:
     """Call ``send(seconds left)`` until a non-retriable answer, the attempts run out or the
-    deadline (a ``loop.time()`` value) would pass. Returns the 2xx answer; raises MemberError."""
+    deadline (a ``loop.time()`` value) would pass. Returns the 2xx answer; raises MemberError.
+    ``before_retry`` is asked before each retry (a judge's: one more budget slot); False ends the
+    call there, not retriable."""
     loop = asyncio.get_running_loop()
     last_error = f"{what} was not called"
     attempt = 0
@@ -136,6 +138,9 @@ async def with_retries(send: Callable[[float], Awaitable[Answer]], *, what: str,
             last_error += f"; retry in {wait:.1f}s would pass the deadline"
             break
         await asyncio.sleep(wait)
+        if before_retry is not None and not await before_retry():
+            raise MemberError(f"{last_error}; budget exhausted before retry (after {attempt + 1} "
+                              f"attempt{'s' if attempt else ''})", retriable=False)
     raise MemberError(f"{last_error} (after {attempt + 1} attempt{'s' if attempt else ''})",
                       retriable=True)
 
@@ -150,6 +155,7 @@ async def post_json(
     headers: dict[str, str] | None = None,
     extensions: dict[str, Any] | None = None,
     policy: RetryPolicy = DEFAULT_RETRY,
+    before_retry: RetryGate | None = None,
 ) -> Answer:
     """POST ``body`` as JSON with httpx (external scorers: the egress guard's pinned address and
     TLS name travel in ``extensions``), with ``with_retries``."""
@@ -166,7 +172,7 @@ async def post_json(
             raise Unreachable(f"unreachable ({type(exc).__name__})") from None
         return Answer(response.status_code, response.headers, response.content)
 
-    return await with_retries(send, what=what, deadline=deadline, policy=policy)
+    return await with_retries(send, what=what, deadline=deadline, policy=policy, before_retry=before_retry)
 
 
 async def post_json_aiohttp(
@@ -178,6 +184,7 @@ async def post_json_aiohttp(
     deadline: float,
     headers: dict[str, str] | None = None,
     policy: RetryPolicy = DEFAULT_RETRY,
+    before_retry: RetryGate | None = None,
 ) -> Answer:
     """POST ``body`` as JSON with aiohttp (judges: an operator's endpoint, many calls at once -
     a quarter of httpx's CPU per call, measured), with ``with_retries``."""
@@ -194,4 +201,4 @@ async def post_json_aiohttp(
         except aiohttp.ClientError as exc:
             raise Unreachable(f"unreachable ({type(exc).__name__})") from None
 
-    return await with_retries(send, what=what, deadline=deadline, policy=policy)
+    return await with_retries(send, what=what, deadline=deadline, policy=policy, before_retry=before_retry)

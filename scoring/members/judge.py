@@ -22,7 +22,7 @@ import orjson
 
 from scoring.members.http import DEFAULT_RETRY, Answer, RetryPolicy, post_json_aiohttp
 from scoring.models import Judge
-from scoring.ports import JudgeVerdict, MemberError
+from scoring.ports import JudgeVerdict, MemberError, RetryGate, TokenUsage
 from scoring.subjects import Subject, as_text
 
 # Bounds what one judge call can cost: text beyond this is cut, with a marker saying so.
@@ -135,7 +135,7 @@ class JudgeClient:
         if self._session is not None:
             await self._session.close()
 
-    async def grade(self, judge: Judge, subject: Subject) -> JudgeVerdict:
+    async def grade(self, judge: Judge, subject: Subject, *, retry: RetryGate | None = None) -> JudgeVerdict:
         if judge.requires_expected and subject.expected is None:
             raise MemberError("judge requires an expected answer and this subject has none")
         body = {
@@ -150,19 +150,39 @@ class JudgeClient:
             async with self._slots:
                 deadline = asyncio.get_running_loop().time() + self._timeout_s
                 response = await post_json_aiohttp(self._http(), self._url, body, what="judge",
-                                                   deadline=deadline, headers=self._headers, policy=self._policy)
-            verdict = parse_verdict(_content(response))
+                                                   deadline=deadline, headers=self._headers, policy=self._policy,
+                                                   before_retry=retry)
+            try:
+                document = response.json()
+            except ValueError:
+                document = None
+            verdict = parse_verdict(_content(document, response))
             outcome = "ok"
-            return verdict
+            return JudgeVerdict(verdict.rating, verdict.justification, usage_of(document))
         finally:
             if self._observe is not None:
                 self._observe(outcome, time.perf_counter() - started)
 
 
-def _content(response: Answer) -> str:
+def usage_of(document: Any) -> TokenUsage | None:
+    """A chat completion's ``usage`` (prompt and completion tokens), or None when the API sent
+    none. A count that is not a whole number of 0 or more is left out rather than trusted."""
+    usage = document.get("usage") if isinstance(document, dict) else None
+    if not isinstance(usage, dict):
+        return None
+
+    def count(name: str) -> int | None:
+        value = usage.get(name)
+        return value if isinstance(value, int) and not isinstance(value, bool) and 0 <= value < 2**53 else None
+
+    prompt, completion = count("prompt_tokens"), count("completion_tokens")
+    return None if prompt is None and completion is None else TokenUsage(prompt, completion)
+
+
+def _content(document: Any, response: Answer) -> str:
     try:
-        content = response.json()["choices"][0]["message"]["content"]
-    except (ValueError, KeyError, IndexError, TypeError):
+        content = document["choices"][0]["message"]["content"]
+    except (KeyError, IndexError, TypeError):
         raise MemberError(f"judge answer is not a chat completion: {response.text[:120]!r}") from None
     if not isinstance(content, str):
         raise MemberError("judge answer has no text content")

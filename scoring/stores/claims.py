@@ -190,6 +190,29 @@ return out
 """
 
 
+# Judge calls decided while a pair is scored (``PairSpend``): a gates-first group's judges once its
+# cheap gates passed, and each retry. KEYS: the budget key, the pair's claim hash. ARGV: owner,
+# budget limit (-1: none), budget TTL, calls, the pair's field, "1" to mark the pair skipped for
+# budget when refused (still this owner's lease), as a claim that finds the budget exhausted does.
+_RESERVE = """
+local limit, calls = tonumber(ARGV[2]), tonumber(ARGV[4])
+local used = tonumber(redis.call('GET', KEYS[1]) or '0')
+if limit >= 0 and used + calls > limit then
+  if ARGV[6] == '1' then
+    local current = redis.call('HGET', KEYS[2], ARGV[5])
+    local suffix = ':' .. ARGV[1]
+    if current and string.sub(current, 1, 6) == 'lease:' and string.sub(current, -string.len(suffix)) == suffix then
+      redis.call('HSET', KEYS[2], ARGV[5], 'skipped:budget')
+    end
+  end
+  return 0
+end
+redis.call('INCRBY', KEYS[1], calls)
+redis.call('EXPIRE', KEYS[1], ARGV[3])
+return 1
+"""
+
+
 def claim_hash(request: ClaimRequest) -> str:
     """The hash a pair's claim is kept in: its project's, of its subject's day."""
     return keys.dedupe_claims(request.project_id, request.day)
@@ -221,6 +244,24 @@ class Claims:
         self._claim = redis.register_script(_CLAIM)
         self._release = redis.register_script(_RELEASE)
         self._confirm = redis.register_script(_CONFIRM)
+        self._reserve = redis.register_script(_RESERVE)
+
+    def spend(self, request: ClaimRequest) -> PairSpend:
+        """The pair's budget for the judge calls decided while it is scored (``scoring.ports.JudgeSpend``)."""
+        return PairSpend(self, request)
+
+    async def reserve(self, request: ClaimRequest, calls: int, *, skip_when_refused: bool,
+                      now: float | None = None) -> bool:
+        """Reserve ``calls`` more judge calls for a claimed pair from its project's window: one
+        script call. Refused: False, and with ``skip_when_refused`` the pair is marked skipped for
+        budget (never scored, as at claim time)."""
+        now = time.time() if now is None else now
+        window_start = int(now) // request.budget_window_s * request.budget_window_s
+        reply = await self._reserve(
+            keys=[keys.judge_budget(request.project_id, window_start), claim_hash(request)],
+            args=[self.owner, -1 if request.budget_limit is None else request.budget_limit,
+                  request.budget_window_s * 2, calls, claim_field(request), int(skip_when_refused)])
+        return bool(reply)
 
     async def claim_many(self, requests: list[ClaimRequest], now: float | None = None) -> list[ClaimResult]:
         """Claim every pair of a batch in one round trip: one script call per project."""
@@ -315,6 +356,20 @@ class Claims:
         now = time.time() if now is None else now
         value = await self._redis.get(keys.judge_budget(project_id, int(now) // window_s * window_s))
         return int(value or 0)
+
+
+@dataclass(frozen=True, slots=True)
+class PairSpend:
+    """One claimed pair's ``JudgeSpend``: its reservations go to its project's budget window."""
+
+    claims: Claims
+    request: ClaimRequest
+
+    async def reserve_panel(self, calls: int) -> bool:
+        return await self.claims.reserve(self.request, calls, skip_when_refused=True)
+
+    async def reserve_retry(self) -> bool:
+        return await self.claims.reserve(self.request, 1, skip_when_refused=False)
 
 
 def _text(value: bytes | str) -> str:

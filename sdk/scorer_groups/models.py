@@ -161,6 +161,11 @@ class ScorerGroup(WireModel):
     project_id: Id
     members: list[Member] = Field(min_length=1, max_length=MAX_MEMBERS)
     online: OnlineProfile | None = None
+    # Spend only what a verdict needs: judges wait for the must-pass members that cost no judge
+    # call; when one of those fails, the score is 0 and the judges are not called (status
+    # "skipped"). The trade-off: a skipped judge leaves no verdict to look at.
+    gates_first: bool = Field(False, description="Run the must-pass members that cost no judge call first; "
+                                                 "when one fails, the judges are not called (and not paid for).")
 
     @property
     def live(self) -> bool:

@@ -1,0 +1,196 @@
+"""Spend only what a verdict needs, on the real Redis and a real chat-completions server:
+``gatesFirst`` calls no judge once a cheap must-pass member failed (and reserves nothing for
+them), every retry of a judge call takes a budget slot before it is made, and each verdict
+carries the tokens the judge API reported."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import AsyncIterator, Iterator
+
+import pytest
+from redis.asyncio import Redis
+
+from deploy.judge_server import Behaviour, JudgeServer
+from scoring.catalog import CatalogSnapshot
+from scoring.members.http import RetryPolicy
+from scoring.members.judge import JudgeClient
+from scoring.models import Budget, Judge, Pattern, ScorerGroup
+from scoring.pairs import day_of
+from scoring.panel import Panel
+from scoring.ports import BudgetExhausted, TokenUsage
+from scoring.results import build_rating
+from scoring.routing import Pair, pair_of
+from scoring.stores.claims import Claims
+from tests.support.panel_catalog import subject
+
+pytestmark = pytest.mark.integration
+
+NOW = 1_796_221_800.0
+FAST = RetryPolicy(attempts=3, backoff_base_s=0.01, backoff_cap_s=0.02)
+LEAK = "Write to me at jane@example.com"
+CLEAN = "Here is the plan you asked for."
+
+Counted = list[tuple[str, TokenUsage]]
+
+
+@pytest.fixture(scope="module")
+def judge_server() -> Iterator[JudgeServer]:
+    with JudgeServer() as s:
+        yield s
+
+
+@pytest.fixture
+async def panel(judge_server: JudgeServer) -> AsyncIterator[tuple[Panel, Counted]]:
+    judge_server.reset()
+    counted: Counted = []
+    judges = JudgeClient(judge_server.base_url, timeout_s=5, policy=FAST)
+    yield Panel(judges=judges, member_deadline_s=10, count_tokens=lambda p, u: counted.append((p, u))), counted
+    await judges.close()
+
+
+def catalog(project: str, *, gates_first: bool, budget: int | None = None, judges: int = 3) -> CatalogSnapshot:
+    """A free PII pattern that must pass, and judges: the issue's example group."""
+    group = ScorerGroup.model_validate({
+        "id": "g", "name": "Release bar", "projectId": project, "gatesFirst": gates_first,
+        "members": [{"kind": "pattern", "refId": "pii", "weight": 0, "gate": True},
+                    *({"kind": "judge", "refId": f"j{i}"} for i in range(1, judges + 1))],
+        "online": {"enabled": True, "sampleRate": 1, "alertThreshold": 6, "severity": "high"}})
+    return CatalogSnapshot(
+        version=1, groups={"g": group},
+        judges={f"j{i}": Judge(id=f"j{i}", name=f"Judge {i}", criteria="Helpful?") for i in range(1, judges + 1)},
+        patterns={"pii": Pattern(id="pii", name="PII", polarity="failure", template="email")},
+        budgets={} if budget is None else {project: Budget(project_id=project, judge_calls_per_window=budget)})
+
+
+def live_pair(snap: CatalogSnapshot, output: str, trace: str) -> Pair:
+    group = snap.groups["g"]
+    return pair_of(group, subject(output, trace_id=trace, project_id=group.project_id), snap,
+                   subject_key=f"trace:{trace}", day=day_of(NOW))
+
+
+async def claimed(claims: Claims, pair: Pair) -> None:
+    (result,) = await claims.claim_many([pair.claim])
+    assert result.state == "claimed"
+
+
+async def test_gates_first_calls_no_judge_when_a_cheap_gate_fails(
+        panel: tuple[Panel, Counted], judge_server: JudgeServer, redis: Redis, unique: str) -> None:
+    scorer, _ = panel
+    claims, snap = Claims(redis), catalog(f"p-{unique}", gates_first=True)
+    pair = live_pair(snap, LEAK, "t-leak")
+    assert pair.claim.judge_calls == 0, "the claim reserves nothing for judges that may not be called"
+    await claimed(claims, pair)
+
+    result = await scorer.score(pair.group, pair.subject, snap, spend=claims.spend(pair.claim))
+
+    assert judge_server.requests == [], "no judge call for a trace whose cheap gate failed"
+    assert result.rating == 0.0 and result.blend.reason == 'Must-pass member "PII" failed (goodness 0.00 < 0.5)'
+    judges = [m for m in result.blend.members if m.outcome.kind == "judge"]
+    assert [m.status for m in judges] == ["skipped"] * 3
+    assert all(m.outcome.skipped == 'not called: must-pass member "PII" failed first (gatesFirst)' for m in judges)
+    rating = json.loads(build_rating(result, "trace").to_json())
+    assert [(m["status"], m["detail"]) for m in rating["members"][1:]] == [
+        ("skipped", 'not called: must-pass member "PII" failed first (gatesFirst)')] * 3
+    assert "Judge 1 skipped (not called" in rating["justification"]
+    assert await claims.budget_used(f"p-{unique}", 3600) == 0, "budget only for the judge calls made"
+
+
+async def test_gates_first_reserves_the_judges_once_the_gates_passed(
+        panel: tuple[Panel, Counted], judge_server: JudgeServer, redis: Redis, unique: str) -> None:
+    scorer, _ = panel
+    claims, snap = Claims(redis), catalog(f"p-{unique}", gates_first=True, budget=10)
+    pair = live_pair(snap, CLEAN, "t-clean")
+    await claimed(claims, pair)
+
+    result = await scorer.score(pair.group, pair.subject, snap, spend=claims.spend(pair.claim))
+
+    assert len(judge_server.requests) == 3 and result.rating == 7.0
+    assert [m.status for m in result.blend.members] == ["scored"] * 4
+    assert await claims.budget_used(f"p-{unique}", 3600) == 3
+
+
+async def test_gates_first_with_no_room_for_its_judges_skips_the_group_whole(
+        panel: tuple[Panel, Counted], judge_server: JudgeServer, redis: Redis, unique: str) -> None:
+    scorer, _ = panel
+    claims, snap = Claims(redis), catalog(f"p-{unique}", gates_first=True, budget=2)
+    pair = live_pair(snap, CLEAN, "t-starved")
+    await claimed(claims, pair)
+
+    with pytest.raises(BudgetExhausted):
+        await scorer.score(pair.group, pair.subject, snap, spend=claims.spend(pair.claim))
+
+    assert judge_server.requests == [], "never a partial panel"
+    assert await claims.budget_used(f"p-{unique}", 3600) == 0
+    assert await claims.stored(pair.claim) == "skipped:budget", "a redelivery is not scored again"
+    (again,) = await claims.claim_many([pair.claim])
+    assert again.state == "skipped"
+
+
+async def test_without_gates_first_every_member_runs(
+        panel: tuple[Panel, Counted], judge_server: JudgeServer, redis: Redis, unique: str) -> None:
+    scorer, _ = panel
+    claims, snap = Claims(redis), catalog(f"p-{unique}", gates_first=False)
+    pair = live_pair(snap, LEAK, "t-spec")
+    assert pair.claim.judge_calls == 3, "the spec's behaviour: reserved up front, every member runs"
+    await claimed(claims, pair)
+
+    result = await scorer.score(pair.group, pair.subject, snap, spend=claims.spend(pair.claim))
+
+    assert len(judge_server.requests) == 3 and result.rating == 0.0
+    assert [m.status for m in result.blend.members] == ["scored"] * 4
+
+
+async def test_a_retried_judge_call_takes_two_slots(
+        panel: tuple[Panel, Counted], judge_server: JudgeServer, redis: Redis, unique: str) -> None:
+    scorer, _ = panel
+    claims, snap = Claims(redis), catalog(f"p-{unique}", gates_first=False, budget=5, judges=1)
+    pair = live_pair(snap, CLEAN, "t-retry")
+    await claimed(claims, pair)
+    judge_server.script(Behaviour.status(503))
+
+    result = await scorer.score(pair.group, pair.subject, snap, spend=claims.spend(pair.claim))
+
+    assert len(judge_server.requests) == 2 and result.rating == 7.0
+    assert await claims.budget_used(f"p-{unique}", 3600) == 2, "one slot per HTTP call made"
+
+
+async def test_a_retry_with_no_slot_left_is_not_made(
+        panel: tuple[Panel, Counted], judge_server: JudgeServer, redis: Redis, unique: str) -> None:
+    scorer, _ = panel
+    claims, snap = Claims(redis), catalog(f"p-{unique}", gates_first=False, budget=1, judges=1)
+    pair = live_pair(snap, CLEAN, "t-no-retry")
+    await claimed(claims, pair)
+    judge_server.script(Behaviour.status(503))
+
+    result = await scorer.score(pair.group, pair.subject, snap, spend=claims.spend(pair.claim))
+
+    assert len(judge_server.requests) == 1, "the retry was refused before it was made"
+    judge = result.blend.members[1]
+    assert judge.status == "failed" and judge.outcome.error is not None
+    assert "budget exhausted before retry" in judge.outcome.error and "HTTP 503" in judge.outcome.error
+    assert await claims.budget_used(f"p-{unique}", 3600) == 1
+
+
+async def test_each_verdict_carries_the_tokens_its_judge_reported(
+        panel: tuple[Panel, Counted], judge_server: JudgeServer, unique: str) -> None:
+    scorer, counted = panel
+    snap = catalog(f"p-{unique}", gates_first=False, judges=2)
+    bare = {"id": "c", "object": "chat.completion", "created": 0, "model": "m",
+            "choices": [{"index": 0, "message": {"role": "assistant",
+                                                 "content": '{"rating": 6, "justification": "ok"}'},
+                         "finish_reason": "stop"}]}
+    judge_server.script(Behaviour.rating(8), Behaviour.status(200, body=bare))  # the second: no usage
+
+    result = await scorer.score(snap.groups["g"], subject(CLEAN, project_id=f"p-{unique}"), snap)
+
+    requests = judge_server.requests
+    rating = json.loads(build_rating(result, "trace").to_json())
+    with_usage = [m for m in rating["members"] if "usage" in m]
+    assert len(with_usage) == 1, "usage where the API returned it, and absent where it did not"
+    prompt = sum(len(str(m["content"]).split()) for m in requests[0]["messages"])
+    # The local server counts words: its answer's and the prompt's (both judges ask the same).
+    completion = len(json.dumps({"rating": 8, "justification": "Scripted judge answer"}).split())
+    assert with_usage[0]["usage"] == {"promptTokens": prompt, "completionTokens": completion}
+    assert with_usage[0]["native"] == 8
+    assert [u for _, u in counted] == [TokenUsage(prompt, completion)] and counted[0][0] == f"p-{unique}"
