@@ -34,10 +34,10 @@ from scoring.catalog import CatalogSnapshot
 from scoring.pairs import day_of
 from scoring.panel import GroupResult, Panel
 from scoring.ports import BudgetExhausted
-from scoring.results import history_event
+from scoring.results import history_event, tokens_of
 from scoring.routing import Pair, pair_of
 from scoring.sampling import keep
-from scoring.stores.claims import Claims
+from scoring.stores.claims import Claims, PairSpend
 from scoring.stores.ratings import RatingsStore, SessionVerdict
 from scoring.stores.sessions import SessionStore
 from scoring.subjects import session_subject
@@ -152,7 +152,8 @@ class SessionSweeper:
         if not mine:
             return 0
         try:
-            scored = await asyncio.gather(*(self._score(i, snapshot) for i in mine))
+            spends = {id(i): self._claims.spend(i.claim) for i in mine}
+            scored = await asyncio.gather(*(self._score(i, snapshot, spends[id(i)]) for i in mine))
             # A gates-first group whose judges found no room in the budget is skipped whole (its
             # claim now says so); the rest go on.
             for item, result in zip(mine, scored, strict=True):
@@ -173,7 +174,9 @@ class SessionSweeper:
                                        r.scored_at.timestamp()) for r in ratings]
             # History and verdicts first: a pair marked done is never judged again.
             await self._ratings.record([history_event(item.group, r) for item, r in pairs], verdicts)
-            await self._claims.mark_done([(item.claim, r.id) for item, r in pairs])
+            await self._claims.mark_done([(item.claim, r.id) for item, r in pairs],
+                                         tokens=[(item.claim, spends[id(item)].settlement(tokens_of(result)))
+                                                 for item, result in kept])
         except BaseException:
             unsettled.update(item.subject.session_id or "" for item in mine)
             with contextlib.suppress(Exception):
@@ -183,9 +186,9 @@ class SessionSweeper:
         log.info("sessions judged", pairs=len(mine))
         return len(mine)
 
-    async def _score(self, item: Pair, snapshot: CatalogSnapshot) -> GroupResult | None:
+    async def _score(self, item: Pair, snapshot: CatalogSnapshot, spend: PairSpend) -> GroupResult | None:
         try:
-            return await self._panel.score(item.group, item.subject, snapshot, spend=self._claims.spend(item.claim))
+            return await self._panel.score(item.group, item.subject, snapshot, spend=spend)
         except BudgetExhausted:
             log.warning("judge budget exhausted after the gates passed; session not judged", group=item.group.id,
                         session=item.subject.session_id)

@@ -44,10 +44,10 @@ from scoring.errors import ScoringError
 from scoring.pairs import ClaimRequest
 from scoring.panel import GroupResult, Panel
 from scoring.ports import BudgetExhausted
-from scoring.results import RatingEvent, history_event
+from scoring.results import RatingEvent, history_event, tokens_of
 from scoring.routing import Pair, trace_pairs
 from scoring.stores.alerts import NoScoreAlerts
-from scoring.stores.claims import Claims
+from scoring.stores.claims import Claims, PairSpend
 from scoring.stores.ratings import RatingsStore
 from scoring.subjects import Trace
 
@@ -78,6 +78,7 @@ class _Finished:
     claim: ClaimRequest
     rating_id: str
     event: RatingEvent
+    tokens: int = 0  # the judge tokens to settle: usage reported less the ceilings reserved
 
 
 class OutputError(ScoringError):
@@ -313,7 +314,7 @@ class TraceConsumer:
                     if claim.state != "exhausted":
                         self._events.group_skipped(trace.project_id, pair.group.id, "dedupe")
                     if claim.state == "exhausted":
-                        self._budget_skipped(pair, trace.trace_id, f"{claim.detail} calls used")
+                        self._budget_skipped(pair, trace.trace_id, used=claim.detail)
             if not work:
                 ticket.finished(record.offset)
                 continue
@@ -392,12 +393,14 @@ class TraceConsumer:
     async def _pair(self, pair: Pair, busy: bool, snapshot: CatalogSnapshot,
                     unpublished: set[ClaimRequest]) -> Exception | None:
         """Score and publish one pair; return the exception if the trace itself broke scoring."""
+        spend = self._claims.spend(pair.claim)
         try:
-            result = await self._score(pair, busy, snapshot)
+            result = await self._score(pair, busy, snapshot, spend)
             # Still ours? A worker that stalled past its lease may have lost the pair to another
             # worker, which scored it since: publishing would put a second value under its id.
             while result is not None and not await self._still_held(pair.claim):
-                result = await self._score(pair, True, snapshot)
+                spend = self._claims.spend(pair.claim)
+                result = await self._score(pair, True, snapshot, spend)
         except (RedisError, KafkaError, OutageTooLong):
             raise  # an outage, not the trace's fault: the worker stops without committing
         except Exception as exc:
@@ -408,7 +411,7 @@ class TraceConsumer:
         unpublished.discard(pair.claim)  # from here on the pair is published or was decided elsewhere
         if result is None:
             return None
-        publishing = asyncio.create_task(self._publish(pair, result, snapshot))
+        publishing = asyncio.create_task(self._publish(pair, result, snapshot, spend.settlement(tokens_of(result))))
         self._publishing.add(publishing)
         publishing.add_done_callback(self._publishing.discard)
         await asyncio.shield(publishing)
@@ -421,10 +424,10 @@ class TraceConsumer:
     async def _confirm_many(self, claims: list[ClaimRequest]) -> list[bool]:
         return await self._outages.call(lambda: self._claims.confirm(claims))
 
-    async def _publish(self, pair: Pair, result: GroupResult, snapshot: CatalogSnapshot) -> None:
+    async def _publish(self, pair: Pair, result: GroupResult, snapshot: CatalogSnapshot, tokens: int) -> None:
         try:
             (rating,) = await self._outages.call(lambda: self._outputs.publish([result], "trace", snapshot))
-            await self._finisher.submit([_Finished(pair.claim, rating.id, history_event(pair.group, rating))])
+            await self._finisher.submit([_Finished(pair.claim, rating.id, history_event(pair.group, rating), tokens)])
         except Exception as exc:
             self._fatal = self._fatal or exc
             log.error("publishing a result failed; the worker stops without committing it", error=repr(exc))
@@ -448,7 +451,7 @@ class TraceConsumer:
         if not task.cancelled() and task.exception() is not None and self._fatal is None:
             self._fatal = task.exception()
 
-    async def _score(self, pair: Pair, busy: bool, snapshot: CatalogSnapshot) -> GroupResult | None:
+    async def _score(self, pair: Pair, busy: bool, snapshot: CatalogSnapshot, spend: PairSpend) -> GroupResult | None:
         """Score one pair; for a pair another worker holds, wait until it is done (None) or its
         lease expires (then it is ours, budget reserved again)."""
         while busy:
@@ -460,22 +463,23 @@ class TraceConsumer:
                 return None
             busy = claim.state == "busy"
         try:
-            return await self._panel.score(pair.group, pair.subject, snapshot, spend=self._claims.spend(pair.claim))
+            return await self._panel.score(pair.group, pair.subject, snapshot, spend=spend)
         except BudgetExhausted:  # a gates-first group's judges found no room: skipped whole
-            self._budget_skipped(pair, pair.subject.trace_id, "after its gates passed")
+            self._budget_skipped(pair, pair.subject.trace_id, when="its gates passed")
             return None
 
-    def _budget_skipped(self, pair: Pair, trace_id: str | None, when: str) -> None:
+    def _budget_skipped(self, pair: Pair, trace_id: str | None, **why: str) -> None:
         self._events.group_skipped(pair.claim.project_id, pair.group.id, "budget")
         log.warning("judge budget exhausted; group skipped", project=pair.claim.project_id,
-                    group=pair.group.id, trace=trace_id, detail=when)
+                    group=pair.group.id, trace=trace_id, **why)
         self._skipped[pair.group.id] += 1  # counted in the history at the next commit
 
     async def _write_finished(self, items: list[_Finished]) -> None:
         async def write() -> None:
             # History first: a pair marked done is never scored again, so its record must exist.
             await self._ratings.record([i.event for i in items])
-            await self._claims.mark_done([(i.claim, i.rating_id) for i in items])
+            await self._claims.mark_done([(i.claim, i.rating_id) for i in items],
+                                         tokens=[(i.claim, i.tokens) for i in items if i.tokens])
 
         await self._outages.call(write)
 

@@ -24,6 +24,7 @@ from typing import Any
 from pydantic import ValidationError
 from redis.asyncio import Redis
 
+from scorer_groups.api_models import BudgetUse, BudgetView
 from scoring.catalog import (
     KIND_MODELS,
     CatalogSnapshot,
@@ -35,14 +36,16 @@ from scoring.catalog import (
     labelled,
 )
 from scoring.errors import Forbidden, InvalidDocument, NotFound, PreconditionFailed
-from scoring.models import AlertChannel, Judge, Member, OnlineProfile, ScorerGroup, WireModel
+from scoring.models import AlertChannel, Budget, Judge, Member, OnlineProfile, ScorerGroup, WireModel
 from scoring.stores.catalog import CatalogStore, SnapshotCache, Write
 from scoring.stores.catalog_file import ApplyReport, apply_file
 from scoring.stores.channels import saved_channel
+from scoring.stores.claims import Claims
 from scoring.stores.ratings import RatingsHistory, RatingsStore
 
 UPDATABLE = {"name": "name", "description": "description", "members": "members", "online": "online",
-             "project_id": "projectId", "projectId": "projectId"}
+             "project_id": "projectId", "projectId": "projectId", "gates_first": "gatesFirst",
+             "gatesFirst": "gatesFirst"}
 FULL_ONLINE_NEEDED = (
     "online: this group has no online profile to merge into; send a full online object "
     "(enabled, sampleRate, alertThreshold, severity; scope defaults to \"trace\")"
@@ -145,10 +148,10 @@ class ScorerGroups:
 
     async def create(self, name: str, members: Sequence[Any], description: str | None = None,
                      online: Mapping[str, Any] | OnlineProfile | None = None, *, project_id: str | None = None,
-                     id: str | None = None) -> ScorerGroup:
+                     id: str | None = None, gates_first: bool = False) -> ScorerGroup:
         doc = {"id": id or f"grp_{uuid.uuid4().hex[:12]}", "name": name, "description": description,
                "projectId": self._caller.project_for(project_id), "members": _members_wire(members),
-               "online": online.wire() if isinstance(online, OnlineProfile) else online}
+               "online": online.wire() if isinstance(online, OnlineProfile) else online, "gatesFirst": gates_first}
         given = _validated(doc)
         result: dict[str, ScorerGroup] = {}
 
@@ -248,9 +251,10 @@ class Sessions:
 class Scorers:
     """Puts and deletes of judges, patterns, custom evaluators, budgets and channels."""
 
-    def __init__(self, store: CatalogStore, caller: Caller | None = None) -> None:
+    def __init__(self, store: CatalogStore, caller: Caller | None = None, claims: Claims | None = None) -> None:
         self._store = store
         self._caller = caller or Caller()
+        self._claims = claims or Claims(store.redis)
 
     async def list(self, kind: str) -> builtins.list[WireModel]:
         """The documents of ``kind`` the caller may see, by id."""
@@ -259,6 +263,18 @@ class Scorers:
 
     async def get(self, kind: str, id_: str) -> WireModel:
         return self._caller.found(_kind(kind), await self._store.snapshot(), id_)
+
+    async def budget_use(self, project_id: str, now: float | None = None) -> BudgetView:
+        """The project's budget and what its current window has used (calls and tokens)."""
+        budget = self._caller.found("budgets", await self._store.snapshot(), project_id)
+        assert isinstance(budget, Budget)
+        now = time.time() if now is None else now
+        window = budget.window_seconds
+        calls = await self._claims.budget_used(project_id, window, now)
+        tokens = await self._claims.tokens_used(project_id, window, now)
+        use = BudgetUse(window_start=int(now) // window * window, window_seconds=window, judge_calls=calls,
+                        judge_tokens=tokens)
+        return BudgetView.model_validate({**budget.stored(), "used": use.model_dump(by_alias=True)})
 
     async def put(self, doc: WireModel, *, if_match: str | None = None, create: bool = False) -> None:
         """Create or replace one document, checking the rules it shares with groups. ``create``
@@ -313,7 +329,7 @@ class MonitorClient:
         self.ratings_store = RatingsStore(redis)
         self.scorer_groups = ScorerGroups(self.store, self.ratings_store, caller)
         self.sessions = Sessions(self.ratings_store, self.store, caller)
-        self.scorers = Scorers(self.store, caller)
+        self.scorers = Scorers(self.store, caller, Claims(redis))
 
     async def apply(self, document: Any) -> ApplyReport:
         """Apply a catalog file (see scoring.stores.catalog_file): every error listed, all or nothing."""

@@ -19,6 +19,10 @@ class ClaimRequest:
     judge_calls: int  # slots to reserve, all or nothing
     budget_limit: int | None  # calls per window; None = no budget configured (unlimited, counted)
     budget_window_s: int = 3600
+    # With a token budget: the ceiling of those calls' tokens (``judge_prompt.token_ceiling``),
+    # reserved with them, all or nothing; settled to the real usage once the pair is done.
+    judge_tokens: int = 0
+    token_limit: int | None = None  # tokens per window; None = no token budget
     # The subject's own day (``day_of``: a trace's timestamp, a session's first turn), the same
     # on every redelivery: the hash its claim is kept in.
     day: int = field(kw_only=True)

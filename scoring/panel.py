@@ -19,6 +19,7 @@ from typing import Protocol
 import structlog
 
 from scoring.blend import GATE_PASS_MARK, REFERENCE_DELETED, BlendResult, MemberOutcome, blend, goodness
+from scoring.judge_prompt import token_ceiling
 from scoring.members.patterns import DEADLINE_S as PATTERN_DEADLINE_S
 from scoring.members.patterns import compiled
 from scoring.models import CustomEvaluator, Judge, Member, Pattern, Polarity, ScorerGroup
@@ -89,16 +90,33 @@ def upfront_judge_calls(group: ScorerGroup, scorers: ScorerLookup, subject: Subj
     return 0 if defers_judges(group) else planned_judge_calls(group, scorers, subject)
 
 
+def planned_judges(group: ScorerGroup, scorers: ScorerLookup, subject: Subject) -> list[Judge]:
+    """The judges scoring ``subject`` will call (retries aside): a judge whose reference is gone,
+    or that needs an expected answer the subject lacks, is not called."""
+    planned = []
+    for member in group.members:
+        judge = scorers.judge(member.ref_id) if member.kind == "judge" else None
+        if judge is not None and not (judge.requires_expected and subject.expected is None):
+            planned.append(judge)
+    return planned
+
+
 def planned_judge_calls(group: ScorerGroup, scorers: ScorerLookup, subject: Subject) -> int:
     """How many judge calls scoring ``subject`` will make (retries aside)."""
-    calls = 0
-    for member in group.members:
-        if member.kind != "judge":
-            continue
-        judge = scorers.judge(member.ref_id)
-        if judge is not None and not (judge.requires_expected and subject.expected is None):
-            calls += 1
-    return calls
+    return len(planned_judges(group, scorers, subject))
+
+
+def _retry_gate(spend: JudgeSpend | None, member: Member, subject: Subject, scorers: ScorerLookup) -> RetryGate | None:
+    """What a judge member asks before each retry: one more slot (and its token ceiling)."""
+    judge = scorers.judge(member.ref_id) if member.kind == "judge" else None
+    if spend is None or judge is None:
+        return None
+    live: JudgeSpend = spend
+
+    async def retry() -> bool:
+        return await live.reserve_retry(token_ceiling(judge, subject) if live.counts_tokens else 0)
+
+    return retry
 
 
 class Panel:
@@ -133,9 +151,9 @@ class Panel:
         """Every member on the subject, then the blend. ``spend`` is the pair's live budget: each
         judge retry reserves a slot from it, and a gates-first group reserves its judges' calls
         from it once its cheap gates passed (raising ``BudgetExhausted`` when there is no room)."""
-        retry = spend.reserve_retry if spend is not None else None
         if not defers_judges(group):
-            outcomes = await asyncio.gather(*(self._member(m, subject, scorers, retry) for m in group.members))
+            outcomes = await asyncio.gather(*(self._member(m, subject, scorers, _retry_gate(spend, m, subject, scorers))
+                                              for m in group.members))
             return GroupResult(group, subject, blend(outcomes))
         # Gates first: every member that costs no judge call, then the judges only if no
         # must-pass among them failed outright (one that could not score fails closed anyway,
@@ -154,10 +172,13 @@ class Panel:
             for i in judges:
                 said[i] = self._skipped(members[i], scorers, why)
         else:
-            calls = planned_judge_calls(group, scorers, subject)
-            if spend is not None and calls and not await spend.reserve_panel(calls):
-                raise BudgetExhausted(f"no room in the judge budget for {calls} judge call(s)")
-            verdicts = await asyncio.gather(*(self._member(members[i], subject, scorers, retry) for i in judges))
+            planned = planned_judges(group, scorers, subject)
+            tokens = sum(token_ceiling(j, subject) for j in planned) if spend is not None and spend.counts_tokens else 0
+            if spend is not None and planned and not await spend.reserve_panel(len(planned), tokens):
+                raise BudgetExhausted(f"no room in the judge budget for {len(planned)} judge call(s)")
+            verdicts = await asyncio.gather(*(self._member(members[i], subject, scorers,
+                                                           _retry_gate(spend, members[i], subject, scorers))
+                                              for i in judges))
             for i, outcome in zip(judges, verdicts, strict=True):
                 said[i] = outcome
         return GroupResult(group, subject, blend([o for o in said if o is not None]))

@@ -83,11 +83,15 @@ class JudgeSpend(Protocol):
     """The judge-call budget of the pair being scored, for the calls decided while it is scored
     (``scoring.stores.claims``; live scoring only: dataset runs spend no online budget)."""
 
-    async def reserve_panel(self, calls: int) -> bool:
+    # Under a token budget, each reservation also takes the calls' token ceiling
+    # (``scoring.judge_prompt.token_ceiling``); without one, tokens are only counted, never asked.
+    counts_tokens: bool
+
+    async def reserve_panel(self, calls: int, tokens: int) -> bool:
         """A gates-first group's judge calls, all or nothing, once its cheap gates passed."""
         ...
 
-    async def reserve_retry(self) -> bool:
+    async def reserve_retry(self, tokens: int) -> bool:
         """One more slot, before a judge call is retried."""
         ...
 

@@ -271,6 +271,11 @@ class RatingEvent:
     at: float  # epoch seconds
 
 
+def tokens_of(result: GroupResult) -> int:
+    """The judge tokens a result's members reported (0 for what reported none)."""
+    return sum(m.outcome.usage.total for m in result.blend.members if m.outcome.usage is not None)
+
+
 def history_event(group: ScorerGroup, rating: Rating) -> RatingEvent:
     """How the ratings history counts a published rating."""
     return RatingEvent(group.id, rating.rating, below_threshold(group, rating.rating),

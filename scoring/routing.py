@@ -11,9 +11,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from scoring.catalog import CatalogSnapshot
+from scoring.judge_prompt import token_ceiling
 from scoring.models import ScorerGroup
 from scoring.pairs import ClaimRequest, day_of
-from scoring.panel import upfront_judge_calls
+from scoring.panel import planned_judges, upfront_judge_calls
 from scoring.sampling import keep
 from scoring.subjects import Subject, Trace, trace_subject
 
@@ -35,11 +36,16 @@ def pair_of(group: ScorerGroup, subject: Subject, snapshot: CatalogSnapshot, *, 
     reserving the judge calls its panel will make within that project's budget, if it has one
     (a gates-first group's judges reserve later, once its cheap gates passed)."""
     budget = snapshot.budget(group.project_id)
+    token_limit = budget.judge_tokens_per_window if budget else None
+    calls = upfront_judge_calls(group, snapshot, subject)
     return Pair(group, subject, ClaimRequest(
-        project_id=group.project_id, group_id=group.id, subject_key=subject_key,
-        judge_calls=upfront_judge_calls(group, snapshot, subject),
+        project_id=group.project_id, group_id=group.id, subject_key=subject_key, judge_calls=calls,
         budget_limit=budget.judge_calls_per_window if budget else None,
-        budget_window_s=budget.window_seconds if budget else DEFAULT_BUDGET_WINDOW_S, day=day))
+        budget_window_s=budget.window_seconds if budget else DEFAULT_BUDGET_WINDOW_S, day=day,
+        # The prompts are built to measure them only under a token budget.
+        judge_tokens=(sum(token_ceiling(j, subject) for j in planned_judges(group, snapshot, subject))
+                      if calls and token_limit is not None else 0),
+        token_limit=token_limit))
 
 
 def trace_pairs(trace: Trace, snapshot: CatalogSnapshot) -> list[Pair]:

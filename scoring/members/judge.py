@@ -3,97 +3,25 @@
 Only the rubric verdict counts inside a group: a judge's similarity metrics and attached code
 checks belong to that scorer's own grading recipe and never run here.
 
-Trace scope asks about one response, with the judge's own ``judgePrompt``. Session scope asks
-the structured whole-session question built from the criteria (consistency across turns,
-whether the user's need was resolved) and never uses ``judgePrompt``.
+What a judge is asked and how its answer is read are ``scoring.judge_prompt`` (pure); this is
+the client that sends it.
 """
 
 from __future__ import annotations
 
 import asyncio
-import re
 import ssl
 import time
 from collections.abc import Callable
 from typing import Any
 
 import aiohttp
-import orjson
 
+from scoring.judge_prompt import ANSWER_MAX_TOKENS, build_messages, parse_verdict
 from scoring.members.http import DEFAULT_RETRY, Answer, RetryPolicy, post_json_aiohttp
 from scoring.models import Judge
 from scoring.ports import JudgeVerdict, MemberError, RetryGate, TokenUsage
-from scoring.subjects import Subject, as_text
-
-# Bounds what one judge call can cost: text beyond this is cut, with a marker saying so.
-MAX_TEXT_CHARS = 40_000
-
-SYSTEM_PROMPT = (
-    "You are an impartial evaluator of an AI agent's work. Grade strictly against the criteria "
-    "on a 0-10 scale, where 10 fully meets them and 0 fails them completely. Answer with one JSON "
-    'object and nothing else: {"rating": <number from 0 to 10>, "justification": "<one or two '
-    'sentences>"}.'
-)
-
-SESSION_QUESTION = (
-    "Judge the whole conversation below as one unit against these criteria:\n{criteria}\n\n"
-    "Consider in particular:\n"
-    "1. Consistency across turns: does the agent contradict, forget or undo what it said or "
-    "learned in earlier turns?\n"
-    "2. Resolution: by the end, was the user's need resolved?\n\n"
-    "Conversation ({turns} turns):\n{transcript}"
-)
-
-
-def _cut(text: str) -> str:
-    if len(text) <= MAX_TEXT_CHARS:
-        return text
-    return text[:MAX_TEXT_CHARS] + f"\n[... {len(text) - MAX_TEXT_CHARS} more characters cut]"
-
-
-def build_messages(judge: Judge, subject: Subject) -> list[dict[str, str]]:
-    """The chat messages that ask ``judge`` about ``subject``."""
-    if subject.scope == "session":
-        question = SESSION_QUESTION.format(criteria=judge.criteria, turns=subject.turns,
-                                           transcript=_cut(subject.transcript))
-    else:
-        parts = [f"Criteria:\n{judge.criteria}"]
-        if judge.judge_prompt:
-            parts.append(judge.judge_prompt)
-        parts.append(f"Input:\n{_cut(subject.input)}")
-        parts.append(f"Response:\n{_cut(subject.output)}")
-        if subject.expected is not None:
-            parts.append(f"Expected answer:\n{_cut(as_text(subject.expected))}")
-        question = "\n\n".join(parts)
-    return [{"role": "system", "content": SYSTEM_PROMPT}, {"role": "user", "content": question}]
-
-
-_FENCE = re.compile(r"^```(?:json)?\s*|\s*```$", re.IGNORECASE)
-
-
-def parse_verdict(content: str) -> JudgeVerdict:
-    """Read ``{rating, justification}`` from a model's answer, tolerating code fences and
-    prose around the object. Raises MemberError saying what was wrong."""
-    text = _FENCE.sub("", content.strip())
-    document: Any = None
-    for candidate in (text, text[text.find("{"): text.rfind("}") + 1]):
-        try:
-            document = orjson.loads(candidate)
-            break
-        except orjson.JSONDecodeError:
-            continue
-    if not isinstance(document, dict):
-        raise MemberError(f"judge answer is not a JSON object: {content[:120]!r}")
-    rating = document.get("rating")
-    if isinstance(rating, str):
-        try:
-            rating = float(rating.strip())
-        except ValueError:
-            pass
-    if isinstance(rating, bool) or not isinstance(rating, int | float):
-        raise MemberError(f"judge answer has no numeric rating (rating={rating!r})")
-    justification = document.get("justification")
-    return JudgeVerdict(float(rating), justification if isinstance(justification, str) else "")
+from scoring.subjects import Subject
 
 
 class JudgeClient:
@@ -142,6 +70,7 @@ class JudgeClient:
             "model": judge.model or self._model,
             "messages": build_messages(judge, subject),
             "temperature": 0,
+            "max_tokens": ANSWER_MAX_TOKENS,  # bounds the call's cost, and the ceiling a token budget reserves
             "response_format": {"type": "json_object"},
         }
         started = time.perf_counter()

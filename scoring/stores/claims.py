@@ -26,6 +26,7 @@ import socket
 import time
 import uuid
 from collections import defaultdict
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Literal
 
@@ -61,26 +62,28 @@ local function stored_fields(first, stride, key_offset)
 end
 """
 
-# KEYS: the budget key, then the claim hashes. ARGV: owner, lease ms, budget limit (-1: none),
-# budget TTL, hash TTL, then per pair: hash index (1-based into KEYS[2..]), field, judge calls.
-# Returns a flat list: state, detail per pair.
+# KEYS: the calls budget key, the tokens key, then the claim hashes. ARGV: owner, lease ms, budget
+# limit (-1: none), budget TTL, hash TTL, token limit (-1: none), then per pair: hash index
+# (1-based into KEYS[3..]), field, judge calls, token ceiling. Returns a flat list: state, detail
+# per pair.
 _CLAIM = _STORED_FIELDS + """
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
-local owner, lease_ms, limit = ARGV[1], tonumber(ARGV[2]), tonumber(ARGV[3])
+local owner, lease_ms, limit, token_limit = ARGV[1], tonumber(ARGV[2]), tonumber(ARGV[3]), tonumber(ARGV[6])
 local lease = 'lease:' .. (now + lease_ms) .. ':' .. owner
-local n = (#ARGV - 5) / 3
+local n = (#ARGV - 6) / 4
 
 -- 1. what is stored for every pair: one HMGET per hash
-local _, stored = stored_fields(6, 3, 1)
+local _, stored = stored_fields(7, 4, 2)
 
 -- 2. decide in order: a pair twice in the batch sees its own first decision
-local used = nil
-local reserved = 0
+local used, tokens_used = nil, nil
+local reserved, tokens_reserved = 0, 0
 local writes = {}
 local out = {}
 for i = 1, n do
-  local h, field, want = tonumber(ARGV[3 + 3 * i]), ARGV[4 + 3 * i], tonumber(ARGV[5 + 3 * i])
+  local at = 3 + 4 * i
+  local h, field, want, tokens = tonumber(ARGV[at]), ARGV[at + 1], tonumber(ARGV[at + 2]), tonumber(ARGV[at + 3])
   local slot = h .. ' ' .. field
   local current = stored[slot]
   local state, detail = nil, ''
@@ -95,12 +98,15 @@ for i = 1, n do
   if not state then
     local value = lease
     state = 'claimed'
-    if want > 0 then
+    if want > 0 or tokens > 0 then
       used = used or tonumber(redis.call('GET', KEYS[1]) or '0')
-      if limit >= 0 and used + reserved + want > limit then
+      tokens_used = tokens_used or tonumber(redis.call('GET', KEYS[2]) or '0')
+      if (limit >= 0 and used + reserved + want > limit)
+          or (token_limit >= 0 and tokens_used + tokens_reserved + tokens > token_limit) then
         value, state, detail = 'skipped:budget', 'exhausted', tostring(used + reserved)
       else
         reserved = reserved + want
+        tokens_reserved = tokens_reserved + tokens
       end
     end
     stored[slot] = value
@@ -115,13 +121,17 @@ end
 -- 3. write: one HSET (in chunks) and one EXPIRE per hash; the budget once
 for h, flat in pairs(writes) do
   for from = 1, #flat, 4000 do
-    redis.call('HSET', KEYS[h + 1], unpack(flat, from, math.min(from + 3999, #flat)))
+    redis.call('HSET', KEYS[h + 2], unpack(flat, from, math.min(from + 3999, #flat)))
   end
-  redis.call('EXPIRE', KEYS[h + 1], ARGV[5])
+  redis.call('EXPIRE', KEYS[h + 2], ARGV[5])
 end
 if reserved > 0 then
   redis.call('INCRBY', KEYS[1], reserved)
   redis.call('EXPIRE', KEYS[1], ARGV[4])
+end
+if tokens_reserved > 0 then
+  redis.call('INCRBY', KEYS[2], tokens_reserved)
+  redis.call('EXPIRE', KEYS[2], ARGV[4])
 end
 return out
 """
@@ -191,24 +201,31 @@ return out
 
 
 # Judge calls decided while a pair is scored (``PairSpend``): a gates-first group's judges once its
-# cheap gates passed, and each retry. KEYS: the budget key, the pair's claim hash. ARGV: owner,
-# budget limit (-1: none), budget TTL, calls, the pair's field, "1" to mark the pair skipped for
-# budget when refused (still this owner's lease), as a claim that finds the budget exhausted does.
+# cheap gates passed, and each retry. KEYS: the calls budget key, the tokens key, the pair's claim
+# hash. ARGV: owner, budget limit (-1: none), budget TTL, calls, the pair's field, "1" to mark the
+# pair skipped for budget when refused (still this owner's lease) as a claim that finds the budget
+# exhausted does, token limit (-1: none), token ceiling of the calls.
 _RESERVE = """
 local limit, calls = tonumber(ARGV[2]), tonumber(ARGV[4])
+local token_limit, tokens = tonumber(ARGV[7]), tonumber(ARGV[8])
 local used = tonumber(redis.call('GET', KEYS[1]) or '0')
-if limit >= 0 and used + calls > limit then
+local tokens_used = tonumber(redis.call('GET', KEYS[2]) or '0')
+if (limit >= 0 and used + calls > limit) or (token_limit >= 0 and tokens_used + tokens > token_limit) then
   if ARGV[6] == '1' then
-    local current = redis.call('HGET', KEYS[2], ARGV[5])
+    local current = redis.call('HGET', KEYS[3], ARGV[5])
     local suffix = ':' .. ARGV[1]
     if current and string.sub(current, 1, 6) == 'lease:' and string.sub(current, -string.len(suffix)) == suffix then
-      redis.call('HSET', KEYS[2], ARGV[5], 'skipped:budget')
+      redis.call('HSET', KEYS[3], ARGV[5], 'skipped:budget')
     end
   end
   return 0
 end
 redis.call('INCRBY', KEYS[1], calls)
 redis.call('EXPIRE', KEYS[1], ARGV[3])
+if tokens > 0 then
+  redis.call('INCRBY', KEYS[2], tokens)
+  redis.call('EXPIRE', KEYS[2], ARGV[3])
+end
 return 1
 """
 
@@ -250,17 +267,21 @@ class Claims:
         """The pair's budget for the judge calls decided while it is scored (``scoring.ports.JudgeSpend``)."""
         return PairSpend(self, request)
 
-    async def reserve(self, request: ClaimRequest, calls: int, *, skip_when_refused: bool,
+    async def reserve(self, request: ClaimRequest, calls: int, tokens: int, *, skip_when_refused: bool,
                       now: float | None = None) -> bool:
-        """Reserve ``calls`` more judge calls for a claimed pair from its project's window: one
-        script call. Refused: False, and with ``skip_when_refused`` the pair is marked skipped for
-        budget (never scored, as at claim time)."""
+        """Reserve ``calls`` more judge calls (and, under a token budget, their ``tokens``
+        ceiling) for a claimed pair from its project's window: one script call. Refused: False,
+        and with ``skip_when_refused`` the pair is marked skipped for budget (never scored, as at
+        claim time)."""
         now = time.time() if now is None else now
         window_start = int(now) // request.budget_window_s * request.budget_window_s
         reply = await self._reserve(
-            keys=[keys.judge_budget(request.project_id, window_start), claim_hash(request)],
+            keys=[keys.judge_budget(request.project_id, window_start),
+                  keys.judge_tokens(request.project_id, window_start), claim_hash(request)],
             args=[self.owner, -1 if request.budget_limit is None else request.budget_limit,
-                  request.budget_window_s * 2, calls, claim_field(request), int(skip_when_refused)])
+                  request.budget_window_s * 2, calls, claim_field(request), int(skip_when_refused),
+                  -1 if request.token_limit is None else request.token_limit,
+                  tokens if request.token_limit is not None else 0])
         return bool(reply)
 
     async def claim_many(self, requests: list[ClaimRequest], now: float | None = None) -> list[ClaimResult]:
@@ -269,9 +290,9 @@ class Claims:
             return []
         now = time.time() if now is None else now
         # One call per project and budget (a batch's requests of a project share its budget).
-        by_project: dict[tuple[str, int | None, int], list[int]] = defaultdict(list)
+        by_project: dict[tuple[str, int | None, int, int | None], list[int]] = defaultdict(list)
         for i, r in enumerate(requests):
-            by_project[(r.project_id, r.budget_limit, r.budget_window_s)].append(i)
+            by_project[(r.project_id, r.budget_limit, r.budget_window_s, r.token_limit)].append(i)
         results: list[ClaimResult | None] = [None] * len(requests)
         async with self._redis.pipeline(transaction=False) as pipe:
             for indexes in by_project.values():
@@ -280,11 +301,14 @@ class Claims:
                 hashes: dict[str, int] = {}
                 args: list[str | int] = [self.owner, self.lease_ms,
                                          -1 if first.budget_limit is None else first.budget_limit,
-                                         first.budget_window_s * 2, self._done_ttl_s]
+                                         first.budget_window_s * 2, self._done_ttl_s,
+                                         -1 if first.token_limit is None else first.token_limit]
                 for i in indexes:
                     r = requests[i]
-                    args += [hashes.setdefault(claim_hash(r), len(hashes) + 1), claim_field(r), r.judge_calls]
-                await self._claim(keys=[keys.judge_budget(first.project_id, window_start), *hashes],
+                    args += [hashes.setdefault(claim_hash(r), len(hashes) + 1), claim_field(r), r.judge_calls,
+                             r.judge_tokens]
+                await self._claim(keys=[keys.judge_budget(first.project_id, window_start),
+                                        keys.judge_tokens(first.project_id, window_start), *hashes],
                                   args=args, client=pipe)
             replies = await pipe.execute()
         for indexes, reply in zip(by_project.values(), replies, strict=True):
@@ -292,18 +316,29 @@ class Claims:
                 results[i] = ClaimResult(state=_text(reply[2 * n]), detail=_text(reply[2 * n + 1]))  # type: ignore[arg-type]
         return results  # type: ignore[return-value]
 
-    async def mark_done(self, done: list[tuple[ClaimRequest, str]]) -> None:
+    async def mark_done(self, done: list[tuple[ClaimRequest, str]],
+                        tokens: Sequence[tuple[ClaimRequest, int]] = (), now: float | None = None) -> None:
         """Mark pairs done with their rating ids, once their outputs are acknowledged: one HSET
-        and one EXPIRE per hash."""
-        if not done:
+        and one EXPIRE per hash. ``tokens`` settles the pairs' judge tokens in their windows
+        (the usage reported less the ceilings reserved): one INCRBY per project, same round trip."""
+        if not done and not tokens:
             return
+        now = time.time() if now is None else now
         by_hash: dict[str, dict[str, str]] = defaultdict(dict)
         for request, rating_id in done:
             by_hash[claim_hash(request)][claim_field(request)] = f"done:{rating_id}"
+        settle: dict[tuple[str, int], int] = defaultdict(int)
+        for request, delta in tokens:
+            if delta:
+                window_s = request.budget_window_s
+                settle[(keys.judge_tokens(request.project_id, int(now) // window_s * window_s), window_s)] += delta
         async with self._redis.pipeline(transaction=False) as pipe:
             for key, fields in by_hash.items():
                 pipe.hset(key, mapping=fields)  # type: ignore[arg-type]
                 pipe.expire(key, self._done_ttl_s)
+            for (key, window_s), delta in settle.items():
+                pipe.incrby(key, delta)
+                pipe.expire(key, window_s * 2)
             await pipe.execute()
 
     async def confirm(self, requests: list[ClaimRequest]) -> list[bool]:
@@ -357,19 +392,40 @@ class Claims:
         value = await self._redis.get(keys.judge_budget(project_id, int(now) // window_s * window_s))
         return int(value or 0)
 
+    async def tokens_used(self, project_id: str, window_s: int, now: float | None = None) -> int:
+        """Judge tokens of the window: the usage of calls settled, plus the ceilings of calls not
+        settled yet (in flight, or whose worker stopped before it could settle them)."""
+        now = time.time() if now is None else now
+        value = await self._redis.get(keys.judge_tokens(project_id, int(now) // window_s * window_s))
+        return int(value or 0)
 
-@dataclass(frozen=True, slots=True)
+
 class PairSpend:
-    """One claimed pair's ``JudgeSpend``: its reservations go to its project's budget window."""
+    """One claimed pair's ``JudgeSpend``: its reservations go to its project's budget window, and
+    it remembers the token ceilings reserved, so that ``settlement`` can turn them into the usage
+    the judges reported."""
 
-    claims: Claims
-    request: ClaimRequest
+    def __init__(self, claims: Claims, request: ClaimRequest) -> None:
+        self.claims, self.request = claims, request
+        self.counts_tokens = request.token_limit is not None
+        self.tokens_reserved = request.judge_tokens if self.counts_tokens else 0
 
-    async def reserve_panel(self, calls: int) -> bool:
-        return await self.claims.reserve(self.request, calls, skip_when_refused=True)
+    async def reserve_panel(self, calls: int, tokens: int) -> bool:
+        return await self._reserve(calls, tokens, skip_when_refused=True)
 
-    async def reserve_retry(self) -> bool:
-        return await self.claims.reserve(self.request, 1, skip_when_refused=False)
+    async def reserve_retry(self, tokens: int) -> bool:
+        return await self._reserve(1, tokens, skip_when_refused=False)
+
+    async def _reserve(self, calls: int, tokens: int, *, skip_when_refused: bool) -> bool:
+        tokens = tokens if self.counts_tokens else 0
+        granted = await self.claims.reserve(self.request, calls, tokens, skip_when_refused=skip_when_refused)
+        self.tokens_reserved += tokens if granted else 0
+        return granted
+
+    def settlement(self, tokens_reported: int) -> int:
+        """What to add to the window's tokens once the pair is done: the usage reported less
+        the ceilings reserved (negative under a token budget: the ceiling overshoots)."""
+        return tokens_reported - self.tokens_reserved
 
 
 def _text(value: bytes | str) -> str:

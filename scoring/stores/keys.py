@@ -73,6 +73,13 @@ def judge_budget(project_id: str, window_start: int) -> str:
     return f"online-judge-budget:{{{project_id}}}:{window_start}"
 
 
+# Judge tokens of the same window: what a token budget reserves (a ceiling per call) and what
+# settles it (the usage the judge API reported), so it reads the tokens used once calls end. The
+# same hash tag as the calls: one script updates both on Redis Cluster.
+def judge_tokens(project_id: str, window_start: int) -> str:
+    return f"online-judge-tokens:{{{project_id}}}:{window_start}"
+
+
 # (group, subject) claims: "lease:<expiresAtMs>:<owner>" while being scored, "done:<ratingId>"
 # once its outputs are acknowledged, "skipped:budget" when the budget was short. One hash per
 # project and day of the subject (a trace's own timestamp, a session's first turn), field

@@ -12,7 +12,7 @@ import httpx
 from scorer_groups import _calls as calls
 from scorer_groups._calls import Retry
 from scorer_groups._transport import AsyncTransport as Transport
-from scorer_groups.api_models import Change, Channel, Ratings, SessionScore
+from scorer_groups.api_models import BudgetView, Change, Channel, Ratings, SessionScore
 from scorer_groups.evaluations_async import AsyncDatasets, AsyncEvaluations
 from scorer_groups.models import Budget, CustomEvaluator, Judge, Pattern, ScorerGroup, WireModel
 
@@ -93,11 +93,13 @@ class Budgets:
     async def list(self) -> builtins.list[Budget]:
         return await self._t.run(calls.list_docs(Budget, "budgets"))
 
-    async def get(self, project_id: str) -> Budget:
-        return await self._t.run(calls.get_doc(Budget, "budgets", project_id))
+    async def get(self, project_id: str) -> BudgetView:
+        return await self._t.run(calls.get_doc(BudgetView, "budgets", project_id))
 
-    async def set(self, project_id: str, judge_calls_per_window: int, window_seconds: int = 3600) -> Budget:
-        return await self._t.run(calls.put_budget(project_id, judge_calls_per_window, window_seconds))
+    async def set(self, project_id: str, judge_calls_per_window: int, window_seconds: int = 3600,
+                  judge_tokens_per_window: int | None = None) -> Budget:
+        return await self._t.run(calls.put_budget(project_id, judge_calls_per_window, window_seconds,
+                                                  judge_tokens_per_window))
 
     async def delete(self, project_id: str) -> None:
         await self._t.run(calls.delete_doc("budgets", project_id))

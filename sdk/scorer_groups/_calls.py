@@ -178,9 +178,11 @@ def merged(stored: WireModel, fields: Mapping[str, Any]) -> dict[str, Any]:
     return {**body, **_wire(dict(fields))}
 
 
-def put_budget(project_id: str, judge_calls_per_window: int, window_seconds: int) -> Call[Budget]:
+def put_budget(project_id: str, judge_calls_per_window: int, window_seconds: int,
+               judge_tokens_per_window: int | None = None) -> Call[Budget]:
     return Call("PUT", f"/v1/budgets/{_id(project_id)}", _model(Budget),
-                json={"judgeCallsPerWindow": judge_calls_per_window, "windowSeconds": window_seconds})
+                json={"judgeCallsPerWindow": judge_calls_per_window, "windowSeconds": window_seconds,
+                      "judgeTokensPerWindow": judge_tokens_per_window})
 
 
 def create_channel(agent_id: str, url: str, secret: str | None, extra: Mapping[str, Any]) -> Call[Channel]:

@@ -11,7 +11,7 @@ import httpx
 from scorer_groups import _calls as calls
 from scorer_groups._calls import Retry
 from scorer_groups._transport import Transport
-from scorer_groups.api_models import Change, Channel, Ratings, SessionScore
+from scorer_groups.api_models import BudgetView, Change, Channel, Ratings, SessionScore
 from scorer_groups.evaluations import Datasets, Evaluations
 from scorer_groups.models import Budget, CustomEvaluator, Judge, Pattern, ScorerGroup, WireModel
 
@@ -92,11 +92,15 @@ class Budgets:
     def list(self) -> builtins.list[Budget]:
         return self._t.run(calls.list_docs(Budget, "budgets"))
 
-    def get(self, project_id: str) -> Budget:
-        return self._t.run(calls.get_doc(Budget, "budgets", project_id))
+    def get(self, project_id: str) -> BudgetView:
+        return self._t.run(calls.get_doc(BudgetView, "budgets", project_id))
 
-    def set(self, project_id: str, judge_calls_per_window: int, window_seconds: int = 3600) -> Budget:
-        return self._t.run(calls.put_budget(project_id, judge_calls_per_window, window_seconds))
+    def set(self, project_id: str, judge_calls_per_window: int, window_seconds: int = 3600,
+            judge_tokens_per_window: int | None = None) -> Budget:
+        """Calls per window, and optionally tokens per window (each call reserves a ceiling of
+        its tokens, settled to the usage its judge reports)."""
+        return self._t.run(calls.put_budget(project_id, judge_calls_per_window, window_seconds,
+                                            judge_tokens_per_window))
 
     def delete(self, project_id: str) -> None:
         self._t.run(calls.delete_doc("budgets", project_id))

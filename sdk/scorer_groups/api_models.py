@@ -12,6 +12,8 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field
 from pydantic.alias_generators import to_camel
 
+from scorer_groups.models import Budget
+
 
 class ApiModel(BaseModel):
     """camelCase on the wire; ``model["field"]`` reads a field too (by wire or Python name), so
@@ -79,3 +81,20 @@ class Channel(ApiModel):
     format: Literal["standard", "slack", "pagerduty"] = "standard"
     disabled: bool = False  # set by the sender after 410 Gone or failing past SGW_WEBHOOK_DISABLE_AFTER_S
     disabled_reason: str | None = None
+
+
+class BudgetUse(ApiModel):
+    """What a project's live scoring spent in the current budget window."""
+
+    window_start: int = Field(description="The window's start, Unix seconds (windows are fixed).")
+    window_seconds: int
+    judge_calls: int = Field(description="Judge calls reserved: one per call made, retries included.")
+    judge_tokens: int = Field(description="Judge tokens: the usage judges reported for settled calls, plus "
+                                          "the ceilings reserved for calls in flight (under a token budget).")
+
+
+class BudgetView(Budget):
+    """A project's budget as ``GET /v1/budgets/{projectId}`` shows it: the document, and what the
+    current window has used of it."""
+
+    used: BudgetUse

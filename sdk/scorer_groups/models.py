@@ -68,6 +68,7 @@ Id = Annotated[str, StringConstraints(min_length=1, max_length=128, strip_whites
 # The most calls a budget may grant per window: far past any real budget, and exact in a Lua
 # number (a double) and in Redis' 64-bit integers, so larger values are refused at save.
 MAX_BUDGET_CALLS = 10**12
+MAX_BUDGET_TOKENS = 10**15  # exact in a double as well, and past any real spend
 Name = Annotated[str, StringConstraints(min_length=1, max_length=200, strip_whitespace=True)]
 Text = Annotated[str, StringConstraints(min_length=1, max_length=20_000)]
 
@@ -248,11 +249,13 @@ class CustomEvaluator(WireModel):
 
 
 class Budget(WireModel):
-    """A project's online judge-call budget: N calls per fixed window."""
+    """A project's online judge budget: N calls per fixed window, and optionally a number of
+    tokens (each call reserves a ceiling of its tokens, settled to its reported usage after)."""
 
     project_id: Id
     judge_calls_per_window: int = Field(ge=0, le=MAX_BUDGET_CALLS)
     window_seconds: int = Field(3600, ge=1, le=30 * 86_400)
+    judge_tokens_per_window: int | None = Field(None, ge=0, le=MAX_BUDGET_TOKENS)
 
 
 class AlertChannel(WireModel):

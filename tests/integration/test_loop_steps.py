@@ -138,7 +138,7 @@ class ControlledPanel(Panel):
             self.entered.append((group.id, str(subject.trace_id)))
             await self.released.wait()
 
-    async def score(self, group: ScorerGroup, subject: Subject, scorers: Any) -> GroupResult:
+    async def score(self, group: ScorerGroup, subject: Subject, scorers: Any, spend: Any = None) -> GroupResult:
         self.alone.append((group.id, str(subject.trace_id)))
         await self._control(group, subject, bulk=False)
         return await super().score(group, subject, scorers)

@@ -18,6 +18,7 @@ from redis.asyncio import Redis
 from scorer_groups import (
     AsyncClient,
     BadRequest,
+    Budget,
     Client,
     NotFound,
     PreconditionFailed,
@@ -27,6 +28,8 @@ from scorer_groups import (
     ServerError,
     Unauthorized,
 )
+from scoring.pairs import ClaimRequest, day_of
+from scoring.stores.claims import Claims
 from scoring.stores.ratings import RatingsStore, SessionVerdict
 from tests.support.api_process import ApiProcess, cli, create_key
 from tests.support.http_fakes import Reply, ScriptedServer
@@ -178,7 +181,8 @@ def test_scorers_budgets_and_channels(env: Env) -> None:
         a.monitor.customs.delete(code.id)
         budget = a.monitor.budgets.set("p-a", 500, window_seconds=60)
         assert (budget.judge_calls_per_window, budget.window_seconds) == (500, 60)
-        assert a.monitor.budgets.get("p-a") == budget
+        shown = a.monitor.budgets.get("p-a")
+        assert Budget.model_validate(shown.model_dump(exclude={"used"})) == budget and shown.used.judge_calls == 0
         with pytest.raises(NotFound):
             b.monitor.budgets.get("p-a")
         channel = a.monitor.channels.create("bot", "https://hooks.example.com/x", secret=secret)
@@ -199,3 +203,42 @@ def test_the_readmes_five_lines_run(env: Env) -> None:
     group = names["client"].monitor.scorer_groups.get(names["group"].id)
     assert group.project_id == "p-b" and group.online is not None and group.online.sample_rate == 0.2
     names["client"].close()
+
+
+def test_gates_first_is_set_at_creation_and_changed_by_update(env: Env) -> None:
+    with env.client("a") as a:
+        judge = a.monitor.judges.create(name="J", criteria="?")
+        pii = a.monitor.patterns.create(name="PII", polarity="failure", template="email")
+        members = [{"kind": "pattern", "refId": pii.id, "weight": 0, "gate": True}, {"kind": "judge", "refId": judge.id}]
+        group = a.monitor.scorer_groups.create("Cheap first", members=members, gates_first=True)
+        assert group.gates_first and a.monitor.scorer_groups.get(group.id).gates_first
+        assert not a.monitor.scorer_groups.update(group.id, gates_first=False).gates_first
+        assert not a.monitor.scorer_groups.create("Default", members=members).gates_first, "the spec's default"
+        with pytest.raises(BadRequest) as bad:
+            a.monitor.scorer_groups.update(group.id, gates_first="yes")
+        assert bad.value.fields == ["gatesFirst"]
+
+
+def test_a_budget_shows_the_calls_and_tokens_its_window_used(env: Env) -> None:
+    with env.client("a") as a:
+        a.monitor.budgets.set("p-a", 50, window_seconds=3600, judge_tokens_per_window=1_000_000)
+        before = a.monitor.budgets.get("p-a")
+        request = ClaimRequest(project_id="p-a", group_id="g", subject_key="trace:t-budget", judge_calls=2,
+                               budget_limit=50, budget_window_s=3600, judge_tokens=1_500, token_limit=1_000_000,
+                               day=day_of(time.time()))
+
+        async def spend() -> None:
+            redis = Redis.from_url(env.redis_url)
+            claims = Claims(redis)
+            (claim,) = await claims.claim_many([request])
+            assert claim.state == "claimed"
+            await claims.mark_done([(request, "r")], tokens=[(request, 700 - 1_500)])  # 700 reported
+            await redis.aclose()
+
+        asyncio.run(spend())
+        view = a.monitor.budgets.get("p-a")
+        assert view.judge_tokens_per_window == 1_000_000 and view.judge_calls_per_window == 50
+        assert (view.used.judge_calls - before.used.judge_calls, view.used.judge_tokens - before.used.judge_tokens) == (2, 700)
+        assert view.used.window_seconds == 3600 and view.used.window_start % 3600 == 0
+        with env.client("b") as b, pytest.raises(NotFound):
+            b.monitor.budgets.get("p-a")

@@ -13,13 +13,14 @@ from redis.asyncio import Redis
 
 from deploy.judge_server import Behaviour, JudgeServer
 from scoring.catalog import CatalogSnapshot
+from scoring.judge_prompt import ANSWER_MAX_TOKENS, token_ceiling
 from scoring.members.http import RetryPolicy
 from scoring.members.judge import JudgeClient
 from scoring.models import Budget, Judge, Pattern, ScorerGroup
 from scoring.pairs import day_of
 from scoring.panel import Panel
 from scoring.ports import BudgetExhausted, TokenUsage
-from scoring.results import build_rating
+from scoring.results import build_rating, tokens_of
 from scoring.routing import Pair, pair_of
 from scoring.stores.claims import Claims
 from tests.support.panel_catalog import subject
@@ -194,3 +195,53 @@ async def test_each_verdict_carries_the_tokens_its_judge_reported(
     assert with_usage[0]["usage"] == {"promptTokens": prompt, "completionTokens": completion}
     assert with_usage[0]["native"] == 8
     assert [u for _, u in counted] == [TokenUsage(prompt, completion)] and counted[0][0] == f"p-{unique}"
+
+
+def token_catalog(project: str, *, tokens: int, calls: int = 100) -> CatalogSnapshot:
+    snap = catalog(project, gates_first=False, judges=2)
+    return CatalogSnapshot(version=1, groups=snap.groups, judges=snap.judges, patterns=snap.patterns,
+                           budgets={project: Budget(project_id=project, judge_calls_per_window=calls,
+                                                    judge_tokens_per_window=tokens)})
+
+
+async def test_a_token_budget_reserves_each_calls_ceiling_and_settles_to_the_real_usage(
+        panel: tuple[Panel, Counted], judge_server: JudgeServer, redis: Redis, unique: str) -> None:
+    scorer, _ = panel
+    project = f"p-{unique}"
+    claims, snap = Claims(redis), token_catalog(project, tokens=100_000)
+    pair = live_pair(snap, CLEAN, "t-tokens")
+    ceiling = sum(token_ceiling(j, pair.subject) for j in snap.judges.values())
+    assert pair.claim.judge_tokens == ceiling > 2 * ANSWER_MAX_TOKENS, "the ceiling: prompt bytes and max_tokens"
+    await claimed(claims, pair)
+    assert await claims.tokens_used(project, 3600) == ceiling, "reserved before the calls"
+
+    spend = claims.spend(pair.claim)
+    result = await scorer.score(pair.group, pair.subject, snap, spend=spend)
+    reported = tokens_of(result)
+    assert 0 < reported < ceiling
+    await claims.mark_done([(pair.claim, "r-1")], tokens=[(pair.claim, spend.settlement(reported))])
+
+    assert await claims.tokens_used(project, 3600) == reported, "settled to the usage the judges reported"
+    assert all(r["max_tokens"] == ANSWER_MAX_TOKENS for r in judge_server.requests), "the answer is bounded"
+
+
+async def test_a_token_budget_without_room_for_the_ceiling_skips_the_group(redis: Redis, unique: str) -> None:
+    project = f"p-{unique}"
+    claims, snap = Claims(redis), token_catalog(project, tokens=1_000)  # under two answers' max_tokens
+    (result,) = await claims.claim_many([live_pair(snap, CLEAN, "t-poor").claim])
+    assert result.state == "exhausted"
+    assert await claims.tokens_used(project, 3600) == 0 and await claims.budget_used(project, 3600) == 0
+
+
+async def test_without_a_token_budget_tokens_are_counted_not_reserved(
+        panel: tuple[Panel, Counted], redis: Redis, unique: str) -> None:
+    scorer, _ = panel
+    project = f"p-{unique}"
+    claims, snap = Claims(redis), catalog(project, gates_first=False, judges=2)
+    pair = live_pair(snap, CLEAN, "t-count")
+    assert pair.claim.judge_tokens == 0, "no prompt is measured without a token budget"
+    await claimed(claims, pair)
+    spend = claims.spend(pair.claim)
+    result = await scorer.score(pair.group, pair.subject, snap, spend=spend)
+    await claims.mark_done([(pair.claim, "r-2")], tokens=[(pair.claim, spend.settlement(tokens_of(result)))])
+    assert await claims.tokens_used(project, 3600) == tokens_of(result) > 0

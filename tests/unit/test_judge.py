@@ -10,8 +10,9 @@ from collections.abc import AsyncIterator, Iterator
 import pytest
 
 from deploy.judge_server import Behaviour, JudgeServer
+from scoring.judge_prompt import SESSION_QUESTION, parse_verdict
 from scoring.members.http import RetryPolicy
-from scoring.members.judge import SESSION_QUESTION, JudgeClient, parse_verdict
+from scoring.members.judge import JudgeClient
 from scoring.models import Judge
 from scoring.ports import MemberError
 from scoring.subjects import Subject

@@ -34,6 +34,7 @@ class GroupCreate(WireModel):
     description: str | None = None
     online: OnlineProfile | None = None
     project_id: Id | None = None
+    gates_first: bool = False
 
 
 class OnlinePatch(WireModel):
@@ -56,6 +57,7 @@ class GroupPatch(WireModel):
     description: str | None = None
     online: OnlinePatch | None = None
     project_id: Id | None = None
+    gates_first: bool | None = None
 
 
 class GroupPage(Page):
@@ -81,7 +83,7 @@ async def list_groups(client: Client, limit: Limit = 50, cursor: Cursor = None) 
 @router.post("/scorer-groups", status_code=201, response_model=ScorerGroup)
 async def create_group(body: GroupCreate, client: Client, request: Request, response: Response) -> ScorerGroup:
     group = await client.scorer_groups.create(body.name, body.members, body.description, body.online,
-                                              project_id=body.project_id)
+                                              project_id=body.project_id, gates_first=body.gates_first)
     response.headers["Location"] = str(request.url_for("get_group", id=group.id).path)
     return _with_etag(response, group)
 

@@ -14,7 +14,7 @@ from fastapi import APIRouter, Path, Request, Response
 from pydantic import Field, SecretStr, ValidationError
 from pydantic.json_schema import SkipJsonSchema
 
-from scorer_groups.api_models import Channel
+from scorer_groups.api_models import BudgetView, Channel
 from scoring.catalog import doc_id, etag
 from scoring.errors import InvalidDocument, NotFound
 from scoring.models import ID_PATTERN, AlertChannel, Budget, CustomEvaluator, Id, Judge, Pattern, WireModel
@@ -163,11 +163,13 @@ async def list_budgets(client: Client, limit: Limit = 50, cursor: Cursor = None)
     return BudgetPage(items=items, next_cursor=next_cursor)
 
 
-@router.get("/budgets/{projectId}", response_model=Budget, tags=["budgets"])
+@router.get("/budgets/{projectId}", response_model=BudgetView, tags=["budgets"])
 async def get_budget(project_id: ProjectId, client: Client, response: Response) -> Any:
-    doc = await client.scorers.get("budgets", project_id)
-    response.headers["ETag"] = etag(doc)
-    return doc
+    """The project's budget, and what its current window has used: judge calls (retries
+    included) and judge tokens."""
+    view = await client.scorers.budget_use(project_id)
+    response.headers["ETag"] = etag(await client.scorers.get("budgets", project_id))
+    return view
 
 
 @router.put("/budgets/{projectId}", response_model=Budget, tags=["budgets"])

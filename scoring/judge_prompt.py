@@ -1,0 +1,107 @@
+"""What a judge is asked and how its answer is read: the chat messages for a rubric verdict
+(0-10) on one response or a whole session, the verdict parsed out of the model's text, and an
+upper bound of the tokens a call can cost, which a token budget reserves before the call. Pure:
+the client that sends them is ``scoring.members.judge``.
+
+Trace scope asks about one response, with the judge's own ``judgePrompt``. Session scope asks
+the structured whole-session question built from the criteria (consistency across turns,
+whether the user's need was resolved) and never uses ``judgePrompt``.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Any
+
+import orjson
+
+from scoring.models import Judge
+from scoring.ports import JudgeVerdict, MemberError
+from scoring.subjects import Subject, as_text
+
+# Bounds what one judge call can cost: text beyond this is cut, with a marker saying so.
+MAX_TEXT_CHARS = 40_000
+
+SYSTEM_PROMPT = (
+    "You are an impartial evaluator of an AI agent's work. Grade strictly against the criteria "
+    "on a 0-10 scale, where 10 fully meets them and 0 fails them completely. Answer with one JSON "
+    'object and nothing else: {"rating": <number from 0 to 10>, "justification": "<one or two '
+    'sentences>"}.'
+)
+
+SESSION_QUESTION = (
+    "Judge the whole conversation below as one unit against these criteria:\n{criteria}\n\n"
+    "Consider in particular:\n"
+    "1. Consistency across turns: does the agent contradict, forget or undo what it said or "
+    "learned in earlier turns?\n"
+    "2. Resolution: by the end, was the user's need resolved?\n\n"
+    "Conversation ({turns} turns):\n{transcript}"
+)
+
+
+def _cut(text: str) -> str:
+    if len(text) <= MAX_TEXT_CHARS:
+        return text
+    return text[:MAX_TEXT_CHARS] + f"\n[... {len(text) - MAX_TEXT_CHARS} more characters cut]"
+
+
+def build_messages(judge: Judge, subject: Subject) -> list[dict[str, str]]:
+    """The chat messages that ask ``judge`` about ``subject``."""
+    if subject.scope == "session":
+        question = SESSION_QUESTION.format(criteria=judge.criteria, turns=subject.turns,
+                                           transcript=_cut(subject.transcript))
+    else:
+        parts = [f"Criteria:\n{judge.criteria}"]
+        if judge.judge_prompt:
+            parts.append(judge.judge_prompt)
+        parts.append(f"Input:\n{_cut(subject.input)}")
+        parts.append(f"Response:\n{_cut(subject.output)}")
+        if subject.expected is not None:
+            parts.append(f"Expected answer:\n{_cut(as_text(subject.expected))}")
+        question = "\n\n".join(parts)
+    return [{"role": "system", "content": SYSTEM_PROMPT}, {"role": "user", "content": question}]
+
+
+_FENCE = re.compile(r"^```(?:json)?\s*|\s*```$", re.IGNORECASE)
+
+
+def parse_verdict(content: str) -> JudgeVerdict:
+    """Read ``{rating, justification}`` from a model's answer, tolerating code fences and
+    prose around the object. Raises MemberError saying what was wrong."""
+    text = _FENCE.sub("", content.strip())
+    document: Any = None
+    for candidate in (text, text[text.find("{"): text.rfind("}") + 1]):
+        try:
+            document = orjson.loads(candidate)
+            break
+        except orjson.JSONDecodeError:
+            continue
+    if not isinstance(document, dict):
+        raise MemberError(f"judge answer is not a JSON object: {content[:120]!r}")
+    rating = document.get("rating")
+    if isinstance(rating, str):
+        try:
+            rating = float(rating.strip())
+        except ValueError:
+            pass
+    if isinstance(rating, bool) or not isinstance(rating, int | float):
+        raise MemberError(f"judge answer has no numeric rating (rating={rating!r})")
+    justification = document.get("justification")
+    return JudgeVerdict(float(rating), justification if isinstance(justification, str) else "")
+
+
+# The most tokens a judge may answer with (sent as ``max_tokens``): a verdict is a short JSON
+# object, and the ceiling a token budget reserves needs a bound on the answer.
+ANSWER_MAX_TOKENS = 512
+
+
+def token_ceiling(judge: Judge, subject: Subject, max_tokens: int = ANSWER_MAX_TOKENS) -> int:
+    """At most how many tokens one call of ``judge`` on ``subject`` costs: the UTF-8 bytes of its
+    messages (a byte-level BPE tokenizer, as OpenAI's, never makes more tokens than bytes), a
+    few per message for the chat format, and the answer's ``max_tokens``. A ceiling, not a
+    guess: on English prose a token is ~4 bytes, so the prompt part overshoots ~4x (README)."""
+    messages = build_messages(judge, subject)
+    return sum(len(m["content"].encode()) + MESSAGE_OVERHEAD_TOKENS for m in messages) + max_tokens
+
+
+MESSAGE_OVERHEAD_TOKENS = 8  # role and separators per chat message, with room to spare
