@@ -47,7 +47,7 @@ from scoring.ports import BudgetExhausted
 from scoring.results import RatingEvent, history_event, tokens_of
 from scoring.routing import Pair, trace_pairs
 from scoring.stores.alerts import NoScoreAlerts
-from scoring.stores.claims import Claims, PairSpend
+from scoring.stores.claims import Claims, PairSpend, Reservation
 from scoring.stores.ratings import RatingsStore
 from scoring.subjects import Trace
 
@@ -134,6 +134,8 @@ class TraceConsumer:
         # A pair scored alone (a judge's) confirms its lease before publishing: confirmations of
         # pairs that finish together go in one script call, not one each.
         self._confirmer: Batcher[ClaimRequest, bool] = Batcher(self._confirm_many)
+        # Budget asked for while pairs are scored (gates-first judges, retries): batched too.
+        self._reserver: Batcher[Reservation, bool] = Batcher(self._reserve_many)
         self._fatal: BaseException | None = None
         # Pairs skipped for budget since the last commit, by group: the ratings history shows them
         # beside no-score results (a starved group is seen, not silent); written once a commit.
@@ -167,6 +169,7 @@ class TraceConsumer:
         """Consume until ``stop`` is set or an output fails; then drain (see ``drain``)."""
         self._finisher.start()
         self._confirmer.start()
+        self._reserver.start()
         while not stop.is_set() and self._fatal is None:
             await self._step()
         if self._fatal is not None:
@@ -193,6 +196,7 @@ class TraceConsumer:
                 log.error("publishes did not finish in time", publishes=len(running))
                 self._fatal = self._fatal or TimeoutError(f"{len(running)} publishes did not finish in time")
         await self._confirmer.stop()
+        await self._reserver.stop()
         await self._finisher.stop()
         if self._skipped:  # counts only: written if Redis answers now, never waited for
             with contextlib.suppress(Exception):
@@ -393,13 +397,13 @@ class TraceConsumer:
     async def _pair(self, pair: Pair, busy: bool, snapshot: CatalogSnapshot,
                     unpublished: set[ClaimRequest]) -> Exception | None:
         """Score and publish one pair; return the exception if the trace itself broke scoring."""
-        spend = self._claims.spend(pair.claim)
+        spend = self._claims.spend(pair.claim, self._reserve_one)
         try:
             result = await self._score(pair, busy, snapshot, spend)
             # Still ours? A worker that stalled past its lease may have lost the pair to another
             # worker, which scored it since: publishing would put a second value under its id.
             while result is not None and not await self._still_held(pair.claim):
-                spend = self._claims.spend(pair.claim)
+                spend = self._claims.spend(pair.claim, self._reserve_one)
                 result = await self._score(pair, True, snapshot, spend)
         except (RedisError, KafkaError, OutageTooLong):
             raise  # an outage, not the trace's fault: the worker stops without committing
@@ -423,6 +427,13 @@ class TraceConsumer:
 
     async def _confirm_many(self, claims: list[ClaimRequest]) -> list[bool]:
         return await self._outages.call(lambda: self._claims.confirm(claims))
+
+    async def _reserve_one(self, reservation: Reservation) -> bool:
+        (granted,) = await self._reserver.submit([reservation])
+        return granted
+
+    async def _reserve_many(self, reservations: list[Reservation]) -> list[bool]:
+        return await self._outages.call(lambda: self._claims.reserve_many(reservations))
 
     async def _publish(self, pair: Pair, result: GroupResult, snapshot: CatalogSnapshot, tokens: int) -> None:
         try:

@@ -26,7 +26,7 @@ import socket
 import time
 import uuid
 from collections import defaultdict
-from collections.abc import Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from typing import Literal
 
@@ -263,26 +263,39 @@ class Claims:
         self._confirm = redis.register_script(_CONFIRM)
         self._reserve = redis.register_script(_RESERVE)
 
-    def spend(self, request: ClaimRequest) -> PairSpend:
-        """The pair's budget for the judge calls decided while it is scored (``scoring.ports.JudgeSpend``)."""
-        return PairSpend(self, request)
+    def spend(self, request: ClaimRequest,
+              reserve: Callable[[Reservation], Awaitable[bool]] | None = None) -> PairSpend:
+        """The pair's budget for the judge calls decided while it is scored (``scoring.ports.JudgeSpend``).
+        ``reserve`` makes the reservation; the trace loop passes one that batches the pairs'."""
+        return PairSpend(request, reserve or self.reserve)
 
-    async def reserve(self, request: ClaimRequest, calls: int, tokens: int, *, skip_when_refused: bool,
-                      now: float | None = None) -> bool:
-        """Reserve ``calls`` more judge calls (and, under a token budget, their ``tokens``
-        ceiling) for a claimed pair from its project's window: one script call. Refused: False,
-        and with ``skip_when_refused`` the pair is marked skipped for budget (never scored, as at
-        claim time)."""
+    async def reserve(self, reservation: Reservation) -> bool:
+        """One reservation alone (``reserve_many`` of one)."""
+        (granted,) = await self.reserve_many([reservation])
+        return granted
+
+    async def reserve_many(self, reservations: Sequence[Reservation], now: float | None = None) -> list[bool]:
+        """Reserve more judge calls (and, under a token budget, their token ceiling) for claimed
+        pairs from their projects' windows: one script call each, one round trip for all. A
+        refusal is False, and with ``skip_when_refused`` the pair is marked skipped for budget
+        (never scored, as at claim time)."""
+        if not reservations:
+            return []
         now = time.time() if now is None else now
-        window_start = int(now) // request.budget_window_s * request.budget_window_s
-        reply = await self._reserve(
-            keys=[keys.judge_budget(request.project_id, window_start),
-                  keys.judge_tokens(request.project_id, window_start), claim_hash(request)],
-            args=[self.owner, -1 if request.budget_limit is None else request.budget_limit,
-                  request.budget_window_s * 2, calls, claim_field(request), int(skip_when_refused),
-                  -1 if request.token_limit is None else request.token_limit,
-                  tokens if request.token_limit is not None else 0])
-        return bool(reply)
+        async with self._redis.pipeline(transaction=False) as pipe:
+            for r in reservations:
+                request = r.request
+                window_start = int(now) // request.budget_window_s * request.budget_window_s
+                await self._reserve(
+                    keys=[keys.judge_budget(request.project_id, window_start),
+                          keys.judge_tokens(request.project_id, window_start), claim_hash(request)],
+                    args=[self.owner, -1 if request.budget_limit is None else request.budget_limit,
+                          request.budget_window_s * 2, r.calls, claim_field(request), int(r.skip_when_refused),
+                          -1 if request.token_limit is None else request.token_limit,
+                          r.tokens if request.token_limit is not None else 0],
+                    client=pipe)
+            replies = await pipe.execute()
+        return [bool(reply) for reply in replies]
 
     async def claim_many(self, requests: list[ClaimRequest], now: float | None = None) -> list[ClaimResult]:
         """Claim every pair of a batch in one round trip: one script call per project."""
@@ -400,13 +413,23 @@ class Claims:
         return int(value or 0)
 
 
+@dataclass(frozen=True, slots=True)
+class Reservation:
+    """Judge calls (and their token ceiling) a claimed pair asks for while it is scored."""
+
+    request: ClaimRequest
+    calls: int
+    tokens: int
+    skip_when_refused: bool  # a gates-first panel's: refused, the pair is skipped for budget
+
+
 class PairSpend:
     """One claimed pair's ``JudgeSpend``: its reservations go to its project's budget window, and
     it remembers the token ceilings reserved, so that ``settlement`` can turn them into the usage
     the judges reported."""
 
-    def __init__(self, claims: Claims, request: ClaimRequest) -> None:
-        self.claims, self.request = claims, request
+    def __init__(self, request: ClaimRequest, reserve: Callable[[Reservation], Awaitable[bool]]) -> None:
+        self.request, self._reserve_one = request, reserve
         self.counts_tokens = request.token_limit is not None
         self.tokens_reserved = request.judge_tokens if self.counts_tokens else 0
 
@@ -418,7 +441,7 @@ class PairSpend:
 
     async def _reserve(self, calls: int, tokens: int, *, skip_when_refused: bool) -> bool:
         tokens = tokens if self.counts_tokens else 0
-        granted = await self.claims.reserve(self.request, calls, tokens, skip_when_refused=skip_when_refused)
+        granted = await self._reserve_one(Reservation(self.request, calls, tokens, skip_when_refused))
         self.tokens_reserved += tokens if granted else 0
         return granted
 

@@ -341,3 +341,73 @@ def _stop(proc: subprocess.Popen[bytes]) -> None:
         except subprocess.TimeoutExpired:
             proc.kill()
             proc.wait()
+
+
+# --- spend: what gatesFirst saves -------------------------------------------------------------
+
+SPEND_FAILING = 0.3  # the share of traces that leak an email: the free must-pass gate fails
+
+
+def spend_catalog(gates_first: bool) -> dict[str, Any]:
+    """A free must-pass PII pattern and three judges (the issue's example group)."""
+    judges = [{"id": j, "name": j.title(), "criteria": f"Is the answer {j}?"} for j in ("helpful", "polite", "accurate")]
+    return {
+        "judges": judges,
+        "patterns": [{"id": "pii", "name": "PII", "polarity": "failure", "template": "email"}],
+        "groups": [{"id": "spend", "name": "Spend", "projectId": "p-spend", "gatesFirst": gates_first,
+                    "online": {"enabled": True, "sampleRate": 1.0, "alertThreshold": 3, "severity": "low"},
+                    "members": [{"kind": "pattern", "refId": "pii", "weight": 0, "gate": True},
+                                *({"kind": "judge", "refId": j["id"], "weight": 1} for j in judges)]}],
+    }
+
+
+def spend_trace(n: int) -> bytes:
+    leaks = n % 10 < SPEND_FAILING * 10
+    answer = f"Your refund for order {n} is on its way." + (" Write to jane@example.com." if leaks else "")
+    return orjson.dumps({"traceId": f"s-{n}", "projectId": "p-spend", "agentId": "support-agent",
+                         "timestamp": "2026-12-02T13:00:00Z",
+                         "spans": [{"spanId": "root", "name": "agent.run", "input": "Where is my refund?",
+                                    "output": answer + " [[rating=8]]"}]})
+
+
+async def spend(bench: Bench, traces: int) -> dict[str, Any]:
+    """The same traffic (30% fail the free gate) through the group with and without gatesFirst:
+    judge calls per trace (counted by the judge server), and the worker's CPU per trace."""
+    topic = bench.name("spend-traces")
+    await create_topics(bench.bootstrap, [topic])
+    producer = AIOKafkaProducer(bootstrap_servers=bench.bootstrap, linger_ms=20, acks=1)
+    await producer.start()
+    try:
+        await asyncio.gather(*[await producer.send(topic, key=f"s-{n}".encode(), value=spend_trace(n))
+                               for n in range(traces)])
+    finally:
+        await producer.stop()
+    judge = JudgeProcess(bench, 0.02)
+    result: dict[str, Any] = {"traces": traces, "failing_gate": SPEND_FAILING}
+    try:
+        for gates_first in (False, True):
+            mode = "gates_first" if gates_first else "every_member"
+            redis_url = await bench.fresh_db(spend_catalog(gates_first))
+            ratings = bench.name(f"spend-{mode}-ratings")
+            await create_topics(bench.bootstrap, [ratings], log_append_time=True)
+            await asyncio.sleep(0.5)
+            calls_before = judge.count[1]
+            worker = bench.worker(f"spend-{mode}", redis_url, topic=topic, ratings_topic=ratings,
+                                  judge_base_url=judge.base_url, judge_concurrency=64, max_in_flight=512)
+            proc = worker.proc
+            assert proc is not None
+            try:
+                drained = await _drain(bench, proc.pid, lambda p=proc: p.poll() is None,
+                                       ratings, traces, 1, redis_url)
+            finally:
+                worker.stop(timeout_s=120)
+            await asyncio.sleep(0.6)  # the judge process prints its count every 0.25 s
+            calls = judge.count[1] - calls_before
+            result[mode] = {"judge_calls_per_trace": round(calls / traces, 3), "judge_calls": calls,
+                            "cpu_s_per_1k": drained["cpu_s_per_1k"], "traces_per_s": drained["traces_per_s"],
+                            "redis_cmds_per_pair": drained.get("redis_cmds_per_pair")}
+    finally:
+        judge.stop()
+    every, first = result["every_member"]["judge_calls_per_trace"], result["gates_first"]["judge_calls_per_trace"]
+    result["judge_calls_saved"] = round(1 - first / every, 3) if every else None
+    return result

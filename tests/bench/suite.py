@@ -17,7 +17,9 @@ traces topic (6 partitions) with ``--traces`` realistic ~2 KB traces, then runs,
   300 ms, at SGW_JUDGE_CONCURRENCY 16, 64 and 256: judge calls/s against concurrency / latency;
 - latency: open-loop production at half the deterministic rate to a fresh topic; produce time
   to the rating's broker timestamp, p50 / p99 / max;
-- backlog: the topic grown to ``--backlog`` traces, drained by a fresh worker: its peak RSS.
+- backlog: the topic grown to ``--backlog`` traces, drained by a fresh worker: its peak RSS;
+- spend: a free must-pass PII pattern and three judges (20 ms) on ``--spend-traces`` traces of
+  which 30% leak an email, with and without ``gatesFirst``: judge calls per trace.
 
 Each scenario reads its own consumer group and a Redis database of its own. traces/s counts
 outputs by broker timestamp (output topics use LogAppendTime) from the first to the last;
@@ -47,7 +49,7 @@ from tests.bench.scenarios import Bench
 from tests.bench.workload import create_topics, machine, produce_traces
 
 RESULTS = Path(__file__).resolve().parent / "results"
-ALL = ["limit", "peer", "deterministic", "scale_out", "judge", "latency", "backlog"]
+ALL = ["limit", "peer", "deterministic", "scale_out", "judge", "latency", "backlog", "spend"]
 
 
 async def run(args: argparse.Namespace) -> dict[str, Any]:
@@ -99,6 +101,8 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
             await scenario("latency", scenarios.latency(bench, rate, args.latency_seconds))
         if "backlog" in wanted:
             await scenario("backlog", scenarios.backlog(bench, args.backlog))
+        if "spend" in wanted:
+            await scenario("spend", scenarios.spend(bench, args.spend_traces))
     report["load_average_at_end"] = [round(x, 2) for x in os.getloadavg()]
     _ratios(report)
     return report
@@ -138,6 +142,12 @@ def markdown(report: dict[str, Any]) -> str:
                      f"({_cell(r.get('ratio_to_ideal'))}); the judge server alone answers "
                      f"{_cell(r.get('server_capacity_calls_per_s'))}/s to a minimal client; worker "
                      f"{_cell(r.get('cpu_cores_used'))} cores busy, {_cell(r.get('cpu_starved'))} starved")
+        elif name == "spend":
+            every, first = r["every_member"], r["gates_first"]
+            notes = (f"judge calls per trace: {every['judge_calls_per_trace']} every member, "
+                     f"{first['judge_calls_per_trace']} gatesFirst ({_cell(r['judge_calls_saved'])} saved, "
+                     f"{r['failing_gate']:.0%} of traces fail the free gate); CPU s / 1k traces "
+                     f"{every['cpu_s_per_1k']} / {first['cpu_s_per_1k']}")
         elif name == "latency":
             notes = (f"at {_cell(r.get('achieved_rate'))} traces/s: p50 {r.get('p50_ms')} ms, p99 {r.get('p99_ms')} ms,"
                      f" max {r.get('max_ms')} ms; worker {_cell(r.get('cpu_starved'))} starved")
@@ -169,6 +179,7 @@ def main() -> None:
     parser.add_argument("--scale-workers", type=int, default=2, help="worker processes in the scale_out scenario")
     parser.add_argument("--worker-setting", action="append", default=[], metavar="NAME=VALUE",
                         help="a worker setting for every scenario, e.g. max_in_flight=1024 (SGW_MAX_IN_FLIGHT)")
+    parser.add_argument("--spend-traces", type=int, default=3000, help="traces of the spend scenario")
     parser.add_argument("--only", default="", help=f"comma-separated subset of {','.join(ALL)}")
     parser.add_argument("--out", type=Path, default=RESULTS)
     args = parser.parse_args()
