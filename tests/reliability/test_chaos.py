@@ -21,7 +21,8 @@ Then, from the ratings topic and the judge's own count of calls:
   printed). It publishes that only for pairs still its own: for a pair another worker took over
   and scored meanwhile it would be a second value under one id (found by this test; fixed by
   confirming the lease before publishing, ``Claims.confirm``);
-- judge calls are repeated only for work that was in flight when a fault hit (REPEAT_BOUND);
+- judge calls are repeated only for work that was in flight when a fault hit (REPEAT_BOUND), and
+  every HTTP call made to the judge took a budget slot (retries included);
 - no worker exits for an outage shorter than SGW_OUTAGE_TOLERANCE_S: every worker the test did
   not kill still runs at the end, and exits 0 on SIGTERM;
 - the consumer group's committed offsets reach the end of the traces topic.
@@ -55,6 +56,7 @@ from redis.asyncio import Redis
 from deploy.judge_server import Behaviour, JudgeServer
 from deploy.services import LocalKafka, LocalRedis
 from scoring.groups import MonitorClient
+from scoring.stores.claims import Claims
 from tests.support.harness import WorkerProcess, produce, worker_env
 
 ROUNDS = int(os.environ.get("SGW_CHAOS_ROUNDS", "1"))
@@ -366,6 +368,10 @@ async def test_workers_ride_out_kills_joins_freezes_and_outages(
             exits = {w.name: chaos.stop(w) for w in chaos.running}
         repeats = repeated_calls(judge)
         never_judged = ROUNDS * TRACES_PER_ROUND - len(judge.calls_by_key)
+        made = sum(judge.calls_by_key.values())
+        redis = Redis.from_url(env["SGW_REDIS_URL"])
+        paid = await Claims(redis).budget_used("p-chaos", 86400)
+        await redis.aclose()
 
     # 5. What was published: every pair, one id and one value each, the expected value.
     ratings = await read_everything(bootstrap, env["SGW_RATINGS_TOPIC"])
@@ -391,6 +397,7 @@ async def test_workers_ride_out_kills_joins_freezes_and_outages(
           f"differing_values={len(differing)} (by a frozen worker: {len(differing_by_freeze)}) "
           f"wrong_values={len(wrong)} (timed out in a freeze: {len(timed_out_in_freeze)}) "
           f"republished={len(ratings) - len(ids)} repeated_judge_calls={repeats} (bound {REPEAT_BOUND}) "
+          f"judge_calls_made={made} budget_slots_taken={paid} "
           f"never_judged={never_judged} exits={len(failed_exits)} commit_lag={lag_after_stop} "
           f"workers={chaos.started} wall={time.monotonic() - began:.0f}s")
     print(f"chaos: not ready because: {sorted(chaos.not_ready_seen)}")
@@ -404,6 +411,8 @@ async def test_workers_ride_out_kills_joins_freezes_and_outages(
     assert not unexplained, "each pair's value is the one its scorers give; not these: " + "; ".join(
         f"{r['traceId']}/{r['groupId']}: {r['rating']} at {r['scoredAt']} ({r['reason']})" for r in unexplained[:5])
     assert repeats <= REPEAT_BOUND, "judge calls repeated only for work in flight when a fault hit"
+    # The budget counts HTTP calls made (retries included), never fewer: a slot for every call.
+    assert made <= paid, f"{made} judge calls made, {paid} budget slots taken"
     assert never_judged == 0, "every trace was judged"
     assert not failed_exits, "\n\n".join(f"{w.name}: {failed_exits[w.name]}\n{w.logs()}"
                                          for w in chaos.running if w.name in failed_exits)
