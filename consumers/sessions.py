@@ -34,7 +34,7 @@ from scoring.catalog import CatalogSnapshot
 from scoring.pairs import day_of
 from scoring.panel import GroupResult, Panel
 from scoring.ports import BudgetExhausted
-from scoring.results import history_event, tokens_of
+from scoring.results import tokens_of
 from scoring.routing import Pair, pair_of
 from scoring.sampling import keep
 from scoring.stores.claims import Claims, PairSpend
@@ -168,13 +168,13 @@ class SessionSweeper:
             unsettled.update(i.subject.session_id or "" for i, ours in zip(mine, held, strict=True) if not ours)
             kept = [(i, r) for i, r, ours in zip(mine, results, held, strict=True) if ours]
             mine = [i for i, _ in kept]
-            ratings = await self._outputs.publish([r for _, r in kept], "session", snapshot)
-            pairs = list(zip(mine, ratings, strict=True))
-            verdicts = [SessionVerdict(r.session_id or "", r.group_id, r.rating, r.justification,
-                                       r.scored_at.timestamp()) for r in ratings]
+            published = await self._outputs.publish([r for _, r in kept], "session", snapshot)
+            pairs = list(zip(mine, published, strict=True))
+            verdicts = [SessionVerdict(p.rating.session_id or "", p.rating.group_id, p.rating.rating,
+                                       p.rating.justification, p.rating.scored_at.timestamp()) for p in published]
             # History and verdicts first: a pair marked done is never judged again.
-            await self._ratings.record([history_event(item.group, r) for item, r in pairs], verdicts)
-            await self._claims.mark_done([(item.claim, r.id) for item, r in pairs],
+            await self._ratings.record([p.history_event(item.group) for item, p in pairs], verdicts)
+            await self._claims.mark_done([(item.claim, p.rating.id) for item, p in pairs],
                                          tokens=[(item.claim, spends[id(item)].settlement(tokens_of(result)))
                                                  for item, result in kept])
         except BaseException:

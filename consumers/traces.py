@@ -44,7 +44,7 @@ from scoring.errors import ScoringError
 from scoring.pairs import ClaimRequest
 from scoring.panel import GroupResult, Panel
 from scoring.ports import BudgetExhausted
-from scoring.results import RatingEvent, history_event, tokens_of
+from scoring.results import RatingEvent, tokens_of
 from scoring.routing import Pair, trace_pairs
 from scoring.stores.alerts import NoScoreAlerts
 from scoring.stores.claims import Claims, PairSpend, Reservation
@@ -437,8 +437,9 @@ class TraceConsumer:
 
     async def _publish(self, pair: Pair, result: GroupResult, snapshot: CatalogSnapshot, tokens: int) -> None:
         try:
-            (rating,) = await self._outages.call(lambda: self._outputs.publish([result], "trace", snapshot))
-            await self._finisher.submit([_Finished(pair.claim, rating.id, history_event(pair.group, rating), tokens)])
+            (published,) = await self._outages.call(lambda: self._outputs.publish([result], "trace", snapshot))
+            await self._finisher.submit([_Finished(pair.claim, published.rating.id,
+                                                   published.history_event(pair.group), tokens)])
         except Exception as exc:
             self._fatal = self._fatal or exc
             log.error("publishing a result failed; the worker stops without committing it", error=repr(exc))
@@ -448,8 +449,8 @@ class TraceConsumer:
         try:
             ratings = await self._outages.call(
                 lambda: self._outputs.publish([result for _, result in scored], "trace", snapshot))
-            await self._finisher.submit([_Finished(pair.claim, rating.id, history_event(pair.group, rating))
-                                         for (pair, _), rating in zip(scored, ratings, strict=True)])
+            await self._finisher.submit([_Finished(pair.claim, published.rating.id, published.history_event(pair.group))
+                                         for (pair, _), published in zip(scored, ratings, strict=True)])
         except Exception as exc:
             self._fatal = self._fatal or exc
             log.error("publishing results failed; the worker stops without committing them", error=repr(exc))

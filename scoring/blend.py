@@ -14,13 +14,10 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Literal
 
+from scorer_groups.documents import MemberStatus
 from scoring.models import MemberKind, Polarity
 from scoring.ports import TokenUsage
-
-# "skipped": a judge member of a gates-first group not called, a cheap gate having decided.
-MemberStatus = Literal["scored", "failed", "not_scored", "skipped"]
 
 GATE_PASS_MARK = 0.5  # goodness below this fails a must-pass member; exactly 0.5 passes
 REFERENCE_DELETED = "reference deleted"

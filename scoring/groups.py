@@ -15,6 +15,7 @@ document's ETag as ``if_match`` and fail with a 412 when it is no longer current
 from __future__ import annotations
 
 import builtins
+import re
 import time
 import uuid
 from collections.abc import Mapping, Sequence
@@ -24,7 +25,8 @@ from typing import Any
 from pydantic import ValidationError
 from redis.asyncio import Redis
 
-from scorer_groups.api_models import BudgetUse, BudgetView
+from scorer_groups.api_models import BudgetUse, BudgetView, ResultsPage
+from scorer_groups.documents import Rating
 from scoring.catalog import (
     KIND_MODELS,
     CatalogSnapshot,
@@ -46,6 +48,7 @@ from scoring.stores.ratings import RatingsHistory, RatingsStore
 UPDATABLE = {"name": "name", "description": "description", "members": "members", "online": "online",
              "project_id": "projectId", "projectId": "projectId", "gates_first": "gatesFirst",
              "gatesFirst": "gatesFirst"}
+_STREAM_ID = re.compile(r"\d{1,20}-\d{1,20}")  # a results cursor: a Redis stream entry id
 FULL_ONLINE_NEEDED = (
     "online: this group has no online profile to merge into; send a full online object "
     "(enabled, sampleRate, alertThreshold, severity; scope defaults to \"trace\")"
@@ -145,6 +148,16 @@ class ScorerGroups:
         group = self._caller.found("groups", await self._store.snapshot(), group_id)
         assert isinstance(group, ScorerGroup)
         return group
+
+    async def results(self, group_id: str, *, limit: int = 50, cursor: str | None = None,
+                      below: bool = False) -> ResultsPage:
+        """The group's latest results, newest first (``below``: only those under its alert
+        threshold); the last ``keys.RESULTS_KEPT`` are kept."""
+        await self.get(group_id)  # 404 unless the caller's project sees the group
+        if cursor is not None and not _STREAM_ID.fullmatch(cursor):
+            raise InvalidDocument("cursor: not a cursor this API gave (nextCursor of the page before)")
+        documents, next_cursor = await self._ratings.results(group_id, limit=limit, cursor=cursor, below=below)
+        return ResultsPage(items=[Rating.model_validate_json(d) for d in documents], next_cursor=next_cursor)
 
     async def create(self, name: str, members: Sequence[Any], description: str | None = None,
                      online: Mapping[str, Any] | OnlineProfile | None = None, *, project_id: str | None = None,

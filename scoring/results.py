@@ -1,6 +1,7 @@
-"""The documents a group result becomes: a Rating (always), a Signal (below the alert
-threshold) and one WebhookDelivery per alert channel of the agent. Their wire formats are the
-design page's contracts; these models are their single source of truth.
+"""Building the documents a group result becomes: a Rating (always), a Signal (below the alert
+threshold) and one WebhookDelivery per alert channel of the agent. Their models - the design
+page's wire contracts - are the SDK's (``scorer_groups.documents``), re-exported here for the
+server's code.
 
 Ids are deterministic: the rating id from the (group, subject) pair, the signal id from the
 rating id, the delivery id from the signal id and channel. A repeated publish after a crash
@@ -13,21 +14,33 @@ import hashlib
 import uuid
 from dataclasses import dataclass
 from datetime import UTC, datetime
-from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field
-from pydantic.alias_generators import to_camel
-
-from scoring.blend import MemberStatus
-from scoring.models import MemberKind, ScorerGroup, Severity
+from scorer_groups.documents import (
+    RECOVERED_EVENT,
+    SIGNAL_EVENT,
+    DeliveryEvent,
+    MemberVerdict,
+    Rating,
+    ResultScope,
+    Signal,
+    SignalReason,
+    Usage,
+    WebhookDelivery,
+)
+from scoring.models import ScorerGroup
 from scoring.panel import GroupResult
 from scoring.ports import TokenUsage
 from scoring.redact import mask_url
 
+__all__ = [
+    "RECOVERED_EVENT", "SIGNAL_EVENT", "DeliveryEvent", "MemberVerdict", "Rating", "RatingEvent", "ResultScope",
+    "Signal", "SignalReason", "Usage", "WebhookDelivery", "build_deliveries", "build_no_score_signal",
+    "build_rating", "build_recovery_deliveries", "build_signal", "channel_key", "derived_id", "history_event",
+    "rating_id", "signal_key", "tokens_of",
+]
+
 _IDS = uuid.UUID("6f1c5a8e-6a8f-4f7e-9a63-2c1d0b7e4a10")  # namespace of every id we derive
 _IDS_BYTES = _IDS.bytes
-
-ResultScope = Literal["trace", "session", "dataset"]
 
 
 def signal_key(group_id: str) -> str:
@@ -48,102 +61,10 @@ def rating_id(group_id: str, subject_key: str) -> str:
     return derived_id(f"rating:{group_id}:{subject_key}")
 
 
-class _Out(BaseModel):
-    model_config = ConfigDict(alias_generator=to_camel, populate_by_name=True, frozen=True)
-
-    def to_json(self) -> bytes:
-        return self.model_dump_json(by_alias=True).encode()
-
-
-class Usage(_Out):
-    """A judge call's tokens, as its API reported them."""
-
-    prompt_tokens: int | None
-    completion_tokens: int | None
-
-
-class MemberVerdict(_Out):
-    kind: MemberKind
-    ref_id: str
-    name: str
-    weight: float
-    gate: bool
-    status: MemberStatus
-    native: float | bool | None
-    goodness: float | None
-    detail: str | None  # a verdict's justification, or why there is none (an error, a skip)
-    # A judge's tokens; the key is absent when its API reported none (and for other kinds).
-    usage: Usage | None = Field(None, exclude_if=lambda usage: usage is None)
-
-
-class _AboutGroupResult(_Out):
-    """What a rating and a signal both say about the result they come from."""
-
-    id: str
-    group_id: str
-    group_name: str
-    project_id: str
-    agent_id: str
-    scope: ResultScope
-    trace_id: str | None = None
-    session_id: str | None = None
-
-
-class Rating(_AboutGroupResult):
-    kind: str
-    turns: int | None = None
-    run_id: str | None = None  # dataset scope: the graded run, and the row within it
-    row: int | None = None
-    rating: float | None
-    reason: str | None
-    justification: str
-    members: list[MemberVerdict]
-    scored_at: datetime
-
-
-SignalReason = Literal["below_threshold", "no_score"]
-
-
-class Signal(_AboutGroupResult):
-    """A group result that needs a person: its score below the alert threshold, or - at most
-    once per group and interval - no score at all (``reason`` "no_score": a must-pass member
-    could not score; ``justification`` names it and why)."""
-
-    key: str
-    reason: SignalReason = "below_threshold"
-    rating: float | None
-    alert_threshold: float | None
-    severity: Severity
-    justification: str
-    rating_id: str
-    raised_at: datetime
-
-
-DeliveryEvent = Literal["scorer_group.signal", "scorer_group.recovered"]
-SIGNAL_EVENT: DeliveryEvent = "scorer_group.signal"
-RECOVERED_EVENT: DeliveryEvent = "scorer_group.recovered"  # the group is at or over its threshold again
-
-
 def channel_key(url: str) -> str:
     """Names an alert channel on topics and in dead letters without its URL, which may carry
     credentials: a hash of the URL, looked up in the catalog by the sender."""
     return hashlib.sha256(url.encode()).hexdigest()[:16]
-
-
-class WebhookDelivery(_Out):
-    """One Signal to one alert channel. Neither the channel's secret nor its real URL is here:
-    the webhook sender looks the channel up in the catalog by ``channel`` (``url`` is the URL
-    masked, for people), so no credential travels on a topic. A ``recovered`` delivery
-    (PagerDuty channels: resolve the incident) carries the recovering result in ``signal``."""
-
-    id: str
-    signal_id: str
-    agent_id: str
-    url: str  # masked: credentials and secret query parameters cut
-    channel: str = ""  # channel_key(the real URL); empty on deliveries written before it existed
-    event: DeliveryEvent = SIGNAL_EVENT
-    signal: Signal
-    created_at: datetime
 
 
 def subject_key(result: GroupResult) -> str:
@@ -269,6 +190,7 @@ class RatingEvent:
     rating: float | None
     below_threshold: bool
     at: float  # epoch seconds
+    document: bytes = b""  # the rating as published, kept among the group's latest results
 
 
 def tokens_of(result: GroupResult) -> int:
@@ -276,7 +198,7 @@ def tokens_of(result: GroupResult) -> int:
     return sum(m.outcome.usage.total for m in result.blend.members if m.outcome.usage is not None)
 
 
-def history_event(group: ScorerGroup, rating: Rating) -> RatingEvent:
-    """How the ratings history counts a published rating."""
+def history_event(group: ScorerGroup, rating: Rating, document: bytes = b"") -> RatingEvent:
+    """How the ratings history counts a published rating (``document``: its JSON as published)."""
     return RatingEvent(group.id, rating.rating, below_threshold(group, rating.rating),
-                       rating.scored_at.timestamp())
+                       rating.scored_at.timestamp(), document)

@@ -36,6 +36,17 @@ RATING_WINDOWS: dict[str, tuple[int, int]] = {
 }
 
 
+# A group's latest results, newest last: a stream trimmed to about RESULTS_KEPT entries (the
+# console's and the API's "recent results"), each the published rating's JSON. It expires a month
+# after the group's last result.
+RESULTS_KEPT = 1_000
+RESULTS_TTL_S = 30 * 86_400
+
+
+def group_results(group_id: str) -> str:
+    return f"{PREFIX}:results:{{{group_id}}}"
+
+
 def rating_bucket(group_id: str, bucket_s: int, bucket_start: int) -> str:
     # A bucket lives as long as the window it belongs to, plus one bucket: then it has left
     # every chart that could show it (TTL set by the script that writes it).

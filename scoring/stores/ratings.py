@@ -1,4 +1,5 @@
-"""Ratings history (the group's chart) and the latest session verdicts, in Redis.
+"""Ratings history (the group's chart), each group's latest results and the latest session
+verdicts, in Redis.
 
 Every group result lands in one time bucket per chart window (1h, 24h, 7d, 30d), each bucket a
 small hash of count, scored, sum, min, max, below-threshold and no-score counts. Bucket sizes
@@ -161,14 +162,24 @@ class RatingsStore:
         self._record = redis.register_script(_RECORD)
 
     async def record(self, events: list[RatingEvent], sessions: list[SessionVerdict] = ()) -> None:  # type: ignore[assignment]
-        """Count ``events`` into their buckets and keep the latest session verdicts, in one
-        pipelined round trip for the whole batch."""
+        """Count ``events`` into their buckets, keep their documents among their groups' latest
+        results, and keep the latest session verdicts: one pipelined round trip for the batch."""
         if not events and not sessions:
             return
         async with self._redis.pipeline(transaction=False) as pipe:
             for (group_id, at), agg in _aggregate(events).items():
                 names, ttls = _bucket_keys(group_id, at)
                 await self._record(keys=names, args=[*agg.args(), *ttls], client=pipe)
+            kept: set[str] = set()
+            for event in events:
+                if event.document:
+                    key = keys.group_results(event.group_id)
+                    # ~: trimmed whole nodes at a time, cheap; the stream holds at least RESULTS_KEPT.
+                    pipe.xadd(key, {"r": event.document, "b": int(event.below_threshold)},
+                              maxlen=keys.RESULTS_KEPT, approximate=True)
+                    kept.add(key)
+            for key in kept:
+                pipe.expire(key, keys.RESULTS_TTL_S)
             for verdict in sessions:
                 key = keys.session_scores(verdict.session_id)
                 pipe.hset(key, verdict.group_id, orjson.dumps(asdict(verdict)))
@@ -197,6 +208,30 @@ class RatingsStore:
             raw = await pipe.execute()
         return RatingsHistory(group_id, window, bucket_s,
                               tuple(_bucket(start, h) for start, h in zip(starts, raw, strict=True)))
+
+    async def results(self, group_id: str, *, limit: int = 50, cursor: str | None = None,
+                      below: bool = False) -> tuple[list[bytes], str | None]:
+        """The group's latest results, newest first: up to ``limit`` rating documents (only those
+        below the alert threshold with ``below``) older than ``cursor``, and the cursor of the
+        next page (None at the end). At most RESULTS_KEPT are kept, so a page reads a bounded
+        number of entries."""
+        key, page = keys.group_results(group_id), max(limit, 100)
+        found: list[bytes] = []
+        upper, next_cursor = f"({cursor}" if cursor else "+", None
+        while len(found) < limit:
+            entries: list[tuple[bytes, dict[bytes, bytes]]] = await self._redis.xrevrange(  # type: ignore[assignment]
+                key, max=upper, min="-", count=page)
+            for entry_id, fields in entries:
+                if below and fields.get(b"b") != b"1":
+                    continue
+                found.append(fields[b"r"])
+                if len(found) == limit:
+                    next_cursor = entry_id.decode()
+                    break
+            if len(entries) < page or next_cursor is not None:
+                break
+            upper = f"({entries[-1][0].decode()}"
+        return found, next_cursor
 
     async def session_scores(self, session_id: str) -> list[dict[str, object]]:
         """The latest verdict of each group on the session, as the SDK returns them."""

@@ -22,7 +22,8 @@ if TYPE_CHECKING:
     from scorer_groups._async import AsyncClient
     from scorer_groups._calls import Retry
     from scorer_groups._sync import Client
-    from scorer_groups.api_models import Change, Channel, Ratings, SessionScore
+    from scorer_groups.api_models import BudgetView, Change, Channel, Ratings, ResultsPage, SessionScore
+    from scorer_groups.documents import Rating
     from scorer_groups.errors import (
         ApiError,
         BadRequest,
@@ -44,6 +45,7 @@ _HOMES = {
     "PreconditionFailed": "errors", "RateLimited": "errors", "ServerError": "errors", "Unauthorized": "errors",
     "Evaluation": "evaluations", "GateFailed": "gates", "NotAJudgeMember": "gates",
     "Change": "api_models", "Channel": "api_models", "Ratings": "api_models", "SessionScore": "api_models",
+    "BudgetView": "api_models", "ResultsPage": "api_models", "Rating": "documents",
     "Budget": "models", "CustomEvaluator": "models", "Judge": "models", "Member": "models",
     "OnlineProfile": "models", "Pattern": "models", "ScorerGroup": "models",
 }
@@ -67,6 +69,7 @@ __all__ = [
     "AsyncClient",
     "BadRequest",
     "Budget",
+    "BudgetView",
     "Change",
     "Channel",
     "Client",
@@ -82,7 +85,9 @@ __all__ = [
     "Pattern",
     "PreconditionFailed",
     "RateLimited",
+    "Rating",
     "Ratings",
+    "ResultsPage",
     "Retry",
     "ScorerGroup",
     "ServerError",

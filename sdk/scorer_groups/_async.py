@@ -12,7 +12,8 @@ import httpx
 from scorer_groups import _calls as calls
 from scorer_groups._calls import Retry
 from scorer_groups._transport import AsyncTransport as Transport
-from scorer_groups.api_models import BudgetView, Change, Channel, Ratings, SessionScore
+from scorer_groups.api_models import BudgetView, Change, Channel, Ratings, ResultsPage, SessionScore
+from scorer_groups.documents import Rating
 from scorer_groups.evaluations_async import AsyncDatasets, AsyncEvaluations
 from scorer_groups.models import Budget, CustomEvaluator, Judge, Pattern, ScorerGroup, WireModel
 
@@ -46,6 +47,18 @@ class ScorerGroups:
 
     async def ratings(self, id: str, window: str = "7d") -> Ratings:
         return await self._t.run(calls.group_ratings(id, window))
+
+    async def results(self, id: str, *, limit: int = 50, cursor: str | None = None, below: bool = False) -> ResultsPage:
+        """The group's latest results, newest first (one page; ``next_cursor`` reads the next)."""
+        return await self._t.run(calls.group_results(id, limit, cursor, below))
+
+    async def grade(self, id: str, input: str, output: str, expected: Any = None,
+              spans: builtins.list[Any] | None = None, metadata: Mapping[str, Any] | None = None) -> Rating:
+        """The playground: grade one example with the group's members now (nothing published;
+        judge calls are reserved from the project's budget, RateLimited when it has no room)."""
+        example = {"input": input, "output": output, "expected": expected, "spans": spans or [],
+                   "metadata": dict(metadata or {})}
+        return await self._t.run(calls.grade_example(id, example))
 
     async def changes(self, id: str) -> builtins.list[Change]:
         return await self._t.run(calls.group_changes(id))

@@ -14,7 +14,8 @@ import httpx
 from pydantic import BaseModel, TypeAdapter
 from pydantic.alias_generators import to_camel
 
-from scorer_groups.api_models import Change, Channel, Ratings, SessionScore
+from scorer_groups.api_models import Change, Channel, Ratings, ResultsPage, SessionScore
+from scorer_groups.documents import Rating
 from scorer_groups.errors import ApiError, error_for
 from scorer_groups.models import Budget, CustomEvaluator, Judge, Pattern, ScorerGroup, WireModel
 
@@ -137,6 +138,17 @@ def delete_group(group_id: str, if_match: str | None) -> Call[None]:
 
 def group_ratings(group_id: str, window: str) -> Call[Ratings]:
     return Call("GET", f"/v1/scorer-groups/{_id(group_id)}/ratings", _model(Ratings), params={"window": window})
+
+
+def group_results(group_id: str, limit: int, cursor: str | None, below: bool) -> Call[ResultsPage]:
+    params: dict[str, Any] = {"limit": limit, "below": "true" if below else "false"}
+    if cursor is not None:
+        params["cursor"] = cursor
+    return Call("GET", f"/v1/scorer-groups/{_id(group_id)}/results", _model(ResultsPage), params=params)
+
+
+def grade_example(group_id: str, example: Mapping[str, Any]) -> Call[Rating]:
+    return Call("POST", f"/v1/scorer-groups/{_id(group_id)}/grade", _model(Rating), json=_wire(dict(example)))
 
 
 def group_changes(group_id: str) -> Call[builtins.list[Change]]:

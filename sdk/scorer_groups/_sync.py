@@ -11,7 +11,8 @@ import httpx
 from scorer_groups import _calls as calls
 from scorer_groups._calls import Retry
 from scorer_groups._transport import Transport
-from scorer_groups.api_models import BudgetView, Change, Channel, Ratings, SessionScore
+from scorer_groups.api_models import BudgetView, Change, Channel, Ratings, ResultsPage, SessionScore
+from scorer_groups.documents import Rating
 from scorer_groups.evaluations import Datasets, Evaluations
 from scorer_groups.models import Budget, CustomEvaluator, Judge, Pattern, ScorerGroup, WireModel
 
@@ -45,6 +46,18 @@ class ScorerGroups:
 
     def ratings(self, id: str, window: str = "7d") -> Ratings:
         return self._t.run(calls.group_ratings(id, window))
+
+    def results(self, id: str, *, limit: int = 50, cursor: str | None = None, below: bool = False) -> ResultsPage:
+        """The group's latest results, newest first (one page; ``next_cursor`` reads the next)."""
+        return self._t.run(calls.group_results(id, limit, cursor, below))
+
+    def grade(self, id: str, input: str, output: str, expected: Any = None,
+              spans: builtins.list[Any] | None = None, metadata: Mapping[str, Any] | None = None) -> Rating:
+        """The playground: grade one example with the group's members now (nothing published;
+        judge calls are reserved from the project's budget, RateLimited when it has no room)."""
+        example = {"input": input, "output": output, "expected": expected, "spans": spans or [],
+                   "metadata": dict(metadata or {})}
+        return self._t.run(calls.grade_example(id, example))
 
     def changes(self, id: str) -> builtins.list[Change]:
         return self._t.run(calls.group_changes(id))

@@ -9,10 +9,11 @@ from __future__ import annotations
 
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, JsonValue
 from pydantic.alias_generators import to_camel
 
-from scorer_groups.models import Budget
+from scorer_groups.documents import Rating
+from scorer_groups.models import Budget, WireModel
 
 
 class ApiModel(BaseModel):
@@ -98,3 +99,21 @@ class BudgetView(Budget):
     current window has used of it."""
 
     used: BudgetUse
+
+
+class ResultsPage(ApiModel):
+    """A page of a group's latest results (trace and session scope), newest first: each the
+    rating as it was published."""
+
+    items: list[Rating]
+    next_cursor: str | None = Field(None, description="Pass as cursor for the next page; null on the last.")
+
+
+class GradeRequest(WireModel):
+    """One example for the playground: graded with the group's members now, nothing published."""
+
+    input: str = Field(max_length=100_000)
+    output: str = Field(max_length=100_000)
+    expected: JsonValue = None
+    spans: list[dict[str, JsonValue]] = Field(default_factory=list, max_length=500)
+    metadata: dict[str, JsonValue] = Field(default_factory=dict)

@@ -11,8 +11,10 @@ from typing import Any
 
 import orjson
 import pytest
+from redis.asyncio import Redis
 
 from deploy.judge_server import JudgeServer
+from scoring.stores.ratings import RatingsStore
 from tests.support.harness import WorkerProcess, catalog_db, produce, read_topic, worker_env
 
 pytestmark = pytest.mark.integration
@@ -88,6 +90,12 @@ async def test_gates_first_spends_only_on_traces_whose_gates_passed(
     assert prompt > 0 and completion > 0
     reported = sum(m["usage"]["promptTokens"] for r in ratings for m in r["members"] if "usage" in m)
     assert prompt == reported, "the metric counts what the ratings carry"
+
+    # Every published rating is among the group's latest results, as published.
+    redis = Redis.from_url(env["SGW_REDIS_URL"])
+    documents, _ = await RatingsStore(redis).results("g-first", limit=50)
+    await redis.aclose()
+    assert sorted(orjson.loads(d)["id"] for d in documents) == sorted(r["id"] for r in ratings)
 
 
 def metric(text: str, name: str, **labels: str) -> float:

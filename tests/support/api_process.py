@@ -36,6 +36,7 @@ class ApiProcess:
     log_path: Path
     port: int = field(default_factory=free_port)
     proc: subprocess.Popen[bytes] | None = None
+    env: dict[str, str] = field(default_factory=dict)  # more SGW_* settings (a judge endpoint, ...)
 
     @property
     def url(self) -> str:
@@ -43,7 +44,7 @@ class ApiProcess:
 
     def start(self, timeout_s: float = 30) -> ApiProcess:
         env = {**os.environ, "SGW_REDIS_URL": self.redis_url, "SGW_API_PORT": str(self.port),
-               "SGW_API_HOST": "127.0.0.1", "SGW_LOG_FORMAT": "json", "PYTHONPATH": str(ROOT)}
+               "SGW_API_HOST": "127.0.0.1", "SGW_LOG_FORMAT": "json", "PYTHONPATH": str(ROOT), **self.env}
         self.proc = subprocess.Popen([sys.executable, "-m", "worker.cli", "api"], env=env, cwd=ROOT,
                                      stdout=open(self.log_path, "wb"), stderr=subprocess.STDOUT)
         deadline = time.monotonic() + timeout_s

@@ -24,7 +24,9 @@ from fastapi import FastAPI, Request, Response
 from fastapi.responses import PlainTextResponse
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
+from scoring.playground import Playground
 from scoring.stores.catalog import SnapshotCache
+from scoring.stores.claims import Claims
 from worker.api import evaluations, groups, problems, scorers
 from worker.connections import redis_client
 from worker.engine import ScoringEngine
@@ -45,6 +47,7 @@ def create_app(settings: Settings) -> FastAPI:
         # One engine for every request: dataset runs finalized at once share its judge cap and
         # sandbox pool, as the worker's traces do.
         app.state.engine = await ScoringEngine(settings).start()
+        app.state.playground = Playground(app.state.engine.panel, Claims(app.state.redis))
         try:
             yield
         finally:

@@ -9,16 +9,19 @@ from __future__ import annotations
 
 from typing import Annotated, Any, Literal
 
-from fastapi import APIRouter, Header, Path, Request, Response
+from fastapi import APIRouter, Header, Path, Query, Request, Response
 
-from scorer_groups.api_models import Change, Ratings, SessionScore
+from scorer_groups.api_models import Change, GradeRequest, Ratings, ResultsPage, SessionScore
+from scorer_groups.documents import Rating
 from scoring.catalog import etag
 from scoring.errors import NotFound
 from scoring.groups import Caller, MonitorClient
 from scoring.models import ID_PATTERN, Id, Member, Name, OnlineProfile, Scope, ScorerGroup, Severity, WireModel
+from scoring.playground import Playground
 from scoring.stores.changes import ChangeLog
 from worker.api.auth import Client, Who, redis_of
 from worker.api.pages import Cursor, Limit, Page, page
+from worker.api.problems import Problem
 
 router = APIRouter(prefix="/v1", tags=["scorer groups"])
 IfMatch = Annotated[str | None, Header(description="An ETag from a read: the write fails with 412 if "
@@ -119,6 +122,29 @@ async def delete_group(group_id: GroupId, client: Client, if_match: IfMatch = No
 async def group_ratings(group_id: GroupId, client: Client,
                         window: Literal["1h", "24h", "7d", "30d"] = "7d") -> dict[str, object]:
     return (await client.scorer_groups.ratings(group_id, window=window)).wire()
+
+
+@router.get("/scorer-groups/{id}/results", response_model=ResultsPage)
+async def group_results(group_id: GroupId, client: Client, limit: Limit = 50, cursor: Cursor = None,
+                        below: Annotated[bool, Query(description="Only results below the alert threshold.")] = False
+                        ) -> ResultsPage:
+    """The group's latest results (trace and session scope), newest first: each the rating as
+    published - score, justification, members. The last 1,000 are kept."""
+    return await client.scorer_groups.results(group_id, limit=limit, cursor=cursor, below=below)
+
+
+@router.post("/scorer-groups/{id}/grade", response_model=Rating,
+             responses={429: {"model": Problem, "description": "No room in the judge budget (the problem's "
+                                                               "`budget` says its state), or the project's "
+                                                               "playground is busy."}})
+async def grade_example(group_id: GroupId, body: GradeRequest, client: Client, request: Request) -> Rating:
+    """The playground: grade one example with the group's members now and answer with the rating
+    and every member's verdict. Nothing is published; judge calls are reserved from the
+    project's budget."""
+    group = await client.scorer_groups.get(group_id)
+    snapshot = await client.store.snapshot()
+    playground: Playground = request.app.state.playground
+    return await playground.grade(group, snapshot, body)
 
 
 @router.get("/scorer-groups/{id}/changes", response_model=ChangePage)

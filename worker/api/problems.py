@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from typing import Any
 
+import orjson
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
@@ -63,7 +64,12 @@ def install(app: FastAPI) -> None:
 
     @app.exception_handler(CatalogError)
     async def catalog_error(request: Request, exc: CatalogError) -> JSONResponse:
-        return problem(exc.status, exc.message, request, exc.errors if exc.status == 400 else [])
+        response = problem(exc.status, exc.message, request, exc.errors if exc.status == 400 else [])
+        extension = getattr(exc, "extension", None)  # RFC 9457 extension members (a budget's state)
+        if extension:
+            response = JSONResponse({**orjson.loads(bytes(response.body)), **extension}, status_code=exc.status,
+                                    media_type=PROBLEM_JSON)
+        return response
 
     @app.exception_handler(RequestValidationError)
     async def invalid_request(request: Request, exc: RequestValidationError) -> JSONResponse:

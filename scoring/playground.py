@@ -1,0 +1,107 @@
+"""The playground: a group grades one example now, with the scoring engine of the process, and
+the rating comes back to the caller - nothing is published, nothing is kept.
+
+It spends the project's live judge budget like live scoring (its judges' calls reserved before
+they are made, all or nothing; retries and a gates-first panel reserve as they go), and it is
+bounded per project: a busy playground is refused (429) rather than queued, so that it cannot
+take the judge endpoint's slots from live scoring for long.
+"""
+
+from __future__ import annotations
+
+import time
+import uuid
+
+from scorer_groups.api_models import GradeRequest
+from scorer_groups.documents import Rating
+from scoring.catalog import CatalogSnapshot
+from scoring.errors import CatalogError
+from scoring.judge_prompt import token_ceiling
+from scoring.models import ScorerGroup
+from scoring.pairs import ClaimRequest, day_of
+from scoring.panel import Panel, planned_judges, upfront_judge_calls
+from scoring.ports import BudgetExhausted
+from scoring.results import build_rating
+from scoring.routing import DEFAULT_BUDGET_WINDOW_S
+from scoring.stores.claims import Claims, Reservation
+from scoring.subjects import Subject
+
+GRADES_PER_PROJECT = 4  # at once; the fifth is refused until one ends
+
+
+class PlaygroundRefused(CatalogError):
+    """429: the project's judge budget has no room for the example's judges, or the project's
+    playground is already grading as many examples as it may. ``extension`` is added to the
+    problem body (the budget's state)."""
+
+    status = 429
+
+    def __init__(self, message: str, extension: dict[str, object] | None = None) -> None:
+        super().__init__(message)
+        self.extension = extension or {}
+
+
+class Playground:
+    """One per process, beside the scoring engine it grades with."""
+
+    def __init__(self, panel: Panel, claims: Claims, *, per_project: int = GRADES_PER_PROJECT) -> None:
+        self._panel, self._claims, self._per_project = panel, claims, per_project
+        self._busy: dict[str, int] = {}  # gradings under way, by project (one event loop: no lock)
+
+    async def grade(self, group: ScorerGroup, snapshot: CatalogSnapshot, example: GradeRequest) -> Rating:
+        project = group.project_id
+        if self._busy.get(project, 0) >= self._per_project:
+            raise PlaygroundRefused(f"the playground is grading {self._per_project} examples of this project "
+                                    "already; try again when one is done")
+        self._busy[project] = self._busy.get(project, 0) + 1
+        try:
+            return await self._grade(group, snapshot, example)
+        finally:
+            self._busy[project] -= 1
+            if not self._busy[project]:
+                del self._busy[project]
+
+    async def _grade(self, group: ScorerGroup, snapshot: CatalogSnapshot, example: GradeRequest) -> Rating:
+        # 1. the example as a trace-scope subject of the group's project
+        example_id = f"playground-{uuid.uuid4().hex[:12]}"
+        subject = Subject(scope="trace", input=example.input, output=example.output, expected=example.expected,
+                          spans=list(example.spans), metadata=dict(example.metadata), transcript="",
+                          project_id=group.project_id, agent_id="playground", trace_id=example_id)
+        # 2. the judges' calls reserved from the project's budget, as a live pair's would be
+        request = self._request(group, snapshot, subject, example_id)
+        spend = self._claims.spend(request)
+        if request.judge_calls and not await self._claims.reserve(
+                Reservation(request, request.judge_calls, request.judge_tokens, skip_when_refused=False)):
+            raise await self._exhausted(request)
+        # 3. every member now; a gates-first panel and retries reserve as they go
+        try:
+            result = await self._panel.score(group, subject, snapshot, spend=spend)
+        except BudgetExhausted:
+            raise await self._exhausted(request) from None
+        return build_rating(result, "playground")
+
+    def _request(self, group: ScorerGroup, snapshot: CatalogSnapshot, subject: Subject,
+                 example_id: str) -> ClaimRequest:
+        budget = snapshot.budget(group.project_id)
+        token_limit = budget.judge_tokens_per_window if budget else None
+        calls = upfront_judge_calls(group, snapshot, subject)
+        tokens = (sum(token_ceiling(j, subject) for j in planned_judges(group, snapshot, subject))
+                  if calls and token_limit is not None else 0)
+        return ClaimRequest(project_id=group.project_id, group_id=group.id, subject_key=f"playground:{example_id}",
+                            judge_calls=calls, budget_limit=budget.judge_calls_per_window if budget else None,
+                            budget_window_s=budget.window_seconds if budget else DEFAULT_BUDGET_WINDOW_S,
+                            judge_tokens=tokens, token_limit=token_limit, day=day_of(time.time()))
+
+    async def _exhausted(self, request: ClaimRequest) -> PlaygroundRefused:
+        now = time.time()
+        window = request.budget_window_s
+        start = int(now) // window * window
+        state: dict[str, object] = {
+            "judgeCallsPerWindow": request.budget_limit, "judgeTokensPerWindow": request.token_limit,
+            "windowSeconds": window, "windowStart": start, "resetsInSeconds": start + window - int(now),
+            "judgeCallsUsed": await self._claims.budget_used(request.project_id, window, now),
+            "judgeTokensUsed": await self._claims.tokens_used(request.project_id, window, now)}
+        return PlaygroundRefused(f"the project's judge budget has no room for this example's judge calls "
+                                 f"({state['judgeCallsUsed']} of {request.budget_limit} used; the window resets in "
+                                 f"{state['resetsInSeconds']} s)", {"budget": state})
+

@@ -1,0 +1,162 @@
+"""A group's latest results and the playground, through the SDK against the real API process,
+Redis and a local chat-completions judge: results newest first, paged, filtered below the
+threshold, bounded and scoped per project; the playground grades an example with every member,
+publishes nothing, reserves its judges from the project's budget (429 with the budget's state
+when there is no room) and is bounded per project."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Iterator
+from datetime import UTC, datetime
+from typing import Any
+
+import pytest
+from redis.asyncio import Redis
+
+from deploy.judge_server import Behaviour, JudgeServer
+from scorer_groups import AsyncClient, BadRequest, Client, NotFound, RateLimited, Retry
+from scorer_groups.documents import MemberVerdict, Rating
+from scoring.results import RatingEvent
+from scoring.stores import keys
+from scoring.stores.ratings import RatingsStore
+from tests.support.api_process import ApiProcess, create_key
+from tests.support.redis_databases import RedisDatabases
+
+pytestmark = pytest.mark.integration
+
+NO_RETRY = Retry(attempts=0)
+
+
+class Env:
+    def __init__(self, api: ApiProcess, redis_url: str, keys_: dict[str, str], judge: JudgeServer) -> None:
+        self.api, self.redis_url, self.keys, self.judge = api, redis_url, keys_, judge
+
+    def client(self, who: str = "a") -> Client:
+        return Client(self.api.url, self.keys[who], retry=NO_RETRY)
+
+
+@pytest.fixture(scope="module")
+def env(redis_databases: RedisDatabases, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Env]:
+    with JudgeServer() as judge, redis_databases.lease() as url:
+        keys_ = {"a": create_key(url, "--project", "p-a"), "b": create_key(url, "--project", "p-b")}
+        api = ApiProcess(url, tmp_path_factory.mktemp("api") / "api.log",
+                         env={"SGW_JUDGE_BASE_URL": judge.base_url, "SGW_JUDGE_TIMEOUT_S": "5"}).start()
+        try:
+            yield Env(api, url, keys_, judge)
+        finally:
+            api.stop()
+
+
+def rating(group_id: str, n: int, score: float | None) -> Rating:
+    return Rating(id=f"r-{n}", kind=f"scorer-group:{group_id}", group_id=group_id, group_name="G", project_id="p-a",
+                  agent_id="agent", scope="trace", trace_id=f"t-{n}", rating=score, reason=None,
+                  justification=f"Weighted blend: {score}", scored_at=datetime.fromtimestamp(1_796_000_000 + n, UTC),
+                  members=[MemberVerdict(kind="judge", ref_id="j", name="Judge", weight=1, gate=False,
+                                         status="scored", native=score, goodness=None, detail="fine")])
+
+
+def record(env: Env, group_id: str, ratings: list[tuple[Rating, bool]]) -> None:
+    async def write() -> None:
+        redis = Redis.from_url(env.redis_url)
+        await RatingsStore(redis).record([RatingEvent(group_id, r.rating, below, r.scored_at.timestamp(), r.to_json())
+                                          for r, below in ratings])
+        await redis.aclose()
+
+    asyncio.run(write())
+
+
+def a_group(client: Client, name: str = "G", **extra: Any) -> Any:
+    judge = client.monitor.judges.create(name="Helpful", criteria="Helpful?")
+    pii = client.monitor.patterns.create(name="PII", polarity="failure", template="email")
+    members = [{"kind": "judge", "refId": judge.id, "weight": 1}, {"kind": "pattern", "refId": pii.id, "weight": 1}]
+    return client.monitor.scorer_groups.create(name, members=members, **extra)
+
+
+def test_results_come_newest_first_in_pages_and_filtered_below_the_threshold(env: Env) -> None:
+    with env.client() as a:
+        group = a_group(a)
+        record(env, group.id, [(rating(group.id, n, float(n)), n < 3) for n in range(7)])
+
+        first = a.monitor.scorer_groups.results(group.id, limit=3)
+        assert [r.trace_id for r in first.items] == ["t-6", "t-5", "t-4"] and first.next_cursor
+        second = a.monitor.scorer_groups.results(group.id, limit=3, cursor=first.next_cursor)
+        assert [r.trace_id for r in second.items] == ["t-3", "t-2", "t-1"]
+        assert second.items[0].members[0].detail == "fine" and second.items[0].justification == "Weighted blend: 3.0"
+        below = a.monitor.scorer_groups.results(group.id, limit=10, below=True)
+        assert [r.trace_id for r in below.items] == ["t-2", "t-1", "t-0"] and below.next_cursor is None
+        with pytest.raises(BadRequest) as bad:
+            a.monitor.scorer_groups.results(group.id, cursor="1-2; DROP")
+        assert bad.value.fields == ["cursor"]
+    with env.client("b") as b, pytest.raises(NotFound):
+        b.monitor.scorer_groups.results(group.id)
+
+
+def test_the_results_kept_are_bounded(env: Env) -> None:
+    with env.client() as a:
+        group = a_group(a, "Busy")
+        for start in range(0, 1_500, 500):
+            record(env, group.id, [(rating(group.id, n, 5.0), False) for n in range(start, start + 500)])
+
+        async def length() -> int:
+            redis = Redis.from_url(env.redis_url)
+            try:
+                return int(await redis.xlen(keys.group_results(group.id)))
+            finally:
+                await redis.aclose()
+
+        kept = asyncio.run(length())
+        assert keys.RESULTS_KEPT <= kept < keys.RESULTS_KEPT + 200, "trimmed to about RESULTS_KEPT"
+        assert a.monitor.scorer_groups.results(group.id, limit=1).items[0].trace_id == "t-1499"
+
+
+def test_the_playground_grades_an_example_with_every_member_and_publishes_nothing(env: Env) -> None:
+    with env.client() as a:
+        group = a_group(a, "Playground")
+        verdict = a.monitor.scorer_groups.grade(group.id, input="Where is my order?",
+                                                output="It ships today. Mail me at jane@example.com [[rating=8]]")
+        assert verdict.scope == "playground" and verdict.group_id == group.id
+        assert [(m.name, m.status, m.native) for m in verdict.members] == [("Helpful", "scored", 8), ("PII", "scored", True)]
+        assert verdict.rating == 4.0 and "Weighted blend" in verdict.justification
+        assert verdict.members[0].usage is not None and verdict.members[0].usage.prompt_tokens
+        assert a.monitor.scorer_groups.results(group.id).items == [], "a playground grade is not a result"
+        assert a.monitor.scorer_groups.ratings(group.id, window="1h").count == 0
+
+
+def test_the_playground_reserves_from_the_budget_and_says_its_state_when_it_has_no_room(env: Env) -> None:
+    with env.client("b") as b:
+        group = a_group(b, "Budgeted")
+        b.monitor.budgets.set("p-b", 1, window_seconds=3600)
+        assert b.monitor.scorer_groups.grade(group.id, input="q", output="a [[rating=6]]").rating == 8.0
+        assert b.monitor.budgets.get("p-b").used.judge_calls == 1
+        calls = len(env.judge.requests)
+        with pytest.raises(RateLimited) as refused:
+            b.monitor.scorer_groups.grade(group.id, input="q", output="a")
+        assert len(env.judge.requests) == calls, "no judge call without budget"
+        state = refused.value.problem["budget"]
+        assert (state["judgeCallsPerWindow"], state["judgeCallsUsed"], state["windowSeconds"]) == (1, 1, 3600)
+        assert 0 < state["resetsInSeconds"] <= 3600
+        assert "no room" in refused.value.detail
+        b.monitor.budgets.delete("p-b")
+
+
+def test_the_playground_is_bounded_per_project(env: Env) -> None:
+    with env.client() as a:
+        group = a_group(a, "Slow")
+    env.judge.set_default(Behaviour.deterministic(delay=1.0))
+
+    async def at_once() -> list[Any]:
+        async with AsyncClient(env.api.url, env.keys["a"], retry=NO_RETRY) as client:
+            return await asyncio.gather(*(client.monitor.scorer_groups.grade(group.id, input="q", output="a")
+                                          for _ in range(6)), return_exceptions=True)
+
+    try:
+        started = time.monotonic()
+        outcomes = asyncio.run(at_once())
+    finally:
+        env.judge.set_default(Behaviour.deterministic())
+    refused = [o for o in outcomes if isinstance(o, RateLimited)]
+    assert len(refused) == 2 and all("already" in r.detail for r in refused), outcomes
+    assert sum(isinstance(o, Rating) for o in outcomes) == 4
+    assert time.monotonic() - started < 5
