@@ -2,7 +2,8 @@
 # Installs everything the worker and its tests need on a fresh Debian machine, idempotently:
 # Redis (Debian's redis-server), the code-scorer sandbox (bubblewrap, Debian's python3 with
 # libseccomp's binding python3-seccomp), Prometheus with promtool (Debian's prometheus, for the
-# dashboard and alert-rule tests), Java and Maven when missing, the Python virtualenv in .venv
+# dashboard and alert-rule tests), chromium and chromedriver (the console's browser tests), Java
+# and Maven when missing, the Python virtualenv in .venv
 # with the pinned versions of constraints.txt, and Kafka's jars from Maven Central.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -15,6 +16,9 @@ command -v java >/dev/null 2>&1 || need_apt+=(openjdk-17-jre-headless)
 command -v mvn >/dev/null 2>&1 || need_apt+=(maven)
 # Prometheus and promtool: tests/reliability/test_prometheus_live.py runs its own on loopback.
 command -v prometheus >/dev/null 2>&1 && command -v promtool >/dev/null 2>&1 || need_apt+=(prometheus)
+# A headless browser for the console's tests (tests/e2e/test_console.py), driven through chromedriver.
+command -v chromium >/dev/null 2>&1 || need_apt+=(chromium)
+command -v chromedriver >/dev/null 2>&1 || need_apt+=(chromium-driver)
 if [ ${#need_apt[@]} -gt 0 ]; then
   echo "bootstrap: installing ${need_apt[*]} from Debian" >&2
   sudo_cmd=""; [ "$(id -u)" -ne 0 ] && sudo_cmd="sudo"

@@ -27,7 +27,7 @@ from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from scoring.playground import Playground
 from scoring.stores.catalog import SnapshotCache
 from scoring.stores.claims import Claims
-from worker.api import evaluations, groups, problems, scorers
+from worker.api import console_pages, evaluations, groups, problems, scorers
 from worker.connections import redis_client
 from worker.engine import ScoringEngine
 from worker.metrics import API_REQUEST_SECONDS, API_REQUESTS, REGISTRY
@@ -61,6 +61,7 @@ def create_app(settings: Settings) -> FastAPI:
     app.openapi = lambda: problems.documented(app)  # type: ignore[method-assign]
     app.include_router(groups.router)
     app.include_router(scorers.router)
+    app.include_router(console_pages.router)
     app.include_router(evaluations.router)
 
     @app.middleware("http")

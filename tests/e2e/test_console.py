@@ -1,0 +1,224 @@
+"""The console in a real headless browser (Debian's chromium through chromedriver, driven by
+Selenium) against the real API process, Redis and a local chat-completions judge: sign in, the
+groups, a group's chart drawn from its ratings history, recent results with the Group score /
+Judge scores switch, the playground, an edit refused by the API shown at its field, dataset runs
+with their gate - and a group named like an XSS payload rendered as text.
+
+Chromium is kept on loopback: every host name but 127.0.0.1 resolves to nothing, and its
+background services (updates, sync, metrics) are off. ``SGW_CONSOLE_SCREENSHOT=<path>`` saves
+the group page (the README's picture is made that way)."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import shutil
+import time
+from collections.abc import Iterator
+from datetime import UTC, datetime
+from typing import Any
+
+import httpx
+import pytest
+from redis.asyncio import Redis
+
+from deploy.judge_server import JudgeServer
+from scorer_groups import Client
+from scorer_groups.documents import MemberVerdict, Rating
+from scoring.results import RatingEvent
+from scoring.stores.ratings import RatingsStore
+from tests.support.api_process import ApiProcess, create_key
+from tests.support.redis_databases import RedisDatabases
+
+pytestmark = pytest.mark.integration
+
+webdriver = pytest.importorskip("selenium.webdriver", reason="selenium is not installed (pip install '.[test]')")
+from selenium.common.exceptions import (  # noqa: E402
+    NoAlertPresentException,
+    StaleElementReferenceException,
+    TimeoutException,
+)
+from selenium.webdriver.common.by import By  # noqa: E402
+from selenium.webdriver.support.ui import WebDriverWait  # noqa: E402
+
+XSS = "<img src=x onerror=alert(1)>"
+CHROMIUM, CHROMEDRIVER = shutil.which("chromium"), shutil.which("chromedriver")
+LOOPBACK_ONLY = [
+    "--headless=new", "--no-sandbox", "--disable-gpu", "--window-size=1280,1700", "--no-first-run",
+    "--no-default-browser-check", "--disable-background-networking", "--disable-component-update",
+    "--disable-sync", "--disable-default-apps", "--disable-domain-reliability", "--disable-breakpad",
+    "--disable-features=Translate,OptimizationHints,MediaRouter,AutofillServerCommunication",
+    "--host-resolver-rules=MAP * ~NOTFOUND , EXCLUDE 127.0.0.1",
+]
+
+
+@pytest.fixture(scope="module")
+def browser() -> Iterator[Any]:
+    if not (CHROMIUM and CHROMEDRIVER):
+        pytest.skip("no chromium/chromedriver here (Debian: apt-get install chromium chromium-driver; "
+                    "deploy/bootstrap.sh installs them)")
+    options = webdriver.ChromeOptions()
+    options.binary_location = CHROMIUM
+    for flag in LOOPBACK_ONLY:
+        options.add_argument(flag)
+    driver = webdriver.Chrome(options=options, service=webdriver.ChromeService(executable_path=CHROMEDRIVER))
+    try:
+        yield driver
+    finally:
+        driver.quit()
+
+
+class Env:
+    def __init__(self, api: ApiProcess, key: str, group: Any, xss: Any, hours: list[int], results: int) -> None:
+        self.api, self.key, self.group, self.xss, self.hours, self.results = api, key, group, xss, hours, results
+
+
+def a_rating(group: Any, n: int, score: float, at: float) -> Rating:
+    members = [MemberVerdict(kind="judge", ref_id=group.members[0].ref_id, name="Helpful", weight=1, gate=False,
+                             status="scored", native=score, goodness=score / 10, detail=f"Judge says {score}"),
+               MemberVerdict(kind="pattern", ref_id=group.members[1].ref_id, name="PII", weight=1, gate=True,
+                             status="scored", native=False, goodness=1.0, detail=None)]
+    return Rating(id=f"r-{n}", kind=f"scorer-group:{group.id}", group_id=group.id, group_name=group.name,
+                  project_id=group.project_id, agent_id="support", scope="trace", trace_id=f"trace-{n}",
+                  rating=score, reason=None, justification=f"Weighted blend: {score:.2f}/10 (row {n})",
+                  scored_at=datetime.fromtimestamp(at, UTC), members=members)
+
+
+@pytest.fixture(scope="module")
+def env(redis_databases: RedisDatabases, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Env]:
+    with JudgeServer() as judge, redis_databases.lease() as url:
+        key, other = create_key(url, "--project", "p-console"), create_key(url, "--project", "p-other")
+        api = ApiProcess(url, tmp_path_factory.mktemp("api") / "api.log",
+                         env={"SGW_JUDGE_BASE_URL": judge.base_url, "SGW_JUDGE_TIMEOUT_S": "5"}).start()
+        try:
+            with Client(api.url, key) as client, Client(api.url, other) as elsewhere:
+                helpful = client.monitor.judges.create(name="Helpful", criteria="Helpful?")
+                pii = client.monitor.patterns.create(name="PII", polarity="failure", template="email")
+                members = [{"kind": "judge", "refId": helpful.id, "weight": 1},
+                           {"kind": "pattern", "refId": pii.id, "weight": 1, "gate": True}]
+                online = {"enabled": True, "sampleRate": 0.5, "alertThreshold": 6, "severity": "high"}
+                group = client.monitor.scorer_groups.create("Release bar", members=members, online=online)
+                xss = client.monitor.scorer_groups.create(XSS, members=members)
+                e_judge = elsewhere.monitor.judges.create(name="Theirs", criteria="?")
+                elsewhere.monitor.scorer_groups.create("Another project's group",
+                                                       members=[{"kind": "judge", "refId": e_judge.id}])
+                dataset = client.datasets.create("Release questions", rows=[{"input": "q1"}, {"input": "q2"}])
+                client.evaluations.run(dataset_id=dataset.id, subject={"kind": "custom_agent", "displayName": "bot"},
+                                       scorer_group_id=group.id).execute(lambda q: f"{q} [[rating=9]]").finalize()
+            # Ratings as the worker records them: the history buckets and the latest results.
+            now, hours = time.time(), [9, 6, 3, 1]  # oldest first, as the worker records them
+            events = []
+            for n, hour in enumerate(hours):
+                for k, score in enumerate((4.0, 7.0, 9.0)):
+                    r = a_rating(group, n * 3 + k, score, now - hour * 3600)
+                    events.append(RatingEvent(group.id, score, score < 6, r.scored_at.timestamp(), r.to_json()))
+            asyncio.run(record(url, events))
+            yield Env(api, key, group, xss, hours, len(events))
+        finally:
+            api.stop()
+
+
+async def record(url: str, events: list[RatingEvent]) -> None:
+    redis = Redis.from_url(url)
+    await RatingsStore(redis).record(events)
+    await redis.aclose()
+
+
+def wait_for(driver: Any, css: str, count: int = 1, timeout_s: float = 15) -> list[Any]:
+    try:
+        WebDriverWait(driver, timeout_s).until(lambda d: len(d.find_elements(By.CSS_SELECTOR, css)) >= count)
+    except TimeoutException:
+        raise AssertionError(f"no {count} x {css!r} on the page: {driver.find_element(By.TAG_NAME, 'main').text}") \
+            from None
+    return driver.find_elements(By.CSS_SELECTOR, css)
+
+
+def test_the_console_is_served_with_a_policy_that_forbids_inline_script(env: Env) -> None:
+    page = httpx.get(env.api.url + "/console")
+    policy = page.headers["content-security-policy"]
+    assert page.status_code == 200 and "script-src 'self'" in policy and "unsafe-inline" not in policy
+    assert "frame-ancestors 'none'" in policy and page.headers["x-content-type-options"] == "nosniff"
+    assert "<script>" not in page.text, "no inline script in the page"
+    assert httpx.get(env.api.url + "/console/static/../openapi.json").status_code == 404
+
+
+def test_the_console_from_sign_in_to_an_edit(env: Env, browser: Any) -> None:
+    # Sign in: the key goes to this tab's sessionStorage, nowhere else.
+    browser.get(env.api.url + "/console")
+    wait_for(browser, "#api-key")[0].send_keys(env.key)
+    browser.find_element(By.CSS_SELECTOR, "#sign-in button").click()
+    wait_for(browser, "#groups tbody tr", 2)
+    assert browser.execute_script("return sessionStorage.getItem('sgw-api-key')") == env.key
+    assert env.key not in browser.current_url and browser.get_cookies() == []
+
+    # The groups: this project's only; the XSS name is text, not an element, and nothing ran.
+    names = [a.text for a in browser.find_elements(By.CSS_SELECTOR, "#groups .group-name")]
+    assert sorted(names) == sorted(["Release bar", XSS])
+    assert browser.find_elements(By.CSS_SELECTOR, "main img") == [], "the group name became markup"
+    with pytest.raises(NoAlertPresentException):
+        browser.switch_to.alert  # noqa: B018
+    row = browser.find_element(By.CSS_SELECTOR, f"#groups tr[data-group='{env.group.id}']")
+    assert "live, trace scope, sample 50%, alert below 6 (high)" in row.text
+
+    # A group's page: the chart draws one point per bucket with ratings, the band, the counts.
+    row.find_element(By.CSS_SELECTOR, "a").click()
+    points = wait_for(browser, "#chart circle.point", len(env.hours))
+    assert len(points) == len(env.hours) and browser.find_elements(By.CSS_SELECTOR, "#chart polygon.band")
+    summary = browser.find_element(By.ID, "chart-summary").text
+    assert f"{env.results} results" in summary and f"{len(env.hours)} below the threshold" in summary
+
+    # Recent results, newest first, with the switch between the blend and the members' verdicts.
+    results = wait_for(browser, "#results .result", 12)
+    assert len(results) == env.results
+    first = results[0]
+    assert f"trace-{env.results - 1}" in first.text, "the newest result first"
+    assert first.find_element(By.CSS_SELECTOR, ".justification").text.startswith("Weighted blend:")
+    first.find_element(By.CSS_SELECTOR, "button[data-view='Judge scores']").click()
+    verdicts = first.find_elements(By.CSS_SELECTOR, ".members tbody tr")
+    assert [v.get_attribute("data-member") for v in verdicts] == ["Helpful", "PII"]
+    assert "Judge says" in verdicts[0].text and "scored" in verdicts[0].text
+    if os.environ.get("SGW_CONSOLE_SCREENSHOT"):
+        browser.execute_script("window.scrollTo(0, 0)")
+        browser.save_screenshot(os.environ["SGW_CONSOLE_SCREENSHOT"])
+
+    wait_for(browser, "#chart button[data-window='7d']")[0].click()
+    WebDriverWait(browser, 10, ignored_exceptions=[StaleElementReferenceException]).until(
+        lambda d: d.find_element(By.CSS_SELECTOR, "#chart button[aria-pressed='true']").get_attribute("data-window") == "7d")
+    assert len(wait_for(browser, "#chart circle.point", len(env.hours))) == len(env.hours), "hourly buckets at 7d"
+
+    # The playground grades an example with every member, now.
+    browser.find_element(By.ID, "play-input").send_keys("Where is my parcel?")
+    browser.find_element(By.ID, "play-output").send_keys("It arrives tomorrow. [[rating=9]]")
+    browser.find_element(By.CSS_SELECTOR, "#playground button[type=submit]").click()
+    graded = wait_for(browser, "#play-answer .members tbody tr", 2)
+    assert [g.get_attribute("data-member") for g in graded] == ["Helpful", "PII"]
+    assert browser.find_element(By.CSS_SELECTOR, "#play-answer .score").text == "9.50"
+
+    # An edit the API refuses: its message at the field it names.
+    rate = browser.find_element(By.CSS_SELECTOR, "#group-form [data-field='online.sampleRate']")
+    rate.clear()
+    rate.send_keys("2")
+    browser.find_element(By.CSS_SELECTOR, "#group-form button[type=submit]").click()
+    error = wait_for(browser, "#group-form .field-error[data-error-for='online.sampleRate']")[0]
+    assert "1" in error.text and "invalid" in rate.get_attribute("class")
+
+    # Dataset runs with their gate.
+    browser.get(env.api.url + "/console#/runs")
+    run = wait_for(browser, "#runs tbody tr")[0]
+    assert "Release bar" in run.text and "pass" in run.text
+    gate = browser.find_element(By.ID, "fail-under")
+    gate.clear()
+    gate.send_keys("9.9")
+    WebDriverWait(browser, 5, ignored_exceptions=[StaleElementReferenceException]).until(
+        lambda d: "fail" in d.find_element(By.CSS_SELECTOR, "#runs tbody tr").text)
+
+
+def test_the_xss_group_page_shows_its_name_as_text(env: Env, browser: Any) -> None:
+    browser.get(env.api.url + f"/console#/groups/{env.xss.id}")
+    title = wait_for(browser, "#group-title")[0]
+    assert title.text == XSS
+    assert browser.find_elements(By.CSS_SELECTOR, "main img") == []
+    with pytest.raises(NoAlertPresentException):
+        browser.switch_to.alert  # noqa: B018
+
+

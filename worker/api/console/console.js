@@ -1,0 +1,456 @@
+// The scorer-groups console: a page of the API's own, for the people who own groups.
+//
+// It talks to the same HTTP API as the SDK, with the API key the user signs in with, kept in
+// this tab's sessionStorage only (never in a URL or a cookie). Every string a tenant wrote -
+// group and member names, justifications, trace text - is put on the page as text
+// (textContent), never as markup: the page has no innerHTML, and its Content-Security-Policy
+// allows no inline script.
+"use strict";
+
+const KEY = "sgw-api-key";
+const TRACE_URL = "sgw-trace-url-template"; // e.g. https://observability.example/traces/{traceId}
+const WINDOWS = ["1h", "24h", "7d", "30d"];
+
+// --- building the page -----------------------------------------------------------------------
+
+function el(tag, attrs, ...children) {
+  const node = document.createElement(tag);
+  for (const [name, value] of Object.entries(attrs || {})) {
+    if (value === undefined || value === null || value === false) continue;
+    if (name.startsWith("on")) node.addEventListener(name.slice(2), value);
+    else if (name === "dataset") Object.assign(node.dataset, value);
+    else node.setAttribute(name, value === true ? "" : String(value));
+  }
+  for (const child of children.flat()) {
+    if (child === undefined || child === null || child === false) continue;
+    node.append(child instanceof Node ? child : document.createTextNode(String(child)));
+  }
+  return node;
+}
+
+function svg(tag, attrs) {
+  const node = document.createElementNS("http://www.w3.org/2000/svg", tag);
+  for (const [name, value] of Object.entries(attrs || {})) node.setAttribute(name, String(value));
+  return node;
+}
+
+function show(...nodes) {
+  const main = document.getElementById("main");
+  main.replaceChildren(...nodes);
+}
+
+function fmt(value, digits = 2) {
+  return value === null || value === undefined ? "no score" : Number(value).toFixed(digits);
+}
+
+// --- the API ---------------------------------------------------------------------------------
+
+class ApiError extends Error {
+  constructor(status, problem) {
+    super((problem && (problem.detail || problem.title)) || `HTTP ${status}`);
+    this.status = status;
+    this.problem = problem || {};
+  }
+}
+
+async function api(method, path, body) {
+  const headers = { Authorization: `Bearer ${sessionStorage.getItem(KEY) || ""}` };
+  if (body !== undefined) headers["Content-Type"] = "application/json";
+  const response = await fetch(path, { method, headers, body: body === undefined ? undefined : JSON.stringify(body),
+                                       credentials: "omit", cache: "no-store" });
+  const text = await response.text();
+  const data = text ? JSON.parse(text) : null;
+  if (!response.ok) throw new ApiError(response.status, data);
+  return data;
+}
+
+function failure(error) {
+  if (error instanceof ApiError && error.status === 401) {
+    sessionStorage.removeItem(KEY);
+    location.hash = "#/";
+  }
+  return el("p", { class: "error", role: "alert" }, error.message);
+}
+
+// --- sign in ---------------------------------------------------------------------------------
+
+function signIn() {
+  const input = el("input", { type: "password", id: "api-key", autocomplete: "off", size: 48 });
+  const message = el("p", { class: "error", role: "alert" });
+  const form = el("form", {
+    id: "sign-in",
+    onsubmit: async (event) => {
+      event.preventDefault();
+      sessionStorage.setItem(KEY, input.value.trim());
+      try {
+        await api("GET", "/v1/scorer-groups?limit=1");
+        route();
+      } catch (error) {
+        sessionStorage.removeItem(KEY);
+        message.textContent = error.status === 401 ? "That API key is unknown or revoked." : error.message;
+      }
+    },
+  }, el("label", { for: "api-key" }, "API key (from scorer-worker keys create)"), input, " ",
+     el("button", { type: "submit" }, "Sign in"), message);
+  show(el("section", {}, el("h1", {}, "Sign in"), form));
+}
+
+// --- groups ----------------------------------------------------------------------------------
+
+function profileText(online) {
+  if (!online) return "not scored live";
+  const state = online.enabled ? "live" : "paused";
+  return `${state}, ${online.scope} scope, sample ${Math.round(online.sampleRate * 100)}%, ` +
+         `alert below ${online.alertThreshold ?? "-"} (${online.severity})`;
+}
+
+async function groupsPage() {
+  show(el("p", { class: "muted" }, "Loading groups..."));
+  try {
+    const page = await api("GET", "/v1/scorer-groups?limit=200");
+    const rows = await Promise.all(page.items.map(async (group) => {
+      let mean = null;
+      try { mean = (await api("GET", `/v1/scorer-groups/${encodeURIComponent(group.id)}/ratings?window=24h`)).mean; }
+      catch (_) { /* the list still shows the group */ }
+      return el("tr", { dataset: { group: group.id } },
+        el("td", {}, el("a", { href: `#/groups/${encodeURIComponent(group.id)}`, class: "group-name" }, group.name)),
+        el("td", {}, group.members.map((m) => m.label || m.refId).join(", ")),
+        el("td", {}, profileText(group.online)),
+        el("td", {}, fmt(mean)));
+    }));
+    show(el("section", {}, el("h1", {}, "Groups"),
+      el("table", { id: "groups" },
+        el("thead", {}, el("tr", {}, el("th", {}, "Name"), el("th", {}, "Members"), el("th", {}, "Online profile"),
+                                     el("th", {}, "Mean, 24h"))),
+        el("tbody", {}, rows)),
+      rows.length ? null : el("p", { class: "muted" }, "No groups yet: create one.")));
+  } catch (error) {
+    show(failure(error));
+  }
+}
+
+// --- one group: chart, results, edit, playground ---------------------------------------------
+
+async function groupPage(groupId) {
+  show(el("p", { class: "muted" }, "Loading..."));
+  let group;
+  try {
+    group = await api("GET", `/v1/scorer-groups/${encodeURIComponent(groupId)}`);
+  } catch (error) {
+    show(failure(error));
+    return;
+  }
+  const chart = el("div", { id: "chart" });
+  const results = el("div", { id: "results" });
+  show(
+    el("section", {}, el("h1", { id: "group-title" }, group.name),
+      el("p", { class: "muted" }, profileText(group.online), group.gatesFirst ? " - gates first" : ""),
+      group.description ? el("p", {}, group.description) : null),
+    el("section", {}, el("h2", {}, "Ratings"), chart),
+    el("section", {}, el("h2", {}, "Recent results"), results),
+    el("section", {}, el("h2", {}, "Playground"), playground(group)),
+    el("section", {}, el("h2", {}, "Edit"), await groupForm(group)));
+  drawChart(chart, group, "24h");
+  listResults(results, group);
+}
+
+async function drawChart(container, group, window) {
+  const tabs = el("div", { class: "tabs", role: "group" }, WINDOWS.map((w) =>
+    el("button", { type: "button", "aria-pressed": w === window ? "true" : "false", dataset: { window: w },
+                   onclick: () => drawChart(container, group, w) }, w)));
+  let history;
+  try {
+    history = await api("GET", `/v1/scorer-groups/${encodeURIComponent(group.id)}/ratings?window=${window}`);
+  } catch (error) {
+    container.replaceChildren(tabs, failure(error));
+    return;
+  }
+  const width = 900, height = 200, pad = 28;
+  const buckets = history.buckets;
+  const x = (i) => pad + (i * (width - 2 * pad)) / Math.max(1, buckets.length - 1);
+  const y = (v) => height - pad - (v * (height - 2 * pad)) / 10;
+  const plot = svg("svg", { class: "chart", viewBox: `0 0 ${width} ${height}`, role: "img",
+                            "aria-label": `Mean score per bucket, ${window}` });
+  for (const v of [0, 5, 10]) {
+    plot.append(svg("line", { class: "axis", x1: pad, x2: width - pad, y1: y(v), y2: y(v) }));
+    const label = svg("text", { x: 4, y: y(v) + 3 });
+    label.textContent = String(v);
+    plot.append(label);
+  }
+  const scored = buckets.map((b, i) => ({ b, i })).filter(({ b }) => b.mean !== null);
+  if (scored.length) {
+    const upper = scored.map(({ b, i }) => `${x(i)},${y(b.max)}`);
+    const lower = scored.slice().reverse().map(({ b, i }) => `${x(i)},${y(b.min)}`);
+    plot.append(svg("polygon", { class: "band", points: upper.concat(lower).join(" ") }));
+    plot.append(svg("polyline", { class: "mean", points: scored.map(({ b, i }) => `${x(i)},${y(b.mean)}`).join(" ") }));
+    for (const { b, i } of scored) {
+      const point = svg("circle", { class: "point", cx: x(i), cy: y(b.mean), r: 3 });
+      const title = svg("title", {});
+      title.textContent = `${new Date(b.start * 1000).toISOString()}: mean ${fmt(b.mean)}, ` +
+                          `${b.min}-${b.max}, ${b.count} results, ${b.belowThreshold} below, ${b.noScore} without score`;
+      point.append(title);
+      plot.append(point);
+    }
+  }
+  const threshold = group.online && group.online.alertThreshold;
+  if (threshold !== null && threshold !== undefined) {
+    plot.append(svg("line", { class: "threshold", x1: pad, x2: width - pad, y1: y(threshold), y2: y(threshold) }));
+  }
+  const summary = el("p", { id: "chart-summary" },
+    `${history.count} results, mean ${fmt(history.mean)}; `,
+    el("span", { class: "bad" }, `${history.belowThreshold} below the threshold`), "; ",
+    `${history.noScore} without a score; ${history.skipped} skipped for budget`);
+  container.replaceChildren(tabs, plot, summary);
+}
+
+function traceLink(traceId) {
+  const template = localStorage.getItem(TRACE_URL) || "";
+  if (!traceId) return null;
+  if (!/^https?:\/\//.test(template) || !template.includes("{traceId}")) return el("code", {}, traceId);
+  return el("a", { href: template.replace("{traceId}", encodeURIComponent(traceId)), rel: "noreferrer noopener",
+                   target: "_blank" }, traceId);
+}
+
+function membersTable(members) {
+  return el("table", { class: "members" },
+    el("thead", {}, el("tr", {}, ["Member", "Kind", "Status", "Verdict", "Goodness", "Detail"].map((h) => el("th", {}, h)))),
+    el("tbody", {}, members.map((m) => el("tr", { dataset: { member: m.name } },
+      el("td", {}, m.name, m.gate ? " (must pass)" : ""), el("td", {}, m.kind),
+      el("td", { class: m.status === "scored" ? "" : "bad" }, m.status),
+      el("td", {}, m.native === null || m.native === undefined ? "-" : String(m.native)),
+      el("td", {}, m.goodness === null || m.goodness === undefined ? "-" : fmt(m.goodness)),
+      el("td", {}, m.detail || "")))));
+}
+
+function resultView(rating) {
+  const body = el("div", { class: "result-body" });
+  const groupView = () => el("p", { class: "justification" }, rating.justification);
+  const switcher = el("div", { class: "tabs", role: "group", "aria-label": "Group score or judge scores" });
+  const views = { "Group score": groupView, "Judge scores": () => membersTable(rating.members) };
+  for (const name of Object.keys(views)) {
+    switcher.append(el("button", { type: "button", "aria-pressed": name === "Group score" ? "true" : "false",
+      dataset: { view: name },
+      onclick: (event) => {
+        for (const b of switcher.children) b.setAttribute("aria-pressed", b === event.currentTarget ? "true" : "false");
+        body.replaceChildren(views[name]());
+      } }, name));
+  }
+  body.append(groupView());
+  const score = rating.rating;
+  const below = rating.members && score !== null && rating.reason;
+  return el("div", { class: "result", dataset: { rating: rating.id } },
+    el("div", { class: "row" }, el("span", { class: `score ${below ? "bad" : ""}` }, fmt(score)),
+      traceLink(rating.traceId) || (rating.sessionId ? el("code", {}, `session ${rating.sessionId}`) : null),
+      el("span", { class: "muted" }, new Date(rating.scoredAt).toLocaleString()), switcher),
+    body);
+}
+
+async function listResults(container, group, below = false) {
+  const toggle = el("label", {}, el("input", { type: "checkbox", id: "below-only", checked: below,
+    onchange: (event) => listResults(container, group, event.currentTarget.checked) }), " only below the threshold");
+  try {
+    const page = await api("GET", `/v1/scorer-groups/${encodeURIComponent(group.id)}/results?limit=20&below=${below}`);
+    container.replaceChildren(toggle, ...(page.items.length ? page.items.map(resultView)
+                                         : [el("p", { class: "muted" }, "No results yet.")]));
+  } catch (error) {
+    container.replaceChildren(toggle, failure(error));
+  }
+}
+
+function playground(group) {
+  const input = el("textarea", { id: "play-input", name: "input" });
+  const output = el("textarea", { id: "play-output", name: "output" });
+  const expected = el("textarea", { id: "play-expected", name: "expected" });
+  const answer = el("div", { id: "play-answer" });
+  return el("form", {
+    id: "playground",
+    onsubmit: async (event) => {
+      event.preventDefault();
+      answer.replaceChildren(el("p", { class: "muted" }, "Grading..."));
+      try {
+        const rating = await api("POST", `/v1/scorer-groups/${encodeURIComponent(group.id)}/grade`, {
+          input: input.value, output: output.value, expected: expected.value === "" ? null : expected.value });
+        answer.replaceChildren(el("p", {}, el("span", { class: "score" }, fmt(rating.rating)), rating.justification),
+                               membersTable(rating.members));
+      } catch (error) {
+        answer.replaceChildren(failure(error));
+      }
+    },
+  }, el("label", { for: "play-input" }, "Input"), input, el("label", { for: "play-output" }, "Output"), output,
+     el("label", { for: "play-expected" }, "Expected (optional)"), expected, el("p", {},
+     el("button", { type: "submit" }, "Grade")), answer);
+}
+
+// --- create and edit: the API's validation errors at the field they name ---------------------
+
+async function scorerOptions() {
+  const [judges, patterns, customs] = await Promise.all(["judges", "patterns", "customs"].map(
+    (kind) => api("GET", `/v1/${kind}?limit=200`).then((p) => p.items)));
+  return { judge: judges, pattern: patterns, custom: customs };
+}
+
+function memberRow(options, member, index) {
+  const kind = el("select", { "data-field": `members[${index}].kind`, name: "kind" },
+    ["judge", "pattern", "custom"].map((k) => el("option", { value: k, selected: k === member.kind }, k)));
+  const ref = el("select", { "data-field": `members[${index}].refId`, name: "refId" });
+  const fill = () => ref.replaceChildren(...options[kind.value].map((s) =>
+    el("option", { value: s.id, selected: s.id === member.refId }, s.name)));
+  kind.addEventListener("change", fill);
+  fill();
+  return el("div", { class: "row member" },
+    el("div", {}, el("label", {}, "Kind"), kind), el("div", {}, el("label", {}, "Scorer"), ref),
+    el("div", {}, el("label", {}, "Weight"), el("input", { name: "weight", type: "number", step: "any",
+      value: member.weight ?? 1, "data-field": `members[${index}].weight` })),
+    el("div", {}, el("label", {}, el("input", { name: "gate", type: "checkbox", checked: !!member.gate,
+      "data-field": `members[${index}].gate` }), " must pass")),
+    el("button", { type: "button", class: "secondary", onclick: (e) => e.currentTarget.parentElement.remove() }, "Remove"));
+}
+
+function field(label, name, input) {
+  input.setAttribute("data-field", name);
+  input.id = `f-${name}`;
+  return el("div", {}, el("label", { for: input.id }, label), input);
+}
+
+async function groupForm(group) {
+  let options;
+  try { options = await scorerOptions(); } catch (error) { return failure(error); }
+  const online = (group && group.online) || {};
+  const members = el("div", { id: "members" }, (group ? group.members : [{ kind: "judge", weight: 1 }])
+    .map((m, i) => memberRow(options, m, i)));
+  const inputs = {
+    name: el("input", { value: group ? group.name : "", size: 40 }),
+    description: el("input", { value: (group && group.description) || "", size: 60 }),
+    enabled: el("input", { type: "checkbox", checked: !!online.enabled }),
+    sampleRate: el("input", { type: "number", step: "any", value: online.sampleRate ?? 1 }),
+    alertThreshold: el("input", { type: "number", step: "any", value: online.alertThreshold ?? "" }),
+    severity: el("select", {}, ["low", "medium", "high", "critical"].map((s) =>
+      el("option", { value: s, selected: s === (online.severity || "medium") }, s))),
+    scope: el("select", {}, ["trace", "session"].map((s) => el("option", { value: s, selected: s === (online.scope || "trace") }, s))),
+    idleSeconds: el("input", { type: "number", value: online.idleSeconds ?? 120 }),
+    gatesFirst: el("input", { type: "checkbox", checked: !!(group && group.gatesFirst) }),
+  };
+  inputs.enabled.setAttribute("data-field", "online.enabled");
+  inputs.gatesFirst.setAttribute("data-field", "gatesFirst");
+  const message = el("p", { class: "error", role: "alert", id: "form-message" });
+  const form = el("form", { id: "group-form", novalidate: true, onsubmit: async (event) => {
+    event.preventDefault();
+    clearErrors(form);
+    const number = (input) => (input.value === "" ? null : Number(input.value));
+    const body = {
+      name: inputs.name.value, description: inputs.description.value || null, gatesFirst: inputs.gatesFirst.checked,
+      members: [...members.querySelectorAll(".member")].map((row) => ({
+        kind: row.querySelector("[name=kind]").value, refId: row.querySelector("[name=refId]").value,
+        weight: number(row.querySelector("[name=weight]")), gate: row.querySelector("[name=gate]").checked })),
+      online: { enabled: inputs.enabled.checked, sampleRate: number(inputs.sampleRate),
+                alertThreshold: number(inputs.alertThreshold), severity: inputs.severity.value,
+                scope: inputs.scope.value, idleSeconds: number(inputs.idleSeconds) },
+    };
+    try {
+      const saved = group ? await api("PATCH", `/v1/scorer-groups/${encodeURIComponent(group.id)}`, body)
+                          : await api("POST", "/v1/scorer-groups", body);
+      location.hash = `#/groups/${encodeURIComponent(saved.id)}`;
+      if (group) route();
+    } catch (error) {
+      showErrors(form, message, error);
+    }
+  } },
+    field("Name", "name", inputs.name), field("Description", "description", inputs.description),
+    el("h2", {}, "Members"), members,
+    el("p", {}, el("button", { type: "button", class: "secondary", onclick: () =>
+      members.append(memberRow(options, { kind: "judge", weight: 1 }, members.children.length)) }, "Add a member")),
+    el("div", {}, el("label", {}, inputs.gatesFirst, " gates first: judges wait for the free must-pass members")),
+    el("h2", {}, "Online profile"),
+    el("div", { class: "row" }, el("div", {}, el("label", {}, inputs.enabled, " live")),
+      field("Sample rate (0-1)", "online.sampleRate", inputs.sampleRate),
+      field("Alert threshold (0-10)", "online.alertThreshold", inputs.alertThreshold),
+      field("Severity", "online.severity", inputs.severity), field("Scope", "online.scope", inputs.scope),
+      field("Idle seconds (session)", "online.idleSeconds", inputs.idleSeconds)),
+    el("p", {}, el("button", { type: "submit" }, group ? "Save" : "Create")), message);
+  return form;
+}
+
+function clearErrors(form) {
+  for (const node of form.querySelectorAll(".field-error")) node.remove();
+  for (const node of form.querySelectorAll(".invalid")) node.classList.remove("invalid");
+}
+
+function showErrors(form, message, error) {
+  const unplaced = [];
+  for (const problem of (error.problem && error.problem.errors) || []) {
+    const target = [...form.querySelectorAll("[data-field]")].find((n) => n.getAttribute("data-field") === problem.field);
+    if (!target) { unplaced.push(`${problem.field}: ${problem.message}`); continue; }
+    target.classList.add("invalid");
+    target.parentElement.append(el("span", { class: "field-error", "data-error-for": problem.field }, problem.message));
+  }
+  message.textContent = unplaced.length ? unplaced.join("; ") : (error.problem.errors ? "" : error.message);
+}
+
+async function newGroupPage() {
+  show(el("section", {}, el("h1", {}, "New group"), await groupForm(null)));
+}
+
+// --- dataset runs ----------------------------------------------------------------------------
+
+async function runsPage() {
+  const failUnder = el("input", { type: "number", step: "any", id: "fail-under", value: 7 });
+  const table = el("tbody", {});
+  const draw = (runs) => table.replaceChildren(...runs.map((run) => {
+    const passes = run.rating !== null && run.rating >= Number(failUnder.value) && run.noScoreRows === 0;
+    return el("tr", { dataset: { run: run.id } }, el("td", {}, run.groupName || run.scorerName || "-"),
+      el("td", {}, run.subject.displayName || run.subject.kind), el("td", {}, run.status),
+      el("td", {}, fmt(run.rating)), el("td", {}, `${run.scoredRows} of ${run.rowCount}`),
+      el("td", { class: run.status !== "completed" ? "muted" : passes ? "good" : "bad" },
+         run.status !== "completed" ? "-" : passes ? "pass" : "fail"),
+      el("td", {}, new Date(run.createdAt * 1000).toLocaleString()));
+  }));
+  try {
+    const page = await api("GET", "/v1/evaluations?limit=100");
+    failUnder.addEventListener("input", () => draw(page.items));
+    draw(page.items);
+    show(el("section", {}, el("h1", {}, "Dataset runs"),
+      el("label", { for: "fail-under" }, "Gate: the run rating at least (and every row scored)"), failUnder,
+      el("table", { id: "runs" }, el("thead", {}, el("tr", {}, ["Graded by", "Subject", "Status", "Rating", "Rows scored",
+                                                              "Gate", "Created"].map((h) => el("th", {}, h)))), table)));
+  } catch (error) {
+    show(failure(error));
+  }
+}
+
+// --- settings --------------------------------------------------------------------------------
+
+function settingsPage() {
+  const template = el("input", { id: "trace-url", size: 60, value: localStorage.getItem(TRACE_URL) || "",
+                                 placeholder: "https://observability.example/traces/{traceId}" });
+  const saved = el("span", { class: "muted" });
+  show(el("section", {}, el("h1", {}, "Settings"), el("form", { onsubmit: (event) => {
+    event.preventDefault();
+    localStorage.setItem(TRACE_URL, template.value.trim());
+    saved.textContent = " saved";
+  } }, el("label", { for: "trace-url" }, "Link trace ids to (http(s) URL with {traceId})"), template, " ",
+    el("button", { type: "submit" }, "Save"), saved)));
+}
+
+// --- routes ----------------------------------------------------------------------------------
+
+function route() {
+  const signedIn = !!sessionStorage.getItem(KEY);
+  document.getElementById("nav").hidden = !signedIn;
+  if (!signedIn) return signIn();
+  const [, page, id] = location.hash.replace(/^#/, "").split("/");
+  if (page === "groups" && id) return groupPage(decodeURIComponent(id));
+  if (page === "new") return newGroupPage();
+  if (page === "runs") return runsPage();
+  if (page === "settings") return settingsPage();
+  return groupsPage();
+}
+
+window.addEventListener("hashchange", route);
+document.addEventListener("DOMContentLoaded", () => {
+  document.getElementById("sign-out").addEventListener("click", () => {
+    sessionStorage.removeItem(KEY);
+    location.hash = "#/";
+    route();
+  });
+  route();
+});
