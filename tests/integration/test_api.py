@@ -385,7 +385,7 @@ def test_budget_is_the_projects_own(api: Api) -> None:
     with api.as_("a") as a:
         r = a.put("/v1/budgets/p-a", json={"judgeCallsPerWindow": 100, "windowSeconds": 3600})
         assert r.status_code == 200 and r.json() == {"projectId": "p-a", "judgeCallsPerWindow": 100,
-                                                     "windowSeconds": 3600}
+                                                     "windowSeconds": 3600, "judgeTokensPerWindow": None}
         assert a.get("/v1/budgets").json()["items"] == [r.json()]
         assert_problem(a.put("/v1/budgets/p-b", json={"judgeCallsPerWindow": 1}), 404)
         assert_problem(a.put("/v1/budgets/p-a", json={"judgeCallsPerWindow": -1}), 400, "judgeCallsPerWindow")

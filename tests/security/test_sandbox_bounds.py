@@ -314,7 +314,9 @@ def nothing_stayed(outcome: dict[str, Any], rss_mb: float = 20) -> None:
     assert left["processes"] == 0, outcome
     assert left["cpu_s"] < 0.1, outcome  # the watch lasts 1 s: a spinner would show ~1 per core
     assert left["rss_mb"] < rss_mb, outcome
-    assert left["shmem_mb"] < 16, outcome
+    # Shmem is the machine's (/proc/meminfo), so other processes move it by a few MB (17.2 seen once
+    # in CI); what it guards against - 30,000 long symlinks or files in /dev/shm - is 100 MB and up.
+    assert left["shmem_mb"] < 48, outcome
     assert outcome["probe_after"] == outcome["probe_before"], outcome  # a later call finds the same world
 
 
