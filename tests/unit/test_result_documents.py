@@ -54,3 +54,34 @@ def test_a_built_rating_and_signal_serialize_as_their_validated_models() -> None
             assert orjson.loads(signal.to_json())["ratingId"] == rating.id
         else:
             assert signal is None
+
+
+def test_every_kind_of_member_entry_encodes_as_the_validated_model() -> None:
+    """A sample of every member status (scored, failed, not scored, skipped), a judge's usage and
+    every scope encodes exactly as the validated model reads it back: the contract holds for
+    whatever the hot path builds (and for any faster encoder put in its place)."""
+    from scoring.ports import TokenUsage
+
+    outcomes = [
+        MemberOutcome(name="Judge", kind="judge", weight=1, gate=False, ref_id="j", native=7.5, goodness=0.75,
+                      detail="Fine.", usage=TokenUsage(120, None)),
+        MemberOutcome(name="Broken", kind="custom", weight=1, gate=False, ref_id="c", error="ZeroDivisionError"),
+        MemberOutcome(name="Gone", kind="pattern", weight=1, gate=False, ref_id="p", error="reference deleted"),
+        MemberOutcome(name="Later", kind="judge", weight=1, gate=False, ref_id="k", skipped="not called"),
+        MemberOutcome(name="Flag", kind="custom", weight=1, gate=False, ref_id="b", native=True, goodness=1.0),
+    ]
+    at = datetime(2026, 12, 2, 13, 0, 1, tzinfo=UTC)
+    session = trace_subject(TRACE).__class__(scope="session", input="", output="", expected=None, spans=[],
+                                             metadata={}, transcript="u: hi", turns=3, project_id="p-1",
+                                             agent_id="a-1", session_id="s-1")
+    for subject, scope, dataset in ((trace_subject(TRACE), "trace", None), (session, "session", None),
+                                    (trace_subject(TRACE), "dataset", ("run-1", 4)),
+                                    (trace_subject(TRACE), "playground", None)):
+        rating = build_rating(GroupResult(GROUP, subject, blend(outcomes)), scope, now=at, dataset=dataset)  # type: ignore[arg-type]
+        encoded = rating.to_json()
+        validated = Rating.model_validate(orjson.loads(encoded))
+        assert encoded == validated.to_json(), scope
+        members = orjson.loads(encoded)["members"]
+        assert [m["status"] for m in members] == ["scored", "failed", "not_scored", "skipped", "scored"]
+        assert members[0]["usage"] == {"promptTokens": 120, "completionTokens": None}
+        assert all("usage" not in m for m in members[1:]), "no usage key where no judge reported one"
