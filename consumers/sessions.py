@@ -10,7 +10,8 @@ Every ``interval_s``, for each project with live session-scope groups:
    judged at this length is skipped, one that grew is judged again; judge calls are reserved
    from the same online budget as trace scoring;
 4. score the claimed pairs on the whole transcript, publish (rating, Signal, webhook
-   deliveries), then mark them done and record the verdicts (ratings history, session scores);
+   deliveries), record the verdicts (ratings history, session scores), then mark them done -
+   the pair protocol of ``consumers.pairs``, which the trace loop follows too;
 5. drop from the index the sessions quiet past every group's idle time.
 
 Every worker runs a sweeper; the claims make sure each (session, turns, group) is judged once.
@@ -21,7 +22,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
-from collections import Counter
 from collections.abc import Callable
 
 import structlog
@@ -30,15 +30,14 @@ from redis.exceptions import RedisError
 
 from consumers.events import NoEvents, PipelineEvents
 from consumers.outputs import Outputs
+from consumers.pairs import PairSteps, Scored
 from scoring.catalog import CatalogSnapshot
 from scoring.pairs import day_of
-from scoring.panel import GroupResult, Panel
-from scoring.ports import BudgetExhausted
-from scoring.results import tokens_of
+from scoring.panel import Panel
 from scoring.routing import Pair, pair_of
 from scoring.sampling import keep
-from scoring.stores.claims import Claims, PairSpend
-from scoring.stores.ratings import RatingsStore, SessionVerdict
+from scoring.stores.claims import Claims
+from scoring.stores.ratings import RatingsStore
 from scoring.stores.sessions import SessionStore
 from scoring.subjects import session_subject
 
@@ -54,12 +53,11 @@ class SessionSweeper:
                  panel: Panel, claims: Claims, ratings: RatingsStore, events: PipelineEvents | None = None,
                  interval_s: float = 2.0, concurrency: int = 16) -> None:
         self._store = store
-        self._outputs = outputs
         self._catalog = catalog
         self._panel = panel
         self._claims = claims
-        self._ratings = ratings
         self._events: PipelineEvents = events or NoEvents()
+        self._steps = PairSteps(claims, outputs, ratings, self._events)  # the pair protocol
         self._interval_s = interval_s
         self._concurrency = concurrency
 
@@ -133,9 +131,10 @@ class SessionSweeper:
         return judged
 
     async def _judge(self, due: list[Pair], snapshot: CatalogSnapshot, unsettled: set[str]) -> int:
+        """The pair protocol (``consumers.pairs``) for a chunk of due pairs."""
+        # 1. claim
         claims = await self._claims.claim_many([d.claim for d in due])
         mine = []
-        starved: Counter[str] = Counter()  # skipped for budget, by group: shown in the ratings history
         for item, claim in zip(due, claims, strict=True):
             if claim.state == "claimed":
                 self._events.kept(item.group.project_id, item.group.id)
@@ -143,53 +142,30 @@ class SessionSweeper:
             elif claim.state == "busy":
                 unsettled.add(item.subject.session_id or "")
             elif claim.state == "exhausted":
-                self._events.group_skipped(item.group.project_id, item.group.id, "budget")
-                log.warning("judge budget exhausted; session not judged", group=item.group.id,
-                            session=item.subject.session_id)
-                starved[item.group.id] += 1
-        await self._ratings.record_skipped(dict(starved), time.time())
-        starved.clear()
+                self._steps.skipped_for_budget(item, used=claim.detail)
+        await self._steps.record_skipped()
         if not mine:
             return 0
         try:
-            spends = {id(i): self._claims.spend(i.claim) for i in mine}
-            scored = await asyncio.gather(*(self._score(i, snapshot, spends[id(i)]) for i in mine))
-            # A gates-first group whose judges found no room in the budget is skipped whole (its
-            # claim now says so); the rest go on.
-            for item, result in zip(mine, scored, strict=True):
-                if result is None:
-                    self._events.group_skipped(item.group.project_id, item.group.id, "budget")
-                    starved[item.group.id] += 1
-            results = [r for r in scored if r is not None]
-            mine = [i for i, r in zip(mine, scored, strict=True) if r is not None]
-            # Still ours? A sweep that stalled past its leases may have lost sessions to another
-            # worker, which judged them since: those are left to it (and to the next sweep).
-            held = await self._claims.confirm([i.claim for i in mine])
-            unsettled.update(i.subject.session_id or "" for i, ours in zip(mine, held, strict=True) if not ours)
-            kept = [(i, r) for i, r, ours in zip(mine, results, held, strict=True) if ours]
-            mine = [i for i, _ in kept]
-            published = await self._outputs.publish([r for _, r in kept], "session", snapshot)
-            pairs = list(zip(mine, published, strict=True))
-            verdicts = [SessionVerdict(p.rating.session_id or "", p.rating.group_id, p.rating.rating,
-                                       p.rating.justification, p.rating.scored_at.timestamp()) for p in published]
-            # History and verdicts first: a pair marked done is never judged again.
-            await self._ratings.record([p.history_event(item.group) for item, p in pairs], verdicts)
-            await self._claims.mark_done([(item.claim, p.rating.id) for item, p in pairs],
-                                         tokens=[(item.claim, spends[id(item)].settlement(tokens_of(result)))
-                                                 for item, result in kept])
+            # 2. score; a gates-first group whose judges found no room is skipped whole
+            spends = [self._steps.spend(i) for i in mine]
+            results = await asyncio.gather(*(self._steps.score(self._panel, i, snapshot, spend)
+                                             for i, spend in zip(mine, spends, strict=True)))
+            scored = [Scored(i, r, spend) for i, r, spend in zip(mine, results, spends, strict=True) if r is not None]
+            mine = [s.pair for s in scored]
+            # 3. still ours? A sweep that stalled past its leases may have lost sessions to another
+            #    worker, which judged them since: those are left to it (and to the next sweep).
+            held = await self._claims.confirm([s.pair.claim for s in scored])
+            unsettled.update(s.pair.subject.session_id or "" for s, ours in zip(scored, held, strict=True) if not ours)
+            scored = [s for s, ours in zip(scored, held, strict=True) if ours]
+            mine = [s.pair for s in scored]
+            # 4-6. publish, record (history, latest results, verdicts), mark done
+            await self._steps.finish(await self._steps.publish(scored, "session", snapshot))
         except BaseException:
             unsettled.update(item.subject.session_id or "" for item in mine)
             with contextlib.suppress(Exception):
                 await self._claims.release([item.claim for item in mine])
             raise
-        await self._ratings.record_skipped(dict(starved), time.time())
+        await self._steps.record_skipped()
         log.info("sessions judged", pairs=len(mine))
         return len(mine)
-
-    async def _score(self, item: Pair, snapshot: CatalogSnapshot, spend: PairSpend) -> GroupResult | None:
-        try:
-            return await self._panel.score(item.group, item.subject, snapshot, spend=spend)
-        except BudgetExhausted:
-            log.warning("judge budget exhausted after the gates passed; session not judged", group=item.group.id,
-                        session=item.subject.session_id)
-            return None

@@ -10,7 +10,9 @@ Each turn of the loop is a short list of steps:
 5. claim it: one pipelined Redis round trip dedupes every (group, trace) pair and reserves each
    group's judge calls all or nothing;
 6. start one job for the batch: pairs that wait on nothing are scored, published and marked
-   done in bulk; pairs that wait (judges, external scorers) each on their own;
+   done in bulk; pairs that wait (judges, external scorers) each on their own - the pair
+   protocol of ``consumers.pairs`` either way, its confirmations, reservations and done marks
+   batched across jobs;
 7. commit, on a timer: per partition, the offset below which every trace is finished.
 
 A job finishes its trace only once every output is acknowledged by the broker and its pair is
@@ -39,12 +41,11 @@ from consumers.events import NoEvents, PipelineEvents
 from consumers.offsets import Committer, PartitionOffsets
 from consumers.outage import OutageGuard, OutageTooLong
 from consumers.outputs import Outputs, TopicNames
+from consumers.pairs import Finished, PairSteps, Scored
 from scoring.catalog import CatalogSnapshot
 from scoring.errors import ScoringError
 from scoring.pairs import ClaimRequest
 from scoring.panel import GroupResult, Panel
-from scoring.ports import BudgetExhausted
-from scoring.results import RatingEvent, tokens_of
 from scoring.routing import Pair, trace_pairs
 from scoring.stores.alerts import NoScoreAlerts
 from scoring.stores.claims import Claims, PairSpend, Reservation
@@ -71,14 +72,6 @@ class _TraceWork:
     pending: int
     started: float
     broken: Exception | None = None
-
-
-@dataclass(frozen=True)
-class _Finished:
-    claim: ClaimRequest
-    rating_id: str
-    event: RatingEvent
-    tokens: int = 0  # the judge tokens to settle: usage reported less the ceilings reserved
 
 
 class OutputError(ScoringError):
@@ -114,6 +107,7 @@ class TraceConsumer:
         self._turns = turns
         self._events: PipelineEvents = events or NoEvents()
         self._outputs = Outputs(producer, topics, self._events, alerts)
+        self._steps = PairSteps(claims, self._outputs, ratings, self._events)  # the pair protocol
         self._max_in_flight = max_in_flight
         self._max_trace_bytes = max_trace_bytes
         # Redis or the broker unreachable: steps wait (parked, not fetching) instead of failing.
@@ -130,16 +124,13 @@ class TraceConsumer:
         # finished (marked done), never cancelled halfway and scored again elsewhere.
         self._publishing: set[asyncio.Task[None]] = set()
         self._room = asyncio.Event()
-        self._finisher: Batcher[_Finished, None] = Batcher(self._write_finished)
+        self._finisher: Batcher[Finished, None] = Batcher(self._write_finished)
         # A pair scored alone (a judge's) confirms its lease before publishing: confirmations of
         # pairs that finish together go in one script call, not one each.
         self._confirmer: Batcher[ClaimRequest, bool] = Batcher(self._confirm_many)
         # Budget asked for while pairs are scored (gates-first judges, retries): batched too.
         self._reserver: Batcher[Reservation, bool] = Batcher(self._reserve_many)
         self._fatal: BaseException | None = None
-        # Pairs skipped for budget since the last commit, by group: the ratings history shows them
-        # beside no-score results (a starved group is seen, not silent); written once a commit.
-        self._skipped: Counter[str] = Counter()
         self.assigned_once = False
         self.last_progress = time.monotonic()  # the loop's heartbeat, for /readyz
         self.last_commit_advance = time.monotonic()
@@ -198,9 +189,8 @@ class TraceConsumer:
         await self._confirmer.stop()
         await self._reserver.stop()
         await self._finisher.stop()
-        if self._skipped:  # counts only: written if Redis answers now, never waited for
-            with contextlib.suppress(Exception):
-                await self._ratings.record_skipped(dict(self._skipped), time.time())
+        with contextlib.suppress(Exception):  # counts only: written if Redis answers now, never waited for
+            await self._steps.record_skipped()
         with contextlib.suppress(KafkaError):
             await self.commit()
 
@@ -238,10 +228,9 @@ class TraceConsumer:
             self._report_lag()
 
     async def _record_skipped(self) -> None:
-        if not self._skipped:
-            return
-        counts, self._skipped = dict(self._skipped), Counter()
-        await self._outages.call(lambda: self._ratings.record_skipped(counts, time.time()))
+        """Pairs skipped for budget since the last commit, counted in the history once a commit."""
+        if self._steps.starved:
+            await self._outages.call(self._steps.record_skipped)
 
     def _commit_failed(self, exc: KafkaError) -> None:
         now = time.monotonic()
@@ -318,7 +307,7 @@ class TraceConsumer:
                     if claim.state != "exhausted":
                         self._events.group_skipped(trace.project_id, pair.group.id, "dedupe")
                     if claim.state == "exhausted":
-                        self._budget_skipped(pair, trace.trace_id, used=claim.detail)
+                        self._steps.skipped_for_budget(pair, used=claim.detail)
             if not work:
                 ticket.finished(record.offset)
                 continue
@@ -366,7 +355,8 @@ class TraceConsumer:
         scored = [(pair, result) for (pair, _), result, ours in zip(bulk, results, held, strict=True) if ours]
         for pair, _ in scored:
             unpublished.discard(pair.claim)  # from here on the pair is published (shielded)
-        publishing = asyncio.create_task(self._publish_many(scored, snapshot))
+        publishing = asyncio.create_task(self._publish([Scored(pair, result) for pair, result in scored], snapshot,
+                                                       alone=False))
         self._publishing.add(publishing)
         publishing.add_done_callback(self._publishing.discard)
         await asyncio.gather(asyncio.shield(publishing),
@@ -397,13 +387,13 @@ class TraceConsumer:
     async def _pair(self, pair: Pair, busy: bool, snapshot: CatalogSnapshot,
                     unpublished: set[ClaimRequest]) -> Exception | None:
         """Score and publish one pair; return the exception if the trace itself broke scoring."""
-        spend = self._claims.spend(pair.claim, self._reserve_one)
+        spend = self._steps.spend(pair, self._reserve_one)
         try:
             result = await self._score(pair, busy, snapshot, spend)
             # Still ours? A worker that stalled past its lease may have lost the pair to another
             # worker, which scored it since: publishing would put a second value under its id.
             while result is not None and not await self._still_held(pair.claim):
-                spend = self._claims.spend(pair.claim, self._reserve_one)
+                spend = self._steps.spend(pair, self._reserve_one)
                 result = await self._score(pair, True, snapshot, spend)
         except (RedisError, KafkaError, OutageTooLong):
             raise  # an outage, not the trace's fault: the worker stops without committing
@@ -415,7 +405,7 @@ class TraceConsumer:
         unpublished.discard(pair.claim)  # from here on the pair is published or was decided elsewhere
         if result is None:
             return None
-        publishing = asyncio.create_task(self._publish(pair, result, snapshot, spend.settlement(tokens_of(result))))
+        publishing = asyncio.create_task(self._publish([Scored(pair, result, spend)], snapshot, alone=True))
         self._publishing.add(publishing)
         publishing.add_done_callback(self._publishing.discard)
         await asyncio.shield(publishing)
@@ -435,25 +425,15 @@ class TraceConsumer:
     async def _reserve_many(self, reservations: list[Reservation]) -> list[bool]:
         return await self._outages.call(lambda: self._claims.reserve_many(reservations))
 
-    async def _publish(self, pair: Pair, result: GroupResult, snapshot: CatalogSnapshot, tokens: int) -> None:
+    async def _publish(self, scored: list[Scored], snapshot: CatalogSnapshot, *, alone: bool) -> None:
+        """Steps 4 to 6 of the pair protocol: publish, then record and mark done (batched)."""
         try:
-            (published,) = await self._outages.call(lambda: self._outputs.publish([result], "trace", snapshot))
-            await self._finisher.submit([_Finished(pair.claim, published.rating.id,
-                                                   published.history_event(pair.group), tokens)])
+            finished = await self._outages.call(lambda: self._steps.publish(scored, "trace", snapshot))
+            await self._finisher.submit(finished)
         except Exception as exc:
             self._fatal = self._fatal or exc
-            log.error("publishing a result failed; the worker stops without committing it", error=repr(exc))
-            raise
-
-    async def _publish_many(self, scored: list[tuple[Pair, GroupResult]], snapshot: CatalogSnapshot) -> None:
-        try:
-            ratings = await self._outages.call(
-                lambda: self._outputs.publish([result for _, result in scored], "trace", snapshot))
-            await self._finisher.submit([_Finished(pair.claim, published.rating.id, published.history_event(pair.group))
-                                         for (pair, _), published in zip(scored, ratings, strict=True)])
-        except Exception as exc:
-            self._fatal = self._fatal or exc
-            log.error("publishing results failed; the worker stops without committing them", error=repr(exc))
+            log.error("publishing a result failed; the worker stops without committing it" if alone else
+                      "publishing results failed; the worker stops without committing them", error=repr(exc))
             raise
 
     def _job_done(self, task: asyncio.Task[None]) -> None:
@@ -474,26 +454,10 @@ class TraceConsumer:
                                            "budget" if claim.state == "exhausted" else "dedupe")
                 return None
             busy = claim.state == "busy"
-        try:
-            return await self._panel.score(pair.group, pair.subject, snapshot, spend=spend)
-        except BudgetExhausted:  # a gates-first group's judges found no room: skipped whole
-            self._budget_skipped(pair, pair.subject.trace_id, when="its gates passed")
-            return None
+        return await self._steps.score(self._panel, pair, snapshot, spend)
 
-    def _budget_skipped(self, pair: Pair, trace_id: str | None, **why: str) -> None:
-        self._events.group_skipped(pair.claim.project_id, pair.group.id, "budget")
-        log.warning("judge budget exhausted; group skipped", project=pair.claim.project_id,
-                    group=pair.group.id, trace=trace_id, **why)
-        self._skipped[pair.group.id] += 1  # counted in the history at the next commit
-
-    async def _write_finished(self, items: list[_Finished]) -> None:
-        async def write() -> None:
-            # History first: a pair marked done is never scored again, so its record must exist.
-            await self._ratings.record([i.event for i in items])
-            await self._claims.mark_done([(i.claim, i.rating_id) for i in items],
-                                         tokens=[(i.claim, i.tokens) for i in items if i.tokens])
-
-        await self._outages.call(write)
+    async def _write_finished(self, items: list[Finished]) -> None:
+        await self._outages.call(lambda: self._steps.finish(items))
 
     def _unprocessable(self, record: Any, step: str, exc: BaseException) -> DeadLetter:
         log.warning("a trace broke a step; dead-lettered", step=step, error=repr(exc)[:300],

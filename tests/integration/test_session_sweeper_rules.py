@@ -219,7 +219,7 @@ async def test_judge_calls_come_out_of_the_projects_online_budget(sweep: Sweep, 
     assert events.kept_pairs == [(sweep.project, "conv")]
     assert events.skipped == [(sweep.project, "conv", "budget")]
     assert (await history.history("conv", "1h")).skipped == before + 1, "the ratings history shows the skip"
-    (skipped,) = [e for e in logs if e["event"] == "judge budget exhausted; session not judged"]
+    (skipped,) = [e for e in logs if e["event"] == "judge budget exhausted; group skipped"]
     assert (skipped["group"], skipped["session"], skipped["log_level"]) == ("conv", "s-2", "warning")
     used = [await claims.budget_used(sweep.project, 60, now=at) for at in (now, after)]
     assert max(used) == 1, "the call counts in the project's 60 s window"
