@@ -13,14 +13,11 @@ scored" is a state the test sets up and ends, not a moment a crash has to land o
 from __future__ import annotations
 
 import asyncio
-import time
 from collections.abc import AsyncIterator, Awaitable, Callable
-from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
 
 import httpx
-import orjson
 import pytest
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
 from aiokafka.admin import AIOKafkaAdminClient, NewTopic
@@ -38,22 +35,14 @@ from scoring.panel import Panel
 from scoring.stores.claims import Claims
 from scoring.stores.ratings import RatingsStore
 from tests.support.gated_scorer import HOLD, GatedScorer
+from tests.support.trace_loop import Loop, until
 from worker.app import Worker
 from worker.metrics import OpsServer
 from worker.settings import Settings
 
 pytestmark = pytest.mark.integration
 
-WAIT_S = 30.0  # every wait below ends by this deadline; none is a sleep the result depends on
-
-
-async def until(check: Callable[[], Awaitable[bool]], what: str, timeout_s: float = WAIT_S) -> None:
-    deadline = time.monotonic() + timeout_s
-    while not await check():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out waiting for {what}")
-        await asyncio.sleep(0.05)
-
+WAIT_S = 30.0  # the waits on the gated scorer and on drain; until() waits tests.support.trace_loop.WAIT_S
 
 def catalog(project: str, scorer_url: str) -> CatalogSnapshot:
     group = ScorerGroup.model_validate({
@@ -62,76 +51,6 @@ def catalog(project: str, scorer_url: str) -> CatalogSnapshot:
         "members": [{"kind": "custom", "refId": "remote", "weight": 1, "gate": False}]})
     remote = CustomEvaluator(id="remote", name="Remote", type="external", url=scorer_url, timeout_ms=60_000)
     return CatalogSnapshot(version=1, groups={"g": group}, customs={"remote": remote})
-
-
-def trace(project: str, trace_id: str, output: str) -> bytes:
-    return orjson.dumps({"traceId": trace_id, "projectId": project, "agentId": "a",
-                         "timestamp": "2026-12-02T13:00:00Z",
-                         "spans": [{"spanId": "r", "input": "q", "output": output}]})
-
-
-@dataclass
-class Loop:
-    """One TraceConsumer running in this process, with what a test needs to look at it."""
-
-    traces: TraceConsumer
-    consumer: AIOKafkaConsumer
-    producer: AIOKafkaProducer
-    redis: Redis
-    scorer: GatedScorer
-    project: str
-    topics: TopicNames
-    tp: TopicPartition
-    bootstrap: str
-    task: asyncio.Task[None] | None = None
-    stop: asyncio.Event | None = None
-
-    async def send(self, trace_id: str, output: str) -> None:
-        await self.producer.send_and_wait(self.topics.traces, key=trace_id.encode(),
-                                          value=trace(self.project, trace_id, output), partition=0)
-
-    async def start(self) -> None:
-        self.stop = asyncio.Event()
-        self.task = asyncio.create_task(self.traces.run(self.stop))
-        await until(self._assigned, "the partition assignment")
-
-    async def _assigned(self) -> bool:
-        if self.task is not None and self.task.done():
-            self.task.result()
-        return self.traces.assigned_once
-
-    async def state(self, trace_id: str) -> str:
-        """The pair's claim as stored (read without claiming): lease:..., done:... or ''."""
-        day = day_of(datetime(2026, 12, 2, 13, tzinfo=UTC).timestamp())  # the traces' own timestamp
-        return await Claims(self.redis).stored(ClaimRequest(self.project, "g", f"trace:{trace_id}", 0, None, day=day))
-
-    async def done(self, *trace_ids: str) -> None:
-        async def all_done() -> bool:
-            states = [await self.state(t) for t in trace_ids]
-            return all(s.startswith("done:") for s in states)
-        await until(all_done, f"{trace_ids} marked done")
-
-    async def committed(self) -> int | None:
-        return await self.consumer.committed(self.tp)  # type: ignore[no-any-return]
-
-    async def ratings(self) -> list[dict[str, Any]]:
-        """Everything on the ratings topic, read to its end."""
-        reader = AIOKafkaConsumer(bootstrap_servers=self.bootstrap,
-                                  enable_auto_commit=False, group_id=None)
-        await reader.start()
-        try:
-            tp = TopicPartition(self.topics.ratings, 0)
-            reader.assign([tp])
-            await reader.seek_to_beginning(tp)
-            end = (await reader.end_offsets([tp]))[tp]
-            values: list[dict[str, Any]] = []
-            deadline = time.monotonic() + WAIT_S
-            while await reader.position(tp) < end and time.monotonic() < deadline:
-                for records in (await reader.getmany(tp, timeout_ms=200)).values():
-                    values.extend(orjson.loads(r.value) for r in records)
-            return values
-        finally:
-            await reader.stop()
 
 
 @pytest.fixture
@@ -165,9 +84,8 @@ async def make_loop(kafka_bootstrap: str, redis: Redis, scorer: GatedScorer, uni
                            commit_interval_s=commit_interval_s)
     await producer.start()
     consumer.subscribe([topics.traces], listener=traces.rebalance_listener())
-    await consumer.start()
-    return Loop(traces, consumer, producer, redis, scorer, project, topics, TopicPartition(topics.traces, 0),
-                kafka_bootstrap)
+    return Loop(traces, consumer, producer, redis, project, topics, TopicPartition(topics.traces, 0),
+                kafka_bootstrap, controls=scorer)
 
 
 @pytest.fixture
@@ -183,12 +101,7 @@ async def loops(kafka_bootstrap: str, redis: Redis, scorer: GatedScorer,
     yield make
     scorer.release()
     for loop in made:
-        if loop.stop is not None and loop.task is not None:
-            loop.stop.set()
-            await asyncio.gather(loop.task, return_exceptions=True)
-            await loop.traces.drain(5)
-        await loop.consumer.stop()
-        await loop.producer.stop()
+        await loop.close(drain_s=5)
 
 
 async def test_the_commit_never_passes_a_trace_still_being_scored(loops: Callable[..., Awaitable[Loop]],
@@ -199,7 +112,7 @@ async def test_the_commit_never_passes_a_trace_still_being_scored(loops: Callabl
     await loop.send("t-1", "quick one")
     await loop.send("t-2", "quick two")
     await loop.done("t-1", "t-2")
-    assert scorer.held.is_set() and (await loop.state("t-0")).startswith("lease:"), "t-0 is being scored"
+    assert scorer.held.is_set() and (await loop.state("g", "t-0")).startswith("lease:"), "t-0 is being scored"
 
     await loop.traces.commit()  # whatever the timer did, commit now with t-1 and t-2 finished
     assert await loop.committed() in (None, 0), "offsets 1 and 2 are done, but 0 is not: nothing past 0"
@@ -210,7 +123,7 @@ async def test_the_commit_never_passes_a_trace_still_being_scored(loops: Callabl
     async def all_committed() -> bool:
         return await loop.committed() == 3
     await until(all_committed, "the commit to pass all three once t-0 finished")
-    assert sorted(r["traceId"] for r in await loop.ratings()) == ["t-0", "t-1", "t-2"]
+    assert sorted(r["traceId"] for r in await loop.rating_documents()) == ["t-0", "t-1", "t-2"]
 
 
 async def test_drain_finishes_in_flight_work_and_commits_it(loops: Callable[..., Awaitable[Loop]],
@@ -229,7 +142,7 @@ async def test_drain_finishes_in_flight_work_and_commits_it(loops: Callable[...,
     await draining
     loop.stop = None  # drained: the fixture has nothing left to stop
     assert await loop.committed() == 2, "drain commits what finished, the in-flight trace included"
-    assert sorted(r["traceId"] for r in await loop.ratings()) == ["t-0", "t-1"]
+    assert sorted(r["traceId"] for r in await loop.rating_documents()) == ["t-0", "t-1"]
 
 
 async def test_a_redelivered_done_pair_is_not_scored_or_published_again(
@@ -244,7 +157,7 @@ async def test_a_redelivered_done_pair_is_not_scored_or_published_again(
         return await loop.committed() == 2
     await until(passed_both, "the redelivery to be finished and committed")
     assert scorer.requests("once") == 1, "a done pair is skipped: its members are not called again"
-    assert [r["traceId"] for r in await loop.ratings()] == ["t-0"], "and nothing is published twice"
+    assert [r["traceId"] for r in await loop.rating_documents()] == ["t-0"], "and nothing is published twice"
 
 
 async def test_an_output_failure_makes_the_worker_unready(loops: Callable[..., Awaitable[Loop]]) -> None:
@@ -280,7 +193,7 @@ async def test_a_pair_taken_over_while_being_scored_is_not_published_by_its_firs
     await loop.start()
     await loop.send("t-0", f"stalled {HOLD}")
     await asyncio.to_thread(scorer.held.wait, WAIT_S)
-    assert (await loop.state("t-0")).startswith("lease:")
+    assert (await loop.state("g", "t-0")).startswith("lease:")
     day = day_of(datetime(2026, 12, 2, 13, tzinfo=UTC).timestamp())
     elsewhere = Claims(loop.redis, owner="another-worker")
     await elsewhere.mark_done([(ClaimRequest(loop.project, "g", "trace:t-0", 0, None, day=day), "rating-elsewhere")])
@@ -290,5 +203,5 @@ async def test_a_pair_taken_over_while_being_scored_is_not_published_by_its_firs
     async def finished() -> bool:
         return await loop.committed() == 1
     await until(finished, "t-0 to be finished and committed")
-    assert await loop.ratings() == [], "the first worker published nothing: one value per pair"
-    assert await loop.state("t-0") == "done:rating-elsewhere"
+    assert await loop.rating_documents() == [], "the first worker published nothing: one value per pair"
+    assert await loop.state("g", "t-0") == "done:rating-elsewhere"

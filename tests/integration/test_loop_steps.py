@@ -15,13 +15,10 @@ scored in bulk) and ``sess`` (session scope: only its turns are recorded here).
 from __future__ import annotations
 
 import asyncio
-import inspect
-import os
 import re
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from dataclasses import dataclass
-from datetime import UTC, datetime
 from typing import Any
 
 import orjson
@@ -39,34 +36,17 @@ from consumers.outputs import TopicNames
 from consumers.traces import OutputError, TraceConsumer
 from scoring.catalog import CatalogSnapshot
 from scoring.models import Budget, Judge, Pattern, ScorerGroup
-from scoring.pairs import ClaimRequest, day_of
+from scoring.pairs import ClaimRequest
 from scoring.panel import GroupResult, Panel
 from scoring.sampling import keep
 from scoring.stores.claims import ClaimResult, Claims
 from scoring.stores.ratings import RatingsStore
 from scoring.subjects import Subject, Trace
+from tests.support.trace_loop import WAIT_S, Loop, trace, until
 
 pytestmark = pytest.mark.integration
 
-# Every wait below ends by this deadline; none is a sleep the result depends on. Mutation runs
-# may set it lower, so that a mutant which stalls the loop fails in seconds.
-WAIT_S = float(os.environ.get("SGW_TEST_WAIT_S", "15"))
-TIMESTAMP = "2026-12-02T13:00:00Z"
-DAY = day_of(datetime(2026, 12, 2, 13, tzinfo=UTC).timestamp())
-BLOCK = "[[block]]"  # an output carrying this makes its pairs wait for Controls.release()
-
-
-async def until(check: Callable[[], Any], what: str, timeout_s: float = WAIT_S) -> None:
-    deadline = time.monotonic() + timeout_s
-    while True:
-        ok = check()
-        if inspect.isawaitable(ok):
-            ok = await ok
-        if ok:
-            return
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out waiting for {what}")
-        await asyncio.sleep(0.02)
+BLOCK = "[[block]]"  # an output carrying this makes its pairs wait for Controls.panel.release()
 
 
 # --- what the test controls ---------------------------------------------------------------------
@@ -233,126 +213,32 @@ def catalog(live: dict[str, tuple[str, ...]], budgets: list[Budget] = (), sample
                 budgets={b.project_id: b for b in budgets})
 
 
-def trace(project: str, trace_id: str, output: str, session: str | None = None, expected: str | None = None) -> bytes:
-    doc: dict[str, Any] = {"traceId": trace_id, "projectId": project, "agentId": "a", "timestamp": TIMESTAMP,
-                           "spans": [{"spanId": "r", "input": "q", "output": output}]}
-    if session is not None:
-        doc["sessionId"] = session
-    if expected is not None:
-        doc["expected"] = expected
-    return orjson.dumps(doc)
-
-
-# --- one loop -----------------------------------------------------------------------------------
-
-
 @dataclass
-class Loop:
-    traces: TraceConsumer
-    consumer: AIOKafkaConsumer
-    producer: HeldProducer
-    redis: Redis
+class Controls:
+    """What these tests control the loop with (the shared ``Loop`` carries it)."""
+
     panel: ControlledPanel
     claims: HeldClaims
     events: Events
-    project: str
-    topics: TopicNames
-    tp: TopicPartition
-    bootstrap: str
-    group_id: str = ""
-    task: asyncio.Task[None] | None = None
-    stop: asyncio.Event | None = None
 
-    async def send(self, trace_id: str, output: str = "fine", *, session: str | None = None,
-                   project: str | None = None, partition: int = 0, expected: str | None = None) -> None:
-        await self.producer.send_and_wait(self.topics.traces, key=trace_id.encode(),
-                                          value=trace(project or self.project, trace_id, output, session, expected),
-                                          partition=partition)
 
-    async def send_raw(self, value: bytes | None, key: bytes | None) -> None:
-        await self.producer.send_and_wait(self.topics.traces, key=key, value=value, partition=0)
+async def run_until_the_rating_of_t0_is_held(loop: Loop) -> None:
+    """Send t-0 and run the loop until its rating waits on its way to the broker; stop the loop."""
+    loop.producer.held_topic = loop.topics.ratings
+    loop.producer.held.clear()
+    await loop.send("t-0")
+    await loop.start()
+    await until(lambda: loop.producer.waiting == 1, "t-0's rating to be held on its way out")
+    await loop.halt()
 
-    async def start(self) -> None:
-        """Join the group (records sent before are in its first fetch) and run the loop."""
-        await self.consumer.start()
-        self.stop = asyncio.Event()
-        self.task = asyncio.create_task(self.traces.run(self.stop))
-        await until(self._assigned, "the partition assignment")
 
-    def _assigned(self) -> bool:
-        if self.task is not None and self.task.done():
-            self.task.result()
-        return self.traces.assigned_once
-
-    async def halt(self) -> None:
-        """Stop the loop (not drained)."""
-        assert self.stop is not None and self.task is not None
-        self.stop.set()
-        await asyncio.wait_for(self.task, WAIT_S)
-
-    async def run_until_the_rating_of_t0_is_held(self) -> None:
-        """Send t-0 and run the loop until its rating waits on its way to the broker; stop the loop."""
-        self.producer.held_topic = self.topics.ratings
-        self.producer.held.clear()
-        await self.send("t-0")
-        await self.start()
-        await until(lambda: self.producer.waiting == 1, "t-0's rating to be held on its way out")
-        await self.halt()
-
-    async def drain_letting_held_sends_go_once_it_cancels(self, logs: list[dict[str, Any]]) -> None:
-        """Drain with a 1 s deadline; once it has cancelled the jobs past it, let held sends go."""
-        draining = asyncio.create_task(self.traces.drain(1))
-        await until(lambda: logged(logs, "cancelling traces that did not finish in time") != [], "a job cancelled")
-        self.producer.held.set()
-        await asyncio.wait_for(draining, WAIT_S)
-        self.stop = None  # drained
-
-    def request(self, group_id: str, trace_id: str, judge_calls: int = 0,
-                budget_limit: int | None = None) -> ClaimRequest:
-        return ClaimRequest(self.project, group_id, f"trace:{trace_id}", judge_calls, budget_limit, day=DAY)
-
-    async def state(self, group_id: str, trace_id: str) -> str:
-        return await Claims(self.redis).stored(self.request(group_id, trace_id))
-
-    async def committed(self, tp: TopicPartition | None = None) -> int | None:
-        return await self.consumer.committed(tp or self.tp)  # type: ignore[no-any-return]
-
-    async def committed_to(self, offset: int) -> None:
-        async def there() -> bool:
-            return await self.committed() == offset
-        await until(there, f"the commit to reach {offset}")
-
-    async def steps(self, n: int = 2) -> None:
-        """Wait until the loop has gone through ``n`` more turns."""
-        for _ in range(n):
-            before = self.traces.last_progress
-            await until(lambda b=before: self.traces.last_progress > b, "a turn of the loop")  # type: ignore[misc]
-
-    async def read(self, topic: str) -> list[ConsumerRecord]:
-        """Every record on partition 0 of ``topic``, read to its end."""
-        reader = AIOKafkaConsumer(bootstrap_servers=self.bootstrap, enable_auto_commit=False, group_id=None)
-        await reader.start()
-        try:
-            tp = TopicPartition(topic, 0)
-            reader.assign([tp])
-            await reader.seek_to_beginning(tp)
-            end = (await reader.end_offsets([tp]))[tp]
-            records: list[ConsumerRecord] = []
-            deadline = time.monotonic() + WAIT_S
-            while await reader.position(tp) < end and time.monotonic() < deadline:
-                for batch in (await reader.getmany(tp, timeout_ms=200)).values():
-                    records.extend(batch)
-            return records
-        finally:
-            await reader.stop()
-
-    async def ratings(self) -> list[tuple[str, str]]:
-        """(group, trace) of every rating published."""
-        values = [orjson.loads(r.value) for r in await self.read(self.topics.ratings)]
-        return sorted((v["groupId"], v["traceId"]) for v in values)
-
-    async def dead(self) -> list[tuple[bytes | None, dict[str, Any]]]:
-        return [(r.key, orjson.loads(r.value)) for r in await self.read(self.topics.dlq)]
+async def drain_letting_held_sends_go_once_it_cancels(loop: Loop, logs: list[dict[str, Any]]) -> None:
+    """Drain with a 1 s deadline; once it has cancelled the jobs past it, let held sends go."""
+    draining = asyncio.create_task(loop.traces.drain(1))
+    await until(lambda: logged(logs, "cancelling traces that did not finish in time") != [], "a job cancelled")
+    loop.producer.held.set()
+    await asyncio.wait_for(draining, WAIT_S)
+    loop.stop = None  # drained
 
 
 @pytest.fixture
@@ -402,22 +288,17 @@ async def loops(kafka_bootstrap: str, redis: Redis, unique: str) -> AsyncIterato
         assert isinstance(traces.last_progress, float) and isinstance(traces.last_commit_advance, float)
         await producer.start()
         consumer.subscribe([topics.traces], listener=traces.rebalance_listener())
-        loop = Loop(traces, consumer, producer, redis, panel, claims, events, project, topics,
-                    TopicPartition(topics.traces, 0), kafka_bootstrap, group_id=f"ls-{suffix}")
+        loop = Loop(traces, consumer, producer, redis, project, topics, TopicPartition(topics.traces, 0),
+                    kafka_bootstrap, controls=Controls(panel, claims, events), group_id=f"ls-{suffix}")
         made.append(loop)
         return loop
 
     yield make
     for loop in made:
-        loop.panel.release()
-        loop.claims.open.set()
+        loop.controls.panel.release()
+        loop.controls.claims.open.set()
         loop.producer.held.set()
-        if loop.stop is not None and loop.task is not None:
-            loop.stop.set()
-            await asyncio.gather(loop.task, return_exceptions=True)
-            await loop.traces.drain(2)
-        await loop.consumer.stop()
-        await loop.producer.stop()
+        await loop.close(drain_s=2)
 
 
 # --- decode and route ---------------------------------------------------------------------------
@@ -443,11 +324,11 @@ async def test_malformed_and_unroutable_records_are_dead_lettered_with_their_rea
     assert routing["key"] is None and orjson.loads(routing["value"])["traceId"] == "t-2"
     assert (routing["topic"], routing["partition"]) == (loop.topics.traces, 0)
     assert await loop.ratings() == [("bulk", "t-1"), ("bulk", "t-3")], "the others are scored"
-    assert loop.events.of("dead_lettered") == [("not_json",), ("unprocessable",)]
-    assert sum(c for (c,) in loop.events.of("consumed")) == 4
-    assert sum(c for p, g, c in loop.events.of("kept") if (p, g) == (project, "bulk")) == 2
-    assert not [k for k in loop.events.of("kept") if k[0] == broken]
-    assert (loop.topics.traces, 0, 4) in loop.events.of("committed")
+    assert loop.controls.events.of("dead_lettered") == [("not_json",), ("unprocessable",)]
+    assert sum(c for (c,) in loop.controls.events.of("consumed")) == 4
+    assert sum(c for p, g, c in loop.controls.events.of("kept") if (p, g) == (project, "bulk")) == 2
+    assert not [k for k in loop.controls.events.of("kept") if k[0] == broken]
+    assert (loop.topics.traces, 0, 4) in loop.controls.events.of("committed")
     assert loop.traces.outage is None and loop.traces.fatal is None
     where = {"topic": loop.topics.traces, "partition": 0}
     assert logged(logs, "dead-lettered a record") == [
@@ -479,16 +360,16 @@ async def test_kept_traces_are_counted_per_project_and_group_once_per_batch(
         await loop.send(f"t-{i}")
     await loop.start()
     await loop.committed_to(3)
-    kept = loop.events.of("kept")
+    kept = loop.controls.events.of("kept")
     assert sum(c for _, g, c in kept if g == "bulk") == 3 and sum(c for _, g, c in kept if g == "wait") == 3
     assert {p for p, _, _ in kept} == {loop.project}
     assert len(kept) < 6, "counted per batch, not reported once per pair"
     assert await loop.ratings() == sorted([(g, f"t-{i}") for g in ("bulk", "wait") for i in range(3)])
-    latencies = [s for (s,) in loop.events.of("latency")]
+    latencies = [s for (s,) in loop.controls.events.of("latency")]
     assert len(latencies) == 3 and all(0 <= s < WAIT_S for s in latencies), "one latency per trace, with its last pair"
-    assert sorted(loop.panel.alone) == [("wait", f"t-{i}") for i in range(3)], "a judge's pairs are scored alone"
-    assert {g for batch in loop.panel.batches for g, _ in batch} == {"bulk"}, "a pattern's pairs in bulk"
-    assert await loop.claims.budget_used(loop.project, 3600) == 3, "without a budget, calls are counted by the hour"
+    assert sorted(loop.controls.panel.alone) == [("wait", f"t-{i}") for i in range(3)], "a judge's pairs are scored alone"
+    assert {g for batch in loop.controls.panel.batches for g, _ in batch} == {"bulk"}, "a pattern's pairs in bulk"
+    assert await loop.controls.claims.budget_used(loop.project, 3600) == 3, "without a budget, calls are counted by the hour"
 
 
 async def test_a_group_that_samples_nothing_claims_nothing_and_the_trace_is_finished(
@@ -504,7 +385,7 @@ async def test_a_group_that_samples_nothing_claims_nothing_and_the_trace_is_fini
     await loop.send("t-2", project=other)
     await loop.start()
     await loop.committed_to(3)
-    assert await loop.state("bulk", "t-0") == "" and ("bulk", "t-0") not in loop.panel.alone
+    assert await loop.state("bulk", "t-0") == "" and ("bulk", "t-0") not in loop.controls.panel.alone
     values = [orjson.loads(r.value) for r in await loop.read(loop.topics.ratings)]
     assert sorted((v["projectId"], v["groupId"], v["traceId"]) for v in values) == [
         (project, "wait", "t-0"), (other, "bulk", "t-2")]
@@ -532,7 +413,7 @@ async def test_a_judge_that_needs_an_expected_answer_the_trace_lacks_reserves_no
     await loop.start()
     await loop.committed_to(2)
     assert await loop.ratings() == [("expect", "t-0")]
-    assert loop.events.of("group_skipped") == [(project, "expect", "budget")]
+    assert loop.controls.events.of("group_skipped") == [(project, "expect", "budget")]
 
 
 async def test_pairs_scored_alone_that_finish_together_confirm_their_leases_in_one_call(
@@ -543,12 +424,12 @@ async def test_pairs_scored_alone_that_finish_together_confirm_their_leases_in_o
     for i in range(6):
         await loop.send(f"t-{i}", BLOCK)
     await loop.start()
-    await until(lambda: len(loop.panel.entered) == 6, "six judge pairs in scoring")
-    loop.panel.release()
+    await until(lambda: len(loop.controls.panel.entered) == 6, "six judge pairs in scoring")
+    loop.controls.panel.release()
     await loop.committed_to(6)
-    confirmed = [key for call in loop.claims.confirms for key in call]
+    confirmed = [key for call in loop.controls.claims.confirms for key in call]
     assert sorted(confirmed) == sorted(f"trace:t-{i}" for i in range(6)), "every pair confirmed once"
-    assert len(loop.claims.confirms) < 6, loop.claims.confirms
+    assert len(loop.controls.claims.confirms) < 6, loop.controls.claims.confirms
 
 
 async def test_a_fetch_takes_no_more_records_than_the_room_left(loops: Callable[..., Awaitable[Loop]]) -> None:
@@ -556,12 +437,12 @@ async def test_a_fetch_takes_no_more_records_than_the_room_left(loops: Callable[
     for i in range(3):
         await loop.send(f"t-{i}", BLOCK)
     await loop.start()  # the three are fetchable at once
-    await until(lambda: len(loop.panel.entered) == 2, "two traces in flight")
+    await until(lambda: len(loop.controls.panel.entered) == 2, "two traces in flight")
     await until(lambda: loop.consumer.paused() == {loop.tp}, "the partition to be paused")
     await loop.steps(3)
-    assert sorted(t for _, t in loop.panel.entered) == ["t-0", "t-1"] and await loop.state("wait", "t-2") == ""
-    assert loop.events.of("consumed")[0] == (2,)
-    loop.panel.release()
+    assert sorted(t for _, t in loop.controls.panel.entered) == ["t-0", "t-1"] and await loop.state("wait", "t-2") == ""
+    assert loop.controls.events.of("consumed")[0] == (2,)
+    loop.controls.panel.release()
     await loop.committed_to(3)
 
 
@@ -572,7 +453,7 @@ async def test_a_fetch_takes_at_most_1000_records(loops: Callable[..., Awaitable
     await asyncio.gather(*acks)
     await loop.start()
     await loop.committed_to(1001)
-    batches = [c for (c,) in loop.events.of("consumed")]
+    batches = [c for (c,) in loop.controls.events.of("consumed")]
     assert sum(batches) == 1001 and max(batches) <= 1000
 
 
@@ -589,7 +470,7 @@ async def test_session_scope_groups_record_turns_and_do_not_score_a_single_trace
     await loop.committed_to(3)
     assert [t for batch in turns.recorded for t in batch] == ["t-0"], "only a session trace of a project with one"
     assert await loop.state("sess", "t-0") == "", "a session group never claims a single trace"
-    assert [g for g, _ in loop.panel.alone] + [g for b in loop.panel.batches for g, _ in b] == ["bulk"] * 3
+    assert [g for g, _ in loop.controls.panel.alone] + [g for b in loop.controls.panel.batches for g, _ in b] == ["bulk"] * 3
     values = [orjson.loads(r.value) for r in await loop.read(loop.topics.ratings)]
     assert sorted((v["groupId"], v["traceId"]) for v in values) == [("bulk", "t-0"), ("bulk", "t-1"), ("bulk", "t-2")]
 
@@ -606,11 +487,11 @@ async def test_an_exhausted_budget_skips_the_group_and_the_trace_is_finished(
     await loop.send("t-0")
     await loop.start()
     await loop.committed_to(1)
-    assert loop.events.of("group_skipped") == [(project, "wait", "budget")]
+    assert loop.controls.events.of("group_skipped") == [(project, "wait", "budget")]
     assert await loop.state("wait", "t-0") == "skipped:budget"
     assert (await history.history("wait", "1h")).skipped == before + 1, "the ratings history shows the skip"
-    assert loop.panel.scored("t-0") == 0 and await loop.ratings() == []
-    assert loop.events.of("latency") == [], "no pair was started"
+    assert loop.controls.panel.scored("t-0") == 0 and await loop.ratings() == []
+    assert loop.controls.events.of("latency") == [], "no pair was started"
     assert logged(logs, "judge budget exhausted; group skipped") == [
         {"event": "judge budget exhausted; group skipped", "log_level": "warning", "project": project,
          "group": "wait", "trace": "t-0", "used": "0"}]
@@ -625,8 +506,8 @@ async def test_a_budgeted_group_reserves_its_judge_calls_in_the_project_budget_w
         await loop.send(f"t-{i}")
     await loop.start()
     await loop.committed_to(3)
-    assert await loop.claims.budget_used(project, 600) == 2, "two calls reserved in the 600 s window"
-    assert loop.events.of("group_skipped") == [(project, "wait", "budget")], "the third is over the limit"
+    assert await loop.controls.claims.budget_used(project, 600) == 2, "two calls reserved in the 600 s window"
+    assert loop.controls.events.of("group_skipped") == [(project, "wait", "budget")], "the third is over the limit"
     assert await loop.ratings() == [("wait", "t-0"), ("wait", "t-1")]
 
 
@@ -638,8 +519,8 @@ async def test_a_redelivered_done_pair_is_skipped_as_a_dedupe(loops: Callable[..
     assert (await loop.state("bulk", "t-0")).startswith("done:")
     await loop.send("t-0")
     await loop.committed_to(2)
-    assert loop.events.of("group_skipped") == [(loop.project, "bulk", "dedupe")]
-    assert loop.panel.scored("t-0") == 1 and await loop.ratings() == [("bulk", "t-0")]
+    assert loop.controls.events.of("group_skipped") == [(loop.project, "bulk", "dedupe")]
+    assert loop.controls.panel.scored("t-0") == 1 and await loop.ratings() == [("bulk", "t-0")]
 
 
 async def test_a_pair_another_worker_holds_is_polled_and_not_scored_while_its_lease_lives(
@@ -649,13 +530,13 @@ async def test_a_pair_another_worker_holds_is_polled_and_not_scored_while_its_le
     assert [c.state for c in await other.claim_many([loop.request("bulk", "t-0")])] == ["claimed"]
     await loop.send("t-0")
     await loop.start()
-    await until(lambda: loop.claims.claims_of("t-0") >= 3, "the held pair to be polled twice")
-    assert loop.panel.scored("t-0") == 0, "not scored while the other worker's lease lives"
+    await until(lambda: loop.controls.claims.claims_of("t-0") >= 3, "the held pair to be polled twice")
+    assert loop.controls.panel.scored("t-0") == 0, "not scored while the other worker's lease lives"
     assert await loop.committed() is None or await loop.committed() == 0
     await other.mark_done([(loop.request("bulk", "t-0"), "rating-elsewhere")])
     await loop.committed_to(1)
-    assert loop.panel.scored("t-0") == 0 and await loop.ratings() == []
-    assert loop.events.of("group_skipped") == [(loop.project, "bulk", "dedupe")]
+    assert loop.controls.panel.scored("t-0") == 0 and await loop.ratings() == []
+    assert loop.controls.events.of("group_skipped") == [(loop.project, "bulk", "dedupe")]
     assert await loop.state("bulk", "t-0") == "done:rating-elsewhere"
 
 
@@ -665,13 +546,13 @@ async def test_a_pair_whose_other_lease_lapses_is_taken_over_and_scored(loops: C
     await other.claim_many([loop.request("bulk", "t-0")])
     await loop.send("t-0")
     await loop.start()
-    await until(lambda: loop.claims.claims_of("t-0") >= 2, "the held pair to be polled")
+    await until(lambda: loop.controls.claims.claims_of("t-0") >= 2, "the held pair to be polled")
     await other.release([loop.request("bulk", "t-0")])  # as if its lease had lapsed
     await loop.committed_to(1)
-    assert loop.panel.alone == [("bulk", "t-0")], "scored once, alone, once the pair was free"
+    assert loop.controls.panel.alone == [("bulk", "t-0")], "scored once, alone, once the pair was free"
     assert await loop.ratings() == [("bulk", "t-0")]
     assert (await loop.state("bulk", "t-0")).startswith("done:")
-    assert loop.events.of("group_skipped") == []
+    assert loop.controls.events.of("group_skipped") == []
 
 
 async def test_a_held_pair_whose_budget_runs_out_meanwhile_is_skipped_for_budget(
@@ -683,11 +564,11 @@ async def test_a_held_pair_whose_budget_runs_out_meanwhile_is_skipped_for_budget
     assert [c.state for c in await other.claim_many([held])] == ["claimed"], "the other worker spent the budget"
     await loop.send("t-0")
     await loop.start()
-    await until(lambda: loop.claims.claims_of("t-0") >= 2, "the held pair to be polled")
+    await until(lambda: loop.controls.claims.claims_of("t-0") >= 2, "the held pair to be polled")
     await other.release([held])  # it gave up; the budget stays spent
     await loop.committed_to(1)
-    assert loop.events.of("group_skipped") == [(project, "wait", "budget")]
-    assert loop.panel.scored("t-0") == 0 and await loop.ratings() == []
+    assert loop.controls.events.of("group_skipped") == [(project, "wait", "budget")]
+    assert loop.controls.panel.scored("t-0") == 0 and await loop.ratings() == []
 
 
 async def test_a_held_pair_found_skipped_at_a_poll_is_not_scored(loops: Callable[..., Awaitable[Loop]]) -> None:
@@ -696,16 +577,16 @@ async def test_a_held_pair_found_skipped_at_a_poll_is_not_scored(loops: Callable
     await other.claim_many([loop.request("wait", "t-0", judge_calls=1)])
     await loop.send("t-0")
     await loop.start()
-    await until(lambda: loop.claims.claims_of("t-0") >= 2, "the held pair to be polled")
-    loop.claims.open.clear()  # hold the loop's next poll while the pair changes hands
+    await until(lambda: loop.controls.claims.claims_of("t-0") >= 2, "the held pair to be polled")
+    loop.controls.claims.open.clear()  # hold the loop's next poll while the pair changes hands
     await other.release([loop.request("wait", "t-0")])
     third = Claims(loop.redis, owner="third-worker")
     assert [c.state for c in await third.claim_many([loop.request("wait", "t-0", judge_calls=1, budget_limit=0)])] \
         == ["exhausted"], "a third worker found no budget: the pair is skipped"
-    loop.claims.open.set()
+    loop.controls.claims.open.set()
     await loop.committed_to(1)
-    assert loop.events.of("group_skipped") == [(loop.project, "wait", "dedupe")]
-    assert loop.panel.scored("t-0") == 0 and await loop.ratings() == []
+    assert loop.controls.events.of("group_skipped") == [(loop.project, "wait", "dedupe")]
+    assert loop.controls.panel.scored("t-0") == 0 and await loop.ratings() == []
 
 
 # --- room: pause and resume ---------------------------------------------------------------------
@@ -717,15 +598,15 @@ async def test_partitions_are_paused_while_max_in_flight_traces_are_in_flight_an
     await loop.start()
     await loop.send("t-0", BLOCK)
     await loop.send("t-1", BLOCK)
-    await until(lambda: len(loop.panel.entered) == 2, "two traces in flight")
+    await until(lambda: len(loop.controls.panel.entered) == 2, "two traces in flight")
     await loop.send("t-2")
     await until(lambda: loop.consumer.paused() == {loop.tp}, "the partition to be paused")
     await loop.steps(3)
     assert await loop.state("wait", "t-2") == "", "no third trace is taken while two are in flight"
     assert loop.consumer.paused() == {loop.tp}
-    assert max(c for (c,) in loop.events.of("in_flight")) == 2
+    assert max(c for (c,) in loop.controls.events.of("in_flight")) == 2
 
-    loop.panel.release()
+    loop.controls.panel.release()
     await loop.committed_to(3)
     assert loop.consumer.paused() == set(), "resumed once there is room"
     assert await loop.ratings() == [("wait", "t-0"), ("wait", "t-1"), ("wait", "t-2")]
@@ -736,13 +617,13 @@ async def test_a_trace_in_flight_below_max_in_flight_leaves_room_for_the_next(
     loop = await loops(("wait",), max_in_flight=2)
     await loop.start()
     await loop.send("t-0", BLOCK)
-    await until(lambda: loop.panel.entered == [("wait", "t-0")], "t-0 in flight")
+    await until(lambda: loop.controls.panel.entered == [("wait", "t-0")], "t-0 in flight")
     await loop.send("t-1")
-    await until(lambda: len(loop.events.of("latency")) == 1, "t-1 to be finished while t-0 is in flight")
+    await until(lambda: len(loop.controls.events.of("latency")) == 1, "t-1 to be finished while t-0 is in flight")
     # Fetching t-1 filled the room (2 of 2) and paused; its end makes room again.
     await until(lambda: loop.consumer.paused() == set(), "the partition to be resumed while t-0 is in flight")
-    assert not loop.panel.released.is_set()
-    loop.panel.release()
+    assert not loop.controls.panel.released.is_set()
+    loop.controls.panel.release()
     await loop.committed_to(2)
 
 
@@ -753,10 +634,10 @@ async def test_a_paused_loop_keeps_polling_so_the_consumer_stays_in_its_group(
     loop = await loops(("wait",), max_in_flight=1, consumer_config={"max_poll_interval_ms": 2000})
     await loop.send("t-0", BLOCK)
     await loop.start()
-    await until(lambda: loop.panel.entered == [("wait", "t-0")], "t-0 in flight")
+    await until(lambda: loop.controls.panel.entered == [("wait", "t-0")], "t-0 in flight")
     await until(lambda: loop.consumer.paused() == {loop.tp}, "the partition to be paused")
     await asyncio.sleep(5)  # the one sleep of this module: holding past max.poll.interval.ms is the point
-    loop.panel.release()
+    loop.controls.panel.release()
     await loop.committed_to(1)
     revoked = [entry["partitions"] for entry in logged(logs, "partitions revoked") if entry["partitions"]]
     assert revoked == [], "the consumer never left its group"
@@ -778,7 +659,7 @@ async def test_records_of_a_partition_revoked_since_the_fetch_are_left_and_the_r
     gone = TopicPartition(loop.topics.traces, 7)
     await loop.traces._handle({gone: [record(gone, "t-gone")], loop.tp: [record(loop.tp, "t-0")]})
     await loop.committed_to(1)
-    assert loop.claims.claims_of("t-gone") == 0, "the new owner reads it"
+    assert loop.controls.claims.claims_of("t-gone") == 0, "the new owner reads it"
     assert await loop.ratings() == [("bulk", "t-0")]
 
 
@@ -788,10 +669,10 @@ async def test_a_paused_loop_still_commits_on_its_interval(loops: Callable[..., 
     await loop.send("t-0")
     await loop.committed_to(1)
     await loop.send("t-1", BLOCK)
-    await until(lambda: len(loop.panel.entered) == 1, "t-1 in flight")
+    await until(lambda: len(loop.controls.panel.entered) == 1, "t-1 in flight")
     await until(lambda: loop.consumer.paused() == {loop.tp}, "the partition to be paused")
     await loop.steps(2)  # turns while paused end on the commit interval, not on room
-    loop.panel.release()
+    loop.controls.panel.release()
     await loop.committed_to(2)
 
 
@@ -806,15 +687,15 @@ async def test_a_bulk_batch_that_raises_falls_back_to_scoring_each_pair_alone_an
     await loop.send("t-2")
     await loop.start()  # the three are in the first fetch: one batch
     await loop.committed_to(3)
-    assert loop.panel.batches == [[("bulk", "t-0"), ("bulk", "t-1"), ("bulk", "t-2")]]
-    assert sorted(loop.panel.alone) == [("bulk", "t-0"), ("bulk", "t-1"), ("bulk", "t-2")], "then each alone"
+    assert loop.controls.panel.batches == [[("bulk", "t-0"), ("bulk", "t-1"), ("bulk", "t-2")]]
+    assert sorted(loop.controls.panel.alone) == [("bulk", "t-0"), ("bulk", "t-1"), ("bulk", "t-2")], "then each alone"
     dead = await loop.dead()
     assert [(letter["reason"], letter["offset"], letter["error"]) for _, letter in dead] == [
         ("unprocessable", 1, "scoring failed: ValueError: scoring broke on t-1")]
     assert dead[0][0] == b"t-1" and dead[0][1]["key"] == "t-1" and orjson.loads(dead[0][1]["value"])["traceId"] == "t-1"
     assert await loop.ratings() == [("bulk", "t-0"), ("bulk", "t-2")]
     assert await loop.state("bulk", "t-1") == "", "the broken pair's lease is given up"
-    assert len(loop.events.of("latency")) == 3
+    assert len(loop.controls.events.of("latency")) == 3
     assert logged(logs, "a trace broke a step; dead-lettered") == [
         {"event": "a trace broke a step; dead-lettered", "log_level": "warning", "step": "scoring",
          "error": repr(ValueError("scoring broke on t-1")), "topic": loop.topics.traces, "partition": 0, "offset": 1}]
@@ -837,33 +718,33 @@ async def test_a_trace_whose_pair_breaks_is_dead_lettered_once_its_other_pairs_a
     loop = await loops(("wait", "bulk"))
     await loop.start()
     await loop.send("t-0", "[[break:wait]] [[block:bulk]]")
-    await until(lambda: loop.panel.entered == [("bulk", "t-0")], "the bulk pair to wait")
+    await until(lambda: loop.controls.panel.entered == [("bulk", "t-0")], "the bulk pair to wait")
 
     async def wait_pair_gave_up() -> bool:
-        return ("wait", "t-0") in loop.panel.alone and await loop.state("wait", "t-0") == ""
+        return ("wait", "t-0") in loop.controls.panel.alone and await loop.state("wait", "t-0") == ""
     await until(wait_pair_gave_up, "the broken pair to give up its lease")
     await loop.steps(2)
     assert await loop.dead() == [] and await loop.committed() in (None, 0), "not before its last pair"
 
-    loop.panel.release()
+    loop.controls.panel.release()
     await loop.committed_to(1)
     dead = await loop.dead()
     assert [(letter["reason"], letter["offset"], letter["error"]) for _, letter in dead] == [
         ("unprocessable", 0, "scoring failed: ValueError: scoring broke on t-0")]
     assert await loop.ratings() == [("bulk", "t-0")], "its other pair is out"
-    assert len(loop.events.of("latency")) == 1
+    assert len(loop.controls.events.of("latency")) == 1
 
 
 async def test_a_broken_pair_whose_lease_cannot_be_given_up_still_dead_letters_its_trace(
         loops: Callable[..., Awaitable[Loop]]) -> None:
     # Giving up the lease is a courtesy (it expires anyway): its failure must not stop the loop.
     loop = await loops(("wait",))
-    loop.claims.release_fails = True
+    loop.controls.claims.release_fails = True
     await loop.send("t-0", "[[break:wait]]")
     await loop.send("t-1")
     await loop.start()
     await loop.committed_to(2)
-    assert loop.claims.released == ["trace:t-0"], "it was tried"
+    assert loop.controls.claims.released == ["trace:t-0"], "it was tried"
     assert [letter["error"] for _, letter in await loop.dead()] == ["scoring failed: ValueError: scoring broke on t-0"]
     assert await loop.ratings() == [("wait", "t-1")] and loop.traces.fatal is None
 
@@ -893,18 +774,18 @@ async def test_a_pair_taken_over_while_being_scored_is_waited_for_and_scored_aga
     loop = await loops((group_id,))
     await loop.send("t-0", BLOCK)
     await loop.start()
-    await until(lambda: loop.panel.entered == [(group_id, "t-0")], "t-0 to be in scoring")
+    await until(lambda: loop.controls.panel.entered == [(group_id, "t-0")], "t-0 to be in scoring")
     request = loop.request(group_id, "t-0", judge_calls=1 if group_id == "wait" else 0)
-    await loop.claims.release([request])  # as if this worker's lease had lapsed...
+    await loop.controls.claims.release([request])  # as if this worker's lease had lapsed...
     other = Claims(loop.redis, owner="another-worker", lease_s=90)
     assert [c.state for c in await other.claim_many([request])] == ["claimed"]  # ...and was taken over
-    polls = loop.claims.claims_of("t-0")
-    loop.panel.release()
-    await until(lambda: loop.claims.claims_of("t-0") >= polls + 2, "the taken-over pair to be polled")
-    assert await loop.ratings() == [] and loop.panel.scored("t-0") == 1
+    polls = loop.controls.claims.claims_of("t-0")
+    loop.controls.panel.release()
+    await until(lambda: loop.controls.claims.claims_of("t-0") >= polls + 2, "the taken-over pair to be polled")
+    assert await loop.ratings() == [] and loop.controls.panel.scored("t-0") == 1
     await other.release([request])  # the other worker gave it up
     await loop.committed_to(1)
-    assert loop.panel.alone == [(group_id, "t-0")] * scored_alone, "scored again, alone, once the pair was free"
+    assert loop.controls.panel.alone == [(group_id, "t-0")] * scored_alone, "scored again, alone, once the pair was free"
     assert await loop.ratings() == [(group_id, "t-0")] and await loop.dead() == []
     assert (await loop.state(group_id, "t-0")).startswith("done:")
 
@@ -915,16 +796,16 @@ async def test_a_bulk_pair_taken_over_while_being_scored_is_not_published_and_it
     await loop.send("t-0", BLOCK)
     await loop.send("t-1")
     await loop.start()
-    await until(lambda: loop.panel.entered == [("bulk", "t-0")], "t-0 to be in scoring")
+    await until(lambda: loop.controls.panel.entered == [("bulk", "t-0")], "t-0 to be in scoring")
     elsewhere = Claims(loop.redis, owner="another-worker")
     await elsewhere.mark_done([(loop.request("bulk", "t-0"), "rating-elsewhere")])
-    loop.panel.release()
+    loop.controls.panel.release()
     await loop.committed_to(2)
     assert await loop.ratings() == [("bulk", "t-1")], "only the pair still held is published"
-    assert loop.panel.alone == [], "the lost pair is waited for, not scored again"
+    assert loop.controls.panel.alone == [], "the lost pair is waited for, not scored again"
     assert await loop.state("bulk", "t-0") == "done:rating-elsewhere"
     assert (await loop.state("bulk", "t-1")).startswith("done:")
-    assert loop.events.of("group_skipped") == [(loop.project, "bulk", "dedupe")]
+    assert loop.controls.events.of("group_skipped") == [(loop.project, "bulk", "dedupe")]
 
 
 # --- publish ------------------------------------------------------------------------------------
@@ -945,7 +826,7 @@ async def test_an_output_that_fails_sets_fatal_and_run_raises_output_error(
     with pytest.raises(OutputError, match=r"^an output could not be published; stopping without committing it$") \
             as raised:
         await asyncio.wait_for(loop.task, WAIT_S)
-    assert loop.panel.entered == [(other, "t-0")] and not loop.panel.released.is_set()
+    assert loop.controls.panel.entered == [(other, "t-0")] and not loop.controls.panel.released.is_set()
     assert isinstance(loop.traces.fatal, KafkaError)
     assert raised.value.__cause__ is loop.traces.fatal
     assert await loop.committed() in (None, 0)
@@ -981,9 +862,9 @@ async def test_drain_cancels_jobs_past_the_deadline_and_releases_their_leases(
     loop = await loops(("wait", "bulk"), commit_interval_s=3600)
     await loop.start()
     await loop.send("t-0")
-    await until(lambda: len(loop.events.of("latency")) == 1, "t-0 to be finished")
+    await until(lambda: len(loop.controls.events.of("latency")) == 1, "t-0 to be finished")
     await loop.send("t-1", BLOCK)
-    await until(lambda: len(loop.panel.entered) == 2, "t-1's two pairs in scoring")
+    await until(lambda: len(loop.controls.panel.entered) == 2, "t-1's two pairs in scoring")
     await loop.halt()
     await asyncio.wait_for(loop.traces.drain(0.05), WAIT_S)  # t-1 never finishes by itself
     loop.stop = None  # drained
@@ -1003,11 +884,11 @@ async def test_a_publish_under_way_when_drain_cancels_its_trace_completes_marked
     # cancels the job: the publish is shielded - it ends, marked done with the published rating's
     # id, and its lease is never given up (a free pair whose rating is out would be scored again).
     loop = await loops((group_id,), commit_interval_s=3600)
-    await loop.run_until_the_rating_of_t0_is_held()
-    await loop.drain_letting_held_sends_go_once_it_cancels(logs)
+    await run_until_the_rating_of_t0_is_held(loop)
+    await drain_letting_held_sends_go_once_it_cancels(loop, logs)
     (rating,) = [orjson.loads(r.value) for r in await loop.read(loop.topics.ratings)]
     assert await loop.state(group_id, "t-0") == f"done:{rating['id']}"
-    assert loop.claims.released == [], "a published pair's lease is not given up"
+    assert loop.controls.claims.released == [], "a published pair's lease is not given up"
     # None: no commit yet (the interval is an hour); 0: drain's final commit, nothing finished
     assert await loop.committed() in (None, 0), "its job was cancelled: a redelivery finds the pair done"
     assert loop.traces.fatal is None
@@ -1020,17 +901,17 @@ async def test_a_publish_that_fails_after_drain_cancelled_its_job_is_still_repor
     # worker exits 1 on a fatal error after drain, worker/app.py), and the pair keeps its lease -
     # not done, not given up.
     loop = await loops((group_id,), commit_interval_s=3600, ratings_config={"max.message.bytes": "64"})
-    await loop.run_until_the_rating_of_t0_is_held()
-    await loop.drain_letting_held_sends_go_once_it_cancels(logs)  # ...and the broker refuses the rating
+    await run_until_the_rating_of_t0_is_held(loop)
+    await drain_letting_held_sends_go_once_it_cancels(loop, logs)  # ...and the broker refuses the rating
     assert isinstance(loop.traces.fatal, KafkaError)
-    assert (await loop.state(group_id, "t-0")).startswith("lease:") and loop.claims.released == []
+    assert (await loop.state(group_id, "t-0")).startswith("lease:") and loop.controls.claims.released == []
 
 
 async def test_a_publish_that_never_ends_does_not_hold_drain_past_its_deadline_and_is_fatal(
         loops: Callable[..., Awaitable[Loop]], logs: list[dict[str, Any]]) -> None:
     # Its rating may be out and is not marked done: the worker must say so (it exits 1 on fatal).
     loop = await loops(("bulk",), commit_interval_s=3600)
-    await loop.run_until_the_rating_of_t0_is_held()  # never let go before drain returns
+    await run_until_the_rating_of_t0_is_held(loop)  # never let go before drain returns
     started = time.monotonic()
     await asyncio.wait_for(loop.traces.drain(0.2), WAIT_S)
     assert time.monotonic() - started < 0.2 * 2 + 3, "the job's deadline, then the publishes' deadline"
@@ -1047,13 +928,13 @@ async def test_drain_commits_what_is_finished_even_when_giving_up_leases_fails(
     await loop.send("t-0")
     await loop.send("t-1", BLOCK)
     await loop.start()
-    await until(lambda: len(loop.events.of("latency")) == 1 and loop.panel.entered == [("wait", "t-1")],
+    await until(lambda: len(loop.controls.events.of("latency")) == 1 and loop.controls.panel.entered == [("wait", "t-1")],
                 "t-0 finished and t-1 in flight")
     await loop.halt()
-    loop.claims.release_fails = True
+    loop.controls.claims.release_fails = True
     await asyncio.wait_for(loop.traces.drain(0.05), WAIT_S)
     loop.stop = None  # drained
-    assert loop.claims.released == ["trace:t-1"], "it was tried"
+    assert loop.controls.claims.released == ["trace:t-1"], "it was tried"
     assert await loop.committed() == 1
 
 
@@ -1062,14 +943,14 @@ async def test_a_job_that_finishes_after_a_fatal_error_does_not_clear_it(loops: 
     loop = await loops(("wait",))
     await loop.send("t-0", BLOCK)
     await loop.start()
-    await until(lambda: loop.panel.entered == [("wait", "t-0")], "t-0 in flight")
+    await until(lambda: loop.controls.panel.entered == [("wait", "t-0")], "t-0 in flight")
     await loop.send("t-1", "[[outage:wait]]")
     assert loop.task is not None
     with pytest.raises(OutputError):
         await asyncio.wait_for(loop.task, WAIT_S)
     fatal = loop.traces.fatal
     assert isinstance(fatal, RedisConnectionError)
-    loop.panel.release()
+    loop.controls.panel.release()
     await asyncio.wait_for(loop.traces.drain(WAIT_S), 2 * WAIT_S)
     loop.stop = None  # drained
     assert await loop.ratings() == [("wait", "t-0")], "t-0's job finished during the drain"
@@ -1092,7 +973,7 @@ async def test_drain_with_nothing_in_flight_commits_what_is_finished(loops: Call
     loop = await loops(("bulk",), commit_interval_s=3600)
     await loop.send("t-0")
     await loop.start()
-    await until(lambda: loop.events.of("latency") != [], "t-0 to be finished")
+    await until(lambda: loop.controls.events.of("latency") != [], "t-0 to be finished")
     await loop.halt()
     await asyncio.wait_for(loop.traces.drain(5), WAIT_S)
     loop.stop = None
@@ -1107,28 +988,28 @@ async def test_the_commit_happens_on_the_interval_and_only_for_finished_offsets(
     slow = await loops(("bulk",), commit_interval_s=3600)  # the first turn's commit, then none for an hour
     await slow.send("t-0")
     await slow.start()
-    await until(lambda: slow.events.of("latency") != [], "t-0 to be finished")
+    await until(lambda: slow.controls.events.of("latency") != [], "t-0 to be finished")
     await slow.steps(3)
     assert await slow.committed() in (None, 0), "not before the interval has passed"
     advanced = slow.traces.last_commit_advance
     await slow.traces.commit()
     assert await slow.committed() == 1 and slow.traces.last_commit_advance > advanced
-    assert slow.events.of("committed") == [(slow.topics.traces, 0, 1)]
+    assert slow.controls.events.of("committed") == [(slow.topics.traces, 0, 1)]
     advanced = slow.traces.last_commit_advance
     await slow.traces.commit()  # nothing moved: nothing committed
-    assert slow.events.of("committed") == [(slow.topics.traces, 0, 1)]
+    assert slow.controls.events.of("committed") == [(slow.topics.traces, 0, 1)]
     assert slow.traces.last_commit_advance == advanced
 
     quick = await loops(("wait",), commit_interval_s=0.05)
     await quick.start()
     await quick.send("t-0", BLOCK)
     await quick.send("t-1")
-    await until(lambda: quick.events.of("latency") != [], "t-1 to be finished")
+    await until(lambda: quick.controls.events.of("latency") != [], "t-1 to be finished")
     await quick.steps(3)
     assert await quick.committed() in (None, 0), "t-0 is unfinished: nothing past it"
-    quick.panel.release()
+    quick.controls.panel.release()
     await quick.committed_to(2)
-    assert quick.events.of("committed")[-1] == (quick.topics.traces, 0, 2)
+    assert quick.controls.events.of("committed")[-1] == (quick.topics.traces, 0, 2)
     assert quick.traces.outage is None
 
 
@@ -1138,11 +1019,11 @@ async def test_on_revocation_only_the_revoked_partitions_are_committed(
     await loop.send("t-0", partition=0)
     await loop.send("t-1", partition=1)
     await loop.start()
-    await until(lambda: len(loop.events.of("latency")) == 2, "both traces finished")
+    await until(lambda: len(loop.controls.events.of("latency")) == 2, "both traces finished")
     other = TopicPartition(loop.topics.traces, 1)
     await loop.traces.rebalance_listener().on_partitions_revoked({loop.tp})
     assert await loop.committed() == 1 and await loop.committed(other) is None
-    assert loop.events.of("committed") == [(loop.topics.traces, 0, 1)]
+    assert loop.controls.events.of("committed") == [(loop.topics.traces, 0, 1)]
 
 
 async def test_work_finishing_on_a_partition_lost_in_a_rebalance_does_not_block_the_commits_of_those_kept(
@@ -1154,7 +1035,7 @@ async def test_work_finishing_on_a_partition_lost_in_a_rebalance_does_not_block_
     await loop.send("t-0", BLOCK, partition=0)
     await loop.send("t-1", BLOCK, partition=1)
     await loop.start()
-    await until(lambda: len(loop.panel.entered) == 2, "a trace in flight on each partition")
+    await until(lambda: len(loop.controls.panel.entered) == 2, "a trace in flight on each partition")
     peer = AIOKafkaConsumer(bootstrap_servers=loop.bootstrap, group_id=loop.group_id, enable_auto_commit=False)
     peer.subscribe([loop.topics.traces])
     await peer.start()
@@ -1162,8 +1043,8 @@ async def test_work_finishing_on_a_partition_lost_in_a_rebalance_does_not_block_
         await until(lambda: len(loop.consumer.assignment()) == 1 and len(peer.assignment()) == 1,
                     "the partitions to be split between the two members")
         (kept,) = loop.consumer.assignment()
-        loop.panel.release()  # both jobs end, one on the partition that left
-        await until(lambda: len(loop.events.of("latency")) >= 2, "the two in-flight traces to end")
+        loop.controls.panel.release()  # both jobs end, one on the partition that left
+        await until(lambda: len(loop.controls.events.of("latency")) >= 2, "the two in-flight traces to end")
         await loop.send("t-2", partition=kept.partition)
         position = (await loop.consumer.end_offsets([kept]))[kept]
 
@@ -1181,10 +1062,10 @@ async def test_lag_is_reported_from_the_oldest_unfinished_offset(loops: Callable
     await loop.send("t-0", BLOCK)
     await loop.send("t-1")
     await loop.send("t-2")
-    await until(lambda: len(loop.events.of("latency")) == 2, "t-1 and t-2 finished")
-    await until(lambda: loop.events.of("lag")[-1:] == [(loop.topics.traces, 0, 3)], "a lag of 3 behind t-0")
-    loop.panel.release()
-    await until(lambda: loop.events.of("lag")[-1:] == [(loop.topics.traces, 0, 0)], "no lag")
+    await until(lambda: len(loop.controls.events.of("latency")) == 2, "t-1 and t-2 finished")
+    await until(lambda: loop.controls.events.of("lag")[-1:] == [(loop.topics.traces, 0, 3)], "a lag of 3 behind t-0")
+    loop.controls.panel.release()
+    await until(lambda: loop.controls.events.of("lag")[-1:] == [(loop.topics.traces, 0, 0)], "no lag")
 
 
 async def test_failing_commits_are_reported_as_an_outage_and_stop_the_loop_past_the_tolerance(
@@ -1192,12 +1073,12 @@ async def test_failing_commits_are_reported_as_an_outage_and_stop_the_loop_past_
     loop = await loops(("wait",), commit_interval_s=0.02, outages=OutageGuard(tolerance_s=1.0))
     await loop.start()
     await loop.send("t-0", BLOCK)
-    await until(lambda: loop.panel.entered != [], "t-0 in scoring")
+    await until(lambda: loop.controls.panel.entered != [], "t-0 in scoring")
     assert loop.traces.outage is None
     # The consumer loses its partition (it reads another topic now): every commit of it now fails.
     loop.consumer.unsubscribe()
     loop.consumer.assign([TopicPartition(loop.topics.signals, 0)])
-    loop.panel.release()
+    loop.controls.panel.release()
     await until(lambda: (loop.traces.outage or "").startswith("offset commits failing for "),
                 "the failing commits to be reported")
     assert loop.task is not None
@@ -1216,10 +1097,10 @@ async def test_a_failing_commit_is_retried_on_the_next_tick_and_the_loop_goes_on
     loop = await loops(("wait",), commit_interval_s=0.02)  # the default tolerance: 120 s
     await loop.start()
     await loop.send("t-0", BLOCK)
-    await until(lambda: loop.panel.entered != [], "t-0 in scoring")
+    await until(lambda: loop.controls.panel.entered != [], "t-0 in scoring")
     loop.consumer.unsubscribe()
     loop.consumer.assign([TopicPartition(loop.topics.signals, 0)])
-    loop.panel.release()
+    loop.controls.panel.release()
     await until(lambda: (loop.traces.outage or "").startswith("offset commits failing for "),
                 "the failing commits to be reported")
     await loop.steps(3)
