@@ -6,6 +6,7 @@ from datetime import UTC, datetime
 from typing import Any
 
 from scoring.catalog import CatalogSnapshot
+from scoring.judge_prompt import ANSWER_MAX_TOKENS, token_ceiling
 from scoring.models import Budget, Judge, Pattern, ScorerGroup
 from scoring.pairs import day_of
 from scoring.routing import DEFAULT_BUDGET_WINDOW_S, trace_pairs
@@ -78,3 +79,36 @@ def test_sampling_keeps_the_traces_the_stable_sample_of_the_trace_and_group_pick
 
 def test_a_project_with_no_live_groups_has_no_pairs() -> None:
     assert trace_pairs(trace(project="quiet"), snapshot(group("theirs", "other", PATTERN))) == []
+
+
+def test_a_token_budget_makes_the_claim_reserve_its_judges_token_ceiling() -> None:
+    budget = Budget(project_id="acme", judge_calls_per_window=50, judge_tokens_per_window=90_000)
+    catalog = snapshot(group("judged", "acme", [*JUDGES, {"kind": "judge", "refId": "jx"}]),
+                       group("patterned", "acme", PATTERN), budgets=(budget,))
+    claims = {p.group.id: p for p in trace_pairs(trace(), catalog)}
+    judged = claims["judged"]
+    # jx needs an expected answer the trace lacks: not called, so not reserved.
+    ceiling = sum(token_ceiling(catalog.judges[j], judged.subject) for j in ("j1", "j2"))
+    assert judged.claim.judge_tokens == ceiling > 2 * ANSWER_MAX_TOKENS
+    assert judged.claim.token_limit == 90_000 and claims["patterned"].claim.token_limit == 90_000
+    assert claims["patterned"].claim.judge_tokens == 0, "no judge, no tokens"
+
+
+def test_without_a_token_budget_no_prompt_is_measured() -> None:
+    catalog = snapshot(group("judged", "acme", JUDGES),
+                       budgets=(Budget(project_id="acme", judge_calls_per_window=50),))
+    (pair,) = trace_pairs(trace(), catalog)
+    assert (pair.claim.judge_calls, pair.claim.judge_tokens, pair.claim.token_limit) == (2, 0, None)
+
+
+def test_a_gates_first_group_claims_no_judge_up_front() -> None:
+    gated = ScorerGroup.model_validate({
+        "id": "first", "name": "first", "projectId": "acme", "gatesFirst": True,
+        "online": {"enabled": True, "sampleRate": 1.0, "alertThreshold": None, "severity": "low"},
+        "members": [{"kind": "pattern", "refId": "p", "gate": True}, *JUDGES]})
+    budget = Budget(project_id="acme", judge_calls_per_window=50, judge_tokens_per_window=90_000)
+    (pair,) = trace_pairs(trace(), snapshot(gated, budgets=(budget,)))
+    assert (pair.claim.judge_calls, pair.claim.judge_tokens) == (0, 0), "reserved by the panel once its gates pass"
+    ungated = gated.model_copy(update={"gates_first": False})
+    (pair,) = trace_pairs(trace(), snapshot(ungated, budgets=(budget,)))
+    assert pair.claim.judge_calls == 2 and pair.claim.judge_tokens > 0
