@@ -261,3 +261,17 @@ def test_score_is_invariant_to_scaling_all_weights(spec, factor) -> None:  # typ
 def test_a_failed_gate_always_gives_zero(spec, low) -> None:  # type: ignore[no-untyped-def]
     r = blend([*build(spec), m("Failing gate", low, weight=1, gate=True)])
     assert r.score == 0.0
+
+
+def test_judges_skipped_behind_a_failed_free_gate_read_as_skipped_and_the_gate_decides() -> None:
+    why = 'not called: must-pass member "PII" failed first (gatesFirst)'
+    outcomes = [MemberOutcome(name="PII", kind="pattern", weight=0, gate=True, native=True, goodness=0.0),
+                MemberOutcome(name="Quality", kind="judge", weight=2, gate=False, skipped=why),
+                MemberOutcome(name="Safety", kind="judge", weight=1, gate=True, skipped=why)]
+    result = blend(outcomes)
+    assert result.score == 0.0 and result.decided_by == "PII"
+    assert [m.status for m in result.members] == ["scored", "skipped", "skipped"]
+    assert [m.share for m in result.members] == [0.0, 0.0, 0.0]
+    assert f"Quality skipped ({why})" in result.justification
+    assert f"Safety [must pass] skipped ({why})" in result.justification
+    assert outcomes[1].why_unscored == why
