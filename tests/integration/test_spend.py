@@ -245,3 +245,59 @@ async def test_without_a_token_budget_tokens_are_counted_not_reserved(
     result = await scorer.score(pair.group, pair.subject, snap, spend=spend)
     await claims.mark_done([(pair.claim, "r-2")], tokens=[(pair.claim, spend.settlement(tokens_of(result)))])
     assert await claims.tokens_used(project, 3600) == tokens_of(result) > 0
+
+
+async def test_under_a_token_budget_deferred_judges_and_retries_reserve_their_ceilings(
+        panel: tuple[Panel, Counted], judge_server: JudgeServer, redis: Redis, unique: str) -> None:
+    scorer, _ = panel
+    project = f"p-{unique}"
+    base = catalog(project, gates_first=True, judges=2)
+    snap = CatalogSnapshot(version=1, groups=base.groups, judges=base.judges, patterns=base.patterns,
+                           budgets={project: Budget(project_id=project, judge_calls_per_window=10,
+                                                    judge_tokens_per_window=1_000_000)})
+    claims, pair = Claims(redis), live_pair(snap, CLEAN, "t-ceilings")
+    assert (pair.claim.judge_calls, pair.claim.judge_tokens) == (0, 0), "deferred: nothing up front"
+    await claimed(claims, pair)
+    judge_server.script(Behaviour.status(503))  # one of the two judges is retried once
+    spend = claims.spend(pair.claim)
+    result = await scorer.score(pair.group, pair.subject, snap, spend=spend)
+
+    assert len(judge_server.requests) == 3 and result.rating == 7.0
+    one = token_ceiling(snap.judges["j1"], pair.subject)
+    assert await claims.budget_used(project, 3600) == 3, "two judges once their gate passed, one retry"
+    assert await claims.tokens_used(project, 3600) == spend.tokens_reserved == 3 * one
+    await claims.mark_done([(pair.claim, "r")], tokens=[(pair.claim, spend.settlement(tokens_of(result)))])
+    assert await claims.tokens_used(project, 3600) == tokens_of(result), "settled to the usage"
+
+
+async def test_a_gates_first_judge_is_retried_on_a_slot_of_its_own(
+        panel: tuple[Panel, Counted], judge_server: JudgeServer, redis: Redis, unique: str) -> None:
+    scorer, _ = panel
+    claims, snap = Claims(redis), catalog(f"p-{unique}", gates_first=True, budget=2, judges=1)
+    pair = live_pair(snap, CLEAN, "t-gated-retry")
+    await claimed(claims, pair)
+    judge_server.script(Behaviour.status(503), Behaviour.status(503))
+    result = await scorer.score(pair.group, pair.subject, snap, spend=claims.spend(pair.claim))
+    assert len(judge_server.requests) == 2, "the panel's slot, one retry's, and no third call"
+    assert "budget exhausted before retry" in (result.blend.members[1].outcome.error or "")
+
+
+async def test_a_judge_off_its_scale_keeps_the_usage_it_cost(panel: tuple[Panel, Counted], judge_server: JudgeServer,
+                                                              unique: str) -> None:
+    scorer, counted = panel
+    snap = catalog(f"p-{unique}", gates_first=False, judges=1)
+    judge_server.script(Behaviour.rating(12))
+    result = await scorer.score(snap.groups["g"], subject(CLEAN, project_id=f"p-{unique}"), snap)
+    judge = result.blend.members[1]
+    assert judge.status == "failed" and "within 0-10" in (judge.outcome.error or "")
+    assert judge.outcome.usage is not None and judge.outcome.usage.prompt_tokens
+    assert len(counted) == 1
+
+
+async def test_a_skipped_judge_whose_scorer_is_gone_is_named_by_its_reference(
+        panel: tuple[Panel, Counted], judge_server: JudgeServer, unique: str) -> None:
+    scorer, _ = panel
+    snap = catalog(f"p-{unique}", gates_first=True, judges=1)
+    gone = CatalogSnapshot(version=2, groups=snap.groups, patterns=snap.patterns)  # the judge was deleted
+    result = await scorer.score(snap.groups["g"], subject(LEAK, project_id=f"p-{unique}"), gone)
+    assert [(m.outcome.name, m.status) for m in result.blend.members] == [("PII", "scored"), ("j1", "skipped")]

@@ -193,3 +193,15 @@ def test_planned_judge_calls_skips_a_judge_that_needs_an_expected_answer_it_lack
     g = group(("pattern", "apology", 0, True), ("judge", "exact", 1, False), ("judge", "quality", 1, False))
     assert planned_judge_calls(g, cat, subject("x")) == 1, "Exact is not asked without an expected answer"
     assert planned_judge_calls(g, cat, subject("x", expected="4")) == 2
+
+
+async def test_gates_first_calls_the_judges_when_a_free_gate_passes_at_exactly_the_mark(
+        panel: Panel, judge_server: JudgeServer, external_server: ScriptedServer) -> None:
+    gated = group(("custom", "remote", 0, True), ("judge", "quality", 1, False)).model_copy(update={"gates_first": True})
+    external_server.script(Reply(body={"score": 0.5}))  # a must-pass at 0.5 passes (GATE_PASS_MARK)
+    result = await panel.score(gated, subject("fine [[rating=6]]"), catalog(external_server.url))
+    assert len(judge_server.requests) == 1 and result.rating == 6.0
+    external_server.script(Reply(body={"score": 0.49}))
+    result = await panel.score(gated, subject("fine [[rating=6]]"), catalog(external_server.url))
+    assert len(judge_server.requests) == 1 and result.rating == 0.0, "just under the mark: the judge is skipped"
+    assert [m.status for m in result.blend.members] == ["scored", "skipped"]

@@ -112,3 +112,19 @@ def test_a_gates_first_group_claims_no_judge_up_front() -> None:
     ungated = gated.model_copy(update={"gates_first": False})
     (pair,) = trace_pairs(trace(), snapshot(ungated, budgets=(budget,)))
     assert pair.claim.judge_calls == 2 and pair.claim.judge_tokens > 0
+
+
+def test_gates_first_defers_the_judges_only_behind_a_free_must_pass_member() -> None:
+    budget = Budget(project_id="acme", judge_calls_per_window=50)
+
+    def gates_first(*members: dict[str, Any]) -> ScorerGroup:
+        return ScorerGroup.model_validate({
+            "id": "first", "name": "first", "projectId": "acme", "gatesFirst": True,
+            "online": {"enabled": True, "sampleRate": 1.0, "alertThreshold": None, "severity": "low"},
+            "members": list(members)})
+
+    # No free member is a gate (a pattern that only weighs, a judge that must pass): nothing to wait for.
+    for members in ([{"kind": "pattern", "refId": "p", "gate": False}, *JUDGES],
+                    [{"kind": "judge", "refId": "j1", "gate": True}, {"kind": "judge", "refId": "j2"}]):
+        (pair,) = trace_pairs(trace(), snapshot(gates_first(*members), budgets=(budget,)))
+        assert pair.claim.judge_calls == 2, members
