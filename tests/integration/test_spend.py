@@ -301,3 +301,48 @@ async def test_a_skipped_judge_whose_scorer_is_gone_is_named_by_its_reference(
     gone = CatalogSnapshot(version=2, groups=snap.groups, patterns=snap.patterns)  # the judge was deleted
     result = await scorer.score(snap.groups["g"], subject(LEAK, project_id=f"p-{unique}"), gone)
     assert [(m.outcome.name, m.status) for m in result.blend.members] == [("PII", "scored"), ("j1", "skipped")]
+
+
+async def test_a_retry_under_a_token_budget_reserves_one_judges_ceiling(
+        panel: tuple[Panel, Counted], judge_server: JudgeServer, redis: Redis, unique: str) -> None:
+    scorer, _ = panel
+    project = f"p-{unique}"
+    base = catalog(project, gates_first=False, judges=1)
+    snap = CatalogSnapshot(version=1, groups=base.groups, judges=base.judges, patterns=base.patterns,
+                           budgets={project: Budget(project_id=project, judge_calls_per_window=10,
+                                                    judge_tokens_per_window=1_000_000)})
+    claims, pair = Claims(redis), live_pair(snap, CLEAN, "t-retry-tokens")
+    one = token_ceiling(snap.judges["j1"], pair.subject)
+    assert pair.claim.judge_tokens == one
+    await claimed(claims, pair)
+    judge_server.script(Behaviour.status(503))
+    spend = claims.spend(pair.claim)
+    await scorer.score(pair.group, pair.subject, snap, spend=spend)
+    assert await claims.tokens_used(project, 3600) == spend.tokens_reserved == 2 * one
+
+
+async def test_a_gates_first_judge_that_needs_an_expected_answer_is_not_reserved_without_one(
+        judge_server: JudgeServer, redis: Redis, unique: str) -> None:
+    judge_server.reset()
+    project = f"p-{unique}"
+    base = catalog(project, gates_first=True, budget=5, judges=1)
+    exact = Judge(id="j1", name="Exact", criteria="The expected answer?", requires_expected=True)
+    snap = CatalogSnapshot(version=1, groups=base.groups, judges={"j1": exact}, patterns=base.patterns,
+                           budgets=base.budgets)
+    observed: list[tuple[str, str]] = []
+    scorer = Panel(judges=JudgeClient(judge_server.base_url, timeout_s=5, policy=FAST), member_deadline_s=10,
+                   observe=lambda kind, status, reason, seconds: observed.append((kind, status)))
+    claims, pair = Claims(redis), live_pair(snap, CLEAN, "t-exact")
+    await claimed(claims, pair)
+    leak = live_pair(snap, LEAK, "t-exact-leak")
+    await claimed(claims, leak)
+    try:
+        result = await scorer.score(pair.group, pair.subject, snap, spend=claims.spend(pair.claim))
+        assert judge_server.requests == [] and await claims.budget_used(project, 3600) == 0
+        assert result.blend.members[1].outcome.error == "judge requires an expected answer and this subject has none"
+        observed.clear()
+        skipped = await scorer.score(leak.group, leak.subject, snap, spend=claims.spend(leak.claim))
+    finally:
+        await scorer._judges.close()  # type: ignore[union-attr]
+    assert [m.status for m in skipped.blend.members] == ["scored", "skipped"]
+    assert observed == [("pattern", "scored"), ("judge", "skipped")], "a skipped member is observed too"

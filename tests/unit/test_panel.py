@@ -15,7 +15,7 @@ from scoring.members.external import ExternalClient
 from scoring.members.http import RetryPolicy
 from scoring.members.judge import JudgeClient
 from scoring.members.sandbox import SandboxPool
-from scoring.models import CustomEvaluator, Judge
+from scoring.models import CustomEvaluator, Judge, ScorerGroup
 from scoring.panel import Panel, planned_judge_calls
 from tests.support.http_fakes import Reply, ScriptedServer
 from tests.support.panel_catalog import catalog, group, subject
@@ -205,3 +205,13 @@ async def test_gates_first_calls_the_judges_when_a_free_gate_passes_at_exactly_t
     result = await panel.score(gated, subject("fine [[rating=6]]"), catalog(external_server.url))
     assert len(judge_server.requests) == 1 and result.rating == 0.0, "just under the mark: the judge is skipped"
     assert [m.status for m in result.blend.members] == ["scored", "skipped"]
+
+
+async def test_a_member_is_named_by_its_label_and_keeps_its_scorers_own_name(
+        panel: Panel, external_server: ScriptedServer) -> None:
+    labelled = ScorerGroup.model_validate({
+        "id": "g", "name": "G", "projectId": "p",
+        "members": [{"kind": "pattern", "refId": "apology", "weight": 1, "label": "No apologies"}]})
+    result = await panel.score(labelled, subject("fine"), catalog(external_server.url))
+    outcome = result.blend.members[0].outcome
+    assert (outcome.name, outcome.scorer_name) == ("No apologies", "Apology")
