@@ -50,7 +50,8 @@ async def panel(judge_server: JudgeServer) -> AsyncIterator[tuple[Panel, Counted
     await judges.close()
 
 
-def catalog(project: str, *, gates_first: bool, budget: int | None = None, judges: int = 3) -> CatalogSnapshot:
+def catalog(project: str, *, gates_first: bool, budget: int | None = None, judges: int = 3,
+            tokens: int | None = None) -> CatalogSnapshot:
     """A free PII pattern that must pass, and judges: the issue's example group."""
     group = ScorerGroup.model_validate({
         "id": "g", "name": "Release bar", "projectId": project, "gatesFirst": gates_first,
@@ -61,7 +62,9 @@ def catalog(project: str, *, gates_first: bool, budget: int | None = None, judge
         version=1, groups={"g": group},
         judges={f"j{i}": Judge(id=f"j{i}", name=f"Judge {i}", criteria="Helpful?") for i in range(1, judges + 1)},
         patterns={"pii": Pattern(id="pii", name="PII", polarity="failure", template="email")},
-        budgets={} if budget is None else {project: Budget(project_id=project, judge_calls_per_window=budget)})
+        budgets={} if budget is None and tokens is None else {project: Budget(
+            project_id=project, judge_calls_per_window=100 if budget is None else budget,
+            judge_tokens_per_window=tokens)})
 
 
 def live_pair(snap: CatalogSnapshot, output: str, trace: str) -> Pair:
@@ -197,18 +200,11 @@ async def test_each_verdict_carries_the_tokens_its_judge_reported(
     assert [u for _, u in counted] == [TokenUsage(prompt, completion)] and counted[0][0] == f"p-{unique}"
 
 
-def token_catalog(project: str, *, tokens: int, calls: int = 100) -> CatalogSnapshot:
-    snap = catalog(project, gates_first=False, judges=2)
-    return CatalogSnapshot(version=1, groups=snap.groups, judges=snap.judges, patterns=snap.patterns,
-                           budgets={project: Budget(project_id=project, judge_calls_per_window=calls,
-                                                    judge_tokens_per_window=tokens)})
-
-
 async def test_a_token_budget_reserves_each_calls_ceiling_and_settles_to_the_real_usage(
         panel: tuple[Panel, Counted], judge_server: JudgeServer, redis: Redis, unique: str) -> None:
     scorer, _ = panel
     project = f"p-{unique}"
-    claims, snap = Claims(redis), token_catalog(project, tokens=100_000)
+    claims, snap = Claims(redis), catalog(project, gates_first=False, judges=2, tokens=100_000)
     pair = live_pair(snap, CLEAN, "t-tokens")
     ceiling = sum(token_ceiling(j, pair.subject) for j in snap.judges.values())
     assert pair.claim.judge_tokens == ceiling > 2 * ANSWER_MAX_TOKENS, "the ceiling: prompt bytes and max_tokens"
@@ -227,7 +223,7 @@ async def test_a_token_budget_reserves_each_calls_ceiling_and_settles_to_the_rea
 
 async def test_a_token_budget_without_room_for_the_ceiling_skips_the_group(redis: Redis, unique: str) -> None:
     project = f"p-{unique}"
-    claims, snap = Claims(redis), token_catalog(project, tokens=1_000)  # under two answers' max_tokens
+    claims, snap = Claims(redis), catalog(project, gates_first=False, judges=2, tokens=1_000)  # under two answers' max_tokens
     (result,) = await claims.claim_many([live_pair(snap, CLEAN, "t-poor").claim])
     assert result.state == "exhausted"
     assert await claims.tokens_used(project, 3600) == 0 and await claims.budget_used(project, 3600) == 0
@@ -251,10 +247,7 @@ async def test_under_a_token_budget_deferred_judges_and_retries_reserve_their_ce
         panel: tuple[Panel, Counted], judge_server: JudgeServer, redis: Redis, unique: str) -> None:
     scorer, _ = panel
     project = f"p-{unique}"
-    base = catalog(project, gates_first=True, judges=2)
-    snap = CatalogSnapshot(version=1, groups=base.groups, judges=base.judges, patterns=base.patterns,
-                           budgets={project: Budget(project_id=project, judge_calls_per_window=10,
-                                                    judge_tokens_per_window=1_000_000)})
+    snap = catalog(project, gates_first=True, judges=2, budget=10, tokens=1_000_000)
     claims, pair = Claims(redis), live_pair(snap, CLEAN, "t-ceilings")
     assert (pair.claim.judge_calls, pair.claim.judge_tokens) == (0, 0), "deferred: nothing up front"
     await claimed(claims, pair)
@@ -307,10 +300,7 @@ async def test_a_retry_under_a_token_budget_reserves_one_judges_ceiling(
         panel: tuple[Panel, Counted], judge_server: JudgeServer, redis: Redis, unique: str) -> None:
     scorer, _ = panel
     project = f"p-{unique}"
-    base = catalog(project, gates_first=False, judges=1)
-    snap = CatalogSnapshot(version=1, groups=base.groups, judges=base.judges, patterns=base.patterns,
-                           budgets={project: Budget(project_id=project, judge_calls_per_window=10,
-                                                    judge_tokens_per_window=1_000_000)})
+    snap = catalog(project, gates_first=False, judges=1, budget=10, tokens=1_000_000)
     claims, pair = Claims(redis), live_pair(snap, CLEAN, "t-retry-tokens")
     one = token_ceiling(snap.judges["j1"], pair.subject)
     assert pair.claim.judge_tokens == one
