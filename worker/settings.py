@@ -245,6 +245,10 @@ class Settings(BaseSettings):
         description="Port of `scorer-worker api` (the HTTP API); 0 picks a free port and logs it.",
     )
     api_host: str = Field("0.0.0.0", description="Address `scorer-worker api` listens on.")
+    api_max_body_bytes: int = Field(
+        64 * 1024 * 1024, ge=1024,
+        description="Largest request body the API reads (413 past it): a dataset file is at most 32 MiB.",
+    )
     log_format: Literal["json", "console"] = Field(
         "json", description="'json' lines for production, 'console' for people."
     )

@@ -7,9 +7,10 @@ the two cannot drift. Catalog documents themselves are ``scoring.models``.
 
 from __future__ import annotations
 
+import json
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, JsonValue
+from pydantic import BaseModel, ConfigDict, Field, JsonValue, model_validator
 from pydantic.alias_generators import to_camel
 
 from scorer_groups.documents import Rating
@@ -109,6 +110,9 @@ class ResultsPage(ApiModel):
     next_cursor: str | None = Field(None, description="Pass as cursor for the next page; null on the last.")
 
 
+MAX_EXAMPLE_EXTRAS_CHARS = 1 << 20
+
+
 class GradeRequest(WireModel):
     """One example for the playground: graded with the group's members now, nothing published."""
 
@@ -117,3 +121,13 @@ class GradeRequest(WireModel):
     expected: JsonValue = None
     spans: list[dict[str, JsonValue]] = Field(default_factory=list, max_length=500)
     metadata: dict[str, JsonValue] = Field(default_factory=dict)
+
+    @model_validator(mode="after")
+    def _bounded(self) -> GradeRequest:
+        # What members are sent (a code scorer's arguments, an external scorer's body): as much as
+        # a live trace may carry (SGW_MAX_TRACE_BYTES' default), not what the request happens to hold.
+        size = len(json.dumps([self.expected, self.spans, self.metadata], separators=(",", ":")))
+        if size > MAX_EXAMPLE_EXTRAS_CHARS:
+            raise ValueError(f"expected, spans and metadata: {size} characters of JSON together, "
+                             f"at most {MAX_EXAMPLE_EXTRAS_CHARS}")
+        return self

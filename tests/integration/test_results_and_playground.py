@@ -12,6 +12,7 @@ from collections.abc import Iterator
 from datetime import UTC, datetime
 from typing import Any
 
+import httpx
 import pytest
 from redis.asyncio import Redis
 
@@ -27,6 +28,8 @@ from tests.support.redis_databases import RedisDatabases
 pytestmark = pytest.mark.integration
 
 NO_RETRY = Retry(attempts=0)
+SECRET = "sk-playground-operator-secret-0123456789"  # the API process's own judge key
+MAX_BODY = 2 * 1024 * 1024
 
 
 class Env:
@@ -42,7 +45,8 @@ def env(redis_databases: RedisDatabases, tmp_path_factory: pytest.TempPathFactor
     with JudgeServer() as judge, redis_databases.lease() as url:
         keys_ = {"a": create_key(url, "--project", "p-a"), "b": create_key(url, "--project", "p-b")}
         api = ApiProcess(url, tmp_path_factory.mktemp("api") / "api.log",
-                         env={"SGW_JUDGE_BASE_URL": judge.base_url, "SGW_JUDGE_TIMEOUT_S": "5"}).start()
+                         env={"SGW_JUDGE_BASE_URL": judge.base_url, "SGW_JUDGE_TIMEOUT_S": "5",
+                              "SGW_JUDGE_API_KEY": SECRET, "SGW_API_MAX_BODY_BYTES": str(MAX_BODY)}).start()
         try:
             yield Env(api, url, keys_, judge)
         finally:
@@ -160,3 +164,58 @@ def test_the_playground_is_bounded_per_project(env: Env) -> None:
     assert len(refused) == 2 and all("already" in r.detail for r in refused), outcomes
     assert sum(isinstance(o, Rating) for o in outcomes) == 4
     assert time.monotonic() - started < 5
+
+
+# --- a hostile tenant in the playground -----------------------------------------------------------
+
+
+def test_a_playground_code_scorer_cannot_show_the_processes_secrets(env: Env) -> None:
+    with env.client() as a:
+        spy = a.monitor.customs.create(name="Spy", type="code", code=(
+            "def score(input, output, expected, spans, metadata):\n"
+            "    import os\n"
+            "    seen = dict(os.environ)\n"
+            "    try:\n"
+            "        seen['cmdline'] = open('/proc/1/environ', 'rb').read().decode(errors='replace')\n"
+            "    except Exception as exc:\n"
+            "        seen['cmdline'] = repr(exc)\n"
+            "    raise ValueError(repr(seen) + ' sk-planted-1234567890abcdef')\n"))
+        group = a.monitor.scorer_groups.create("Spied", members=[{"kind": "custom", "refId": spy.id}])
+        verdict = a.monitor.scorer_groups.grade(group.id, input="q", output="a")
+    member = verdict.members[0]
+    assert member.status == "failed" and member.detail is not None and "ValueError" in member.detail
+    shown = verdict.model_dump_json()
+    assert SECRET not in shown and "SGW_REDIS_URL" not in shown and env.redis_url not in shown
+    assert "sk-planted-1234567890abcdef" not in shown, "a key-shaped string is cut from what members say"
+
+
+def test_the_playground_grades_only_the_callers_own_groups(env: Env) -> None:
+    with env.client("a") as a, env.client("b") as b:
+        theirs = a_group(a, "Not yours")
+        with pytest.raises(NotFound):
+            b.monitor.scorer_groups.grade(theirs.id, input="q", output="a")
+
+
+def test_an_oversized_example_is_refused_before_any_member_runs(env: Env) -> None:
+    with env.client() as a:
+        group = a_group(a, "Bounded")
+        calls = len(env.judge.requests)
+        with pytest.raises(BadRequest) as bad:
+            a.monitor.scorer_groups.grade(group.id, input="q", output="a", metadata={"blob": "x" * 1_100_000})
+        assert "at most 1048576" in bad.value.detail
+        assert len(env.judge.requests) == calls
+
+
+def test_a_body_over_the_limit_is_refused_unread_or_mid_stream(env: Env) -> None:
+    url = f"{env.api.url}/v1/scorer-groups/any/grade"
+    headers = {"Authorization": f"Bearer {env.keys['a']}", "Content-Type": "application/json"}
+    declared = httpx.post(url, content=b"{" + b" " * (MAX_BODY + 10) + b"}", headers=headers, timeout=30)
+    assert declared.status_code == 413 and declared.json()["title"] == "Content Too Large"
+
+    def chunks() -> Iterator[bytes]:  # no Content-Length: the limit is counted as the body streams
+        for _ in range(3 * MAX_BODY // 65536):
+            yield b" " * 65536
+
+    streamed = httpx.post(url, content=chunks(), headers=headers, timeout=30)
+    assert streamed.status_code == 413
+    assert httpx.get(f"{env.api.url}/healthz").status_code == 200, "and the API goes on"

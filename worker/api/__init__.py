@@ -28,6 +28,7 @@ from scoring.playground import Playground
 from scoring.stores.catalog import SnapshotCache
 from scoring.stores.claims import Claims
 from worker.api import console_pages, evaluations, groups, problems, scorers
+from worker.api.body_limit import BodyLimit
 from worker.connections import redis_client
 from worker.engine import ScoringEngine
 from worker.metrics import API_REQUEST_SECONDS, API_REQUESTS, REGISTRY
@@ -63,6 +64,7 @@ def create_app(settings: Settings) -> FastAPI:
     app.include_router(scorers.router)
     app.include_router(console_pages.router)
     app.include_router(evaluations.router)
+    app.add_middleware(BodyLimit, max_bytes=settings.api_max_body_bytes)
 
     @app.middleware("http")
     async def measure(request: Request, call_next: Callable[[Request], Awaitable[Response]]) -> Response:
