@@ -20,19 +20,16 @@ from aiokafka.partitioner import DefaultPartitioner
 
 from consumers.events import PipelineEvents
 from scoring.catalog import CatalogSnapshot
-from scoring.models import ScorerGroup
 from scoring.panel import GroupResult
 from scoring.results import (
-    Rating,
-    RatingEvent,
+    PublishedRating,
     ResultScope,
     Signal,
     build_deliveries,
     build_no_score_signal,
-    build_rating,
     build_recovery_deliveries,
     build_signal,
-    history_event,
+    encode_rating,
     no_score_due,
     no_score_signal_id,
 )
@@ -53,17 +50,6 @@ class TopicNames:
     dlq: str
 
 
-@dataclass(frozen=True, slots=True)
-class Published:
-    """A rating as published: the model, and its JSON as the ratings topic has it."""
-
-    rating: Rating
-    document: bytes
-
-    def history_event(self, group: ScorerGroup) -> RatingEvent:
-        return history_event(group, self.rating, self.document)
-
-
 class Outputs:
     def __init__(self, producer: AIOKafkaProducer, topics: TopicNames, events: PipelineEvents,
                  alerts: NoScoreAlerts | None = None) -> None:
@@ -73,15 +59,14 @@ class Outputs:
         self._alerts = alerts  # None: no no-score Signals (tests of other steps)
 
     async def publish(self, results: list[GroupResult], scope: ResultScope,
-                      snapshot: CatalogSnapshot) -> list[Published]:
+                      snapshot: CatalogSnapshot) -> list[PublishedRating]:
         records: list[tuple[str, bytes | None, bytes]] = []  # (topic, key, value), in order
-        ratings = [build_rating(result, scope) for result in results]
-        documents = [rating.to_json() for rating in ratings]
+        ratings = [encode_rating(result, scope) for result in results]
         no_score = await self._no_score_due(results, ratings)
-        for result, rating, document in zip(results, ratings, documents, strict=True):
+        for result, rating in zip(results, ratings, strict=True):
             group, subject = result.group, result.subject
             key = subject.trace_id if scope == "trace" else subject.session_id
-            records.append((self._topics.ratings, key.encode() if key else None, document))
+            records.append((self._topics.ratings, key.encode() if key else None, rating.document))
             self._events.group_scored(group.project_id, group.id, scope, rating.rating)
             signal: Signal | None = build_signal(group, rating)
             if signal is None and no_score_signal_id(rating) in no_score:
@@ -98,9 +83,9 @@ class Outputs:
             for delivery in build_deliveries(signal, [c.url for c in channels]):
                 records.append((self._topics.webhooks, delivery.agent_id.encode(), delivery.to_json()))
         await self.send(records)
-        return [Published(rating, document) for rating, document in zip(ratings, documents, strict=True)]
+        return ratings
 
-    async def _no_score_due(self, results: list[GroupResult], ratings: list[Rating]) -> set[str]:
+    async def _no_score_due(self, results: list[GroupResult], ratings: list[PublishedRating]) -> set[str]:
         """The no-score Signals this publish raises (one round trip, and only when some result
         of an alerting group has no score)."""
         candidates = [(r.group.project_id, r.group.id, no_score_signal_id(rating))

@@ -32,7 +32,7 @@ from scoring.catalog import CatalogSnapshot
 from scoring.pairs import ClaimRequest
 from scoring.panel import GroupResult, Panel
 from scoring.ports import BudgetExhausted
-from scoring.results import RatingEvent, ResultScope, tokens_of
+from scoring.results import RatingEvent, ResultScope, history_event, tokens_of
 from scoring.routing import Pair
 from scoring.stores.claims import Claims, PairSpend, Reservation
 from scoring.stores.ratings import RatingsStore, SessionVerdict
@@ -107,11 +107,11 @@ class PairSteps:
         published = await self._outputs.publish([s.result for s in scored], scope, snapshot)
         finished = []
         for s, p in zip(scored, published, strict=True):
-            verdict = (SessionVerdict(p.rating.session_id or "", p.rating.group_id, p.rating.rating,
-                                      p.rating.justification, p.rating.scored_at.timestamp())
+            verdict = (SessionVerdict(p.session_id or "", p.group_id, p.rating, p.justification,
+                                      p.scored_at.timestamp())
                        if scope == "session" else None)
             tokens = s.spend.settlement(tokens_of(s.result)) if s.spend is not None else 0
-            finished.append(Finished(s.pair.claim, p.rating.id, p.history_event(s.pair.group), tokens, verdict))
+            finished.append(Finished(s.pair.claim, p.id, history_event(s.pair.group, p, p.document), tokens, verdict))
         return finished
 
     # 5 and 6. record, then mark done

@@ -55,6 +55,11 @@ from scoring.subjects import Trace
 log = structlog.get_logger(__name__)
 
 BUSY_POLL_S = 0.5  # how often a pair leased by another worker is looked at again
+# Done marks and history wait up to this long for more pairs to share their Redis call: only the
+# offset commit (on a timer of about a second) waits for them; the ratings are out already.
+FINISH_LINGER_S = 0.5
+# A judge pair's rating waits this long at most for other pairs' confirmations to share its call.
+CONFIRM_LINGER_S = 0.02
 
 
 class TurnRecorder(Protocol):
@@ -124,10 +129,12 @@ class TraceConsumer:
         # finished (marked done), never cancelled halfway and scored again elsewhere.
         self._publishing: set[asyncio.Task[None]] = set()
         self._room = asyncio.Event()
-        self._finisher: Batcher[Finished, None] = Batcher(self._write_finished)
+        # Cut short when pairs waiting to be finished fill half the room, or the room runs out.
+        self._finisher: Batcher[Finished, None] = Batcher(self._write_finished, max_items=max(1, max_in_flight // 2),
+                                                          max_wait_s=FINISH_LINGER_S)
         # A pair scored alone (a judge's) confirms its lease before publishing: confirmations of
         # pairs that finish together go in one script call, not one each.
-        self._confirmer: Batcher[ClaimRequest, bool] = Batcher(self._confirm_many)
+        self._confirmer: Batcher[ClaimRequest, bool] = Batcher(self._confirm_many, max_wait_s=CONFIRM_LINGER_S)
         # Budget asked for while pairs are scored (gates-first judges, retries): batched too.
         self._reserver: Batcher[Reservation, bool] = Batcher(self._reserve_many)
         self._fatal: BaseException | None = None
@@ -203,6 +210,7 @@ class TraceConsumer:
         if room <= 0:
             self._consumer.pause(*self._consumer.assignment())
             self._room.clear()
+            self._finisher.hurry()  # pairs published but not yet marked done hold the room
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self._room.wait(), timeout=self._committer.interval_s)
             # Still poll while paused: a consumer that stops polling for max_poll_interval_ms
@@ -349,8 +357,7 @@ class TraceConsumer:
             return
         # Still ours? A worker that stalled past its leases may have lost pairs to another worker,
         # which scored them since: those are not published from here but waited for again.
-        claims = [pair.claim for pair, _ in bulk]
-        held = await self._outages.call(lambda: self._claims.confirm(claims))
+        held = await self._held([(pair.claim, work.started) for pair, work in bulk])
         lost = [(pair, work) for (pair, work), ours in zip(bulk, held, strict=True) if not ours]
         scored = [(pair, result) for (pair, _), result, ours in zip(bulk, results, held, strict=True) if ours]
         for pair, _ in scored:
@@ -413,6 +420,21 @@ class TraceConsumer:
 
     async def _still_held(self, claim: ClaimRequest) -> bool:
         (held,) = await self._confirmer.submit([claim])
+        return held
+
+    async def _held(self, claims: list[tuple[ClaimRequest, float]]) -> list[bool]:
+        """Whether this worker still holds each bulk pair's claim (taken no earlier than the
+        monotonic time given with it). A lease taken less than half its length ago has not
+        expired - the clock here ran at least as long as the server's since - so only older ones
+        are asked about (and renewed). Bulk pairs only: their scorers are deterministic, so even
+        a lease lost in a Redis failover publishes the value its new holder would; a judge pair
+        is always asked about (``_still_held``)."""
+        now = time.monotonic()
+        held = [True] * len(claims)
+        stale = [i for i, (_, claimed_at) in enumerate(claims) if now - claimed_at >= self._claims.lease_s / 2]
+        if stale:
+            for i, ours in zip(stale, await self._confirmer.submit([claims[i][0] for i in stale]), strict=True):
+                held[i] = ours
         return held
 
     async def _confirm_many(self, claims: list[ClaimRequest]) -> list[bool]:

@@ -16,6 +16,7 @@ from collections import defaultdict
 from redis.asyncio import Redis
 
 from scoring.stores import keys
+from scoring.stores.scripts import ScriptPipeline
 
 # KEYS: one alert key per group; ARGV: the candidate Signal id per key, then the interval (s).
 # 1 where the Signal is due: the interval was free (claimed now) or claimed by this same Signal.
@@ -48,10 +49,10 @@ class NoScoreAlerts:
         by_project: dict[str, list[tuple[str, str]]] = defaultdict(list)
         for project, group, signal_id in candidates:
             by_project[project].append((group, signal_id))
-        async with self._redis.pipeline(transaction=False) as pipe:
+        async with ScriptPipeline(self._redis) as pipe:
             for project, pairs in by_project.items():
-                await self._due(keys=[keys.no_score_alert(project, g) for g, _ in pairs],
-                                args=[*(s for _, s in pairs), self._interval_s], client=pipe)
+                pipe.script(self._due, [keys.no_score_alert(project, g) for g, _ in pairs],
+                            [*(s for _, s in pairs), self._interval_s])
             replies = await pipe.execute()
         return {signal_id for pairs, flags in zip(by_project.values(), replies, strict=True)
                 for (_, signal_id), flag in zip(pairs, flags, strict=True) if flag == 1}

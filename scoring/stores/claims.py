@@ -34,6 +34,7 @@ from redis.asyncio import Redis
 
 from scoring.pairs import ClaimRequest
 from scoring.stores import keys
+from scoring.stores.scripts import ScriptPipeline
 
 ClaimState = Literal["claimed", "done", "skipped", "busy", "exhausted"]
 
@@ -256,6 +257,7 @@ class Claims:
                  done_ttl_s: int = keys.DEDUPE_DONE_TTL_S) -> None:
         self._redis = redis
         self.owner = owner or new_owner()
+        self.lease_s = lease_s
         self.lease_ms = int(lease_s * 1000)
         self._done_ttl_s = done_ttl_s
         self._claim = redis.register_script(_CLAIM)
@@ -282,18 +284,18 @@ class Claims:
         if not reservations:
             return []
         now = time.time() if now is None else now
-        async with self._redis.pipeline(transaction=False) as pipe:
+        async with ScriptPipeline(self._redis) as pipe:
             for r in reservations:
                 request = r.request
                 window_start = int(now) // request.budget_window_s * request.budget_window_s
-                await self._reserve(
-                    keys=[keys.judge_budget(request.project_id, window_start),
-                          keys.judge_tokens(request.project_id, window_start), claim_hash(request)],
-                    args=[self.owner, -1 if request.budget_limit is None else request.budget_limit,
-                          request.budget_window_s * 2, r.calls, claim_field(request), int(r.skip_when_refused),
-                          -1 if request.token_limit is None else request.token_limit,
-                          r.tokens if request.token_limit is not None else 0],
-                    client=pipe)
+                pipe.script(
+                    self._reserve,
+                    [keys.judge_budget(request.project_id, window_start),
+                     keys.judge_tokens(request.project_id, window_start), claim_hash(request)],
+                    [self.owner, -1 if request.budget_limit is None else request.budget_limit,
+                     request.budget_window_s * 2, r.calls, claim_field(request), int(r.skip_when_refused),
+                     -1 if request.token_limit is None else request.token_limit,
+                     r.tokens if request.token_limit is not None else 0])
             replies = await pipe.execute()
         return [bool(reply) for reply in replies]
 
@@ -307,7 +309,7 @@ class Claims:
         for i, r in enumerate(requests):
             by_project[(r.project_id, r.budget_limit, r.budget_window_s, r.token_limit)].append(i)
         results: list[ClaimResult | None] = [None] * len(requests)
-        async with self._redis.pipeline(transaction=False) as pipe:
+        async with ScriptPipeline(self._redis) as pipe:
             for indexes in by_project.values():
                 first = requests[indexes[0]]
                 window_start = int(now) // first.budget_window_s * first.budget_window_s
@@ -320,9 +322,8 @@ class Claims:
                     r = requests[i]
                     args += [hashes.setdefault(claim_hash(r), len(hashes) + 1), claim_field(r), r.judge_calls,
                              r.judge_tokens]
-                await self._claim(keys=[keys.judge_budget(first.project_id, window_start),
-                                        keys.judge_tokens(first.project_id, window_start), *hashes],
-                                  args=args, client=pipe)
+                pipe.script(self._claim, [keys.judge_budget(first.project_id, window_start),
+                                          keys.judge_tokens(first.project_id, window_start), *hashes], args)
             replies = await pipe.execute()
         for indexes, reply in zip(by_project.values(), replies, strict=True):
             for n, i in enumerate(indexes):
@@ -345,13 +346,13 @@ class Claims:
             if delta:
                 window_s = request.budget_window_s
                 settle[(keys.judge_tokens(request.project_id, int(now) // window_s * window_s), window_s)] += delta
-        async with self._redis.pipeline(transaction=False) as pipe:
+        async with ScriptPipeline(self._redis) as pipe:
             for key, fields in by_hash.items():
-                pipe.hset(key, mapping=fields)  # type: ignore[arg-type]
-                pipe.expire(key, self._done_ttl_s)
+                pipe.redis.hset(key, mapping=fields)  # type: ignore[arg-type]
+                pipe.redis.expire(key, self._done_ttl_s)
             for (key, window_s), delta in settle.items():
-                pipe.incrby(key, delta)
-                pipe.expire(key, window_s * 2)
+                pipe.redis.incrby(key, delta)
+                pipe.redis.expire(key, window_s * 2)
             await pipe.execute()
 
     async def confirm(self, requests: list[ClaimRequest]) -> list[bool]:
@@ -365,13 +366,13 @@ class Claims:
         for i, r in enumerate(requests):
             by_project[r.project_id].append(i)
         held = [False] * len(requests)
-        async with self._redis.pipeline(transaction=False) as pipe:
+        async with ScriptPipeline(self._redis) as pipe:
             for indexes in by_project.values():
                 hashes: dict[str, int] = {}
                 args: list[str | int] = [self.owner, self.lease_ms]
                 for i in indexes:
                     args += [hashes.setdefault(claim_hash(requests[i]), len(hashes) + 1), claim_field(requests[i])]
-                await self._confirm(keys=list(hashes), args=args, client=pipe)
+                pipe.script(self._confirm, list(hashes), args)
             replies = await pipe.execute()
         for indexes, reply in zip(by_project.values(), replies, strict=True):
             for n, i in enumerate(indexes):
@@ -386,13 +387,13 @@ class Claims:
         by_project: dict[str, list[ClaimRequest]] = defaultdict(list)
         for r in requests:
             by_project[r.project_id].append(r)
-        async with self._redis.pipeline(transaction=False) as pipe:
+        async with ScriptPipeline(self._redis) as pipe:
             for mine in by_project.values():
                 hashes: dict[str, int] = {}
                 args: list[str | int] = [self.owner]
                 for r in mine:
                     args += [hashes.setdefault(claim_hash(r), len(hashes) + 1), claim_field(r)]
-                await self._release(keys=list(hashes), args=args, client=pipe)
+                pipe.script(self._release, list(hashes), args)
             await pipe.execute()
 
     async def stored(self, request: ClaimRequest) -> str:

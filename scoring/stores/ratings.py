@@ -18,6 +18,7 @@ from redis.asyncio import Redis
 
 from scoring.results import RatingEvent
 from scoring.stores import keys
+from scoring.stores.scripts import ScriptPipeline
 
 # ARGV: count, scored, sum, min, max, below, noscore, skipped, then one TTL per key. One call
 # counts a whole batch's results of one group into its buckets (the worker aggregates first).
@@ -178,32 +179,32 @@ class RatingsStore:
         results, and keep the latest session verdicts: one pipelined round trip for the batch."""
         if not events and not sessions:
             return
-        async with self._redis.pipeline(transaction=False) as pipe:
+        async with ScriptPipeline(self._redis) as pipe:
             for (group_id, at), agg in _aggregate(events).items():
                 names, ttls = _bucket_keys(group_id, at)
-                await self._record(keys=names, args=[*agg.args(), *ttls], client=pipe)
+                pipe.script(self._record, names, [*agg.args(), *ttls])
             results: dict[str, list[bytes | int]] = {}
             for event in events:
                 if event.document:
                     results.setdefault(event.group_id, []).extend((event.document, int(event.below_threshold)))
             for group_id, documents in results.items():
                 # MAXLEN ~: trimmed whole nodes at a time, cheap; the stream keeps at least RESULTS_KEPT.
-                await self._keep_results(keys=[keys.group_results(group_id)],
-                                         args=[keys.RESULTS_KEPT, keys.RESULTS_TTL_S, *documents], client=pipe)
+                pipe.script(self._keep_results, [keys.group_results(group_id)],
+                            [keys.RESULTS_KEPT, keys.RESULTS_TTL_S, *documents])
             for verdict in sessions:
                 key = keys.session_scores(verdict.session_id)
-                pipe.hset(key, verdict.group_id, orjson.dumps(asdict(verdict)))
-                pipe.expire(key, keys.SESSION_SCORES_TTL_S)
+                pipe.redis.hset(key, verdict.group_id, orjson.dumps(asdict(verdict)))
+                pipe.redis.expire(key, keys.SESSION_SCORES_TTL_S)
             await pipe.execute()
 
     async def record_skipped(self, counts: dict[str, int], at: float) -> None:
         """Count pairs skipped for budget (``counts``, by group) into the buckets of ``at``."""
         if not counts:
             return
-        async with self._redis.pipeline(transaction=False) as pipe:
+        async with ScriptPipeline(self._redis) as pipe:
             for group_id, skipped in counts.items():
                 names, ttls = _bucket_keys(group_id, at)
-                await self._record(keys=names, args=[*_Aggregate(skipped=skipped).args(), *ttls], client=pipe)
+                pipe.script(self._record, names, [*_Aggregate(skipped=skipped).args(), *ttls])
             await pipe.execute()
 
     async def history(self, group_id: str, window: str = "7d", now: float | None = None) -> RatingsHistory:

@@ -15,6 +15,7 @@ import structlog
 from redis.asyncio import Redis
 
 from scoring.stores import keys
+from scoring.stores.scripts import ScriptPipeline
 from scoring.subjects import Trace
 
 log = structlog.get_logger(__name__)
@@ -70,15 +71,14 @@ class SessionStore:
     async def record(self, traces: list[Trace], now: float | None = None) -> None:
         """Store each trace as a turn of its session, in one pipelined round trip."""
         now = time.time() if now is None else now
-        async with self._redis.pipeline(transaction=False) as pipe:
+        async with ScriptPipeline(self._redis) as pipe:
             for trace in traces:
                 assert trace.session_id is not None
-                await self._record(
-                    keys=[keys.session_turns(trace.project_id, trace.session_id),
-                          keys.session_activity(trace.project_id)],
-                    args=[trace.trace_id, trace.model_dump_json(by_alias=True), keys.SESSION_TURNS_TTL_S,
-                          keys.SESSION_MAX_TURNS, now, trace.session_id],
-                    client=pipe)
+                pipe.script(self._record,
+                            [keys.session_turns(trace.project_id, trace.session_id),
+                             keys.session_activity(trace.project_id)],
+                            [trace.trace_id, trace.model_dump_json(by_alias=True), keys.SESSION_TURNS_TTL_S,
+                             keys.SESSION_MAX_TURNS, now, trace.session_id])
             stored = await pipe.execute()
         for trace, ok in zip(traces, stored, strict=True):
             if not ok:

@@ -6,4 +6,4 @@ set -euo pipefail
 cd "$(dirname "$0")/../.."
 python=${PYTHON:-python3}
 [ -x .venv-bench/bin/python ] || "$python" -m venv .venv-bench
-.venv-bench/bin/pip install -q --disable-pip-version-check -c tests/bench/peer-constraints.txt -e '.[bench]'
+.venv-bench/bin/pip install -q --disable-pip-version-check -c tests/bench/peer-constraints.txt -e ./sdk -e '.[bench]'

@@ -154,6 +154,18 @@ async def peer(bench: Bench) -> dict[str, Any]:
         _stop(proc)
 
 
+async def plain_peer(bench: Bench) -> dict[str, Any]:
+    """The scenario written plainly with aiokafka, orjson and RE2, no project code (peer_plain)."""
+    out = bench.name("plain-peer-out")
+    await create_topics(bench.bootstrap, [out], log_append_time=True)
+    proc = bench.process("plain-peer", [sys.executable, "-m", "tests.bench.peer_plain", bench.bootstrap,
+                                        bench.topic, out, bench.name("plain-peer")])
+    try:
+        return await _drain(bench, proc.pid, lambda: proc.poll() is None, out, bench.traces, DETERMINISTIC_GROUPS)
+    finally:
+        _stop(proc)
+
+
 async def _worker_drain(bench: Bench, name: str, traces: int, workers: int = 1) -> dict[str, Any]:
     redis_url = await bench.fresh_db(DETERMINISTIC_CATALOG)
     ratings = bench.name(f"{name}-ratings")
@@ -265,8 +277,10 @@ async def judge_bound(bench: Bench, concurrency: int, window_s: float) -> dict[s
         tree.mark()
         server.mark()
         t1, n1, _ = judge.count
+        before = await redis_calls(redis_url)
         await asyncio.sleep(window_s)
         t2, n2, peak = judge.count
+        after = await redis_calls(redis_url)
         cpu_s, server_cpu_s, starved = tree.cpu_s(), server.cpu_s(), tree.waited_s() / (t2 - t1)
         hwm = tree.root_hwm_mb()
     finally:
@@ -280,7 +294,10 @@ async def judge_bound(bench: Bench, concurrency: int, window_s: float) -> dict[s
             "server_cpu_share": round(server_cpu_s / (t2 - t1), 2), "cpu_cores_used": round(cpu_s / (t2 - t1), 2),
             "cpu_starved": round(starved, 2), "traces_per_s": round(achieved, 1),
             "cpu_s_per_1k": round(cpu_s / max(1, n2 - n1) * 1000, 3), "peak_rss_mb": round(hwm, 1),
-            "seconds": round(t2 - t1, 2)}
+            "seconds": round(t2 - t1, 2),
+            # one judge call per pair: the window's commands per call are its commands per pair
+            "redis_cmds_per_pair": round(sum(calls_delta(before, after).values()) / max(1, n2 - n1), 3),
+            "redis_commands": dict(list(calls_delta(before, after).items())[:8])}
 
 
 async def latency(bench: Bench, rate: float, seconds: float) -> dict[str, Any]:

@@ -7,8 +7,10 @@ traces topic (6 partitions) with ``--traces`` realistic ~2 KB traces, then runs,
 
 - limit: a plain aiokafka stage (fetch, orjson-decode, produce one ~1 KB record per trace and
   group, commit) - the most any consumer of this topic can do here;
-- peer: the deterministic scenario written plainly with Quix Streams, scoring in-process with
-  the same scoring functions (needs .venv-bench: ``bash tests/bench/peer_env.sh``);
+- plain_peer: the deterministic scenario written plainly with aiokafka, orjson and RE2 - no
+  project code, the groups' arithmetic inline (tests/bench/peer_plain.py);
+- peer: the deterministic scenario written with Quix Streams, scoring in-process with
+  the project's own scoring functions (needs .venv-bench: ``bash tests/bench/peer_env.sh``);
 - deterministic: ``scorer-worker run`` with two deterministic groups (four patterns; a code
   scorer plus a pattern) draining the topic;
 - scale_out: the same with ``--scale-workers`` worker processes in one consumer group, as an
@@ -23,7 +25,7 @@ traces topic (6 partitions) with ``--traces`` realistic ~2 KB traces, then runs,
 
 Each scenario reads its own consumer group and a Redis database of its own. traces/s counts
 outputs by broker timestamp (output topics use LogAppendTime) from the first to the last;
-cpu_s_per_1k is the CPU of the measured process and its children (sandboxes) from /proc from the
+cpu_s_per_1k (= CPU ms per trace; per judge call in the judge scenarios) is the CPU of the measured process and its children (sandboxes) from /proc from the
 first output on; peak_rss_mb is the measured process's VmHWM; redis_cmds_per_pair is the
 ``INFO commandstats`` delta (commands run inside Lua scripts included) per output.
 
@@ -49,7 +51,7 @@ from tests.bench.scenarios import Bench
 from tests.bench.workload import create_topics, machine, produce_traces
 
 RESULTS = Path(__file__).resolve().parent / "results"
-ALL = ["limit", "peer", "deterministic", "scale_out", "judge", "latency", "backlog", "spend"]
+ALL = ["limit", "plain_peer", "peer", "deterministic", "scale_out", "judge", "latency", "backlog", "spend"]
 
 
 async def run(args: argparse.Namespace) -> dict[str, Any]:
@@ -86,6 +88,8 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
         wanted = args.only.split(",") if args.only else ALL
         if "limit" in wanted:
             await scenario("limit", scenarios.limit(bench))
+        if "plain_peer" in wanted:
+            await scenario("plain_peer", scenarios.plain_peer(bench))
         if "peer" in wanted:
             await scenario("peer", scenarios.peer(bench))
         if "deterministic" in wanted:
@@ -111,13 +115,19 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
 def _ratios(report: dict[str, Any]) -> None:
     results = report["scenarios"]
     limit = results.get("limit", {}).get("traces_per_s")
+    limit_cpu = results.get("limit", {}).get("cpu_s_per_1k")
     for name, r in results.items():
         if limit and "traces_per_s" in r and not name.startswith("judge"):
             r["ratio_to_limit"] = round(r["traces_per_s"] / limit, 3)
-    det, peer = results.get("deterministic", {}), results.get("peer", {})
+        if limit_cpu and r.get("cpu_s_per_1k"):  # CPU per trace (per judge call) over the limit's
+            r["cpu_vs_limit"] = round(r["cpu_s_per_1k"] / limit_cpu, 2)
+    det, peer, plain = results.get("deterministic", {}), results.get("peer", {}), results.get("plain_peer", {})
     report["deterministic_vs_limit"] = det.get("ratio_to_limit")
+    report["deterministic_cpu_vs_limit"] = det.get("cpu_vs_limit")
     if det.get("traces_per_s") and peer.get("traces_per_s"):
         report["deterministic_vs_peer"] = round(det["traces_per_s"] / peer["traces_per_s"], 3)
+    if det.get("traces_per_s") and plain.get("traces_per_s"):
+        report["deterministic_vs_plain_peer"] = round(det["traces_per_s"] / plain["traces_per_s"], 3)
 
 
 def _cell(value: Any) -> str:
@@ -131,10 +141,13 @@ def markdown(report: dict[str, Any]) -> str:
     lines = [f"# Benchmark ({report['started_at']})", "",
              f"Machine: {m['cores']} cores, {m['memory_gb']} GB, {m['cpu_model']}; load average at start "
              f"{m['load_average_at_start']}, at end {report.get('load_average_at_end')}.", "",
-             f"**deterministic / limit: {_cell(report['deterministic_vs_limit'])}**"
-             f" (deterministic / peer: {_cell(report.get('deterministic_vs_peer'))})", "",
-             "| scenario | traces/s | ratio to limit | CPU s / 1k traces | peak RSS MB | Redis cmds / pair | notes |",
-             "|---|---:|---:|---:|---:|---:|---|"]
+             f"**deterministic / limit: {_cell(report['deterministic_vs_limit'])}** in traces/s, "
+             f"**{_cell(report.get('deterministic_cpu_vs_limit'))}x** the limit's CPU per trace; deterministic / "
+             f"plain peer: {_cell(report.get('deterministic_vs_plain_peer'))}, / Quix peer: "
+             f"{_cell(report.get('deterministic_vs_peer'))}", "",
+             "| scenario | traces/s | ratio to limit | CPU s / 1k traces | CPU x limit | peak RSS MB | Redis cmds / pair "
+             "| notes |",
+             "|---|---:|---:|---:|---:|---:|---:|---|"]
     for name, r in report["scenarios"].items():
         notes = ""
         if name.startswith("judge"):
@@ -159,7 +172,7 @@ def markdown(report: dict[str, Any]) -> str:
         elif "skipped" in r:
             notes = f"skipped: {r['skipped']}"
         lines.append(f"| {name} | {_cell(r.get('traces_per_s'))} | {_cell(r.get('ratio_to_limit'))} | "
-                     f"{_cell(r.get('cpu_s_per_1k'))} | {_cell(r.get('peak_rss_mb'))} | "
+                     f"{_cell(r.get('cpu_s_per_1k'))} | {_cell(r.get('cpu_vs_limit'))} | {_cell(r.get('peak_rss_mb'))} | "
                      f"{_cell(r.get('redis_cmds_per_pair'))} | {notes} |")
     return "\n".join(lines) + "\n"
 

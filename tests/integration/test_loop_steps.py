@@ -138,8 +138,8 @@ class HeldClaims(Claims):
     """The real claims in Redis; counts ``claim_many`` calls per subject and can hold them, and
     keeps the subjects whose leases were given up."""
 
-    def __init__(self, redis: Redis) -> None:
-        super().__init__(redis, lease_s=90)
+    def __init__(self, redis: Redis, lease_s: float = 90) -> None:
+        super().__init__(redis, lease_s=lease_s)
         self.calls: list[list[str]] = []
         self.confirms: list[list[str]] = []  # subject keys of each confirm call
         self.released: list[str] = []  # subject keys given up (or tried to)
@@ -259,7 +259,7 @@ async def loops(kafka_bootstrap: str, redis: Redis, unique: str) -> AsyncIterato
     async def make(live: tuple[str, ...] = ("bulk",), *, snapshot: CatalogSnapshot | None = None,
                    commit_interval_s: float = 0.05, partitions: int = 1,
                    ratings_config: dict[str, str] | None = None, consumer_config: dict[str, Any] | None = None,
-                   **kw: Any) -> Loop:
+                   lease_s: float = 90, **kw: Any) -> Loop:
         suffix = f"{unique}-{len(made)}"
         topics = TopicNames(traces=f"ls-traces-{suffix}", ratings=f"ls-ratings-{suffix}",
                             signals=f"ls-signals-{suffix}", webhooks=f"ls-webhooks-{suffix}", dlq=f"ls-dlq-{suffix}")
@@ -278,7 +278,7 @@ async def loops(kafka_bootstrap: str, redis: Redis, unique: str) -> AsyncIterato
         project = f"p-{unique}"
         snap = snapshot or catalog({project: live})
         panel = ControlledPanel()
-        claims = HeldClaims(redis)
+        claims = HeldClaims(redis, lease_s=lease_s)
         events = Events()
         traces = TraceConsumer(consumer=consumer, producer=producer, topics=topics, catalog=lambda: snap,
                                panel=panel, claims=claims, ratings=RatingsStore(redis), events=events,
@@ -430,6 +430,24 @@ async def test_pairs_scored_alone_that_finish_together_confirm_their_leases_in_o
     confirmed = [key for call in loop.controls.claims.confirms for key in call]
     assert sorted(confirmed) == sorted(f"trace:t-{i}" for i in range(6)), "every pair confirmed once"
     assert len(loop.controls.claims.confirms) < 6, loop.controls.claims.confirms
+
+
+async def test_bulk_pairs_finished_within_half_their_lease_publish_without_asking_redis(
+        loops: Callable[..., Awaitable[Loop]]) -> None:
+    # A lease taken less than half its length ago cannot have expired: deterministic pairs that
+    # finish that soon skip the confirmation round trip; a pair that took longer asks (and only it).
+    loop = await loops(("bulk",), lease_s=1.0)
+    await loop.send("t-0")
+    await loop.start()
+    await loop.committed_to(1)
+    assert loop.controls.claims.confirms == [], "a fresh lease is not confirmed"
+    await loop.send("t-1", BLOCK)
+    await until(lambda: ("bulk", "t-1") in loop.controls.panel.entered, "t-1 to be in scoring")
+    await asyncio.sleep(0.6)
+    loop.controls.panel.release()
+    await loop.committed_to(2)
+    assert loop.controls.claims.confirms == [["trace:t-1"]], "an older one is"
+    assert await loop.ratings() == [("bulk", "t-0"), ("bulk", "t-1")]
 
 
 async def test_a_fetch_takes_no_more_records_than_the_room_left(loops: Callable[..., Awaitable[Loop]]) -> None:
@@ -771,10 +789,11 @@ async def test_a_pair_taken_over_while_being_scored_is_waited_for_and_scored_aga
         loops: Callable[..., Awaitable[Loop]], group_id: str, scored_alone: int) -> None:
     # This worker stalls on t-0 past its lease; another worker takes the pair over, then gives it
     # up unfinished: this worker's result is not published, it waits and scores the pair again.
-    loop = await loops((group_id,))
+    loop = await loops((group_id,), lease_s=1.0)
     await loop.send("t-0", BLOCK)
     await loop.start()
     await until(lambda: loop.controls.panel.entered == [(group_id, "t-0")], "t-0 to be in scoring")
+    await asyncio.sleep(0.6)  # past half the lease: the worker asks whether it still holds it
     request = loop.request(group_id, "t-0", judge_calls=1 if group_id == "wait" else 0)
     await loop.controls.claims.release([request])  # as if this worker's lease had lapsed...
     other = Claims(loop.redis, owner="another-worker", lease_s=90)
@@ -792,11 +811,12 @@ async def test_a_pair_taken_over_while_being_scored_is_waited_for_and_scored_aga
 
 async def test_a_bulk_pair_taken_over_while_being_scored_is_not_published_and_its_trace_finishes(
         loops: Callable[..., Awaitable[Loop]]) -> None:
-    loop = await loops(("bulk",))
+    loop = await loops(("bulk",), lease_s=1.0)
     await loop.send("t-0", BLOCK)
     await loop.send("t-1")
     await loop.start()
     await until(lambda: loop.controls.panel.entered == [("bulk", "t-0")], "t-0 to be in scoring")
+    await asyncio.sleep(0.6)  # past half the lease: the worker asks whether it still holds it
     elsewhere = Claims(loop.redis, owner="another-worker")
     await elsewhere.mark_done([(loop.request("bulk", "t-0"), "rating-elsewhere")])
     loop.controls.panel.release()

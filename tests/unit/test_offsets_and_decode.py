@@ -133,3 +133,31 @@ async def test_a_batcher_answers_each_submitter_with_its_own_items_answers() -> 
     await batcher.stop()
     assert answers == [[2, 4], [6], [8, 10, 12]]
     assert calls == [[1, 2, 3, 4, 5, 6]], "one call for all three"
+
+
+async def test_a_batcher_lingers_for_more_items_until_full_or_hurried() -> None:
+    import asyncio
+    import time
+
+    from consumers.batcher import Batcher
+
+    calls: list[tuple[list[int], float]] = []
+    started = time.monotonic()
+
+    async def write(items: list[int]) -> None:
+        calls.append((items, time.monotonic() - started))
+
+    batcher: Batcher[int, None] = Batcher(write, max_items=4, max_wait_s=30.0)
+    batcher.start()
+    first = asyncio.create_task(batcher.submit([1]))
+    await asyncio.sleep(0.1)
+    assert calls == [], "one item lingers for company"
+    await asyncio.gather(first, batcher.submit([2, 3, 4]))  # max_items reached: written at once
+    assert [items for items, _ in calls] == [[1, 2, 3, 4]]
+    pending = asyncio.create_task(batcher.submit([5]))
+    await asyncio.sleep(0.05)
+    batcher.hurry()  # the caller needs it finished now
+    await asyncio.wait_for(pending, 5)
+    assert [items for items, _ in calls] == [[1, 2, 3, 4], [5]]
+    assert calls[-1][1] < 5, "hurried, not lingering out its 30 s"
+    await batcher.stop()

@@ -85,3 +85,80 @@ def test_every_kind_of_member_entry_encodes_as_the_validated_model() -> None:
         assert [m["status"] for m in members] == ["scored", "failed", "not_scored", "skipped", "scored"]
         assert members[0]["usage"] == {"promptTokens": 120, "completionTokens": None}
         assert all("usage" not in m for m in members[1:]), "no usage key where no judge reported one"
+
+
+def _sample_outcomes() -> list[MemberOutcome]:
+    from scoring.ports import TokenUsage
+
+    return [
+        MemberOutcome(name="Judge", kind="judge", weight=1, gate=False, ref_id="j", native=7, goodness=0.7,
+                      detail="Fine.", usage=TokenUsage(120, None)),
+        MemberOutcome(name="Broken", kind="custom", weight=1.5, gate=True, ref_id="c", error="ZeroDivisionError"),
+        MemberOutcome(name="Gone", kind="pattern", weight=1, gate=False, ref_id="p", error="reference deleted"),
+        MemberOutcome(name="Later", kind="judge", weight=1, gate=False, ref_id="k", skipped="not called"),
+        MemberOutcome(name="Flag", kind="custom", weight=0, gate=False, ref_id="b", native=True, goodness=1),
+        MemberOutcome(name="PII", kind="pattern", weight=2, gate=True, ref_id="e", native=False, goodness=1.0,
+                      detail="template email did not match the output"),
+    ]
+
+
+def _session_subject() -> object:
+    return trace_subject(TRACE).__class__(scope="session", input="", output="", expected=None, spans=[], metadata={},
+                                          transcript="u: hi", turns=3, project_id="p-1", agent_id="a-1",
+                                          session_id="s-1")
+
+
+def test_the_hot_path_encoder_writes_exactly_what_the_validated_model_writes() -> None:
+    """``encode_rating`` (orjson, no pydantic) against ``build_rating(...).to_json()``, byte for byte:
+    every member status, an int verdict and a boolean, usage present and absent, a gate that could
+    not score (no score), a failed gate (0) and a blend, at trace, session and playground scope."""
+    from scoring.results import encode_rating
+
+    at = datetime(2026, 12, 2, 13, 0, 1, 5, tzinfo=UTC)
+    outcomes = _sample_outcomes()
+    blends = [outcomes, outcomes[2:], outcomes[4:], [outcomes[5].__class__(**{**_fields(outcomes[5]), "native": True,
+                                                                             "goodness": 0.0})]]
+    for subject, scope in ((trace_subject(TRACE), "trace"), (_session_subject(), "session"),
+                           (trace_subject(TRACE), "playground")):
+        for members in blends:
+            result = GroupResult(GROUP, subject, blend(members))  # type: ignore[arg-type]
+            encoded = encode_rating(result, scope, now=at)  # type: ignore[arg-type]
+            model = build_rating(result, scope, now=at)  # type: ignore[arg-type]
+            assert encoded.document == model.to_json(), (scope, [m.name for m in members])
+            assert (encoded.id, encoded.rating, encoded.reason, encoded.justification, encoded.scored_at,
+                    encoded.trace_id, encoded.session_id, encoded.agent_id) == (
+                model.id, model.rating, model.reason, model.justification, model.scored_at, model.trace_id,
+                model.session_id, model.agent_id)
+
+
+def _fields(outcome: MemberOutcome) -> dict[str, object]:
+    return {name: getattr(outcome, name) for name in outcome.__slots__}  # type: ignore[attr-defined]
+
+
+@given(st.text(max_size=80), st.text(max_size=80), st.floats(0, 1), st.floats(0, 10), st.booleans())
+def test_any_text_and_value_encodes_as_the_model_does(name: str, detail: str, code: float, judge: float,
+                                                      gate: bool) -> None:
+    """Tenant and model text of any kind (non-ASCII, control characters, quotes) and any verdict
+    on its scale."""
+    from scoring.results import encode_rating
+
+    at = datetime(2026, 12, 2, 13, 0, 1, tzinfo=UTC)
+    members = [MemberOutcome(name=name, kind="custom", weight=1, gate=gate, ref_id="c", native=code, goodness=code),
+               MemberOutcome(name="J", kind="judge", weight=2, gate=False, ref_id="j", native=judge,
+                             goodness=judge / 10, detail=detail)]
+    result = GroupResult(GROUP, trace_subject(TRACE), blend(members))
+    assert encode_rating(result, "trace", now=at).document == build_rating(result, "trace", now=at).to_json()
+
+
+def test_a_lone_surrogate_in_a_verdict_is_replaced_not_a_failed_publish() -> None:
+    """A judge's JSON answer may carry "\\ud800", which no UTF-8 encoder takes (pydantic raises):
+    the rating is published with U+FFFD in its place, and what Signals read is encodable too."""
+    from scoring.results import encode_rating
+
+    at = datetime(2026, 12, 2, 13, 0, 1, tzinfo=UTC)
+    members = [MemberOutcome(name="J", kind="judge", weight=1, gate=False, ref_id="j", native=5, goodness=0.5,
+                             detail="half \ud800 a pair")]
+    result = GroupResult(GROUP, trace_subject(TRACE), blend(members))
+    encoded = encode_rating(result, "trace", now=at)
+    assert orjson.loads(encoded.document)["members"][0]["detail"] == "half \ufffd a pair"
+    assert Rating.model_validate_json(encoded.document).members[0].detail == "half \ufffd a pair"
