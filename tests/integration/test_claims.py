@@ -226,3 +226,21 @@ async def test_a_batch_over_several_projects_is_never_one_transaction(own_redis:
         assert "cmdstat_multi" not in stats and "cmdstat_exec" not in stats, sorted(stats)
     finally:
         await redis.aclose()
+
+
+async def test_scripts_run_by_sha_alone_and_a_server_that_forgot_them_runs_them_once(
+        redis: Redis, unique: str) -> None:
+    """No SCRIPT EXISTS before each pipeline (a command and a round trip per batch): a script goes
+    by its SHA; after SCRIPT FLUSH (a restarted or failed-over server) the NOSCRIPT answer ran
+    nothing, and the command runs again with the script loaded - once, not twice."""
+    claims = Claims(redis)
+    await claims.claim_many([req(unique, "warm", 0)], now=NOW)  # loaded
+    before = await redis.info("commandstats")
+    await claims.claim_many([req(unique, "t1", 2)], now=NOW)
+    after = await redis.info("commandstats")
+    assert after.get("cmdstat_script|exists", {}).get("calls", 0) == \
+        before.get("cmdstat_script|exists", {}).get("calls", 0), "no SCRIPT EXISTS asked"
+    await redis.script_flush()
+    results = await claims.claim_many([req(unique, "t2", 3), req(unique, "t1", 2)], now=NOW)
+    assert [r.state for r in results] == ["claimed", "busy"]
+    assert await claims.budget_used(f"p-{unique}", 3600, now=NOW) == 5, "the re-run reserved once"
