@@ -2,7 +2,8 @@
 
 Each turn of the loop is a short list of steps:
 
-1. make room: pause the partitions while ``max_in_flight`` traces are being scored;
+1. make room: pause the partitions while ``max_in_flight`` traces are being scored (and, with
+   work in flight, until a quarter of the room is free again);
 2. fetch a batch (``getmany``), no larger than the room left;
 3. decode it: malformed records go to the dead-letter topic with their reason;
 4. route it: the project's live trace-scope groups, sampled per (trace, group); session-scope
@@ -206,11 +207,15 @@ class TraceConsumer:
     async def _step(self) -> None:
         # Jobs of revoked partitions still run: they count against the room too.
         unfinished = sum(1 for works in self._job_traces.values() for w in works if w.pending)
-        room = self._max_in_flight - max(self._offsets.in_flight(), unfinished)
-        if room <= 0:
+        in_flight = max(self._offsets.in_flight(), unfinished)
+        room = self._max_in_flight - in_flight
+        # With work in flight, fetch once a quarter of the room is free: a backlog then comes in
+        # batches that share their claims' round trip, not a few traces each time a pair ends.
+        if room <= 0 or (in_flight and room < self._max_in_flight // 4):
             self._consumer.pause(*self._consumer.assignment())
             self._room.clear()
-            self._finisher.hurry()  # pairs published but not yet marked done hold the room
+            if room <= 0:
+                self._finisher.hurry()  # pairs published but not yet marked done hold the room
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self._room.wait(), timeout=self._committer.interval_s)
             # Still poll while paused: a consumer that stops polling for max_poll_interval_ms

@@ -25,19 +25,26 @@ from scoring.stores.scripts import ScriptPipeline
 # "skipped" counts pairs sampled in but not scored for want of judge budget: no result, so
 # not in "count", but shown beside "noscore" so that a starved group is seen, not silent.
 _RECORD = """
+local fields = {'count', 'scored', 'sum', 'min', 'max', 'below', 'noscore', 'skipped'}
+local count, scored, sum = tonumber(ARGV[1]), tonumber(ARGV[2]), tonumber(ARGV[3])
+local low, high = tonumber(ARGV[4]), tonumber(ARGV[5])
 for i, key in ipairs(KEYS) do
-  redis.call('HINCRBY', key, 'count', ARGV[1])
-  if tonumber(ARGV[2]) > 0 then
-    redis.call('HINCRBY', key, 'scored', ARGV[2])
-    redis.call('HINCRBYFLOAT', key, 'sum', ARGV[3])
-    local low = redis.call('HGET', key, 'min')
-    if (not low) or tonumber(ARGV[4]) < tonumber(low) then redis.call('HSET', key, 'min', ARGV[4]) end
-    local high = redis.call('HGET', key, 'max')
-    if (not high) or tonumber(ARGV[5]) > tonumber(high) then redis.call('HSET', key, 'max', ARGV[5]) end
+  -- Three commands a bucket: read every field, write the new values, renew the expiry.
+  local v = redis.call('HMGET', key, unpack(fields))
+  local new = {'count', (tonumber(v[1]) or 0) + count}
+  if scored > 0 then
+    local old_low, old_high = tonumber(v[4]), tonumber(v[5])
+    table.insert(new, 'scored'); table.insert(new, (tonumber(v[2]) or 0) + scored)
+    table.insert(new, 'sum'); table.insert(new, string.format('%.17g', (tonumber(v[3]) or 0) + sum))
+    if (not old_low) or low < old_low then table.insert(new, 'min'); table.insert(new, ARGV[4]) end
+    if (not old_high) or high > old_high then table.insert(new, 'max'); table.insert(new, ARGV[5]) end
   end
-  if tonumber(ARGV[6]) > 0 then redis.call('HINCRBY', key, 'below', ARGV[6]) end
-  if tonumber(ARGV[7]) > 0 then redis.call('HINCRBY', key, 'noscore', ARGV[7]) end
-  if tonumber(ARGV[8]) > 0 then redis.call('HINCRBY', key, 'skipped', ARGV[8]) end
+  for f = 6, 8 do
+    if tonumber(ARGV[f]) > 0 then
+      table.insert(new, fields[f]); table.insert(new, (tonumber(v[f]) or 0) + tonumber(ARGV[f]))
+    end
+  end
+  redis.call('HSET', key, unpack(new))
   redis.call('EXPIRE', key, ARGV[8 + i])
 end
 return #KEYS
