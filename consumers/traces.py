@@ -3,7 +3,7 @@
 Each turn of the loop is a short list of steps:
 
 1. make room: pause the partitions while ``max_in_flight`` traces are being scored (and, with
-   work in flight, until a quarter of the room is free again);
+   work in flight, until an eighth of the room is free again);
 2. fetch a batch (``getmany``), no larger than the room left;
 3. decode it: malformed records go to the dead-letter topic with their reason;
 4. route it: the project's live trace-scope groups, sampled per (trace, group); session-scope
@@ -102,6 +102,7 @@ class TraceConsumer:
         commit_interval_s: float = 1.0,
         outages: OutageGuard | None = None,
         alerts: NoScoreAlerts | None = None,
+        finish_linger_s: float = FINISH_LINGER_S,
     ) -> None:
         self._consumer = consumer
         self._producer = producer
@@ -130,9 +131,10 @@ class TraceConsumer:
         # finished (marked done), never cancelled halfway and scored again elsewhere.
         self._publishing: set[asyncio.Task[None]] = set()
         self._room = asyncio.Event()
-        # Cut short when pairs waiting to be finished fill half the room, or the room runs out.
-        self._finisher: Batcher[Finished, None] = Batcher(self._write_finished, max_items=max(1, max_in_flight // 2),
-                                                          max_wait_s=FINISH_LINGER_S)
+        # Cut short when pairs waiting to be finished fill an eighth of the room (the rest stays
+        # for pairs queued for a judge), or the room runs out.
+        self._finisher: Batcher[Finished, None] = Batcher(self._write_finished, max_items=max(1, max_in_flight // 8),
+                                                          max_wait_s=finish_linger_s)
         # A pair scored alone (a judge's) confirms its lease before publishing: confirmations of
         # pairs that finish together go in one script call, not one each.
         self._confirmer: Batcher[ClaimRequest, bool] = Batcher(self._confirm_many, max_wait_s=CONFIRM_LINGER_S)
@@ -209,9 +211,9 @@ class TraceConsumer:
         unfinished = sum(1 for works in self._job_traces.values() for w in works if w.pending)
         in_flight = max(self._offsets.in_flight(), unfinished)
         room = self._max_in_flight - in_flight
-        # With work in flight, fetch once a quarter of the room is free: a backlog then comes in
+        # With work in flight, fetch once an eighth of the room is free: a backlog then comes in
         # batches that share their claims' round trip, not a few traces each time a pair ends.
-        if room <= 0 or (in_flight and room < self._max_in_flight // 4):
+        if room <= 0 or (in_flight and room < self._max_in_flight // 8):
             self._consumer.pause(*self._consumer.assignment())
             self._room.clear()
             if room <= 0:

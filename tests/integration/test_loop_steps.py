@@ -259,7 +259,7 @@ async def loops(kafka_bootstrap: str, redis: Redis, unique: str) -> AsyncIterato
     async def make(live: tuple[str, ...] = ("bulk",), *, snapshot: CatalogSnapshot | None = None,
                    commit_interval_s: float = 0.05, partitions: int = 1,
                    ratings_config: dict[str, str] | None = None, consumer_config: dict[str, Any] | None = None,
-                   lease_s: float = 90, **kw: Any) -> Loop:
+                   lease_s: float = 90, finish_linger_s: float = 0.005, **kw: Any) -> Loop:
         suffix = f"{unique}-{len(made)}"
         topics = TopicNames(traces=f"ls-traces-{suffix}", ratings=f"ls-ratings-{suffix}",
                             signals=f"ls-signals-{suffix}", webhooks=f"ls-webhooks-{suffix}", dlq=f"ls-dlq-{suffix}")
@@ -282,7 +282,7 @@ async def loops(kafka_bootstrap: str, redis: Redis, unique: str) -> AsyncIterato
         events = Events()
         traces = TraceConsumer(consumer=consumer, producer=producer, topics=topics, catalog=lambda: snap,
                                panel=panel, claims=claims, ratings=RatingsStore(redis), events=events,
-                               commit_interval_s=commit_interval_s, **kw)
+                               commit_interval_s=commit_interval_s, finish_linger_s=finish_linger_s, **kw)
         # Before the loop runs: not assigned yet, and the heartbeats (read by /readyz) are times.
         assert traces.assigned_once is False and traces.fatal is None and traces.outage is None
         assert isinstance(traces.last_progress, float) and isinstance(traces.last_commit_advance, float)
@@ -448,6 +448,32 @@ async def test_bulk_pairs_finished_within_half_their_lease_publish_without_askin
     await loop.committed_to(2)
     assert loop.controls.claims.confirms == [["trace:t-1"]], "an older one is"
     assert await loop.ratings() == [("bulk", "t-0"), ("bulk", "t-1")]
+
+
+async def test_done_marks_of_pairs_finishing_apart_share_a_call_within_the_linger(
+        loops: Callable[..., Awaitable[Loop]]) -> None:
+    # Only the offset commit waits for done marks and history: pairs finishing apart still share
+    # one write when the linger is longer than the time between them.
+    loop = await loops(("wait",), finish_linger_s=3.0)
+    writes: list[int] = []
+    write = loop.traces._write_finished
+
+    async def counted(items: list[Any]) -> None:
+        writes.append(len(items))
+        await write(items)
+
+    loop.traces._finisher._flush = counted  # type: ignore[assignment]
+    await loop.send("t-0")
+    await loop.start()
+
+    async def published() -> bool:
+        return ("wait", "t-0") in await loop.ratings()
+
+    await until(published, "t-0 to be published")
+    assert writes == [], "its done mark waits for company"
+    await loop.send("t-1")
+    await loop.committed_to(2)
+    assert writes == [2], writes
 
 
 async def test_a_fetch_takes_no_more_records_than_the_room_left(loops: Callable[..., Awaitable[Loop]]) -> None:
