@@ -43,6 +43,7 @@ from consumers.offsets import Committer, PartitionOffsets
 from consumers.outage import OutageGuard, OutageTooLong
 from consumers.outputs import Outputs, TopicNames
 from consumers.pairs import Finished, PairSteps, Scored
+from consumers.pauses import PauseWatch
 from scoring.catalog import CatalogSnapshot
 from scoring.errors import ScoringError
 from scoring.pairs import ClaimRequest
@@ -103,6 +104,7 @@ class TraceConsumer:
         outages: OutageGuard | None = None,
         alerts: NoScoreAlerts | None = None,
         finish_linger_s: float = FINISH_LINGER_S,
+        pauses: PauseWatch | None = None,
     ) -> None:
         self._consumer = consumer
         self._producer = producer
@@ -140,6 +142,8 @@ class TraceConsumer:
         self._confirmer: Batcher[ClaimRequest, bool] = Batcher(self._confirm_many, max_wait_s=CONFIRM_LINGER_S)
         # Budget asked for while pairs are scored (gates-first judges, retries): batched too.
         self._reserver: Batcher[Reservation, bool] = Batcher(self._reserve_many)
+        self._pauses = pauses or PauseWatch()
+        self._stop_watching = asyncio.Event()
         self._fatal: BaseException | None = None
         self.assigned_once = False
         self.last_progress = time.monotonic()  # the loop's heartbeat, for /readyz
@@ -171,8 +175,13 @@ class TraceConsumer:
         self._finisher.start()
         self._confirmer.start()
         self._reserver.start()
-        while not stop.is_set() and self._fatal is None:
-            await self._step()
+        watching = asyncio.create_task(self._pauses.run(self._stop_watching), name="pause-watch")
+        try:
+            while not stop.is_set() and self._fatal is None:
+                await self._step()
+        finally:
+            self._stop_watching.set()
+            await watching
         if self._fatal is not None:
             raise OutputError("an output could not be published; stopping without committing it") \
                 from self._fatal
@@ -354,6 +363,7 @@ class TraceConsumer:
         one batch of records to the producer, one write of history and done marks)."""
         if not bulk:
             return
+        began = time.monotonic()
         try:
             results = await self._panel.score_many([(pair.group, pair.subject) for pair, _ in bulk], snapshot)
         except (RedisError, KafkaError, OutageTooLong):
@@ -362,10 +372,20 @@ class TraceConsumer:
             # Not an outage: some trace broke scoring. Score each pair alone to find which.
             await asyncio.gather(*(self._one(pair, False, work, snapshot, unpublished) for pair, work in bulk))
             return
+        # Scored through a pause, with a member failed: handed back, then claimed and scored
+        # again alone, as pairs lost to another worker are waited for.
+        again: list[tuple[Pair, _TraceWork]] = []
+        if self._pauses.since(began):
+            paused = {i for i, result in enumerate(results) if self._paused_through(result, began)}
+            if paused:
+                again = [item for i, item in enumerate(bulk) if i in paused]
+                await self._hand_back([pair for pair, _ in again])
+                bulk = [item for i, item in enumerate(bulk) if i not in paused]
+                results = [result for i, result in enumerate(results) if i not in paused]
         # Still ours? A worker that stalled past its leases may have lost pairs to another worker,
         # which scored them since: those are not published from here but waited for again.
         held = await self._held([(pair.claim, work.started) for pair, work in bulk])
-        lost = [(pair, work) for (pair, work), ours in zip(bulk, held, strict=True) if not ours]
+        lost = [(pair, work) for (pair, work), ours in zip(bulk, held, strict=True) if not ours] + again
         scored = [(pair, result) for (pair, _), result, ours in zip(bulk, results, held, strict=True) if ours]
         for pair, _ in scored:
             unpublished.discard(pair.claim)  # from here on the pair is published (shielded)
@@ -403,11 +423,17 @@ class TraceConsumer:
         """Score and publish one pair; return the exception if the trace itself broke scoring."""
         spend = self._steps.spend(pair, self._reserve_one)
         try:
+            began = time.monotonic()
             result = await self._score(pair, busy, snapshot, spend)
-            # Still ours? A worker that stalled past its lease may have lost the pair to another
-            # worker, which scored it since: publishing would put a second value under its id.
-            while result is not None and not await self._still_held(pair.claim):
+            while result is not None:
+                if self._paused_through(result, began):
+                    await self._hand_back([pair])  # then claimed and scored afresh, just below
+                # Still ours? A worker that stalled past its lease may have lost the pair to another
+                # worker, which scored it since: publishing would put a second value under its id.
+                elif await self._still_held(pair.claim):
+                    break
                 spend = self._steps.spend(pair, self._reserve_one)
+                began = time.monotonic()
                 result = await self._score(pair, True, snapshot, spend)
         except (RedisError, KafkaError, OutageTooLong):
             raise  # an outage, not the trace's fault: the worker stops without committing
@@ -424,6 +450,20 @@ class TraceConsumer:
         publishing.add_done_callback(self._publishing.discard)
         await asyncio.shield(publishing)
         return None
+
+    def _paused_through(self, result: GroupResult, began: float) -> bool:
+        """A member failed while this process stood still (``PauseWatch``): its deadline counted
+        the pause, so its failure says nothing about the pair."""
+        return self._pauses.since(began) and any(m.status == "failed" for m in result.blend.members)
+
+    async def _hand_back(self, pairs: list[Pair]) -> None:
+        """Give up the leases of pairs scored through a pause, to claim them again (their judge
+        calls reserved anew) and score them afresh - or leave them to a worker that took them."""
+        log.warning("a member failed while the process stood still; scoring its pair again",
+                    pairs=len(pairs), pauses=self._pauses.pauses)
+        self._events.rescored_after_pause(len(pairs))
+        claims = [pair.claim for pair in pairs]
+        await self._outages.call(lambda: self._claims.release(claims))
 
     async def _still_held(self, claim: ClaimRequest) -> bool:
         (held,) = await self._confirmer.submit([claim])

@@ -10,6 +10,9 @@ from the jars that ``deploy/kafka/pom.xml`` resolves from Maven Central. Redis i
 ``redis-server`` with persistence off. Both take free ports chosen at start and keep their data
 in a temporary folder that is removed on stop. A broker can also crash on purpose and come back
 (``LocalKafka.kill`` then ``restart``: same ports, same data), for the chaos test.
+
+``LocalKafkaCluster`` is three such nodes in one KRaft quorum (``run --kafka-nodes 3``): the
+replicated cluster production runs, where a broker fails over under load.
 """
 
 from __future__ import annotations
@@ -149,10 +152,16 @@ def kafka_cluster_id() -> str:
 
 
 class LocalKafka:
-    """A single-node KRaft Apache Kafka broker on loopback."""
+    """A single-node KRaft Apache Kafka broker on loopback - or, given ``voters``, one node of a
+    cluster (``LocalKafkaCluster``)."""
 
-    def __init__(self, partitions: int = 1) -> None:
+    def __init__(self, partitions: int = 1, *, node_id: int = 1, voters: str = "", replicas: int = 1,
+                 heap: list[str] | None = None) -> None:
         self.partitions = partitions
+        self.node_id = node_id
+        self.voters = voters  # "1@127.0.0.1:port,2@...": a static controller quorum of several nodes
+        self.replicas = replicas  # of the internal topics (offsets, transactions)
+        self.heap = heap or KAFKA_HEAP
         self.port = 0
         self.bootstrap = ""
         self.controller_port = 0
@@ -173,36 +182,45 @@ class LocalKafka:
         raise AssertionError("unreachable")
 
     def _start_once(self) -> LocalKafka:
+        began = time.monotonic()
+        self.prepare(free_port(), free_port(), kafka_cluster_id())
+        self._launch()
+        self.started_in_s = time.monotonic() - began
+        return self
+
+    def prepare(self, port: int, controller_port: int, cluster_id: str) -> None:
+        """Choose the ports, write the configuration and format the storage (not started yet)."""
         if shutil.which("java") is None:
             raise ServiceError("Java is not installed; run deploy/bootstrap.sh first")
         ensure_kafka_jars()
-        began = time.monotonic()
         self.workdir = Path(tempfile.mkdtemp(prefix="sgw-kafka-"))
-        self.port, self.controller_port = free_port(), free_port()
+        self.port, self.controller_port = port, controller_port
         self.bootstrap = f"127.0.0.1:{self.port}"
         props = self.workdir / "server.properties"
         props.write_text(self._properties(self.controller_port))
         (self.workdir / "log4j2.properties").write_text(LOG4J2_PROPERTIES.format(log_file=self.workdir / "kafka.log"))
-        cluster_id = kafka_cluster_id()
+        # One node is its own quorum (--standalone); a cluster's nodes name theirs in their
+        # configuration (controller.quorum.voters), and share the cluster id.
+        quorum = [] if self.voters else ["--standalone"]
         fmt = subprocess.run(
-            [*self._java(), "kafka.tools.StorageTool", "format", "--standalone",
-             "-t", cluster_id, "-c", str(props)],
+            [*self._java(), "kafka.tools.StorageTool", "format", *quorum, "-t", cluster_id, "-c", str(props)],
             capture_output=True, text=True,
         )
         if fmt.returncode != 0:
             raise ServiceError(f"formatting Kafka's storage failed:\n{fmt.stdout}\n{fmt.stderr}")
         atexit.register(self.stop)  # a run that dies without its fixtures' teardown leaves no JVM
-        self._launch()
-        self.started_in_s = time.monotonic() - began
-        return self
 
     def _java(self) -> list[str]:
         assert self.workdir is not None
-        return ["java", *KAFKA_HEAP, f"-Dlog4j2.configurationFile={self.workdir / 'log4j2.properties'}",
+        return ["java", *self.heap, f"-Dlog4j2.configurationFile={self.workdir / 'log4j2.properties'}",
                 "-Dkafka.logs.dir=" + str(self.workdir), "-cp", f"{KAFKA_LIBS}/*"]
 
     def _launch(self) -> None:
         """Run the broker on the formatted storage in ``workdir`` and wait until it serves."""
+        self.wait_started(self.launch())
+
+    def launch(self) -> int:
+        """Start the JVM; returns where in its log to look for the line that says it serves."""
         assert self.workdir is not None
         log_file = self.workdir / "kafka.log"
         # A restart appends to the same log: only a "started" line written after this counts.
@@ -212,6 +230,11 @@ class LocalKafka:
                 [*self._java(), "kafka.Kafka", str(self.workdir / "server.properties")],
                 stdout=stdout, stderr=subprocess.STDOUT, start_new_session=True,
             )
+        return seen
+
+    def wait_started(self, seen: int) -> None:
+        assert self.workdir is not None and self.proc is not None
+        log_file = self.workdir / "kafka.log"
         deadline = time.monotonic() + KAFKA_START_TIMEOUT_S
         while time.monotonic() < deadline:
             if self.proc.poll() is not None:
@@ -258,8 +281,9 @@ class LocalKafka:
         assert self.workdir is not None
         return "\n".join([
             "process.roles=broker,controller",
-            "node.id=1",
-            f"controller.quorum.bootstrap.servers=127.0.0.1:{controller_port}",
+            f"node.id={self.node_id}",
+            (f"controller.quorum.voters={self.voters}" if self.voters
+             else f"controller.quorum.bootstrap.servers=127.0.0.1:{controller_port}"),
             f"listeners=PLAINTEXT://127.0.0.1:{self.port},CONTROLLER://127.0.0.1:{controller_port}",
             f"advertised.listeners=PLAINTEXT://127.0.0.1:{self.port}",
             "controller.listener.names=CONTROLLER",
@@ -267,13 +291,14 @@ class LocalKafka:
             "listener.security.protocol.map=PLAINTEXT:PLAINTEXT,CONTROLLER:PLAINTEXT",
             f"log.dirs={self.workdir / 'data'}",
             f"num.partitions={self.partitions}",
-            # One node: every internal topic has a single replica.
-            "offsets.topic.replication.factor=1",
+            # One node: every internal topic has a single replica; a cluster's have ``replicas``.
+            f"offsets.topic.replication.factor={self.replicas}",
             "offsets.topic.num.partitions=8",
-            "transaction.state.log.replication.factor=1",
-            "transaction.state.log.min.isr=1",
-            "share.coordinator.state.topic.replication.factor=1",
-            "share.coordinator.state.topic.min.isr=1",
+            f"transaction.state.log.replication.factor={self.replicas}",
+            f"transaction.state.log.min.isr={min(2, self.replicas)}",
+            f"share.coordinator.state.topic.replication.factor={self.replicas}",
+            f"share.coordinator.state.topic.min.isr={min(2, self.replicas)}",
+            f"default.replication.factor={self.replicas}",
             # Tests join and leave groups all the time; waiting 3 s for stragglers only slows them.
             "group.initial.rebalance.delay.ms=0",
             "auto.create.topics.enable=true",
@@ -295,6 +320,62 @@ class LocalKafka:
         if self.workdir is not None:
             shutil.rmtree(self.workdir, ignore_errors=True)
             self.workdir = None
+
+
+# A cluster runs three JVMs on the machine's two cores: small heaps.
+CLUSTER_HEAP = ["-Xms128m", "-Xmx512m"]
+
+
+class LocalKafkaCluster:
+    """Three KRaft nodes on loopback, each broker and controller in one JVM: a replicated cluster
+    (internal topics with 3 replicas, 2 in sync), where a broker can crash (``kill``) and come
+    back (``restart``) under load."""
+
+    def __init__(self, nodes: int = 3, partitions: int = 1) -> None:
+        self.nodes = [LocalKafka(partitions, node_id=i + 1, replicas=nodes, heap=CLUSTER_HEAP)
+                      for i in range(nodes)]
+        self.bootstrap = ""
+        self.started_in_s = 0.0
+
+    def start(self) -> LocalKafkaCluster:
+        for attempt in range(BIND_ATTEMPTS):
+            try:
+                return self._start_once()
+            except PortTaken:
+                self.stop()
+                if attempt == BIND_ATTEMPTS - 1:
+                    raise
+        raise AssertionError("unreachable")
+
+    def _start_once(self) -> LocalKafkaCluster:
+        began = time.monotonic()
+        ports = [(free_port(), free_port()) for _ in self.nodes]
+        voters = ",".join(f"{n.node_id}@127.0.0.1:{controller}" for n, (_, controller) in zip(self.nodes, ports,
+                                                                                              strict=True))
+        cluster_id = kafka_cluster_id()
+        for node, (port, controller) in zip(self.nodes, ports, strict=True):
+            node.voters = voters
+            node.prepare(port, controller, cluster_id)
+        # All at once: a node serves only once a quorum of controllers has elected a leader.
+        seen = [node.launch() for node in self.nodes]
+        for node, offset in zip(self.nodes, seen, strict=True):
+            node.wait_started(offset)
+        self.bootstrap = ",".join(node.bootstrap for node in self.nodes)
+        self.started_in_s = time.monotonic() - began
+        return self
+
+    def node(self, node_id: int) -> LocalKafka:
+        return next(n for n in self.nodes if n.node_id == node_id)
+
+    def kill(self, node_id: int) -> None:
+        self.node(node_id).kill()
+
+    def restart(self, node_id: int) -> None:
+        self.node(node_id).restart()
+
+    def stop(self) -> None:
+        for node in self.nodes:
+            node.stop()
 
 
 class LocalRedis:
@@ -358,13 +439,14 @@ class LocalRedis:
             self.workdir = None
 
 
-def _run(command: list[str]) -> int:
+def _run(command: list[str], kafka_nodes: int = 1) -> int:
     """Start both services, run ``command`` with their addresses in the environment, stop."""
     redis = LocalRedis().start()
-    kafka = LocalKafka(partitions=6).start()
+    kafka: LocalKafka | LocalKafkaCluster = (LocalKafka(partitions=6) if kafka_nodes == 1
+                                             else LocalKafkaCluster(kafka_nodes, partitions=6)).start()
     print(
-        f"local services: Kafka {kafka_version()} at {kafka.bootstrap} "
-        f"(started in {kafka.started_in_s:.1f}s), Redis at {redis.url}",
+        f"local services: Kafka {kafka_version()} at {kafka.bootstrap} ({kafka_nodes} node(s), "
+        f"started in {kafka.started_in_s:.1f}s), Redis at {redis.url}",
         file=sys.stderr, flush=True,
     )
     env = {**os.environ, "SGW_KAFKA_BOOTSTRAP": kafka.bootstrap, "SGW_REDIS_URL": redis.url}
@@ -385,6 +467,8 @@ def main(argv: list[str] | None = None) -> int:
     sub = parser.add_subparsers(dest="action", required=True)
     sub.add_parser("jars", help="resolve Kafka's jars from Maven Central")
     run = sub.add_parser("run", help="start Kafka and Redis, run COMMAND, stop them")
+    run.add_argument("--kafka-nodes", type=int, choices=(1, 3), default=1,
+                     help="one broker, or a replicated cluster of three (KRaft, loopback)")
     run.add_argument("command", nargs=argparse.REMAINDER)
     args = parser.parse_args(argv)
     if args.action == "jars":
@@ -393,7 +477,7 @@ def main(argv: list[str] | None = None) -> int:
     command = args.command[1:] if args.command[:1] == ["--"] else args.command
     if not command:
         parser.error("run needs a COMMAND")
-    return _run(command)
+    return _run(command, args.kafka_nodes)
 
 
 if __name__ == "__main__":

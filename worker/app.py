@@ -45,6 +45,15 @@ def dead_letter_limit(settings: Settings) -> int:
     return 4 * settings.max_trace_bytes + 65_536
 
 
+def topic_replication(wanted: int, brokers: int) -> tuple[int, dict[str, str]]:
+    """The replication factor of a topic the worker creates - ``wanted``, at most one replica per
+    broker - and its ``min.insync.replicas``: 2 from 3 replicas on (with acks=all a record is on
+    two brokers before it counts, and one broker may be down), else 1 (2 of 2 would stop every
+    write while either broker is down)."""
+    factor = max(1, min(wanted, brokers))
+    return factor, {"min.insync.replicas": "2" if factor >= 3 else "1"}
+
+
 async def ensure_topics(settings: Settings) -> None:
     """Create the topics the worker reads and writes if they are missing."""
     wanted = [settings.traces_topic, settings.ratings_topic, settings.signals_topic,
@@ -57,14 +66,21 @@ async def ensure_topics(settings: Settings) -> None:
         existing = set(await admin.list_topics())
         missing = [t for t in wanted if t not in existing]
         if missing:
+            brokers = len((await admin.describe_cluster()).get("brokers", []))
+            factor, replication = topic_replication(settings.topic_replication_factor, brokers)
+            if factor < settings.topic_replication_factor:  # a single development broker: expected
+                (log.info if brokers == 1 else log.warning)(
+                    "fewer brokers than the replication factor; topics get one replica per broker",
+                    brokers=brokers, wanted=settings.topic_replication_factor)
             # The dead-letter topic takes whole malformed records (base64 when not text).
             big = {"max.message.bytes": str(dead_letter_limit(settings))}
             with contextlib.suppress(TopicAlreadyExistsError):  # another worker won the race
                 await admin.create_topics([NewTopic(t, num_partitions=settings.topic_partitions,
-                                                    replication_factor=settings.topic_replication_factor,
-                                                    topic_configs=big if t == settings.dlq_topic else {})
+                                                    replication_factor=factor,
+                                                    topic_configs=replication | (big if t == settings.dlq_topic
+                                                                                 else {}))
                                            for t in missing])
-            log.info("created topics", topics=missing, partitions=settings.topic_partitions)
+            log.info("created topics", topics=missing, partitions=settings.topic_partitions, replicas=factor)
     finally:
         await admin.close()
 

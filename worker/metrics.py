@@ -99,6 +99,9 @@ KEPT = Counter("sgw_traces_sampled_in", "(trace, group) pairs kept by sampling."
                registry=REGISTRY)
 GROUPS_SCORED = Counter("sgw_groups_scored", "Group results published.",
                         ["project", "group", "scope", "outcome"], registry=REGISTRY)
+RESCORED_AFTER_PAUSE = Counter("sgw_pairs_rescored_after_pause", "Pairs scored again because a member failed "
+                               "while the process stood still (SIGSTOP, a VM pause): its deadline counted the pause.",
+                               registry=REGISTRY)
 GROUPS_SKIPPED = Counter("sgw_groups_skipped", "Sampled pairs not scored, by why (budget, dedupe).",
                          ["project", "group", "why"], registry=REGISTRY)
 GROUP_SCORE = Histogram("sgw_group_score", "Group scores (0-10) of scored results.",
@@ -210,6 +213,9 @@ class PrometheusEvents:
 
     def latency(self, seconds: float) -> None:
         INGEST_TO_RATING.observe(seconds)
+
+    def rescored_after_pause(self, pairs: int) -> None:
+        RESCORED_AFTER_PAUSE.inc(pairs)
 
 
 # --- OpenTelemetry in ---------------------------------------------------------------------------

@@ -83,7 +83,10 @@ class Settings(BaseSettings):
         6, ge=1, description="Partition count used when the worker creates a topic it owns."
     )
     topic_replication_factor: int = Field(
-        1, ge=1, description="Replication factor used when the worker creates a topic it owns."
+        3, ge=1, description="Replication factor used when the worker creates a topic it owns - at most the "
+        "cluster's broker count (a single development broker gets 1). From 3 replicas on, such a topic also gets "
+        "min.insync.replicas 2: with acks=all, a write is on two brokers before it counts, and one broker may "
+        "be down without stopping writes."
     )
     producer_linger_ms: int = Field(
         5, ge=0, description="How long the producer waits to fill a batch; trades latency for throughput."

@@ -115,6 +115,12 @@ def key_of(value: dict[str, Any]) -> tuple[str, str]:
 
 
 async def test_live_scoring_end_to_end(env: dict[str, str], kafka_bootstrap: str, tmp_path: Path) -> None:
+    await check_live_scoring(env, kafka_bootstrap, tmp_path)
+
+
+async def check_live_scoring(env: dict[str, str], kafka_bootstrap: str, tmp_path: Path) -> None:
+    """The whole scenario on the broker(s) at ``kafka_bootstrap`` (one, or a replicated cluster:
+    tests/e2e/test_kafka_cluster.py)."""
     traces = [trace(i, "p-a") for i in range(30)] + [trace(i, "p-b") for i in range(10)]
     budgeted = [trace(i, "p-c") for i in range(5)]
     malformed: list[tuple[bytes | None, bytes]] = [

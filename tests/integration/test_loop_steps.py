@@ -34,6 +34,7 @@ from structlog.testing import capture_logs
 from consumers.outage import OutageGuard, OutageTooLong
 from consumers.outputs import TopicNames
 from consumers.traces import OutputError, TraceConsumer
+from scoring.blend import MemberOutcome, blend
 from scoring.catalog import CatalogSnapshot
 from scoring.models import Budget, Judge, Pattern, ScorerGroup
 from scoring.pairs import ClaimRequest
@@ -76,6 +77,7 @@ class Events:
         self.seen.append(("committed", (topic, partition, offset)))
     def lag(self, topic: str, partition: int, lag: int) -> None: self.seen.append(("lag", (topic, partition, lag)))
     def latency(self, seconds: float) -> None: self.seen.append(("latency", (seconds,)))
+    def rescored_after_pause(self, pairs: int) -> None: self.seen.append(("rescored_after_pause", (pairs,)))
 
 
 class Turns:
@@ -95,7 +97,9 @@ class ControlledPanel(Panel):
     - ``[[block:<group>]]``: only that group's pair waits;
     - ``[[break:<group>]]``: scoring that group's pair raises ValueError (alone and in bulk);
     - ``[[break-bulk]]``: scoring in bulk raises ValueError, scoring alone does not;
-    - ``[[outage:<group>]]``: scoring that group's pair raises Redis's ConnectionError.
+    - ``[[outage:<group>]]``: scoring that group's pair raises Redis's ConnectionError;
+    - ``[[stall:<group>]]``: the first time that group's pair is scored, the whole process stands
+      still for 1.5 s (the event loop blocked, as under SIGSTOP) and its member "times out".
     """
 
     def __init__(self) -> None:
@@ -104,6 +108,7 @@ class ControlledPanel(Panel):
         self.batches: list[list[tuple[str, str]]] = []  # one list per score_many()
         self.entered: list[tuple[str, str]] = []  # pairs now waiting for release()
         self.released = asyncio.Event()
+        self.stalled: set[tuple[str, str]] = set()
 
     def release(self) -> None:
         self.released.set()
@@ -118,15 +123,27 @@ class ControlledPanel(Panel):
             self.entered.append((group.id, str(subject.trace_id)))
             await self.released.wait()
 
+    def _stall(self, group: ScorerGroup, subject: Subject, result: GroupResult) -> GroupResult:
+        pair = (group.id, str(subject.trace_id))
+        if f"[[stall:{group.id}]]" not in subject.output or pair in self.stalled:
+            return result
+        self.stalled.add(pair)
+        time.sleep(1.5)  # the process stands still: nothing on the loop runs meanwhile
+        member = group.members[0]
+        timed_out = MemberOutcome(name=member.ref_id, kind=member.kind, weight=member.weight, gate=member.gate,
+                                  ref_id=member.ref_id, error="timed out after 1s")
+        return GroupResult(group, subject, blend([timed_out]))
+
     async def score(self, group: ScorerGroup, subject: Subject, scorers: Any, spend: Any = None) -> GroupResult:
         self.alone.append((group.id, str(subject.trace_id)))
         await self._control(group, subject, bulk=False)
-        return await super().score(group, subject, scorers)
+        return self._stall(group, subject, await super().score(group, subject, scorers))
 
     async def score_many(self, items: list[tuple[ScorerGroup, Subject]], scorers: Any) -> list[GroupResult]:
         self.batches.append([(g.id, str(s.trace_id)) for g, s in items])
         await asyncio.gather(*(self._control(g, s, bulk=True) for g, s in items))
-        return await super().score_many(items, scorers)
+        results = await super().score_many(items, scorers)
+        return [self._stall(g, s, r) for (g, s), r in zip(items, results, strict=True)]
 
     def scored(self, trace_id: str) -> int:
         """How many times any group scored the trace, alone or in bulk."""
@@ -474,6 +491,38 @@ async def test_done_marks_of_pairs_finishing_apart_share_a_call_within_the_linge
     await loop.send("t-1")
     await loop.committed_to(2)
     assert writes == [2], writes
+
+
+@pytest.mark.parametrize("group_id", ["wait", "bulk"])
+async def test_a_member_failed_while_the_process_stood_still_is_scored_again_not_published(
+        loops: Callable[..., Awaitable[Loop]], group_id: str) -> None:
+    # "A pause is not a timeout": the process stands still while the pair is scored and its
+    # member times out - on the clock, not on the judge. The pair is handed back, claimed again
+    # and scored afresh; only that verdict is published.
+    loop = await loops((group_id,))
+    await loop.send("t-0", f"[[stall:{group_id}]]")
+    await loop.start()
+    await loop.committed_to(1)
+    ratings = [orjson.loads(r.value) for r in await loop.read(loop.topics.ratings)]
+    fresh = {"wait": None, "bulk": 10.0}[group_id]  # no judge endpoint here: the judge fails, quickly
+    assert [(r["groupId"], r["rating"]) for r in ratings] == [(group_id, fresh)], "one rating: the fresh one"
+    assert "timed out" not in orjson.dumps(ratings).decode()
+    assert loop.controls.panel.scored("t-0") == 2
+    assert loop.controls.events.of("rescored_after_pause") == [(1,)]
+    assert "trace:t-0" in loop.controls.claims.released, "handed back before it was claimed again"
+
+
+async def test_a_member_that_failed_without_a_pause_is_published_as_it_is(
+        loops: Callable[..., Awaitable[Loop]]) -> None:
+    # The judge fails at once (no endpoint is configured here): a verdict about the pair, published.
+    loop = await loops(("wait",))
+    await loop.send("t-0")
+    await loop.start()
+    await loop.committed_to(1)
+    assert loop.controls.panel.scored("t-0") == 1
+    assert loop.controls.events.of("rescored_after_pause") == []
+    (rating,) = [orjson.loads(r.value) for r in await loop.read(loop.topics.ratings)]
+    assert rating["members"][0]["status"] == "failed"
 
 
 async def test_a_fetch_takes_no_more_records_than_the_room_left(loops: Callable[..., Awaitable[Loop]]) -> None:
