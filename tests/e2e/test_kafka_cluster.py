@@ -21,9 +21,9 @@ from aiokafka.admin.config_resource import ConfigResource, ConfigResourceType
 
 from deploy.judge_server import JudgeServer
 from deploy.services import LocalKafkaCluster
-from tests.e2e.test_live_scoring import catalog, check_live_scoring, trace
 from tests.support.harness import WorkerProcess, catalog_db, produce, read_topic, worker_env
 from tests.support.http_fakes import Reply, ScriptedServer
+from tests.support.live_scoring import catalog, check_live_scoring, trace
 
 pytestmark = pytest.mark.integration
 
