@@ -57,9 +57,10 @@ from scoring.subjects import Trace
 log = structlog.get_logger(__name__)
 
 BUSY_POLL_S = 0.5  # how often a pair leased by another worker is looked at again
-# Done marks and history wait up to this long for more pairs to share their Redis call: only the
-# offset commit (on a timer of about a second) waits for them; the ratings are out already.
-FINISH_LINGER_S = 0.5
+# Done marks and history wait up to this long for more pairs to share their Redis call. Short: a
+# pair published but not yet marked done is scored again should this worker die meanwhile (a
+# judge may then answer differently under the same rating id), so the window stays small.
+FINISH_LINGER_S = 0.05
 # A judge pair's rating waits this long at most for other pairs' confirmations to share its call.
 CONFIRM_LINGER_S = 0.02
 
@@ -133,8 +134,7 @@ class TraceConsumer:
         # finished (marked done), never cancelled halfway and scored again elsewhere.
         self._publishing: set[asyncio.Task[None]] = set()
         self._room = asyncio.Event()
-        # Cut short when pairs waiting to be finished fill an eighth of the room (the rest stays
-        # for pairs queued for a judge), or the room runs out.
+        # Cut short when pairs waiting to be finished fill an eighth of the room, or the room runs out.
         self._finisher: Batcher[Finished, None] = Batcher(self._write_finished, max_items=max(1, max_in_flight // 8),
                                                           max_wait_s=finish_linger_s)
         # A pair scored alone (a judge's) confirms its lease before publishing: confirmations of
@@ -401,7 +401,7 @@ class TraceConsumer:
 
     async def _one(self, pair: Pair, busy: bool, work: _TraceWork, snapshot: CatalogSnapshot,
                    unpublished: set[ClaimRequest]) -> None:
-        await self._pair_finished(work, await self._pair(pair, busy, snapshot, unpublished))
+        await self._pair_finished(work, await self._pair(pair, busy, work.started, snapshot, unpublished))
 
     async def _pair_finished(self, work: _TraceWork, failure: Exception | None) -> None:
         """Count one pair of a trace as done; the trace is finished with its last pair (or, if
@@ -418,7 +418,7 @@ class TraceConsumer:
             work.ticket.finished(work.record.offset)
         self._events.latency(time.monotonic() - work.started)
 
-    async def _pair(self, pair: Pair, busy: bool, snapshot: CatalogSnapshot,
+    async def _pair(self, pair: Pair, busy: bool, claimed_at: float, snapshot: CatalogSnapshot,
                     unpublished: set[ClaimRequest]) -> Exception | None:
         """Score and publish one pair; return the exception if the trace itself broke scoring."""
         spend = self._steps.spend(pair, self._reserve_one)
@@ -430,10 +430,10 @@ class TraceConsumer:
                     await self._hand_back([pair])  # then claimed and scored afresh, just below
                 # Still ours? A worker that stalled past its lease may have lost the pair to another
                 # worker, which scored it since: publishing would put a second value under its id.
-                elif await self._still_held(pair.claim):
+                elif (await self._held([(pair.claim, claimed_at)]))[0]:
                     break
                 spend = self._steps.spend(pair, self._reserve_one)
-                began = time.monotonic()
+                began = claimed_at = time.monotonic()  # claimed again (no earlier than this) in _score
                 result = await self._score(pair, True, snapshot, spend)
         except (RedisError, KafkaError, OutageTooLong):
             raise  # an outage, not the trace's fault: the worker stops without committing
@@ -465,17 +465,14 @@ class TraceConsumer:
         claims = [pair.claim for pair in pairs]
         await self._outages.call(lambda: self._claims.release(claims))
 
-    async def _still_held(self, claim: ClaimRequest) -> bool:
-        (held,) = await self._confirmer.submit([claim])
-        return held
-
     async def _held(self, claims: list[tuple[ClaimRequest, float]]) -> list[bool]:
-        """Whether this worker still holds each bulk pair's claim (taken no earlier than the
-        monotonic time given with it). A lease taken less than half its length ago has not
-        expired - the clock here ran at least as long as the server's since - so only older ones
-        are asked about (and renewed). Bulk pairs only: their scorers are deterministic, so even
-        a lease lost in a Redis failover publishes the value its new holder would; a judge pair
-        is always asked about (``_still_held``)."""
+        """Whether this worker still holds each claim (taken no earlier than the monotonic time
+        given with it). A lease expires only with time: one taken less than half its length ago
+        has not - the clock here ran at least as long as the server's since - so only older ones
+        (a stall, a long judge) are asked about, and renewed, batched with the other jobs'
+        (``Claims.confirm``). A Redis failover that loses writes loses done marks and budget
+        alike: that is replication's to prevent (persistence, replicas in sync), not a lease's.
+        """
         now = time.monotonic()
         held = [True] * len(claims)
         stale = [i for i, (_, claimed_at) in enumerate(claims) if now - claimed_at >= self._claims.lease_s / 2]

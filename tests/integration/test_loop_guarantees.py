@@ -60,7 +60,8 @@ def scorer() -> Any:
 
 
 async def make_loop(kafka_bootstrap: str, redis: Redis, scorer: GatedScorer, unique: str,
-                    commit_interval_s: float, ratings_config: dict[str, str] | None = None) -> Loop:
+                    commit_interval_s: float, ratings_config: dict[str, str] | None = None,
+                    lease_s: float = 90) -> Loop:
     topics = TopicNames(traces=f"lg-traces-{unique}", ratings=f"lg-ratings-{unique}",
                         signals=f"lg-signals-{unique}", webhooks=f"lg-webhooks-{unique}", dlq=f"lg-dlq-{unique}")
     admin = AIOKafkaAdminClient(bootstrap_servers=kafka_bootstrap)
@@ -80,7 +81,7 @@ async def make_loop(kafka_bootstrap: str, redis: Redis, scorer: GatedScorer, uni
     panel = Panel(external=ExternalClient(EgressPolicy.parse(["127.0.0.0/8"]),
                                           policy=RetryPolicy(attempts=1)), member_deadline_s=60)
     traces = TraceConsumer(consumer=consumer, producer=producer, topics=topics, catalog=lambda: snapshot,
-                           panel=panel, claims=Claims(redis, lease_s=90), ratings=RatingsStore(redis),
+                           panel=panel, claims=Claims(redis, lease_s=lease_s), ratings=RatingsStore(redis),
                            commit_interval_s=commit_interval_s)
     await producer.start()
     consumer.subscribe([topics.traces], listener=traces.rebalance_listener())
@@ -189,11 +190,12 @@ async def test_a_pair_taken_over_while_being_scored_is_not_published_by_its_firs
     # This worker stalls on t-0 (its scorer holds the call). Meanwhile the pair is taken over
     # and finished elsewhere - as when a worker frozen past its lease resumes: another worker
     # claimed the lapsed lease, scored and marked the pair done.
-    loop = await loops()
+    loop = await loops(lease_s=2.0)
     await loop.start()
     await loop.send("t-0", f"stalled {HOLD}")
     await asyncio.to_thread(scorer.held.wait, WAIT_S)
     assert (await loop.state("g", "t-0")).startswith("lease:")
+    await asyncio.sleep(1.1)  # past half the lease: the worker will ask whether it still holds it
     day = day_of(datetime(2026, 12, 2, 13, tzinfo=UTC).timestamp())
     elsewhere = Claims(loop.redis, owner="another-worker")
     await elsewhere.mark_done([(ClaimRequest(loop.project, "g", "trace:t-0", 0, None, day=day), "rating-elsewhere")])

@@ -435,13 +435,14 @@ async def test_a_judge_that_needs_an_expected_answer_the_trace_lacks_reserves_no
 
 async def test_pairs_scored_alone_that_finish_together_confirm_their_leases_in_one_call(
         loops: Callable[..., Awaitable[Loop]]) -> None:
-    # A judge pair costs a confirmation before it publishes: those finishing together share a
-    # script call (one round trip), as their done marks and history do.
-    loop = await loops(("wait",))
+    # A judge pair held past half its lease is confirmed before it publishes: those finishing
+    # together share a script call (one round trip), as their done marks and history do.
+    loop = await loops(("wait",), lease_s=1.0)
     for i in range(6):
         await loop.send(f"t-{i}", BLOCK)
     await loop.start()
     await until(lambda: len(loop.controls.panel.entered) == 6, "six judge pairs in scoring")
+    await asyncio.sleep(0.6)
     loop.controls.panel.release()
     await loop.committed_to(6)
     confirmed = [key for call in loop.controls.claims.confirms for key in call]
@@ -449,22 +450,24 @@ async def test_pairs_scored_alone_that_finish_together_confirm_their_leases_in_o
     assert len(loop.controls.claims.confirms) < 6, loop.controls.claims.confirms
 
 
-async def test_bulk_pairs_finished_within_half_their_lease_publish_without_asking_redis(
-        loops: Callable[..., Awaitable[Loop]]) -> None:
-    # A lease taken less than half its length ago cannot have expired: deterministic pairs that
-    # finish that soon skip the confirmation round trip; a pair that took longer asks (and only it).
-    loop = await loops(("bulk",), lease_s=1.0)
+@pytest.mark.parametrize("group_id", ["bulk", "wait"])
+async def test_pairs_finished_within_half_their_lease_publish_without_asking_redis(
+        loops: Callable[..., Awaitable[Loop]], group_id: str) -> None:
+    # A lease expires only with time: one taken less than half its length ago has not, so pairs
+    # that finish that soon skip the confirmation round trip; a pair that took longer asks (and
+    # only it).
+    loop = await loops((group_id,), lease_s=1.0)
     await loop.send("t-0")
     await loop.start()
     await loop.committed_to(1)
     assert loop.controls.claims.confirms == [], "a fresh lease is not confirmed"
     await loop.send("t-1", BLOCK)
-    await until(lambda: ("bulk", "t-1") in loop.controls.panel.entered, "t-1 to be in scoring")
+    await until(lambda: (group_id, "t-1") in loop.controls.panel.entered, "t-1 to be in scoring")
     await asyncio.sleep(0.6)
     loop.controls.panel.release()
     await loop.committed_to(2)
     assert loop.controls.claims.confirms == [["trace:t-1"]], "an older one is"
-    assert await loop.ratings() == [("bulk", "t-0"), ("bulk", "t-1")]
+    assert await loop.ratings() == [(group_id, "t-0"), (group_id, "t-1")]
 
 
 async def test_done_marks_of_pairs_finishing_apart_share_a_call_within_the_linger(
