@@ -31,7 +31,9 @@ import sys
 import tempfile
 import time
 import uuid
+from collections.abc import Callable
 from pathlib import Path
+from typing import TypeVar
 
 DEPLOY_DIR = Path(__file__).resolve().parent
 KAFKA_POM = DEPLOY_DIR / "kafka" / "pom.xml"
@@ -76,6 +78,22 @@ BIND_ATTEMPTS = 3
 
 def _bind_failed(output: str) -> bool:
     return "Address already in use" in output or "BindException" in output
+
+
+T = TypeVar("T")
+
+
+def _on_free_ports(start_once: Callable[[], T], stop: Callable[[], None]) -> T:
+    """``start_once`` on ports chosen now; if another process took one before the service bound
+    it (``PortTaken``), stop what started and try again on new ones, ``BIND_ATTEMPTS`` times."""
+    for attempt in range(BIND_ATTEMPTS):
+        try:
+            return start_once()
+        except PortTaken:
+            stop()
+            if attempt == BIND_ATTEMPTS - 1:
+                raise
+    raise AssertionError("unreachable")
 
 
 def free_port() -> int:
@@ -172,14 +190,7 @@ class LocalKafka:
     def start(self) -> LocalKafka:
         """Start on free ports; if another process took a port between choosing it and the
         broker binding it, start again on new ones."""
-        for attempt in range(BIND_ATTEMPTS):
-            try:
-                return self._start_once()
-            except PortTaken:
-                self.stop()
-                if attempt == BIND_ATTEMPTS - 1:
-                    raise
-        raise AssertionError("unreachable")
+        return _on_free_ports(self._start_once, self.stop)
 
     def _start_once(self) -> LocalKafka:
         began = time.monotonic()
@@ -338,14 +349,7 @@ class LocalKafkaCluster:
         self.started_in_s = 0.0
 
     def start(self) -> LocalKafkaCluster:
-        for attempt in range(BIND_ATTEMPTS):
-            try:
-                return self._start_once()
-            except PortTaken:
-                self.stop()
-                if attempt == BIND_ATTEMPTS - 1:
-                    raise
-        raise AssertionError("unreachable")
+        return _on_free_ports(self._start_once, self.stop)
 
     def _start_once(self) -> LocalKafkaCluster:
         began = time.monotonic()
@@ -389,14 +393,7 @@ class LocalRedis:
 
     def start(self) -> LocalRedis:
         """Start on a free port, again on another if that one was taken before Redis bound it."""
-        for attempt in range(BIND_ATTEMPTS):
-            try:
-                return self._start_once()
-            except PortTaken:
-                self.stop()
-                if attempt == BIND_ATTEMPTS - 1:
-                    raise
-        raise AssertionError("unreachable")
+        return _on_free_ports(self._start_once, self.stop)
 
     def _start_once(self) -> LocalRedis:
         binary = shutil.which("redis-server") or "/usr/bin/redis-server"
