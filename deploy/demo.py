@@ -26,7 +26,7 @@ from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
 from redis.asyncio import Redis
 
 from deploy.judge_server import JudgeServer
-from deploy.services import free_port
+from deploy.processes import free_port
 from deploy.webhook_receiver import WebhookReceiver
 from scoring.groups import MonitorClient
 from worker.app import ensure_topics

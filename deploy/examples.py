@@ -23,7 +23,7 @@ from pathlib import Path
 import httpx
 
 from deploy.judge_server import JudgeServer
-from deploy.services import free_port
+from deploy.processes import free_port
 
 ROOT = Path(__file__).resolve().parents[1]
 EXAMPLES = {"09": ROOT / "examples" / "eval_deep_dive" / "09_scorer_groups.py",

@@ -1,18 +1,20 @@
-"""Local Apache Kafka and Redis for development and tests, on loopback.
+"""Local Apache Kafka for development and tests, on loopback, and the command that starts it with
+Redis (``deploy.redis_servers``).
 
-This module alone owns how the two services start, how we know they are ready, and how they
-stop. Tests reach it through the session fixtures in ``tests/conftest.py``; people reach it
-through ``python -m deploy.services run -- COMMAND`` (start both, run COMMAND with
+This module owns how a broker starts, how we know it is ready, and how it stops. Tests reach it
+through the session fixtures in ``tests/conftest.py``; people reach it through ``python -m
+deploy.services run -- COMMAND`` (start Kafka and Redis, run COMMAND with
 ``SGW_KAFKA_BOOTSTRAP`` and ``SGW_REDIS_URL`` set, stop both).
 
 Kafka is the real broker: a single-node KRaft server (broker and controller in one JVM) run
-from the jars that ``deploy/kafka/pom.xml`` resolves from Maven Central. Redis is Debian's
-``redis-server`` with persistence off. Both take free ports chosen at start and keep their data
-in a temporary folder that is removed on stop. A broker can also crash on purpose and come back
-(``LocalKafka.kill`` then ``restart``: same ports, same data), for the chaos test.
+from the jars that ``deploy/kafka/pom.xml`` resolves from Maven Central. It takes free ports
+chosen at start and keeps its data in a temporary folder that is removed on stop. A broker can
+also crash on purpose and come back (``LocalKafka.kill`` then ``restart``: same ports, same
+data), for the chaos test.
 
 ``LocalKafkaCluster`` is three such nodes in one KRaft quorum (``run --kafka-nodes 3``): the
-replicated cluster production runs, where a broker fails over under load.
+replicated cluster production runs, where a broker fails over under load. ``run --redis-cluster``
+starts a Redis Cluster instead of one server (``deploy.redis_servers``).
 """
 
 from __future__ import annotations
@@ -25,15 +27,27 @@ import hashlib
 import os
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
 import time
 import uuid
-from collections.abc import Callable
 from pathlib import Path
-from typing import TypeVar
+
+from deploy.processes import (
+    BIND_ATTEMPTS,
+    STOP_TIMEOUT_S,
+    PortTaken,
+    ServiceError,
+    bind_failed,
+    free_port,
+    on_free_ports,
+    port_open,
+    read_from,
+    stop_process,
+    tail,
+)
+from deploy.redis_servers import LocalRedis, LocalRedisCluster
 
 DEPLOY_DIR = Path(__file__).resolve().parent
 KAFKA_POM = DEPLOY_DIR / "kafka" / "pom.xml"
@@ -42,8 +56,6 @@ KAFKA_LIBS = DEPLOY_DIR / "kafka" / "target" / "libs"
 KAFKA_LIBS_STAMP = KAFKA_LIBS / ".pom-sha256"
 
 KAFKA_START_TIMEOUT_S = 90.0
-REDIS_START_TIMEOUT_S = 15.0
-STOP_TIMEOUT_S = 15.0
 # The broker's heap: ample for tests and the demo, small beside a 24 GiB, 2-core machine.
 KAFKA_HEAP = ["-Xms256m", "-Xmx1g"]
 KAFKA_STARTED_LINE = "Kafka Server started"
@@ -61,78 +73,6 @@ rootLogger.appenderRef.file.ref = FILE
 logger.started.name = kafka.server.KafkaRaftServer
 logger.started.level = INFO
 """
-
-
-class ServiceError(RuntimeError):
-    """A local service could not be installed, started or reached."""
-
-
-class PortTaken(ServiceError):
-    """The port chosen for a service was taken before the service bound it."""
-
-
-# free_port() only finds a port that is free now: another process may bind it before the
-# service does. Then the service fails to bind, and start() tries again on new ports.
-BIND_ATTEMPTS = 3
-
-
-def _bind_failed(output: str) -> bool:
-    return "Address already in use" in output or "BindException" in output
-
-
-T = TypeVar("T")
-
-
-def _on_free_ports(start_once: Callable[[], T], stop: Callable[[], None]) -> T:
-    """``start_once`` on ports chosen now; if another process took one before the service bound
-    it (``PortTaken``), stop what started and try again on new ones, ``BIND_ATTEMPTS`` times."""
-    for attempt in range(BIND_ATTEMPTS):
-        try:
-            return start_once()
-        except PortTaken:
-            stop()
-            if attempt == BIND_ATTEMPTS - 1:
-                raise
-    raise AssertionError("unreachable")
-
-
-def free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
-def _port_open(port: int) -> bool:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.settimeout(0.5)
-        return s.connect_ex(("127.0.0.1", port)) == 0
-
-
-def _stop_process(proc: subprocess.Popen[bytes] | None) -> None:
-    """SIGTERM, wait, then SIGKILL: a broker gets the chance to close its logs cleanly."""
-    if proc is None or proc.poll() is not None:
-        return
-    with contextlib.suppress(ProcessLookupError):
-        os.killpg(proc.pid, signal.SIGTERM)
-    try:
-        proc.wait(timeout=STOP_TIMEOUT_S)
-    except subprocess.TimeoutExpired:
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(proc.pid, signal.SIGKILL)
-        proc.wait(timeout=STOP_TIMEOUT_S)
-
-
-def _tail(path: Path, lines: int = 30) -> str:
-    try:
-        return "\n".join(path.read_text(errors="replace").splitlines()[-lines:])
-    except OSError:
-        return "(no log)"
-
-
-def _read_from(path: Path, offset: int) -> str:
-    with path.open("rb") as f:
-        f.seek(offset)
-        return f.read().decode(errors="replace")
 
 
 def ensure_kafka_jars() -> Path:
@@ -190,7 +130,7 @@ class LocalKafka:
     def start(self) -> LocalKafka:
         """Start on free ports; if another process took a port between choosing it and the
         broker binding it, start again on new ones."""
-        return _on_free_ports(self._start_once, self.stop)
+        return on_free_ports(self._start_once, self.stop)
 
     def _start_once(self) -> LocalKafka:
         began = time.monotonic()
@@ -249,11 +189,11 @@ class LocalKafka:
         deadline = time.monotonic() + KAFKA_START_TIMEOUT_S
         while time.monotonic() < deadline:
             if self.proc.poll() is not None:
-                output = f"{_tail(log_file)}\n{_tail(self.workdir / 'kafka.out')}"
-                error = PortTaken if _bind_failed(output) else ServiceError
+                output = f"{tail(log_file)}\n{tail(self.workdir / 'kafka.out')}"
+                error = PortTaken if bind_failed(output) else ServiceError
                 raise error(f"Kafka exited with {self.proc.returncode}:\n{output}")
-            if log_file.exists() and KAFKA_STARTED_LINE in _read_from(log_file, seen):
-                if _port_open(self.port):
+            if log_file.exists() and KAFKA_STARTED_LINE in read_from(log_file, seen):
+                if port_open(self.port):
                     return
             time.sleep(0.1)
         self.stop()
@@ -326,7 +266,7 @@ class LocalKafka:
         return 0.0
 
     def stop(self) -> None:
-        _stop_process(self.proc)
+        stop_process(self.proc)
         self.proc = None
         if self.workdir is not None:
             shutil.rmtree(self.workdir, ignore_errors=True)
@@ -349,7 +289,7 @@ class LocalKafkaCluster:
         self.started_in_s = 0.0
 
     def start(self) -> LocalKafkaCluster:
-        return _on_free_ports(self._start_once, self.stop)
+        return on_free_ports(self._start_once, self.stop)
 
     def _start_once(self) -> LocalKafkaCluster:
         began = time.monotonic()
@@ -382,71 +322,19 @@ class LocalKafkaCluster:
             node.stop()
 
 
-class LocalRedis:
-    """Debian's redis-server on loopback, no persistence."""
-
-    def __init__(self) -> None:
-        self.port = 0
-        self.url = ""
-        self.workdir: Path | None = None
-        self.proc: subprocess.Popen[bytes] | None = None
-
-    def start(self) -> LocalRedis:
-        """Start on a free port, again on another if that one was taken before Redis bound it."""
-        return _on_free_ports(self._start_once, self.stop)
-
-    def _start_once(self) -> LocalRedis:
-        binary = shutil.which("redis-server") or "/usr/bin/redis-server"
-        if not Path(binary).exists():
-            raise ServiceError("redis-server is not installed; run deploy/bootstrap.sh first")
-        self.workdir = Path(tempfile.mkdtemp(prefix="sgw-redis-"))
-        self.port = free_port()
-        self.url = f"redis://127.0.0.1:{self.port}/0"
-        self.proc = subprocess.Popen(
-            [binary, "--port", str(self.port), "--bind", "127.0.0.1", "--save", "",
-             "--appendonly", "no", "--dir", str(self.workdir), "--loglevel", "warning",
-             "--logfile", str(self.workdir / "redis.log")],
-            stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT, start_new_session=True,
-        )
-        atexit.register(self.stop)
-        deadline = time.monotonic() + REDIS_START_TIMEOUT_S
-        while time.monotonic() < deadline:
-            if self.proc.poll() is not None:
-                output = _tail(self.workdir / "redis.log")
-                raise (PortTaken if _bind_failed(output) else ServiceError)(f"redis-server exited:\n{output}")
-            if self._ping():
-                return self
-            time.sleep(0.05)
-        self.stop()
-        raise ServiceError(f"redis-server did not answer PING in {REDIS_START_TIMEOUT_S:.0f}s")
-
-    def _ping(self) -> bool:
-        try:
-            with socket.create_connection(("127.0.0.1", self.port), timeout=0.5) as s:
-                s.sendall(b"PING\r\n")
-                return s.recv(16).startswith(b"+PONG")
-        except OSError:
-            return False
-
-    def stop(self) -> None:
-        _stop_process(self.proc)
-        self.proc = None
-        if self.workdir is not None:
-            shutil.rmtree(self.workdir, ignore_errors=True)
-            self.workdir = None
-
-
-def _run(command: list[str], kafka_nodes: int = 1) -> int:
+def _run(command: list[str], kafka_nodes: int = 1, redis_cluster: bool = False) -> int:
     """Start both services, run ``command`` with their addresses in the environment, stop."""
-    redis = LocalRedis().start()
+    redis: LocalRedis | LocalRedisCluster = LocalRedisCluster() if redis_cluster else LocalRedis()
+    redis.start()
     kafka: LocalKafka | LocalKafkaCluster = (LocalKafka(partitions=6) if kafka_nodes == 1
                                              else LocalKafkaCluster(kafka_nodes, partitions=6)).start()
     print(
         f"local services: Kafka {kafka_version()} at {kafka.bootstrap} ({kafka_nodes} node(s), "
-        f"started in {kafka.started_in_s:.1f}s), Redis at {redis.url}",
+        f"started in {kafka.started_in_s:.1f}s), Redis{' Cluster' if redis_cluster else ''} at {redis.url}",
         file=sys.stderr, flush=True,
     )
-    env = {**os.environ, "SGW_KAFKA_BOOTSTRAP": kafka.bootstrap, "SGW_REDIS_URL": redis.url}
+    env = {**os.environ, "SGW_KAFKA_BOOTSTRAP": kafka.bootstrap, "SGW_REDIS_URL": redis.url,
+           "SGW_REDIS_CLUSTER": "true" if redis_cluster else "false"}
     child = subprocess.Popen(command, env=env)
     # Ctrl-C and SIGTERM go to the command first; the services stop after it has exited.
     signal.signal(signal.SIGINT, lambda *_: child.send_signal(signal.SIGINT))
@@ -466,6 +354,8 @@ def main(argv: list[str] | None = None) -> int:
     run = sub.add_parser("run", help="start Kafka and Redis, run COMMAND, stop them")
     run.add_argument("--kafka-nodes", type=int, choices=(1, 3), default=1,
                      help="one broker, or a replicated cluster of three (KRaft, loopback)")
+    run.add_argument("--redis-cluster", action="store_true",
+                     help="a Redis Cluster (3 primaries, a replica each) instead of one server")
     run.add_argument("command", nargs=argparse.REMAINDER)
     args = parser.parse_args(argv)
     if args.action == "jars":
@@ -474,7 +364,7 @@ def main(argv: list[str] | None = None) -> int:
     command = args.command[1:] if args.command[:1] == ["--"] else args.command
     if not command:
         parser.error("run needs a COMMAND")
-    return _run(command, args.kafka_nodes)
+    return _run(command, args.kafka_nodes, args.redis_cluster)
 
 
 if __name__ == "__main__":

@@ -31,7 +31,8 @@ import orjson
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
 from redis.asyncio import Redis
 
-from deploy.services import LocalKafka, LocalRedis
+from deploy.redis_servers import LocalRedis
+from deploy.services import LocalKafka
 from scoring.groups import MonitorClient
 from tests.support.harness import WorkerProcess, worker_env
 from tests.support.redis_guard import refuse_foreign_keys

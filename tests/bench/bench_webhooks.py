@@ -24,7 +24,9 @@ from pathlib import Path
 
 from redis.asyncio import Redis
 
-from deploy.services import LocalKafka, LocalRedis, free_port
+from deploy.processes import free_port
+from deploy.redis_servers import LocalRedis
+from deploy.services import LocalKafka
 from scoring.groups import MonitorClient
 from scoring.results import Signal, build_deliveries
 from tests.support.harness import WorkerProcess, produce, worker_env

@@ -19,7 +19,7 @@ import orjson
 from aiokafka import AIOKafkaProducer
 from redis.asyncio import Redis
 
-from deploy.services import free_port
+from deploy.processes import free_port
 from scoring.groups import MonitorClient
 from tests.bench.workload import (
     DETERMINISTIC_CATALOG,

@@ -45,7 +45,8 @@ from typing import Any
 
 import orjson
 
-from deploy.services import LocalKafka, LocalRedis
+from deploy.redis_servers import LocalRedis
+from deploy.services import LocalKafka
 from tests.bench import scenarios
 from tests.bench.scenarios import Bench
 from tests.bench.workload import create_topics, machine, produce_traces

@@ -4,19 +4,21 @@ from __future__ import annotations
 
 import asyncio
 import socket
+import sys
 import time
 
 import orjson
 import pytest
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
 from aiokafka.admin import AIOKafkaAdminClient, NewTopic
-from redis.asyncio import Redis
 
 from deploy import services
-from deploy.services import LocalKafka, LocalRedis
-from deploy.services import free_port as real_free_port
+from deploy.processes import free_port as real_free_port
+from deploy.redis_servers import LocalRedis
+from deploy.services import LocalKafka
 from scoring.pairs import ClaimRequest, day_of
 from scoring.stores.claims import Claims
+from tests.support.redis_clients import connect
 
 pytestmark = pytest.mark.integration
 
@@ -71,7 +73,7 @@ async def test_kafka_round_trip_of_10000_messages_through_a_consumer_group(
 async def test_the_claim_script_runs_atomically_on_real_redis(redis_url: str, unique: str) -> None:
     # Eight workers race for the same (group, trace) pair with the project's own Lua script:
     # exactly one wins and reserves its judge calls; the others see a live lease.
-    clients = [Redis.from_url(redis_url) for _ in range(8)]
+    clients = [connect(redis_url) for _ in range(8)]
     workers = [Claims(client) for client in clients]
     pair = ClaimRequest(project_id=f"p-{unique}", group_id="g", subject_key="trace:t-1", judge_calls=3,
                         budget_limit=10, day=day_of(time.time()))
@@ -94,7 +96,8 @@ def test_a_port_taken_before_the_service_binds_it_is_replaced(
         squatter.listen()
         taken = squatter.getsockname()[1]
         ports = iter([taken])
-        monkeypatch.setattr(services, "free_port", lambda: next(ports, None) or real_free_port())
+        launcher = sys.modules[service.__module__]  # where the service looks its free ports up
+        monkeypatch.setattr(launcher, "free_port", lambda: next(ports, None) or real_free_port())
         started = service().start()
         try:
             assert started.port != taken

@@ -56,7 +56,8 @@ from aiokafka.errors import KafkaError
 from redis.asyncio import Redis
 
 from deploy.judge_server import Behaviour, JudgeServer
-from deploy.services import LocalKafka, LocalRedis
+from deploy.redis_servers import LocalRedis
+from deploy.services import LocalKafka
 from scoring.groups import MonitorClient
 from scoring.stores.claims import Claims
 from tests.support.harness import WorkerProcess, produce, worker_env

@@ -22,7 +22,8 @@ import orjson
 import pytest
 from redis.asyncio import Redis
 
-from deploy.services import LocalKafka, LocalRedis
+from deploy.redis_servers import LocalRedis
+from deploy.services import LocalKafka
 from scoring.groups import MonitorClient
 from tests.support.harness import WorkerProcess, produce, read_topic, worker_env
 

@@ -38,7 +38,7 @@ import pytest
 import yaml
 
 from deploy.judge_server import Behaviour, JudgeServer
-from deploy.services import free_port
+from deploy.processes import free_port
 from tests.support.api_process import ApiProcess
 from tests.support.harness import WorkerProcess, catalog_db, produce, read_topic, worker_env
 from tests.support.http_fakes import Reply, ScriptedServer

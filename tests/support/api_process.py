@@ -12,7 +12,7 @@ from pathlib import Path
 
 import httpx
 
-from deploy.services import free_port
+from deploy.processes import free_port
 
 ROOT = Path(__file__).resolve().parents[2]
 
