@@ -23,7 +23,6 @@ from dataclasses import dataclass
 from typing import Any
 
 from pydantic import ValidationError
-from redis.asyncio import Redis
 
 from scorer_groups.api_models import BudgetUse, BudgetView, ResultsPage
 from scorer_groups.documents import Rating
@@ -43,6 +42,7 @@ from scoring.stores.catalog import CatalogStore, SnapshotCache, Write
 from scoring.stores.catalog_file import ApplyReport, apply_file
 from scoring.stores.channels import saved_channel
 from scoring.stores.claims import Claims
+from scoring.stores.client import RedisClient
 from scoring.stores.ratings import RatingsHistory, RatingsStore
 
 UPDATABLE = {"name": "name", "description": "description", "members": "members", "online": "online",
@@ -336,7 +336,7 @@ def _kind(kind: str) -> str:
 class MonitorClient:
     """The SDK surface in one object: ``client.scorer_groups``, ``client.sessions``, ..."""
 
-    def __init__(self, redis: Redis, caller: Caller | None = None, cache: SnapshotCache | None = None) -> None:
+    def __init__(self, redis: RedisClient, caller: Caller | None = None, cache: SnapshotCache | None = None) -> None:
         caller = caller or Caller()
         self.store = CatalogStore(redis, actor=caller.actor, cache=cache)
         self.ratings_store = RatingsStore(redis)

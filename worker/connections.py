@@ -2,7 +2,9 @@
 a timeout, a delivery guarantee or an address is decided once for the worker, the API and the CLI.
 
 - Redis: every command and connection attempt gives up after ``SGW_REDIS_TIMEOUT_S`` (a hung
-  server is an outage the callers see, never a request that waits forever).
+  server is an outage the callers see, never a request that waits forever). With
+  ``SGW_REDIS_CLUSTER`` the client is a Redis Cluster's: it learns the slots from the node the URL
+  names, and after a failover from whichever node answers.
 - Kafka producers: idempotent with ``acks=all``, so a record is written once, and only when
   every in-sync replica has it; batching from ``SGW_PRODUCER_LINGER_MS`` and
   ``SGW_PRODUCER_BATCH_BYTES``.
@@ -17,11 +19,16 @@ from typing import Any
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
 from aiokafka.admin import AIOKafkaAdminClient
 from redis.asyncio import Redis
+from redis.asyncio.cluster import RedisCluster
 
+from scoring.stores.client import RedisClient
 from worker.settings import Settings
 
 
-def redis_client(settings: Settings) -> Redis:
+def redis_client(settings: Settings) -> RedisClient:
+    if settings.redis_cluster:
+        return RedisCluster.from_url(settings.redis_url, socket_timeout=settings.redis_timeout_s,
+                                     socket_connect_timeout=settings.redis_timeout_s)
     return Redis.from_url(settings.redis_url, socket_timeout=settings.redis_timeout_s,
                           socket_connect_timeout=settings.redis_timeout_s)
 

@@ -8,11 +8,11 @@ import asyncio
 
 import structlog
 from aiokafka import AIOKafkaProducer
-from redis.asyncio import Redis
 
 from consumers.otlp import OtlpConsumer
 from consumers.outage import OutageGuard
 from scoring.otlp.mapping import MappingRules
+from scoring.stores.client import RedisClient
 from scoring.stores.otlp_buffer import OtlpBuffer
 from worker import metrics
 from worker.connections import kafka_consumer
@@ -23,7 +23,8 @@ log = structlog.get_logger(__name__)
 RECORD_HEADROOM = 4096  # bytes an assembled trace adds around its spans' JSON
 
 
-async def run_otlp_intake(settings: Settings, redis: Redis, producer: AIOKafkaProducer, stop: asyncio.Event) -> None:
+async def run_otlp_intake(settings: Settings, redis: RedisClient, producer: AIOKafkaProducer,
+                          stop: asyncio.Event) -> None:
     s = settings
     consumer = kafka_consumer(
         s, f"{s.consumer_group}-otlp", max_partition_fetch_bytes=max(s.max_trace_bytes * 2, 8 << 20),

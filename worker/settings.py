@@ -101,6 +101,10 @@ class Settings(BaseSettings):
 
     # --- Redis -------------------------------------------------------------------------------
     redis_url: str = Field("redis://127.0.0.1:6379/0", description="Redis URL (catalog, budgets).")
+    redis_cluster: bool = Field(
+        False, description="Redis is a Redis Cluster (or a managed one in cluster mode): SGW_REDIS_URL names any "
+        "node (rediss:// and a password as for a single server); the others are discovered.",
+    )
     redis_timeout_s: float = Field(
         5.0, gt=0,
         description="Socket timeout of Redis calls: a frozen Redis is noticed (and waited for) after this.",

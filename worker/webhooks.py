@@ -11,7 +11,6 @@ from typing import Any, TextIO
 
 import orjson
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
-from redis.asyncio import Redis
 
 from consumers.outage import OutageGuard
 from consumers.webhooks import SenderLimits, WebhookSender
@@ -21,6 +20,7 @@ from scoring.models import AlertChannel
 from scoring.results import WebhookDelivery, channel_key
 from scoring.stores.catalog import CatalogStore
 from scoring.stores.channels import disable_channel
+from scoring.stores.client import RedisClient
 from scoring.stores.deliveries import DeliverySchedule
 from scoring.webhooks import payloads
 from scoring.webhooks.payloads import LinkTemplate
@@ -36,11 +36,11 @@ def sender_limits(s: Settings) -> SenderLimits:
                         disable_after_s=s.webhook_disable_after_s)
 
 
-def delivery_schedule(s: Settings, redis: Redis) -> DeliverySchedule:
+def delivery_schedule(s: Settings, redis: RedisClient) -> DeliverySchedule:
     return DeliverySchedule(redis, lease_s=sender_limits(s).lease_s, schedule=s.webhook_retry())
 
 
-def webhook_sender(s: Settings, redis: Redis, consumer: AIOKafkaConsumer, producer: AIOKafkaProducer,
+def webhook_sender(s: Settings, redis: RedisClient, consumer: AIOKafkaConsumer, producer: AIOKafkaProducer,
                    catalog: Any) -> WebhookSender:
     """The sender of a worker: ``catalog`` gives the current CatalogSnapshot."""
     store = CatalogStore(redis)
@@ -125,7 +125,7 @@ async def replay(s: Settings, *, channel: str | None, since: datetime | None, ou
     producer = kafka_producer(s)
     await producer.start()
     try:
-        await delivery_schedule(s, redis).forget_dead(list(chosen))
+        await delivery_schedule(s, redis).forget_dead(list(chosen.values()))
         acks = [await producer.send(s.webhooks_topic, key=d.agent_id.encode(), value=d.to_json())
                 for d in chosen.values()]
         for ack in acks:

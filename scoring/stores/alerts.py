@@ -13,9 +13,8 @@ from __future__ import annotations
 
 from collections import defaultdict
 
-from redis.asyncio import Redis
-
 from scoring.stores import keys
+from scoring.stores.client import RedisClient
 from scoring.stores.scripts import ScriptPipeline
 
 # KEYS: one alert key per group; ARGV: the candidate Signal id per key, then the interval (s).
@@ -36,7 +35,7 @@ return out
 
 
 class NoScoreAlerts:
-    def __init__(self, redis: Redis, interval_s: int = 3600) -> None:
+    def __init__(self, redis: RedisClient, interval_s: int = 3600) -> None:
         self._redis = redis
         self._interval_s = interval_s
         self._due = redis.register_script(_DUE)

@@ -17,11 +17,11 @@ import time
 from dataclasses import asdict, dataclass
 
 import orjson
-from redis.asyncio import Redis
 from redis.exceptions import WatchError
 
 from scoring.errors import NotFound
 from scoring.stores import keys
+from scoring.stores.client import RedisClient
 
 PREFIX = "sgw"
 
@@ -62,7 +62,7 @@ def _parse(token: str) -> str | None:
 
 
 class ApiKeyStore:
-    def __init__(self, redis: Redis) -> None:
+    def __init__(self, redis: RedisClient) -> None:
         self._redis = redis
 
     async def create(self, project: str | None, name: str = "") -> tuple[ApiKey, str]:

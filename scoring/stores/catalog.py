@@ -21,14 +21,15 @@ from typing import Any
 
 import orjson
 import structlog
-from redis.asyncio import Redis
 from redis.asyncio.client import Pipeline
+from redis.asyncio.cluster import ClusterPipeline
 from redis.exceptions import WatchError
 
 from scoring.catalog import KIND_MODELS, CatalogSnapshot
 from scoring.errors import Conflict
 from scoring.models import WireModel
 from scoring.stores import changes, keys
+from scoring.stores.client import RedisClient
 
 log = structlog.get_logger(__name__)
 
@@ -49,7 +50,7 @@ class CatalogStore:
     """``actor`` names who writes through this store, in the change log of every document;
     ``cache`` (shared by the stores of one process) makes unchanged-catalog reads cheap."""
 
-    def __init__(self, redis: Redis, actor: str = "local", cache: SnapshotCache | None = None) -> None:
+    def __init__(self, redis: RedisClient, actor: str = "local", cache: SnapshotCache | None = None) -> None:
         self.redis = redis
         self.actor = actor
         self._cache = cache
@@ -97,16 +98,18 @@ class CatalogStore:
                         pipe.lpush(log_key, changes.entry(self.actor, before, doc))
                         pipe.ltrim(log_key, 0, keys.CHANGES_KEPT - 1)
                     pipe.set(keys.CATALOG_VERSION, after)
-                    pipe.publish(keys.CATALOG_CHANNEL, after)
                     await pipe.execute()
                 except WatchError:
                     continue
+            # After the transaction, not in it: a Redis Cluster refuses PUBLISH in a pipeline. A
+            # notice lost here (a crash in between) is made up by the watchers' version poll.
+            await self.redis.publish(keys.CATALOG_CHANNEL, after)
             log.info("catalog changed", version=after,
                      changes=[f"{'delete' if d is None else 'put'} {k}/{i}" for k, i, d in writes])
             return await self.snapshot()
         raise Conflict(f"the catalog kept changing during {WRITE_ATTEMPTS} attempts to write; try again")
 
-    async def _watched_snapshot(self, pipe: Pipeline) -> CatalogSnapshot:
+    async def _watched_snapshot(self, pipe: Pipeline | ClusterPipeline) -> CatalogSnapshot:
         await pipe.watch(keys.CATALOG_VERSION)
         version = await pipe.get(keys.CATALOG_VERSION)
         hashes = [await pipe.hgetall(keys.catalog_hash(kind)) for kind in KIND_MODELS]

@@ -11,10 +11,10 @@ import time
 from typing import Any
 
 import orjson
-from redis.asyncio import Redis
 
 from scoring.models import WireModel
 from scoring.stores import keys
+from scoring.stores.client import RedisClient
 
 
 def entry(actor: str, before: WireModel | None, after: WireModel | None, at: float | None = None) -> bytes:
@@ -32,7 +32,7 @@ def entry(actor: str, before: WireModel | None, after: WireModel | None, at: flo
 
 
 class ChangeLog:
-    def __init__(self, redis: Redis) -> None:
+    def __init__(self, redis: RedisClient) -> None:
         self._redis = redis
 
     async def read(self, kind: str, doc_id: str, offset: int = 0, limit: int = 100) -> list[dict[str, Any]]:

@@ -30,10 +30,9 @@ from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from typing import Literal
 
-from redis.asyncio import Redis
-
 from scoring.pairs import ClaimRequest
 from scoring.stores import keys
+from scoring.stores.client import RedisClient
 from scoring.stores.scripts import ScriptPipeline
 
 ClaimState = Literal["claimed", "done", "skipped", "busy", "exhausted"]
@@ -253,7 +252,7 @@ def new_owner() -> str:
 
 
 class Claims:
-    def __init__(self, redis: Redis, *, owner: str | None = None, lease_s: float = 120.0,
+    def __init__(self, redis: RedisClient, *, owner: str | None = None, lease_s: float = 120.0,
                  done_ttl_s: int = keys.DEDUPE_DONE_TTL_S) -> None:
         self._redis = redis
         self.owner = owner or new_owner()

@@ -22,12 +22,12 @@ from typing import Any
 
 import orjson
 from pydantic import ValidationError
-from redis.asyncio import Redis
 from redis.exceptions import WatchError
 
 from scorer_groups.runs import Dataset, DatasetItem
 from scoring.errors import InvalidDocument, NotFound, field_errors
 from scoring.stores import keys
+from scoring.stores.client import RedisClient
 
 MAX_ROWS = 10_000
 MAX_FILE_BYTES = 32 * 1024 * 1024
@@ -93,7 +93,7 @@ def format_of(path: str) -> str:
 
 
 class DatasetStore:
-    def __init__(self, redis: Redis) -> None:
+    def __init__(self, redis: RedisClient) -> None:
         self.redis = redis
 
     async def create(self, project_id: str, name: str, rows: list[DatasetItem], *,

@@ -17,13 +17,13 @@ import uuid
 from typing import Any
 
 import orjson
-from redis.asyncio import Redis
 
 from scorer_groups.gates import JudgeColumn, breakdown_lines
 from scorer_groups.runs import EvaluationCreate, EvaluationRun, JudgeSummary, RowOutput
 from scoring.dataset import DatasetRun, GradingPlan
 from scoring.errors import InvalidDocument, NotFound
 from scoring.stores import keys
+from scoring.stores.client import RedisClient
 
 
 def new_run(project_id: str, request: EvaluationCreate, version: int, row_count: int,
@@ -78,7 +78,7 @@ def completed(run: EvaluationRun, graded: DatasetRun, failed: dict[int, str]) ->
 
 
 class EvaluationStore:
-    def __init__(self, redis: Redis) -> None:
+    def __init__(self, redis: RedisClient) -> None:
         self.redis = redis
 
     async def save(self, run: EvaluationRun) -> None:

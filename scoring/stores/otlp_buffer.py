@@ -37,9 +37,10 @@ from dataclasses import dataclass
 from typing import Any
 
 from pydantic import ValidationError
-from redis.asyncio import Redis
 
 from scoring.otlp.mapping import BufferedSpan
+from scoring.stores.client import RedisClient
+from scoring.stores.scripts import ScriptPipeline
 
 SHARDS = 16  # fixed: changing it strands buffered traces under the old tags
 PREFIX = "sgw:otlp"
@@ -198,7 +199,7 @@ def shard_prefix(prefix: str, shard: int) -> str:
 
 
 class OtlpBuffer:
-    def __init__(self, redis: Redis, *, quiet_s: float = 5.0, max_wait_s: float = 300.0, lease_s: float = 30.0,
+    def __init__(self, redis: RedisClient, *, quiet_s: float = 5.0, max_wait_s: float = 300.0, lease_s: float = 30.0,
                  max_spans: int = 1000, max_trace_bytes: int = 1 << 20, max_total_bytes: int = 256 << 20,
                  max_project_bytes: int | None = None, ttl_s: float = 6 * 3600, done_ttl_s: int = 6 * 3600,
                  prefix: str = PREFIX) -> None:
@@ -223,19 +224,19 @@ class OtlpBuffer:
             by_shard[shard_of(member)][member].append(span)
         if not by_shard:
             return AddResult(0, 0, 0, False)
-        pipe = self._redis.pipeline(transaction=False)
-        for shard, members in by_shard.items():
-            p = shard_prefix(self._prefix, shard)
-            keys = [f"{p}due", f"{p}stats", f"{p}sizes"]
-            args: list[Any] = [self._quiet_ms, self._max_wait_ms, self._ttl_ms, self._max_spans,
-                               self._max_trace_bytes, self._max_shard_bytes, self._max_project_shard_bytes]
-            for member, items in members.items():
-                keys += [f"{p}spans:{member}", f"{p}meta:{member}", f"{p}done:{member}"]
-                args += [member, len(items)]
-                for item in items:
-                    args += [item.span.span_id, "1" if item.is_root else "0", item.model_dump_json(by_alias=True)]
-            await self._add(keys=keys, args=args, client=pipe)
-        replies = await pipe.execute()
+        async with ScriptPipeline(self._redis) as pipe:
+            for shard, members in by_shard.items():
+                p = shard_prefix(self._prefix, shard)
+                keys = [f"{p}due", f"{p}stats", f"{p}sizes"]
+                args: list[Any] = [self._quiet_ms, self._max_wait_ms, self._ttl_ms, self._max_spans,
+                                   self._max_trace_bytes, self._max_shard_bytes, self._max_project_shard_bytes]
+                for member, items in members.items():
+                    keys += [f"{p}spans:{member}", f"{p}meta:{member}", f"{p}done:{member}"]
+                    args += [member, len(items)]
+                    for item in items:
+                        args += [item.span.span_id, "1" if item.is_root else "0", item.model_dump_json(by_alias=True)]
+                pipe.script(self._add, keys, args)
+            replies = await pipe.execute()
         full = any(int(r[0]) < 0 for r in replies)
         return AddResult(added=sum(max(0, int(r[0])) for r in replies), dropped=sum(int(r[1]) for r in replies),
                          late=sum(int(r[2]) for r in replies), full=full,
@@ -243,14 +244,14 @@ class OtlpBuffer:
 
     async def claim_due(self, limit_per_shard: int = 100) -> list[DueTrace]:
         """Due traces of every shard, each under a lease: one pipelined round trip."""
-        pipe = self._redis.pipeline(transaction=False)
-        for shard in range(SHARDS):
-            p = shard_prefix(self._prefix, shard)
-            await self._claim(keys=[f"{p}due", f"{p}stats", f"{p}sizes"],
-                              args=[limit_per_shard, self._lease_ms, p], client=pipe)
+        async with ScriptPipeline(self._redis) as pipe:
+            for shard in range(SHARDS):
+                p = shard_prefix(self._prefix, shard)
+                pipe.script(self._claim, [f"{p}due", f"{p}stats", f"{p}sizes"], [limit_per_shard, self._lease_ms, p])
+            replies = await pipe.execute()
         due: list[DueTrace] = []
         traces = spans = size = 0
-        for shard, (now_ms, shard_spans, shard_bytes, shard_traces, claimed) in enumerate(await pipe.execute()):
+        for shard, (now_ms, shard_spans, shard_bytes, shard_traces, claimed) in enumerate(replies):
             spans, size, traces = spans + int(shard_spans), size + int(shard_bytes), traces + int(shard_traces)
             for member, first, last, root, dropped, payloads in claimed:
                 items = _spans(payloads)
@@ -270,12 +271,11 @@ class OtlpBuffer:
             by_shard[trace.shard] += [trace.member, len(trace.spans)]
         if not by_shard:
             return 0
-        pipe = self._redis.pipeline(transaction=False)
-        for shard, args in by_shard.items():
-            p = shard_prefix(self._prefix, shard)
-            await self._finish(keys=[f"{p}due", f"{p}stats", f"{p}sizes"], args=[p, self._done_ttl_s, *args],
-                               client=pipe)
-        return sum(int(r) for r in await pipe.execute())
+        async with ScriptPipeline(self._redis) as pipe:
+            for shard, args in by_shard.items():
+                p = shard_prefix(self._prefix, shard)
+                pipe.script(self._finish, [f"{p}due", f"{p}stats", f"{p}sizes"], [p, self._done_ttl_s, *args])
+            return sum(int(r) for r in await pipe.execute())
 
 
 def _spans(payloads: list[bytes]) -> list[BufferedSpan]:

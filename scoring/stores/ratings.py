@@ -14,10 +14,10 @@ import time
 from dataclasses import asdict, dataclass
 
 import orjson
-from redis.asyncio import Redis
 
 from scoring.results import RatingEvent
 from scoring.stores import keys
+from scoring.stores.client import RedisClient
 from scoring.stores.scripts import ScriptPipeline
 
 # ARGV: count, scored, sum, min, max, below, noscore, skipped, then one TTL per key. One call
@@ -176,7 +176,7 @@ redis.call('EXPIRE', KEYS[1], ARGV[2])
 
 
 class RatingsStore:
-    def __init__(self, redis: Redis) -> None:
+    def __init__(self, redis: RedisClient) -> None:
         self._redis = redis
         self._record = redis.register_script(_RECORD)
         self._keep_results = redis.register_script(_KEEP_RESULTS)

@@ -13,9 +13,10 @@ from __future__ import annotations
 from types import TracebackType
 from typing import Any
 
-from redis.asyncio import Redis
 from redis.commands.core import AsyncScript
 from redis.exceptions import NoScriptError
+
+from scoring.stores.client import RedisClient
 
 
 class ScriptPipeline:
@@ -23,7 +24,7 @@ class ScriptPipeline:
     for plain commands, ``await pipe.execute()`` for every answer in order (raising the first
     error, as a pipeline does)."""
 
-    def __init__(self, redis: Redis) -> None:
+    def __init__(self, redis: RedisClient) -> None:
         self.redis = redis.pipeline(transaction=False)
         self._scripts: list[tuple[int, AsyncScript, list[Any], list[Any]]] = []  # (index, script, keys, args)
 
@@ -35,8 +36,9 @@ class ScriptPipeline:
         await self.redis.reset()  # type: ignore[no-untyped-call]
 
     def script(self, script: AsyncScript, keys: list[Any], args: list[Any]) -> None:
-        self._scripts.append((len(self.redis.command_stack), script, keys, args))
-        self.redis.evalsha(script.sha, len(keys), *keys, *args)
+        self._scripts.append((len(self.redis), script, keys, args))
+        # By name: a cluster pipeline blocks its evalsha() method, yet routes EVALSHA by its keys.
+        self.redis.execute_command("EVALSHA", script.sha, len(keys), *keys, *args)
 
     async def execute(self) -> list[Any]:
         replies: list[Any] = await self.redis.execute(raise_on_error=False)

@@ -12,9 +12,9 @@ from dataclasses import dataclass
 from typing import Any
 
 import structlog
-from redis.asyncio import Redis
 
 from scoring.stores import keys
+from scoring.stores.client import RedisClient
 from scoring.stores.scripts import ScriptPipeline
 from scoring.subjects import Trace
 
@@ -63,7 +63,7 @@ class QuietSession:
 
 
 class SessionStore:
-    def __init__(self, redis: Redis) -> None:
+    def __init__(self, redis: RedisClient) -> None:
         self._redis = redis
         self._record = redis.register_script(_RECORD_TURN)
         self._forget = redis.register_script(_FORGET)

@@ -7,17 +7,17 @@ from typing import Annotated
 
 from fastapi import Depends, HTTPException, Request
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
-from redis.asyncio import Redis
 
 from scoring.groups import Caller, MonitorClient
 from scoring.stores.apikeys import ApiKeyStore
+from scoring.stores.client import RedisClient
 
 bearer = HTTPBearer(auto_error=False, description="An API key from `scorer-worker keys create`.")
 CHALLENGE = {"WWW-Authenticate": "Bearer"}
 
 
-def redis_of(request: Request) -> Redis:
-    redis: Redis = request.app.state.redis
+def redis_of(request: Request) -> RedisClient:
+    redis: RedisClient = request.app.state.redis
     return redis
 
 
