@@ -50,7 +50,7 @@ from scoring.models import AlertChannel
 from scoring.results import RECOVERED_EVENT, WebhookDelivery, channel_key
 from scoring.stores import keys
 from scoring.stores.channels import channel_id
-from scoring.stores.deliveries import Attempt, DeliverySchedule, Incident, PendingDelivery, Settlements
+from scoring.stores.deliveries import Attempt, DeliverySchedule, Incident, PendingDelivery, Settlements, shard_of
 from scoring.webhooks.breaker import CircuitBreaker
 from scoring.webhooks.retries import RetrySchedule
 
@@ -168,7 +168,7 @@ class WebhookSender:
         self._outages = outages or OutageGuard(tolerance_s=120.0)
         self._committer = Committer(consumer, limits.commit_interval_s)
         self._offsets = self._committer.tracker
-        self._tasks: dict[asyncio.Task[None], str] = {}  # attempt task -> delivery id it holds
+        self._tasks: dict[asyncio.Task[None], WebhookDelivery] = {}  # attempt task -> the delivery it holds
         self._lanes: dict[str, Lane] = {}
         self._writes = Settlements()  # what ended attempts write to the schedule, sent in batches
         self._http = httpx.AsyncClient(follow_redirects=False,
@@ -248,15 +248,19 @@ class WebhookSender:
             return None
         channel_hash = hashlib.sha256(channel_id(channel).encode()).hexdigest()[:16]
         return Incident("close" if delivery.event == RECOVERED_EVENT else "open",
-                        keys.webhook_incident(channel_hash, delivery.signal.key))
+                        keys.webhook_incident(shard_of(delivery), channel_hash, delivery.signal.key))
 
     # --- 2. Dispatch ----------------------------------------------------------------------
 
     async def _poll(self, stop: asyncio.Event) -> None:
         last_stats = 0.0
+        unsharded = True  # until deliveries of a version before the shards are moved to them
         while not stop.is_set():
             more = False
             try:
+                if unsharded:
+                    await self._move_unsharded()
+                    unsharded = False
                 room = self._limits.max_in_flight - len(self._tasks)
                 claimed = await self._schedule.claim_due(time.time(), room)
                 for pending in claimed:
@@ -269,6 +273,16 @@ class WebhookSender:
                 log.warning("webhook schedule poll failed; trying again", exc_info=True)
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(stop.wait(), timeout=self._limits.flush_s if more else self._limits.poll_s)
+
+    async def _move_unsharded(self) -> None:
+        incident_shards = {}
+        for channel in self._catalog().channels.values():
+            if channel.format == "pagerduty":
+                channel_hash = hashlib.sha256(channel_id(channel).encode()).hexdigest()[:16]
+                incident_shards[channel_hash] = keys.webhook_shard(channel_key(channel.url))
+        moved = await self._schedule.move_unsharded(incident_shards)
+        if moved:
+            log.info("webhook deliveries moved to the sharded schedule", deliveries=moved)
 
     async def _flush_writes(self) -> None:
         while True:
@@ -285,11 +299,11 @@ class WebhookSender:
             await self._outages.call(lambda: self._schedule.settle(writes))
         except Exception:
             log.exception("webhook schedule writes failed; those deliveries come back when their claims run out",
-                          deliveries=len(writes.finished) + len(writes.retries) + len(writes.postponed))
+                          deliveries=len(writes))
 
     def _dispatch(self, pending: PendingDelivery) -> None:
         task = asyncio.create_task(self._deliver(pending))
-        self._tasks[task] = pending.delivery.id
+        self._tasks[task] = pending.delivery
         task.add_done_callback(self._attempt_ended)
 
     def _attempt_ended(self, task: asyncio.Task[None]) -> None:
@@ -305,7 +319,7 @@ class WebhookSender:
         channel = self._channel(delivery)
         if channel is None:
             log.info("alert channel removed; delivery dropped", agent=delivery.agent_id, delivery=delivery.id)
-            self._writes.finished[delivery.id] = "dead"
+            self._writes.finish(delivery, "dead")
             return
         if channel.disabled:
             await self._dead_letter(pending, "channel_disabled", f"the channel is disabled: {channel.disabled_reason}")
@@ -314,13 +328,13 @@ class WebhookSender:
         expected = lane.expected_wait(time.monotonic(), self._limits.channel_concurrency)
         if lane.waiting >= self._limits.channel_backlog or expected > self._limits.lane_wait_s:
             # This channel is behind: the delivery waits in Redis, not here, holding nothing.
-            self._writes.postponed[delivery.id] = time.time() + min(max(expected, 1.0), 60.0)
+            self._writes.postpone(delivery, time.time() + min(max(expected, 1.0), 60.0))
             return
         lane.waiting += 1
         try:
             await asyncio.wait_for(lane.slots.acquire(), timeout=self._limits.max_wait_s)
         except TimeoutError:
-            self._writes.postponed[delivery.id] = time.time() + 1.0  # put back before the claim runs out
+            self._writes.postpone(delivery, time.time() + 1.0)  # put back before the claim runs out
             return
         finally:
             lane.waiting -= 1
@@ -329,7 +343,7 @@ class WebhookSender:
         try:
             now = time.time()
             if not lane.breaker.allows(now):
-                self._writes.postponed[delivery.id] = lane.breaker.next_try(now)
+                self._writes.postpone(delivery, lane.breaker.next_try(now))
                 return
             await self._attempt(pending, channel, lane)
             lane.observe(time.monotonic() - started)
@@ -363,7 +377,7 @@ class WebhookSender:
         self._events.delivery(channel_label(channel), attempt.outcome)
         if attempt.outcome == "delivered":
             lane.breaker.succeeded()
-            self._writes.finished[delivery.id] = "delivered"
+            self._writes.finish(delivery, "delivered")
             self.delivered += 1
             return
         if attempt.outcome == "refused":
@@ -382,7 +396,7 @@ class WebhookSender:
             await self._dead_letter(pending, "delivery_failed",
                                     f"{attempt.error} (after {len(pending.attempts)} attempts)")
         else:
-            self._writes.retries[delivery.id] = (pending, now + wait)
+            self._writes.retry(pending, now + wait)
         failing_for = lane.breaker.failing_for(now)
         if lane.breaker.state == "open" and failing_for >= self._limits.disable_after_s:
             await self._disable_channel(channel, f"failing without a success for {failing_for:.0f}s")
@@ -426,7 +440,7 @@ class WebhookSender:
         ack = await self._send_dead_letter(reason, error, pending.delivery.model_dump(mode="json", by_alias=True),
                                            pending.attempts)
         await ack
-        self._writes.finished[pending.delivery.id] = "dead"
+        self._writes.finish(pending.delivery, "dead")
 
     async def _send_dead_letter(self, reason: str, error: str, delivery: Any,
                                 attempts: tuple[Attempt, ...] = ()) -> Awaitable[Any]:
@@ -444,9 +458,9 @@ class WebhookSender:
         if self._tasks:
             await asyncio.wait(list(self._tasks), timeout=self._limits.timeout_s + 1)
         now = time.time()
-        for task, delivery_id in list(self._tasks.items()):
+        for task, delivery in list(self._tasks.items()):
             task.cancel()
-            self._writes.postponed[delivery_id] = now
+            self._writes.postpone(delivery, now)
 
     def rebalance_listener(self) -> CommitOnRevoke:
         return self._committer.listener()

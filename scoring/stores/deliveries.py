@@ -10,21 +10,25 @@ restart or a rebalance never loses it: whichever worker is alive claims it when 
 - ``done:<id>``: "delivered" or "dead", kept a week, so a redelivered record is not sent again.
 - ``created`` (sorted set): first-seen time of every pending delivery, for the oldest-age metric.
 
-All keys share one hash tag, so the scripts run on Redis Cluster too.
+The schedule is sharded by channel (``keys.webhook_shard``): each shard's keys share a hash tag,
+so every script touches one shard and runs on Redis Cluster too, where the shards spread over the
+primaries. A poll reads every shard in one pipelined round trip.
 """
 
 from __future__ import annotations
 
+from collections import defaultdict
 from dataclasses import dataclass, field
 from datetime import datetime
-from typing import Literal
+from typing import Literal, cast
 
 from pydantic import BaseModel, ConfigDict
 from pydantic.alias_generators import to_camel
-from redis.asyncio import Redis
 
 from scoring.results import WebhookDelivery
 from scoring.stores import keys
+from scoring.stores.client import RedisClient
+from scoring.stores.scripts import ScriptPipeline
 from scoring.webhooks.retries import RetrySchedule
 
 AttemptOutcome = Literal["delivered", "failed", "rejected", "gone", "refused"]
@@ -61,16 +65,34 @@ class Incident:
     key: str  # keys.webhook_incident(...)
 
 
+def shard_of(delivery: WebhookDelivery) -> int:
+    # Deliveries written before they named their channel by key are sharded by their URL.
+    return keys.webhook_shard(delivery.channel or delivery.url)
+
+
 @dataclass
 class Settlements:
-    """Schedule writes gathered from many attempts, sent together by ``DeliverySchedule.settle``."""
+    """Schedule writes gathered from many attempts, sent together by ``DeliverySchedule.settle``.
+    Keyed by delivery id; each remembers the delivery's shard."""
 
-    finished: dict[str, Literal["delivered", "dead"]] = field(default_factory=dict)
+    finished: dict[str, tuple[int, Literal["delivered", "dead"]]] = field(default_factory=dict)
     retries: dict[str, tuple[PendingDelivery, float]] = field(default_factory=dict)
-    postponed: dict[str, float] = field(default_factory=dict)
+    postponed: dict[str, tuple[int, float]] = field(default_factory=dict)
+
+    def finish(self, delivery: WebhookDelivery, outcome: Literal["delivered", "dead"]) -> None:
+        self.finished[delivery.id] = (shard_of(delivery), outcome)
+
+    def retry(self, pending: PendingDelivery, at: float) -> None:
+        self.retries[pending.delivery.id] = (pending, at)
+
+    def postpone(self, delivery: WebhookDelivery, at: float) -> None:
+        self.postponed[delivery.id] = (shard_of(delivery), at)
 
     def __bool__(self) -> bool:
         return bool(self.finished or self.retries or self.postponed)
+
+    def __len__(self) -> int:
+        return len(self.finished) + len(self.retries) + len(self.postponed)
 
 
 # --- The store --------------------------------------------------------------------------------
@@ -130,7 +152,7 @@ return out
 
 
 class DeliverySchedule:
-    def __init__(self, redis: Redis, *, lease_s: float, schedule: RetrySchedule) -> None:
+    def __init__(self, redis: RedisClient, *, lease_s: float, schedule: RetrySchedule) -> None:
         self._redis = redis
         self._lease_ms = int(lease_s * 1000)
         self._ttl_s = int(schedule.horizon_s() + lease_s + keys.WEBHOOK_PENDING_SLACK_S)
@@ -141,33 +163,57 @@ class DeliverySchedule:
                           incidents: list[Incident | None] | None = None) -> list[bool]:
         """Store new deliveries, already claimed by the caller (it attempts them right away).
         False for one already pending or finished (a redelivered record): not sent again; and
-        for a recovery (``incidents[i].action == "close"``) with no incident open to resolve."""
+        for a recovery (``incidents[i].action == "close"``) with no incident open to resolve.
+        One script call per shard, pipelined."""
         if not items:
             return []
-        key_list = [keys.WEBHOOK_DUE, keys.WEBHOOK_CREATED]
-        args: list[str | bytes | int] = []
-        for item, incident in zip(items, incidents or [None] * len(items), strict=True):
-            key_list += [keys.webhook_pending(item.delivery.id), keys.webhook_done(item.delivery.id),
-                         incident.key if incident else keys.webhook_incident("-", "-")]
-            args += [item.delivery.id, item.to_json(), int(item.first_seen.timestamp() * 1000),
-                     incident.action if incident else ""]
-        args += [int(now * 1000), self._lease_ms, self._ttl_s, keys.WEBHOOK_INCIDENT_TTL_S]
-        added = await self._add(keys=key_list, args=args)
-        return [bool(a) for a in added]
+        by_shard: dict[int, list[int]] = defaultdict(list)  # shard -> indexes into items
+        for index, item in enumerate(items):
+            by_shard[shard_of(item.delivery)].append(index)
+        chosen = incidents or [None] * len(items)
+        async with ScriptPipeline(self._redis) as pipe:
+            for shard, indexes in by_shard.items():
+                key_list = [keys.webhook_due(shard), keys.webhook_created(shard)]
+                args: list[str | bytes | int] = []
+                for index in indexes:
+                    item, incident = items[index], chosen[index]
+                    id_ = item.delivery.id
+                    key_list += [keys.webhook_pending(shard, id_), keys.webhook_done(shard, id_),
+                                 incident.key if incident else keys.webhook_incident(shard, "-", "-")]
+                    args += [id_, item.to_json(), int(item.first_seen.timestamp() * 1000),
+                             incident.action if incident else ""]
+                args += [int(now * 1000), self._lease_ms, self._ttl_s, keys.WEBHOOK_INCIDENT_TTL_S]
+                pipe.script(self._add, key_list, args)
+            replies = await pipe.execute()
+        added = [False] * len(items)
+        for indexes, reply in zip(by_shard.values(), replies, strict=True):
+            for index, flag in zip(indexes, reply, strict=True):
+                added[index] = bool(flag)
+        return added
 
     async def claim_due(self, now: float, limit: int) -> list[PendingDelivery]:
-        """Up to ``limit`` due deliveries, each claimed for one lease."""
+        """Up to ``limit`` due deliveries, the longest due first, each claimed for one lease: one
+        round trip lists every shard's, one claims the chosen."""
         if limit <= 0:
             return []
         now_ms = int(now * 1000)
-        listed = await self._redis.zrangebyscore(keys.WEBHOOK_DUE, "-inf", now_ms, start=0, num=limit)
-        ids = [i.decode() if isinstance(i, bytes) else str(i) for i in listed]
-        if not ids:
+        async with self._redis.pipeline(transaction=False) as pipe:
+            for shard in range(keys.WEBHOOK_SHARDS):
+                pipe.zrangebyscore(keys.webhook_due(shard), "-inf", now_ms, start=0, num=limit, withscores=True)
+            listed = await pipe.execute()
+        due = sorted((score, shard, _text(id_)) for shard, rows in enumerate(listed) for id_, score in rows)[:limit]
+        if not due:
             return []
-        docs = await self._claim(keys=[keys.WEBHOOK_DUE, keys.WEBHOOK_CREATED,
-                                       *(keys.webhook_pending(i) for i in ids)],
-                                 args=[now_ms, self._lease_ms, *ids])
-        return [PendingDelivery.model_validate_json(doc) for doc in docs]
+        ids_by_shard: dict[int, list[str]] = defaultdict(list)
+        for _, shard, id_ in due:
+            ids_by_shard[shard].append(id_)
+        async with ScriptPipeline(self._redis) as script_pipe:
+            for shard, ids in ids_by_shard.items():
+                script_pipe.script(self._claim, [keys.webhook_due(shard), keys.webhook_created(shard),
+                                                 *(keys.webhook_pending(shard, i) for i in ids)],
+                                   [now_ms, self._lease_ms, *ids])
+            claimed = await script_pipe.execute()
+        return [PendingDelivery.model_validate_json(doc) for docs in claimed for doc in docs]
 
     async def settle(self, writes: Settlements) -> None:
         """What attempts ended in, in one round trip: finished deliveries leave the schedule
@@ -177,45 +223,108 @@ class DeliverySchedule:
         if not writes:
             return
         async with self._redis.pipeline(transaction=False) as pipe:
-            for id_, outcome in writes.finished.items():
-                pipe.delete(keys.webhook_pending(id_))
-                pipe.zrem(keys.WEBHOOK_DUE, id_)
-                pipe.zrem(keys.WEBHOOK_CREATED, id_)
-                pipe.set(keys.webhook_done(id_), outcome, ex=keys.WEBHOOK_DONE_TTL_S)
+            for id_, (shard, outcome) in writes.finished.items():
+                pipe.delete(keys.webhook_pending(shard, id_))
+                pipe.zrem(keys.webhook_due(shard), id_)
+                pipe.zrem(keys.webhook_created(shard), id_)
+                pipe.set(keys.webhook_done(shard, id_), outcome, ex=keys.WEBHOOK_DONE_TTL_S)
             for pending, at in writes.retries.values():
-                id_ = pending.delivery.id
-                pipe.set(keys.webhook_pending(id_), pending.to_json(), ex=self._ttl_s, xx=True)
-                pipe.zadd(keys.WEBHOOK_DUE, {id_: int(at * 1000)}, xx=True)
-            if writes.postponed:
-                pipe.zadd(keys.WEBHOOK_DUE, {id_: int(at * 1000) for id_, at in writes.postponed.items()}, xx=True)
+                id_, shard = pending.delivery.id, shard_of(pending.delivery)
+                pipe.set(keys.webhook_pending(shard, id_), pending.to_json(), ex=self._ttl_s, xx=True)
+                pipe.zadd(keys.webhook_due(shard), {id_: int(at * 1000)}, xx=True)
+            for id_, (shard, at) in writes.postponed.items():
+                pipe.zadd(keys.webhook_due(shard), {id_: int(at * 1000)}, xx=True)
             await pipe.execute()
 
     async def retry(self, pending: PendingDelivery, at: float) -> None:
         """Keep the delivery (with its new attempt) for another try at ``at``."""
-        await self.settle(Settlements(retries={pending.delivery.id: (pending, at)}))
+        writes = Settlements()
+        writes.retry(pending, at)
+        await self.settle(writes)
 
-    async def postpone(self, delivery_ids: list[str], at: float) -> None:
+    async def postpone(self, deliveries: list[WebhookDelivery], at: float) -> None:
         """Try these again at ``at`` without counting an attempt."""
-        await self.settle(Settlements(postponed=dict.fromkeys(delivery_ids, at)))
+        writes = Settlements()
+        for delivery in deliveries:
+            writes.postpone(delivery, at)
+        await self.settle(writes)
 
-    async def finish(self, delivery_id: str, outcome: Literal["delivered", "dead"]) -> None:
-        await self.settle(Settlements(finished={delivery_id: outcome}))
+    async def finish(self, delivery: WebhookDelivery, outcome: Literal["delivered", "dead"]) -> None:
+        writes = Settlements()
+        writes.finish(delivery, outcome)
+        await self.settle(writes)
 
-    async def forget_dead(self, delivery_ids: list[str]) -> None:
+    async def forget_dead(self, deliveries: list[WebhookDelivery]) -> None:
         """Let dead-lettered deliveries be scheduled again (a replay); delivered ones stay done."""
+        done_keys = [keys.webhook_done(shard_of(d), d.id) for d in deliveries]
         async with self._redis.pipeline(transaction=False) as pipe:
-            for id_ in delivery_ids:
-                pipe.get(keys.webhook_done(id_))
+            for key in done_keys:
+                pipe.get(key)
             outcomes = await pipe.execute()
-        dead = [keys.webhook_done(i) for i, o in zip(delivery_ids, outcomes, strict=True) if o == b"dead"]
-        if dead:
-            await self._redis.delete(*dead)
+        async with self._redis.pipeline(transaction=False) as pipe:
+            for key, outcome in zip(done_keys, outcomes, strict=True):
+                if outcome == b"dead":
+                    pipe.delete(key)  # one key per command: on a cluster each has its own slot
+            await pipe.execute()
 
     async def stats(self, now: float) -> tuple[int, float]:
         """(deliveries pending, age in seconds of the oldest)."""
         async with self._redis.pipeline(transaction=False) as pipe:
-            pipe.zcard(keys.WEBHOOK_DUE)
-            pipe.zrange(keys.WEBHOOK_CREATED, 0, 0, withscores=True)
-            count, oldest = await pipe.execute()
-        age = max(0.0, now - oldest[0][1] / 1000) if oldest else 0.0
-        return int(count), age
+            for shard in range(keys.WEBHOOK_SHARDS):
+                pipe.zcard(keys.webhook_due(shard))
+                pipe.zrange(keys.webhook_created(shard), 0, 0, withscores=True)
+            replies = await pipe.execute()
+        count = sum(int(c) for c in replies[0::2])
+        oldest = min((rows[0][1] for rows in replies[1::2] if rows), default=None)
+        age = max(0.0, now - oldest / 1000) if oldest is not None else 0.0
+        return count, age
+
+
+    async def move_unsharded(self, incident_shards: dict[str, int]) -> int:
+        """Deliveries scheduled before the schedule was sharded - all under one hash tag - move
+        to their shards, keeping their due time; open incidents move with them
+        (``incident_shards``: channel hash -> shard, from the catalog; an incident of a channel
+        no longer there is left to expire). Safe to run by several workers at once and again
+        (every write is ``NX``, the old keys go last). Done marks are not moved: a record
+        redelivered after the move may be sent once more, and receivers dedupe on
+        ``webhook-id``. Returns how many deliveries moved."""
+        old = f"{keys.PREFIX}:webhooks:{{webhooks}}"
+        rows = cast(list[tuple[bytes, float]], await self._redis.zrange(f"{old}:due", 0, -1, withscores=True))
+        ids = [_text(id_) for id_, _ in rows]
+        moved = 0
+        if ids:
+            async with self._redis.pipeline(transaction=False) as pipe:
+                for id_ in ids:
+                    pipe.get(f"{old}:pending:{id_}")
+                docs = await pipe.execute()
+            async with self._redis.pipeline(transaction=False) as pipe:
+                for id_, (_, due_ms), doc in zip(ids, rows, docs, strict=True):
+                    if doc is None:
+                        continue  # finished or expired since it was listed
+                    pending = PendingDelivery.model_validate_json(doc)
+                    shard = shard_of(pending.delivery)
+                    pipe.set(keys.webhook_pending(shard, id_), doc, ex=self._ttl_s, nx=True)
+                    pipe.zadd(keys.webhook_due(shard), {id_: int(due_ms)}, nx=True)
+                    pipe.zadd(keys.webhook_created(shard), {id_: int(pending.first_seen.timestamp() * 1000)}, nx=True)
+                    pipe.expire(keys.webhook_due(shard), self._ttl_s)
+                    pipe.expire(keys.webhook_created(shard), self._ttl_s)
+                    moved += 1
+                await pipe.execute()
+            async with self._redis.pipeline(transaction=False) as pipe:
+                for id_ in ids:
+                    pipe.zrem(f"{old}:due", id_)
+                    pipe.zrem(f"{old}:created", id_)
+                    pipe.delete(f"{old}:pending:{id_}")
+                await pipe.execute()
+        async for key in self._redis.scan_iter(match=f"{old}:incident:*", count=500):
+            channel_hash, _, signal_key = _text(key).removeprefix(f"{old}:incident:").partition(":")
+            if channel_hash in incident_shards:
+                ttl = await self._redis.ttl(key)
+                new = keys.webhook_incident(incident_shards[channel_hash], channel_hash, signal_key)
+                await self._redis.set(new, "1", ex=ttl if ttl > 0 else keys.WEBHOOK_INCIDENT_TTL_S, nx=True)
+                await self._redis.delete(key)
+        return moved
+
+
+def _text(value: bytes | str) -> str:
+    return value.decode() if isinstance(value, bytes) else value

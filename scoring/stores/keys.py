@@ -1,12 +1,17 @@
 """Every Redis key, channel and TTL the worker uses, in one place, with why.
 
-Keys that one Lua script or transaction touches together share a hash tag (the part in
-braces), so the same code runs on Redis Cluster: the catalog is one tag; a project's budget and
-dedupe keys are the project's tag; a group's rating buckets are the group's tag. Every key that
-grows with traffic has a TTL.
+Keys that one Lua script, pipeline or transaction touches together share a hash tag (the part in
+braces), so the same code runs on Redis Cluster (``SGW_REDIS_CLUSTER``): the catalog is one tag
+(few, small documents, written in one transaction); a project's budget and dedupe keys are the
+project's tag (a batch claims one project's pairs in one script call); a group's rating buckets
+and results are the group's tag; the webhook schedule is sharded by channel. Traffic spreads over
+the cluster by project, group and channel; no tag is shared by every tenant's hot path. Every key
+that grows with traffic has a TTL.
 """
 
 from __future__ import annotations
+
+import zlib
 
 PREFIX = "sgw"
 
@@ -118,34 +123,51 @@ def no_score_alert(project_id: str, group_id: str) -> str:
 
 
 # --- Webhook deliveries: the durable retry schedule (scoring/stores/deliveries.py) ------------
-# One hash tag for all of them: the schedule's scripts touch the sets and a delivery's keys
-# together. Alerts are few next to traces, so one slot carries them.
-WEBHOOK_TAG = "{webhooks}"
+# Sharded by channel: a shard is a hash tag of its own, holding the due and created sets of the
+# deliveries of its channels and each one's keys, so a script touches one shard's keys - and on
+# Redis Cluster the shards spread delivery load over the primaries (one tag for all of them put
+# it on one node). By channel, not by delivery: a PagerDuty incident is opened by one delivery
+# and closed by another, and the script that checks it writes the delivery in the same slot.
+# 16 shards: several per primary of a usual cluster; a poll reads each once per round trip.
+WEBHOOK_SHARDS = 16
 # Every delivery not yet finished, scored by when it is due (ms); and by when it was first seen.
 # Both shrink as deliveries finish, and expire with the last pending document.
-WEBHOOK_DUE = f"{PREFIX}:webhooks:{WEBHOOK_TAG}:due"
-WEBHOOK_CREATED = f"{PREFIX}:webhooks:{WEBHOOK_TAG}:created"
 # A pending delivery lives as long as its whole schedule could take, plus this.
 WEBHOOK_PENDING_SLACK_S = 86_400
 # A finished delivery's outcome, so a redelivered record is not sent again.
 WEBHOOK_DONE_TTL_S = 7 * 86_400
-
-
-def webhook_pending(delivery_id: str) -> str:
-    return f"{PREFIX}:webhooks:{WEBHOOK_TAG}:pending:{delivery_id}"
-
-
-def webhook_done(delivery_id: str) -> str:
-    return f"{PREFIX}:webhooks:{WEBHOOK_TAG}:done:{delivery_id}"
-
-
 # An incident a PagerDuty channel was sent (trigger) and not yet resolved, per channel and
 # Signal key: a recovery is sent only where one is open. Forgotten after 30 days.
 WEBHOOK_INCIDENT_TTL_S = 30 * 86_400
 
 
-def webhook_incident(channel_hash: str, signal_key: str) -> str:
-    return f"{PREFIX}:webhooks:{WEBHOOK_TAG}:incident:{channel_hash}:{signal_key}"
+def webhook_shard(channel: str) -> int:
+    """The shard of a channel (its key, ``channel_key(url)``): stable across processes."""
+    return zlib.crc32(channel.encode()) % WEBHOOK_SHARDS
+
+
+def _webhooks(shard: int) -> str:
+    return f"{PREFIX}:webhooks:{{webhooks:{shard}}}"
+
+
+def webhook_due(shard: int) -> str:
+    return f"{_webhooks(shard)}:due"
+
+
+def webhook_created(shard: int) -> str:
+    return f"{_webhooks(shard)}:created"
+
+
+def webhook_pending(shard: int, delivery_id: str) -> str:
+    return f"{_webhooks(shard)}:pending:{delivery_id}"
+
+
+def webhook_done(shard: int, delivery_id: str) -> str:
+    return f"{_webhooks(shard)}:done:{delivery_id}"
+
+
+def webhook_incident(shard: int, channel_hash: str, signal_key: str) -> str:
+    return f"{_webhooks(shard)}:incident:{channel_hash}:{signal_key}"
 
 
 # --- The API: keys and the change log -----------------------------------------------------------

@@ -8,30 +8,30 @@ from collections.abc import AsyncIterator
 from datetime import UTC, datetime
 
 import pytest
-from redis.asyncio import Redis
 
 from scoring.results import Signal, build_deliveries
 from scoring.stores import keys
-from scoring.stores.deliveries import Attempt, DeliverySchedule, PendingDelivery
+from scoring.stores.deliveries import Attempt, DeliverySchedule, PendingDelivery, shard_of
 from scoring.webhooks.retries import RetrySchedule
+from tests.support.redis_clients import connect
 
 pytestmark = pytest.mark.integration
 
 
 @pytest.fixture
 async def schedule(redis_db_url: str) -> AsyncIterator[DeliverySchedule]:
-    redis = Redis.from_url(redis_db_url)
+    redis = connect(redis_db_url)
     try:
         yield DeliverySchedule(redis, lease_s=10, schedule=RetrySchedule.parse("5s,30s"))
     finally:
         await redis.aclose()
 
 
-def pending(n: int, now: float) -> PendingDelivery:
+def pending(n: int, now: float, url: str = "https://hooks.example.com/x") -> PendingDelivery:
     signal = Signal(id=f"s-{n}", key="scorer-group:g", group_id="g", group_name="G", project_id="p", agent_id="a",
                     scope="trace", trace_id=f"t-{n}", rating=1.0, alert_threshold=5.0, severity="low",
                     justification="j", rating_id=f"r-{n}", raised_at=datetime.now(UTC))
-    delivery = build_deliveries(signal, ["https://hooks.example.com/x"])[0]
+    delivery = build_deliveries(signal, [url])[0]
     return PendingDelivery(delivery=delivery, first_seen=datetime.fromtimestamp(now, UTC))
 
 
@@ -54,11 +54,58 @@ async def test_a_delivery_is_scheduled_once_claimed_for_a_lease_and_finished_for
     assert again.attempts == failed.attempts, "the attempt history is kept"
     assert await schedule.stats(now + 40) == (2, pytest.approx(40, abs=1))
 
-    await schedule.finish(one.delivery.id, "delivered")
-    await schedule.finish(two.delivery.id, "dead")
+    await schedule.finish(one.delivery, "delivered")
+    await schedule.finish(two.delivery, "dead")
     assert await schedule.add_claimed([one, two], now) == [False, False], "finished deliveries stay finished"
-    await schedule.forget_dead([one.delivery.id, two.delivery.id])
+    await schedule.forget_dead([one.delivery, two.delivery])
     assert await schedule.add_claimed([one, two], now) == [False, True], "a replay lifts only the dead mark"
-    assert await schedule._redis.ttl(keys.webhook_pending(two.delivery.id)) > 0, "every key expires"
-    assert await schedule._redis.ttl(keys.webhook_done(one.delivery.id)) > 0
-    assert await schedule._redis.ttl(keys.WEBHOOK_DUE) > 0
+    shard = shard_of(one.delivery)
+    assert await schedule._redis.ttl(keys.webhook_pending(shard, two.delivery.id)) > 0, "every key expires"
+    assert await schedule._redis.ttl(keys.webhook_done(shard, one.delivery.id)) > 0
+    assert await schedule._redis.ttl(keys.webhook_due(shard)) > 0
+
+
+async def test_channels_spread_over_the_shards_and_a_poll_claims_the_longest_due_of_all(
+        schedule: DeliverySchedule) -> None:
+    now = time.time()
+    items = [pending(n, now - n, f"https://hooks.example.com/channel-{n}") for n in range(40)]
+    assert all(await schedule.add_claimed(items, now - 100))
+    shards = {shard_of(item.delivery) for item in items}
+    assert len(shards) >= 10, f"40 channels land on {len(shards)} of {keys.WEBHOOK_SHARDS} shards"
+    for shard in shards:
+        assert await schedule._redis.zcard(keys.webhook_due(shard)) >= 1, "each delivery in its channel's shard"
+    # Claimed when added, they came due at now - 90 (one lease later); half were due before that.
+    await schedule.postpone([item.delivery for item in items[:20]], now - 95)
+    first = await schedule.claim_due(now, 20)
+    assert sorted(p.delivery.id for p in first) == sorted(i.delivery.id for i in items[:20]), \
+        "the longest due first, whatever their shard"
+    rest = await schedule.claim_due(now + 1, 100)
+    assert sorted(p.delivery.id for p in rest) == sorted(i.delivery.id for i in items[20:])
+    assert await schedule.stats(now) == (40, pytest.approx(39, abs=1)), "counted over every shard, oldest first seen"
+
+
+async def test_deliveries_of_the_unsharded_schedule_move_to_their_shards_with_open_incidents(
+        schedule: DeliverySchedule) -> None:
+    now = time.time()
+    redis = schedule._redis
+    old = "sgw:webhooks:{webhooks}"
+    one, two = pending(1, now - 600), pending(2, now - 300, "https://hooks.example.com/other")
+    for item, due_ms in ((one, int(now * 1000) - 5_000), (two, int(now * 1000) + 60_000)):
+        await redis.set(f"{old}:pending:{item.delivery.id}", item.to_json(), ex=3600)
+        await redis.zadd(f"{old}:due", {item.delivery.id: due_ms})
+        await redis.zadd(f"{old}:created", {item.delivery.id: int(item.first_seen.timestamp() * 1000)})
+    await redis.set(f"{old}:incident:abc123:scorer-group:g", "1", ex=600)
+    await redis.set(f"{old}:incident:gone:scorer-group:g", "1", ex=600)
+
+    assert await schedule.move_unsharded({"abc123": 7}) == 2
+    assert await schedule.move_unsharded({"abc123": 7}) == 0, "moved once; a second worker finds nothing"
+    claimed = await schedule.claim_due(now, 10)
+    assert [p.delivery.id for p in claimed] == [one.delivery.id], "the due one is due, the later one keeps its time"
+    await schedule.finish(one.delivery, "delivered")
+    assert [p.delivery.id for p in await schedule.claim_due(now + 61, 10)] == [two.delivery.id]
+    assert await redis.exists(f"{old}:due", f"{old}:pending:{one.delivery.id}") == 0, "the old keys are gone"
+    assert 0 < await redis.ttl(keys.webhook_incident(7, "abc123", "scorer-group:g")) <= 600, \
+        "an open incident moved, with its time left"
+    assert await redis.exists(f"{old}:incident:gone:scorer-group:g") == 1, \
+        "an incident of a channel no longer in the catalog is left to expire"
+    assert (await schedule.stats(now))[0] == 1

@@ -17,12 +17,12 @@ from redis.asyncio import Redis
 
 from consumers.outage import OutageGuard
 from consumers.webhooks import WebhookSender
-from deploy.services import LocalRedis
+from deploy.redis_servers import LocalRedis
 from scoring.catalog import CatalogSnapshot
 from scoring.egress import EgressPolicy
 from scoring.results import Signal, build_deliveries
 from scoring.stores import keys
-from scoring.stores.deliveries import DeliverySchedule
+from scoring.stores.deliveries import DeliverySchedule, shard_of
 from scoring.webhooks.retries import RetrySchedule
 
 pytestmark = pytest.mark.integration
@@ -65,6 +65,7 @@ async def test_ingest_waits_for_a_frozen_redis_then_schedules_and_frees_the_offs
     await asyncio.wait_for(ingest, timeout=15)
 
     assert guard.reason is None
-    assert await redis.exists(keys.webhook_pending(delivery.id)) or await redis.exists(keys.webhook_done(delivery.id))
+    shard = shard_of(delivery)
+    assert await redis.exists(keys.webhook_pending(shard, delivery.id), keys.webhook_done(shard, delivery.id))
     assert sender._offsets.to_commit() == {tp: 42}, "the offset moves once the delivery is durable"
     await asyncio.gather(*sender._tasks, return_exceptions=True)
