@@ -4,6 +4,11 @@ If SGW_KAFKA_BOOTSTRAP / SGW_REDIS_URL are set, those services are used instead;
 server holding keys is refused (the tests empty databases) unless SGW_TESTS_MAY_WIPE_REDIS=1. Services that
 this run started are stopped when it ends, passed or failed. A service that cannot start fails
 the tests that need it; nothing is skipped silently.
+
+With SGW_REDIS_CLUSTER=true (``./dev test-cluster``) the run is against Redis Clusters started
+here: the tests that touch Redis run, with cluster clients, and the rest are deselected - as are
+the tests that freeze or wipe a single server of their own (``own_redis``): a cluster's outages
+are the failover tests'.
 """
 
 from __future__ import annotations
@@ -15,12 +20,27 @@ import uuid
 from collections.abc import AsyncIterator, Iterator
 
 import pytest
-from redis.asyncio import Redis
 
-from deploy.services import LocalKafka, LocalRedis
+from deploy.redis_servers import LocalRedis, LocalRedisCluster
+from deploy.services import LocalKafka
+from scoring.stores.client import RedisClient
 from tests.support.harness import end_leftover_workers
-from tests.support.redis_databases import RedisDatabases
+from tests.support.redis_clients import connect, on_cluster
+from tests.support.redis_databases import RedisClusters, RedisDatabases
 from tests.support.redis_guard import refuse_foreign_keys
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    if not on_cluster():
+        return
+    kept = [item for item in items if _on_cluster_run(item)]
+    config.hook.pytest_deselected(items=[item for item in items if item not in kept])
+    items[:] = kept
+
+
+def _on_cluster_run(item: pytest.Item) -> bool:
+    fixtures = set(getattr(item, "fixturenames", ()))
+    return "redis_url" in fixtures and "own_redis" not in fixtures
 
 
 @pytest.fixture(scope="session")
@@ -43,7 +63,8 @@ def redis_url() -> Iterator[str]:
         refuse_foreign_keys(given)  # before any test writes (or FLUSHDBs) anything there
         yield given
         return
-    redis = LocalRedis().start()
+    redis: LocalRedis | LocalRedisCluster = LocalRedisCluster() if on_cluster() else LocalRedis()
+    redis.start()
     try:
         yield redis.url
     finally:
@@ -76,9 +97,17 @@ def own_kafka() -> Iterator[LocalKafka]:
 
 
 @pytest.fixture(scope="session")
-def redis_databases(redis_url: str) -> RedisDatabases:
-    """Hands out databases of the shared server one holder at a time (module fixtures lease one)."""
-    return RedisDatabases(redis_url)
+def redis_databases(redis_url: str) -> Iterator[RedisDatabases | RedisClusters]:
+    """Hands out databases of the shared server one holder at a time (module fixtures lease one);
+    on a cluster run, clusters of their own."""
+    if not on_cluster():
+        yield RedisDatabases(redis_url)
+        return
+    clusters = RedisClusters()
+    try:
+        yield clusters
+    finally:
+        clusters.stop()
 
 
 @pytest.fixture
@@ -90,9 +119,9 @@ def redis_db_url(redis_databases: RedisDatabases) -> Iterator[str]:
 
 
 @pytest.fixture
-async def redis(redis_url: str) -> AsyncIterator[Redis]:
+async def redis(redis_url: str) -> AsyncIterator[RedisClient]:
     """Database 0, shared by the tests that use it: they name their keys uniquely (``unique``)."""
-    client = Redis.from_url(redis_url)
+    client = connect(redis_url)
     try:
         yield client
     finally:

@@ -20,7 +20,6 @@ from typing import Any
 
 import httpx
 import pytest
-from redis.asyncio import Redis
 
 from deploy.judge_server import JudgeServer
 from scorer_groups import Client
@@ -28,6 +27,7 @@ from scorer_groups.documents import MemberVerdict, Rating
 from scoring.results import RatingEvent
 from scoring.stores.ratings import RatingsStore
 from tests.support.api_process import ApiProcess, create_key
+from tests.support.redis_clients import connect
 from tests.support.redis_databases import RedisDatabases
 
 pytestmark = pytest.mark.integration
@@ -119,7 +119,7 @@ def env(redis_databases: RedisDatabases, tmp_path_factory: pytest.TempPathFactor
 
 
 async def record(url: str, events: list[RatingEvent]) -> None:
-    redis = Redis.from_url(url)
+    redis = connect(url)
     await RatingsStore(redis).record(events)
     await redis.aclose()
 

@@ -12,11 +12,11 @@ from typing import Any
 
 import orjson
 import pytest
-from redis.asyncio import Redis
 
 from scoring.groups import MonitorClient
 from scoring.stores.alerts import NoScoreAlerts
 from tests.support.harness import WorkerProcess, catalog_db, produce, read_topic, worker_env
+from tests.support.redis_clients import connect
 
 pytestmark = pytest.mark.integration
 
@@ -46,7 +46,7 @@ def trace(trace_id: str) -> tuple[bytes, bytes]:
 async def test_a_gate_that_cannot_score_raises_one_no_score_signal_per_group(
         kafka_bootstrap: str, redis_db_url: str, unique: str, tmp_path: Path) -> None:
     async with catalog_db(redis_db_url, catalog()) as url:
-        redis = Redis.from_url(url)
+        redis = connect(url)
         await MonitorClient(redis).scorers.delete("judges", "safety")  # the must-pass judge is gone
         await redis.aclose()
         env = worker_env(kafka_bootstrap, url, f"ns-{unique}")
@@ -69,7 +69,7 @@ async def test_a_gate_that_cannot_score_raises_one_no_score_signal_per_group(
 
 async def test_the_rate_limit_claims_one_signal_per_group_and_interval_and_a_redelivery_keeps_it(
         redis_db_url: str, unique: str) -> None:
-    alerts = NoScoreAlerts(Redis.from_url(redis_db_url), interval_s=60)
+    alerts = NoScoreAlerts(connect(redis_db_url), interval_s=60)
     first = await alerts.due([("p", "g", "s-1"), ("p", "g", "s-2"), ("p", "h", "s-3"), ("q", "g", "s-4")])
     assert first == {"s-1", "s-3", "s-4"}, "the first of each group, per project"
     assert await alerts.due([("p", "g", "s-1")]) == {"s-1"}, "the same Signal again (a redelivery) is due"
@@ -90,7 +90,7 @@ async def test_pagerduty_opens_the_groups_incident_on_no_score_and_resolves_it_w
         bare["channels"] = [{"agentId": "a", "projectId": "p-ns", "url": pd.url + "/pd", "format": "pagerduty",
                              "routingKey": ROUTING_KEY}]
         async with catalog_db(redis_db_url, bare) as url:
-            redis = Redis.from_url(url)
+            redis = connect(url)
             client = MonitorClient(redis)
             await client.scorers.delete("judges", "safety")
             env = worker_env(kafka_bootstrap, url, f"ns-pd-{unique}", egress_allow="127.0.0.0/8",

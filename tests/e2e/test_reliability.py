@@ -12,11 +12,11 @@ from typing import Any
 
 import orjson
 import pytest
-from redis.asyncio import Redis
 
 from deploy.judge_server import Behaviour, JudgeServer
 from scoring.stores.claims import Claims
 from tests.support.harness import WorkerProcess, catalog_db, produce, read_topic, worker_env
+from tests.support.redis_clients import connect
 
 pytestmark = pytest.mark.integration
 
@@ -69,7 +69,7 @@ async def test_sigkill_mid_stream_loses_nothing_and_never_rates_differently(
         ratings = await read_topic(kafka_bootstrap, env["SGW_RATINGS_TOPIC"],
                                    until=lambda v: len({r["traceId"] for r in v}) >= TRACES,
                                    timeout_s=120, settle_s=4)
-        redis = Redis.from_url(env["SGW_REDIS_URL"])
+        redis = connect(env["SGW_REDIS_URL"])
         spent = await Claims(redis).budget_used("p-r", 86400)
         await redis.aclose()
     finally:

@@ -11,12 +11,12 @@ from typing import Any
 
 import orjson
 import pytest
-from redis.asyncio import Redis
 
 from deploy.judge_server import JudgeServer
 from scoring.groups import MonitorClient
 from scoring.sampling import keep
 from tests.support.harness import WorkerProcess, catalog_db, produce, read_topic, worker_env
+from tests.support.redis_clients import connect
 
 pytestmark = pytest.mark.integration
 
@@ -91,7 +91,7 @@ async def test_sessions_are_judged_once_quiet_and_again_when_they_grow(
         everything = await read_topic(kafka_bootstrap, env["SGW_RATINGS_TOPIC"],
                                       until=lambda v: len(v) >= expected + grown, timeout_s=60, settle_s=2.5)
         signals = await read_topic(kafka_bootstrap, env["SGW_SIGNALS_TOPIC"], until=lambda v: True, settle_s=1)
-        redis = Redis.from_url(env["SGW_REDIS_URL"])
+        redis = connect(env["SGW_REDIS_URL"])
         scores = await MonitorClient(redis).sessions.scores("s-good")
         await redis.aclose()
     finally:

@@ -11,11 +11,11 @@ from typing import Any
 
 import orjson
 import pytest
-from redis.asyncio import Redis
 
 from deploy.judge_server import JudgeServer
 from scoring.stores.ratings import RatingsStore
 from tests.support.harness import WorkerProcess, catalog_db, produce, read_topic, worker_env
+from tests.support.redis_clients import connect
 
 pytestmark = pytest.mark.integration
 
@@ -92,7 +92,7 @@ async def test_gates_first_spends_only_on_traces_whose_gates_passed(
     assert prompt == reported, "the metric counts what the ratings carry"
 
     # Every published rating is among the group's latest results, as published.
-    redis = Redis.from_url(env["SGW_REDIS_URL"])
+    redis = connect(env["SGW_REDIS_URL"])
     documents, _ = await RatingsStore(redis).results("g-first", limit=50)
     await redis.aclose()
     assert sorted(orjson.loads(d)["id"] for d in documents) == sorted(r["id"] for r in ratings)

@@ -16,7 +16,6 @@ from typing import Any
 
 import orjson
 import pytest
-from redis.asyncio import Redis
 from standardwebhooks import Webhook
 
 from scoring.groups import MonitorClient
@@ -24,6 +23,7 @@ from scoring.results import Signal, WebhookDelivery, build_deliveries
 from scoring.stores.catalog import CatalogStore
 from tests.support.harness import ROOT, WorkerProcess, catalog_db, produce, read_topic, worker_env
 from tests.support.http_fakes import Received, Reply, ScriptedServer
+from tests.support.redis_clients import connect
 
 pytestmark = pytest.mark.integration
 
@@ -154,7 +154,7 @@ async def test_each_answer_is_handled_as_the_protocol_says_and_dead_letters_repl
     catalog = {"channels": [channel(a, answers[a], secret=SECRET) for a in agents]}
     async with catalog_db(redis_db_url, catalog) as url:
         # a-500's secret is rotated: both secrets sign during the overlap
-        rotation = Redis.from_url(url)
+        rotation = connect(url)
         report = await MonitorClient(rotation).apply({"channels": [channel("a-500", answers["a-500"], secret=ROTATED)]})
         await rotation.aclose()
         assert report.changed == [f"channels/a-500|{answers['a-500'].url}/hook"]
@@ -169,7 +169,7 @@ async def test_each_answer_is_handled_as_the_protocol_says_and_dead_letters_repl
                                       timeout_s=60, settle_s=1)
             await wait_for(lambda: len(answers["a-500"].requests) == 2 and len(answers["a-429"].requests) == 2,
                            what="the retried deliveries")
-            gone = (await CatalogStore(Redis.from_url(url)).snapshot()).channels_for("a-410")[0]
+            gone = (await CatalogStore(connect(url)).snapshot()).channels_for("a-410")[0]
             disabled_metric = worker.metric("sgw_webhook_channels_disabled_total")
 
             # Replay: the receiver that refused is fixed; its dead letter is sent again.
@@ -273,7 +273,7 @@ async def test_a_worker_killed_mid_schedule_leaves_the_retry_to_the_next_one_and
 async def test_a_dead_and_a_slow_channel_do_not_delay_a_healthy_one(
         kafka_bootstrap: str, redis_db_url: str, unique: str, tmp_path: Path) -> None:
     from consumers.webhooks import channel_label
-    from deploy.services import free_port
+    from deploy.processes import free_port
     from scoring.models import AlertChannel
 
     signals = 8
@@ -287,7 +287,7 @@ async def test_a_dead_and_a_slow_channel_do_not_delay_a_healthy_one(
                              webhook_retry_schedule=",".join(["1s"] * 10), webhook_breaker_failures=3,
                              webhook_breaker_open_s=1, webhook_disable_after_s=3)
             worker = WorkerProcess(env).start(tmp_path)
-            store = CatalogStore(Redis.from_url(url))
+            store = CatalogStore(connect(url))
             try:
                 worker.wait_ready()
                 deliveries = [d for n in range(signals)

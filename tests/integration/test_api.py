@@ -16,9 +16,9 @@ from typing import Any
 
 import httpx
 import pytest
-import redis as sync_redis
 
 from tests.support.api_process import ApiProcess, cli, create_key
+from tests.support.redis_clients import connect, connect_sync
 from tests.support.redis_databases import RedisDatabases
 
 pytestmark = pytest.mark.integration
@@ -108,7 +108,7 @@ def test_keys_are_needed_known_and_revoked_at_once(api: Api) -> None:
         revoked = cli(api.redis_url, "keys", "revoke", key_id)
         assert revoked.returncode == 0, revoked.stderr
         assert_problem(c.get("/v1/scorer-groups"), 401)  # the very next request
-    stored = sync_redis.Redis.from_url(api.redis_url).hgetall("sgw:api-keys")
+    stored = connect_sync(api.redis_url).hgetall("sgw:api-keys")
     assert all(key.encode() not in v for v in stored.values()), "Redis keeps a hash, not the key"
 
 
@@ -298,8 +298,6 @@ def test_operator_key_acts_on_any_project_and_must_name_one_to_create(api: Api, 
 def test_ratings_and_session_scores_are_the_projects_own(api: Api, scorers: dict[str, str]) -> None:
     import asyncio
 
-    from redis.asyncio import Redis
-
     from scoring.results import RatingEvent
     from scoring.stores.ratings import RatingsStore, SessionVerdict
 
@@ -309,7 +307,7 @@ def test_ratings_and_session_scores_are_the_projects_own(api: Api, scorers: dict
                           online=FULL_ONLINE)
 
         async def record() -> None:
-            redis = Redis.from_url(api.redis_url)
+            redis = connect(api.redis_url)
             now = time.time()
             await RatingsStore(redis).record(
                 [RatingEvent(ga["id"], 8.0, False, now), RatingEvent(ga["id"], 4.0, True, now)],
@@ -459,8 +457,6 @@ def test_port_0_picks_a_free_port_and_logs_it(api: Api, tmp_path: Path) -> None:
 def test_channels_of_two_projects_for_one_agent_id_stay_apart(api: Api) -> None:
     import asyncio
 
-    from redis.asyncio import Redis
-
     from scoring.stores.catalog import CatalogStore
 
     with api.as_("a") as a, api.as_("b") as b:
@@ -469,7 +465,7 @@ def test_channels_of_two_projects_for_one_agent_id_stay_apart(api: Api) -> None:
         assert mine["id"] != theirs["id"], "the same agent and URL in two projects are two channels"
 
     async def snapshot() -> Any:
-        redis = Redis.from_url(api.redis_url)
+        redis = connect(api.redis_url)
         try:
             return await CatalogStore(redis).snapshot()
         finally:
@@ -493,8 +489,6 @@ def test_scorer_writes_are_recorded_too(api: Api) -> None:
 def test_reads_see_a_change_made_outside_the_api_at_once(api: Api, scorers: dict[str, str]) -> None:
     import asyncio
 
-    from redis.asyncio import Redis
-
     from scoring.groups import MonitorClient
 
     with api.as_("a") as a:
@@ -502,7 +496,7 @@ def test_reads_see_a_change_made_outside_the_api_at_once(api: Api, scorers: dict
         assert a.get(f"/v1/scorer-groups/{g['id']}").json()["name"] == "Before"  # now cached
 
         async def rename() -> None:
-            redis = Redis.from_url(api.redis_url)
+            redis = connect(api.redis_url)
             try:
                 await MonitorClient(redis).scorer_groups.update(g["id"], name="After")  # as the CLI would
             finally:

@@ -10,7 +10,6 @@ from typing import Any
 
 import httpx
 import pytest
-import redis as sync_redis
 import schemathesis
 from hypothesis import HealthCheck, given, settings
 from schemathesis import GenerationMode
@@ -24,6 +23,7 @@ from schemathesis.checks import (
 
 from scoring.stores import keys
 from tests.support.api_process import ApiProcess, create_key
+from tests.support.redis_clients import connect_sync
 from tests.support.redis_databases import RedisDatabases
 from worker.api.openapi import COMMITTED, render
 
@@ -79,7 +79,7 @@ def test_stateful_sequences_answer_as_documented(api_schema: Any, served: tuple[
     transitions = [name for name in dir(machine) if name.startswith("POST_v1_scorer_groups___201_")]
     assert len(transitions) >= 5, "creating a group leads on to reading, changing and deleting it"
 
-    redis = sync_redis.Redis.from_url(served[0].redis_url)
+    redis = connect_sync(served[0].redis_url)
     kept = {keys.API_KEYS.encode(), keys.CATALOG_VERSION.encode()}
 
     class Workflow(machine):  # type: ignore[misc, valid-type]

@@ -9,12 +9,12 @@ from collections.abc import AsyncIterator
 from typing import Any
 
 import pytest
-from redis.asyncio import Redis
 
 from scoring.errors import InvalidDocument, NotFound
 from scoring.groups import MonitorClient
 from scoring.models import Judge, Pattern
 from scoring.stores.catalog import CatalogWatcher
+from tests.support.redis_clients import connect
 
 pytestmark = pytest.mark.integration
 
@@ -24,7 +24,7 @@ FULL_ONLINE = {"enabled": True, "sampleRate": 0.2, "alertThreshold": 6, "severit
 
 @pytest.fixture
 async def client(redis_db_url: str) -> AsyncIterator[MonitorClient]:
-    redis = Redis.from_url(redis_db_url)
+    redis = connect(redis_db_url)
     c = MonitorClient(redis)
     await c.scorers.put(Judge.model_validate({"id": "quality", "name": "Quality", "criteria": "Helpful?"}))
     await c.scorers.put(Judge.model_validate({"id": "safety", "name": "Safety", "criteria": "Safe?"}))
@@ -149,7 +149,7 @@ async def test_two_concurrent_updates_of_one_group_lose_nothing(redis_db_url: st
     g = await client.scorer_groups.create("G", [member("judge", "quality")], project_id="p-1",
                                           online=FULL_ONLINE)
     # Separate connections, so the writers really race on the server.
-    writers = [MonitorClient(Redis.from_url(redis_db_url)) for _ in range(4)]
+    writers = [MonitorClient(connect(redis_db_url)) for _ in range(4)]
     await asyncio.gather(
         writers[0].scorer_groups.update(g.id, description="new description"),
         writers[1].scorer_groups.update(g.id, online={"sampleRate": 0.9}),

@@ -8,9 +8,10 @@ from datetime import UTC, datetime, timedelta
 import pytest
 from redis.asyncio import Redis
 
-from deploy.services import LocalRedis
+from deploy.redis_servers import LocalRedis
 from scoring.pairs import ClaimRequest, day_of
 from scoring.stores.claims import ClaimResult, Claims, claim_hash
+from tests.support.redis_clients import connect
 
 pytestmark = pytest.mark.integration
 
@@ -36,7 +37,7 @@ async def test_budget_is_reserved_all_or_nothing(redis: Redis, unique: str) -> N
 
 
 async def test_concurrent_workers_never_overspend(redis_url: str, unique: str) -> None:
-    workers = [Claims(Redis.from_url(redis_url)) for _ in range(4)]
+    workers = [Claims(connect(redis_url)) for _ in range(4)]
     batches = await asyncio.gather(*[
         w.claim_many([req(unique, f"w{n}-t{i}", 3, limit=30) for i in range(10)], now=NOW)
         for n, w in enumerate(workers)])
@@ -195,7 +196,7 @@ def test_a_subject_is_kept_under_its_own_utc_day_before_1970_too() -> None:
 
 
 async def test_claims_work_on_a_client_that_decodes_replies(redis_url: str, unique: str) -> None:
-    redis = Redis.from_url(redis_url, decode_responses=True)
+    redis = connect(redis_url, decode_responses=True)
     try:
         claims = Claims(redis)
         r = req(unique, "t1", 1)

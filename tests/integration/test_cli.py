@@ -10,10 +10,10 @@ import time
 from pathlib import Path
 
 import pytest
-from redis.asyncio import Redis
 
 from scoring.results import RatingEvent
 from scoring.stores.ratings import RatingsStore, SessionVerdict
+from tests.support.redis_clients import connect
 
 pytestmark = pytest.mark.integration
 ROOT = Path(__file__).resolve().parents[2]
@@ -68,7 +68,7 @@ def test_list_get_delete(url: str) -> None:
 
 async def test_ratings_table_and_json_and_session_scores(url: str) -> None:
     cli(url, "catalog", "apply", str(EXAMPLE))
-    redis = Redis.from_url(url)
+    redis = connect(url)
     now = time.time()
     await RatingsStore(redis).record(
         [RatingEvent("support-quality", 8.0, False, now), RatingEvent("support-quality", 4.0, True, now),

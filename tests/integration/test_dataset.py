@@ -8,12 +8,12 @@ from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 
 import pytest
-from redis.asyncio import Redis
 
 from deploy.judge_server import JudgeServer
 from scorer_groups.gates import GateFailed
 from scoring.groups import MonitorClient
 from tests.support.datasets import grade_api, grade_cli, m
+from tests.support.redis_clients import connect
 
 pytestmark = pytest.mark.integration
 ROOT = Path(__file__).resolve().parents[2]
@@ -59,7 +59,7 @@ def judge() -> Iterator[JudgeServer]:
 @pytest.fixture
 async def catalog_url(redis_db_url: str) -> AsyncIterator[str]:
     url = redis_db_url
-    redis = Redis.from_url(url)
+    redis = connect(url)
     client = MonitorClient(redis)
     await client.apply(CATALOG)
     # Deleted after the groups were built: they degrade at scoring time.

@@ -9,12 +9,12 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from redis.asyncio import Redis
 
 from deploy.judge_server import JudgeServer
 from scoring.errors import InvalidDocument
 from scoring.groups import MonitorClient
 from tests.support.datasets import grade_api, grade_cli, m
+from tests.support.redis_clients import connect
 
 pytestmark = pytest.mark.integration
 
@@ -52,7 +52,7 @@ def judge() -> Iterator[JudgeServer]:
 
 @pytest.fixture
 async def client(redis_db_url: str) -> AsyncIterator[MonitorClient]:
-    redis = Redis.from_url(redis_db_url)
+    redis = connect(redis_db_url)
     client = MonitorClient(redis)
     await client.apply(CATALOG)
     yield client

@@ -10,11 +10,11 @@ from collections.abc import AsyncIterator
 from pathlib import Path
 
 import pytest
-from redis.asyncio import Redis
 
 from scorer_groups.runs import DatasetItem
 from scoring.errors import InvalidDocument, NotFound
 from scoring.stores.datasets import DatasetStore, parse_rows
+from tests.support.redis_clients import connect
 
 pytestmark = pytest.mark.integration
 ROOT = Path(__file__).resolve().parents[2]
@@ -27,7 +27,7 @@ def url(redis_db_url: str) -> str:
 
 @pytest.fixture
 async def store(url: str) -> AsyncIterator[DatasetStore]:
-    redis = Redis.from_url(url)
+    redis = connect(url)
     yield DatasetStore(redis)
     await redis.aclose()
 

@@ -11,11 +11,11 @@ from typing import Any
 
 import httpx
 import pytest
-import redis as sync_redis
 
 from deploy.judge_server import JudgeServer
 from scorer_groups import Client, GateFailed, NotAJudgeMember, NotFound
 from tests.support.api_process import ApiProcess, create_key
+from tests.support.redis_clients import connect_sync
 from tests.support.redis_databases import RedisDatabases
 from tests.support.spec_snippets import RUN_SNIPPET, SPEC
 
@@ -274,10 +274,10 @@ def test_a_run_is_graded_once(names: dict[str, Any], api: tuple[str, str, str]) 
     finalize = f"{api[0]}/v1/evaluations/{pending.id}/finalize"
     auth = {"Authorization": f"Bearer {api[1]}"}
     claim = keys.evaluation("p-eval", pending.id) + ":finalizing"
-    sync_redis.Redis.from_url(api[2]).set(claim, b"1")  # another request is grading it right now
+    connect_sync(api[2]).set(claim, b"1")  # another request is grading it right now
     busy = httpx.post(finalize, headers=auth, json=outputs)
     assert busy.status_code == 409 and "being finalized by another request" in busy.json()["detail"]
-    sync_redis.Redis.from_url(api[2]).delete(claim)
+    connect_sync(api[2]).delete(claim)
     assert httpx.post(finalize, headers=auth, json=outputs, timeout=60).status_code == 200
     again = httpx.post(finalize, headers=auth, json=outputs, timeout=60)
     assert again.status_code == 400 and again.json()["errors"][0]["message"] == "the run is already finalized"

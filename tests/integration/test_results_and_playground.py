@@ -14,7 +14,6 @@ from typing import Any
 
 import httpx
 import pytest
-from redis.asyncio import Redis
 
 from deploy.judge_server import Behaviour, JudgeServer
 from scorer_groups import AsyncClient, BadRequest, Client, NotFound, RateLimited, Retry
@@ -23,6 +22,7 @@ from scoring.results import RatingEvent
 from scoring.stores import keys
 from scoring.stores.ratings import RatingsStore
 from tests.support.api_process import ApiProcess, create_key
+from tests.support.redis_clients import connect
 from tests.support.redis_databases import RedisDatabases
 
 pytestmark = pytest.mark.integration
@@ -63,7 +63,7 @@ def rating(group_id: str, n: int, score: float | None) -> Rating:
 
 def record(env: Env, group_id: str, ratings: list[tuple[Rating, bool]]) -> None:
     async def write() -> None:
-        redis = Redis.from_url(env.redis_url)
+        redis = connect(env.redis_url)
         await RatingsStore(redis).record([RatingEvent(group_id, r.rating, below, r.scored_at.timestamp(), r.to_json())
                                           for r, below in ratings])
         await redis.aclose()
@@ -104,7 +104,7 @@ def test_the_results_kept_are_bounded(env: Env) -> None:
             record(env, group.id, [(rating(group.id, n, 5.0), False) for n in range(start, start + 500)])
 
         async def length() -> int:
-            redis = Redis.from_url(env.redis_url)
+            redis = connect(env.redis_url)
             try:
                 return int(await redis.xlen(keys.group_results(group.id)))
             finally:

@@ -13,7 +13,6 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from redis.asyncio import Redis
 
 from scorer_groups import (
     AsyncClient,
@@ -33,6 +32,7 @@ from scoring.stores.claims import Claims
 from scoring.stores.ratings import RatingsStore, SessionVerdict
 from tests.support.api_process import ApiProcess, cli, create_key
 from tests.support.http_fakes import Reply, ScriptedServer
+from tests.support.redis_clients import connect
 from tests.support.redis_databases import RedisDatabases
 from tests.support.spec_snippets import CREATE_SNIPPET, SCORES_SNIPPET, SESSION_SNIPPET, SPEC, TRACE_SNIPPET
 
@@ -93,7 +93,7 @@ def test_the_specs_snippets_run_unchanged(env: Env) -> None:
     assert (session.online.scope, session.online.sample_rate, session.online.idle_seconds) == ("session", 1.0, 120)
 
     async def verdict() -> None:
-        redis = Redis.from_url(env.redis_url)
+        redis = connect(env.redis_url)
         await RatingsStore(redis).record([], [SessionVerdict("s-42", group.id, 4.5, "Weighted blend: ...",
                                                              time.time())])
         await redis.aclose()
@@ -228,7 +228,7 @@ def test_a_budget_shows_the_calls_and_tokens_its_window_used(env: Env) -> None:
                                day=day_of(time.time()))
 
         async def spend() -> None:
-            redis = Redis.from_url(env.redis_url)
+            redis = connect(env.redis_url)
             claims = Claims(redis)
             (claim,) = await claims.claim_many([request])
             assert claim.state == "claimed"

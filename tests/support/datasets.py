@@ -8,8 +8,6 @@ import subprocess
 import sys
 from typing import Any
 
-from redis.asyncio import Redis
-
 from deploy.judge_server import JudgeServer
 from scoring.dataset import DatasetRow, grade_rows, plan_grading
 from scoring.members.http import RetryPolicy
@@ -17,6 +15,7 @@ from scoring.members.judge import JudgeClient
 from scoring.panel import Panel
 from scoring.stores.catalog import CatalogStore
 from tests.support.harness import ROOT
+from tests.support.redis_clients import connect
 
 
 def m(kind: str, ref: str, weight: float = 1, gate: bool = False) -> dict[str, Any]:
@@ -32,7 +31,7 @@ def grade_cli(catalog_url: str, judge: JudgeServer, *args: str,
 
 
 async def grade_api(catalog_url: str, judge: JudgeServer, group: str, rows: list[dict[str, Any]]) -> Any:
-    redis = Redis.from_url(catalog_url)
+    redis = connect(catalog_url)
     catalog = await CatalogStore(redis).snapshot()
     await redis.aclose()
     judges = JudgeClient(judge.base_url, policy=RetryPolicy(attempts=1))

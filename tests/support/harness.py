@@ -18,9 +18,9 @@ from typing import Any
 import httpx
 import orjson
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
-from redis.asyncio import Redis
 
 from scoring.groups import MonitorClient
+from tests.support.redis_clients import connect
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -178,7 +178,7 @@ def worker_env(kafka_bootstrap: str, redis_url: str, tag: str, **settings: objec
 async def catalog_db(url: str, catalog: dict[str, Any]) -> AsyncIterator[str]:
     """``catalog`` applied to the database at ``url`` - the test's own (``redis_db_url``), which is
     emptied before and after the test; yields the URL."""
-    redis = Redis.from_url(url)
+    redis = connect(url)
     try:
         await MonitorClient(redis).apply(catalog)
     finally:

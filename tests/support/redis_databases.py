@@ -4,6 +4,10 @@ A test that writes global keys - the catalog, API keys, a worker's state - gets 
 other test holds, emptied when it is handed out and when it is given back, so what one test
 leaves behind is never seen by another, whatever order they run in. Database 0 is handed to
 no one: tests there share it and keep apart by naming their keys uniquely (``unique``).
+
+A Redis Cluster has database 0 alone, so on a cluster run (``RedisClusters``) a holder gets a
+cluster of its own instead: small ones (three primaries), started when every one is held and
+kept for the next holder.
 """
 
 from __future__ import annotations
@@ -13,6 +17,8 @@ from collections.abc import Iterator
 
 from redis import Redis
 from redis.exceptions import ResponseError
+
+from deploy.redis_servers import LocalRedisCluster
 
 DEFAULT_DATABASES = 16  # Redis's own default, when the server will not say (CONFIG refused)
 
@@ -44,6 +50,33 @@ class RedisDatabases:
                 self._held.add(db)
                 return db
         raise RuntimeError(f"every one of the {self._count - 1} test databases is held")
+
+
+class RedisClusters:
+    """``lease()`` as ``RedisDatabases``'s, handing out whole clusters."""
+
+    def __init__(self) -> None:
+        self._free: list[LocalRedisCluster] = []
+        self._all: list[LocalRedisCluster] = []
+
+    @contextlib.contextmanager
+    def lease(self) -> Iterator[str]:
+        cluster = self._free.pop() if self._free else self._started()
+        cluster.flush()
+        try:
+            yield cluster.url
+        finally:
+            cluster.flush()
+            self._free.append(cluster)
+
+    def _started(self) -> LocalRedisCluster:
+        cluster = LocalRedisCluster(primaries=3, replicas_each=0).start()
+        self._all.append(cluster)
+        return cluster
+
+    def stop(self) -> None:
+        for cluster in self._all:
+            cluster.stop()
 
 
 def _databases(server_url: str) -> int:
