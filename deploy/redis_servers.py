@@ -159,10 +159,16 @@ class LocalRedisCluster:
         return self
 
     def wait_ready(self, timeout_s: float = READY_TIMEOUT_S) -> None:
-        """Until every running node says the cluster is ``ok`` (every slot served)."""
+        """Until every running node says the cluster is ``ok`` (every slot served) and every
+        replica has synced with its primary: a failover then loses no acknowledged write older
+        than the replication lag."""
         deadline = time.monotonic() + timeout_s
+        replicas = len(self.nodes) * self.replicas_each // (1 + self.replicas_each)
         while time.monotonic() < deadline:
-            if all(_state(node.port) == "ok" for node in self.nodes if node.proc is not None):
+            running = [node for node in self.nodes if node.proc is not None]
+            synced = sum(_info(node.port, "replication").get("master_link_status") == "up" for node in running)
+            down = len(self.nodes) - len(running)
+            if all(_state(node.port) == "ok" for node in running) and synced >= replicas - down:
                 return
             time.sleep(0.1)
         raise ServiceError(f"the Redis Cluster was not ready in {timeout_s:.0f}s")

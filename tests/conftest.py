@@ -101,7 +101,7 @@ def redis_databases(redis_url: str) -> Iterator[RedisDatabases | RedisClusters]:
     """Hands out databases of the shared server one holder at a time (module fixtures lease one);
     on a cluster run, clusters of their own."""
     if not on_cluster():
-        yield RedisDatabases(redis_url)
+        yield RedisDatabases(redis_url, _xdist_share() if os.environ.get("SGW_REDIS_URL") else (0, 1))
         return
     clusters = RedisClusters()
     try:
@@ -116,6 +116,13 @@ def redis_db_url(redis_databases: RedisDatabases) -> Iterator[str]:
     for tests that write global keys (the catalog, API keys) or run a worker."""
     with redis_databases.lease() as url:
         yield url
+
+
+def _xdist_share() -> tuple[int, int]:
+    """This process's place among pytest-xdist's workers (gw0, gw1...), which share a Redis
+    server only when it is given (SGW_REDIS_URL); otherwise each starts its own."""
+    worker = os.environ.get("PYTEST_XDIST_WORKER", "gw0")
+    return int(worker.removeprefix("gw")), int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
 
 
 @pytest.fixture

@@ -1,29 +1,24 @@
 """The worker on a replicated Kafka cluster: three KRaft brokers on loopback (``LocalKafkaCluster``).
 
-The live-scoring scenario runs there whole; the topics the worker creates get 3 replicas and
-``min.insync.replicas`` 2; and the broker leading the traces partitions crashes (SIGKILL) with
-traffic flowing, then comes back: no pair is lost, none gets two rating ids or two values, the
-worker never exits and is ready again by itself.
+The live-scoring scenario runs there whole, and the topics the worker creates get 3 replicas
+and ``min.insync.replicas`` 2. A broker failing over under load, with a Redis primary too, is
+the cluster chaos test's (tests/reliability/test_chaos_cluster.py).
 """
 
 from __future__ import annotations
 
-import asyncio
-from collections import defaultdict
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
-from typing import Any
 
-import orjson
 import pytest
 from aiokafka.admin import AIOKafkaAdminClient
 from aiokafka.admin.config_resource import ConfigResource, ConfigResourceType
 
 from deploy.judge_server import JudgeServer
 from deploy.services import LocalKafkaCluster
-from tests.support.harness import WorkerProcess, catalog_db, produce, read_topic, worker_env
+from tests.support.harness import catalog_db, worker_env
 from tests.support.http_fakes import Reply, ScriptedServer
-from tests.support.live_scoring import catalog, check_live_scoring, trace
+from tests.support.live_scoring import catalog, check_live_scoring
 
 pytestmark = pytest.mark.integration
 
@@ -63,53 +58,3 @@ async def test_live_scoring_on_three_brokers_with_replicated_topics(
         assert min_isr == {"min.insync.replicas"}, configs
     finally:
         await admin.close()
-
-
-async def _leader_of_most_partitions(bootstrap: str, topic: str) -> int:
-    admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap)
-    await admin.start()
-    try:
-        (described,) = await admin.describe_topics([topic])
-    finally:
-        await admin.close()
-    led: dict[int, int] = defaultdict(int)
-    for partition in described["partitions"]:
-        led[partition["leader"]] += 1
-    return max(led, key=lambda node: led[node])
-
-
-async def test_the_traces_leader_crashes_and_returns_under_load_nothing_lost_nothing_doubled(
-        env: dict[str, str], cluster: LocalKafkaCluster, tmp_path: Path) -> None:
-    # Deterministic groups only (b-det), so every value is known: 3 waves of 100 traces, the
-    # broker leading most traces partitions killed after the first and restarted after the second.
-    waves = [[trace(i, "p-b") for i in range(w * 100, w * 100 + 100)] for w in range(3)]
-    worker = WorkerProcess(env).start(tmp_path)
-    topic = env["SGW_TRACES_TOPIC"]
-    killed: int | None = None
-    try:
-        worker.wait_ready()
-        await produce(cluster.bootstrap, topic, [(t["traceId"].encode(), orjson.dumps(t)) for t in waves[0]])
-        await read_topic(cluster.bootstrap, env["SGW_RATINGS_TOPIC"], until=lambda v: len(v) >= 50)
-        killed = await _leader_of_most_partitions(cluster.bootstrap, topic)
-        cluster.kill(killed)  # SIGKILL, with the first wave still being scored
-        await produce(cluster.bootstrap, topic, [(t["traceId"].encode(), orjson.dumps(t)) for t in waves[1]])
-        await asyncio.to_thread(cluster.restart, killed)
-        killed = None
-        await produce(cluster.bootstrap, topic, [(t["traceId"].encode(), orjson.dumps(t)) for t in waves[2]])
-        ratings = await read_topic(cluster.bootstrap, env["SGW_RATINGS_TOPIC"], timeout_s=180, settle_s=3,
-                                   until=lambda v: len({r["traceId"] for r in v}) >= 300)
-        assert worker.proc is not None and worker.proc.poll() is None, "the worker rode it out"
-        await asyncio.to_thread(worker.wait_ready, 60)  # and is ready again by itself
-    finally:
-        if killed is not None:
-            cluster.restart(killed)
-        code = worker.stop()
-    assert code == 0, worker.logs()
-    ids: dict[str, set[str]] = defaultdict(set)
-    values: dict[str, set[Any]] = defaultdict(set)
-    for r in ratings:
-        ids[r["traceId"]].add(r["id"])
-        values[r["traceId"]].add(r["rating"])
-    assert set(ids) == {t["traceId"] for wave in waves for t in wave}, "no trace lost"
-    assert all(len(v) == 1 for v in ids.values()), "one rating id per pair"
-    assert all(len(v) == 1 for v in values.values()), "one value per pair"

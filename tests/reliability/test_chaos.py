@@ -35,9 +35,7 @@ round: ``SGW_CHAOS_ROUNDS=5 ./dev chaos`` (README: Reliability).
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import os
-import re
 import signal
 import time
 from collections import defaultdict
@@ -47,12 +45,9 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any
 
-import httpx
 import orjson
 import pytest
-from aiokafka import AIOKafkaConsumer, TopicPartition
 from aiokafka.admin import AIOKafkaAdminClient, NewTopic
-from aiokafka.errors import KafkaError
 from redis.asyncio import Redis
 
 from deploy.judge_server import Behaviour, JudgeServer
@@ -60,7 +55,8 @@ from deploy.redis_servers import LocalRedis
 from deploy.services import LocalKafka
 from scoring.groups import MonitorClient
 from scoring.stores.claims import Claims
-from tests.support.harness import WorkerProcess, produce, worker_env
+from tests.support.chaos import RatingsTail, Workers, commit_lag, read_everything
+from tests.support.harness import produce, worker_env
 
 ROUNDS = int(os.environ.get("SGW_CHAOS_ROUNDS", "1"))
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(150 + 150 * ROUNDS)]
@@ -122,147 +118,15 @@ def expected_rating(trace_id: str, group: str) -> float:
     return 0.0 if i % 3 == 0 else 10.0
 
 
-# --- What the test watches -----------------------------------------------------------------------
-
-@dataclass
-class RatingsTail:
-    """Reads the ratings topic as it grows (to pace the faults); survives the broker's restart."""
-
-    bootstrap: str
-    topic: str
-    pairs: set[tuple[str, str]] = field(default_factory=set)
-    task: asyncio.Task[None] | None = None
-
-    def start(self) -> RatingsTail:
-        self.task = asyncio.create_task(self._read())
-        return self
-
-    async def _read(self) -> None:
-        consumer = AIOKafkaConsumer(self.topic, bootstrap_servers=self.bootstrap, group_id=None,
-                                    auto_offset_reset="earliest", enable_auto_commit=False)
-        await consumer.start()
-        try:
-            while True:
-                try:
-                    batches = await consumer.getmany(timeout_ms=200)
-                except KafkaError:  # the broker is down: the client reconnects by itself
-                    await asyncio.sleep(0.5)
-                    continue
-                for records in batches.values():
-                    for r in records:
-                        rating = orjson.loads(r.value)
-                        self.pairs.add((rating["traceId"], rating["groupId"]))
-        finally:
-            await consumer.stop()
-
-    async def wait_for(self, pairs: int, timeout_s: float, check: Callable[[], None]) -> None:
-        deadline = time.monotonic() + timeout_s
-        while len(self.pairs) < pairs:
-            check()
-            assert time.monotonic() < deadline, f"only {len(self.pairs)} of {pairs} pairs rated in {timeout_s:g}s"
-            await asyncio.sleep(0.2)
-
-    async def stop(self) -> None:
-        if self.task is not None:
-            self.task.cancel()
-            await asyncio.gather(self.task, return_exceptions=True)
-
-
-async def read_everything(bootstrap: str, topic: str) -> list[dict[str, Any]]:
-    """Every record of ``topic`` up to its current end."""
-    consumer = AIOKafkaConsumer(bootstrap_servers=bootstrap, group_id=None, enable_auto_commit=False)
-    await consumer.start()
-    values: list[dict[str, Any]] = []
-    try:
-        partitions = [TopicPartition(topic, p) for p in range(PARTITIONS)]
-        consumer.assign(partitions)
-        await consumer.seek_to_beginning(*partitions)
-        ends = await consumer.end_offsets(partitions)
-        async with asyncio.timeout(60):
-            while [tp for tp, end in ends.items() if await consumer.position(tp) < end]:
-                for records in (await consumer.getmany(timeout_ms=500)).values():
-                    values.extend(orjson.loads(r.value) for r in records)
-    finally:
-        await consumer.stop()
-    return values
-
-
-async def commit_lag(bootstrap: str, topic: str, group: str) -> int:
-    """Records of ``topic`` past the group's committed offsets (0: committed to the end)."""
-    admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap)
-    consumer = AIOKafkaConsumer(bootstrap_servers=bootstrap, group_id=None)
-    await admin.start()
-    await consumer.start()
-    try:
-        committed = await admin.list_consumer_group_offsets(group)
-        ends = await consumer.end_offsets([TopicPartition(topic, p) for p in range(PARTITIONS)])
-        return sum(end - (committed[tp].offset if tp in committed else 0) for tp, end in ends.items())
-    finally:
-        await consumer.stop()
-        await admin.close()
-
-
-def readiness(worker: WorkerProcess) -> str:
-    try:
-        response = httpx.get(worker.url + "/readyz", timeout=2)
-        return f"{response.status_code} {response.text.strip()}"
-    except httpx.HTTPError as exc:
-        return f"unreachable {exc!r}"
-
-
 # --- The faults ----------------------------------------------------------------------------------
 
-@dataclass
-class Chaos:
-    """The services, the workers and the faults; ``killed`` are the workers the test killed."""
+@dataclass(kw_only=True)
+class Chaos(Workers):
+    """The workers, the services and the faults."""
 
     kafka: LocalKafka
     redis: LocalRedis
-    env: dict[str, str]
-    log_dir: Path
-    running: list[WorkerProcess] = field(default_factory=list)
-    killed: list[WorkerProcess] = field(default_factory=list)
-    started: int = 0
-    not_ready_seen: set[str] = field(default_factory=set)
     freezes: list[tuple[float, float]] = field(default_factory=list)  # (SIGSTOP, SIGCONT), wall clock
-    rescored: float = 0  # pairs the stopped workers scored again after a pause (their metric)
-
-    async def start_worker(self) -> WorkerProcess:
-        self.started += 1
-        worker = WorkerProcess(self.env, name=f"worker-{self.started}").start(self.log_dir)
-        self.running.append(worker)
-        await asyncio.to_thread(worker.wait_ready)
-        return worker
-
-    def check_running(self) -> None:
-        """No worker the test did not kill has exited."""
-        for worker in self.running:
-            assert worker.proc is not None
-            if worker.proc.poll() is not None:
-                raise AssertionError(f"{worker.name} exited with {worker.proc.returncode}:\n{worker.logs()}")
-
-    async def watch(self, seconds: float) -> None:
-        """Wait ``seconds``, checking that every worker runs and noting why they are not ready."""
-        until = time.monotonic() + seconds
-        while time.monotonic() < until:
-            self.check_running()
-            for worker in self.running:
-                said = await asyncio.to_thread(readiness, worker)
-                if not said.startswith("200"):
-                    self.not_ready_seen.add(re.sub(r"\d+s\b", "Ns", said.split(" (", 1)[0])[:80])
-            await asyncio.sleep(0.5)
-
-    # 1. A worker dies without a word: no drain, no commit, no released leases.
-    async def kill_a_worker(self) -> None:
-        victim = self.running.pop(0)
-        assert victim.proc is not None
-        victim.proc.send_signal(signal.SIGKILL)
-        victim.proc.wait()
-        self.killed.append(victim)
-
-    # 2. A new worker joins: the group rebalances while the others have work in flight.
-    async def a_worker_joins(self) -> None:
-        await self.start_worker()
 
     # 3. A worker stops answering (a long GC pause, a frozen VM) past the session timeout: the
     #    group gives its partitions away, then it comes back holding work that is no longer its.
@@ -299,15 +163,6 @@ class Chaos:
         await self.watch(BROKER_DOWN_S)
         await asyncio.to_thread(self.kafka.restart)
 
-    def stop(self, worker: WorkerProcess) -> int | str:
-        """SIGTERM: the exit code, or why there is none."""
-        with contextlib.suppress(Exception):  # read while it still serves its metrics
-            self.rescored += worker.metric("sgw_pairs_rescored_after_pause_total")
-        try:
-            return worker.stop()
-        except AssertionError as exc:
-            return f"did not stop on SIGTERM: {str(exc)[:200]}"
-
     def faults(self) -> list[Callable[[], Awaitable[None]]]:
         return [self.kill_a_worker, self.a_worker_joins, self.freeze_a_worker, self.freeze_redis,
                 self.restart_the_broker]
@@ -338,7 +193,7 @@ async def test_workers_ride_out_kills_joins_freezes_and_outages(
     with JudgeServer() as judge:
         judge.set_default(Behaviour.deterministic(delay=JUDGE_DELAY_S))
         env["SGW_JUDGE_BASE_URL"] = judge.base_url
-        chaos = Chaos(own_kafka, own_redis, env, tmp_path)
+        chaos = Chaos(kafka=own_kafka, redis=own_redis, env=env, log_dir=tmp_path)
         tail = RatingsTail(bootstrap, env["SGW_RATINGS_TOPIC"])
         began = time.monotonic()
         try:
@@ -362,7 +217,7 @@ async def test_workers_ride_out_kills_joins_freezes_and_outages(
             pairs = ROUNDS * TRACES_PER_ROUND * len(GROUPS)
             await tail.wait_for(pairs, 120, chaos.check_running)
             deadline = time.monotonic() + 30
-            while (lag := await commit_lag(bootstrap, env["SGW_TRACES_TOPIC"], env["SGW_CONSUMER_GROUP"])) > 0:
+            while (lag := await commit_lag(bootstrap, env["SGW_TRACES_TOPIC"], env["SGW_CONSUMER_GROUP"], PARTITIONS)) > 0:
                 chaos.check_running()
                 assert time.monotonic() < deadline, f"{lag} records past the committed offsets after 30s"
                 await asyncio.sleep(0.5)
@@ -380,7 +235,7 @@ async def test_workers_ride_out_kills_joins_freezes_and_outages(
         await redis.aclose()
 
     # 5. What was published: every pair, one id and one value each, the expected value.
-    ratings = await read_everything(bootstrap, env["SGW_RATINGS_TOPIC"])
+    ratings = await read_everything(bootstrap, env["SGW_RATINGS_TOPIC"], PARTITIONS)
     ids: dict[tuple[str, str], set[str]] = defaultdict(set)
     values: dict[tuple[str, str], set[Any]] = defaultdict(set)
     for r in ratings:
@@ -398,7 +253,7 @@ async def test_workers_ride_out_kills_joins_freezes_and_outages(
     differing_by_freeze = differing & {(r["traceId"], r["groupId"]) for r in timed_out_in_freeze}
     rescored = chaos.rescored
     failed_exits = {name: code for name, code in exits.items() if code != 0}
-    lag_after_stop = await commit_lag(bootstrap, env["SGW_TRACES_TOPIC"], env["SGW_CONSUMER_GROUP"])
+    lag_after_stop = await commit_lag(bootstrap, env["SGW_TRACES_TOPIC"], env["SGW_CONSUMER_GROUP"], PARTITIONS)
     print(f"chaos: rounds={ROUNDS} pairs={len(wanted)} missing={missing} duplicate_ids={duplicate_ids} "
           f"differing_values={len(differing)} (by a frozen worker: {len(differing_by_freeze)}) "
           f"wrong_values={len(wrong)} (timed out in a freeze: {len(timed_out_in_freeze)}) "

@@ -26,6 +26,7 @@ from deploy.redis_servers import LocalRedis
 from deploy.services import LocalKafka
 from scoring.groups import MonitorClient
 from tests.support.harness import WorkerProcess, produce, read_topic, worker_env
+from tests.support.redis_clients import connect
 
 pytestmark = pytest.mark.integration
 
@@ -109,7 +110,7 @@ async def test_redis_frozen_then_wiped_is_ridden_out(own_redis: LocalRedis, kafk
 async def test_a_frozen_broker_is_ridden_out(own_kafka: LocalKafka, redis_db_url: str, unique: str,
                                              tmp_path: Path) -> None:
     url = redis_db_url
-    redis = Redis.from_url(url)
+    redis = connect(url)
     await MonitorClient(redis).apply(CATALOG)
     bootstrap = own_kafka.bootstrap
     env = worker_env(bootstrap, url, f"kout-{unique}", outage_tolerance_s=90)

@@ -24,11 +24,15 @@ DEFAULT_DATABASES = 16  # Redis's own default, when the server will not say (CON
 
 
 class RedisDatabases:
-    def __init__(self, server_url: str) -> None:
+    """``share``: (index, count) when ``count`` test processes (pytest-xdist workers) lease from
+    one server: each takes the databases ``db`` with ``(db - 1) % count == index``."""
+
+    def __init__(self, server_url: str, share: tuple[int, int] = (0, 1)) -> None:
         self._base = server_url.rsplit("/", 1)[0]
-        self._count = _databases(server_url)
+        index, count = share
+        self._mine = [db for db in range(1, _databases(server_url)) if (db - 1) % count == index]
         self._held: set[int] = set()
-        self._next = 1
+        self._turn = 0
 
     @contextlib.contextmanager
     def lease(self) -> Iterator[str]:
@@ -44,12 +48,13 @@ class RedisDatabases:
 
     def _take(self) -> int:
         # In turn, not lowest first: a database goes back into use as late as possible.
-        for _ in range(self._count - 1):
-            db, self._next = self._next, self._next % (self._count - 1) + 1
+        for _ in range(len(self._mine)):
+            db = self._mine[self._turn % len(self._mine)]
+            self._turn += 1
             if db not in self._held:
                 self._held.add(db)
                 return db
-        raise RuntimeError(f"every one of the {self._count - 1} test databases is held")
+        raise RuntimeError(f"every one of the {len(self._mine)} test databases is held")
 
 
 class RedisClusters:

@@ -1,0 +1,184 @@
+"""Every store on a real Redis Cluster (three primaries, a replica each), in ./dev test: each Lua
+script runs there - the keys it touches share a slot, so no CROSSSLOT - including after the
+nodes forgot every script; the schedule and the hot keys spread over the primaries; a primary
+killed mid-use fails over to its replica and the stores carry on.
+
+(The whole Redis-touching suite runs on clusters too: ``./dev test-cluster``.)"""
+
+from __future__ import annotations
+
+import asyncio
+import re
+import time
+from collections.abc import AsyncIterator, Iterator
+from datetime import UTC, datetime
+from pathlib import Path
+
+import pytest
+from redis import Redis
+from redis.asyncio.cluster import RedisCluster
+from redis.commands.core import AsyncScript
+from redis.exceptions import ConnectionError as RedisConnectionError
+
+from deploy.redis_servers import LocalRedisCluster
+from scoring.otlp.mapping import BufferedSpan
+from scoring.pairs import ClaimRequest, day_of
+from scoring.results import RatingEvent, Signal, build_deliveries
+from scoring.stores import keys
+from scoring.stores.alerts import NoScoreAlerts
+from scoring.stores.claims import Claims, Reservation
+from scoring.stores.deliveries import DeliverySchedule, PendingDelivery, shard_of
+from scoring.stores.otlp_buffer import OtlpBuffer
+from scoring.stores.ratings import RatingsStore, SessionVerdict
+from scoring.stores.sessions import SessionStore
+from scoring.subjects import Span, Trace
+from scoring.webhooks.retries import RetrySchedule
+
+pytestmark = pytest.mark.integration
+
+STORES_DIR = Path(__file__).resolve().parents[2] / "scoring" / "stores"
+
+
+@pytest.fixture(scope="module")
+def cluster() -> Iterator[LocalRedisCluster]:
+    started = LocalRedisCluster().start()
+    try:
+        yield started
+    finally:
+        started.stop()
+
+
+@pytest.fixture
+async def client(cluster: LocalRedisCluster) -> AsyncIterator[RedisCluster]:
+    cluster.flush()
+    redis = RedisCluster.from_url(cluster.url, socket_timeout=5, socket_connect_timeout=5)
+    try:
+        yield redis
+    finally:
+        await redis.aclose()
+
+
+def claim(project: str, subject: str, calls: int = 2) -> ClaimRequest:
+    return ClaimRequest(project_id=project, group_id="g", subject_key=f"trace:{subject}", judge_calls=calls,
+                        budget_limit=100, budget_window_s=3600, day=day_of(time.time()))
+
+
+def turn(project: str, session: str, n: int) -> Trace:
+    return Trace(trace_id=f"t{n}", project_id=project, agent_id="a", session_id=session,
+                 timestamp=datetime.now(UTC), spans=[Span(span_id="r", input="q", output=f"answer {n}")])
+
+
+def delivery(n: int) -> PendingDelivery:
+    signal = Signal(id=f"s-{n}", key="scorer-group:g", group_id="g", group_name="G", project_id="p", agent_id="a",
+                    scope="trace", trace_id=f"t-{n}", rating=1.0, alert_threshold=5.0, severity="low",
+                    justification="j", rating_id=f"r-{n}", raised_at=datetime.now(UTC))
+    return PendingDelivery(delivery=build_deliveries(signal, [f"https://hooks.example.com/{n}"])[0],
+                           first_seen=datetime.now(UTC))
+
+
+async def use_every_store(redis: RedisCluster) -> list[AsyncScript]:
+    """Each store's every operation that runs a script, on keys of several projects, groups and
+    channels (so of several slots and nodes); returns the scripts the stores registered."""
+    now = time.time()
+    claims = Claims(redis, lease_s=30)
+    requests = [claim(f"p{n}", f"t{n}") for n in range(6)]
+    results = await claims.claim_many(requests, now=now)
+    assert [r.state for r in results] == ["claimed"] * 6
+    assert await claims.confirm(requests[:3]) == [True] * 3
+    await claims.mark_done([(r, f"rating-{i}") for i, r in enumerate(requests[:3])], now=now)
+    await claims.release(requests[3:])
+    assert await claims.reserve_many([Reservation(requests[0], 1, 0, False)], now=now) == [True]
+
+    ratings = RatingsStore(redis)
+    await ratings.record([RatingEvent(f"g{n}", 7.0, False, now, b'{"id":"r"}') for n in range(6)],
+                         [SessionVerdict("s1", "g1", 7.0, "r1", now)])
+    await ratings.record_skipped({"g1": 2}, now)
+    assert (await ratings.history("g1", "1h", now=now)).count == 1
+
+    sessions = SessionStore(redis)
+    await sessions.record([turn(f"p{n}", f"s{n}", n) for n in range(6)], now=now - 60)
+    assert [q.session_id for q in await sessions.quiet("p2", 30, now=now)] == ["s2"]
+    await sessions.forget("p2", ["s2"], not_after=now)
+
+    buffer = OtlpBuffer(redis, quiet_s=0.05, max_wait_s=1, lease_s=5, prefix="cluster-otlp")
+    spans = [BufferedSpan(trace_id=f"t{n}", project_id="p", service="svc", span=Span(span_id="r", output="x"))
+             for n in range(20)]
+    assert (await buffer.add(spans)).added == 20
+    await asyncio.sleep(0.1)
+    due = await buffer.claim_due()
+    assert len(due) == 20
+    await buffer.finish(due)
+
+    schedule = DeliverySchedule(redis, lease_s=1, schedule=RetrySchedule.parse("5s"))
+    items = [delivery(n) for n in range(20)]
+    assert all(await schedule.add_claimed(items, now - 10))
+    assert len(await schedule.claim_due(now, 100)) == 20
+
+    alerts = NoScoreAlerts(redis, interval_s=60)
+    assert await alerts.due([(f"p{n}", "g", f"sig-{n}") for n in range(6)]) == {f"sig-{n}" for n in range(6)}
+
+    stores = (claims, ratings, sessions, buffer, schedule, alerts)
+    return [v for store in stores for v in vars(store).values() if isinstance(v, AsyncScript)]
+
+
+def registered_in_source() -> int:
+    return sum(len(re.findall(r"register_script\(", path.read_text())) for path in STORES_DIR.glob("*.py"))
+
+
+def scripts_known(cluster: LocalRedisCluster, scripts: list[AsyncScript]) -> list[bool]:
+    known = []
+    for node in cluster.primaries():
+        with Redis(port=node.port) as plain:
+            known.append(all(plain.script_exists(*(s.sha for s in scripts))))
+    return known
+
+
+async def test_every_script_runs_on_a_cluster_even_after_the_nodes_forgot_them(
+        cluster: LocalRedisCluster, client: RedisCluster) -> None:
+    for node in cluster.primaries():
+        with Redis(port=node.port) as plain:
+            plain.script_flush()
+    scripts = await use_every_store(client)  # raises on CROSSSLOT (redis-py refuses before sending)
+    assert len(scripts) == registered_in_source(), "every script of scoring/stores was used above"
+    # Nothing loads a script but a NOSCRIPT answer to running it: every one ran, on every
+    # primary (a script's keys are on one node; the fallback loads it on all).
+    assert all(scripts_known(cluster, scripts))
+
+
+async def test_hot_keys_and_the_webhook_shards_spread_over_the_primaries(cluster: LocalRedisCluster) -> None:
+    def owners(names: list[str]) -> set[int]:
+        return {cluster.primary_of(name).port for name in names}
+
+    assert len(owners([keys.webhook_due(shard) for shard in range(keys.WEBHOOK_SHARDS)])) == 3
+    assert len(owners([keys.dedupe_claims(f"p{n}", 1) for n in range(12)])) == 3, "projects spread"
+    assert len(owners([keys.group_results(f"g{n}") for n in range(12)])) == 3, "groups spread"
+    assert len({shard_of(delivery(n).delivery) for n in range(40)}) > 8, "channels spread over the shards"
+
+
+async def test_a_primary_killed_fails_over_and_the_stores_carry_on(
+        cluster: LocalRedisCluster, client: RedisCluster) -> None:
+    claims = Claims(client, lease_s=30)
+    first = claim("p-failover", "t1")
+    assert [r.state for r in await claims.claim_many([first])] == ["claimed"]
+    await claims.mark_done([(first, "rating-1")])
+    await asyncio.sleep(0.5)  # the replica has the write (asynchronous replication)
+    hash_key = keys.dedupe_claims("p-failover", first.day)
+    killed = cluster.kill_primary_of(hash_key)
+    try:
+        took = cluster.wait_promoted(hash_key, killed)
+        assert took < 20, f"failover took {took:.1f}s"
+        second = claim("p-failover", "t2")
+        # A call may still meet the connection the crash closed (the worker's outage guard calls
+        # again); the next finds the promoted replica by itself.
+        errors = []
+        for _ in range(3):
+            try:
+                results = await claims.claim_many([first, second])
+                break
+            except RedisConnectionError as exc:
+                errors.append(exc)
+        assert len(errors) <= 1, errors
+        assert [r.state for r in results] == ["done", "claimed"], "the done mark survived on the replica"
+    finally:
+        cluster.restart(killed)
+        cluster.wait_ready()
