@@ -59,7 +59,7 @@ from tests.support.chaos import RatingsTail, Workers, commit_lag, read_everythin
 from tests.support.harness import produce, worker_env
 
 ROUNDS = int(os.environ.get("SGW_CHAOS_ROUNDS", "1"))
-pytestmark = [pytest.mark.integration, pytest.mark.timeout(150 + 150 * ROUNDS)]
+pytestmark = [pytest.mark.integration, pytest.mark.alone, pytest.mark.timeout(150 + 150 * ROUNDS)]
 
 # The backlog: every trace is one pair per group. Judge answers take JUDGE_DELAY_S, so a worker
 # rates about MAX_IN_FLIGHT / JUDGE_DELAY_S traces a second and the backlog outlasts the faults.

@@ -58,7 +58,7 @@ from tests.support.harness import produce, worker_env
 from tests.support.http_fakes import Reply, ScriptedServer
 
 ROUNDS = int(os.environ.get("SGW_CHAOS_ROUNDS", "1"))
-pytestmark = [pytest.mark.integration, pytest.mark.timeout(240 + 180 * ROUNDS)]
+pytestmark = [pytest.mark.integration, pytest.mark.alone, pytest.mark.timeout(240 + 180 * ROUNDS)]
 
 TRACES_PER_ROUND = 1600
 TURNS = 4  # traces per conversation
