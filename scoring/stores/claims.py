@@ -230,6 +230,29 @@ return 1
 """
 
 
+# KEYS: a project's claim hashes, then its token windows. ARGV: the done marks' TTL, the number
+# of hashes, then per hash the number of its fields and their field, value pairs; then per token
+# window the tokens to settle and its TTL. A batch's done marks and token settlements of one
+# project (one hash tag) in one command, not an HSET and an EXPIRE per hash and window.
+_MARK_DONE = """
+local at, hashes = 3, tonumber(ARGV[2])
+for h = 1, hashes do
+  local n = tonumber(ARGV[at])
+  for first = at + 1, at + 2 * n, 4000 do  -- unpack's limit (Lua's C stack, 8000): 2000 fields a call
+    redis.call('HSET', KEYS[h], unpack(ARGV, first, math.min(first + 3999, at + 2 * n)))
+  end
+  redis.call('EXPIRE', KEYS[h], ARGV[1])
+  at = at + 1 + 2 * n
+end
+for w = hashes + 1, #KEYS do
+  redis.call('INCRBY', KEYS[w], ARGV[at])
+  redis.call('EXPIRE', KEYS[w], ARGV[at + 1])
+  at = at + 2
+end
+return hashes
+"""
+
+
 def claim_hash(request: ClaimRequest) -> str:
     """The hash a pair's claim is kept in: its project's, of its subject's day."""
     return keys.dedupe_claims(request.project_id, request.day)
@@ -263,6 +286,7 @@ class Claims:
         self._release = redis.register_script(_RELEASE)
         self._confirm = redis.register_script(_CONFIRM)
         self._reserve = redis.register_script(_RESERVE)
+        self._mark_done = redis.register_script(_MARK_DONE)
 
     def spend(self, request: ClaimRequest,
               reserve: Callable[[Reservation], Awaitable[bool]] | None = None) -> PairSpend:
@@ -331,27 +355,31 @@ class Claims:
 
     async def mark_done(self, done: list[tuple[ClaimRequest, str]],
                         tokens: Sequence[tuple[ClaimRequest, int]] = (), now: float | None = None) -> None:
-        """Mark pairs done with their rating ids, once their outputs are acknowledged: one HSET
-        and one EXPIRE per hash. ``tokens`` settles the pairs' judge tokens in their windows
-        (the usage reported less the ceilings reserved): one INCRBY per project, same round trip."""
+        """Mark pairs done with their rating ids, once their outputs are acknowledged. ``tokens``
+        settles the pairs' judge tokens in their windows (the usage reported less the ceilings
+        reserved). One script call per project, pipelined: a round trip for the batch."""
         if not done and not tokens:
             return
         now = time.time() if now is None else now
-        by_hash: dict[str, dict[str, str]] = defaultdict(dict)
+        by_project: dict[str, tuple[dict[str, dict[str, str]], dict[tuple[str, int], int]]] = {}
         for request, rating_id in done:
-            by_hash[claim_hash(request)][claim_field(request)] = f"done:{rating_id}"
-        settle: dict[tuple[str, int], int] = defaultdict(int)
+            hashes, _ = by_project.setdefault(request.project_id, ({}, defaultdict(int)))
+            hashes.setdefault(claim_hash(request), {})[claim_field(request)] = f"done:{rating_id}"
         for request, delta in tokens:
             if delta:
                 window_s = request.budget_window_s
+                _, settle = by_project.setdefault(request.project_id, ({}, defaultdict(int)))
                 settle[(keys.judge_tokens(request.project_id, int(now) // window_s * window_s), window_s)] += delta
         async with ScriptPipeline(self._redis) as pipe:
-            for key, fields in by_hash.items():
-                pipe.redis.hset(key, mapping=fields)  # type: ignore[arg-type]
-                pipe.redis.expire(key, self._done_ttl_s)
-            for (key, window_s), delta in settle.items():
-                pipe.redis.incrby(key, delta)
-                pipe.redis.expire(key, window_s * 2)
+            for hashes, settle in by_project.values():
+                args: list[str | int] = [self._done_ttl_s, len(hashes)]
+                for fields in hashes.values():
+                    args.append(len(fields))
+                    for field, value in fields.items():
+                        args += [field, value]
+                for (_, window_s), delta in settle.items():
+                    args += [delta, window_s * 2]
+                pipe.script(self._mark_done, [*hashes, *(key for key, _ in settle)], args)
             await pipe.execute()
 
     async def confirm(self, requests: list[ClaimRequest]) -> list[bool]:

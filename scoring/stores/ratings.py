@@ -20,15 +20,21 @@ from scoring.stores import keys
 from scoring.stores.client import RedisClient
 from scoring.stores.scripts import ScriptPipeline
 
-# ARGV: count, scored, sum, min, max, below, noscore, skipped, then one TTL per key. One call
-# counts a whole batch's results of one group into its buckets (the worker aggregates first).
+# KEYS: a group's buckets (one per chart window), then, optionally, its latest results stream.
+# ARGV: count, scored, sum, min, max, below, noscore, skipped; the number of buckets and one TTL
+# per bucket; then, with the stream: the length kept (about), its TTL, and per result its
+# document and whether it is below the threshold ("1"/"0"). One call counts a whole batch's
+# results of one group into its buckets (the worker aggregates first) and keeps their documents:
+# the keys share the group's hash tag, so one command per group and batch, on Redis Cluster too.
 # "skipped" counts pairs sampled in but not scored for want of judge budget: no result, so
 # not in "count", but shown beside "noscore" so that a starved group is seen, not silent.
 _RECORD = """
 local fields = {'count', 'scored', 'sum', 'min', 'max', 'below', 'noscore', 'skipped'}
 local count, scored, sum = tonumber(ARGV[1]), tonumber(ARGV[2]), tonumber(ARGV[3])
 local low, high = tonumber(ARGV[4]), tonumber(ARGV[5])
-for i, key in ipairs(KEYS) do
+local buckets = tonumber(ARGV[9])
+for i = 1, buckets do
+  local key = KEYS[i]
   -- Three commands a bucket: read every field, write the new values, renew the expiry.
   local v = redis.call('HMGET', key, unpack(fields))
   local new = {'count', (tonumber(v[1]) or 0) + count}
@@ -45,9 +51,17 @@ for i, key in ipairs(KEYS) do
     end
   end
   redis.call('HSET', key, unpack(new))
-  redis.call('EXPIRE', key, ARGV[8 + i])
+  redis.call('EXPIRE', key, ARGV[9 + i])
 end
-return #KEYS
+if #KEYS > buckets then
+  -- MAXLEN ~: trimmed whole nodes at a time, cheap; the stream keeps at least the length kept.
+  local stream, at = KEYS[buckets + 1], 10 + buckets
+  for i = at + 2, #ARGV, 2 do
+    redis.call('XADD', stream, 'MAXLEN', '~', ARGV[at], '*', 'r', ARGV[i], 'b', ARGV[i + 1])
+  end
+  redis.call('EXPIRE', stream, ARGV[at + 1])
+end
+return buckets
 """
 
 
@@ -164,40 +178,29 @@ def _bucket_keys(group_id: str, at: float) -> tuple[list[str], list[int]]:
     return names, ttls
 
 
-# KEYS: a group's results stream. ARGV: the length kept (about), the TTL, then per result its
-# document and whether it is below the threshold ("1"/"0"). One call per group and batch: the
-# client packs one command instead of one XADD per result (24 -> 3.5 us of worker CPU each).
-_KEEP_RESULTS = """
-for i = 3, #ARGV, 2 do
-  redis.call('XADD', KEYS[1], 'MAXLEN', '~', ARGV[1], '*', 'r', ARGV[i], 'b', ARGV[i + 1])
-end
-redis.call('EXPIRE', KEYS[1], ARGV[2])
-"""
-
-
 class RatingsStore:
     def __init__(self, redis: RedisClient) -> None:
         self._redis = redis
         self._record = redis.register_script(_RECORD)
-        self._keep_results = redis.register_script(_KEEP_RESULTS)
 
     async def record(self, events: list[RatingEvent], sessions: list[SessionVerdict] = ()) -> None:  # type: ignore[assignment]
         """Count ``events`` into their buckets, keep their documents among their groups' latest
         results, and keep the latest session verdicts: one pipelined round trip for the batch."""
         if not events and not sessions:
             return
+        results: dict[str, list[bytes | int]] = {}
+        for event in events:
+            if event.document:
+                results.setdefault(event.group_id, []).extend((event.document, int(event.below_threshold)))
         async with ScriptPipeline(self._redis) as pipe:
             for (group_id, at), agg in _aggregate(events).items():
                 names, ttls = _bucket_keys(group_id, at)
-                pipe.script(self._record, names, [*agg.args(), *ttls])
-            results: dict[str, list[bytes | int]] = {}
-            for event in events:
-                if event.document:
-                    results.setdefault(event.group_id, []).extend((event.document, int(event.below_threshold)))
-            for group_id, documents in results.items():
-                # MAXLEN ~: trimmed whole nodes at a time, cheap; the stream keeps at least RESULTS_KEPT.
-                pipe.script(self._keep_results, [keys.group_results(group_id)],
-                            [keys.RESULTS_KEPT, keys.RESULTS_TTL_S, *documents])
+                args: list[int | str | bytes] = [*agg.args(), len(names), *ttls]
+                documents = results.pop(group_id, None)  # with the group's first buckets: one call
+                if documents:
+                    names.append(keys.group_results(group_id))
+                    args += [keys.RESULTS_KEPT, keys.RESULTS_TTL_S, *documents]
+                pipe.script(self._record, names, args)
             for verdict in sessions:
                 key = keys.session_scores(verdict.session_id)
                 pipe.redis.hset(key, verdict.group_id, orjson.dumps(asdict(verdict)))
@@ -211,7 +214,7 @@ class RatingsStore:
         async with ScriptPipeline(self._redis) as pipe:
             for group_id, skipped in counts.items():
                 names, ttls = _bucket_keys(group_id, at)
-                pipe.script(self._record, names, [*_Aggregate(skipped=skipped).args(), *ttls])
+                pipe.script(self._record, names, [*_Aggregate(skipped=skipped).args(), len(names), *ttls])
             await pipe.execute()
 
     async def history(self, group_id: str, window: str = "7d", now: float | None = None) -> RatingsHistory:
