@@ -29,7 +29,7 @@ import asyncio
 import contextlib
 import hashlib
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any, Protocol
@@ -108,6 +108,11 @@ class SenderLimits:
     breaker_open_s: float = 30.0
     disable_after_s: float = 86_400.0
     poll_s: float = 0.5
+    # Due retries are looked for in this many of the schedule's shards a poll, in turn (all of
+    # them while a backlog is claimed): each shard every 2 s at the default poll, at a quarter of
+    # the commands - polling is what every worker does all the time, whatever the traffic.
+    shards_per_poll: int = 4
+    stats_s: float = 15.0  # how often the pending count and oldest age are read (every shard)
     flush_s: float = 0.05  # how often the schedule's writes are sent (one round trip each time)
     commit_interval_s: float = 1.0
 
@@ -255,18 +260,24 @@ class WebhookSender:
     async def _poll(self, stop: asyncio.Event) -> None:
         last_stats = 0.0
         unsharded = True  # until deliveries of a version before the shards are moved to them
+        turn, more = 0, False
         while not stop.is_set():
-            more = False
+            backlog, more = more, False  # the last poll claimed all it had room for
             try:
                 if unsharded:
                     await self._move_unsharded()
                     unsharded = False
                 room = self._limits.max_in_flight - len(self._tasks)
-                claimed = await self._schedule.claim_due(time.time(), room)
+                if backlog:
+                    shards: Sequence[int] = range(keys.WEBHOOK_SHARDS)
+                else:
+                    first, turn = turn, (turn + self._limits.shards_per_poll) % keys.WEBHOOK_SHARDS
+                    shards = [(first + i) % keys.WEBHOOK_SHARDS for i in range(self._limits.shards_per_poll)]
+                claimed = await self._schedule.claim_due(time.time(), room, shards)
                 for pending in claimed:
                     self._dispatch(pending)
-                more = room > 0 and len(claimed) == room  # a backlog: claim again soon
-                if time.monotonic() - last_stats >= 5.0:
+                more = room > 0 and len(claimed) == room  # a backlog: claim again soon, everywhere
+                if time.monotonic() - last_stats >= self._limits.stats_s:
                     self._events.pending(*await self._schedule.stats(time.time()))
                     last_stats = time.monotonic()
             except Exception:

@@ -18,6 +18,7 @@ primaries. A poll reads every shard in one pipelined round trip.
 from __future__ import annotations
 
 from collections import defaultdict
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Literal, cast
@@ -191,17 +192,19 @@ class DeliverySchedule:
                 added[index] = bool(flag)
         return added
 
-    async def claim_due(self, now: float, limit: int) -> list[PendingDelivery]:
-        """Up to ``limit`` due deliveries, the longest due first, each claimed for one lease: one
-        round trip lists every shard's, one claims the chosen."""
+    async def claim_due(self, now: float, limit: int,
+                        shards: Sequence[int] = range(keys.WEBHOOK_SHARDS)) -> list[PendingDelivery]:
+        """Up to ``limit`` due deliveries of ``shards`` (all by default), the longest due first,
+        each claimed for one lease: one round trip lists them, one claims the chosen."""
         if limit <= 0:
             return []
         now_ms = int(now * 1000)
         async with self._redis.pipeline(transaction=False) as pipe:
-            for shard in range(keys.WEBHOOK_SHARDS):
+            for shard in shards:
                 pipe.zrangebyscore(keys.webhook_due(shard), "-inf", now_ms, start=0, num=limit, withscores=True)
             listed = await pipe.execute()
-        due = sorted((score, shard, _text(id_)) for shard, rows in enumerate(listed) for id_, score in rows)[:limit]
+        due = sorted((score, shard, _text(id_)) for shard, rows in zip(shards, listed, strict=True)
+                     for id_, score in rows)[:limit]
         if not due:
             return []
         ids_by_shard: dict[int, list[str]] = defaultdict(list)

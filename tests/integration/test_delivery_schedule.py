@@ -84,6 +84,18 @@ async def test_channels_spread_over_the_shards_and_a_poll_claims_the_longest_due
     assert await schedule.stats(now) == (40, pytest.approx(39, abs=1)), "counted over every shard, oldest first seen"
 
 
+async def test_a_poll_of_some_shards_claims_only_theirs(schedule: DeliverySchedule) -> None:
+    # The sender polls a few shards a tick, in turn: a poll claims what is due there, no more.
+    now = time.time()
+    items = [pending(n, now, f"https://hooks.example.com/channel-{n}") for n in range(40)]
+    assert all(await schedule.add_claimed(items, now - 100))
+    polled = sorted({shard_of(item.delivery) for item in items})[:3]
+    claimed = await schedule.claim_due(now, 100, polled)
+    assert sorted(p.delivery.id for p in claimed) == sorted(
+        i.delivery.id for i in items if shard_of(i.delivery) in polled)
+    assert len(await schedule.claim_due(now, 100)) == 40 - len(claimed), "the others wait for their turn"
+
+
 async def test_deliveries_of_the_unsharded_schedule_move_to_their_shards_with_open_incidents(
         schedule: DeliverySchedule) -> None:
     now = time.time()
