@@ -112,7 +112,7 @@ class SenderLimits:
     # them while a backlog is claimed): each shard every 2 s at the default poll, at a quarter of
     # the commands - polling is what every worker does all the time, whatever the traffic.
     shards_per_poll: int = 4
-    stats_s: float = 15.0  # how often the pending count and oldest age are read (every shard)
+    stats_s: float = 5.0  # how often the pending count and oldest age are read (every shard)
     flush_s: float = 0.05  # how often the schedule's writes are sent (one round trip each time)
     commit_interval_s: float = 1.0
 
