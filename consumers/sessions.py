@@ -11,7 +11,9 @@ Every ``interval_s``, for each project with live session-scope groups:
    from the same online budget as trace scoring;
 4. score the claimed pairs on the whole transcript, publish (rating, Signal, webhook
    deliveries), record the verdicts (ratings history, session scores), then mark them done -
-   the pair protocol of ``consumers.pairs``, which the trace loop follows too;
+   the pair protocol of ``consumers.pairs``, which the trace loop follows too; a pair with a
+   member that failed while the process stood still is handed back instead, and judged afresh
+   by the next sweep (a pause is not a timeout: ``consumers.pauses``);
 5. drop from the index the sessions quiet past every group's idle time.
 
 Every worker runs a sweeper; the claims make sure each (session, turns, group) is judged once.
@@ -31,6 +33,7 @@ from redis.exceptions import RedisError
 from consumers.events import NoEvents, PipelineEvents
 from consumers.outputs import Outputs
 from consumers.pairs import PairSteps, Scored
+from consumers.pauses import PauseWatch
 from scoring.catalog import CatalogSnapshot
 from scoring.pairs import day_of
 from scoring.panel import Panel
@@ -51,7 +54,7 @@ MAX_PAGES = 25  # per project and sweep: the rest wait for the next tick
 class SessionSweeper:
     def __init__(self, *, store: SessionStore, outputs: Outputs, catalog: Callable[[], CatalogSnapshot],
                  panel: Panel, claims: Claims, ratings: RatingsStore, events: PipelineEvents | None = None,
-                 interval_s: float = 2.0, concurrency: int = 16) -> None:
+                 interval_s: float = 2.0, concurrency: int = 16, pauses: PauseWatch | None = None) -> None:
         self._store = store
         self._catalog = catalog
         self._panel = panel
@@ -60,15 +63,22 @@ class SessionSweeper:
         self._steps = PairSteps(claims, outputs, ratings, self._events)  # the pair protocol
         self._interval_s = interval_s
         self._concurrency = concurrency
+        self._pauses = pauses or PauseWatch()
 
     async def run(self, stop: asyncio.Event) -> None:
-        while not stop.is_set():
-            try:
-                await self.sweep_once()
-            except Exception:  # Redis or Kafka hiccup: the next tick tries again
-                log.exception("session sweep failed; retrying on the next tick")
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(stop.wait(), timeout=self._interval_s)
+        watching = asyncio.create_task(self._pauses.run(stop), name="sweep-pause-watch")
+        try:
+            while not stop.is_set():
+                try:
+                    await self.sweep_once()
+                except Exception:  # Redis or Kafka hiccup: the next tick tries again
+                    log.exception("session sweep failed; retrying on the next tick")
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(stop.wait(), timeout=self._interval_s)
+        finally:
+            watching.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await watching
 
     async def sweep_once(self, now: float | None = None) -> int:
         """One sweep over every project; returns how many (session, group) pairs were judged."""
@@ -148,10 +158,20 @@ class SessionSweeper:
             return 0
         try:
             # 2. score; a gates-first group whose judges found no room is skipped whole
-            spends = [self._steps.spend(i) for i in mine]
+            began, spends = time.monotonic(), [self._steps.spend(i) for i in mine]
             results = await asyncio.gather(*(self._steps.score(self._panel, i, snapshot, spend)
                                              for i, spend in zip(mine, spends, strict=True)))
             scored = [Scored(i, r, spend) for i, r, spend in zip(mine, results, spends, strict=True) if r is not None]
+            # 2b. A member failed while this process stood still: its deadline counted the pause.
+            #     The pair goes back (its lease given up) for the next sweep to judge afresh.
+            paused = [s for s in scored if self._pauses.failed_through(s.result, began)]
+            if paused:
+                log.warning("a member failed while the process stood still; the conversation is judged again",
+                            pairs=len(paused), pauses=self._pauses.pauses)
+                self._events.rescored_after_pause(len(paused))
+                await self._claims.release([s.pair.claim for s in paused])
+                unsettled.update(s.pair.subject.session_id or "" for s in paused)
+                scored = [s for s in scored if s not in paused]
             mine = [s.pair for s in scored]
             # 3. still ours? A sweep that stalled past its leases may have lost sessions to another
             #    worker, which judged them since: those are left to it (and to the next sweep).

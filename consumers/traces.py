@@ -452,9 +452,7 @@ class TraceConsumer:
         return None
 
     def _paused_through(self, result: GroupResult, began: float) -> bool:
-        """A member failed while this process stood still (``PauseWatch``): its deadline counted
-        the pause, so its failure says nothing about the pair."""
-        return self._pauses.since(began) and any(m.status == "failed" for m in result.blend.members)
+        return self._pauses.failed_through(result, began)
 
     async def _hand_back(self, pairs: list[Pair]) -> None:
         """Give up the leases of pairs scored through a pause, to claim them again (their judge

@@ -1,26 +1,32 @@
 """The session sweeper as a loop, and its leases, on the real Redis and broker: it sweeps every
 interval and rides out a failed sweep; a sweep that lost a session's lease to another worker
 publishes nothing for it; a sweep cut short gives its leases back at once (and ends as cut short
-even when they cannot be given back)."""
+even when they cannot be given back); a member that failed while the process stood still is
+judged again, not published."""
 
 from __future__ import annotations
 
 import asyncio
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
+from typing import Any
 
 import pytest
 from redis.asyncio import Redis
 from redis.exceptions import ConnectionError as RedisConnectionError
 from structlog.testing import capture_logs
 
+from consumers.events import NoEvents
+from consumers.pauses import PauseWatch
+from scoring.blend import MemberOutcome, blend
 from scoring.catalog import CatalogSnapshot
 from scoring.egress import EgressPolicy
 from scoring.members.external import ExternalClient
-from scoring.models import CustomEvaluator
+from scoring.models import CustomEvaluator, Judge, ScorerGroup
 from scoring.pairs import ClaimRequest
-from scoring.panel import Panel
+from scoring.panel import GroupResult, Panel
 from scoring.stores.claims import Claims
+from scoring.subjects import Subject
 from tests.support.http_fakes import Reply, ScriptedServer
 from tests.support.session_sweeps import Sweep, project_sweep, session_group
 
@@ -166,3 +172,72 @@ async def test_a_cancelled_sweep_whose_leases_cannot_be_given_back_still_ends_as
         await cut_short
     assert claims.tried == 1
     assert (await claims.stored(sweep.claim("s-1", 2))).startswith("lease:"), "left to expire"
+
+
+class Rescored(NoEvents):
+    def __init__(self) -> None:
+        self.rescored: list[int] = []
+
+    def rescored_after_pause(self, count: int) -> None:
+        self.rescored.append(count)
+
+
+class StandsStillOnce(Panel):
+    """Scores as the panel does; while the first pair is scored, the process stands still 1.5 s
+    (nothing on the loop runs, as under SIGSTOP) and its member's deadline passes on the clock."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.calls = 0
+
+    def _stand_still(self, group: ScorerGroup, subject: Subject, result: GroupResult) -> GroupResult:
+        self.calls += 1
+        if self.calls > 1:
+            return result
+        time.sleep(1.5)
+        member = group.members[0]
+        timed_out = MemberOutcome(name=member.ref_id, kind=member.kind, weight=member.weight, gate=member.gate,
+                                  ref_id=member.ref_id, error="timed out after 1s")
+        return GroupResult(group, subject, blend([timed_out]))
+
+    async def score(self, group: ScorerGroup, subject: Subject, scorers: Any, spend: Any = None) -> GroupResult:
+        return self._stand_still(group, subject, await super().score(group, subject, scorers, spend=spend))
+
+
+async def test_a_member_failed_while_the_process_stood_still_is_judged_again_not_published(
+        sweep: Sweep) -> None:
+    # "A pause is not a timeout": the process stands still while the conversation is judged, and
+    # its member times out - on the clock, not on the scorer. The sweep hands it back (its lease
+    # given up); the next sweep judges it afresh, and only that verdict is published.
+    await sweep.record("s-1", 2, at=time.time() - 5)
+    pauses, events, panel, stop = PauseWatch(), Rescored(), StandsStillOnce(), asyncio.Event()
+    sweeper = sweep.sweeper(sweep.catalog(), panel=panel, events=events, pauses=pauses)
+    watching = asyncio.create_task(pauses.run(stop))
+    try:
+        assert await sweeper.sweep_once() == 0, "handed back, not published"
+        assert events.rescored == [1]
+        assert await sweep.index() == {"s-1"}, "the conversation stays, to be judged again"
+        assert await sweeper.sweep_once() == 1
+    finally:
+        stop.set()
+        await watching
+    (rating,) = await sweep.published(1, settle_s=1)
+    assert (rating["rating"], rating["members"][0]["status"]) == (10.0, "scored"), "the fresh verdict alone"
+    assert panel.calls == 2
+
+
+async def test_a_member_that_failed_without_a_pause_is_published_as_it_is(sweep: Sweep) -> None:
+    await sweep.record("s-1", 2, at=time.time() - 5)
+    events, stop, pauses = Rescored(), asyncio.Event(), PauseWatch()
+    catalog = sweep.catalog(session_group(sweep.project, members=[
+        {"kind": "judge", "refId": "quality", "weight": 1, "gate": False}]),
+        judges={"quality": Judge(id="quality", name="Quality", criteria="Helpful?")})
+    watching = asyncio.create_task(pauses.run(stop))
+    try:  # no judge client here: the judge member fails at once - a verdict about the pair
+        assert await sweep.sweeper(catalog, events=events, pauses=pauses).sweep_once() == 1
+    finally:
+        stop.set()
+        await watching
+    assert events.rescored == []
+    (rating,) = await sweep.published(1, settle_s=1)
+    assert rating["members"][0]["status"] == "failed"
