@@ -171,7 +171,7 @@ class SessionSweeper:
                 self._events.rescored_after_pause(len(paused))
                 await self._claims.release([s.pair.claim for s in paused])
                 unsettled.update(s.pair.subject.session_id or "" for s in paused)
-                scored = [s for s in scored if s not in paused]
+                scored = [s for s in scored if all(s is not p for p in paused)]
             mine = [s.pair for s in scored]
             # 3. still ours? A sweep that stalled past its leases may have lost sessions to another
             #    worker, which judged them since: those are left to it (and to the next sweep).

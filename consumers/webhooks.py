@@ -263,10 +263,13 @@ class WebhookSender:
         turn, more = 0, False
         while not stop.is_set():
             backlog, more = more, False  # the last poll claimed all it had room for
-            try:
-                if unsharded:
+            if unsharded:  # apart: a failed move must not keep the poll below from claiming
+                try:
                     await self._move_unsharded()
                     unsharded = False
+                except Exception:
+                    log.warning("moving the unsharded webhook schedule failed; trying again", exc_info=True)
+            try:
                 room = self._limits.max_in_flight - len(self._tasks)
                 if backlog:
                     shards: Sequence[int] = range(keys.WEBHOOK_SHARDS)

@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Literal, cast
 
-from pydantic import BaseModel, ConfigDict
+from pydantic import BaseModel, ConfigDict, ValidationError
 from pydantic.alias_generators import to_camel
 
 from scoring.results import WebhookDelivery
@@ -304,7 +304,10 @@ class DeliverySchedule:
                 for id_, (_, due_ms), doc in zip(ids, rows, docs, strict=True):
                     if doc is None:
                         continue  # finished or expired since it was listed
-                    pending = PendingDelivery.model_validate_json(doc)
+                    try:
+                        pending = PendingDelivery.model_validate_json(doc)
+                    except ValidationError:
+                        continue  # unreadable: it could never be sent; it leaves with the old keys
                     shard = shard_of(pending.delivery)
                     pipe.set(keys.webhook_pending(shard, id_), doc, ex=self._ttl_s, nx=True)
                     pipe.zadd(keys.webhook_due(shard), {id_: int(due_ms)}, nx=True)

@@ -106,6 +106,8 @@ async def test_deliveries_of_the_unsharded_schedule_move_to_their_shards_with_op
         await redis.set(f"{old}:pending:{item.delivery.id}", item.to_json(), ex=3600)
         await redis.zadd(f"{old}:due", {item.delivery.id: due_ms})
         await redis.zadd(f"{old}:created", {item.delivery.id: int(item.first_seen.timestamp() * 1000)})
+    await redis.set(f"{old}:pending:garbage", b"{not a delivery", ex=3600)  # unreadable: dropped, not fatal
+    await redis.zadd(f"{old}:due", {"garbage": int(now * 1000)})
     await redis.set(f"{old}:incident:abc123:scorer-group:g", "1", ex=600)
     await redis.set(f"{old}:incident:gone:scorer-group:g", "1", ex=600)
 
@@ -115,7 +117,8 @@ async def test_deliveries_of_the_unsharded_schedule_move_to_their_shards_with_op
     assert [p.delivery.id for p in claimed] == [one.delivery.id], "the due one is due, the later one keeps its time"
     await schedule.finish(one.delivery, "delivered")
     assert [p.delivery.id for p in await schedule.claim_due(now + 61, 10)] == [two.delivery.id]
-    assert await redis.exists(f"{old}:due", f"{old}:pending:{one.delivery.id}") == 0, "the old keys are gone"
+    assert await redis.exists(f"{old}:due", f"{old}:pending:{one.delivery.id}", f"{old}:pending:garbage") == 0, \
+        "the old keys are gone, the unreadable one too"
     assert 0 < await redis.ttl(keys.webhook_incident(7, "abc123", "scorer-group:g")) <= 600, \
         "an open incident moved, with its time left"
     assert await redis.exists(f"{old}:incident:gone:scorer-group:g") == 1, \
