@@ -53,7 +53,7 @@ from scoring.groups import MonitorClient
 from scoring.pairs import day_of
 from scoring.stores import keys
 from scoring.stores.claims import Claims
-from tests.support.chaos import RatingsTail, Workers, commit_lag, read_everything
+from tests.support.chaos import RatingsTail, Workers, commit_lag, read_everything, wait_committed
 from tests.support.harness import produce, worker_env
 from tests.support.http_fakes import Reply, ScriptedServer
 
@@ -226,12 +226,7 @@ async def test_workers_ride_out_a_redis_primary_and_a_broker_failing_over(
             # 3. Every trace pair and every conversation rated; committed to the end.
             await tail.wait_for(ROUNDS * TRACES_PER_ROUND * len(TRACE_GROUPS) + conversations, 150,
                                 chaos.check_running)
-            deadline = time.monotonic() + 30
-            while (lag := await commit_lag(bootstrap, env["SGW_TRACES_TOPIC"], env["SGW_CONSUMER_GROUP"],
-                                           PARTITIONS)) > 0:
-                chaos.check_running()
-                assert time.monotonic() < deadline, f"{lag} records past the committed offsets after 30s"
-                await asyncio.sleep(0.5)
+            await wait_committed(bootstrap, env, PARTITIONS, chaos.check_running)
             await asyncio.sleep(3)  # the last Signals' deliveries
             chaos.check_running()
         finally:

@@ -106,6 +106,17 @@ async def commit_lag(bootstrap: str, topic: str, group: str, partitions: int) ->
         await admin.close()
 
 
+async def wait_committed(bootstrap: str, env: dict[str, str], partitions: int, check: Callable[[], None],
+                         timeout_s: float = 30) -> None:
+    """Until the workers' group has committed to the end of the traces topic, ``check``ing the
+    workers meanwhile."""
+    deadline = time.monotonic() + timeout_s
+    while (lag := await commit_lag(bootstrap, env["SGW_TRACES_TOPIC"], env["SGW_CONSUMER_GROUP"], partitions)) > 0:
+        check()
+        assert time.monotonic() < deadline, f"{lag} records past the committed offsets after {timeout_s:g}s"
+        await asyncio.sleep(0.5)
+
+
 def readiness(worker: WorkerProcess) -> str:
     try:
         response = httpx.get(worker.url + "/readyz", timeout=2)
