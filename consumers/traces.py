@@ -3,7 +3,8 @@
 Each turn of the loop is a short list of steps:
 
 1. make room: pause the partitions while ``max_in_flight`` traces are being scored (and, with
-   work in flight, until an eighth of the room is free again);
+   work in flight, until an eighth of the room is free again), polling them meanwhile only as
+   often as staying in the consumer group needs;
 2. fetch a batch (``getmany``), no larger than the room left;
 3. decode it: malformed records go to the dead-letter topic with their reason;
 4. route it: the project's live trace-scope groups, sampled per (trace, group); session-scope
@@ -63,6 +64,9 @@ BUSY_POLL_S = 0.5  # how often a pair leased by another worker is looked at agai
 FINISH_LINGER_S = 0.05
 # A judge pair's rating waits this long at most for other pairs' confirmations to share its call.
 CONFIRM_LINGER_S = 0.02
+# The consumer's max_poll_interval_ms (aiokafka's default): a loop with no room still polls
+# within a quarter of it, so that the consumer stays in its group.
+MAX_POLL_INTERVAL_S = 300.0
 
 
 class TurnRecorder(Protocol):
@@ -106,6 +110,7 @@ class TraceConsumer:
         alerts: NoScoreAlerts | None = None,
         finish_linger_s: float = FINISH_LINGER_S,
         pauses: PauseWatch | None = None,
+        max_poll_interval_s: float = MAX_POLL_INTERVAL_S,
     ) -> None:
         self._consumer = consumer
         self._producer = producer
@@ -134,6 +139,8 @@ class TraceConsumer:
         # finished (marked done), never cancelled halfway and scored again elsewhere.
         self._publishing: set[asyncio.Task[None]] = set()
         self._room = asyncio.Event()
+        self._poll_at_least_every_s = max_poll_interval_s / 4
+        self._last_poll = time.monotonic()
         # Cut short when pairs waiting to be finished fill an eighth of the room, or the room runs out.
         self._finisher: Batcher[Finished, None] = Batcher(self._write_finished, max_items=max(1, max_in_flight // 8),
                                                           max_wait_s=finish_linger_s)
@@ -229,15 +236,18 @@ class TraceConsumer:
                 self._finisher.hurry()  # pairs published but not yet marked done hold the room
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self._room.wait(), timeout=self._committer.interval_s)
-            # Still poll while paused: a consumer that stops polling for max_poll_interval_ms
-            # leaves the group, and its partitions (and leases) go to someone else.
-            batches = await self._outages.call(lambda: self._consumer.getmany(timeout_ms=0, max_records=1))
+            # A consumer that stops polling for max_poll_interval_ms leaves the group, and its
+            # partitions (and leases) go to someone else: poll while paused, but only as often as
+            # that needs. A poll of a paused partition throws away what the fetcher had already
+            # read of it, to be read again from the broker on resume.
+            batches = {}
+            if time.monotonic() - self._last_poll >= self._poll_at_least_every_s:
+                batches = await self._poll(timeout_ms=0, max_records=1)
         else:
             paused = self._consumer.paused()
             if paused:
                 self._consumer.resume(*paused)
-            batches = await self._outages.call(
-                lambda: self._consumer.getmany(timeout_ms=100, max_records=min(room, 1000)))
+            batches = await self._poll(timeout_ms=100, max_records=min(room, 1000))
         if batches:
             await self._handle(batches)
         self.last_progress = time.monotonic()
@@ -250,6 +260,12 @@ class TraceConsumer:
                 log.warning("commit failed; retrying on the next tick", error=repr(exc))
                 self._commit_failed(exc)
             self._report_lag()
+
+    async def _poll(self, *, timeout_ms: int, max_records: int) -> dict[TopicPartition, list[Any]]:
+        batches: dict[TopicPartition, list[Any]] = await self._outages.call(
+            lambda: self._consumer.getmany(timeout_ms=timeout_ms, max_records=max_records))
+        self._last_poll = time.monotonic()
+        return batches
 
     async def _record_skipped(self) -> None:
         """Pairs skipped for budget since the last commit, counted in the history once a commit."""

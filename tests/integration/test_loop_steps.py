@@ -727,7 +727,8 @@ async def test_a_paused_loop_keeps_polling_so_the_consumer_stays_in_its_group(
         loops: Callable[..., Awaitable[Loop]], logs: list[dict[str, Any]]) -> None:
     # The room is full for two and a half times max.poll.interval.ms: a consumer that stopped
     # calling getmany meanwhile would leave its group and have its partitions (and work) revoked.
-    loop = await loops(("wait",), max_in_flight=1, consumer_config={"max_poll_interval_ms": 2000})
+    loop = await loops(("wait",), max_in_flight=1, consumer_config={"max_poll_interval_ms": 2000},
+                       max_poll_interval_s=2.0)
     await loop.send("t-0", BLOCK)
     await loop.start()
     await until(lambda: loop.controls.panel.entered == [("wait", "t-0")], "t-0 in flight")
@@ -737,6 +738,33 @@ async def test_a_paused_loop_keeps_polling_so_the_consumer_stays_in_its_group(
     await loop.committed_to(1)
     revoked = [entry["partitions"] for entry in logged(logs, "partitions revoked") if entry["partitions"]]
     assert revoked == [], "the consumer never left its group"
+
+
+async def test_a_paused_loop_polls_no_more_often_than_staying_in_its_group_needs(
+        loops: Callable[..., Awaitable[Loop]]) -> None:
+    # Polling a paused partition throws away what the fetcher had read of it in advance, to be
+    # read from the broker again on resume: a full loop polls only within a quarter of
+    # max.poll.interval.ms (here 300 s), not on every turn.
+    loop = await loops(("wait",), max_in_flight=1)
+    await loop.send("t-0", BLOCK)
+    await loop.send("t-1")
+    await loop.start()
+    await until(lambda: loop.controls.panel.entered == [("wait", "t-0")], "t-0 in flight")
+    await until(lambda: loop.consumer.paused() == {loop.tp}, "the partition to be paused")
+    polls = 0
+    getmany = loop.consumer.getmany
+
+    async def counted(*args: Any, **kwargs: Any) -> Any:
+        nonlocal polls
+        polls += 1
+        return await getmany(*args, **kwargs)
+
+    loop.consumer.getmany = counted  # type: ignore[method-assign]
+    await loop.steps(3)  # three turns while paused, each ending on the commit interval
+    assert polls == 0
+    loop.controls.panel.release()
+    await loop.committed_to(2)
+    assert polls > 0, "resumed, it fetches again"
 
 
 async def test_records_of_a_partition_revoked_since_the_fetch_are_left_and_the_rest_of_the_batch_handled(
