@@ -48,7 +48,7 @@ from scoring.stores.ratings import RatingsHistory, RatingsStore
 UPDATABLE = {"name": "name", "description": "description", "members": "members", "online": "online",
              "project_id": "projectId", "projectId": "projectId", "gates_first": "gatesFirst",
              "gatesFirst": "gatesFirst"}
-_STREAM_ID = re.compile(r"\d{1,20}-\d{1,20}")  # a results cursor: a Redis stream entry id
+_RESULTS_CURSOR = re.compile(r"\d{1,20}")  # the place of a result in its group's latest results
 FULL_ONLINE_NEEDED = (
     "online: this group has no online profile to merge into; send a full online object "
     "(enabled, sampleRate, alertThreshold, severity; scope defaults to \"trace\")"
@@ -154,7 +154,7 @@ class ScorerGroups:
         """The group's latest results, newest first (``below``: only those under its alert
         threshold); the last ``keys.RESULTS_KEPT`` are kept."""
         await self.get(group_id)  # 404 unless the caller's project sees the group
-        if cursor is not None and not _STREAM_ID.fullmatch(cursor):
+        if cursor is not None and not _RESULTS_CURSOR.fullmatch(cursor):
             raise InvalidDocument("cursor: not a cursor this API gave (nextCursor of the page before)")
         documents, next_cursor = await self._ratings.results(group_id, limit=limit, cursor=cursor, below=below)
         return ResultsPage(items=[Rating.model_validate_json(d) for d in documents], next_cursor=next_cursor)

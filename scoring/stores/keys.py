@@ -41,15 +41,18 @@ RATING_WINDOWS: dict[str, tuple[int, int]] = {
 }
 
 
-# A group's latest results, newest last: a stream trimmed to about RESULTS_KEPT entries (the
-# console's and the API's "recent results"), each the published rating's JSON. It expires a month
-# after the group's last result.
+# A group's latest results, newest first: a list trimmed to exactly RESULTS_KEPT (the console's
+# and the API's "recent results"). A list, not a stream: a batch of results is one LPUSH, not an
+# XADD each. Each item is "<seq>:<below 0|1>:<the published rating's JSON>"; ``seq`` counts up
+# from the newest item's, so a page's cursor (a seq) still finds its place after newer pushes.
+# It expires a month after the group's last result. (Before this list, the results were a
+# stream under ``results:{group}``: left to expire.)
 RESULTS_KEPT = 1_000
 RESULTS_TTL_S = 30 * 86_400
 
 
 def group_results(group_id: str) -> str:
-    return f"{PREFIX}:results:{{{group_id}}}"
+    return f"{PREFIX}:latest:{{{group_id}}}"
 
 
 def rating_bucket(group_id: str, bucket_s: int, bucket_start: int) -> str:

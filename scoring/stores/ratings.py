@@ -20,9 +20,9 @@ from scoring.stores import keys
 from scoring.stores.client import RedisClient
 from scoring.stores.scripts import ScriptPipeline
 
-# KEYS: a group's buckets (one per chart window), then, optionally, its latest results stream.
+# KEYS: a group's buckets (one per chart window), then, optionally, its latest results list.
 # ARGV: count, scored, sum, min, max, below, noscore, skipped; the number of buckets and one TTL
-# per bucket; then, with the stream: the length kept (about), its TTL, and per result its
+# per bucket; then, with the list: the length kept, its TTL, and per result (oldest first) its
 # document and whether it is below the threshold ("1"/"0"). One call counts a whole batch's
 # results of one group into its buckets (the worker aggregates first) and keeps their documents:
 # the keys share the group's hash tag, so one command per group and batch, on Redis Cluster too.
@@ -35,7 +35,6 @@ local low, high = tonumber(ARGV[4]), tonumber(ARGV[5])
 local buckets = tonumber(ARGV[9])
 for i = 1, buckets do
   local key = KEYS[i]
-  -- Three commands a bucket: read every field, write the new values, renew the expiry.
   local v = redis.call('HMGET', key, unpack(fields))
   local new = {'count', (tonumber(v[1]) or 0) + count}
   if scored > 0 then
@@ -51,17 +50,57 @@ for i = 1, buckets do
     end
   end
   redis.call('HSET', key, unpack(new))
-  redis.call('EXPIRE', key, ARGV[9 + i])
+  -- Every write sets 'count': a bucket without it is new. Its expiry is set once, when it is
+  -- created (never before its start): it outlives every window that can show it.
+  if not v[1] then redis.call('EXPIRE', key, ARGV[9 + i]) end
 end
 if #KEYS > buckets then
-  -- MAXLEN ~: trimmed whole nodes at a time, cheap; the stream keeps at least the length kept.
-  local stream, at = KEYS[buckets + 1], 10 + buckets
+  local list, at = KEYS[buckets + 1], 10 + buckets
+  local head = redis.call('LINDEX', list, 0)
+  local seq = head and tonumber(string.match(head, '^(%d+):')) or 0
+  local items = {}
   for i = at + 2, #ARGV, 2 do
-    redis.call('XADD', stream, 'MAXLEN', '~', ARGV[at], '*', 'r', ARGV[i], 'b', ARGV[i + 1])
+    seq = seq + 1
+    table.insert(items, seq .. ':' .. ARGV[i + 1] .. ':' .. ARGV[i])
+    if #items == 1000 then redis.call('LPUSH', list, unpack(items)); items = {} end
   end
-  redis.call('EXPIRE', stream, ARGV[at + 1])
+  if #items > 0 then redis.call('LPUSH', list, unpack(items)) end
+  redis.call('LTRIM', list, 0, tonumber(ARGV[at]) - 1)
+  redis.call('EXPIRE', list, ARGV[at + 1])
 end
 return buckets
+"""
+
+# KEYS: a group's latest results list. ARGV: the cursor (the seq of the last result of the page
+# before, "" for the first page), the page's length, "1" for results below the threshold only.
+# Returns the next page's cursor ("" at the end), then the documents, newest first.
+_LATEST = """
+local list, limit, below = KEYS[1], tonumber(ARGV[2]), ARGV[3] == '1'
+local head = redis.call('LINDEX', list, 0)
+if not head then return {''} end
+local index = 0
+if ARGV[1] ~= '' then
+  local after, newest = tonumber(ARGV[1]), tonumber(string.match(head, '^(%d+):'))
+  -- Newer results pushed the cursor's down by as many places. A cursor past the newest is of a
+  -- list that expired since and started again: that page had ended.
+  if after > newest then return {''} end
+  index = newest - after + 1
+end
+local found, cursor, read = {''}, '', math.max(limit, 100)
+while #found <= limit do
+  local items = redis.call('LRANGE', list, index, index + read - 1)
+  for _, item in ipairs(items) do
+    local seq, flag, doc = string.match(item, '^(%d+):(%d):(.*)$')
+    if (not below) or flag == '1' then
+      table.insert(found, doc)
+      if #found > limit then cursor = seq; break end
+    end
+  end
+  if #items < read or cursor ~= '' then break end
+  index = index + read
+end
+found[1] = cursor
+return found
 """
 
 
@@ -182,6 +221,7 @@ class RatingsStore:
     def __init__(self, redis: RedisClient) -> None:
         self._redis = redis
         self._record = redis.register_script(_RECORD)
+        self._latest = redis.register_script(_LATEST)
 
     async def record(self, events: list[RatingEvent], sessions: list[SessionVerdict] = ()) -> None:  # type: ignore[assignment]
         """Count ``events`` into their buckets, keep their documents among their groups' latest
@@ -235,24 +275,11 @@ class RatingsStore:
         """The group's latest results, newest first: up to ``limit`` rating documents (only those
         below the alert threshold with ``below``) older than ``cursor``, and the cursor of the
         next page (None at the end). At most RESULTS_KEPT are kept, so a page reads a bounded
-        number of entries."""
-        key, page = keys.group_results(group_id), max(limit, 100)
-        found: list[bytes] = []
-        upper, next_cursor = f"({cursor}" if cursor else "+", None
-        while len(found) < limit:
-            entries: list[tuple[bytes, dict[bytes, bytes]]] = await self._redis.xrevrange(  # type: ignore[assignment]
-                key, max=upper, min="-", count=page)
-            for entry_id, fields in entries:
-                if below and fields.get(b"b") != b"1":
-                    continue
-                found.append(fields[b"r"])
-                if len(found) == limit:
-                    next_cursor = entry_id.decode()
-                    break
-            if len(entries) < page or next_cursor is not None:
-                break
-            upper = f"({entries[-1][0].decode()}"
-        return found, next_cursor
+        number of items."""
+        answer = await self._latest(keys=[keys.group_results(group_id)],
+                                    args=[cursor or "", limit, "1" if below else "0"])
+        next_cursor, *documents = answer
+        return documents, next_cursor.decode() if next_cursor else None
 
     async def session_scores(self, session_id: str) -> list[dict[str, object]]:
         """The latest verdict of each group on the session, as the SDK returns them."""

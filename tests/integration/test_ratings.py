@@ -63,6 +63,12 @@ async def test_buckets_expire_after_their_window(redis: Redis, unique: str) -> N
         key = keys.rating_bucket(group, bucket_s, int(NOW) // bucket_s * bucket_s)
         ttl = await redis.ttl(key)
         assert 0 < ttl <= window_s + bucket_s
+    # The expiry is set when a bucket is created, not renewed by each write (a command a bucket
+    # and batch saved): the bucket's first write is never before its start, so it outlives its window.
+    key = keys.rating_bucket(group, 60, int(NOW) // 60 * 60)
+    await redis.expire(key, 100)
+    await store.record([RatingEvent(group, 6.0, False, NOW + 1)])
+    assert 0 < await redis.ttl(key) <= 100 and int(await redis.hget(key, "count")) == 2
 
 
 async def test_session_scores_keep_the_latest_verdict_per_group(redis: Redis, unique: str) -> None:

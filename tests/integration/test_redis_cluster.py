@@ -94,6 +94,7 @@ async def use_every_store(redis: RedisCluster) -> list[AsyncScript]:
                          [SessionVerdict("s1", "g1", 7.0, "r1", now)])
     await ratings.record_skipped({"g1": 2}, now)
     assert (await ratings.history("g1", "1h", now=now)).count == 1
+    assert await ratings.results("g1") == ([b'{"id":"r"}'], None)
 
     sessions = SessionStore(redis)
     await sessions.record([turn(f"p{n}", f"s{n}", n) for n in range(6)], now=now - 60)
