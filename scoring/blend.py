@@ -90,12 +90,13 @@ class MemberOutcome:
     skipped: str | None = None  # why the member was not called (gates first), when it was not
 
     def __post_init__(self) -> None:
-        weight = _finite_number(self.weight, "a weight")
-        if weight < 0:
-            raise ValueError(f"a weight must be 0 or more, got {self.weight!r}")
-        if self.goodness is not None:
-            g = _finite_number(self.goodness, "goodness")
-            if not 0 <= g <= 1:
+        # A float in range passes at once (NaN fails every comparison): the common case, per member.
+        weight, g = self.weight, self.goodness
+        if type(weight) is not float or not 0.0 <= weight < math.inf:
+            if _finite_number(weight, "a weight") < 0:
+                raise ValueError(f"a weight must be 0 or more, got {self.weight!r}")
+        if g is not None and (type(g) is not float or not 0.0 <= g <= 1.0):
+            if not 0 <= _finite_number(g, "goodness") <= 1:
                 raise ValueError(f"goodness must be within 0-1, got {self.goodness!r}")
 
     @property

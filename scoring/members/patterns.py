@@ -104,6 +104,7 @@ class CompiledPattern:
             self._regex = compile_user_regex(template.regex)
             self._confirm = template.confirm
             self._what = f"template {pattern.template}"
+        self._no_match = PatternVerdict(False, f"{self._what} did not match the {self.target}")  # immutable: shared
 
     def _find(self, text: str) -> int | None:
         """The offset of the first match in ``text``, or None."""
@@ -112,29 +113,40 @@ class CompiledPattern:
             offsets = [i for i in (folded.find(k) for k in self._keywords) if i >= 0]
             return min(offsets) if offsets else None
         assert self._regex is not None
+        if self._confirm is None:  # the common case: one search, no iterator
+            found = self._regex.search(text)
+            return None if found is None else int(found.start())
         for match in self._regex.finditer(text):
-            if self._confirm is None or self._confirm(match.group(0)):
+            if self._confirm(match.group(0)):
                 return int(match.start())
         return None
 
-    def sides(self, input_text: str, output_text: str) -> list[tuple[str, str]]:
-        return {"output": [("output", output_text)], "input": [("input", input_text)],
-                "both": [("input", input_text), ("output", output_text)]}[self.target]
+    def sides(self, input_text: str, output_text: str) -> tuple[tuple[str, str], ...]:
+        if self.target == "output":
+            return (("output", output_text),)
+        if self.target == "input":
+            return (("input", input_text),)
+        return ("input", input_text), ("output", output_text)
 
     def check(self, input_text: str, output_text: str) -> PatternVerdict:
         sides = self.sides(input_text, output_text)
-        cut = [side for side, text in sides if len(text) > MAX_TEXT_CHARS]
         for side, text in sides:
-            offset = self._find(text[:MAX_TEXT_CHARS])
+            offset = self._find(text if len(text) <= MAX_TEXT_CHARS else text[:MAX_TEXT_CHARS])
             if offset is not None:
                 return PatternVerdict(True, f"{self._what} matched in {side} at offset {offset}")
-        read = f" (read the first {MAX_TEXT_CHARS} characters of the {', '.join(cut)})" if cut else ""
+        cut = [side for side, text in sides if len(text) > MAX_TEXT_CHARS]
+        if not cut:
+            return self._no_match
+        read = f" (read the first {MAX_TEXT_CHARS} characters of the {', '.join(cut)})"
         return PatternVerdict(False, f"{self._what} did not match the {self.target}{read}")
 
     def short(self, input_text: str, output_text: str) -> bool:
         """Whether checking this text is quick enough to do on the event loop."""
-        return sum(min(len(text), MAX_TEXT_CHARS)
-                   for _, text in self.sides(input_text, output_text)) <= INLINE_TEXT_CHARS
+        if self.target == "output":
+            return len(output_text) <= INLINE_TEXT_CHARS
+        if self.target == "input":
+            return len(input_text) <= INLINE_TEXT_CHARS
+        return min(len(input_text), MAX_TEXT_CHARS) + min(len(output_text), MAX_TEXT_CHARS) <= INLINE_TEXT_CHARS
 
     async def check_off_loop(self, input_text: str, output_text: str) -> PatternVerdict:
         """``check``, in a thread when the text is long; raises TimeoutError past DEADLINE_S."""
