@@ -24,5 +24,9 @@ def sample_point(subject_id: str, group_id: str) -> float:
 
 def keep(subject_id: str, group_id: str, sample_rate: float) -> bool:
     """Keep the subject for the group? Exact at 0 (never) and 1 (always), as the point lies in
-    [0, 1)."""
+    [0, 1): so those two need no hash."""
+    if sample_rate >= 1.0:
+        return True
+    if sample_rate <= 0.0:
+        return False
     return sample_point(subject_id, group_id) < sample_rate
