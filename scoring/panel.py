@@ -39,6 +39,7 @@ from scoring.subjects import Subject
 
 log = structlog.get_logger(__name__)
 
+_NO_MATCH_KEPT = 4096  # members whose no-match outcome is kept (all of them, past a catalog's size)
 # Added to a member's own timeout so its client reports the timeout before the panel does.
 DEADLINE_SLACK_S = 1.0
 
@@ -145,6 +146,9 @@ class Panel:
         # member's text carries - a hostile scorer's message, an error echoing a URL - is cut of
         # secrets first.
         self._redact = redact or Redactor()
+        # A pattern member's outcome when its pattern did not match: one immutable object per
+        # (member, pattern version), shared by every subject it did not match.
+        self._no_match: dict[int, tuple[Member, Pattern, MemberOutcome]] = {}
 
     async def score(self, group: ScorerGroup, subject: Subject, scorers: ScorerLookup,
                     spend: JudgeSpend | None = None) -> GroupResult:
@@ -235,11 +239,22 @@ class Panel:
             if not matcher.short(subject.input, subject.output):
                 return None
             verdict = matcher.check(subject.input, subject.output)
+            if verdict is matcher.no_match:  # the common case: the same outcome as last time
+                known = self._no_match.get(id(member))
+                if known is not None and known[0] is member and known[1] is pattern:
+                    if self._observe is not None:
+                        self._observe(member.kind, known[2].status, None, time.perf_counter() - started)
+                    return known[2]
             g = goodness(member.kind, verdict.matched, polarity=pattern.polarity)
         except Exception:  # whatever it is, ``_member`` turns it into the member's error
             return None
-        return self._outcome(member, pattern.name, started, native=verdict.matched, goodness=g,
-                             detail=verdict.detail)
+        outcome = self._outcome(member, pattern.name, started, native=verdict.matched, goodness=g,
+                                detail=verdict.detail)
+        if verdict is matcher.no_match:
+            if len(self._no_match) >= _NO_MATCH_KEPT:
+                self._no_match.clear()
+            self._no_match[id(member)] = (member, pattern, outcome)  # both held: their ids stay theirs
+        return outcome
 
     async def _code_batch(self, project: str, key: str,
                           calls: list[tuple[int, int, Member, CustomEvaluator, Subject]],

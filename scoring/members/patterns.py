@@ -104,7 +104,7 @@ class CompiledPattern:
             self._regex = compile_user_regex(template.regex)
             self._confirm = template.confirm
             self._what = f"template {pattern.template}"
-        self._no_match = PatternVerdict(False, f"{self._what} did not match the {self.target}")  # immutable: shared
+        self.no_match = PatternVerdict(False, f"{self._what} did not match the {self.target}")  # immutable: shared
 
     def _find(self, text: str) -> int | None:
         """The offset of the first match in ``text``, or None."""
@@ -136,7 +136,7 @@ class CompiledPattern:
                 return PatternVerdict(True, f"{self._what} matched in {side} at offset {offset}")
         cut = [side for side, text in sides if len(text) > MAX_TEXT_CHARS]
         if not cut:
-            return self._no_match
+            return self.no_match
         read = f" (read the first {MAX_TEXT_CHARS} characters of the {', '.join(cut)})"
         return PatternVerdict(False, f"{self._what} did not match the {self.target}{read}")
 

@@ -225,7 +225,7 @@ class SandboxPool:
             raise CodeScorerError("sandbox pool is not running", retriable=True)
         # Encoded once, before taking a process: a bad argument is the caller's problem alone.
         try:
-            args_json = json.dumps(args)
+            args_json = json.dumps(args).encode()
         except (TypeError, ValueError) as exc:
             raise CodeScorerError(f"arguments are not JSON: {exc}") from exc
         if len(args_json) + len(code) > MAX_REQUEST_BYTES:
@@ -273,10 +273,10 @@ class SandboxPool:
         if not self._started or self._closed:
             raise CodeScorerError("sandbox pool is not running", retriable=True)
         try:
-            batch_json = orjson.dumps(chunk).decode()
+            batch_json = orjson.dumps(chunk)  # bytes, as they go down the pipe
         except TypeError:  # what orjson refuses (an integer past 64 bits...): the slow encoder
             try:
-                batch_json = json.dumps(chunk)
+                batch_json = json.dumps(chunk).encode()
             except (TypeError, ValueError) as exc:
                 raise CodeScorerError(f"arguments are not JSON: {exc}") from exc
         if len(batch_json) + len(code) > MAX_REQUEST_BYTES:
@@ -379,7 +379,7 @@ class SandboxPool:
             return None
         return proc if proc.returncode is None else None
 
-    async def _call(self, slot: _Slot, project: str, key: str, code: str, args_json: str,
+    async def _call(self, slot: _Slot, project: str, key: str, code: str, args_json: bytes,
                     timeout_s: float) -> float | bool:
         proc = await self._ready(slot, project)
         try:
@@ -401,7 +401,7 @@ class SandboxPool:
         raise CodeScorerError(str(reply.get("error") or "sandbox crashed (protocol error)")[:400])
 
     async def _exchange(self, slot: _Slot, proc: asyncio.subprocess.Process, key: str, code: str,
-                        args_json: str, timeout_s: float, field: str = "args") -> dict[str, Any]:
+                        args_json: bytes, timeout_s: float, field: str = "args") -> dict[str, Any]:
         """One request on ``slot``'s process, with the code only if the process does not hold
         ``key`` (or says it no longer does); keeps the pool's record of what it holds."""
         send_code = key not in slot.loaded

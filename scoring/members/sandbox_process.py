@@ -83,16 +83,16 @@ async def spawn(confinement: Confinement, memory_limit_mb: int, keys: int,
 
 
 async def exchange(proc: asyncio.subprocess.Process, rid: int, key: str, code: str | None,
-                   timeout_s: float, *, field: str, payload_json: str) -> dict[str, Any]:
+                   timeout_s: float, *, field: str, payload_json: bytes) -> dict[str, Any]:
     """Send one request - ``code`` None when the process should hold ``key`` - with the
     pre-encoded ``payload_json`` as ``field`` ("args" or "batch"), and read its reply.
     Raises Broken when the pipe closes or the reply is not the answer to this request."""
     assert proc.stdin is not None
-    head = json.dumps({"id": rid, "key": key, "code": code, "timeout": timeout_s})
+    head = json.dumps({"id": rid, "key": key, "code": code, "timeout": timeout_s}).encode()
     # Splice the pre-encoded arguments in rather than encoding them again.
-    request = head[:-1] + f', "{field}": ' + payload_json + "}\n"
+    request = b"".join((head[:-1], b', "', field.encode(), b'": ', payload_json, b"}\n"))
     try:
-        proc.stdin.write(request.encode())
+        proc.stdin.write(request)
         await proc.stdin.drain()
     except (BrokenPipeError, ConnectionResetError) as exc:
         raise Broken("pipe closed", ended=True) from exc

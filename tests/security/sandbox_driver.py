@@ -83,7 +83,7 @@ def pid_namespace_members(namespace: str) -> int:
 
 async def ask(proc: asyncio.subprocess.Process, rid: int, key: str, code: str, timeout_s: float) -> dict[str, Any]:
     return await asyncio.wait_for(
-        exchange(proc, rid, key, code, timeout_s, field="args", payload_json=json.dumps(ARGS)), timeout_s + 15)
+        exchange(proc, rid, key, code, timeout_s, field="args", payload_json=json.dumps(ARGS).encode()), timeout_s + 15)
 
 
 async def attack(confinement: isolation.Confinement, name: str, code: str, timeout_s: float,

@@ -142,3 +142,25 @@ async def test_in_bulk_a_code_scorer_past_the_panels_deadline_could_not_score(sa
     assert [r.rating for r in results] == [10.0, 0.0], "the disclaimer alone counted"
     assert sorted(c[:3] for c in seen) == [("custom", "failed", "timed out after 0.5s")] * 2 + [
         ("pattern", "scored", None)] * 2
+
+
+async def test_a_pattern_that_did_not_match_shares_one_outcome_and_a_new_version_gets_its_own() -> None:
+    seen: Observed = []
+    panel = Panel(observe=lambda *event: seen.append(event))
+    scorers = scorers_with()
+    members = group(("pattern", "apology", 1, False), ("pattern", "disclaimer", 1, False))
+    results = await panel.score_many([(members, of("p", text)) for text in
+                                      ("Fine.", "Also fine.", "I'm sorry about that.", "Fine again.")], scorers)
+    apology = [r.blend.members[0].outcome for r in results]
+    assert apology[0] is apology[1] is apology[3], "one outcome for every subject it did not match"
+    assert (apology[0].native, apology[0].goodness, apology[0].detail) == (
+        False, 1.0, "template apology did not match the output")
+    assert (apology[2].native, apology[2].goodness, apology[2].detail) == (
+        True, 0.0, "template apology matched in output at offset 0")
+    assert [r.rating for r in results] == [5.0, 5.0, 0.0, 5.0]
+    assert len(seen) == 8, "every member of every subject is observed, shared outcome or not"
+
+    renamed = Pattern(id="apology", name="Sorry", polarity="proper", template="apology")
+    again = await panel.score_many([(members, of("p", "Fine."))], scorers_with(patterns=(renamed,)))
+    outcome = again[0].blend.members[0].outcome
+    assert (outcome.name, outcome.goodness) == ("Sorry", 0.0), "a new version of the pattern: its own outcome"
