@@ -140,6 +140,7 @@ class Worker:
                                observe_member=metrics.observe_member, count_tokens=metrics.count_judge_tokens)
         self.sandbox = engine.sandbox
         consumer = kafka_consumer(s, s.consumer_group, max_partition_fetch_bytes=s.max_trace_bytes * 2,
+                                  fetch_min_bytes=s.fetch_min_bytes, fetch_max_wait_ms=s.fetch_max_wait_ms,
                                   client_id=f"scorer-group-worker-{s.consumer_group}")
         topics = TopicNames(traces=s.traces_topic, ratings=s.ratings_topic, signals=s.signals_topic,
                             webhooks=s.webhooks_topic, dlq=s.dlq_topic)

@@ -88,6 +88,17 @@ class Settings(BaseSettings):
         "min.insync.replicas 2: with acks=all, a write is on two brokers before it counts, and one broker may "
         "be down without stopping writes."
     )
+    fetch_min_bytes: int = Field(
+        65_536, ge=1,
+        description="How much new data (bytes) a fetch of traces waits for on the broker, up to fetch_max_wait_ms: "
+        "under light traffic, traces then come in batches instead of one fetch (and one round of Redis, sandbox "
+        "and produce calls) each."
+    )
+    fetch_max_wait_ms: int = Field(
+        20, ge=0, le=500,
+        description="The longest a fetch of traces waits on the broker for fetch_min_bytes: latency added to a "
+        "trace under light traffic, at most."
+    )
     producer_linger_ms: int = Field(
         5, ge=0, description="How long the producer waits to fill a batch; trades latency for throughput."
     )
