@@ -5,7 +5,7 @@ Each turn of the loop is a short list of steps:
 1. make room: pause the partitions while ``max_in_flight`` traces are being scored (and, with
    work in flight, until an eighth of the room is free again), polling them meanwhile only as
    often as staying in the consumer group needs;
-2. fetch a batch (``getmany``), no larger than the room left nor a quarter of the whole room;
+2. fetch a batch (``getmany``), no larger than the room left nor half the whole room;
 3. decode it: malformed records go to the dead-letter topic with their reason;
 4. route it: the project's live trace-scope groups, sampled per (trace, group); session-scope
    groups only record the turn;
@@ -141,11 +141,11 @@ class TraceConsumer:
         self._publishing: set[asyncio.Task[None]] = set()
         self._room = asyncio.Event()
         self._poll_at_least_every_s = max_poll_interval_s / 4
-        # A batch of at most a quarter of the room: while one waits (the sandbox, the broker's
+        # A batch of at most half the room: while one waits (the sandbox, the broker's
         # acknowledgements, Redis), the next is decoded and scored. One batch the size of the
         # room left the loop idle through every wait (measured: 0.72 of a core busy draining a
-        # backlog, all its CPU spent in turn).
-        self._max_batch = min(MAX_BATCH, max(1, max_in_flight // 4))
+        # backlog); smaller ones pay each batch's round trips and sandbox fork more often.
+        self._max_batch = min(MAX_BATCH, max(1, max_in_flight // 2))
         self._last_poll = time.monotonic()
         # Cut short when pairs waiting to be finished fill an eighth of the room, or the room runs out.
         self._finisher: Batcher[Finished, None] = Batcher(self._write_finished, max_items=max(1, max_in_flight // 8),

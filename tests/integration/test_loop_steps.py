@@ -541,7 +541,7 @@ async def test_a_fetch_takes_no_more_records_than_the_room_left(loops: Callable[
     await loop.committed_to(3)
 
 
-async def test_a_fetch_takes_at_most_a_quarter_of_the_room_so_that_batches_overlap(
+async def test_a_fetch_takes_at_most_half_the_room_so_that_batches_overlap(
         loops: Callable[..., Awaitable[Loop]]) -> None:
     # While one batch waits (the sandbox, the broker, Redis), the next is decoded and scored: a
     # batch the size of the whole room would leave the loop idle through each wait.
@@ -553,7 +553,7 @@ async def test_a_fetch_takes_at_most_a_quarter_of_the_room_so_that_batches_overl
     await until(lambda: loop.consumer.paused() == {loop.tp}, "the partition to be paused")
     await loop.steps(2)
     batches = [c for (c,) in loop.controls.events.of("consumed")]
-    assert sum(batches) == 9 and max(batches) == 2, "batches of at most 9 // 4, the last one what the room left"
+    assert sum(batches) == 9 and max(batches) == 4, "batches of at most 9 // 2, the last one what the room left"
     assert await loop.state("wait", "t-9") == ""
     loop.controls.panel.release()
     await loop.committed_to(10)
