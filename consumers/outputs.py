@@ -107,11 +107,13 @@ class Outputs:
         for topic in {topic for topic, _, _ in records}:
             partitions[topic] = sorted(await self._producer.partitions_for(topic))
         by_partition: dict[tuple[str, int], list[tuple[bytes | None, bytes]]] = {}
-        chosen: dict[tuple[str, bytes | None], tuple[str, int]] = {}  # a trace's records share a key
+        chosen: dict[tuple[str, bytes], tuple[str, int]] = {}  # a trace's records share a key
         for topic, key, value in records:
-            where = chosen.get((topic, key))
-            if where is None:
-                where = chosen[(topic, key)] = (topic, _partition_of(key, partitions[topic], partitions[topic]))
+            where = chosen.get((topic, key)) if key is not None else None
+            if where is None:  # (no key: a partition of the producer's choice, for each record)
+                where = (topic, _partition_of(key, partitions[topic], partitions[topic]))
+                if key is not None:
+                    chosen[(topic, key)] = where
             by_partition.setdefault(where, []).append((key, value))
         acks: list[asyncio.Future[Any]] = []
         for (topic, partition), items in by_partition.items():

@@ -49,6 +49,7 @@ UPDATABLE = {"name": "name", "description": "description", "members": "members",
              "project_id": "projectId", "projectId": "projectId", "gates_first": "gatesFirst",
              "gatesFirst": "gatesFirst"}
 _RESULTS_CURSOR = re.compile(r"\d{1,20}")  # the place of a result in its group's latest results
+_STREAM_CURSOR = re.compile(r"\d{1,20}-\d{1,20}")  # what versions before the list gave (a stream entry id)
 FULL_ONLINE_NEEDED = (
     "online: this group has no online profile to merge into; send a full online object "
     "(enabled, sampleRate, alertThreshold, severity; scope defaults to \"trace\")"
@@ -154,6 +155,9 @@ class ScorerGroups:
         """The group's latest results, newest first (``below``: only those under its alert
         threshold); the last ``keys.RESULTS_KEPT`` are kept."""
         await self.get(group_id)  # 404 unless the caller's project sees the group
+        if cursor is not None and _STREAM_CURSOR.fullmatch(cursor):
+            # Given by a version that kept results in a stream, before a deploy: its pages ended.
+            return ResultsPage(items=[], next_cursor=None)
         if cursor is not None and not _RESULTS_CURSOR.fullmatch(cursor):
             raise InvalidDocument("cursor: not a cursor this API gave (nextCursor of the page before)")
         documents, next_cursor = await self._ratings.results(group_id, limit=limit, cursor=cursor, below=below)

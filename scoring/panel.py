@@ -239,15 +239,16 @@ class Panel:
             if not matcher.short(subject.input, subject.output):
                 return None
             verdict = matcher.check(subject.input, subject.output)
-            if verdict is matcher.no_match:  # the common case: the same outcome as last time
-                known = self._no_match.get(id(member))
-                if known is not None and known[0] is member and known[1] is pattern:
-                    if self._observe is not None:
-                        self._observe(member.kind, known[2].status, None, time.perf_counter() - started)
-                    return known[2]
-            g = goodness(member.kind, verdict.matched, polarity=pattern.polarity)
+            known = self._no_match.get(id(member)) if verdict is matcher.no_match else None
+            if known is None or known[0] is not member or known[1] is not pattern:
+                known = None
+                g = goodness(member.kind, verdict.matched, polarity=pattern.polarity)
         except Exception:  # whatever it is, ``_member`` turns it into the member's error
             return None
+        if known is not None:  # the common case: the same outcome as the last subject's
+            if self._observe is not None:
+                self._observe(member.kind, known[2].status, None, time.perf_counter() - started)
+            return known[2]
         outcome = self._outcome(member, pattern.name, started, native=verdict.matched, goodness=g,
                                 detail=verdict.detail)
         if verdict is matcher.no_match:

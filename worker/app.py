@@ -20,7 +20,7 @@ from aiokafka.errors import TopicAlreadyExistsError
 from consumers.outage import OutageGuard
 from consumers.outputs import Outputs, TopicNames
 from consumers.sessions import SessionSweeper
-from consumers.traces import OutputError, TraceConsumer
+from consumers.traces import MAX_POLL_INTERVAL_S, OutputError, TraceConsumer
 from scoring.members.sandbox import SandboxPool
 from scoring.stores.alerts import NoScoreAlerts
 from scoring.stores.catalog import CatalogStore, CatalogWatcher
@@ -141,6 +141,7 @@ class Worker:
         self.sandbox = engine.sandbox
         consumer = kafka_consumer(s, s.consumer_group, max_partition_fetch_bytes=s.max_trace_bytes * 2,
                                   fetch_min_bytes=s.fetch_min_bytes, fetch_max_wait_ms=s.fetch_max_wait_ms,
+                                  max_poll_interval_ms=int(MAX_POLL_INTERVAL_S * 1000),
                                   client_id=f"scorer-group-worker-{s.consumer_group}")
         topics = TopicNames(traces=s.traces_topic, ratings=s.ratings_topic, signals=s.signals_topic,
                             webhooks=s.webhooks_topic, dlq=s.dlq_topic)
@@ -152,7 +153,7 @@ class Worker:
             consumer=consumer, producer=producer, topics=topics, catalog=lambda: watcher.current,
             panel=engine.panel, claims=claims, alerts=alerts, ratings=ratings, turns=sessions, events=events,
             max_in_flight=s.max_in_flight, max_trace_bytes=s.max_trace_bytes,
-            commit_interval_s=s.commit_interval_s,
+            commit_interval_s=s.commit_interval_s, max_poll_interval_s=MAX_POLL_INTERVAL_S,
             outages=OutageGuard(s.outage_tolerance_s, on_change=metrics.observe_outage))
         sweeper = SessionSweeper(store=sessions, outputs=Outputs(producer, topics, events, alerts),
                                  catalog=lambda: watcher.current, panel=engine.panel, claims=claims,

@@ -92,6 +92,8 @@ def test_results_come_newest_first_in_pages_and_filtered_below_the_threshold(env
         last = a.monitor.scorer_groups.results(group.id, limit=3, cursor=second.next_cursor)
         assert [r.trace_id for r in last.items] == ["t-0"] and last.next_cursor is None
         assert a.monitor.scorer_groups.results(group.id, cursor="999999").items == [], "a cursor of a list since gone"
+        old = a.monitor.scorer_groups.results(group.id, cursor="1796000000000-0")
+        assert (old.items, old.next_cursor) == ([], None), "a cursor of the stream kept before: the end, not an error"
         assert second.items[0].members[0].detail == "fine" and second.items[0].justification == "Weighted blend: 3.0"
         below = a.monitor.scorer_groups.results(group.id, limit=10, below=True)
         assert [r.trace_id for r in below.items] == ["t-2", "t-1", "t-0"] and below.next_cursor is None
