@@ -398,7 +398,7 @@ class TraceConsumer:
         # again alone, as pairs lost to another worker are waited for.
         again: list[tuple[Pair, _TraceWork]] = []
         if self._pauses.since(began):
-            paused = {i for i, result in enumerate(results) if self._paused_through(result, began)}
+            paused = {i for i, result in enumerate(results) if self._pauses.failed_through(result, began)}
             if paused:
                 again = [item for i, item in enumerate(bulk) if i in paused]
                 await self._hand_back([pair for pair, _ in again])
@@ -448,7 +448,7 @@ class TraceConsumer:
             began = time.monotonic()
             result = await self._score(pair, busy, snapshot, spend)
             while result is not None:
-                if self._paused_through(result, began):
+                if self._pauses.failed_through(result, began):
                     await self._hand_back([pair])  # then claimed and scored afresh, just below
                 # Still ours? A worker that stalled past its lease may have lost the pair to another
                 # worker, which scored it since: publishing would put a second value under its id.
@@ -472,9 +472,6 @@ class TraceConsumer:
         publishing.add_done_callback(self._publishing.discard)
         await asyncio.shield(publishing)
         return None
-
-    def _paused_through(self, result: GroupResult, began: float) -> bool:
-        return self._pauses.failed_through(result, began)
 
     async def _hand_back(self, pairs: list[Pair]) -> None:
         """Give up the leases of pairs scored through a pause, to claim them again (their judge

@@ -131,7 +131,7 @@ class CompiledPattern:
     def check(self, input_text: str, output_text: str) -> PatternVerdict:
         sides = self.sides(input_text, output_text)
         for side, text in sides:
-            offset = self._find(text if len(text) <= MAX_TEXT_CHARS else text[:MAX_TEXT_CHARS])
+            offset = self._find(text[:MAX_TEXT_CHARS])  # a short text's slice is the text itself, no copy
             if offset is not None:
                 return PatternVerdict(True, f"{self._what} matched in {side} at offset {offset}")
         cut = [side for side, text in sides if len(text) > MAX_TEXT_CHARS]
@@ -142,11 +142,8 @@ class CompiledPattern:
 
     def short(self, input_text: str, output_text: str) -> bool:
         """Whether checking this text is quick enough to do on the event loop."""
-        if self.target == "output":
-            return len(output_text) <= INLINE_TEXT_CHARS
-        if self.target == "input":
-            return len(input_text) <= INLINE_TEXT_CHARS
-        return min(len(input_text), MAX_TEXT_CHARS) + min(len(output_text), MAX_TEXT_CHARS) <= INLINE_TEXT_CHARS
+        return sum(min(len(text), MAX_TEXT_CHARS)
+                   for _, text in self.sides(input_text, output_text)) <= INLINE_TEXT_CHARS
 
     async def check_off_loop(self, input_text: str, output_text: str) -> PatternVerdict:
         """``check``, in a thread when the text is long; raises TimeoutError past DEADLINE_S."""
