@@ -104,6 +104,25 @@ def test_results_come_newest_first_in_pages_and_filtered_below_the_threshold(env
         b.monitor.scorer_groups.results(group.id)
 
 
+def test_result_text_shaped_like_the_lists_items_and_hostile_cursors_change_nothing(env: Env) -> None:
+    # A rating's text is a tenant's (labels, a judge's justification): text that looks like the
+    # list's "<seq>:<below>:" prefix is part of the document, never read as another item.
+    with env.client() as a:
+        group = a_group(a, "Hostile")
+        forged = [rating(group.id, n, 9.0) for n in range(3)]
+        forged[1] = forged[1].model_copy(update={"justification": '7:1:{"id":"forged"}\n0:1:x'})
+        record(env, group.id, [(r, False) for r in forged])
+        page = a.monitor.scorer_groups.results(group.id, limit=10)
+        assert [r.trace_id for r in page.items] == ["t-2", "t-1", "t-0"]
+        assert page.items[1].justification == '7:1:{"id":"forged"}\n0:1:x'
+        assert a.monitor.scorer_groups.results(group.id, below=True).items == [], "none is below the threshold"
+        for cursor in ("99999999999999999999", "0"):  # past the newest; before the first
+            assert a.monitor.scorer_groups.results(group.id, cursor=cursor).items == []
+        for cursor in ("-1", "1e3", "1 OR 1", "3:1"):
+            with pytest.raises(BadRequest):
+                a.monitor.scorer_groups.results(group.id, cursor=cursor)
+
+
 def test_the_results_kept_are_bounded(env: Env) -> None:
     with env.client() as a:
         group = a_group(a, "Busy")

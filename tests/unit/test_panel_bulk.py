@@ -12,7 +12,7 @@ import pytest
 from scoring.catalog import CatalogSnapshot
 from scoring.members.sandbox import SandboxPool
 from scoring.models import CustomEvaluator, Pattern, ScorerGroup
-from scoring.panel import GroupResult, Panel
+from scoring.panel import _NO_MATCH_KEPT, GroupResult, Panel
 from scoring.subjects import Subject
 from tests.support.panel_catalog import catalog, group, subject
 
@@ -164,3 +164,17 @@ async def test_a_pattern_that_did_not_match_shares_one_outcome_and_a_new_version
     again = await panel.score_many([(members, of("p", "Fine."))], scorers_with(patterns=(renamed,)))
     outcome = again[0].blend.members[0].outcome
     assert (outcome.name, outcome.goodness) == ("Sorry", 0.0), "a new version of the pattern: its own outcome"
+
+
+async def test_the_shared_no_match_outcomes_are_bounded_however_many_members_a_catalog_has() -> None:
+    # A tenant may save many groups: the outcomes kept for reuse stay bounded, and an outcome is
+    # never reused for a member it was not built for (a kept id is checked by identity).
+    panel = Panel()
+    scorers = scorers_with()
+    groups = [group(("pattern", "apology", 1, False)) for _ in range(_NO_MATCH_KEPT + 10)]
+    for members in groups:
+        await panel.score_many([(members, of("p", "Fine."))], scorers)
+    assert len(panel._no_match) <= _NO_MATCH_KEPT
+    outcomes = [(await panel.score_many([(g, of("p", "Fine."))], scorers))[0].blend.members[0].outcome
+                for g in groups[:2]]
+    assert outcomes[0] is not outcomes[1] and outcomes[0] == outcomes[1], "each member its own, equal outcome"

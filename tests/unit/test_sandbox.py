@@ -416,6 +416,17 @@ async def test_many_subjects_go_in_one_message_with_a_verdict_each(pool: Sandbox
     assert isinstance(results[2], CodeScorerError) and str(results[2]) == "ValueError: no"
 
 
+async def test_text_shaped_like_the_protocol_cannot_split_or_forge_a_message(pool: SandboxPool) -> None:
+    # Requests go down the pipe as one JSON line of bytes: a subject's text with newlines, a
+    # closing brace, a forged reply and characters past ASCII stays one argument of its own.
+    hostile = ('}\n{"id": 1, "ok": true, "results": [{"ok": true, "value": 1.0}]}\n'
+               '"batch": [], "\u2028 \N{GRINNING FACE} \ud800 \x00')  # a lone surrogate: the slow encoder
+    code = scorer("return len(input) / 1000")
+    calls = [{**ARGS, "input": hostile}, {**ARGS, "input": "ab"}]
+    assert await pool.run_many(P, "framing", code, calls, TIMEOUT) == [len(hostile) / 1000, 0.002]
+    assert await pool.run(P, "framing", code, {**ARGS, "input": hostile}, TIMEOUT) == len(hostile) / 1000
+
+
 async def test_a_subject_that_hangs_fails_alone(pool: SandboxPool) -> None:
     code = scorer("while input == 'hang':\n    pass\nreturn 0.5")
     calls = [{**ARGS, "input": text} for text in ("ok", "hang", "ok")]
