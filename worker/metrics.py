@@ -24,6 +24,7 @@ from prometheus_client import (
 from scoring.ports import TokenUsage
 from scoring.stores.otlp_buffer import BufferSize
 from scoring.webhooks.breaker import STATE_VALUES
+from worker.loop_metrics import LoopCounter, LoopHistogram
 
 log = structlog.get_logger(__name__)
 
@@ -95,17 +96,19 @@ LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 
 TRACES_CONSUMED = Counter("sgw_traces_consumed", "Trace records read from Kafka.", registry=REGISTRY)
 DEAD_LETTERED = Counter("sgw_traces_dead_lettered", "Records sent to the dead-letter topic.",
                         ["reason"], registry=REGISTRY)
-KEPT = Counter("sgw_traces_sampled_in", "(trace, group) pairs kept by sampling.", ["project", "group"],
-               registry=REGISTRY)
-GROUPS_SCORED = Counter("sgw_groups_scored", "Group results published.",
-                        ["project", "group", "scope", "outcome"], registry=REGISTRY)
+# Loop* metrics are updated several times per trace, from the event loop only: no lock each
+# (worker.loop_metrics says why). The others are prometheus_client's own.
+KEPT = LoopCounter("sgw_traces_sampled_in", "(trace, group) pairs kept by sampling.", ["project", "group"],
+                   registry=REGISTRY)
+GROUPS_SCORED = LoopCounter("sgw_groups_scored", "Group results published.",
+                            ["project", "group", "scope", "outcome"], registry=REGISTRY)
 RESCORED_AFTER_PAUSE = Counter("sgw_pairs_rescored_after_pause", "Pairs scored again because a member failed "
                                "while the process stood still (SIGSTOP, a VM pause): its deadline counted the pause.",
                                registry=REGISTRY)
 GROUPS_SKIPPED = Counter("sgw_groups_skipped", "Sampled pairs not scored, by why (budget, dedupe).",
                          ["project", "group", "why"], registry=REGISTRY)
-GROUP_SCORE = Histogram("sgw_group_score", "Group scores (0-10) of scored results.",
-                        ["project", "group"], buckets=SCORE_BUCKETS, registry=REGISTRY)
+GROUP_SCORE = LoopHistogram("sgw_group_score", "Group scores (0-10) of scored results.",
+                            ["project", "group"], buckets=SCORE_BUCKETS, registry=REGISTRY)
 SIGNALS = Counter("sgw_signals_raised", "Below-threshold Signals raised.", ["project", "group", "severity"],
                   registry=REGISTRY)
 JUDGE_CALLS = Counter("sgw_judge_calls", "Judge calls by outcome.", ["outcome"], registry=REGISTRY)
@@ -115,8 +118,8 @@ JUDGE_LATENCY = Histogram("sgw_judge_call_seconds", "Latency of judge calls (ret
                           buckets=LATENCY_BUCKETS, registry=REGISTRY)
 MEMBER_FAILURES = Counter("sgw_member_failures", "Members that produced no verdict.", ["kind", "reason"],
                           registry=REGISTRY)
-MEMBER_SECONDS = Histogram("sgw_member_seconds", "Time a member took, by kind.", ["kind"],
-                           buckets=LATENCY_BUCKETS, registry=REGISTRY)
+MEMBER_SECONDS = LoopHistogram("sgw_member_seconds", "Time a member took, by kind.", ["kind"],
+                               buckets=LATENCY_BUCKETS, registry=REGISTRY)
 DEPENDENCY_UNREACHABLE = Gauge(
     "sgw_dependency_unreachable",
     "1 while the worker waits for an unreachable dependency (redis, kafka) instead of exiting.",
@@ -139,9 +142,9 @@ SINCE_COMMIT_ADVANCE = Gauge("sgw_seconds_since_commit_advanced",
                              "Seconds since a committed offset last moved (read at scrape time).",
                              registry=REGISTRY)
 SINCE_COMMIT_ADVANCE.set_function(lambda: time.time() - _last_commit_advance)
-INGEST_TO_RATING = Histogram("sgw_batch_to_rating_seconds",
-                             "From a trace's batch arriving to its outputs acknowledged and marked done.",
-                             buckets=LATENCY_BUCKETS, registry=REGISTRY)
+INGEST_TO_RATING = LoopHistogram("sgw_batch_to_rating_seconds",
+                                 "From a trace's batch arriving to its outputs acknowledged and marked done.",
+                                 buckets=LATENCY_BUCKETS, registry=REGISTRY)
 # The HTTP API (`scorer-worker api`): route templates as labels, never raw ids, so they stay bounded.
 API_REQUESTS = Counter("sgw_api_requests", "API requests by route template, method and status.",
                        ["route", "method", "status"], registry=REGISTRY)
