@@ -141,30 +141,36 @@ def _num(value: float) -> str:
     return f"{value:.2f}".rstrip("0").rstrip(".") if value != int(value) else str(int(value))
 
 
-def _member_part(result: MemberResult) -> str:
-    o = result.outcome
+def _member_part(o: MemberOutcome, status: MemberStatus, share: float) -> str:
     gate = " [must pass]" if o.gate else ""
     if o.goodness is None:
-        label = {"not_scored": "not scored", "skipped": "skipped"}.get(result.status, "could not score")
+        label = {"not_scored": "not scored", "skipped": "skipped"}.get(status, "could not score")
         return f"{o.name}{gate} {label} ({o.why_unscored})"
     if o.weight == 0:
         return f"{o.name}{gate} {o.goodness:.2f} (gate only)"
-    return f"{o.name}{gate} {o.goodness:.2f} × w{_num(o.weight)} ({result.share:.0%})"
-
-
-def _counts(outcome: MemberOutcome) -> bool:
-    """Does the member carry weight in the average? Only when it scored and weighs something."""
-    return outcome.goodness is not None and outcome.weight > 0
+    return f"{o.name}{gate} {o.goodness:.2f} × w{_num(o.weight)} ({share:.0%})"
 
 
 def blend(outcomes: list[MemberOutcome] | tuple[MemberOutcome, ...]) -> BlendResult:
     """The group score from its members' outcomes (see the module docstring for the rules)."""
-    counted = [o for o in outcomes if _counts(o)]
+    # One pass over the members for what the rules read: the weight that counts, the first gate
+    # that failed and the first that could not score. (Once per result: kept to plain loops.)
+    counted: list[MemberOutcome] = []  # scored, with a weight above 0: they carry the average
+    failed_gate: MemberOutcome | None = None
+    unscored_gate: MemberOutcome | None = None
+    for o in outcomes:
+        if o.goodness is None:
+            if o.gate and unscored_gate is None:
+                unscored_gate = o
+            continue
+        if o.weight > 0:
+            counted.append(o)
+        if o.gate and failed_gate is None and o.goodness < GATE_PASS_MARK:
+            failed_gate = o
     total_weight = math.fsum(o.weight for o in counted)
-    members = tuple(
-        MemberResult(o, o.status, o.weight / total_weight if _counts(o) else 0.0) for o in outcomes
-    )
-    parts = "; ".join(_member_part(m) for m in members)
+    members = tuple(MemberResult(o, o.status, o.weight / total_weight if o.goodness is not None and o.weight > 0
+                                 else 0.0) for o in outcomes)
+    parts = "; ".join([_member_part(m.outcome, m.status, m.share) for m in members])
 
     average: float | None = None
     if total_weight > 0:
@@ -172,8 +178,6 @@ def blend(outcomes: list[MemberOutcome] | tuple[MemberOutcome, ...]) -> BlendRes
         weighted = math.fsum(o.weight * o.goodness for o in counted if o.goodness is not None)
         average = 10 * weighted / total_weight
 
-    failed_gate = next((o for o in outcomes if o.gate and o.goodness is not None
-                        and o.goodness < GATE_PASS_MARK), None)
     if failed_gate is not None:
         why = (f'must-pass member "{failed_gate.name}" failed '
                f"(goodness {failed_gate.goodness:.2f} < {GATE_PASS_MARK})")
@@ -182,7 +186,6 @@ def blend(outcomes: list[MemberOutcome] | tuple[MemberOutcome, ...]) -> BlendRes
                            f"Weighted blend: 0/10, {why}{alone}. {parts}",
                            members, decided_by=failed_gate.name)
 
-    unscored_gate = next((o for o in outcomes if o.gate and o.goodness is None), None)
     if unscored_gate is not None:
         why = f'must-pass member "{unscored_gate.name}" could not score ({unscored_gate.why_unscored})'
         return _no_score(why, parts, members, decided_by=unscored_gate.name)

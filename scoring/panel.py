@@ -21,7 +21,7 @@ import structlog
 from scoring.blend import GATE_PASS_MARK, REFERENCE_DELETED, BlendResult, MemberOutcome, blend, goodness
 from scoring.judge_prompt import token_ceiling
 from scoring.members.patterns import DEADLINE_S as PATTERN_DEADLINE_S
-from scoring.members.patterns import compiled
+from scoring.members.patterns import CompiledPattern, compiled
 from scoring.models import CustomEvaluator, Judge, Member, Pattern, Polarity, ScorerGroup
 from scoring.ports import (
     BudgetExhausted,
@@ -39,7 +39,7 @@ from scoring.subjects import Subject
 
 log = structlog.get_logger(__name__)
 
-_NO_MATCH_KEPT = 4096  # members whose no-match outcome is kept (all of them, past a catalog's size)
+_PLANS_KEPT = 4096  # groups whose member plans are kept (all of them, past a catalog's size)
 # Added to a member's own timeout so its client reports the timeout before the panel does.
 DEADLINE_SLACK_S = 1.0
 
@@ -55,6 +55,19 @@ class ScorerLookup(Protocol):
     def judge(self, ref_id: str) -> Judge | None: ...
     def pattern(self, ref_id: str) -> Pattern | None: ...
     def custom(self, ref_id: str) -> CustomEvaluator | None: ...
+
+
+@dataclass(frozen=True, slots=True)
+class MemberPlan:
+    """A member resolved against one catalog snapshot, for scoring it on many subjects: looked
+    up, compiled and hashed once, not once per subject."""
+
+    member: Member
+    pattern: Pattern | None = None  # a pattern member whose pattern exists and compiled,
+    matcher: CompiledPattern | None = None
+    no_match: MemberOutcome | None = None  # with the outcome it has on every subject it misses
+    code: CustomEvaluator | None = None  # a code scorer member: batched through the sandbox
+    code_key: str = ""
 
 
 @dataclass(frozen=True, slots=True)
@@ -146,9 +159,9 @@ class Panel:
         # member's text carries - a hostile scorer's message, an error echoing a URL - is cut of
         # secrets first.
         self._redact = redact or Redactor()
-        # A pattern member's outcome when its pattern did not match: one immutable object per
-        # (member, pattern version), shared by every subject it did not match.
-        self._no_match: dict[int, tuple[Member, Pattern, MemberOutcome]] = {}
+        # The bulk path's groups resolved against the snapshot in use (``_plan``), by group id.
+        self._plans_for: ScorerLookup | None = None
+        self._plans: dict[int, tuple[ScorerGroup, tuple[MemberPlan, ...]]] = {}
 
     async def score(self, group: ScorerGroup, subject: Subject, scorers: ScorerLookup,
                     spend: JudgeSpend | None = None) -> GroupResult:
@@ -212,50 +225,70 @@ class Panel:
         code_calls: dict[tuple[str, str], list[tuple[int, int, Member, CustomEvaluator, Subject]]] = {}
         for i, (group, subject) in enumerate(items):
             row: list[MemberOutcome | None] = []
-            for j, member in enumerate(group.members):
-                custom = scorers.custom(member.ref_id) if member.kind == "custom" else None
-                if custom is not None and custom.type == "code" and self._sandbox is not None:
-                    code_calls.setdefault((subject.project_id, code_key(custom)), []).append(
-                        (i, j, member, custom, subject))
+            for j, plan in enumerate(self._plan(group, scorers)):
+                if plan.code is not None and self._sandbox is not None:
+                    code_calls.setdefault((subject.project_id, plan.code_key), []).append(
+                        (i, j, plan.member, plan.code, subject))
                     row.append(None)
                 else:
-                    row.append(self._pattern_inline(member, subject, scorers)
-                               or await self._member(member, subject, scorers))
+                    row.append((self._pattern_inline(plan, subject) if plan.matcher is not None else None)
+                               or await self._member(plan.member, subject, scorers))
             rows.append(row)
         await asyncio.gather(*(self._code_batch(project, key, calls, rows)
                                for (project, key), calls in code_calls.items()))
         return [GroupResult(group, subject, blend([o for o in row if o is not None]))
                 for (group, subject), row in zip(items, rows, strict=True)]
 
-    def _pattern_inline(self, member: Member, subject: Subject, scorers: ScorerLookup) -> MemberOutcome | None:
-        """A pattern member on short text, right here (no task, no deadline to arm): the bulk
-        path's common case. None for anything else, which ``_member`` scores."""
+    def _plan(self, group: ScorerGroup, scorers: ScorerLookup) -> tuple[MemberPlan, ...]:
+        """The group's members resolved against ``scorers``, once per snapshot (they are immutable)."""
+        if scorers is not self._plans_for:
+            self._plans_for = scorers
+            self._plans.clear()
+        known = self._plans.get(id(group))
+        if known is not None and known[0] is group:  # the group itself is held: its id stays its own
+            return known[1]
+        plans = tuple(self._member_plan(member, scorers) for member in group.members)
+        if len(self._plans) >= _PLANS_KEPT:
+            self._plans.clear()
+        self._plans[id(group)] = (group, plans)
+        return plans
+
+    def _member_plan(self, member: Member, scorers: ScorerLookup) -> MemberPlan:
+        if member.kind == "custom":
+            custom = scorers.custom(member.ref_id)
+            if custom is not None and custom.type == "code" and custom.code is not None:
+                return MemberPlan(member, code=custom, code_key=code_key(custom))
+            return MemberPlan(member)
         pattern = scorers.pattern(member.ref_id) if member.kind == "pattern" else None
         if pattern is None:
-            return None
-        started = time.perf_counter()
+            return MemberPlan(member)
         try:
             matcher = compiled(pattern)
+            no_match = self._describe(member, pattern.name, native=False, detail=matcher.no_match.detail,
+                                      goodness=goodness("pattern", False, polarity=pattern.polarity))
+        except Exception:  # whatever it is, ``_member`` turns it into the member's error, per subject
+            return MemberPlan(member)
+        return MemberPlan(member, pattern=pattern, matcher=matcher, no_match=no_match)
+
+    def _pattern_inline(self, plan: MemberPlan, subject: Subject) -> MemberOutcome | None:
+        """A pattern member on short text, right here (no task, no deadline to arm): the bulk
+        path's common case. None for long text, which ``_member`` scores in a thread."""
+        member, pattern, matcher = plan.member, plan.pattern, plan.matcher
+        assert pattern is not None and matcher is not None and plan.no_match is not None
+        started = time.perf_counter()
+        try:
             if not matcher.short(subject.input, subject.output):
                 return None
             verdict = matcher.check(subject.input, subject.output)
-            known = self._no_match.get(id(member)) if verdict is matcher.no_match else None
-            if known is None or known[0] is not member or known[1] is not pattern:
-                known = None
-                g = goodness(member.kind, verdict.matched, polarity=pattern.polarity)
+            g = goodness("pattern", verdict.matched, polarity=pattern.polarity)
         except Exception:  # whatever it is, ``_member`` turns it into the member's error
             return None
-        if known is not None:  # the common case: the same outcome as the last subject's
+        if verdict is matcher.no_match:  # the common case: the outcome every such subject shares
             if self._observe is not None:
-                self._observe(member.kind, known[2].status, None, time.perf_counter() - started)
-            return known[2]
-        outcome = self._outcome(member, pattern.name, started, native=verdict.matched, goodness=g,
-                                detail=verdict.detail)
-        if verdict is matcher.no_match:
-            if len(self._no_match) >= _NO_MATCH_KEPT:
-                self._no_match.clear()
-            self._no_match[id(member)] = (member, pattern, outcome)  # both held: their ids stay theirs
-        return outcome
+                self._observe(member.kind, plan.no_match.status, None, time.perf_counter() - started)
+            return plan.no_match
+        return self._outcome(member, pattern.name, started, native=verdict.matched, goodness=g,
+                             detail=verdict.detail)
 
     async def _code_batch(self, project: str, key: str,
                           calls: list[tuple[int, int, Member, CustomEvaluator, Subject]],
@@ -290,23 +323,27 @@ class Panel:
                 else:
                     rows[i][j] = self._outcome(member, scorer.name, started, native=value, goodness=g)
 
-    def _outcome(self, member: Member, name: str, started: float, *, error: str | None = None,
-                 detail: str | None = None, **kw: object) -> MemberOutcome:
-        """A member's outcome, its text cut of secrets, observed (kind, status, time). It is named
-        by the label the group saved for it (the scorer's name when the group was saved, or the
-        label its owner gave), so a renamed or deleted scorer keeps its name in every result,
-        Signal and CI message; ``name`` (the scorer's name, or its ref id) when it has none."""
+    def _outcome(self, member: Member, name: str, started: float, **kw: object) -> MemberOutcome:
+        """A member's outcome (``_describe``), observed: kind, status, time since ``started``."""
+        result = self._describe(member, name, **kw)  # type: ignore[arg-type]
+        if self._observe is not None:
+            self._observe(member.kind, result.status, result.error, time.perf_counter() - started)
+        return result
+
+    def _describe(self, member: Member, name: str, *, error: str | None = None, detail: str | None = None,
+                  **kw: object) -> MemberOutcome:
+        """A member's outcome, its text cut of secrets. It is named by the label the group saved
+        for it (the scorer's name when the group was saved, or the label its owner gave), so a
+        renamed or deleted scorer keeps its name in every result, Signal and CI message; ``name``
+        (the scorer's name, or its ref id) when it has none."""
         if error is not None:
             kw["error"] = self._redact(error)
         if detail is not None:
             # A pattern's detail is ours ("matched in output at offset 12"); other members' is
             # text from a model or a tenant's service.
             kw["detail"] = detail if member.kind == "pattern" else self._redact(detail)
-        result = MemberOutcome(name=member.label or name, kind=member.kind, weight=member.weight, gate=member.gate,
-                               ref_id=member.ref_id, scorer_name=name, **kw)  # type: ignore[arg-type]
-        if self._observe is not None:
-            self._observe(member.kind, result.status, result.error, time.perf_counter() - started)
-        return result
+        return MemberOutcome(name=member.label or name, kind=member.kind, weight=member.weight, gate=member.gate,
+                             ref_id=member.ref_id, scorer_name=name, **kw)  # type: ignore[arg-type]
 
     async def _member(self, member: Member, subject: Subject, scorers: ScorerLookup,
                       retry: RetryGate | None = None) -> MemberOutcome:
@@ -316,7 +353,7 @@ class Panel:
         name = scorer.name if scorer is not None else member.ref_id
 
         def outcome(**kw: object) -> MemberOutcome:
-            return self._outcome(member, name, started, **kw)  # type: ignore[arg-type]
+            return self._outcome(member, name, started, **kw)
 
         if scorer is None:
             return outcome(error=REFERENCE_DELETED)

@@ -12,7 +12,7 @@ import pytest
 from scoring.catalog import CatalogSnapshot
 from scoring.members.sandbox import SandboxPool
 from scoring.models import CustomEvaluator, Pattern, ScorerGroup
-from scoring.panel import _NO_MATCH_KEPT, GroupResult, Panel
+from scoring.panel import _PLANS_KEPT, GroupResult, Panel
 from scoring.subjects import Subject
 from tests.support.panel_catalog import catalog, group, subject
 
@@ -171,10 +171,10 @@ async def test_the_shared_no_match_outcomes_are_bounded_however_many_members_a_c
     # never reused for a member it was not built for (a kept id is checked by identity).
     panel = Panel()
     scorers = scorers_with()
-    groups = [group(("pattern", "apology", 1, False)) for _ in range(_NO_MATCH_KEPT + 10)]
+    groups = [group(("pattern", "apology", 1, False)) for _ in range(_PLANS_KEPT + 10)]
     for members in groups:
         await panel.score_many([(members, of("p", "Fine."))], scorers)
-    assert len(panel._no_match) <= _NO_MATCH_KEPT
+    assert len(panel._plans) <= _PLANS_KEPT
     outcomes = [(await panel.score_many([(g, of("p", "Fine."))], scorers))[0].blend.members[0].outcome
                 for g in groups[:2]]
     assert outcomes[0] is not outcomes[1] and outcomes[0] == outcomes[1], "each member its own, equal outcome"
