@@ -122,7 +122,10 @@ class Subject:
     input: str
     output: str
     expected: Any
-    spans: list[dict[str, Any]]
+    # A trace's own span models, made JSON-shaped only when a member reads them (code and
+    # external scorers, through ``member_payload``); or the JSON-shaped spans a dataset row or a
+    # playground example gave.
+    spans: tuple[Span, ...] | list[dict[str, Any]]
     metadata: dict[str, Any]
     transcript: str  # what a judge reads at session scope ("" at trace scope)
     turns: int = 1
@@ -133,17 +136,19 @@ class Subject:
 
     def member_payload(self) -> dict[str, Any]:
         """The arguments of a code scorer's score() and the body sent to an external scorer."""
+        spans = self.spans
         return {"input": self.input, "output": self.output, "expected": self.expected,
-                "spans": self.spans, "metadata": self.metadata}
+                "spans": span_dicts(spans) if isinstance(spans, tuple) else spans, "metadata": self.metadata}
 
 
-_SPANS = TypeAdapter(list[Span])
+_SPANS = TypeAdapter(tuple[Span, ...])
 
 
-def _span_dicts(trace: Trace) -> list[dict[str, Any]]:
+def span_dicts(spans: tuple[Span, ...]) -> list[dict[str, Any]]:
+    """Spans as a code or external scorer reads them: the wire's names, without empty fields."""
     # One serializer call for the whole list: a call per span cost a measurable share of a trace.
-    spans: list[dict[str, Any]] = _SPANS.dump_python(trace.spans, mode="json", by_alias=True, exclude_none=True)
-    return spans
+    dicts: list[dict[str, Any]] = list(_SPANS.dump_python(spans, mode="json", by_alias=True, exclude_none=True))
+    return dicts
 
 
 def trace_subject(trace: Trace) -> Subject:
@@ -153,7 +158,7 @@ def trace_subject(trace: Trace) -> Subject:
         input=user or format_transcript([trace]),
         output=_agent_words(trace),
         expected=trace.expected,
-        spans=_span_dicts(trace),
+        spans=tuple(trace.spans),
         metadata=trace.metadata,
         transcript="",
         project_id=trace.project_id,
@@ -177,7 +182,7 @@ def session_subject(traces: list[Trace]) -> Subject:
         input=user_side or transcript,
         output=agent_side,
         expected=None,
-        spans=_span_dicts(anchor),
+        spans=tuple(anchor.spans),
         metadata={**anchor.metadata, "sessionId": anchor.session_id, "turns": len(turns)},
         transcript=transcript,
         turns=len(turns),

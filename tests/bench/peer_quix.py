@@ -52,7 +52,7 @@ def ratings(value: dict[str, Any]) -> list[dict[str, Any]]:
                                               gate=member.gate, goodness=g, ref_id=member.ref_id,
                                               native=verdict.matched, detail=verdict.detail))
             else:
-                native = CODE[member.ref_id](subject.input, subject.output, subject.expected, subject.spans,
+                native = CODE[member.ref_id](subject.input, subject.output, subject.expected, subject.member_payload()["spans"],
                                              subject.metadata)
                 outcomes.append(MemberOutcome(name=CUSTOMS[member.ref_id].name, kind="custom", weight=member.weight,
                                               gate=member.gate, goodness=goodness("custom", native),

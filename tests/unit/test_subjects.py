@@ -6,7 +6,7 @@ import time
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
-from scoring.subjects import Trace, session_subject, trace_subject
+from scoring.subjects import Span, Trace, session_subject, trace_subject
 
 
 def trace(n: int, *, user: str | None = "", agent: str | None = "", children: list[dict[str, Any]] = (),
@@ -21,8 +21,11 @@ def trace(n: int, *, user: str | None = "", agent: str | None = "", children: li
 def test_trace_scope_reads_the_root_span() -> None:
     s = trace_subject(trace(1, user="What is 2+2?", agent="4", expected="4", metadata={"k": 1}))
     assert (s.scope, s.input, s.output, s.expected, s.metadata) == ("trace", "What is 2+2?", "4", "4", {"k": 1})
-    assert [sp["spanId"] for sp in s.spans] == ["r1"]
+    assert [sp["spanId"] for sp in s.member_payload()["spans"]] == ["r1"]
     assert s.member_payload().keys() == {"input", "output", "expected", "spans", "metadata"}
+    # Made JSON-shaped only when a code or external member reads them: groups of judges and
+    # patterns never pay for it.
+    assert all(isinstance(span, Span) for span in s.spans)
 
 
 def test_structured_span_values_become_json_text() -> None:
@@ -73,7 +76,7 @@ def test_otel_session_agent_side_stays_empty_without_child_outputs() -> None:
 def test_code_scorer_spans_cover_only_the_anchor_trace() -> None:
     s = session_subject([trace(1, user="a", agent="b"), trace(3, user="e", agent="f"),
                          trace(2, user="c", agent="d", children=[{"kind": "llm", "output": "x"}])])
-    assert [sp["spanId"] for sp in s.spans] == ["r3"], "the last trace in time is the anchor"
+    assert [sp["spanId"] for sp in s.member_payload()["spans"]] == ["r3"], "the last trace in time is the anchor"
     assert s.trace_id == "t-3" and s.metadata["turns"] == 3
 
 
