@@ -22,7 +22,6 @@ from __future__ import annotations
 import time
 from collections import Counter
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass
 
 import structlog
 
@@ -32,6 +31,7 @@ from scoring.catalog import CatalogSnapshot
 from scoring.pairs import ClaimRequest
 from scoring.panel import GroupResult, Panel
 from scoring.ports import BudgetExhausted
+from scoring.records import record
 from scoring.results import RatingEvent, ResultScope, history_event, tokens_of
 from scoring.routing import Pair
 from scoring.stores.claims import Claims, PairSpend, Reservation
@@ -40,7 +40,7 @@ from scoring.stores.ratings import RatingsStore, SessionVerdict
 log = structlog.get_logger(__name__)
 
 
-@dataclass(frozen=True)
+@record
 class Finished:
     """A published pair, for steps 5 and 6: what the history counts, the done mark, the tokens
     to settle and - at session scope - the verdict the SDK reads."""
@@ -52,7 +52,7 @@ class Finished:
     verdict: SessionVerdict | None = None
 
 
-@dataclass(frozen=True)
+@record
 class Scored:
     """A pair with its result, and the spend it was scored with."""
 

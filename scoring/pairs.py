@@ -6,12 +6,14 @@ Pure: ``scoring.routing`` builds the requests, ``scoring.stores.claims`` keeps t
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import field
+
+from scoring.records import record
 
 DAY_S = 86_400
 
 
-@dataclass(frozen=True, slots=True)
+@record
 class ClaimRequest:
     project_id: str
     group_id: str

@@ -13,7 +13,6 @@ import functools
 import hashlib
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
 from typing import Protocol
 
 import structlog
@@ -34,6 +33,7 @@ from scoring.ports import (
     RetryGate,
     TokenUsage,
 )
+from scoring.records import record
 from scoring.redact import Redactor
 from scoring.subjects import Subject
 
@@ -57,7 +57,7 @@ class ScorerLookup(Protocol):
     def custom(self, ref_id: str) -> CustomEvaluator | None: ...
 
 
-@dataclass(frozen=True, slots=True)
+@record
 class MemberPlan:
     """A member resolved against one catalog snapshot, for scoring it on many subjects: looked
     up, compiled and hashed once, not once per subject."""
@@ -70,7 +70,7 @@ class MemberPlan:
     code_key: str = ""
 
 
-@dataclass(frozen=True, slots=True)
+@record
 class GroupResult:
     group: ScorerGroup
     subject: Subject

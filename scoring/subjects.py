@@ -12,13 +12,14 @@ scorer's ``spans`` are the last (anchor) trace's only.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Annotated, Any, Literal
 
 import orjson
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, TypeAdapter
 from pydantic.alias_generators import to_camel
+
+from scoring.records import record
 
 SubjectScope = Literal["trace", "session"]
 
@@ -114,7 +115,7 @@ def format_transcript(traces: list[Trace]) -> str:
     return "\n".join(lines)
 
 
-@dataclass(frozen=True, slots=True)
+@record
 class Subject:
     """What one group is asked to grade: a trace, or a whole session."""
 

@@ -31,6 +31,7 @@ from dataclasses import dataclass
 from typing import Literal
 
 from scoring.pairs import ClaimRequest
+from scoring.records import record
 from scoring.stores import keys
 from scoring.stores.client import RedisClient
 from scoring.stores.scripts import ScriptPipeline
@@ -263,7 +264,7 @@ def claim_field(request: ClaimRequest) -> str:
     return keys.dedupe_field(request.group_id, request.subject_key)
 
 
-@dataclass(frozen=True, slots=True)
+@record
 class ClaimResult:
     state: ClaimState
     detail: str  # the stored value for done/busy ("done:<ratingId>"), budget used when exhausted
