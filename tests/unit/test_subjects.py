@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+import random
 import time
-from datetime import UTC, datetime, timedelta
+from datetime import UTC, datetime, timedelta, timezone
 from typing import Any
 
-from scoring.subjects import Span, Trace, session_subject, trace_subject
+import orjson
+
+from scoring.subjects import _SPANS, Span, Trace, session_subject, span_dicts, trace_subject
 
 
 def trace(n: int, *, user: str | None = "", agent: str | None = "", children: list[dict[str, Any]] = (),
@@ -108,3 +111,48 @@ def test_a_time_without_a_zone_is_read_as_utc_whatever_the_hosts_zone(monkeypatc
         monkeypatch.delenv("TZ")
         time.tzset()
 
+
+
+def _json_value(rng: random.Random, depth: int = 0) -> Any:
+    roll = rng.random()
+    if depth > 2 or roll < 0.3:
+        return rng.choice([None, 1, -5, 0.1, 1e300, "x", "é\u2028", True, False, "", 2**62])
+    if roll < 0.6:
+        return [_json_value(rng, depth + 1) for _ in range(rng.randint(0, 3))]
+    return {rng.choice(["a", "b", "c d", "é"]): _json_value(rng, depth + 1) for _ in range(rng.randint(0, 3))}
+
+
+def _time(rng: random.Random) -> str | datetime | None:
+    zone = rng.choice([None, UTC, timezone(timedelta(hours=2)), timezone(timedelta(hours=-8, minutes=-30)),
+                       timezone(timedelta(0), "GMT")])
+    at = datetime(2026, 12, rng.randint(1, 28), rng.randint(0, 23), rng.randint(0, 59), rng.randint(0, 59),
+                  rng.choice([0, 1, 500_000, 999_999]), tzinfo=zone)
+    return rng.choice([None, at, at.isoformat()])
+
+
+def test_spans_as_members_read_them_are_what_the_span_model_serializes() -> None:
+    # span_dicts builds them by hand (the serializer was a share of a trace's CPU): the model
+    # stays the wire's definition, and every field of it, set or not, must come out the same.
+    every_field = Span.model_validate({name: "x" for name in Span.model_fields} | {
+        "span_id": "s", "attributes": {"k": [1, None]}, "start_time": "2026-12-02T13:00:00.5Z",
+        "end_time": "2026-12-02T13:00:00+02:00"})
+    assert set(span_dicts((every_field,))[0]) == {f.alias or name for name, f in Span.model_fields.items()}
+    rng = random.Random(3)
+    for _ in range(3000):
+        document: dict[str, Any] = {"spanId": rng.choice(["s", "r1"])}
+        for name in ("parentSpanId", "kind"):
+            if rng.random() < 0.5:
+                document[name] = rng.choice([None, "p", "", "x y"])
+        if rng.random() < 0.5:
+            document["name"] = rng.choice(["", "n"])
+        for name in ("input", "output"):
+            if rng.random() < 0.7:
+                document[name] = _json_value(rng)
+        if rng.random() < 0.7:
+            document["attributes"] = {"k": _json_value(rng)}
+        for name in ("startTime", "endTime"):
+            document[name] = _time(rng)
+        spans = tuple(Span.model_validate(document) for _ in range(rng.randint(1, 3)))
+        expected = _SPANS.dump_python(spans, mode="json", by_alias=True, exclude_none=True)
+        assert span_dicts(spans) == list(expected), document
+        assert orjson.dumps(span_dicts(spans)) == orjson.dumps(list(expected))
