@@ -50,6 +50,7 @@ class LoopHistogram(Collector):
             bounds += (math.inf,)
         self._name, self._doc, self._labelnames, self._bounds = name, documentation, tuple(labelnames), bounds
         self._children: dict[tuple[str, ...], LoopHistogramChild] = {}
+        self._unlabelled: LoopHistogramChild | None = None
         registry.register(self)
 
     def labels(self, *values: str) -> LoopHistogramChild:
@@ -62,8 +63,10 @@ class LoopHistogram(Collector):
         return child
 
     def observe(self, value: float) -> None:
-        """For a histogram without labels."""
-        self.labels().observe(value)
+        """For a histogram without labels (its one child is looked up once)."""
+        if self._unlabelled is None:
+            self._unlabelled = self.labels()
+        self._unlabelled.observe(value)
 
     def describe(self) -> Iterator[Metric]:
         yield HistogramMetricFamily(self._name, self._doc, labels=self._labelnames)
