@@ -4,7 +4,9 @@ Tenants' code is hostile, so the boundary is the kernel's, not hooks inside an i
 every sandbox process is started by bubblewrap (Debian's ``bwrap``) with
 
 * another identity: when the worker runs as root, bwrap itself is started as an unprivileged
-  uid (``SGW_SANDBOX_UID``, default 65534) that owns no files; otherwise as the worker's own uid.
+  uid (``SGW_SANDBOX_UID``, default 65534) that owns no files - by util-linux's ``setpriv``
+  (real, effective and saved uid and gid, no supplementary groups), which works whatever event
+  loop starts the process; otherwise as the worker's own uid.
   Either way bwrap builds a user namespace without capabilities, and refuses nested ones;
 * namespaces of its own: network (only a loopback of its own: no way out), PID (its own
   ``/proc``: the worker's processes, their memory and environment are not even visible), mount,
@@ -34,7 +36,7 @@ import os
 import shutil
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Literal
+from typing import Literal
 
 IsolationMode = Literal["bwrap", "unsafe-none"]
 
@@ -60,6 +62,7 @@ class Confinement:
     prefix: tuple[str, ...] = ()  # the bwrap command line, before the Python command
     seccomp_bpf: bytes = b""
     uid: int | None = None  # switch to this uid (and gid) before starting bwrap (root only)
+    identity: tuple[str, ...] = ()  # the command that switches to it: setpriv ... --
     description: str = field(default="", compare=False)
 
     @property
@@ -71,7 +74,7 @@ class Confinement:
         if self.mode == "unsafe-none":
             return [self.python, *python_args]
         assert seccomp_fd is not None
-        return [*self.prefix, "--seccomp", str(seccomp_fd), self.python, *python_args]
+        return [*self.identity, *self.prefix, "--seccomp", str(seccomp_fd), self.python, *python_args]
 
     def seccomp_pipe(self) -> int | None:
         """A pipe holding the seccomp program, read end returned (the caller closes it after
@@ -113,16 +116,11 @@ def _bwrap_prefix(bwrap: str, python: str) -> list[str]:
     return args
 
 
-async def _run(cmd: list[str], *, uid: int | None, pass_fds: tuple[int, ...] = ()) -> tuple[int, bytes, bytes]:
+async def _run(cmd: list[str], *, pass_fds: tuple[int, ...] = ()) -> tuple[int, bytes, bytes]:
     try:
         proc = await asyncio.create_subprocess_exec(
             *cmd, stdin=asyncio.subprocess.DEVNULL, stdout=asyncio.subprocess.PIPE,
-            stderr=asyncio.subprocess.PIPE, env=CHILD_ENV, pass_fds=pass_fds, start_new_session=True,
-            **_identity(uid))
-    except PermissionError as exc:  # e.g. root of a user namespace in which the uid is not mapped
-        raise IsolationUnavailable(
-            f"this process may not start a process as uid {uid} ({exc.strerror}): run the worker as "
-            "real root, or as a non-root user, or set SGW_SANDBOX_UID to a uid it may switch to") from exc
+            stderr=asyncio.subprocess.PIPE, env=CHILD_ENV, pass_fds=pass_fds, start_new_session=True)
     except OSError as exc:
         raise IsolationUnavailable(f"cannot start {cmd[0]}: {exc}") from exc
     try:
@@ -134,11 +132,26 @@ async def _run(cmd: list[str], *, uid: int | None, pass_fds: tuple[int, ...] = (
     return proc.returncode if proc.returncode is not None else -1, out, err
 
 
-def _identity(uid: int | None) -> dict[str, Any]:
-    """subprocess arguments that drop to ``uid`` (used when the worker is root)."""
-    if uid is None:
-        return {}
-    return {"user": uid, "group": uid, "extra_groups": []}
+def _last_line(err: bytes, code: int) -> str:
+    lines = err.decode(errors="replace").strip().splitlines()
+    return lines[-1][:200] if lines else f"exit code {code}"
+
+
+async def _identity(uid: int, python: str) -> tuple[str, ...]:
+    """The command prefix that starts a process as ``uid`` (and its gid, no other groups),
+    checked by starting one; IsolationUnavailable when this process may not switch to it."""
+    setpriv = shutil.which("setpriv")
+    if setpriv is None:
+        raise IsolationUnavailable("setpriv is not installed (Debian package 'util-linux'): it starts the "
+                                   f"sandboxes as uid {uid}")
+    identity = (setpriv, f"--reuid={uid}", f"--regid={uid}", "--clear-groups", "--")
+    code, out, err = await _run([*identity, python, "-I", "-S", "-c", "import os; print(os.getresuid(), "
+                                 "os.getresgid(), os.getgroups())"])
+    if code != 0 or out.decode(errors="replace").split() != f"({uid}, {uid}, {uid}) ({uid}, {uid}, {uid}) []".split():
+        raise IsolationUnavailable(
+            f"this process may not start a process as uid {uid} ({_last_line(err, code)}): run the worker as "
+            "real root, or as a non-root user, or set SGW_SANDBOX_UID to a uid it may switch to")
+    return identity
 
 
 def _check_executable(python: str) -> None:
@@ -157,7 +170,7 @@ async def prepare(mode: IsolationMode, python: str, sandbox_uid: int) -> Confine
     if bwrap is None:
         raise IsolationUnavailable("bubblewrap (bwrap) is not installed (Debian package 'bubblewrap')")
     # 1. The seccomp program, made by libseccomp's Python binding of the sandbox's Python.
-    code, bpf, err = await _run([python, "-I", str(_POLICY)], uid=None)
+    code, bpf, err = await _run([python, "-I", str(_POLICY)])
     if code != 0 or not bpf:
         why = err.decode(errors="replace").strip().splitlines()[-1:] or [f"exit code {code}"]
         raise IsolationUnavailable(f"cannot build the seccomp filter ({why[0][:200]}); "
@@ -165,6 +178,7 @@ async def prepare(mode: IsolationMode, python: str, sandbox_uid: int) -> Confine
     uid = sandbox_uid if os.geteuid() == 0 else None
     confinement = Confinement(
         mode, python, tuple(_bwrap_prefix(bwrap, python)), bpf, uid,
+        identity=await _identity(uid, python) if uid is not None else (),
         description=f"bwrap as uid {uid if uid is not None else os.geteuid()}, own user/pid/net/mount "
                     "namespaces, seccomp")
     # 2. A real confined process, with the filter, must start and see the world it should.
@@ -174,7 +188,7 @@ async def prepare(mode: IsolationMode, python: str, sandbox_uid: int) -> Confine
     fd = confinement.seccomp_pipe()
     assert fd is not None
     try:
-        code, out, err = await _run(confinement.command(["-I", "-S", "-c", probe], fd), uid=uid, pass_fds=(fd,))
+        code, out, err = await _run(confinement.command(["-I", "-S", "-c", probe], fd), pass_fds=(fd,))
     finally:
         os.close(fd)
     if code != 0 or out.strip() != b"confined":
@@ -182,8 +196,3 @@ async def prepare(mode: IsolationMode, python: str, sandbox_uid: int) -> Confine
         raise IsolationUnavailable(f"bubblewrap cannot start a confined process here: {why[0][:200]} "
                                    "(it needs unprivileged user namespaces, or root)")
     return confinement
-
-
-def identity(confinement: Confinement) -> dict[str, Any]:
-    """subprocess arguments that start a process of ``confinement`` as its identity."""
-    return _identity(confinement.uid)

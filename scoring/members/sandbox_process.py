@@ -17,7 +17,7 @@ import signal
 from pathlib import Path
 from typing import Any
 
-from scoring.members.isolation import CHILD_ENV, Confinement, identity
+from scoring.members.isolation import CHILD_ENV, Confinement
 
 # The standard library's logger: this module and isolation.py import nothing outside it, so that
 # the security tests can drive a sandbox with Debian's python3 as an unprivileged user.
@@ -61,7 +61,7 @@ async def spawn(confinement: Confinement, memory_limit_mb: int, keys: int,
             stderr=asyncio.subprocess.DEVNULL, env=CHILD_ENV, cwd="/",
             pass_fds=() if seccomp_fd is None else (seccomp_fd,),
             start_new_session=True,  # its own process group, killed as a whole
-            limit=_REPLY_LIMIT, **identity(confinement))
+            limit=_REPLY_LIMIT)
     except OSError as exc:
         raise StartFailed(f"could not start a sandbox: {exc}") from exc
     finally:

@@ -6,6 +6,8 @@ import asyncio
 import math
 import os
 import socket
+import subprocess
+import sys
 import time
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -22,6 +24,7 @@ ARGS: dict[str, Any] = {"input": "question", "output": "answer", "expected": Non
 TIMEOUT = 2.0
 P = "project-a"  # the project whose code runs, unless a test says otherwise
 HERE = str(Path(__file__).resolve())
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def scorer(body: str, header: str = "") -> str:
@@ -250,11 +253,13 @@ async def test_no_secret_of_the_worker_is_readable(monkeypatch: pytest.MonkeyPat
         await sandbox.close()
 
 
-def _descendant_uids() -> set[int]:
-    """Real uids, seen from the host, of the sandbox processes (bwrap and the runner) below this
-    one. A child caught between fork and exec still carries this process's command line and uid:
-    it is not a sandbox yet, and is left out."""
-    parent_of, uid_of = {}, {}
+def _descendant_identities() -> set[tuple[str, str, str]]:
+    """(real, effective, saved and file-system uids; the same gids; supplementary groups), as
+    the host sees them, of the sandbox processes (bwrap and the runner) below this one. A child
+    caught between fork and exec still carries this process's command line and identity: it is
+    not a sandbox yet, and is left out."""
+    parent_of: dict[int, int] = {}
+    uid_of: dict[int, tuple[str, str, str]] = {}
     for pid in filter(str.isdigit, os.listdir("/proc")):
         try:
             status = dict(line.split(":", 1) for line in Path(f"/proc/{pid}/status").read_text().splitlines())
@@ -263,7 +268,7 @@ def _descendant_uids() -> set[int]:
             continue
         parent_of[int(pid)] = int(status["PPid"])
         if cmdline.startswith((b"/usr/bin/bwrap\0", b"/usr/bin/python3\0-I\0-S\0-c\0")):
-            uid_of[int(pid)] = int(status["Uid"].split()[0])
+            uid_of[int(pid)] = (status["Uid"].strip(), status["Gid"].strip(), status["Groups"].strip())
     me, found = os.getpid(), set()
     for pid in parent_of:
         ancestor = parent_of.get(pid)
@@ -278,9 +283,15 @@ async def test_runs_as_an_unprivileged_identity(pool: SandboxPool) -> None:
     code = scorer("import time\ntime.sleep(0.5)\nreturn 1.0")
     call = asyncio.ensure_future(pool.run(P, "uid", code, ARGS, TIMEOUT))
     await asyncio.sleep(0.2)
-    uids = _descendant_uids()
+    identities = _descendant_identities()
     assert await call == 1.0
-    assert uids and 0 not in uids and (os.geteuid() == 0 or uids == {os.geteuid()})
+    assert identities
+    if os.geteuid() == 0:
+        # Every one of its uids and gids switched (none left at root to switch back to), and no
+        # supplementary group of root's kept.
+        assert identities == {("\t".join(["65534"] * 4), "\t".join(["65534"] * 4), "")}, identities
+    else:
+        assert {uids.split()[0] for uids, _, _ in identities} == {str(os.geteuid())}
 
 
 async def test_the_service_files_and_the_host_are_not_visible(pool: SandboxPool) -> None:
@@ -463,3 +474,24 @@ async def test_a_batch_of_long_non_ascii_reasons_is_still_one_message(pool: Sand
     results = await pool.run_many(P, "long-reasons", code, [ARGS] * 256, TIMEOUT)
     assert pool.messages - before <= 2, "one message (and the code sent with it), not one per subject"
     assert all(isinstance(r, CodeScorerError) and str(r).startswith("ValueError: réponse invalide") for r in results)
+
+
+def test_the_sandbox_identity_keeps_none_of_the_workers_groups(tmp_path: Path) -> None:
+    # Root with supplementary groups (as a container's root may have): the sandboxes it starts
+    # must hold none of them - nor root's uid or gid in any slot (setpriv, checked by ``prepare``).
+    if os.geteuid() != 0:
+        pytest.skip("only root switches the sandboxes' identity")
+    script = tmp_path / "prepare_with_groups.py"
+    script.write_text(
+        "import asyncio, os, subprocess, sys\n"
+        "os.setgroups([4, 27])\n"
+        "from scoring.members import isolation\n"
+        "from scoring.members.sandbox import DEFAULT_PYTHON\n"
+        "confinement = asyncio.run(isolation.prepare('bwrap', DEFAULT_PYTHON, 65534))\n"
+        "probe = 'import os; print(os.getresuid(), os.getresgid(), os.getgroups())'\n"
+        "sys.stdout.write(subprocess.run([*confinement.identity, DEFAULT_PYTHON, '-I', '-S', '-c', probe],\n"
+        "                                capture_output=True, text=True, check=True).stdout)\n")
+    done = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=60,
+                          cwd=ROOT, env={**os.environ, "PYTHONPATH": str(ROOT)})
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.split() == "(65534, 65534, 65534) (65534, 65534, 65534) []".split()
