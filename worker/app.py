@@ -173,7 +173,8 @@ class Worker:
             consumer.subscribe([s.traces_topic], listener=traces.rebalance_listener())
             await consumer.start()
             log.info("worker started", topic=s.traces_topic, group=s.consumer_group,
-                     catalog_version=watcher.current.version)
+                     catalog_version=watcher.current.version,
+                     event_loop=type(asyncio.get_running_loop()).__module__.split(".")[0])
             # What startup built (modules, models' schemas, clients: ~85,000 objects) lives as long
             # as the process: out of the collector's sight, a full collection no longer walks it
             # (~26 ms each, measured) - a pause every trace in flight would wait through.

@@ -209,6 +209,10 @@ def _cmd_datasets(settings: Settings, args: argparse.Namespace) -> int:
 def _cmd_run(settings: Settings, _: argparse.Namespace) -> int:
     from worker.app import Worker
 
+    if settings.event_loop == "uvloop":
+        import uvloop  # a dependency of the package: an ImportError here is a broken install, said as such
+
+        return uvloop.run(Worker(settings).run())
     return asyncio.run(Worker(settings).run())
 
 

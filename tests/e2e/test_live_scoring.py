@@ -48,8 +48,14 @@ async def env(kafka_bootstrap: str, redis_db_url: str, unique: str, judge: Judge
                          commit_interval_s=0.2)
 
 
-async def test_live_scoring_end_to_end(env: dict[str, str], kafka_bootstrap: str, tmp_path: Path) -> None:
-    await check_live_scoring(env, kafka_bootstrap, tmp_path)
+@pytest.mark.parametrize("event_loop", ["uvloop", "asyncio"])
+async def test_live_scoring_end_to_end(env: dict[str, str], kafka_bootstrap: str, tmp_path: Path,
+                                       event_loop: str) -> None:
+    # The whole scenario on each event loop SGW_EVENT_LOOP offers (uvloop, the default, and Python's).
+    await check_live_scoring({**env, "SGW_EVENT_LOOP": event_loop}, kafka_bootstrap, tmp_path)
+    started = next(orjson.loads(line) for line in (tmp_path / "worker.log").read_text().splitlines()
+                   if '"worker started"' in line)
+    assert started["event_loop"] == event_loop
 
 
 async def test_a_second_worker_joins_mid_stream_without_loss_or_second_ratings(
