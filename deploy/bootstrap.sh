@@ -11,6 +11,8 @@ cd "$(dirname "$0")/.."
 need_apt=()
 command -v redis-server >/dev/null 2>&1 || [ -x /usr/bin/redis-server ] || need_apt+=(redis-server)
 command -v bwrap >/dev/null 2>&1 || need_apt+=(bubblewrap)
+# setpriv starts the sandboxes as SGW_SANDBOX_UID when the worker is root (essential in Debian).
+command -v setpriv >/dev/null 2>&1 || need_apt+=(util-linux)
 /usr/bin/python3 -c 'import seccomp' >/dev/null 2>&1 || need_apt+=(python3-seccomp)
 command -v java >/dev/null 2>&1 || need_apt+=(openjdk-17-jre-headless)
 command -v mvn >/dev/null 2>&1 || need_apt+=(maven)
