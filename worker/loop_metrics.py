@@ -5,7 +5,8 @@ and scans the buckets in Python: ~1.5 us, several times a trace (each member, ea
 a tenth of the worker's pure scoring CPU. The worker updates these metrics from its event loop
 only, and ``/metrics`` is served from that same loop (``OpsServer``), so no update can race
 another or a scrape: plain integers suffice. They are exported through prometheus_client's
-custom-collector interface, in the same registry and exposition format as every other metric.
+custom-collector interface, in the same registry and exposition format as every other metric
+(the same samples, without prometheus_client's ``_created`` timestamps).
 
 Contract: ``observe`` and ``inc`` are called from one thread (the event loop). A process that
 updates a metric from threads uses prometheus_client's own types instead.
@@ -34,9 +35,10 @@ class LoopHistogramChild:
         self.total = 0.0
 
     def observe(self, value: float) -> None:
-        # bisect_left finds the first bound >= value: "le" buckets include their bound.
-        self.counts[bisect_left(self._bounds, value)] += 1
         self.total += value
+        if value == value:  # NaN is in no bucket (as prometheus_client has it), only in the sum
+            # bisect_left finds the first bound >= value: "le" buckets include their bound.
+            self.counts[bisect_left(self._bounds, value)] += 1
 
 
 class LoopHistogram(Collector):

@@ -41,6 +41,9 @@ from typing import Literal
 IsolationMode = Literal["bwrap", "unsafe-none"]
 
 _POLICY = Path(__file__).with_name("_seccomp_policy.py")
+# Where the programs that start sandboxes are looked for: the system's own directories, never
+# the worker's PATH (setpriv runs as root).
+_SYSTEM_PATH = "/usr/sbin:/usr/bin:/sbin:/bin"
 # The only environment a sandbox process (and bwrap, whose /proc/1/environ it can read) gets.
 CHILD_ENV = {"PATH": "/usr/bin:/bin", "LANG": "C.UTF-8"}
 _PROBE_TIMEOUT_S = 15.0
@@ -64,6 +67,11 @@ class Confinement:
     uid: int | None = None  # switch to this uid (and gid) before starting bwrap (root only)
     identity: tuple[str, ...] = ()  # the command that switches to it: setpriv ... --
     description: str = field(default="", compare=False)
+
+    def __post_init__(self) -> None:
+        # A uid to switch to with nothing that switches would start bwrap as root.
+        if self.mode == "bwrap" and (self.uid is None) != (not self.identity):
+            raise ValueError("a confinement switches to its uid exactly when it has the identity command for it")
 
     @property
     def bounds(self) -> str:
@@ -140,7 +148,7 @@ def _last_line(err: bytes, code: int) -> str:
 async def _identity(uid: int, python: str) -> tuple[str, ...]:
     """The command prefix that starts a process as ``uid`` (and its gid, no other groups),
     checked by starting one; IsolationUnavailable when this process may not switch to it."""
-    setpriv = shutil.which("setpriv")
+    setpriv = shutil.which("setpriv", path=_SYSTEM_PATH)
     if setpriv is None:
         raise IsolationUnavailable("setpriv is not installed (Debian package 'util-linux'): it starts the "
                                    f"sandboxes as uid {uid}")
@@ -154,6 +162,20 @@ async def _identity(uid: int, python: str) -> tuple[str, ...]:
     return identity
 
 
+def _not_inherited() -> None:
+    """Every descriptor above stderr that this process was started with made not inheritable:
+    a sandbox process gets only what is passed to it. (Python opens its own that way; uvloop's
+    subprocesses, unlike Python's, do not close the others in the child.)"""
+    for name in os.listdir("/proc/self/fd"):
+        fd = int(name)
+        if fd > 2:
+            try:
+                if os.get_inheritable(fd):
+                    os.set_inheritable(fd, False)
+            except OSError:  # the listing's own descriptor, closed by now
+                pass
+
+
 def _check_executable(python: str) -> None:
     if not os.path.isfile(python) or not os.access(python, os.X_OK):
         raise IsolationUnavailable(f"the sandbox Python {python!r} is not an executable file")
@@ -163,10 +185,11 @@ async def prepare(mode: IsolationMode, python: str, sandbox_uid: int) -> Confine
     """Check that confined processes can be started here and return how; raise
     IsolationUnavailable with the reason otherwise."""
     _check_executable(python)
+    _not_inherited()
     if mode == "unsafe-none":
         return Confinement(mode, python, description="UNSAFE: no isolation (SGW_CODE_SANDBOX=unsafe-none)")
 
-    bwrap = shutil.which("bwrap")
+    bwrap = shutil.which("bwrap", path=_SYSTEM_PATH)
     if bwrap is None:
         raise IsolationUnavailable("bubblewrap (bwrap) is not installed (Debian package 'bubblewrap')")
     # 1. The seccomp program, made by libseccomp's Python binding of the sandbox's Python.

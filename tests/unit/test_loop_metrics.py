@@ -12,7 +12,7 @@ from worker.metrics import LATENCY_BUCKETS, SCORE_BUCKETS
 
 # Values on a bucket's bound (an "le" bucket includes it), between bounds, past the last, zero.
 SCORES = [0, 0.0, 1, 2.5, 3, 6.999, 7, 10, 10.0, 9.5, 4, 4.000001]
-SECONDS = [0.0, 0.004, 0.005, 0.0050001, 0.1, 0.3, 60, 120, 121, 1e6, 2.5]
+SECONDS = [0.0, 0.004, 0.005, 0.0050001, 0.1, 0.3, 60, 120, 121, 1e6, 2.5, math.nan]  # NaN: in the sum only
 
 
 def _exposed(registry: CollectorRegistry) -> list[str]:

@@ -15,6 +15,7 @@ from typing import Any
 
 import pytest
 
+from scoring.members import isolation
 from scoring.members import sandbox as sandbox_module
 from scoring.members.sandbox import SandboxPool
 from scoring.ports import CodeScorerError
@@ -375,7 +376,7 @@ async def test_one_project_cannot_hold_every_slot() -> None:
 # --- fail closed, and the pool's own life ---------------------------------------------------------
 
 async def test_without_isolation_code_does_not_run(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
-    monkeypatch.setenv("PATH", str(tmp_path))  # no bwrap to be found
+    monkeypatch.setattr(isolation, "_SYSTEM_PATH", str(tmp_path))  # no bwrap to be found
     sandbox = SandboxPool(1)
     await sandbox.start()
     try:
@@ -495,3 +496,32 @@ def test_the_sandbox_identity_keeps_none_of_the_workers_groups(tmp_path: Path) -
                           cwd=ROOT, env={**os.environ, "PYTHONPATH": str(ROOT)})
     assert done.returncode == 0, done.stderr
     assert done.stdout.split() == "(65534, 65534, 65534) (65534, 65534, 65534) []".split()
+
+
+async def test_what_starts_a_sandbox_comes_from_the_system_and_takes_no_inherited_descriptor(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # A PATH the worker inherited must not choose the program that runs as root (setpriv) or
+    # bwrap; and a descriptor the worker was started with must not reach a sandbox (uvloop's
+    # subprocesses do not close them in the child).
+    for name in ("setpriv", "bwrap"):
+        fake = tmp_path / name
+        fake.write_text("#!/bin/sh\nexit 0\n")
+        fake.chmod(0o755)
+    monkeypatch.setenv("PATH", f"{tmp_path}:{os.environ['PATH']}")
+    inherited = os.dup(0)
+    os.set_inheritable(inherited, True)
+    try:
+        confinement = await isolation.prepare("bwrap", sandbox_module.DEFAULT_PYTHON, 65534)
+        assert not os.get_inheritable(inherited)
+    finally:
+        os.close(inherited)
+    assert confinement.prefix[0] == "/usr/bin/bwrap"
+    if os.geteuid() == 0:
+        assert confinement.identity[0] == "/usr/bin/setpriv"
+
+
+def test_a_confinement_cannot_name_a_uid_without_switching_to_it() -> None:
+    with pytest.raises(ValueError, match="switches to its uid"):
+        isolation.Confinement("bwrap", "/usr/bin/python3", ("/usr/bin/bwrap",), b"", uid=65534)
+    with pytest.raises(ValueError, match="switches to its uid"):
+        isolation.Confinement("bwrap", "/usr/bin/python3", ("/usr/bin/bwrap",), b"", identity=("setpriv", "--"))
