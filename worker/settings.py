@@ -101,8 +101,8 @@ class Settings(BaseSettings):
     )
     event_loop: Literal["uvloop", "asyncio"] = Field(
         "uvloop",
-        description="The event loop `scorer-worker run` runs on: uvloop (libuv's, in C: ~15% less CPU per trace "
-        "than Python's own in the benchmark, where every trace is a dozen callbacks) or asyncio (Python's)."
+        description="The event loop `scorer-worker run` runs on: uvloop (libuv's, in C: 3-5% less CPU per trace "
+        "and per judge call than Python's own, in the benchmark) or asyncio (Python's)."
     )
     producer_linger_ms: int = Field(
         5, ge=0, description="How long the producer waits to fill a batch; trades latency for throughput."
