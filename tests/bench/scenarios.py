@@ -106,6 +106,7 @@ async def _drain(bench: Bench, pid: int, alive: Any, out_topic: str, traces: int
             after = await redis_calls(redis_url) if redis_url else {}
             span_s = await out.span_s()
             hwm = tree.root_hwm_mb() if alive() else None
+            sample = await out.last_values(50)
     finally:
         tree.stop()
     done = got / groups
@@ -124,6 +125,15 @@ async def _drain(bench: Bench, pid: int, alive: Any, out_topic: str, traces: int
     if redis_url:
         result["redis_cmds_per_pair"] = round(sum(calls.values()) / max(1, got - first), 3)
         result["redis_commands"] = dict(list(calls.items())[:8])
+    # A figure is only worth its results: a member that failed (a sandbox that could not start,
+    # a judge that timed out) costs less than one that scored, and would flatter the CPU.
+    ratings = [r for r in map(orjson.loads, sample) if isinstance(r, dict) and "members" in r]
+    if ratings:
+        unscored = sum(any(m["status"] != "scored" for m in r["members"]) for r in ratings)
+        result["ratings_with_unscored_members"] = f"{unscored}/{len(ratings)} sampled"
+        if unscored:
+            print(f"  !! {unscored} of {len(ratings)} sampled ratings have a member that did not score "
+                  f"(see {bench.logs})", flush=True)
     if got < expected:
         print(f"  !! only {got} of {expected} outputs (see {bench.logs})", flush=True)
     return result

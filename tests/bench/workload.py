@@ -178,6 +178,24 @@ class OutputTopic:
                 lasts.append(await self._timestamp_at(tp, ends[tp] - 1))
         return max(0.001, (max(lasts) - min(firsts)) / 1000)
 
+    async def last_values(self, per_partition: int) -> list[bytes]:
+        """The values of the last ``per_partition`` records of each partition."""
+        assert self._consumer is not None
+        ends = await self._consumer.end_offsets(self.tps)
+        values: list[bytes] = []
+        for tp in self.tps:
+            start = max(0, ends[tp] - per_partition)
+            self._consumer.seek(tp, start)
+            got = 0
+            while got < ends[tp] - start:
+                batch = await self._consumer.getmany(tp, timeout_ms=2000, max_records=per_partition)
+                if not batch:
+                    break
+                for record in batch.get(tp, []):
+                    values.append(record.value)
+                    got += 1
+        return values
+
     async def records(self) -> list[Any]:
         """Every record (for latency: small topics only)."""
         assert self._consumer is not None
