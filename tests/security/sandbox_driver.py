@@ -110,8 +110,12 @@ async def attack(confinement: isolation.Confinement, name: str, code: str, timeo
     finally:
         kill(proc)
         await reap(proc)
-    await asyncio.sleep(0.2)  # the kernel ends a PID namespace's members after its init
-    left["after_kill"] = pid_namespace_members(namespace)
+    # The kernel ends a PID namespace's members after its init, each when it next runs: on a
+    # loaded machine a member spinning on a CPU may take longer than a moment.
+    deadline = time.monotonic() + 5
+    while (members := pid_namespace_members(namespace)) and time.monotonic() < deadline:
+        await asyncio.sleep(0.05)
+    left["after_kill"] = members
     return {"name": name, "uid": os.geteuid(), "bounds": confinement.bounds, "reply": reply,
             "seconds": round(seconds, 2), "probe_before": probe_before, "probe_after": probe_after, "left": left}
 
