@@ -16,12 +16,35 @@ from __future__ import annotations
 
 import math
 from bisect import bisect_left
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
+from typing import Generic, TypeVar
 
 from prometheus_client import CollectorRegistry
 from prometheus_client.core import CounterMetricFamily, HistogramMetricFamily, Metric
 from prometheus_client.registry import Collector
 from prometheus_client.utils import floatToGoString
+
+Child = TypeVar("Child")
+
+
+class _LoopFamily(Collector, Generic[Child]):
+    """What both kinds share: a child per label set, made on first use, and registration."""
+
+    def __init__(self, name: str, documentation: str, labelnames: Sequence[str], registry: CollectorRegistry,
+                 new_child: Callable[[], Child]) -> None:
+        self._name, self._doc, self._labelnames = name, documentation, tuple(labelnames)
+        self._new_child = new_child
+        self._children: dict[tuple[str, ...], Child] = {}
+        registry.register(self)
+
+    def labels(self, *values: str) -> Child:
+        if len(values) != len(self._labelnames):
+            raise ValueError(f"{self._name} takes labels {self._labelnames}, got {values!r}")
+        key = tuple(str(v) for v in values)
+        child = self._children.get(key)
+        if child is None:
+            child = self._children[key] = self._new_child()
+        return child
 
 
 class LoopHistogramChild:
@@ -41,7 +64,7 @@ class LoopHistogramChild:
             self.counts[bisect_left(self._bounds, value)] += 1
 
 
-class LoopHistogram(Collector):
+class LoopHistogram(_LoopFamily[LoopHistogramChild]):
     """A histogram with labels, exposed as prometheus_client's ``Histogram`` is (``_bucket``,
     ``_count``, ``_sum``)."""
 
@@ -50,19 +73,9 @@ class LoopHistogram(Collector):
         bounds = tuple(sorted(float(b) for b in buckets))
         if not bounds or bounds[-1] != math.inf:
             bounds += (math.inf,)
-        self._name, self._doc, self._labelnames, self._bounds = name, documentation, tuple(labelnames), bounds
-        self._children: dict[tuple[str, ...], LoopHistogramChild] = {}
+        self._bounds = bounds
         self._unlabelled: LoopHistogramChild | None = None
-        registry.register(self)
-
-    def labels(self, *values: str) -> LoopHistogramChild:
-        if len(values) != len(self._labelnames):
-            raise ValueError(f"{self._name} takes labels {self._labelnames}, got {values!r}")
-        key = tuple(str(v) for v in values)
-        child = self._children.get(key)
-        if child is None:
-            child = self._children[key] = LoopHistogramChild(self._bounds)
-        return child
+        super().__init__(name, documentation, labelnames, registry, lambda: LoopHistogramChild(bounds))
 
     def observe(self, value: float) -> None:
         """For a histogram without labels (its one child is looked up once)."""
@@ -96,23 +109,12 @@ class LoopCounterChild:
         self.value += amount
 
 
-class LoopCounter(Collector):
+class LoopCounter(_LoopFamily[LoopCounterChild]):
     """A counter with labels, exposed as prometheus_client's ``Counter`` is (``_total``)."""
 
     def __init__(self, name: str, documentation: str, labelnames: Sequence[str] = (), *,
                  registry: CollectorRegistry) -> None:
-        self._name, self._doc, self._labelnames = name, documentation, tuple(labelnames)
-        self._children: dict[tuple[str, ...], LoopCounterChild] = {}
-        registry.register(self)
-
-    def labels(self, *values: str) -> LoopCounterChild:
-        if len(values) != len(self._labelnames):
-            raise ValueError(f"{self._name} takes labels {self._labelnames}, got {values!r}")
-        key = tuple(str(v) for v in values)
-        child = self._children.get(key)
-        if child is None:
-            child = self._children[key] = LoopCounterChild()
-        return child
+        super().__init__(name, documentation, labelnames, registry, LoopCounterChild)
 
     def describe(self) -> Iterator[Metric]:
         yield CounterMetricFamily(self._name, self._doc, labels=self._labelnames)
@@ -122,4 +124,3 @@ class LoopCounter(Collector):
         for key, child in list(self._children.items()):
             family.add_metric(list(key), child.value)
         yield family
-

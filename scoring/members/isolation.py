@@ -141,6 +141,7 @@ async def _run(cmd: list[str], *, pass_fds: tuple[int, ...] = ()) -> tuple[int, 
 
 
 def _last_line(err: bytes, code: int) -> str:
+    """Why a probe failed, as a reason can say it: its last line of stderr, or its exit code."""
     lines = err.decode(errors="replace").strip().splitlines()
     return lines[-1][:200] if lines else f"exit code {code}"
 
@@ -195,8 +196,7 @@ async def prepare(mode: IsolationMode, python: str, sandbox_uid: int) -> Confine
     # 1. The seccomp program, made by libseccomp's Python binding of the sandbox's Python.
     code, bpf, err = await _run([python, "-I", str(_POLICY)])
     if code != 0 or not bpf:
-        why = err.decode(errors="replace").strip().splitlines()[-1:] or [f"exit code {code}"]
-        raise IsolationUnavailable(f"cannot build the seccomp filter ({why[0][:200]}); "
+        raise IsolationUnavailable(f"cannot build the seccomp filter ({_last_line(err, code)}); "
                                    "install libseccomp's Python binding (Debian package 'python3-seccomp')")
     uid = sandbox_uid if os.geteuid() == 0 else None
     confinement = Confinement(
@@ -215,7 +215,6 @@ async def prepare(mode: IsolationMode, python: str, sandbox_uid: int) -> Confine
     finally:
         os.close(fd)
     if code != 0 or out.strip() != b"confined":
-        why = err.decode(errors="replace").strip().splitlines()[-1:] or [f"exit code {code}"]
-        raise IsolationUnavailable(f"bubblewrap cannot start a confined process here: {why[0][:200]} "
+        raise IsolationUnavailable(f"bubblewrap cannot start a confined process here: {_last_line(err, code)} "
                                    "(it needs unprivileged user namespaces, or root)")
     return confinement
