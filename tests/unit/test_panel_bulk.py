@@ -13,7 +13,7 @@ from scoring.catalog import CatalogSnapshot
 from scoring.members.sandbox import SandboxPool
 from scoring.models import CustomEvaluator, Pattern, ScorerGroup
 from scoring.panel import _PLANS_KEPT, GroupResult, Panel
-from scoring.subjects import Subject
+from scoring.subjects import Subject, Trace, trace_subject
 from tests.support.panel_catalog import catalog, group, subject
 
 Observed = list[tuple[str, str, str | None, float]]
@@ -178,3 +178,26 @@ async def test_the_shared_no_match_outcomes_are_bounded_however_many_members_a_c
     outcomes = [(await panel.score_many([(g, of("p", "Fine."))], scorers))[0].blend.members[0].outcome
                 for g in groups[:2]]
     assert outcomes[0] is not outcomes[1] and outcomes[0] == outcomes[1], "each member its own, equal outcome"
+
+
+async def test_in_bulk_each_code_call_reads_its_own_traces_spans_only(sandbox: SandboxPool) -> None:
+    # Spans are made JSON-shaped per subject, only when a code scorer asks: one batch holds two
+    # tenants' traces, and each call must read exactly its own trace's spans - never a neighbour's,
+    # however the tenant shaped them (a span id naming the other project, a forged "spans" key).
+    def traced(project: str, n: int) -> Subject:
+        return trace_subject(Trace.model_validate({
+            "traceId": f"{project}-t{n}", "projectId": project, "agentId": "a", "timestamp": "2026-12-02T13:00:00Z",
+            "metadata": {"project": project},
+            "spans": [{"spanId": f"{project}-root", "input": "q", "output": f"answer {n}",
+                       "attributes": {"spans": [{"spanId": "p-other-root"}], "owner": project}},
+                      {"spanId": f"{project}-llm", "parentSpanId": f"{project}-root", "kind": "llm",
+                       "output": "p-other"}]}))
+
+    mine = code("mine", "Mine", "def score(input, output, expected, spans, metadata):\n"
+                                "    p = metadata['project']\n"
+                                "    return float([s['spanId'] for s in spans] == [p + '-root', p + '-llm']\n"
+                                "                 and spans[0]['attributes']['owner'] == p)\n")
+    g = group(("custom", "mine", 1, False))
+    items = [(g, traced(project, n)) for n in range(3) for project in ("p-one", "p-other")]
+    results = await Panel(sandbox=sandbox, member_deadline_s=10).score_many(items, scorers_with(mine))
+    assert [r.blend.members[0].outcome.native for r in results] == [1.0] * 6

@@ -525,3 +525,56 @@ def test_a_confinement_cannot_name_a_uid_without_switching_to_it() -> None:
         isolation.Confinement("bwrap", "/usr/bin/python3", ("/usr/bin/bwrap",), b"", uid=65534)
     with pytest.raises(ValueError, match="switches to its uid"):
         isolation.Confinement("bwrap", "/usr/bin/python3", ("/usr/bin/bwrap",), b"", identity=("setpriv", "--"))
+
+
+async def test_a_code_scorer_cannot_take_back_roots_identity(pool: SandboxPool) -> None:
+    # The identity setpriv gave the sandbox is all it has: no saved root uid or gid to switch
+    # back to, no group to add - each attempt fails, and none is left holding anything of root's.
+    code = scorer("won = 0\n"
+                  "for attempt in (lambda: os.setresuid(0, 0, 0), lambda: os.setuid(0), lambda: os.seteuid(0),\n"
+                  "                lambda: os.setresgid(0, 0, 0), lambda: os.setgid(0), lambda: os.setgroups([0])):\n"
+                  "    try:\n"
+                  "        attempt()\n"
+                  "        won += 1\n"
+                  "    except OSError:\n"
+                  "        pass\n"
+                  "return float(won == 0 and 0 not in os.getresuid() + os.getresgid())", header="import os")
+    assert await pool.run(P, "back-to-root", code, ARGS, TIMEOUT) == 1.0
+
+
+def test_under_uvloop_no_descriptor_of_the_worker_reaches_a_sandbox(tmp_path: Path) -> None:
+    # uvloop's subprocesses do not close a parent's other descriptors: a worker started with an
+    # open, inheritable one (a secret file, say) must still not hand it to bwrap or the runner.
+    canary = tmp_path / "canary-secret"
+    canary.write_text("CANARY-fd")
+    script = tmp_path / "pool_on_uvloop.py"
+    script.write_text(
+        "import os, sys, uvloop\n"
+        "from scoring.members.sandbox import SandboxPool\n"
+        f"fd = os.open({str(canary)!r}, os.O_RDONLY)\n"
+        "os.set_inheritable(fd, True)\n"
+        "async def main():\n"
+        "    pool = SandboxPool(1)\n"
+        "    await pool.start()\n"
+        "    code = 'import time\\ndef score(*a):\\n    time.sleep(0.5)\\n    return 1.0\\n'\n"
+        "    try:\n"
+        "        assert await pool.run('p', 'k', code, {'input': '', 'output': '', 'expected': None,\n"
+        "                              'spans': [], 'metadata': {}}, 2.0) == 1.0\n"
+        "        holders = []\n"
+        "        for pid in filter(str.isdigit, os.listdir('/proc')):\n"
+        "            if int(pid) == os.getpid():\n"
+        "                continue\n"
+        "            try:\n"
+        "                links = [os.readlink(f'/proc/{pid}/fd/{n}') for n in os.listdir(f'/proc/{pid}/fd')]\n"
+        "            except OSError:\n"
+        f"                continue\n"
+        f"            holders += [pid for link in links if link == {str(canary)!r}]\n"
+        "        print('holders', holders, 'sandboxes', pool.live_processes)\n"
+        "    finally:\n"
+        "        await pool.close()\n"
+        "uvloop.run(main())\n")
+    done = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=60,
+                          cwd=ROOT, env={**os.environ, "PYTHONPATH": str(ROOT)})
+    assert done.returncode == 0, done.stderr
+    said = next(line for line in done.stdout.splitlines() if line.startswith("holders"))
+    assert said.split() == ["holders", "[]", "sandboxes", "1"], done.stdout
