@@ -95,7 +95,7 @@ def _internal_step(part: int | str) -> bool:
     return isinstance(part, str) and part.startswith(("function-", "tagged-"))
 
 
-def _shown(value: Any) -> str:
+def shown_value(value: Any) -> str:
     """``repr(value)``, cut when long: a 2,000-character description is named, not echoed."""
     text = repr(value)
     if len(text) <= SHOWN_VALUE_CHARS:
@@ -118,6 +118,6 @@ def format_errors(errors: Sequence[Mapping[str, Any]]) -> list[str]:
         message = error["msg"].removeprefix("Value error, ")
         got = error.get("input")
         suffix = "" if error["type"] in ("missing", "extra_forbidden") or isinstance(got, dict | list) \
-            else f" (got {_shown(got)})"
+            else f" (got {shown_value(got)})"
         messages.append(f"{_location(loc)}: {message}{suffix}")
     return messages

@@ -3,8 +3,10 @@ scorers behind the egress guard, the code-scorer sandbox - and the redactor that
 process's secrets from what members say.
 
 Built from ``Settings`` once per process: by the worker, by ``scorer-worker grade``, and by the
-HTTP API in its lifespan. So every grading in a process shares one judge concurrency cap and one
-sandbox pool, and API grading is bounded like the worker's, not given a pool per request.
+HTTP API in its lifespan. So every grading in a process shares one judge concurrency cap, one
+sandbox pool and one pool of external-scorer connections, each shared fairly across projects
+(``scoring.members.fair_share``), and API grading is bounded like the worker's, not given a pool
+per request.
 """
 
 from __future__ import annotations
@@ -43,8 +45,12 @@ class ScoringEngine:
                  observe_member: MemberObserver | None = None, count_tokens: TokenObserver | None = None) -> None:
         self.judges = JudgeClient(settings.judge_base_url, api_key=settings.judge_api_key.get_secret_value(),
                                   model=settings.judge_model, timeout_s=settings.judge_timeout_s,
-                                  concurrency=settings.judge_concurrency, observe=observe_judge_call)
-        self.external = ExternalClient(EgressPolicy.parse(settings.egress_allow_list()))
+                                  concurrency=settings.judge_concurrency,
+                                  per_project=settings.judge_concurrency_per_project or None,
+                                  observe=observe_judge_call)
+        self.external = ExternalClient(EgressPolicy.parse(settings.egress_allow_list()),
+                                       max_connections=settings.external_connections,
+                                       per_project=settings.external_connections_per_project or None)
         self.sandbox = sandbox_pool(settings)
         self.panel = Panel(judges=self.judges, external=self.external, sandbox=self.sandbox,
                            member_deadline_s=settings.member_deadline_s, observe=observe_member,

@@ -138,6 +138,22 @@ class Settings(BaseSettings):
     judge_concurrency: int = Field(
         16, ge=1, description="Concurrent judge calls per endpoint, across all traces."
     )
+    judge_concurrency_per_project: int = Field(
+        0, ge=0,
+        description=(
+            "Concurrent judge calls one project may hold; 0 means all but a sixteenth of "
+            "SGW_JUDGE_CONCURRENCY (at least one kept back), so another project's first call never "
+            "waits for a busy one's. A freed slot goes to the waiting project holding the fewest."
+        ),
+    )
+    external_connections: int = Field(
+        64, ge=1, description="Concurrent external-scorer calls (connections), across all projects."
+    )
+    external_connections_per_project: int = Field(
+        0, ge=0,
+        description="External-scorer calls one project may hold at once; 0 means all but a sixteenth "
+        "of SGW_EXTERNAL_CONNECTIONS (at least one kept back).",
+    )
 
     # --- Egress guard ------------------------------------------------------------------------
     egress_allow: str = Field(
@@ -270,7 +286,14 @@ class Settings(BaseSettings):
     api_host: str = Field("0.0.0.0", description="Address `scorer-worker api` listens on.")
     api_max_body_bytes: int = Field(
         64 * 1024 * 1024, ge=1024,
-        description="Largest request body the API reads (413 past it): a dataset file is at most 32 MiB.",
+        description="Largest request body the API reads on any route (413 past it); each route has a "
+        "ceiling of its own below it (512 KiB for catalog documents, ~3.4 MiB for the playground, "
+        "64 MiB for a dataset upload: a file is at most 32 MiB).",
+    )
+    api_body_parsers: int = Field(
+        1, ge=1, le=16,
+        description="Processes that validate large request bodies (over 64 KiB) off the event loop; "
+        "also how many such bodies are read at once (the rest wait their turn, unread).",
     )
     log_format: Literal["json", "console"] = Field(
         "json", description="'json' lines for production, 'console' for people."

@@ -13,6 +13,7 @@ import asyncio
 import httpx
 
 from scoring.egress import EgressPolicy, EgressRefused
+from scoring.members.fair_share import FairShare
 from scoring.members.http import DEFAULT_RETRY, RetryPolicy, post_json
 from scoring.models import CustomEvaluator
 from scoring.ports import MemberError
@@ -38,12 +39,14 @@ def read_answer(document: object) -> float | bool:
 
 
 class ExternalClient:
-    """Calls external scorers over one pooled HTTP client."""
+    """Calls external scorers over one pooled HTTP client, its connections shared fairly across
+    projects (``scoring.members.fair_share``): one project's slow scorer cannot hold them all."""
 
     def __init__(self, egress: EgressPolicy, *, policy: RetryPolicy = DEFAULT_RETRY,
-                 max_connections: int = 64) -> None:
+                 max_connections: int = 64, per_project: int | None = None) -> None:
         self._egress = egress
         self._policy = policy
+        self._connections = FairShare(max_connections, per_project)
         self._http = httpx.AsyncClient(
             follow_redirects=False,
             limits=httpx.Limits(max_connections=max_connections),
@@ -60,9 +63,10 @@ class ExternalClient:
             target = await self._egress.check(scorer.url)
         except EgressRefused as exc:
             raise MemberError(f"external scorer URL refused: {exc}", retriable=exc.retriable) from None
-        response = await post_json(self._http, target.url, subject.member_payload(), what="external scorer",
-                                   deadline=deadline, headers=target.headers, extensions=target.extensions,
-                                   policy=self._policy)
+        async with self._connections.slot(subject.project_id):
+            response = await post_json(self._http, target.url, subject.member_payload(), what="external scorer",
+                                       deadline=deadline, headers=target.headers, extensions=target.extensions,
+                                       policy=self._policy)
         try:
             document = response.json()
         except ValueError:

@@ -18,6 +18,7 @@ from typing import Any
 import aiohttp
 
 from scoring.judge_prompt import ANSWER_MAX_TOKENS, build_messages, parse_verdict
+from scoring.members.fair_share import FairShare
 from scoring.members.http import DEFAULT_RETRY, Answer, RetryPolicy, post_json_aiohttp
 from scoring.models import Judge
 from scoring.ports import JudgeVerdict, MemberError, RetryGate, TokenUsage
@@ -25,7 +26,8 @@ from scoring.subjects import Subject
 
 
 class JudgeClient:
-    """One OpenAI-compatible endpoint: pooled connections and a cap on concurrent calls."""
+    """One OpenAI-compatible endpoint: pooled connections and a cap on concurrent calls, shared
+    fairly across projects (``scoring.members.fair_share``)."""
 
     def __init__(
         self,
@@ -35,6 +37,7 @@ class JudgeClient:
         model: str = "gpt-4o-mini",
         timeout_s: float = 30.0,
         concurrency: int = 16,
+        per_project: int | None = None,
         policy: RetryPolicy = DEFAULT_RETRY,
         observe: Callable[[str, float], None] | None = None,
     ) -> None:
@@ -44,7 +47,7 @@ class JudgeClient:
         self._model = model
         self._timeout_s = timeout_s
         self._policy = policy
-        self._slots = asyncio.Semaphore(concurrency)
+        self._slots = FairShare(concurrency, per_project)  # shared fairly across projects
         # aiohttp rather than httpx for the judge: one operator's endpoint, hundreds of calls at
         # once, and httpx spent 1.0 ms of CPU per call where aiohttp spends 0.28 (measured at 256
         # concurrent calls) - at that rate httpx alone could not keep 256 calls in flight. The
@@ -76,7 +79,7 @@ class JudgeClient:
         started = time.perf_counter()
         outcome = "error"
         try:
-            async with self._slots:
+            async with self._slots.slot(subject.project_id):
                 deadline = asyncio.get_running_loop().time() + self._timeout_s
                 response = await post_json_aiohttp(self._http(), self._url, body, what="judge",
                                                    deadline=deadline, headers=self._headers, policy=self._policy,

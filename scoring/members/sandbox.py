@@ -8,7 +8,8 @@ parent enforces the wall-clock timeout: a process that does not answer in time i
 its whole sandbox and replaced, so a runaway scorer costs only its own process.
 
 Tenants never share a process: a process serves one project at a time and is replaced before
-it serves another, and a project may hold at most ``per_project`` processes at once, so one
+it serves another, and a project may hold at most ``per_project`` processes at once, a freed one
+going to the waiting project that holds the fewest (``scoring.members.fair_share``), so one
 project's slow scorers cannot take every slot from the others.
 
 Fail closed: when the confinement cannot be set up, ``available`` is False, ``unavailable_reason``
@@ -33,6 +34,7 @@ from typing import Any
 import orjson
 import structlog
 
+from scoring.members.fair_share import FairShare
 from scoring.members.isolation import Confinement, IsolationMode, IsolationUnavailable, prepare
 from scoring.members.sandbox_process import (
     MAX_REQUEST_BYTES,
@@ -84,7 +86,10 @@ class SandboxPool:
         if size < 1:
             raise ValueError("a sandbox pool needs at least one process")
         self._size = size
-        self._per_project = max(1, min(size, per_project if per_project is not None else max(1, size // 2)))
+        # Rule and order of the processes' shares: scoring.members.fair_share (default: half the pool).
+        self._share = FairShare(size, max(1, min(size, per_project if per_project is not None else size // 2)),
+                                closed=lambda: CodeScorerError("sandbox pool is not running", retriable=True))
+        self._per_project = self._share.per_project
         self._memory_limit_mb = memory_limit_mb
         self._isolation: IsolationMode = isolation
         self._python = python
@@ -93,8 +98,6 @@ class SandboxPool:
         self._unavailable: str | None = "not started"
         self._slots = [_Slot() for _ in range(size)]
         self._idle: list[_Slot] = list(self._slots)
-        self._busy_by_project: dict[str, int] = {}
-        self._changed = asyncio.Condition()
         self._started = False
         self._closed = False
         self._seq = 0
@@ -209,8 +212,7 @@ class SandboxPool:
             else:
                 spare.cancel()  # a process half started is killed by _spawn
         await asyncio.gather(*spares, *self._reaping, return_exceptions=True)
-        async with self._changed:
-            self._changed.notify_all()
+        self._share.close()  # callers waiting for a process fail, retriable
 
     async def run(self, project: str, key: str, code: str, args: dict[str, Any],
                   timeout_s: float) -> float | bool:
@@ -311,30 +313,20 @@ class SandboxPool:
     # --- slots ---------------------------------------------------------------------------------
 
     async def _acquire(self, project: str) -> _Slot:
-        """An idle slot for ``project`` within its share: one already serving it if any, else an
+        """An idle slot within ``project``'s fair share: one already serving it if any, else an
         empty one, else the least recently used (recycled for this project)."""
-        async with self._changed:
-            while True:
-                if self._closed:
-                    raise CodeScorerError("sandbox pool is not running", retriable=True)
-                if self._idle and self._busy_by_project.get(project, 0) < self._per_project:
-                    slot = (next((s for s in reversed(self._idle) if s.project == project), None)
-                            or next((s for s in self._idle if s.project is None), None)
-                            or self._idle[0])
-                    self._idle.remove(slot)
-                    self._busy_by_project[project] = self._busy_by_project.get(project, 0) + 1
-                    return slot
-                await self._changed.wait()
+        if self._closed:
+            raise CodeScorerError("sandbox pool is not running", retriable=True)
+        await self._share.acquire(project)  # a share held means an idle slot: one per share
+        slot = (next((s for s in reversed(self._idle) if s.project == project), None)
+                or next((s for s in self._idle if s.project is None), None)
+                or self._idle[0])
+        self._idle.remove(slot)
+        return slot
 
     async def _release(self, slot: _Slot, project: str) -> None:
-        async with self._changed:
-            left = self._busy_by_project.get(project, 1) - 1
-            if left:
-                self._busy_by_project[project] = left
-            else:
-                self._busy_by_project.pop(project, None)
-            self._idle.append(slot)
-            self._changed.notify_all()
+        self._idle.append(slot)
+        self._share.release(project)
 
     async def _ready(self, slot: _Slot, project: str) -> asyncio.subprocess.Process:
         """The slot's process, fit to run ``project``'s code: another tenant's is replaced."""

@@ -146,7 +146,8 @@ async def test_requires_expected_without_expected_is_unscorable(client: JudgeCli
 async def test_concurrency_is_capped_per_endpoint(server: JudgeServer) -> None:
     server.reset()
     server.set_default(Behaviour.deterministic(delay=0.5))  # long enough for calls to overlap
-    c = JudgeClient(server.base_url, api_key="sk-test-key-123", concurrency=2, policy=FAST)
+    # One project may take both slots here (the default keeps one back for other projects).
+    c = JudgeClient(server.base_url, api_key="sk-test-key-123", concurrency=2, per_project=2, policy=FAST)
     try:
         await asyncio.gather(*[c.grade(QUALITY, subject()) for _ in range(6)])
         peak = server.peak_in_flight

@@ -28,7 +28,8 @@ from scoring.playground import Playground
 from scoring.stores.catalog import SnapshotCache
 from scoring.stores.claims import Claims
 from worker.api import console_pages, evaluations, groups, problems, scorers
-from worker.api.body_limit import BodyLimit
+from worker.api.bodies import BodyParser, with_body_schemas
+from worker.api.door import Door
 from worker.connections import redis_client
 from worker.engine import ScoringEngine
 from worker.metrics import API_REQUEST_SECONDS, API_REQUESTS, REGISTRY
@@ -49,9 +50,11 @@ def create_app(settings: Settings) -> FastAPI:
         # sandbox pool, as the worker's traces do.
         app.state.engine = await ScoringEngine(settings).start()
         app.state.playground = Playground(app.state.engine.panel, Claims(app.state.redis))
+        app.state.bodies = BodyParser(settings.api_body_parsers)
         try:
             yield
         finally:
+            app.state.bodies.close()
             await close_all([("scoring engine", app.state.engine.close()), ("redis", app.state.redis.aclose())])
 
     app = FastAPI(title="Scorer groups API", version=API_VERSION, lifespan=lifespan,
@@ -59,12 +62,12 @@ def create_app(settings: Settings) -> FastAPI:
                   responses=problems.RESPONSES,
                   generate_unique_id_function=lambda route: route.name)  # operationIds: list_groups, ...
     problems.install(app)
-    app.openapi = lambda: problems.documented(app)  # type: ignore[method-assign]
+    app.openapi = lambda: with_body_schemas(problems.documented(app))  # type: ignore[method-assign]
     app.include_router(groups.router)
     app.include_router(scorers.router)
     app.include_router(console_pages.router)
     app.include_router(evaluations.router)
-    app.add_middleware(BodyLimit, max_bytes=settings.api_max_body_bytes)
+    app.add_middleware(Door, max_bytes=settings.api_max_body_bytes)  # bodies bounded, keys checked first
 
     @app.middleware("http")
     async def measure(request: Request, call_next: Callable[[Request], Awaitable[Response]]) -> Response:

@@ -1,5 +1,6 @@
 """Who is calling: ``Authorization: Bearer <key>`` looked up on every request (so a revoked key
-is refused at once), turned into the ``Caller`` the catalog surface is scoped to."""
+is refused at once) - by the door, before the body is read (``worker.api.door``) - turned into
+the ``Caller`` the catalog surface is scoped to."""
 
 from __future__ import annotations
 
@@ -23,9 +24,11 @@ def redis_of(request: Request) -> RedisClient:
 
 async def caller(request: Request,
                  credentials: Annotated[HTTPAuthorizationCredentials | None, Depends(bearer)]) -> Caller:
-    if credentials is None or credentials.scheme.lower() != "bearer":
-        raise HTTPException(401, "send an API key as 'Authorization: Bearer <key>'", headers=CHALLENGE)
-    key = await ApiKeyStore(redis_of(request)).authenticate(credentials.credentials)
+    key = getattr(request.state, "api_key", None)  # checked at the door (worker.api.door), before the body
+    if key is None:
+        if credentials is None or credentials.scheme.lower() != "bearer":
+            raise HTTPException(401, "send an API key as 'Authorization: Bearer <key>'", headers=CHALLENGE)
+        key = await ApiKeyStore(redis_of(request)).authenticate(credentials.credentials)
     if key is None:
         raise HTTPException(401, "the API key is unknown or revoked", headers=CHALLENGE)
     request.state.key_id = key.id

@@ -24,12 +24,15 @@ from scoring.stores.evaluations import EvaluationStore, check_outputs, completed
 from scoring.subjects import as_text
 from worker.api import problems
 from worker.api.auth import Who, redis_of
+from worker.api.bodies import body_doc, read_body
 from worker.api.pages import Cursor, Limit, Page, page
 from worker.engine import ScoringEngine
 
 router = APIRouter(prefix="/v1", tags=["datasets and evaluations"])
 ItemId = Annotated[str, Path(alias="id", max_length=128, pattern=ID_PATTERN)]
 MAX_CONTENT = 32 * 1024 * 1024
+UPLOAD_BODY = 2 * MAX_CONTENT  # a file's text as a JSON string: quotes and newlines escape to two bytes
+OUTPUTS_BODY = 32 * 1024 * 1024  # 10,000 rows' outputs
 
 
 class DatasetUpload(WireModel):
@@ -69,10 +72,17 @@ def _project(who: Who) -> str:
     return who.project_id
 
 
-@router.post("/datasets", status_code=201, response_model=Dataset)
-async def create_dataset(body: DatasetCreate, who: Who, request: Request, response: Response) -> Dataset:
+def _with_rows(upload: DatasetUpload) -> tuple[DatasetUpload, list[DatasetItem]]:
+    """An upload and its parsed rows (in the parser process, for a large one: worker.api.bodies)."""
+    return upload, parse_rows(upload.content, upload.format)
+
+
+@router.post("/datasets", status_code=201, response_model=Dataset,
+             openapi_extra=body_doc(DatasetCreate, UPLOAD_BODY))
+async def create_dataset(who: Who, request: Request, response: Response) -> Dataset:
     project = _project(who)
-    dataset = await DatasetStore(redis_of(request)).create(project, body.name, parse_rows(body.content, body.format),
+    body, rows = await read_body(request, DatasetCreate, _with_rows)
+    dataset = await DatasetStore(redis_of(request)).create(project, body.name, rows,
                                                            description=body.description, dataset_id=body.id)
     response.headers["Location"] = str(request.url_for("get_dataset", id=dataset.id).path)
     return dataset
@@ -90,12 +100,14 @@ async def get_dataset(dataset_id: ItemId, who: Who, request: Request) -> Dataset
     return await DatasetStore(redis_of(request)).get(_project(who), dataset_id)
 
 
-@router.post("/datasets/{id}/versions", status_code=201, response_model=Dataset)
-async def add_dataset_version(dataset_id: ItemId, body: DatasetUpload, who: Who, request: Request) -> Dataset:
+@router.post("/datasets/{id}/versions", status_code=201, response_model=Dataset,
+             openapi_extra=body_doc(DatasetUpload, UPLOAD_BODY))
+async def add_dataset_version(dataset_id: ItemId, who: Who, request: Request) -> Dataset:
     store = DatasetStore(redis_of(request))
     project = _project(who)
-    await store.get(project, dataset_id)  # 404 before reading a large upload's rows
-    return await store.add_version(project, dataset_id, parse_rows(body.content, body.format))
+    await store.get(project, dataset_id)  # 404 before reading a large upload
+    _, rows = await read_body(request, DatasetUpload, _with_rows)
+    return await store.add_version(project, dataset_id, rows)
 
 
 @router.get("/datasets/{id}/rows", response_model=DatasetRows)
@@ -136,11 +148,13 @@ async def get_evaluation(run_id: ItemId, who: Who, request: Request) -> Evaluati
 
 
 @router.post("/evaluations/{id}/finalize", response_model=EvaluationRun,
+             openapi_extra=body_doc(Outputs, OUTPUTS_BODY),
              responses={409: {**problems.RESPONSES[412], "description": "Being finalized by another request"}})
-async def finalize_evaluation(run_id: ItemId, body: Outputs, who: Who, request: Request) -> EvaluationRun:
+async def finalize_evaluation(run_id: ItemId, who: Who, request: Request) -> EvaluationRun:
     """Grade the agent's outputs (one per row: an ``output``, or the ``error`` the agent raised)
     and keep every row's result; answers the completed run."""
     project = _project(who)
+    body: Outputs = await read_body(request, Outputs)
     redis = redis_of(request)
     store = EvaluationStore(redis)
     await store.get(project, run_id)  # 404 first

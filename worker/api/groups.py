@@ -11,7 +11,7 @@ from typing import Annotated, Any, Literal
 
 from fastapi import APIRouter, Header, Path, Query, Request, Response
 
-from scorer_groups.api_models import Change, GradeRequest, Ratings, ResultsPage, SessionScore
+from scorer_groups.api_models import MAX_EXAMPLE_EXTRAS_CHARS, Change, GradeRequest, Ratings, ResultsPage, SessionScore
 from scorer_groups.documents import Rating
 from scoring.catalog import etag
 from scoring.errors import NotFound
@@ -20,6 +20,7 @@ from scoring.models import ID_PATTERN, Id, Member, Name, OnlineProfile, Scope, S
 from scoring.playground import Playground
 from scoring.stores.changes import ChangeLog
 from worker.api.auth import Client, Who, redis_of
+from worker.api.bodies import body_doc, read_body
 from worker.api.pages import Cursor, Limit, Page, page
 from worker.api.problems import Problem
 
@@ -133,14 +134,20 @@ async def group_results(group_id: GroupId, client: Client, limit: Limit = 50, cu
     return await client.scorer_groups.results(group_id, limit=limit, cursor=cursor, below=below)
 
 
-@router.post("/scorer-groups/{id}/grade", response_model=Rating,
+# The playground's body: its extras' 1 MiB, and input and output at their worst escaped (a
+# character outside the BMP is 12 bytes as JSON: two \\uXXXX escapes).
+PLAYGROUND_BODY = MAX_EXAMPLE_EXTRAS_CHARS + 2 * 100_000 * 12 + 64 * 1024
+
+
+@router.post("/scorer-groups/{id}/grade", response_model=Rating, openapi_extra=body_doc(GradeRequest, PLAYGROUND_BODY),
              responses={429: {"model": Problem, "description": "No room in the judge budget (the problem's "
                                                                "`budget` says its state), or the project's "
                                                                "playground is busy."}})
-async def grade_example(group_id: GroupId, body: GradeRequest, client: Client, request: Request) -> Rating:
+async def grade_example(group_id: GroupId, client: Client, request: Request) -> Rating:
     """The playground: grade one example with the group's members now and answer with the rating
     and every member's verdict. Nothing is published; judge calls are reserved from the
     project's budget."""
+    body: GradeRequest = await read_body(request, GradeRequest)
     group = await client.scorer_groups.get(group_id)
     snapshot = await client.store.snapshot()
     playground: Playground = request.app.state.playground
