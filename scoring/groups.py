@@ -121,6 +121,38 @@ class Caller:
         return self.project_id
 
 
+def budget_write(caller: Caller, sent: Budget, stored: Budget | None) -> Budget:
+    """What a budget PUT stores. The operators set the budget (the judge endpoint's bill is
+    theirs); the project's own key may only lower it:
+
+    1. an operator's figures replace the operators' own; the window and the project's lower
+       caps are kept unless the operator sends them too;
+    2. a project's ``judgeCallsPerWindow`` / ``judgeTokensPerWindow`` become its own caps - at
+       most the operators' figures - and it cannot change the window or create a budget."""
+    if caller.operator:
+        kept = {} if stored is None else {f: getattr(stored, f) for f in KEPT_UNLESS_SENT
+                                          if f not in sent.model_fields_set}
+        return sent.model_copy(update=kept)
+    if stored is None:
+        raise Forbidden(f"project {sent.project_id!r} has no budget; the operators set budgets, and a project "
+                        "key may only lower one")
+    if "window_seconds" in sent.model_fields_set and sent.window_seconds != stored.window_seconds:
+        raise Forbidden(f"windowSeconds: the operators set the window ({stored.window_seconds} s); a project "
+                        "key may only lower its caps")
+    if sent.judge_calls_per_window > stored.judge_calls_per_window:
+        raise Forbidden(f"judgeCallsPerWindow: {sent.judge_calls_per_window} is above the operators' cap of "
+                        f"{stored.judge_calls_per_window}; a project key may only lower its budget")
+    tokens = sent.judge_tokens_per_window
+    if tokens is not None and stored.judge_tokens_per_window is not None and tokens > stored.judge_tokens_per_window:
+        raise Forbidden(f"judgeTokensPerWindow: {tokens} is above the operators' cap of "
+                        f"{stored.judge_tokens_per_window}; a project key may only lower its budget")
+    return stored.model_copy(update={"project_judge_calls_per_window": sent.judge_calls_per_window,
+                                     "project_judge_tokens_per_window": tokens})
+
+
+KEPT_UNLESS_SENT = ("window_seconds", "project_judge_calls_per_window", "project_judge_tokens_per_window")
+
+
 def check_if_match(if_match: str | None, doc: WireModel) -> None:
     """``If-Match``: ``*`` or a list of ETags, one of which must be the document's current one."""
     if if_match is None or if_match.strip() == "*":
@@ -293,10 +325,12 @@ class Scorers:
                         judge_tokens=tokens)
         return BudgetView.model_validate({**budget.stored(), "used": use.model_dump(by_alias=True)})
 
-    async def put(self, doc: WireModel, *, if_match: str | None = None, create: bool = False) -> None:
-        """Create or replace one document, checking the rules it shares with groups. ``create``
-        refuses an id that is taken. A project's caller writes only documents of its project."""
+    async def put(self, doc: WireModel, *, if_match: str | None = None, create: bool = False) -> WireModel:
+        """Create or replace one document, checking the rules it shares with groups; answers the
+        document as saved. ``create`` refuses an id that is taken. A project's caller writes only
+        documents of its project."""
         kind, id_ = kind_of(doc), doc_id(doc)
+        written: list[WireModel] = []
 
         def change(catalog: CatalogSnapshot) -> list[Write]:
             if id_ in getattr(catalog, kind):
@@ -315,9 +349,13 @@ class Scorers:
                 _refuse(group_errors(saved, catalog, catalog.groups.get(doc.id)) + label_errors)
             if isinstance(saved, AlertChannel):
                 saved = saved_channel(saved, catalog.channels.get(doc_id(saved)), time.time())
+            if isinstance(saved, Budget):
+                saved = budget_write(self._caller, saved, catalog.budgets.get(id_))
+            written[:] = [saved]
             return [(kind_of(saved), doc_id(saved), saved)]
 
         await self._store.write(change)
+        return written[0]
 
     async def delete(self, kind: str, id_: str, *, if_match: str | None = None) -> None:
         """Delete a document. Groups that still refer to a deleted scorer keep the reference;
@@ -326,6 +364,9 @@ class Scorers:
 
         def change(catalog: CatalogSnapshot) -> list[Write]:
             self._caller.writable(kind, catalog, id_, if_match)
+            if kind == "budgets" and not self._caller.operator:
+                raise Forbidden("a project key cannot delete its budget (that would lift its cap); "
+                                "the operators set budgets - lower yours with a PUT instead")
             return [(kind, id_, None)]
 
         await self._store.write(change)

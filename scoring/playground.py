@@ -83,12 +83,12 @@ class Playground:
     def _request(self, group: ScorerGroup, snapshot: CatalogSnapshot, subject: Subject,
                  example_id: str) -> ClaimRequest:
         budget = snapshot.budget(group.project_id)
-        token_limit = budget.judge_tokens_per_window if budget else None
+        token_limit = budget.tokens_cap if budget else None
         calls = upfront_judge_calls(group, snapshot, subject)
         tokens = (sum(token_ceiling(j, subject) for j in planned_judges(group, snapshot, subject))
                   if calls and token_limit is not None else 0)
         return ClaimRequest(project_id=group.project_id, group_id=group.id, subject_key=f"playground:{example_id}",
-                            judge_calls=calls, budget_limit=budget.judge_calls_per_window if budget else None,
+                            judge_calls=calls, budget_limit=budget.calls_cap if budget else None,
                             budget_window_s=budget.window_seconds if budget else DEFAULT_BUDGET_WINDOW_S,
                             judge_tokens=tokens, token_limit=token_limit, day=day_of(time.time()))
 

@@ -35,11 +35,11 @@ def pair_of(group: ScorerGroup, subject: Subject, snapshot: CatalogSnapshot, *, 
     reserving the judge calls its panel will make within that project's budget, if it has one
     (a gates-first group's judges reserve later, once its cheap gates passed)."""
     budget = snapshot.budget(group.project_id)
-    token_limit = budget.judge_tokens_per_window if budget else None
+    token_limit = budget.tokens_cap if budget else None
     calls = upfront_judge_calls(group, snapshot, subject)
     return Pair(group, subject, ClaimRequest(
         project_id=group.project_id, group_id=group.id, subject_key=subject_key, judge_calls=calls,
-        budget_limit=budget.judge_calls_per_window if budget else None,
+        budget_limit=budget.calls_cap if budget else None,
         budget_window_s=budget.window_seconds if budget else DEFAULT_BUDGET_WINDOW_S, day=day,
         # The prompts are built to measure them only under a token budget.
         judge_tokens=(sum(token_ceiling(j, subject) for j in planned_judges(group, snapshot, subject))

@@ -190,11 +190,13 @@ def merged(stored: WireModel, fields: Mapping[str, Any]) -> dict[str, Any]:
     return {**body, **_wire(dict(fields))}
 
 
-def put_budget(project_id: str, judge_calls_per_window: int, window_seconds: int,
+def put_budget(project_id: str, judge_calls_per_window: int, window_seconds: int | None,
                judge_tokens_per_window: int | None = None) -> Call[Budget]:
-    return Call("PUT", f"/v1/budgets/{_id(project_id)}", _model(Budget),
-                json={"judgeCallsPerWindow": judge_calls_per_window, "windowSeconds": window_seconds,
-                      "judgeTokensPerWindow": judge_tokens_per_window})
+    body: dict[str, Any] = {"judgeCallsPerWindow": judge_calls_per_window,
+                            "judgeTokensPerWindow": judge_tokens_per_window}
+    if window_seconds is not None:  # unsent: the stored window (a project key may not change it)
+        body["windowSeconds"] = window_seconds
+    return Call("PUT", f"/v1/budgets/{_id(project_id)}", _model(Budget), json=body)
 
 
 def create_channel(agent_id: str, url: str, secret: str | None, extra: Mapping[str, Any]) -> Call[Channel]:

@@ -108,10 +108,12 @@ class Budgets:
     def get(self, project_id: str) -> BudgetView:
         return self._t.run(calls.get_doc(BudgetView, "budgets", project_id))
 
-    def set(self, project_id: str, judge_calls_per_window: int, window_seconds: int = 3600,
+    def set(self, project_id: str, judge_calls_per_window: int, window_seconds: int | None = None,
             judge_tokens_per_window: int | None = None) -> Budget:
         """Calls per window, and optionally tokens per window (each call reserves a ceiling of
-        its tokens, settled to the usage its judge reports)."""
+        its tokens, settled to the usage its judge reports). An operator key sets the budget
+        (``window_seconds`` unset: the stored window, else 3600); the project's own key may only
+        lower it - its figures become the project's own caps, refused above the operators'."""
         return self._t.run(calls.put_budget(project_id, judge_calls_per_window, window_seconds,
                                             judge_tokens_per_window))
 

@@ -250,12 +250,30 @@ class CustomEvaluator(WireModel):
 
 class Budget(WireModel):
     """A project's online judge budget: N calls per fixed window, and optionally a number of
-    tokens (each call reserves a ceiling of its tokens, settled to its reported usage after)."""
+    tokens (each call reserves a ceiling of its tokens, settled to its reported usage after).
+
+    The operators set it (an operator key, the CLI or the catalog file): the judge endpoint and
+    its bill are theirs. The project's own key may only lower it, within the operators' figures:
+    those are the ``project*`` fields, and the lower of the two is the cap in force."""
 
     project_id: Id
     judge_calls_per_window: int = Field(ge=0, le=MAX_BUDGET_CALLS)
     window_seconds: int = Field(3600, ge=1, le=30 * 86_400)
     judge_tokens_per_window: int | None = Field(None, ge=0, le=MAX_BUDGET_TOKENS)
+    project_judge_calls_per_window: int | None = Field(None, ge=0, le=MAX_BUDGET_CALLS)
+    project_judge_tokens_per_window: int | None = Field(None, ge=0, le=MAX_BUDGET_TOKENS)
+
+    @property
+    def calls_cap(self) -> int:
+        """The judge calls a window may take: the operators' figure, or the project's lower one."""
+        own = self.project_judge_calls_per_window
+        return self.judge_calls_per_window if own is None else min(own, self.judge_calls_per_window)
+
+    @property
+    def tokens_cap(self) -> int | None:
+        """The judge tokens a window may take (None: no token cap)."""
+        caps = [c for c in (self.judge_tokens_per_window, self.project_judge_tokens_per_window) if c is not None]
+        return min(caps) if caps else None
 
 
 class AlertChannel(WireModel):

@@ -379,15 +379,30 @@ def test_scorer_crud_for_every_kind(api: Api) -> None:
         assert_problem(a.post("/v1/judges", json={"name": "J", "criteria": "x", "id": "mine"}), 400, "id")
 
 
-def test_budget_is_the_projects_own(api: Api) -> None:
-    with api.as_("a") as a:
-        r = a.put("/v1/budgets/p-a", json={"judgeCallsPerWindow": 100, "windowSeconds": 3600})
+def test_a_budget_is_set_by_the_operators_and_its_project_may_only_lower_it(api: Api) -> None:
+    with api.as_("a") as a, api.as_("op") as op:
+        assert_problem(a.put("/v1/budgets/p-a", json={"judgeCallsPerWindow": 100}), 403, says="operators set budgets")
+        r = op.put("/v1/budgets/p-a", json={"judgeCallsPerWindow": 100, "windowSeconds": 3600})
         assert r.status_code == 200 and r.json() == {"projectId": "p-a", "judgeCallsPerWindow": 100,
-                                                     "windowSeconds": 3600, "judgeTokensPerWindow": None}
-        assert a.get("/v1/budgets").json()["items"] == [r.json()]
+                                                     "windowSeconds": 3600, "judgeTokensPerWindow": None,
+                                                     "projectJudgeCallsPerWindow": None,
+                                                     "projectJudgeTokensPerWindow": None}
+        assert a.get("/v1/budgets").json()["items"] == [r.json()], "the project reads it"
+        assert_problem(a.put("/v1/budgets/p-a", json={"judgeCallsPerWindow": 101}), 403,
+                       says="above the operators' cap of 100")
+        assert_problem(a.put("/v1/budgets/p-a", json={"judgeCallsPerWindow": 10**12}), 403)
+        assert_problem(a.put("/v1/budgets/p-a", json={"judgeCallsPerWindow": 50, "windowSeconds": 60}), 403,
+                       says="windowSeconds")
+        lowered = a.put("/v1/budgets/p-a", json={"judgeCallsPerWindow": 40})
+        assert lowered.status_code == 200, lowered.text
+        assert (lowered.json()["judgeCallsPerWindow"], lowered.json()["projectJudgeCallsPerWindow"]) == (100, 40)
+        assert_problem(a.delete("/v1/budgets/p-a"), 403, says="cannot delete")
+        # The operators' next change keeps the project's own, lower cap.
+        raised = op.put("/v1/budgets/p-a", json={"judgeCallsPerWindow": 200})
+        assert (raised.json()["judgeCallsPerWindow"], raised.json()["projectJudgeCallsPerWindow"]) == (200, 40)
         assert_problem(a.put("/v1/budgets/p-b", json={"judgeCallsPerWindow": 1}), 404)
         assert_problem(a.put("/v1/budgets/p-a", json={"judgeCallsPerWindow": -1}), 400, "judgeCallsPerWindow")
-        assert a.delete("/v1/budgets/p-a").status_code == 204
+        assert op.delete("/v1/budgets/p-a").status_code == 204
 
 
 def test_channel_secrets_are_write_only(api: Api) -> None:

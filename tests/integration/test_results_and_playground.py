@@ -43,7 +43,8 @@ class Env:
 @pytest.fixture(scope="module")
 def env(redis_databases: RedisDatabases, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Env]:
     with JudgeServer() as judge, redis_databases.lease() as url:
-        keys_ = {"a": create_key(url, "--project", "p-a"), "b": create_key(url, "--project", "p-b")}
+        keys_ = {"a": create_key(url, "--project", "p-a"), "b": create_key(url, "--project", "p-b"),
+                 "op": create_key(url, "--operator")}
         api = ApiProcess(url, tmp_path_factory.mktemp("api") / "api.log",
                          env={"SGW_JUDGE_BASE_URL": judge.base_url, "SGW_JUDGE_TIMEOUT_S": "5",
                               "SGW_JUDGE_API_KEY": SECRET, "SGW_API_MAX_BODY_BYTES": str(MAX_BODY)}).start()
@@ -155,9 +156,10 @@ def test_the_playground_grades_an_example_with_every_member_and_publishes_nothin
 
 
 def test_the_playground_reserves_from_the_budget_and_says_its_state_when_it_has_no_room(env: Env) -> None:
-    with env.client("b") as b:
+    with env.client("b") as b, env.client("op") as op:
         group = a_group(b, "Budgeted")
-        b.monitor.budgets.set("p-b", 1, window_seconds=3600)
+        op.monitor.budgets.set("p-b", 5, window_seconds=3600)
+        b.monitor.budgets.set("p-b", 1)  # the project's own, lower cap is the one in force
         assert b.monitor.scorer_groups.grade(group.id, input="q", output="a [[rating=6]]").rating == 8.0
         assert b.monitor.budgets.get("p-b").used.judge_calls == 1
         calls = len(env.judge.requests)
@@ -168,7 +170,7 @@ def test_the_playground_reserves_from_the_budget_and_says_its_state_when_it_has_
         assert (state["judgeCallsPerWindow"], state["judgeCallsUsed"], state["windowSeconds"]) == (1, 1, 3600)
         assert 0 < state["resetsInSeconds"] <= 3600
         assert "no room" in refused.value.detail
-        b.monitor.budgets.delete("p-b")
+        op.monitor.budgets.delete("p-b")
 
 
 def test_the_playground_is_bounded_per_project(env: Env) -> None:

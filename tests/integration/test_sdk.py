@@ -49,7 +49,8 @@ class Env:
 @pytest.fixture(scope="module")
 def env(redis_databases: RedisDatabases, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Env]:
     with redis_databases.lease() as url:
-        keys = {"a": create_key(url, "--project", "p-a"), "b": create_key(url, "--project", "p-b")}
+        keys = {"a": create_key(url, "--project", "p-a"), "b": create_key(url, "--project", "p-b"),
+                "op": create_key(url, "--operator")}
         process = ApiProcess(url, tmp_path_factory.mktemp("api") / "api.log").start()
         try:
             yield Env(process, url, keys)
@@ -179,8 +180,11 @@ def test_scorers_budgets_and_channels(env: Env) -> None:
         with pytest.raises(NotFound):
             b.monitor.customs.get(code.id)
         a.monitor.customs.delete(code.id)
-        budget = a.monitor.budgets.set("p-a", 500, window_seconds=60)
-        assert (budget.judge_calls_per_window, budget.window_seconds) == (500, 60)
+        with env.client("op") as op:
+            op.monitor.budgets.set("p-a", 500, window_seconds=60)
+        budget = a.monitor.budgets.set("p-a", 400, window_seconds=60)  # the project lowers its own
+        assert (budget.judge_calls_per_window, budget.project_judge_calls_per_window, budget.window_seconds,
+                budget.calls_cap) == (500, 400, 60, 400)
         shown = a.monitor.budgets.get("p-a")
         assert Budget.model_validate(shown.model_dump(exclude={"used"})) == budget and shown.used.judge_calls == 0
         with pytest.raises(NotFound):
@@ -220,8 +224,8 @@ def test_gates_first_is_set_at_creation_and_changed_by_update(env: Env) -> None:
 
 
 def test_a_budget_shows_the_calls_and_tokens_its_window_used(env: Env) -> None:
-    with env.client("a") as a:
-        a.monitor.budgets.set("p-a", 50, window_seconds=3600, judge_tokens_per_window=1_000_000)
+    with env.client("a") as a, env.client("op") as op:
+        op.monitor.budgets.set("p-a", 50, window_seconds=3600, judge_tokens_per_window=1_000_000)
         before = a.monitor.budgets.get("p-a")
         request = ClaimRequest(project_id="p-a", group_id="g", subject_key="trace:t-budget", judge_calls=2,
                                budget_limit=50, budget_window_s=3600, judge_tokens=1_500, token_limit=1_000_000,

@@ -175,12 +175,15 @@ async def get_budget(project_id: ProjectId, client: Client, response: Response) 
 @router.put("/budgets/{projectId}", response_model=Budget, tags=["budgets"])
 async def put_budget(project_id: ProjectId, body: BudgetBody, client: Client, who: Who, response: Response,
                      if_match: IfMatch = None) -> Any:
-    """Set the project's judge-call budget (created or replaced)."""
+    """Set the project's judge-call budget. An operator key sets the operators' figures (created
+    or replaced); the project's own key may only lower them: its ``judgeCallsPerWindow`` and
+    ``judgeTokensPerWindow`` become the project's own caps, refused (403) above the operators'.
+    The lower of the two is in force."""
     _own_project(who, project_id)
-    doc = validated(Budget, {**body.stored(), "projectId": project_id})
-    await client.scorers.put(doc, if_match=if_match)
-    response.headers["ETag"] = etag(doc)
-    return doc
+    sent = body.model_dump(mode="json", by_alias=True, exclude_unset=True)  # what was sent: rule 1 keeps the rest
+    saved = await client.scorers.put(validated(Budget, {**sent, "projectId": project_id}), if_match=if_match)
+    response.headers["ETag"] = etag(saved)
+    return saved
 
 
 @router.delete("/budgets/{projectId}", status_code=204, response_class=Response, tags=["budgets"])
