@@ -48,8 +48,9 @@ from scoring.stores.ratings import RatingsHistory, RatingsStore
 UPDATABLE = {"name": "name", "description": "description", "members": "members", "online": "online",
              "project_id": "projectId", "projectId": "projectId", "gates_first": "gatesFirst",
              "gatesFirst": "gatesFirst"}
-_RESULTS_CURSOR = re.compile(r"\d{1,20}")  # the place of a result in its group's latest results
-_STREAM_CURSOR = re.compile(r"\d{1,20}-\d{1,20}")  # what versions before the list gave (a stream entry id)
+# Cursors are ASCII digits ([0-9], not \d: that takes any script's digits, and int() with them)
+_RESULTS_CURSOR = re.compile(r"[0-9]{1,20}")  # the place of a result in its group's latest results
+_STREAM_CURSOR = re.compile(r"[0-9]{1,20}-[0-9]{1,20}")  # what versions before the list gave (a stream entry id)
 FULL_ONLINE_NEEDED = (
     "online: this group has no online profile to merge into; send a full online object "
     "(enabled, sampleRate, alertThreshold, severity; scope defaults to \"trace\")"

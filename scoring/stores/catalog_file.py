@@ -113,7 +113,8 @@ def _file_order(error: str) -> tuple[int, int]:
     kind, _, rest = error.partition("[")
     position = rest.split("]", 1)[0]
     kinds = list(KIND_MODELS)
-    return (kinds.index(kind) if kind in kinds else -1, int(position) if position.isdigit() else -1)
+    place = int(position) if position.isascii() and position.isdigit() else -1
+    return (kinds.index(kind) if kind in kinds else -1, place)
 
 
 async def apply_file(store: CatalogStore, document: Any) -> ApplyReport:

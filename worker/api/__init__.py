@@ -27,7 +27,7 @@ from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from scoring.playground import Playground
 from scoring.stores.catalog import SnapshotCache
 from scoring.stores.claims import Claims
-from worker.api import console_pages, evaluations, groups, problems, scorers
+from worker.api import console_pages, docs_pages, evaluations, groups, problems, scorers
 from worker.api.bodies import BodyParser, with_body_schemas
 from worker.api.door import Door
 from worker.connections import redis_client
@@ -60,12 +60,14 @@ def create_app(settings: Settings) -> FastAPI:
     app = FastAPI(title="Scorer groups API", version=API_VERSION, lifespan=lifespan,
                   summary="Scorer groups, the scorers they blend, budgets and alert channels.",
                   responses=problems.RESPONSES,
-                  generate_unique_id_function=lambda route: route.name)  # operationIds: list_groups, ...
+                  generate_unique_id_function=lambda route: route.name,  # operationIds: list_groups, ...
+                  docs_url=None, redoc_url=None)  # FastAPI's pages load scripts from a CDN: docs_pages instead
     problems.install(app)
     app.openapi = lambda: with_body_schemas(problems.documented(app))  # type: ignore[method-assign]
     app.include_router(groups.router)
     app.include_router(scorers.router)
     app.include_router(console_pages.router)
+    app.include_router(docs_pages.router)
     app.include_router(evaluations.router)
     app.add_middleware(Door, max_bytes=settings.api_max_body_bytes)  # bodies bounded, keys checked first
 

@@ -25,7 +25,7 @@ from scoring.subjects import as_text
 from worker.api import problems
 from worker.api.auth import Who, redis_of
 from worker.api.bodies import body_doc, read_body
-from worker.api.pages import Cursor, Limit, Page, page
+from worker.api.pages import Cursor, Limit, Number, Page, page
 from worker.engine import ScoringEngine
 
 router = APIRouter(prefix="/v1", tags=["datasets and evaluations"])
@@ -112,7 +112,7 @@ async def add_dataset_version(dataset_id: ItemId, who: Who, request: Request) ->
 
 @router.get("/datasets/{id}/rows", response_model=DatasetRows)
 async def dataset_rows(dataset_id: ItemId, who: Who, request: Request,
-                       version: Annotated[int | None, Query(ge=1, le=1_000_000)] = None) -> DatasetRows:
+                       version: Annotated[int | None, Number, Query(ge=1, le=1_000_000)] = None) -> DatasetRows:
     found, items = await DatasetStore(redis_of(request)).rows(_project(who), dataset_id, version)
     return DatasetRows(dataset_id=dataset_id, version=found, items=items)
 

@@ -21,7 +21,7 @@ from scoring.playground import Playground
 from scoring.stores.changes import ChangeLog
 from worker.api.auth import Client, Who, redis_of
 from worker.api.bodies import body_doc, read_body
-from worker.api.pages import Cursor, Limit, Page, page
+from worker.api.pages import Cursor, Limit, OffsetCursor, Page, page
 from worker.api.problems import Problem
 
 router = APIRouter(prefix="/v1", tags=["scorer groups"])
@@ -156,7 +156,7 @@ async def grade_example(group_id: GroupId, client: Client, request: Request) -> 
 
 @router.get("/scorer-groups/{id}/changes", response_model=ChangePage)
 async def group_changes(group_id: GroupId, client: Client, who: Who, request: Request,
-                        limit: Limit = 50, cursor: Cursor = None) -> dict[str, object]:
+                        limit: Limit = 50, cursor: OffsetCursor = None) -> dict[str, object]:
     """Every write to the group, newest first; still readable by its project once it is deleted."""
     return await changes_page(request, client, who, "groups", group_id, limit, cursor)
 
@@ -172,7 +172,7 @@ async def changes_page(request: Request, client: MonitorClient, who: Caller, kin
         newest = await log.read(kind, id_, 0, 1)
         if not newest or not (who.operator or newest[0].get("projectId") == who.project_id):
             raise
-    offset = int(cursor) if cursor and cursor.isdigit() else 0
+    offset = int(cursor) if cursor else 0  # ASCII digits: OffsetCursor
     entries = await log.read(kind, id_, offset, limit + 1)
     more = len(entries) > limit
     return {"items": entries[:limit], "nextCursor": str(offset + limit) if more else None}

@@ -4,17 +4,32 @@ page never repeats or skips a document that existed throughout the walk."""
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable, Sequence
 from typing import Annotated, TypeVar
 
 from fastapi import Query
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field
 from pydantic.alias_generators import to_camel
 
 T = TypeVar("T")
 
-Limit = Annotated[int, Query(ge=1, le=200, description="Items per page.")]
+
+
+def ascii_digits(value: object) -> object:
+    """A number in a path or query is ASCII digits only: Python's int() and str.isdigit() also
+    take '²', '١٢' or ' 1_0', which no client of ours sends and no cursor of ours is."""
+    if isinstance(value, str) and not DIGITS.fullmatch(value):
+        raise ValueError("must be a whole number written in ASCII digits (0-9)")
+    return value
+
+
+DIGITS = re.compile(r"[0-9]{1,20}")
+Number = BeforeValidator(ascii_digits)  # put on every int a path or query takes
+Limit = Annotated[int, Number, Query(ge=1, le=200, description="Items per page.")]
 Cursor = Annotated[str | None, Query(max_length=512, description="nextCursor of the page before.")]
+OffsetCursor = Annotated[str | None, BeforeValidator(ascii_digits),
+                         Query(max_length=20, pattern="^[0-9]+$", description="nextCursor of the page before.")]
 
 
 class Page(BaseModel):

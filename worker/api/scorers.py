@@ -21,7 +21,7 @@ from scoring.models import ID_PATTERN, AlertChannel, Budget, CustomEvaluator, Id
 from scoring.redact import mask_url
 from worker.api.auth import Client, Who
 from worker.api.groups import ChangePage, IfMatch, changes_page
-from worker.api.pages import Cursor, Limit, Page, page
+from worker.api.pages import Cursor, Limit, OffsetCursor, Page, page
 
 router = APIRouter(prefix="/v1")
 M = TypeVar("M", bound=WireModel)
@@ -116,7 +116,7 @@ def _scorer_routes(kind: str, noun: str, model: type[WireModel], body_model: typ
         return Response(status_code=204)
 
     async def doc_changes(doc_id_: PathId, client: Client, who: Who,
-                          request: Request, limit: Limit = 50, cursor: Cursor = None) -> Any:
+                          request: Request, limit: Limit = 50, cursor: OffsetCursor = None) -> Any:
         return await changes_page(request, client, who, kind, doc_id_, limit, cursor)
 
     router.add_api_route(f"/{kind}", list_docs, methods=["GET"], response_model=page_model, tags=[kind],
