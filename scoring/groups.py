@@ -137,6 +137,10 @@ def budget_write(caller: Caller, sent: Budget, stored: Budget | None) -> Budget:
     if stored is None:
         raise Forbidden(f"project {sent.project_id!r} has no budget; the operators set budgets, and a project "
                         "key may only lower one")
+    for name in sent.model_fields_set & set(KEPT_UNLESS_SENT[1:]):
+        wire = {"project_judge_calls_per_window": "projectJudgeCallsPerWindow"}.get(name, "projectJudgeTokensPerWindow")
+        raise Forbidden(f"{wire}: a project key sets its own cap by sending judgeCallsPerWindow and "
+                        "judgeTokensPerWindow")
     if "window_seconds" in sent.model_fields_set and sent.window_seconds != stored.window_seconds:
         raise Forbidden(f"windowSeconds: the operators set the window ({stored.window_seconds} s); a project "
                         "key may only lower its caps")

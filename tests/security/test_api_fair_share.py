@@ -1,0 +1,295 @@
+"""A hostile tenant with a valid key, against the real API process on the real Redis, with two
+projects A and B: it cannot stall the API with a body, take every judge call from another
+project, lift its own budget, crash a page with a cursor, or run a third-party script on the
+API's origin.
+
+What each guards:
+- bodies: the door (worker.api.door) checks the key before reading and holds each route to its
+  ceiling; bodies that pass are validated in a parser process (worker.api.bodies), so /healthz
+  answers throughout and the API's memory stays bounded;
+- judge calls: the fair share of the judge pool (scoring.members.fair_share);
+- budgets: budget_write (scoring.groups) - the operators set a budget, a project only lowers it;
+- cursors: worker.api.pages' ASCII-digit numbers;
+- /docs: worker.api.docs_pages (Swagger UI from the package, under the console's CSP).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import re
+import socket
+import threading
+import time
+from collections.abc import AsyncIterator, Iterator
+from dataclasses import dataclass, field
+from typing import Any
+
+import httpx
+import pytest
+
+from deploy.judge_server import Behaviour, JudgeServer
+from tests.support.api_process import ApiProcess, create_key
+from tests.support.redis_databases import RedisDatabases
+
+pytestmark = pytest.mark.integration
+
+JUDGE_DELAY_S = 3.0
+# The API process's peak RSS (VmHWM) after every attack here, with its parser process apart: a
+# fresh API is ~110 MB with its sandboxes; the largest body it ever holds is a 3.4 MiB playground
+# body (raw and parsed) at a time per parser turn.
+RSS_BOUND_MB = 300
+
+
+@dataclass
+class Env:
+    api: ApiProcess
+    judge: JudgeServer
+    keys: dict[str, str]
+    groups: dict[str, str] = field(default_factory=dict)
+
+    def client(self, who: str | None) -> httpx.Client:
+        return self.api.client(self.keys[who] if who else None)
+
+
+@pytest.fixture(scope="module")
+def env(redis_databases: RedisDatabases, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Env]:
+    with JudgeServer() as judge, redis_databases.lease() as url:
+        keys = {"a": create_key(url, "--project", "p-a"), "b": create_key(url, "--project", "p-b"),
+                "op": create_key(url, "--operator")}
+        api = ApiProcess(url, tmp_path_factory.mktemp("api") / "api.log",
+                         env={"SGW_JUDGE_BASE_URL": judge.base_url, "SGW_JUDGE_TIMEOUT_S": "30",
+                              "SGW_JUDGE_CONCURRENCY": "16"}).start()
+        try:
+            environment = Env(api, judge, keys)
+            with environment.client("a") as a, environment.client("b") as b:
+                environment.groups["a"] = _group(a, judges=20)
+                environment.groups["b"] = _group(b, judges=1)
+            yield environment
+        finally:
+            api.stop()
+
+
+def _group(client: httpx.Client, judges: int) -> str:
+    members = []
+    for n in range(judges):
+        judge = client.post("/v1/judges", json={"name": f"J{n}", "criteria": f"Helpful ({n})?"})
+        assert judge.status_code == 201, judge.text
+        members.append({"kind": "judge", "refId": judge.json()["id"]})
+    group = client.post("/v1/scorer-groups", json={"name": f"{judges} judges", "members": members})
+    assert group.status_code == 201, group.text
+    return str(group.json()["id"])
+
+
+def _peak_rss_mb(pid: int) -> float:
+    status = open(f"/proc/{pid}/status").read()
+    return int(re.search(r"VmHWM:\s+(\d+) kB", status).group(1)) / 1024  # type: ignore[union-attr]
+
+
+class HealthWatch:
+    """Asks /healthz every 50 ms on its own thread and keeps the slowest answer's latency (an
+    answer that is not 200 counts as never)."""
+
+    def __init__(self, url: str) -> None:
+        self._url, self._stop = url + "/healthz", threading.Event()
+        self.slowest, self.asked = 0.0, 0
+        self._thread = threading.Thread(target=self._run, daemon=True)
+
+    def _run(self) -> None:
+        with httpx.Client(timeout=10) as client:
+            while not self._stop.is_set():
+                started = time.perf_counter()
+                ok = client.get(self._url).status_code == 200
+                self.slowest = max(self.slowest, time.perf_counter() - started if ok else float("inf"))
+                self.asked += 1
+                self._stop.wait(0.05)
+
+    def __enter__(self) -> HealthWatch:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._thread.join()
+
+
+# --- bodies --------------------------------------------------------------------------------------
+
+
+def _elements(n: int) -> bytes:
+    return b'{"input":"x","output":"y","metadata":{"a":[' + b",".join([b"0"] * n) + b"]}}"
+
+
+BIG = b'{"input":"x","output":"y","metadata":{"a":"' + b"x" * (57 * 1024 * 1024) + b'"}}'  # 57 MiB
+MANY = _elements(10_000_000)  # 20 MB of ten million numbers
+WITHIN = _elements(1_700_000)  # 3.4 MB: under the playground's ceiling, a parse bomb all the same
+
+
+async def _chunks(body: bytes) -> AsyncIterator[bytes]:  # no Content-Length: counted as it streams in
+    for start in range(0, len(body), 1 << 20):
+        yield body[start:start + (1 << 20)]
+
+
+def _answered(env: Env, status: int) -> float:
+    """How many POSTs the API answered ``status``, by its own count: a client still sending when
+    the door refuses may see the connection closed instead of the answer."""
+    metrics = httpx.get(env.api.url + "/metrics").text
+    return sum(float(n) for n in re.findall(rf'sgw_api_requests_total{{method="POST",route="[^"]*",'
+                                            rf'status="{status}"}} (\S+)', metrics))
+
+
+@pytest.mark.parametrize("key", ["a", None])
+def test_huge_bodies_four_at_once_are_refused_fast_while_the_api_answers(env: Env, key: str | None) -> None:
+    url = f"{env.api.url}/v1/scorer-groups/{env.groups['a']}/grade"
+    headers = {"Content-Type": "application/json", **({"Authorization": f"Bearer {env.keys[key]}"} if key else {})}
+    expected = 413 if key else 401
+    before = _answered(env, expected)
+
+    async def attack() -> list[tuple[int, float]]:
+        async with httpx.AsyncClient(timeout=60) as client:
+            async def one(content: Any) -> tuple[int, float]:
+                started = time.perf_counter()
+                try:
+                    status = (await client.post(url, content=content, headers=headers)).status_code
+                except httpx.TransportError:  # refused and closed while the client was still sending
+                    status = expected
+                return status, time.perf_counter() - started
+            bodies: list[Any] = [BIG, MANY, _chunks(BIG), _chunks(MANY)]
+            return await asyncio.gather(*(one(body) for body in bodies))
+
+    with HealthWatch(env.api.url) as health:
+        answers = asyncio.run(attack())
+    assert [status for status, _ in answers] == [expected] * 4, answers
+    assert _answered(env, expected) - before == 4, "the API itself refused all four"
+    assert max(seconds for _, seconds in answers) < 5, answers
+    assert health.asked >= 1 and health.slowest < 0.2, f"/healthz took {health.slowest:.3f} s"
+    assert _peak_rss_mb(env.api.proc.pid) < RSS_BOUND_MB  # type: ignore[union-attr]
+
+
+def test_parse_bombs_under_the_ceiling_are_validated_off_the_event_loop(env: Env) -> None:
+    # 1.7 million numbers: a second of validation each on the event loop; four at once.
+    url = f"{env.api.url}/v1/scorer-groups/{env.groups['a']}/grade"
+    headers = {"Content-Type": "application/json", "Authorization": f"Bearer {env.keys['a']}"}
+
+    async def attack() -> list[httpx.Response]:
+        async with httpx.AsyncClient(timeout=60) as client:
+            return await asyncio.gather(*(client.post(url, content=WITHIN, headers=headers) for _ in range(4)))
+
+    with HealthWatch(env.api.url) as health:
+        answers = asyncio.run(attack())
+    assert all(a.status_code == 400 and "at most 1048576" in a.text for a in answers), answers[0].text
+    assert all(len(a.content) < 2000 for a in answers), "the refusal never echoes the body"
+    assert health.asked >= 5 and health.slowest < 0.2, f"/healthz took {health.slowest:.3f} s"
+    assert _peak_rss_mb(env.api.proc.pid) < RSS_BOUND_MB  # type: ignore[union-attr]
+
+
+def test_no_body_is_read_before_the_key_is_checked(env: Env) -> None:
+    # A slow-loris body that never arrives: the door answers 401 without waiting for it.
+    with socket.create_connection(("127.0.0.1", env.api.port), timeout=5) as sock:
+        sock.sendall(f"POST /v1/scorer-groups/{env.groups['a']}/grade HTTP/1.1\r\nHost: x\r\n"
+                     "Content-Type: application/json\r\nContent-Length: 50000000\r\n\r\n{\"input\":".encode())
+        started = time.perf_counter()
+        head = sock.recv(4096).decode(errors="replace")
+    assert head.startswith("HTTP/1.1 401") and time.perf_counter() - started < 2, head
+    assert "www-authenticate: Bearer" in head.lower().replace("www-authenticate: bearer", "www-authenticate: Bearer")
+    with env.client(None) as anonymous:
+        assert anonymous.post("/v1/judges", json={"name": "J", "criteria": "?"},
+                              headers={"Authorization": "Bearer sgw_nope_nope"}).status_code == 401
+
+
+def test_every_route_with_a_body_declares_its_ceiling(env: Env) -> None:
+    doc = httpx.get(env.api.url + "/openapi.json").json()
+    ceilings = {(m.upper(), p): op["x-max-body-bytes"] for p, ops in doc["paths"].items()
+                for m, op in ops.items() if "requestBody" in op}
+    assert ceilings and all(isinstance(c, int) and c <= 64 * 1024 * 1024 for c in ceilings.values())
+    assert ceilings[("POST", "/v1/scorer-groups/{id}/grade")] < 4 * 1024 * 1024
+    assert ceilings[("POST", "/v1/judges")] == 512 * 1024
+    with env.client("a") as a:  # a catalog document over its ceiling: refused unread
+        assert a.post("/v1/judges", content=b" " * (600 * 1024),
+                      headers={"Content-Type": "application/json"}).status_code == 413
+
+
+# --- judge calls ---------------------------------------------------------------------------------
+
+
+def test_a_project_saturating_the_judge_pool_leaves_another_its_share(env: Env) -> None:
+    env.judge.set_default(Behaviour.deterministic(delay=JUDGE_DELAY_S))
+
+    async def grade(who: str) -> tuple[int, float]:
+        async with httpx.AsyncClient(base_url=env.api.url, timeout=120,
+                                     headers={"Authorization": f"Bearer {env.keys[who]}"}) as client:
+            started = time.perf_counter()
+            answer = await client.post(f"/v1/scorer-groups/{env.groups[who]}/grade", json={"input": "q", "output": "a"})
+            return answer.status_code, time.perf_counter() - started
+
+    async def scene() -> tuple[list[tuple[int, float]], tuple[int, float], int]:
+        # A: its allowed 4 gradings of a 20-judge group at once - 80 calls for 16 slots.
+        a = [asyncio.ensure_future(grade("a")) for _ in range(4)]
+        await asyncio.sleep(JUDGE_DELAY_S / 2)  # A holds every slot it may
+        in_flight = env.judge.peak_in_flight
+        b = await grade("b")  # B's one judge
+        return await asyncio.gather(*a), b, in_flight
+
+    try:
+        a_answers, (b_status, b_seconds), a_in_flight = asyncio.run(scene())
+    finally:
+        env.judge.set_default(Behaviour.deterministic())
+    assert b_status == 200 and b_seconds < JUDGE_DELAY_S + 1.0, f"B waited {b_seconds:.1f} s behind A"
+    assert all(status == 200 for status, _ in a_answers)
+    assert a_in_flight == 15, "A holds all but the slot kept back (16 - 16/16)"
+    assert min(seconds for _, seconds in a_answers) > 2 * JUDGE_DELAY_S, "A's gradings did queue"
+
+
+# --- budgets -------------------------------------------------------------------------------------
+
+
+def test_a_project_key_cannot_lift_its_own_budget(env: Env) -> None:
+    with env.client("a") as a, env.client("op") as op:
+        assert a.put("/v1/budgets/p-a", json={"judgeCallsPerWindow": 10**12}).status_code == 403, "no budget yet"
+        assert op.put("/v1/budgets/p-a", json={"judgeCallsPerWindow": 100, "windowSeconds": 3600}).status_code == 200
+        for attempt in ({"judgeCallsPerWindow": 10**12}, {"judgeCallsPerWindow": 101},
+                        {"judgeCallsPerWindow": 10, "windowSeconds": 1},  # a shorter window: more calls a day
+                        {"judgeCallsPerWindow": 100, "projectJudgeCallsPerWindow": 10**12}):
+            answer = a.put("/v1/budgets/p-a", json=attempt)
+            assert answer.status_code in (400, 403), (attempt, answer.text)
+        assert a.delete("/v1/budgets/p-a").status_code == 403
+        assert a.put("/v1/budgets/p-a", json={"judgeCallsPerWindow": 10}).status_code == 200, "lowering is allowed"
+        shown = a.get("/v1/budgets/p-a").json()
+        assert (shown["judgeCallsPerWindow"], shown["projectJudgeCallsPerWindow"], shown["windowSeconds"]) == \
+            (100, 10, 3600)
+        assert a.put("/v1/budgets/p-a", json={"judgeCallsPerWindow": 100}).status_code == 200, \
+            "back up to the operators' figure, never past it"
+        assert op.delete("/v1/budgets/p-a").status_code == 204
+
+
+# --- cursors and numbers -------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("value", ["\u00b2", "\u2460", "\u0661\u0662", "\uff11\uff12", " 5", "1_0", "+5", "5.0"])
+def test_numbers_in_queries_are_ascii_digits_or_a_400(env: Env, value: str) -> None:
+    group = env.groups["a"]
+    with env.client("a") as a:
+        for path, name in ((f"/v1/scorer-groups/{group}/changes", "cursor"),
+                           (f"/v1/scorer-groups/{group}/results", "cursor"),
+                           ("/v1/scorer-groups", "limit"), (f"/v1/judges/{group}/changes", "cursor")):
+            answer = a.get(path, params={name: value})
+            assert answer.status_code in (400, 404) and answer.status_code != 500, (path, answer.text)
+            if answer.status_code == 400:
+                assert name in answer.text
+        assert a.get(f"/v1/scorer-groups/{group}/changes", params={"cursor": value}).status_code == 400
+        assert a.get(f"/v1/scorer-groups/{group}/results", params={"cursor": value}).status_code == 400
+
+
+# --- /docs ---------------------------------------------------------------------------------------
+
+
+def test_no_page_of_the_apis_origin_loads_a_script_from_elsewhere(env: Env) -> None:
+    console_csp = httpx.get(env.api.url + "/console").headers["content-security-policy"]
+    for page in ("/docs", "/console"):
+        answer = httpx.get(env.api.url + page)
+        assert answer.status_code == 200 and answer.headers["content-security-policy"] == console_csp
+        sources = re.findall(r"""<(?:script|link)[^>]+(?:src|href)=["']([^"']+)""", answer.text)
+        assert sources and all(s.startswith("/") and not s.startswith("//") for s in sources), sources
+        for source in sources:
+            assert httpx.get(env.api.url + source).status_code == 200, source
+    assert "script-src 'self'" in console_csp and "unsafe-inline" not in console_csp
+    assert httpx.get(env.api.url + "/redoc").status_code == 404
