@@ -293,3 +293,14 @@ def test_no_page_of_the_apis_origin_loads_a_script_from_elsewhere(env: Env) -> N
             assert httpx.get(env.api.url + source).status_code == 200, source
     assert "script-src 'self'" in console_csp and "unsafe-inline" not in console_csp
     assert httpx.get(env.api.url + "/redoc").status_code == 404
+
+
+def test_an_unreachable_store_is_a_503_at_the_door_not_a_500(tmp_path: Any) -> None:
+    api = ApiProcess("redis://127.0.0.1:9/0", tmp_path / "api.log",  # the discard port: nothing listens
+                     env={"SGW_REDIS_TIMEOUT_S": "1"}).start()
+    try:
+        answer = api.client("sgw_0123456789ab_well-formed").get("/v1/scorer-groups")
+        assert answer.status_code == 503 and answer.headers["retry-after"] == "1", answer.text
+        assert answer.headers["content-type"] == "application/problem+json"
+    finally:
+        api.stop()

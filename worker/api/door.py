@@ -19,6 +19,7 @@ import re
 from typing import Any
 
 import orjson
+from redis.exceptions import RedisError
 from starlette.routing import compile_path
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
@@ -49,7 +50,12 @@ class Door:
         headers = dict(scope.get("headers") or [])
         # 2. the key, before the body
         if scope["path"] == "/v1" or scope["path"].startswith("/v1/"):
-            key, refusal = await self._key(scope, headers.get(b"authorization"))
+            try:
+                key, refusal = await self._key(scope, headers.get(b"authorization"))
+            except RedisError:  # keys live in Redis: unknown for now, not wrong - the SDK retries a 503
+                await _answer(scope, send, 503, "the API cannot reach its store to check the key; retry shortly",
+                              [(b"retry-after", b"1")])
+                return
             if key is None:
                 await _answer(scope, send, 401, refusal, [CHALLENGE])
                 return
@@ -113,7 +119,7 @@ async def _too_large(scope: Scope, send: Send, limit: int) -> None:
 
 
 async def _answer(scope: Scope, send: Send, status: int, detail: str, headers: list[tuple[bytes, bytes]]) -> None:
-    body: dict[str, Any] = {"type": "about:blank", "title": TITLES.get(status, "Content Too Large"),
+    body: dict[str, Any] = {"type": "about:blank", "title": TITLES.get(status, "Error"),
                             "status": status, "detail": detail, "instance": scope.get("path"), "errors": []}
     payload = orjson.dumps(body)
     await send({"type": "http.response.start", "status": status,

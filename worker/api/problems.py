@@ -19,7 +19,8 @@ from scoring.errors import REFUSED, CatalogError, format_errors
 PROBLEM_JSON = "application/problem+json"
 TITLES = {400: "Invalid request", 401: "Unauthorized", 403: "Forbidden", 404: "Not found",
           405: "Method not allowed", 409: "Conflict", 412: "Precondition failed",
-          415: "Unsupported media type", 500: "Internal error"}
+          413: "Content Too Large", 415: "Unsupported media type", 500: "Internal error",
+          503: "Service unavailable"}
 
 
 class FieldProblem(BaseModel):
