@@ -112,7 +112,7 @@ async def add_dataset_version(dataset_id: ItemId, who: Who, request: Request) ->
 
 @router.get("/datasets/{id}/rows", response_model=DatasetRows)
 async def dataset_rows(dataset_id: ItemId, who: Who, request: Request,
-                       version: Annotated[int | None, Number, Query(ge=1, le=1_000_000)] = None) -> DatasetRows:
+                       version: Annotated[int | None, Query(ge=1, le=1_000_000), Number] = None) -> DatasetRows:
     found, items = await DatasetStore(redis_of(request)).rows(_project(who), dataset_id, version)
     return DatasetRows(dataset_id=dataset_id, version=found, items=items)
 

@@ -26,10 +26,10 @@ def ascii_digits(value: object) -> object:
 
 DIGITS = re.compile(r"[0-9]{1,20}")
 Number = BeforeValidator(ascii_digits)  # put on every int a path or query takes
-Limit = Annotated[int, Number, Query(ge=1, le=200, description="Items per page.")]
+Limit = Annotated[int, Query(ge=1, le=200, description="Items per page."), Number]
 Cursor = Annotated[str | None, Query(max_length=512, description="nextCursor of the page before.")]
-OffsetCursor = Annotated[str | None, BeforeValidator(ascii_digits),
-                         Query(max_length=20, pattern="^[0-9]+$", description="nextCursor of the page before.")]
+OffsetCursor = Annotated[str | None, Query(max_length=20, pattern="^[0-9]+$", description="nextCursor of the page "
+                                                                                      "before."), Number]
 
 
 class Page(BaseModel):
