@@ -40,5 +40,15 @@ if [ ! -f "$stamp" ]; then
   .venv/bin/pip install -q --disable-pip-version-check -c constraints.txt -e ./sdk -e '.[test]'
   rm -f .venv/.installed-*; touch "$stamp"
 fi
+# The image's dependencies as wheels, for tests/e2e/test_image.py to install the image's way
+# offline (its own two distributions are built from the sources by the test itself).
+wheels_stamp=.wheels/.made-$(basename "$stamp")
+if [ ! -f "$wheels_stamp" ]; then
+  echo "bootstrap: collecting the image's wheels into .wheels" >&2
+  rm -rf .wheels
+  .venv/bin/pip wheel -q --disable-pip-version-check -c constraints.txt -w .wheels ./sdk . 'setuptools>=69' wheel
+  rm -f .wheels/scorer_group*.whl
+  touch "$wheels_stamp"
+fi
 
 .venv/bin/python -m deploy.services jars >/dev/null

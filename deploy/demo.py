@@ -1,9 +1,20 @@
-"""The demo behind README command 1: the real worker on sample traffic.
+"""The demo behind README command 1, the product tour: the real worker on sample traffic, and
+the API with its console beside it.
 
 Needs SGW_KAFKA_BOOTSTRAP and SGW_REDIS_URL (``python -m deploy.services run -- ...`` sets
-them). It starts the local deterministic judge server, applies ``deploy/catalog.example.yaml``,
-starts ``scorer-worker run`` as a subprocess, produces a few sample traces a second, and prints
-every rating and Signal the worker publishes, until Ctrl-C (or ``--seconds``).
+them). Its steps:
+
+1. apply ``deploy/catalog.example.yaml`` (alert channels pointed at a local receiver that
+   verifies every delivery's signature), and create an API key for the demo project;
+2. create the topics and wait until the cluster has settled (leaders, the group coordinator);
+3. start the local judge, ``scorer-worker run`` and ``scorer-worker api`` (the console);
+4. produce a few traces a second, in a shape worth a look - every CYCLE_S seconds a quality dip
+   (the support bot's answers get worse: Signals, deliveries, then recovery) and a moment when
+   the operators' budget runs out (groups skipped, then scored again);
+5. print every rating, Signal and delivery, and - once the first ratings are in - where to look:
+   the console, the key, an SDK snippet and the Grafana dashboard;
+
+until Ctrl-C (or ``--seconds``).
 """
 
 from __future__ import annotations
@@ -16,6 +27,8 @@ import os
 import random
 import signal
 import sys
+import time
+from collections.abc import Callable
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -29,7 +42,10 @@ from deploy.judge_server import JudgeServer
 from deploy.processes import free_port
 from deploy.webhook_receiver import WebhookReceiver
 from scoring.groups import MonitorClient
+from scoring.models import Budget
+from scoring.stores.apikeys import ApiKeyStore
 from worker.app import ensure_topics
+from worker.logs import configure_logging
 from worker.settings import Settings
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -56,22 +72,44 @@ SAMPLES = [
 ]
 
 
-def _trace(n: int, rng: random.Random) -> dict[str, Any]:
-    project, agent, question, answer = rng.choice(SAMPLES)
+PROJECT = "shop-support"  # the demo key's project: its groups are the console's
+CYCLE_S = 90  # the traffic's shape repeats: a dip, a recovery, a moment without budget
+DIP_S = (20, 40)  # seconds into a cycle when the support bot's answers are poor
+NO_BUDGET_S = (55, 70)  # seconds into a cycle when the project's budget has no room
+DIP_ANSWER = "I don't know, please ask someone else. [[rating=2]]"
+
+
+# How often each sample comes: mostly good answers, now and then a leak or a poor one.
+WEIGHTS = [6, 3, 0.5, 0.5, 1, 2, 1]
+
+
+def _trace(n: int, rng: random.Random, dip: bool = False) -> dict[str, Any]:
+    project, agent, question, answer = rng.choices(SAMPLES, WEIGHTS)[0]
+    if dip and agent == "support-bot":
+        answer = DIP_ANSWER
     return {"traceId": f"demo-{n}", "projectId": project, "agentId": agent,
             "sessionId": f"demo-session-{n // 3}", "timestamp": datetime.now(UTC).isoformat(),
             "spans": [{"spanId": "root", "name": "agent.run", "input": question, "output": answer}]}
+
+
+def _in(window: tuple[int, int], elapsed: float) -> bool:
+    return window[0] <= elapsed % CYCLE_S < window[1]
 
 
 async def _produce(bootstrap: str, topic: str, rate: float, stop: asyncio.Event) -> None:
     producer = AIOKafkaProducer(bootstrap_servers=bootstrap, linger_ms=5)
     await producer.start()
     rng = random.Random(7)
+    started, dipping = time.monotonic(), False
     try:
         for n in itertools.count():
             if stop.is_set():
                 break
-            trace = _trace(n, rng)
+            if dipping != _in(DIP_S, time.monotonic() - started):
+                dipping = not dipping
+                print("TRAFFIC the support bot's answers get poor: a quality dip" if dipping
+                      else "TRAFFIC the support bot's answers are good again: it recovers", flush=True)
+            trace = _trace(n, rng, dip=dipping)
             await producer.send(topic, key=trace["traceId"].encode(), value=orjson.dumps(trace))
             if n == 3:  # one malformed record, to show the dead-letter topic at work
                 await producer.send(topic, key=b"broken", value=b"{this is not json")
@@ -81,27 +119,91 @@ async def _produce(bootstrap: str, topic: str, rate: float, stop: asyncio.Event)
         await producer.stop()
 
 
-async def _tail(bootstrap: str, topics: dict[str, str], stop: asyncio.Event) -> None:
+async def _tail(bootstrap: str, topics: dict[str, str], stop: asyncio.Event, first_rating: Callable[[], None]) -> None:
     consumer = AIOKafkaConsumer(*topics.values(), bootstrap_servers=bootstrap,
                                 auto_offset_reset="earliest", group_id=None)
     await consumer.start()
     kinds = {v: k for k, v in topics.items()}
+    rated = False
     try:
         while not stop.is_set():
             for tp, records in (await consumer.getmany(timeout_ms=300)).items():
                 for record in records:
                     print(_line(kinds[tp.topic], orjson.loads(record.value)), flush=True)
+                    if not rated and kinds[tp.topic] == "ratings":
+                        rated = True
+                        first_rating()
     finally:
         await consumer.stop()
 
 
+async def _budget_moments(redis_url: str, stop: asyncio.Event) -> None:
+    """Every cycle, as the operators would: the demo project's budget lowered to what its window
+    has used (its groups are then skipped, "skipped for budget" in the console), then given back."""
+    redis = Redis.from_url(redis_url)
+    scorers = MonitorClient(redis).scorers
+    started = time.monotonic()
+    try:
+        while not stop.is_set():
+            elapsed = (time.monotonic() - started) % CYCLE_S
+            start, end = NO_BUDGET_S
+            wait = (start - elapsed) % CYCLE_S
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(stop.wait(), timeout=wait)
+                return
+            budget = await scorers.budget_use(PROJECT)
+            full = budget.judge_calls_per_window
+            await scorers.put(Budget(project_id=PROJECT, judge_calls_per_window=budget.used.judge_calls,
+                                     window_seconds=budget.window_seconds))
+            print(f"BUDGET  {PROJECT}: no room left ({budget.used.judge_calls} judge calls used) - its groups are "
+                  f"skipped for {end - start} s", flush=True)
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(stop.wait(), timeout=end - start)
+            await scorers.put(Budget(project_id=PROJECT, judge_calls_per_window=full,
+                                     window_seconds=budget.window_seconds))
+            print(f"BUDGET  {PROJECT}: back to {full} judge calls an hour - scored again", flush=True)
+    finally:
+        await redis.aclose()
+
+
+def tour(api_url: str, key: str, metrics_url: str) -> str:
+    """Where to look, printed once the first ratings are in. The SDK lines run as printed."""
+    rule = "-" * 100
+    return "\n".join([
+        rule,
+        "The first ratings are in. Look around:",
+        f"  console     {api_url}/console  - paste the key, open 'Support quality bar', window 1h",
+        f"  key         {key}  (project {PROJECT})",
+        f"  API docs    {api_url}/docs",
+        f"  metrics     {metrics_url}; the dashboard to import into Grafana: deploy/grafana/scorer-group-worker.json",
+        "  the SDK     .venv/bin/python - <<'EOF'",
+        *(f"              {line}" for line in sdk_snippet(api_url, key).splitlines()),
+        "              EOF",
+        f"  the traffic every {CYCLE_S} s: a quality dip at {DIP_S[0]}-{DIP_S[1]} s (Signals, verified deliveries), "
+        f"no budget at {NO_BUDGET_S[0]}-{NO_BUDGET_S[1]} s",
+        rule,
+    ])
+
+
+def sdk_snippet(api_url: str, key: str) -> str:
+    return "\n".join([
+        "from scorer_groups import Client",
+        f'client = Client("{api_url}", "{key}")',
+        "for group in client.monitor.scorer_groups.list():",
+        '    r = client.monitor.scorer_groups.ratings(group.id, window="1h")',
+        '    print(f"{group.name}: {r.scored} scored, mean {r.mean}, {r.below_threshold} below the bar, "',
+        '          f"{r.skipped} skipped for budget")',
+    ])
+
+
 def _line(kind: str, v: dict[str, Any]) -> str:
+    subject = v.get("traceId") or f"session {v.get('sessionId')}"  # a session-scope verdict has no trace
+    rating = "  -  " if v.get("rating") is None else f"{v['rating']:5.2f}"
     if kind == "ratings":
-        rating = "  -  " if v["rating"] is None else f"{v['rating']:5.2f}"
-        return f"RATING  {rating}  {v['groupId']:<22} {v['traceId']:<10} {v['justification'][:110]}"
+        return f"RATING  {rating}  {v['groupId']:<22} {subject:<10} {v['justification'][:110]}"
     if kind == "signals":
-        return (f"SIGNAL  {v['severity']:<8} {v['key']} rating {v['rating']:.2f} < {v['alertThreshold']} "
-                f"({v['traceId']})")
+        why = "no score" if v.get("rating") is None else f"rating {rating.strip()} < {v['alertThreshold']}"
+        return f"SIGNAL  {v['severity']:<8} {v['key']} {why} ({subject})"
     if kind == "webhooks":
         return f"WEBHOOK {v['url']} for signal {v['signalId'][:8]}"
     label = "HOOKDLQ" if kind == "webhooks-dlq" else "DLQ    "
@@ -118,41 +220,53 @@ def local_channels(catalog: dict[str, Any]) -> tuple[dict[str, Any], WebhookRece
 
 
 async def main_async(seconds: float | None, rate: float) -> int:
+    configure_logging("console")  # aiokafka's chatter while the cluster settles stays out of sight
     bootstrap, redis_url = os.environ["SGW_KAFKA_BOOTSTRAP"], os.environ["SGW_REDIS_URL"]
+    settings = Settings()
+    # 1. the catalog, the key
     catalog, receiver = local_channels(yaml.safe_load(CATALOG.read_text()))
     receiver.start()
     print(f"webhook receiver listening on {receiver.url}", flush=True)
     redis = Redis.from_url(redis_url)
     report = await MonitorClient(redis).apply(catalog)
+    _, key = await ApiKeyStore(redis).create(PROJECT, "demo")
     await redis.aclose()
     print(f"catalog applied: {len(report.created)} created, {len(report.changed)} changed", flush=True)
 
-    await ensure_topics(Settings())  # before anything reads them, so nobody waits on metadata
+    # 2. the topics, settled: before anything reads or joins them
+    await ensure_topics(settings)
+    # 3. the judge, the worker, the API
     judge = JudgeServer(default_rating=7).start()
-    metrics_port = free_port()
+    metrics_port, api_port = free_port(), free_port()
     env = {**os.environ, "SGW_JUDGE_BASE_URL": judge.base_url, "SGW_LOG_FORMAT": "console",
-           "SGW_METRICS_PORT": str(metrics_port),
+           "SGW_METRICS_PORT": str(metrics_port), "SGW_API_PORT": str(api_port), "SGW_API_HOST": "127.0.0.1",
            "SGW_EGRESS_ALLOW": "127.0.0.1/32",  # the local receiver; every other private address stays refused
            "SGW_WEBHOOK_RETRY_SCHEDULE": "1s,2s"}  # a refused delivery dead-letters within seconds
-    worker = await asyncio.create_subprocess_exec(sys.executable, "-m", "worker.cli", "run",
-                                                  env=env, cwd=ROOT)
-    print(f"worker started (metrics on http://127.0.0.1:{metrics_port}/metrics); Ctrl-C stops", flush=True)
+    worker = await asyncio.create_subprocess_exec(sys.executable, "-m", "worker.cli", "run", env=env, cwd=ROOT)
+    api = await asyncio.create_subprocess_exec(sys.executable, "-m", "worker.cli", "api", env=env, cwd=ROOT)
+    api_url, metrics_url = f"http://127.0.0.1:{api_port}", f"http://127.0.0.1:{metrics_port}/metrics"
+    print("worker and API started; the tour is printed once the first ratings are in. Ctrl-C stops", flush=True)
 
+    # 4. and 5. traffic, and what comes of it
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(sig, stop.set)
-    topics = {"ratings": "scorer-groups.ratings", "signals": "scorer-groups.signals",
-              "webhooks": "scorer-groups.webhooks", "dlq": "traces.dlq",
-              "webhooks-dlq": "scorer-groups.webhooks.dlq"}
-    tasks = [asyncio.create_task(_produce(bootstrap, "traces.ingested", rate, stop)),
-             asyncio.create_task(_tail(bootstrap, topics, stop))]
+    topics = {"ratings": settings.ratings_topic, "signals": settings.signals_topic,
+              "webhooks": settings.webhooks_topic, "dlq": settings.dlq_topic,
+              "webhooks-dlq": settings.webhooks_dlq_topic}
+    tasks = [asyncio.create_task(_produce(bootstrap, settings.traces_topic, rate, stop)),
+             asyncio.create_task(_tail(bootstrap, topics, stop,
+                                       lambda: print(tour(api_url, key, metrics_url), flush=True))),
+             asyncio.create_task(_budget_moments(redis_url, stop))]
     with contextlib.suppress(TimeoutError):
         await asyncio.wait_for(stop.wait(), timeout=seconds)
     stop.set()
     await asyncio.gather(*tasks, return_exceptions=True)
-    worker.send_signal(signal.SIGTERM)
+    for process in (worker, api):
+        process.send_signal(signal.SIGTERM)
     code = await worker.wait()
+    await api.wait()
     judge.stop()
     receiver.stop()
     print(f"worker exited with {code}", flush=True)

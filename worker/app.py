@@ -14,8 +14,8 @@ import signal
 import time
 
 import structlog
-from aiokafka.admin import NewTopic
-from aiokafka.errors import TopicAlreadyExistsError
+from aiokafka.admin import AIOKafkaAdminClient, NewTopic
+from aiokafka.errors import KafkaError, TopicAlreadyExistsError
 
 from consumers.outage import OutageGuard
 from consumers.outputs import Outputs, TopicNames
@@ -87,8 +87,35 @@ async def ensure_topics(settings: Settings) -> None:
                                                                                  else {}))
                                            for t in missing])
             log.info("created topics", topics=missing, partitions=settings.topic_partitions, replicas=factor)
+        await until_settled(admin, wanted, settings.consumer_group)
     finally:
         await admin.close()
+
+
+async def until_settled(admin: AIOKafkaAdminClient, topics: list[str], group: str, timeout_s: float = 30.0) -> None:
+    """Wait (bounded) until every partition of ``topics`` has a leader and ``group``'s
+    coordinator answers. New topics are leaderless for a moment, and a fresh broker makes its
+    offsets topic on the first group's request: a first produce or join in that moment meets
+    errors that are retried, but read like faults. Past the bound the worker goes on: the
+    clients retry, and the outage rule reports what lasts."""
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + timeout_s
+    while True:
+        described = await admin.describe_topics(topics)
+        waiting = [t["topic"] for t in described
+                   if t["error_code"] or any(p["error_code"] or p["leader"] < 0 for p in t["partitions"])]
+        if not waiting:
+            try:
+                await admin.find_coordinator(group)
+                return
+            except KafkaError as exc:
+                if not exc.retriable:
+                    raise
+                waiting = [f"the coordinator of group {group}"]
+        if loop.time() > deadline:
+            log.info("the cluster is still settling; going on (its clients retry)", waiting=waiting)
+            return
+        await asyncio.sleep(0.2)
 
 
 class Worker:

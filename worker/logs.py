@@ -8,11 +8,13 @@ are cut out of every string value.
 from __future__ import annotations
 
 import logging
+import re
 import sys
 from collections.abc import MutableMapping
 from typing import Any
 
 import structlog
+from aiokafka import errors as kafka_errors
 
 from scoring.redact import REDACTED, SECRET_NAME, Redactor, redact_text
 
@@ -69,3 +71,34 @@ def configure_logging(log_format: str = "json", level: str = "info") -> None:
     )
     # Libraries (aiokafka, httpx) log through the standard library: keep them quiet.
     logging.basicConfig(level=max(numeric_level, logging.WARNING), stream=sys.stderr)
+    for handler in logging.getLogger().handlers:
+        handler.addFilter(SettlingChatter(show_debug=numeric_level <= logging.DEBUG))
+
+
+# What aiokafka logs, as warnings and errors, while a cluster settles: a fresh topic's leaders
+# being elected, the group coordinator starting, metadata not yet there. Each is retried by the
+# client and needs nobody; a broker that cannot be reached at all (KafkaConnectionError) or any
+# other error keeps its level, and the worker's own outage rule reports a lasting fault.
+SETTLING = re.compile("|".join(cls.__name__ for cls in (
+    kafka_errors.NotLeaderForPartitionError, kafka_errors.LeaderNotAvailableError,
+    kafka_errors.GroupCoordinatorNotAvailableError, kafka_errors.CoordinatorNotAvailableError,
+    kafka_errors.CoordinatorLoadInProgressError, kafka_errors.GroupLoadInProgressError,
+    kafka_errors.NotCoordinatorForGroupError, kafka_errors.NotCoordinatorError,
+    kafka_errors.UnknownTopicOrPartitionError, kafka_errors.StaleMetadata)) + "|not found in cluster metadata")
+
+
+class SettlingChatter(logging.Filter):
+    """Moves aiokafka's settling chatter (SETTLING) to debug: shown only when debug is."""
+
+    def __init__(self, show_debug: bool) -> None:
+        super().__init__()
+        self._show_debug = show_debug
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if not record.name.startswith("aiokafka") or record.levelno <= logging.DEBUG:
+            return True
+        exc = record.exc_info[1] if record.exc_info else None
+        if SETTLING.search(record.getMessage()) or (exc is not None and SETTLING.search(type(exc).__name__)):
+            record.levelno, record.levelname = logging.DEBUG, "DEBUG"
+            return self._show_debug
+        return True
