@@ -1,4 +1,4 @@
-"""The demo behind README command 1, the product tour: the real worker on sample traffic, and
+"""The demo behind `./dev demo`, the product tour: the real worker on sample traffic, and
 the API with its console beside it.
 
 Needs SGW_KAFKA_BOOTSTRAP and SGW_REDIS_URL (``python -m deploy.services run -- ...`` sets

@@ -1,6 +1,6 @@
 """A local webhook receiver for the demo: what an alert channel's owner runs, on loopback.
 
-It verifies every delivery the way the README tells receivers to (Standard Webhooks 1.0, with
+It verifies every delivery the way docs/deliveries.md tells receivers to (Standard Webhooks 1.0, with
 the reference ``standardwebhooks`` library: signature and timestamp), answers 204 when it
 verifies (400 when it does not), and prints one line per delivery, so a newcomer sees alerts
 arrive signed. Channels without a secret are accepted unsigned and say so.

@@ -1,6 +1,6 @@
 """What an OpenTelemetry span said and who said it, by convention.
 
-Input and output of a span, first found wins (the README's mapping table):
+Input and output of a span, first found wins (the mapping table in docs/connect/opentelemetry.md):
 
 - GenAI semantic conventions: ``gen_ai.input.messages`` / ``gen_ai.output.messages`` (as span
   attributes or on a ``gen_ai.client.inference.operation.details`` event), a tool span's

@@ -12,7 +12,7 @@ steps, each a function here:
 3. ``assemble``: the buffered spans of one trace as one ``Trace``.
 
 How the conventions map (GenAI semantic conventions, OpenInference, OpenLLMetry) is decided in
-``scoring.otlp.conventions``; the README has the table.
+``scoring.otlp.conventions``; docs/connect/opentelemetry.md has the table.
 """
 
 from __future__ import annotations

@@ -29,7 +29,7 @@ Then, from the ratings topic and the judge's own count of calls:
 - the consumer group's committed offsets reach the end of the traces topic.
 
 CI runs one round (~90 s). A heavier run repeats the faults over more traces, one backlog per
-round: ``SGW_CHAOS_ROUNDS=5 ./dev chaos`` (README: Reliability).
+round: ``SGW_CHAOS_ROUNDS=5 ./dev chaos`` (docs/operate/reliability.md).
 """
 
 from __future__ import annotations

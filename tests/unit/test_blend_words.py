@@ -1,4 +1,4 @@
-"""The blend's words, exactly: the justification and every refusal read as the README and the
+"""The blend's words, exactly: the justification and every refusal read as the docs and the
 spec show them. (Written against the survivors of mutation testing: a changed word, a dropped
 member list or a lost gate name must fail a test.)"""
 
