@@ -60,8 +60,14 @@ def topic_replication(wanted: int, brokers: int) -> tuple[int, dict[str, str]]:
     return factor, {"min.insync.replicas": "2" if factor >= 3 else "1"}
 
 
+class StartupError(Exception):
+    """The worker cannot start as configured; the message says which setting and why (the CLI
+    prints it as one line and exits 2, no traceback)."""
+
+
 async def ensure_topics(settings: Settings) -> None:
-    """Create the topics the worker reads and writes if they are missing."""
+    """Create the topics the worker reads and writes if they are missing - or, with
+    ``SGW_CREATE_TOPICS=false``, check that they exist."""
     wanted = [settings.traces_topic, settings.ratings_topic, settings.signals_topic,
               settings.webhooks_topic, settings.dlq_topic, settings.webhooks_dlq_topic]
     if settings.otlp_enabled:
@@ -69,8 +75,12 @@ async def ensure_topics(settings: Settings) -> None:
     admin = kafka_admin(settings)
     await admin.start()
     try:
-        existing = set(await admin.list_topics())
+        existing = set(await admin.list_topics())  # those this principal may describe
         missing = [t for t in wanted if t not in existing]
+        if missing and not settings.create_topics:
+            raise StartupError(f"SGW_CREATE_TOPICS=false and these topics do not exist (or this principal may not "
+                               f"describe them): {', '.join(missing)}; create them, or let the worker create "
+                               "them (SGW_CREATE_TOPICS=true, with the right to create topics)")
         if missing:
             brokers = len((await admin.describe_cluster()).get("brokers", []))
             factor, replication = topic_replication(settings.topic_replication_factor, brokers)

@@ -207,13 +207,17 @@ def _cmd_datasets(settings: Settings, args: argparse.Namespace) -> int:
 
 
 def _cmd_run(settings: Settings, _: argparse.Namespace) -> int:
-    from worker.app import Worker
+    from worker.app import StartupError, Worker
 
-    if settings.event_loop == "uvloop":
-        import uvloop  # a dependency of the package: an ImportError here is a broken install, said as such
+    try:
+        if settings.event_loop == "uvloop":
+            import uvloop  # a dependency of the package: an ImportError here is a broken install, said as such
 
-        return uvloop.run(Worker(settings).run())
-    return asyncio.run(Worker(settings).run())
+            return uvloop.run(Worker(settings).run())
+        return asyncio.run(Worker(settings).run())
+    except StartupError as exc:
+        print(f"error: cannot start: {exc}", file=sys.stderr)
+        return 2
 
 
 def _cmd_new_secret(_settings: Settings, _: argparse.Namespace) -> int:

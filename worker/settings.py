@@ -79,6 +79,14 @@ class Settings(BaseSettings):
     dlq_topic: str = Field(
         "traces.dlq", description="Dead-letter topic for records that cannot be decoded."
     )
+    create_topics: bool = Field(
+        True,
+        description=(
+            "Create the topics the worker reads and writes when they are missing (needs the right to "
+            "create topics). false: least privilege - the topics must exist, and the worker starts only "
+            "once it has checked them, naming any that are missing."
+        ),
+    )
     topic_partitions: int = Field(
         6, ge=1, description="Partition count used when the worker creates a topic it owns."
     )
