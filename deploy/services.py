@@ -34,6 +34,8 @@ import time
 import uuid
 from pathlib import Path
 
+from deploy.kafka_security import NAME as SECURED
+from deploy.kafka_security import SecuredListener
 from deploy.processes import (
     BIND_ATTEMPTS,
     STOP_TIMEOUT_S,
@@ -114,8 +116,9 @@ class LocalKafka:
     cluster (``LocalKafkaCluster``)."""
 
     def __init__(self, partitions: int = 1, *, node_id: int = 1, voters: str = "", replicas: int = 1,
-                 heap: list[str] | None = None) -> None:
+                 heap: list[str] | None = None, secured: SecuredListener | None = None) -> None:
         self.partitions = partitions
+        self.secured = secured  # a SASL_SSL listener beside the PLAINTEXT one (deploy/kafka_security.py)
         self.node_id = node_id
         self.voters = voters  # "1@127.0.0.1:port,2@...": a static controller quorum of several nodes
         self.replicas = replicas  # of the internal topics (offsets, transactions)
@@ -147,6 +150,9 @@ class LocalKafka:
         self.workdir = Path(tempfile.mkdtemp(prefix="sgw-kafka-"))
         self.port, self.controller_port = port, controller_port
         self.bootstrap = f"127.0.0.1:{self.port}"
+        if self.secured is not None:
+            self.secured.port = free_port()
+            self.secured.make_certificates(self.workdir / "tls")
         props = self.workdir / "server.properties"
         props.write_text(self._properties(self.controller_port))
         (self.workdir / "log4j2.properties").write_text(LOG4J2_PROPERTIES.format(log_file=self.workdir / "kafka.log"))
@@ -154,7 +160,8 @@ class LocalKafka:
         # configuration (controller.quorum.voters), and share the cluster id.
         quorum = [] if self.voters else ["--standalone"]
         fmt = subprocess.run(
-            [*self._java(), "kafka.tools.StorageTool", "format", *quorum, "-t", cluster_id, "-c", str(props)],
+            [*self._java(), "kafka.tools.StorageTool", "format", *quorum, "-t", cluster_id, "-c", str(props),
+             *(self.secured.format_arguments() if self.secured else [])],
             capture_output=True, text=True,
         )
         if fmt.returncode != 0:
@@ -230,16 +237,19 @@ class LocalKafka:
 
     def _properties(self, controller_port: int) -> str:
         assert self.workdir is not None
+        secured = f",{SECURED}://127.0.0.1:{self.secured.port}" if self.secured else ""
+        secured_map = f",{SECURED}:SASL_SSL" if self.secured else ""
         return "\n".join([
             "process.roles=broker,controller",
             f"node.id={self.node_id}",
             (f"controller.quorum.voters={self.voters}" if self.voters
              else f"controller.quorum.bootstrap.servers=127.0.0.1:{controller_port}"),
-            f"listeners=PLAINTEXT://127.0.0.1:{self.port},CONTROLLER://127.0.0.1:{controller_port}",
-            f"advertised.listeners=PLAINTEXT://127.0.0.1:{self.port}",
+            f"listeners=PLAINTEXT://127.0.0.1:{self.port},CONTROLLER://127.0.0.1:{controller_port}{secured}",
+            f"advertised.listeners=PLAINTEXT://127.0.0.1:{self.port}{secured}",
             "controller.listener.names=CONTROLLER",
             "inter.broker.listener.name=PLAINTEXT",
-            "listener.security.protocol.map=PLAINTEXT:PLAINTEXT,CONTROLLER:PLAINTEXT",
+            f"listener.security.protocol.map=PLAINTEXT:PLAINTEXT,CONTROLLER:PLAINTEXT{secured_map}",
+            *(self.secured.properties() if self.secured else []),
             f"log.dirs={self.workdir / 'data'}",
             f"num.partitions={self.partitions}",
             # One node: every internal topic has a single replica; a cluster's have ``replicas``.

@@ -30,6 +30,7 @@ from scoring.stores.sessions import SessionStore
 from worker import metrics
 from worker.connections import kafka_admin, kafka_consumer, kafka_producer, redis_client
 from worker.engine import ScoringEngine
+from worker.logs import kafka_errors_kept
 from worker.otlp import run_otlp_intake
 from worker.settings import Settings
 from worker.shutdown import WATCHDOG_GRACE_S, ShutdownWatchdog, close_all
@@ -65,6 +66,30 @@ class StartupError(Exception):
     prints it as one line and exits 2, no traceback)."""
 
 
+# What a failed first connection to Kafka says, and the settings to look at.
+CONNECT_HINTS = (
+    ("SaslAuthenticationFailed", "check SGW_KAFKA_SASL_USERNAME, SGW_KAFKA_SASL_PASSWORD and SGW_KAFKA_SASL_MECHANISM"),
+    ("UnsupportedSaslMechanism", "SGW_KAFKA_SASL_MECHANISM is not one the brokers enable"),
+    ("CERTIFICATE_VERIFY_FAILED", "the brokers' certificate is not trusted: set SGW_KAFKA_SSL_CA_FILE to the CA "
+                                  "that signed it (and check the host name it names)"),
+    ("SSL", "check SGW_KAFKA_SECURITY_PROTOCOL (the listener may not speak TLS) and SGW_KAFKA_SSL_*"),
+)
+
+
+async def connect(client: AIOKafkaAdminClient, settings: Settings) -> None:
+    """Start ``client``; a first connection that fails becomes one StartupError naming what to
+    check, instead of aiokafka's line per attempt and a traceback."""
+    with kafka_errors_kept() as kept:
+        try:
+            await client.start()
+        except KafkaError as exc:
+            cause = kept[-1] if kept else str(exc)
+            hint = next((h for marker, h in CONNECT_HINTS if marker in cause),
+                        "check SGW_KAFKA_BOOTSTRAP and SGW_KAFKA_SECURITY_PROTOCOL")
+            raise StartupError(f"cannot connect to Kafka at {settings.kafka_bootstrap} "
+                               f"({settings.kafka_security_protocol}): {cause}; {hint}") from None
+
+
 async def ensure_topics(settings: Settings) -> None:
     """Create the topics the worker reads and writes if they are missing - or, with
     ``SGW_CREATE_TOPICS=false``, check that they exist."""
@@ -73,7 +98,7 @@ async def ensure_topics(settings: Settings) -> None:
     if settings.otlp_enabled:
         wanted.append(settings.otlp_topic)
     admin = kafka_admin(settings)
-    await admin.start()
+    await connect(admin, settings)
     try:
         existing = set(await admin.list_topics())  # those this principal may describe
         missing = [t for t in wanted if t not in existing]

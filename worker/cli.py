@@ -216,7 +216,7 @@ def _cmd_run(settings: Settings, _: argparse.Namespace) -> int:
             return uvloop.run(Worker(settings).run())
         return asyncio.run(Worker(settings).run())
     except StartupError as exc:
-        print(f"error: cannot start: {exc}", file=sys.stderr)
+        print(f"error: cannot start: {Redactor.from_environment(settings.secrets())(str(exc))}", file=sys.stderr)
         return 2
 
 
@@ -299,12 +299,16 @@ async def _check(settings: Settings) -> list[str]:
         problems.append(f"redis at {mask_url(settings.redis_url)}: {redact(str(exc))}")
     finally:
         await redis.aclose()
+    from worker.app import StartupError, connect
+
     admin = kafka_admin(settings)
     try:
-        await admin.start()
+        await connect(admin, settings)
         cluster = await admin.describe_cluster()
         print(f"kafka   {settings.kafka_bootstrap}  cluster {cluster['cluster_id']}  "
               f"{len(cluster['brokers'])} broker(s)")
+    except StartupError as exc:  # the setting to look at, already said
+        problems.append(redact(str(exc)))
     except Exception as exc:
         problems.append(f"kafka at {settings.kafka_bootstrap}: {redact(str(exc))}")
     finally:

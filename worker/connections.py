@@ -8,6 +8,7 @@ a timeout, a delivery guarantee or an address is decided once for the worker, th
 - Kafka producers: idempotent with ``acks=all``, so a record is written once, and only when
   every in-sync replica has it; batching from ``SGW_PRODUCER_LINGER_MS`` and
   ``SGW_PRODUCER_BATCH_BYTES``.
+- Kafka, every client: TLS and SASL as ``SGW_KAFKA_SECURITY_PROTOCOL`` says (``kafka_connection``).
 - Kafka consumers: offsets are committed by the loops themselves (at-least-once, after the work
   is done), never automatically; a group with no committed offset starts from the earliest.
 """
@@ -18,6 +19,7 @@ from typing import Any
 
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
 from aiokafka.admin import AIOKafkaAdminClient
+from aiokafka.helpers import create_ssl_context
 from redis.asyncio import Redis
 from redis.asyncio.cluster import RedisCluster
 
@@ -33,18 +35,36 @@ def redis_client(settings: Settings) -> RedisClient:
                           socket_connect_timeout=settings.redis_timeout_s)
 
 
+def kafka_connection(settings: Settings) -> dict[str, Any]:
+    """How every Kafka client reaches the brokers: the addresses, and TLS and SASL as
+    ``SGW_KAFKA_SECURITY_PROTOCOL`` and its settings say (a broker's certificate checked against
+    ``SGW_KAFKA_SSL_CA_FILE`` or the system's CAs, its host name checked unless told not to)."""
+    options: dict[str, Any] = {"bootstrap_servers": settings.kafka_bootstrap,
+                               "security_protocol": settings.kafka_security_protocol}
+    if settings.kafka_security_protocol in ("SSL", "SASL_SSL"):
+        context = create_ssl_context(cafile=settings.kafka_ssl_ca_file or None,
+                                     certfile=settings.kafka_ssl_cert_file or None,
+                                     keyfile=settings.kafka_ssl_key_file or None)
+        context.check_hostname = settings.kafka_ssl_check_hostname
+        options["ssl_context"] = context
+    if settings.kafka_security_protocol.startswith("SASL_"):
+        options.update(sasl_mechanism=settings.kafka_sasl_mechanism, sasl_plain_username=settings.kafka_sasl_username,
+                       sasl_plain_password=settings.kafka_sasl_password.get_secret_value())
+    return options
+
+
 def kafka_producer(settings: Settings, **options: Any) -> AIOKafkaProducer:
     """``options``: what one producer needs beyond the common ones (``max_request_size``)."""
-    return AIOKafkaProducer(bootstrap_servers=settings.kafka_bootstrap, enable_idempotence=True, acks="all",
+    return AIOKafkaProducer(**kafka_connection(settings), enable_idempotence=True, acks="all",
                             linger_ms=settings.producer_linger_ms, max_batch_size=settings.producer_batch_bytes,
                             **options)
 
 
 def kafka_consumer(settings: Settings, group_id: str | None, **options: Any) -> AIOKafkaConsumer:
     """``group_id`` None reads without a group (every partition, nothing committed)."""
-    return AIOKafkaConsumer(bootstrap_servers=settings.kafka_bootstrap, group_id=group_id,
+    return AIOKafkaConsumer(**kafka_connection(settings), group_id=group_id,
                             enable_auto_commit=False, auto_offset_reset="earliest", **options)
 
 
 def kafka_admin(settings: Settings) -> AIOKafkaAdminClient:
-    return AIOKafkaAdminClient(bootstrap_servers=settings.kafka_bootstrap)
+    return AIOKafkaAdminClient(**kafka_connection(settings))

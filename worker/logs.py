@@ -7,10 +7,11 @@ are cut out of every string value.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import re
 import sys
-from collections.abc import MutableMapping
+from collections.abc import Iterator, MutableMapping
 from typing import Any
 
 import structlog
@@ -18,7 +19,7 @@ from aiokafka import errors as kafka_errors
 
 from scoring.redact import REDACTED, SECRET_NAME, Redactor, redact_text
 
-__all__ = ["REDACTED", "configure_logging", "redact_secrets", "redact_text", "use_known_secrets"]
+__all__ = ["REDACTED", "configure_logging", "kafka_errors_kept", "redact_secrets", "redact_text", "use_known_secrets"]
 
 # The process's known secrets (settings, secret-named variables), cut wherever they appear.
 _redact: Redactor = Redactor.from_environment()
@@ -102,3 +103,28 @@ class SettlingChatter(logging.Filter):
             record.levelno, record.levelname = logging.DEBUG, "DEBUG"
             return self._show_debug
         return True
+
+
+@contextlib.contextmanager
+def kafka_errors_kept() -> Iterator[list[str]]:
+    """While active, aiokafka's error lines (a refused password, an untrusted certificate, a
+    connection refused) are kept in the list it yields instead of printed: the caller says what
+    failed once, with the setting to look at, rather than a line per attempt."""
+    kept: list[str] = []
+
+    class Keep(logging.Filter):
+        def filter(self, record: logging.LogRecord) -> bool:
+            if record.name.startswith("aiokafka") and record.levelno >= logging.ERROR:
+                kept.append(record.getMessage())
+                return False
+            return True
+
+    keep = Keep()
+    handlers = logging.getLogger().handlers
+    for handler in handlers:
+        handler.addFilter(keep)
+    try:
+        yield kept
+    finally:
+        for handler in handlers:
+            handler.removeFilter(keep)

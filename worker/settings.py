@@ -6,6 +6,7 @@ with secrets masked.
 
 from __future__ import annotations
 
+import os
 from typing import Literal
 from urllib.parse import urlsplit
 
@@ -23,6 +24,24 @@ class Settings(BaseSettings):
     # --- Kafka -------------------------------------------------------------------------------
     kafka_bootstrap: str = Field(
         "127.0.0.1:9092", description="Kafka bootstrap servers, comma-separated host:port."
+    )
+    # --- Kafka security: every client (the worker's, the API's, the CLI's) connects the same way --
+    kafka_security_protocol: Literal["PLAINTEXT", "SSL", "SASL_PLAINTEXT", "SASL_SSL"] = Field(
+        "PLAINTEXT", description="How clients talk to the brokers: SASL_SSL for managed Kafka (Confluent Cloud, "
+        "MSK, Aiven, Redpanda Cloud), SSL for TLS alone or mTLS.",
+    )
+    kafka_sasl_mechanism: Literal["PLAIN", "SCRAM-SHA-256", "SCRAM-SHA-512"] | None = Field(
+        None, description="SASL mechanism, required with SASL_PLAINTEXT and SASL_SSL.",
+    )
+    kafka_sasl_username: str = Field("", description="SASL user name.")
+    kafka_sasl_password: SecretStr = Field(SecretStr(""), description="SASL password; never logged.")
+    kafka_ssl_ca_file: str = Field(
+        "", description="PEM file of the CA that signed the brokers' certificates; empty: the system's CAs.",
+    )
+    kafka_ssl_cert_file: str = Field("", description="PEM certificate of this client, for mTLS (with the key).")
+    kafka_ssl_key_file: str = Field("", description="PEM private key of this client, for mTLS (with the certificate).")
+    kafka_ssl_check_hostname: bool = Field(
+        True, description="Check that a broker's certificate names the host connected to; keep it on.",
     )
     consumer_group: str = Field(
         "scorer-group-worker",
@@ -309,6 +328,28 @@ class Settings(BaseSettings):
     log_level: Literal["debug", "info", "warning", "error"] = Field(
         "info", description="Lowest level that is logged."
     )
+
+    @model_validator(mode="after")
+    def _kafka_security_is_complete(self) -> Settings:
+        sasl = self.kafka_security_protocol.startswith("SASL_")
+        if sasl and (self.kafka_sasl_mechanism is None or not self.kafka_sasl_username
+                     or not self.kafka_sasl_password.get_secret_value()):
+            raise ValueError(f"SGW_KAFKA_SECURITY_PROTOCOL={self.kafka_security_protocol} needs "
+                             "SGW_KAFKA_SASL_MECHANISM, SGW_KAFKA_SASL_USERNAME and SGW_KAFKA_SASL_PASSWORD")
+        if not sasl and (self.kafka_sasl_mechanism or self.kafka_sasl_username):
+            raise ValueError(f"SGW_KAFKA_SASL_*: set, but SGW_KAFKA_SECURITY_PROTOCOL is "
+                             f"{self.kafka_security_protocol} (SASL_SSL or SASL_PLAINTEXT use them)")
+        if bool(self.kafka_ssl_cert_file) != bool(self.kafka_ssl_key_file):
+            raise ValueError("SGW_KAFKA_SSL_CERT_FILE and SGW_KAFKA_SSL_KEY_FILE go together (mTLS)")
+        tls = self.kafka_security_protocol in ("SSL", "SASL_SSL")
+        for name in ("kafka_ssl_ca_file", "kafka_ssl_cert_file", "kafka_ssl_key_file"):
+            path = getattr(self, name)
+            if path and not tls:
+                raise ValueError(f"SGW_{name.upper()}: set, but SGW_KAFKA_SECURITY_PROTOCOL is "
+                                 f"{self.kafka_security_protocol} (SSL or SASL_SSL use it)")
+            if path and not os.path.isfile(path):
+                raise ValueError(f"SGW_{name.upper()}: no file at {path}")
+        return self
 
     @model_validator(mode="after")
     def _lease_outlives_scoring(self) -> Settings:
