@@ -21,11 +21,13 @@ import socket
 import subprocess
 import tempfile
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
 from redis import Redis
 from redis.exceptions import RedisError
 
+from deploy.certificates import Certificates, make_certificates
 from deploy.processes import (
     STOP_TIMEOUT_S,
     PortTaken,
@@ -40,12 +42,31 @@ from deploy.processes import (
 REDIS_START_TIMEOUT_S = 15.0
 
 
+@dataclass
+class RedisTls:
+    """TLS on the server's port and an ACL user in place of the default one, as managed Redis
+    offers (in-transit encryption, ACL users): the URL is then ``rediss://user:password@...``."""
+
+    user: str = "scorer"
+    password: str = "scorer-redis-secret-4d1e"
+    certificates: Certificates | None = None
+
+    def server_arguments(self, port: int) -> list[str]:
+        assert self.certificates is not None
+        return ["--port", "0", "--tls-port", str(port), "--tls-cert-file", str(self.certificates.cert),
+                "--tls-key-file", str(self.certificates.key), "--tls-ca-cert-file", str(self.certificates.ca),
+                "--tls-auth-clients", "no", "--user", "default", "off",
+                "--user", self.user, "on", f">{self.password}", "~*", "&*", "+@all"]
+
+
 class LocalRedis:
     """Debian's redis-server on loopback, no persistence. ``cluster_args``: a Redis Cluster node's
-    options (``deploy.redis_servers``); its cluster bus then takes a free port of its own."""
+    options (``deploy.redis_servers``); its cluster bus then takes a free port of its own.
+    ``tls``: TLS and an ACL user (a single server)."""
 
-    def __init__(self, cluster_args: tuple[str, ...] = ()) -> None:
+    def __init__(self, cluster_args: tuple[str, ...] = (), tls: RedisTls | None = None) -> None:
         self.cluster_args = cluster_args
+        self.tls = tls
         self.bus_port = 0
         self.port = 0
         self.url = ""
@@ -61,6 +82,9 @@ class LocalRedis:
         self.port = free_port()
         self.bus_port = free_port() if self.cluster_args else 0
         self.url = f"redis://127.0.0.1:{self.port}/0"
+        if self.tls is not None:
+            self.tls.certificates = make_certificates(self.workdir / "tls")
+            self.url = f"rediss://{self.tls.user}:{self.tls.password}@127.0.0.1:{self.port}/0"
         atexit.register(self.stop)
         return self._launch()
 
@@ -69,8 +93,9 @@ class LocalRedis:
         if not Path(binary).exists():
             raise ServiceError("redis-server is not installed; run deploy/bootstrap.sh first")
         assert self.workdir is not None
+        listen = self.tls.server_arguments(self.port) if self.tls else ["--port", str(self.port)]
         self.proc = subprocess.Popen(
-            [binary, "--port", str(self.port), "--bind", "127.0.0.1", "--save", "",
+            [binary, *listen, "--bind", "127.0.0.1", "--save", "",
              "--appendonly", "no", "--dir", str(self.workdir), "--loglevel", "warning",
              "--logfile", str(self.workdir / "redis.log"), *self._cluster_options()],
             stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT, start_new_session=True,
@@ -103,6 +128,14 @@ class LocalRedis:
         return self._launch()
 
     def _ping(self) -> bool:
+        if self.tls is not None:
+            assert self.tls.certificates is not None
+            try:
+                with Redis.from_url(self.url, ssl_ca_certs=str(self.tls.certificates.ca), socket_timeout=0.5,
+                                    socket_connect_timeout=0.5) as client:
+                    return bool(client.ping())
+            except RedisError:
+                return False
         try:
             with socket.create_connection(("127.0.0.1", self.port), timeout=0.5) as s:
                 s.sendall(b"PING\r\n")

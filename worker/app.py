@@ -16,15 +16,19 @@ import time
 import structlog
 from aiokafka.admin import AIOKafkaAdminClient, NewTopic
 from aiokafka.errors import KafkaError, TopicAlreadyExistsError
+from redis.exceptions import AuthenticationError
+from redis.exceptions import ConnectionError as RedisConnectionError
 
 from consumers.outage import OutageGuard
 from consumers.outputs import Outputs, TopicNames
 from consumers.sessions import SessionSweeper
 from consumers.traces import MAX_POLL_INTERVAL_S, OutputError, TraceConsumer
 from scoring.members.sandbox import SandboxPool
+from scoring.redact import mask_url
 from scoring.stores.alerts import NoScoreAlerts
 from scoring.stores.catalog import CatalogStore, CatalogWatcher
 from scoring.stores.claims import Claims
+from scoring.stores.client import RedisClient
 from scoring.stores.ratings import RatingsStore
 from scoring.stores.sessions import SessionStore
 from worker import metrics
@@ -74,6 +78,21 @@ CONNECT_HINTS = (
                                   "that signed it (and check the host name it names)"),
     ("SSL", "check SGW_KAFKA_SECURITY_PROTOCOL (the listener may not speak TLS) and SGW_KAFKA_SSL_*"),
 )
+
+
+async def redis_accepts(redis: RedisClient, settings: Settings) -> None:
+    """A first PING: refused credentials or an untrusted certificate end the start with the
+    setting to look at (an unreachable Redis is left to the callers' outage rule)."""
+    try:
+        await redis.ping()
+    except AuthenticationError as exc:
+        raise StartupError(f"Redis refused the user and password in SGW_REDIS_URL ({mask_url(settings.redis_url)}): "
+                           f"{exc}") from None
+    except RedisConnectionError as exc:
+        if "CERTIFICATE_VERIFY_FAILED" in str(exc) or "SSL" in str(exc):
+            raise StartupError(f"Redis's certificate is not trusted or TLS failed ({mask_url(settings.redis_url)}): "
+                               f"{exc}; set SGW_REDIS_CA_FILE to the CA that signed it") from None
+        raise
 
 
 async def connect(client: AIOKafkaAdminClient, settings: Settings) -> None:
@@ -194,6 +213,7 @@ class Worker:
         for dependency in ("redis", "kafka"):  # a series from the start: panels and alerts see 0, not nothing
             metrics.observe_outage(dependency, False)
         watcher = CatalogWatcher(CatalogStore(redis), on_lost=metrics.observe_catalog_lost)
+        await redis_accepts(redis, s)
         await watcher.start()
         await ensure_topics(s)
 

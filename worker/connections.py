@@ -2,7 +2,9 @@
 a timeout, a delivery guarantee or an address is decided once for the worker, the API and the CLI.
 
 - Redis: every command and connection attempt gives up after ``SGW_REDIS_TIMEOUT_S`` (a hung
-  server is an outage the callers see, never a request that waits forever). With
+  server is an outage the callers see, never a request that waits forever). A ``rediss://`` URL
+  is TLS, checked against ``SGW_REDIS_CA_FILE`` (or the system's CAs); an ACL user and password
+  go in the URL. With
   ``SGW_REDIS_CLUSTER`` the client is a Redis Cluster's: it learns the slots from the node the URL
   names, and after a failover from whichever node answers.
 - Kafka producers: idempotent with ``acks=all``, so a record is written once, and only when
@@ -28,11 +30,13 @@ from worker.settings import Settings
 
 
 def redis_client(settings: Settings) -> RedisClient:
+    options: dict[str, Any] = {"socket_timeout": settings.redis_timeout_s,
+                               "socket_connect_timeout": settings.redis_timeout_s}
+    if settings.redis_url.startswith("rediss://"):  # TLS; the server's certificate and name checked
+        options.update(ssl_ca_certs=settings.redis_ca_file or None, ssl_check_hostname=True)
     if settings.redis_cluster:
-        return RedisCluster.from_url(settings.redis_url, socket_timeout=settings.redis_timeout_s,
-                                     socket_connect_timeout=settings.redis_timeout_s)
-    return Redis.from_url(settings.redis_url, socket_timeout=settings.redis_timeout_s,
-                          socket_connect_timeout=settings.redis_timeout_s)
+        return RedisCluster.from_url(settings.redis_url, **options)
+    return Redis.from_url(settings.redis_url, **options)
 
 
 def kafka_connection(settings: Settings) -> dict[str, Any]:

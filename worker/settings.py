@@ -148,6 +148,10 @@ class Settings(BaseSettings):
         False, description="Redis is a Redis Cluster (or a managed one in cluster mode): SGW_REDIS_URL names any "
         "node (rediss:// and a password as for a single server); the others are discovered.",
     )
+    redis_ca_file: str = Field(
+        "", description="PEM file of the CA that signed Redis's certificate, for a rediss:// URL; empty: the "
+        "system's CAs. A user and password for Redis's ACLs go in the URL (rediss://user:password@host:port/0).",
+    )
     redis_timeout_s: float = Field(
         5.0, gt=0,
         description="Socket timeout of Redis calls: a frozen Redis is noticed (and waited for) after this.",
@@ -349,6 +353,14 @@ class Settings(BaseSettings):
                                  f"{self.kafka_security_protocol} (SSL or SASL_SSL use it)")
             if path and not os.path.isfile(path):
                 raise ValueError(f"SGW_{name.upper()}: no file at {path}")
+        return self
+
+    @model_validator(mode="after")
+    def _redis_tls_is_complete(self) -> Settings:
+        if self.redis_ca_file and not self.redis_url.startswith("rediss://"):
+            raise ValueError("SGW_REDIS_CA_FILE: set, but SGW_REDIS_URL is not a rediss:// (TLS) URL")
+        if self.redis_ca_file and not os.path.isfile(self.redis_ca_file):
+            raise ValueError(f"SGW_REDIS_CA_FILE: no file at {self.redis_ca_file}")
         return self
 
     @model_validator(mode="after")
