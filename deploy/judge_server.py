@@ -154,8 +154,12 @@ class _Server(ThreadingHTTPServer):
 class JudgeServer:
     """The server; ``start()`` binds a free port on 127.0.0.1 and serves from a daemon thread."""
 
-    def __init__(self, *, api_key: str | None = None, default_rating: float = 7.0, port: int = 0) -> None:
+    def __init__(self, *, api_key: str | None = None, default_rating: float = 7.0, port: int = 0,
+                 refuses: frozenset[str] = frozenset()) -> None:
         self._requested_port = port  # 0 = a free port chosen at start
+        # Request parameters answered 400 as OpenAI answers them: "max_tokens" as its reasoning
+        # models do, "response_format" as some gateways do.
+        self.refuses = refuses
         self.api_key = api_key
         self.default_rating = default_rating
         self.requests: list[dict[str, Any]] = []  # chat request bodies, each with "_headers"
@@ -305,6 +309,10 @@ class _Handler(BaseHTTPRequestHandler):
         except ValueError as exc:  # json.JSONDecodeError is a ValueError
             self._send(400, _error_body(400, f"Invalid request body: {exc}"))
             return
+        refused = next((name for name in sorted(self.judge.refuses) if name in body), None)
+        if refused is not None:
+            self._send(400, _refusal(refused))
+            return
         body["_headers"] = {name.lower(): value for name, value in self.headers.items()}
         behaviour = self.judge._take(body)
         generation = self.judge._entered(+1)
@@ -333,6 +341,13 @@ class _Handler(BaseHTTPRequestHandler):
                 value = self.judge._deterministic_rating(body["messages"], body.get("model"))
                 note = f"Deterministic judge: rating {_fmt(value)}"
             self._send(200, _completion(body, json.dumps({"rating": value, "justification": note})))
+
+
+def _refusal(parameter: str) -> dict[str, Any]:
+    """OpenAI's answer to a parameter the model does not take, word for word in its shape."""
+    instead = " Use 'max_completion_tokens' instead." if parameter == "max_tokens" else ""
+    return {"error": {"message": f"Unsupported parameter: '{parameter}' is not supported with this model.{instead}",
+                      "type": "invalid_request_error", "param": parameter, "code": "unsupported_parameter"}}
 
 
 def _completion(body: dict[str, Any], text: str) -> dict[str, Any]:

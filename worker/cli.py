@@ -27,6 +27,7 @@ import argparse
 import asyncio
 import json
 import sys
+import time
 from collections.abc import Awaitable, Callable
 from datetime import UTC, datetime
 from pathlib import Path
@@ -286,8 +287,8 @@ def _cmd_settings(settings: Settings, _: argparse.Namespace) -> int:
     return 0
 
 
-async def _check(settings: Settings) -> list[str]:
-    """Reach Kafka and Redis once; return what failed."""
+async def _check(settings: Settings, skip_judge: bool = False) -> list[str]:
+    """Reach Kafka and Redis once, and make one small judge call; return what failed."""
 
     problems = []
     redact = Redactor.from_environment(settings.secrets())
@@ -313,11 +314,43 @@ async def _check(settings: Settings) -> list[str]:
         problems.append(f"kafka at {settings.kafka_bootstrap}: {redact(str(exc))}")
     finally:
         await admin.close()
+    if not skip_judge:
+        problems += await _check_judge(settings, redact)
     return problems
 
 
-def _cmd_check(settings: Settings, _: argparse.Namespace) -> int:
-    problems = asyncio.run(_check(settings))
+async def _check_judge(settings: Settings, redact: Redactor) -> list[str]:
+    """One small judge call, as a member would make it: it answers, in which shape, how fast."""
+    from scoring.models import Judge
+    from scoring.ports import MemberError
+    from scoring.subjects import Subject
+    from worker.engine import judge_client
+
+    client = judge_client(settings)
+    judge = Judge(id="check", name="Check", criteria="Is the answer a friendly greeting?")
+    subject = Subject(scope="trace", input="Say hello.", output="Hello! How can I help?", expected=None, spans=[],
+                      metadata={}, transcript="", project_id="scorer-worker-check", agent_id="check", trace_id="check")
+    started = time.perf_counter()
+    try:
+        verdict = await client.grade(judge, subject)
+    except MemberError as exc:
+        return [f"judge at {mask_url(settings.judge_base_url)} (model {settings.judge_model}): {redact(str(exc))}"]
+    finally:
+        await client.close()
+    shape = client.shape_for(settings.judge_model)
+    print(f"judge   {mask_url(settings.judge_base_url)}  model {settings.judge_model}  rating {verdict.rating:g} "
+          f"in {(time.perf_counter() - started) * 1000:.0f} ms  ({shape.described()})")
+    if shape.token_limit != settings.judge_token_limit_param:
+        print(f"        the endpoint refused {settings.judge_token_limit_param}: set "
+              f"SGW_JUDGE_TOKEN_LIMIT_PARAM={shape.token_limit} to save a call per model")
+    if shape.response_format != settings.judge_response_format:
+        print("        the endpoint refused response_format: set SGW_JUDGE_RESPONSE_FORMAT=false "
+              "to save a call per model")
+    return []
+
+
+def _cmd_check(settings: Settings, args: argparse.Namespace) -> int:
+    problems = asyncio.run(_check(settings, skip_judge=args.no_judge))
     for problem in problems:
         print(f"unreachable: {problem}", file=sys.stderr)
     return 1 if problems else 0
@@ -415,7 +448,9 @@ def build_parser() -> argparse.ArgumentParser:
 
     sub.add_parser("settings", help="print every SGW_* setting, secrets masked").set_defaults(
         func=_cmd_settings)
-    sub.add_parser("check", help="reach Kafka and Redis once").set_defaults(func=_cmd_check)
+    check = sub.add_parser("check", help="reach Kafka and Redis once, and make one small judge call")
+    check.add_argument("--no-judge", action="store_true", help="skip the judge call (it is billed like any)")
+    check.set_defaults(func=_cmd_check)
     return parser
 
 

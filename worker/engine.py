@@ -17,7 +17,7 @@ from types import TracebackType
 
 from scoring.egress import EgressPolicy
 from scoring.members.external import ExternalClient
-from scoring.members.judge import JudgeClient
+from scoring.members.judge import JudgeClient, RequestShape
 from scoring.members.sandbox import SandboxPool
 from scoring.panel import MemberObserver, Panel, TokenObserver
 from scoring.redact import Redactor
@@ -32,6 +32,17 @@ def sandbox_pool(settings: Settings) -> SandboxPool:
                        sandbox_uid=settings.sandbox_uid)
 
 
+def judge_client(settings: Settings, observe: Callable[[str, float], None] | None = None) -> JudgeClient:
+    """The judge endpoint as the settings describe it (its address, key, model, headers, the
+    shape of a call, the concurrency shared fairly across projects)."""
+    return JudgeClient(settings.judge_base_url, api_key=settings.judge_api_key.get_secret_value(),
+                       model=settings.judge_model, timeout_s=settings.judge_timeout_s,
+                       concurrency=settings.judge_concurrency,
+                       per_project=settings.judge_concurrency_per_project or None,
+                       observe=observe, extra_headers=settings.judge_headers(),
+                       shape=RequestShape(settings.judge_token_limit_param, settings.judge_response_format))
+
+
 def redactor(settings: Settings) -> Redactor:
     """Cuts the process's secrets from whatever members publish."""
     return Redactor.from_environment(settings.secrets())
@@ -43,11 +54,7 @@ class ScoringEngine:
 
     def __init__(self, settings: Settings, *, observe_judge_call: Callable[[str, float], None] | None = None,
                  observe_member: MemberObserver | None = None, count_tokens: TokenObserver | None = None) -> None:
-        self.judges = JudgeClient(settings.judge_base_url, api_key=settings.judge_api_key.get_secret_value(),
-                                  model=settings.judge_model, timeout_s=settings.judge_timeout_s,
-                                  concurrency=settings.judge_concurrency,
-                                  per_project=settings.judge_concurrency_per_project or None,
-                                  observe=observe_judge_call)
+        self.judges = judge_client(settings, observe_judge_call)
         self.external = ExternalClient(EgressPolicy.parse(settings.egress_allow_list()),
                                        max_connections=settings.external_connections,
                                        per_project=settings.external_connections_per_project or None)

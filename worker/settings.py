@@ -6,6 +6,7 @@ with secrets masked.
 
 from __future__ import annotations
 
+import json
 import os
 from typing import Literal
 from urllib.parse import urlsplit
@@ -166,6 +167,19 @@ class Settings(BaseSettings):
     )
     judge_model: str = Field("gpt-4o-mini", description="Model asked when a judge names none.")
     judge_timeout_s: float = Field(30.0, gt=0, description="Timeout of one judge HTTP call.")
+    judge_token_limit_param: Literal["max_tokens", "max_completion_tokens", "none"] = Field(
+        "max_tokens", description="The parameter that bounds a judge's answer: max_completion_tokens for OpenAI's "
+        "reasoning models, none for an endpoint that takes neither. A call refused for it is learned per model and "
+        "made again (at one more budgeted call); setting it saves that call.",
+    )
+    judge_response_format: bool = Field(
+        True, description="Ask the judge for a JSON object (response_format); false for gateways that refuse it "
+        "(learned per model too, as above). The verdict is read from the text either way.",
+    )
+    judge_extra_headers: SecretStr = Field(
+        SecretStr(""), description="More headers for every judge call, as a JSON object "
+        '(\'{"X-Gateway-Config": "..."}\'), for gateways that need them; secret: never logged.',
+    )
     judge_concurrency: int = Field(
         16, ge=1, description="Concurrent judge calls per endpoint, across all traces."
     )
@@ -355,6 +369,24 @@ class Settings(BaseSettings):
                 raise ValueError(f"SGW_{name.upper()}: no file at {path}")
         return self
 
+    def judge_headers(self) -> dict[str, str]:
+        raw = self.judge_extra_headers.get_secret_value()
+        return json.loads(raw) if raw else {}
+
+    @field_validator("judge_extra_headers")
+    @classmethod
+    def _headers_are_an_object_of_strings(cls, value: SecretStr) -> SecretStr:
+        raw = value.get_secret_value()
+        if raw:
+            try:
+                parsed = json.loads(raw)
+            except ValueError:
+                parsed = None
+            if not (isinstance(parsed, dict) and all(isinstance(k, str) and isinstance(v, str)
+                                                     for k, v in parsed.items())):
+                raise ValueError('must be a JSON object of header names to string values, e.g. {"X-Key": "v"}')
+        return value
+
     @model_validator(mode="after")
     def _redis_tls_is_complete(self) -> Settings:
         if self.redis_ca_file and not self.redis_url.startswith("rediss://"):
@@ -399,6 +431,8 @@ class Settings(BaseSettings):
             value = getattr(self, name)
             if isinstance(value, SecretStr):
                 found.append(value.get_secret_value())
+                if name == "judge_extra_headers":  # each header's value too, wherever it shows alone
+                    found += list(self.judge_headers().values())
             elif isinstance(value, str) and "://" in value:
                 found += _url_secrets(value)
         return [s for s in found if s]

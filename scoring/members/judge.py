@@ -13,9 +13,11 @@ import asyncio
 import ssl
 import time
 from collections.abc import Callable
-from typing import Any
+from dataclasses import dataclass, replace
+from typing import Any, Literal
 
 import aiohttp
+import structlog
 
 from scoring.judge_prompt import ANSWER_MAX_TOKENS, build_messages, parse_verdict
 from scoring.members.fair_share import FairShare
@@ -23,6 +25,8 @@ from scoring.members.http import DEFAULT_RETRY, Answer, RetryPolicy, post_json_a
 from scoring.models import Judge
 from scoring.ports import JudgeVerdict, MemberError, RetryGate, TokenUsage
 from scoring.subjects import Subject
+
+log = structlog.get_logger(__name__)
 
 
 class JudgeClient:
@@ -40,10 +44,14 @@ class JudgeClient:
         per_project: int | None = None,
         policy: RetryPolicy = DEFAULT_RETRY,
         observe: Callable[[str, float], None] | None = None,
+        shape: RequestShape | None = None,
+        extra_headers: dict[str, str] | None = None,
     ) -> None:
         self._observe = observe  # (outcome "ok" | "error", seconds) per judge call, for metrics
         self._url = base_url.rstrip("/") + "/chat/completions"
-        self._headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
+        self._headers = {**(extra_headers or {}), **({"Authorization": f"Bearer {api_key}"} if api_key else {})}
+        self._shape = shape or RequestShape()
+        self._learned: dict[str, RequestShape] = {}  # by model: what its refusals taught
         self._model = model
         self._timeout_s = timeout_s
         self._policy = policy
@@ -66,24 +74,21 @@ class JudgeClient:
         if self._session is not None:
             await self._session.close()
 
+    def shape_for(self, model: str) -> RequestShape:
+        """What the endpoint takes for ``model``: the settings', or what its refusals taught."""
+        return self._learned.get(model, self._shape)
+
     async def grade(self, judge: Judge, subject: Subject, *, retry: RetryGate | None = None) -> JudgeVerdict:
         if judge.requires_expected and subject.expected is None:
             raise MemberError("judge requires an expected answer and this subject has none")
-        body = {
-            "model": judge.model or self._model,
-            "messages": build_messages(judge, subject),
-            "temperature": 0,
-            "max_tokens": ANSWER_MAX_TOKENS,  # bounds the call's cost, and the ceiling a token budget reserves
-            "response_format": {"type": "json_object"},
-        }
+        model = judge.model or self._model
+        messages = build_messages(judge, subject)
         started = time.perf_counter()
         outcome = "error"
         try:
             async with self._slots.slot(subject.project_id):
                 deadline = asyncio.get_running_loop().time() + self._timeout_s
-                response = await post_json_aiohttp(self._http(), self._url, body, what="judge",
-                                                   deadline=deadline, headers=self._headers, policy=self._policy,
-                                                   before_retry=retry)
+                response = await self._post(model, messages, deadline, retry)
             try:
                 document = response.json()
             except ValueError:
@@ -94,6 +99,69 @@ class JudgeClient:
         finally:
             if self._observe is not None:
                 self._observe(outcome, time.perf_counter() - started)
+
+    async def _post(self, model: str, messages: list[dict[str, str]], deadline: float,
+                    retry: RetryGate | None) -> Answer:
+        """The call, in the shape the endpoint takes: a 400 that refuses a parameter we sent
+        (``max_tokens`` on OpenAI's reasoning models, ``response_format`` on some gateways) is
+        learned for the model and the call made again without it - a retry like any other, so it
+        reserves one more call from the budget first."""
+        for _ in range(len(RequestShape.__dataclass_fields__) + 1):
+            shape = self.shape_for(model)
+            try:
+                return await post_json_aiohttp(self._http(), self._url, shape.body(model, messages), what="judge",
+                                               deadline=deadline, headers=self._headers, policy=self._policy,
+                                               before_retry=retry)
+            except MemberError as exc:
+                better = shape.without_refused(str(exc))
+                if better is None:
+                    raise
+                if len(self._learned) >= MAX_LEARNED_MODELS:  # models are tenants' strings: bounded
+                    self._learned.clear()
+                self._learned[model] = better
+                log.warning("the judge endpoint refused a parameter; calls for this model now go without it",
+                            model=model, refused=str(exc)[:200], now=better.described())
+                if retry is not None and not await retry():
+                    raise MemberError(f"{exc}; budget exhausted before the call without the refused parameter",
+                                      retriable=False) from None
+        raise MemberError("judge refused every shape of the call", retriable=False)
+
+
+MAX_LEARNED_MODELS = 256
+
+
+@dataclass(frozen=True)
+class RequestShape:
+    """The parameters a chat-completions endpoint takes beside the messages. ``token_limit``:
+    which parameter bounds the answer (``max_tokens``; ``max_completion_tokens`` for OpenAI's
+    reasoning models; ``none`` - then a token budget settles to the usage reported);
+    ``response_format``: whether to ask for a JSON object."""
+
+    token_limit: Literal["max_tokens", "max_completion_tokens", "none"] = "max_tokens"
+    response_format: bool = True
+
+    def body(self, model: str, messages: list[dict[str, str]]) -> dict[str, Any]:
+        body: dict[str, Any] = {"model": model, "messages": messages, "temperature": 0}
+        if self.token_limit != "none":
+            body[self.token_limit] = ANSWER_MAX_TOKENS  # bounds the call's cost; a token budget reserves it
+        if self.response_format:
+            body["response_format"] = {"type": "json_object"}
+        return body
+
+    def without_refused(self, error: str) -> RequestShape | None:
+        """The shape to try after ``error``, if it is a 400 refusing a parameter we sent."""
+        if "HTTP 400" not in error:
+            return None
+        if self.token_limit == "max_tokens" and "max_tokens" in error:
+            return replace(self, token_limit="max_completion_tokens" if "max_completion_tokens" in error else "none")
+        if self.token_limit == "max_completion_tokens" and "max_completion_tokens" in error:
+            return replace(self, token_limit="none")
+        if self.response_format and "response_format" in error:
+            return replace(self, response_format=False)
+        return None
+
+    def described(self) -> str:
+        return f"{self.token_limit}, response_format {'json_object' if self.response_format else 'not sent'}"
 
 
 def usage_of(document: Any) -> TokenUsage | None:
