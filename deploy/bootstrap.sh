@@ -4,7 +4,8 @@
 # libseccomp's binding python3-seccomp), Prometheus with promtool (Debian's prometheus, for the
 # dashboard and alert-rule tests), chromium and chromedriver (the console's browser tests), Java
 # and Maven when missing, the Python virtualenv in .venv
-# with the pinned versions of constraints.txt, and Kafka's jars from Maven Central.
+# with the pinned versions of constraints.txt, helm (built from its Go module, for the chart's
+# tests), and Kafka's jars from Maven Central.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -49,6 +50,16 @@ if [ ! -f "$wheels_stamp" ]; then
   .venv/bin/pip wheel -q --disable-pip-version-check -c constraints.txt -w .wheels ./sdk . 'setuptools>=69' wheel
   rm -f .wheels/scorer_group*.whl
   touch "$wheels_stamp"
+fi
+
+# Helm, for the chart's tests (tests/unit/test_helm_chart.py renders deploy/helm/): built once
+# from its Go module, pinned, into .tools/.
+helm_version=v4.3.2
+if ! .tools/helm version --short 2>/dev/null | grep -q "^$helm_version"; then
+  go=$(command -v go || echo /usr/local/go/bin/go)
+  [ -x "$go" ] || { echo "bootstrap: Go is needed to build helm $helm_version (go install)" >&2; exit 1; }
+  echo "bootstrap: building helm $helm_version into .tools (once)" >&2
+  GOBIN="$PWD/.tools" "$go" install "helm.sh/helm/v4/cmd/helm@$helm_version"
 fi
 
 .venv/bin/python -m deploy.services jars >/dev/null

@@ -11,6 +11,7 @@ from prometheus_client import generate_latest
 
 from worker.metrics import REGISTRY
 from worker.settings import Settings
+from worker.shutdown import WATCHDOG_GRACE_S
 
 DEPLOY = Path(__file__).resolve().parents[2] / "deploy"
 METRIC = re.compile(r"\bsgw_[a-z_]+")
@@ -51,4 +52,4 @@ def test_kubernetes_manifest_sets_only_real_settings() -> None:
     assert container["readinessProbe"]["httpGet"]["path"] == "/readyz"
     grace = manifest["spec"]["template"]["spec"]["terminationGracePeriodSeconds"]
     shutdown = next(float(e["value"]) for e in container["env"] if e["name"] == "SGW_SHUTDOWN_TIMEOUT_S")
-    assert grace > shutdown, "Kubernetes must wait longer than the worker's own drain deadline"
+    assert grace > 2 * shutdown + WATCHDOG_GRACE_S, "Kubernetes must wait longer than the worker's own watchdog"
