@@ -51,12 +51,24 @@ class RedisTls:
     password: str = "scorer-redis-secret-4d1e"
     certificates: Certificates | None = None
 
-    def server_arguments(self, port: int) -> list[str]:
+    def server_arguments(self, port: int, cluster: bool = False) -> list[str]:
         assert self.certificates is not None
+        # A cluster's nodes talk TLS to each other too, and replicas sign in as the user.
+        links = ["--tls-cluster", "yes", "--tls-replication", "yes", "--masteruser", self.user,
+                 "--masterauth", self.password] if cluster else []
         return ["--port", "0", "--tls-port", str(port), "--tls-cert-file", str(self.certificates.cert),
                 "--tls-key-file", str(self.certificates.key), "--tls-ca-cert-file", str(self.certificates.ca),
                 "--tls-auth-clients", "no", "--user", "default", "off",
-                "--user", self.user, "on", f">{self.password}", "~*", "&*", "+@all"]
+                "--user", self.user, "on", f">{self.password}", "~*", "&*", "+@all", *links]
+
+    def cli_arguments(self) -> list[str]:
+        assert self.certificates is not None
+        return ["--tls", "--cacert", str(self.certificates.ca), "--user", self.user, "--pass", self.password]
+
+    def client_options(self) -> dict[str, object]:
+        assert self.certificates is not None
+        return {"ssl": True, "ssl_ca_certs": str(self.certificates.ca), "username": self.user,
+                "password": self.password}
 
 
 class LocalRedis:
@@ -83,7 +95,8 @@ class LocalRedis:
         self.bus_port = free_port() if self.cluster_args else 0
         self.url = f"redis://127.0.0.1:{self.port}/0"
         if self.tls is not None:
-            self.tls.certificates = make_certificates(self.workdir / "tls")
+            if self.tls.certificates is None:  # a cluster's nodes share one CA and certificate
+                self.tls.certificates = make_certificates(self.workdir / "tls")
             self.url = f"rediss://{self.tls.user}:{self.tls.password}@127.0.0.1:{self.port}/0"
         atexit.register(self.stop)
         return self._launch()
@@ -93,7 +106,8 @@ class LocalRedis:
         if not Path(binary).exists():
             raise ServiceError("redis-server is not installed; run deploy/bootstrap.sh first")
         assert self.workdir is not None
-        listen = self.tls.server_arguments(self.port) if self.tls else ["--port", str(self.port)]
+        listen = (self.tls.server_arguments(self.port, cluster=bool(self.cluster_args)) if self.tls
+                  else ["--port", str(self.port)])
         self.proc = subprocess.Popen(
             [binary, *listen, "--bind", "127.0.0.1", "--save", "",
              "--appendonly", "no", "--dir", str(self.workdir), "--loglevel", "warning",
@@ -127,12 +141,16 @@ class LocalRedis:
         """Start again on the same port and folder (a cluster node keeps its id and config)."""
         return self._launch()
 
+    def client(self, timeout_s: float = 1.0) -> Redis:
+        """A client of this node alone (TLS and the ACL user when the node has them)."""
+        options = self.tls.client_options() if self.tls else {}
+        return Redis(port=self.port, socket_timeout=timeout_s, socket_connect_timeout=timeout_s,
+                     **options)  # type: ignore[arg-type]
+
     def _ping(self) -> bool:
         if self.tls is not None:
-            assert self.tls.certificates is not None
             try:
-                with Redis.from_url(self.url, ssl_ca_certs=str(self.tls.certificates.ca), socket_timeout=0.5,
-                                    socket_connect_timeout=0.5) as client:
+                with self.client(0.5) as client:
                     return bool(client.ping())
             except RedisError:
                 return False
@@ -165,8 +183,9 @@ def _node_args() -> tuple[str, ...]:
 
 
 class LocalRedisCluster:
-    def __init__(self, primaries: int = 3, replicas_each: int = 1) -> None:
-        self.nodes = [LocalRedis(cluster_args=_node_args()) for _ in range(primaries * (1 + replicas_each))]
+    def __init__(self, primaries: int = 3, replicas_each: int = 1, tls: RedisTls | None = None) -> None:
+        self.tls = tls
+        self.nodes = [LocalRedis(cluster_args=_node_args(), tls=tls) for _ in range(primaries * (1 + replicas_each))]
         self.replicas_each = replicas_each
         self.url = ""
         self.started_in_s = 0.0
@@ -178,12 +197,13 @@ class LocalRedisCluster:
                 node.start()
             cli = shutil.which("redis-cli") or "/usr/bin/redis-cli"
             created = subprocess.run(
-                [cli, "--cluster", "create", *(f"127.0.0.1:{node.port}" for node in self.nodes),
+                [cli, *(self.tls.cli_arguments() if self.tls else []),
+                 "--cluster", "create", *(f"127.0.0.1:{node.port}" for node in self.nodes),
                  "--cluster-replicas", str(self.replicas_each), "--cluster-yes"],
                 capture_output=True, text=True, timeout=60)
             if created.returncode != 0:
                 raise ServiceError(f"redis-cli --cluster create failed:\n{created.stdout}{created.stderr}")
-            self.url = f"redis://127.0.0.1:{self.nodes[0].port}/0"
+            self.url = self.nodes[0].url
             self.wait_ready()
         except BaseException:
             self.stop()
@@ -199,19 +219,19 @@ class LocalRedisCluster:
         replicas = len(self.nodes) * self.replicas_each // (1 + self.replicas_each)
         while time.monotonic() < deadline:
             running = [node for node in self.nodes if node.proc is not None]
-            synced = sum(_info(node.port, "replication").get("master_link_status") == "up" for node in running)
+            synced = sum(_info(node, "replication").get("master_link_status") == "up" for node in running)
             down = len(self.nodes) - len(running)
-            if all(_state(node.port) == "ok" for node in running) and synced >= replicas - down:
+            if all(_state(node) == "ok" for node in running) and synced >= replicas - down:
                 return
             time.sleep(0.1)
         raise ServiceError(f"the Redis Cluster was not ready in {timeout_s:.0f}s")
 
     def primaries(self) -> list[LocalRedis]:
-        return [node for node in self.nodes if node.proc is not None and _role(node.port) == "master"]
+        return [node for node in self.nodes if node.proc is not None and _role(node) == "master"]
 
     def primary_of(self, key: str) -> LocalRedis:
         """The node that serves ``key``'s slot now."""
-        with Redis(port=self.primaries()[0].port, socket_timeout=1, socket_connect_timeout=1) as client:
+        with self.primaries()[0].client() as client:
             slot = client.cluster("keyslot", key)
             for first, last, (_host, port, *_), *_ in client.cluster("slots"):
                 if first <= slot <= last:
@@ -242,7 +262,7 @@ class LocalRedisCluster:
     def flush(self) -> None:
         """Empty every primary (the replicas follow)."""
         for node in self.primaries():
-            with Redis(port=node.port, socket_timeout=5) as client:
+            with node.client(5) as client:
                 client.flushall()
 
     def stop(self) -> None:
@@ -250,9 +270,9 @@ class LocalRedisCluster:
             node.stop()
 
 
-def _info(port: int, section: str) -> dict[str, str]:
+def _info(node: LocalRedis, section: str) -> dict[str, str]:
     try:
-        with Redis(port=port, socket_timeout=1, socket_connect_timeout=1) as client:
+        with node.client() as client:
             text = client.execute_command(section) if section == "CLUSTER INFO" else client.info(section)
     except RedisError:
         return {}
@@ -263,9 +283,9 @@ def _info(port: int, section: str) -> dict[str, str]:
     return dict(line.split(":", 1) for line in str(text).splitlines() if ":" in line)
 
 
-def _state(port: int) -> str:
-    return _info(port, "CLUSTER INFO").get("cluster_state", "")
+def _state(node: LocalRedis) -> str:
+    return _info(node, "CLUSTER INFO").get("cluster_state", "")
 
 
-def _role(port: int) -> str:
-    return _info(port, "replication").get("role", "")
+def _role(node: LocalRedis) -> str:
+    return _info(node, "replication").get("role", "")

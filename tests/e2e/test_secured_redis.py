@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 
 from deploy.judge_server import JudgeServer
-from deploy.redis_servers import LocalRedis, RedisTls
+from deploy.redis_servers import LocalRedis, LocalRedisCluster, RedisTls
 from tests.support.api_process import ApiProcess, cli, create_key
 from tests.support.harness import worker_env
 from tests.support.http_fakes import Reply, ScriptedServer
@@ -110,3 +110,30 @@ def test_a_wrong_password_is_one_line_naming_the_setting(redis_tls: LocalRedis, 
 def test_an_untrusted_certificate_is_one_line_naming_the_setting(redis_tls: LocalRedis, kafka_bootstrap: str) -> None:
     done = start_with(redis_tls, kafka_bootstrap, redis_tls.url, SGW_REDIS_CA_FILE="")
     refused(done, "SGW_REDIS_CA_FILE")
+
+
+def test_a_redis_cluster_over_tls_as_an_acl_user(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # Three primaries and their replicas, every link TLS (clients, the bus, replication).
+    cluster = LocalRedisCluster(tls=RedisTls()).start()
+    try:
+        assert cluster.tls is not None and cluster.tls.certificates is not None
+        monkeypatch.setenv("SGW_REDIS_CA_FILE", str(cluster.tls.certificates.ca))
+        monkeypatch.setenv("SGW_REDIS_CLUSTER", "true")
+        assert cluster.url.startswith("rediss://")
+        with JudgeServer() as judge:
+            key = create_key(cluster.url, "--project", "p-cluster")
+            api = ApiProcess(cluster.url, tmp_path / "api.log", env={"SGW_JUDGE_BASE_URL": judge.base_url}).start()
+            try:
+                with api.client(key) as client:
+                    judge_id = client.post("/v1/judges", json={"name": "J", "criteria": "Helpful?"}).json()["id"]
+                    group = client.post("/v1/scorer-groups", json={"name": "G", "members": [
+                        {"kind": "judge", "refId": judge_id}]}).json()
+                    graded = client.post(f"/v1/scorer-groups/{group['id']}/grade",
+                                         json={"input": "q", "output": "a [[rating=6]]"})
+                    assert graded.status_code == 200 and graded.json()["rating"] == 6.0, graded.text
+            finally:
+                api.stop()
+        listed = cli(cluster.url, "catalog", "list")
+        assert listed.returncode == 0 and group["id"] in listed.stdout, listed.stderr
+    finally:
+        cluster.stop()
