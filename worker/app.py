@@ -16,7 +16,7 @@ import time
 import structlog
 from aiokafka.admin import AIOKafkaAdminClient, NewTopic
 from aiokafka.errors import KafkaError, TopicAlreadyExistsError
-from redis.exceptions import AuthenticationError
+from redis.exceptions import AuthenticationError, RedisClusterException
 from redis.exceptions import ConnectionError as RedisConnectionError
 
 from consumers.outage import OutageGuard
@@ -85,13 +85,15 @@ async def redis_accepts(redis: RedisClient, settings: Settings) -> None:
     setting to look at (an unreachable Redis is left to the callers' outage rule)."""
     try:
         await redis.ping()
-    except AuthenticationError as exc:
-        raise StartupError(f"Redis refused the user and password in SGW_REDIS_URL ({mask_url(settings.redis_url)}): "
-                           f"{exc}") from None
-    except RedisConnectionError as exc:
-        if "CERTIFICATE_VERIFY_FAILED" in str(exc) or "SSL" in str(exc):
+    except (AuthenticationError, RedisConnectionError, RedisClusterException) as exc:
+        # A cluster client says the same things inside its own exception: read the words.
+        said = str(exc)
+        if isinstance(exc, AuthenticationError) or "username-password" in said or "WRONGPASS" in said:
+            raise StartupError(f"Redis refused the user and password in SGW_REDIS_URL "
+                               f"({mask_url(settings.redis_url)}): {said}") from None
+        if "CERTIFICATE_VERIFY_FAILED" in said or "SSL" in said:
             raise StartupError(f"Redis's certificate is not trusted or TLS failed ({mask_url(settings.redis_url)}): "
-                               f"{exc}; set SGW_REDIS_CA_FILE to the CA that signed it") from None
+                               f"{said}; set SGW_REDIS_CA_FILE to the CA that signed it") from None
         raise
 
 

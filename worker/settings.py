@@ -336,9 +336,15 @@ class Settings(BaseSettings):
         "64 MiB for a dataset upload: a file is at most 32 MiB).",
     )
     api_body_parsers: int = Field(
-        1, ge=1, le=16,
-        description="Processes that validate large request bodies (over 64 KiB) off the event loop; "
-        "also how many such bodies are read at once (the rest wait their turn, unread).",
+        1, ge=1, le=16, description="Processes that validate large request bodies (over 64 KiB) off the event loop.",
+    )
+    api_body_readers: int = Field(
+        4, ge=1, le=64,
+        description="Large request bodies (over 64 KiB) read and validated at once, shared fairly across projects "
+        "(one project holds at most all but one); the rest wait their turn, unread.",
+    )
+    api_body_read_timeout_s: float = Field(
+        60.0, gt=0, description="How long a large request body may take to arrive once its turn comes (408 past it).",
     )
     log_format: Literal["json", "console"] = Field(
         "json", description="'json' lines for production, 'console' for people."

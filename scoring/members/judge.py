@@ -106,7 +106,7 @@ class JudgeClient:
         (``max_tokens`` on OpenAI's reasoning models, ``response_format`` on some gateways) is
         learned for the model and the call made again without it - a retry like any other, so it
         reserves one more call from the budget first."""
-        for _ in range(len(RequestShape.__dataclass_fields__) + 1):
+        for _ in range(MAX_RESHAPES + 1):
             shape = self.shape_for(model)
             try:
                 return await post_json_aiohttp(self._http(), self._url, shape.body(model, messages), what="judge",
@@ -128,6 +128,11 @@ class JudgeClient:
 
 
 MAX_LEARNED_MODELS = 256
+MAX_RESHAPES = 3  # max_tokens -> max_completion_tokens -> none, and response_format dropped
+# How endpoints say a parameter is not taken at all (OpenAI, Azure, gateways, pydantic-based
+# servers) - unlike a value out of range ("'max_tokens' ... is too large"), which is no refusal.
+REFUSED_WORDS = ("unsupported", "not supported", "unrecognized", "unknown parameter", "extra inputs are not permitted",
+                 "extra_forbidden", "not allowed")
 
 
 @dataclass(frozen=True)
@@ -150,7 +155,8 @@ class RequestShape:
 
     def without_refused(self, error: str) -> RequestShape | None:
         """The shape to try after ``error``, if it is a 400 refusing a parameter we sent."""
-        if "HTTP 400" not in error:
+        lowered = error.lower()
+        if "HTTP 400" not in error or "too large" in lowered or not any(w in lowered for w in REFUSED_WORDS):
             return None
         if self.token_limit == "max_tokens" and "max_tokens" in error:
             return replace(self, token_limit="max_completion_tokens" if "max_completion_tokens" in error else "none")

@@ -197,6 +197,7 @@ class SandboxPool:
         if self._closed:
             return
         self._closed = True
+        self._share.close()  # callers waiting for a process fail now, retriable; none is handed one
         for slot in self._slots:
             if slot.proc is not None:
                 kill(slot.proc)
@@ -212,7 +213,6 @@ class SandboxPool:
             else:
                 spare.cancel()  # a process half started is killed by _spawn
         await asyncio.gather(*spares, *self._reaping, return_exceptions=True)
-        self._share.close()  # callers waiting for a process fail, retriable
 
     async def run(self, project: str, key: str, code: str, args: dict[str, Any],
                   timeout_s: float) -> float | bool:
@@ -318,6 +318,9 @@ class SandboxPool:
         if self._closed:
             raise CodeScorerError("sandbox pool is not running", retriable=True)
         await self._share.acquire(project)  # a share held means an idle slot: one per share
+        if self._closed:  # closed while this call waited: the slot is not to be used
+            self._share.release(project)
+            raise CodeScorerError("sandbox pool is not running", retriable=True)
         slot = (next((s for s in reversed(self._idle) if s.project == project), None)
                 or next((s for s in self._idle if s.project is None), None)
                 or self._idle[0])

@@ -31,6 +31,7 @@ from scoring.stores.client import RedisClient
 
 MAX_ROWS = 10_000
 MAX_FILE_BYTES = 32 * 1024 * 1024
+csv.field_size_limit(MAX_FILE_BYTES)  # a cell may be as long as the file may be (the module's default: 128 KiB)
 
 
 def parse_rows(text: str, fmt: str) -> list[DatasetItem]:
@@ -67,9 +68,17 @@ def parse_rows(text: str, fmt: str) -> list[DatasetItem]:
 
 def _csv_rows(text: str) -> tuple[list[tuple[int, Any]], list[str]]:
     reader = csv.DictReader(io.StringIO(text))
-    if reader.fieldnames is None or "input" not in reader.fieldnames:
-        return [], ["line 1: a CSV dataset needs a header row with an input column"]
-    raws, errors = [], []
+    raws: list[tuple[int, Any]] = []
+    try:
+        if reader.fieldnames is None or "input" not in reader.fieldnames:
+            return [], ["line 1: a CSV dataset needs a header row with an input column"]
+        return _csv_records(reader, raws)
+    except csv.Error as exc:  # a malformed file (an unclosed quote, a NUL): named, never a crash
+        return raws, [f"line {reader.line_num}: not CSV ({exc})"]
+
+
+def _csv_records(reader: csv.DictReader[str], raws: list[tuple[int, Any]]) -> tuple[list[tuple[int, Any]], list[str]]:
+    errors: list[str] = []
     for number, record in enumerate(reader, 2):
         metadata: dict[str, Any] = {k: v for k, v in record.items()
                                     if k not in ("input", "expected", "metadata") and k is not None}

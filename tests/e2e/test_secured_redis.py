@@ -112,7 +112,8 @@ def test_an_untrusted_certificate_is_one_line_naming_the_setting(redis_tls: Loca
     refused(done, "SGW_REDIS_CA_FILE")
 
 
-def test_a_redis_cluster_over_tls_as_an_acl_user(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_a_redis_cluster_over_tls_as_an_acl_user(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                 kafka_bootstrap: str) -> None:
     # Three primaries and their replicas, every link TLS (clients, the bus, replication).
     cluster = LocalRedisCluster(tls=RedisTls()).start()
     try:
@@ -135,5 +136,7 @@ def test_a_redis_cluster_over_tls_as_an_acl_user(tmp_path: Path, monkeypatch: py
                 api.stop()
         listed = cli(cluster.url, "catalog", "list")
         assert listed.returncode == 0 and group["id"] in listed.stdout, listed.stderr
+        wrong = cluster.url.replace(cluster.tls.password, "not-the-password-c1")
+        refused(start_with(cluster.nodes[0], kafka_bootstrap, wrong, SGW_REDIS_CLUSTER="true"), "SGW_REDIS_URL")
     finally:
         cluster.stop()

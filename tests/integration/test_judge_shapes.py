@@ -111,3 +111,28 @@ def test_check_makes_one_judge_call_and_says_what_works(kafka_bootstrap: str, re
         assert len(server.requests) == calls, "--no-judge makes no call"
     unreachable = check(kafka_bootstrap, redis_db_url, "http://127.0.0.1:9/v1")
     assert unreachable.returncode == 1 and "judge at" in unreachable.stderr and "Traceback" not in unreachable.stderr
+
+
+@pytest.mark.parametrize("error, learned", [
+    # vLLM on a context overflow names both parameters: a value too large is no refusal of the parameter.
+    ("judge answered HTTP 400: 'max_tokens' or 'max_completion_tokens' is too large: 512. This model's maximum "
+     "context length is 4096 tokens", None),
+    ("judge answered HTTP 400: Unsupported parameter: 'max_tokens' is not supported with this model. "
+     "Use 'max_completion_tokens' instead.", RequestShape("max_completion_tokens", True)),
+    ("judge answered HTTP 400: Unrecognized request argument supplied: response_format",
+     RequestShape("max_tokens", False)),
+    ("judge answered HTTP 400: response_format: invalid value 'json_object'", None),
+    ("judge answered HTTP 500: Unsupported parameter: 'max_tokens'", None),
+])
+def test_only_a_refusal_of_the_parameter_itself_is_learned(error: str, learned: RequestShape | None) -> None:
+    assert RequestShape().without_refused(error) == learned
+
+
+async def test_every_shape_can_be_tried_before_giving_up() -> None:
+    with JudgeServer(refuses=frozenset({"max_tokens", "max_completion_tokens", "response_format"})) as server:
+        client = JudgeClient(server.base_url, policy=FAST)
+        try:
+            assert (await client.grade(JUDGE, subject())).rating == 8, "three refusals, the fourth shape answers"
+            assert client.shape_for("gpt-4o-mini") == RequestShape("none", False)
+        finally:
+            await client.close()

@@ -38,6 +38,7 @@ JUDGE_DELAY_S = 3.0
 # fresh API is ~110 MB with its sandboxes; the largest body it ever holds is a 3.4 MiB playground
 # body (raw and parsed) at a time per parser turn.
 RSS_BOUND_MB = 300
+READ_TIMEOUT_S = 4  # SGW_API_BODY_READ_TIMEOUT_S of the API under attack
 
 
 @dataclass
@@ -58,7 +59,8 @@ def env(redis_databases: RedisDatabases, tmp_path_factory: pytest.TempPathFactor
                 "op": create_key(url, "--operator")}
         api = ApiProcess(url, tmp_path_factory.mktemp("api") / "api.log",
                          env={"SGW_JUDGE_BASE_URL": judge.base_url, "SGW_JUDGE_TIMEOUT_S": "30",
-                              "SGW_JUDGE_CONCURRENCY": "16"}).start()
+                              "SGW_JUDGE_CONCURRENCY": "16", "SGW_API_BODY_READ_TIMEOUT_S": str(READ_TIMEOUT_S)}
+                         ).start()
         try:
             environment = Env(api, judge, keys)
             with environment.client("a") as a, environment.client("b") as b:
@@ -196,6 +198,35 @@ def test_no_body_is_read_before_the_key_is_checked(env: Env) -> None:
                               headers={"Authorization": "Bearer sgw_nope_nope"}).status_code == 401
 
 
+def _trickle(env: Env, path: str) -> socket.socket:
+    """A valid key's large body that starts and then stops coming (no Content-Length)."""
+    sock = socket.create_connection(("127.0.0.1", env.api.port), timeout=30)
+    sock.sendall(f"POST {path} HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer {env.keys['a']}\r\n"
+                 "Content-Type: application/json\r\nTransfer-Encoding: chunked\r\n\r\n"
+                 "d\r\n{\"outputs\": [\r\n".encode())
+    return sock
+
+
+def test_a_tenant_trickling_bodies_holds_its_share_of_the_reading_turns_not_everyones(env: Env) -> None:
+    stalled = [_trickle(env, "/v1/evaluations/x/finalize") for _ in range(6)]  # more than every turn
+    try:
+        time.sleep(0.5)
+        with env.client("b") as b:  # B's large example (over 64 KiB: a reading turn) goes through at once
+            started = time.perf_counter()
+            answer = b.post(f"/v1/scorer-groups/{env.groups['b']}/grade",
+                            json={"input": "q", "output": "a [[rating=7]]", "metadata": {"notes": "n" * 100_000}})
+            assert answer.status_code == 200, answer.text
+            assert time.perf_counter() - started < READ_TIMEOUT_S / 2, "B did not wait behind A's bodies"
+        heads = []
+        for sock in stalled[:3]:  # the ones holding turns: ended by the read timeout, 408
+            sock.settimeout(READ_TIMEOUT_S * 4)
+            heads.append(sock.recv(4096).decode(errors="replace"))
+        assert all(h.startswith("HTTP/1.1 408") for h in heads), heads
+    finally:
+        for sock in stalled:
+            sock.close()
+
+
 def test_every_route_with_a_body_declares_its_ceiling(env: Env) -> None:
     doc = httpx.get(env.api.url + "/openapi.json").json()
     ceilings = {(m.upper(), p): op["x-max-body-bytes"] for p, ops in doc["paths"].items()
@@ -264,7 +295,8 @@ def test_a_project_key_cannot_lift_its_own_budget(env: Env) -> None:
 # --- cursors and numbers -------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("value", ["\u00b2", "\u2460", "\u0661\u0662", "\uff11\uff12", " 5", "1_0", "+5", "5.0"])
+@pytest.mark.parametrize("value", ["\u00b2", "\u2460", "\u0661\u0662", "\uff11\uff12", " 5", "1_0", "+5", "5.0",
+                                   "9" * 20])  # past a signed 64-bit offset
 def test_numbers_in_queries_are_ascii_digits_or_a_400(env: Env, value: str) -> None:
     group = env.groups["a"]
     with env.client("a") as a:

@@ -50,7 +50,8 @@ def create_app(settings: Settings) -> FastAPI:
         # sandbox pool, as the worker's traces do.
         app.state.engine = await ScoringEngine(settings).start()
         app.state.playground = Playground(app.state.engine.panel, Claims(app.state.redis))
-        app.state.bodies = BodyParser(settings.api_body_parsers)
+        app.state.bodies = BodyParser(settings.api_body_parsers, settings.api_body_readers,
+                                      settings.api_body_read_timeout_s)
         try:
             yield
         finally:

@@ -6,13 +6,15 @@ loop - ``/healthz`` and every other tenant's request - for a second. So:
 
 1. a body the door let through (``worker.api.door`` bounds its size) of at most ``INLINE_BYTES``
    is validated on the loop: tens of milliseconds at worst;
-2. a larger one (or one of unknown length) first takes one of ``SGW_API_BODY_PARSERS`` turns -
-   only then is it read, so the bodies held in memory at once are bounded too - and is validated
-   in a parser process; the validated model (and whatever a route's ``then`` makes of it there,
-   e.g. a dataset's rows) comes back pickled.
+2. a larger one (or one of unknown length) first takes one of ``SGW_API_BODY_READERS`` turns,
+   shared fairly across projects - only then is it read, within ``SGW_API_BODY_READ_TIMEOUT_S``
+   (408 past it), so the bodies held in memory at once are bounded and a body that trickles in
+   holds one turn of its project's, not everyone's - and is validated in one of
+   ``SGW_API_BODY_PARSERS`` parser processes; the validated model (and whatever a route's
+   ``then`` makes of it there, e.g. a dataset's rows) comes back pickled.
 
-Memory under N concurrent maximal requests: the turns' bodies (``SGW_API_BODY_PARSERS`` x the
-route's ceiling, twice: raw and parsed), plus at most 64 KiB a waiting connection (uvicorn stops
+Memory under N concurrent maximal requests: the reading turns' bodies (``SGW_API_BODY_READERS``
+x the route's ceiling, raw and parsed), plus at most 64 KiB a waiting connection (uvicorn stops
 reading a socket whose app is not reading). A route reads its body with ``read_body`` and
 declares it with ``body_doc`` (its ceiling, and its schema in the OpenAPI document).
 """
@@ -32,18 +34,28 @@ from fastapi.exceptions import RequestValidationError
 from pydantic import BaseModel, ValidationError
 
 from scoring.errors import CatalogError, shown_value
+from scoring.members.fair_share import FairShare
 from worker.api.door import CEILING_KEY, SMALL_BODY, ceiling
 
 M = TypeVar("M", bound=BaseModel)
 INLINE_BYTES = 64 * 1024
 
 
-class BodyParser:
-    """One per API process: the parser processes and the turns to use them."""
+class BodyTooSlow(CatalogError):
+    """408: a large body did not arrive within SGW_API_BODY_READ_TIMEOUT_S."""
 
-    def __init__(self, processes: int) -> None:
-        self._turns = asyncio.Semaphore(processes)
-        self._processes = processes
+    status = 408
+
+
+class BodyParser:
+    """One per API process: the turns to read large bodies, and the parser processes."""
+
+    def __init__(self, processes: int, readers: int, read_timeout_s: float) -> None:
+        # Reading turns are shared fairly across projects (scoring.members.fair_share): a tenant
+        # whose bodies trickle in holds at most its share, each for at most the read timeout.
+        self._reading = FairShare(readers)
+        self._parsing = asyncio.Semaphore(processes)
+        self._processes, self._read_timeout_s = processes, read_timeout_s
         self._pool: ProcessPoolExecutor | None = None
 
     def close(self) -> None:
@@ -54,16 +66,22 @@ class BodyParser:
         declared = request.headers.get("content-length", "")
         if declared.isascii() and declared.isdigit() and int(declared) <= INLINE_BYTES:
             return _unwrap(_validate(_ref(model), await request.body(), _ref(then)))  # 1.
-        async with self._turns:  # 2.
-            raw = await request.body()
+        key = getattr(request.state, "api_key", None)
+        project = getattr(key, "project", None) or "(operators)"
+        async with self._reading.slot(project):  # 2. held until parsed: the bodies in memory are bounded
+            try:
+                raw = await asyncio.wait_for(request.body(), self._read_timeout_s)
+            except TimeoutError:
+                raise BodyTooSlow(f"the request body did not arrive within {self._read_timeout_s:g} s") from None
             if len(raw) <= INLINE_BYTES:
                 return _unwrap(_validate(_ref(model), raw, _ref(then)))
-            loop = asyncio.get_running_loop()
-            try:
-                outcome = await loop.run_in_executor(self._executor(), _validate, _ref(model), raw, _ref(then))
-            except BrokenProcessPool:  # a parser died (memory): a fresh pool for the next body
-                self._pool = None
-                raise CatalogError("the request body could not be parsed (the parser ran out of room)") from None
+            async with self._parsing:
+                loop = asyncio.get_running_loop()
+                try:
+                    outcome = await loop.run_in_executor(self._executor(), _validate, _ref(model), raw, _ref(then))
+                except BrokenProcessPool:  # a parser died (memory): a fresh pool for the next body
+                    self._pool = None
+                    raise CatalogError("the request body could not be parsed (the parser ran out of room)") from None
             return _unwrap(outcome)
 
     def _executor(self) -> ProcessPoolExecutor:

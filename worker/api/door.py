@@ -19,7 +19,7 @@ import re
 from typing import Any
 
 import orjson
-from redis.exceptions import RedisError
+from redis.exceptions import RedisClusterException, RedisError
 from starlette.routing import compile_path
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
@@ -52,7 +52,7 @@ class Door:
         if scope["path"] == "/v1" or scope["path"].startswith("/v1/"):
             try:
                 key, refusal = await self._key(scope, headers.get(b"authorization"))
-            except RedisError:  # keys live in Redis: unknown for now, not wrong - the SDK retries a 503
+            except (RedisError, RedisClusterException):  # keys live in Redis: unknown for now, not wrong - a 503
                 await _answer(scope, send, 503, "the API cannot reach its store to check the key; retry shortly",
                               [(b"retry-after", b"1")])
                 return

@@ -28,7 +28,8 @@ DIGITS = re.compile(r"[0-9]{1,20}")
 Number = BeforeValidator(ascii_digits)  # put on every int a path or query takes
 Limit = Annotated[int, Query(ge=1, le=200, description="Items per page."), Number]
 Cursor = Annotated[str | None, Query(max_length=512, description="nextCursor of the page before.")]
-OffsetCursor = Annotated[str | None, Query(max_length=20, pattern="^[0-9]+$", description="nextCursor of the page "
+# At most 18 digits: an offset Redis takes (a signed 64-bit integer), whatever the digits.
+OffsetCursor = Annotated[str | None, Query(max_length=18, pattern="^[0-9]+$", description="nextCursor of the page "
                                                                                       "before."), Number]
 
 

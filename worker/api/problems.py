@@ -18,7 +18,7 @@ from scoring.errors import REFUSED, CatalogError, format_errors
 
 PROBLEM_JSON = "application/problem+json"
 TITLES = {400: "Invalid request", 401: "Unauthorized", 403: "Forbidden", 404: "Not found",
-          405: "Method not allowed", 409: "Conflict", 412: "Precondition failed",
+          405: "Method not allowed", 408: "Request timeout", 409: "Conflict", 412: "Precondition failed",
           413: "Content Too Large", 415: "Unsupported media type", 500: "Internal error",
           503: "Service unavailable"}
 
