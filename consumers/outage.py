@@ -44,7 +44,24 @@ def outage_of(exc: BaseException) -> str | None:
         return "kafka"
     if isinstance(exc, ConnectionError | TimeoutError):  # a socket-level failure under either client
         return "network"
+    if isinstance(exc, AttributeError | TypeError) and _raised_in_redis_connection(exc):
+        # redis-py's asyncio client lets a connection closed under a write surface as these
+        # (its writer or transport already torn down: redis/redis-py#4287, #3546), seen here when a
+        # Redis Cluster primary fails over: a broken connection, which is an outage like any.
+        return "redis"
     return None
+
+
+def _raised_in_redis_connection(exc: BaseException) -> bool:
+    """Raised while redis-py wrote to or read from a connection: it passed through its
+    connection module, and was raised there or in asyncio's transport under it (not in our code)."""
+    files = []
+    tb = exc.__traceback__
+    while tb is not None:
+        files.append(tb.tb_frame.f_code.co_filename.replace("\\", "/"))
+        tb = tb.tb_next
+    through = any("/redis/" in f and f.endswith("/connection.py") for f in files)
+    return through and bool(files) and ("/redis/" in files[-1] or "/asyncio/" in files[-1])
 
 
 class OutageTooLong(ScoringError):

@@ -64,3 +64,25 @@ async def test_an_outage_past_the_tolerance_is_given_up() -> None:
     with pytest.raises(OutageTooLong) as caught:
         await asyncio.wait_for(guard.call(step), 10)
     assert "kafka unreachable" in str(caught.value) and guard.reason is None
+
+
+async def test_redis_pys_transport_race_on_a_closed_connection_is_a_redis_outage() -> None:
+    # The connection's writer torn down under a write (a Cluster primary failing over): redis-py
+    # raises AttributeError from its own code (redis/redis-py#4287) - a broken connection, not a bug of ours.
+    import redis.asyncio.connection
+
+    connection = redis.asyncio.connection.Connection()
+    connection._writer = None
+    try:
+        await connection._send_packed_command([b"PING\r\n"])
+    except AttributeError as exc:
+        raced = exc
+    assert outage_of(raced) == "redis"
+
+    def ours() -> None:
+        None.writelines  # type: ignore[attr-defined]  # noqa: B018
+
+    try:
+        ours()
+    except AttributeError as exc:
+        assert outage_of(exc) is None, "the same error raised by our own code is a bug, not an outage"
