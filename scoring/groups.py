@@ -49,7 +49,7 @@ UPDATABLE = {"name": "name", "description": "description", "members": "members",
              "project_id": "projectId", "projectId": "projectId", "gates_first": "gatesFirst",
              "gatesFirst": "gatesFirst"}
 # Cursors are ASCII digits ([0-9], not \d: that takes any script's digits, and int() with them)
-_RESULTS_CURSOR = re.compile(r"[0-9]{1,18}")  # a result's place in its group's latest results (fits Lua's numbers)
+_RESULTS_CURSOR = re.compile(r"[0-9]{1,20}")  # the place of a result in its group's latest results
 _STREAM_CURSOR = re.compile(r"[0-9]{1,20}-[0-9]{1,20}")  # what versions before the list gave (a stream entry id)
 FULL_ONLINE_NEEDED = (
     "online: this group has no online profile to merge into; send a full online object "
