@@ -22,7 +22,7 @@ from typing import TypeVar
 
 import structlog
 from aiokafka.errors import KafkaError, KafkaTimeoutError
-from redis.exceptions import BusyLoadingError, ReadOnlyError
+from redis.exceptions import BusyLoadingError, ClusterDownError, ReadOnlyError, SlotNotCoveredError, TryAgainError
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
@@ -39,6 +39,10 @@ _MAX_DELAY_S = 5.0
 def outage_of(exc: BaseException) -> str | None:
     """Which dependency ``exc`` says is unreachable for now ("redis", "kafka"), or None."""
     if isinstance(exc, RedisConnectionError | RedisTimeoutError | BusyLoadingError | ReadOnlyError):
+        return "redis"
+    # A Redis Cluster failing over or moving slots answers CLUSTERDOWN, MASTERDOWN or TRYAGAIN,
+    # or leaves a slot uncovered for a moment: each passes once the cluster settles.
+    if isinstance(exc, ClusterDownError | TryAgainError | SlotNotCoveredError):
         return "redis"
     if isinstance(exc, KafkaTimeoutError) or (isinstance(exc, KafkaError) and getattr(exc, "retriable", False)):
         return "kafka"

@@ -7,8 +7,8 @@ import asyncio
 
 import pytest
 from aiokafka.errors import KafkaConnectionError, KafkaTimeoutError, UnknownTopicOrPartitionError
+from redis.exceptions import ClusterDownError, MasterDownError, ResponseError, SlotNotCoveredError, TryAgainError
 from redis.exceptions import ConnectionError as RedisConnectionError
-from redis.exceptions import ResponseError
 
 from consumers.outage import OutageGuard, OutageTooLong, outage_of
 
@@ -86,3 +86,10 @@ async def test_redis_pys_transport_race_on_a_closed_connection_is_a_redis_outage
         ours()
     except AttributeError as exc:
         assert outage_of(exc) is None, "the same error raised by our own code is a bug, not an outage"
+
+
+@pytest.mark.parametrize("answer", [ClusterDownError("The cluster is down"), MasterDownError("link with master is down"),
+                                    TryAgainError("Multiple keys request during rehashing of slot"),
+                                    SlotNotCoveredError("slot 42 is not covered")])
+def test_a_redis_cluster_failing_over_is_a_redis_outage(answer: Exception) -> None:
+    assert outage_of(answer) == "redis"
