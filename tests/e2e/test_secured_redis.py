@@ -47,10 +47,12 @@ def the_ca_for_the_cli(redis_tls: LocalRedis, monkeypatch: pytest.MonkeyPatch) -
     monkeypatch.setenv("SGW_REDIS_CA_FILE", ca(redis_tls))  # tests.support.api_process passes os.environ on
 
 
-def test_the_cli_and_the_api_over_tls_as_an_acl_user(redis_tls: LocalRedis, tmp_path: Path) -> None:
+def grade_over(url: str, project: str, rating: int, tmp_path: Path) -> str:
+    """Through the CLI (a key) and the API (a judge, a group, a playground grading - the claims'
+    Lua scripts included) on the store at ``url``; the group's id, read back by the CLI."""
     with JudgeServer() as judge:
-        key = create_key(redis_tls.url, "--project", "p-tls")
-        api = ApiProcess(redis_tls.url, tmp_path / "api.log", env={"SGW_JUDGE_BASE_URL": judge.base_url}).start()
+        key = create_key(url, "--project", project)
+        api = ApiProcess(url, tmp_path / "api.log", env={"SGW_JUDGE_BASE_URL": judge.base_url}).start()
         try:
             with api.client(key) as client:
                 judge_doc = client.post("/v1/judges", json={"name": "J", "criteria": "Helpful?"})
@@ -58,12 +60,17 @@ def test_the_cli_and_the_api_over_tls_as_an_acl_user(redis_tls: LocalRedis, tmp_
                 group = client.post("/v1/scorer-groups", json={"name": "G", "members": [
                     {"kind": "judge", "refId": judge_doc.json()["id"]}]}).json()
                 graded = client.post(f"/v1/scorer-groups/{group['id']}/grade",
-                                     json={"input": "q", "output": "a [[rating=8]]"})
-                assert graded.status_code == 200 and graded.json()["rating"] == 8.0, graded.text
+                                     json={"input": "q", "output": f"a [[rating={rating}]]"})
+                assert graded.status_code == 200 and graded.json()["rating"] == float(rating), graded.text
         finally:
             api.stop()
-    listed = cli(redis_tls.url, "catalog", "list")
+    listed = cli(url, "catalog", "list")
     assert listed.returncode == 0 and group["id"] in listed.stdout, listed.stderr
+    return str(group["id"])
+
+
+def test_the_cli_and_the_api_over_tls_as_an_acl_user(redis_tls: LocalRedis, tmp_path: Path) -> None:
+    grade_over(redis_tls.url, "p-tls", 8, tmp_path)
 
 
 @pytest.fixture
@@ -121,21 +128,7 @@ def test_a_redis_cluster_over_tls_as_an_acl_user(tmp_path: Path, monkeypatch: py
         monkeypatch.setenv("SGW_REDIS_CA_FILE", str(cluster.tls.certificates.ca))
         monkeypatch.setenv("SGW_REDIS_CLUSTER", "true")
         assert cluster.url.startswith("rediss://")
-        with JudgeServer() as judge:
-            key = create_key(cluster.url, "--project", "p-cluster")
-            api = ApiProcess(cluster.url, tmp_path / "api.log", env={"SGW_JUDGE_BASE_URL": judge.base_url}).start()
-            try:
-                with api.client(key) as client:
-                    judge_id = client.post("/v1/judges", json={"name": "J", "criteria": "Helpful?"}).json()["id"]
-                    group = client.post("/v1/scorer-groups", json={"name": "G", "members": [
-                        {"kind": "judge", "refId": judge_id}]}).json()
-                    graded = client.post(f"/v1/scorer-groups/{group['id']}/grade",
-                                         json={"input": "q", "output": "a [[rating=6]]"})
-                    assert graded.status_code == 200 and graded.json()["rating"] == 6.0, graded.text
-            finally:
-                api.stop()
-        listed = cli(cluster.url, "catalog", "list")
-        assert listed.returncode == 0 and group["id"] in listed.stdout, listed.stderr
+        grade_over(cluster.url, "p-cluster", 6, tmp_path)
         wrong = cluster.url.replace(cluster.tls.password, "not-the-password-c1")
         refused(start_with(cluster.nodes[0], kafka_bootstrap, wrong, SGW_REDIS_CLUSTER="true"), "SGW_REDIS_URL")
     finally:
