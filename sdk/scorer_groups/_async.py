@@ -1,5 +1,6 @@
-"""The async twin of ``_sync``: ``AsyncClient(base_url, api_key)``, every call awaited; the same
-requests (``_calls``), retries and models."""
+"""The API's client, written once: ``AsyncClient`` in ``_async.py`` by hand, and ``Client`` in
+``_sync.py`` generated from it by sdk/tools/generate_sync.py - the same calls, awaited or not. Each
+call is a request of ``_calls``, sent with retries by the transport."""
 
 from __future__ import annotations
 
@@ -11,20 +12,19 @@ import httpx
 
 from scorer_groups import _calls as calls
 from scorer_groups._calls import Retry
-from scorer_groups._transport import AsyncTransport as Transport
+from scorer_groups._transport_async import AsyncTransport
 from scorer_groups.api_models import BudgetView, Change, Channel, Ratings, ResultsPage, SessionScore
 from scorer_groups.documents import Rating
 from scorer_groups.evaluations_async import AsyncDatasets, AsyncEvaluations
 from scorer_groups.models import Budget, CustomEvaluator, Judge, Pattern, ScorerGroup, WireModel
 
-T = TypeVar("T")
 S = TypeVar("S", bound=WireModel)
 
 
 class ScorerGroups:
     """``client.monitor.scorer_groups``: the spec's surface."""
 
-    def __init__(self, transport: Transport) -> None:
+    def __init__(self, transport: AsyncTransport) -> None:
         self._t = transport
 
     async def list(self) -> builtins.list[ScorerGroup]:
@@ -33,8 +33,10 @@ class ScorerGroups:
     async def get(self, id: str) -> ScorerGroup:
         return await self._t.run(calls.get_group(id))
 
-    async def create(self, name: str, members: Sequence[Any], description: str | None = None,
-               online: Mapping[str, Any] | None = None, **extra: Any) -> ScorerGroup:
+    async def create(
+        self, name: str, members: Sequence[Any], description: str | None = None,
+        online: Mapping[str, Any] | None = None, **extra: Any,
+    ) -> ScorerGroup:
         """``extra``: ``project_id`` when an operator key creates (a project key needs none)."""
         return await self._t.run(calls.create_group(name, members, description, online, extra))
 
@@ -52,8 +54,10 @@ class ScorerGroups:
         """The group's latest results, newest first (one page; ``next_cursor`` reads the next)."""
         return await self._t.run(calls.group_results(id, limit, cursor, below))
 
-    async def grade(self, id: str, input: str, output: str, expected: Any = None,
-              spans: builtins.list[Any] | None = None, metadata: Mapping[str, Any] | None = None) -> Rating:
+    async def grade(
+        self, id: str, input: str, output: str, expected: Any = None,
+        spans: builtins.list[Any] | None = None, metadata: Mapping[str, Any] | None = None,
+    ) -> Rating:
         """The playground: grade one example with the group's members now (nothing published;
         judge calls are reserved from the project's budget, RateLimited when it has no room)."""
         example = {"input": input, "output": output, "expected": expected, "spans": spans or [],
@@ -65,7 +69,7 @@ class ScorerGroups:
 
 
 class Sessions:
-    def __init__(self, transport: Transport) -> None:
+    def __init__(self, transport: AsyncTransport) -> None:
         self._t = transport
 
     async def scores(self, session_id: str) -> builtins.list[SessionScore]:
@@ -75,7 +79,7 @@ class Sessions:
 class Scorers(Generic[S]):
     """``client.monitor.judges`` / ``.patterns`` / ``.customs``: fields by snake_case or camelCase."""
 
-    def __init__(self, transport: Transport, model: type[S]) -> None:
+    def __init__(self, transport: AsyncTransport, model: type[S]) -> None:
         self._t, self._model, self._path = transport, model, calls.SCORER_PATHS[model]
 
     async def list(self) -> builtins.list[S]:
@@ -92,15 +96,15 @@ class Scorers(Generic[S]):
         scorer between this call's read and its write."""
         response = await self._t.send(calls.get_doc(self._model, self._path, id))
         stored = self._model.model_validate_json(response.content)
-        return await self._t.run(calls.replace_doc(self._model, self._path, id, calls.merged(stored, fields),
-                                             response.headers.get("etag")))
+        body, etag = calls.merged(stored, fields), response.headers.get("etag")
+        return await self._t.run(calls.replace_doc(self._model, self._path, id, body, etag))
 
     async def delete(self, id: str) -> None:
         await self._t.run(calls.delete_doc(self._path, id))
 
 
 class Budgets:
-    def __init__(self, transport: Transport) -> None:
+    def __init__(self, transport: AsyncTransport) -> None:
         self._t = transport
 
     async def list(self) -> builtins.list[Budget]:
@@ -109,14 +113,16 @@ class Budgets:
     async def get(self, project_id: str) -> BudgetView:
         return await self._t.run(calls.get_doc(BudgetView, "budgets", project_id))
 
-    async def set(self, project_id: str, judge_calls_per_window: int, window_seconds: int | None = None,
-                  judge_tokens_per_window: int | None = None) -> Budget:
+    async def set(
+        self, project_id: str, judge_calls_per_window: int, window_seconds: int | None = None,
+        judge_tokens_per_window: int | None = None,
+    ) -> Budget:
         """Calls per window, and optionally tokens per window (each call reserves a ceiling of
         its tokens, settled to the usage its judge reports). An operator key sets the budget
         (``window_seconds`` unset: the stored window, else 3600); the project's own key may only
         lower it - its figures become the project's own caps, refused above the operators'."""
-        return await self._t.run(calls.put_budget(project_id, judge_calls_per_window, window_seconds,
-                                                  judge_tokens_per_window))
+        call = calls.put_budget(project_id, judge_calls_per_window, window_seconds, judge_tokens_per_window)
+        return await self._t.run(call)
 
     async def delete(self, project_id: str) -> None:
         await self._t.run(calls.delete_doc("budgets", project_id))
@@ -125,7 +131,7 @@ class Budgets:
 class Channels:
     """Alert channels; a secret goes in and is never read back (``has_secret`` says if one is set)."""
 
-    def __init__(self, transport: Transport) -> None:
+    def __init__(self, transport: AsyncTransport) -> None:
         self._t = transport
 
     async def list(self) -> builtins.list[Channel]:
@@ -142,7 +148,7 @@ class Channels:
 
 
 class Monitor:
-    def __init__(self, transport: Transport) -> None:
+    def __init__(self, transport: AsyncTransport) -> None:
         self.scorer_groups = ScorerGroups(transport)
         self.sessions = Sessions(transport)
         self.judges: Scorers[Judge] = Scorers(transport, Judge)
@@ -153,11 +159,13 @@ class Monitor:
 
 
 class AsyncClient:
-    """``AsyncClient(base_url, api_key)``; use as an async context manager or await ``close()``."""
+    """The API's client, from its address and an API key: ``.monitor``, ``.datasets`` and
+    ``.evaluations``. Use it as a context manager (``with Client(...)``, ``async with
+    AsyncClient(...)``) or ``close()`` it, which also closes the httpx client it sends with."""
 
     def __init__(self, base_url: str, api_key: str, *, timeout_s: float = 30.0, retry: Retry | None = None,
                  http: httpx.AsyncClient | None = None) -> None:
-        self._transport = Transport(base_url, api_key, timeout_s=timeout_s, retry=retry or Retry(), http=http)
+        self._transport = AsyncTransport(base_url, api_key, timeout_s=timeout_s, retry=retry or Retry(), http=http)
         self.monitor = Monitor(self._transport)
         self.datasets = AsyncDatasets(self._transport)
         self.evaluations = AsyncEvaluations(self._transport)

@@ -1,4 +1,7 @@
-"""The synchronous client: ``Client(base_url, api_key).monitor.scorer_groups.create(...)``."""
+# Generated from _async.py by sdk/tools/generate_sync.py - do not edit; run `./dev sdk` to regenerate.
+"""The API's client, written once: ``AsyncClient`` in ``_async.py`` by hand, and ``Client`` in
+``_sync.py`` generated from it by sdk/tools/generate_sync.py - the same calls, awaited or not. Each
+call is a request of ``_calls``, sent with retries by the transport."""
 
 from __future__ import annotations
 
@@ -16,7 +19,6 @@ from scorer_groups.documents import Rating
 from scorer_groups.evaluations import Datasets, Evaluations
 from scorer_groups.models import Budget, CustomEvaluator, Judge, Pattern, ScorerGroup, WireModel
 
-T = TypeVar("T")
 S = TypeVar("S", bound=WireModel)
 
 
@@ -32,8 +34,10 @@ class ScorerGroups:
     def get(self, id: str) -> ScorerGroup:
         return self._t.run(calls.get_group(id))
 
-    def create(self, name: str, members: Sequence[Any], description: str | None = None,
-               online: Mapping[str, Any] | None = None, **extra: Any) -> ScorerGroup:
+    def create(
+        self, name: str, members: Sequence[Any], description: str | None = None,
+        online: Mapping[str, Any] | None = None, **extra: Any,
+    ) -> ScorerGroup:
         """``extra``: ``project_id`` when an operator key creates (a project key needs none)."""
         return self._t.run(calls.create_group(name, members, description, online, extra))
 
@@ -51,8 +55,10 @@ class ScorerGroups:
         """The group's latest results, newest first (one page; ``next_cursor`` reads the next)."""
         return self._t.run(calls.group_results(id, limit, cursor, below))
 
-    def grade(self, id: str, input: str, output: str, expected: Any = None,
-              spans: builtins.list[Any] | None = None, metadata: Mapping[str, Any] | None = None) -> Rating:
+    def grade(
+        self, id: str, input: str, output: str, expected: Any = None,
+        spans: builtins.list[Any] | None = None, metadata: Mapping[str, Any] | None = None,
+    ) -> Rating:
         """The playground: grade one example with the group's members now (nothing published;
         judge calls are reserved from the project's budget, RateLimited when it has no room)."""
         example = {"input": input, "output": output, "expected": expected, "spans": spans or [],
@@ -91,8 +97,8 @@ class Scorers(Generic[S]):
         scorer between this call's read and its write."""
         response = self._t.send(calls.get_doc(self._model, self._path, id))
         stored = self._model.model_validate_json(response.content)
-        return self._t.run(calls.replace_doc(self._model, self._path, id, calls.merged(stored, fields),
-                                             response.headers.get("etag")))
+        body, etag = calls.merged(stored, fields), response.headers.get("etag")
+        return self._t.run(calls.replace_doc(self._model, self._path, id, body, etag))
 
     def delete(self, id: str) -> None:
         self._t.run(calls.delete_doc(self._path, id))
@@ -108,14 +114,16 @@ class Budgets:
     def get(self, project_id: str) -> BudgetView:
         return self._t.run(calls.get_doc(BudgetView, "budgets", project_id))
 
-    def set(self, project_id: str, judge_calls_per_window: int, window_seconds: int | None = None,
-            judge_tokens_per_window: int | None = None) -> Budget:
+    def set(
+        self, project_id: str, judge_calls_per_window: int, window_seconds: int | None = None,
+        judge_tokens_per_window: int | None = None,
+    ) -> Budget:
         """Calls per window, and optionally tokens per window (each call reserves a ceiling of
         its tokens, settled to the usage its judge reports). An operator key sets the budget
         (``window_seconds`` unset: the stored window, else 3600); the project's own key may only
         lower it - its figures become the project's own caps, refused above the operators'."""
-        return self._t.run(calls.put_budget(project_id, judge_calls_per_window, window_seconds,
-                                            judge_tokens_per_window))
+        call = calls.put_budget(project_id, judge_calls_per_window, window_seconds, judge_tokens_per_window)
+        return self._t.run(call)
 
     def delete(self, project_id: str) -> None:
         self._t.run(calls.delete_doc("budgets", project_id))
@@ -152,7 +160,9 @@ class Monitor:
 
 
 class Client:
-    """``Client(base_url, api_key)``; use as a context manager or call ``close()``."""
+    """The API's client, from its address and an API key: ``.monitor``, ``.datasets`` and
+    ``.evaluations``. Use it as a context manager (``with Client(...)``, ``async with
+    AsyncClient(...)``) or ``close()`` it, which also closes the httpx client it sends with."""
 
     def __init__(self, base_url: str, api_key: str, *, timeout_s: float = 30.0, retry: Retry | None = None,
                  http: httpx.Client | None = None) -> None:

@@ -1,11 +1,11 @@
+# Generated from _transport_async.py by sdk/tools/generate_sync.py - do not edit; run `./dev sdk` to regenerate.
 """How the SDK's clients speak HTTP: one request per ``Call`` with the API key, retries as
-``Retry`` says, and every page of a listing gathered. ``Transport`` for the synchronous client,
-``AsyncTransport`` for the async one."""
+``Retry`` says, and every page of a listing gathered. Written once, as ``AsyncTransport`` in
+``_transport_async.py``; ``Transport`` in ``_transport.py`` is generated from it by
+sdk/tools/generate_sync.py."""
 
 from __future__ import annotations
 
-import asyncio
-import builtins
 import time
 from collections.abc import Mapping
 from typing import Any, TypeVar
@@ -31,8 +31,9 @@ class Transport:
     def send(self, call: Call[Any], params: Mapping[str, Any] | None = None) -> httpx.Response:
         attempt = 0
         while True:
-            response = self._http.request(call.method, call.path, params={**call.params, **(params or {})},
-                                          json=call.json, headers={**self._headers, **call.headers})
+            query = {**call.params, **(params or {})}
+            headers = {**self._headers, **call.headers}
+            response = self._http.request(call.method, call.path, params=query, json=call.json, headers=headers)
             delay = self._retry.delay(attempt, response)
             if delay is None:
                 raise_for_problem(response)
@@ -43,46 +44,11 @@ class Transport:
     def run(self, call: Call[T]) -> T:
         if call.item is None:
             return call.parse(self.send(call))
-        items: builtins.list[Any] = []
+        items: list[Any] = []
         cursor: str | None = None
         while True:
-            page, cursor = call.page_items(self.send(call, {"limit": calls.PAGE_SIZE,
-                                                            **({"cursor": cursor} if cursor else {})}))
-            items += page
-            if cursor is None:
-                return items  # type: ignore[return-value]
-
-
-class AsyncTransport:
-    def __init__(self, base_url: str, api_key: str, *, timeout_s: float, retry: Retry,
-                 http: httpx.AsyncClient | None = None) -> None:
-        self._http = http or httpx.AsyncClient(base_url=base_url, timeout=timeout_s)
-        self._headers = {"Authorization": f"Bearer {api_key}", "User-Agent": "scorer-groups-sdk"}
-        self._retry = retry
-
-    async def close(self) -> None:
-        await self._http.aclose()
-
-    async def send(self, call: Call[Any], params: Mapping[str, Any] | None = None) -> httpx.Response:
-        attempt = 0
-        while True:
-            response = await self._http.request(call.method, call.path, params={**call.params, **(params or {})},
-                                          json=call.json, headers={**self._headers, **call.headers})
-            delay = self._retry.delay(attempt, response)
-            if delay is None:
-                raise_for_problem(response)
-                return response
-            attempt += 1
-            await asyncio.sleep(delay)
-
-    async def run(self, call: Call[T]) -> T:
-        if call.item is None:
-            return call.parse(await self.send(call))
-        items: builtins.list[Any] = []
-        cursor: str | None = None
-        while True:
-            page, cursor = call.page_items(await self.send(call, {"limit": calls.PAGE_SIZE,
-                                                            **({"cursor": cursor} if cursor else {})}))
+            page_params = {"limit": calls.PAGE_SIZE, **({"cursor": cursor} if cursor else {})}
+            page, cursor = call.page_items(self.send(call, page_params))
             items += page
             if cursor is None:
                 return items  # type: ignore[return-value]

@@ -1,44 +1,64 @@
-"""The async twin of ``scorer_groups.evaluations``: every call awaited, the same rules.
+"""Dataset runs from the SDK, as the spec shows them:
 
-    run = await (await client.evaluations.run(dataset_id=..., subject=..., scorer_group_id=...)
-                 ).execute(my_agent)
-    result = await run.finalize()
-    result.gate(fail_under=7)
+    run = client.evaluations.run(dataset_id=dataset.id, subject={"kind": "custom_agent",
+                                 "displayName": "my-agent"}, scorer_group_id=group.id
+                                 ).execute(my_agent).finalize()
+    run.gate(fail_under=7)                    # the group score; raises GateFailed with the shortfall
+    run.gate(fail_under=8, scorer="Safety")   # a judge member's own average, by its label
 
-A sync agent runs in a worker thread, so it never blocks the caller's event loop.
+and with ``AsyncClient``, every call awaited:
+
+    pending = await client.evaluations.run(dataset_id=..., subject=..., scorer_group_id=...)
+    run = await (await pending.execute(my_agent)).finalize()
+
+``execute`` calls the agent (a function of the row's input, sync or async) on every row, at most
+``concurrency`` at once, retrying a row whose call raises up to ``retries`` more times; a row
+that still fails is sent as failed and counts as a row without a score (the gate fails closed
+on it unless ``allow_unscored`` lets it pass). ``finalize`` uploads the outputs; the server
+grades them (judges through its own endpoint) and answers the run with every row's result.
+
+Written once, as ``evaluations_async.py``; ``evaluations.py`` is generated from it by
+sdk/tools/generate_sync.py. How each calls the agent is ``_evaluations_shared``'s.
 """
 
 from __future__ import annotations
 
-import asyncio
 import builtins
-import inspect
 import sys
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from scorer_groups._calls import Call, _model, _paged
-from scorer_groups._transport import AsyncTransport as Transport
-from scorer_groups.evaluations import Evaluation, _error, _id, _Progress, _upload
+from scorer_groups._calls import Call, _id, _model, _paged
+from scorer_groups._evaluations_shared import Evaluation, _Progress, _upload, call_agent_async
+from scorer_groups._transport_async import AsyncTransport
+from scorer_groups.gates import GateFailed, NotAJudgeMember
 from scorer_groups.runs import Dataset, DatasetItem, EvaluationRun
+
+__all__ = ["AsyncDatasets", "AsyncEvaluations", "AsyncPendingRun"]
+__all__ += ["Evaluation", "GateFailed", "NotAJudgeMember"]  # re-exported: shared by both clients
 
 
 class AsyncDatasets:
-    def __init__(self, transport: Transport) -> None:
+    """``client.datasets``: a project's datasets, one version per upload."""
+
+    def __init__(self, transport: AsyncTransport) -> None:
         self._t = transport
 
-    async def create(self, name: str, rows: Sequence[Mapping[str, Any]] | None = None, *,
-                     path: str | Path | None = None, format: str | None = None, description: str | None = None,
-                     id: str | None = None) -> Dataset:
+    async def create(
+        self, name: str, rows: Sequence[Mapping[str, Any]] | None = None, *, path: str | Path | None = None,
+        format: str | None = None, description: str | None = None, id: str | None = None,
+    ) -> Dataset:
         body: dict[str, Any] = {"name": name, **_upload(rows, path, format)}
         body.update({k: v for k, v in (("description", description), ("id", id)) if v is not None})
         return await self._t.run(Call("POST", "/v1/datasets", _model(Dataset), json=body))
 
-    async def add_version(self, id: str, rows: Sequence[Mapping[str, Any]] | None = None, *,
-                          path: str | Path | None = None, format: str | None = None) -> Dataset:
-        return await self._t.run(Call("POST", f"/v1/datasets/{_id(id)}/versions", _model(Dataset),
-                                      json=_upload(rows, path, format)))
+    async def add_version(
+        self, id: str, rows: Sequence[Mapping[str, Any]] | None = None, *,
+        path: str | Path | None = None, format: str | None = None,
+    ) -> Dataset:
+        call = Call("POST", f"/v1/datasets/{_id(id)}/versions", _model(Dataset), json=_upload(rows, path, format))
+        return await self._t.run(call)
 
     async def get(self, id: str) -> Dataset:
         return await self._t.run(Call("GET", f"/v1/datasets/{_id(id)}", _model(Dataset)))
@@ -54,7 +74,9 @@ class AsyncDatasets:
 
 
 class AsyncPendingRun:
-    def __init__(self, transport: Transport, run: EvaluationRun) -> None:
+    """A created run: ``execute`` the agent on its rows, then ``finalize``."""
+
+    def __init__(self, transport: AsyncTransport, run: EvaluationRun) -> None:
         self._t = transport
         self.run = run
         self.warnings = run.warnings
@@ -66,42 +88,39 @@ class AsyncPendingRun:
     def id(self) -> str:
         return self.run.id
 
-    async def execute(self, agent: Callable[[Any], Any], *, concurrency: int = 8, retries: int = 2,
-                      progress: bool | None = None) -> AsyncPendingRun:
+    async def execute(
+        self, agent: Callable[[Any], Any], *, concurrency: int = 8, retries: int = 2, progress: bool | None = None,
+    ) -> AsyncPendingRun:
+        """Call ``agent(row_input)`` on every row of the dataset version the run records; a bar
+        on stderr shows the rows done when it is a terminal (or as ``progress`` says)."""
         _, items = await AsyncDatasets(self._t).rows(self.run.dataset_id, self.run.dataset_version)
         bar = _Progress(len(items), sys.stderr.isatty() if progress is None else progress)
-        slots = asyncio.Semaphore(max(1, concurrency))
-        is_async = inspect.iscoroutinefunction(agent)
-
-        async def one(index: int, item: DatasetItem) -> None:
-            async with slots:
-                for attempt in range(retries + 1):
-                    try:
-                        output = await agent(item.input) if is_async else await asyncio.to_thread(agent, item.input)
-                        self._outputs[index] = {"row": index, "output": output}
-                        break
-                    except Exception as exc:
-                        if attempt == retries:
-                            self._outputs[index] = {"row": index, "error": _error(exc)}
-            bar.step()
-
-        await asyncio.gather(*(one(i, item) for i, item in enumerate(items)))
+        outputs = await call_agent_async(agent, items, concurrency=concurrency, retries=retries, bar=bar)
+        self._outputs.update(outputs)
         return self
 
     async def finalize(self) -> Evaluation:
+        """Upload the outputs; the server grades them and answers the completed run."""
         outputs = [self._outputs.get(i, {"row": i, "error": "not executed"}) for i in range(self.run.row_count)]
-        run = await self._t.run(Call("POST", f"/v1/evaluations/{_id(self.run.id)}/finalize",
-                                     _model(EvaluationRun), json={"outputs": outputs}))
+        path = f"/v1/evaluations/{_id(self.run.id)}/finalize"
+        run = await self._t.run(Call("POST", path, _model(EvaluationRun), json={"outputs": outputs}))
         return Evaluation(run)
 
 
 class AsyncEvaluations:
-    def __init__(self, transport: Transport) -> None:
+    """``client.evaluations``."""
+
+    def __init__(self, transport: AsyncTransport) -> None:
         self._t = transport
 
-    async def run(self, dataset_id: str, subject: Mapping[str, Any], scorer_group_id: str | None = None,
-                  scorer_id: str | None = None, additional_scorer_ids: Sequence[str] | None = None,
-                  dataset_version: int | None = None) -> AsyncPendingRun:
+    async def run(
+        self, dataset_id: str, subject: Mapping[str, Any], scorer_group_id: str | None = None,
+        scorer_id: str | None = None, additional_scorer_ids: Sequence[str] | None = None,
+        dataset_version: int | None = None,
+    ) -> AsyncPendingRun:
+        """A run of the dataset's latest version (or ``dataset_version``). The group wins when
+        both ``scorer_group_id`` and ``scorer_id`` are given, and nulls ``additional_scorer_ids``
+        (the run's ``warnings`` say so, and are printed)."""
         body: dict[str, Any] = {"datasetId": dataset_id, "subject": dict(subject)}
         additional = None if additional_scorer_ids is None else list(additional_scorer_ids)
         for key, value in (("scorerGroupId", scorer_group_id), ("scorerId", scorer_id),
@@ -112,7 +131,8 @@ class AsyncEvaluations:
         return AsyncPendingRun(self._t, run)
 
     async def get(self, id: str) -> Evaluation:
-        return Evaluation(await self._t.run(Call("GET", f"/v1/evaluations/{_id(id)}", _model(EvaluationRun))))
+        run = await self._t.run(Call("GET", f"/v1/evaluations/{_id(id)}", _model(EvaluationRun)))
+        return Evaluation(run)
 
     async def list(self) -> builtins.list[EvaluationRun]:
         return await self._t.run(_paged("/v1/evaluations", EvaluationRun))

@@ -1,0 +1,53 @@
+"""How the SDK's clients speak HTTP: one request per ``Call`` with the API key, retries as
+``Retry`` says, and every page of a listing gathered. Written once, as ``AsyncTransport`` in
+``_transport_async.py``; ``Transport`` in ``_transport.py`` is generated from it by
+sdk/tools/generate_sync.py."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Mapping
+from typing import Any, TypeVar
+
+import httpx
+
+from scorer_groups import _calls as calls
+from scorer_groups._calls import Call, Retry, raise_for_problem
+
+T = TypeVar("T")
+
+
+class AsyncTransport:
+    def __init__(self, base_url: str, api_key: str, *, timeout_s: float, retry: Retry,
+                 http: httpx.AsyncClient | None = None) -> None:
+        self._http = http or httpx.AsyncClient(base_url=base_url, timeout=timeout_s)
+        self._headers = {"Authorization": f"Bearer {api_key}", "User-Agent": "scorer-groups-sdk"}
+        self._retry = retry
+
+    async def close(self) -> None:
+        await self._http.aclose()
+
+    async def send(self, call: Call[Any], params: Mapping[str, Any] | None = None) -> httpx.Response:
+        attempt = 0
+        while True:
+            query = {**call.params, **(params or {})}
+            headers = {**self._headers, **call.headers}
+            response = await self._http.request(call.method, call.path, params=query, json=call.json, headers=headers)
+            delay = self._retry.delay(attempt, response)
+            if delay is None:
+                raise_for_problem(response)
+                return response
+            attempt += 1
+            await asyncio.sleep(delay)
+
+    async def run(self, call: Call[T]) -> T:
+        if call.item is None:
+            return call.parse(await self.send(call))
+        items: list[Any] = []
+        cursor: str | None = None
+        while True:
+            page_params = {"limit": calls.PAGE_SIZE, **({"cursor": cursor} if cursor else {})}
+            page, cursor = call.page_items(await self.send(call, page_params))
+            items += page
+            if cursor is None:
+                return items  # type: ignore[return-value]
