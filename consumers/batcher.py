@@ -40,7 +40,9 @@ class Batcher(Generic[T, R]):
         self._closing = False
 
     def start(self) -> None:
-        self._task = asyncio.create_task(self._run(), name="batcher")
+        """Start the flusher; ``submit`` starts it too, if it has not been."""
+        if self._task is None:
+            self._task = asyncio.create_task(self._run(), name="batcher")
 
     async def stop(self) -> None:
         """Write what was submitted, then stop. A flush under way is finished, never cut."""
@@ -55,6 +57,8 @@ class Batcher(Generic[T, R]):
         """Send ``items`` with the next batch; returns once it is done, with their answers."""
         if not items:
             return []
+        if self._task is None and not self._closing:
+            self.start()
         waiter: asyncio.Future[list[R]] = asyncio.get_running_loop().create_future()
         self._items.extend(items)
         self._waiters.append((waiter, len(items)))

@@ -70,6 +70,10 @@ class DeadLetter(BaseModel):
     value_bytes: int = 0
     value_sha256: str = ""
 
+    @property
+    def kafka_key(self) -> bytes | None:
+        return self.key.encode() if self.key else None
+
     def to_json(self) -> bytes:
         return self.model_dump_json(by_alias=True).encode()
 

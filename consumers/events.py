@@ -1,10 +1,15 @@
-"""What the loops report about their work. The worker turns these into Prometheus metrics;
-tests and tools can pass ``NoEvents``. Keeping this a protocol keeps ``consumers`` free of
-any metrics library."""
+"""What the loops report about their work, and the one null object for every such report.
+
+Each loop declares what it reports as a protocol (``PipelineEvents`` here, ``OtlpEvents``,
+``WebhookEvents``, ``consumers.loop.LoopEvents``, ``consumers.outage.OutageEvents``); the worker
+passes Prometheus implementations (``worker.metrics``), and a loop given none reports to
+``SILENT``. Keeping these protocols keeps ``consumers`` free of any metrics library.
+"""
 
 from __future__ import annotations
 
-from typing import Protocol
+from collections.abc import Callable
+from typing import Any, Protocol
 
 
 class PipelineEvents(Protocol):
@@ -21,15 +26,18 @@ class PipelineEvents(Protocol):
     def rescored_after_pause(self, pairs: int) -> None: ...
 
 
-class NoEvents:
-    def consumed(self, count: int) -> None: pass
-    def dead_lettered(self, reason: str) -> None: pass
-    def kept(self, project: str, group: str, count: int = 1) -> None: pass
-    def group_scored(self, project: str, group: str, scope: str, rating: float | None) -> None: pass
-    def group_skipped(self, project: str, group: str, why: str) -> None: pass
-    def signal_raised(self, project: str, group: str, severity: str) -> None: pass
-    def in_flight(self, count: int) -> None: pass
-    def committed(self, topic: str, partition: int, offset: int) -> None: pass
-    def lag(self, topic: str, partition: int, lag: int) -> None: pass
-    def latency(self, seconds: float) -> None: pass
-    def rescored_after_pause(self, pairs: int) -> None: pass
+def _ignore(*_: Any, **__: Any) -> None:
+    return None
+
+
+class Silent:
+    """Accepts every report of every protocol and ignores it. Tests subclass it and define the
+    reports they look at."""
+
+    def __getattr__(self, name: str) -> Callable[..., None]:
+        if name.startswith("__"):  # copy, pickle and friends must not take it for theirs
+            raise AttributeError(name)
+        return _ignore
+
+
+SILENT: Any = Silent()  # Any: it stands in for whichever protocol a loop reports through

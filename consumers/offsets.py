@@ -56,12 +56,6 @@ class OffsetTracker:
         p.next_offset = max(p.next_offset or 0, offset + 1)
         return p
 
-    def advance(self, tp: TopicPartition, next_offset: int) -> None:
-        """Everything before ``next_offset`` is finished: for a loop that finishes its records in
-        order, a batch at a time, and tracks nothing in flight."""
-        p = self._partitions.setdefault(tp, PartitionOffsets())
-        p.next_offset = max(p.next_offset or 0, next_offset)
-
     def in_flight(self) -> int:
         return sum(len(p.pending) for p in self._partitions.values())
 

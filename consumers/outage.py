@@ -10,6 +10,14 @@ its own lease and waits for it), done marks and history (idempotent writes), out
 (deterministic ids; the idempotent producer), dead letters.
 
 Errors that are not outages - a bug, bad data - are never retried here: they are raised at once.
+
+This module is the one outage rule of every loop (traces, OTLP, webhooks, the session sweep):
+
+- ``outage_of``: the dependency an error says is unreachable for now - wait for it
+  (``OutageGuard.call``), losing nothing;
+- ``not_the_subjects_fault``: an error the infrastructure raised (any Redis or Kafka error, an
+  outage past its tolerance) - the loop stops without committing, never dead-letters a trace
+  or drops a session for it; any other error raised while a subject was scored is the subject's.
 """
 
 from __future__ import annotations
@@ -18,14 +26,22 @@ import asyncio
 import random
 import time
 from collections.abc import Awaitable, Callable
-from typing import TypeVar
+from typing import Protocol, TypeVar
 
 import structlog
 from aiokafka.errors import KafkaError, KafkaTimeoutError
-from redis.exceptions import BusyLoadingError, ClusterDownError, ReadOnlyError, SlotNotCoveredError, TryAgainError
+from redis.exceptions import (
+    BusyLoadingError,
+    ClusterDownError,
+    ReadOnlyError,
+    RedisError,
+    SlotNotCoveredError,
+    TryAgainError,
+)
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
+from consumers.events import SILENT
 from scoring.errors import ScoringError
 
 log = structlog.get_logger(__name__)
@@ -72,13 +88,21 @@ class OutageTooLong(ScoringError):
     """A dependency stayed unreachable past the tolerance: the process should exit (and be
     restarted by its orchestrator), leaving uncommitted work to be redelivered."""
 
-    outage = True
+
+def not_the_subjects_fault(exc: BaseException) -> bool:
+    """Whether ``exc`` came from the infrastructure rather than from the trace or conversation
+    being scored: a loop stops for it (uncommitted work is redelivered) instead of blaming the subject."""
+    return isinstance(exc, RedisError | KafkaError | OutageTooLong) or outage_of(exc) is not None
+
+
+class OutageEvents(Protocol):
+    def outage(self, dependency: str, unreachable: bool) -> None: ...
 
 
 class OutageGuard:
-    def __init__(self, tolerance_s: float, on_change: Callable[[str, bool], None] | None = None) -> None:
+    def __init__(self, tolerance_s: float, events: OutageEvents | None = None) -> None:
         self.tolerance_s = tolerance_s
-        self._on_change = on_change
+        self._events: OutageEvents = events or SILENT
         self._failing: dict[str, int] = {}  # dependency -> steps now waiting for it
         self._since: dict[str, float] = {}  # dependency -> when it was first seen unreachable
         self._reason: dict[str, str] = {}
@@ -124,8 +148,7 @@ class OutageGuard:
             self._since.setdefault(dependency, time.monotonic())
             log.warning("dependency unreachable; waiting for it", dependency=dependency, error=repr(exc)[:300],
                         tolerance_s=self.tolerance_s)
-            if self._on_change is not None:
-                self._on_change(dependency, True)
+            self._events.outage(dependency, True)
 
     def _leave(self, dependency: str) -> None:
         left = self._failing.get(dependency, 1) - 1
@@ -135,5 +158,4 @@ class OutageGuard:
         self._failing.pop(dependency, None)
         since = self._since.pop(dependency, time.monotonic())
         log.info("dependency reachable again", dependency=dependency, after_s=round(time.monotonic() - since, 1))
-        if self._on_change is not None:
-            self._on_change(dependency, False)
+        self._events.outage(dependency, False)

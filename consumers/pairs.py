@@ -1,46 +1,68 @@
 """The pair protocol: the steps every (group, subject) pair goes through, whichever loop runs it -
-the trace loop (a pair per kept trace and group) or the session sweeper (a pair per quiet
+the trace loop (a pair per kept trace and group) or the session sweep (a pair per quiet
 conversation and group):
 
-1. claim: dedupe, and reserve the judge calls all or nothing (``Claims.claim_many``; the loops
-   claim their batch and read the states themselves);
+1. claim: dedupe, and reserve the judge calls all or nothing (``claim``: one round trip for a
+   batch; a pair that finds no budget is skipped, whole, and counted in the history);
 2. score, with the pair's spend: a gates-first group reserves its judges once its gates passed
    and each retry takes a slot; no room means the pair is skipped for budget, whole;
 3. confirm the lease right before publishing: a pair another worker took over (this one stalled
-   past its lease) is not published from here;
-4. publish the rating, Signal and deliveries;
+   past its lease) is not published from here; a pair with a member that failed while the
+   process stood still (``consumers.pauses``) is handed back and claimed afresh;
+4. publish the rating, Signal and deliveries - shielded: once under way it finishes, never
+   cancelled halfway and scored again elsewhere;
 5. record: the ratings history, the group's latest results, session verdicts;
 6. mark done and settle the pair's judge tokens - or, when a step before 4 fails, release.
 
-``PairSteps`` holds steps 2 and 4-6 and the accounting of pairs skipped for budget; each loop
-decides how many pairs take a step at once (the trace loop batches steps 3, 5 and 6 across its
-jobs; the sweeper takes them a chunk at a time).
+``PairProtocol`` owns all six and the batchers that share their Redis calls across jobs. A loop
+hands it pairs two ways: ``alone`` - one pair that waits on the network (judges, external
+scorers, another worker's lease) - or ``together`` - a chunk scored at once, published in one
+batch. Pairs lost in step 3 are waited for (``lost="wait"``: the trace loop, whose offsets wait
+on them) or left to their new owner (``lost="leave"``: the sweep, whose next tick looks again).
 """
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import time
 from collections import Counter
-from collections.abc import Awaitable, Callable
+from typing import Literal
 
 import structlog
 
-from consumers.events import PipelineEvents
+from consumers.batcher import Batcher
+from consumers.events import SILENT, PipelineEvents
+from consumers.outage import OutageGuard, not_the_subjects_fault
 from consumers.outputs import Outputs
+from consumers.pauses import PauseWatch
 from scoring.catalog import CatalogSnapshot
+from scoring.frozen import frozen
 from scoring.pairs import ClaimRequest
 from scoring.panel import GroupResult, Panel
 from scoring.ports import BudgetExhausted
-from scoring.records import record
 from scoring.results import RatingEvent, ResultScope, history_event, tokens_of
 from scoring.routing import Pair
-from scoring.stores.claims import Claims, PairSpend, Reservation
+from scoring.stores.claims import ClaimResult, Claims, PairSpend, Reservation
 from scoring.stores.ratings import RatingsStore, SessionVerdict
 
 log = structlog.get_logger(__name__)
 
+BUSY_POLL_S = 0.5  # how often a pair leased by another worker is looked at again
+# Done marks and history wait up to this long for more pairs to share their Redis call. Short: a
+# pair published but not yet marked done is scored again should this worker die meanwhile (a
+# judge may then answer differently under the same rating id), so the window stays small.
+FINISH_LINGER_S = 0.05
+# A pair's rating waits this long at most for other pairs' confirmations to share its call.
+CONFIRM_LINGER_S = 0.02
 
-@record
+# What became of a pair: published from here; decided without a rating from here (by another
+# worker, or skipped for budget); left to another worker or the next sweep; or the exception with
+# which the subject itself broke scoring.
+PairOutcome = Literal["published", "decided", "left"] | Exception
+
+
+@frozen
 class Finished:
     """A published pair, for steps 5 and 6: what the history counts, the done mark, the tokens
     to settle and - at session scope - the verdict the SDK reads."""
@@ -52,7 +74,7 @@ class Finished:
     verdict: SessionVerdict | None = None
 
 
-@record
+@frozen
 class Scored:
     """A pair with its result, and the spend it was scored with."""
 
@@ -61,29 +83,63 @@ class Scored:
     spend: PairSpend | None = None  # None: nothing to settle (no judge could have been called)
 
 
-class PairSteps:
-    def __init__(self, claims: Claims, outputs: Outputs, ratings: RatingsStore, events: PipelineEvents) -> None:
+class PairProtocol:
+    def __init__(self, *, claims: Claims, outputs: Outputs, ratings: RatingsStore, panel: Panel,
+                 outages: OutageGuard, events: PipelineEvents | None = None, pauses: PauseWatch | None = None,
+                 finish_batch: int = 32, finish_linger_s: float = FINISH_LINGER_S) -> None:
         self.claims = claims
         self._outputs = outputs
         self._ratings = ratings
-        self._events = events
-        # Pairs skipped for budget since the last ``record_skipped``, by group: the ratings history
+        self._panel = panel
+        self._outages = outages
+        self._events: PipelineEvents = events or SILENT
+        self.pauses = pauses or PauseWatch()
+        # Pairs skipped for budget since the last ``write_skipped``, by group: the ratings history
         # shows them beside no-score results, so a starved group is seen, not silent.
         self.starved: Counter[str] = Counter()
+        # Claims held and not yet publishing: what to give up when the work is cancelled.
+        self.unpublished: set[ClaimRequest] = set()
+        self._publishing: set[asyncio.Task[None]] = set()
+        self.failure: BaseException | None = None  # an output that could not be published
+        self.finisher: Batcher[Finished, None] = Batcher(self._finish, max_items=finish_batch,
+                                                         max_wait_s=finish_linger_s)
+        self._confirmer: Batcher[ClaimRequest, bool] = Batcher(self._confirm_many, max_wait_s=CONFIRM_LINGER_S)
+        self._reserver: Batcher[Reservation, bool] = Batcher(self._reserve_many)
 
-    # 2. score
+    def start(self) -> None:
+        self.finisher.start()
+        self._confirmer.start()
+        self._reserver.start()
 
-    def spend(self, pair: Pair, reserve: Callable[[Reservation], Awaitable[bool]] | None = None) -> PairSpend:
-        return self.claims.spend(pair.claim, reserve)
+    async def close(self, deadline_s: float) -> None:
+        """Give up the claims not being published, let publishes under way finish within
+        ``deadline_s`` (their pairs are then marked done), write what the batchers hold."""
+        if self.unpublished:
+            claims, self.unpublished = list(self.unpublished), set()
+            with contextlib.suppress(Exception):
+                await self.claims.release(claims)
+        if self._publishing:  # shielded: they finish (outputs acknowledged, marked done)
+            _, running = await asyncio.wait(self._publishing, timeout=deadline_s)
+            if running:  # outputs perhaps out, not marked done: their pairs may be scored again
+                log.error("publishes did not finish in time", publishes=len(running))
+                self.failure = self.failure or TimeoutError(f"{len(running)} publishes did not finish in time")
+        await self._confirmer.stop()
+        await self._reserver.stop()
+        await self.finisher.stop()
+        with contextlib.suppress(Exception):  # counts only: written if Redis answers now, never waited for
+            await self.write_skipped()
 
-    async def score(self, panel: Panel, pair: Pair, snapshot: CatalogSnapshot, spend: PairSpend) -> GroupResult | None:
-        """The pair's result, or None when its gates-first judges found no room in the budget
-        (the pair is then marked skipped for budget, as a claim that found none would be)."""
-        try:
-            return await panel.score(pair.group, pair.subject, snapshot, spend=spend)
-        except BudgetExhausted:
-            self.skipped_for_budget(pair, when="its gates passed")
-            return None
+    # --- 1. claim --------------------------------------------------------------------------------
+
+    async def claim(self, pairs: list[Pair]) -> list[ClaimResult]:
+        """Claim a batch in one round trip; each pair's state (claimed, busy, done, skipped,
+        exhausted) in order. An exhausted pair is skipped for budget here."""
+        requests = [pair.claim for pair in pairs]
+        states = await self._outages.call(lambda: self.claims.claim_many(requests))
+        for pair, state in zip(pairs, states, strict=True):
+            if state.state == "exhausted":
+                self.skipped_for_budget(pair, used=state.detail)
+        return states
 
     def skipped_for_budget(self, pair: Pair, **why: str) -> None:
         subject = pair.subject
@@ -93,32 +149,233 @@ class PairSteps:
                     **where, **why)
         self.starved[pair.group.id] += 1
 
-    async def record_skipped(self) -> None:
+    async def write_skipped(self) -> None:
         """Count the pairs skipped for budget into the ratings history (one round trip)."""
         if self.starved:
             counts, self.starved = dict(self.starved), Counter()
-            await self._ratings.record_skipped(counts, time.time())
+            await self._outages.call(lambda: self._ratings.write_skipped(counts, time.time()))
 
-    # 4. publish
+    # --- one pair that waits ---------------------------------------------------------------------
 
-    async def publish(self, scored: list[Scored], scope: ResultScope, snapshot: CatalogSnapshot) -> list[Finished]:
-        """Publish the pairs' outputs (acknowledged by the broker on return); what steps 5 and 6
-        need of each."""
-        published = await self._outputs.publish([s.result for s in scored], scope, snapshot)
-        finished = []
-        for s, p in zip(scored, published, strict=True):
-            verdict = (SessionVerdict(p.session_id or "", p.group_id, p.rating, p.justification,
-                                      p.scored_at.timestamp())
-                       if scope == "session" else None)
-            tokens = s.spend.settlement(tokens_of(s.result)) if s.spend is not None else 0
-            finished.append(Finished(s.pair.claim, p.id, history_event(s.pair.group, p, p.document), tokens, verdict))
-        return finished
+    async def alone(self, pair: Pair, snapshot: CatalogSnapshot, scope: ResultScope, *, busy: bool,
+                    claimed_at: float) -> PairOutcome:
+        """Steps 2-6 for one pair; ``busy``: another worker holds it - wait until it is done, or
+        its lease runs out and it is ours."""
+        self.unpublished.add(pair.claim)
+        spend = self.claims.spend(pair.claim, self._reserve_one)
+        try:
+            return await self._alone(pair, snapshot, scope, busy, claimed_at, spend)
+        except asyncio.CancelledError:
+            await self._give_back([pair])
+            raise
 
-    # 5 and 6. record, then mark done
+    async def _alone(self, pair: Pair, snapshot: CatalogSnapshot, scope: ResultScope, busy: bool,
+                     claimed_at: float, spend: PairSpend) -> PairOutcome:
+        try:
+            began = time.monotonic()
+            result = await self._score(pair, busy, snapshot, spend)
+            while result is not None:
+                if self.pauses.failed_through(result, began):
+                    await self._hand_back([pair])  # then claimed and scored afresh, just below
+                elif (await self._held([(pair.claim, claimed_at)]))[0]:
+                    break
+                spend = self.claims.spend(pair.claim, self._reserve_one)
+                began = claimed_at = time.monotonic()  # claimed again (no earlier than this) in _score
+                result = await self._score(pair, True, snapshot, spend)
+        except Exception as exc:
+            if not_the_subjects_fault(exc):
+                raise  # the loop stops without committing; its claims are given up on close
+            self.unpublished.discard(pair.claim)
+            with contextlib.suppress(Exception):
+                await self.claims.release([pair.claim])
+            return exc
+        self.unpublished.discard(pair.claim)  # from here on it is published, or was decided elsewhere
+        if result is None:
+            return "decided"
+        await self._publish([Scored(pair, result, spend)], snapshot, scope, alone=True)
+        return "published"
 
-    async def finish(self, items: list[Finished]) -> None:
+    async def _score(self, pair: Pair, busy: bool, snapshot: CatalogSnapshot, spend: PairSpend) -> GroupResult | None:
+        """Step 2 (for a pair another worker holds: once it is ours); None when the pair was
+        decided meanwhile or its gates-first judges found no budget."""
+        while busy:
+            await asyncio.sleep(BUSY_POLL_S)
+            (claim,) = await self._outages.call(lambda: self.claims.claim_many([pair.claim]))
+            if claim.state in ("done", "skipped", "exhausted"):
+                self._events.group_skipped(pair.claim.project_id, pair.group.id,
+                                           "budget" if claim.state == "exhausted" else "dedupe")
+                return None
+            busy = claim.state == "busy"
+        try:
+            return await self._panel.score(pair.group, pair.subject, snapshot, spend=spend)
+        except BudgetExhausted:
+            self.skipped_for_budget(pair, when="its gates passed")
+            return None
+
+    # --- pairs scored together -------------------------------------------------------------------
+
+    async def together(self, pairs: list[Pair], snapshot: CatalogSnapshot, scope: ResultScope, *,
+                       claimed_at: float, lost: Literal["wait", "leave"]) -> list[PairOutcome]:
+        """Steps 2-6 for pairs claimed at ``claimed_at``, published in one batch; each pair's
+        outcome, in order. Groups that wait on nothing are scored in bulk (one sandbox message
+        per code scorer); the others each with its spend, at once."""
+        if not pairs:
+            return []
+        self.unpublished.update(pair.claim for pair in pairs)
+        try:
+            return await self._together(pairs, snapshot, scope, claimed_at, lost)
+        except asyncio.CancelledError:
+            await self._give_back(pairs)
+            raise
+
+    async def _give_back(self, pairs: list[Pair]) -> None:
+        """Work cancelled (a shutdown): the leases of its pairs not yet publishing are given up at
+        once, for another worker to take without waiting them out. A courtesy - leases expire
+        anyway - whose failure never replaces why the work ended. Work the infrastructure stopped
+        keeps its leases: Redis may not answer, and the worker stops and is restarted anyway."""
+        claims = [pair.claim for pair in pairs if pair.claim in self.unpublished]
+        self.unpublished.difference_update(claims)
+        if claims:
+            with contextlib.suppress(Exception):
+                await self.claims.release(claims)
+
+    async def _together(self, pairs: list[Pair], snapshot: CatalogSnapshot, scope: ResultScope,
+                        claimed_at: float, lost: Literal["wait", "leave"]) -> list[PairOutcome]:
+        began = time.monotonic()
+        outcomes: list[PairOutcome] = ["decided"] * len(pairs)
+        scored: list[tuple[int, Scored]] = []
+        if not any(self._panel.waits(pair.group, snapshot) for pair in pairs):
+            try:
+                results = await self._panel.score_many([(pair.group, pair.subject) for pair in pairs], snapshot)
+            except Exception as exc:
+                if not_the_subjects_fault(exc):
+                    raise
+                # Some subject broke scoring: score each pair alone to find which.
+                return list(await asyncio.gather(*(self.alone(pair, snapshot, scope, busy=False,
+                                                              claimed_at=claimed_at) for pair in pairs)))
+            scored = [(i, Scored(pair, result)) for i, (pair, result) in enumerate(zip(pairs, results, strict=True))]
+        else:
+            spends = [self.claims.spend(pair.claim, self._reserve_one) for pair in pairs]
+            answers = await asyncio.gather(*(self._score(pair, False, snapshot, spend)
+                                             for pair, spend in zip(pairs, spends, strict=True)),
+                                           return_exceptions=True)
+            for i, (pair, spend, answer) in enumerate(zip(pairs, spends, answers, strict=True)):
+                if isinstance(answer, BaseException):
+                    if not_the_subjects_fault(answer) or not isinstance(answer, Exception):
+                        raise answer
+                    self.unpublished.discard(pair.claim)
+                    with contextlib.suppress(Exception):
+                        await self.claims.release([pair.claim])
+                    outcomes[i] = answer
+                elif answer is None:
+                    self.unpublished.discard(pair.claim)  # decided for budget
+                else:
+                    scored.append((i, Scored(pair, answer, spend)))
+        # 3. A member failed while the process stood still: hand the pair back.
+        again = [item for item in scored if self.pauses.failed_through(item[1].result, began)]
+        if again:
+            await self._hand_back([s.pair for _, s in again])
+            scored = [item for item in scored if item not in again]
+        # 3. Still ours? Pairs another worker took over meanwhile are not published from here.
+        held = await self._held([(s.pair.claim, claimed_at) for _, s in scored])
+        lost_pairs = [item for item, ours in zip(scored, held, strict=True) if not ours] + again
+        scored = [item for item, ours in zip(scored, held, strict=True) if ours]
+        for i, s in scored:
+            self.unpublished.discard(s.pair.claim)  # from here on the pair is published (shielded)
+            outcomes[i] = "published"
+        if lost == "leave":
+            for i, s in lost_pairs:
+                self.unpublished.discard(s.pair.claim)
+                outcomes[i] = "left"
+            if scored:
+                await self._publish([s for _, s in scored], snapshot, scope, alone=False)
+            return outcomes
+        async def publish_scored() -> None:
+            if scored:
+                await self._publish([s for _, s in scored], snapshot, scope, alone=False)
+
+        _, waited = await asyncio.gather(publish_scored(), asyncio.gather(
+            *(self.alone(s.pair, snapshot, scope, busy=True, claimed_at=claimed_at) for _, s in lost_pairs)))
+        for (i, _), outcome in zip(lost_pairs, waited, strict=True):
+            outcomes[i] = outcome
+        return outcomes
+
+    # --- 3. still ours? ----------------------------------------------------------------------------
+
+    async def _hand_back(self, pairs: list[Pair]) -> None:
+        """Give up the leases of pairs scored through a pause, to claim them again (their judge
+        calls reserved anew) and score them afresh - or leave them to a worker that took them."""
+        log.warning("a member failed while the process stood still; scoring its pair again",
+                    pairs=len(pairs), pauses=self.pauses.pauses)
+        self._events.rescored_after_pause(len(pairs))
+        claims = [pair.claim for pair in pairs]
+        await self._outages.call(lambda: self.claims.release(claims))
+
+    async def _held(self, claims: list[tuple[ClaimRequest, float]]) -> list[bool]:
+        """Whether this worker still holds each claim (taken no earlier than the monotonic time
+        given with it). A lease expires only with time: one taken less than half its length ago
+        has not - the clock here ran at least as long as the server's since - so only older ones
+        (a stall, a long judge) are asked about, and renewed, batched with the other jobs'
+        (``Claims.confirm``). A Redis failover that loses writes loses done marks and budget
+        alike: that is replication's to prevent (persistence, replicas in sync), not a lease's.
+        """
+        now = time.monotonic()
+        held = [True] * len(claims)
+        stale = [i for i, (_, claimed_at) in enumerate(claims) if now - claimed_at >= self.claims.lease_s / 2]
+        if stale:
+            for i, ours in zip(stale, await self._confirmer.submit([claims[i][0] for i in stale]), strict=True):
+                held[i] = ours
+        return held
+
+    # --- 4-6. publish, record, mark done ------------------------------------------------------------
+
+    async def _publish(self, scored: list[Scored], snapshot: CatalogSnapshot, scope: ResultScope, *,
+                       alone: bool) -> None:
+        """Shielded: a publish under way finishes (and its pairs are marked done) even if the job
+        that started it is cancelled."""
+        publishing = asyncio.create_task(self._publish_and_finish(scored, snapshot, scope, alone))
+        self._publishing.add(publishing)
+        publishing.add_done_callback(self._publishing.discard)
+        await asyncio.shield(publishing)
+
+    async def _publish_and_finish(self, scored: list[Scored], snapshot: CatalogSnapshot, scope: ResultScope,
+                                  alone: bool) -> None:
+        try:
+            published = await self._outages.call(
+                lambda: self._outputs.publish([s.result for s in scored], scope, snapshot))
+            finished = []
+            for s, p in zip(scored, published, strict=True):
+                verdict = (SessionVerdict(p.session_id or "", p.group_id, p.rating, p.justification,
+                                          p.scored_at.timestamp())
+                           if scope == "session" else None)
+                tokens = s.spend.settlement(tokens_of(s.result)) if s.spend is not None else 0
+                finished.append(Finished(s.pair.claim, p.id, history_event(s.pair.group, p, p.document), tokens,
+                                         verdict))
+            await self.finisher.submit(finished)
+        except Exception as exc:
+            self.failure = self.failure or exc
+            log.error("publishing a result failed; the worker stops without committing it" if alone else
+                      "publishing results failed; the worker stops without committing them", error=repr(exc))
+            raise
+
+    async def _finish(self, items: list[Finished]) -> None:
         """History, latest results and verdicts first: a pair marked done is never scored again,
         so what it counts must exist by then. Then the done marks, settling tokens in passing."""
-        await self._ratings.record([i.event for i in items], [i.verdict for i in items if i.verdict is not None])
-        await self.claims.mark_done([(i.claim, i.rating_id) for i in items],
-                                    tokens=[(i.claim, i.tokens) for i in items if i.tokens])
+        async def write() -> None:
+            await self._ratings.write([i.event for i in items], [i.verdict for i in items if i.verdict is not None])
+            await self.claims.mark_done([(i.claim, i.rating_id) for i in items],
+                                        tokens=[(i.claim, i.tokens) for i in items if i.tokens])
+
+        await self._outages.call(write)
+
+    # --- batched Redis calls ----------------------------------------------------------------------
+
+    async def _confirm_many(self, claims: list[ClaimRequest]) -> list[bool]:
+        return await self._outages.call(lambda: self.claims.confirm(claims))
+
+    async def _reserve_one(self, reservation: Reservation) -> bool:
+        (granted,) = await self._reserver.submit([reservation])
+        return granted
+
+    async def _reserve_many(self, reservations: list[Reservation]) -> list[bool]:
+        return await self._outages.call(lambda: self.claims.reserve_many(reservations))

@@ -12,27 +12,30 @@ Every ``interval_s``, for each project with live session-scope groups:
 4. score the claimed pairs on the whole transcript, publish (rating, Signal, webhook
    deliveries), record the verdicts (ratings history, session scores), then mark them done -
    the pair protocol of ``consumers.pairs``, which the trace loop follows too; a pair with a
-   member that failed while the process stood still is handed back instead, and judged afresh
-   by the next sweep (a pause is not a timeout: ``consumers.pauses``);
+   member that failed while the process stood still, or that another worker took over, is left
+   to the next sweep (a pause is not a timeout: ``consumers.pauses``);
 5. drop from the index the sessions quiet past every group's idle time.
 
 Every worker runs a sweeper; the claims make sure each (session, turns, group) is judged once.
+Redis or the broker away is waited out under the worker's one outage rule (``consumers.outage``,
+reported in ``/readyz``); past its tolerance the sweeper ends, and the worker with it. Any other
+failure costs one sweep: the next tick tries again.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import time
 from collections.abc import Callable
 
 import structlog
-from aiokafka.errors import KafkaError
-from redis.exceptions import RedisError
 
-from consumers.events import NoEvents, PipelineEvents
+from consumers.events import SILENT, PipelineEvents
+from consumers.outage import OutageGuard, OutageTooLong, not_the_subjects_fault
 from consumers.outputs import Outputs
-from consumers.pairs import PairSteps, Scored
+from consumers.pairs import PairProtocol
 from consumers.pauses import PauseWatch
 from scoring.catalog import CatalogSnapshot
 from scoring.pairs import day_of
@@ -54,24 +57,27 @@ MAX_PAGES = 25  # per project and sweep: the rest wait for the next tick
 class SessionSweeper:
     def __init__(self, *, store: SessionStore, outputs: Outputs, catalog: Callable[[], CatalogSnapshot],
                  panel: Panel, claims: Claims, ratings: RatingsStore, events: PipelineEvents | None = None,
-                 interval_s: float = 2.0, concurrency: int = 16, pauses: PauseWatch | None = None) -> None:
+                 interval_s: float = 2.0, concurrency: int = 16, pauses: PauseWatch | None = None,
+                 outages: OutageGuard | None = None) -> None:
         self._store = store
         self._catalog = catalog
-        self._panel = panel
-        self._claims = claims
-        self._events: PipelineEvents = events or NoEvents()
-        self._steps = PairSteps(claims, outputs, ratings, self._events)  # the pair protocol
+        self._events: PipelineEvents = events or SILENT
+        self._outages = outages or OutageGuard(tolerance_s=120.0)
+        self.pairs = PairProtocol(claims=claims, outputs=outputs, ratings=ratings, panel=panel, outages=self._outages,
+                                  events=self._events, pauses=pauses, finish_batch=concurrency)
         self._interval_s = interval_s
         self._concurrency = concurrency
-        self._pauses = pauses or PauseWatch()
 
     async def run(self, stop: asyncio.Event) -> None:
-        watching = asyncio.create_task(self._pauses.run(stop), name="sweep-pause-watch")
+        self.pairs.start()
+        watching = asyncio.create_task(self.pairs.pauses.run(stop), name="sweep-pause-watch")
         try:
             while not stop.is_set():
                 try:
                     await self.sweep_once()
-                except Exception:  # Redis or Kafka hiccup: the next tick tries again
+                except OutageTooLong:
+                    raise  # the outage rule: the worker stops, and is restarted
+                except Exception:  # a failure that is not an outage: the next tick tries again
                     log.exception("session sweep failed; retrying on the next tick")
                 with contextlib.suppress(TimeoutError):
                     await asyncio.wait_for(stop.wait(), timeout=self._interval_s)
@@ -79,6 +85,7 @@ class SessionSweeper:
             watching.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await watching
+            await self.pairs.close(self._interval_s)
 
     async def sweep_once(self, now: float | None = None) -> int:
         """One sweep over every project; returns how many (session, group) pairs were judged."""
@@ -90,9 +97,10 @@ class SessionSweeper:
         for project in projects:
             try:
                 judged += await self._sweep_project(project, snapshot, now)
-            except (RedisError, KafkaError):
-                raise  # an outage: the whole sweep waits for the next tick
-            except Exception:  # one project's data must never stop the sweep of the others
+            except Exception as exc:
+                if not_the_subjects_fault(exc):
+                    raise  # the infrastructure's: the whole sweep waits for the next tick
+                # One project's data must never stop the sweep of the others.
                 log.exception("sweeping a project's sessions failed; the other projects go on", project=project)
         return judged
 
@@ -101,7 +109,8 @@ class SessionSweeper:
         idle = [g.online.idle_seconds for g in groups if g.online is not None]
         judged, offset = 0, 0
         for _ in range(MAX_PAGES):
-            sessions = await self._store.quiet(project, min(idle), now, offset=offset, limit=PAGE)
+            sessions = await self._outages.call(
+                functools.partial(self._store.quiet, project, min(idle), now, offset=offset, limit=PAGE))
             due: list[Pair] = []
             poisoned: list[str] = []
             for session in sessions:
@@ -132,8 +141,10 @@ class SessionSweeper:
             # decided. One that another worker is still judging (or that failed) stays.
             settled = [s.session_id for s in sessions
                        if now - s.last_activity >= max(idle) and s.session_id not in unsettled]
-            await self._store.forget(project, settled, not_after=now - max(idle))
-            await self._store.forget(project, poisoned, not_after=now)  # back only if it grows
+            await self._outages.call(functools.partial(self._store.forget, project, settled,
+                                                       not_after=now - max(idle)))
+            await self._outages.call(  # back only if it grows
+                functools.partial(self._store.forget, project, poisoned, not_after=now))
             settled += [p for p in poisoned if p not in settled]
             if len(sessions) < PAGE:
                 break
@@ -141,51 +152,29 @@ class SessionSweeper:
         return judged
 
     async def _judge(self, due: list[Pair], snapshot: CatalogSnapshot, unsettled: set[str]) -> int:
-        """The pair protocol (``consumers.pairs``) for a chunk of due pairs."""
-        # 1. claim
-        claims = await self._claims.claim_many([d.claim for d in due])
+        """The pair protocol (``consumers.pairs``) for a chunk of due pairs; how many were judged."""
+        claimed_at = time.monotonic()
         mine = []
-        for item, claim in zip(due, claims, strict=True):
+        for item, claim in zip(due, await self.pairs.claim(due), strict=True):
             if claim.state == "claimed":
                 self._events.kept(item.group.project_id, item.group.id)
                 mine.append(item)
             elif claim.state == "busy":
                 unsettled.add(item.subject.session_id or "")
-            elif claim.state == "exhausted":
-                self._steps.skipped_for_budget(item, used=claim.detail)
-        await self._steps.record_skipped()
+        await self.pairs.write_skipped()
         if not mine:
             return 0
-        try:
-            # 2. score; a gates-first group whose judges found no room is skipped whole
-            began, spends = time.monotonic(), [self._steps.spend(i) for i in mine]
-            results = await asyncio.gather(*(self._steps.score(self._panel, i, snapshot, spend)
-                                             for i, spend in zip(mine, spends, strict=True)))
-            scored = [Scored(i, r, spend) for i, r, spend in zip(mine, results, spends, strict=True) if r is not None]
-            # 2b. A member failed while this process stood still: its deadline counted the pause.
-            #     The pair goes back (its lease given up) for the next sweep to judge afresh.
-            paused = [s for s in scored if self._pauses.failed_through(s.result, began)]
-            if paused:
-                log.warning("a member failed while the process stood still; the conversation is judged again",
-                            pairs=len(paused), pauses=self._pauses.pauses)
-                self._events.rescored_after_pause(len(paused))
-                await self._claims.release([s.pair.claim for s in paused])
-                unsettled.update(s.pair.subject.session_id or "" for s in paused)
-                scored = [s for s in scored if all(s is not p for p in paused)]
-            mine = [s.pair for s in scored]
-            # 3. still ours? A sweep that stalled past its leases may have lost sessions to another
-            #    worker, which judged them since: those are left to it (and to the next sweep).
-            held = await self._claims.confirm([s.pair.claim for s in scored])
-            unsettled.update(s.pair.subject.session_id or "" for s, ours in zip(scored, held, strict=True) if not ours)
-            scored = [s for s, ours in zip(scored, held, strict=True) if ours]
-            mine = [s.pair for s in scored]
-            # 4-6. publish, record (history, latest results, verdicts), mark done
-            await self._steps.finish(await self._steps.publish(scored, "session", snapshot))
-        except BaseException:
-            unsettled.update(item.subject.session_id or "" for item in mine)
-            with contextlib.suppress(Exception):
-                await self._claims.release([item.claim for item in mine])
-            raise
-        await self._steps.record_skipped()
-        log.info("sessions judged", pairs=len(mine))
-        return len(mine)
+        outcomes = await self.pairs.together(mine, snapshot, "session", claimed_at=claimed_at, lost="leave")
+        judged = 0
+        for item, outcome in zip(mine, outcomes, strict=True):
+            if outcome == "published":
+                judged += 1
+            elif outcome == "left" or isinstance(outcome, Exception):  # judged again by a later sweep
+                unsettled.add(item.subject.session_id or "")
+                if isinstance(outcome, Exception):
+                    log.warning("a conversation broke scoring; it is judged again on a later sweep",
+                                project=item.group.project_id, session=item.subject.session_id,
+                                error=repr(outcome)[:300])
+        await self.pairs.write_skipped()
+        log.info("sessions judged", pairs=judged)
+        return judged

@@ -1,6 +1,7 @@
 """The webhook sender: deliveries from the webhooks topic, POSTed to the agents' alert channels.
 
-1. Ingest: a batch of records from the webhooks topic is written to the durable schedule in
+1. Ingest (the sender's step of a ``consumers.loop.PartitionLoop``): a batch of records from
+   the webhooks topic is written to the durable schedule in
    Redis (``scoring.stores.deliveries``) in one script call - malformed records go to the
    webhooks dead-letter topic - and only then do their offsets become committable. A record
    seen before (a redelivery) is not scheduled again.
@@ -16,7 +17,8 @@
    failing without a success for ``disable_after_s`` is disabled.
 
 A Redis or broker outage is waited out (``consumers.outage``): ingest stops fetching and the
-schedule's writes are retried, up to the outage tolerance.
+schedule's writes are retried, up to the outage tolerance; a failing offset commit is the
+loop's (tolerated the same way), never the end of the sender.
 
 Deliveries follow Standard Webhooks 1.0 (``scorer_groups.signing``): receivers verify
 ``webhook-signature`` with the channel's ``whsec_`` secret and deduplicate on ``webhook-id``
@@ -30,18 +32,19 @@ import contextlib
 import hashlib
 import time
 from collections.abc import Awaitable, Callable, Sequence
-from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any, Protocol
 
 import httpx
 import structlog
-from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
+from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, ConsumerRebalanceListener
 from pydantic import BaseModel, ConfigDict, ValidationError
 from pydantic.alias_generators import to_camel
 
-from consumers.offsets import CommitOnRevoke, Committer
+from consumers.events import SILENT
+from consumers.loop import PartitionLoop, Taken
 from consumers.outage import OutageGuard
+from consumers.webhook_lanes import Lane, SenderLimits, channel_label
 from scorer_groups import signing
 from scoring.catalog import CatalogSnapshot
 from scoring.egress import EgressPolicy, EgressRefused
@@ -71,6 +74,10 @@ class FailedDelivery(BaseModel):
     attempts: tuple[Attempt, ...] = ()
     failed_at: datetime
 
+    @property
+    def kafka_key(self) -> bytes | None:
+        return None
+
     def to_json(self) -> bytes:
         return self.model_dump_json(by_alias=True).encode()
 
@@ -84,74 +91,6 @@ class WebhookEvents(Protocol):
     def pending(self, count: int, oldest_s: float) -> None: ...
 
 
-class NoWebhookEvents:
-    def delivery(self, channel: str, outcome: str) -> None: pass
-    def breaker(self, channel: str, state: str) -> None: pass
-    def channel_disabled(self, channel: str) -> None: pass
-    def pending(self, count: int, oldest_s: float) -> None: pass
-
-
-def channel_label(channel: AlertChannel) -> str:
-    """A metric and log label for a channel: the agent and a short hash of the URL (URLs may
-    carry credentials)."""
-    return f"{channel.agent_id}#{hashlib.sha256(channel.url.encode()).hexdigest()[:8]}"
-
-
-@dataclass(frozen=True)
-class SenderLimits:
-    timeout_s: float = 10.0  # one attempt
-    channel_concurrency: int = 4  # attempts at once per channel
-    channel_backlog: int = 128  # claimed deliveries waiting per channel, at most
-    lane_wait_s: float = 5.0  # a channel takes a delivery only if it expects to start it within this
-    max_in_flight: int = 512  # claimed deliveries held by this worker
-    breaker_failures: int = 5
-    breaker_open_s: float = 30.0
-    disable_after_s: float = 86_400.0
-    poll_s: float = 0.5
-    # Due retries are looked for in this many of the schedule's shards a poll, in turn (all of
-    # them while a backlog is claimed): each shard every 2 s at the default poll, at a quarter of
-    # the commands - polling is what every worker does all the time, whatever the traffic.
-    shards_per_poll: int = 4
-    stats_s: float = 5.0  # how often the pending count and oldest age are read (every shard)
-    flush_s: float = 0.05  # how often the schedule's writes are sent (one round trip each time)
-    commit_interval_s: float = 1.0
-
-    @property
-    def max_wait_s(self) -> float:
-        """The longest a delivery waits for its channel's slot before it is put back."""
-        return 4 * self.lane_wait_s + 20.0
-
-    @property
-    def lease_s(self) -> float:
-        """How long a claim lasts: the longest wait for a slot, the attempt, and room."""
-        return self.max_wait_s + self.timeout_s + 30.0
-
-
-@dataclass
-class Lane:
-    """One channel's share of the sender: its slots, its breaker, and how long its attempts take
-    (so a slow channel is given only the deliveries it can start soon)."""
-
-    slots: asyncio.Semaphore
-    breaker: CircuitBreaker
-    waiting: int = 0
-    running: list[float] = field(default_factory=list)  # monotonic start of each attempt under way
-    latency_s: float | None = None  # moving average of attempt durations
-    reported_state: str = "closed"
-
-    PRIOR_LATENCY_S = 0.25  # until a channel has answered once
-
-    def expected_wait(self, now: float, concurrency: int) -> float:
-        """Seconds until one more delivery would start: the work ahead of it, at the channel's
-        pace (an attempt still under way counts for as long as it has run)."""
-        oldest = now - min(self.running) if self.running else 0.0
-        latency = max(self.PRIOR_LATENCY_S if self.latency_s is None else self.latency_s, oldest, 0.001)
-        return (self.waiting + len(self.running)) / concurrency * latency
-
-    def observe(self, seconds: float) -> None:
-        self.latency_s = seconds if self.latency_s is None else 0.8 * self.latency_s + 0.2 * seconds
-
-
 class WebhookSender:
     def __init__(self, *, consumer: AIOKafkaConsumer, producer: AIOKafkaProducer, dlq_topic: str,
                  catalog: Callable[[], CatalogSnapshot], schedule: DeliverySchedule, retry: RetrySchedule,
@@ -159,20 +98,18 @@ class WebhookSender:
                  limits: SenderLimits = SenderLimits(), events: WebhookEvents | None = None,
                  body: Callable[[AlertChannel, WebhookDelivery], bytes] | None = None,
                  outages: OutageGuard | None = None) -> None:
-        self._consumer = consumer
-        self._producer = producer
-        self._dlq_topic = dlq_topic
         self._catalog = catalog
         self._schedule = schedule
         self._retry = retry
         self._egress = egress
         self._disable = disable
         self._limits = limits
-        self._events = events or NoWebhookEvents()
+        self._events: WebhookEvents = events or SILENT
         self._body = body or (lambda _channel, delivery: delivery.to_json())
         self._outages = outages or OutageGuard(tolerance_s=120.0)
-        self._committer = Committer(consumer, limits.commit_interval_s)
-        self._offsets = self._committer.tracker
+        self.loop = PartitionLoop(name="webhooks", consumer=consumer, producer=producer, dlq_topic=dlq_topic,
+                                  outages=self._outages, commit_interval_s=limits.commit_interval_s, max_batch=500,
+                                  poll_timeout_ms=200)
         self._tasks: dict[asyncio.Task[None], WebhookDelivery] = {}  # attempt task -> the delivery it holds
         self._lanes: dict[str, Lane] = {}
         self._writes = Settlements()  # what ended attempts write to the schedule, sent in batches
@@ -183,23 +120,22 @@ class WebhookSender:
 
     # --- 1. Ingest ------------------------------------------------------------------------
 
+    def rebalance_listener(self) -> ConsumerRebalanceListener:
+        return self.loop.rebalance_listener()
+
+    @property
+    def outage(self) -> str | None:
+        return self.loop.outage
+
     async def run(self, stop: asyncio.Event) -> None:
         poller = asyncio.create_task(self._poll(stop), name="webhook-schedule-poller")
         flusher = asyncio.create_task(self._flush_writes(), name="webhook-schedule-writes")
         try:
-            while not stop.is_set() and self.failed is None:
-                if len(self._tasks) >= self._limits.max_in_flight:
-                    await asyncio.wait(list(self._tasks), timeout=self._limits.poll_s,
-                                       return_when=asyncio.FIRST_COMPLETED)
-                else:
-                    batches = await self._consumer.getmany(timeout_ms=200, max_records=500)
-                    if batches:
-                        await self._ingest(batches)
-                if self._committer.due:
-                    await self._committer.commit()
-        except Exception as exc:  # Kafka or Redis gone for good: stop; nothing committed is lost
+            await self.loop.run(self, stop)
+        except Exception as exc:  # Kafka or Redis away past the outage tolerance: stop; nothing committed is lost
             self.failed = exc
             log.exception("webhook sender stops")
+            raise
         finally:
             poller.cancel()
             with contextlib.suppress(asyncio.CancelledError):
@@ -209,32 +145,42 @@ class WebhookSender:
             with contextlib.suppress(asyncio.CancelledError):
                 await flusher
             await self._flush()
-            with contextlib.suppress(Exception):
-                await self._committer.commit()
             await self._http.aclose()
 
-    async def _ingest(self, batches: dict[TopicPartition, list[Any]]) -> None:
+    # The step (consumers.loop.Step): room for as many deliveries as may be held at once.
+
+    def room(self) -> int:
+        return self._limits.max_in_flight - len(self._tasks)
+
+    def ended(self) -> bool:
+        return False
+
+    async def tick(self) -> None:
+        return None
+
+    async def take(self, batch: list[Taken]) -> None:
         now = time.time()
         fresh: list[PendingDelivery] = []
         incidents: list[Incident | None] = []
-        acks = []
-        finished = []
-        for tp, records in batches.items():
-            for record in records:
-                finished.append((self._offsets.started(tp, record.offset), record.offset))
-                try:
-                    delivery = WebhookDelivery.model_validate_json(record.value or b"")
-                except ValidationError as exc:
-                    value = (record.value or b"").decode(errors="replace")
-                    acks.append(await self._send_dead_letter("invalid_delivery", str(exc)[:500], value))
-                    continue
-                fresh.append(PendingDelivery(delivery=delivery, first_seen=datetime.fromtimestamp(now, UTC)))
-                incidents.append(self._incident(delivery))
+        scheduled: list[Taken] = []
+        invalid: list[tuple[Taken | None, FailedDelivery]] = []
+        for taken in batch:
+            value = taken[1].value or b""
+            try:
+                delivery = WebhookDelivery.model_validate_json(value)
+            except ValidationError as exc:
+                invalid.append((taken, FailedDelivery(reason="invalid_delivery", error=str(exc)[:500],
+                                                      delivery=value.decode(errors="replace"),
+                                                      failed_at=datetime.now(UTC))))
+                continue
+            scheduled.append(taken)
+            fresh.append(PendingDelivery(delivery=delivery, first_seen=datetime.fromtimestamp(now, UTC)))
+            incidents.append(self._incident(delivery))
+        await self.loop.dead_letter(invalid)
         # Durable before the offset moves; a Redis outage is waited out here, fetching nothing more.
         added = await self._outages.call(lambda: self._schedule.add_claimed(fresh, now, incidents))
-        await asyncio.gather(*acks)
-        for ticket, offset in finished:
-            ticket.finished(offset)
+        for ticket, record in scheduled:
+            ticket.finished(record.offset)
         for pending, new in zip(fresh, added, strict=True):
             if new:
                 self._dispatch(pending)
@@ -322,6 +268,7 @@ class WebhookSender:
 
     def _attempt_ended(self, task: asyncio.Task[None]) -> None:
         self._tasks.pop(task, None)
+        self.loop.freed()
         if not task.cancelled() and task.exception() is not None:
             # Redis or the dead-letter topic refused: the claim runs out and the delivery is
             # claimed again (here or elsewhere), nothing is lost.
@@ -451,18 +398,11 @@ class WebhookSender:
             self._events.channel_disabled(channel_label(channel))
 
     async def _dead_letter(self, pending: PendingDelivery, reason: str, error: str) -> None:
-        ack = await self._send_dead_letter(reason, error, pending.delivery.model_dump(mode="json", by_alias=True),
-                                           pending.attempts)
-        await ack
+        failed = FailedDelivery(reason=reason, error=error,
+                                delivery=pending.delivery.model_dump(mode="json", by_alias=True),
+                                attempts=pending.attempts, failed_at=datetime.now(UTC))
+        await self.loop.dead_letter([(None, failed)])
         self._writes.finish(pending.delivery, "dead")
-
-    async def _send_dead_letter(self, reason: str, error: str, delivery: Any,
-                                attempts: tuple[Attempt, ...] = ()) -> Awaitable[Any]:
-        log.warning("webhook delivery dead-lettered", reason=reason, error=error[:300])
-        failed = FailedDelivery(reason=reason, error=error, delivery=delivery, attempts=attempts,
-                                failed_at=datetime.now(UTC))
-        ack: Awaitable[Any] = await self._producer.send(self._dlq_topic, value=failed.to_json())
-        return ack
 
     # --- Shutdown and offsets -------------------------------------------------------------
 
@@ -475,6 +415,3 @@ class WebhookSender:
         for task, delivery in list(self._tasks.items()):
             task.cancel()
             self._writes.postpone(delivery, now)
-
-    def rebalance_listener(self) -> CommitOnRevoke:
-        return self._committer.listener()

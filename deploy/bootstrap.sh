@@ -54,12 +54,14 @@ fi
 
 # Helm, for the chart's tests (tests/unit/test_helm_chart.py renders deploy/helm/): built once
 # from its Go module, pinned, into .tools/.
+# A binary built by go install reports only major.minor ("v4.3"): a stamp says which was built.
 helm_version=v4.3.2
-if ! .tools/helm version --short 2>/dev/null | grep -q "^$helm_version"; then
+if [ ! -x .tools/helm ] || [ "$(cat .tools/helm.version 2>/dev/null)" != "$helm_version" ]; then
   go=$(command -v go || echo /usr/local/go/bin/go)
   [ -x "$go" ] || { echo "bootstrap: Go is needed to build helm $helm_version (go install)" >&2; exit 1; }
   echo "bootstrap: building helm $helm_version into .tools (once)" >&2
   GOBIN="$PWD/.tools" "$go" install "helm.sh/helm/v4/cmd/helm@$helm_version"
+  echo "$helm_version" > .tools/helm.version
 fi
 
 .venv/bin/python -m deploy.services jars >/dev/null

@@ -17,7 +17,7 @@ import math
 from scorer_groups.documents import MemberStatus
 from scoring.models import MemberKind, Polarity
 from scoring.ports import TokenUsage
-from scoring.records import record
+from scoring.frozen import frozen
 
 GATE_PASS_MARK = 0.5  # goodness below this fails a must-pass member; exactly 0.5 passes
 REFERENCE_DELETED = "reference deleted"
@@ -72,7 +72,7 @@ def goodness(
     raise ValueError(f"unknown member kind {kind!r}")
 
 
-@record
+@frozen
 class MemberOutcome:
     """What one member said about one subject: a goodness, or why there is none."""
 
@@ -115,7 +115,7 @@ class MemberOutcome:
         return self.error or self.skipped or "no verdict"
 
 
-@record
+@frozen
 class MemberResult:
     """A member as it appears on a group result: its outcome, status and share of the blend."""
 
@@ -124,7 +124,7 @@ class MemberResult:
     share: float  # fraction of the blend's weight this member carried (0 when not counted)
 
 
-@record
+@frozen
 class BlendResult:
     score: float | None
     reason: str | None

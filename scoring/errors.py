@@ -5,8 +5,10 @@ on - never the message, which is for people:
   document a project may only read, 404 an id that does not exist or belongs to another project,
   409 a write that lost a race or conflicts with what is stored, 412 a write against a version
   that is no longer current; 500 for what is not the caller's doing);
-- ``retriable``: the same call may succeed later (the infrastructure failed, not the input);
-- ``outage``: a dependency (Redis, Kafka) is away - wait for it, lose nothing.
+- ``retriable``: the same call may succeed later (the infrastructure failed, not the input).
+
+Whether an error means a dependency (Redis, Kafka) is away - wait for it, lose nothing - is
+decided in one place for every loop: ``consumers.outage.outage_of``.
 
 Catalog errors (``CatalogError`` and its kinds) are here; the others sit with what raises them
 and derive from the root: ``MemberError`` and ``CodeScorerError`` (``scoring.ports``),
@@ -30,7 +32,6 @@ class ScoringError(Exception):
 
     status: int = 500
     retriable: bool = False
-    outage: bool = False
 
 
 class CatalogError(ScoringError):

@@ -8,12 +8,12 @@ from __future__ import annotations
 
 from dataclasses import field
 
-from scoring.records import record
+from scoring.frozen import frozen
 
 DAY_S = 86_400
 
 
-@record
+@frozen
 class ClaimRequest:
     project_id: str
     group_id: str

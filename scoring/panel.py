@@ -33,7 +33,7 @@ from scoring.ports import (
     RetryGate,
     TokenUsage,
 )
-from scoring.records import record
+from scoring.frozen import frozen
 from scoring.redact import Redactor
 from scoring.subjects import Subject
 
@@ -57,7 +57,7 @@ class ScorerLookup(Protocol):
     def custom(self, ref_id: str) -> CustomEvaluator | None: ...
 
 
-@record
+@frozen
 class MemberPlan:
     """A member resolved against one catalog snapshot, for scoring it on many subjects: looked
     up, compiled and hashed once, not once per subject."""
@@ -70,7 +70,7 @@ class MemberPlan:
     code_key: str = ""
 
 
-@record
+@frozen
 class GroupResult:
     group: ScorerGroup
     subject: Subject

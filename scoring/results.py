@@ -33,7 +33,7 @@ from scorer_groups.documents import (
 from scoring.models import ScorerGroup
 from scoring.panel import GroupResult
 from scoring.ports import TokenUsage
-from scoring.records import record
+from scoring.frozen import frozen
 from scoring.redact import mask_url
 
 __all__ = [
@@ -102,7 +102,7 @@ def build_rating(result: GroupResult, scope: ResultScope, now: datetime | None =
     )
 
 
-@record
+@frozen
 class PublishedRating:
     """A rating encoded for publishing: ``document`` is its JSON, exactly as the validated
     ``Rating`` would serialize (a test holds the two together); the other fields are what the
@@ -258,7 +258,7 @@ def build_recovery_deliveries(group: ScorerGroup, rating: Rating | PublishedRati
             for url in channel_urls]
 
 
-@record
+@frozen
 class RatingEvent:
     """One group result, as the ratings history counts it (``scoring.stores.ratings``)."""
 

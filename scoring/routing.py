@@ -13,14 +13,14 @@ from scoring.judge_prompt import token_ceiling
 from scoring.models import ScorerGroup
 from scoring.pairs import ClaimRequest, day_of
 from scoring.panel import planned_judges, upfront_judge_calls
-from scoring.records import record
+from scoring.frozen import frozen
 from scoring.sampling import keep
 from scoring.subjects import Subject, Trace, trace_subject
 
 DEFAULT_BUDGET_WINDOW_S = 3600  # the window a claim names when its project has no budget
 
 
-@record
+@frozen
 class Pair:
     """One (group, subject) to score, with the claim that reserves it."""
 

@@ -19,7 +19,7 @@ import orjson
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, TypeAdapter
 from pydantic.alias_generators import to_camel
 
-from scoring.records import record
+from scoring.frozen import frozen
 
 SubjectScope = Literal["trace", "session"]
 
@@ -115,7 +115,7 @@ def format_transcript(traces: list[Trace]) -> str:
     return "\n".join(lines)
 
 
-@record
+@frozen
 class Subject:
     """What one group is asked to grade: a trace, or a whole session."""
 

@@ -12,6 +12,8 @@ import contextlib
 import gc
 import signal
 import time
+from collections.abc import Coroutine
+from typing import Any, Protocol
 
 import structlog
 from aiokafka.admin import AIOKafkaAdminClient, NewTopic
@@ -19,10 +21,11 @@ from aiokafka.errors import KafkaError, TopicAlreadyExistsError
 from redis.exceptions import AuthenticationError, RedisClusterException
 from redis.exceptions import ConnectionError as RedisConnectionError
 
+from consumers.loop import MAX_POLL_INTERVAL_S
 from consumers.outage import OutageGuard
 from consumers.outputs import Outputs, TopicNames
 from consumers.sessions import SessionSweeper
-from consumers.traces import MAX_POLL_INTERVAL_S, OutputError, TraceConsumer
+from consumers.traces import OutputError, TraceConsumer, TraceLoopLimits
 from scoring.members.sandbox import SandboxPool
 from scoring.redact import mask_url
 from scoring.stores.alerts import NoScoreAlerts
@@ -35,7 +38,7 @@ from worker import metrics
 from worker.connections import kafka_admin, kafka_consumer, kafka_producer, redis_client
 from worker.engine import ScoringEngine
 from worker.logs import kafka_errors_kept
-from worker.otlp import run_otlp_intake
+from worker.otlp import otlp_intake, run_otlp_intake
 from worker.settings import Settings
 from worker.shutdown import WATCHDOG_GRACE_S, ShutdownWatchdog, close_all
 from worker.webhooks import webhook_sender
@@ -174,14 +177,19 @@ async def until_settled(admin: AIOKafkaAdminClient, topics: list[str], group: st
         await asyncio.sleep(0.2)
 
 
+class HasOutage(Protocol):
+    @property
+    def outage(self) -> str | None: ...
+
+
 class Worker:
     def __init__(self, settings: Settings) -> None:
         self.settings = settings
         self.stop = asyncio.Event()
         self.consumer: TraceConsumer | None = None
         self.sandbox: SandboxPool | None = None
-        self.webhooks_failed: BaseException | None = None
-        self.otlp_failed: BaseException | None = None
+        self.outages: list[HasOutage] = []  # every loop: what each waits for, for /readyz
+        self.failed: tuple[str, BaseException] | None = None  # a background loop that ended the worker
         # Drain, then background loops, each within the shutdown timeout; then the clients.
         self.watchdog = ShutdownWatchdog(2 * settings.shutdown_timeout_s + WATCHDOG_GRACE_S)
 
@@ -191,10 +199,11 @@ class Worker:
             return False, "starting"
         if c.fatal is not None:
             return False, f"stopping after an output failure: {c.fatal}"
-        if self.webhooks_failed is not None:
-            return False, f"stopping after a webhook sender failure: {self.webhooks_failed}"
-        if c.outage is not None:
-            return False, f"waiting in-process: {c.outage}"
+        if self.failed is not None:
+            return False, f"stopping after a {self.failed[0]} failure: {self.failed[1]}"
+        waiting = [loop.outage for loop in self.outages if loop.outage is not None]
+        if waiting:
+            return False, f"waiting in-process: {'; '.join(dict.fromkeys(waiting))}"
         if not c.assigned_once:
             return False, "waiting for a partition assignment"
         stalled = time.monotonic() - c.last_progress
@@ -212,8 +221,11 @@ class Worker:
         redis = redis_client(s)
         ops = metrics.OpsServer(s.metrics_port, self.readiness)
         await ops.start()
+        outage_events = metrics.PrometheusOutages()
         for dependency in ("redis", "kafka"):  # a series from the start: panels and alerts see 0, not nothing
-            metrics.observe_outage(dependency, False)
+            outage_events.outage(dependency, False)
+        # One guard for every loop: one account of what is away, one gauge per dependency.
+        outages = OutageGuard(s.outage_tolerance_s, outage_events)
         watcher = CatalogWatcher(CatalogStore(redis), on_lost=metrics.observe_catalog_lost)
         await redis_accepts(redis, s)
         await watcher.start()
@@ -236,15 +248,18 @@ class Worker:
         self.consumer = traces = TraceConsumer(
             consumer=consumer, producer=producer, topics=topics, catalog=lambda: watcher.current,
             panel=engine.panel, claims=claims, alerts=alerts, ratings=ratings, turns=sessions, events=events,
-            max_in_flight=s.max_in_flight, max_trace_bytes=s.max_trace_bytes,
-            commit_interval_s=s.commit_interval_s, max_poll_interval_s=MAX_POLL_INTERVAL_S,
-            outages=OutageGuard(s.outage_tolerance_s, on_change=metrics.observe_outage))
+            outages=outages, limits=TraceLoopLimits(
+                max_in_flight=s.trace_room(), max_in_flight_bytes=s.max_in_flight_bytes,
+                max_trace_bytes=s.max_trace_bytes, commit_interval_s=s.commit_interval_s,
+                max_poll_interval_s=MAX_POLL_INTERVAL_S))
         sweeper = SessionSweeper(store=sessions, outputs=Outputs(producer, topics, events, alerts),
                                  catalog=lambda: watcher.current, panel=engine.panel, claims=claims,
-                                 ratings=ratings, events=events, interval_s=s.session_sweep_interval_s)
+                                 ratings=ratings, events=events, interval_s=s.session_sweep_interval_s,
+                                 outages=outages)
 
         hooks_consumer = kafka_consumer(s, f"{s.consumer_group}-webhooks")
-        hooks = webhook_sender(s, redis, hooks_consumer, producer, lambda: watcher.current)
+        hooks = webhook_sender(s, redis, hooks_consumer, producer, lambda: watcher.current, outages)
+        self.outages = [traces, hooks]
 
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGTERM, signal.SIGINT):
@@ -265,17 +280,15 @@ class Worker:
             gc.collect()
             gc.freeze()
             gc.set_threshold(*GC_THRESHOLDS)
-            background = [asyncio.create_task(sweeper.run(self.stop), name="session-sweeper")]
+            background = [self._background("session sweeper", sweeper.run(self.stop))]
             if s.send_webhooks:
                 hooks_consumer.subscribe([s.webhooks_topic], listener=hooks.rebalance_listener())
                 await hooks_consumer.start()
-                sending = asyncio.create_task(hooks.run(self.stop), name="webhook-sender")
-                sending.add_done_callback(lambda _: self._sender_ended(hooks.failed))
-                background.append(sending)
+                background.append(self._background("webhook sender", hooks.run(self.stop)))
             if s.otlp_enabled:  # OpenTelemetry spans in, assembled traces out to the traces topic
-                intake = asyncio.create_task(run_otlp_intake(s, redis, producer, self.stop), name="otlp-intake")
-                intake.add_done_callback(self._otlp_ended)
-                background.append(intake)
+                intake = otlp_intake(s, redis, producer, outages)
+                self.outages.append(intake)
+                background.append(self._background("OTLP intake", run_otlp_intake(intake, s, self.stop)))
             try:
                 await traces.run(self.stop)
             except OutputError:
@@ -284,7 +297,7 @@ class Worker:
             except Exception:  # Redis or Kafka gone for good: stop, uncommitted work is redelivered
                 log.exception("stopping: the consumer loop failed")
                 exit_code = 1
-            if hooks.failed is not None or self.otlp_failed is not None:
+            if hooks.failed is not None or self.failed is not None:
                 exit_code = 1
             self.stop.set()  # the sweeper and the sender stop with the loop, whatever ended it
             self.watchdog.arm()
@@ -304,16 +317,20 @@ class Worker:
         log.info("worker stopped", exit_code=exit_code)
         return exit_code
 
-    def _otlp_ended(self, task: asyncio.Task[None]) -> None:
-        if not task.cancelled() and task.exception() is not None:
-            self.otlp_failed = task.exception()
-            log.error("stopping: the OTLP intake failed", error=repr(self.otlp_failed))
-            self._request_stop(None)
+    def _background(self, name: str, loop: Coroutine[Any, Any, None]) -> asyncio.Task[None]:
+        """A loop beside the trace loop; one that ends with a failure (an outage past its
+        tolerance) stops the worker, as the trace loop's would."""
+        task = asyncio.create_task(loop, name=name)
 
-    def _sender_ended(self, failure: BaseException | None) -> None:
-        if failure is not None:
-            self.webhooks_failed = failure
-            self._request_stop(None)
+        def ended(_: asyncio.Task[None]) -> None:
+            failure = None if task.cancelled() else task.exception()
+            if failure is not None and self.failed is None:
+                self.failed = (name, failure)
+                log.error(f"stopping: the {name} failed", error=repr(failure))
+                self._request_stop(None)
+
+        task.add_done_callback(ended)
+        return task
 
     def _request_stop(self, sig: signal.Signals | None) -> None:
         log.info("stop requested; finishing in-flight traces", signal=sig.name if sig else "sender failure")

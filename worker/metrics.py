@@ -253,6 +253,10 @@ class PrometheusOtlpEvents:
     def dead_lettered(self, reason: str) -> None:
         DEAD_LETTERED.labels(reason).inc()
 
+    def committed(self, topic: str, partition: int, offset: int) -> None:
+        """Not a series of its own: ``sgw_committed_offset`` follows the traces topic, and the
+        OTLP topic's progress shows as its consumer group's lag on the broker."""
+
     def assembled(self, complete: bool, delay_s: float) -> None:
         OTLP_ASSEMBLED.labels("complete" if complete else "timeout").inc()
         OTLP_DELAY.observe(delay_s)
@@ -273,8 +277,11 @@ def observe_member(kind: str, status: str, reason: str | None, seconds: float) -
         _child(MEMBER_FAILURES, kind, failure_class(reason)).inc()
 
 
-def observe_outage(dependency: str, unreachable: bool) -> None:
-    DEPENDENCY_UNREACHABLE.labels(dependency).set(1 if unreachable else 0)
+class PrometheusOutages:
+    """``consumers.outage.OutageEvents``: one guard for every loop, so one gauge per dependency."""
+
+    def outage(self, dependency: str, unreachable: bool) -> None:
+        DEPENDENCY_UNREACHABLE.labels(dependency).set(1 if unreachable else 0)
 
 
 def observe_catalog_lost(lost: bool) -> None:

@@ -23,8 +23,9 @@ log = structlog.get_logger(__name__)
 RECORD_HEADROOM = 4096  # bytes an assembled trace adds around its spans' JSON
 
 
-async def run_otlp_intake(settings: Settings, redis: RedisClient, producer: AIOKafkaProducer,
-                          stop: asyncio.Event) -> None:
+def otlp_intake(settings: Settings, redis: RedisClient, producer: AIOKafkaProducer,
+                outages: OutageGuard) -> OtlpConsumer:
+    """The intake of a worker, subscribed and not started: ``run_otlp_intake`` runs it."""
     s = settings
     consumer = kafka_consumer(
         s, f"{s.consumer_group}-otlp", max_partition_fetch_bytes=max(s.max_trace_bytes * 2, 8 << 20),
@@ -40,8 +41,14 @@ async def run_otlp_intake(settings: Settings, redis: RedisClient, producer: AIOK
                           traces_topic=s.traces_topic, dlq_topic=s.dlq_topic, events=metrics.PrometheusOtlpEvents(),
                           encoding=s.otlp_encoding, max_dead_letter_bytes=3 * s.max_trace_bytes,
                           commit_interval_s=s.commit_interval_s, flush_interval_s=s.otlp_flush_interval_s,
-                          outages=OutageGuard(s.outage_tolerance_s, on_change=metrics.observe_outage))
+                          outages=outages)
     consumer.subscribe([s.otlp_topic], listener=intake.rebalance_listener())
+    return intake
+
+
+async def run_otlp_intake(intake: OtlpConsumer, settings: Settings, stop: asyncio.Event) -> None:
+    s = settings
+    consumer = intake.loop.consumer
     await consumer.start()
     log.info("OTLP intake started", topic=s.otlp_topic, quiet_s=s.otlp_quiet_s, max_wait_s=s.otlp_max_wait_s)
     try:

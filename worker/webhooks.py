@@ -13,7 +13,8 @@ import orjson
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
 
 from consumers.outage import OutageGuard
-from consumers.webhooks import SenderLimits, WebhookSender
+from consumers.webhook_lanes import SenderLimits
+from consumers.webhooks import WebhookSender
 from scoring.catalog import CatalogSnapshot
 from scoring.egress import EgressPolicy
 from scoring.models import AlertChannel
@@ -26,7 +27,7 @@ from scoring.webhooks import payloads
 from scoring.webhooks.payloads import LinkTemplate
 from scoring.webhooks.retries import parse_duration
 from worker.connections import kafka_consumer, kafka_producer, redis_client
-from worker.metrics import PrometheusWebhookEvents, observe_outage
+from worker.metrics import PrometheusWebhookEvents
 from worker.settings import Settings
 
 
@@ -41,7 +42,7 @@ def delivery_schedule(s: Settings, redis: RedisClient) -> DeliverySchedule:
 
 
 def webhook_sender(s: Settings, redis: RedisClient, consumer: AIOKafkaConsumer, producer: AIOKafkaProducer,
-                   catalog: Any) -> WebhookSender:
+                   catalog: Any, outages: OutageGuard) -> WebhookSender:
     """The sender of a worker: ``catalog`` gives the current CatalogSnapshot."""
     store = CatalogStore(redis)
 
@@ -56,7 +57,7 @@ def webhook_sender(s: Settings, redis: RedisClient, consumer: AIOKafkaConsumer, 
                          schedule=delivery_schedule(s, redis), retry=s.webhook_retry(),
                          egress=EgressPolicy.parse(s.egress_allow_list()), disable=disable,
                          limits=sender_limits(s), events=PrometheusWebhookEvents(), body=payload_builder(s),
-                         outages=OutageGuard(s.outage_tolerance_s, on_change=observe_outage))
+                         outages=outages)
 
 
 def payload_builder(s: Settings) -> Callable[[AlertChannel, WebhookDelivery], bytes]:

@@ -22,7 +22,7 @@ from dataclasses import dataclass
 import re2
 
 from scoring.models import Pattern, PatternTemplate, compile_user_regex
-from scoring.records import record
+from scoring.frozen import frozen
 
 MAX_TEXT_CHARS = 262_144  # of each side (input, output) that a pattern reads
 INLINE_TEXT_CHARS = 16_384  # up to this much text, matching on the event loop costs under a millisecond
@@ -79,7 +79,7 @@ TEMPLATES: dict[PatternTemplate, _Template] = {
 }
 
 
-@record
+@frozen
 class PatternVerdict:
     matched: bool
     detail: str  # where it matched, never what: the match may be the PII the pattern looks for

@@ -31,7 +31,7 @@ from dataclasses import dataclass
 from typing import Literal
 
 from scoring.pairs import ClaimRequest
-from scoring.records import record
+from scoring.frozen import frozen
 from scoring.stores import keys
 from scoring.stores.client import RedisClient
 from scoring.stores.scripts import ScriptPipeline
@@ -264,7 +264,7 @@ def claim_field(request: ClaimRequest) -> str:
     return keys.dedupe_field(request.group_id, request.subject_key)
 
 
-@record
+@frozen
 class ClaimResult:
     state: ClaimState
     detail: str  # the stored value for done/busy ("done:<ratingId>"), budget used when exhausted

@@ -223,7 +223,7 @@ class RatingsStore:
         self._record = redis.register_script(_RECORD)
         self._latest = redis.register_script(_LATEST)
 
-    async def record(self, events: list[RatingEvent], sessions: list[SessionVerdict] = ()) -> None:  # type: ignore[assignment]
+    async def write(self, events: list[RatingEvent], sessions: list[SessionVerdict] = ()) -> None:  # type: ignore[assignment]
         """Count ``events`` into their buckets, keep their documents among their groups' latest
         results, and keep the latest session verdicts: one pipelined round trip for the batch."""
         if not events and not sessions:
@@ -247,7 +247,7 @@ class RatingsStore:
                 pipe.redis.expire(key, keys.SESSION_SCORES_TTL_S)
             await pipe.execute()
 
-    async def record_skipped(self, counts: dict[str, int], at: float) -> None:
+    async def write_skipped(self, counts: dict[str, int], at: float) -> None:
         """Count pairs skipped for budget (``counts``, by group) into the buckets of ``at``."""
         if not counts:
             return

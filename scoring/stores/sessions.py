@@ -68,7 +68,7 @@ class SessionStore:
         self._record = redis.register_script(_RECORD_TURN)
         self._forget = redis.register_script(_FORGET)
 
-    async def record(self, traces: list[Trace], now: float | None = None) -> None:
+    async def add_turns(self, traces: list[Trace], now: float | None = None) -> None:
         """Store each trace as a turn of its session, in one pipelined round trip."""
         now = time.time() if now is None else now
         async with ScriptPipeline(self._redis) as pipe:

@@ -120,7 +120,7 @@ def env(redis_databases: RedisDatabases, tmp_path_factory: pytest.TempPathFactor
 
 async def record(url: str, events: list[RatingEvent]) -> None:
     redis = connect(url)
-    await RatingsStore(redis).record(events)
+    await RatingsStore(redis).write(events)
     await redis.aclose()
 
 

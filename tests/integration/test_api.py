@@ -309,7 +309,7 @@ def test_ratings_and_session_scores_are_the_projects_own(api: Api, scorers: dict
         async def record() -> None:
             redis = connect(api.redis_url)
             now = time.time()
-            await RatingsStore(redis).record(
+            await RatingsStore(redis).write(
                 [RatingEvent(ga["id"], 8.0, False, now), RatingEvent(ga["id"], 4.0, True, now)],
                 [SessionVerdict("s-shared", ga["id"], 4.5, "Weighted blend: A", now),
                  SessionVerdict("s-shared", gb["id"], 9.0, "Weighted blend: B", now),

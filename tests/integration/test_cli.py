@@ -70,7 +70,7 @@ async def test_ratings_table_and_json_and_session_scores(url: str) -> None:
     cli(url, "catalog", "apply", str(EXAMPLE))
     redis = connect(url)
     now = time.time()
-    await RatingsStore(redis).record(
+    await RatingsStore(redis).write(
         [RatingEvent("support-quality", 8.0, False, now), RatingEvent("support-quality", 4.0, True, now),
          RatingEvent("support-quality", None, False, now)],
         [SessionVerdict("s-1", "support-conversations", 4.5, "Weighted blend: 4.50/10. Tone 0.45", now)])

@@ -24,7 +24,7 @@ from aiokafka.admin import AIOKafkaAdminClient, NewTopic
 from redis.asyncio import Redis
 
 from consumers.outputs import TopicNames
-from consumers.traces import OutputError, TraceConsumer
+from consumers.traces import OutputError, TraceConsumer, TraceLoopLimits
 from scoring.catalog import CatalogSnapshot
 from scoring.egress import EgressPolicy
 from scoring.members.external import ExternalClient
@@ -82,7 +82,7 @@ async def make_loop(kafka_bootstrap: str, redis: Redis, scorer: GatedScorer, uni
                                           policy=RetryPolicy(attempts=1)), member_deadline_s=60)
     traces = TraceConsumer(consumer=consumer, producer=producer, topics=topics, catalog=lambda: snapshot,
                            panel=panel, claims=Claims(redis, lease_s=lease_s), ratings=RatingsStore(redis),
-                           commit_interval_s=commit_interval_s)
+                           limits=TraceLoopLimits(commit_interval_s=commit_interval_s))
     await producer.start()
     consumer.subscribe([topics.traces], listener=traces.rebalance_listener())
     return Loop(traces, consumer, producer, redis, project, topics, TopicPartition(topics.traces, 0),

@@ -15,6 +15,7 @@ scored in bulk) and ``sess`` (session scope: only its turns are recorded here).
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import re
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
@@ -34,6 +35,7 @@ from structlog.testing import capture_logs
 from consumers.outage import OutageGuard, OutageTooLong
 from consumers.outputs import TopicNames
 from consumers.traces import OutputError, TraceConsumer
+from consumers.traces import TraceLoopLimits as limits
 from scoring.blend import MemberOutcome, blend
 from scoring.catalog import CatalogSnapshot
 from scoring.models import Budget, Judge, Pattern, ScorerGroup
@@ -48,6 +50,8 @@ from tests.support.trace_loop import WAIT_S, Loop, trace, until
 pytestmark = pytest.mark.integration
 
 BLOCK = "[[block]]"  # an output carrying this makes its pairs wait for Controls.panel.release()
+
+LIMITS = {f.name for f in dataclasses.fields(limits)}  # what the loop fixture passes as its limits
 
 
 # --- what the test controls ---------------------------------------------------------------------
@@ -81,12 +85,12 @@ class Events:
 
 
 class Turns:
-    """A TurnRecorder that keeps the trace ids it was given."""
+    """A TurnRecorder (the session store's add_turns) that keeps the trace ids it was given."""
 
     def __init__(self) -> None:
         self.recorded: list[list[str]] = []
 
-    async def record(self, traces: list[Trace], now: float | None = None) -> None:
+    async def add_turns(self, traces: list[Trace], now: float | None = None) -> None:
         self.recorded.append([t.trace_id for t in traces])
 
 
@@ -299,7 +303,8 @@ async def loops(kafka_bootstrap: str, redis: Redis, unique: str) -> AsyncIterato
         events = Events()
         traces = TraceConsumer(consumer=consumer, producer=producer, topics=topics, catalog=lambda: snap,
                                panel=panel, claims=claims, ratings=RatingsStore(redis), events=events,
-                               commit_interval_s=commit_interval_s, finish_linger_s=finish_linger_s, **kw)
+                               limits=limits(commit_interval_s=commit_interval_s, finish_linger_s=finish_linger_s,
+                                             **{k: kw.pop(k) for k in list(kw) if k in LIMITS}), **kw)
         # Before the loop runs: not assigned yet, and the heartbeats (read by /readyz) are times.
         assert traces.assigned_once is False and traces.fatal is None and traces.outage is None
         assert isinstance(traces.last_progress, float) and isinstance(traces.last_commit_advance, float)
@@ -349,9 +354,9 @@ async def test_malformed_and_unroutable_records_are_dead_lettered_with_their_rea
     assert loop.traces.outage is None and loop.traces.fatal is None
     where = {"topic": loop.topics.traces, "partition": 0}
     assert logged(logs, "dead-lettered a record") == [
-        {"event": "dead-lettered a record", "log_level": "warning", "reason": "not_json",
+        {"event": "dead-lettered a record", "log_level": "warning", "loop": "traces", "reason": "not_json",
          "error": dead[0][1]["error"], "offset": 0} | where,
-        {"event": "dead-lettered a record", "log_level": "warning", "reason": "unprocessable",
+        {"event": "dead-lettered a record", "log_level": "warning", "loop": "traces", "reason": "unprocessable",
          "error": routing["error"][:300], "offset": 2} | where]
     assert logged(logs, "a trace broke a step; dead-lettered") == [
         {"event": "a trace broke a step; dead-lettered", "log_level": "warning", "step": "routing",
@@ -476,13 +481,13 @@ async def test_done_marks_of_pairs_finishing_apart_share_a_call_within_the_linge
     # one write when the linger is longer than the time between them.
     loop = await loops(("wait",), finish_linger_s=3.0)
     writes: list[int] = []
-    write = loop.traces._write_finished
+    write = loop.traces.pairs._finish
 
     async def counted(items: list[Any]) -> None:
         writes.append(len(items))
         await write(items)
 
-    loop.traces._finisher._flush = counted  # type: ignore[assignment]
+    loop.traces.pairs.finisher._flush = counted  # type: ignore[assignment]
     await loop.send("t-0")
     await loop.start()
 
@@ -795,10 +800,11 @@ async def test_records_of_a_partition_revoked_since_the_fetch_are_left_and_the_r
                               key=trace_id.encode(), value=value, checksum=None, serialized_key_size=len(trace_id),
                               serialized_value_size=len(value), headers=())
     # A partition in the fetch that is not (any more) this consumer's, first in the batch: the
-    # records after it are still handled. _handle is called beside the running loop, whose own
-    # fetches find an empty topic.
+    # records after it are still handled. The batch is ticketed and taken beside the running loop,
+    # whose own fetches find an empty topic.
     gone = TopicPartition(loop.topics.traces, 7)
-    await loop.traces._handle({gone: [record(gone, "t-gone")], loop.tp: [record(loop.tp, "t-0")]})
+    batch = loop.traces.loop._tickets({gone: [record(gone, "t-gone")], loop.tp: [record(loop.tp, "t-0")]})
+    await loop.traces.take(batch)
     await loop.committed_to(1)
     assert loop.controls.claims.claims_of("t-gone") == 0, "the new owner reads it"
     assert await loop.ratings() == [("bulk", "t-0")]
@@ -1108,7 +1114,7 @@ async def test_finished_jobs_and_publishes_are_not_kept(loops: Callable[..., Awa
     await loop.start()
     await loop.committed_to(3)
     traces = loop.traces
-    await until(lambda: not traces._jobs and not traces._job_traces and not traces._publishing,
+    await until(lambda: not traces._jobs and not traces.pairs._publishing and not traces.pairs.unpublished,
                 "nothing kept of finished work")
 
 

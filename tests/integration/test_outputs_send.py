@@ -9,7 +9,7 @@ from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
 from aiokafka.admin import AIOKafkaAdminClient, NewTopic
 from aiokafka.partitioner import DefaultPartitioner
 
-from consumers.events import NoEvents
+from consumers.events import Silent
 from consumers.outputs import BULK_RECORDS, Outputs, TopicNames
 
 pytestmark = pytest.mark.integration
@@ -35,7 +35,7 @@ async def test_bulk_and_single_records_land_where_send_would_put_them_in_order(
     await producer.start()
     try:
         names = TopicNames(traces=topic, ratings=topic, signals=topic, webhooks=topic, dlq=topic)
-        await Outputs(producer, names, NoEvents()).send(records)
+        await Outputs(producer, names, Silent()).send(records)
     finally:
         await producer.stop()
 

@@ -20,7 +20,7 @@ async def test_history_buckets_count_mean_min_max_below_and_no_score(redis: Redi
     events = [RatingEvent(group, 8.0, False, NOW - 30), RatingEvent(group, 4.0, True, NOW - 20),
               RatingEvent(group, None, False, NOW - 10), RatingEvent(group, 6.0, False, NOW - 3 * 3600),
               RatingEvent(f"other-{unique}", 1.0, True, NOW)]
-    await store.record(events)
+    await store.write(events)
 
     week = await store.history(group, "7d", now=NOW)
     assert week.bucket_seconds == 3600 and len(week.buckets) == 168
@@ -44,10 +44,10 @@ async def test_pairs_skipped_for_budget_are_counted_beside_no_score_and_are_not_
         redis: Redis, unique: str) -> None:
     store = RatingsStore(redis)
     group = f"g-{unique}"
-    await store.record([RatingEvent(group, None, False, NOW - 10)])
-    await store.record_skipped({group: 3, f"other-{unique}": 1}, NOW - 5)
-    await store.record_skipped({group: 2}, NOW - 3 * 3600)
-    await store.record_skipped({}, NOW)  # nothing to count: no call
+    await store.write([RatingEvent(group, None, False, NOW - 10)])
+    await store.write_skipped({group: 3, f"other-{unique}": 1}, NOW - 5)
+    await store.write_skipped({group: 2}, NOW - 3 * 3600)
+    await store.write_skipped({}, NOW)  # nothing to count: no call
     hour = await store.history(group, "1h", now=NOW)
     assert (hour.count, hour.no_score, hour.skipped) == (1, 1, 3), "skips are not results"
     assert (await store.history(group, "7d", now=NOW)).skipped == 5
@@ -58,7 +58,7 @@ async def test_pairs_skipped_for_budget_are_counted_beside_no_score_and_are_not_
 async def test_buckets_expire_after_their_window(redis: Redis, unique: str) -> None:
     store = RatingsStore(redis)
     group = f"g-{unique}"
-    await store.record([RatingEvent(group, 5.0, False, NOW)])
+    await store.write([RatingEvent(group, 5.0, False, NOW)])
     for window_s, bucket_s in keys.RATING_WINDOWS.values():
         key = keys.rating_bucket(group, bucket_s, int(NOW) // bucket_s * bucket_s)
         ttl = await redis.ttl(key)
@@ -67,15 +67,15 @@ async def test_buckets_expire_after_their_window(redis: Redis, unique: str) -> N
     # and batch saved): the bucket's first write is never before its start, so it outlives its window.
     key = keys.rating_bucket(group, 60, int(NOW) // 60 * 60)
     await redis.expire(key, 100)
-    await store.record([RatingEvent(group, 6.0, False, NOW + 1)])
+    await store.write([RatingEvent(group, 6.0, False, NOW + 1)])
     assert 0 < await redis.ttl(key) <= 100 and int(await redis.hget(key, "count")) == 2
 
 
 async def test_session_scores_keep_the_latest_verdict_per_group(redis: Redis, unique: str) -> None:
     store = RatingsStore(redis)
     session = f"s-{unique}"
-    await store.record([], [SessionVerdict(session, "g-a", 3.0, "Weighted blend: first", NOW)])
-    await store.record([], [SessionVerdict(session, "g-a", 4.5, "Weighted blend: second", NOW + 60),
+    await store.write([], [SessionVerdict(session, "g-a", 3.0, "Weighted blend: first", NOW)])
+    await store.write([], [SessionVerdict(session, "g-a", 4.5, "Weighted blend: second", NOW + 60),
                             SessionVerdict(session, "g-b", None, "Weighted blend: no score", NOW + 60)])
     scores = await store.session_scores(session)
     assert [(s["kind"], s["rating"], s["justification"]) for s in scores] == [

@@ -90,14 +90,14 @@ async def use_every_store(redis: RedisCluster) -> list[AsyncScript]:
     assert await claims.reserve_many([Reservation(requests[0], 1, 0, False)], now=now) == [True]
 
     ratings = RatingsStore(redis)
-    await ratings.record([RatingEvent(f"g{n}", 7.0, False, now, b'{"id":"r"}') for n in range(6)],
+    await ratings.write([RatingEvent(f"g{n}", 7.0, False, now, b'{"id":"r"}') for n in range(6)],
                          [SessionVerdict("s1", "g1", 7.0, "r1", now)])
-    await ratings.record_skipped({"g1": 2}, now)
+    await ratings.write_skipped({"g1": 2}, now)
     assert (await ratings.history("g1", "1h", now=now)).count == 1
     assert await ratings.results("g1") == ([b'{"id":"r"}'], None)
 
     sessions = SessionStore(redis)
-    await sessions.record([turn(f"p{n}", f"s{n}", n) for n in range(6)], now=now - 60)
+    await sessions.add_turns([turn(f"p{n}", f"s{n}", n) for n in range(6)], now=now - 60)
     assert [q.session_id for q in await sessions.quiet("p2", 30, now=now)] == ["s2"]
     await sessions.forget("p2", ["s2"], not_after=now)
 

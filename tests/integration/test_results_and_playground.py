@@ -65,7 +65,7 @@ def rating(group_id: str, n: int, score: float | None) -> Rating:
 def record(env: Env, group_id: str, ratings: list[tuple[Rating, bool]]) -> None:
     async def write() -> None:
         redis = connect(env.redis_url)
-        await RatingsStore(redis).record([RatingEvent(group_id, r.rating, below, r.scored_at.timestamp(), r.to_json())
+        await RatingsStore(redis).write([RatingEvent(group_id, r.rating, below, r.scored_at.timestamp(), r.to_json())
                                           for r, below in ratings])
         await redis.aclose()
 

@@ -95,7 +95,7 @@ def test_the_specs_snippets_run_unchanged(env: Env) -> None:
 
     async def verdict() -> None:
         redis = connect(env.redis_url)
-        await RatingsStore(redis).record([], [SessionVerdict("s-42", group.id, 4.5, "Weighted blend: ...",
+        await RatingsStore(redis).write([], [SessionVerdict("s-42", group.id, 4.5, "Weighted blend: ...",
                                                              time.time())])
         await redis.aclose()
 

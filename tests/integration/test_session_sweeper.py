@@ -28,8 +28,8 @@ async def sweep(redis: Redis, kafka_bootstrap: str, unique: str) -> AsyncIterato
 async def test_busy_sessions_stay_until_judged_and_judged_ones_are_not_judged_again(sweep: Sweep) -> None:
     sweeper = sweep.sweeper(sweep.catalog())
     now = time.time()
-    await sweep.record("s-busy", 2, at=now - 5)
-    await sweep.record("s-free", 2, at=now - 5)
+    await sweep.add_turns("s-busy", 2, at=now - 5)
+    await sweep.add_turns("s-free", 2, at=now - 5)
     # Another worker holds the lease on s-busy at 2 turns.
     (held,) = await Claims(sweep.redis, lease_s=1.0).claim_many([sweep.claim("s-busy", 2)])
     assert held.state == "claimed"
@@ -50,8 +50,8 @@ async def test_turns_that_no_longer_read_never_block_a_session_or_the_others(swe
     # sweep cannot read are left out, and the sessions are judged on what reads.
     sweeper = sweep.sweeper(sweep.catalog())
     now = time.time()
-    await sweep.record("s-odd", 2, at=now - 5)
-    await sweep.record("s-fine", 2, at=now - 5)
+    await sweep.add_turns("s-odd", 2, at=now - 5)
+    await sweep.add_turns("s-fine", 2, at=now - 5)
     deep = turn(sweep.project, "s-odd", 3).model_dump_json(by_alias=True).replace('"fine"', "[" * depth + "]" * depth)
     await sweep.redis.hset(keys.session_turns(sweep.project, "s-odd"), "s-odd-3", deep)
     await sweep.redis.hset(keys.session_turns(sweep.project, "s-odd"), "s-odd-4", b"\xff not json")
@@ -82,15 +82,15 @@ async def test_a_session_is_judged_only_once_quiet_for_its_groups_idle_seconds(s
     store = ReadsRecorded(sweep.redis)
     sweeper = sweep.sweeper(catalog, store=store)
     t0 = float(int(time.time()))  # whole seconds: t0 + 10 - 10 is exactly t0
-    await sweep.record("s-idle", 2, at=t0)
+    await sweep.add_turns("s-idle", 2, at=t0)
     for n in range(3):  # busier conversations, still talking
-        await sweep.record(f"s-busy{n}", 2, at=t0 + 5)
+        await sweep.add_turns(f"s-busy{n}", 2, at=t0 + 5)
 
     assert await sweeper.sweep_once(now=t0 + 9) == 0, "quiet 9 s: no group's idle time has passed"
     assert store.quiet_for == [], "nothing quiet for the shortest idle time is even read"
     assert await sweeper.sweep_once(now=t0 + 10) == 1, "quiet 10 s: only the 10 s group judges it"
     for n in range(3):
-        await sweep.store.record([turn(sweep.project, f"s-busy{n}", 3)], now=t0 + 55)
+        await sweep.store.add_turns([turn(sweep.project, f"s-busy{n}", 3)], now=t0 + 55)
     assert await sweeper.sweep_once(now=t0 + 59) == 0, "judged by fast at 2 turns; slow still waits"
     assert "s-idle" in await sweep.index(), "a group has yet to judge it"
     assert await sweeper.sweep_once(now=t0 + 60) == 1, "quiet 60 s: now the slow group"

@@ -16,7 +16,7 @@ from redis.asyncio import Redis
 from redis.exceptions import ConnectionError as RedisConnectionError
 from structlog.testing import capture_logs
 
-from consumers.events import NoEvents
+from consumers.events import Silent
 from consumers.pauses import PauseWatch
 from scoring.blend import MemberOutcome, blend
 from scoring.catalog import CatalogSnapshot
@@ -73,7 +73,7 @@ async def test_the_sweeper_sweeps_every_interval_rides_out_a_failed_sweep_and_st
             raise RuntimeError("the catalog is not loaded yet")
         return catalog
 
-    await sweep.record("s-1", 2, at=time.time() - 5)
+    await sweep.add_turns("s-1", 2, at=time.time() - 5)
     stop = asyncio.Event()
     with capture_logs() as logs:
         loop = asyncio.create_task(sweep.sweeper(current, interval_s=0.05).run(stop))
@@ -98,7 +98,7 @@ async def test_a_sweep_that_lost_its_lease_publishes_nothing_and_leaves_the_sess
     server.script(Reply(body={"score": 0.0}, delay_s=2))
     sweeper = sweep.sweeper(remote_catalog(sweep, server), panel=panel, claims=Claims(sweep.redis, lease_s=0.5))
     now = time.time()
-    await sweep.record("s-1", 2, at=now - 5)
+    await sweep.add_turns("s-1", 2, at=now - 5)
     stalled = asyncio.create_task(sweeper.sweep_once(now=now))
 
     async def scoring() -> bool:
@@ -124,7 +124,7 @@ async def test_a_cancelled_sweep_gives_its_leases_back_at_once(sweep: Sweep,
     server.script(Reply(body={"score": 0.0}, delay_s=5))
     catalog = remote_catalog(sweep, server)
     now = time.time()
-    await sweep.record("s-1", 2, at=now - 5)
+    await sweep.add_turns("s-1", 2, at=now - 5)
     cut_short = asyncio.create_task(sweep.sweeper(catalog, panel=panel, claims=Claims(sweep.redis, lease_s=60))
                                     .sweep_once(now=now))
 
@@ -158,7 +158,7 @@ async def test_a_cancelled_sweep_whose_leases_cannot_be_given_back_still_ends_as
     server, panel = remote
     server.script(Reply(body={"score": 0.0}, delay_s=5))
     now = time.time()
-    await sweep.record("s-1", 2, at=now - 5)
+    await sweep.add_turns("s-1", 2, at=now - 5)
     claims = UnreleasingClaims(sweep.redis, lease_s=60)
     cut_short = asyncio.create_task(sweep.sweeper(remote_catalog(sweep, server), panel=panel, claims=claims)
                                     .sweep_once(now=now))
@@ -174,7 +174,7 @@ async def test_a_cancelled_sweep_whose_leases_cannot_be_given_back_still_ends_as
     assert (await claims.stored(sweep.claim("s-1", 2))).startswith("lease:"), "left to expire"
 
 
-class Rescored(NoEvents):
+class Rescored(Silent):
     def __init__(self) -> None:
         self.rescored: list[int] = []
 
@@ -203,13 +203,18 @@ class StandsStillOnce(Panel):
     async def score(self, group: ScorerGroup, subject: Subject, scorers: Any, spend: Any = None) -> GroupResult:
         return self._stand_still(group, subject, await super().score(group, subject, scorers, spend=spend))
 
+    async def score_many(self, items: list[tuple[ScorerGroup, Subject]], scorers: Any) -> list[GroupResult]:
+        # Groups that wait on nothing (this test's) are scored in bulk, as in the trace loop.
+        results = await super().score_many(items, scorers)
+        return [self._stand_still(g, s, r) for (g, s), r in zip(items, results, strict=True)]
+
 
 async def test_a_member_failed_while_the_process_stood_still_is_judged_again_not_published(
         sweep: Sweep) -> None:
     # "A pause is not a timeout": the process stands still while the conversation is judged, and
     # its member times out - on the clock, not on the scorer. The sweep hands it back (its lease
     # given up); the next sweep judges it afresh, and only that verdict is published.
-    await sweep.record("s-1", 2, at=time.time() - 5)
+    await sweep.add_turns("s-1", 2, at=time.time() - 5)
     pauses, events, panel, stop = PauseWatch(), Rescored(), StandsStillOnce(), asyncio.Event()
     sweeper = sweep.sweeper(sweep.catalog(), panel=panel, events=events, pauses=pauses)
     watching = asyncio.create_task(pauses.run(stop))
@@ -227,7 +232,7 @@ async def test_a_member_failed_while_the_process_stood_still_is_judged_again_not
 
 
 async def test_a_member_that_failed_without_a_pause_is_published_as_it_is(sweep: Sweep) -> None:
-    await sweep.record("s-1", 2, at=time.time() - 5)
+    await sweep.add_turns("s-1", 2, at=time.time() - 5)
     events, stop, pauses = Rescored(), asyncio.Event(), PauseWatch()
     catalog = sweep.catalog(session_group(sweep.project, members=[
         {"kind": "judge", "refId": "quality", "weight": 1, "gate": False}]),

@@ -13,7 +13,7 @@ import pytest
 from redis.asyncio import Redis
 from structlog.testing import capture_logs
 
-from consumers.events import NoEvents
+from consumers.events import Silent
 from consumers.sessions import PAGE
 from deploy.judge_server import JudgeServer
 from scoring.egress import EgressPolicy
@@ -39,7 +39,7 @@ async def sweep(redis: Redis, kafka_bootstrap: str, unique: str) -> AsyncIterato
         yield s
 
 
-class Recorded(NoEvents):
+class Recorded(Silent):
     """The events the sweep reports (the worker turns them into metrics)."""
 
     def __init__(self) -> None:
@@ -73,9 +73,9 @@ async def test_one_turn_sessions_broken_sessions_and_groups_not_yet_due_never_st
     catalog = sweep.catalog(session_group(sweep.project, "a-slow", idle=60),
                             session_group(sweep.project, "b-fast", idle=10))
     t0 = time.time()
-    await sweep.record("s-one", 1, at=t0 - 2)
-    await sweep.store.record(broken_turns(sweep.project, "s-broken"), now=t0 - 1)
-    await sweep.record("s-fine", 2, at=t0)
+    await sweep.add_turns("s-one", 1, at=t0 - 2)
+    await sweep.store.add_turns(broken_turns(sweep.project, "s-broken"), now=t0 - 1)
+    await sweep.add_turns("s-fine", 2, at=t0)
     with capture_logs() as logs:
         assert await sweep.sweeper(catalog).sweep_once(now=t0 + 15) == 1
     assert await sweep.ratings(1) == [("b-fast", "s-fine", 2)]
@@ -96,7 +96,7 @@ async def test_a_session_mixing_turn_times_with_and_without_a_zone_is_judged_onc
             {"kind": "custom", "refId": "ext", "weight": 1, "gate": False}]), customs={"ext": scorer})
         external = ExternalClient(EgressPolicy.parse(["127.0.0.0/8"]))
         t0 = time.time()
-        await sweep.store.record([said(p, session, 1, "2026-12-02T13:00:02", "asked second"),
+        await sweep.store.add_turns([said(p, session, 1, "2026-12-02T13:00:02", "asked second"),
                                   said(p, session, 2, "2026-12-02T14:00:01+02:00", "asked first")], now=t0)
         try:
             sweeper = sweep.sweeper(catalog, panel=Panel(external=external))
@@ -118,8 +118,8 @@ async def test_a_backlog_of_more_than_two_pages_is_judged_whole_in_one_sweep(swe
     sweeper = sweep.sweeper(catalog)
     t0 = time.time()
     backlog = 2 * PAGE + 1
-    await sweep.store.record(broken_turns(sweep.project, "s-broken"), now=t0 - 1)  # on the first page
-    await sweep.store.record([turn(sweep.project, f"s-{i:03d}", n) for i in range(backlog) for n in (1, 2)], now=t0)
+    await sweep.store.add_turns(broken_turns(sweep.project, "s-broken"), now=t0 - 1)  # on the first page
+    await sweep.store.add_turns([turn(sweep.project, f"s-{i:03d}", n) for i in range(backlog) for n in (1, 2)], now=t0)
 
     assert await sweeper.sweep_once(now=t0 + 30) == backlog, "the 10 s group, every session: they stay for the 60 s one"
     assert len(await sweep.index()) == backlog, "only the broken session left the index"
@@ -137,10 +137,10 @@ async def test_each_group_samples_conversations_on_its_own_and_keeps_its_choice(
     assert 0 < len(expected) < 2 * len(sessions) and {g for g, _ in expected} == {"g-a", "g-b"}
     t0 = time.time()
     for s in sessions:
-        await sweep.record(s, 2, at=t0 - 5)
+        await sweep.add_turns(s, 2, at=t0 - 5)
     assert await sweeper.sweep_once(now=t0) == len(expected)
     for s in sessions:
-        await sweep.store.record([turn(sweep.project, s, 3)], now=t0 + 1)
+        await sweep.store.add_turns([turn(sweep.project, s, 3)], now=t0 + 1)
     assert await sweeper.sweep_once(now=t0 + 6) == len(expected)
     judged = await sweep.ratings(2 * len(expected))
     assert {(g, s) for g, s, turns in judged if turns == 2} == expected
@@ -161,7 +161,7 @@ async def test_only_projects_with_live_session_groups_are_swept_and_each_one_cou
                             trace_scope, offline, paused)
     now = time.time()
     for project in (p, f"{p}-other", f"{p}-trace", f"{p}-offline", f"{p}-paused"):
-        await sweep.record("s-1", 2, at=now - 5, project=project)
+        await sweep.add_turns("s-1", 2, at=now - 5, project=project)
     with capture_logs() as logs:
         assert await sweep.sweeper(catalog).sweep_once(now=now) == 2, "one session in each session-scope project"
     assert [e for e in logs if e["log_level"] == "error"] == []
@@ -175,7 +175,7 @@ async def test_one_projects_unreadable_index_never_stops_the_others(sweep: Sweep
     catalog = sweep.catalog(session_group(bad, "conv-bad"), session_group(sweep.project, "conv"))
     now = time.time()
     await sweep.redis.zadd(keys.session_activity(bad), {b"\xff\xfe not text": now - 5})
-    await sweep.record("s-1", 2, at=now - 5)
+    await sweep.add_turns("s-1", 2, at=now - 5)
     try:
         with capture_logs() as logs:
             assert await sweep.sweeper(catalog).sweep_once(now=now) == 1
@@ -204,8 +204,8 @@ async def test_judge_calls_come_out_of_the_projects_online_budget(sweep: Sweep, 
     events = Recorded()
     claims = Claims(sweep.redis)
     now = time.time()
-    await sweep.record("s-1", 2, at=now - 6)
-    await sweep.record("s-2", 2, at=now - 5)
+    await sweep.add_turns("s-1", 2, at=now - 6)
+    await sweep.add_turns("s-2", 2, at=now - 5)
     history = RatingsStore(sweep.redis)
     before = (await history.history("conv", "1h")).skipped  # group ids are shared: this sweep's own increase
     try:
@@ -231,7 +231,7 @@ async def test_a_judged_session_is_recorded_for_the_sdk_and_a_redelivery_judges_
     claims = Claims(sweep.redis)
     sweeper = sweep.sweeper(sweep.catalog(), claims=claims)
     now = time.time()
-    await sweep.record(session, 2, at=now - 5)
+    await sweep.add_turns(session, 2, at=now - 5)
     with capture_logs() as logs:
         assert await sweeper.sweep_once(now=now) == 1
     (rating,) = await sweep.published(1)
@@ -240,7 +240,7 @@ async def test_a_judged_session_is_recorded_for_the_sdk_and_a_redelivery_judges_
         "scoredAt": pytest.approx(datetime.fromisoformat(rating["scoredAt"]).timestamp())}]
     assert await claims.stored(sweep.claim(session, 2)) == f"done:{rating['id']}"
     assert [(e["event"], e["pairs"]) for e in logs if e["log_level"] == "info"] == [("sessions judged", 1)]
-    await sweep.record(session, 2, at=now - 5)  # the same turns again: a redelivery
+    await sweep.add_turns(session, 2, at=now - 5)  # the same turns again: a redelivery
     assert await sweep.index() == {session}
     assert await sweeper.sweep_once(now=now) == 0, "done at this length: no second verdict"
     assert await sweep.index() == set()
@@ -258,7 +258,7 @@ class GrowsWhileJudged(SessionStore):
                     offset: int = 0, limit: int = 200) -> list[QuietSession]:
         found = await super().quiet(project_id, quiet_for_s, now, offset, limit)
         if self.pending is not None:
-            await self.record([self.pending], now=self.at)
+            await self.add_turns([self.pending], now=self.at)
             self.pending = None
         return found
 
@@ -267,7 +267,7 @@ async def test_a_session_that_grows_while_it_is_judged_is_judged_again_at_its_ne
     t0 = float(int(time.time()))
     store = GrowsWhileJudged(sweep, "s-1", at=t0 + 5)
     sweeper = sweep.sweeper(sweep.catalog(session_group(sweep.project, idle=5)), store=store)
-    await sweep.record("s-1", 2, at=t0)
+    await sweep.add_turns("s-1", 2, at=t0)
     assert await sweeper.sweep_once(now=t0 + 5) == 1, "judged at the 2 turns it read"
     assert await sweep.index() == {"s-1"}, "its third turn keeps it in the index"
     assert await sweeper.sweep_once(now=t0 + 10) == 1

@@ -57,15 +57,15 @@ async def test_ingest_waits_for_a_frozen_redis_then_schedules_and_frees_the_offs
                             serialized_value_size=0, headers=())
     assert own_redis.proc is not None
     os.kill(own_redis.proc.pid, signal.SIGSTOP)
-    ingest = asyncio.create_task(sender._ingest({tp: [record]}))
+    ingest = asyncio.create_task(sender.take([(sender.loop.tracker.started(tp, record.offset), record)]))
     await asyncio.sleep(1.5)
     assert not ingest.done() and guard.reason is not None and "redis unreachable" in guard.reason
-    assert sender._offsets.to_commit() == {tp: 41}, "the record is not committed while it is not in Redis"
+    assert sender.loop.tracker.to_commit() == {tp: 41}, "the record is not committed while it is not in Redis"
     os.kill(own_redis.proc.pid, signal.SIGCONT)
     await asyncio.wait_for(ingest, timeout=15)
 
     assert guard.reason is None
     shard = shard_of(delivery)
     assert await redis.exists(keys.webhook_pending(shard, delivery.id), keys.webhook_done(shard, delivery.id))
-    assert sender._offsets.to_commit() == {tp: 42}, "the offset moves once the delivery is durable"
+    assert sender.loop.tracker.to_commit() == {tp: 42}, "the offset moves once the delivery is durable"
     await asyncio.gather(*sender._tasks, return_exceptions=True)

@@ -13,7 +13,7 @@ from typing import Any
 from aiokafka import AIOKafkaProducer
 from redis.asyncio import Redis
 
-from consumers.events import NoEvents, PipelineEvents
+from consumers.events import PipelineEvents, Silent
 from consumers.outputs import Outputs, TopicNames
 from consumers.sessions import SessionSweeper
 from scoring.catalog import CatalogSnapshot
@@ -66,15 +66,15 @@ class Sweep:
     def sweeper(self, catalog: CatalogSnapshot | Callable[[], CatalogSnapshot], *, store: SessionStore | None = None,
                 claims: Claims | None = None, panel: Panel | None = None, events: PipelineEvents | None = None,
                 **kw: Any) -> SessionSweeper:
-        return SessionSweeper(store=store or self.store, outputs=Outputs(self.producer, self.topics, NoEvents()),
+        return SessionSweeper(store=store or self.store, outputs=Outputs(self.producer, self.topics, Silent()),
                               catalog=catalog if callable(catalog) else lambda: catalog, panel=panel or Panel(),
                               claims=claims or Claims(self.redis, lease_s=1.0), ratings=RatingsStore(self.redis),
                               events=events, **kw)
 
-    async def record(self, session: str, turns: int, at: float, project: str | None = None) -> None:
+    async def add_turns(self, session: str, turns: int, at: float, project: str | None = None) -> None:
         """``turns`` turns of ``session``, its last activity at ``at``."""
         project = project or self.project
-        await self.store.record([turn(project, session, n) for n in range(1, turns + 1)], now=at)
+        await self.store.add_turns([turn(project, session, n) for n in range(1, turns + 1)], now=at)
 
     async def index(self, project: str | None = None) -> set[str]:
         """The sessions the sweep still watches."""

@@ -24,7 +24,6 @@ def test_every_error_the_service_raises_is_a_scoring_error_with_a_status(error: 
 
 
 def test_the_flags_say_what_to_do() -> None:
-    assert OutageTooLong("redis").outage and not OutputError("x").outage
     assert MemberError("HTTP 503", retriable=True).retriable and not MemberError("bad answer").retriable
     assert CodeScorerError("pool closed", retriable=True).retriable and not CodeScorerError("ZeroDivisionError").retriable
     assert EgressRefused("no address", retriable=True).retriable and not NotFound("x").retriable

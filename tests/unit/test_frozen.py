@@ -1,4 +1,4 @@
-"""``record``: frozen for the type checker, the same equality and hash as a frozen dataclass."""
+"""``frozen``: frozen for the type checker, the same equality and hash as a frozen dataclass."""
 
 from __future__ import annotations
 
@@ -8,10 +8,10 @@ from pathlib import Path
 
 from mypy import api as mypy_api
 
-from scoring.records import record
+from scoring.frozen import frozen
 
 
-@record
+@frozen
 class Claim:
     project: str
     calls: int
@@ -25,23 +25,23 @@ class FrozenClaim:
     day: int = dataclasses.field(kw_only=True)
 
 
-def test_a_record_equals_and_hashes_as_the_frozen_dataclass_it_stands_for() -> None:
+def test_a_frozen_class_equals_and_hashes_as_the_frozen_dataclass_it_stands_for() -> None:
     a, b, c = Claim("p", 1, day=3), Claim("p", 1, day=3), Claim("p", 2, day=3)
     assert a == b and a != c and hash(a) == hash(b)
     assert len({a, b, c}) == 2, "usable in sets and as keys, as the claims are"
-    frozen = FrozenClaim("p", 1, day=3)
-    assert hash(a) == hash(frozen), "the same fields hash the same"
+    twin = FrozenClaim("p", 1, day=3)
+    assert hash(a) == hash(twin), "the same fields hash the same"
     assert [f.name for f in dataclasses.fields(Claim)] == [f.name for f in dataclasses.fields(FrozenClaim)]
     assert dataclasses.replace(a, calls=5) == Claim("p", 5, day=3)
     assert not hasattr(a, "__dict__"), "slotted: no attribute can be added"
 
 
-def test_the_type_checker_refuses_any_assignment_to_a_records_field(tmp_path: Path) -> None:
+def test_the_type_checker_refuses_any_assignment_to_a_frozen_objects_field(tmp_path: Path) -> None:
     program = tmp_path / "assigns.py"
     program.write_text(textwrap.dedent("""
-        from scoring.records import record
+        from scoring.frozen import frozen
 
-        @record
+        @frozen
         class Point:
             x: int
 

@@ -145,18 +145,3 @@ class OffsetTrackerMachine(RuleBasedStateMachine):
 OffsetTrackerMachine.TestCase.settings = settings(max_examples=300, stateful_step_count=60, deadline=None)
 TestOffsetTracker = OffsetTrackerMachine.TestCase
 
-
-def test_a_loop_that_finishes_in_order_advances_a_partition_at_once() -> None:
-    # The OTLP loop finishes a batch's records together: no offsets in flight, only how far.
-    from aiokafka import TopicPartition
-
-    from consumers.offsets import OffsetTracker
-
-    tracker, tp = OffsetTracker(), TopicPartition("otlp", 0)
-    tracker.advance(tp, 10)
-    assert tracker.to_commit() == {tp: 10}
-    tracker.committed({tp: 10})
-    tracker.advance(tp, 7)  # never backwards (an older batch reported late)
-    assert tracker.to_commit() == {}
-    tracker.advance(tp, 12)
-    assert tracker.to_commit() == {tp: 12} and tracker.in_flight() == 0

@@ -82,11 +82,11 @@ def test_every_setting_is_documented_and_secrets_masked(monkeypatch: pytest.Monk
 
 
 def test_invalid_settings_are_refused_naming_the_variable() -> None:
-    env = {**os.environ, "SGW_MAX_IN_FLIGHT": "0", "SGW_LOG_FORMAT": "yaml", "PYTHONPATH": str(ROOT)}
+    env = {**os.environ, "SGW_MAX_IN_FLIGHT": "-1", "SGW_LOG_FORMAT": "yaml", "PYTHONPATH": str(ROOT)}
     done = subprocess.run([sys.executable, "-m", "worker.cli", "settings"], env=env, capture_output=True,
                           text=True, timeout=60)
     assert done.returncode == 2
-    assert "SGW_MAX_IN_FLIGHT: Input should be greater than or equal to 1 (got '0')" in done.stderr
+    assert "SGW_MAX_IN_FLIGHT: Input should be greater than or equal to 0 (got '-1')" in done.stderr
     assert "SGW_LOG_FORMAT: Input should be 'json' or 'console' (got 'yaml')" in done.stderr
 
 

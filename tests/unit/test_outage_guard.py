@@ -10,7 +10,7 @@ from aiokafka.errors import KafkaConnectionError, KafkaTimeoutError, UnknownTopi
 from redis.exceptions import ClusterDownError, MasterDownError, ResponseError, SlotNotCoveredError, TryAgainError
 from redis.exceptions import ConnectionError as RedisConnectionError
 
-from consumers.outage import OutageGuard, OutageTooLong, outage_of
+from consumers.outage import OutageGuard, OutageTooLong, not_the_subjects_fault, outage_of
 
 
 def test_what_counts_as_an_outage() -> None:
@@ -22,9 +22,25 @@ def test_what_counts_as_an_outage() -> None:
     assert outage_of(ValueError("x")) is None
 
 
+def test_one_rule_says_which_failures_are_the_infrastructures_not_the_subjects() -> None:
+    # A loop stops (and is redelivered) for these; it never dead-letters a trace for them.
+    assert not_the_subjects_fault(OutageTooLong("redis away for 121s"))
+    assert not_the_subjects_fault(ResponseError("OOM command not allowed"))  # Redis answered: still not the trace
+    assert not_the_subjects_fault(KafkaConnectionError())
+    assert not_the_subjects_fault(ConnectionResetError())  # a socket under either client
+    # What a tenant's trace can break: its own problem, dead-lettered with the reason.
+    assert not not_the_subjects_fault(ValueError("a field no member can read"))
+    assert not not_the_subjects_fault(RecursionError())
+
+
 async def test_an_outage_is_waited_out_and_reported_meanwhile() -> None:
     changes: list[tuple[str, bool]] = []
-    guard = OutageGuard(tolerance_s=30, on_change=lambda dep, down: changes.append((dep, down)))
+
+    class Changes:
+        def outage(self, dependency: str, unreachable: bool) -> None:
+            changes.append((dependency, unreachable))
+
+    guard = OutageGuard(tolerance_s=30, events=Changes())
     failures = 3
     seen_reason: list[str | None] = []
 
