@@ -15,9 +15,9 @@ from __future__ import annotations
 import math
 
 from scorer_groups.documents import MemberStatus
+from scoring.frozen import frozen
 from scoring.models import MemberKind, Polarity
 from scoring.ports import TokenUsage
-from scoring.frozen import frozen
 
 GATE_PASS_MARK = 0.5  # goodness below this fails a must-pass member; exactly 0.5 passes
 REFERENCE_DELETED = "reference deleted"

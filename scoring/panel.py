@@ -18,6 +18,7 @@ from typing import Protocol
 import structlog
 
 from scoring.blend import GATE_PASS_MARK, REFERENCE_DELETED, BlendResult, MemberOutcome, blend, goodness
+from scoring.frozen import frozen
 from scoring.judge_prompt import token_ceiling
 from scoring.members.patterns import DEADLINE_S as PATTERN_DEADLINE_S
 from scoring.members.patterns import CompiledPattern, compiled
@@ -33,7 +34,6 @@ from scoring.ports import (
     RetryGate,
     TokenUsage,
 )
-from scoring.frozen import frozen
 from scoring.redact import Redactor
 from scoring.subjects import Subject
 

@@ -30,10 +30,10 @@ from scorer_groups.documents import (
     Usage,
     WebhookDelivery,
 )
+from scoring.frozen import frozen
 from scoring.models import ScorerGroup
 from scoring.panel import GroupResult
 from scoring.ports import TokenUsage
-from scoring.frozen import frozen
 from scoring.redact import mask_url
 
 __all__ = [

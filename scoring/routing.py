@@ -9,11 +9,11 @@ builds its pairs with ``pair_of`` too. Knows nothing of Kafka.
 from __future__ import annotations
 
 from scoring.catalog import CatalogSnapshot
+from scoring.frozen import frozen
 from scoring.judge_prompt import token_ceiling
 from scoring.models import ScorerGroup
 from scoring.pairs import ClaimRequest, day_of
 from scoring.panel import planned_judges, upfront_judge_calls
-from scoring.frozen import frozen
 from scoring.sampling import keep
 from scoring.subjects import Subject, Trace, trace_subject
 

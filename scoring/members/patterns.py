@@ -21,8 +21,8 @@ from dataclasses import dataclass
 
 import re2
 
-from scoring.models import Pattern, PatternTemplate, compile_user_regex
 from scoring.frozen import frozen
+from scoring.models import Pattern, PatternTemplate, compile_user_regex
 
 MAX_TEXT_CHARS = 262_144  # of each side (input, output) that a pattern reads
 INLINE_TEXT_CHARS = 16_384  # up to this much text, matching on the event loop costs under a millisecond

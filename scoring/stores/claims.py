@@ -30,8 +30,8 @@ from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from typing import Literal
 
-from scoring.pairs import ClaimRequest
 from scoring.frozen import frozen
+from scoring.pairs import ClaimRequest
 from scoring.stores import keys
 from scoring.stores.client import RedisClient
 from scoring.stores.scripts import ScriptPipeline
