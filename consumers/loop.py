@@ -258,7 +258,7 @@ class PartitionLoop:
         try:
             await self.commit()
         except KafkaError as exc:  # a rebalance under way, or the broker away: the next tick commits again
-            log.warning("commit failed; retrying on the next tick", error=repr(exc))
+            log.warning("commit failed; retrying on the next tick", loop=self.name, error=repr(exc))
             now = time.monotonic()
             self._commit_failing_since = self._commit_failing_since or now
             lasted = now - self._commit_failing_since

@@ -137,7 +137,9 @@ class PairProtocol:
         requests = [pair.claim for pair in pairs]
         states = await self._outages.call(lambda: self.claims.claim_many(requests))
         for pair, state in zip(pairs, states, strict=True):
-            if state.state == "exhausted":
+            if state.state == "claimed":
+                self.unpublished.add(pair.claim)  # ours from here: given up if the work is cancelled
+            elif state.state == "exhausted":
                 self.skipped_for_budget(pair, used=state.detail)
         return states
 
@@ -234,10 +236,10 @@ class PairProtocol:
         anyway - whose failure never replaces why the work ended. Work the infrastructure stopped
         keeps its leases: Redis may not answer, and the worker stops and is restarted anyway."""
         claims = [pair.claim for pair in pairs if pair.claim in self.unpublished]
-        self.unpublished.difference_update(claims)
         if claims:
             with contextlib.suppress(Exception):
                 await self.claims.release(claims)
+                self.unpublished.difference_update(claims)  # else ``close`` tries again
 
     async def _together(self, pairs: list[Pair], snapshot: CatalogSnapshot, scope: ResultScope,
                         claimed_at: float, lost: Literal["wait", "leave"]) -> list[PairOutcome]:

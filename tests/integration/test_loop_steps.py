@@ -1239,7 +1239,7 @@ async def test_failing_commits_are_reported_as_an_outage_and_stop_the_loop_past_
     lasted = re.search(r"committed for (\d+)s", str(raised.value))
     assert lasted is not None and 1 <= int(lasted.group(1)) < WAIT_S
     failed = logged(logs, "commit failed; retrying on the next tick")
-    assert len(failed) >= 2 and failed[0] == {"event": "commit failed; retrying on the next tick",
+    assert len(failed) >= 2 and failed[0] == {"event": "commit failed; retrying on the next tick", "loop": "traces",
                                               "log_level": "warning", "error": repr(raised.value.__cause__)}
 
 
