@@ -27,7 +27,8 @@ import asyncio
 import contextlib
 import time
 from collections import Counter
-from typing import Literal
+from collections.abc import Awaitable
+from typing import Literal, TypeVar
 
 import structlog
 
@@ -41,12 +42,13 @@ from scoring.frozen import frozen
 from scoring.pairs import ClaimRequest
 from scoring.panel import GroupResult, Panel
 from scoring.ports import BudgetExhausted
-from scoring.results import RatingEvent, ResultScope, history_event, tokens_of
+from scoring.results import HistoryEntry, ResultScope, history_entry, tokens_of
 from scoring.routing import Pair
 from scoring.stores.claims import ClaimResult, Claims, PairSpend, Reservation
 from scoring.stores.ratings import RatingsStore, SessionVerdict
 
 log = structlog.get_logger(__name__)
+T = TypeVar("T")
 
 BUSY_POLL_S = 0.5  # how often a pair leased by another worker is looked at again
 # Done marks and history wait up to this long for more pairs to share their Redis call. Short: a
@@ -62,6 +64,24 @@ CONFIRM_LINGER_S = 0.02
 PairOutcome = Literal["published", "decided", "left"] | Exception
 
 
+async def all_of(*steps: Awaitable[T]) -> list[T]:
+    """Await every step; their values in order, or the first failure once all have ended. Unlike
+    ``gather``, one step's failure or cancellation never returns before the others have ended: a
+    cancelled job's pairs have all given their leases back by the time the job counts as over.
+    (A value that is an exception - a pair's outcome - is a value, not a failure.)"""
+    tasks = [asyncio.ensure_future(step) for step in steps]
+    if not tasks:
+        return []
+    try:
+        await asyncio.wait(tasks)
+    except asyncio.CancelledError:
+        for task in tasks:
+            task.cancel()
+        await asyncio.wait(tasks)
+        raise
+    return [task.result() for task in tasks]
+
+
 @frozen
 class Finished:
     """A published pair, for steps 5 and 6: what the history counts, the done mark, the tokens
@@ -69,7 +89,7 @@ class Finished:
 
     claim: ClaimRequest
     rating_id: str
-    event: RatingEvent
+    entry: HistoryEntry
     tokens: int = 0  # the usage the judges reported, less the ceilings reserved
     verdict: SessionVerdict | None = None
 
@@ -236,10 +256,10 @@ class PairProtocol:
         anyway - whose failure never replaces why the work ended. Work the infrastructure stopped
         keeps its leases: Redis may not answer, and the worker stops and is restarted anyway."""
         claims = [pair.claim for pair in pairs if pair.claim in self.unpublished]
+        self.unpublished.difference_update(claims)
         if claims:
             with contextlib.suppress(Exception):
                 await self.claims.release(claims)
-                self.unpublished.difference_update(claims)  # else ``close`` tries again
 
     async def _together(self, pairs: list[Pair], snapshot: CatalogSnapshot, scope: ResultScope,
                         claimed_at: float, lost: Literal["wait", "leave"]) -> list[PairOutcome]:
@@ -253,7 +273,7 @@ class PairProtocol:
                 if not_the_subjects_fault(exc):
                     raise
                 # Some subject broke scoring: score each pair alone to find which.
-                return list(await asyncio.gather(*(self.alone(pair, snapshot, scope, busy=False,
+                return list(await all_of(*(self.alone(pair, snapshot, scope, busy=False,
                                                               claimed_at=claimed_at) for pair in pairs)))
             scored = [(i, Scored(pair, result)) for i, (pair, result) in enumerate(zip(pairs, results, strict=True))]
         else:
@@ -292,12 +312,13 @@ class PairProtocol:
             if scored:
                 await self._publish([s for _, s in scored], snapshot, scope, alone=False)
             return outcomes
-        async def publish_scored() -> None:
+        async def publish_scored() -> PairOutcome:
             if scored:
                 await self._publish([s for _, s in scored], snapshot, scope, alone=False)
+            return "published"
 
-        _, waited = await asyncio.gather(publish_scored(), asyncio.gather(
-            *(self.alone(s.pair, snapshot, scope, busy=True, claimed_at=claimed_at) for _, s in lost_pairs)))
+        _, *waited = await all_of(publish_scored(), *(self.alone(s.pair, snapshot, scope, busy=True,
+                                                                 claimed_at=claimed_at) for _, s in lost_pairs))
         for (i, _), outcome in zip(lost_pairs, waited, strict=True):
             outcomes[i] = outcome
         return outcomes
@@ -351,7 +372,7 @@ class PairProtocol:
                                           p.scored_at.timestamp())
                            if scope == "session" else None)
                 tokens = s.spend.settlement(tokens_of(s.result)) if s.spend is not None else 0
-                finished.append(Finished(s.pair.claim, p.id, history_event(s.pair.group, p, p.document), tokens,
+                finished.append(Finished(s.pair.claim, p.id, history_entry(s.pair.group, p, p.document), tokens,
                                          verdict))
             await self.finisher.submit(finished)
         except Exception as exc:
@@ -364,7 +385,7 @@ class PairProtocol:
         """History, latest results and verdicts first: a pair marked done is never scored again,
         so what it counts must exist by then. Then the done marks, settling tokens in passing."""
         async def write() -> None:
-            await self._ratings.write([i.event for i in items], [i.verdict for i in items if i.verdict is not None])
+            await self._ratings.write([i.entry for i in items], [i.verdict for i in items if i.verdict is not None])
             await self.claims.mark_done([(i.claim, i.rating_id) for i in items],
                                         tokens=[(i.claim, i.tokens) for i in items if i.tokens])
 

@@ -38,7 +38,7 @@ from consumers.events import SILENT, PipelineEvents
 from consumers.loop import MAX_POLL_INTERVAL_S, PartitionLoop, Taken
 from consumers.outage import OutageGuard
 from consumers.outputs import Outputs, TopicNames
-from consumers.pairs import FINISH_LINGER_S, PairOutcome, PairProtocol
+from consumers.pairs import FINISH_LINGER_S, PairOutcome, PairProtocol, all_of
 from consumers.pauses import PauseWatch
 from scoring.catalog import CatalogSnapshot
 from scoring.errors import ScoringError
@@ -291,7 +291,7 @@ class TraceConsumer:
             outcome = await self.pairs.alone(pair, snapshot, "trace", busy=busy, claimed_at=claimed_at)
             await self._pair_finished(work, outcome)
 
-        await asyncio.gather(scored_together(), *(scored_alone(*item) for item in alone))
+        await all_of(scored_together(), *(scored_alone(*item) for item in alone))
 
     async def _pair_finished(self, work: _TraceWork, outcome: PairOutcome) -> None:
         """Count one pair of a trace as done; the trace is finished with its last pair (or, if

@@ -37,10 +37,10 @@ from scoring.ports import TokenUsage
 from scoring.redact import mask_url
 
 __all__ = [
-    "RECOVERED_EVENT", "SIGNAL_EVENT", "DeliveryEvent", "MemberVerdict", "PublishedRating", "Rating", "RatingEvent",
+    "RECOVERED_EVENT", "SIGNAL_EVENT", "DeliveryEvent", "HistoryEntry", "MemberVerdict", "PublishedRating", "Rating",
     "ResultScope", "Signal", "SignalReason", "Usage", "WebhookDelivery", "build_deliveries", "build_no_score_signal",
     "build_rating", "build_recovery_deliveries", "build_signal", "channel_key", "derived_id", "encode_rating",
-    "history_event", "rating_id", "signal_key", "tokens_of",
+    "history_entry", "rating_id", "signal_key", "tokens_of",
 ]
 
 _IDS = uuid.UUID("6f1c5a8e-6a8f-4f7e-9a63-2c1d0b7e4a10")  # namespace of every id we derive
@@ -259,7 +259,7 @@ def build_recovery_deliveries(group: ScorerGroup, rating: Rating | PublishedRati
 
 
 @frozen
-class RatingEvent:
+class HistoryEntry:
     """One group result, as the ratings history counts it (``scoring.stores.ratings``)."""
 
     group_id: str
@@ -274,7 +274,7 @@ def tokens_of(result: GroupResult) -> int:
     return sum(m.outcome.usage.total for m in result.blend.members if m.outcome.usage is not None)
 
 
-def history_event(group: ScorerGroup, rating: Rating | PublishedRating, document: bytes = b"") -> RatingEvent:
+def history_entry(group: ScorerGroup, rating: Rating | PublishedRating, document: bytes = b"") -> HistoryEntry:
     """How the ratings history counts a published rating (``document``: its JSON as published)."""
-    return RatingEvent(group.id, rating.rating, below_threshold(group, rating.rating),
-                       rating.scored_at.timestamp(), document)
+    return HistoryEntry(group.id, rating.rating, below_threshold(group, rating.rating),
+                        rating.scored_at.timestamp(), document)

@@ -19,6 +19,11 @@ from scoring.webhooks.payloads import LinkTemplate
 from scoring.webhooks.retries import RetrySchedule
 
 
+def room_for(judge_concurrency: int, external_connections: int) -> int:
+    """The trace loop's derived room (``Settings.trace_room``)."""
+    return max(256, 2 * (judge_concurrency + external_connections))
+
+
 class Settings(BaseSettings):
     model_config = SettingsConfigDict(env_prefix="SGW_", frozen=True, extra="ignore")
 
@@ -440,9 +445,7 @@ class Settings(BaseSettings):
         what is being decoded, claimed, published and marked done meanwhile - or the slots an
         operator sets are never all in use (measured: 256 judge slots reached 0.56 of their
         rate in a room of 256)."""
-        if self.max_in_flight:
-            return self.max_in_flight
-        return max(256, 2 * (self.judge_concurrency + self.external_connections))
+        return self.max_in_flight or room_for(self.judge_concurrency, self.external_connections)
 
     def webhook_retry(self) -> RetrySchedule:
         return RetrySchedule.parse(self.webhook_retry_schedule)

@@ -15,7 +15,7 @@ from dataclasses import asdict, dataclass
 
 import orjson
 
-from scoring.results import RatingEvent
+from scoring.results import HistoryEntry
 from scoring.stores import keys
 from scoring.stores.client import RedisClient
 from scoring.stores.scripts import ScriptPipeline
@@ -181,30 +181,30 @@ class _Aggregate:
     no_score: int = 0
     skipped: int = 0
 
-    def add(self, event: RatingEvent) -> None:
+    def add(self, entry: HistoryEntry) -> None:
         self.count += 1
-        if event.rating is None:
+        if entry.rating is None:
             self.no_score += 1
             return
         self.scored += 1
-        self.total += event.rating
-        self.low = min(self.low, event.rating)
-        self.high = max(self.high, event.rating)
-        self.below += event.below_threshold
+        self.total += entry.rating
+        self.low = min(self.low, entry.rating)
+        self.high = max(self.high, entry.rating)
+        self.below += entry.below_threshold
 
     def args(self) -> list[int | str]:
         return [self.count, self.scored, repr(self.total), repr(self.low if self.scored else 0.0),
                 repr(self.high if self.scored else 0.0), self.below, self.no_score, self.skipped]
 
 
-def _aggregate(events: list[RatingEvent]) -> dict[tuple[str, int], _Aggregate]:
-    """Events of one group in the same finest bucket share every coarser bucket too, so they
+def _aggregate(entries: list[HistoryEntry]) -> dict[tuple[str, int], _Aggregate]:
+    """Entries of one group in the same finest bucket share every coarser bucket too, so they
     are counted together in one script call."""
     finest = min(bucket_s for _, bucket_s in keys.RATING_WINDOWS.values())
     aggregates: dict[tuple[str, int], _Aggregate] = {}
-    for event in events:
-        slot = int(event.at) // finest * finest
-        aggregates.setdefault((event.group_id, slot), _Aggregate()).add(event)
+    for entry in entries:
+        slot = int(entry.at) // finest * finest
+        aggregates.setdefault((entry.group_id, slot), _Aggregate()).add(entry)
     return aggregates
 
 
@@ -223,17 +223,17 @@ class RatingsStore:
         self._record = redis.register_script(_RECORD)
         self._latest = redis.register_script(_LATEST)
 
-    async def write(self, events: list[RatingEvent], sessions: list[SessionVerdict] = ()) -> None:  # type: ignore[assignment]
-        """Count ``events`` into their buckets, keep their documents among their groups' latest
+    async def write(self, entries: list[HistoryEntry], sessions: list[SessionVerdict] = ()) -> None:  # type: ignore[assignment]
+        """Count ``entries`` into their buckets, keep their documents among their groups' latest
         results, and keep the latest session verdicts: one pipelined round trip for the batch."""
-        if not events and not sessions:
+        if not entries and not sessions:
             return
         results: dict[str, list[bytes | int]] = {}
-        for event in events:
-            if event.document:
-                results.setdefault(event.group_id, []).extend((event.document, int(event.below_threshold)))
+        for entry in entries:
+            if entry.document:
+                results.setdefault(entry.group_id, []).extend((entry.document, int(entry.below_threshold)))
         async with ScriptPipeline(self._redis) as pipe:
-            for (group_id, at), agg in _aggregate(events).items():
+            for (group_id, at), agg in _aggregate(entries).items():
                 names, ttls = _bucket_keys(group_id, at)
                 args: list[int | str | bytes] = [*agg.args(), len(names), *ttls]
                 documents = results.pop(group_id, None)  # with the group's first buckets: one call

@@ -22,7 +22,7 @@ from consumers.decode import decode_trace
 from scoring.catalog import CatalogSnapshot
 from scoring.models import CustomEvaluator, Pattern, ScorerGroup
 from scoring.panel import Panel
-from scoring.results import build_signal, encode_rating, history_event
+from scoring.results import build_signal, encode_rating, history_entry
 from scoring.routing import trace_pairs
 from tests.bench.workload import DETERMINISTIC_CATALOG, trace_value
 from worker.app import GC_THRESHOLDS
@@ -68,7 +68,7 @@ async def one_round(values: list[bytes], catalog: CatalogSnapshot, panel: Panel)
             signal = build_signal(result.group, rating)
             if signal is not None:
                 signal.to_json()
-            history_event(result.group, rating, rating.document)
+            history_entry(result.group, rating, rating.document)
         t5 = clock()
         for step, seconds in zip(STEPS, (t1 - t0, t2 - t1, t3 - t2, t4 - t3, t5 - t4), strict=True):
             spent[step] += seconds

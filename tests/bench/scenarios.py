@@ -34,6 +34,7 @@ from tests.bench.workload import (
     trace_value,
 )
 from tests.support.harness import ROOT, WorkerProcess, redis_db, worker_env
+from worker.settings import room_for
 
 PEER_PYTHON = ROOT / ".venv-bench" / "bin" / "python"
 JUDGE_LATENCY_S = 0.3
@@ -273,9 +274,10 @@ async def judge_bound(bench: Bench, concurrency: int, window_s: float) -> dict[s
     await asyncio.sleep(0.6)  # the probe's calls counted: the worker's start from here
     probe_calls = judge.count[1]
     redis_url = await bench.fresh_db(JUDGE_CATALOG)
-    in_flight = max(256, 4 * concurrency)
+    # The worker's own room (derived from its judge concurrency), unless the run sets one.
+    in_flight = int(bench.worker_settings.get("max_in_flight") or 0) or room_for(concurrency, 64)
     worker = bench.worker(f"judge-{concurrency}", redis_url, judge_base_url=judge.base_url,
-                          judge_concurrency=concurrency, max_in_flight=in_flight)
+                          judge_concurrency=concurrency)
     assert worker.proc is not None
     tree = ProcessTree(worker.proc.pid).start()
     server = ProcessTree(judge.proc.pid)

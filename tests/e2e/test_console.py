@@ -24,7 +24,7 @@ import pytest
 from deploy.judge_server import JudgeServer
 from scorer_groups import Client
 from scorer_groups.documents import MemberVerdict, Rating
-from scoring.results import RatingEvent
+from scoring.results import HistoryEntry
 from scoring.stores.ratings import RatingsStore
 from tests.support.api_process import ApiProcess, create_key
 from tests.support.redis_clients import connect
@@ -111,14 +111,14 @@ def env(redis_databases: RedisDatabases, tmp_path_factory: pytest.TempPathFactor
             for n, hour in enumerate(hours):
                 for k, score in enumerate((4.0, 7.0, 9.0)):
                     r = a_rating(group, n * 3 + k, score, now - hour * 3600)
-                    events.append(RatingEvent(group.id, score, score < 6, r.scored_at.timestamp(), r.to_json()))
+                    events.append(HistoryEntry(group.id, score, score < 6, r.scored_at.timestamp(), r.to_json()))
             asyncio.run(record(url, events))
             yield Env(api, key, group, xss, hours, len(events))
         finally:
             api.stop()
 
 
-async def record(url: str, events: list[RatingEvent]) -> None:
+async def record(url: str, events: list[HistoryEntry]) -> None:
     redis = connect(url)
     await RatingsStore(redis).write(events)
     await redis.aclose()

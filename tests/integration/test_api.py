@@ -298,7 +298,7 @@ def test_operator_key_acts_on_any_project_and_must_name_one_to_create(api: Api, 
 def test_ratings_and_session_scores_are_the_projects_own(api: Api, scorers: dict[str, str]) -> None:
     import asyncio
 
-    from scoring.results import RatingEvent
+    from scoring.results import HistoryEntry
     from scoring.stores.ratings import RatingsStore, SessionVerdict
 
     with api.as_("a") as a, api.as_("op") as op:
@@ -310,7 +310,7 @@ def test_ratings_and_session_scores_are_the_projects_own(api: Api, scorers: dict
             redis = connect(api.redis_url)
             now = time.time()
             await RatingsStore(redis).write(
-                [RatingEvent(ga["id"], 8.0, False, now), RatingEvent(ga["id"], 4.0, True, now)],
+                [HistoryEntry(ga["id"], 8.0, False, now), HistoryEntry(ga["id"], 4.0, True, now)],
                 [SessionVerdict("s-shared", ga["id"], 4.5, "Weighted blend: A", now),
                  SessionVerdict("s-shared", gb["id"], 9.0, "Weighted blend: B", now),
                  SessionVerdict("s-only-a", ga["id"], 7.0, "Weighted blend: A", now)])

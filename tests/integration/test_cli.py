@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from scoring.results import RatingEvent
+from scoring.results import HistoryEntry
 from scoring.stores.ratings import RatingsStore, SessionVerdict
 from tests.support.redis_clients import connect
 
@@ -71,8 +71,8 @@ async def test_ratings_table_and_json_and_session_scores(url: str) -> None:
     redis = connect(url)
     now = time.time()
     await RatingsStore(redis).write(
-        [RatingEvent("support-quality", 8.0, False, now), RatingEvent("support-quality", 4.0, True, now),
-         RatingEvent("support-quality", None, False, now)],
+        [HistoryEntry("support-quality", 8.0, False, now), HistoryEntry("support-quality", 4.0, True, now),
+         HistoryEntry("support-quality", None, False, now)],
         [SessionVerdict("s-1", "support-conversations", 4.5, "Weighted blend: 4.50/10. Tone 0.45", now)])
     await redis.aclose()
     table = cli(url, "groups", "ratings", "support-quality", "--window", "24h")

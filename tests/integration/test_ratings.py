@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 from redis.asyncio import Redis
 
-from scoring.results import RatingEvent
+from scoring.results import HistoryEntry
 from scoring.stores import keys
 from scoring.stores.ratings import RatingsStore, SessionVerdict
 
@@ -17,9 +17,9 @@ NOW = 1_796_221_800.0  # half past an hour: the three recent events share one ho
 async def test_history_buckets_count_mean_min_max_below_and_no_score(redis: Redis, unique: str) -> None:
     store = RatingsStore(redis)
     group = f"g-{unique}"
-    events = [RatingEvent(group, 8.0, False, NOW - 30), RatingEvent(group, 4.0, True, NOW - 20),
-              RatingEvent(group, None, False, NOW - 10), RatingEvent(group, 6.0, False, NOW - 3 * 3600),
-              RatingEvent(f"other-{unique}", 1.0, True, NOW)]
+    events = [HistoryEntry(group, 8.0, False, NOW - 30), HistoryEntry(group, 4.0, True, NOW - 20),
+              HistoryEntry(group, None, False, NOW - 10), HistoryEntry(group, 6.0, False, NOW - 3 * 3600),
+              HistoryEntry(f"other-{unique}", 1.0, True, NOW)]
     await store.write(events)
 
     week = await store.history(group, "7d", now=NOW)
@@ -44,7 +44,7 @@ async def test_pairs_skipped_for_budget_are_counted_beside_no_score_and_are_not_
         redis: Redis, unique: str) -> None:
     store = RatingsStore(redis)
     group = f"g-{unique}"
-    await store.write([RatingEvent(group, None, False, NOW - 10)])
+    await store.write([HistoryEntry(group, None, False, NOW - 10)])
     await store.write_skipped({group: 3, f"other-{unique}": 1}, NOW - 5)
     await store.write_skipped({group: 2}, NOW - 3 * 3600)
     await store.write_skipped({}, NOW)  # nothing to count: no call
@@ -58,7 +58,7 @@ async def test_pairs_skipped_for_budget_are_counted_beside_no_score_and_are_not_
 async def test_buckets_expire_after_their_window(redis: Redis, unique: str) -> None:
     store = RatingsStore(redis)
     group = f"g-{unique}"
-    await store.write([RatingEvent(group, 5.0, False, NOW)])
+    await store.write([HistoryEntry(group, 5.0, False, NOW)])
     for window_s, bucket_s in keys.RATING_WINDOWS.values():
         key = keys.rating_bucket(group, bucket_s, int(NOW) // bucket_s * bucket_s)
         ttl = await redis.ttl(key)
@@ -67,7 +67,7 @@ async def test_buckets_expire_after_their_window(redis: Redis, unique: str) -> N
     # and batch saved): the bucket's first write is never before its start, so it outlives its window.
     key = keys.rating_bucket(group, 60, int(NOW) // 60 * 60)
     await redis.expire(key, 100)
-    await store.write([RatingEvent(group, 6.0, False, NOW + 1)])
+    await store.write([HistoryEntry(group, 6.0, False, NOW + 1)])
     assert 0 < await redis.ttl(key) <= 100 and int(await redis.hget(key, "count")) == 2
 
 

@@ -23,7 +23,7 @@ from redis.exceptions import ConnectionError as RedisConnectionError
 from deploy.redis_servers import LocalRedisCluster
 from scoring.otlp.mapping import BufferedSpan
 from scoring.pairs import ClaimRequest, day_of
-from scoring.results import RatingEvent, Signal, build_deliveries
+from scoring.results import HistoryEntry, Signal, build_deliveries
 from scoring.stores import keys
 from scoring.stores.alerts import NoScoreAlerts
 from scoring.stores.claims import Claims, Reservation
@@ -90,7 +90,7 @@ async def use_every_store(redis: RedisCluster) -> list[AsyncScript]:
     assert await claims.reserve_many([Reservation(requests[0], 1, 0, False)], now=now) == [True]
 
     ratings = RatingsStore(redis)
-    await ratings.write([RatingEvent(f"g{n}", 7.0, False, now, b'{"id":"r"}') for n in range(6)],
+    await ratings.write([HistoryEntry(f"g{n}", 7.0, False, now, b'{"id":"r"}') for n in range(6)],
                          [SessionVerdict("s1", "g1", 7.0, "r1", now)])
     await ratings.write_skipped({"g1": 2}, now)
     assert (await ratings.history("g1", "1h", now=now)).count == 1

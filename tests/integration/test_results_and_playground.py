@@ -18,7 +18,7 @@ import pytest
 from deploy.judge_server import Behaviour, JudgeServer
 from scorer_groups import AsyncClient, BadRequest, Client, NotFound, RateLimited, Retry
 from scorer_groups.documents import MemberVerdict, Rating
-from scoring.results import RatingEvent
+from scoring.results import HistoryEntry
 from scoring.stores import keys
 from scoring.stores.ratings import RatingsStore
 from tests.support.api_process import ApiProcess, create_key
@@ -65,7 +65,7 @@ def rating(group_id: str, n: int, score: float | None) -> Rating:
 def record(env: Env, group_id: str, ratings: list[tuple[Rating, bool]]) -> None:
     async def write() -> None:
         redis = connect(env.redis_url)
-        await RatingsStore(redis).write([RatingEvent(group_id, r.rating, below, r.scored_at.timestamp(), r.to_json())
+        await RatingsStore(redis).write([HistoryEntry(group_id, r.rating, below, r.scored_at.timestamp(), r.to_json())
                                           for r, below in ratings])
         await redis.aclose()
 
