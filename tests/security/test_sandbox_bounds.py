@@ -357,7 +357,9 @@ def test_the_cpu_limit_is_hard(outcomes: dict[str, dict[str, Any]]) -> None:
     outcome = outcomes["cpu"]
     assert outcome["reply"] | {"id": 0} == {"id": 0, "ok": False, "error": "timed out after 1000 ms",
                                             "compiled": True, "loaded": True}
-    assert outcome["seconds"] < 6  # the kernel's hard limit (timeout + 2 s of CPU), not the 16 s bound
+    # The kernel's hard limit (timeout + 2 s of CPU: ~3 s of wall time alone, 6.5 s seen on a
+    # loaded two-core machine), not the 16 s bound: the margin sits between the two.
+    assert outcome["seconds"] < 10
     nothing_stayed(outcome)
 
 
