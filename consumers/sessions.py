@@ -129,7 +129,7 @@ class SessionSweeper:
                     assert group.online is not None
                     if quiet_for < group.online.idle_seconds:
                         continue
-                    if not keep(session.session_id, group.id, group.online.sample_rate):
+                    if not keep(session.session_id, group.online.sample_rate, group.online.sample_salt or ""):
                         continue
                     due.append(pair_of(group, subject, snapshot,
                                        subject_key=f"session:{session.session_id}:{subject.turns}", day=day))

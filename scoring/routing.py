@@ -56,4 +56,5 @@ def trace_pairs(trace: Trace, snapshot: CatalogSnapshot) -> list[Pair]:
     day = day_of(trace.timestamp.timestamp())  # the trace's own time: the same on redelivery
     return [pair_of(group, subject, snapshot, subject_key=f"trace:{trace.trace_id}", day=day)
             for group in groups
-            if group.online is not None and keep(trace.trace_id, group.id, group.online.sample_rate)]
+            if group.online is not None
+            and keep(trace.trace_id, group.online.sample_rate, group.online.sample_salt or "")]

@@ -145,6 +145,11 @@ class OnlineProfile(WireModel):
 
     enabled: bool
     sample_rate: float = Field(ge=0, le=1)
+    # Groups at the same rate keep the same subjects (and 10% keeps a subset of 20%); a salt gives
+    # the group a sample of its own. The group's id as salt: the sample it had before.
+    sample_salt: str | None = Field(None, min_length=1, max_length=200, exclude_if=lambda salt: salt is None,
+                                    description="Optional: a group with a salt keeps a sample independent of "
+                                                "the other groups' (printable ASCII, up to 200 characters).")
     alert_threshold: float | None = Field(ge=0, le=10)
     severity: Severity
     scope: Scope = "trace"
@@ -153,6 +158,13 @@ class OnlineProfile(WireModel):
     # a Signal: a broken safety gate would go quiet. One "no_score" Signal says so (rate-limited).
     alert_on_no_score: bool = Field(True, description="Raise one Signal (reason no_score) when the group's "
                                                       "results start having no score; false opts out.")
+
+    @field_validator("sample_salt")
+    @classmethod
+    def _salt_is_printable(cls, salt: str | None) -> str | None:
+        if salt is not None and not all(" " <= c <= "~" for c in salt):
+            raise ValueError("must be printable ASCII (letters, digits, punctuation, spaces)")
+        return salt
 
 
 class ScorerGroup(WireModel):

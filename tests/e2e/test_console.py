@@ -69,8 +69,10 @@ def browser() -> Iterator[Any]:
 
 
 class Env:
-    def __init__(self, api: ApiProcess, key: str, group: Any, xss: Any, hours: list[int], results: int) -> None:
+    def __init__(self, api: ApiProcess, key: str, group: Any, xss: Any, hours: list[int], results: int,
+                 url: str) -> None:
         self.api, self.key, self.group, self.xss, self.hours, self.results = api, key, group, xss, hours, results
+        self.url = url  # the API's Redis database
 
 
 def a_rating(group: Any, n: int, score: float, at: float) -> Rating:
@@ -113,7 +115,7 @@ def env(redis_databases: RedisDatabases, tmp_path_factory: pytest.TempPathFactor
                     r = a_rating(group, n * 3 + k, score, now - hour * 3600)
                     events.append(HistoryEntry(group.id, score, score < 6, r.scored_at.timestamp(), r.to_json()))
             asyncio.run(record(url, events))
-            yield Env(api, key, group, xss, hours, len(events))
+            yield Env(api, key, group, xss, hours, len(events), url)
         finally:
             api.stop()
 
@@ -229,4 +231,30 @@ def test_the_xss_group_page_shows_its_name_as_text(env: Env, browser: Any) -> No
     with pytest.raises(NoAlertPresentException):
         browser.switch_to.alert  # noqa: B018
 
+
+def test_two_groups_at_one_rate_are_compared_trace_by_trace(env: Env, browser: Any) -> None:
+    # Consistent sampling: a new rubric at the old one's rate grades the same traces, so the
+    # console sets their results side by side with the mean difference over the shared ones.
+    with Client(env.api.url, env.key) as client:
+        online = {"enabled": True, "sampleRate": 0.5, "alertThreshold": 6, "severity": "high"}
+        members = [m.wire() for m in env.group.members]
+        rubric = client.monitor.scorer_groups.create("New rubric", members=members, online=online)
+        try:
+            now = time.time()
+            # The new rubric scored six of the release bar's traces, each one point higher.
+            shared = [HistoryEntry(rubric.id, score + 1, False, now - 60, a_rating(rubric, n, score + 1, now - 60)
+                                   .to_json()) for n, score in enumerate((4.0, 7.0, 9.0, 4.0, 7.0, 9.0))]
+            asyncio.run(record(env.url, shared))
+            sign_in(browser, env)
+            browser.get(env.api.url + f"/console#/groups/{env.group.id}")
+            choice = wait_for(browser, "#compare-with option[value='" + rubric.id + "']")[0]
+            offered = [o.text for o in browser.find_elements(By.CSS_SELECTOR, "#compare-with option")][1:]
+            assert sorted(offered) == sorted(["New rubric", XSS]), "this project's other groups, no one else's"
+            choice.click()
+            summary = wait_for(browser, "#compare-summary")[0]
+            assert summary.text.startswith("6 shared, mean difference -1.00"), summary.text
+            rows = browser.find_elements(By.CSS_SELECTOR, "#comparison tbody tr")
+            assert sorted(r.get_attribute("data-subject") for r in rows) == sorted(f"trace trace-{n}" for n in range(6))
+        finally:
+            client.monitor.scorer_groups.delete(rubric.id)
 

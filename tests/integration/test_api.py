@@ -170,6 +170,10 @@ def test_patch_is_sparse_and_online_merges_key_by_key(api: Api, scorers: dict[st
                                 "severity": "critical", "alertOnNoScore": True}
         opted_out = a.patch(f"/v1/scorer-groups/{g['id']}", json={"online": {"alertOnNoScore": False}}).json()
         assert opted_out["online"] == {**g2["online"], "alertOnNoScore": False}, "a group may opt out"
+        salted = a.patch(f"/v1/scorer-groups/{g['id']}", json={"online": {"sampleSalt": "v2"}}).json()
+        assert salted["online"] == {**opted_out["online"], "sampleSalt": "v2"}, "a sample of its own"
+        shared = a.patch(f"/v1/scorer-groups/{g['id']}", json={"online": {"sampleSalt": None}}).json()
+        assert shared["online"] == opted_out["online"], "sampleSalt: null, back to the shared sample"
         r = a.patch(f"/v1/scorer-groups/{g['id']}", json={"online": None})
         assert r.status_code == 200 and r.json()["online"] is None, "online: null detaches"
 
@@ -205,6 +209,8 @@ def test_unknown_ref_and_requires_expected_on_a_live_group_are_400s(api: Api, sc
     ({"online": {**FULL_ONLINE, "alertThreshold": 11}}, "online.alertThreshold"),
     ({"online": {**FULL_ONLINE, "idleSeconds": 86401}}, "online.idleSeconds"),
     ({"online": {**FULL_ONLINE, "severity": "urgent"}}, "online.severity"),
+    ({"online": {**FULL_ONLINE, "sampleSalt": "new\nrubric"}}, "online.sampleSalt"),
+    ({"online": {**FULL_ONLINE, "sampleSalt": ""}}, "online.sampleSalt"),
     ({"name": ""}, "name"),
     ({"members": [{**member("judge", "q"), "weight": "1"}]}, "members[0].weight"),
 ])

@@ -41,10 +41,10 @@ from scoring.catalog import CatalogSnapshot
 from scoring.models import Budget, Judge, Pattern, ScorerGroup
 from scoring.pairs import ClaimRequest
 from scoring.panel import GroupResult, Panel
-from scoring.sampling import keep
 from scoring.stores.claims import ClaimResult, Claims
 from scoring.stores.ratings import RatingsStore
 from scoring.subjects import Subject, Trace
+from tests.support.sampling_reference import reference_keep
 from tests.support.trace_loop import WAIT_S, Loop, trace, until
 
 pytestmark = pytest.mark.integration
@@ -417,7 +417,7 @@ async def test_a_group_sampling_half_keeps_the_traces_its_stable_sample_picks(
         loops: Callable[..., Awaitable[Loop]], unique: str) -> None:
     loop = await loops(snapshot=catalog({f"p-{unique}": ("bulk",)}, sample_rate=0.5))
     ids = [f"t-{i}" for i in range(12)]
-    picked = [t for t in ids if keep(t, "bulk", 0.5)]
+    picked = [t for t in ids if reference_keep(t, 0.5)]
     assert 0 < len(picked) < len(ids)
     for t in ids:
         await loop.send(t)

@@ -21,13 +21,13 @@ from scoring.members.external import ExternalClient
 from scoring.members.judge import JudgeClient
 from scoring.models import Budget, CustomEvaluator, Judge, ScorerGroup
 from scoring.panel import Panel
-from scoring.sampling import keep
 from scoring.stores import keys
 from scoring.stores.claims import Claims
 from scoring.stores.ratings import RatingsStore
 from scoring.stores.sessions import QuietSession, SessionStore
 from scoring.subjects import Trace
 from tests.support.http_fakes import Reply, ScriptedServer
+from tests.support.sampling_reference import reference_keep
 from tests.support.session_sweeps import Sweep, project_sweep, session_group, turn
 
 pytestmark = pytest.mark.integration
@@ -127,14 +127,20 @@ async def test_a_backlog_of_more_than_two_pages_is_judged_whole_in_one_sweep(swe
     assert await sweep.index() == set()
 
 
-async def test_each_group_samples_conversations_on_its_own_and_keeps_its_choice(sweep: Sweep) -> None:
+async def test_groups_at_one_rate_judge_the_same_conversations_a_salted_one_its_own_each_keeping_its_choice(
+        sweep: Sweep) -> None:
     # The spec: the keep-or-skip decision is made once per (conversation, group) and stays
-    # stable across sweep ticks - a conversation that grows is kept or skipped as before.
+    # stable across sweep ticks - a conversation that grows is kept or skipped as before. Groups
+    # at the same rate keep the same conversations (comparable); a salt gives a sample of its own.
     groups = [session_group(sweep.project, g, rate=0.5) for g in ("g-a", "g-b")]
+    groups.append(session_group(sweep.project, "g-own", rate=0.5, salt="own"))
     sweeper = sweep.sweeper(sweep.catalog(*groups))
     sessions = [f"s-{i}" for i in range(24)]
-    expected = {(g.id, s) for g in groups for s in sessions if keep(s, g.id, 0.5)}
-    assert 0 < len(expected) < 2 * len(sessions) and {g for g, _ in expected} == {"g-a", "g-b"}
+    expected = {(g.id, s) for g in groups for s in sessions
+                if reference_keep(s, 0.5, (g.online.sample_salt if g.online else None) or "")}
+    same = {s for g, s in expected if g == "g-a"}
+    assert 0 < len(same) < len(sessions) and same == {s for g, s in expected if g == "g-b"}
+    assert {s for g, s in expected if g == "g-own"} != same
     t0 = time.time()
     for s in sessions:
         await sweep.add_turns(s, 2, at=t0 - 5)

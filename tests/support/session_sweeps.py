@@ -31,12 +31,12 @@ APOLOGY = Pattern(id="apology", name="Apology", polarity="failure", template="ap
 
 
 def session_group(project: str, group_id: str = "conv", idle: int = 0, rate: float = 1.0, enabled: bool = True,
-                  members: list[dict[str, Any]] | None = None) -> ScorerGroup:
+                  members: list[dict[str, Any]] | None = None, salt: str | None = None) -> ScorerGroup:
     """A live session-scope group; by default one apology pattern, which a turn saying "fine" passes."""
     return ScorerGroup.model_validate({
         "id": group_id, "name": group_id, "projectId": project,
         "online": {"enabled": enabled, "sampleRate": rate, "alertThreshold": None, "severity": "low",
-                   "scope": "session", "idleSeconds": idle},
+                   "scope": "session", "idleSeconds": idle, **({"sampleSalt": salt} if salt else {})},
         "members": members or [{"kind": "pattern", "refId": "apology", "weight": 1, "gate": False}]})
 
 

@@ -101,6 +101,14 @@ def test_idle_seconds_over_a_day_is_refused() -> None:
     assert errors_of(OnlineProfile, online(idleSeconds=86_401))[0].startswith("idleSeconds:")
 
 
+def test_a_sample_salt_is_optional_printable_and_absent_from_the_document_when_unset() -> None:
+    assert "sampleSalt" not in OnlineProfile.model_validate(online()).wire()
+    assert OnlineProfile.model_validate(online(sampleSalt="v2 rubric")).wire()["sampleSalt"] == "v2 rubric"
+    msgs = errors_of(OnlineProfile, online(sampleSalt="v2\u202erubric"))
+    assert len(msgs) == 1 and msgs[0].startswith("sampleSalt:") and "printable ASCII" in msgs[0]
+    assert errors_of(OnlineProfile, online(sampleSalt="x" * 201))[0].startswith("sampleSalt:")
+
+
 def test_profile_defaults_scope_trace_and_idle_120() -> None:
     p = OnlineProfile.model_validate(online())
     assert (p.scope, p.idle_seconds) == ("trace", 120)

@@ -10,8 +10,8 @@ from scoring.judge_prompt import ANSWER_MAX_TOKENS, token_ceiling
 from scoring.models import Budget, Judge, Pattern, ScorerGroup
 from scoring.pairs import day_of
 from scoring.routing import DEFAULT_BUDGET_WINDOW_S, trace_pairs
-from scoring.sampling import keep
 from scoring.subjects import Trace
+from tests.support.sampling_reference import reference_keep
 
 
 def group(group_id: str, project: str, members: list[dict[str, Any]], *, sample_rate: float = 1.0,
@@ -70,11 +70,16 @@ def test_a_project_without_a_budget_claims_without_a_limit() -> None:
     assert pair.claim.budget_limit is None and pair.claim.budget_window_s == DEFAULT_BUDGET_WINDOW_S
 
 
-def test_sampling_keeps_the_traces_the_stable_sample_of_the_trace_and_group_picks() -> None:
-    catalog = snapshot(group("half", "acme", PATTERN, sample_rate=0.5), group("all", "acme", PATTERN))
+def test_sampling_keeps_the_same_traces_for_groups_at_one_rate_and_its_own_for_a_salted_group() -> None:
+    salted = group("salted", "acme", PATTERN, sample_rate=0.5)
+    salted = salted.model_copy(update={"online": salted.online.model_copy(update={"sample_salt": "v2"})})  # type: ignore[union-attr]
+    catalog = snapshot(group("half", "acme", PATTERN, sample_rate=0.5), group("old-rubric", "acme", PATTERN,
+                       sample_rate=0.5), group("all", "acme", PATTERN), salted)
     kept = {f"t-{i}": sorted(p.group.id for p in trace_pairs(trace(f"t-{i}"), catalog)) for i in range(200)}
-    assert kept == {t: sorted(["all"] + (["half"] if keep(t, "half", 0.5) else [])) for t in kept}
+    assert kept == {t: sorted(["all"] + (["half", "old-rubric"] if reference_keep(t, 0.5) else [])
+                              + (["salted"] if reference_keep(t, 0.5, "v2") else [])) for t in kept}
     assert 60 < sum("half" in groups for groups in kept.values()) < 140
+    assert {t for t, g in kept.items() if "salted" in g} != {t for t, g in kept.items() if "half" in g}
 
 
 def test_a_project_with_no_live_groups_has_no_pairs() -> None:

@@ -46,6 +46,7 @@ class OnlinePatch(WireModel):
 
     enabled: bool | None = None
     sample_rate: float | None = None
+    sample_salt: str | None = None  # null: back to the shared sample
     alert_threshold: float | None = None
     severity: Severity | None = None
     scope: Scope | None = None

@@ -148,6 +148,7 @@ async function groupPage(groupId) {
       group.description ? el("p", {}, group.description) : null),
     el("section", {}, el("h2", {}, "Ratings"), chart),
     el("section", {}, el("h2", {}, "Recent results"), results),
+    el("section", {}, el("h2", {}, "Compare with another group"), compareView(group)),
     el("section", {}, el("h2", {}, "Playground"), playground(group)),
     el("section", {}, el("h2", {}, "Edit"), await groupForm(group)));
   drawChart(chart, group, "24h");
@@ -257,6 +258,48 @@ async function listResults(container, group, below = false) {
   }
 }
 
+// Groups at one sample rate grade the same traces (consistent sampling): their results can be
+// set side by side, trace by trace, with the mean difference over the traces both scored.
+function compareView(group) {
+  const out = el("div", { id: "comparison" });
+  const select = el("select", { id: "compare-with", onchange: () => compare(group, select.value, out) },
+    el("option", { value: "" }, "choose a group"));
+  api("GET", "/v1/scorer-groups?limit=200").then((page) => {
+    for (const other of page.items) {
+      if (other.id !== group.id && other.projectId === group.projectId) {
+        select.append(el("option", { value: other.id }, other.name));
+      }
+    }
+  }).catch((error) => out.replaceChildren(failure(error)));
+  return el("div", {}, el("label", {}, "Compare with ", select), out);
+}
+
+async function compare(group, otherId, out) {
+  if (!otherId) { out.replaceChildren(); return; }
+  const results = (id) => api("GET", `/v1/scorer-groups/${encodeURIComponent(id)}/results?limit=200`);
+  let mine, theirs;
+  try { [mine, theirs] = await Promise.all([results(group.id), results(otherId)]); }
+  catch (error) { out.replaceChildren(failure(error)); return; }
+  const key = (r) => (r.traceId ? `trace ${r.traceId}` : `session ${r.sessionId}`);
+  const others = new Map(theirs.items.map((r) => [key(r), r]));
+  const shared = mine.items.filter((r) => others.has(key(r)) && r.rating !== null && others.get(key(r)).rating !== null);
+  if (!shared.length) {
+    out.replaceChildren(el("p", { class: "muted", id: "compare-summary" },
+      "No trace scored by both yet (their latest results; at different rates or salts they grade different traffic)."));
+    return;
+  }
+  const diffs = shared.map((r) => r.rating - others.get(key(r)).rating);
+  const mean = diffs.reduce((a, b) => a + b, 0) / diffs.length;
+  out.replaceChildren(
+    el("p", { id: "compare-summary" }, `${shared.length} shared, mean difference ${mean >= 0 ? "+" : ""}${fmt(mean)} ` +
+      `(this group minus the other)`),
+    el("table", {}, el("thead", {}, el("tr", {}, el("th", {}, "subject"), el("th", {}, "this group"),
+                                        el("th", {}, "the other"), el("th", {}, "difference"))),
+      el("tbody", {}, shared.slice(0, 20).map((r, i) => el("tr", { dataset: { subject: key(r) } },
+        el("td", {}, traceLink(r.traceId) || el("code", {}, key(r))), el("td", {}, fmt(r.rating)),
+        el("td", {}, fmt(others.get(key(r)).rating)), el("td", {}, fmt(diffs[i])))))));
+}
+
 function playground(group) {
   const input = el("textarea", { id: "play-input", name: "input" });
   const output = el("textarea", { id: "play-output", name: "output" });
@@ -323,6 +366,7 @@ async function groupForm(group) {
     description: el("input", { value: (group && group.description) || "", size: 60 }),
     enabled: el("input", { type: "checkbox", checked: !!online.enabled }),
     sampleRate: el("input", { type: "number", step: "any", value: online.sampleRate ?? 1 }),
+    sampleSalt: el("input", { value: online.sampleSalt ?? "", size: 12, placeholder: "none: shared sample" }),
     alertThreshold: el("input", { type: "number", step: "any", value: online.alertThreshold ?? "" }),
     severity: el("select", {}, ["low", "medium", "high", "critical"].map((s) =>
       el("option", { value: s, selected: s === (online.severity || "medium") }, s))),
@@ -343,6 +387,7 @@ async function groupForm(group) {
         kind: row.querySelector("[name=kind]").value, refId: row.querySelector("[name=refId]").value,
         weight: number(row.querySelector("[name=weight]")), gate: row.querySelector("[name=gate]").checked })),
       online: { enabled: inputs.enabled.checked, sampleRate: number(inputs.sampleRate),
+                sampleSalt: inputs.sampleSalt.value || null,
                 alertThreshold: number(inputs.alertThreshold), severity: inputs.severity.value,
                 scope: inputs.scope.value, idleSeconds: number(inputs.idleSeconds) },
     };
@@ -363,6 +408,7 @@ async function groupForm(group) {
     el("h2", {}, "Online profile"),
     el("div", { class: "row" }, el("div", {}, el("label", {}, inputs.enabled, " live")),
       field("Sample rate (0-1)", "online.sampleRate", inputs.sampleRate),
+      field("Sample salt (optional)", "online.sampleSalt", inputs.sampleSalt),
       field("Alert threshold (0-10)", "online.alertThreshold", inputs.alertThreshold),
       field("Severity", "online.severity", inputs.severity), field("Scope", "online.scope", inputs.scope),
       field("Idle seconds (session)", "online.idleSeconds", inputs.idleSeconds)),
