@@ -57,6 +57,7 @@ BUSY_POLL_S = 0.5  # how often a pair leased by another worker is looked at agai
 FINISH_LINGER_S = 0.05
 # A pair's rating waits this long at most for other pairs' confirmations to share its call.
 CONFIRM_LINGER_S = 0.02
+BUDGET_LOG_EVERY_S = 60.0  # a group skipped for budget is logged once a minute at most
 
 # What became of a pair: published from here; decided without a rating from here (by another
 # worker, or skipped for budget); left to another worker or the next sweep; or the exception with
@@ -117,6 +118,7 @@ class PairProtocol:
         # Pairs skipped for budget since the last ``write_skipped``, by group: the ratings history
         # shows them beside no-score results, so a starved group is seen, not silent.
         self.starved: Counter[str] = Counter()
+        self._budget_logged: dict[str, tuple[float, int]] = {}  # group -> (last line, skips since)
         # Claims held and not yet publishing: what to give up when the work is cancelled.
         self.unpublished: set[ClaimRequest] = set()
         self._publishing: set[asyncio.Task[None]] = set()
@@ -164,12 +166,21 @@ class PairProtocol:
         return states
 
     def skipped_for_budget(self, pair: Pair, **why: str) -> None:
+        """Counted every time (the metric, the history); logged once a minute per group at most,
+        with how many were skipped since: a starved group at 1,000 traces/s is one line, not 1,000."""
+        self._events.group_skipped(pair.claim.project_id, pair.group.id, "budget")
+        self.starved[pair.group.id] += 1
+        now = time.monotonic()
+        logged_at, unlogged = self._budget_logged.get(pair.group.id, (None, 0))
+        if logged_at is not None and now - logged_at < BUDGET_LOG_EVERY_S:
+            self._budget_logged[pair.group.id] = (logged_at, unlogged + 1)
+            return
+        self._budget_logged[pair.group.id] = (now, 0)
         subject = pair.subject
         where = {"session": subject.session_id} if subject.scope == "session" else {"trace": subject.trace_id}
-        self._events.group_skipped(pair.claim.project_id, pair.group.id, "budget")
+        since = {"skipped_since_last_line": unlogged} if unlogged else {}
         log.warning("judge budget exhausted; group skipped", project=pair.claim.project_id, group=pair.group.id,
-                    **where, **why)
-        self.starved[pair.group.id] += 1
+                    **where, **why, **since)
 
     async def write_skipped(self) -> None:
         """Count the pairs skipped for budget into the ratings history (one round trip)."""
