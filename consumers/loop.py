@@ -132,6 +132,8 @@ class PartitionLoop:
                 assigned(partitions)
 
         async def on_revoked(partitions: set[TopicPartition]) -> None:
+            for tp in partitions:  # the new owner reads them (and from its own position)
+                self._carried.pop(tp, None)
             try:
                 await self.commit(only=partitions)
             finally:
@@ -166,8 +168,11 @@ class PartitionLoop:
             # 2. fetch
             batches = await self._poll(timeout_ms=self._poll_timeout_ms, max_records=min(room, self.max_batch))
         # 3. tickets, before any await
-        if self._carried:
-            batches, self._carried = {**self._carried, **batches}, {}
+        if self._carried:  # polled while held: before what this fetch brought, partition by partition
+            carried, self._carried = self._carried, {}
+            for tp, records in batches.items():
+                carried.setdefault(tp, []).extend(records)
+            batches = carried
         batch = self._tickets(batches)
         # 4. the step's work
         if batch:

@@ -120,6 +120,7 @@ class OutageGuard:
         """Run ``step``; while it fails with an outage, retry with backoff up to the tolerance."""
         delay = _FIRST_DELAY_S
         waiting_for: str | None = None
+        first_failed = 0.0
         try:
             while True:
                 try:
@@ -129,9 +130,11 @@ class OutageGuard:
                     if dependency is None:
                         raise
                     if waiting_for is None:
-                        waiting_for = dependency
+                        waiting_for, first_failed = dependency, time.monotonic()
                         self._enter(dependency, exc)
-                    lasted = time.monotonic() - self._since[waiting_for]
+                    # The tolerance counts from this step's own first failure: the guard is shared
+                    # by every loop, and one loop's long wait must not end another's first retry.
+                    lasted = time.monotonic() - first_failed
                     if lasted > self.tolerance_s:
                         raise OutageTooLong(f"{waiting_for} unreachable for {lasted:.0f}s, past the tolerance of "
                                             f"{self.tolerance_s:g}s: {exc!r}") from exc

@@ -73,13 +73,20 @@ async def all_of(*steps: Awaitable[T]) -> list[T]:
     tasks = [asyncio.ensure_future(step) for step in steps]
     if not tasks:
         return []
-    try:
-        await asyncio.wait(tasks)
-    except asyncio.CancelledError:
-        for task in tasks:
-            task.cancel()
-        await asyncio.wait(tasks)
-        raise
+    cancelled = False
+    while True:
+        try:
+            await asyncio.wait(tasks)
+            break
+        except asyncio.CancelledError:  # (again, if cancelled again while the steps unwind)
+            cancelled = True
+            for task in tasks:
+                task.cancel()
+    for task in tasks:  # every failure retrieved: the first is raised below, none is logged as lost
+        if not task.cancelled():
+            task.exception()
+    if cancelled:
+        raise asyncio.CancelledError
     return [task.result() for task in tasks]
 
 
@@ -122,7 +129,9 @@ class PairProtocol:
         # Claims held and not yet publishing: what to give up when the work is cancelled.
         self.unpublished: set[ClaimRequest] = set()
         self._publishing: set[asyncio.Task[None]] = set()
-        self.failure: BaseException | None = None  # an output that could not be published
+        # What stopped the protocol: an output that could not be published, or the infrastructure
+        # failing under scoring - recorded at once, so the trace loop stops fetching at once.
+        self.failure: BaseException | None = None
         self.finisher: Batcher[Finished, None] = Batcher(self._finish, max_items=finish_batch,
                                                          max_wait_s=finish_linger_s)
         self._confirmer: Batcher[ClaimRequest, bool] = Batcher(self._confirm_many, max_wait_s=CONFIRM_LINGER_S)
@@ -134,8 +143,9 @@ class PairProtocol:
         self._reserver.start()
 
     async def close(self, deadline_s: float) -> None:
-        """Give up the claims not being published, let publishes under way finish within
-        ``deadline_s`` (their pairs are then marked done), write what the batchers hold."""
+        """Give up the claims of work that never started (cancelled before its first step), let
+        publishes under way finish within ``deadline_s`` (their pairs are then marked done), write
+        what the batchers hold."""
         if self.unpublished:
             claims, self.unpublished = list(self.unpublished), set()
             with contextlib.suppress(Exception):
@@ -192,14 +202,16 @@ class PairProtocol:
 
     async def alone(self, pair: Pair, snapshot: CatalogSnapshot, scope: ResultScope, *, busy: bool,
                     claimed_at: float) -> PairOutcome:
-        """Steps 2-6 for one pair; ``busy``: another worker holds it - wait until it is done, or
-        its lease runs out and it is ours."""
-        self.unpublished.add(pair.claim)
+        """Steps 2-6 for one pair; ``busy``: another worker (or job) holds it - wait until it is
+        done, or its lease runs out and it is ours."""
         spend = self.claims.spend(pair.claim, self._reserve_one)
         try:
             return await self._alone(pair, snapshot, scope, busy, claimed_at, spend)
         except asyncio.CancelledError:
             await self._give_back([pair])
+            raise
+        except Exception as exc:  # only the infrastructure's (_alone returns the subject's)
+            self._stopped_by(exc, [pair])
             raise
 
     async def _alone(self, pair: Pair, snapshot: CatalogSnapshot, scope: ResultScope, busy: bool,
@@ -217,7 +229,7 @@ class PairProtocol:
                 result = await self._score(pair, True, snapshot, spend)
         except Exception as exc:
             if not_the_subjects_fault(exc):
-                raise  # the loop stops without committing; its claims are given up on close
+                raise  # the loop stops without committing (see _stopped_by)
             self.unpublished.discard(pair.claim)
             with contextlib.suppress(Exception):
                 await self.claims.release([pair.claim])
@@ -239,6 +251,8 @@ class PairProtocol:
                                            "budget" if claim.state == "exhausted" else "dedupe")
                 return None
             busy = claim.state == "busy"
+            if not busy:
+                self.unpublished.add(pair.claim)  # ours now: given back if the work is cancelled
         try:
             return await self._panel.score(pair.group, pair.subject, snapshot, spend=spend)
         except BudgetExhausted:
@@ -254,40 +268,48 @@ class PairProtocol:
         per code scorer); the others each with its spend, at once."""
         if not pairs:
             return []
-        self.unpublished.update(pair.claim for pair in pairs)
         try:
             return await self._together(pairs, snapshot, scope, claimed_at, lost)
         except asyncio.CancelledError:
             await self._give_back(pairs)
             raise
+        except Exception as exc:  # only the infrastructure's (a subject's is its pair's outcome)
+            self._stopped_by(exc, pairs)
+            raise
 
     async def _give_back(self, pairs: list[Pair]) -> None:
         """Work cancelled (a shutdown): the leases of its pairs not yet publishing are given up at
         once, for another worker to take without waiting them out. A courtesy - leases expire
-        anyway - whose failure never replaces why the work ended. Work the infrastructure stopped
-        keeps its leases: Redis may not answer, and the worker stops and is restarted anyway."""
+        anyway - whose failure never replaces why the work ended."""
         claims = [pair.claim for pair in pairs if pair.claim in self.unpublished]
         self.unpublished.difference_update(claims)
         if claims:
             with contextlib.suppress(Exception):
                 await self.claims.release(claims)
 
+    def _stopped_by(self, exc: BaseException, pairs: list[Pair]) -> None:
+        """Work the infrastructure stopped: the protocol records it at once (the trace loop stops
+        fetching), and the pairs keep their leases - Redis may not answer a release, and the
+        worker stops and is restarted anyway; the leases run out."""
+        self.failure = self.failure or exc
+        self.unpublished.difference_update(pair.claim for pair in pairs)
+
     async def _together(self, pairs: list[Pair], snapshot: CatalogSnapshot, scope: ResultScope,
                         claimed_at: float, lost: Literal["wait", "leave"]) -> list[PairOutcome]:
         began = time.monotonic()
         outcomes: list[PairOutcome] = ["decided"] * len(pairs)
         scored: list[tuple[int, Scored]] = []
-        if not any(self._panel.waits(pair.group, snapshot) for pair in pairs):
+        in_bulk = not any(self._panel.waits(pair.group, snapshot) for pair in pairs)
+        if in_bulk:
             try:
                 results = await self._panel.score_many([(pair.group, pair.subject) for pair in pairs], snapshot)
+                scored = [(i, Scored(pair, result)) for i, (pair, result) in enumerate(zip(pairs, results,
+                                                                                           strict=True))]
             except Exception as exc:
                 if not_the_subjects_fault(exc):
                     raise
-                # Some subject broke scoring: score each pair alone to find which.
-                return list(await all_of(*(self.alone(pair, snapshot, scope, busy=False,
-                                                              claimed_at=claimed_at) for pair in pairs)))
-            scored = [(i, Scored(pair, result)) for i, (pair, result) in enumerate(zip(pairs, results, strict=True))]
-        else:
+                in_bulk = False  # some subject broke scoring: each pair scored on its own finds which
+        if not in_bulk:
             spends = [self.claims.spend(pair.claim, self._reserve_one) for pair in pairs]
             answers = await asyncio.gather(*(self._score(pair, False, snapshot, spend)
                                              for pair, spend in zip(pairs, spends, strict=True)),
@@ -316,9 +338,10 @@ class PairProtocol:
         for i, s in scored:
             self.unpublished.discard(s.pair.claim)  # from here on the pair is published (shielded)
             outcomes[i] = "published"
+        for _, s in lost_pairs:
+            self.unpublished.discard(s.pair.claim)  # another's now, or handed back: not ours to give back
         if lost == "leave":
-            for i, s in lost_pairs:
-                self.unpublished.discard(s.pair.claim)
+            for i, _ in lost_pairs:
                 outcomes[i] = "left"
             if scored:
                 await self._publish([s for _, s in scored], snapshot, scope, alone=False)

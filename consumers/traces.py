@@ -118,7 +118,6 @@ class TraceConsumer:
         # still count against the room once their partitions' offsets are forgotten.
         self._jobs: dict[asyncio.Task[None], list[_TraceWork]] = {}
         self._failure: BaseException | None = None
-        self._bytes_in_flight = 0
 
     # --- what the worker sees ------------------------------------------------------------------
 
@@ -183,10 +182,10 @@ class TraceConsumer:
 
     def room(self) -> int:
         # Jobs of revoked partitions still run: they count against the room too.
-        unfinished = sum(1 for works in self._jobs.values() for w in works if w.pending)
-        in_flight = max(self.loop.tracker.in_flight(), unfinished)
+        unfinished = [w for works in self._jobs.values() for w in works if w.pending]
+        in_flight = max(self.loop.tracker.in_flight(), len(unfinished))
         room = self._limits.max_in_flight - in_flight
-        if room <= 0 or self._bytes_in_flight >= self._limits.max_in_flight_bytes:
+        if room <= 0 or sum(w.size for w in unfinished) >= self._limits.max_in_flight_bytes:
             self.pairs.finisher.hurry()  # pairs published but not yet marked done hold the room
             return 0
         # With work in flight, fetch once an eighth of the room is free: a backlog then comes in
@@ -264,7 +263,6 @@ class TraceConsumer:
                 taken[0].finished(taken[1].offset)
                 continue
             tracked = _TraceWork(taken, pending=len(work), started=started, size=len(taken[1].value or b""))
-            self._bytes_in_flight += tracked.size
             works.append(tracked)
             for pair, busy in work:
                 if busy or self._panel.waits(pair.group, snapshot):
@@ -301,7 +299,6 @@ class TraceConsumer:
             work.broken = work.broken or outcome
         if work.pending:
             return
-        self._bytes_in_flight -= work.size
         if work.broken is not None:
             # The trace broke scoring (not an outage): dead-letter it; its other pairs are out.
             await self.loop.dead_letter([(work.taken, self._unprocessable(work.taken, "scoring", work.broken))])

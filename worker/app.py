@@ -306,6 +306,8 @@ class Worker:
                 log.error("the loop failed while draining", error=repr(traces.fatal))
                 exit_code = 1
             await asyncio.wait(background, timeout=s.shutdown_timeout_s)
+            if self.failed is not None and exit_code == 0:  # a background loop failed while stopping
+                exit_code = 1
         finally:
             for sig in (signal.SIGTERM, signal.SIGINT):
                 loop.remove_signal_handler(sig)

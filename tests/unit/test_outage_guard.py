@@ -109,3 +109,29 @@ async def test_redis_pys_transport_race_on_a_closed_connection_is_a_redis_outage
                                     SlotNotCoveredError("slot 42 is not covered")])
 def test_a_redis_cluster_failing_over_is_a_redis_outage(answer: Exception) -> None:
     assert outage_of(answer) == "redis"
+
+
+async def test_one_loops_long_wait_does_not_end_another_loops_first_retries() -> None:
+    # The worker's loops share one guard. The tolerance counts from each step's own first failure:
+    # a step that starts failing late in another's long outage gets its whole tolerance too.
+    guard = OutageGuard(tolerance_s=1.0)
+
+    async def down() -> str:
+        raise RedisConnectionError("Connection refused")
+
+    failures = 3
+
+    async def back_soon() -> str:
+        nonlocal failures
+        if failures:
+            failures -= 1
+            raise RedisConnectionError("Connection refused")
+        return "done"
+
+    async def late() -> str:
+        await asyncio.sleep(0.95)  # the first step has been failing for 0.95 s; this one's 3 failures end past 1 s
+        return await guard.call(back_soon)
+
+    first, second = await asyncio.gather(guard.call(down), late(), return_exceptions=True)
+    assert isinstance(first, OutageTooLong), first
+    assert second == "done", repr(second)
