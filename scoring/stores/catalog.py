@@ -130,6 +130,9 @@ def _decode(version: Any, hashes: list[Any]) -> CatalogSnapshot:
     return CatalogSnapshot(int(version or 0), **maps)
 
 
+STOP_WAIT_S = 5.0  # how long stop() waits for the watch to end
+
+
 class CatalogWatcher:
     """Keeps a current snapshot in a running worker: reloads on every change notice, and checks
     the version every ``poll_s`` in case a notice was missed (pub/sub is at-most-once)."""
@@ -151,10 +154,14 @@ class CatalogWatcher:
         return self.current
 
     async def stop(self) -> None:
+        """Cancel the watch and wait for it a few seconds at most: closing its pubsub connection
+        under a cancellation has been seen to hang in redis-py (a suite run waited 300 s), and a
+        worker's shutdown must not wait on it."""
         if self._task is not None:
             self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._task
+            done, _ = await asyncio.wait({self._task}, timeout=STOP_WAIT_S)
+            if not done:
+                log.warning("the catalog watch did not stop in time; left behind", wait_s=STOP_WAIT_S)
 
     async def refresh(self) -> None:
         version = await self._store.version()

@@ -14,9 +14,9 @@ import pytest
 
 from deploy.judge_server import JudgeServer
 from scoring.groups import MonitorClient
-from scoring.sampling import keep
 from tests.support.harness import WorkerProcess, catalog_db, produce, read_topic, worker_env
 from tests.support.redis_clients import connect
+from tests.support.sampling_reference import reference_keep
 
 pytestmark = pytest.mark.integration
 
@@ -80,7 +80,7 @@ async def test_sessions_are_judged_once_quiet_and_again_when_they_grow(
         await produce(kafka_bootstrap, env["SGW_TRACES_TOPIC"],
                       records([t for c in [*CONVERSATIONS.values(), *extra.values()] for t in c]))
         judged = {s for s in [*CONVERSATIONS, *SESSIONS] if s != "s-single"}
-        half = {s for s in judged if keep(s, "conv-half", 0.5)}
+        half = {s for s in judged if reference_keep(s, 0.5)}
         expected = len(judged) + len(half)
         first = await read_topic(kafka_bootstrap, env["SGW_RATINGS_TOPIC"], until=lambda v: len(v) >= expected,
                                  timeout_s=60, settle_s=2.5)

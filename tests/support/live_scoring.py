@@ -11,8 +11,8 @@ from typing import Any
 import orjson
 import pytest
 
-from scoring.sampling import keep
 from tests.support.harness import WorkerProcess, produce, read_topic
+from tests.support.sampling_reference import reference_keep
 
 ONLINE = {"enabled": True, "sampleRate": 1.0, "alertThreshold": 6, "severity": "high"}
 LEN_CODE = ("def score(input, output, expected, spans, metadata):\n"
@@ -97,7 +97,7 @@ async def check_live_scoring(env: dict[str, str], kafka_bootstrap: str, tmp_path
 
         kept = {("a-full", t["traceId"]) for t in traces if t["projectId"] == "p-a"}
         kept |= {("a-half", t["traceId"]) for t in traces
-                 if t["projectId"] == "p-a" and keep(t["traceId"], "a-half", 0.5)}
+                 if t["projectId"] == "p-a" and reference_keep(t["traceId"], 0.5)}
         kept |= {("b-det", t["traceId"]) for t in traces if t["projectId"] == "p-b"}
         assert 0 < sum(g == "a-half" for g, _ in kept) < 30, "sampling kept some, not all"
         expected_total = len(kept) + 2  # + two budgeted traces (4 calls / 2 judges each)
