@@ -16,6 +16,7 @@ import pytest
 
 from deploy.judge_server import JudgeServer
 from deploy.kafka_security import SecuredListener
+from deploy.processes import free_port
 from deploy.services import LocalKafka
 from tests.support.harness import catalog_db, worker_env
 from tests.support.http_fakes import Reply, ScriptedServer
@@ -60,7 +61,8 @@ async def test_live_scoring_through_sasl_ssl(env: dict[str, str], broker: LocalK
 
 def start_with(broker: LocalKafka, redis_db_url: str, **overrides: str) -> subprocess.CompletedProcess[str]:
     env = {**{k: v for k, v in os.environ.items() if not k.startswith("SGW_")}, "PYTHONPATH": str(ROOT),
-           **worker_env(broker.bootstrap, redis_db_url, "refused"), **secured(broker, **overrides)}
+           **worker_env(broker.bootstrap, redis_db_url, "refused"), **secured(broker, **overrides),
+           "SGW_METRICS_PORT": str(free_port())}  # not the default 9108: another test's worker may hold it
     return subprocess.run([sys.executable, "-m", "worker.cli", "run"], cwd=ROOT, env=env, capture_output=True,
                           text=True, timeout=120)
 

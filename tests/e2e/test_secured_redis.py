@@ -17,6 +17,7 @@ from pathlib import Path
 import pytest
 
 from deploy.judge_server import JudgeServer
+from deploy.processes import free_port
 from deploy.redis_servers import LocalRedis, LocalRedisCluster, RedisTls
 from tests.support.api_process import ApiProcess, cli, create_key
 from tests.support.harness import worker_env
@@ -94,7 +95,8 @@ async def test_live_scoring_with_redis_over_tls(env: dict[str, str], kafka_boots
 
 def start_with(server: LocalRedis, kafka_bootstrap: str, url: str, **overrides: str) -> subprocess.CompletedProcess[str]:
     env = {**{k: v for k, v in os.environ.items() if not k.startswith("SGW_")}, "PYTHONPATH": str(ROOT),
-           **worker_env(kafka_bootstrap, url, "refused-redis"), "SGW_REDIS_CA_FILE": ca(server), **overrides}
+           **worker_env(kafka_bootstrap, url, "refused-redis"), "SGW_REDIS_CA_FILE": ca(server), **overrides,
+           "SGW_METRICS_PORT": str(free_port())}  # not the default 9108: another test's worker may hold it
     return subprocess.run([sys.executable, "-m", "worker.cli", "run"], cwd=ROOT, env=env, capture_output=True,
                           text=True, timeout=120)
 
