@@ -122,9 +122,11 @@ class PairProtocol:
         self._outages = outages
         self._events: PipelineEvents = events or SILENT
         self.pauses = pauses or PauseWatch()
-        # Pairs skipped for budget since the last ``write_skipped``, by group: the ratings history
-        # shows them beside no-score results, so a starved group is seen, not silent.
+        # Pairs skipped for budget since the last ``write_counts``, by group: the ratings history
+        # shows them beside no-score results, so a starved group is seen, not silent. And the
+        # traces that matched a group's filter (the traffic it is aimed at), counted by routing.
         self.starved: Counter[str] = Counter()
+        self.matched: Counter[str] = Counter()
         self._budget_logged: dict[str, tuple[float, int]] = {}  # group -> (last line, skips since)
         # Claims held and not yet publishing: what to give up when the work is cancelled.
         self.unpublished: set[ClaimRequest] = set()
@@ -159,7 +161,7 @@ class PairProtocol:
         await self._reserver.stop()
         await self.finisher.stop()
         with contextlib.suppress(Exception):  # counts only: written if Redis answers now, never waited for
-            await self.write_skipped()
+            await self.write_counts()
 
     # --- 1. claim --------------------------------------------------------------------------------
 
@@ -192,11 +194,13 @@ class PairProtocol:
         log.warning("judge budget exhausted; group skipped", project=pair.claim.project_id, group=pair.group.id,
                     **where, **why, **since)
 
-    async def write_skipped(self) -> None:
-        """Count the pairs skipped for budget into the ratings history (one round trip)."""
-        if self.starved:
-            counts, self.starved = dict(self.starved), Counter()
-            await self._outages.call(lambda: self._ratings.write_skipped(counts, time.time()))
+    async def write_counts(self) -> None:
+        """Count the pairs skipped for budget and the traces matched into the ratings history (one
+        round trip). Counted as they are read: a redelivered trace is counted again."""
+        if self.starved or self.matched:
+            skipped, matched = dict(self.starved), dict(self.matched)
+            self.starved, self.matched = Counter(), Counter()
+            await self._outages.call(lambda: self._ratings.write_counts(time.time(), skipped=skipped, matched=matched))
 
     # --- one pair that waits ---------------------------------------------------------------------
 

@@ -4,8 +4,9 @@ Every ``interval_s``, for each project with live session-scope groups:
 
 1. read the sessions quiet for at least the shortest ``idleSeconds`` of those groups, with
    their turns;
-2. pick the (session, group) pairs due: 2+ turns, quiet for the group's ``idleSeconds``, kept by
-   the stable per-conversation sample;
+2. pick the (session, group) pairs due: quiet for the group's ``idleSeconds``, 2+ turns that
+   pass the group's filter (each turn is filtered alone, as a trace is; the group judges its
+   matching turns together), kept by the stable per-conversation sample;
 3. claim them in one round trip, keyed by the session *and its turn count*: a session already
    judged at this length is skipped, one that grew is judged again; judge calls are reserved
    from the same online budget as trace scoring;
@@ -38,14 +39,16 @@ from consumers.outputs import Outputs
 from consumers.pairs import PairProtocol
 from consumers.pauses import PauseWatch
 from scoring.catalog import CatalogSnapshot
+from scoring.filters import TraceView
+from scoring.models import ScorerGroup
 from scoring.pairs import day_of
 from scoring.panel import Panel
 from scoring.routing import Pair, pair_of
 from scoring.sampling import keep
 from scoring.stores.claims import Claims
 from scoring.stores.ratings import RatingsStore
-from scoring.stores.sessions import SessionStore
-from scoring.subjects import session_subject
+from scoring.stores.sessions import QuietSession, SessionStore
+from scoring.subjects import Subject, session_subject
 
 log = structlog.get_logger(__name__)
 
@@ -117,22 +120,11 @@ class SessionSweeper:
                 if len(session.turns) < MIN_TURNS:
                     continue
                 try:  # everything read from the turns: whatever a tenant sent costs its session only
-                    subject = session_subject(session.turns)
-                    day = day_of(min(t.timestamp for t in session.turns).timestamp())
+                    due += self._due_pairs(session, groups, snapshot, now)
                 except Exception as exc:  # a turn no member can read: drop the session, not the sweep
                     log.warning("session cannot be assembled; dropped from the sweep", project=project,
                                 session=session.session_id, error=repr(exc)[:300])
                     poisoned.append(session.session_id)
-                    continue
-                quiet_for = now - session.last_activity
-                for group in groups:
-                    assert group.online is not None
-                    if quiet_for < group.online.idle_seconds:
-                        continue
-                    if not keep(session.session_id, group.online.sample_rate, group.online.sample_salt or ""):
-                        continue
-                    due.append(pair_of(group, subject, snapshot,
-                                       subject_key=f"session:{session.session_id}:{subject.turns}", day=day))
             unsettled: set[str] = set()
             # Claim only as much as is scored at once: a lease must not wait behind a long queue.
             for chunk in range(0, len(due), self._concurrency):
@@ -151,6 +143,31 @@ class SessionSweeper:
             offset += len(sessions) - len(settled)  # the settled ones left the index
         return judged
 
+    @staticmethod
+    def _due_pairs(session: QuietSession, groups: tuple[ScorerGroup, ...], snapshot: CatalogSnapshot,
+                   now: float) -> list[Pair]:
+        """The session's pairs due now: for each group quiet long enough, its matching turns (each
+        turn is filtered alone, like a trace), 2+ of them, kept by the stable sample."""
+        views = [TraceView(turn) for turn in session.turns]
+        subjects: dict[tuple[int, ...], tuple[Subject, int]] = {}  # groups that match the same turns share one
+        due = []
+        for group in groups:
+            assert group.online is not None
+            if now - session.last_activity < group.online.idle_seconds:
+                continue
+            matching = tuple(i for i, view in enumerate(views) if snapshot.passes(group, view))
+            if len(matching) < MIN_TURNS:
+                continue
+            if not keep(session.session_id, group.online.sample_rate, group.online.sample_salt or ""):
+                continue
+            if matching not in subjects:
+                turns = [session.turns[i] for i in matching]
+                subjects[matching] = (session_subject(turns), day_of(min(t.timestamp for t in turns).timestamp()))
+            subject, day = subjects[matching]
+            due.append(pair_of(group, subject, snapshot,
+                               subject_key=f"session:{session.session_id}:{subject.turns}", day=day))
+        return due
+
     async def _judge(self, due: list[Pair], snapshot: CatalogSnapshot, unsettled: set[str]) -> int:
         """The pair protocol (``consumers.pairs``) for a chunk of due pairs; how many were judged."""
         claimed_at = time.monotonic()
@@ -161,7 +178,7 @@ class SessionSweeper:
                 mine.append(item)
             elif claim.state == "busy":
                 unsettled.add(item.subject.session_id or "")
-        await self.pairs.write_skipped()
+        await self.pairs.write_counts()
         if not mine:
             return 0
         outcomes = await self.pairs.together(mine, snapshot, "session", claimed_at=claimed_at, lost="leave")
@@ -175,6 +192,6 @@ class SessionSweeper:
                     log.warning("a conversation broke scoring; it is judged again on a later sweep",
                                 project=item.group.project_id, session=item.subject.session_id,
                                 error=repr(outcome)[:300])
-        await self.pairs.write_skipped()
+        await self.pairs.write_counts()
         log.info("sessions judged", pairs=judged)
         return judged

@@ -3,9 +3,10 @@
 The trace step of a ``consumers.loop.PartitionLoop`` (which makes room, fetches, hands out
 offset tickets, dead-letters and commits). For each batch:
 
-1. decode it: malformed records go to the dead-letter topic with their reason;
-2. route it: the project's live trace-scope groups, sampled per (trace, group); session-scope
-   groups only record the turn;
+1. decode it: malformed records go to the dead-letter topic with their reason; a record whose
+   routing headers show that no live group wants it is finished unparsed;
+2. route it: each live group's filter, then its stable sample; session-scope groups only record
+   the turn (``scoring.routing``);
 3. claim it: one pipelined Redis round trip dedupes every (group, trace) pair and reserves each
    group's judge calls all or nothing (``PairProtocol.claim``);
 4. start one job for the batch: pairs that wait on nothing are scored, published and marked
@@ -26,7 +27,7 @@ from __future__ import annotations
 import asyncio
 import time
 from collections import Counter
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -42,8 +43,9 @@ from consumers.pairs import FINISH_LINGER_S, PairOutcome, PairProtocol, all_of
 from consumers.pauses import PauseWatch
 from scoring.catalog import CatalogSnapshot
 from scoring.errors import ScoringError
+from scoring.filters import HEADER_PROJECT, ROUTING_HEADERS, HeaderView
 from scoring.panel import Panel
-from scoring.routing import Pair, trace_pairs
+from scoring.routing import Pair, route
 from scoring.stores.alerts import NoScoreAlerts
 from scoring.stores.claims import Claims
 from scoring.stores.ratings import RatingsStore
@@ -196,8 +198,8 @@ class TraceConsumer:
         return self.fatal is not None
 
     async def tick(self) -> None:
-        if self.pairs.starved:  # pairs skipped for budget, counted in the history once a commit
-            await self.pairs.write_skipped()
+        if self.pairs.starved or self.pairs.matched:  # counted in the history once a commit interval
+            await self.pairs.write_counts()
         for tp, behind in self.loop.lag().items():
             self._events.lag(tp.topic, tp.partition, behind)
 
@@ -205,11 +207,16 @@ class TraceConsumer:
         snapshot = self._catalog()  # one catalog version for the whole batch
         started = time.monotonic()
         self._events.consumed(len(batch))
-        # 1. decode
+        # 1. decode: a record whose routing headers say no live group can want it is finished
+        #    unparsed; the others are decoded, malformed ones dead-lettered with their reason.
         traces: list[tuple[Taken, Trace]] = []
         dead: list[tuple[Taken | None, DeadLetter]] = []
+        filtered: Counter[tuple[str, str]] = Counter()  # counted per batch, not per trace
         for taken in batch:
             record = taken[1]
+            if record.headers and self._unwanted(record.headers, snapshot, filtered):
+                taken[0].finished(record.offset)
+                continue
             decoded = decode_trace(record.topic, record.partition, record.offset, record.key,
                                    record.value, self._limits.max_trace_bytes)
             if isinstance(decoded, DeadLetter):
@@ -217,28 +224,33 @@ class TraceConsumer:
             else:
                 traces.append((taken, decoded))
 
-        # 2. route. Nothing a tenant sends may raise out of this loop: a trace that breaks routing
-        #    is dead-lettered with the reason, and the others go on.
+        # 2. route: each group's filter, then its sample (scoring.routing). Nothing a tenant sends
+        #    may raise out of this loop: a trace that breaks routing is dead-lettered with the
+        #    reason, and the others go on.
         routed: list[tuple[Taken, Trace, list[Pair]]] = []
-        kept: Counter[tuple[str, str]] = Counter()  # counted per batch, not per pair
+        turns: list[Trace] = []
+        kept: Counter[tuple[str, str]] = Counter()
         for taken, trace in traces:
             try:
-                pairs = trace_pairs(trace, snapshot)
+                decided = route(trace, snapshot)
             except Exception as exc:
                 dead.append((taken, self._unprocessable(taken, "routing", exc)))
                 continue
-            routed.append((taken, trace, pairs))
-            kept.update((trace.project_id, pair.group.id) for pair in pairs)
+            routed.append((taken, trace, decided.pairs))
+            kept.update((trace.project_id, pair.group.id) for pair in decided.pairs)
+            filtered.update((trace.project_id, group) for group in decided.filtered)
+            self.pairs.matched.update(decided.matched)
+            if decided.turn:
+                turns.append(trace)
         for (project, group), count in kept.items():
             self._events.kept(project, group, count)
+        for (project, group), count in filtered.items():
+            self._events.filtered(project, group, count)
         await self.loop.dead_letter(dead)
-        if self._turns is not None:
+        if turns and self._turns is not None:
             # Session-scope groups never score a single trace: they judge the conversation later.
-            turns = [trace for _, trace, _ in routed
-                     if trace.session_id and snapshot.live_groups(trace.project_id, "session")]
-            if turns:
-                recorder = self._turns
-                await self.loop.outages.call(lambda: recorder.add_turns(turns))
+            recorder = self._turns
+            await self.loop.outages.call(lambda: recorder.add_turns(turns))
 
         # 3. claim
         claims = await self.pairs.claim([pair for *_, pairs in routed for pair in pairs])
@@ -311,6 +323,21 @@ class TraceConsumer:
         self.loop.freed()
         if not task.cancelled() and task.exception() is not None and self._failure is None:
             self._failure = task.exception()
+
+    @staticmethod
+    def _unwanted(headers: Sequence[tuple[str, bytes]], snapshot: CatalogSnapshot,
+                  filtered: Counter[tuple[str, str]]) -> bool:
+        """Do the record's routing headers show that no live group of its project wants it? Then
+        it is never parsed (a record without them is decided on its decoded trace)."""
+        fields = {name: value.decode(errors="replace") for name, value in headers if name in ROUTING_HEADERS}
+        project = fields.get(HEADER_PROJECT)
+        if project is None:
+            return False
+        view = HeaderView(fields)
+        if snapshot.wanted(project, view):
+            return False
+        filtered.update((project, group.id) for group in snapshot.live_groups_of(project))
+        return True
 
     def _unprocessable(self, taken: Taken, step: str, exc: BaseException) -> DeadLetter:
         record = taken[1]

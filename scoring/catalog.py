@@ -14,6 +14,7 @@ from typing import Any
 
 import orjson
 
+from scoring.filters import Decide, HeaderView, View, compile_filter, regex_errors
 from scoring.models import (
     AlertChannel,
     Budget,
@@ -69,6 +70,9 @@ class CatalogSnapshot:
         default_factory=dict, init=False, repr=False, compare=False)
     _channels_by_agent: dict[str, tuple[AlertChannel, ...]] = field(
         default_factory=dict, init=False, repr=False, compare=False)
+    _filters: dict[str, Decide] = field(default_factory=dict, init=False, repr=False, compare=False)
+    _live_any_scope: dict[str, tuple[ScorerGroup, ...]] = field(
+        default_factory=dict, init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         live: dict[tuple[str, Scope], list[ScorerGroup]] = {}
@@ -76,6 +80,11 @@ class CatalogSnapshot:
             if group.online is not None and group.online.enabled:
                 live.setdefault((group.project_id, group.online.scope), []).append(group)
         self._live.update({k: tuple(v) for k, v in live.items()})
+        for (project, _), groups in sorted(live.items()):
+            self._live_any_scope[project] = self._live_any_scope.get(project, ()) + tuple(groups)
+            # Filters compile once per snapshot: the hot path only calls them.
+            self._filters.update({g.id: compile_filter(g.online.filter) for g in groups
+                                  if g.online is not None and g.online.filter is not None})
         by_agent: dict[str, list[AlertChannel]] = {}
         for channel in self.channels.values():
             by_agent.setdefault(channel.agent_id, []).append(channel)
@@ -97,6 +106,20 @@ class CatalogSnapshot:
     def live_groups(self, project_id: str, scope: Scope) -> tuple[ScorerGroup, ...]:
         """The project's groups whose online profile is enabled for ``scope``."""
         return self._live.get((project_id, scope), ())
+
+    def live_groups_of(self, project_id: str) -> tuple[ScorerGroup, ...]:
+        """The project's live groups of every scope."""
+        return self._live_any_scope.get(project_id, ())
+
+    def passes(self, group: ScorerGroup, view: View) -> bool | None:
+        """Does the trace (or what its headers tell) pass the group's filter? None: cannot tell."""
+        decide = self._filters.get(group.id)
+        return True if decide is None else decide(view)
+
+    def wanted(self, project_id: str, view: HeaderView) -> bool:
+        """Might a live group of the project (any scope) want the record these headers describe?
+        False only when every one of them is sure not to: the record need not be parsed."""
+        return any(self.passes(group, view) is not False for group in self.live_groups_of(project_id))
 
     def channels_for(self, agent_id: str, project_id: str | None = None) -> tuple[AlertChannel, ...]:
         """The agent's channels; with ``project_id``, only that project's and the shared ones (agent
@@ -136,7 +159,7 @@ def group_errors(group: ScorerGroup, catalog: CatalogSnapshot, previous: ScorerG
     ``reported``: (kind, id) of scorers whose own document was refused (already an error)."""
     grandfathered: set[tuple[str, str]] = {(m.kind, m.ref_id) for m in previous.members} if previous else set()
     grandfathered |= reported
-    errors = []
+    errors = regex_errors(group.online.filter) if group.online is not None else []
     for i, member in enumerate(group.members):
         scorer = catalog.scorer(member.kind, member.ref_id)
         if scorer is not None and scorer.project_id not in (None, group.project_id):

@@ -1,14 +1,15 @@
 """Which groups score a trace, and what each (group, subject) pair reserves.
 
-The step between a decoded trace and the claims: the project's live trace-scope groups, each
-kept or not by a stable sample, each with the claim that dedupes the pair and reserves its judge
-calls in the project's budget. The session sweeper (which also waits for a session to be idle)
-builds its pairs with ``pair_of`` too. Knows nothing of Kafka.
+The step between a decoded trace and the claims: the project's live groups, each deciding by its
+filter and then its stable sample, each kept trace-scope group with the claim that dedupes the
+pair and reserves its judge calls in the project's budget. The session sweeper (which also
+waits for a session to be idle) builds its pairs with ``pair_of`` too. Knows nothing of Kafka.
 """
 
 from __future__ import annotations
 
 from scoring.catalog import CatalogSnapshot
+from scoring.filters import TraceView
 from scoring.frozen import frozen
 from scoring.judge_prompt import token_ceiling
 from scoring.models import ScorerGroup
@@ -47,14 +48,53 @@ def pair_of(group: ScorerGroup, subject: Subject, snapshot: CatalogSnapshot, *, 
         token_limit=token_limit))
 
 
-def trace_pairs(trace: Trace, snapshot: CatalogSnapshot) -> list[Pair]:
-    """The project's live trace-scope groups that keep this trace (a stable sample)."""
-    groups = snapshot.live_groups(trace.project_id, "trace")
-    if not groups:
-        return []
+@frozen
+class Route:
+    """What one trace is to each live group of its project."""
+
+    pairs: list[Pair]  # trace-scope groups whose filter it passes and whose sample keeps it
+    turn: bool  # a session-scope group's filter passes it: record it as a turn of its conversation
+    matched: list[str]  # the groups (any scope) whose filter it passes, sampled or not
+    filtered: list[str]  # the groups whose filter it does not pass: they spend nothing on it
+
+
+def route(trace: Trace, snapshot: CatalogSnapshot) -> Route:
+    """Decide the trace for every live group of its project, in the order that spends least:
+
+    1. the group's filter (a pure function of the trace): a trace filtered out costs the group
+       no claim, no Redis command and no judge slot;
+    2. the stable sample, over the matching traffic (``sampleRate`` is a fraction of it);
+    3. the pair and its claim, for trace-scope groups; a turn to record, for session-scope ones
+       (each turn is filtered alone: a session group judges its matching turns together).
+    """
+    trace_groups = snapshot.live_groups(trace.project_id, "trace")
+    session_groups = snapshot.live_groups(trace.project_id, "session")
+    if not trace_groups and not session_groups:
+        return Route([], False, [], [])
+    view = TraceView(trace)
+    matched: list[str] = []
+    filtered: list[str] = []
+    kept: list[ScorerGroup] = []
+    turn = False
+    for group in trace_groups + session_groups:
+        if not snapshot.passes(group, view):
+            filtered.append(group.id)
+            continue
+        matched.append(group.id)
+        if group.online is None:
+            continue
+        if group.online.scope == "session":
+            turn = turn or trace.session_id is not None
+        elif keep(trace.trace_id, group.online.sample_rate, group.online.sample_salt or ""):
+            kept.append(group)
+    if not kept:
+        return Route([], turn, matched, filtered)
     subject = trace_subject(trace)
     day = day_of(trace.timestamp.timestamp())  # the trace's own time: the same on redelivery
-    return [pair_of(group, subject, snapshot, subject_key=f"trace:{trace.trace_id}", day=day)
-            for group in groups
-            if group.online is not None
-            and keep(trace.trace_id, group.online.sample_rate, group.online.sample_salt or "")]
+    pairs = [pair_of(group, subject, snapshot, subject_key=f"trace:{trace.trace_id}", day=day) for group in kept]
+    return Route(pairs, turn, matched, filtered)
+
+
+def trace_pairs(trace: Trace, snapshot: CatalogSnapshot) -> list[Pair]:
+    """The pairs of ``route``: the trace-scope groups that score this trace."""
+    return route(trace, snapshot).pairs

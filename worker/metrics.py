@@ -100,6 +100,8 @@ DEAD_LETTERED = Counter("sgw_traces_dead_lettered", "Records sent to the dead-le
 # (worker.loop_metrics says why). The others are prometheus_client's own.
 KEPT = LoopCounter("sgw_traces_sampled_in", "(trace, group) pairs kept by sampling.", ["project", "group"],
                    registry=REGISTRY)
+FILTERED = LoopCounter("sgw_traces_filtered", "Traces a live group's online.filter left out: they cost it nothing.",
+                       ["project", "group"], registry=REGISTRY)
 GROUPS_SCORED = LoopCounter("sgw_groups_scored", "Group results published.",
                             ["project", "group", "scope", "outcome"], registry=REGISTRY)
 RESCORED_AFTER_PAUSE = Counter("sgw_pairs_rescored_after_pause", "Pairs scored again because a member failed "
@@ -191,6 +193,9 @@ class PrometheusEvents:
 
     def kept(self, project: str, group: str, count: int = 1) -> None:
         _child(KEPT, project, group).inc(count)
+
+    def filtered(self, project: str, group: str, count: int = 1) -> None:
+        _child(FILTERED, project, group).inc(count)
 
     def group_scored(self, project: str, group: str, scope: str, rating: float | None) -> None:
         _child(GROUPS_SCORED, project, group, scope, "scored" if rating is not None else "no_score").inc()

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import math
 import time
+from collections.abc import Mapping
 from dataclasses import asdict, dataclass
 
 import orjson
@@ -21,18 +22,20 @@ from scoring.stores.client import RedisClient
 from scoring.stores.scripts import ScriptPipeline
 
 # KEYS: a group's buckets (one per chart window), then, optionally, its latest results list.
-# ARGV: count, scored, sum, min, max, below, noscore, skipped; the number of buckets and one TTL
+# ARGV: count, scored, sum, min, max, below, noscore, skipped, matched; the number of buckets and one TTL
 # per bucket; then, with the list: the length kept, its TTL, and per result (oldest first) its
 # document and whether it is below the threshold ("1"/"0"). One call counts a whole batch's
 # results of one group into its buckets (the worker aggregates first) and keeps their documents:
 # the keys share the group's hash tag, so one command per group and batch, on Redis Cluster too.
 # "skipped" counts pairs sampled in but not scored for want of judge budget: no result, so
 # not in "count", but shown beside "noscore" so that a starved group is seen, not silent.
+# "matched" counts traces (session turns) that passed the group's filter, sampled or not: the
+# traffic the group is aimed at, beside what it scored.
 _RECORD = """
-local fields = {'count', 'scored', 'sum', 'min', 'max', 'below', 'noscore', 'skipped'}
+local fields = {'count', 'scored', 'sum', 'min', 'max', 'below', 'noscore', 'skipped', 'matched'}
 local count, scored, sum = tonumber(ARGV[1]), tonumber(ARGV[2]), tonumber(ARGV[3])
 local low, high = tonumber(ARGV[4]), tonumber(ARGV[5])
-local buckets = tonumber(ARGV[9])
+local buckets = tonumber(ARGV[10])
 for i = 1, buckets do
   local key = KEYS[i]
   local v = redis.call('HMGET', key, unpack(fields))
@@ -44,7 +47,7 @@ for i = 1, buckets do
     if (not old_low) or low < old_low then table.insert(new, 'min'); table.insert(new, ARGV[4]) end
     if (not old_high) or high > old_high then table.insert(new, 'max'); table.insert(new, ARGV[5]) end
   end
-  for f = 6, 8 do
+  for f = 6, 9 do
     if tonumber(ARGV[f]) > 0 then
       table.insert(new, fields[f]); table.insert(new, (tonumber(v[f]) or 0) + tonumber(ARGV[f]))
     end
@@ -52,10 +55,10 @@ for i = 1, buckets do
   redis.call('HSET', key, unpack(new))
   -- Every write sets 'count': a bucket without it is new. Its expiry is set once, when it is
   -- created (never before its start): it outlives every window that can show it.
-  if not v[1] then redis.call('EXPIRE', key, ARGV[9 + i]) end
+  if not v[1] then redis.call('EXPIRE', key, ARGV[10 + i]) end
 end
 if #KEYS > buckets then
-  local list, at = KEYS[buckets + 1], 10 + buckets
+  local list, at = KEYS[buckets + 1], 11 + buckets
   local head = redis.call('LINDEX', list, 0)
   local seq = head and tonumber(string.match(head, '^(%d+):')) or 0
   local items = {}
@@ -124,6 +127,7 @@ class Bucket:
     below: int
     no_score: int
     skipped: int = 0  # skipped for budget: sampled in, never scored
+    matched: int = 0  # traces (turns) that passed the group's filter, sampled or not
 
 
 @dataclass(frozen=True, slots=True)
@@ -158,14 +162,19 @@ class RatingsHistory:
     def skipped(self) -> int:
         return sum(b.skipped for b in self.buckets)
 
+    @property
+    def matched(self) -> int:
+        return sum(b.matched for b in self.buckets)
+
     def wire(self) -> dict[str, object]:
         return {
             "groupId": self.group_id, "window": self.window, "bucketSeconds": self.bucket_seconds,
             "count": self.count, "scored": self.scored, "mean": self.mean,
             "belowThreshold": self.below, "noScore": self.no_score, "skipped": self.skipped,
+            "matched": self.matched,
             "buckets": [{"start": b.start, "count": b.count, "scored": b.scored, "mean": b.mean,
                          "min": b.min, "max": b.max, "belowThreshold": b.below, "noScore": b.no_score,
-                         "skipped": b.skipped}
+                         "skipped": b.skipped, "matched": b.matched}
                         for b in self.buckets],
         }
 
@@ -180,6 +189,7 @@ class _Aggregate:
     below: int = 0
     no_score: int = 0
     skipped: int = 0
+    matched: int = 0
 
     def add(self, entry: HistoryEntry) -> None:
         self.count += 1
@@ -194,7 +204,7 @@ class _Aggregate:
 
     def args(self) -> list[int | str]:
         return [self.count, self.scored, repr(self.total), repr(self.low if self.scored else 0.0),
-                repr(self.high if self.scored else 0.0), self.below, self.no_score, self.skipped]
+                repr(self.high if self.scored else 0.0), self.below, self.no_score, self.skipped, self.matched]
 
 
 def _aggregate(entries: list[HistoryEntry]) -> dict[tuple[str, int], _Aggregate]:
@@ -247,14 +257,17 @@ class RatingsStore:
                 pipe.redis.expire(key, keys.SESSION_SCORES_TTL_S)
             await pipe.execute()
 
-    async def write_skipped(self, counts: dict[str, int], at: float) -> None:
-        """Count pairs skipped for budget (``counts``, by group) into the buckets of ``at``."""
-        if not counts:
+    async def write_counts(self, at: float, *, skipped: Mapping[str, int] = {},
+                           matched: Mapping[str, int] = {}) -> None:
+        """Count pairs skipped for budget and traces that matched the group's filter (each by
+        group) into the buckets of ``at``: one call per group."""
+        if not skipped and not matched:
             return
         async with ScriptPipeline(self._redis) as pipe:
-            for group_id, skipped in counts.items():
+            for group_id in sorted(skipped.keys() | matched.keys()):
                 names, ttls = _bucket_keys(group_id, at)
-                pipe.script(self._record, names, [*_Aggregate(skipped=skipped).args(), len(names), *ttls])
+                counts = _Aggregate(skipped=skipped.get(group_id, 0), matched=matched.get(group_id, 0))
+                pipe.script(self._record, names, [*counts.args(), len(names), *ttls])
             await pipe.execute()
 
     async def history(self, group_id: str, window: str = "7d", now: float | None = None) -> RatingsHistory:
@@ -299,4 +312,5 @@ def _bucket(start: int, h: dict[bytes, bytes]) -> Bucket:
     return Bucket(start=start, count=int(h.get(b"count", 0)), scored=scored,
                   mean=(total / scored) if scored and total is not None else None,
                   min=num("min"), max=num("max"), below=int(h.get(b"below", 0)),
-                  no_score=int(h.get(b"noscore", 0)), skipped=int(h.get(b"skipped", 0)))
+                  no_score=int(h.get(b"noscore", 0)), skipped=int(h.get(b"skipped", 0)),
+                  matched=int(h.get(b"matched", 0)))

@@ -40,6 +40,8 @@ class RatingBucket(ApiModel):
     below_threshold: int
     no_score: int
     skipped: int = Field(0, description="Pairs sampled in but not scored: the judge budget was exhausted.")
+    matched: int = Field(0, description="Traces (session turns) that passed the group's filter, sampled or not: "
+                                        "the traffic the group is aimed at.")
 
 
 class Ratings(ApiModel):
@@ -54,6 +56,8 @@ class Ratings(ApiModel):
     below_threshold: int
     no_score: int
     skipped: int = Field(0, description="Pairs sampled in but not scored: the judge budget was exhausted.")
+    matched: int = Field(0, description="Traces (session turns) that passed the group's filter, sampled or not: "
+                                        "the traffic the group is aimed at.")
     buckets: list[RatingBucket]
 
 

@@ -19,8 +19,6 @@ from urllib.parse import urlsplit
 
 from pydantic import (
     AfterValidator,
-    BaseModel,
-    ConfigDict,
     Field,
     SecretStr,
     SerializationInfo,
@@ -30,10 +28,14 @@ from pydantic import (
     field_validator,
     model_validator,
 )
-from pydantic.alias_generators import to_camel
 
+from scorer_groups.filters import Filter
 from scorer_groups.redaction import mask_url
 from scorer_groups.signing import secret_key
+
+# Re-exported: the documents' users import them from here.
+from scorer_groups.wire import REVEAL_SECRETS as REVEAL_SECRETS
+from scorer_groups.wire import WireModel as WireModel
 
 MAX_MEMBERS = 20
 SECRET_ROTATION_OVERLAP_S = 24 * 3_600  # a replaced channel secret keeps signing for a day
@@ -99,30 +101,6 @@ def check_url_shape(url: str) -> str:
     return url
 
 
-REVEAL_SECRETS = "reveal_secrets"
-
-
-class WireModel(BaseModel):
-    """camelCase on the wire, unknown fields refused, values immutable once validated."""
-
-    model_config = ConfigDict(
-        alias_generator=to_camel,
-        populate_by_name=True,
-        extra="forbid",
-        frozen=True,
-        strict=True,
-        allow_inf_nan=False,
-    )
-
-    def wire(self) -> dict[str, object]:
-        """The JSON-ready document, camelCase, secrets masked: what people and logs may see."""
-        return self.model_dump(mode="json", by_alias=True)
-
-    def stored(self) -> dict[str, object]:
-        """The JSON-ready document with secrets revealed: only for the catalog store."""
-        return self.model_dump(mode="json", by_alias=True, context={REVEAL_SECRETS: True})
-
-
 # --- Members and the online profile ---------------------------------------------------------
 
 
@@ -158,6 +136,11 @@ class OnlineProfile(WireModel):
     # a Signal: a broken safety gate would go quiet. One "no_score" Signal says so (rate-limited).
     alert_on_no_score: bool = Field(True, description="Raise one Signal (reason no_score) when the group's "
                                                       "results start having no score; false opts out.")
+    # Which traffic the group sees at all (scorer_groups.filters): decided before the sample, so
+    # ``sampleRate`` is the fraction of the matching traffic.
+    filter: Filter | None = Field(None, exclude_if=lambda f: f is None,
+                                  description="Optional: the traces (or conversations) the group scores; "
+                                              "others cost nothing. See scorer_groups.filters.")
 
     @field_validator("sample_salt")
     @classmethod

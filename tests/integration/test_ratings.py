@@ -45,14 +45,27 @@ async def test_pairs_skipped_for_budget_are_counted_beside_no_score_and_are_not_
     store = RatingsStore(redis)
     group = f"g-{unique}"
     await store.write([HistoryEntry(group, None, False, NOW - 10)])
-    await store.write_skipped({group: 3, f"other-{unique}": 1}, NOW - 5)
-    await store.write_skipped({group: 2}, NOW - 3 * 3600)
-    await store.write_skipped({}, NOW)  # nothing to count: no call
+    await store.write_counts(NOW - 5, skipped={group: 3, f"other-{unique}": 1})
+    await store.write_counts(NOW - 3 * 3600, skipped={group: 2})
+    await store.write_counts(NOW)  # nothing to count: no call
     hour = await store.history(group, "1h", now=NOW)
     assert (hour.count, hour.no_score, hour.skipped) == (1, 1, 3), "skips are not results"
     assert (await store.history(group, "7d", now=NOW)).skipped == 5
     wire = hour.wire()
     assert wire["skipped"] == 3 and sum(b["skipped"] for b in wire["buckets"]) == 3  # what ratings() answers
+
+
+async def test_traces_matched_by_the_filter_are_counted_apart_from_results(redis: Redis, unique: str) -> None:
+    store = RatingsStore(redis)
+    group = f"g-{unique}"
+    await store.write([HistoryEntry(group, 7.0, False, NOW - 10)])
+    await store.write_counts(NOW - 5, matched={group: 40}, skipped={group: 1})
+    await store.write_counts(NOW - 4, matched={group: 2})
+    hour = await store.history(group, "1h", now=NOW)
+    assert (hour.count, hour.scored, hour.skipped, hour.matched) == (1, 1, 1, 42)
+    assert hour.mean == 7.0, "a matched count is not a result: the mean is the scored results'"
+    wire = hour.wire()
+    assert wire["matched"] == 42 and sum(b["matched"] for b in wire["buckets"]) == 42
 
 
 async def test_buckets_expire_after_their_window(redis: Redis, unique: str) -> None:

@@ -92,7 +92,7 @@ async def use_every_store(redis: RedisCluster) -> list[AsyncScript]:
     ratings = RatingsStore(redis)
     await ratings.write([HistoryEntry(f"g{n}", 7.0, False, now, b'{"id":"r"}') for n in range(6)],
                          [SessionVerdict("s1", "g1", 7.0, "r1", now)])
-    await ratings.write_skipped({"g1": 2}, now)
+    await ratings.write_counts(now, skipped={"g1": 2})
     assert (await ratings.history("g1", "1h", now=now)).count == 1
     assert await ratings.results("g1") == ([b'{"id":"r"}'], None)
 

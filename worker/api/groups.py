@@ -13,6 +13,7 @@ from fastapi import APIRouter, Header, Path, Query, Request, Response
 
 from scorer_groups.api_models import MAX_EXAMPLE_EXTRAS_CHARS, Change, GradeRequest, Ratings, ResultsPage, SessionScore
 from scorer_groups.documents import Rating
+from scorer_groups.filters import Filter
 from scoring.catalog import etag
 from scoring.errors import NotFound
 from scoring.groups import Caller, MonitorClient
@@ -52,6 +53,7 @@ class OnlinePatch(WireModel):
     scope: Scope | None = None
     idle_seconds: int | None = None
     alert_on_no_score: bool | None = None
+    filter: Filter | None = None  # null: the group sees all its project's traffic again
 
 
 class GroupPatch(WireModel):

@@ -1,0 +1,286 @@
+"""The online profile's filter, compiled: does a trace belong to a live group's traffic?
+
+``scorer_groups.filters`` is the wire format and its save-time rules; here a filter becomes a
+function of a *view* of the trace, compiled once per catalog snapshot (field paths split, value
+sets built, regexes compiled in RE2), so deciding a trace costs attribute reads and comparisons.
+
+Two views answer the same fields:
+
+- ``TraceView``: a decoded trace; every field is known (present or ``MISSING``);
+- ``HeaderView``: the routing headers a producer the operator runs wrote on the record
+  (``ROUTING_HEADERS``); the fields they do not carry are ``UNKNOWN``.
+
+Evaluation is three-valued so that a record can be decided from its headers alone: a leaf on an
+unknown field is ``None`` (unknown); ``all`` is false as soon as one part is false, ``any`` true
+as soon as one is true, ``not`` keeps unknown unknown (Kleene's logic). A record whose every group
+says false from the headers is never parsed; any other is decoded and decided on the trace.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from typing import Any, Final
+
+from scorer_groups.filters import AllOf, AnyOf, FieldCondition, FilterNode, NotOf, walk
+from scoring.models import compile_user_regex
+from scoring.subjects import Span, Trace, as_text
+
+
+class _Marker:
+    def __init__(self, name: str) -> None:
+        self._name = name
+
+    def __repr__(self) -> str:
+        return self._name
+
+
+MISSING: Final[Any] = _Marker("MISSING")  # the trace has no such field (or it is null)
+UNKNOWN: Final[Any] = _Marker("UNKNOWN")  # the view cannot tell (a header view, past its headers)
+
+# What producers the operator runs (the OTLP intake, the demo) write on each trace record, so
+# that most records are routed before their value is parsed. A record carries all of them
+# (``sgw-session`` only when the trace has a session) or none: headers are a hint the worker
+# trusts only to skip work a tenant could skip anyway by not sending the trace.
+HEADER_PROJECT = "sgw-project"
+HEADER_AGENT = "sgw-agent"
+HEADER_TRACE = "sgw-trace"
+HEADER_SESSION = "sgw-session"
+HEADER_ROOT_NAME = "sgw-root-name"
+ROUTING_HEADERS = (HEADER_PROJECT, HEADER_AGENT, HEADER_TRACE, HEADER_SESSION, HEADER_ROOT_NAME)
+
+
+def routing_headers(trace: Trace) -> list[tuple[str, bytes]]:
+    """The headers a producer writes with ``trace``'s record."""
+    headers = [(HEADER_PROJECT, trace.project_id.encode()), (HEADER_AGENT, trace.agent_id.encode()),
+               (HEADER_TRACE, trace.trace_id.encode()), (HEADER_ROOT_NAME, trace.root.name.encode())]
+    if trace.session_id:
+        headers.append((HEADER_SESSION, trace.session_id.encode()))
+    return headers
+
+
+def lookup(mapping: Mapping[str, Any], parts: Sequence[str]) -> Any:
+    """The value at a dotted path: the longest key first (``gen_ai.request.model`` is one
+    attribute key), else into a nested object. Null is ``MISSING``."""
+    for end in range(len(parts), 0, -1):
+        key = parts[0] if end == 1 else ".".join(parts[:end])
+        if key in mapping:
+            value = mapping[key]
+            if end == len(parts):
+                return MISSING if value is None else value
+            if isinstance(value, dict):
+                found = lookup(value, parts[end:])
+                if found is not MISSING:
+                    return found
+    return MISSING
+
+
+class TraceView:
+    """A decoded trace's fields, each read (and the texts made) at most once per trace."""
+
+    __slots__ = ("_root", "_texts", "trace")
+
+    def __init__(self, trace: Trace) -> None:
+        self.trace = trace
+        self._root: Span | None = None
+        self._texts: dict[str, Any] = {}
+
+    @property
+    def root(self) -> Span:
+        if self._root is None:
+            self._root = self.trace.root
+        return self._root
+
+    def field(self, name: str) -> Any:
+        """A single-valued field (not metadata, not spans)."""
+        if name == "agentId":
+            return self.trace.agent_id
+        if name == "traceId":
+            return self.trace.trace_id
+        if name == "sessionId":
+            return self.trace.session_id or MISSING
+        if name == "root.name":
+            return self.root.name
+        if name == "durationMs":
+            start, end = self.root.start_time, self.root.end_time
+            return MISSING if start is None or end is None else (end - start).total_seconds() * 1000.0
+        # root.input, root.output: as text, as the members read them
+        text = self._texts.get(name)
+        if text is None:
+            raw = self.root.input if name == "root.input" else self.root.output
+            text = self._texts[name] = MISSING if raw is None else as_text(raw)
+        return text
+
+    def metadata(self, parts: Sequence[str]) -> Any:
+        return lookup(self.trace.metadata, parts)
+
+    def spans(self, name: str, parts: Sequence[str] = ()) -> Iterable[Any]:
+        """The field of every span: ``name``, ``kind`` or (with ``parts``) an attribute."""
+        if name == "name":
+            return (s.name for s in self.trace.spans)
+        if name == "kind":
+            return (MISSING if s.kind is None else s.kind for s in self.trace.spans)
+        return (lookup(s.attributes, parts) for s in self.trace.spans)
+
+
+class HeaderView:
+    """The fields a record's routing headers carry; every other is ``UNKNOWN``."""
+
+    __slots__ = ("_values",)
+
+    def __init__(self, headers: Mapping[str, str]) -> None:
+        self._values = {"agentId": headers.get(HEADER_AGENT, UNKNOWN), "traceId": headers.get(HEADER_TRACE, UNKNOWN),
+                        "sessionId": headers.get(HEADER_SESSION, MISSING),
+                        "root.name": headers.get(HEADER_ROOT_NAME, UNKNOWN)}
+
+    def field(self, name: str) -> Any:
+        return self._values.get(name, UNKNOWN)
+
+    def metadata(self, parts: Sequence[str]) -> Any:
+        return UNKNOWN
+
+    def spans(self, name: str, parts: Sequence[str] = ()) -> Any:
+        return UNKNOWN
+
+
+View = TraceView | HeaderView
+Decide = Callable[[View], "bool | None"]  # True, False, or None: the view cannot tell
+
+
+# --- Compiling ----------------------------------------------------------------------------------
+
+
+def _key(value: Any) -> tuple[str, Any] | None:
+    """What equality compares: a boolean is never a number, a number never a string."""
+    if isinstance(value, bool):
+        return ("b", value)
+    if isinstance(value, int | float):
+        return ("n", value)
+    if isinstance(value, str):
+        return ("s", value)
+    return None  # an object or a list equals no value
+
+
+def _is_number(value: Any) -> bool:
+    return isinstance(value, int | float) and not isinstance(value, bool)
+
+
+def _test(op: str, value: Any) -> Callable[[Any], bool]:
+    """The comparison of one field value (or ``MISSING``) with the condition's value."""
+    if op in ("eq", "neq"):
+        wanted = _key(value)
+        equal: Callable[[Any], bool] = lambda x: x is not MISSING and _key(x) == wanted  # noqa: E731
+        return equal if op == "eq" else (lambda x: not equal(x))
+    if op in ("in", "nin"):
+        keys = frozenset(_key(v) for v in value)
+        member: Callable[[Any], bool] = lambda x: x is not MISSING and _key(x) in keys  # noqa: E731
+        return member if op == "in" else (lambda x: not member(x))
+    if op == "contains":
+        wanted = _key(value)
+        return lambda x: ((isinstance(x, str) and isinstance(value, str) and value in x)
+                          or (isinstance(x, list) and any(_key(e) == wanted for e in x)))
+    if op == "startsWith":
+        return lambda x: isinstance(x, str) and x.startswith(value)
+    if op == "matches":
+        regex = compile_user_regex(value)
+        return lambda x: isinstance(x, str) and regex.search(x) is not None
+    if op == "exists":
+        return lambda x: (x is not MISSING) == value
+    if op == "gt":
+        return lambda x: _is_number(x) and x > value
+    if op == "gte":
+        return lambda x: _is_number(x) and x >= value
+    if op == "lt":
+        return lambda x: _is_number(x) and x < value
+    return lambda x: _is_number(x) and x <= value  # lte
+
+
+def _leaf(condition: FieldCondition) -> Decide:
+    test = _test(condition.op, condition.value)
+    field = condition.field
+    if field.startswith("metadata."):
+        parts = tuple(field.removeprefix("metadata.").split("."))
+
+        def on_metadata(view: View) -> bool | None:
+            value = view.metadata(parts)
+            return None if value is UNKNOWN else test(value)
+        return on_metadata
+    if field.startswith("spans."):
+        name = field.removeprefix("spans.")
+        attribute = tuple(name.removeprefix("attributes.").split(".")) if name.startswith("attributes.") else ()
+        name = "attributes" if attribute else name
+
+        def on_spans(view: View) -> bool | None:  # some span satisfies it
+            values = view.spans(name, attribute)
+            return None if values is UNKNOWN else any(test(v) for v in values)
+        return on_spans
+
+    def on_field(view: View) -> bool | None:
+        value = view.field(field)
+        return None if value is UNKNOWN else test(value)
+    return on_field
+
+
+def _all(parts: list[Decide]) -> Decide:
+    def decide(view: View) -> bool | None:
+        unknown = False
+        for part in parts:
+            result = part(view)
+            if result is False:
+                return False
+            unknown = unknown or result is None
+        return None if unknown else True
+    return decide
+
+
+def _any(parts: list[Decide]) -> Decide:
+    def decide(view: View) -> bool | None:
+        unknown = False
+        for part in parts:
+            result = part(view)
+            if result is True:
+                return True
+            unknown = unknown or result is None
+        return None if unknown else False
+    return decide
+
+
+def _not(part: Decide) -> Decide:
+    def decide(view: View) -> bool | None:
+        result = part(view)
+        return None if result is None else not result
+    return decide
+
+
+def compile_filter(node: FilterNode) -> Decide:
+    """The filter as a function of a view (recursion is bounded by the save-time depth rule).
+    A filter that does not compile (a regex stored before a stricter rule) matches nothing:
+    failing closed spends nothing on traffic the group may not have wanted."""
+    try:
+        return _compiled(node)
+    except ValueError:
+        return lambda view: False
+
+
+def _compiled(node: FilterNode) -> Decide:
+    if isinstance(node, FieldCondition):
+        return _leaf(node)
+    if isinstance(node, NotOf):
+        return _not(_compiled(node.not_))
+    if isinstance(node, AllOf):
+        return _all([_compiled(child) for child in node.all])
+    if isinstance(node, AnyOf):
+        return _any([_compiled(child) for child in node.any])
+    raise TypeError(f"not a filter node: {type(node).__name__}")
+
+
+def regex_errors(node: FilterNode | None, path: str = "online.filter") -> list[str]:
+    """The ``matches`` regexes RE2 refuses, each with its path: the check only the server makes."""
+    errors = []
+    for loc, leaf in walk(node) if node is not None else []:
+        if leaf.op == "matches":
+            try:
+                compile_user_regex(str(leaf.value))
+            except ValueError as exc:
+                where = path + "".join(f"[{p}]" if isinstance(p, int) else f".{p}" for p in loc)
+                errors.append(f"{where}.value: {exc}")
+    return errors
