@@ -46,6 +46,8 @@ MAX_POLL_INTERVAL_S = 300.0
 COMMIT_FAILURES_REPORTED_AFTER = 3  # commit intervals: one failure in a rebalance is ordinary
 
 Taken = tuple[PartitionOffsets, Any]  # a record's offset ticket, and the record as the consumer read it
+# A record to publish: (topic, key, value), or with its headers (topic, key, value, headers).
+Outgoing = tuple[str, bytes | None, bytes] | tuple[str, bytes | None, bytes, list[tuple[str, bytes]]]
 
 
 class Step(Protocol):
@@ -237,11 +239,12 @@ class PartitionLoop:
                 taken[0].finished(taken[1].offset)
         self.freed()
 
-    async def send(self, messages: Sequence[tuple[str, bytes | None, bytes]]) -> None:
-        """Publish (topic, key, value) messages and wait for every acknowledgement, riding out a
-        broker outage: a repeated send is safe (ids are deterministic, consumers dedupe)."""
+    async def send(self, messages: Sequence[Outgoing]) -> None:
+        """Publish (topic, key, value[, headers]) messages and wait for every acknowledgement,
+        riding out a broker outage: a repeated send is safe (ids are deterministic, consumers dedupe)."""
         async def send_all() -> None:
-            acks = [await self._producer.send(topic, key=key, value=value) for topic, key, value in messages]
+            acks = [await self._producer.send(m[0], key=m[1], value=m[2], headers=m[3] if len(m) > 3 else None)
+                    for m in messages]
             await asyncio.gather(*acks)
 
         if messages:

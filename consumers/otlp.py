@@ -38,8 +38,9 @@ from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, ConsumerRebalanceListen
 
 from consumers.decode import DeadLetter, DeadLetterReason, dead_letter
 from consumers.events import SILENT
-from consumers.loop import PartitionLoop, Taken
+from consumers.loop import Outgoing, PartitionLoop, Taken
 from consumers.outage import OutageGuard
+from scoring.filters import routing_headers
 from scoring.otlp.mapping import (
     BufferedSpan,
     MappingRules,
@@ -213,7 +214,7 @@ class OtlpConsumer:
                     pass
 
     async def _emit(self, due: list[DueTrace]) -> None:
-        messages: list[tuple[str, bytes | None, bytes]] = []
+        messages: list[Outgoing] = []
         emitted: list[tuple[DueTrace, bool]] = []
         for trace in due:
             if not trace.spans:
@@ -227,8 +228,10 @@ class OtlpConsumer:
                 messages.append((self.loop.dlq_topic, trace.member.encode(), _assembly_letter(trace, exc)))
                 self._events.dead_lettered("invalid_trace")
                 continue
+            # With its routing headers: a trace no live group wants is skipped without being parsed.
             messages.append((self._traces_topic, assembled.trace_id.encode(),
-                             assembled.model_dump_json(by_alias=True, exclude_none=True).encode()))
+                             assembled.model_dump_json(by_alias=True, exclude_none=True).encode(),
+                             routing_headers(assembled)))
             emitted.append((trace, trace.complete))
         await self.loop.send(messages)  # acknowledged by the broker before the buffer forgets them
         late = await self._outages.call(lambda: self._buffer.finish(due))

@@ -41,9 +41,11 @@ from redis.asyncio import Redis
 from deploy.judge_server import JudgeServer
 from deploy.processes import free_port
 from deploy.webhook_receiver import WebhookReceiver
+from scoring.filters import routing_headers
 from scoring.groups import MonitorClient
 from scoring.models import Budget
 from scoring.stores.apikeys import ApiKeyStore
+from scoring.subjects import Trace
 from worker.app import ensure_topics
 from worker.logs import configure_logging
 from worker.settings import Settings
@@ -110,7 +112,9 @@ async def _produce(bootstrap: str, topic: str, rate: float, stop: asyncio.Event)
                 print("TRAFFIC the support bot's answers get poor: a quality dip" if dipping
                       else "TRAFFIC the support bot's answers are good again: it recovers", flush=True)
             trace = _trace(n, rng, dip=dipping)
-            await producer.send(topic, key=trace["traceId"].encode(), value=orjson.dumps(trace))
+            # With the routing headers the worker reads before parsing (scoring.filters).
+            await producer.send(topic, key=trace["traceId"].encode(), value=orjson.dumps(trace),
+                                headers=routing_headers(Trace.model_validate(trace)))
             if n == 3:  # one malformed record, to show the dead-letter topic at work
                 await producer.send(topic, key=b"broken", value=b"{this is not json")
             with contextlib.suppress(TimeoutError):

@@ -10,7 +10,7 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -123,11 +123,14 @@ class WorkerProcess:
         return text if whole else text[-6000:]
 
 
-async def produce(bootstrap: str, topic: str, records: list[tuple[bytes | None, bytes]]) -> None:
+async def produce(bootstrap: str, topic: str, records: Sequence[tuple[bytes | None, bytes]],
+                  headers: Sequence[list[tuple[str, bytes]] | None] = ()) -> None:
+    """Publish (key, value) records, the i-th with ``headers[i]`` if given."""
     producer = AIOKafkaProducer(bootstrap_servers=bootstrap, linger_ms=5)
     await producer.start()
     try:
-        acks = [await producer.send(topic, key=k, value=v) for k, v in records]
+        acks = [await producer.send(topic, key=k, value=v, headers=headers[i] if i < len(headers) else None)
+                for i, (k, v) in enumerate(records)]
         await asyncio.gather(*acks)
     finally:
         await producer.stop()
