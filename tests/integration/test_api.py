@@ -25,6 +25,7 @@ pytestmark = pytest.mark.integration
 
 FULL_ONLINE = {"enabled": True, "sampleRate": 0.2, "alertThreshold": 6, "severity": "high"}
 PROBLEM = "application/problem+json"
+FILTER_LEAF = {"field": "metadata.environment", "op": "eq", "value": "production"}
 
 
 class Api:
@@ -174,6 +175,15 @@ def test_patch_is_sparse_and_online_merges_key_by_key(api: Api, scorers: dict[st
         assert salted["online"] == {**opted_out["online"], "sampleSalt": "v2"}, "a sample of its own"
         shared = a.patch(f"/v1/scorer-groups/{g['id']}", json={"online": {"sampleSalt": None}}).json()
         assert shared["online"] == opted_out["online"], "sampleSalt: null, back to the shared sample"
+        aimed = a.patch(f"/v1/scorer-groups/{g['id']}", json={"online": {"filter": FILTER_LEAF}}).json()
+        assert aimed["online"] == {**opted_out["online"], "filter": FILTER_LEAF}, "a filter merges like any key"
+        other = {"any": [FILTER_LEAF, {"field": "agentId", "op": "startsWith", "value": "support"}]}
+        moved = a.patch(f"/v1/scorer-groups/{g['id']}", json={"online": {"filter": other, "sampleRate": 0.3}}).json()
+        assert moved["online"] == {**opted_out["online"], "filter": other, "sampleRate": 0.3}, "a new filter replaces it"
+        refused = a.patch(f"/v1/scorer-groups/{g['id']}", json={"online": {"filter": {"any": [{"field": "x"}]}}})
+        assert_problem(refused, 400, "online.filter.any[0].field")
+        unaimed = a.patch(f"/v1/scorer-groups/{g['id']}", json={"online": {"filter": None}}).json()
+        assert unaimed["online"] == {**opted_out["online"], "sampleRate": 0.3}, "filter: null, all traffic again"
         r = a.patch(f"/v1/scorer-groups/{g['id']}", json={"online": None})
         assert r.status_code == 200 and r.json()["online"] is None, "online: null detaches"
 
@@ -213,6 +223,18 @@ def test_unknown_ref_and_requires_expected_on_a_live_group_are_400s(api: Api, sc
     ({"online": {**FULL_ONLINE, "sampleSalt": ""}}, "online.sampleSalt"),
     ({"name": ""}, "name"),
     ({"members": [{**member("judge", "q"), "weight": "1"}]}, "members[0].weight"),
+    # online.filter: an unknown field root, an op that does not fit its value, a regex RE2
+    # refuses, too deep, too many conditions
+    ({"online": {**FULL_ONLINE, "filter": {"field": "user.id", "op": "eq", "value": "x"}}}, "online.filter.field"),
+    ({"online": {**FULL_ONLINE, "filter": {"all": [FILTER_LEAF, {**FILTER_LEAF, "op": "like"}]}}},
+     "online.filter.all[1].op"),
+    ({"online": {**FULL_ONLINE, "filter": {"any": [{"not": {"field": "durationMs", "op": "gt", "value": "slow"}}]}}},
+     "online.filter.any[0].not.value"),
+    ({"online": {**FULL_ONLINE, "filter": {"any": [FILTER_LEAF, {"field": "root.output", "op": "matches",
+                                                                 "value": "(a)\\1"}]}}}, "online.filter.any[1].value"),
+    ({"online": {**FULL_ONLINE, "filter": {"not": {"not": {"not": {"not": {"not": FILTER_LEAF}}}}}}},
+     "online.filter.not.not.not.not.not"),
+    ({"online": {**FULL_ONLINE, "filter": {"any": [FILTER_LEAF] * 33}}}, "online.filter.any"),
 ])
 def test_every_save_time_limit_is_a_400_naming_the_field(api: Api, scorers: dict[str, str],
                                                          change: dict[str, Any], field: str) -> None:

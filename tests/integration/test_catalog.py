@@ -221,3 +221,18 @@ async def test_a_bad_file_is_refused_whole_with_every_error(client: MonitorClien
     with pytest.raises(InvalidDocument) as info:
         await client.apply({"groups": [{"id": "g", "name": "", "members": []}]})
     assert len(info.value.errors) == 3  # name too short, projectId missing, members empty
+
+
+async def test_a_catalog_file_refuses_a_bad_filter_naming_its_path(client: MonitorClient) -> None:
+    before = await client.store.version()
+    leaf = {"field": "agentId", "op": "eq", "value": "a"}
+    bad = {"groups": [{"id": "f1", "name": "F1", "projectId": "p", "members": [member("judge", "exact")],
+                       "online": {**FULL_ONLINE, "filter": {"all": [leaf, {**leaf, "op": "like"}]}}},
+                      {"id": "f2", "name": "F2", "projectId": "p", "members": [member("judge", "tone")],
+                       "online": {**FULL_ONLINE, "filter": {"field": "root.output", "op": "matches",
+                                                             "value": "(?<=no)lookbehind"}}}]}
+    with pytest.raises(InvalidDocument) as info:
+        await client.apply(bad)
+    assert any(e.startswith("groups[0] 'f1': online.filter.all[1].op: must be one of eq") for e in info.value.errors)
+    assert any(e.startswith("groups[1] 'f2': online.filter.value: regex is not supported") for e in info.value.errors)
+    assert await client.store.version() == before, "nothing half-applied"
