@@ -9,13 +9,18 @@ take the judge endpoint's slots from live scoring for long.
 
 from __future__ import annotations
 
+import contextlib
 import time
 import uuid
+from datetime import UTC, datetime
+
+from pydantic import ValidationError
 
 from scorer_groups.api_models import GradeRequest
 from scorer_groups.documents import Rating
 from scoring.catalog import CatalogSnapshot
 from scoring.errors import CatalogError
+from scoring.filters import TraceView, compile_filter
 from scoring.judge_prompt import token_ceiling
 from scoring.models import ScorerGroup
 from scoring.pairs import ClaimRequest, day_of
@@ -24,7 +29,7 @@ from scoring.ports import BudgetExhausted
 from scoring.results import build_rating
 from scoring.routing import DEFAULT_BUDGET_WINDOW_S
 from scoring.stores.claims import Claims, Reservation
-from scoring.subjects import Subject
+from scoring.subjects import Span, Subject, Trace
 
 GRADES_PER_PROJECT = 4  # at once; the fifth is refused until one ends
 
@@ -39,6 +44,24 @@ class PlaygroundRefused(CatalogError):
     def __init__(self, message: str, extension: dict[str, object] | None = None) -> None:
         super().__init__(message)
         self.extension = extension or {}
+
+
+def passes_filter(group: ScorerGroup, example: GradeRequest) -> bool | None:
+    """Would live scoring see the example? The group's ``online.filter`` decided on a trace made
+    of it: its input and output as the root span's (named ``rootName``), its spans below the
+    root (those that are not valid spans are not seen), its metadata, agent and session. None:
+    the group has no filter."""
+    if group.online is None or group.online.filter is None:
+        return None
+    spans = [Span(span_id="playground-root", name=example.root_name or "", input=example.input, output=example.output)]
+    for raw in example.spans:
+        with contextlib.suppress(ValidationError):
+            span = Span.model_validate(raw)
+            spans.append(span if span.parent_span_id else span.model_copy(update={"parent_span_id": "playground-root"}))
+    trace = Trace(trace_id="playground", project_id=group.project_id, agent_id=example.agent_id or "playground",
+                  session_id=example.session_id, timestamp=datetime.now(UTC), spans=spans,
+                  metadata=dict(example.metadata))
+    return compile_filter(group.online.filter)(TraceView(trace)) is True
 
 
 class Playground:

@@ -13,8 +13,16 @@ import httpx
 from scorer_groups import _calls as calls
 from scorer_groups._calls import Retry
 from scorer_groups._transport_async import AsyncTransport
-from scorer_groups.api_models import BudgetView, Change, Channel, Ratings, ResultsPage, SessionScore
-from scorer_groups.documents import Rating
+from scorer_groups.api_models import (
+    BudgetView,
+    Change,
+    Channel,
+    GradeRequest,
+    PlaygroundRating,
+    Ratings,
+    ResultsPage,
+    SessionScore,
+)
 from scorer_groups.evaluations_async import AsyncDatasets, AsyncEvaluations
 from scorer_groups.models import Budget, CustomEvaluator, Judge, Pattern, ScorerGroup, WireModel
 
@@ -56,12 +64,16 @@ class ScorerGroups:
 
     async def grade(
         self, id: str, input: str, output: str, expected: Any = None,
-        spans: builtins.list[Any] | None = None, metadata: Mapping[str, Any] | None = None,
-    ) -> Rating:
+        spans: builtins.list[Any] | None = None, metadata: Mapping[str, Any] | None = None, *,
+        agent_id: str | None = None, session_id: str | None = None, root_name: str | None = None,
+    ) -> PlaygroundRating:
         """The playground: grade one example with the group's members now (nothing published;
-        judge calls are reserved from the project's budget, RateLimited when it has no room)."""
-        example = {"input": input, "output": output, "expected": expected, "spans": spans or [],
-                   "metadata": dict(metadata or {})}
+        judge calls are reserved from the project's budget, RateLimited when it has no room).
+        ``passes_filter`` says whether live scoring would see it (the group's ``online.filter``)."""
+        # Keys as given (metadata and attributes are the user's); the server validates it.
+        example = GradeRequest.model_construct(input=input, output=output, expected=expected, spans=spans or [],
+                                               metadata=dict(metadata or {}), agent_id=agent_id,
+                                               session_id=session_id, root_name=root_name)
         return await self._t.run(calls.grade_example(id, example))
 
     async def changes(self, id: str) -> builtins.list[Change]:

@@ -14,8 +14,7 @@ import httpx
 from pydantic import BaseModel, TypeAdapter
 from pydantic.alias_generators import to_camel
 
-from scorer_groups.api_models import Change, Channel, Ratings, ResultsPage, SessionScore
-from scorer_groups.documents import Rating
+from scorer_groups.api_models import Change, Channel, GradeRequest, PlaygroundRating, Ratings, ResultsPage, SessionScore
 from scorer_groups.errors import ApiError, error_for
 from scorer_groups.models import Budget, CustomEvaluator, Judge, Pattern, ScorerGroup, WireModel
 
@@ -147,8 +146,9 @@ def group_results(group_id: str, limit: int, cursor: str | None, below: bool) ->
     return Call("GET", f"/v1/scorer-groups/{_id(group_id)}/results", _model(ResultsPage), params=params)
 
 
-def grade_example(group_id: str, example: Mapping[str, Any]) -> Call[Rating]:
-    return Call("POST", f"/v1/scorer-groups/{_id(group_id)}/grade", _model(Rating), json=_wire(dict(example)))
+def grade_example(group_id: str, example: GradeRequest) -> Call[PlaygroundRating]:
+    return Call("POST", f"/v1/scorer-groups/{_id(group_id)}/grade", _model(PlaygroundRating),
+                json=example.model_dump(mode="json", by_alias=True, exclude_none=True))
 
 
 def group_changes(group_id: str) -> Call[builtins.list[Change]]:

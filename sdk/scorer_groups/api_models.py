@@ -125,6 +125,10 @@ class GradeRequest(WireModel):
     expected: JsonValue = None
     spans: list[dict[str, JsonValue]] = Field(default_factory=list, max_length=500)
     metadata: dict[str, JsonValue] = Field(default_factory=dict)
+    # What only the group's online.filter reads: the answer says whether live scoring would see it.
+    agent_id: str | None = Field(None, max_length=128)
+    session_id: str | None = Field(None, max_length=256)
+    root_name: str | None = Field(None, max_length=1_000)
 
     @model_validator(mode="after")
     def _bounded(self) -> GradeRequest:
@@ -135,3 +139,11 @@ class GradeRequest(WireModel):
             raise ValueError(f"expected, spans and metadata: {size} characters of JSON together, "
                              f"at most {MAX_EXAMPLE_EXTRAS_CHARS}")
         return self
+
+
+class PlaygroundRating(Rating):
+    """The playground's answer: the rating, and whether live scoring would see the example."""
+
+    passes_filter: bool | None = Field(None, description="The group's online.filter decided on the example (its "
+                                                         "input and output as the root span's, its spans, metadata, "
+                                                         "agentId, sessionId and rootName); null: no filter.")

@@ -155,6 +155,24 @@ def test_the_playground_grades_an_example_with_every_member_and_publishes_nothin
         assert a.monitor.scorer_groups.ratings(group.id, window="1h").count == 0
 
 
+def test_the_playground_says_whether_live_scoring_would_see_the_example(env: Env) -> None:
+    aimed = {"all": [{"field": "agentId", "op": "eq", "value": "support"},
+                     {"field": "metadata.plan_tier", "op": "eq", "value": "gold"},
+                     {"field": "spans.attributes.gen_ai.request.model", "op": "startsWith", "value": "gpt-4o"}]}
+    online = {"enabled": False, "sample_rate": 0.1, "alert_threshold": 5, "severity": "low", "filter": aimed}
+    with env.client() as a:
+        group = a_group(a, "Aimed", online=online)
+        llm = [{"spanId": "c", "name": "chat", "attributes": {"gen_ai.request.model": "gpt-4o-mini"}}]
+        seen = a.monitor.scorer_groups.grade(group.id, input="q", output="a [[rating=7]]", spans=llm,
+                                             metadata={"plan_tier": "gold"}, agent_id="support")
+        assert seen.passes_filter is True and seen.rating is not None, "user keys reach the filter as written"
+        unseen = a.monitor.scorer_groups.grade(group.id, input="q", output="a [[rating=7]]", spans=llm,
+                                               metadata={"plan_tier": "gold"}, agent_id="sales")
+        assert unseen.passes_filter is False and unseen.rating is not None, "graded all the same: it is a try-out"
+        plain = a_group(a, "Unaimed")
+        assert a.monitor.scorer_groups.grade(plain.id, input="q", output="a").passes_filter is None, "no filter"
+
+
 def test_the_playground_reserves_from_the_budget_and_says_its_state_when_it_has_no_room(env: Env) -> None:
     with env.client("b") as b, env.client("op") as op:
         group = a_group(b, "Budgeted")

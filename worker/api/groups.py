@@ -11,14 +11,21 @@ from typing import Annotated, Any, Literal
 
 from fastapi import APIRouter, Header, Path, Query, Request, Response
 
-from scorer_groups.api_models import MAX_EXAMPLE_EXTRAS_CHARS, Change, GradeRequest, Ratings, ResultsPage, SessionScore
-from scorer_groups.documents import Rating
+from scorer_groups.api_models import (
+    MAX_EXAMPLE_EXTRAS_CHARS,
+    Change,
+    GradeRequest,
+    PlaygroundRating,
+    Ratings,
+    ResultsPage,
+    SessionScore,
+)
 from scorer_groups.filters import Filter
 from scoring.catalog import etag
 from scoring.errors import NotFound
 from scoring.groups import Caller, MonitorClient
 from scoring.models import ID_PATTERN, Id, Member, Name, OnlineProfile, Scope, ScorerGroup, Severity, WireModel
-from scoring.playground import Playground
+from scoring.playground import Playground, passes_filter
 from scoring.stores.changes import ChangeLog
 from worker.api.auth import Client, Who, redis_of
 from worker.api.bodies import body_doc, read_body
@@ -142,19 +149,22 @@ async def group_results(group_id: GroupId, client: Client, limit: Limit = 50, cu
 PLAYGROUND_BODY = MAX_EXAMPLE_EXTRAS_CHARS + 2 * 100_000 * 12 + 64 * 1024
 
 
-@router.post("/scorer-groups/{id}/grade", response_model=Rating, openapi_extra=body_doc(GradeRequest, PLAYGROUND_BODY),
+@router.post("/scorer-groups/{id}/grade", response_model=PlaygroundRating,
+             openapi_extra=body_doc(GradeRequest, PLAYGROUND_BODY),
              responses={429: {"model": Problem, "description": "No room in the judge budget (the problem's "
                                                                "`budget` says its state), or the project's "
                                                                "playground is busy."}})
-async def grade_example(group_id: GroupId, client: Client, request: Request) -> Rating:
+async def grade_example(group_id: GroupId, client: Client, request: Request) -> PlaygroundRating:
     """The playground: grade one example with the group's members now and answer with the rating
-    and every member's verdict. Nothing is published; judge calls are reserved from the
+    and every member's verdict, and whether live scoring would see the example (``passesFilter``,
+    the group's ``online.filter``). Nothing is published; judge calls are reserved from the
     project's budget."""
     body: GradeRequest = await read_body(request, GradeRequest)
     group = await client.scorer_groups.get(group_id)
     snapshot = await client.store.snapshot()
     playground: Playground = request.app.state.playground
-    return await playground.grade(group, snapshot, body)
+    rating = await playground.grade(group, snapshot, body)
+    return PlaygroundRating(**rating.model_dump(), passes_filter=passes_filter(group, body))
 
 
 @router.get("/scorer-groups/{id}/changes", response_model=ChangePage)
