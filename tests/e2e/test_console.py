@@ -258,3 +258,73 @@ def test_two_groups_at_one_rate_are_compared_trace_by_trace(env: Env, browser: A
         finally:
             client.monitor.scorer_groups.delete(rubric.id)
 
+
+
+def test_the_filter_builder_saves_a_filter_shows_refusals_at_their_row_and_the_playground_says_if_it_matches(
+        env: Env, browser: Any) -> None:
+    with Client(env.api.url, env.key) as client:
+        online = {"enabled": True, "sampleRate": 0.2, "alertThreshold": 6, "severity": "high"}
+        group = client.monitor.scorer_groups.create("Aimed", members=[m.wire() for m in env.group.members],
+                                                    online=online)
+        try:
+            sign_in(browser, env)
+            browser.get(env.api.url + f"/console#/groups/{group.id}")
+            wait_for(browser, "#filter-rows")
+
+            def add_row(field: str, op: str, value: str) -> Any:
+                browser.find_element(By.ID, "filter-add").click()
+                row = browser.find_elements(By.CSS_SELECTOR, "#filter-rows .filter-row")[-1]
+                row.find_element(By.NAME, "field").send_keys(field)
+                row.find_element(By.CSS_SELECTOR, f"[name=op] option[value='{op}']").click()
+                row.find_element(By.NAME, "value").send_keys(value)
+                return row
+
+            # Two rows, "all of": saved as the API's filter, typed values as JSON reads them.
+            add_row("agentId", "in", "support, sales")
+            row = add_row("metadata.retries", "lt", "3")
+            row.find_element(By.NAME, "not").click()
+            browser.find_element(By.CSS_SELECTOR, "#group-form button[type=submit]").click()
+            wanted = {"all": [{"field": "agentId", "op": "in", "value": ["support", "sales"]},
+                              {"not": {"field": "metadata.retries", "op": "lt", "value": 3}}]}
+            WebDriverWait(browser, 10).until(lambda _: client.monitor.scorer_groups.get(group.id).online.filter
+                                             is not None)
+            saved = client.monitor.scorer_groups.get(group.id).online
+            assert saved is not None and saved.filter is not None
+            assert saved.filter.model_dump(by_alias=True) == wanted
+            assert saved.sample_rate == 0.2, "the rest of the profile kept"
+
+            # A refused row: the API's message at the row's own input (online.filter.all[2].field).
+            wait_for(browser, "#filter-rows .filter-row", 2)
+            add_row("user.email", "eq", "x")
+            browser.find_element(By.CSS_SELECTOR, "#group-form button[type=submit]").click()
+            error = wait_for(browser, "#group-form .field-error[data-error-for='online.filter.all[2].field']")[0]
+            assert "not a field of a trace" in error.text
+            bad_input = browser.find_element(By.CSS_SELECTOR, "[data-field='online.filter.all[2].field']")
+            assert "invalid" in bad_input.get_attribute("class")
+
+            # The playground says whether live scoring would see the example.
+            browser.get(env.api.url + f"/console#/groups/{group.id}")
+            wait_for(browser, "#play-input")[0].send_keys("q")
+            browser.find_element(By.ID, "play-output").send_keys("a [[rating=7]]")
+            browser.find_element(By.CSS_SELECTOR, "#playground button[type=submit]").click()
+            assert "would not see" in wait_for(browser, "#play-filter")[0].text, "agent 'playground' is not wanted"
+            assert "filtered" in browser.find_element(By.CSS_SELECTOR, "main section p.muted").text
+
+            # Deeper than rows: edited as JSON; an error deep in it is shown there with its path.
+            browser.find_element(By.ID, "filter-as-json").click()
+            text = browser.find_element(By.ID, "filter-json")
+            text.clear()
+            text.send_keys('{"any": [{"all": [{"field": "agentId", "op": "eq", "value": "a"},'
+                           ' {"field": "durationMs", "op": "gt", "value": "slow"}]}]}')
+            browser.find_element(By.CSS_SELECTOR, "#group-form button[type=submit]").click()
+            deep = wait_for(browser, "#group-form .field-error[data-error-for='online.filter.any[0].all[1].value']")[0]
+            assert deep.text.startswith("online.filter.any[0].all[1].value:") and "compares numbers" in deep.text
+            # Removing every row saves no filter: all the project's traffic again.
+            browser.refresh()
+            wait_for(browser, "#filter-rows .filter-row", 2)
+            for button in browser.find_elements(By.CSS_SELECTOR, "#filter-rows .filter-row button"):
+                button.click()
+            browser.find_element(By.CSS_SELECTOR, "#group-form button[type=submit]").click()
+            WebDriverWait(browser, 10).until(lambda _: client.monitor.scorer_groups.get(group.id).online.filter is None)
+        finally:
+            client.monitor.scorer_groups.delete(group.id)

@@ -100,7 +100,8 @@ function signIn() {
 function profileText(online) {
   if (!online) return "not scored live";
   const state = online.enabled ? "live" : "paused";
-  return `${state}, ${online.scope} scope, sample ${Math.round(online.sampleRate * 100)}%, ` +
+  return `${state}, ${online.scope} scope, ${online.filter ? "filtered, " : ""}` +
+         `sample ${Math.round(online.sampleRate * 100)}%${online.filter ? " of matching traffic" : ""}, ` +
          `alert below ${online.alertThreshold ?? "-"} (${online.severity})`;
 }
 
@@ -200,7 +201,9 @@ async function drawChart(container, group, window) {
   const summary = el("p", { id: "chart-summary" },
     `${history.count} results, mean ${fmt(history.mean)}; `,
     el("span", { class: "bad" }, `${history.belowThreshold} below the threshold`), "; ",
-    `${history.noScore} without a score; ${history.skipped} skipped for budget`);
+    `${history.noScore} without a score; ${history.skipped} skipped for budget; `,
+    el("span", { id: "chart-matched" }, group.online && group.online.filter
+      ? `${history.matched} traces matched the filter` : `${history.matched} traces of the project seen`));
   container.replaceChildren(tabs, plot, summary);
 }
 
@@ -313,8 +316,12 @@ function playground(group) {
       try {
         const rating = await api("POST", `/v1/scorer-groups/${encodeURIComponent(group.id)}/grade`, {
           input: input.value, output: output.value, expected: expected.value === "" ? null : expected.value });
+        const seen = rating.passesFilter === null || rating.passesFilter === undefined ? null
+          : el("p", { id: "play-filter", class: rating.passesFilter ? "good" : "bad" }, rating.passesFilter
+            ? "Live scoring would see this example: it matches the group's filter."
+            : "Live scoring would not see this example: it does not match the group's filter.");
         answer.replaceChildren(el("p", {}, el("span", { class: "score" }, fmt(rating.rating)), rating.justification),
-                               membersTable(rating.members));
+                               seen, membersTable(rating.members));
       } catch (error) {
         answer.replaceChildren(failure(error));
       }
@@ -374,6 +381,7 @@ async function groupForm(group) {
     idleSeconds: el("input", { type: "number", value: online.idleSeconds ?? 120 }),
     gatesFirst: el("input", { type: "checkbox", checked: !!(group && group.gatesFirst) }),
   };
+  const filter = filterBuilder(online.filter || null);
   inputs.enabled.setAttribute("data-field", "online.enabled");
   inputs.gatesFirst.setAttribute("data-field", "gatesFirst");
   const message = el("p", { class: "error", role: "alert", id: "form-message" });
@@ -381,6 +389,11 @@ async function groupForm(group) {
     event.preventDefault();
     clearErrors(form);
     const number = (input) => (input.value === "" ? null : Number(input.value));
+    let aimedAt;
+    try { aimedAt = filter.read(); } catch (error) {
+      showErrors(form, message, { problem: { errors: [{ field: "online.filter", message: error.message }] } });
+      return;
+    }
     const body = {
       name: inputs.name.value, description: inputs.description.value || null, gatesFirst: inputs.gatesFirst.checked,
       members: [...members.querySelectorAll(".member")].map((row) => ({
@@ -389,7 +402,7 @@ async function groupForm(group) {
       online: { enabled: inputs.enabled.checked, sampleRate: number(inputs.sampleRate),
                 sampleSalt: inputs.sampleSalt.value || null,
                 alertThreshold: number(inputs.alertThreshold), severity: inputs.severity.value,
-                scope: inputs.scope.value, idleSeconds: number(inputs.idleSeconds) },
+                scope: inputs.scope.value, idleSeconds: number(inputs.idleSeconds), filter: aimedAt },
     };
     try {
       const saved = group ? await api("PATCH", `/v1/scorer-groups/${encodeURIComponent(group.id)}`, body)
@@ -412,6 +425,7 @@ async function groupForm(group) {
       field("Alert threshold (0-10)", "online.alertThreshold", inputs.alertThreshold),
       field("Severity", "online.severity", inputs.severity), field("Scope", "online.scope", inputs.scope),
       field("Idle seconds (session)", "online.idleSeconds", inputs.idleSeconds)),
+    el("h2", {}, "Filter"), filter.node,
     el("p", {}, el("button", { type: "submit" }, group ? "Save" : "Create")), message);
   return form;
 }
@@ -421,13 +435,27 @@ function clearErrors(form) {
   for (const node of form.querySelectorAll(".invalid")) node.classList.remove("invalid");
 }
 
+// The input an error names; else the one whose path holds it (a filter edited as JSON): the
+// message then says the rest of the path.
+function errorTarget(form, path) {
+  let best = null;
+  for (const node of form.querySelectorAll("[data-field]")) {
+    const own = node.getAttribute("data-field");
+    if (own === path) return { node, exact: true };
+    const holds = path.startsWith(own) && (path[own.length] === "." || path[own.length] === "[");
+    if (holds && !node.hidden && node.offsetParent !== null && (!best || own.length > best.getAttribute("data-field").length)) best = node;
+  }
+  return best ? { node: best, exact: false } : null;
+}
+
 function showErrors(form, message, error) {
   const unplaced = [];
   for (const problem of (error.problem && error.problem.errors) || []) {
-    const target = [...form.querySelectorAll("[data-field]")].find((n) => n.getAttribute("data-field") === problem.field);
+    const target = errorTarget(form, problem.field);
     if (!target) { unplaced.push(`${problem.field}: ${problem.message}`); continue; }
-    target.classList.add("invalid");
-    target.parentElement.append(el("span", { class: "field-error", "data-error-for": problem.field }, problem.message));
+    target.node.classList.add("invalid");
+    target.node.parentElement.append(el("span", { class: "field-error", "data-error-for": problem.field },
+      target.exact ? problem.message : `${problem.field}: ${problem.message}`));
   }
   message.textContent = unplaced.length ? unplaced.join("; ") : (error.problem.errors ? "" : error.message);
 }
