@@ -21,7 +21,10 @@ traces topic (6 partitions) with ``--traces`` realistic ~2 KB traces, then runs,
   to the rating's broker timestamp, p50 / p99 / max;
 - backlog: the topic grown to ``--backlog`` traces, drained by a fresh worker: its peak RSS;
 - spend: a free must-pass PII pattern and three judges (20 ms) on ``--spend-traces`` traces of
-  which 30% leak an email, with and without ``gatesFirst``: judge calls per trace.
+  which 30% leak an email, with and without ``gatesFirst``: judge calls per trace;
+- filtered: the deterministic groups aimed at one agent (``online.filter``) drain topics where
+  no trace (or one in ten) is from it, with and without routing headers: what a trace no group
+  wants costs, against the limit stage (tests/bench/filtered.py).
 
 Each scenario reads its own consumer group and a Redis database of its own. traces/s counts
 outputs by broker timestamp (output topics use LogAppendTime) from the first to the last;
@@ -47,12 +50,12 @@ import orjson
 
 from deploy.redis_servers import LocalRedis
 from deploy.services import LocalKafka
-from tests.bench import scenarios
+from tests.bench import filtered, scenarios
 from tests.bench.scenarios import Bench
 from tests.bench.workload import create_topics, machine, produce_traces
 
 RESULTS = Path(__file__).resolve().parent / "results"
-ALL = ["limit", "plain_peer", "peer", "deterministic", "scale_out", "judge", "latency", "backlog", "spend"]
+ALL = ["limit", "plain_peer", "peer", "deterministic", "scale_out", "judge", "latency", "backlog", "spend", "filtered"]
 
 
 async def run(args: argparse.Namespace) -> dict[str, Any]:
@@ -108,6 +111,9 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
             await scenario("backlog", scenarios.backlog(bench, args.backlog))
         if "spend" in wanted:
             await scenario("spend", scenarios.spend(bench, args.spend_traces))
+        if "filtered" in wanted:
+            for variant in filtered.VARIANTS:
+                await scenario(f"filtered_{variant.name}", filtered.filtered(bench, variant))
     report["load_average_at_end"] = [round(x, 2) for x in os.getloadavg()]
     _ratios(report)
     return report

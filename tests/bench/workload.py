@@ -9,6 +9,7 @@ import contextlib
 import os
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -17,6 +18,8 @@ import orjson
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
 from aiokafka.admin import AIOKafkaAdminClient, NewTopic
 from redis.asyncio import Redis
+
+from scoring.filters import HEADER_AGENT, HEADER_PROJECT, HEADER_ROOT_NAME, HEADER_TRACE
 
 PARTITIONS = 6
 PROJECT = "bench"
@@ -63,7 +66,7 @@ _TOOL_OUT = {"order": {"status": "delivered", "carrier": "DHL", "items": [
     "deliveredAt": "2026-11-28T10:12:00Z", "returnable": True}}
 
 
-def trace_value(n: int) -> bytes:
+def trace_value(n: int, agent: str = "support-agent") -> bytes:
     """Trace ``n``: a root agent span, an LLM call and a tool call, about 2 KB of JSON. Some
     answers apologise, leak an email or a (Luhn-valid) card number, so every pattern has work."""
     extra = ""
@@ -78,7 +81,7 @@ def trace_value(n: int) -> bytes:
               + " Is there anything else I can help with?" + " " * (n % 40))
     question = f"Hi, I ordered shoes last week (order {n}) and they don't fit. How do I get my money back?"
     return orjson.dumps({
-        "traceId": f"t-{n}", "projectId": PROJECT, "agentId": "support-agent",
+        "traceId": f"t-{n}", "projectId": PROJECT, "agentId": agent,
         "timestamp": "2026-12-02T13:00:00Z", "metadata": {"channel": "chat", "locale": "en-GB", "tier": "gold"},
         "spans": [
             {"spanId": "root", "name": "agent.run", "input": question, "output": answer,
@@ -107,8 +110,16 @@ async def create_topics(bootstrap: str, names: list[str], *, log_append_time: bo
         await admin.close()
 
 
-async def produce_traces(bootstrap: str, topic: str, first: int, count: int) -> float:
-    """Produce traces ``first .. first+count-1`` as fast as the broker takes them; returns traces/s."""
+def routing_headers_of(n: int, agent: str) -> list[tuple[str, bytes]]:
+    """The routing headers a producer the operator runs writes with trace ``n`` (scoring.filters)."""
+    return [(HEADER_PROJECT, PROJECT.encode()), (HEADER_AGENT, agent.encode()), (HEADER_TRACE, f"t-{n}".encode()),
+            (HEADER_ROOT_NAME, b"agent.run")]
+
+
+async def produce_traces(bootstrap: str, topic: str, first: int, count: int, *,
+                         agent: Callable[[int], str] = lambda n: "support-agent", headers: bool = False) -> float:
+    """Produce traces ``first .. first+count-1`` as fast as the broker takes them (of the agent
+    ``agent(n)``, with their routing headers if ``headers``); returns traces/s."""
     producer = AIOKafkaProducer(bootstrap_servers=bootstrap, linger_ms=20, max_batch_size=1 << 20,
                                 compression_type=None, acks=1)
     await producer.start()
@@ -116,7 +127,9 @@ async def produce_traces(bootstrap: str, topic: str, first: int, count: int) -> 
     try:
         acks = []
         for n in range(first, first + count):
-            acks.append(await producer.send(topic, key=f"t-{n}".encode(), value=trace_value(n)))
+            who = agent(n)
+            acks.append(await producer.send(topic, key=f"t-{n}".encode(), value=trace_value(n, who),
+                                            headers=routing_headers_of(n, who) if headers else None))
             if len(acks) >= 5000:
                 await asyncio.gather(*acks)
                 acks.clear()
