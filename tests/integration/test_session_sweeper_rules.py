@@ -112,6 +112,40 @@ async def test_a_session_mixing_turn_times_with_and_without_a_zone_is_judged_onc
     assert await sweep.index() == set(), "judged: it leaves the index"
 
 
+async def test_a_filtered_session_group_judges_the_conversation_made_of_its_matching_turns(sweep: Sweep) -> None:
+    # Each turn is filtered alone, as a trace is: the group aimed at the chat channel judges the
+    # two chat turns together; the unfiltered group the whole conversation; a conversation with
+    # one chat turn is not judged by the aimed group (2+ turns, as always).
+    p = sweep.project
+
+    def on(channel: str, trace: Trace) -> Trace:
+        return trace.model_copy(update={"metadata": {"channel": channel}})
+
+    chat_only = {"field": "metadata.channel", "op": "eq", "value": "chat"}
+    with ScriptedServer(default=Reply(body={"score": 1.0})) as server:
+        scorer = CustomEvaluator(id="ext", name="Ext", type="external", url=server.url, timeout_ms=5000)
+        members = [{"kind": "custom", "refId": "ext", "weight": 1, "gate": False}]
+        aimed = ScorerGroup.model_validate({**session_group(p, "aimed", idle=10, members=members).wire(),
+                                            "online": {**session_group(p, idle=10).wire()["online"],  # type: ignore[dict-item]
+                                                       "filter": chat_only}})
+        catalog = sweep.catalog(aimed, session_group(p, "whole", idle=10, members=members), customs={"ext": scorer})
+        external = ExternalClient(EgressPolicy.parse(["127.0.0.0/8"]))
+        t0 = time.time()
+        await sweep.store.add_turns([on("chat", said(p, "s-mixed", 1, "2026-12-02T13:00:01Z", "first chat")),
+                                     on("email", said(p, "s-mixed", 2, "2026-12-02T13:00:02Z", "an email")),
+                                     on("chat", said(p, "s-mixed", 3, "2026-12-02T13:00:03Z", "second chat")),
+                                     on("chat", said(p, "s-one-chat", 1, "2026-12-02T13:00:01Z", "chat")),
+                                     on("email", said(p, "s-one-chat", 2, "2026-12-02T13:00:02Z", "email"))],
+                                    now=t0)
+        try:
+            assert await sweep.sweeper(catalog, panel=Panel(external=external)).sweep_once(now=t0 + 10) == 3
+        finally:
+            await external.close()
+    assert await sweep.ratings(3) == [("aimed", "s-mixed", 2), ("whole", "s-mixed", 3), ("whole", "s-one-chat", 2)]
+    inputs = sorted(r.json()["input"] for r in server.requests)
+    assert inputs == ["chat\n\nemail", "first chat\n\nan email\n\nsecond chat", "first chat\n\nsecond chat"]
+
+
 async def test_a_backlog_of_more_than_two_pages_is_judged_whole_in_one_sweep(sweep: Sweep) -> None:
     catalog = sweep.catalog(session_group(sweep.project, "a-slow", idle=60),
                             session_group(sweep.project, "b-fast", idle=10))
