@@ -126,6 +126,12 @@ async def record(url: str, events: list[HistoryEntry]) -> None:
     await redis.aclose()
 
 
+async def count_matched(url: str, group_id: str, traces: int) -> None:
+    redis = connect(url)
+    await RatingsStore(redis).write_counts(time.time(), matched={group_id: traces})
+    await redis.aclose()
+
+
 def wait_for(driver: Any, css: str, count: int = 1, timeout_s: float = 15) -> list[Any]:
     try:
         WebDriverWait(driver, timeout_s).until(lambda d: len(d.find_elements(By.CSS_SELECTOR, css)) >= count)
@@ -267,9 +273,11 @@ def test_the_filter_builder_saves_a_filter_shows_refusals_at_their_row_and_the_p
         group = client.monitor.scorer_groups.create("Aimed", members=[m.wire() for m in env.group.members],
                                                     online=online)
         try:
+            asyncio.run(count_matched(env.url, group.id, 37))  # as the worker counts them, on its tick
             sign_in(browser, env)
             browser.get(env.api.url + f"/console#/groups/{group.id}")
             wait_for(browser, "#filter-rows")
+            assert wait_for(browser, "#chart-matched")[0].text == "37 traces of the project seen", "no filter yet"
 
             def add_row(field: str, op: str, value: str) -> Any:
                 browser.find_element(By.ID, "filter-add").click()
@@ -309,6 +317,7 @@ def test_the_filter_builder_saves_a_filter_shows_refusals_at_their_row_and_the_p
             browser.find_element(By.CSS_SELECTOR, "#playground button[type=submit]").click()
             assert "would not see" in wait_for(browser, "#play-filter")[0].text, "agent 'playground' is not wanted"
             assert "filtered" in browser.find_element(By.CSS_SELECTOR, "main section p.muted").text
+            assert wait_for(browser, "#chart-matched")[0].text == "37 traces matched the filter"
 
             # Deeper than rows: edited as JSON; an error deep in it is shown there with its path.
             browser.find_element(By.ID, "filter-as-json").click()

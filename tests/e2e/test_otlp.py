@@ -14,6 +14,7 @@ from collections import Counter
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 
+import orjson
 import pytest
 from aiokafka import AIOKafkaProducer
 
@@ -169,7 +170,9 @@ async def test_collector_records_are_assembled_and_rated_once_each(env: dict[str
             await asyncio.sleep(0.3)
         late = worker.metric("sgw_otlp_late_spans_total")
         ratings = await read_topic(kafka_bootstrap, env["SGW_RATINGS_TOPIC"], until=lambda v: True, settle_s=2)
-        traces = await read_topic(kafka_bootstrap, env["SGW_TRACES_TOPIC"], until=lambda v: True, settle_s=0.5)
+        headed = await read_topic(kafka_bootstrap, env["SGW_TRACES_TOPIC"], until=lambda v: True, settle_s=0.5,
+                                  keep=lambda r: (orjson.loads(r.value), {k: v.decode() for k, v in r.headers}))
+        traces, headers = [t for t, _ in headed], [h for _, h in headed]
         dead = await read_topic(kafka_bootstrap, env["SGW_DLQ_TOPIC"], until=lambda v: len(v) >= 2, timeout_s=20)
         assembled = {how: worker.metric("sgw_otlp_traces_assembled_total", how=how) for how in ("complete", "timeout")}
         consumed = worker.metric("sgw_otlp_spans_consumed_total")
@@ -197,6 +200,11 @@ async def test_collector_records_are_assembled_and_rated_once_each(env: dict[str
                                                        "assembly": "quiet", "source": "otlp"}
     assert len(emitted[trace_ids["split"]]["spans"]) == 2
     assert Counter(t["traceId"] for t in traces).most_common(1)[0][1] == 1, "each trace emitted once"
+    # Each with its routing headers: a trace no live group wants is skipped before it is parsed.
+    for trace, routing in zip(traces, headers, strict=True):
+        assert routing == {"sgw-project": trace["projectId"], "sgw-agent": trace["agentId"], "sgw-trace": trace["traceId"],
+                           "sgw-root-name": next(s.get("name", "") for s in trace["spans"] if not s.get("parentSpanId")),
+                           **({"sgw-session": trace["sessionId"]} if trace.get("sessionId") else {})}
 
     assert sorted(d["reason"] for d in dead) == ["no_project", "not_otlp"]
     assert "sgw.project.id" in next(d["error"] for d in dead if d["reason"] == "no_project")

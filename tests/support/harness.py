@@ -137,9 +137,11 @@ async def produce(bootstrap: str, topic: str, records: Sequence[tuple[bytes | No
 
 
 async def read_topic(bootstrap: str, topic: str, until: Callable[[list[Any]], bool],
-                     timeout_s: float = 90, settle_s: float = 0.0) -> list[Any]:
+                     timeout_s: float = 90, settle_s: float = 0.0,
+                     keep: Callable[[Any], Any] = lambda record: orjson.loads(record.value)) -> list[Any]:
     """Read ``topic`` from the start until ``until(values)`` holds (then ``settle_s`` more, to
-    catch anything extra), or the timeout; values are decoded JSON."""
+    catch anything extra), or the timeout; values are decoded JSON (or what ``keep`` makes of
+    each record)."""
     consumer = AIOKafkaConsumer(topic, bootstrap_servers=bootstrap, auto_offset_reset="earliest",
                                 enable_auto_commit=False, group_id=None)
     await consumer.start()
@@ -150,7 +152,7 @@ async def read_topic(bootstrap: str, topic: str, until: Callable[[list[Any]], bo
         while time.monotonic() < deadline:
             batches = await consumer.getmany(timeout_ms=200)
             for records in batches.values():
-                values.extend(orjson.loads(r.value) for r in records)
+                values.extend(keep(r) for r in records)
             if settled_at is None and until(values):
                 settled_at = time.monotonic() + settle_s
             if settled_at is not None and time.monotonic() >= settled_at:
