@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import time
 from collections import Counter
 from collections.abc import Awaitable
@@ -57,6 +58,7 @@ BUSY_POLL_S = 0.5  # how often a pair leased by another worker is looked at agai
 FINISH_LINGER_S = 0.05
 # A pair's rating waits this long at most for other pairs' confirmations to share its call.
 CONFIRM_LINGER_S = 0.02
+COUNTS_WRITE_S = 1.0  # a count write the trace loop's tick does not wait longer for
 BUDGET_LOG_EVERY_S = 60.0  # a group skipped for budget is logged once a minute at most
 
 # What became of a pair: published from here; decided without a rating from here (by another
@@ -194,13 +196,24 @@ class PairProtocol:
         log.warning("judge budget exhausted; group skipped", project=pair.claim.project_id, group=pair.group.id,
                     **where, **why, **since)
 
-    async def write_counts(self) -> None:
+    async def write_counts(self, *, wait: bool = True) -> None:
         """Count the pairs skipped for budget and the traces matched into the ratings history (one
-        round trip). Counted as they are read: a redelivered trace is counted again."""
-        if self.starved or self.matched:
-            skipped, matched = dict(self.starved), dict(self.matched)
-            self.starved, self.matched = Counter(), Counter()
-            await self._outages.call(lambda: self._ratings.write_counts(time.time(), skipped=skipped, matched=matched))
+        round trip). Counted as they are read: a redelivered trace is counted again. Without
+        ``wait``, a write that fails keeps its counts for the next one instead of waiting out an
+        outage (the trace loop's tick: counts must not hold back its commits)."""
+        if not (self.starved or self.matched):
+            return
+        skipped, matched = dict(self.starved), dict(self.matched)
+        self.starved, self.matched = Counter(), Counter()
+        write = functools.partial(self._ratings.write_counts, time.time(), skipped=skipped, matched=matched)
+        if wait:
+            await self._outages.call(write)
+            return
+        try:
+            await asyncio.wait_for(write(), timeout=COUNTS_WRITE_S)
+        except Exception:  # Redis away or slow: the next tick writes them, with what came since
+            self.starved.update(skipped)
+            self.matched.update(matched)
 
     # --- one pair that waits ---------------------------------------------------------------------
 

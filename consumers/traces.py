@@ -199,7 +199,7 @@ class TraceConsumer:
 
     async def tick(self) -> None:
         if self.pairs.starved or self.pairs.matched:  # counted in the history once a commit interval
-            await self.pairs.write_counts()
+            await self.pairs.write_counts(wait=False)  # counts never hold back a commit
         for tp, behind in self.loop.lag().items():
             self._events.lag(tp.topic, tp.partition, behind)
 
@@ -329,12 +329,15 @@ class TraceConsumer:
                   filtered: Counter[tuple[str, str]]) -> bool:
         """Do the record's routing headers show that no live group of its project wants it? Then
         it is never parsed (a record without them is decided on its decoded trace)."""
-        fields = {name: value.decode(errors="replace") for name, value in headers if name in ROUTING_HEADERS}
-        project = fields.get(HEADER_PROJECT)
-        if project is None:
-            return False
-        view = HeaderView(fields)
-        if snapshot.wanted(project, view):
+        try:  # headers are the producer's: any that do not read as expected mean "parse it"
+            fields = {name: value.decode(errors="replace") for name, value in headers
+                      if name in ROUTING_HEADERS and isinstance(value, bytes)}
+            if not HeaderView.complete(fields):
+                return False
+            project = fields[HEADER_PROJECT]
+            if snapshot.wanted(project, HeaderView(fields)):
+                return False
+        except Exception:
             return False
         filtered.update((project, group.id) for group in snapshot.live_groups_of(project))
         return True

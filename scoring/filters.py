@@ -2,7 +2,8 @@
 
 ``scorer_groups.filters`` is the wire format and its save-time rules; here a filter becomes a
 function of a *view* of the trace, compiled once per catalog snapshot (field paths split, value
-sets built, regexes compiled in RE2), so deciding a trace costs attribute reads and comparisons.
+sets built, regexes compiled in RE2). A view reads each field once per trace whatever the
+number of groups, and bounds the span values a trace's filters may compare (``MAX_SPAN_TESTS``).
 
 Two views answer the same fields:
 
@@ -18,7 +19,7 @@ says false from the headers is never parsed; any other is decoded and decided on
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any, Final
 
 from scorer_groups.filters import AllOf, AnyOf, FieldCondition, FilterNode, NotOf, walk
@@ -58,31 +59,61 @@ def routing_headers(trace: Trace) -> list[tuple[str, bytes]]:
     return headers
 
 
-def lookup(mapping: Mapping[str, Any], parts: Sequence[str]) -> Any:
-    """The value at a dotted path: the longest key first (``gen_ai.request.model`` is one
-    attribute key), else into a nested object. Null is ``MISSING``."""
-    for end in range(len(parts), 0, -1):
-        key = parts[0] if end == 1 else ".".join(parts[:end])
-        if key in mapping:
-            value = mapping[key]
-            if end == len(parts):
-                return MISSING if value is None else value
-            if isinstance(value, dict):
-                found = lookup(value, parts[end:])
-                if found is not MISSING:
-                    return found
+class Path:
+    """A dotted path, compiled once: at each level the keys to try, longest first
+    (``gen_ai.request.model`` is one attribute key), each with the path that follows it into a
+    nested object. Save time bounds a path's parts (``MAX_PATH_PARTS``), so this stays small."""
+
+    __slots__ = ("steps",)
+
+    def __init__(self, steps: list[tuple[str, Path | None]]) -> None:
+        self.steps = steps
+
+    @classmethod
+    def of(cls, parts: Sequence[str], made: dict[tuple[str, ...], Path] | None = None) -> Path:
+        made = {} if made is None else made
+        key = tuple(parts)
+        if key not in made:
+            made[key] = cls([(".".join(parts[:end]), cls.of(parts[end:], made) if end < len(parts) else None)
+                             for end in range(len(parts), 0, -1)])
+        return made[key]
+
+
+def lookup(mapping: Mapping[str, Any], path: Path) -> Any:
+    """The value at a dotted path, or ``MISSING`` (a null is missing: a shorter key may still
+    lead to a value)."""
+    for key, rest in path.steps:
+        value = mapping.get(key)
+        if value is None:
+            continue
+        if rest is None:
+            return value
+        if isinstance(value, dict):
+            found = lookup(value, rest)
+            if found is not MISSING:
+                return found
     return MISSING
 
 
-class TraceView:
-    """A decoded trace's fields, each read (and the texts made) at most once per trace."""
+# How many span values one trace's filters may compare, over all its groups: past it, a
+# condition on spans is false (fail closed: the trace is not scored by that group). A trace of
+# 5,000 spans under a few span conditions is far below; a hostile trace of 60,000 spans under
+# 32 conditions in each of many groups would otherwise hold the event loop for minutes.
+MAX_SPAN_TESTS = 250_000
 
-    __slots__ = ("_root", "_texts", "trace")
+
+class TraceView:
+    """A decoded trace's fields, each read (and the texts made) at most once per trace, whatever
+    the number of groups and conditions that read it."""
+
+    __slots__ = ("_root", "_spans", "_texts", "span_tests_left", "trace")
 
     def __init__(self, trace: Trace) -> None:
         self.trace = trace
         self._root: Span | None = None
         self._texts: dict[str, Any] = {}
+        self._spans: dict[str, list[Any]] = {}
+        self.span_tests_left = MAX_SPAN_TESTS
 
     @property
     def root(self) -> Span:
@@ -110,35 +141,51 @@ class TraceView:
             text = self._texts[name] = MISSING if raw is None else as_text(raw)
         return text
 
-    def metadata(self, parts: Sequence[str]) -> Any:
-        return lookup(self.trace.metadata, parts)
+    def metadata(self, path: Path) -> Any:
+        return lookup(self.trace.metadata, path)
 
-    def spans(self, name: str, parts: Sequence[str] = ()) -> Iterable[Any]:
-        """The field of every span: ``name``, ``kind`` or (with ``parts``) an attribute."""
-        if name == "name":
-            return (s.name for s in self.trace.spans)
-        if name == "kind":
-            return (MISSING if s.kind is None else s.kind for s in self.trace.spans)
-        return (lookup(s.attributes, parts) for s in self.trace.spans)
+    def spans(self, field: str, path: Path | None = None) -> list[Any] | None:
+        """The field (``name``, ``kind``, or an attribute's ``path``) of every span, read once
+        per trace; None once the trace's span tests are spent (the condition is then false)."""
+        values = self._spans.get(field)
+        if values is None:
+            if field == "spans.name":
+                values = [s.name for s in self.trace.spans]
+            elif field == "spans.kind":
+                values = [MISSING if s.kind is None else s.kind for s in self.trace.spans]
+            else:
+                assert path is not None
+                values = [lookup(s.attributes, path) if s.attributes else MISSING for s in self.trace.spans]
+            self._spans[field] = values
+        self.span_tests_left -= len(values)
+        return values if self.span_tests_left >= 0 else None
 
 
 class HeaderView:
-    """The fields a record's routing headers carry; every other is ``UNKNOWN``."""
+    """The fields a record's routing headers carry; every other is ``UNKNOWN``. Only for a record
+    that carries the project, agent, trace and root-name headers (``complete``): then an absent
+    (or empty) session header means the trace has no session."""
 
     __slots__ = ("_values",)
 
+    REQUIRED = (HEADER_PROJECT, HEADER_AGENT, HEADER_TRACE, HEADER_ROOT_NAME)
+
     def __init__(self, headers: Mapping[str, str]) -> None:
         self._values = {"agentId": headers.get(HEADER_AGENT, UNKNOWN), "traceId": headers.get(HEADER_TRACE, UNKNOWN),
-                        "sessionId": headers.get(HEADER_SESSION, MISSING),
+                        "sessionId": headers.get(HEADER_SESSION) or MISSING,
                         "root.name": headers.get(HEADER_ROOT_NAME, UNKNOWN)}
+
+    @classmethod
+    def complete(cls, headers: Mapping[str, str]) -> bool:
+        return all(name in headers for name in cls.REQUIRED)
 
     def field(self, name: str) -> Any:
         return self._values.get(name, UNKNOWN)
 
-    def metadata(self, parts: Sequence[str]) -> Any:
+    def metadata(self, path: Path) -> Any:
         return UNKNOWN
 
-    def spans(self, name: str, parts: Sequence[str] = ()) -> Any:
+    def spans(self, field: str, path: Path | None = None) -> Any:
         return UNKNOWN
 
 
@@ -198,20 +245,21 @@ def _leaf(condition: FieldCondition) -> Decide:
     test = _test(condition.op, condition.value)
     field = condition.field
     if field.startswith("metadata."):
-        parts = tuple(field.removeprefix("metadata.").split("."))
+        path = Path.of(field.removeprefix("metadata.").split("."))
 
         def on_metadata(view: View) -> bool | None:
-            value = view.metadata(parts)
+            value = view.metadata(path)
             return None if value is UNKNOWN else test(value)
         return on_metadata
     if field.startswith("spans."):
-        name = field.removeprefix("spans.")
-        attribute = tuple(name.removeprefix("attributes.").split(".")) if name.startswith("attributes.") else ()
-        name = "attributes" if attribute else name
+        attribute = field.removeprefix("spans.attributes.")
+        path_or_none = Path.of(attribute.split(".")) if attribute != field else None
 
         def on_spans(view: View) -> bool | None:  # some span satisfies it
-            values = view.spans(name, attribute)
-            return None if values is UNKNOWN else any(test(v) for v in values)
+            values = view.spans(field, path_or_none)
+            if values is UNKNOWN:
+                return None
+            return values is not None and any(test(v) for v in values)
         return on_spans
 
     def on_field(view: View) -> bool | None:
@@ -220,27 +268,17 @@ def _leaf(condition: FieldCondition) -> Decide:
     return on_field
 
 
-def _all(parts: list[Decide]) -> Decide:
+def _join(parts: list[Decide], settled_by: bool) -> Decide:
+    """``all`` (settled by a false part) or ``any`` (by a true one): the first settling part
+    decides; else an unknown part leaves it unknown; else it is the other value."""
     def decide(view: View) -> bool | None:
         unknown = False
         for part in parts:
             result = part(view)
-            if result is False:
-                return False
+            if result is settled_by:
+                return settled_by
             unknown = unknown or result is None
-        return None if unknown else True
-    return decide
-
-
-def _any(parts: list[Decide]) -> Decide:
-    def decide(view: View) -> bool | None:
-        unknown = False
-        for part in parts:
-            result = part(view)
-            if result is True:
-                return True
-            unknown = unknown or result is None
-        return None if unknown else False
+        return None if unknown else not settled_by
     return decide
 
 
@@ -267,9 +305,9 @@ def _compiled(node: FilterNode) -> Decide:
     if isinstance(node, NotOf):
         return _not(_compiled(node.not_))
     if isinstance(node, AllOf):
-        return _all([_compiled(child) for child in node.all])
+        return _join([_compiled(child) for child in node.all], settled_by=False)
     if isinstance(node, AnyOf):
-        return _any([_compiled(child) for child in node.any])
+        return _join([_compiled(child) for child in node.any], settled_by=True)
     raise TypeError(f"not a filter node: {type(node).__name__}")
 
 

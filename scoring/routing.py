@@ -80,12 +80,15 @@ def route(trace: Trace, snapshot: CatalogSnapshot) -> Route:
         if not snapshot.passes(group, view):
             filtered.append(group.id)
             continue
-        matched.append(group.id)
         if group.online is None:
             continue
         if group.online.scope == "session":
-            turn = turn or trace.session_id is not None
-        elif keep(trace.trace_id, group.online.sample_rate, group.online.sample_salt or ""):
+            if trace.session_id:  # a trace without a session is no turn: neither matched nor recorded
+                matched.append(group.id)
+                turn = True
+            continue
+        matched.append(group.id)
+        if keep(trace.trace_id, group.online.sample_rate, group.online.sample_salt or ""):
             kept.append(group)
     if not kept:
         return Route([], turn, matched, filtered)

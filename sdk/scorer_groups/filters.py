@@ -25,6 +25,7 @@ A field the trace does not have matches nothing but ``exists: false``, ``neq`` a
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 from typing import Annotated, Any, Literal, Union
 
@@ -47,6 +48,7 @@ MAX_FILTER_VALUES = 200  # of an in/nin list
 MAX_FILTER_TEXT = 1_000  # characters of a string value (a regex: MAX_FILTER_REGEX)
 MAX_FILTER_REGEX = 5_000
 MAX_FIELD_CHARS = 300
+MAX_PATH_PARTS = 8  # dots in a metadata path or attribute key, plus one
 
 FilterOp = Literal["eq", "neq", "in", "nin", "contains", "startsWith", "matches", "exists",
                    "gt", "gte", "lt", "lte"]
@@ -116,11 +118,11 @@ def _fault(loc: Loc, value: object, message: str) -> InitErrorDetails:
 
 
 def _is_number(value: object) -> bool:
-    return isinstance(value, int | float) and not isinstance(value, bool)
+    return isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value)
 
 
 def _is_scalar(value: object) -> bool:
-    return isinstance(value, str | bool | int | float)
+    return isinstance(value, str | bool) or _is_number(value)
 
 
 def field_fault(field: object) -> str | None:
@@ -138,6 +140,8 @@ def field_fault(field: object) -> str | None:
     rest = field[len(prefix):]
     if not rest or (prefix == "metadata." and "" in rest.split(".")):
         return f"{prefix}<...> needs a {'path without empty parts' if rest else 'key after the dot'}"
+    if rest.count(".") >= MAX_PATH_PARTS:
+        return f"{prefix}<...> has at most {MAX_PATH_PARTS} dot-separated parts"
     return None
 
 

@@ -316,6 +316,17 @@ def test_the_filter_builder_saves_a_filter_shows_refusals_at_their_row_and_the_p
             browser.find_element(By.ID, "play-output").send_keys("a [[rating=7]]")
             browser.find_element(By.CSS_SELECTOR, "#playground button[type=submit]").click()
             assert "would not see" in wait_for(browser, "#play-filter")[0].text, "agent 'playground' is not wanted"
+            def verdict_after(agent: str, metadata: str) -> str:
+                for name, text in (("play-agent", agent), ("play-metadata", metadata)):
+                    browser.find_element(By.ID, name).clear()
+                    browser.find_element(By.ID, name).send_keys(text)
+                browser.find_element(By.CSS_SELECTOR, "#playground button[type=submit]").click()
+                WebDriverWait(browser, 10).until(lambda d: d.find_elements(By.CSS_SELECTOR, "#play-answer .score"))
+                return str(browser.find_element(By.ID, "play-filter").text)
+
+            assert "would see" in verdict_after("support", '{"retries": 5}'), "agent and metadata as typed"
+            assert "would not see" in verdict_after("support", '{"retries": 1}')
+            assert "would not see" in verdict_after("sales-bot", '{"retries": 5}')
             assert "filtered" in browser.find_element(By.CSS_SELECTOR, "main section p.muted").text
             assert wait_for(browser, "#chart-matched")[0].text == "37 traces matched the filter"
 

@@ -57,7 +57,7 @@ WAVES, WAVE_PAUSE_S = 3, 3.0
 # What the traffic makes happen: panels over these metrics must show more than 0.
 HAPPENED = {"sgw_webhook_channels_disabled_total", "sgw_groups_skipped_total", "sgw_otlp_dropped_spans_total",
             "sgw_traces_dead_lettered_total", "sgw_signals_raised_total", "sgw_member_failures_total",
-            "sgw_judge_calls_total", "sgw_webhook_deliveries_total"}
+            "sgw_judge_calls_total", "sgw_webhook_deliveries_total", "sgw_traces_filtered_total"}
 # Alerts about what this test keeps healthy (with the API process scraped too, as the dashboard's
 # API panels need): their expressions must have no result.
 SILENT_UNDER_TRAFFIC = {"ScorerWorkerNotReady", "ScorerWorkerCommitsStalled", "ScorerDependencyUnreachable",
@@ -242,6 +242,10 @@ def catalog(receivers: dict[str, ScriptedServer]) -> dict[str, Any]:
                          {"kind": "pattern", "refId": "apology", "weight": 1, "gate": False}]},
             {"id": "budgeted", "name": "Budgeted", "projectId": "p-budget", "online": ONLINE,
              "members": [{"kind": "judge", "refId": "quality", "weight": 1, "gate": False}]},
+            # Aimed at an agent the traffic never comes from: every trace of its project filtered out.
+            {"id": "aimed", "name": "Aimed elsewhere", "projectId": "p-prom",
+             "online": {**ONLINE, "filter": {"field": "agentId", "op": "eq", "value": "another-agent"}},
+             "members": [{"kind": "pattern", "refId": "apology", "weight": 1, "gate": False}]},
         ],
         "budgets": [{"projectId": "p-budget", "judgeCallsPerWindow": 2, "windowSeconds": 3600}],
         "channels": [{"agentId": AGENT, "url": server.url + "/hook"} for server in receivers.values()],

@@ -28,7 +28,9 @@ def _at_path(obj: Any, path: str) -> Any:
         if key not in obj:
             continue
         if not rest:
-            return _ABSENT if obj[key] is None else obj[key]
+            if obj[key] is not None:  # a null key is no value: a shorter key may still lead to one
+                return obj[key]
+            continue
         found = _at_path(obj[key], rest)
         if found is not _ABSENT:
             return found

@@ -5,6 +5,7 @@ the path of its fault."""
 from __future__ import annotations
 
 import copy
+import time
 from typing import Any
 
 import pytest
@@ -216,6 +217,7 @@ def passes(condition: dict[str, Any]) -> bool | None:
                               ("matches", ".", False), ("in", ["x"], False), ("exists", True, False),
                               ("exists", False, True), ("neq", "x", True), ("nin", ["x"], True))],
     ({"field": "metadata.customer.tier", "op": "gt", "value": 1}, False),  # a string is not ordered
+    ({"field": "metadata.customer.tier", "op": "eq", "value": "gold"}, True),
 ])
 def test_each_op_on_each_kind_of_field(condition: dict[str, Any], expected: bool) -> None:
     assert passes(condition) is expected
@@ -256,6 +258,9 @@ def nested(levels: int) -> dict[str, Any]:
     ({"field": "agentId", "op": "eq", "value": None}, "online.filter.value", "for a missing field use exists"),
     ({"field": "agentId", "op": "eq", "value": {"a": 1}}, "online.filter.value", "a string, a number or a boolean"),
     ({"field": "agentId", "op": "startsWith", "value": ""}, "online.filter.value", "a non-empty string"),
+    ({"field": "durationMs", "op": "lt", "value": float("inf")}, "online.filter.value", "compares numbers"),
+    ({"field": "spans.attributes.a.b.c.d.e.f.g.h.i", "op": "exists", "value": True}, "online.filter.field",
+     "at most 8 dot-separated parts"),
     ({"field": "agentId", "op": "eq"}, "online.filter.value", "eq needs a value"),
     ({"field": "agentId", "op": "eq", "value": "a", "why": 1}, "online.filter.why", "'why' is not a key"),
     ({"all": [LEAF], "any": [LEAF]}, "online.filter", "exactly one of all, any, not"),
@@ -306,10 +311,13 @@ def test_routing_decides_the_filter_before_the_sample_and_says_which_groups_matc
     trace = copy.deepcopy(TRACE)
     decided = route(Trace.model_validate(trace), snapshot)
     assert [p.group.id for p in decided.pairs] == ["prod"]
-    assert sorted(decided.matched) == ["conv", "half", "prod"] and decided.filtered == ["staging"]
-    assert decided.turn is False, "no session: nothing to record"
+    assert sorted(decided.matched) == ["half", "prod"] and decided.filtered == ["staging"]
+    assert decided.turn is False, "no session: nothing to record, and not a matched turn"
+    trace["sessionId"] = ""
+    assert route(Trace.model_validate(trace), snapshot).turn is False, "an empty session is no session"
     trace["sessionId"] = "s-1"
-    assert route(Trace.model_validate(trace), snapshot).turn is True
+    with_session = route(Trace.model_validate(trace), snapshot)
+    assert with_session.turn is True and sorted(with_session.matched) == ["conv", "half", "prod"]
     trace["agentId"] = "other"
     assert route(Trace.model_validate(trace), snapshot).turn is False, "a turn no session group wants is not recorded"
 
@@ -318,3 +326,55 @@ def test_a_filter_that_no_longer_compiles_matches_nothing() -> None:
     group = group_of({"field": "root.output", "op": "matches", "value": r"(a)\1"})  # RE2 refuses it
     assert group.online is not None and group.online.filter is not None
     assert compile_filter(group.online.filter)(TraceView(Trace.model_validate(TRACE))) is False
+
+
+def test_a_null_key_holding_dots_does_not_hide_the_nested_value() -> None:
+    trace = {**TRACE, "metadata": {"a.b": None, "a": {"b": "x"}}}
+    condition = {"field": "metadata.a.b", "op": "eq", "value": "x"}
+    online = group_of(condition).online
+    assert online is not None and online.filter is not None
+    assert compile_filter(online.filter)(TraceView(Trace.model_validate(trace))) is True
+    assert reference_passes(trace, condition) is True
+
+
+def test_a_trace_of_many_spans_under_many_span_conditions_is_bounded_and_fails_closed() -> None:
+    """A hostile trace (60,000 spans) under 32 span conditions in each of several groups: each
+    span field is read once per trace, the comparisons stop at MAX_SPAN_TESTS, and a condition
+    past it is false (the trace is not scored), all in well under a second."""
+    spans = [{"spanId": f"s{i}", "parentSpanId": "s0" if i else None, "name": "n",
+              "attributes": {"a": {"a": {"a": {"a": {"a": {"a": {"a": "v"}}}}}}}} for i in range(60_000)]
+    trace = Trace.model_validate({**TRACE, "spans": spans})
+    deep = "spans.attributes." + ".".join(["a"] * 8)
+    groups = [group_of({"any": [{"field": deep, "op": "eq", "value": f"w{n}"} for n in range(32)]}, f"g{k}")
+              for k in range(10)]
+    snapshot = CatalogSnapshot(groups={g.id: g for g in groups})
+    view = TraceView(trace)
+    started = time.process_time()
+    decisions = [snapshot.passes(g, view) for g in groups]
+    assert time.process_time() - started < 5.0, "bounded (a few hundred ms here; minutes without the bound)"
+    assert decisions == [False] * 10 and view.span_tests_left < 0
+    within = group_of({"field": "spans.name", "op": "eq", "value": "n"})
+    assert within.online is not None and within.online.filter is not None
+    assert compile_filter(within.online.filter)(TraceView(trace)) is True, "one condition on 60,000 spans is fine"
+
+
+def test_only_complete_routing_headers_decide_and_a_null_or_odd_header_means_parse_it() -> None:
+    from collections import Counter
+
+    from consumers.traces import TraceConsumer
+
+    group = group_of({"field": "sessionId", "op": "exists", "value": True})
+    snapshot = CatalogSnapshot(groups={group.id: group})
+    full = [("sgw-project", b"p"), ("sgw-agent", b"a"), ("sgw-trace", b"t"), ("sgw-root-name", b"r")]
+    counted: Counter[tuple[str, str]] = Counter()
+    assert TraceConsumer._unwanted(full, snapshot, counted) is True, "complete, no session: decided unwanted"
+    assert counted == {("p", "g"): 1}
+    assert TraceConsumer._unwanted(full + [("sgw-session", b"s")], snapshot, Counter()) is False
+    assert TraceConsumer._unwanted([("sgw-project", b"p")], snapshot, Counter()) is False, "incomplete: parse it"
+    assert TraceConsumer._unwanted([*full[:3], ("sgw-root-name", None)], snapshot, Counter()) is False, \
+        "a null header value (Kafka allows it) is no header, never a crash"
+    absent = group_of({"field": "sessionId", "op": "exists", "value": False})
+    assert TraceConsumer._unwanted(full + [("sgw-session", b"")], CatalogSnapshot(groups={absent.id: absent}),
+                                   Counter()) is False, "an empty session header is no session, as on the trace"
+    other = CatalogSnapshot()
+    assert TraceConsumer._unwanted(full, other, Counter()) is True, "a project without live groups wants nothing"

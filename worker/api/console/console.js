@@ -307,6 +307,10 @@ function playground(group) {
   const input = el("textarea", { id: "play-input", name: "input" });
   const output = el("textarea", { id: "play-output", name: "output" });
   const expected = el("textarea", { id: "play-expected", name: "expected" });
+  // What only a filter reads: the answer says whether live scoring would see the example.
+  const agentId = el("input", { id: "play-agent", size: 20, placeholder: "playground" });
+  const rootName = el("input", { id: "play-root-name", size: 20 });
+  const metadata = el("input", { id: "play-metadata", size: 40, placeholder: '{"environment": "production"}' });
   const answer = el("div", { id: "play-answer" });
   return el("form", {
     id: "playground",
@@ -314,8 +318,14 @@ function playground(group) {
       event.preventDefault();
       answer.replaceChildren(el("p", { class: "muted" }, "Grading..."));
       try {
+        let extra = {};
+        try { extra = metadata.value.trim() === "" ? {} : JSON.parse(metadata.value); } catch (error) {
+          answer.replaceChildren(el("p", { class: "error" }, `metadata: not JSON: ${error.message}`));
+          return;
+        }
         const rating = await api("POST", `/v1/scorer-groups/${encodeURIComponent(group.id)}/grade`, {
-          input: input.value, output: output.value, expected: expected.value === "" ? null : expected.value });
+          input: input.value, output: output.value, expected: expected.value === "" ? null : expected.value,
+          metadata: extra, agentId: agentId.value || null, rootName: rootName.value || null });
         const seen = rating.passesFilter === null || rating.passesFilter === undefined ? null
           : el("p", { id: "play-filter", class: rating.passesFilter ? "good" : "bad" }, rating.passesFilter
             ? "Live scoring would see this example: it matches the group's filter."
@@ -327,7 +337,11 @@ function playground(group) {
       }
     },
   }, el("label", { for: "play-input" }, "Input"), input, el("label", { for: "play-output" }, "Output"), output,
-     el("label", { for: "play-expected" }, "Expected (optional)"), expected, el("p", {},
+     el("label", { for: "play-expected" }, "Expected (optional)"), expected,
+     el("div", { class: "row" }, el("div", {}, el("label", { for: "play-agent" }, "Agent id (optional)"), agentId),
+       el("div", {}, el("label", { for: "play-root-name" }, "Root span name (optional)"), rootName),
+       el("div", {}, el("label", { for: "play-metadata" }, "Metadata, JSON (optional)"), metadata)),
+     el("p", {},
      el("button", { type: "submit" }, "Grade")), answer);
 }
 
