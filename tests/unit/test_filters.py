@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import copy
 import time
+from collections import Counter
 from typing import Any
 
 import pytest
@@ -13,6 +14,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from pydantic import ValidationError
 
+from consumers.traces import TraceConsumer
 from scorer_groups.filters import MAX_FILTER_CONDITIONS, MAX_FILTER_DEPTH
 from scoring.catalog import CatalogSnapshot, group_errors
 from scoring.errors import field_errors
@@ -359,22 +361,18 @@ def test_a_trace_of_many_spans_under_many_span_conditions_is_bounded_and_fails_c
 
 
 def test_only_complete_routing_headers_decide_and_a_null_or_odd_header_means_parse_it() -> None:
-    from collections import Counter
-
-    from consumers.traces import TraceConsumer
-
     group = group_of({"field": "sessionId", "op": "exists", "value": True})
     snapshot = CatalogSnapshot(groups={group.id: group})
     full = [("sgw-project", b"p"), ("sgw-agent", b"a"), ("sgw-trace", b"t"), ("sgw-root-name", b"r")]
     counted: Counter[tuple[str, str]] = Counter()
     assert TraceConsumer._unwanted(full, snapshot, counted) is True, "complete, no session: decided unwanted"
     assert counted == {("p", "g"): 1}
-    assert TraceConsumer._unwanted(full + [("sgw-session", b"s")], snapshot, Counter()) is False
+    assert TraceConsumer._unwanted([*full, ("sgw-session", b"s")], snapshot, Counter()) is False
     assert TraceConsumer._unwanted([("sgw-project", b"p")], snapshot, Counter()) is False, "incomplete: parse it"
     assert TraceConsumer._unwanted([*full[:3], ("sgw-root-name", None)], snapshot, Counter()) is False, \
         "a null header value (Kafka allows it) is no header, never a crash"
     absent = group_of({"field": "sessionId", "op": "exists", "value": False})
-    assert TraceConsumer._unwanted(full + [("sgw-session", b"")], CatalogSnapshot(groups={absent.id: absent}),
+    assert TraceConsumer._unwanted([*full, ("sgw-session", b"")], CatalogSnapshot(groups={absent.id: absent}),
                                    Counter()) is False, "an empty session header is no session, as on the trace"
     other = CatalogSnapshot()
     assert TraceConsumer._unwanted(full, other, Counter()) is True, "a project without live groups wants nothing"
