@@ -65,7 +65,7 @@ class Outputs:
         no_score = await self._no_score_due(results, ratings)
         for result, rating in zip(results, ratings, strict=True):
             group, subject = result.group, result.subject
-            key = subject.trace_id if scope == "trace" else subject.session_id
+            key = subject.session_id if scope == "session" else subject.trace_id
             records.append((self._topics.ratings, key.encode() if key else None, rating.document))
             self._events.group_scored(group.project_id, group.id, scope, rating.rating)
             signal: Signal | None = build_signal(group, rating)

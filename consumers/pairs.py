@@ -191,7 +191,8 @@ class PairProtocol:
             return
         self._budget_logged[pair.group.id] = (now, 0)
         subject = pair.subject
-        where = {"session": subject.session_id} if subject.scope == "session" else {"trace": subject.trace_id}
+        where = ({"session": subject.session_id} if subject.scope == "session" else
+                 {"trace": subject.trace_id, **({"span": subject.span_id} if subject.span_id else {})})
         since = {"skipped_since_last_line": unlogged} if unlogged else {}
         log.warning("judge budget exhausted; group skipped", project=pair.claim.project_id, group=pair.group.id,
                     **where, **why, **since)

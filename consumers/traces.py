@@ -45,7 +45,8 @@ from scoring.catalog import CatalogSnapshot
 from scoring.errors import ScoringError
 from scoring.filters import HEADER_PROJECT, ROUTING_HEADERS, HeaderView
 from scoring.panel import Panel
-from scoring.routing import Pair, route
+from scoring.results import ResultScope
+from scoring.routing import DEFAULT_MAX_SPANS_PER_TRACE, Pair, route
 from scoring.stores.alerts import NoScoreAlerts
 from scoring.stores.claims import Claims
 from scoring.stores.ratings import RatingsStore
@@ -70,6 +71,7 @@ class TraceLoopLimits:
     commit_interval_s: float = 1.0
     finish_linger_s: float = FINISH_LINGER_S
     max_poll_interval_s: float = MAX_POLL_INTERVAL_S
+    max_spans_per_trace: int = DEFAULT_MAX_SPANS_PER_TRACE  # a span-scope group's, per trace
 
     @property
     def max_batch(self) -> int:
@@ -232,7 +234,7 @@ class TraceConsumer:
         kept: Counter[tuple[str, str]] = Counter()
         for taken, trace in traces:
             try:
-                decided = route(trace, snapshot)
+                decided = route(trace, snapshot, self._limits.max_spans_per_trace)
             except Exception as exc:
                 dead.append((taken, self._unprocessable(taken, "routing", exc)))
                 continue
@@ -240,6 +242,8 @@ class TraceConsumer:
             kept.update((trace.project_id, pair.group.id) for pair in decided.pairs)
             filtered.update((trace.project_id, group) for group in decided.filtered)
             self.pairs.matched.update(decided.matched)
+            for group, over in decided.span_capped.items():  # span groups: spans past the cap
+                self._events.group_skipped(trace.project_id, group, "span_cap", over)
             if decided.turn:
                 turns.append(trace)
         for (project, group), count in kept.items():
@@ -291,17 +295,22 @@ class TraceConsumer:
 
     async def _job(self, together: list[tuple[Pair, _TraceWork]], alone: list[tuple[Pair, bool, _TraceWork]],
                    snapshot: CatalogSnapshot, claimed_at: float) -> None:
-        async def scored_together() -> None:
-            outcomes = await self.pairs.together([pair for pair, _ in together], snapshot, "trace",
+        async def scored_together(scope: ResultScope) -> None:
+            chunk = [(pair, work) for pair, work in together if pair.subject.scope == scope]
+            if not chunk:
+                return
+            outcomes = await self.pairs.together([pair for pair, _ in chunk], snapshot, scope,
                                                  claimed_at=claimed_at, lost="wait")
-            for (_, work), outcome in zip(together, outcomes, strict=True):
+            for (_, work), outcome in zip(chunk, outcomes, strict=True):
                 await self._pair_finished(work, outcome)
 
         async def scored_alone(pair: Pair, busy: bool, work: _TraceWork) -> None:
-            outcome = await self.pairs.alone(pair, snapshot, "trace", busy=busy, claimed_at=claimed_at)
+            scope: ResultScope = "span" if pair.subject.scope == "span" else "trace"
+            outcome = await self.pairs.alone(pair, snapshot, scope, busy=busy, claimed_at=claimed_at)
             await self._pair_finished(work, outcome)
 
-        await all_of(scored_together(), *(scored_alone(*item) for item in alone))
+        # Trace-scope and span-scope pairs (one step of a trace each) of the batch, in one job.
+        await all_of(scored_together("trace"), scored_together("span"), *(scored_alone(*item) for item in alone))
 
     async def _pair_finished(self, work: _TraceWork, outcome: PairOutcome) -> None:
         """Count one pair of a trace as done; the trace is finished with its last pair (or, if

@@ -14,6 +14,7 @@ from typing import Any
 
 import orjson
 
+from scorer_groups.filters import walk
 from scoring.filters import Decide, HeaderView, View, compile_filter, regex_errors
 from scoring.models import (
     AlertChannel,
@@ -71,6 +72,7 @@ class CatalogSnapshot:
     _channels_by_agent: dict[str, tuple[AlertChannel, ...]] = field(
         default_factory=dict, init=False, repr=False, compare=False)
     _filters: dict[str, Decide] = field(default_factory=dict, init=False, repr=False, compare=False)
+    _span_filters: dict[str, tuple[Decide, int]] = field(default_factory=dict, init=False, repr=False, compare=False)
     _live_any_scope: dict[str, tuple[ScorerGroup, ...]] = field(
         default_factory=dict, init=False, repr=False, compare=False)
 
@@ -85,6 +87,9 @@ class CatalogSnapshot:
             # Filters compile once per snapshot: the hot path only calls them.
             self._filters.update({g.id: compile_filter(g.online.filter) for g in groups
                                   if g.online is not None and g.online.filter is not None})
+            self._span_filters.update({g.id: (compile_filter(g.online.span_filter), len(walk(g.online.span_filter)))
+                                       for g in groups if g.online is not None and g.online.scope == "span"
+                                       and g.online.span_filter is not None})
         by_agent: dict[str, list[AlertChannel]] = {}
         for channel in self.channels.values():
             by_agent.setdefault(channel.agent_id, []).append(channel)
@@ -115,6 +120,10 @@ class CatalogSnapshot:
         """Does the trace (or what its headers tell) pass the group's filter? None: cannot tell."""
         decide = self._filters.get(group.id)
         return True if decide is None else decide(view)
+
+    def span_filter(self, group: ScorerGroup) -> tuple[Decide, int] | None:
+        """A live span-scope group's compiled ``spanFilter`` and its number of conditions."""
+        return self._span_filters.get(group.id)
 
     def wanted(self, project_id: str, view: HeaderView) -> bool:
         """Might a live group of the project (any scope) want the record these headers describe?
@@ -159,7 +168,8 @@ def group_errors(group: ScorerGroup, catalog: CatalogSnapshot, previous: ScorerG
     ``reported``: (kind, id) of scorers whose own document was refused (already an error)."""
     grandfathered: set[tuple[str, str]] = {(m.kind, m.ref_id) for m in previous.members} if previous else set()
     grandfathered |= reported
-    errors = regex_errors(group.online.filter) if group.online is not None else []
+    errors = (regex_errors(group.online.filter) + regex_errors(group.online.span_filter, "online.spanFilter")
+              if group.online is not None else [])
     for i, member in enumerate(group.members):
         scorer = catalog.scorer(member.kind, member.ref_id)
         if scorer is not None and scorer.project_id not in (None, group.project_id):

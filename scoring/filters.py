@@ -144,6 +144,9 @@ class TraceView:
     def metadata(self, path: Path) -> Any:
         return lookup(self.trace.metadata, path)
 
+    def attributes(self, path: Path) -> Any:
+        return UNKNOWN  # a trace filter has no span of its own (refused at save time)
+
     def spans(self, field: str, path: Path | None = None) -> list[Any] | None:
         """The field (``name``, ``kind``, or an attribute's ``path``) of every span, read once
         per trace; None once the trace's span tests are spent (the condition is then false)."""
@@ -159,6 +162,39 @@ class TraceView:
             self._spans[field] = values
         self.span_tests_left -= len(values)
         return values if self.span_tests_left >= 0 else None
+
+
+class SpanView:
+    """One span's fields, for a span-scope group's ``spanFilter``."""
+
+    __slots__ = ("_texts", "span")
+
+    def __init__(self, span: Span) -> None:
+        self.span = span
+        self._texts: dict[str, Any] = {}
+
+    def field(self, name: str) -> Any:
+        span = self.span
+        if name == "name":
+            return span.name
+        if name == "kind":
+            return MISSING if span.kind is None else span.kind
+        if name == "durationMs":
+            start, end = span.start_time, span.end_time
+            return MISSING if start is None or end is None else (end - start).total_seconds() * 1000.0
+        if name not in self._texts:  # input, output: as text, as the members read them
+            raw = span.input if name == "input" else span.output
+            self._texts[name] = MISSING if raw is None else as_text(raw)
+        return self._texts[name]
+
+    def attributes(self, path: Path) -> Any:
+        return lookup(self.span.attributes, path) if self.span.attributes else MISSING
+
+    def metadata(self, path: Path) -> Any:
+        return UNKNOWN  # a span filter names the span's own fields only (refused at save time)
+
+    def spans(self, field: str, path: Path | None = None) -> Any:
+        return UNKNOWN
 
 
 class HeaderView:
@@ -188,8 +224,11 @@ class HeaderView:
     def spans(self, field: str, path: Path | None = None) -> Any:
         return UNKNOWN
 
+    def attributes(self, path: Path) -> Any:
+        return UNKNOWN
 
-View = TraceView | HeaderView
+
+View = TraceView | HeaderView | SpanView
 Decide = Callable[[View], "bool | None"]  # True, False, or None: the view cannot tell
 
 
@@ -251,6 +290,13 @@ def _leaf(condition: FieldCondition) -> Decide:
             value = view.metadata(path)
             return None if value is UNKNOWN else test(value)
         return on_metadata
+    if field.startswith("attributes."):  # a span filter's
+        attribute_path = Path.of(field.removeprefix("attributes.").split("."))
+
+        def on_attributes(view: View) -> bool | None:
+            value = view.attributes(attribute_path)
+            return None if value is UNKNOWN else test(value)
+        return on_attributes
     if field.startswith("spans."):
         attribute = field.removeprefix("spans.attributes.")
         path_or_none = Path.of(attribute.split(".")) if attribute != field else None

@@ -5,7 +5,10 @@ the client that sends them is ``scoring.members.judge``.
 
 Trace scope asks about one response, with the judge's own ``judgePrompt``. Session scope asks
 the structured whole-session question built from the criteria (consistency across turns,
-whether the user's need was resolved) and never uses ``judgePrompt``.
+whether the user's need was resolved) and never uses ``judgePrompt``. Span scope asks about one
+step - its kind, name, input and output - with the trace's request as context, and never uses
+``judgePrompt`` either: it is written for a trace's final response, and read against a
+retrieval or a tool call it would ask the wrong question.
 """
 
 from __future__ import annotations
@@ -39,6 +42,13 @@ SESSION_QUESTION = (
 )
 
 
+SPAN_QUESTION = (
+    "Judge one step of an AI agent's work - not its final answer - against these criteria:\n{criteria}\n\n"
+    "{context}The step: {kind}span \"{name}\".\n\nIts input:\n{input}\n\nIts output:\n{output}"
+)
+SPAN_CONTEXT = "The request the agent was working on (context only; do not grade it):\n{request}\n\n"
+
+
 def _cut(text: str) -> str:
     if len(text) <= MAX_TEXT_CHARS:
         return text
@@ -50,6 +60,12 @@ def build_messages(judge: Judge, subject: Subject) -> list[dict[str, str]]:
     if subject.scope == "session":
         question = SESSION_QUESTION.format(criteria=judge.criteria, turns=subject.turns,
                                            transcript=_cut(subject.transcript))
+    elif subject.scope == "span":
+        kind = next((s.kind for s in subject.spans if not isinstance(s, dict) and s.span_id == subject.span_id), None)
+        context = SPAN_CONTEXT.format(request=_cut(subject.context)) if subject.context else ""
+        question = SPAN_QUESTION.format(criteria=judge.criteria, context=context, kind=f"{kind} " if kind else "",
+                                        name=subject.span_name or "", input=_cut(subject.input),
+                                        output=_cut(subject.output))
     else:
         parts = [f"Criteria:\n{judge.criteria}"]
         if judge.judge_prompt:

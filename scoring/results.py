@@ -76,6 +76,8 @@ def subject_key(result: GroupResult) -> str:
     s = result.subject
     if s.scope == "session":
         return f"session:{s.session_id}:{s.turns}"
+    if s.scope == "span":
+        return f"span:{s.trace_id}:{s.span_id}"
     return f"trace:{s.trace_id}"
 
 
@@ -89,8 +91,9 @@ def build_rating(result: GroupResult, scope: ResultScope, now: datetime | None =
         row=dataset[1] if dataset else None,
         kind=signal_key(group.id), group_id=group.id, group_name=group.name,
         project_id=group.project_id, agent_id=s.agent_id, scope=scope,
-        trace_id=s.trace_id if s.scope == "trace" else None,
+        trace_id=s.trace_id if s.scope != "session" else None,
         session_id=s.session_id, turns=s.turns if s.scope == "session" else None,
+        span_id=s.span_id, span_name=s.span_name,
         rating=b.score, reason=b.reason, justification=b.justification,
         members=[MemberVerdict(kind=m.outcome.kind, ref_id=m.outcome.ref_id, name=m.outcome.name,
                                weight=m.outcome.weight, gate=m.outcome.gate, status=m.status,
@@ -114,6 +117,8 @@ class PublishedRating:
     scope: ResultScope
     trace_id: str | None
     session_id: str | None
+    span_id: str | None
+    span_name: str | None
     rating: float | None
     reason: str | None
     justification: str
@@ -128,7 +133,7 @@ def encode_rating(result: GroupResult, scope: ResultScope, now: datetime | None 
     group, s, b = result.group, result.subject, result.blend
     rid = rating_id(group.id, subject_key(result))
     at = now or datetime.now(UTC)
-    trace_id = s.trace_id if s.scope == "trace" else None
+    trace_id = s.trace_id if s.scope != "session" else None
     score = None if b.score is None else float(b.score)
     members: list[dict[str, Any]] = []
     for m in b.members:
@@ -145,6 +150,7 @@ def encode_rating(result: GroupResult, scope: ResultScope, now: datetime | None 
     doc: dict[str, Any] = {
         "id": rid, "groupId": group.id, "groupName": group.name, "projectId": group.project_id,
         "agentId": s.agent_id, "scope": scope, "traceId": trace_id, "sessionId": s.session_id,
+        "spanId": s.span_id, "spanName": s.span_name,
         "kind": signal_key(group.id), "turns": s.turns if s.scope == "session" else None, "runId": None,
         "row": None, "rating": score, "reason": b.reason, "justification": b.justification,
         "members": members, "scoredAt": at}
@@ -155,7 +161,8 @@ def encode_rating(result: GroupResult, scope: ResultScope, now: datetime | None 
         # model cannot encode it either. Replaced, so that the result is published, not lost.
         doc = _scrubbed(doc)
         document = orjson.dumps(doc, option=orjson.OPT_UTC_Z)
-    return PublishedRating(rid, group.id, s.agent_id, scope, trace_id, s.session_id, score, doc["reason"],
+    return PublishedRating(rid, group.id, s.agent_id, scope, trace_id, s.session_id, s.span_id, s.span_name,
+                           score, doc["reason"],
                            doc["justification"], at, document)
 
 
@@ -193,7 +200,8 @@ def build_signal(group: ScorerGroup, rating: Rating | PublishedRating) -> Signal
         id=derived_id(f"signal:{rating.id}"), key=signal_key(group.id),
         group_id=group.id, group_name=group.name, project_id=group.project_id,
         agent_id=rating.agent_id, scope=rating.scope, trace_id=rating.trace_id,
-        session_id=rating.session_id, rating=rating.rating,
+        session_id=rating.session_id, span_id=rating.span_id, span_name=rating.span_name,
+        rating=rating.rating,
         alert_threshold=group.online.alert_threshold, severity=group.online.severity,
         justification=rating.justification, rating_id=rating.id, raised_at=rating.scored_at,
     )
@@ -216,7 +224,8 @@ def build_no_score_signal(group: ScorerGroup, rating: Rating | PublishedRating) 
         id=no_score_signal_id(rating), key=signal_key(group.id), reason="no_score",
         group_id=group.id, group_name=group.name, project_id=group.project_id,
         agent_id=rating.agent_id, scope=rating.scope, trace_id=rating.trace_id,
-        session_id=rating.session_id, rating=None, alert_threshold=group.online.alert_threshold,
+        session_id=rating.session_id, span_id=rating.span_id, span_name=rating.span_name,
+        rating=None, alert_threshold=group.online.alert_threshold,
         severity=group.online.severity, justification=rating.reason or "No score",
         rating_id=rating.id, raised_at=rating.scored_at,
     )
@@ -247,7 +256,8 @@ def build_recovery_deliveries(group: ScorerGroup, rating: Rating | PublishedRati
         id=derived_id(f"recovery:{rating.id}"), key=signal_key(group.id),
         group_id=group.id, group_name=group.name, project_id=group.project_id,
         agent_id=rating.agent_id, scope=rating.scope, trace_id=rating.trace_id,
-        session_id=rating.session_id, rating=rating.rating,
+        session_id=rating.session_id, span_id=rating.span_id, span_name=rating.span_name,
+        rating=rating.rating,
         alert_threshold=group.online.alert_threshold, severity=group.online.severity,
         justification=rating.justification, rating_id=rating.id, raised_at=rating.scored_at,
     )

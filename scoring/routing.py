@@ -8,15 +8,17 @@ waits for a session to be idle) builds its pairs with ``pair_of`` too. Knows not
 
 from __future__ import annotations
 
+from dataclasses import field
+
 from scoring.catalog import CatalogSnapshot
-from scoring.filters import TraceView
+from scoring.filters import SpanView, TraceView
 from scoring.frozen import frozen
 from scoring.judge_prompt import token_ceiling
 from scoring.models import ScorerGroup
 from scoring.pairs import ClaimRequest, day_of
 from scoring.panel import planned_judges, upfront_judge_calls
 from scoring.sampling import keep
-from scoring.subjects import Subject, Trace, trace_subject
+from scoring.subjects import Span, Subject, Trace, span_subject, trace_subject
 
 DEFAULT_BUDGET_WINDOW_S = 3600  # the window a claim names when its project has no budget
 
@@ -52,31 +54,39 @@ def pair_of(group: ScorerGroup, subject: Subject, snapshot: CatalogSnapshot, *, 
 class Route:
     """What one trace is to each live group of its project."""
 
-    pairs: list[Pair]  # trace-scope groups whose filter it passes and whose sample keeps it
+    pairs: list[Pair]  # trace- and span-scope pairs: the filter passed and the sample kept them
     turn: bool  # a session-scope group's filter passes it: record it as a turn of its conversation
     matched: list[str]  # the groups (any scope) whose filter it passes, sampled or not
     filtered: list[str]  # the groups whose filter it does not pass: they spend nothing on it
+    span_capped: dict[str, int] = field(default_factory=dict)  # span groups: spans kept past the cap
 
 
-def route(trace: Trace, snapshot: CatalogSnapshot) -> Route:
+DEFAULT_MAX_SPANS_PER_TRACE = 50  # spans one span-scope group scores in one trace (SGW_MAX_SPANS_PER_TRACE)
+
+
+def route(trace: Trace, snapshot: CatalogSnapshot, max_spans: int = DEFAULT_MAX_SPANS_PER_TRACE) -> Route:
     """Decide the trace for every live group of its project, in the order that spends least:
 
     1. the group's filter (a pure function of the trace): a trace filtered out costs the group
        no claim, no Redis command and no judge slot;
     2. the stable sample, over the matching traffic (``sampleRate`` is a fraction of it);
     3. the pair and its claim, for trace-scope groups; a turn to record, for session-scope ones
-       (each turn is filtered alone: a session group judges its matching turns together).
+       (each turn is filtered alone: a session group judges its matching turns together); for
+       span-scope groups, a pair per span their ``spanFilter`` takes and their sample keeps
+       (per trace and span), at most ``max_spans`` of them.
     """
     trace_groups = snapshot.live_groups(trace.project_id, "trace")
     session_groups = snapshot.live_groups(trace.project_id, "session")
-    if not trace_groups and not session_groups:
+    span_groups = snapshot.live_groups(trace.project_id, "span")
+    if not trace_groups and not session_groups and not span_groups:
         return Route([], False, [], [])
     view = TraceView(trace)
     matched: list[str] = []
     filtered: list[str] = []
     kept: list[ScorerGroup] = []
+    stepwise: list[ScorerGroup] = []
     turn = False
-    for group in trace_groups + session_groups:
+    for group in trace_groups + session_groups + span_groups:
         if not snapshot.passes(group, view):
             filtered.append(group.id)
             continue
@@ -88,14 +98,56 @@ def route(trace: Trace, snapshot: CatalogSnapshot) -> Route:
                 turn = True
             continue
         matched.append(group.id)
-        if keep(trace.trace_id, group.online.sample_rate, group.online.sample_salt or ""):
+        if group.online.scope == "span":
+            stepwise.append(group)
+        elif keep(trace.trace_id, group.online.sample_rate, group.online.sample_salt or ""):
             kept.append(group)
-    if not kept:
+    if not kept and not stepwise:
         return Route([], turn, matched, filtered)
-    subject = trace_subject(trace)
     day = day_of(trace.timestamp.timestamp())  # the trace's own time: the same on redelivery
-    pairs = [pair_of(group, subject, snapshot, subject_key=f"trace:{trace.trace_id}", day=day) for group in kept]
-    return Route(pairs, turn, matched, filtered)
+    pairs: list[Pair] = []
+    if kept:
+        subject = trace_subject(trace)
+        pairs = [pair_of(group, subject, snapshot, subject_key=f"trace:{trace.trace_id}", day=day) for group in kept]
+    capped: dict[str, int] = {}
+    for group in stepwise:
+        spans, over = _graded_spans(trace, group, snapshot, view, max_spans)
+        pairs += [pair_of(group, span_subject(trace, span), snapshot,
+                          subject_key=f"span:{trace.trace_id}:{span.span_id}", day=day) for span in spans]
+        if over:
+            capped[group.id] = over
+    return Route(pairs, turn, matched, filtered, capped)
+
+
+def _graded_spans(trace: Trace, group: ScorerGroup, snapshot: CatalogSnapshot, view: TraceView,
+                  max_spans: int) -> tuple[list[Span], int]:
+    """The spans a span-scope group grades in this trace - its ``spanFilter`` passes them and its
+    sample keeps them (per trace and span: a redelivery decides the same), each span id once,
+    the first ``max_spans`` in the trace's order - and how many more it would have graded. The
+    span filter's work counts against the trace's bound (``MAX_SPAN_TESTS``): past it, the
+    remaining spans are not graded (fail closed)."""
+    compiled = snapshot.span_filter(group)
+    if compiled is None or group.online is None:
+        return [], 0
+    decide, conditions = compiled
+    rate, salt = group.online.sample_rate, group.online.sample_salt or ""
+    graded: list[Span] = []
+    over = 0
+    seen: set[str] = set()
+    for span in trace.spans:
+        view.span_tests_left -= conditions
+        if view.span_tests_left < 0:
+            break
+        if span.span_id in seen or not decide(SpanView(span)):
+            continue
+        seen.add(span.span_id)
+        if not keep(f"{trace.trace_id}/{span.span_id}", rate, salt):
+            continue
+        if len(graded) < max_spans:
+            graded.append(span)
+        else:
+            over += 1
+    return graded, over
 
 
 def trace_pairs(trace: Trace, snapshot: CatalogSnapshot) -> list[Pair]:

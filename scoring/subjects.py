@@ -21,7 +21,7 @@ from pydantic.alias_generators import to_camel
 
 from scoring.frozen import frozen
 
-SubjectScope = Literal["trace", "session"]
+SubjectScope = Literal["trace", "session", "span"]
 
 TURN_SEPARATOR = "\n\n"
 
@@ -134,6 +134,10 @@ class Subject:
     agent_id: str = ""
     trace_id: str | None = None
     session_id: str | None = None
+    # Span scope: the step graded, and what a judge reads as context (the trace's request).
+    span_id: str | None = None
+    span_name: str | None = None
+    context: str = ""
 
     def member_payload(self) -> dict[str, Any]:
         """The arguments of a code scorer's score() and the body sent to an external scorer."""
@@ -192,6 +196,41 @@ def trace_subject(trace: Trace) -> Subject:
         agent_id=trace.agent_id,
         trace_id=trace.trace_id,
         session_id=trace.session_id,
+    )
+
+
+def span_subject(trace: Trace, span: Span) -> Subject:
+    """One step of a trace as a subject (span scope): the span's own input and output (as text, as
+    the OpenTelemetry mapping leaves them), the span and its descendants as a code scorer's
+    ``spans``, the trace's metadata, and the trace's request (the root's input) as a judge's
+    context."""
+    below: dict[str, list[Span]] = {}
+    for s in trace.spans:
+        if s.parent_span_id:
+            below.setdefault(s.parent_span_id, []).append(s)
+    subtree, stack, seen = [], [span], set()
+    while stack:  # iterative, and each span once: a hostile trace may make its parents a cycle
+        current = stack.pop()
+        if current.span_id in seen:
+            continue
+        seen.add(current.span_id)
+        subtree.append(current)
+        stack.extend(reversed(below.get(current.span_id, [])))
+    return Subject(
+        scope="span",
+        input=as_text(span.input),
+        output=as_text(span.output),
+        expected=None,
+        spans=tuple(subtree),
+        metadata=trace.metadata,
+        transcript="",
+        project_id=trace.project_id,
+        agent_id=trace.agent_id,
+        trace_id=trace.trace_id,
+        session_id=trace.session_id,
+        span_id=span.span_id,
+        span_name=span.name,
+        context=_user_words(trace) if span is not trace.root else "",
     )
 
 

@@ -251,7 +251,7 @@ class Worker:
             outages=outages, limits=TraceLoopLimits(
                 max_in_flight=s.trace_room(), max_in_flight_bytes=s.max_in_flight_bytes,
                 max_trace_bytes=s.max_trace_bytes, commit_interval_s=s.commit_interval_s,
-                max_poll_interval_s=MAX_POLL_INTERVAL_S))
+                max_poll_interval_s=MAX_POLL_INTERVAL_S, max_spans_per_trace=s.max_spans_per_trace))
         sweeper = SessionSweeper(store=sessions, outputs=Outputs(producer, topics, events, alerts),
                                  catalog=lambda: watcher.current, panel=engine.panel, claims=claims,
                                  ratings=ratings, events=events, interval_s=s.session_sweep_interval_s,

@@ -107,7 +107,7 @@ GROUPS_SCORED = LoopCounter("sgw_groups_scored", "Group results published.",
 RESCORED_AFTER_PAUSE = Counter("sgw_pairs_rescored_after_pause", "Pairs scored again because a member failed "
                                "while the process stood still (SIGSTOP, a VM pause): its deadline counted the pause.",
                                registry=REGISTRY)
-GROUPS_SKIPPED = Counter("sgw_groups_skipped", "Sampled pairs not scored, by why (budget, dedupe).",
+GROUPS_SKIPPED = Counter("sgw_groups_skipped", "Sampled pairs not scored, by why (budget, dedupe, span_cap).",
                          ["project", "group", "why"], registry=REGISTRY)
 GROUP_SCORE = LoopHistogram("sgw_group_score", "Group scores (0-10) of scored results.",
                             ["project", "group"], buckets=SCORE_BUCKETS, registry=REGISTRY)
@@ -202,8 +202,8 @@ class PrometheusEvents:
         if rating is not None:
             _child(GROUP_SCORE, project, group).observe(rating)
 
-    def group_skipped(self, project: str, group: str, why: str) -> None:
-        _child(GROUPS_SKIPPED, project, group, why).inc()
+    def group_skipped(self, project: str, group: str, why: str, count: int = 1) -> None:
+        _child(GROUPS_SKIPPED, project, group, why).inc(count)
 
     def signal_raised(self, project: str, group: str, severity: str) -> None:
         _child(SIGNALS, project, group, severity).inc()

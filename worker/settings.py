@@ -147,6 +147,11 @@ class Settings(BaseSettings):
     max_trace_bytes: int = Field(
         1_048_576, ge=1024, description="A trace record larger than this goes to the DLQ."
     )
+    max_spans_per_trace: int = Field(
+        50, ge=1, le=10_000, description="Spans one span-scope group grades in one trace, at most (the first in the "
+        "trace's order); those past it are counted in sgw_groups_skipped_total{why=\"span_cap\"}, so a "
+        "5,000-span trace cannot take a project's judge budget.",
+    )
 
     # --- Redis -------------------------------------------------------------------------------
     redis_url: str = Field("redis://127.0.0.1:6379/0", description="Redis URL (catalog, budgets).")

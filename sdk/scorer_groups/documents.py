@@ -14,7 +14,7 @@ from pydantic.alias_generators import to_camel
 
 from scorer_groups.models import MemberKind, Severity
 
-ResultScope = Literal["trace", "session", "dataset", "playground"]
+ResultScope = Literal["trace", "session", "span", "dataset", "playground"]
 # "skipped": a judge member of a gates-first group not called, a cheap gate having decided.
 MemberStatus = Literal["scored", "failed", "not_scored", "skipped"]
 
@@ -58,6 +58,9 @@ class _AboutGroupResult(Document):
     scope: ResultScope
     trace_id: str | None = None
     session_id: str | None = None
+    # Span scope: the step of the trace that was graded.
+    span_id: str | None = None
+    span_name: str | None = None
 
 
 class Rating(_AboutGroupResult):

@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Annotated, Any, Literal, Union
 
 from pydantic import (
@@ -53,11 +54,23 @@ MAX_PATH_PARTS = 8  # dots in a metadata path or attribute key, plus one
 FilterOp = Literal["eq", "neq", "in", "nin", "contains", "startsWith", "matches", "exists",
                    "gt", "gte", "lt", "lte"]
 OPS: tuple[str, ...] = FilterOp.__args__  # type: ignore[attr-defined]
-# The fields a condition names exactly, and the roots a path follows.
-FIELDS = ("agentId", "sessionId", "traceId", "root.name", "root.input", "root.output", "durationMs",
-          "spans.name", "spans.kind")
-FIELD_PREFIXES = ("metadata.", "spans.attributes.")
-NUMERIC_FIELDS = ("durationMs",)
+
+
+@dataclass(frozen=True)
+class FieldSet:
+    """What a filter may name: fields named exactly, roots a dotted path follows, numeric fields."""
+
+    noun: str  # "a trace", "a span": in the messages
+    exact: tuple[str, ...]
+    prefixes: tuple[str, ...]
+    numeric: tuple[str, ...] = ("durationMs",)
+
+
+# ``online.filter``: the trace as it is on the wire.
+TRACE_FIELDS = FieldSet("a trace", ("agentId", "sessionId", "traceId", "root.name", "root.input", "root.output",
+                                    "durationMs", "spans.name", "spans.kind"), ("metadata.", "spans.attributes."))
+# ``online.spanFilter`` (span scope): one span.
+SPAN_FIELDS = FieldSet("a span", ("name", "kind", "input", "output", "durationMs"), ("attributes.",))
 _TEXT_OPS = ("contains", "startsWith", "matches")
 _ORDER_OPS = ("gt", "gte", "lt", "lte")
 
@@ -125,18 +138,18 @@ def _is_scalar(value: object) -> bool:
     return isinstance(value, str | bool) or _is_number(value)
 
 
-def field_fault(field: object) -> str | None:
+def field_fault(field: object, fields: FieldSet = TRACE_FIELDS) -> str | None:
     """Why ``field`` names nothing a trace has, or None."""
     if not isinstance(field, str):
         return "must be a string naming a field of the trace"
     if len(field) > MAX_FIELD_CHARS:
         return f"must be at most {MAX_FIELD_CHARS} characters"
-    if field in FIELDS:
+    if field in fields.exact:
         return None
-    prefix = next((p for p in FIELD_PREFIXES if field.startswith(p)), None)
+    prefix = next((p for p in fields.prefixes if field.startswith(p)), None)
     if prefix is None:
-        return (f"{field!r} is not a field of a trace; use one of {', '.join(FIELDS)}, "
-                f"metadata.<path> or spans.attributes.<key>")
+        return (f"{field!r} is not a field of {fields.noun}; use one of {', '.join(fields.exact)}, "
+                f"{' or '.join(p + '<path>' for p in fields.prefixes)}")
     rest = field[len(prefix):]
     if not rest or (prefix == "metadata." and "" in rest.split(".")):
         return f"{prefix}<...> needs a {'path without empty parts' if rest else 'key after the dot'}"
@@ -145,7 +158,7 @@ def field_fault(field: object) -> str | None:
     return None
 
 
-def _value_fault(field: str, op: str, value: object) -> str | None:
+def _value_fault(field: str, op: str, value: object, fields: FieldSet) -> str | None:
     """Why ``value`` does not fit ``op`` on ``field``, or None."""
     if op == "exists":
         return None if isinstance(value, bool) else "exists takes true or false"
@@ -168,7 +181,7 @@ def _value_fault(field: str, op: str, value: object) -> str | None:
     limit = MAX_FILTER_REGEX if op == "matches" else MAX_FILTER_TEXT
     if any(isinstance(v, str) and len(v) > limit for v in items):
         return f"a string value is at most {limit} characters"
-    if field in NUMERIC_FIELDS:
+    if field in fields.numeric:
         if op in _TEXT_OPS:
             return f"{field} is a number: compare it with eq, neq, in, nin, gt, gte, lt or lte"
         if not all(_is_number(v) for v in items):
@@ -179,7 +192,7 @@ def _value_fault(field: str, op: str, value: object) -> str | None:
 _ONE_OF = "a condition is either {field, op, value} or exactly one of all, any, not"
 
 
-def filter_errors(raw: object) -> list[InitErrorDetails]:
+def filter_errors(raw: object, fields: FieldSet = TRACE_FIELDS) -> list[InitErrorDetails]:
     """Every fault of a filter (JSON as sent), each with its path from the filter's root."""
     faults: list[InitErrorDetails] = []
     leaves = 0
@@ -200,14 +213,14 @@ def filter_errors(raw: object) -> list[InitErrorDetails]:
             for key in sorted(set(node) - {"field", "op", "value"}):
                 faults.append(_fault((*loc, key), node[key], f"{key!r} is not a key of a condition ({_ONE_OF})"))
             field, op = node.get("field"), node.get("op")
-            fault = field_fault(field) if "field" in node else "a condition names a field"
+            fault = field_fault(field, fields) if "field" in node else "a condition names a field"
             if fault:
                 faults.append(_fault((*loc, "field"), field, fault))
             if op not in OPS:
                 faults.append(_fault((*loc, "op"), op, f"must be one of {', '.join(OPS)}"))
             elif "value" not in node:
                 faults.append(_fault((*loc, "value"), None, f"{op} needs a value"))
-            elif not fault and (why := _value_fault(str(field), str(op), node["value"])):
+            elif not fault and (why := _value_fault(str(field), str(op), node["value"], fields)):
                 faults.append(_fault((*loc, "value"), node["value"], why))
             continue
         if len(node) != 1:
@@ -235,16 +248,20 @@ def filter_errors(raw: object) -> list[InitErrorDetails]:
     return sorted(faults, key=lambda f: [str(p) for p in f["loc"]])
 
 
-def _checked(value: Any, handler: ValidatorFunctionWrapHandler) -> Any:
-    raw = value.model_dump(by_alias=True) if isinstance(value, WireModel) else value
-    faults = filter_errors(raw)
-    if faults:
-        raise ValidationError.from_exception_data("filter", faults)
-    return handler(raw)
+def _checked(fields: FieldSet) -> Callable[[Any, ValidatorFunctionWrapHandler], Any]:
+    def check(value: Any, handler: ValidatorFunctionWrapHandler) -> Any:
+        raw = value.model_dump(by_alias=True) if isinstance(value, WireModel) else value
+        faults = filter_errors(raw, fields)
+        if faults:
+            raise ValidationError.from_exception_data("filter", faults)
+        return handler(raw)
+    return check
 
 
-# The type of ``online.filter``: a condition tree, checked whole with the path of every fault.
-Filter = Annotated[FilterNode, WrapValidator(_checked)]
+# The type of ``online.filter``: a condition tree on a trace, checked whole with the path of
+# every fault; and of ``online.spanFilter``: the same language on one span (span scope).
+Filter = Annotated[FilterNode, WrapValidator(_checked(TRACE_FIELDS))]
+SpanFilter = Annotated[FilterNode, WrapValidator(_checked(SPAN_FIELDS))]
 
 
 def walk(node: FilterNode) -> list[tuple[Loc, FieldCondition]]:

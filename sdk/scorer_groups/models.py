@@ -23,13 +23,15 @@ from pydantic import (
     SecretStr,
     SerializationInfo,
     StringConstraints,
+    ValidationError,
     WithJsonSchema,
     field_serializer,
     field_validator,
     model_validator,
 )
+from pydantic_core import InitErrorDetails, PydanticCustomError
 
-from scorer_groups.filters import Filter
+from scorer_groups.filters import Filter, SpanFilter
 from scorer_groups.redaction import mask_url
 from scorer_groups.signing import secret_key
 
@@ -46,7 +48,7 @@ SEVERITIES = ("low", "medium", "high", "critical")
 
 MemberKind = Literal["judge", "pattern", "custom"]
 Severity = Literal["low", "medium", "high", "critical"]
-Scope = Literal["trace", "session"]
+Scope = Literal["trace", "session", "span"]
 Polarity = Literal["failure", "proper"]
 PatternTarget = Literal["output", "input", "both"]
 PatternTemplate = Literal["email", "phone", "credit_card", "ssn", "apology", "refusal"]
@@ -141,6 +143,21 @@ class OnlineProfile(WireModel):
     filter: Filter | None = Field(None, exclude_if=lambda f: f is None,
                                   description="Optional: the traces (or conversations) the group scores; "
                                               "others cost nothing. See scorer_groups.filters.")
+    # Span scope: which spans of a (filtered, sampled) trace are each a subject. Kept, inert,
+    # under another scope: a group flipped back to "span" finds it again.
+    span_filter: SpanFilter | None = Field(None, exclude_if=lambda f: f is None,
+                                           description="Span scope (required there): the spans graded, each "
+                                                       "on its own - name, kind, input, output, durationMs, "
+                                                       "attributes.<key>.")
+
+    @model_validator(mode="after")
+    def _span_scope_names_its_spans(self) -> OnlineProfile:
+        if self.scope == "span" and self.span_filter is None:
+            why = ('required when scope is span: which spans to grade (e.g. {"field": "kind", "op": "eq", '
+                   '"value": "llm"})')
+            raise ValidationError.from_exception_data("OnlineProfile", [InitErrorDetails(
+                type=PydanticCustomError("missing", why), loc=("spanFilter",), input=None)])
+        return self
 
     @field_validator("sample_salt")
     @classmethod
