@@ -184,6 +184,13 @@ def test_patch_is_sparse_and_online_merges_key_by_key(api: Api, scorers: dict[st
         assert_problem(refused, 400, "online.filter.any[0].field")
         unaimed = a.patch(f"/v1/scorer-groups/{g['id']}", json={"online": {"filter": None}}).json()
         assert unaimed["online"] == {**opted_out["online"], "sampleRate": 0.3}, "filter: null, all traffic again"
+        steps = {"field": "kind", "op": "eq", "value": "tool"}
+        refused = a.patch(f"/v1/scorer-groups/{g['id']}", json={"online": {"scope": "span"}})
+        assert_problem(refused, 400, "online.spanFilter", says="required when scope is span")
+        spans = a.patch(f"/v1/scorer-groups/{g['id']}", json={"online": {"scope": "span", "spanFilter": steps}}).json()
+        assert spans["online"]["scope"] == "span" and spans["online"]["spanFilter"] == steps
+        back = a.patch(f"/v1/scorer-groups/{g['id']}", json={"online": {"scope": "trace"}}).json()
+        assert back["online"]["scope"] == "trace", "sending scope: trace flips a span group back"
         r = a.patch(f"/v1/scorer-groups/{g['id']}", json={"online": None})
         assert r.status_code == 200 and r.json()["online"] is None, "online: null detaches"
 
@@ -235,6 +242,11 @@ def test_unknown_ref_and_requires_expected_on_a_live_group_are_400s(api: Api, sc
     ({"online": {**FULL_ONLINE, "filter": {"not": {"not": {"not": {"not": {"not": FILTER_LEAF}}}}}}},
      "online.filter.not.not.not.not.not"),
     ({"online": {**FULL_ONLINE, "filter": {"any": [FILTER_LEAF] * 33}}}, "online.filter.any"),
+    # span scope: its spanFilter is required, and names a span's fields
+    ({"online": {**FULL_ONLINE, "scope": "span"}}, "online.spanFilter"),
+    ({"online": {**FULL_ONLINE, "scope": "span", "spanFilter": FILTER_LEAF}}, "online.spanFilter.field"),
+    ({"online": {**FULL_ONLINE, "scope": "span", "spanFilter": {"field": "output", "op": "matches", "value": "(?=x)"}}},
+     "online.spanFilter.value"),
 ])
 def test_every_save_time_limit_is_a_400_naming_the_field(api: Api, scorers: dict[str, str],
                                                          change: dict[str, Any], field: str) -> None:

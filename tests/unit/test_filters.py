@@ -23,6 +23,7 @@ from scoring.models import ScorerGroup
 from scoring.routing import route
 from scoring.subjects import Trace
 from tests.support.filter_reference import reference_passes
+from tests.support.sampling_reference import reference_keep
 
 # --- Random traces and filters over a small world, so that conditions often hold -----------------
 
@@ -376,3 +377,50 @@ def test_only_complete_routing_headers_decide_and_a_null_or_odd_header_means_par
                                    Counter()) is False, "an empty session header is no session, as on the trace"
     other = CatalogSnapshot()
     assert TraceConsumer._unwanted(full, other, Counter()) is True, "a project without live groups wants nothing"
+
+
+# --- Span scope: the spans a group grades -----------------------------------------------------------
+
+
+def span_group(span_filter: dict[str, Any], gid: str = "steps", **extra: Any) -> ScorerGroup:
+    return group_of(None, gid, scope="span", spanFilter=span_filter, **extra)
+
+
+def test_a_span_group_grades_each_span_its_span_filter_takes_as_its_own_subject() -> None:
+    group = span_group({"any": [{"field": "kind", "op": "eq", "value": "llm"},
+                                {"field": "attributes.gen_ai.usage.input_tokens", "op": "gt", "value": 100}]})
+    decided = route(Trace.model_validate(TRACE), CatalogSnapshot(groups={group.id: group}))
+    (pair,) = decided.pairs
+    subject = pair.subject
+    assert (subject.scope, subject.span_id, subject.span_name, subject.trace_id) == ("span", "c", "chat", "t-1")
+    assert pair.claim.subject_key == "span:t-1:c", "claimed per (trace, span, group)"
+    assert subject.context == '{"q":"refund?"}', "the trace's request, for a judge's context"
+    assert [s.span_id for s in subject.spans] == ["c"], "the span and its descendants"  # type: ignore[union-attr]
+
+
+def test_span_sampling_is_stable_per_trace_and_span_and_the_cap_counts_the_rest() -> None:
+    spans = [{"spanId": "r", "name": "root"}] + [{"spanId": f"s{i}", "parentSpanId": "r", "name": "tool", "kind": "tool"}
+                                                 for i in range(400)]
+    trace = Trace.model_validate({**TRACE, "spans": spans})
+    group = span_group({"field": "kind", "op": "eq", "value": "tool"}, sampleRate=0.5)
+    snapshot = CatalogSnapshot(groups={group.id: group})
+    kept = [p.subject.span_id for p in route(trace, snapshot, max_spans=1000).pairs]
+    assert kept == [f"s{i}" for i in range(400) if reference_keep(f"t-1/s{i}", 0.5)], "the reference's sample"
+    assert 150 < len(kept) < 250
+    capped = route(trace, snapshot, max_spans=10)
+    assert [p.subject.span_id for p in capped.pairs] == kept[:10], "the first in the trace's order"
+    assert capped.span_capped == {"steps": len(kept) - 10}
+
+
+def test_a_span_group_needs_its_span_filter_and_the_span_fields() -> None:
+    with pytest.raises(ValidationError) as missing:
+        group_of(None, scope="span")
+    assert field_errors(missing.value) == [
+        'online.spanFilter: required when scope is span: which spans to grade (e.g. {"field": "kind", "op": "eq", '
+        '"value": "llm"})']
+    with pytest.raises(ValidationError) as wrong:
+        span_group({"all": [{"field": "kind", "op": "eq", "value": "llm"}, {"field": "agentId", "op": "eq", "value": "a"}]})
+    assert field_errors(wrong.value)[0].startswith("online.spanFilter.all[1].field: 'agentId' is not a field of a span")
+    # Under another scope the span filter is kept, inert: flipping back to span finds it again.
+    flipped = group_of(None, scope="trace", spanFilter={"field": "kind", "op": "eq", "value": "tool"})
+    assert route(Trace.model_validate(TRACE), CatalogSnapshot(groups={flipped.id: flipped})).pairs[0].subject.scope == "trace"

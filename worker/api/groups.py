@@ -20,7 +20,7 @@ from scorer_groups.api_models import (
     ResultsPage,
     SessionScore,
 )
-from scorer_groups.filters import Filter
+from scorer_groups.filters import Filter, SpanFilter
 from scoring.catalog import etag
 from scoring.errors import NotFound
 from scoring.groups import Caller, MonitorClient
@@ -61,6 +61,7 @@ class OnlinePatch(WireModel):
     idle_seconds: int | None = None
     alert_on_no_score: bool | None = None
     filter: Filter | None = None  # null: the group sees all its project's traffic again
+    span_filter: SpanFilter | None = None  # span scope's; null removes it
 
 
 class GroupPatch(WireModel):

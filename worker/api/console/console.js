@@ -245,6 +245,8 @@ function resultView(rating) {
   return el("div", { class: "result", dataset: { rating: rating.id } },
     el("div", { class: "row" }, el("span", { class: `score ${below ? "bad" : ""}` }, fmt(score)),
       traceLink(rating.traceId) || (rating.sessionId ? el("code", {}, `session ${rating.sessionId}`) : null),
+      rating.spanId ? el("span", { class: "span-name", "data-span": rating.spanId },
+                         `step "${rating.spanName || ""}" (span ${rating.spanId})`) : null,
       el("span", { class: "muted" }, new Date(rating.scoredAt).toLocaleString()), switcher),
     body);
 }
@@ -283,7 +285,7 @@ async function compare(group, otherId, out) {
   let mine, theirs;
   try { [mine, theirs] = await Promise.all([results(group.id), results(otherId)]); }
   catch (error) { out.replaceChildren(failure(error)); return; }
-  const key = (r) => (r.traceId ? `trace ${r.traceId}` : `session ${r.sessionId}`);
+  const key = (r) => (r.traceId ? `trace ${r.traceId}${r.spanId ? ` span ${r.spanId}` : ""}` : `session ${r.sessionId}`);
   const others = new Map(theirs.items.map((r) => [key(r), r]));
   const shared = mine.items.filter((r) => others.has(key(r)) && r.rating !== null && others.get(key(r)).rating !== null);
   if (!shared.length) {
@@ -391,11 +393,14 @@ async function groupForm(group) {
     alertThreshold: el("input", { type: "number", step: "any", value: online.alertThreshold ?? "" }),
     severity: el("select", {}, ["low", "medium", "high", "critical"].map((s) =>
       el("option", { value: s, selected: s === (online.severity || "medium") }, s))),
-    scope: el("select", {}, ["trace", "session"].map((s) => el("option", { value: s, selected: s === (online.scope || "trace") }, s))),
+    scope: el("select", {}, ["trace", "session", "span"].map((s) => el("option", { value: s, selected: s === (online.scope || "trace") }, s))),
     idleSeconds: el("input", { type: "number", value: online.idleSeconds ?? 120 }),
     gatesFirst: el("input", { type: "checkbox", checked: !!(group && group.gatesFirst) }),
   };
   const filter = filterBuilder(online.filter || null);
+  const spanFilter = filterBuilder(online.spanFilter || null, { prefix: "span-filter", path: "online.spanFilter",
+    fields: SPAN_FILTER_FIELDS, intro: "Span scope: each span of a matching trace that this takes is graded on its " +
+      "own (its input and output; the trace's request as a judge's context). Required for span scope." });
   inputs.enabled.setAttribute("data-field", "online.enabled");
   inputs.gatesFirst.setAttribute("data-field", "gatesFirst");
   const message = el("p", { class: "error", role: "alert", id: "form-message" });
@@ -403,9 +408,13 @@ async function groupForm(group) {
     event.preventDefault();
     clearErrors(form);
     const number = (input) => (input.value === "" ? null : Number(input.value));
-    let aimedAt;
+    let aimedAt, steps;
     try { aimedAt = filter.read(); } catch (error) {
       showErrors(form, message, { problem: { errors: [{ field: "online.filter", message: error.message }] } });
+      return;
+    }
+    try { steps = spanFilter.read(); } catch (error) {
+      showErrors(form, message, { problem: { errors: [{ field: "online.spanFilter", message: error.message }] } });
       return;
     }
     const body = {
@@ -416,7 +425,8 @@ async function groupForm(group) {
       online: { enabled: inputs.enabled.checked, sampleRate: number(inputs.sampleRate),
                 sampleSalt: inputs.sampleSalt.value || null,
                 alertThreshold: number(inputs.alertThreshold), severity: inputs.severity.value,
-                scope: inputs.scope.value, idleSeconds: number(inputs.idleSeconds), filter: aimedAt },
+                scope: inputs.scope.value, idleSeconds: number(inputs.idleSeconds), filter: aimedAt,
+                spanFilter: steps },
     };
     try {
       const saved = group ? await api("PATCH", `/v1/scorer-groups/${encodeURIComponent(group.id)}`, body)
@@ -440,6 +450,7 @@ async function groupForm(group) {
       field("Severity", "online.severity", inputs.severity), field("Scope", "online.scope", inputs.scope),
       field("Idle seconds (session)", "online.idleSeconds", inputs.idleSeconds)),
     el("h2", {}, "Filter"), filter.node,
+    el("h2", {}, "Span filter"), spanFilter.node,
     el("p", {}, el("button", { type: "submit" }, group ? "Save" : "Create")), message);
   return form;
 }

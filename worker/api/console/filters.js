@@ -7,6 +7,8 @@
 const FILTER_FIELDS = ["agentId", "sessionId", "traceId", "root.name", "root.input", "root.output", "durationMs",
   "spans.name", "spans.kind", "metadata.", "spans.attributes.gen_ai.request.model",
   "spans.attributes.gen_ai.operation.name", "spans.attributes.openinference.span.kind"];
+const SPAN_FILTER_FIELDS = ["name", "kind", "input", "output", "durationMs", "attributes.gen_ai.operation.name",
+  "attributes.openinference.span.kind", "attributes.gen_ai.request.model"];
 const FILTER_OPS = ["eq", "neq", "in", "nin", "contains", "startsWith", "matches", "exists", "gt", "gte", "lt", "lte"];
 
 // A typed value as JSON would read it: 200 is a number, true a boolean, "200" (quoted) a
@@ -39,10 +41,10 @@ function filterRows(filter) {
   return rows.every(Boolean) ? { join, rows } : null;
 }
 
-function filterRow(row) {
+function filterRow(row, fieldList) {
   const negate = el("input", { type: "checkbox", name: "not", checked: row.not });
-  const field = el("input", { name: "field", list: "filter-fields", size: 30, value: row.leaf.field || "",
-                              placeholder: "metadata.environment" });
+  const field = el("input", { name: "field", list: fieldList, size: 30, value: row.leaf.field || "",
+                              placeholder: fieldList === "filter-fields" ? "metadata.environment" : "kind" });
   const op = el("select", { name: "op" }, FILTER_OPS.map((o) => el("option", { value: o, selected: o === row.leaf.op }, o)));
   const value = el("input", { name: "value", size: 24, placeholder: "production  (in: a, b)" });
   const leafValue = row.leaf.value;
@@ -71,22 +73,27 @@ function readRow(node, path) {
 }
 
 // The builder: { node, read() }; read() gives the filter (null: none) or throws an Error whose
-// message says what is wrong with the JSON.
-function filterBuilder(filter) {
+// message says what is wrong with the JSON. ``prefix`` names its elements and ``path`` is the
+// profile key it edits: the trace filter (online.filter) or a span group's (online.spanFilter).
+function filterBuilder(filter, { prefix = "filter", path = "online.filter", fields = FILTER_FIELDS,
+                                 intro = "Only traces that match are sampled and scored; the others cost nothing. " +
+                                   "spans.* match when some span does; a missing field matches only exists: false, neq and nin." } = {}) {
+  const id = (name) => `${prefix}-${name}`;
+  const fieldList = id("fields");
   const shown = filterRows(filter);
-  const join = el("select", { id: "filter-join" },
+  const join = el("select", { id: id("join") },
     el("option", { value: "all", selected: !shown || shown.join === "all" }, "all of"),
     el("option", { value: "any", selected: shown && shown.join === "any" }, "any of"));
-  const rows = el("div", { id: "filter-rows" }, (shown ? shown.rows : []).map(filterRow));
-  const json = el("textarea", { id: "filter-json", "data-field": "online.filter", spellcheck: "false",
+  const rows = el("div", { id: id("rows") }, (shown ? shown.rows : []).map((r) => filterRow(r, fieldList)));
+  const json = el("textarea", { id: id("json"), "data-field": path, spellcheck: "false",
                                 placeholder: '{"all": [{"field": "agentId", "op": "eq", "value": "support"}]}' });
   json.value = filter ? JSON.stringify(filter, null, 2) : "";
-  const asJson = el("input", { type: "checkbox", id: "filter-as-json", checked: !shown });
-  const rowsPart = el("div", { id: "filter-builder" },
-    el("div", { class: "row" }, el("div", {}, el("label", { for: "filter-join" }, "Score traces that match"), join)),
+  const asJson = el("input", { type: "checkbox", id: id("as-json"), checked: !shown });
+  const rowsPart = el("div", { id: id("builder") },
+    el("div", { class: "row" }, el("div", {}, el("label", { for: id("join") }, "Match"), join)),
     rows,
-    el("p", {}, el("button", { type: "button", class: "secondary", id: "filter-add",
-      onclick: () => rows.append(filterRow({ not: false, leaf: { op: "eq" } })) }, "Add a condition")));
+    el("p", {}, el("button", { type: "button", class: "secondary", id: id("add"),
+      onclick: () => rows.append(filterRow({ not: false, leaf: { op: "eq" } }, fieldList)) }, "Add a condition")));
   const jsonPart = el("div", {}, json);
   const sync = () => { rowsPart.hidden = asJson.checked; jsonPart.hidden = !asJson.checked; };
   asJson.addEventListener("change", () => {
@@ -97,14 +104,13 @@ function filterBuilder(filter) {
   const readRows = () => {
     const nodes = [...rows.querySelectorAll(".filter-row")];
     if (!nodes.length) return null;
-    return { [join.value]: nodes.map((node, i) => readRow(node, `online.filter.${join.value}[${i}]`)) };
+    return { [join.value]: nodes.map((node, i) => readRow(node, `${path}.${join.value}[${i}]`)) };
   };
-  const node = el("div", { id: "filter" },
-    el("p", { class: "muted" }, "Only traces that match are sampled and scored; the others cost nothing. " +
-      "spans.* match when some span does; a missing field matches only exists: false, neq and nin."),
+  const node = el("div", { id: prefix },
+    el("p", { class: "muted" }, intro),
     rowsPart, jsonPart,
     el("label", {}, asJson, " edit as JSON (for nested all / any / not)"),
-    el("datalist", { id: "filter-fields" }, FILTER_FIELDS.map((f) => el("option", { value: f }))));
+    el("datalist", { id: fieldList }, fields.map((f) => el("option", { value: f }))));
   return {
     node,
     read() {
