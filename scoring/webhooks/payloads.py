@@ -79,6 +79,8 @@ def slack(delivery: WebhookDelivery, link: str | None) -> dict[str, Any]:
     recovered = delivery.event == RECOVERED_EVENT
     headline = _headline(s, recovered)
     subject = f"trace `{_escaped(s.trace_id or '')}`" if s.trace_id else f"session `{_escaped(s.session_id or '')}`"
+    if s.span_id:  # span scope: the step of the trace
+        subject += f" step `{_escaped(s.span_name or '')}` ({_escaped(s.span_id)})"
     fields = [f"*Group*\n{_escaped(s.group_name)}",
               f"*Score*\n{'no score' if s.rating is None else f'{s.rating:.1f} / 10'} (threshold {_threshold(s)})",
               f"*Severity*\n{s.severity}", f"*Agent*\n{_escaped(s.agent_id)}"]
@@ -108,6 +110,7 @@ def pagerduty(delivery: WebhookDelivery, routing_key: str, link: str | None) -> 
             "custom_details": {"reason": s.reason, "rating": s.rating, "alertThreshold": s.alert_threshold,
                                "groupId": s.group_id,
                                "ratingId": s.rating_id, "traceId": s.trace_id, "sessionId": s.session_id,
+                               "spanId": s.span_id, "spanName": s.span_name,
                                "justification": s.justification},
         },
         "client": "scorer-group-worker",

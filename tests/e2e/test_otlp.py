@@ -32,6 +32,11 @@ CATALOG = {
         {"id": "otel-trace", "name": "Agent quality", "projectId": "p-otel", "online": ONLINE,
          "members": [{"kind": "judge", "refId": "quality", "weight": 1, "gate": False},
                      {"kind": "pattern", "refId": "apology", "weight": 0, "gate": True}]},
+        # Span scope: the chat steps of the assembled traces, each graded on its own.
+        {"id": "otel-steps", "name": "Chat steps", "projectId": "p-otel",
+         "online": {**ONLINE, "scope": "span",
+                    "spanFilter": {"field": "attributes.gen_ai.operation.name", "op": "eq", "value": "chat"}},
+         "members": [{"kind": "judge", "refId": "quality", "weight": 1, "gate": False}]},
         {"id": "otel-session", "name": "Conversation", "projectId": "p-conv",
          "online": {**ONLINE, "scope": "session", "idleSeconds": 1},
          "members": [{"kind": "judge", "refId": "quality", "weight": 1, "gate": False},
@@ -180,8 +185,11 @@ async def test_collector_records_are_assembled_and_rated_once_each(env: dict[str
         assert worker.stop() == 0, worker.logs()
 
     by_trace = {r["traceId"]: r for r in ratings if r["scope"] == "trace"}
-    counts = Counter((r["groupId"], r.get("traceId") or r.get("sessionId")) for r in ratings)
-    assert max(counts.values()) == 1, f"every trace and session rated once: {counts}"
+    counts = Counter((r["groupId"], r.get("traceId") or r.get("sessionId"), r.get("spanId")) for r in ratings)
+    assert max(counts.values()) == 1, f"every trace, step and session rated once: {counts}"
+    steps = [r for r in ratings if r["scope"] == "span" and r["traceId"] == trace_ids["genai"]]
+    assert [(r["groupId"], r["spanName"], r["rating"]) for r in steps] == [("otel-steps", "chat gpt-4o", 8.0)], \
+        "spans assembled from the Collector are graded by span-scope groups: the chat step, not the tool"
     expected = {"genai": 8.0, "oi": 6.0, "split": 9.0, "rootless": 4.0, "several-0": 3.0, "several-1": 4.0,
                 "several-2": 5.0}
     assert {name: by_trace[t]["rating"] for name, t in trace_ids.items()} == expected, \

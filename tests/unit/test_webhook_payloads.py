@@ -96,3 +96,18 @@ def test_a_no_score_signal_says_so_in_every_format() -> None:
     assert event["payload"]["custom_details"]["reason"] == "no_score" and event["payload"]["custom_details"]["rating"] is None
     standard = orjson.loads(body(channel("standard"), broken, LINK))
     assert (standard["data"]["reason"], standard["data"]["rating"]) == ("no_score", None)
+
+
+def test_a_span_scope_signal_names_its_step_in_every_format() -> None:
+    d = delivery()
+    step = d.signal.model_copy(update={"scope": "span", "span_id": "tool-7", "span_name": "<!here> lookup"})
+    d = d.model_copy(update={"signal": step})
+    standard = orjson.loads(body(channel("standard"), d, LINK))["data"]
+    assert (standard["scope"], standard["spanId"], standard["spanName"]) == ("span", "tool-7", "<!here> lookup")
+    message = orjson.loads(body(channel("slack"), d, LINK))
+    check_slack_message(message)
+    context = message["blocks"][2]["elements"][0]["text"]
+    assert "trace `t-9` step `&lt;!here&gt; lookup` (tool-7)" in context, "the step named, its name escaped"
+    event = orjson.loads(body(channel("pagerduty", routingKey=ROUTING_KEY), d, LINK))
+    check_pagerduty_event(event)
+    assert event["payload"]["custom_details"]["spanId"] == "tool-7"
