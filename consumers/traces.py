@@ -242,8 +242,8 @@ class TraceConsumer:
             kept.update((trace.project_id, pair.group.id) for pair in decided.pairs)
             filtered.update((trace.project_id, group) for group in decided.filtered)
             self.pairs.matched.update(decided.matched)
-            for group, over in decided.span_capped.items():  # span groups: spans past the cap
-                self._events.group_skipped(trace.project_id, group, "span_cap", over)
+            for (group, why), spans in decided.span_skipped.items():  # span groups: past the cap or the bound
+                self._events.group_skipped(trace.project_id, group, why, spans)
             if decided.turn:
                 turns.append(trace)
         for (project, group), count in kept.items():

@@ -61,7 +61,7 @@ def build_messages(judge: Judge, subject: Subject) -> list[dict[str, str]]:
         question = SESSION_QUESTION.format(criteria=judge.criteria, turns=subject.turns,
                                            transcript=_cut(subject.transcript))
     elif subject.scope == "span":
-        kind = next((s.kind for s in subject.spans if not isinstance(s, dict) and s.span_id == subject.span_id), None)
+        kind = subject.span_kind
         context = SPAN_CONTEXT.format(request=_cut(subject.context)) if subject.context else ""
         question = SPAN_QUESTION.format(criteria=judge.criteria, context=context, kind=f"{kind} " if kind else "",
                                         name=subject.span_name or "", input=_cut(subject.input),

@@ -17,7 +17,7 @@ DAY_S = 86_400
 class ClaimRequest:
     project_id: str
     group_id: str
-    subject_key: str  # "trace:<traceId>" or "session:<sessionId>:<turns>"
+    subject_key: str  # "trace:<traceId>", "session:<sessionId>:<turns>" or span_key(...)
     judge_calls: int  # slots to reserve, all or nothing
     budget_limit: int | None  # calls per window; None = no budget configured (unlimited, counted)
     budget_window_s: int = 3600
@@ -33,3 +33,9 @@ class ClaimRequest:
 def day_of(epoch_s: float) -> int:
     """The day (since 1970-01-01, UTC) a subject's claim is kept under."""
     return int(epoch_s // DAY_S)
+
+
+def span_key(trace_id: str, span_id: str) -> str:
+    """The subject key of one step (span scope). The trace id's length comes first: ids are the
+    tenants' text, and trace "a:b" with span "c" must not be trace "a" with span "b:c"."""
+    return f"span:{len(trace_id)}:{trace_id}:{span_id}"

@@ -20,7 +20,7 @@ from scorer_groups.api_models import GradeRequest
 from scorer_groups.documents import Rating
 from scoring.catalog import CatalogSnapshot
 from scoring.errors import CatalogError
-from scoring.filters import TraceView, compile_filter
+from scoring.filters import SpanView, TraceView, compile_filter
 from scoring.judge_prompt import token_ceiling
 from scoring.models import ScorerGroup
 from scoring.pairs import ClaimRequest, day_of
@@ -32,6 +32,7 @@ from scoring.stores.claims import Claims, Reservation
 from scoring.subjects import Span, Subject, Trace
 
 GRADES_PER_PROJECT = 4  # at once; the fifth is refused until one ends
+PLAYGROUND_SPAN = "playground-root"  # the example's span id: its root, or its step for a span group
 
 
 class PlaygroundRefused(CatalogError):
@@ -49,11 +50,15 @@ class PlaygroundRefused(CatalogError):
 def passes_filter(group: ScorerGroup, example: GradeRequest) -> bool | None:
     """Would live scoring see the example? The group's ``online.filter`` decided on a trace made
     of it: its input and output as the root span's (named ``rootName``), its spans below the
-    root (those that are not valid spans are not seen), its metadata, agent and session. None:
-    the group has no filter."""
-    if group.online is None or group.online.filter is None:
+    root (those that are not valid spans are not seen), its metadata, agent and session; for a
+    span-scope group, also its ``spanFilter`` on that root span (the example is the step). None:
+    the group has neither."""
+    online = group.online
+    step = online is not None and online.scope == "span" and online.span_filter is not None
+    if online is None or (online.filter is None and not step):
         return None
-    spans = [Span(span_id="playground-root", name=example.root_name or "", input=example.input, output=example.output)]
+    root = Span(span_id=PLAYGROUND_SPAN, name=example.root_name or "", input=example.input, output=example.output)
+    spans = [root]
     for raw in example.spans:
         with contextlib.suppress(ValidationError):
             span = Span.model_validate(raw)
@@ -61,7 +66,10 @@ def passes_filter(group: ScorerGroup, example: GradeRequest) -> bool | None:
     trace = Trace(trace_id="playground", project_id=group.project_id, agent_id=example.agent_id or "playground",
                   session_id=example.session_id, timestamp=datetime.now(UTC), spans=spans,
                   metadata=dict(example.metadata))
-    return compile_filter(group.online.filter)(TraceView(trace)) is True
+    passes = online.filter is None or compile_filter(online.filter)(TraceView(trace)) is True
+    if step and online.span_filter is not None:  # a span group: the example is the step its filter must take
+        passes = passes and compile_filter(online.span_filter)(SpanView(root)) is True
+    return passes
 
 
 class Playground:
@@ -85,11 +93,15 @@ class Playground:
                 del self._busy[project]
 
     async def _grade(self, group: ScorerGroup, snapshot: CatalogSnapshot, example: GradeRequest) -> Rating:
-        # 1. the example as a trace-scope subject of the group's project
+        # 1. the example as a subject of the group's project: a trace, or - for a span-scope group -
+        #    one step (its input and output the step's, asked the step question)
         example_id = f"playground-{uuid.uuid4().hex[:12]}"
-        subject = Subject(scope="trace", input=example.input, output=example.output, expected=example.expected,
-                          spans=list(example.spans), metadata=dict(example.metadata), transcript="",
-                          project_id=group.project_id, agent_id="playground", trace_id=example_id)
+        step = group.online is not None and group.online.scope == "span"
+        subject = Subject(scope="span" if step else "trace", input=example.input, output=example.output,
+                          expected=example.expected, spans=list(example.spans), metadata=dict(example.metadata),
+                          transcript="", project_id=group.project_id, agent_id=example.agent_id or "playground",
+                          trace_id=example_id, span_id=PLAYGROUND_SPAN if step else None,
+                          span_name=(example.root_name or "example") if step else None)
         # 2. the judges' calls reserved from the project's budget, as a live pair's would be
         request = self._request(group, snapshot, subject, example_id)
         spend = self._claims.spend(request)

@@ -32,6 +32,7 @@ from scorer_groups.documents import (
 )
 from scoring.frozen import frozen
 from scoring.models import ScorerGroup
+from scoring.pairs import span_key
 from scoring.panel import GroupResult
 from scoring.ports import TokenUsage
 from scoring.redact import mask_url
@@ -77,7 +78,7 @@ def subject_key(result: GroupResult) -> str:
     if s.scope == "session":
         return f"session:{s.session_id}:{s.turns}"
     if s.scope == "span":
-        return f"span:{s.trace_id}:{s.span_id}"
+        return span_key(s.trace_id or "", s.span_id or "")
     return f"trace:{s.trace_id}"
 
 

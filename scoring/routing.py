@@ -15,10 +15,10 @@ from scoring.filters import SpanView, TraceView
 from scoring.frozen import frozen
 from scoring.judge_prompt import token_ceiling
 from scoring.models import ScorerGroup
-from scoring.pairs import ClaimRequest, day_of
+from scoring.pairs import ClaimRequest, day_of, span_key
 from scoring.panel import planned_judges, upfront_judge_calls
 from scoring.sampling import keep
-from scoring.subjects import Span, Subject, Trace, span_subject, trace_subject
+from scoring.subjects import Span, Subject, Trace, children_of, span_subject, trace_subject
 
 DEFAULT_BUDGET_WINDOW_S = 3600  # the window a claim names when its project has no budget
 
@@ -58,7 +58,9 @@ class Route:
     turn: bool  # a session-scope group's filter passes it: record it as a turn of its conversation
     matched: list[str]  # the groups (any scope) whose filter it passes, sampled or not
     filtered: list[str]  # the groups whose filter it does not pass: they spend nothing on it
-    span_capped: dict[str, int] = field(default_factory=dict)  # span groups: spans kept past the cap
+    # Span groups: (group, why) -> spans not graded: "span_cap" (kept past the cap), "span_budget"
+    # (not examined: the trace's filter work ran out).
+    span_skipped: dict[tuple[str, str], int] = field(default_factory=dict)
 
 
 DEFAULT_MAX_SPANS_PER_TRACE = 50  # spans one span-scope group scores in one trace (SGW_MAX_SPANS_PER_TRACE)
@@ -109,45 +111,64 @@ def route(trace: Trace, snapshot: CatalogSnapshot, max_spans: int = DEFAULT_MAX_
     if kept:
         subject = trace_subject(trace)
         pairs = [pair_of(group, subject, snapshot, subject_key=f"trace:{trace.trace_id}", day=day) for group in kept]
-    capped: dict[str, int] = {}
-    for group in stepwise:
-        spans, over = _graded_spans(trace, group, snapshot, view, max_spans)
-        pairs += [pair_of(group, span_subject(trace, span), snapshot,
-                          subject_key=f"span:{trace.trace_id}:{span.span_id}", day=day) for span in spans]
-        if over:
-            capped[group.id] = over
-    return Route(pairs, turn, matched, filtered, capped)
+    skipped: dict[tuple[str, str], int] = {}
+    if stepwise:
+        steps = _Steps(trace)
+        for group in stepwise:
+            spans, over, unexamined = _graded_spans(steps, group, snapshot, view, max_spans)
+            pairs += [pair_of(group, steps.subject(span), snapshot, subject_key=span_key(trace.trace_id, span.span_id),
+                              day=day) for span in spans]
+            skipped.update({(group.id, why): n for why, n in (("span_cap", over), ("span_budget", unexamined)) if n})
+    return Route(pairs, turn, matched, filtered, skipped)
 
 
-def _graded_spans(trace: Trace, group: ScorerGroup, snapshot: CatalogSnapshot, view: TraceView,
-                  max_spans: int) -> tuple[list[Span], int]:
+class _Steps:
+    """What every span-scope group of one trace shares: each span's view and subject, made once."""
+
+    def __init__(self, trace: Trace) -> None:
+        self.trace = trace
+        self.views = [SpanView(span) for span in trace.spans]
+        self._below: dict[str, list[Span]] | None = None
+        self._subjects: dict[str, Subject] = {}
+
+    def subject(self, span: Span) -> Subject:
+        if span.span_id not in self._subjects:
+            if self._below is None:
+                self._below = children_of(self.trace)
+            self._subjects[span.span_id] = span_subject(self.trace, span, self._below)
+        return self._subjects[span.span_id]
+
+
+def _graded_spans(steps: _Steps, group: ScorerGroup, snapshot: CatalogSnapshot, view: TraceView,
+                  max_spans: int) -> tuple[list[Span], int, int]:
     """The spans a span-scope group grades in this trace - its ``spanFilter`` passes them and its
     sample keeps them (per trace and span: a redelivery decides the same), each span id once,
-    the first ``max_spans`` in the trace's order - and how many more it would have graded. The
-    span filter's work counts against the trace's bound (``MAX_SPAN_TESTS``): past it, the
-    remaining spans are not graded (fail closed)."""
+    the first ``max_spans`` in the trace's order - how many more it would have graded, and how
+    many spans it could not examine: the span filter's work counts against the trace's bound
+    (``MAX_SPAN_TESTS``), and past it the remaining spans are not graded (fail closed)."""
     compiled = snapshot.span_filter(group)
     if compiled is None or group.online is None:
-        return [], 0
+        return [], 0, 0
     decide, conditions = compiled
-    rate, salt = group.online.sample_rate, group.online.sample_salt or ""
+    rate, salt, trace_id = group.online.sample_rate, group.online.sample_salt or "", steps.trace.trace_id
     graded: list[Span] = []
     over = 0
     seen: set[str] = set()
-    for span in trace.spans:
+    for index, span_view in enumerate(steps.views):
         view.span_tests_left -= conditions
         if view.span_tests_left < 0:
-            break
-        if span.span_id in seen or not decide(SpanView(span)):
+            return graded, over, len(steps.views) - index
+        span = span_view.span
+        if span.span_id in seen or not decide(span_view):
             continue
         seen.add(span.span_id)
-        if not keep(f"{trace.trace_id}/{span.span_id}", rate, salt):
+        if not keep(f"{trace_id}/{span.span_id}", rate, salt):
             continue
         if len(graded) < max_spans:
             graded.append(span)
         else:
             over += 1
-    return graded, over
+    return graded, over, 0
 
 
 def trace_pairs(trace: Trace, snapshot: CatalogSnapshot) -> list[Pair]:

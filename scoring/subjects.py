@@ -43,8 +43,9 @@ class _TraceModel(BaseModel):
 
 
 class Span(_TraceModel):
-    span_id: str = Field(min_length=1)
-    parent_span_id: str | None = None
+    # Ids name claims, ratings and Kafka keys: bounded like a trace's (OTel's are 16 hex digits).
+    span_id: str = Field(min_length=1, max_length=256)
+    parent_span_id: str | None = Field(None, max_length=256)
     name: str = ""
     kind: str | None = None
     input: Any = None
@@ -137,6 +138,7 @@ class Subject:
     # Span scope: the step graded, and what a judge reads as context (the trace's request).
     span_id: str | None = None
     span_name: str | None = None
+    span_kind: str | None = None
     context: str = ""
 
     def member_payload(self) -> dict[str, Any]:
@@ -199,23 +201,35 @@ def trace_subject(trace: Trace) -> Subject:
     )
 
 
-def span_subject(trace: Trace, span: Span) -> Subject:
-    """One step of a trace as a subject (span scope): the span's own input and output (as text, as
-    the OpenTelemetry mapping leaves them), the span and its descendants as a code scorer's
-    ``spans``, the trace's metadata, and the trace's request (the root's input) as a judge's
-    context."""
+MAX_SUBTREE_SPANS = 500  # a step's spans a code scorer reads: the span and its first descendants
+MAX_SPAN_NAME_CHARS = 256  # of a step's name in ratings, Signals and deliveries
+
+
+def children_of(trace: Trace) -> dict[str, list[Span]]:
+    """Each span id's child spans, in the trace's order: built once per trace."""
     below: dict[str, list[Span]] = {}
     for s in trace.spans:
         if s.parent_span_id:
             below.setdefault(s.parent_span_id, []).append(s)
-    subtree, stack, seen = [], [span], set()
-    while stack:  # iterative, and each span once: a hostile trace may make its parents a cycle
+    return below
+
+
+def span_subject(trace: Trace, span: Span, below: dict[str, list[Span]] | None = None) -> Subject:
+    """One step of a trace as a subject (span scope): the span's own input and output (as text, as
+    the OpenTelemetry mapping leaves them), the span and its first ``MAX_SUBTREE_SPANS``
+    descendants as a code scorer's ``spans``, the trace's metadata, and the trace's request (the
+    root's input) as a judge's context. ``below``: ``children_of(trace)``, shared by its spans."""
+    below = children_of(trace) if below is None else below
+    subtree: list[Span] = []
+    stack, seen = [span], set()
+    while stack and len(subtree) < MAX_SUBTREE_SPANS:  # iterative, each span once: parents may cycle
         current = stack.pop()
         if current.span_id in seen:
             continue
         seen.add(current.span_id)
         subtree.append(current)
         stack.extend(reversed(below.get(current.span_id, [])))
+    name = span.name if len(span.name) <= MAX_SPAN_NAME_CHARS else span.name[:MAX_SPAN_NAME_CHARS - 1] + "…"
     return Subject(
         scope="span",
         input=as_text(span.input),
@@ -229,7 +243,8 @@ def span_subject(trace: Trace, span: Span) -> Subject:
         trace_id=trace.trace_id,
         session_id=trace.session_id,
         span_id=span.span_id,
-        span_name=span.name,
+        span_name=name,
+        span_kind=span.kind,
         context=_user_words(trace) if span is not trace.root else "",
     )
 

@@ -228,8 +228,11 @@ class Worker:
         outages = OutageGuard(s.outage_tolerance_s, outage_events)
         watcher = CatalogWatcher(CatalogStore(redis), on_lost=metrics.observe_catalog_lost)
         await redis_accepts(redis, s)
-        await watcher.start()
+        catalog = await watcher.start()
+        # Each start step says it is done: a start that stalls shows where in its last line.
+        log.info("Redis answered; catalog loaded", version=catalog.version)
         await ensure_topics(s)
+        log.info("Kafka answered; topics ready", bootstrap=s.kafka_bootstrap, protocol=s.kafka_security_protocol)
 
         producer = kafka_producer(s, max_request_size=dead_letter_limit(s))
         engine = ScoringEngine(s, observe_judge_call=metrics.observe_judge_call,

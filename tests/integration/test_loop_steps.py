@@ -72,7 +72,7 @@ class Events:
         self.seen.append(("kept", (project, group, count)))
     def group_scored(self, project: str, group: str, scope: str, rating: float | None) -> None:
         self.seen.append(("group_scored", (project, group, scope)))
-    def group_skipped(self, project: str, group: str, why: str) -> None:
+    def group_skipped(self, project: str, group: str, why: str, count: int = 1) -> None:
         self.seen.append(("group_skipped", (project, group, why)))
     def signal_raised(self, project: str, group: str, severity: str) -> None:
         self.seen.append(("signal_raised", (project, group, severity)))

@@ -171,6 +171,12 @@ def test_the_playground_says_whether_live_scoring_would_see_the_example(env: Env
         assert unseen.passes_filter is False and unseen.rating is not None, "graded all the same: it is a try-out"
         plain = a_group(a, "Unaimed")
         assert a.monitor.scorer_groups.grade(plain.id, input="q", output="a").passes_filter is None, "no filter"
+        steps = a_group(a, "Steps", online={"enabled": True, "sample_rate": 1, "alert_threshold": 5, "severity": "low",
+                                            "scope": "span", "span_filter": {"field": "name", "op": "eq", "value": "lookup"}})
+        step = a.monitor.scorer_groups.grade(steps.id, input="order 7?", output="packed [[rating=6]]", root_name="lookup")
+        assert step.passes_filter is True and step.span_name == "lookup" and step.rating is not None, \
+            "a span group's example is one step, graded as one"
+        assert a.monitor.scorer_groups.grade(steps.id, input="q", output="a", root_name="answer").passes_filter is False
 
 
 def test_the_playground_reserves_from_the_budget_and_says_its_state_when_it_has_no_room(env: Env) -> None:

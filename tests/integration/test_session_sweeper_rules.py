@@ -49,7 +49,7 @@ class Recorded(Silent):
     def kept(self, project: str, group: str, count: int = 1) -> None:
         self.kept_pairs += [(project, group)] * count
 
-    def group_skipped(self, project: str, group: str, why: str) -> None:
+    def group_skipped(self, project: str, group: str, why: str, count: int = 1) -> None:
         self.skipped.append((project, group, why))
 
 

@@ -20,7 +20,7 @@ class Skips:
     def __init__(self) -> None:
         self.skipped: list[tuple[str, str, str]] = []
 
-    def group_skipped(self, project: str, group: str, why: str) -> None:
+    def group_skipped(self, project: str, group: str, why: str, count: int = 1) -> None:
         self.skipped.append((project, group, why))
 
 

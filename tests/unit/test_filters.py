@@ -393,7 +393,7 @@ def test_a_span_group_grades_each_span_its_span_filter_takes_as_its_own_subject(
     (pair,) = decided.pairs
     subject = pair.subject
     assert (subject.scope, subject.span_id, subject.span_name, subject.trace_id) == ("span", "c", "chat", "t-1")
-    assert pair.claim.subject_key == "span:t-1:c", "claimed per (trace, span, group)"
+    assert pair.claim.subject_key == "span:3:t-1:c", "claimed per (trace, span, group)"
     assert subject.context == '{"q":"refund?"}', "the trace's request, for a judge's context"
     assert [s.span_id for s in subject.spans] == ["c"], "the span and its descendants"  # type: ignore[union-attr]
 
@@ -409,7 +409,7 @@ def test_span_sampling_is_stable_per_trace_and_span_and_the_cap_counts_the_rest(
     assert 150 < len(kept) < 250
     capped = route(trace, snapshot, max_spans=10)
     assert [p.subject.span_id for p in capped.pairs] == kept[:10], "the first in the trace's order"
-    assert capped.span_capped == {"steps": len(kept) - 10}
+    assert capped.span_skipped == {("steps", "span_cap"): len(kept) - 10}
 
 
 def test_a_span_group_needs_its_span_filter_and_the_span_fields() -> None:
@@ -424,3 +424,43 @@ def test_a_span_group_needs_its_span_filter_and_the_span_fields() -> None:
     # Under another scope the span filter is kept, inert: flipping back to span finds it again.
     flipped = group_of(None, scope="trace", spanFilter={"field": "kind", "op": "eq", "value": "tool"})
     assert route(Trace.model_validate(TRACE), CatalogSnapshot(groups={flipped.id: flipped})).pairs[0].subject.scope == "trace"
+
+
+def test_step_keys_never_collide_and_a_steps_name_and_ids_are_bounded() -> None:
+    from scoring.pairs import span_key
+
+    assert span_key("a:b", "c") != span_key("a", "b:c"), "tenant ids holding the separator stay apart"
+    named = Trace.model_validate({**TRACE, "spans": [{"spanId": "r", "name": "n" * 5000, "kind": "tool"}]})
+    group = span_group({"field": "kind", "op": "eq", "value": "tool"})
+    (pair,) = route(named, CatalogSnapshot(groups={group.id: group})).pairs
+    assert pair.subject.span_name is not None and len(pair.subject.span_name) == 256, "cut: it goes into every output"
+    with pytest.raises(ValidationError, match="spanId"):
+        Trace.model_validate({**TRACE, "spans": [{"spanId": "s" * 257}]})
+
+
+def test_a_chain_of_many_spans_costs_each_step_a_bounded_subtree_and_each_trace_one_index() -> None:
+    """A hostile trace: 28,000 spans, each the parent of the next, under five span groups that
+    take every span. Each graded step's spans (a code scorer's) stop at MAX_SUBTREE_SPANS, and
+    the span views and the children index are built once for all the groups."""
+    from scoring.subjects import MAX_SUBTREE_SPANS
+
+    spans = [{"spanId": f"s{i}", "parentSpanId": f"s{i - 1}" if i else None, "name": "step", "kind": "tool"}
+             for i in range(28_000)]
+    trace = Trace.model_validate({**TRACE, "spans": spans})
+    groups = [span_group({"field": "kind", "op": "eq", "value": "tool"}, f"g{k}") for k in range(5)]
+    snapshot = CatalogSnapshot(groups={g.id: g for g in groups})
+    started = time.process_time()
+    decided = route(trace, snapshot, max_spans=50)
+    assert time.process_time() - started < 3.0, "a fraction of a second here; 1.3 s per group before"
+    assert len(decided.pairs) == 250 and all(len(p.subject.spans) == MAX_SUBTREE_SPANS for p in decided.pairs)
+    assert len({id(p.subject) for p in decided.pairs}) == 50, "one subject per step, shared by the groups"
+    assert decided.span_skipped == {(g.id, "span_cap"): 28_000 - 50 for g in groups}
+
+
+def test_spans_past_the_traces_filter_bound_are_counted_not_graded() -> None:
+    spans = [{"spanId": f"s{i}", "name": "step", "kind": "tool"} for i in range(60_000)]
+    trace = Trace.model_validate({**TRACE, "spans": spans})
+    heavy = {"any": [{"field": "name", "op": "eq", "value": f"no-{n}"} for n in range(10)]}
+    group = span_group(heavy)
+    decided = route(trace, CatalogSnapshot(groups={group.id: group}))
+    assert decided.pairs == [] and decided.span_skipped == {("steps", "span_budget"): 60_000 - 25_000}
