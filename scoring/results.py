@@ -21,9 +21,11 @@ import orjson
 from scorer_groups.documents import (
     RECOVERED_EVENT,
     SIGNAL_EVENT,
+    TRAFFIC_SCOPES,
     DeliveryEvent,
     MemberVerdict,
     Rating,
+    RatingOrigin,
     ResultScope,
     Signal,
     SignalReason,
@@ -82,14 +84,20 @@ def subject_key(result: GroupResult) -> str:
     return f"trace:{s.trace_id}"
 
 
+def origin_of(scope: ResultScope, origin: RatingOrigin | None = None) -> RatingOrigin | None:
+    """A rating's origin: as given, else "live" for traffic (trace, session, span scope) and none
+    for dataset rows and playground examples."""
+    return origin if origin is not None else ("live" if scope in TRAFFIC_SCOPES else None)
+
+
 def build_rating(result: GroupResult, scope: ResultScope, now: datetime | None = None,
-                 dataset: tuple[str, int] | None = None) -> Rating:
+                 dataset: tuple[str, int] | None = None, origin: RatingOrigin | None = None) -> Rating:
     """The rating of a result; ``dataset`` is (run id, row index) for a graded dataset row."""
     group, s, b = result.group, result.subject, result.blend
     key = f"dataset:{dataset[0]}:{dataset[1]}" if dataset else subject_key(result)
     return Rating(
         id=rating_id(group.id, key), run_id=dataset[0] if dataset else None,
-        row=dataset[1] if dataset else None,
+        row=dataset[1] if dataset else None, origin=origin_of(scope, origin),
         kind=signal_key(group.id), group_id=group.id, group_name=group.name,
         project_id=group.project_id, agent_id=s.agent_id, scope=scope,
         trace_id=s.trace_id if s.scope != "session" else None,
@@ -127,7 +135,8 @@ class PublishedRating:
     document: bytes
 
 
-def encode_rating(result: GroupResult, scope: ResultScope, now: datetime | None = None) -> PublishedRating:
+def encode_rating(result: GroupResult, scope: ResultScope, now: datetime | None = None,
+                  origin: RatingOrigin | None = None) -> PublishedRating:
     """The rating of a live result, encoded straight from the blend with orjson: the hot path's
     ``build_rating(...).to_json()`` without building and validating pydantic models (a third of a
     trace's CPU). The blend's values are already checked (finite, on their scales)."""
@@ -153,8 +162,8 @@ def encode_rating(result: GroupResult, scope: ResultScope, now: datetime | None 
         "agentId": s.agent_id, "scope": scope, "traceId": trace_id, "sessionId": s.session_id,
         "spanId": s.span_id, "spanName": s.span_name,
         "kind": signal_key(group.id), "turns": s.turns if s.scope == "session" else None, "runId": None,
-        "row": None, "rating": score, "reason": b.reason, "justification": b.justification,
-        "members": members, "scoredAt": at}
+        "row": None, "origin": origin_of(scope, origin), "rating": score, "reason": b.reason,
+        "justification": b.justification, "members": members, "scoredAt": at}
     try:
         document = orjson.dumps(doc, option=orjson.OPT_UTC_Z)
     except orjson.JSONEncodeError:

@@ -15,6 +15,10 @@ from pydantic.alias_generators import to_camel
 from scorer_groups.models import MemberKind, Severity
 
 ResultScope = Literal["trace", "session", "span", "dataset", "playground"]
+# Where a rating of traffic comes from: live scoring, or a backfill over past traffic. Dataset rows
+# and playground examples are not traffic: null.
+RatingOrigin = Literal["live", "backfill"]
+TRAFFIC_SCOPES = ("trace", "session", "span")
 # "skipped": a judge member of a gates-first group not called, a cheap gate having decided.
 MemberStatus = Literal["scored", "failed", "not_scored", "skipped"]
 
@@ -68,6 +72,7 @@ class Rating(_AboutGroupResult):
     turns: int | None = None
     run_id: str | None = None  # dataset scope: the graded run, and the row within it
     row: int | None = None
+    origin: RatingOrigin | None = None
     rating: float | None
     reason: str | None
     justification: str

@@ -97,6 +97,7 @@ async def test_disjoint_filters_see_disjoint_traffic_and_filtered_traces_spend_n
     assert sorted((r["groupId"], r["traceId"]) for r in ratings) == sorted(
         [("g-support", t["traceId"]) for t in support] + [("g-sales", t["traceId"]) for t in sales])
     assert all(judge.calls_by_key[t["traceId"]] == 1 for t in support + sales)
+    assert {r["origin"] for r in ratings} == {"live"}, "live scoring's ratings say so (a backfill's will not)"
     assert not [t["traceId"] for t in unwanted if judge.calls_by_key[t["traceId"]]], "a filtered trace calls no judge"
     assert not [k for k in keys if "staging-" in k or "internal-" in k], \
         "a filtered trace leaves no claim nor any other key in Redis"

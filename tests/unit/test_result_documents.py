@@ -14,7 +14,7 @@ from scoring.blend import MemberOutcome, blend
 from scoring.models import ScorerGroup
 from scoring.panel import GroupResult
 from scoring.results import _IDS, Rating, Signal, build_rating, build_signal, derived_id
-from scoring.subjects import Trace, trace_subject
+from scoring.subjects import Trace, span_subject, trace_subject
 
 GROUP = ScorerGroup.model_validate({
     "id": "g-1", "name": "Quality", "projectId": "p-1",
@@ -118,13 +118,17 @@ def test_the_hot_path_encoder_writes_exactly_what_the_validated_model_writes() -
     outcomes = _sample_outcomes()
     blends = [outcomes, outcomes[2:], outcomes[4:], [outcomes[5].__class__(**{**_fields(outcomes[5]), "native": True,
                                                                              "goodness": 0.0})]]
+    step = Trace.model_validate({**TRACE.model_dump(by_alias=True), "spans": [
+        {"spanId": "r", "name": "agent.run", "input": "q", "output": "a"},
+        {"spanId": "t", "parentSpanId": "r", "name": "lookup", "kind": "tool", "output": "x"}]})
     for subject, scope in ((trace_subject(TRACE), "trace"), (_session_subject(), "session"),
-                           (trace_subject(TRACE), "playground")):
+                           (trace_subject(TRACE), "playground"), (span_subject(step, step.spans[1]), "span")):
         for members in blends:
             result = GroupResult(GROUP, subject, blend(members))  # type: ignore[arg-type]
             encoded = encode_rating(result, scope, now=at)  # type: ignore[arg-type]
             model = build_rating(result, scope, now=at)  # type: ignore[arg-type]
             assert encoded.document == model.to_json(), (scope, [m.name for m in members])
+            assert model.origin == ("live" if scope != "playground" else None), "traffic is live; an example is not"
             assert (encoded.id, encoded.rating, encoded.reason, encoded.justification, encoded.scored_at,
                     encoded.trace_id, encoded.session_id, encoded.agent_id) == (
                 model.id, model.rating, model.reason, model.justification, model.scored_at, model.trace_id,
