@@ -13,7 +13,7 @@ import gc
 import signal
 import time
 from collections.abc import Coroutine
-from typing import Any, Protocol
+from typing import Any, NoReturn, Protocol
 
 import structlog
 from aiokafka.admin import AIOKafkaAdminClient, NewTopic
@@ -100,18 +100,40 @@ async def redis_accepts(redis: RedisClient, settings: Settings) -> None:
         raise
 
 
-async def connect(client: AIOKafkaAdminClient, settings: Settings) -> None:
-    """Start ``client``; a first connection that fails becomes one StartupError naming what to
-    check, instead of aiokafka's line per attempt and a traceback."""
+# One bootstrap attempt's bound: one that gets no answer in time (seen once in a few hundred
+# starts on a loaded machine: a TLS bootstrap that never returned, under aiokafka's own timeouts)
+# is abandoned and made again with a new client.
+CONNECT_ATTEMPT_S = 20.0
+CONNECT_ATTEMPTS = 3
+
+
+async def connected_admin(settings: Settings) -> AIOKafkaAdminClient:
+    """An admin client started against the brokers. A first connection that fails becomes one
+    StartupError naming what to check, instead of aiokafka's line per attempt and a traceback."""
     with kafka_errors_kept() as kept:
-        try:
-            await client.start()
-        except KafkaError as exc:
-            cause = kept[-1] if kept else str(exc)
-            hint = next((h for marker, h in CONNECT_HINTS if marker in cause),
-                        "check SGW_KAFKA_BOOTSTRAP and SGW_KAFKA_SECURITY_PROTOCOL")
-            raise StartupError(f"cannot connect to Kafka at {settings.kafka_bootstrap} "
-                               f"({settings.kafka_security_protocol}): {cause}; {hint}") from None
+        for _ in range(CONNECT_ATTEMPTS):
+            client = kafka_admin(settings)
+            starting = asyncio.ensure_future(client.start())
+            done, _ = await asyncio.wait({starting}, timeout=CONNECT_ATTEMPT_S)
+            if not done:  # abandoned, not awaited: its cancellation is what might not return
+                starting.cancel()
+                continue
+            failure = starting.exception()
+            if failure is None:
+                return client
+            if not isinstance(failure, KafkaError):
+                raise failure
+            _refused(settings, kept[-1] if kept else str(failure))
+        _refused(settings, kept[-1] if kept else
+                 f"no answer in {CONNECT_ATTEMPTS} attempts of {CONNECT_ATTEMPT_S:.0f} s")
+    raise AssertionError("unreachable")  # _refused raises
+
+
+def _refused(settings: Settings, cause: str) -> NoReturn:
+    hint = next((h for marker, h in CONNECT_HINTS if marker in cause),
+                "check SGW_KAFKA_BOOTSTRAP and SGW_KAFKA_SECURITY_PROTOCOL")
+    raise StartupError(f"cannot connect to Kafka at {settings.kafka_bootstrap} "
+                       f"({settings.kafka_security_protocol}): {cause}; {hint}")
 
 
 async def ensure_topics(settings: Settings) -> None:
@@ -121,8 +143,7 @@ async def ensure_topics(settings: Settings) -> None:
               settings.webhooks_topic, settings.dlq_topic, settings.webhooks_dlq_topic]
     if settings.otlp_enabled:
         wanted.append(settings.otlp_topic)
-    admin = kafka_admin(settings)
-    await connect(admin, settings)
+    admin = await connected_admin(settings)
     try:
         existing = set(await admin.list_topics())  # those this principal may describe
         missing = [t for t in wanted if t not in existing]

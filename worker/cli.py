@@ -41,7 +41,7 @@ from scoring.errors import CatalogError
 from scoring.groups import MonitorClient
 from scoring.redact import Redactor, mask_url
 from scoring.stores.apikeys import ApiKeyStore
-from worker.connections import kafka_admin, redis_client
+from worker.connections import redis_client
 from worker.logs import configure_logging, use_known_secrets
 from worker.settings import Settings
 
@@ -300,11 +300,11 @@ async def _check(settings: Settings, skip_judge: bool = False) -> list[str]:
         problems.append(f"redis at {mask_url(settings.redis_url)}: {redact(str(exc))}")
     finally:
         await redis.aclose()
-    from worker.app import StartupError, connect
+    from worker.app import StartupError, connected_admin
 
-    admin = kafka_admin(settings)
+    admin = None
     try:
-        await connect(admin, settings)
+        admin = await connected_admin(settings)
         cluster = await admin.describe_cluster()
         print(f"kafka   {settings.kafka_bootstrap}  cluster {cluster['cluster_id']}  "
               f"{len(cluster['brokers'])} broker(s)")
@@ -313,7 +313,8 @@ async def _check(settings: Settings, skip_judge: bool = False) -> list[str]:
     except Exception as exc:
         problems.append(f"kafka at {settings.kafka_bootstrap}: {redact(str(exc))}")
     finally:
-        await admin.close()
+        if admin is not None:
+            await admin.close()
     if not skip_judge:
         problems += await _check_judge(settings, redact)
     return problems
