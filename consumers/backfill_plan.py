@@ -51,5 +51,5 @@ async def plan_ranges(consumer: AIOKafkaConsumer, topic: str, from_ms: int, to_m
 
 
 async def _partitions(consumer: AIOKafkaConsumer, topic: str) -> set[int]:
-    await consumer._client.force_metadata_update()  # noqa: SLF001 - aiokafka has no public call for it
+    await consumer._client.force_metadata_update()
     return consumer.partitions_for_topic(topic) or set()
