@@ -41,6 +41,7 @@ from scoring.redact import mask_url
 
 __all__ = [
     "RECOVERED_EVENT", "SIGNAL_EVENT", "DeliveryEvent", "HistoryEntry", "MemberVerdict", "PublishedRating", "Rating",
+    "RatingOrigin",
     "ResultScope", "Signal", "SignalReason", "Usage", "WebhookDelivery", "build_deliveries", "build_no_score_signal",
     "build_rating", "build_recovery_deliveries", "build_signal", "channel_key", "derived_id", "encode_rating",
     "history_entry", "rating_id", "signal_key", "tokens_of",
