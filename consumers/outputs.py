@@ -58,6 +58,7 @@ class PublishPolicy:
 
     origin: RatingOrigin = "live"
     signals: bool = True
+    history_at_subject: bool = False  # count a result in the history at its trace's own time
 
 
 LIVE = PublishPolicy()
