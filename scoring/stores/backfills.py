@@ -64,3 +64,80 @@ class BackfillStore:
             pipe.srem(keys.BACKFILLS_ACTIVE, job_id)
             await pipe.execute()
         return cancelled
+
+
+# --- What the runner shares through Redis (step 5, in progress) -----------------------------------
+
+PLAN_LOCK_S = 60  # one worker plans a job's ranges; another may try again after this
+PART_LEASE_S = 30  # a worker holds a partition of a job this long without renewing it
+
+
+class JobParts:
+    """A job's ranges per partition, the offset each has reached, and who reads each."""
+
+    def __init__(self, redis: RedisClient) -> None:
+        self._redis = redis
+
+    async def try_plan(self, job_id: str, worker: str) -> bool:
+        return bool(await self._redis.set(keys.backfill_plan_lock(job_id), worker, nx=True, ex=PLAN_LOCK_S))
+
+    async def save_plan(self, job_id: str, ranges: dict[int, tuple[int, int]], notes: list[str]) -> None:
+        async with self._redis.pipeline(transaction=True) as pipe:
+            for partition, (start, end) in ranges.items():
+                pipe.hset(keys.backfill_parts(job_id), str(partition), orjson.dumps({"start": start, "end": end,
+                                                                                     "next": start}))
+            pipe.expire(keys.backfill_parts(job_id), JOBS_KEPT_S)
+            await pipe.execute()
+        await self._update(job_id, status="running", notes=notes)
+
+    async def parts(self, job_id: str) -> dict[int, dict[str, int]]:
+        raw = await self._redis.hgetall(keys.backfill_parts(job_id))
+        return {int(k): orjson.loads(v) for k, v in raw.items()}
+
+    async def lease(self, job_id: str, partition: int, worker: str) -> bool:
+        """Take (or renew) the partition for ``worker``: one reader per partition of a job."""
+        key = keys.backfill_lease(job_id, partition)
+        if await self._redis.set(key, worker, nx=True, ex=PART_LEASE_S):
+            return True
+        held = await self._redis.get(key)
+        if held is not None and (held.decode() if isinstance(held, bytes) else held) == worker:
+            await self._redis.expire(key, PART_LEASE_S)
+            return True
+        return False
+
+    async def advance(self, job_id: str, partition: int, next_offset: int, **progress: int) -> None:
+        """The partition's reached offset, after its batch's pairs are done; and the job's counts."""
+        raw = await self._redis.hget(keys.backfill_parts(job_id), str(partition))
+        if raw is None:
+            return
+        part = orjson.loads(raw)
+        part["next"] = max(part["next"], next_offset)
+        async with self._redis.pipeline(transaction=True) as pipe:
+            pipe.hset(keys.backfill_parts(job_id), str(partition), orjson.dumps(part))
+            for name, count in progress.items():
+                if count:
+                    pipe.hincrby(keys.backfill_progress(job_id), name, count)
+            await pipe.execute()
+
+    async def progress(self, job_id: str) -> dict[str, int]:
+        raw = await self._redis.hgetall(keys.backfill_progress(job_id))
+        return {(k.decode() if isinstance(k, bytes) else k): int(v) for k, v in raw.items()}
+
+    async def _update(self, job_id: str, **fields: object) -> None:
+        raw = await self._redis.get(keys.backfill(job_id))
+        if raw is None:
+            return
+        doc = orjson.loads(raw)
+        doc.update({k: v for k, v in fields.items() if k != "notes"})
+        if fields.get("notes"):
+            doc["notes"] = [*doc.get("notes", []), *fields["notes"]]  # type: ignore[misc]
+        doc["updatedAt"] = datetime.now(UTC).isoformat()
+        await self._redis.set(keys.backfill(job_id), orjson.dumps(doc))
+
+    async def finish(self, job_id: str, status: str = "done", error: str | None = None) -> None:
+        await self._update(job_id, status=status, error=error)
+        await self._redis.srem(keys.BACKFILLS_ACTIVE, job_id)
+
+    async def active(self) -> list[str]:
+        members = await self._redis.smembers(keys.BACKFILLS_ACTIVE)
+        return sorted(m.decode() if isinstance(m, bytes) else str(m) for m in members)

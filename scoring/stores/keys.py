@@ -225,3 +225,19 @@ def backfill(job_id: str) -> str:
 
 def group_backfills(group_id: str) -> str:
     return f"{PREFIX}:backfills:group:{group_id}"
+
+
+def backfill_parts(job_id: str) -> str:
+    return f"{PREFIX}:backfill:{job_id}:parts"
+
+
+def backfill_progress(job_id: str) -> str:
+    return f"{PREFIX}:backfill:{job_id}:progress"
+
+
+def backfill_plan_lock(job_id: str) -> str:
+    return f"{PREFIX}:backfill:{job_id}:planning"
+
+
+def backfill_lease(job_id: str, partition: int) -> str:
+    return f"{PREFIX}:backfill:{job_id}:lease:{partition}"
