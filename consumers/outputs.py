@@ -62,6 +62,7 @@ class PublishPolicy:
 
 
 LIVE = PublishPolicy()
+BACKFILL = PublishPolicy(origin="backfill", signals=False, history_at_subject=True)
 
 
 class Outputs:

@@ -14,7 +14,7 @@ from datetime import UTC, datetime
 
 import orjson
 
-from scorer_groups.api_models import BACKFILL_ENDED, BackfillCreate, BackfillJob
+from scorer_groups.api_models import BACKFILL_ENDED, BackfillCreate, BackfillJob, BackfillProgress
 from scoring.errors import Conflict, NotFound
 from scoring.stores import keys
 from scoring.stores.client import RedisClient
@@ -40,12 +40,24 @@ class BackfillStore:
         return job
 
     async def get(self, job_id: str, project_id: str | None = None) -> BackfillJob:
-        """The job; another project's is as if it did not exist (404)."""
-        raw = await self._redis.get(keys.backfill(job_id))
+        """The job with its progress; another project's is as if it did not exist (404)."""
+        async with self._redis.pipeline(transaction=False) as pipe:
+            pipe.get(keys.backfill(job_id))
+            pipe.hgetall(keys.backfill_progress(job_id))
+            pipe.hgetall(keys.backfill_parts(job_id))
+            raw, counts, parts = await pipe.execute()
         job = BackfillJob.model_validate(orjson.loads(raw)) if raw else None
         if job is None or (project_id is not None and job.project_id != project_id):
             raise NotFound(f"no backfill with id {job_id!r}")
-        return job
+        counts = {(k.decode() if isinstance(k, bytes) else k): int(v) for k, v in counts.items()}
+        ranges = [orjson.loads(v) for v in parts.values()]
+        total = sum(r["end"] - r["start"] for r in ranges)
+        read = sum(r["next"] - r["start"] for r in ranges)
+        fraction = 1.0 if job.status == "done" else (read / total if total else 0.0)
+        return job.model_copy(update={"progress": BackfillProgress(
+            fraction=round(fraction, 4), traces_read=counts.get("tracesRead", 0),
+            pairs_scored=counts.get("pairsScored", 0), pairs_skipped=counts.get("pairsSkipped", 0),
+            judge_calls=counts.get("judgeCalls", 0))})
 
     async def of_group(self, group_id: str, limit: int = 50) -> list[BackfillJob]:
         found = await self._redis.zrevrange(keys.group_backfills(group_id), 0, limit - 1)

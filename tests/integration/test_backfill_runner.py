@@ -92,8 +92,9 @@ async def test_a_job_rates_a_past_days_traces_once_each_as_backfill(redis: Redis
     assert {r["origin"] for r in ratings} == {"backfill"}
     assert len(again) == TRACES, "the same window again rates nothing new"
     assert (await jobs.get(first)).status == "done" and (await jobs.get(second)).status == "done"
-    progress = await JobParts(redis).progress(first)
-    assert progress["tracesRead"] == TRACES and progress["pairsScored"] == TRACES
+    progress = (await jobs.get(first)).progress
+    assert (progress.fraction, progress.traces_read, progress.pairs_scored) == (1.0, TRACES, TRACES)
+    assert (await jobs.get(second)).progress.pairs_scored == 0, "already rated: skipped by the claims"
     history = await RatingsStore(redis).history(group.id, "30d")
     assert history.count == TRACES and history.below == TRACES // 2, "counted, at the traces' own days"
     day_buckets = {b.start for b in history.buckets if b.count}
