@@ -1,5 +1,5 @@
-"""The backfill runner (issue 42, step 5 - in progress, branch only): every worker runs one; the
-workers share a job's partitions through leases in Redis.
+"""The backfill runner (issue 42): every worker runs one; the workers share a job's partitions
+through leases in Redis.
 
 Each tick, for every job not ended:
 

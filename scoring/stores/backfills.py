@@ -1,9 +1,8 @@
 """Backfill jobs in Redis (issue 42): each job's document, and the indexes a worker and the API
 read - a group's jobs, newest first, and the jobs not ended yet.
 
-Step 1 of the issue: the jobs and their API. The runner that reads a job's range of the traces
-topic (offsets-for-times per partition, partitions leased per worker) is the next step; until it
-lands, this module is on a branch only.
+The runner (``consumers.backfill``) plans a job's ranges, leases its partitions and records
+the offsets they reached and the job's counts here (``JobParts``).
 """
 
 from __future__ import annotations
@@ -78,7 +77,7 @@ class BackfillStore:
         return cancelled
 
 
-# --- What the runner shares through Redis (step 5, in progress) -----------------------------------
+# --- What the runners share through Redis ------------------------------------------------------
 
 PLAN_LOCK_S = 60  # one worker plans a job's ranges; another may try again after this
 PART_LEASE_S = 30  # a worker holds a partition of a job this long without renewing it

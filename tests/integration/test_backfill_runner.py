@@ -1,4 +1,4 @@
-"""The backfill runner on the real broker and Redis (issue 42, step 5 - branch only): a day of
+"""The backfill runner on the real broker and Redis (issue 42): a day of
 past traces, a group whose live scoring is off, a job over that day - every trace rated once with
 origin "backfill", in the history at the trace's time, paging nobody; the same window again
 rates nothing new."""

@@ -1,8 +1,9 @@
-"""Backfills (issue 42, step 1): start, read and cancel a job that grades a group's past traffic.
+"""Backfills (issue 42): start, read and cancel a job that grades a group's past traffic.
 
-A job is stored with its window, its sample and its limits; the workers' runner (the next step)
-reads the window's range of the traces topic again. Jobs are the caller's project's: another
-project's job is a 404, as its groups are.
+A job is stored with its window and its sample; the workers' runner (``consumers.backfill``)
+reads the window's range of the traces topic again. Not yet: session- and span-scope groups and
+``maxJudgeCalls`` are refused (400 naming them) rather than accepted and not honoured. Jobs are
+the caller's project's: another project's job is a 404, as its groups are.
 """
 
 from __future__ import annotations
@@ -29,6 +30,14 @@ async def start_backfill(group_id: GroupId, body: BackfillCreate, client: Client
     """Grade the group's traffic of ``[from, to)`` again, with its current version: 202 and the
     job, queued. ``sampleRate`` defaults to the group's online one (required without one)."""
     group = await client.scorer_groups.get(group_id)  # 404 for another project's
+    refused = []
+    if group.online is not None and group.online.scope != "trace":
+        refused.append(f"scope: a {group.online.scope}-scope group cannot be backfilled yet: the runner grades "
+                       "whole traces (conversations and single steps are the next step)")
+    if body.max_judge_calls is not None:
+        refused.append("maxJudgeCalls: not enforced yet; the project's judge budget bounds the job's calls")
+    if refused:
+        raise InvalidDocument.of(refused)
     if body.to > datetime.now(UTC):
         raise InvalidDocument.of(["to: must not be in the future (a backfill grades traffic that already passed)"])
     rate = body.sample_rate if body.sample_rate is not None else (group.online.sample_rate if group.online else None)
