@@ -1,9 +1,9 @@
 """Backfills (issue 42): start, read and cancel a job that grades a group's past traffic.
 
 A job is stored with its window and its sample; the workers' runner (``consumers.backfill``)
-reads the window's range of the traces topic again. Not yet: session- and span-scope groups and
-``maxJudgeCalls`` are refused (400 naming them) rather than accepted and not honoured. Jobs are
-the caller's project's: another project's job is a 404, as its groups are.
+reads the window's range of the traces topic again. Not yet: session- and span-scope groups,
+``maxJudgeCalls`` and ``alerts`` are refused (400 naming them) rather than accepted and not
+honoured. Jobs are the caller's project's: another project's job is a 404, as its groups are.
 """
 
 from __future__ import annotations
@@ -36,6 +36,8 @@ async def start_backfill(group_id: GroupId, body: BackfillCreate, client: Client
                        "whole traces (conversations and single steps are the next step)")
     if body.max_judge_calls is not None:
         refused.append("maxJudgeCalls: not enforced yet; the project's judge budget bounds the job's calls")
+    if body.alerts:
+        refused.append("alerts: not yet: a backfill raises no Signal or delivery")
     if refused:
         raise InvalidDocument.of(refused)
     if body.to > datetime.now(UTC):
