@@ -23,6 +23,7 @@ from scoring.catalog import CatalogSnapshot
 from scoring.panel import GroupResult
 from scoring.results import (
     PublishedRating,
+    RatingOrigin,
     ResultScope,
     Signal,
     build_deliveries,
@@ -50,24 +51,41 @@ class TopicNames:
     dlq: str
 
 
+@dataclass(frozen=True)
+class PublishPolicy:
+    """What a publish says and raises: live scoring's (origin "live", Signals and deliveries), or
+    a backfill's (origin "backfill", Signals only when the job asked for them)."""
+
+    origin: RatingOrigin = "live"
+    signals: bool = True
+    history_at_subject: bool = False  # count a result in the history at its trace's own time
+
+
+LIVE = PublishPolicy()
+BACKFILL = PublishPolicy(origin="backfill", signals=False, history_at_subject=True)
+
+
 class Outputs:
     def __init__(self, producer: AIOKafkaProducer, topics: TopicNames, events: PipelineEvents,
-                 alerts: NoScoreAlerts | None = None) -> None:
+                 alerts: NoScoreAlerts | None = None, policy: PublishPolicy = LIVE) -> None:
         self._producer = producer
         self._topics = topics
         self._events = events
         self._alerts = alerts  # None: no no-score Signals (tests of other steps)
+        self.policy = policy
 
     async def publish(self, results: list[GroupResult], scope: ResultScope,
                       snapshot: CatalogSnapshot) -> list[PublishedRating]:
         records: list[tuple[str, bytes | None, bytes]] = []  # (topic, key, value), in order
-        ratings = [encode_rating(result, scope) for result in results]
-        no_score = await self._no_score_due(results, ratings)
+        ratings = [encode_rating(result, scope, origin=self.policy.origin) for result in results]
+        no_score = await self._no_score_due(results, ratings) if self.policy.signals else set()
         for result, rating in zip(results, ratings, strict=True):
             group, subject = result.group, result.subject
             key = subject.session_id if scope == "session" else subject.trace_id
             records.append((self._topics.ratings, key.encode() if key else None, rating.document))
             self._events.group_scored(group.project_id, group.id, scope, rating.rating)
+            if not self.policy.signals:  # a backfill's: last week's traffic pages nobody
+                continue
             signal: Signal | None = build_signal(group, rating)
             if signal is None and no_score_signal_id(rating) in no_score:
                 signal = build_no_score_signal(group, rating)

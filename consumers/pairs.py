@@ -424,7 +424,8 @@ class PairProtocol:
                                           p.scored_at.timestamp())
                            if scope == "session" else None)
                 tokens = s.spend.settlement(tokens_of(s.result)) if s.spend is not None else 0
-                finished.append(Finished(s.pair.claim, p.id, history_entry(s.pair.group, p, p.document), tokens,
+                at = s.pair.subject.at if self._outputs.policy.history_at_subject else None
+                finished.append(Finished(s.pair.claim, p.id, history_entry(s.pair.group, p, p.document, at), tokens,
                                          verdict))
             await self.finisher.submit(finished)
         except Exception as exc:

@@ -41,6 +41,7 @@ from scoring.redact import mask_url
 
 __all__ = [
     "RECOVERED_EVENT", "SIGNAL_EVENT", "DeliveryEvent", "HistoryEntry", "MemberVerdict", "PublishedRating", "Rating",
+    "RatingOrigin",
     "ResultScope", "Signal", "SignalReason", "Usage", "WebhookDelivery", "build_deliveries", "build_no_score_signal",
     "build_rating", "build_recovery_deliveries", "build_signal", "channel_key", "derived_id", "encode_rating",
     "history_entry", "rating_id", "signal_key", "tokens_of",
@@ -294,7 +295,10 @@ def tokens_of(result: GroupResult) -> int:
     return sum(m.outcome.usage.total for m in result.blend.members if m.outcome.usage is not None)
 
 
-def history_entry(group: ScorerGroup, rating: Rating | PublishedRating, document: bytes = b"") -> HistoryEntry:
-    """How the ratings history counts a published rating (``document``: its JSON as published)."""
+def history_entry(group: ScorerGroup, rating: Rating | PublishedRating, document: bytes = b"",
+                  at: float | None = None) -> HistoryEntry:
+    """How the ratings history counts a published rating (``document``: its JSON as published),
+    in the bucket of when it was scored - or of ``at`` (a backfill: the trace's own time, so the
+    chart fills in the past)."""
     return HistoryEntry(group.id, rating.rating, below_threshold(group, rating.rating),
-                        rating.scored_at.timestamp(), document)
+                        rating.scored_at.timestamp() if at is None else at, document)

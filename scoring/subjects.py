@@ -140,6 +140,7 @@ class Subject:
     span_name: str | None = None
     span_kind: str | None = None
     context: str = ""
+    at: float | None = None  # the trace's own time (the last turn's, for a session), Unix seconds
 
     def member_payload(self) -> dict[str, Any]:
         """The arguments of a code scorer's score() and the body sent to an external scorer."""
@@ -198,6 +199,7 @@ def trace_subject(trace: Trace) -> Subject:
         agent_id=trace.agent_id,
         trace_id=trace.trace_id,
         session_id=trace.session_id,
+        at=trace.timestamp.timestamp(),
     )
 
 
@@ -246,6 +248,7 @@ def span_subject(trace: Trace, span: Span, below: dict[str, list[Span]] | None =
         span_name=name,
         span_kind=span.kind,
         context=_user_words(trace) if span is not trace.root else "",
+        at=trace.timestamp.timestamp(),
     )
 
 
@@ -271,4 +274,5 @@ def session_subject(traces: list[Trace]) -> Subject:
         agent_id=anchor.agent_id,
         trace_id=anchor.trace_id,
         session_id=anchor.session_id,
+        at=anchor.timestamp.timestamp(),
     )

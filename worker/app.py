@@ -10,7 +10,9 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import gc
+import os
 import signal
+import socket
 import time
 from collections.abc import Coroutine
 from typing import Any, NoReturn, Protocol
@@ -21,14 +23,17 @@ from aiokafka.errors import KafkaError, TopicAlreadyExistsError
 from redis.exceptions import AuthenticationError, RedisClusterException
 from redis.exceptions import ConnectionError as RedisConnectionError
 
+from consumers.backfill import BackfillRunner
 from consumers.loop import MAX_POLL_INTERVAL_S
 from consumers.outage import OutageGuard
-from consumers.outputs import Outputs, TopicNames
+from consumers.outputs import BACKFILL, Outputs, TopicNames
+from consumers.pairs import PairProtocol
 from consumers.sessions import SessionSweeper
 from consumers.traces import OutputError, TraceConsumer, TraceLoopLimits
 from scoring.members.sandbox import SandboxPool
 from scoring.redact import mask_url
 from scoring.stores.alerts import NoScoreAlerts
+from scoring.stores.backfills import BackfillStore, JobParts
 from scoring.stores.catalog import CatalogStore, CatalogWatcher
 from scoring.stores.claims import Claims
 from scoring.stores.client import RedisClient
@@ -281,6 +286,15 @@ class Worker:
                                  ratings=ratings, events=events, interval_s=s.session_sweep_interval_s,
                                  outages=outages)
 
+        # Backfills: past traffic graded again, by a pair protocol of its own whose outputs say
+        # origin "backfill", page nobody and count at the trace's time (consumers.backfill).
+        backfills = BackfillRunner(
+            jobs=BackfillStore(redis), parts=JobParts(redis), catalog=lambda: watcher.current,
+            pairs=PairProtocol(claims=claims, ratings=ratings, panel=engine.panel, outages=outages, events=events,
+                               outputs=Outputs(producer, topics, events, alerts, policy=BACKFILL)),
+            consumer=lambda: kafka_consumer(s, None, max_partition_fetch_bytes=s.max_trace_bytes * 2),
+            topic=s.traces_topic, worker=f"{socket.gethostname()}-{os.getpid()}", max_trace_bytes=s.max_trace_bytes)
+
         hooks_consumer = kafka_consumer(s, f"{s.consumer_group}-webhooks")
         hooks = webhook_sender(s, redis, hooks_consumer, producer, lambda: watcher.current, outages)
         self.outages = [traces, hooks]
@@ -304,7 +318,8 @@ class Worker:
             gc.collect()
             gc.freeze()
             gc.set_threshold(*GC_THRESHOLDS)
-            background = [self._background("session sweeper", sweeper.run(self.stop))]
+            background = [self._background("session sweeper", sweeper.run(self.stop)),
+                          self._background("backfill runner", backfills.run(self.stop))]
             if s.send_webhooks:
                 hooks_consumer.subscribe([s.webhooks_topic], listener=hooks.rebalance_listener())
                 await hooks_consumer.start()

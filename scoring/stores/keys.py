@@ -212,3 +212,32 @@ def evaluation(project_id: str, run_id: str) -> str:
 
 def evaluations(project_id: str) -> str:
     return f"{PREFIX}:evaluations:{{{project_id}}}"
+
+
+# --- Backfills (scoring.stores.backfills): a job's document, a group's jobs, the jobs not ended --
+
+BACKFILLS_ACTIVE = f"{PREFIX}:backfills:active"
+
+
+def backfill(job_id: str) -> str:
+    return f"{PREFIX}:backfill:{job_id}"
+
+
+def group_backfills(group_id: str) -> str:
+    return f"{PREFIX}:backfills:group:{group_id}"
+
+
+def backfill_parts(job_id: str) -> str:
+    return f"{PREFIX}:backfill:{job_id}:parts"
+
+
+def backfill_progress(job_id: str) -> str:
+    return f"{PREFIX}:backfill:{job_id}:progress"
+
+
+def backfill_plan_lock(job_id: str) -> str:
+    return f"{PREFIX}:backfill:{job_id}:planning"
+
+
+def backfill_lease(job_id: str, partition: int) -> str:
+    return f"{PREFIX}:backfill:{job_id}:lease:{partition}"

@@ -10,8 +10,9 @@ from __future__ import annotations
 import json
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, JsonValue, model_validator
+from pydantic import AwareDatetime, BaseModel, ConfigDict, Field, JsonValue, ValidationError, model_validator
 from pydantic.alias_generators import to_camel
+from pydantic_core import InitErrorDetails, PydanticCustomError
 
 from scorer_groups.documents import Rating
 from scorer_groups.models import Budget, WireModel
@@ -147,3 +148,54 @@ class PlaygroundRating(Rating):
     passes_filter: bool | None = Field(None, description="The group's online.filter decided on the example (its "
                                                          "input and output as the root span's, its spans, metadata, "
                                                          "agentId, sessionId and rootName); null: no filter.")
+
+
+# --- Backfills (issue 42): a group grades traffic that already passed -------------------------
+
+BackfillStatus = Literal["queued", "running", "paused", "done", "failed", "cancelled"]
+BACKFILL_ENDED = ("done", "failed", "cancelled")
+
+
+class BackfillCreate(BaseModel):
+    """``POST /v1/scorer-groups/{id}/backfills``: grade the traces of ``[from, to)`` again."""
+
+    model_config = ConfigDict(alias_generator=to_camel, populate_by_name=True, frozen=True, extra="forbid")
+
+    from_: AwareDatetime = Field(alias="from", description="ISO-8601 with a zone: the first trace time graded.")
+    to: AwareDatetime = Field(description="ISO-8601 with a zone, not in the future: the end (excluded).")
+    sample_rate: float | None = Field(None, ge=0, le=1, description="The job's sample (default the group's "
+                                                                     "online sampleRate; required without one).")
+    max_judge_calls: int | None = Field(None, ge=1, le=10**12, description="The most judge calls the job makes.")
+    alerts: bool = Field(False, description="Raise Signals and deliveries for what it grades (default: none).")
+
+    @model_validator(mode="after")
+    def _a_window(self) -> BackfillCreate:
+        if self.to <= self.from_:
+            raise ValidationError.from_exception_data("BackfillCreate", [InitErrorDetails(
+                type=PydanticCustomError("window", "must be after from"), loc=("to",), input=self.to.isoformat())])
+        return self
+
+
+class BackfillProgress(ApiModel):
+    fraction: float = 0.0
+    traces_read: int = 0
+    pairs_scored: int = 0
+    pairs_skipped: int = 0
+    judge_calls: int = 0
+
+
+class BackfillJob(ApiModel):
+    id: str
+    group_id: str
+    project_id: str
+    status: BackfillStatus
+    from_: AwareDatetime = Field(alias="from")
+    to: AwareDatetime
+    sample_rate: float
+    max_judge_calls: int | None = None
+    alerts: bool = False
+    progress: BackfillProgress = Field(default_factory=BackfillProgress)
+    error: str | None = None
+    notes: list[str] = Field(default_factory=list)
+    created_at: AwareDatetime
+    updated_at: AwareDatetime

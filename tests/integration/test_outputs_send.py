@@ -57,3 +57,55 @@ async def test_bulk_and_single_records_land_where_send_would_put_them_in_order(
         got = [r.value for r in sorted(seen, key=lambda r: r.offset) if r.partition == partition]
         given = [value for _, key, value in records if expected_partition[key] == partition]
         assert got == given, f"partition {partition}: every record once, in the order given"
+
+
+async def test_a_backfills_policy_says_backfill_and_pages_nobody(kafka_bootstrap: str, unique: str) -> None:
+    """Issue 42: a result below the threshold, published live, is a rating, a Signal and a
+    delivery per channel; published by a backfill (without ``alerts``), it is a rating that says
+    ``origin: backfill`` and nothing else."""
+    import orjson
+
+    from consumers.outputs import PublishPolicy
+    from scoring.blend import MemberOutcome, blend
+    from scoring.catalog import CatalogSnapshot
+    from scoring.models import AlertChannel, ScorerGroup
+    from scoring.panel import GroupResult
+    from scoring.subjects import Trace, trace_subject
+
+    names = {kind: f"{kind}-{unique}" for kind in ("ratings", "signals", "webhooks")}
+    group = ScorerGroup.model_validate({
+        "id": "g", "name": "G", "projectId": "p", "members": [{"kind": "pattern", "refId": "x", "weight": 1}],
+        "online": {"enabled": True, "sampleRate": 1, "alertThreshold": 6, "severity": "high"}})
+    channel = AlertChannel.model_validate({"agentId": "a", "url": "https://hooks.example.com/x", "projectId": "p"})
+    snapshot = CatalogSnapshot(groups={"g": group}, channels={"c": channel})
+    trace = Trace.model_validate({"traceId": "t-1", "projectId": "p", "agentId": "a",
+                                  "timestamp": "2026-11-29T10:00:00Z", "spans": [{"spanId": "r", "output": "x"}]})
+    poor = GroupResult(group, trace_subject(trace), blend([MemberOutcome(name="X", kind="pattern", weight=1, gate=False,
+                                                                         ref_id="x", native=True, goodness=0.2)]))
+    producer = AIOKafkaProducer(bootstrap_servers=kafka_bootstrap, enable_idempotence=True, acks="all")
+    await producer.start()
+    try:
+        topics = TopicNames(traces="-", ratings=names["ratings"], signals=names["signals"], webhooks=names["webhooks"],
+                            dlq="-")
+        for name in names.values():
+            await producer.partitions_for(name)  # created on first use (auto-create, one partition)
+        await Outputs(producer, topics, Silent()).publish([poor], "trace", snapshot)
+        await Outputs(producer, topics, Silent(), policy=PublishPolicy(origin="backfill", signals=False)).publish(
+            [poor], "trace", snapshot)
+    finally:
+        await producer.stop()
+
+    async def read(topic: str) -> list[dict[str, object]]:
+        consumer = AIOKafkaConsumer(topic, bootstrap_servers=kafka_bootstrap, auto_offset_reset="earliest",
+                                    enable_auto_commit=False)
+        await consumer.start()
+        try:
+            got = await consumer.getmany(timeout_ms=3000)
+            return [orjson.loads(r.value) for batch in got.values() for r in batch]
+        finally:
+            await consumer.stop()
+
+    ratings = await read(names["ratings"])
+    assert [r["origin"] for r in ratings] == ["live", "backfill"]
+    assert len(await read(names["signals"])) == 1 and len(await read(names["webhooks"])) == 1, \
+        "the live result paged; the backfilled one did not"

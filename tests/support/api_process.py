@@ -18,7 +18,7 @@ ROOT = Path(__file__).resolve().parents[2]
 
 
 def cli(redis_url: str, *args: str) -> subprocess.CompletedProcess[str]:
-    env = {**os.environ, "SGW_REDIS_URL": redis_url, "SGW_LOG_FORMAT": "console", "PYTHONPATH": str(ROOT)}
+    env = {**os.environ, "SGW_REDIS_URL": redis_url, "SGW_LOG_FORMAT": "console", "PYTHONPATH": f"{ROOT}{os.pathsep}{ROOT / 'sdk'}"}
     return subprocess.run([sys.executable, "-m", "worker.cli", *args], env=env, cwd=ROOT,
                           capture_output=True, text=True, timeout=60)
 
@@ -44,7 +44,7 @@ class ApiProcess:
 
     def start(self, timeout_s: float = 30) -> ApiProcess:
         env = {**os.environ, "SGW_REDIS_URL": self.redis_url, "SGW_API_PORT": str(self.port),
-               "SGW_API_HOST": "127.0.0.1", "SGW_LOG_FORMAT": "json", "PYTHONPATH": str(ROOT), **self.env}
+               "SGW_API_HOST": "127.0.0.1", "SGW_LOG_FORMAT": "json", "PYTHONPATH": f"{ROOT}{os.pathsep}{ROOT / 'sdk'}", **self.env}
         self.proc = subprocess.Popen([sys.executable, "-m", "worker.cli", "api"], env=env, cwd=ROOT,
                                      stdout=open(self.log_path, "wb"), stderr=subprocess.STDOUT)
         deadline = time.monotonic() + timeout_s

@@ -54,7 +54,7 @@ class WorkerProcess:
     def start(self, log_dir: Path) -> WorkerProcess:
         self.log_path = log_dir / f"{self.name}.log"
         env = {**os.environ, **self.env, "SGW_METRICS_PORT": str(self.metrics_port),
-               "SGW_LOG_FORMAT": "json", "PYTHONPATH": str(ROOT)}
+               "SGW_LOG_FORMAT": "json", "PYTHONPATH": f"{ROOT}{os.pathsep}{ROOT / 'sdk'}"}
         self.proc = subprocess.Popen([*self.prefix, sys.executable, "-m", "worker.cli", "run"], env=env, cwd=ROOT,
                                      stdout=open(self.log_path, "wb"), stderr=subprocess.STDOUT)
         _started.append(self)

@@ -166,3 +166,16 @@ def test_a_lone_surrogate_in_a_verdict_is_replaced_not_a_failed_publish() -> Non
     encoded = encode_rating(result, "trace", now=at)
     assert orjson.loads(encoded.document)["members"][0]["detail"] == "half \ufffd a pair"
     assert Rating.model_validate_json(encoded.document).members[0].detail == "half \ufffd a pair"
+
+
+def test_a_backfilled_result_counts_at_its_traces_own_time() -> None:
+    """Issue 42: a backfill's history entry lands in the bucket of the trace's time (the chart
+    fills in the past); a live one in the bucket of when it was scored."""
+    from scoring.results import history_entry
+
+    subject = trace_subject(TRACE)
+    assert subject.at == TRACE.timestamp.timestamp()
+    at = datetime(2026, 12, 5, 10, 0, tzinfo=UTC)
+    rating = build_rating(GroupResult(GROUP, subject, blend(_sample_outcomes()[:2])), "trace", now=at)  # type: ignore[arg-type]
+    assert history_entry(GROUP, rating).at == at.timestamp()  # type: ignore[arg-type]
+    assert history_entry(GROUP, rating, at=subject.at).at == TRACE.timestamp.timestamp()  # type: ignore[arg-type]

@@ -1,0 +1,55 @@
+"""A backfill's plan (issue 42, step 2): the range of the traces topic its window covers, per
+partition, found with offsets-for-times - the first record at or after ``from`` and the first at
+or after ``to`` (excluded). The runner (the next step) leases and reads these ranges.
+
+A window that starts before what the topic still keeps (its retention) starts at the earliest
+record there is, and the plan says so: the job answers with what is still there.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from aiokafka import AIOKafkaConsumer, TopicPartition
+
+
+@dataclass(frozen=True)
+class PartitionRange:
+    partition: int
+    start: int  # the first offset read
+    end: int  # the first offset not read
+
+
+@dataclass(frozen=True)
+class Plan:
+    ranges: tuple[PartitionRange, ...]
+    notes: tuple[str, ...] = ()
+
+    @property
+    def records(self) -> int:
+        return sum(r.end - r.start for r in self.ranges)
+
+
+async def plan_ranges(consumer: AIOKafkaConsumer, topic: str, from_ms: int, to_ms: int) -> Plan:
+    """The offsets of ``[from_ms, to_ms)`` in every partition of ``topic`` (by record timestamp;
+    the broker's index, one request per bound)."""
+    partitions = sorted(consumer.partitions_for_topic(topic) or await _partitions(consumer, topic))
+    tps = [TopicPartition(topic, p) for p in partitions]
+    first = await consumer.beginning_offsets(tps)
+    last = await consumer.end_offsets(tps)
+    starts = await consumer.offsets_for_times({tp: from_ms for tp in tps})
+    ends = await consumer.offsets_for_times({tp: to_ms for tp in tps})
+    ranges, notes = [], []
+    for tp in tps:
+        start = starts[tp].offset if starts[tp] is not None else last[tp]
+        end = ends[tp].offset if ends[tp] is not None else last[tp]
+        if start == first[tp] and first[tp] > 0 and starts[tp] is not None and starts[tp].timestamp > from_ms:
+            notes.append(f"partition {tp.partition}: the window starts before the topic's retention; read from "
+                         f"offset {first[tp]}, the earliest record still there")
+        ranges.append(PartitionRange(tp.partition, start, max(start, end)))
+    return Plan(tuple(ranges), tuple(notes))
+
+
+async def _partitions(consumer: AIOKafkaConsumer, topic: str) -> set[int]:
+    await consumer._client.force_metadata_update()
+    return consumer.partitions_for_topic(topic) or set()
