@@ -7,8 +7,10 @@ a wrong password and an untrusted CA each end the start with one line naming the
 from __future__ import annotations
 
 import os
+import signal
 import subprocess
 import sys
+import warnings
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 
@@ -59,12 +61,31 @@ async def test_live_scoring_through_sasl_ssl(env: dict[str, str], broker: LocalK
     await check_live_scoring(env, broker.bootstrap, tmp_path)
 
 
+# A refused start ends in about a second. On a loaded machine a start has been seen to hang in its
+# first Kafka bootstrap (4 times in ~12 full runs; the event loop itself blocked: an asyncio bound
+# around the bootstrap did not fire). Not understood yet: such a start is killed with SIGABRT,
+# its threads' stacks (faulthandler) are reported as a warning for the next look, and it is tried
+# once more - the test is about the message a refused start prints.
+START_S = 45
+
+
 def start_with(broker: LocalKafka, redis_db_url: str, **overrides: str) -> subprocess.CompletedProcess[str]:
     env = {**{k: v for k, v in os.environ.items() if not k.startswith("SGW_")}, "PYTHONPATH": str(ROOT),
            **worker_env(broker.bootstrap, redis_db_url, "refused"), **secured(broker, **overrides),
-           "SGW_METRICS_PORT": str(free_port())}  # not the default 9108: another test's worker may hold it
-    return subprocess.run([sys.executable, "-m", "worker.cli", "run"], cwd=ROOT, env=env, capture_output=True,
-                          text=True, timeout=120)
+           "SGW_METRICS_PORT": str(free_port()),  # not the default 9108: another test's worker may hold it
+           "PYTHONFAULTHANDLER": "1"}
+    for attempt in (1, 2):
+        env["SGW_METRICS_PORT"] = str(free_port())
+        proc = subprocess.Popen([sys.executable, "-m", "worker.cli", "run"], cwd=ROOT, env=env,
+                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        try:
+            out, err = proc.communicate(timeout=START_S)
+            return subprocess.CompletedProcess(proc.args, proc.returncode, out, err)
+        except subprocess.TimeoutExpired:
+            proc.send_signal(signal.SIGABRT)  # faulthandler writes every thread's stack
+            _, err = proc.communicate(timeout=30)
+            warnings.warn(f"the worker's start hung (attempt {attempt}); its stacks:\n{err[-6000:]}", stacklevel=1)
+    raise AssertionError(f"the worker's start hung twice past {START_S} s (see the warnings for its stacks)")
 
 
 def refused(done: subprocess.CompletedProcess[str], names: str) -> str:
