@@ -55,6 +55,12 @@ async def test_a_job_rates_a_past_days_traces_once_each_as_backfill(redis: Redis
                      "spans": [{"spanId": "r", "input": "q", "output": "I am so sorry, I apologize for that." if n % 2 else "done"}]}
             sends.append(await producer.send(topic, orjson.dumps(trace), key=f"t-{n}".encode(),
                                              timestamp_ms=int(at.timestamp() * 1000)))
+        # A hostile tenant's trace in the same window, naming another project: never this job's.
+        intruder = {"traceId": "intruder", "projectId": f"other-{unique}", "agentId": "a",
+                    "timestamp": (DAY + timedelta(hours=1)).isoformat(),
+                    "spans": [{"spanId": "r", "input": "q", "output": "done"}]}
+        sends.append(await producer.send(topic, orjson.dumps(intruder), key=b"intruder",
+                                         timestamp_ms=int((DAY + timedelta(hours=1)).timestamp() * 1000)))
         await asyncio.gather(*sends)
         group = ScorerGroup.model_validate({
             "id": f"g-{unique}", "name": "G", "projectId": project,
@@ -88,12 +94,13 @@ async def test_a_job_rates_a_past_days_traces_once_each_as_backfill(redis: Redis
     finally:
         await producer.stop()
 
-    assert sorted(r["traceId"] for r in ratings) == sorted(f"t-{n}" for n in range(TRACES)), "every trace once"
+    assert sorted(r["traceId"] for r in ratings) == sorted(f"t-{n}" for n in range(TRACES)), \
+        "every trace of the project once; another project's trace in the window is not graded"
     assert {r["origin"] for r in ratings} == {"backfill"}
     assert len(again) == TRACES, "the same window again rates nothing new"
     assert (await jobs.get(first)).status == "done" and (await jobs.get(second)).status == "done"
     progress = (await jobs.get(first)).progress
-    assert (progress.fraction, progress.traces_read, progress.pairs_scored) == (1.0, TRACES, TRACES)
+    assert (progress.fraction, progress.traces_read, progress.pairs_scored) == (1.0, TRACES + 1, TRACES)
     assert (await jobs.get(second)).progress.pairs_scored == 0, "already rated: skipped by the claims"
     history = await RatingsStore(redis).history(group.id, "30d")
     assert history.count == TRACES and history.below == TRACES // 2, "counted, at the traces' own days"
