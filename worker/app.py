@@ -253,12 +253,18 @@ class Worker:
         # One guard for every loop: one account of what is away, one gauge per dependency.
         outages = OutageGuard(s.outage_tolerance_s, outage_events)
         watcher = CatalogWatcher(CatalogStore(redis), on_lost=metrics.observe_catalog_lost)
-        await redis_accepts(redis, s)
-        catalog = await watcher.start()
-        # Each start step says it is done: a start that stalls shows where in its last line.
-        log.info("Redis answered; catalog loaded", version=catalog.version)
-        await ensure_topics(s)
-        log.info("Kafka answered; topics ready", bootstrap=s.kafka_bootstrap, protocol=s.kafka_security_protocol)
+        try:
+            await redis_accepts(redis, s)
+            catalog = await watcher.start()
+            # Each start step says it is done: a start that stalls shows where in its last line.
+            log.info("Redis answered; catalog loaded", version=catalog.version)
+            await ensure_topics(s)
+            log.info("Kafka answered; topics ready", bootstrap=s.kafka_bootstrap,
+                     protocol=s.kafka_security_protocol)
+        except StartupError:  # nothing consumed yet: close what started, each within a bound
+            await close_all([("catalog watcher", watcher.stop()), ("metrics server", ops.stop()),
+                             ("redis", redis.aclose())])
+            raise
 
         producer = kafka_producer(s, max_request_size=dead_letter_limit(s))
         engine = ScoringEngine(s, observe_judge_call=metrics.observe_judge_call,

@@ -26,6 +26,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import os
 import sys
 import time
 from collections.abc import Awaitable, Callable
@@ -210,15 +211,23 @@ def _cmd_datasets(settings: Settings, args: argparse.Namespace) -> int:
 def _cmd_run(settings: Settings, _: argparse.Namespace) -> int:
     from worker.app import StartupError, Worker
 
-    try:
-        if settings.event_loop == "uvloop":
-            import uvloop  # a dependency of the package: an ImportError here is a broken install, said as such
+    async def run_or_refuse() -> int:
+        try:
+            return await Worker(settings).run()
+        except StartupError as exc:
+            print(f"error: cannot start: {Redactor.from_environment(settings.secrets())(str(exc))}",
+                  file=sys.stderr, flush=True)
+            # Exit here, not by returning: the event loop's close cancels every task left, and an
+            # abandoned Kafka bootstrap (worker.app.connected_admin) may never end on cancellation
+            # - a refused start then hung instead of exiting. Nothing was consumed: nothing to drain.
+            sys.stdout.flush()
+            os._exit(2)
 
-            return uvloop.run(Worker(settings).run())
-        return asyncio.run(Worker(settings).run())
-    except StartupError as exc:
-        print(f"error: cannot start: {Redactor.from_environment(settings.secrets())(str(exc))}", file=sys.stderr)
-        return 2
+    if settings.event_loop == "uvloop":
+        import uvloop  # a dependency of the package: an ImportError here is a broken install, said as such
+
+        return uvloop.run(run_or_refuse())
+    return asyncio.run(run_or_refuse())
 
 
 def _cmd_new_secret(_settings: Settings, _: argparse.Namespace) -> int:
