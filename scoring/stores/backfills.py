@@ -14,16 +14,41 @@ from datetime import UTC, datetime
 import orjson
 
 from scorer_groups.api_models import BACKFILL_ENDED, BackfillCreate, BackfillJob, BackfillProgress
-from scoring.errors import Conflict, NotFound
+from scoring.errors import Conflict, InvalidDocument, NotFound
+from scoring.models import ScorerGroup
 from scoring.stores import keys
 from scoring.stores.client import RedisClient
 
 JOBS_KEPT_S = 30 * 86_400  # an ended job is kept for a month: its progress stays readable
 
 
+def backfill_sample(group: ScorerGroup, request: BackfillCreate, now: datetime | None = None) -> float:
+    """The job's sample rate, once the request is known to fit the group; else InvalidDocument
+    naming every field refused (the API's 400, the CLI's error line)."""
+    refused = []
+    if group.online is not None and group.online.scope == "session":
+        refused.append("scope: a session-scope group cannot be backfilled: a conversation's turns are spread over "
+                       "partitions read by different workers at different times, and a window cuts conversations "
+                       "in two (see the README, Backfills)")
+    if request.to > (now or datetime.now(UTC)):
+        refused.append("to: must not be in the future (a backfill grades traffic that already passed)")
+    rate = request.sample_rate if request.sample_rate is not None else (
+        group.online.sample_rate if group.online else None)
+    if rate is None:
+        refused.append("sampleRate: required: the group has no online profile to take its sample from")
+    if refused:
+        raise InvalidDocument.of(refused)
+    assert rate is not None
+    return rate
+
+
 class BackfillStore:
     def __init__(self, redis: RedisClient) -> None:
         self._redis = redis
+
+    async def start(self, group: ScorerGroup, request: BackfillCreate) -> BackfillJob:
+        """Check the request against the group (``backfill_sample``) and queue the job."""
+        return await self.create(group.id, group.project_id, request, backfill_sample(group, request))
 
     async def create(self, group_id: str, project_id: str, request: BackfillCreate, sample_rate: float) -> BackfillJob:
         now = datetime.now(UTC)

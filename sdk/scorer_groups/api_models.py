@@ -197,5 +197,7 @@ class BackfillJob(ApiModel):
     progress: BackfillProgress = Field(default_factory=BackfillProgress)
     error: str | None = None
     notes: list[str] = Field(default_factory=list)
+    resume_at: AwareDatetime | None = Field(None, description="A paused job's next try: the start of the "
+                                                              "project's next budget window.")
     created_at: AwareDatetime
     updated_at: AwareDatetime

@@ -70,9 +70,7 @@ def test_a_job_is_started_read_listed_and_cancelled(api: tuple[ApiProcess, dict[
     ({"to": "2999-01-01T00:00:00Z"}, "to"),  # in the future
     ({"sampleRate": 1.5}, "sampleRate"),
     ({"maxJudgeCalls": 0}, "maxJudgeCalls"),
-    ({"maxJudgeCalls": 10}, "maxJudgeCalls"),  # not enforced yet: refused, never accepted and ignored
-    ({"group": "sessions"}, "scope"),  # a session group: not yet
-    ({"alerts": True}, "alerts"),  # not yet
+    ({"group": "sessions"}, "scope"),  # a session group: conversations do not fit a window (README)
     ({"sampleRate": None, "group": "bare"}, "sampleRate"),  # no online profile to take it from
 ])
 def test_every_refusal_names_its_field(api: tuple[ApiProcess, dict[str, str]], body: dict[str, Any], field: str) -> None:
