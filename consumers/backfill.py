@@ -3,22 +3,25 @@ through leases in Redis.
 
 Each tick, for every job not ended:
 
-1. plan it once (one worker, under a lock): the offsets its window covers per partition
+1. a paused job whose budget window has turned resumes (any worker; the state moves once);
+2. plan it once (one worker, under a lock): the offsets its window covers per partition
    (``consumers.backfill_plan``), stored with the job;
-2. for each partition whose range is not read to its end: lease it (one reader per partition
+3. for each partition whose range is not read to its end: lease it (one reader per partition
    of a job; a killed worker's lease runs out and another takes the partition from its reached
    offset);
-3. read the range in bounded batches with a consumer of its own (assigned, no group: the live
-   loop's offsets are never touched); decode; keep the traces of the job's group that its filter
-   passes and the job's sample keeps (the same traces a live group at that rate would keep);
-4. claim, score, publish and mark done through a ``PairProtocol`` whose outputs say origin
-   "backfill", page nobody unless the job asked, and count at the trace's own time; claims
-   dedupe as live ones do, so a pair already rated is never scored again;
-5. advance the partition's reached offset and the job's counts once the batch is done;
-6. a job whose every partition is read to its end is done.
-
-Not yet: pausing on an exhausted budget and ``maxJudgeCalls``, live traffic first (room and
-lag), session scope, and the fraction in the job's progress.
+4. read the range in bounded batches with a consumer of its own (assigned, no group: the live
+   loop's offsets are never touched), and only while the live loop is not pressed (live traffic
+   first); keep the pairs of the job's group as live would at the job's sample
+   (``scoring.routing.group_pairs``);
+5. count their judge calls against ``maxJudgeCalls``, then claim, score, publish and mark done
+   through a ``PairProtocol`` whose claims fill (``Claims``: a pair rated under the group's
+   current revision is never graded again) and whose outputs say origin "backfill", at the
+   trace's own time, paging nobody unless the job asked;
+6. advance the partition's reached offset and the job's counts - up to the first pair the
+   budget refused: the job then pauses until the project's next budget window, and reads on
+   from there;
+7. a job whose every partition is read to its end is done; one that reached ``maxJudgeCalls``
+   is done too, and says where it stopped.
 """
 
 from __future__ import annotations
@@ -27,6 +30,8 @@ import asyncio
 import contextlib
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
+from datetime import UTC, datetime
 from typing import Any
 
 import structlog
@@ -34,31 +39,46 @@ from aiokafka import AIOKafkaConsumer, TopicPartition
 
 from consumers.backfill_plan import plan_ranges
 from consumers.decode import DeadLetter, decode_trace
-from consumers.pairs import PairProtocol, all_of
+from consumers.pairs import PairOutcome, PairProtocol, all_of
+from scorer_groups.api_models import BACKFILL_ENDED, BackfillJob
 from scoring.catalog import CatalogSnapshot
-from scoring.filters import TraceView, compile_filter
 from scoring.models import ScorerGroup
-from scoring.pairs import day_of
-from scoring.routing import Pair, pair_of
-from scoring.sampling import keep
+from scoring.routing import DEFAULT_BUDGET_WINDOW_S, DEFAULT_MAX_SPANS_PER_TRACE, Pair, group_pairs
 from scoring.stores.backfills import BackfillStore, JobParts
-from scoring.subjects import trace_subject
 
 log = structlog.get_logger(__name__)
 
 BATCH = 200  # records read at once from one partition
+CONCURRENCY = 32  # pairs of a batch scored at once: a backfill never floods the judges live traffic shares
+LIVE_FIRST_WAIT_S = 0.2  # how often a backfill held back by live traffic looks again
+
+
+@dataclass
+class Graded:
+    """What became of one batch: where the partition reached, and the job's counts."""
+
+    reached: int
+    scored: int = 0
+    skipped: int = 0
+    calls_returned: int = 0  # calls counted against maxJudgeCalls for pairs not scored here
+    budget_out: bool = False  # the project's budget refused a pair: pause
+    cap_reached: bool = False  # maxJudgeCalls refused a pair: the job ends
 
 
 class BackfillRunner:
-    def __init__(self, *, jobs: BackfillStore, parts: JobParts, pairs: PairProtocol,
+    def __init__(self, *, jobs: BackfillStore, parts: JobParts, pairs: PairProtocol, alerting: PairProtocol,
                  catalog: Callable[[], CatalogSnapshot], consumer: Callable[[], AIOKafkaConsumer], topic: str,
-                 worker: str, max_trace_bytes: int, interval_s: float = 2.0) -> None:
-        self._jobs, self._parts, self.pairs = jobs, parts, pairs
+                 worker: str, max_trace_bytes: int, max_spans: int = DEFAULT_MAX_SPANS_PER_TRACE,
+                 live_pressed: Callable[[], bool] = lambda: False, interval_s: float = 2.0) -> None:
+        self._jobs, self._parts = jobs, parts
+        self._protocols = {False: pairs, True: alerting}  # by the job's ``alerts``
         self._catalog, self._consumer, self._topic = catalog, consumer, topic
-        self._worker, self._max_trace_bytes, self._interval_s = worker, max_trace_bytes, interval_s
+        self._worker, self._max_trace_bytes, self._max_spans = worker, max_trace_bytes, max_spans
+        self._live_pressed, self._interval_s = live_pressed, interval_s
 
     async def run(self, stop: asyncio.Event) -> None:
-        self.pairs.start()
+        for protocol in self._protocols.values():
+            protocol.start()
         try:
             while not stop.is_set():
                 try:
@@ -68,23 +88,30 @@ class BackfillRunner:
                 with contextlib.suppress(TimeoutError):
                     await asyncio.wait_for(stop.wait(), timeout=self._interval_s)
         finally:
-            await self.pairs.close(self._interval_s)
+            for protocol in self._protocols.values():
+                await protocol.close(self._interval_s)
 
     async def tick(self, stop: asyncio.Event) -> None:
         for job_id in await self._parts.active():
             job = await self._jobs.get(job_id)
-            if job.status in ("done", "failed", "cancelled", "paused"):
+            if job.status in BACKFILL_ENDED:
                 continue
-            if job.status == "queued":
+            if job.status == "paused":  # 1.
+                if job.resume_at is None or job.resume_at > datetime.now(UTC):
+                    continue
+                await self._parts.resume(job_id)
+                log.info("backfill resumed: a new budget window", job=job_id)
+            if job.status == "queued":  # 2.
                 if not await self._parts.try_plan(job_id, self._worker):
                     continue
                 await self._plan(job_id, int(job.from_.timestamp() * 1000), int(job.to.timestamp() * 1000))
             parts = await self._parts.parts(job_id)
-            for partition, part in sorted(parts.items()):
+            for partition, part in sorted(parts.items()):  # 3.
                 if part["next"] < part["end"] and await self._parts.lease(job_id, partition, self._worker):
-                    await self._read(job_id, partition, part, stop)
+                    if not await self._read(job_id, partition, part, stop):
+                        break  # paused, ended or stopping: no other partition of it now
             parts = await self._parts.parts(job_id)
-            if parts and all(p["next"] >= p["end"] for p in parts.values()):
+            if parts and all(p["next"] >= p["end"] for p in parts.values()):  # 7.
                 await self._parts.finish(job_id)
 
     async def _plan(self, job_id: str, from_ms: int, to_ms: int) -> None:
@@ -96,7 +123,9 @@ class BackfillRunner:
             await consumer.stop()
         await self._parts.save_plan(job_id, {r.partition: (r.start, r.end) for r in plan.ranges}, list(plan.notes))
 
-    async def _read(self, job_id: str, partition: int, part: dict[str, int], stop: asyncio.Event) -> None:
+    async def _read(self, job_id: str, partition: int, part: dict[str, int], stop: asyncio.Event) -> bool:
+        """4-6 for one leased partition, until its range's end; False when the job may not go
+        on here (paused, ended, the worker stopping)."""
         tp = TopicPartition(self._topic, partition)
         consumer = self._consumer()
         await consumer.start()
@@ -104,52 +133,103 @@ class BackfillRunner:
             consumer.assign([tp])
             consumer.seek(tp, part["next"])
             reached = part["next"]
-            while reached < part["end"] and not stop.is_set():
+            while reached < part["end"]:
+                while self._live_pressed() and not stop.is_set():  # live traffic first
+                    with contextlib.suppress(TimeoutError):
+                        await asyncio.wait_for(stop.wait(), timeout=LIVE_FIRST_WAIT_S)
                 job = await self._jobs.get(job_id)
-                if job.status == "cancelled":
-                    return
+                if stop.is_set() or job.status != "running":
+                    return False
                 snapshot = self._catalog()
                 group = snapshot.groups.get(job.group_id)
                 if group is None:
                     await self._parts.finish(job_id, "failed", "the group was deleted")
-                    return
+                    return False
                 batch = (await consumer.getmany(tp, timeout_ms=1000, max_records=BATCH)).get(tp, [])
                 records = [r for r in batch if r.offset < part["end"]]
                 if not records:
                     continue
-                scored, skipped = await self._score(records, group, job.sample_rate, snapshot)
-                reached = records[-1].offset + 1
-                await self._parts.advance(job_id, partition, reached, tracesRead=len(records),
-                                          pairsScored=scored, pairsSkipped=skipped)
-                await self._parts.lease(job_id, partition, self._worker)
+                graded = await self._grade(job, records, group, snapshot, stop)
+                await self._parts.advance(job_id, partition, graded.reached, tracesRead=graded.reached - reached,
+                                          pairsScored=graded.scored, pairsSkipped=graded.skipped,
+                                          judgeCalls=-graded.calls_returned)
+                if graded.cap_reached:
+                    await self._parts.finish(job_id, note=f"stopped at maxJudgeCalls ({job.max_judge_calls}): "
+                                                          f"partition {partition} was read to offset {graded.reached}")
+                    return False
+                if graded.budget_out:
+                    resume_at = self._next_window(group, snapshot)
+                    if await self._parts.pause(job_id, resume_at):
+                        log.info("backfill paused: the project's judge budget is spent", job=job_id,
+                                 resume_at=resume_at.isoformat())
+                    return False
+                if graded.reached < records[-1].offset + 1:  # stopped early (the worker stopping)
+                    return False
+                reached = graded.reached
+                if not await self._parts.lease(job_id, partition, self._worker):
+                    return True  # taken over (this worker stalled past its lease): the new reader goes on
+            return True
         finally:
             await consumer.stop()
 
-    async def _score(self, records: list[Any], group: ScorerGroup, rate: float,
-                     snapshot: CatalogSnapshot) -> tuple[int, int]:
-        """The batch's pairs of the job's group: filtered and sampled as live, claimed, scored,
-        published and marked done (the pair protocol); (scored, skipped) counts."""
-        passes = compile_filter(group.online.filter) if group.online and group.online.filter else None
-        salt = (group.online.sample_salt or "") if group.online else ""
-        pairs: list[Pair] = []
+    async def _grade(self, job: BackfillJob, records: list[Any], group: ScorerGroup, snapshot: CatalogSnapshot,
+                     stop: asyncio.Event) -> Graded:
+        """5 for one batch: its pairs counted against the cap, claimed, scored in bounded chunks,
+        published; the offset the partition may advance to - the first record with a pair the
+        budget or the cap refused, else past the batch."""
+        at: list[tuple[int, Pair]] = []
         for record in records:
             trace = decode_trace(record.topic, record.partition, record.offset, record.key, record.value,
                                  self._max_trace_bytes)
-            if isinstance(trace, DeadLetter) or trace.project_id != group.project_id:
-                continue  # not a trace of this project (a malformed one was dead-lettered live)
-            if passes is not None and passes(TraceView(trace)) is not True:
-                continue
-            if not keep(trace.trace_id, rate, salt):
-                continue
-            pairs.append(pair_of(group, trace_subject(trace), snapshot, subject_key=f"trace:{trace.trace_id}",
-                                 day=day_of(trace.timestamp.timestamp())))
-        if not pairs:
-            return 0, 0
+            if isinstance(trace, DeadLetter):
+                continue  # dead-lettered when the live loop read it
+            at += [(record.offset, pair) for pair in group_pairs(trace, group, snapshot, sample_rate=job.sample_rate,
+                                                                 max_spans=self._max_spans)]
+        graded = Graded(reached=records[-1].offset + 1)
+        if not at:
+            return graded
+        fits = await self._parts.reserve_calls(job.id, job.max_judge_calls, [p.claim.judge_calls for _, p in at])
+        if fits < len(at):
+            graded.cap_reached, graded.reached = True, at[fits][0]
+            at = at[:fits]
+        protocol = self._protocols[job.alerts]
         claimed_at = time.monotonic()
-        states = await self.pairs.claim(pairs)
-        mine = [(pair, state.state == "busy") for pair, state in zip(pairs, states, strict=True)
-                if state.state in ("claimed", "busy")]
-        outcomes = await all_of(*(self.pairs.alone(pair, snapshot, "trace", busy=busy, claimed_at=claimed_at)
-                                  for pair, busy in mine))
-        scored = sum(1 for outcome in outcomes if outcome == "published")
-        return scored, len(pairs) - scored
+        states = await protocol.claim([pair for _, pair in at])
+        refused: list[int] = []  # offsets of pairs the budget refused
+        mine: list[tuple[int, Pair, bool]] = []
+        for (offset, pair), state in zip(at, states, strict=True):
+            if state.state in ("claimed", "busy"):
+                mine.append((offset, pair, state.state == "busy"))
+            else:
+                graded.skipped += state.state != "exhausted"  # already rated under this revision
+                refused += [offset] if state.state == "exhausted" else []
+            if state.state != "claimed":
+                graded.calls_returned += pair.claim.judge_calls
+        for first in range(0, len(mine), CONCURRENCY):
+            if stop.is_set():  # what is not claimed yet is given back; the batch is read again
+                await protocol.claims.release([pair.claim for _, pair, busy in mine[first:] if not busy])
+                graded.calls_returned += sum(pair.claim.judge_calls for _, pair, busy in mine[first:] if not busy)
+                graded.reached = min(graded.reached, mine[first][0])
+                break
+            chunk = mine[first:first + CONCURRENCY]
+            outcomes: list[PairOutcome] = await all_of(*(
+                protocol.alone(pair, snapshot, "trace" if pair.subject.scope == "trace" else "span", busy=busy,
+                               claimed_at=claimed_at) for _, pair, busy in chunk))
+            for (offset, pair, busy), outcome in zip(chunk, outcomes, strict=True):
+                if outcome == "published":
+                    graded.scored += 1
+                elif outcome == "decided" and not busy:  # its judges found no budget once its gates passed
+                    refused.append(offset)
+                    graded.calls_returned += pair.claim.judge_calls
+                else:
+                    graded.skipped += 1  # rated by another worker meanwhile, or a subject that broke scoring
+        if refused:
+            graded.budget_out, graded.reached = True, min(graded.reached, min(refused))
+        return graded
+
+    @staticmethod
+    def _next_window(group: ScorerGroup, snapshot: CatalogSnapshot) -> datetime:
+        """The start of the project's next judge-budget window (budgets count in fixed windows)."""
+        budget = snapshot.budget(group.project_id)
+        window_s = budget.window_seconds if budget is not None else DEFAULT_BUDGET_WINDOW_S
+        return datetime.fromtimestamp((int(time.time()) // window_s + 1) * window_s, UTC)

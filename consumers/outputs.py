@@ -59,10 +59,14 @@ class PublishPolicy:
     origin: RatingOrigin = "live"
     signals: bool = True
     history_at_subject: bool = False  # count a result in the history at its trace's own time
+    # The history counts the traffic's budget skips and filter matches now: live traffic's. A
+    # backfill's pairs out of budget are graded later (the job pauses), not skipped.
+    traffic_counts: bool = True
 
 
 LIVE = PublishPolicy()
-BACKFILL = PublishPolicy(origin="backfill", signals=False, history_at_subject=True)
+BACKFILL = PublishPolicy(origin="backfill", signals=False, history_at_subject=True, traffic_counts=False)
+BACKFILL_ALERTING = PublishPolicy(origin="backfill", signals=True, history_at_subject=True, traffic_counts=False)
 
 
 class Outputs:

@@ -202,6 +202,9 @@ class PairProtocol:
         round trip). Counted as they are read: a redelivered trace is counted again. Without
         ``wait``, a write that fails keeps its counts for the next one instead of waiting out an
         outage (the trace loop's tick: counts must not hold back its commits)."""
+        if not self._outputs.policy.traffic_counts:
+            self.starved.clear()
+            self.matched.clear()
         if not (self.starved or self.matched):
             return
         skipped, matched = dict(self.starved), dict(self.matched)

@@ -199,6 +199,14 @@ class TraceConsumer:
     def ended(self) -> bool:
         return self.fatal is not None
 
+    def pressed(self) -> bool:
+        """Live traffic needs this worker: a backlog behind the loop (more than its room), or
+        half its room in flight. Work that can wait - a backfill - waits while it is."""
+        in_flight = self.loop.tracker.in_flight()
+        if in_flight >= self._limits.max_in_flight // 2:
+            return True
+        return sum(self.loop.lag().values()) > self._limits.max_in_flight
+
     async def tick(self) -> None:
         if self.pairs.starved or self.pairs.matched:  # counted in the history once a commit interval
             await self.pairs.write_counts(wait=False)  # counts never hold back a commit

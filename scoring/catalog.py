@@ -75,6 +75,7 @@ class CatalogSnapshot:
     _span_filters: dict[str, tuple[Decide, int]] = field(default_factory=dict, init=False, repr=False, compare=False)
     _live_any_scope: dict[str, tuple[ScorerGroup, ...]] = field(
         default_factory=dict, init=False, repr=False, compare=False)
+    _revisions: dict[str, str] = field(default_factory=dict, init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         live: dict[tuple[str, Scope], list[ScorerGroup]] = {}
@@ -84,12 +85,14 @@ class CatalogSnapshot:
         self._live.update({k: tuple(v) for k, v in live.items()})
         for (project, _), groups in sorted(live.items()):
             self._live_any_scope[project] = self._live_any_scope.get(project, ()) + tuple(groups)
-            # Filters compile once per snapshot: the hot path only calls them.
-            self._filters.update({g.id: compile_filter(g.online.filter) for g in groups
-                                  if g.online is not None and g.online.filter is not None})
-            self._span_filters.update({g.id: (compile_filter(g.online.span_filter), len(walk(g.online.span_filter)))
-                                       for g in groups if g.online is not None and g.online.scope == "span"
-                                       and g.online.span_filter is not None})
+        # Filters compile once per snapshot: the hot path only calls them. Every group's, live or
+        # not: a backfill aims a group whose live scoring is off as it would be aimed live.
+        aimed = [g for g in self.groups.values() if g.online is not None]
+        self._filters.update({g.id: compile_filter(g.online.filter) for g in aimed
+                              if g.online is not None and g.online.filter is not None})
+        self._span_filters.update({g.id: (compile_filter(g.online.span_filter), len(walk(g.online.span_filter)))
+                                   for g in aimed if g.online is not None and g.online.scope == "span"
+                                   and g.online.span_filter is not None})
         by_agent: dict[str, list[AlertChannel]] = {}
         for channel in self.channels.values():
             by_agent.setdefault(channel.agent_id, []).append(channel)
@@ -108,6 +111,24 @@ class CatalogSnapshot:
     def scorer(self, kind: MemberKind, ref_id: str) -> Judge | Pattern | CustomEvaluator | None:
         return {"judge": self.judge, "pattern": self.pattern, "custom": self.custom}[kind](ref_id)
 
+    def revision(self, group: ScorerGroup) -> str:
+        """What the group's ratings depend on, as a short hash: its members, weights, gates and
+        blend, and the scorers they name - not its name, nor its online profile (who is graded,
+        not how). A changed rubric is a new revision: a backfill grades past traffic again."""
+        known = self._revisions.get(group.id)
+        if known is None:
+            scorers = [(m.kind, m.ref_id, self._scorer_doc(m.kind, m.ref_id)) for m in group.members]
+            what = {"group": group.model_dump(mode="json", by_alias=True,
+                                              exclude={"id", "name", "description", "online"}),
+                    "scorers": scorers}
+            known = hashlib.sha256(orjson.dumps(what, option=orjson.OPT_SORT_KEYS)).hexdigest()[:12]
+            self._revisions[group.id] = known
+        return known
+
+    def _scorer_doc(self, kind: MemberKind, ref_id: str) -> dict[str, Any] | None:
+        scorer = self.scorer(kind, ref_id)
+        return None if scorer is None else scorer.model_dump(mode="json", by_alias=True, exclude={"name"})
+
     def live_groups(self, project_id: str, scope: Scope) -> tuple[ScorerGroup, ...]:
         """The project's groups whose online profile is enabled for ``scope``."""
         return self._live.get((project_id, scope), ())
@@ -122,7 +143,7 @@ class CatalogSnapshot:
         return True if decide is None else decide(view)
 
     def span_filter(self, group: ScorerGroup) -> tuple[Decide, int] | None:
-        """A live span-scope group's compiled ``spanFilter`` and its number of conditions."""
+        """A span-scope group's compiled ``spanFilter`` and its number of conditions."""
         return self._span_filters.get(group.id)
 
     def wanted(self, project_id: str, view: HeaderView) -> bool:

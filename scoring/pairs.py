@@ -28,6 +28,9 @@ class ClaimRequest:
     # The subject's own day (``day_of``: a trace's timestamp, a session's first turn), the same
     # on every redelivery: the hash its claim is kept in.
     day: int = field(kw_only=True)
+    # The group's revision (``CatalogSnapshot.revision``): kept in the pair's done mark, so a
+    # backfill knows a pair rated under another revision (a changed rubric) is still to grade.
+    revision: str = field(default="", kw_only=True)
 
 
 def day_of(epoch_s: float) -> int:

@@ -42,6 +42,7 @@ def pair_of(group: ScorerGroup, subject: Subject, snapshot: CatalogSnapshot, *, 
     calls = upfront_judge_calls(group, snapshot, subject)
     return Pair(group, subject, ClaimRequest(
         project_id=group.project_id, group_id=group.id, subject_key=subject_key, judge_calls=calls,
+        revision=snapshot.revision(group),
         budget_limit=budget.calls_cap if budget else None,
         budget_window_s=budget.window_seconds if budget else DEFAULT_BUDGET_WINDOW_S, day=day,
         # The prompts are built to measure them only under a token budget.
@@ -115,7 +116,8 @@ def route(trace: Trace, snapshot: CatalogSnapshot, max_spans: int = DEFAULT_MAX_
     if stepwise:
         steps = _Steps(trace)
         for group in stepwise:
-            spans, over, unexamined = _graded_spans(steps, group, snapshot, view, max_spans)
+            rate = group.online.sample_rate if group.online is not None else 0.0  # (always one: a live group)
+            spans, over, unexamined = _graded_spans(steps, group, snapshot, view, max_spans, rate)
             pairs += [pair_of(group, steps.subject(span), snapshot, subject_key=span_key(trace.trace_id, span.span_id),
                               day=day) for span in spans]
             skipped.update({(group.id, why): n for why, n in (("span_cap", over), ("span_budget", unexamined)) if n})
@@ -140,7 +142,7 @@ class _Steps:
 
 
 def _graded_spans(steps: _Steps, group: ScorerGroup, snapshot: CatalogSnapshot, view: TraceView,
-                  max_spans: int) -> tuple[list[Span], int, int]:
+                  max_spans: int, rate: float) -> tuple[list[Span], int, int]:
     """The spans a span-scope group grades in this trace - its ``spanFilter`` passes them and its
     sample keeps them (per trace and span: a redelivery decides the same), each span id once,
     the first ``max_spans`` in the trace's order - how many more it would have graded, and how
@@ -150,7 +152,7 @@ def _graded_spans(steps: _Steps, group: ScorerGroup, snapshot: CatalogSnapshot, 
     if compiled is None or group.online is None:
         return [], 0, 0
     decide, conditions = compiled
-    rate, salt, trace_id = group.online.sample_rate, group.online.sample_salt or "", steps.trace.trace_id
+    salt, trace_id = group.online.sample_salt or "", steps.trace.trace_id
     graded: list[Span] = []
     over = 0
     seen: set[str] = set()
@@ -169,6 +171,28 @@ def _graded_spans(steps: _Steps, group: ScorerGroup, snapshot: CatalogSnapshot, 
         else:
             over += 1
     return graded, over, 0
+
+
+def group_pairs(trace: Trace, group: ScorerGroup, snapshot: CatalogSnapshot, *, sample_rate: float,
+                max_spans: int = DEFAULT_MAX_SPANS_PER_TRACE) -> list[Pair]:
+    """The pairs one group grades in one trace at ``sample_rate``, live or not (a backfill's):
+    the steps of ``route`` for that group alone - its filter, the same stable sample a live
+    group at that rate takes, a pair for the trace or for each step its ``spanFilter`` takes.
+    Session scope has no pair here: a conversation is not one trace."""
+    scope = group.online.scope if group.online is not None else "trace"
+    view = TraceView(trace)
+    if group.project_id != trace.project_id or scope == "session" or snapshot.passes(group, view) is not True:
+        return []
+    day = day_of(trace.timestamp.timestamp())
+    if scope == "span":
+        steps = _Steps(trace)
+        spans, _, _ = _graded_spans(steps, group, snapshot, view, max_spans, sample_rate)
+        return [pair_of(group, steps.subject(span), snapshot, subject_key=span_key(trace.trace_id, span.span_id),
+                        day=day) for span in spans]
+    salt = group.online.sample_salt or "" if group.online is not None else ""
+    if not keep(trace.trace_id, sample_rate, salt):
+        return []
+    return [pair_of(group, trace_subject(trace), snapshot, subject_key=f"trace:{trace.trace_id}", day=day)]
 
 
 def trace_pairs(trace: Trace, snapshot: CatalogSnapshot) -> list[Pair]:

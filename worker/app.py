@@ -26,7 +26,7 @@ from redis.exceptions import ConnectionError as RedisConnectionError
 from consumers.backfill import BackfillRunner
 from consumers.loop import MAX_POLL_INTERVAL_S
 from consumers.outage import OutageGuard
-from consumers.outputs import BACKFILL, Outputs, TopicNames
+from consumers.outputs import BACKFILL, BACKFILL_ALERTING, Outputs, PublishPolicy, TopicNames
 from consumers.pairs import PairProtocol
 from consumers.sessions import SessionSweeper
 from consumers.traces import OutputError, TraceConsumer, TraceLoopLimits
@@ -292,14 +292,22 @@ class Worker:
                                  ratings=ratings, events=events, interval_s=s.session_sweep_interval_s,
                                  outages=outages)
 
-        # Backfills: past traffic graded again, by a pair protocol of its own whose outputs say
-        # origin "backfill", page nobody and count at the trace's time (consumers.backfill).
+        # Backfills: past traffic graded again, by pair protocols of their own whose outputs say
+        # origin "backfill", page nobody (unless the job asks) and count at the trace's time
+        # (consumers.backfill); a partition of a job is leased for as long as a claim.
+        # Its claims fill: a pair rated under the group's current revision is never graded again.
+        filling = Claims(redis, lease_s=s.claim_lease_s, fill=True)
+
+        def backfill_pairs(policy: PublishPolicy) -> PairProtocol:
+            return PairProtocol(claims=filling, ratings=ratings, panel=engine.panel, outages=outages, events=events,
+                                outputs=Outputs(producer, topics, events, alerts, policy=policy))
+
         backfills = BackfillRunner(
-            jobs=BackfillStore(redis), parts=JobParts(redis), catalog=lambda: watcher.current,
-            pairs=PairProtocol(claims=claims, ratings=ratings, panel=engine.panel, outages=outages, events=events,
-                               outputs=Outputs(producer, topics, events, alerts, policy=BACKFILL)),
+            jobs=BackfillStore(redis), parts=JobParts(redis, lease_s=s.claim_lease_s), catalog=lambda: watcher.current,
+            pairs=backfill_pairs(BACKFILL), alerting=backfill_pairs(BACKFILL_ALERTING),
             consumer=lambda: kafka_consumer(s, None, max_partition_fetch_bytes=s.max_trace_bytes * 2),
-            topic=s.traces_topic, worker=f"{socket.gethostname()}-{os.getpid()}", max_trace_bytes=s.max_trace_bytes)
+            topic=s.traces_topic, worker=f"{socket.gethostname()}-{os.getpid()}", max_trace_bytes=s.max_trace_bytes,
+            max_spans=s.max_spans_per_trace, live_pressed=traces.pressed)
 
         hooks_consumer = kafka_consumer(s, f"{s.consumer_group}-webhooks")
         hooks = webhook_sender(s, redis, hooks_consumer, producer, lambda: watcher.current, outages)

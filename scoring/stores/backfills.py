@@ -1,8 +1,13 @@
-"""Backfill jobs in Redis (issue 42): each job's document, and the indexes a worker and the API
-read - a group's jobs, newest first, and the jobs not ended yet.
+"""Backfill jobs in Redis (issue 42): each job's request, its state, and the indexes a worker
+and the API read - a group's jobs, newest first, and the jobs not ended yet.
+
+A job is two keys: its document as created (``keys.backfill``, never rewritten) and its state
+(``keys.backfill_progress``: status, resumeAt, error, notes and the counts), a hash that every
+worker and the API change one field at a time - a status only by a script that refuses to move
+an ended job (a cancel is never undone by a worker finishing a batch).
 
 The runner (``consumers.backfill``) plans a job's ranges, leases its partitions and records
-the offsets they reached and the job's counts here (``JobParts``).
+the offsets they reached here (``JobParts``).
 """
 
 from __future__ import annotations
@@ -13,13 +18,39 @@ from datetime import UTC, datetime
 
 import orjson
 
-from scorer_groups.api_models import BACKFILL_ENDED, BackfillCreate, BackfillJob, BackfillProgress
+from scorer_groups.api_models import BackfillCreate, BackfillJob, BackfillProgress
 from scoring.errors import Conflict, InvalidDocument, NotFound
 from scoring.models import ScorerGroup
 from scoring.stores import keys
 from scoring.stores.client import RedisClient
 
 JOBS_KEPT_S = 30 * 86_400  # an ended job is kept for a month: its progress stays readable
+COUNTS = ("tracesRead", "pairsScored", "pairsSkipped", "judgeCalls")
+
+# KEYS: a job's state hash. ARGV: the new status, the statuses it may move from (space-separated;
+# a job without a status yet is "queued"), then field, value pairs to set with it. 1 if moved.
+_MOVE = """
+local current = redis.call('HGET', KEYS[1], 'status') or 'queued'
+if not string.find(' ' .. ARGV[2] .. ' ', ' ' .. current .. ' ', 1, true) then return 0 end
+redis.call('HSET', KEYS[1], 'status', ARGV[1], unpack(ARGV, 3))
+return 1
+"""
+
+# KEYS: a job's state hash. ARGV: the job's most judge calls (-1: none), then the calls of each
+# pair in order. Reserves the longest prefix of pairs that fits, all or nothing per pair, and
+# returns its length.
+_RESERVE_CALLS = """
+local cap = tonumber(ARGV[1])
+local used = tonumber(redis.call('HGET', KEYS[1], 'judgeCalls') or '0')
+local total, fits = 0, 0
+for i = 2, #ARGV do
+  local calls = tonumber(ARGV[i])
+  if cap >= 0 and used + total + calls > cap then break end
+  total, fits = total + calls, fits + 1
+end
+if total > 0 then redis.call('HINCRBY', KEYS[1], 'judgeCalls', total) end
+return fits
+"""
 
 
 def backfill_sample(group: ScorerGroup, request: BackfillCreate, now: datetime | None = None) -> float:
@@ -56,63 +87,94 @@ class BackfillStore:
                           status="queued", from_=request.from_, to=request.to, sample_rate=sample_rate,
                           max_judge_calls=request.max_judge_calls, alerts=request.alerts, created_at=now,
                           updated_at=now)
-        async with self._redis.pipeline(transaction=True) as pipe:
-            pipe.set(keys.backfill(job.id), orjson.dumps(job.model_dump(mode="json", by_alias=True)))
+        async with self._redis.pipeline(transaction=True) as pipe:  # the job's keys: one slot
+            pipe.set(keys.backfill(job.id), orjson.dumps(job.model_dump(mode="json", by_alias=True)), ex=JOBS_KEPT_S)
+            pipe.hset(keys.backfill_progress(job.id), mapping={"status": "queued", "updatedAt": now.isoformat()})
+            pipe.expire(keys.backfill_progress(job.id), JOBS_KEPT_S)
+            await pipe.execute()
+        async with self._redis.pipeline(transaction=False) as pipe:  # then the indexes that find it
             pipe.zadd(keys.group_backfills(group_id), {job.id: time.time()})
             pipe.sadd(keys.BACKFILLS_ACTIVE, job.id)
             await pipe.execute()
         return job
 
     async def get(self, job_id: str, project_id: str | None = None) -> BackfillJob:
-        """The job with its progress; another project's is as if it did not exist (404)."""
+        """The job with its state and progress; another project's is as if it did not exist (404)."""
         async with self._redis.pipeline(transaction=False) as pipe:
             pipe.get(keys.backfill(job_id))
             pipe.hgetall(keys.backfill_progress(job_id))
             pipe.hgetall(keys.backfill_parts(job_id))
-            raw, counts, parts = await pipe.execute()
-        job = BackfillJob.model_validate(orjson.loads(raw)) if raw else None
-        if job is None or (project_id is not None and job.project_id != project_id):
+            raw, state, parts = await pipe.execute()
+        if not raw:
             raise NotFound(f"no backfill with id {job_id!r}")
-        counts = {(k.decode() if isinstance(k, bytes) else k): int(v) for k, v in counts.items()}
-        ranges = [orjson.loads(v) for v in parts.values()]
-        total = sum(r["end"] - r["start"] for r in ranges)
-        read = sum(r["next"] - r["start"] for r in ranges)
-        fraction = 1.0 if job.status == "done" else (read / total if total else 0.0)
-        return job.model_copy(update={"progress": BackfillProgress(
-            fraction=round(fraction, 4), traces_read=counts.get("tracesRead", 0),
-            pairs_scored=counts.get("pairsScored", 0), pairs_skipped=counts.get("pairsSkipped", 0),
-            judge_calls=counts.get("judgeCalls", 0))})
+        job = _job(raw, state, parts)
+        if project_id is not None and job.project_id != project_id:
+            raise NotFound(f"no backfill with id {job_id!r}")
+        return job
 
     async def of_group(self, group_id: str, limit: int = 50) -> list[BackfillJob]:
         found = await self._redis.zrevrange(keys.group_backfills(group_id), 0, limit - 1)
         ids = [i.decode() if isinstance(i, bytes) else str(i) for i in found]
-        raws = await self._redis.mget([keys.backfill(i) for i in ids]) if ids else []
-        return [BackfillJob.model_validate(orjson.loads(r)) for r in raws if r]
+        async with self._redis.pipeline(transaction=False) as pipe:
+            for job_id in ids:
+                pipe.get(keys.backfill(job_id))
+                pipe.hgetall(keys.backfill_progress(job_id))
+                pipe.hgetall(keys.backfill_parts(job_id))
+            replies = await pipe.execute() if ids else []
+        return [_job(*replies[i:i + 3]) for i in range(0, len(replies), 3) if replies[i]]
 
     async def cancel(self, job_id: str, project_id: str | None = None) -> BackfillJob:
         job = await self.get(job_id, project_id)
-        if job.status in BACKFILL_ENDED:
-            raise Conflict(f"backfill {job_id!r} has already ended ({job.status})")
-        cancelled = job.model_copy(update={"status": "cancelled", "updated_at": datetime.now(UTC)})
-        async with self._redis.pipeline(transaction=True) as pipe:
-            pipe.set(keys.backfill(job_id), orjson.dumps(cancelled.model_dump(mode="json", by_alias=True)),
-                     ex=JOBS_KEPT_S)
-            pipe.srem(keys.BACKFILLS_ACTIVE, job_id)
-            await pipe.execute()
-        return cancelled
+        if not await JobParts(self._redis).move(job_id, "cancelled", "queued running paused"):
+            raise Conflict(f"backfill {job_id!r} has already ended ({(await self.get(job_id)).status})")
+        await self._redis.srem(keys.BACKFILLS_ACTIVE, job_id)
+        return await self.get(job.id)
+
+
+def _text(value: bytes | str) -> str:
+    return value.decode() if isinstance(value, bytes) else value
+
+
+def _job(raw: bytes, state: dict[bytes, bytes], parts: dict[bytes, bytes]) -> BackfillJob:
+    """A job from its document, its state hash and its partitions' ranges."""
+    job = BackfillJob.model_validate(orjson.loads(raw))
+    fields = {_text(k): _text(v) for k, v in state.items()}
+    status = fields.get("status", job.status)
+    ranges = [orjson.loads(v) for v in parts.values()]
+    total = sum(r["end"] - r["start"] for r in ranges)
+    read = sum(r["next"] - r["start"] for r in ranges)
+    fraction = read / total if total else (1.0 if status == "done" else 0.0)
+    return job.model_copy(update={
+        "status": status, "error": fields.get("error") or None,
+        "notes": orjson.loads(fields["notes"]) if fields.get("notes") else job.notes,
+        "resume_at": datetime.fromisoformat(fields["resumeAt"]) if fields.get("resumeAt") else None,
+        "updated_at": datetime.fromisoformat(fields["updatedAt"]) if fields.get("updatedAt") else job.updated_at,
+        "progress": BackfillProgress(fraction=round(fraction, 4),
+                                     **{name: int(fields.get(name, 0)) for name in COUNTS})})
 
 
 # --- What the runners share through Redis ------------------------------------------------------
 
 PLAN_LOCK_S = 60  # one worker plans a job's ranges; another may try again after this
-PART_LEASE_S = 30  # a worker holds a partition of a job this long without renewing it
 
 
 class JobParts:
-    """A job's ranges per partition, the offset each has reached, and who reads each."""
+    """A job's state as the runners change it: its ranges per partition, the offset each has
+    reached and who reads each; its status; its judge calls."""
 
-    def __init__(self, redis: RedisClient) -> None:
+    def __init__(self, redis: RedisClient, lease_s: float = 30.0) -> None:
         self._redis = redis
+        self.lease_s = lease_s  # a worker holds a partition of a job this long without renewing it
+        self._move = redis.register_script(_MOVE)
+        self._reserve_calls = redis.register_script(_RESERVE_CALLS)
+
+    async def move(self, job_id: str, status: str, from_statuses: str, **fields: str) -> bool:
+        """Set the job's status if it is one of ``from_statuses`` (with ``fields``, e.g.
+        resumeAt); False, and nothing changed, otherwise."""
+        args = [status, from_statuses, "updatedAt", datetime.now(UTC).isoformat()]
+        for name, value in fields.items():
+            args += [name, value]
+        return bool(await self._move(keys=[keys.backfill_progress(job_id)], args=args))
 
     async def try_plan(self, job_id: str, worker: str) -> bool:
         return bool(await self._redis.set(keys.backfill_plan_lock(job_id), worker, nx=True, ex=PLAN_LOCK_S))
@@ -124,7 +186,7 @@ class JobParts:
                                                                                      "next": start}))
             pipe.expire(keys.backfill_parts(job_id), JOBS_KEPT_S)
             await pipe.execute()
-        await self._update(job_id, status="running", notes=notes)
+        await self.move(job_id, "running", "queued", **({"notes": orjson.dumps(notes).decode()} if notes else {}))
 
     async def parts(self, job_id: str) -> dict[int, dict[str, int]]:
         raw = await self._redis.hgetall(keys.backfill_parts(job_id))
@@ -133,16 +195,27 @@ class JobParts:
     async def lease(self, job_id: str, partition: int, worker: str) -> bool:
         """Take (or renew) the partition for ``worker``: one reader per partition of a job."""
         key = keys.backfill_lease(job_id, partition)
-        if await self._redis.set(key, worker, nx=True, ex=PART_LEASE_S):
+        ttl = max(1, round(self.lease_s))
+        if await self._redis.set(key, worker, nx=True, ex=ttl):
             return True
         held = await self._redis.get(key)
-        if held is not None and (held.decode() if isinstance(held, bytes) else held) == worker:
-            await self._redis.expire(key, PART_LEASE_S)
+        if held is not None and _text(held) == worker:
+            await self._redis.expire(key, ttl)
             return True
         return False
 
+    async def reserve_calls(self, job_id: str, cap: int | None, calls: list[int]) -> int:
+        """Count the pairs' judge calls against the job's ``maxJudgeCalls``: how many of them, in
+        order, fit (all of them without a cap)."""
+        if not any(calls):
+            return len(calls)
+        fits = await self._reserve_calls(keys=[keys.backfill_progress(job_id)],
+                                         args=[-1 if cap is None else cap, *calls])
+        return int(fits)
+
     async def advance(self, job_id: str, partition: int, next_offset: int, **progress: int) -> None:
-        """The partition's reached offset, after its batch's pairs are done; and the job's counts."""
+        """The partition's reached offset, after its batch's pairs are done; and the job's counts
+        (negative ones give back calls counted for pairs not scored)."""
         raw = await self._redis.hget(keys.backfill_parts(job_id), str(partition))
         if raw is None:
             return
@@ -157,23 +230,23 @@ class JobParts:
 
     async def progress(self, job_id: str) -> dict[str, int]:
         raw = await self._redis.hgetall(keys.backfill_progress(job_id))
-        return {(k.decode() if isinstance(k, bytes) else k): int(v) for k, v in raw.items()}
+        return {_text(k): int(v) for k, v in raw.items() if _text(k) in COUNTS}
 
-    async def _update(self, job_id: str, **fields: object) -> None:
-        raw = await self._redis.get(keys.backfill(job_id))
-        if raw is None:
-            return
-        doc = orjson.loads(raw)
-        doc.update({k: v for k, v in fields.items() if k != "notes"})
-        if fields.get("notes"):
-            doc["notes"] = [*doc.get("notes", []), *fields["notes"]]  # type: ignore[misc]
-        doc["updatedAt"] = datetime.now(UTC).isoformat()
-        await self._redis.set(keys.backfill(job_id), orjson.dumps(doc))
+    async def pause(self, job_id: str, resume_at: datetime) -> bool:
+        return await self.move(job_id, "paused", "running", resumeAt=resume_at.isoformat())
 
-    async def finish(self, job_id: str, status: str = "done", error: str | None = None) -> None:
-        await self._update(job_id, status=status, error=error)
+    async def resume(self, job_id: str) -> bool:
+        return await self.move(job_id, "running", "paused", resumeAt="")
+
+    async def finish(self, job_id: str, status: str = "done", error: str | None = None,
+                     note: str | None = None) -> None:
+        fields = {"error": error} if error else {}
+        if note:
+            raw = await self._redis.hget(keys.backfill_progress(job_id), "notes")
+            fields["notes"] = orjson.dumps([*(orjson.loads(raw) if raw else []), note]).decode()
+        await self.move(job_id, status, "queued running paused", **fields)  # a cancelled job stays cancelled
         await self._redis.srem(keys.BACKFILLS_ACTIVE, job_id)
 
     async def active(self) -> list[str]:
         members = await self._redis.smembers(keys.BACKFILLS_ACTIVE)
-        return sorted(m.decode() if isinstance(m, bytes) else str(m) for m in members)
+        return sorted(_text(m) for m in members)

@@ -64,18 +64,19 @@ end
 """
 
 # KEYS: the calls budget key, the tokens key, then the claim hashes. ARGV: owner, lease ms, budget
-# limit (-1: none), budget TTL, hash TTL, token limit (-1: none), then per pair: hash index
-# (1-based into KEYS[3..]), field, judge calls, token ceiling. Returns a flat list: state, detail
-# per pair.
+# limit (-1: none), budget TTL, hash TTL, token limit (-1: none), "1" to fill (a backfill: see
+# ``Claims``), then per pair: hash index (1-based into KEYS[3..]), field, judge calls, token
+# ceiling, the group's revision. Returns a flat list: state, detail per pair.
 _CLAIM = _STORED_FIELDS + """
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 local owner, lease_ms, limit, token_limit = ARGV[1], tonumber(ARGV[2]), tonumber(ARGV[3]), tonumber(ARGV[6])
 local lease = 'lease:' .. (now + lease_ms) .. ':' .. owner
-local n = (#ARGV - 6) / 4
+local fill = ARGV[7] == '1'
+local n = (#ARGV - 7) / 5
 
 -- 1. what is stored for every pair: one HMGET per hash
-local _, stored = stored_fields(7, 4, 2)
+local _, stored = stored_fields(8, 5, 2)
 
 -- 2. decide in order: a pair twice in the batch sees its own first decision
 local used, tokens_used = nil, nil
@@ -83,14 +84,18 @@ local reserved, tokens_reserved = 0, 0
 local writes = {}
 local out = {}
 for i = 1, n do
-  local at = 3 + 4 * i
+  local at = 3 + 5 * i
   local h, field, want, tokens = tonumber(ARGV[at]), ARGV[at + 1], tonumber(ARGV[at + 2]), tonumber(ARGV[at + 3])
+  local revision = '@' .. ARGV[at + 4]
   local slot = h .. ' ' .. field
   local current = stored[slot]
   local state, detail = nil, ''
   if current then
-    if string.sub(current, 1, 5) == 'done:' then state, detail = 'done', current
-    elseif string.sub(current, 1, 8) == 'skipped:' then state, detail = 'skipped', current
+    if string.sub(current, 1, 5) == 'done:' then
+      -- filling: done only under this revision (a changed rubric grades it again)
+      if not fill or string.sub(current, -string.len(revision)) == revision then state, detail = 'done', current end
+    elseif string.sub(current, 1, 8) == 'skipped:' then
+      if not fill then state, detail = 'skipped', current end  -- filling: a pair skipped has no rating yet
     else
       local expires = tonumber(string.match(current, '^lease:(%d+):'))
       if expires and expires > now then state, detail = 'busy', current end
@@ -104,16 +109,20 @@ for i = 1, n do
       tokens_used = tokens_used or tonumber(redis.call('GET', KEYS[2]) or '0')
       if (limit >= 0 and used + reserved + want > limit)
           or (token_limit >= 0 and tokens_used + tokens_reserved + tokens > token_limit) then
+        -- filling: nothing is written, the job pauses and grades the pair in a later window
         value, state, detail = 'skipped:budget', 'exhausted', tostring(used + reserved)
+        if fill then value = nil end
       else
         reserved = reserved + want
         tokens_reserved = tokens_reserved + tokens
       end
     end
-    stored[slot] = value
-    writes[h] = writes[h] or {}
-    table.insert(writes[h], field)
-    table.insert(writes[h], value)
+    if value then
+      stored[slot] = value
+      writes[h] = writes[h] or {}
+      table.insert(writes[h], field)
+      table.insert(writes[h], value)
+    end
   end
   table.insert(out, state)
   table.insert(out, detail)
@@ -264,6 +273,11 @@ def claim_field(request: ClaimRequest) -> str:
     return keys.dedupe_field(request.group_id, request.subject_key)
 
 
+def done_mark(request: ClaimRequest, rating_id: str) -> str:
+    """What a done pair keeps: its rating id, and the revision of the group that rated it."""
+    return f"done:{rating_id}@{request.revision}" if request.revision else f"done:{rating_id}"
+
+
 @frozen
 class ClaimResult:
     state: ClaimState
@@ -276,9 +290,15 @@ def new_owner() -> str:
 
 
 class Claims:
+    """The claims of one kind of work. ``fill`` is a backfill's: a pair counts as done only when
+    it was rated under its group's current revision (a changed rubric grades past traffic again,
+    a re-run grades nothing twice), a pair once skipped for budget is graded, and a pair that
+    finds the budget exhausted is left as it was (the job pauses and comes back to it)."""
+
     def __init__(self, redis: RedisClient, *, owner: str | None = None, lease_s: float = 120.0,
-                 done_ttl_s: int = keys.DEDUPE_DONE_TTL_S) -> None:
+                 done_ttl_s: int = keys.DEDUPE_DONE_TTL_S, fill: bool = False) -> None:
         self._redis = redis
+        self.fill = fill
         self.owner = owner or new_owner()
         self.lease_s = lease_s
         self.lease_ms = int(lease_s * 1000)
@@ -341,11 +361,12 @@ class Claims:
                 args: list[str | int] = [self.owner, self.lease_ms,
                                          -1 if first.budget_limit is None else first.budget_limit,
                                          first.budget_window_s * 2, self._done_ttl_s,
-                                         -1 if first.token_limit is None else first.token_limit]
+                                         -1 if first.token_limit is None else first.token_limit,
+                                         int(self.fill)]
                 for i in indexes:
                     r = requests[i]
                     args += [hashes.setdefault(claim_hash(r), len(hashes) + 1), claim_field(r), r.judge_calls,
-                             r.judge_tokens]
+                             r.judge_tokens, r.revision]
                 pipe.script(self._claim, [keys.judge_budget(first.project_id, window_start),
                                           keys.judge_tokens(first.project_id, window_start), *hashes], args)
             replies = await pipe.execute()
@@ -365,7 +386,7 @@ class Claims:
         by_project: dict[str, tuple[dict[str, dict[str, str]], dict[tuple[str, int], int]]] = {}
         for request, rating_id in done:
             hashes, _ = by_project.setdefault(request.project_id, ({}, defaultdict(int)))
-            hashes.setdefault(claim_hash(request), {})[claim_field(request)] = f"done:{rating_id}"
+            hashes.setdefault(claim_hash(request), {})[claim_field(request)] = done_mark(request, rating_id)
         for request, delta in tokens:
             if delta:
                 window_s = request.budget_window_s
@@ -425,7 +446,7 @@ class Claims:
             await pipe.execute()
 
     async def stored(self, request: ClaimRequest) -> str:
-        """What is kept for a pair ("lease:...", "done:<ratingId>", "skipped:budget"), or ""."""
+        """What is kept for a pair ("lease:...", "done:<ratingId>[@<revision>]", "skipped:budget"), or ""."""
         value = await self._redis.hget(claim_hash(request), claim_field(request))
         return _text(value) if value is not None else ""
 

@@ -214,30 +214,32 @@ def evaluations(project_id: str) -> str:
     return f"{PREFIX}:evaluations:{{{project_id}}}"
 
 
-# --- Backfills (scoring.stores.backfills): a job's document, a group's jobs, the jobs not ended --
+# --- Backfills (scoring.stores.backfills): a job's keys, a group's jobs, the jobs not ended ------
+# A job's own keys share its id as hash tag: its document, state, ranges, plan lock and leases are
+# on one Redis Cluster node, so a batch's offset and counts move in one transaction.
 
 BACKFILLS_ACTIVE = f"{PREFIX}:backfills:active"
 
 
 def backfill(job_id: str) -> str:
-    return f"{PREFIX}:backfill:{job_id}"
+    return f"{PREFIX}:backfill:{{{job_id}}}"
 
 
 def group_backfills(group_id: str) -> str:
-    return f"{PREFIX}:backfills:group:{group_id}"
+    return f"{PREFIX}:backfills:group:{{{group_id}}}"
 
 
 def backfill_parts(job_id: str) -> str:
-    return f"{PREFIX}:backfill:{job_id}:parts"
+    return f"{PREFIX}:backfill:{{{job_id}}}:parts"
 
 
 def backfill_progress(job_id: str) -> str:
-    return f"{PREFIX}:backfill:{job_id}:progress"
+    return f"{PREFIX}:backfill:{{{job_id}}}:progress"
 
 
 def backfill_plan_lock(job_id: str) -> str:
-    return f"{PREFIX}:backfill:{job_id}:planning"
+    return f"{PREFIX}:backfill:{{{job_id}}}:planning"
 
 
 def backfill_lease(job_id: str, partition: int) -> str:
-    return f"{PREFIX}:backfill:{job_id}:lease:{partition}"
+    return f"{PREFIX}:backfill:{{{job_id}}}:lease:{partition}"

@@ -1,12 +1,24 @@
-"""The backfill runner on the real broker and Redis (issue 42): a day of
-past traces, a group whose live scoring is off, a job over that day - every trace rated once with
-origin "backfill", in the history at the trace's time, paging nobody; the same window again
-rates nothing new."""
+"""The backfill runner on the real broker and Redis (issue 42), with a local judge: a day of past
+traces, a group, a job over that day.
+
+- every trace rated once with origin "backfill", in the history at the trace's time, paging
+  nobody; the same window again rates nothing new; another project's trace is never graded;
+- a changed rubric (a new revision of the group) grades the window again;
+- a budget of N judge calls a window: the job pauses at N and resumes in the next window;
+- ``maxJudgeCalls``: the job ends where the cap stopped it;
+- ``alerts: true``: a backfill's results below the threshold raise Signals;
+- span scope: each matching step once;
+- live traffic first: a pressed live loop holds the backfill back.
+"""
 
 from __future__ import annotations
 
 import asyncio
+import time
+from collections.abc import AsyncIterator, Callable, Iterator
+from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
+from typing import Any
 
 import orjson
 import pytest
@@ -17,11 +29,13 @@ from redis.asyncio import Redis
 from consumers.backfill import BackfillRunner
 from consumers.events import Silent
 from consumers.outage import OutageGuard
-from consumers.outputs import Outputs, PublishPolicy, TopicNames
+from consumers.outputs import BACKFILL, BACKFILL_ALERTING, Outputs, PublishPolicy, TopicNames
 from consumers.pairs import PairProtocol
-from scorer_groups.api_models import BackfillCreate
+from deploy.judge_server import JudgeServer
+from scorer_groups.api_models import BACKFILL_ENDED, BackfillCreate, BackfillJob
 from scoring.catalog import CatalogSnapshot
-from scoring.models import Pattern, ScorerGroup
+from scoring.members.judge import JudgeClient
+from scoring.models import Budget, Judge, Pattern, ScorerGroup
 from scoring.panel import Panel
 from scoring.stores.backfills import BackfillStore, JobParts
 from scoring.stores.claims import Claims
@@ -31,81 +45,245 @@ from tests.support.harness import read_topic
 pytestmark = pytest.mark.integration
 
 DAY = datetime.now(UTC).replace(hour=0, minute=0, second=0, microsecond=0) - timedelta(days=3)
-TRACES = 20
+SORRY = "I am so sorry, I apologize for that."
 
 
-async def test_a_job_rates_a_past_days_traces_once_each_as_backfill(redis: Redis, kafka_bootstrap: str,
-                                                                     unique: str) -> None:
-    topic, project = f"bf-traces-{unique}", f"p-bf-{unique}"
-    names = TopicNames(traces=topic, ratings=f"bf-ratings-{unique}", signals=f"bf-signals-{unique}",
-                       webhooks=f"bf-webhooks-{unique}", dlq="-")
+def trace(project: str, n: int, output: str, **extra: Any) -> dict[str, Any]:
+    return {"traceId": f"t-{n}", "projectId": project, "agentId": "a", "timestamp": (DAY + timedelta(hours=n)).isoformat(),
+            "spans": [{"spanId": "r", "input": "q", "output": output}], **extra}
+
+
+def group_doc(gid: str, project: str, members: list[dict[str, Any]], **online: Any) -> ScorerGroup:
+    return ScorerGroup.model_validate({
+        "id": gid, "name": "G", "projectId": project, "members": members,
+        "online": {"enabled": False, "sampleRate": 1, "alertThreshold": 6, "severity": "high", **online}})
+
+
+APOLOGY = Pattern(id="apology", name="Apology", polarity="failure", template="apology")
+BY_PATTERN = [{"kind": "pattern", "refId": "apology", "weight": 1}]
+BY_JUDGE = [{"kind": "judge", "refId": "j", "weight": 1}]
+
+
+@dataclass
+class Bench:
+    """A traces topic of two partitions, its outputs, a producer, and runners over them."""
+
+    redis: Redis
+    bootstrap: str
+    unique: str
+    producer: AIOKafkaProducer
+    panel: Panel
+    judge: JudgeServer
+    names: TopicNames = field(init=False)
+    project: str = field(init=False)
+
+    def __post_init__(self) -> None:
+        u = self.unique
+        self.names = TopicNames(traces=f"bf-traces-{u}", ratings=f"bf-ratings-{u}", signals=f"bf-signals-{u}",
+                                webhooks=f"bf-webhooks-{u}", dlq="-")
+        self.project = f"p-bf-{u}"
+
+    async def produce(self, traces: list[dict[str, Any]]) -> None:
+        sends = [await self.producer.send(self.names.traces, orjson.dumps(t), key=t["traceId"].encode(),
+                                          timestamp_ms=int(datetime.fromisoformat(t["timestamp"]).timestamp() * 1000))
+                 for t in traces]
+        await asyncio.gather(*sends)
+
+    def runner(self, snapshot: Callable[[], CatalogSnapshot], worker: str = "w-1",
+               live_pressed: Callable[[], bool] = lambda: False) -> BackfillRunner:
+        claims = Claims(self.redis, lease_s=5.0, fill=True)
+
+        def protocol(policy: PublishPolicy) -> PairProtocol:
+            return PairProtocol(claims=claims, ratings=RatingsStore(self.redis), panel=self.panel,
+                                outputs=Outputs(self.producer, self.names, Silent(), policy=policy),
+                                outages=OutageGuard(tolerance_s=60.0))
+
+        return BackfillRunner(jobs=BackfillStore(self.redis), parts=JobParts(self.redis, lease_s=5.0),
+                              pairs=protocol(BACKFILL), alerting=protocol(BACKFILL_ALERTING), catalog=snapshot,
+                              consumer=lambda: AIOKafkaConsumer(bootstrap_servers=self.bootstrap, group_id=None),
+                              topic=self.names.traces, worker=worker, max_trace_bytes=1 << 20,
+                              live_pressed=live_pressed, interval_s=0.2)
+
+    async def job(self, group: ScorerGroup, rate: float = 1.0, **request: Any) -> str:
+        window = BackfillCreate.model_validate({"from": DAY.isoformat(), "to": (DAY + timedelta(days=1)).isoformat(),
+                                                **request})
+        return (await BackfillStore(self.redis).create(group.id, group.project_id, window, rate)).id
+
+    async def run(self, runner: BackfillRunner, job_id: str, until: Callable[[BackfillJob], bool] | None = None,
+                  timeout_s: float = 60) -> BackfillJob:
+        """Run the runner until the job has ended (or ``until`` holds of it)."""
+        stop = asyncio.Event()
+        running = asyncio.create_task(runner.run(stop))
+        try:
+            deadline = time.monotonic() + timeout_s
+            while time.monotonic() < deadline:
+                job = await BackfillStore(self.redis).get(job_id)
+                if (until or (lambda j: j.status in BACKFILL_ENDED))(job):
+                    return job
+                await asyncio.sleep(0.1)
+            raise AssertionError(f"the job did not get there in {timeout_s} s: {job}")
+        finally:
+            stop.set()
+            await running
+
+    async def ratings(self, expected: int, settle_s: float = 1.0) -> list[dict[str, Any]]:
+        return await read_topic(self.bootstrap, self.names.ratings, until=lambda v: len(v) >= expected,
+                                settle_s=settle_s, timeout_s=30)
+
+
+@pytest.fixture(scope="module")
+def judge_server() -> Iterator[JudgeServer]:
+    with JudgeServer() as s:
+        yield s
+
+
+@pytest.fixture
+async def bench(redis: Redis, kafka_bootstrap: str, unique: str, judge_server: JudgeServer) -> AsyncIterator[Bench]:
+    judge_server.reset()
+    judges = JudgeClient(judge_server.base_url, timeout_s=5)
+    producer = AIOKafkaProducer(bootstrap_servers=kafka_bootstrap, enable_idempotence=True, acks="all")
+    await producer.start()
+    b = Bench(redis, kafka_bootstrap, unique, producer, Panel(judges=judges, member_deadline_s=10), judge_server)
     admin = AIOKafkaAdminClient(bootstrap_servers=kafka_bootstrap)
     await admin.start()
     try:
-        await admin.create_topics([NewTopic(topic, 2, 1)])
+        await admin.create_topics([NewTopic(b.names.traces, 2, 1)])
     finally:
         await admin.close()
-    producer = AIOKafkaProducer(bootstrap_servers=kafka_bootstrap, enable_idempotence=True, acks="all")
-    await producer.start()
     try:
-        sends = []
-        for n in range(TRACES):
-            at = DAY + timedelta(hours=n)
-            trace = {"traceId": f"t-{n}", "projectId": project, "agentId": "a", "timestamp": at.isoformat(),
-                     "spans": [{"spanId": "r", "input": "q", "output": "I am so sorry, I apologize for that." if n % 2 else "done"}]}
-            sends.append(await producer.send(topic, orjson.dumps(trace), key=f"t-{n}".encode(),
-                                             timestamp_ms=int(at.timestamp() * 1000)))
-        # A hostile tenant's trace in the same window, naming another project: never this job's.
-        intruder = {"traceId": "intruder", "projectId": f"other-{unique}", "agentId": "a",
-                    "timestamp": (DAY + timedelta(hours=1)).isoformat(),
-                    "spans": [{"spanId": "r", "input": "q", "output": "done"}]}
-        sends.append(await producer.send(topic, orjson.dumps(intruder), key=b"intruder",
-                                         timestamp_ms=int((DAY + timedelta(hours=1)).timestamp() * 1000)))
-        await asyncio.gather(*sends)
-        group = ScorerGroup.model_validate({
-            "id": f"g-{unique}", "name": "G", "projectId": project,
-            "members": [{"kind": "pattern", "refId": "apology", "weight": 1}],
-            "online": {"enabled": False, "sampleRate": 1, "alertThreshold": 6, "severity": "high"}})
-        snapshot = CatalogSnapshot(groups={group.id: group}, patterns={
-            "apology": Pattern(id="apology", name="Apology", polarity="failure", template="apology")})
-        jobs = BackfillStore(redis)
-        window = BackfillCreate.model_validate({"from": DAY.isoformat(), "to": (DAY + timedelta(days=1)).isoformat()})
-
-        async def run_a_job() -> str:
-            job = await jobs.create(group.id, project, window, 1.0)
-            pairs = PairProtocol(claims=Claims(redis, lease_s=5.0), ratings=RatingsStore(redis), panel=Panel(),
-                                 outputs=Outputs(producer, names, Silent(), policy=PublishPolicy(
-                                     origin="backfill", signals=False, history_at_subject=True)),
-                                 outages=OutageGuard(tolerance_s=60.0))
-            runner = BackfillRunner(jobs=jobs, parts=JobParts(redis), pairs=pairs, catalog=lambda: snapshot,
-                                    consumer=lambda: AIOKafkaConsumer(bootstrap_servers=kafka_bootstrap, group_id=None),
-                                    topic=topic, worker="w-1", max_trace_bytes=1 << 20)
-            stop = asyncio.Event()
-            pairs.start()
-            await runner.tick(stop)
-            await runner.tick(stop)  # the finish after the last partition
-            await pairs.close(5.0)
-            return job.id
-
-        first = await run_a_job()
-        ratings = await read_topic(kafka_bootstrap, names.ratings, until=lambda v: len(v) >= TRACES, settle_s=1)
-        second = await run_a_job()
-        again = await read_topic(kafka_bootstrap, names.ratings, until=lambda v: len(v) >= TRACES, settle_s=2)
+        yield b
     finally:
         await producer.stop()
+        await judges.close()
 
-    assert sorted(r["traceId"] for r in ratings) == sorted(f"t-{n}" for n in range(TRACES)), \
+
+async def test_a_job_rates_a_past_days_traces_once_each_as_backfill(bench: Bench) -> None:
+    traces = [trace(bench.project, n, SORRY if n % 2 else "done") for n in range(20)]
+    # A hostile tenant's trace in the same window, naming another project: never this job's.
+    intruder = {**trace(bench.project, 1, "done"), "traceId": "intruder", "projectId": f"other-{bench.unique}"}
+    await bench.produce([*traces, intruder])
+    group = group_doc(f"g-{bench.unique}", bench.project, BY_PATTERN)
+    snapshot = CatalogSnapshot(groups={group.id: group}, patterns={"apology": APOLOGY})
+
+    first = await bench.run(bench.runner(lambda: snapshot), await bench.job(group))
+    ratings = await bench.ratings(len(traces))
+    second = await bench.run(bench.runner(lambda: snapshot), await bench.job(group))
+    again = await bench.ratings(len(traces), settle_s=2)
+
+    assert sorted(r["traceId"] for r in ratings) == sorted(t["traceId"] for t in traces), \
         "every trace of the project once; another project's trace in the window is not graded"
     assert {r["origin"] for r in ratings} == {"backfill"}
-    assert len(again) == TRACES, "the same window again rates nothing new"
-    assert (await jobs.get(first)).status == "done" and (await jobs.get(second)).status == "done"
-    progress = (await jobs.get(first)).progress
-    assert (progress.fraction, progress.traces_read, progress.pairs_scored) == (1.0, TRACES + 1, TRACES)
-    assert (await jobs.get(second)).progress.pairs_scored == 0, "already rated: skipped by the claims"
-    history = await RatingsStore(redis).history(group.id, "30d")
-    assert history.count == TRACES and history.below == TRACES // 2, "counted, at the traces' own days"
-    day_buckets = {b.start for b in history.buckets if b.count}
-    assert all(DAY.timestamp() <= start < (DAY + timedelta(days=1)).timestamp() for start in day_buckets)
-    signals = await read_topic(kafka_bootstrap, names.signals, until=lambda v: True, timeout_s=3)
+    assert len(again) == len(traces), "the same window again rates nothing new"
+    assert first.status == second.status == "done"
+    assert (first.progress.fraction, first.progress.traces_read, first.progress.pairs_scored) == (1.0, 21, 20)
+    assert (second.progress.pairs_scored, second.progress.pairs_skipped) == (0, 20), "already rated: skipped"
+    history = await RatingsStore(bench.redis).history(group.id, "30d")
+    assert history.count == 20 and history.below == 10, "counted, at the traces' own days"
+    assert all(DAY.timestamp() <= b.start < (DAY + timedelta(days=1)).timestamp() for b in history.buckets if b.count)
+    signals = await read_topic(bench.bootstrap, bench.names.signals, until=lambda v: True, timeout_s=3)
     assert signals == [], "last week's traffic pages nobody"
-    _ = AIOKafkaConsumer
+
+
+async def test_a_changed_rubric_grades_the_window_again(bench: Bench) -> None:
+    await bench.produce([trace(bench.project, n, SORRY) for n in range(6)])
+    group = group_doc(f"g-{bench.unique}", bench.project, BY_PATTERN)
+    before = CatalogSnapshot(groups={group.id: group}, patterns={"apology": APOLOGY})
+    await bench.run(bench.runner(lambda: before), await bench.job(group))
+    await bench.ratings(6)
+
+    # The pattern's rule changes: the group's ratings mean something else now.
+    changed = CatalogSnapshot(groups={group.id: group}, patterns={"apology": Pattern(
+        id="apology", name="Apology", polarity="failure", contains=["nothing like this"])})
+    assert changed.revision(group) != before.revision(group)
+    assert CatalogSnapshot(groups={group.id: group.model_copy(update={"name": "Renamed"})},
+                           patterns={"apology": APOLOGY}).revision(group) == before.revision(group), \
+        "a name is not how it grades"
+    regraded = await bench.run(bench.runner(lambda: changed), await bench.job(group))
+    ratings = await bench.ratings(12)
+    once_more = await bench.run(bench.runner(lambda: changed), await bench.job(group))
+
+    assert regraded.progress.pairs_scored == 6, "rated under another revision: graded again"
+    assert [r["rating"] for r in ratings[6:]] == [10.0] * 6 and [r["rating"] for r in ratings[:6]] == [0.0] * 6
+    assert (once_more.progress.pairs_scored, once_more.progress.pairs_skipped) == (0, 6)
+
+
+async def test_a_budget_of_n_calls_pauses_the_job_at_n_and_it_resumes_in_the_next_window(bench: Bench) -> None:
+    window_s, per_window, traces = 6, 4, 10
+    await bench.produce([trace(bench.project, n, "fine") for n in range(traces)])
+    group = group_doc(f"g-{bench.unique}", bench.project, BY_JUDGE)
+    snapshot = CatalogSnapshot(groups={group.id: group}, judges={"j": Judge(id="j", name="J", criteria="Helpful?")},
+                               budgets={bench.project: Budget(project_id=bench.project, window_seconds=window_s,
+                                                              judge_calls_per_window=per_window)})
+    job_id = await bench.job(group)
+    await asyncio.sleep(window_s - time.time() % window_s + 0.2)  # a whole window ahead: the pause comes at N
+    paused = await bench.run(bench.runner(lambda: snapshot), job_id, until=lambda j: j.status == "paused")
+    assert paused.progress.judge_calls == per_window and paused.progress.pairs_scored == per_window
+    assert len(bench.judge.requests) == per_window, "not one call past the budget"
+    assert paused.resume_at is not None and paused.resume_at.timestamp() % window_s == 0
+    assert paused.resume_at > datetime.now(UTC), "resumes when the next window opens"
+
+    done = await bench.run(bench.runner(lambda: snapshot), job_id, timeout_s=4 * window_s)
+    ratings = await bench.ratings(traces)
+    assert done.status == "done" and done.progress.fraction == 1.0
+    assert sorted(r["traceId"] for r in ratings) == sorted(f"t-{n}" for n in range(traces)), "each once"
+    assert done.progress.judge_calls == traces == len(bench.judge.requests)
+    assert done.progress.pairs_skipped == 0, "a pair the budget refused was graded later, not skipped"
+
+
+async def test_max_judge_calls_ends_the_job_where_it_stopped(bench: Bench) -> None:
+    await bench.produce([trace(bench.project, n, "fine") for n in range(10)])
+    group = group_doc(f"g-{bench.unique}", bench.project, BY_JUDGE)
+    snapshot = CatalogSnapshot(groups={group.id: group}, judges={"j": Judge(id="j", name="J", criteria="Helpful?")})
+    done = await bench.run(bench.runner(lambda: snapshot), await bench.job(group, maxJudgeCalls=3))
+    ratings = await bench.ratings(3, settle_s=2)
+    assert done.status == "done" and len(ratings) == 3 and len(bench.judge.requests) == 3
+    assert done.progress.judge_calls == 3 and done.progress.fraction < 1.0
+    assert any("maxJudgeCalls (3)" in note for note in done.notes), done.notes
+
+
+async def test_alerts_true_raises_the_signals_of_a_backfill(bench: Bench) -> None:
+    await bench.produce([trace(bench.project, n, SORRY if n < 2 else "done") for n in range(5)])
+    group = group_doc(f"g-{bench.unique}", bench.project, BY_PATTERN)
+    snapshot = CatalogSnapshot(groups={group.id: group}, patterns={"apology": APOLOGY})
+    await bench.run(bench.runner(lambda: snapshot), await bench.job(group, alerts=True))
+    signals = await read_topic(bench.bootstrap, bench.names.signals, until=lambda v: len(v) >= 2, settle_s=1)
+    assert sorted(s["traceId"] for s in signals) == ["t-0", "t-1"]
+
+
+async def test_a_span_scope_group_grades_each_matching_step_once(bench: Bench) -> None:
+    steps = [{"spanId": "root", "name": "agent", "input": "q", "output": "done"},
+             {"spanId": "s1", "parentSpanId": "root", "name": "tool", "input": "x", "output": SORRY},
+             {"spanId": "s2", "parentSpanId": "root", "name": "tool", "input": "y", "output": "ok"}]
+    await bench.produce([{**trace(bench.project, n, "done"), "spans": steps} for n in range(3)])
+    group = group_doc(f"g-{bench.unique}", bench.project, BY_PATTERN, scope="span",
+                      spanFilter={"field": "name", "op": "eq", "value": "tool"})
+    snapshot = CatalogSnapshot(groups={group.id: group}, patterns={"apology": APOLOGY})
+    done = await bench.run(bench.runner(lambda: snapshot), await bench.job(group))
+    ratings = await bench.ratings(6)
+    assert done.progress.pairs_scored == 6
+    assert sorted((r["traceId"], r["spanId"]) for r in ratings) == sorted(
+        (f"t-{n}", s) for n in range(3) for s in ("s1", "s2"))
+    assert {r["scope"] for r in ratings} == {"span"}
+
+
+async def test_live_traffic_goes_first(bench: Bench) -> None:
+    await bench.produce([trace(bench.project, n, "done") for n in range(4)])
+    group = group_doc(f"g-{bench.unique}", bench.project, BY_PATTERN)
+    snapshot = CatalogSnapshot(groups={group.id: group}, patterns={"apology": APOLOGY})
+    pressed = True
+    job_id = await bench.job(group)
+    jobs = BackfillStore(bench.redis)
+    stop = asyncio.Event()
+    running = asyncio.create_task(bench.runner(lambda: snapshot, live_pressed=lambda: pressed).run(stop))
+    try:
+        await asyncio.sleep(2.0)  # planned by now (a tick), and held back since
+        held = await jobs.get(job_id)
+        pressed = False
+        deadline = time.monotonic() + 30
+        while (await jobs.get(job_id)).status != "done" and time.monotonic() < deadline:
+            await asyncio.sleep(0.1)
+    finally:
+        stop.set()
+        await running
+    assert held.status == "running" and held.progress.traces_read == 0, "nothing read while live traffic pressed"
+    assert (await jobs.get(job_id)).progress.pairs_scored == 4

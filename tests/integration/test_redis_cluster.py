@@ -21,11 +21,13 @@ from redis.commands.core import AsyncScript
 from redis.exceptions import ConnectionError as RedisConnectionError
 
 from deploy.redis_servers import LocalRedisCluster
+from scorer_groups.api_models import BackfillCreate
 from scoring.otlp.mapping import BufferedSpan
 from scoring.pairs import ClaimRequest, day_of
 from scoring.results import HistoryEntry, Signal, build_deliveries
 from scoring.stores import keys
 from scoring.stores.alerts import NoScoreAlerts
+from scoring.stores.backfills import BackfillStore, JobParts
 from scoring.stores.claims import Claims, Reservation
 from scoring.stores.deliveries import DeliverySchedule, PendingDelivery, shard_of
 from scoring.stores.otlp_buffer import OtlpBuffer
@@ -118,7 +120,17 @@ async def use_every_store(redis: RedisCluster) -> list[AsyncScript]:
     alerts = NoScoreAlerts(redis, interval_s=60)
     assert await alerts.due([(f"p{n}", "g", f"sig-{n}") for n in range(6)]) == {f"sig-{n}" for n in range(6)}
 
-    stores = (claims, ratings, sessions, buffer, schedule, alerts)
+    jobs, parts = BackfillStore(redis), JobParts(redis)
+    window = BackfillCreate.model_validate({"from": "2026-01-01T00:00:00Z", "to": "2026-01-02T00:00:00Z"})
+    job = await jobs.create("g1", "p1", window, 1.0)
+    await parts.save_plan(job.id, {0: (0, 10), 1: (5, 9)}, ["a note"])
+    assert await parts.reserve_calls(job.id, 3, [2, 2]) == 1
+    await parts.advance(job.id, 0, 4, tracesRead=4, pairsScored=1)
+    assert await parts.pause(job.id, datetime.now(UTC)) and await parts.resume(job.id)
+    assert (await jobs.of_group("g1"))[0].progress.traces_read == 4
+    assert (await jobs.cancel(job.id)).status == "cancelled"
+
+    stores = (claims, ratings, sessions, buffer, schedule, alerts, parts)
     return [v for store in stores for v in vars(store).values() if isinstance(v, AsyncScript)]
 
 
