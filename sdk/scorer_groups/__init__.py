@@ -19,14 +19,24 @@ import importlib
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from scorer_groups._async import AsyncClient
+    from scorer_groups._async import AsyncBackfill, AsyncClient
     from scorer_groups._calls import Retry
-    from scorer_groups._sync import Client
-    from scorer_groups.api_models import BudgetView, Change, Channel, Ratings, ResultsPage, SessionScore
+    from scorer_groups._sync import Backfill, Client
+    from scorer_groups.api_models import (
+        BackfillJob,
+        BackfillProgress,
+        BudgetView,
+        Change,
+        Channel,
+        Ratings,
+        ResultsPage,
+        SessionScore,
+    )
     from scorer_groups.documents import Rating
     from scorer_groups.errors import (
         ApiError,
         BadRequest,
+        Conflict,
         Forbidden,
         NotFound,
         PreconditionFailed,
@@ -41,7 +51,8 @@ if TYPE_CHECKING:
 # (scorer_groups.models, ...) without the HTTP clients, so its scoring core loads no httpx.
 _HOMES = {
     "AsyncClient": "_async", "Retry": "_calls", "Client": "_sync",
-    "ApiError": "errors", "BadRequest": "errors", "Forbidden": "errors", "NotFound": "errors",
+    "AsyncBackfill": "_async", "Backfill": "_sync", "BackfillJob": "api_models", "BackfillProgress": "api_models",
+    "ApiError": "errors", "BadRequest": "errors", "Conflict": "errors", "Forbidden": "errors", "NotFound": "errors",
     "PreconditionFailed": "errors", "RateLimited": "errors", "ServerError": "errors", "Unauthorized": "errors",
     "Evaluation": "evaluations", "GateFailed": "gates", "NotAJudgeMember": "gates",
     "Change": "api_models", "Channel": "api_models", "Ratings": "api_models", "SessionScore": "api_models",
@@ -66,13 +77,18 @@ def __dir__() -> list[str]:
 
 __all__ = [
     "ApiError",
+    "AsyncBackfill",
     "AsyncClient",
+    "Backfill",
+    "BackfillJob",
+    "BackfillProgress",
     "BadRequest",
     "Budget",
     "BudgetView",
     "Change",
     "Channel",
     "Client",
+    "Conflict",
     "CustomEvaluator",
     "Evaluation",
     "Forbidden",

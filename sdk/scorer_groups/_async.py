@@ -14,6 +14,8 @@ from scorer_groups import _calls as calls
 from scorer_groups._calls import Retry
 from scorer_groups._transport_async import AsyncTransport
 from scorer_groups.api_models import (
+    BACKFILL_ENDED,
+    BackfillJob,
     BudgetView,
     Change,
     Channel,
@@ -23,6 +25,7 @@ from scorer_groups.api_models import (
     ResultsPage,
     SessionScore,
 )
+from scorer_groups.backfills import BackfillBar, Deadline, When, backfill_body
 from scorer_groups.evaluations_async import AsyncDatasets, AsyncEvaluations
 from scorer_groups.models import Budget, CustomEvaluator, Judge, Pattern, ScorerGroup, WireModel
 
@@ -78,6 +81,84 @@ class ScorerGroups:
 
     async def changes(self, id: str) -> builtins.list[Change]:
         return await self._t.run(calls.group_changes(id))
+
+    async def backfill(
+        self, id: str, *, since: When, until: When | None = None, sample_rate: float | None = None,
+        max_judge_calls: int | None = None, alerts: bool = False,
+    ) -> AsyncBackfill:
+        """Grade the group's traffic of ``[since, until)`` again, with its current version: the job,
+        queued (``wait()`` follows it to its end). ``since`` and ``until`` are each an aware datetime,
+        an ISO time with its zone, or a duration back from now ("90m", "24h", "7d"; ValueError
+        otherwise); ``until`` defaults to now. ``sample_rate`` defaults to the group's online one
+        (required for a group without one); ``max_judge_calls`` caps the job's judge calls;
+        ``alerts`` raises Signals and deliveries for what it grades (none by default). What the
+        group does not allow (a session-scope group) is a BadRequest naming the field."""
+        body = backfill_body(since, until, sample_rate, max_judge_calls, alerts)
+        return AsyncBackfill(self._t, await self._t.run(calls.start_backfill(id, body)))
+
+    async def backfills(self, id: str) -> builtins.list[BackfillJob]:
+        """The group's backfill jobs, newest first (its last 50)."""
+        return await self._t.run(calls.group_backfills(id))
+
+
+class AsyncBackfill:
+    """A backfill job: ``job``, the server's ``BackfillJob`` as last read, whose fields read on the
+    handle too (``status``, ``progress.fraction``, ``resume_at``...), and the calls that follow it."""
+
+    def __init__(self, transport: AsyncTransport, job: BackfillJob) -> None:
+        self._t = transport
+        self.job = job
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.job, name)
+
+    @property
+    def id(self) -> str:
+        return self.job.id
+
+    async def refresh(self) -> BackfillJob:
+        """Read the job again: its status and progress now."""
+        self.job = await self._t.run(calls.get_backfill(self.job.id))
+        return self.job
+
+    async def cancel(self) -> BackfillJob:
+        """Cancel the job (the workers stop at their next batch); Conflict if it has ended."""
+        self.job = await self._t.run(calls.cancel_backfill(self.job.id))
+        return self.job
+
+    async def wait(
+        self, *, progress: bool | None = False, poll_s: float = 1.0, timeout_s: float | None = None,
+    ) -> BackfillJob:
+        """Read the job every ``poll_s`` seconds until it ends - done, failed or cancelled - and
+        return it as it ended: a failed or cancelled job is returned, not raised (``status`` and
+        ``error`` say what happened). ``progress`` draws its bar on stderr: the fraction read, the
+        traces read, the pairs scored, and until when a paused job waits for its budget (None:
+        only when stderr is a terminal). After ``timeout_s`` seconds, TimeoutError; the job goes on."""
+        bar, deadline = BackfillBar(progress), Deadline(timeout_s)
+        while True:
+            job = await self.refresh()
+            timed_out = deadline.passed()
+            bar.draw(job, last=timed_out)
+            if job.status in BACKFILL_ENDED:
+                return job
+            if timed_out:
+                raise TimeoutError(f"backfill {job.id} is still {job.status} after {timeout_s} s; it goes on")
+            await self._t.pause(deadline.nap(poll_s))
+
+
+class Backfills:
+    """``client.monitor.backfills``: a job by its id (``client.monitor.scorer_groups.backfill``
+    starts one)."""
+
+    def __init__(self, transport: AsyncTransport) -> None:
+        self._t = transport
+
+    async def get(self, id: str) -> AsyncBackfill:
+        return AsyncBackfill(self._t, await self._t.run(calls.get_backfill(id)))
+
+    async def cancel(self, id: str) -> BackfillJob:
+        """Cancel a job that has not ended; Conflict if it has."""
+        return await self._t.run(calls.cancel_backfill(id))
 
 
 class Sessions:
@@ -162,6 +243,7 @@ class Channels:
 class Monitor:
     def __init__(self, transport: AsyncTransport) -> None:
         self.scorer_groups = ScorerGroups(transport)
+        self.backfills = Backfills(transport)
         self.sessions = Sessions(transport)
         self.judges: Scorers[Judge] = Scorers(transport, Judge)
         self.patterns: Scorers[Pattern] = Scorers(transport, Pattern)

@@ -14,7 +14,16 @@ import httpx
 from pydantic import BaseModel, TypeAdapter
 from pydantic.alias_generators import to_camel
 
-from scorer_groups.api_models import Change, Channel, GradeRequest, PlaygroundRating, Ratings, ResultsPage, SessionScore
+from scorer_groups.api_models import (
+    BackfillJob,
+    Change,
+    Channel,
+    GradeRequest,
+    PlaygroundRating,
+    Ratings,
+    ResultsPage,
+    SessionScore,
+)
 from scorer_groups.errors import ApiError, error_for
 from scorer_groups.models import Budget, CustomEvaluator, Judge, Pattern, ScorerGroup, WireModel
 
@@ -158,6 +167,27 @@ def group_changes(group_id: str) -> Call[builtins.list[Change]]:
 def session_scores(session_id: str) -> Call[builtins.list[SessionScore]]:
     return Call("GET", f"/v1/sessions/{_id(session_id)}/scores", _model(builtins.list[SessionScore]))
 
+
+
+# --- Backfills: /v1/scorer-groups/{id}/backfills and /v1/backfills/{id} ----------------------
+
+
+def start_backfill(group_id: str, body: Mapping[str, Any]) -> Call[BackfillJob]:
+    """``body``: ``backfills.backfill_body``'s (the window, sample, caps), checked by the server."""
+    return Call("POST", f"/v1/scorer-groups/{_id(group_id)}/backfills", _model(BackfillJob), json=dict(body))
+
+
+def group_backfills(group_id: str) -> Call[builtins.list[BackfillJob]]:
+    # One answer, not pages: the server keeps a group's last 50 jobs.
+    return Call("GET", f"/v1/scorer-groups/{_id(group_id)}/backfills", _model(builtins.list[BackfillJob]))
+
+
+def get_backfill(job_id: str) -> Call[BackfillJob]:
+    return Call("GET", f"/v1/backfills/{_id(job_id)}", _model(BackfillJob))
+
+
+def cancel_backfill(job_id: str) -> Call[BackfillJob]:
+    return Call("DELETE", f"/v1/backfills/{_id(job_id)}", _model(BackfillJob))
 
 # --- Scorers, budgets, channels ---------------------------------------------------------------
 

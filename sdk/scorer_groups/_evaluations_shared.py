@@ -9,13 +9,13 @@ import asyncio
 import contextvars
 import inspect
 import json
-import sys
 import threading
 from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
+from scorer_groups._progress import Line, bar
 from scorer_groups.gates import Allowance
 from scorer_groups.runs import DatasetItem, EvaluationRun
 
@@ -67,21 +67,18 @@ def _error(exc: Exception) -> str:
 
 
 class _Progress:
-    """A bar on a terminal; nothing elsewhere."""
+    """A bar on a terminal; nothing elsewhere (``_progress``, the bar a backfill draws too)."""
 
     def __init__(self, total: int, shown: bool) -> None:
-        self._total, self._shown, self._done = total, shown and total > 0, 0
+        self._total, self._done = total, 0
+        self._line = Line(shown and total > 0)
         self._lock = threading.Lock()
 
     def step(self) -> None:
         with self._lock:
             self._done += 1
-            if self._shown:
-                filled = int(30 * self._done / self._total)
-                sys.stderr.write(f"\r[{'#' * filled}{'.' * (30 - filled)}] {self._done}/{self._total} rows")
-                if self._done == self._total:
-                    sys.stderr.write("\n")
-                sys.stderr.flush()
+            self._line.draw(f"{bar(self._done / self._total)} {self._done}/{self._total} rows",
+                            last=self._done == self._total)
 
 
 # --- Calling the agent: the async client's way, then the sync client's --------------------------

@@ -15,6 +15,8 @@ from scorer_groups import _calls as calls
 from scorer_groups._calls import Retry
 from scorer_groups._transport import Transport
 from scorer_groups.api_models import (
+    BACKFILL_ENDED,
+    BackfillJob,
     BudgetView,
     Change,
     Channel,
@@ -24,6 +26,7 @@ from scorer_groups.api_models import (
     ResultsPage,
     SessionScore,
 )
+from scorer_groups.backfills import BackfillBar, Deadline, When, backfill_body
 from scorer_groups.evaluations import Datasets, Evaluations
 from scorer_groups.models import Budget, CustomEvaluator, Judge, Pattern, ScorerGroup, WireModel
 
@@ -79,6 +82,84 @@ class ScorerGroups:
 
     def changes(self, id: str) -> builtins.list[Change]:
         return self._t.run(calls.group_changes(id))
+
+    def backfill(
+        self, id: str, *, since: When, until: When | None = None, sample_rate: float | None = None,
+        max_judge_calls: int | None = None, alerts: bool = False,
+    ) -> Backfill:
+        """Grade the group's traffic of ``[since, until)`` again, with its current version: the job,
+        queued (``wait()`` follows it to its end). ``since`` and ``until`` are each an aware datetime,
+        an ISO time with its zone, or a duration back from now ("90m", "24h", "7d"; ValueError
+        otherwise); ``until`` defaults to now. ``sample_rate`` defaults to the group's online one
+        (required for a group without one); ``max_judge_calls`` caps the job's judge calls;
+        ``alerts`` raises Signals and deliveries for what it grades (none by default). What the
+        group does not allow (a session-scope group) is a BadRequest naming the field."""
+        body = backfill_body(since, until, sample_rate, max_judge_calls, alerts)
+        return Backfill(self._t, self._t.run(calls.start_backfill(id, body)))
+
+    def backfills(self, id: str) -> builtins.list[BackfillJob]:
+        """The group's backfill jobs, newest first (its last 50)."""
+        return self._t.run(calls.group_backfills(id))
+
+
+class Backfill:
+    """A backfill job: ``job``, the server's ``BackfillJob`` as last read, whose fields read on the
+    handle too (``status``, ``progress.fraction``, ``resume_at``...), and the calls that follow it."""
+
+    def __init__(self, transport: Transport, job: BackfillJob) -> None:
+        self._t = transport
+        self.job = job
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.job, name)
+
+    @property
+    def id(self) -> str:
+        return self.job.id
+
+    def refresh(self) -> BackfillJob:
+        """Read the job again: its status and progress now."""
+        self.job = self._t.run(calls.get_backfill(self.job.id))
+        return self.job
+
+    def cancel(self) -> BackfillJob:
+        """Cancel the job (the workers stop at their next batch); Conflict if it has ended."""
+        self.job = self._t.run(calls.cancel_backfill(self.job.id))
+        return self.job
+
+    def wait(
+        self, *, progress: bool | None = False, poll_s: float = 1.0, timeout_s: float | None = None,
+    ) -> BackfillJob:
+        """Read the job every ``poll_s`` seconds until it ends - done, failed or cancelled - and
+        return it as it ended: a failed or cancelled job is returned, not raised (``status`` and
+        ``error`` say what happened). ``progress`` draws its bar on stderr: the fraction read, the
+        traces read, the pairs scored, and until when a paused job waits for its budget (None:
+        only when stderr is a terminal). After ``timeout_s`` seconds, TimeoutError; the job goes on."""
+        bar, deadline = BackfillBar(progress), Deadline(timeout_s)
+        while True:
+            job = self.refresh()
+            timed_out = deadline.passed()
+            bar.draw(job, last=timed_out)
+            if job.status in BACKFILL_ENDED:
+                return job
+            if timed_out:
+                raise TimeoutError(f"backfill {job.id} is still {job.status} after {timeout_s} s; it goes on")
+            self._t.pause(deadline.nap(poll_s))
+
+
+class Backfills:
+    """``client.monitor.backfills``: a job by its id (``client.monitor.scorer_groups.backfill``
+    starts one)."""
+
+    def __init__(self, transport: Transport) -> None:
+        self._t = transport
+
+    def get(self, id: str) -> Backfill:
+        return Backfill(self._t, self._t.run(calls.get_backfill(id)))
+
+    def cancel(self, id: str) -> BackfillJob:
+        """Cancel a job that has not ended; Conflict if it has."""
+        return self._t.run(calls.cancel_backfill(id))
 
 
 class Sessions:
@@ -163,6 +244,7 @@ class Channels:
 class Monitor:
     def __init__(self, transport: Transport) -> None:
         self.scorer_groups = ScorerGroups(transport)
+        self.backfills = Backfills(transport)
         self.sessions = Sessions(transport)
         self.judges: Scorers[Judge] = Scorers(transport, Judge)
         self.patterns: Scorers[Pattern] = Scorers(transport, Pattern)

@@ -41,6 +41,11 @@ class Transport:
             attempt += 1
             time.sleep(delay)
 
+    def pause(self, seconds: float) -> None:
+        """Sleep between polls (a backfill's ``wait``). Here, beside the retries' sleep: this is the
+        one source that imports asyncio, which the generated client's ``time`` replaces."""
+        time.sleep(seconds)
+
     def run(self, call: Call[T]) -> T:
         if call.item is None:
             return call.parse(self.send(call))

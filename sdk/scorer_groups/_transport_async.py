@@ -40,6 +40,11 @@ class AsyncTransport:
             attempt += 1
             await asyncio.sleep(delay)
 
+    async def pause(self, seconds: float) -> None:
+        """Sleep between polls (a backfill's ``wait``). Here, beside the retries' sleep: this is the
+        one source that imports asyncio, which the generated client's ``time`` replaces."""
+        await asyncio.sleep(seconds)
+
     async def run(self, call: Call[T]) -> T:
         if call.item is None:
             return call.parse(await self.send(call))

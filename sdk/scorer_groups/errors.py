@@ -40,6 +40,10 @@ class NotFound(ApiError):
     """404: no such resource in your project."""
 
 
+class Conflict(ApiError):
+    """409: it conflicts with what is stored (a backfill that has already ended, cancelled)."""
+
+
 class PreconditionFailed(ApiError):
     """412: it changed since you read it; read again and retry."""
 
@@ -53,7 +57,7 @@ class ServerError(ApiError):
 
 
 BY_STATUS: dict[int, type[ApiError]] = {400: BadRequest, 401: Unauthorized, 403: Forbidden, 404: NotFound,
-                                        412: PreconditionFailed, 429: RateLimited}
+                                        409: Conflict, 412: PreconditionFailed, 429: RateLimited}
 
 
 def error_for(status: int, problem: dict[str, Any]) -> ApiError:

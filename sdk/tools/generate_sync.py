@@ -39,6 +39,7 @@ REPLACEMENTS = {
     "AsyncDatasets": "Datasets",
     "AsyncEvaluations": "Evaluations",
     "AsyncPendingRun": "PendingRun",
+    "AsyncBackfill": "Backfill",
     # The modules the sources import from each other: each one's generated twin.
     "_transport_async": "_transport",
     "evaluations_async": "evaluations",

@@ -130,7 +130,7 @@ async function groupsPage() {
   }
 }
 
-// --- one group: chart, results, edit, playground ---------------------------------------------
+// --- one group: chart, results, backfills (backfills.js), edit, playground -------------------
 
 async function groupPage(groupId) {
   show(el("p", { class: "muted" }, "Loading..."));
@@ -143,17 +143,20 @@ async function groupPage(groupId) {
   }
   const chart = el("div", { id: "chart" });
   const results = el("div", { id: "results" });
+  const backfills = el("div", { id: "backfills" });
   show(
     el("section", {}, el("h1", { id: "group-title" }, group.name),
       el("p", { class: "muted" }, profileText(group.online), group.gatesFirst ? " - gates first" : ""),
       group.description ? el("p", {}, group.description) : null),
     el("section", {}, el("h2", {}, "Ratings"), chart),
     el("section", {}, el("h2", {}, "Recent results"), results),
+    el("section", {}, el("h2", {}, "Backfills"), backfills),
     el("section", {}, el("h2", {}, "Compare with another group"), compareView(group)),
     el("section", {}, el("h2", {}, "Playground"), playground(group)),
     el("section", {}, el("h2", {}, "Edit"), await groupForm(group)));
   drawChart(chart, group, "24h");
   listResults(results, group);
+  listBackfills(backfills, group);
 }
 
 async function drawChart(container, group, window) {
