@@ -148,6 +148,12 @@ class BackfillRunner:
                 batch = (await consumer.getmany(tp, timeout_ms=1000, max_records=BATCH)).get(tp, [])
                 records = [r for r in batch if r.offset < part["end"]]
                 if not records:
+                    # Offsets without a record (transaction markers, records retention removed:
+                    # the consumer starts from the earliest there is) are passed by the
+                    # position alone: the range is read once the position is at its end.
+                    if await consumer.position(tp) >= part["end"]:
+                        await self._parts.advance(job_id, partition, part["end"])
+                        return True
                     continue
                 graded = await self._grade(job, records, group, snapshot, stop)
                 await self._parts.advance(job_id, partition, graded.reached, tracesRead=graded.reached - reached,

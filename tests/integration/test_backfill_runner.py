@@ -287,3 +287,22 @@ async def test_live_traffic_goes_first(bench: Bench) -> None:
         await running
     assert held.status == "running" and held.progress.traces_read == 0, "nothing read while live traffic pressed"
     assert (await jobs.get(job_id)).progress.pairs_scored == 4
+
+
+async def test_a_window_ending_on_a_transaction_marker_is_read_to_its_end(bench: Bench) -> None:
+    # A transactional producer's commit marker takes an offset with no record behind it: the last
+    # offset of the range is never returned by a fetch, and the job must end all the same.
+    producer = AIOKafkaProducer(bootstrap_servers=bench.bootstrap, transactional_id=f"tx-{bench.unique}")
+    await producer.start()
+    try:
+        async with producer.transaction():
+            for n in range(3):
+                t = trace(bench.project, n, "done")
+                await producer.send(bench.names.traces, orjson.dumps(t), key=t["traceId"].encode(), partition=0,
+                                    timestamp_ms=int(datetime.fromisoformat(t["timestamp"]).timestamp() * 1000))
+    finally:
+        await producer.stop()
+    group = group_doc(f"g-{bench.unique}", bench.project, BY_PATTERN)
+    snapshot = CatalogSnapshot(groups={group.id: group}, patterns={"apology": APOLOGY})
+    done = await bench.run(bench.runner(lambda: snapshot), await bench.job(group), timeout_s=30)
+    assert done.status == "done" and done.progress.fraction == 1.0 and done.progress.pairs_scored == 3
