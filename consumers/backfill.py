@@ -29,7 +29,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
@@ -155,7 +155,8 @@ class BackfillRunner:
                         await self._parts.advance(job_id, partition, part["end"])
                         return True
                     continue
-                graded = await self._grade(job, records, group, snapshot, stop)
+                graded = await self._grade(job, records, group, snapshot, stop,
+                                           renew=lambda: self._parts.lease(job_id, partition, self._worker))
                 await self._parts.advance(job_id, partition, graded.reached, tracesRead=graded.reached - reached,
                                           pairsScored=graded.scored, pairsSkipped=graded.skipped,
                                           judgeCalls=-graded.calls_returned)
@@ -169,20 +170,21 @@ class BackfillRunner:
                         log.info("backfill paused: the project's judge budget is spent", job=job_id,
                                  resume_at=resume_at.isoformat())
                     return False
-                if graded.reached < records[-1].offset + 1:  # stopped early (the worker stopping)
+                if graded.reached < records[-1].offset + 1:  # stopped early: stopping, or taken over
                     return False
                 reached = graded.reached
-                if not await self._parts.lease(job_id, partition, self._worker):
-                    return True  # taken over (this worker stalled past its lease): the new reader goes on
             return True
         finally:
             await consumer.stop()
 
     async def _grade(self, job: BackfillJob, records: list[Any], group: ScorerGroup, snapshot: CatalogSnapshot,
-                     stop: asyncio.Event) -> Graded:
-        """5 for one batch: its pairs counted against the cap, claimed, scored in bounded chunks,
-        published; the offset the partition may advance to - the first record with a pair the
-        budget or the cap refused, else past the batch."""
+                     stop: asyncio.Event, renew: Callable[[], Awaitable[bool]]) -> Graded:
+        """5 for one batch, a chunk of pairs at a time: the partition's lease renewed, the chunk's
+        judge calls counted against the cap, its pairs claimed, scored, published. Returns the
+        offset the partition may advance to: the first record with a pair not graded - refused
+        by the budget or the cap, or not reached (the worker stopping, the lease lost) - else
+        past the batch. A chunk at a time: a worker killed mid-batch leaves at most a chunk's
+        claims and calls counted behind it."""
         at: list[tuple[int, Pair]] = []
         for record in records:
             trace = decode_trace(record.topic, record.partition, record.offset, record.key, record.value,
@@ -192,46 +194,56 @@ class BackfillRunner:
             at += [(record.offset, pair) for pair in group_pairs(trace, group, snapshot, sample_rate=job.sample_rate,
                                                                  max_spans=self._max_spans)]
         graded = Graded(reached=records[-1].offset + 1)
-        if not at:
-            return graded
-        fits = await self._parts.reserve_calls(job.id, job.max_judge_calls, [p.claim.judge_calls for _, p in at])
-        if fits < len(at):
-            graded.cap_reached, graded.reached = True, at[fits][0]
-            at = at[:fits]
         protocol = self._protocols[job.alerts]
+        for first in range(0, len(at), CONCURRENCY):
+            # Stopping, or the partition taken over (this worker stalled past its lease): the
+            # batch is read again from here, by whoever holds the partition.
+            if stop.is_set() or not await renew():
+                graded.reached = at[first][0]
+                break
+            chunk = at[first:first + CONCURRENCY]
+            fits = await self._parts.reserve_calls(job.id, job.max_judge_calls, [p.claim.judge_calls for _, p in chunk])
+            if fits < len(chunk):
+                graded.cap_reached, graded.reached = True, chunk[fits][0]
+                chunk = chunk[:fits]
+            refused = await self._chunk(chunk, protocol, snapshot, graded)
+            if refused:
+                graded.budget_out, graded.reached = True, min(refused)
+                break
+            if graded.cap_reached:
+                break
+        return graded
+
+    @staticmethod
+    async def _chunk(chunk: list[tuple[int, Pair]], protocol: PairProtocol, snapshot: CatalogSnapshot,
+                     graded: Graded) -> list[int]:
+        """Claim, score and publish a chunk of pairs, counting into ``graded``; the offsets of
+        the pairs the budget refused."""
         claimed_at = time.monotonic()
-        states = await protocol.claim([pair for _, pair in at])
-        refused: list[int] = []  # offsets of pairs the budget refused
+        states = await protocol.claim([pair for _, pair in chunk])
+        refused: list[int] = []
         mine: list[tuple[int, Pair, bool]] = []
-        for (offset, pair), state in zip(at, states, strict=True):
+        for (offset, pair), state in zip(chunk, states, strict=True):
             if state.state in ("claimed", "busy"):
                 mine.append((offset, pair, state.state == "busy"))
+            elif state.state == "exhausted":
+                refused.append(offset)
             else:
-                graded.skipped += state.state != "exhausted"  # already rated under this revision
-                refused += [offset] if state.state == "exhausted" else []
+                graded.skipped += 1  # already rated under this revision
             if state.state != "claimed":
                 graded.calls_returned += pair.claim.judge_calls
-        for first in range(0, len(mine), CONCURRENCY):
-            if stop.is_set():  # what is not claimed yet is given back; the batch is read again
-                await protocol.claims.release([pair.claim for _, pair, busy in mine[first:] if not busy])
-                graded.calls_returned += sum(pair.claim.judge_calls for _, pair, busy in mine[first:] if not busy)
-                graded.reached = min(graded.reached, mine[first][0])
-                break
-            chunk = mine[first:first + CONCURRENCY]
-            outcomes: list[PairOutcome] = await all_of(*(
-                protocol.alone(pair, snapshot, "trace" if pair.subject.scope == "trace" else "span", busy=busy,
-                               claimed_at=claimed_at) for _, pair, busy in chunk))
-            for (offset, pair, busy), outcome in zip(chunk, outcomes, strict=True):
-                if outcome == "published":
-                    graded.scored += 1
-                elif outcome == "decided" and not busy:  # its judges found no budget once its gates passed
-                    refused.append(offset)
-                    graded.calls_returned += pair.claim.judge_calls
-                else:
-                    graded.skipped += 1  # rated by another worker meanwhile, or a subject that broke scoring
-        if refused:
-            graded.budget_out, graded.reached = True, min(graded.reached, min(refused))
-        return graded
+        outcomes: list[PairOutcome] = await all_of(*(
+            protocol.alone(pair, snapshot, "trace" if pair.subject.scope == "trace" else "span", busy=busy,
+                           claimed_at=claimed_at) for _, pair, busy in mine))
+        for (offset, pair, busy), outcome in zip(mine, outcomes, strict=True):
+            if outcome == "published":
+                graded.scored += 1
+            elif outcome == "decided" and not busy:  # its judges found no budget once its gates passed
+                refused.append(offset)
+                graded.calls_returned += pair.claim.judge_calls
+            else:
+                graded.skipped += 1  # rated by another worker meanwhile, or a subject that broke scoring
+        return refused
 
     @staticmethod
     def _next_window(group: ScorerGroup, snapshot: CatalogSnapshot) -> datetime:

@@ -11,6 +11,7 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -80,6 +81,10 @@ class Bench:
         # warning (no log lines on the hot path).
         log_name = f"{name}-{instance}" if instance else name
         return WorkerProcess(env, name=log_name, metrics_port=free_port()).start(self.logs)
+
+    def group(self, name: str) -> str:
+        """The consumer group of ``worker(name)``."""
+        return worker_env(self.bootstrap, self.redis_url, self.name(name))["SGW_CONSUMER_GROUP"]
 
     def process(self, name: str, argv: list[str]) -> subprocess.Popen[bytes]:
         env = {**os.environ, "PYTHONPATH": str(ROOT)}
@@ -177,12 +182,13 @@ async def plain_peer(bench: Bench) -> dict[str, Any]:
         _stop(proc)
 
 
-async def _worker_drain(bench: Bench, name: str, traces: int, workers: int = 1) -> dict[str, Any]:
+async def _worker_drain(bench: Bench, name: str, traces: int, workers: int = 1, *,
+                        topic: str | None = None) -> dict[str, Any]:
     redis_url = await bench.fresh_db(DETERMINISTIC_CATALOG)
     ratings = bench.name(f"{name}-ratings")
     await create_topics(bench.bootstrap, [ratings], log_append_time=True)
     # Several workers share one consumer group, as an operator scales out: the partitions split.
-    started = [bench.worker(name, redis_url, ratings_topic=ratings, instance=i) for i in range(workers)]
+    started = [bench.worker(name, redis_url, topic=topic, ratings_topic=ratings, instance=i) for i in range(workers)]
     pids = [w.proc.pid for w in started if w.proc is not None]
     try:
         result = await _drain(bench, pids[0], lambda: all(w.proc is not None and w.proc.poll() is None
@@ -312,23 +318,33 @@ async def judge_bound(bench: Bench, concurrency: int, window_s: float) -> dict[s
             "redis_commands": dict(list(calls_delta(before, after).items())[:8])}
 
 
-async def latency(bench: Bench, rate: float, seconds: float) -> dict[str, Any]:
+async def latency(bench: Bench, rate: float, seconds: float, *, name: str = "latency",
+                  prepare: Callable[[str, str, str], Awaitable[None]] | None = None,
+                  progress: Callable[[], Awaitable[dict[str, Any]]] | None = None) -> dict[str, Any]:
     """Open-loop production at ``rate`` traces/s to a fresh topic; produce time -> the rating's
-    broker timestamp (LogAppendTime), per rating."""
-    topic, ratings = bench.name("latency-traces"), bench.name("latency-ratings")
+    broker timestamp (LogAppendTime), per rating of a trace produced here. ``prepare(topic,
+    redis_url, consumer group)`` runs before the worker starts (the backfill scenario puts a past
+    backlog behind the group's offsets and starts a job over it); ``progress()`` is read when
+    production starts and when it ends."""
+    topic, ratings = bench.name(f"{name}-traces"), bench.name(f"{name}-ratings")
     await create_topics(bench.bootstrap, [topic])
     await create_topics(bench.bootstrap, [ratings], log_append_time=True)
     redis_url = await bench.fresh_db(DETERMINISTIC_CATALOG)
-    worker = bench.worker("latency", redis_url, topic=topic, ratings_topic=ratings)
+    if prepare is not None:
+        await prepare(topic, redis_url, bench.group(name))
+    worker = bench.worker(name, redis_url, topic=topic, ratings_topic=ratings)
     assert worker.proc is not None
     count = int(rate * seconds)
     sent: dict[str, int] = {}
+    during: dict[str, Any] = {}
     tree = ProcessTree(worker.proc.pid).start()
     try:
         await asyncio.to_thread(worker.wait_ready, 90)
         await asyncio.sleep(2.0)  # partitions assigned, first fetch under way
         tree.mark()
         marked = time.monotonic()
+        if progress is not None:
+            during["at_start"] = await progress()
         producer = AIOKafkaProducer(bootstrap_servers=bench.bootstrap, linger_ms=0)
         await producer.start()
         try:
@@ -346,20 +362,23 @@ async def latency(bench: Bench, rate: float, seconds: float) -> dict[str, Any]:
             await asyncio.gather(*acks)
         finally:
             await producer.stop()
+        if progress is not None:
+            during["at_end"] = await progress()
         async with OutputTopic(bench.bootstrap, ratings) as out:
-            got = await out.wait_for(count * DETERMINISTIC_GROUPS, timeout_s=120)
-            records = await out.records()
+            records = await out.records_keyed({k.encode() for k in sent}, count * DETERMINISTIC_GROUPS, timeout_s=120)
+        got = len(records)
         cpu_s, starved = tree.cpu_s(), tree.waited_s() / (time.monotonic() - marked)
         hwm = tree.root_hwm_mb()
     finally:
         tree.stop()
         worker.stop(timeout_s=120)
-    lat = sorted(r.timestamp - sent[orjson.loads(r.value)["traceId"]] for r in records)
+    lat = sorted(r.timestamp - sent[r.key.decode()] for r in records)
     q = statistics.quantiles(lat, n=100) if len(lat) > 1 else lat * 99
     return {"rate": round(rate, 1), "achieved_rate": round(count / produced_s, 1), "traces": count,
             "ratings": got, "p50_ms": round(q[49]), "p99_ms": round(q[98]), "max_ms": lat[-1],
             "cpu_s_per_1k": round(cpu_s / max(1, count) * 1000, 3), "cpu_starved": round(starved, 2),
-            "peak_rss_mb": round(hwm, 1)}
+            "peak_rss_mb": round(hwm, 1)} | (
+                {"progress": during} if during else {})
 
 
 def _stop(proc: subprocess.Popen[bytes]) -> None:

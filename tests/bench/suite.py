@@ -1,6 +1,6 @@
 """The benchmark suite: every throughput figure of issue 16 in one invocation, on one topic.
 
-    .venv/bin/python -m tests.bench.suite [--traces 100000] [--backlog 1000000] [--quick]
+    .venv/bin/python -m tests.bench.suite [--traces 100000] [--backlog 1000000] [--quick] [--only limit,backfill]
 
 Starts its own Kafka and Redis (or uses SGW_KAFKA_BOOTSTRAP / SGW_REDIS_URL), pre-fills one
 traces topic (6 partitions) with ``--traces`` realistic ~2 KB traces, then runs, in order:
@@ -24,7 +24,12 @@ traces topic (6 partitions) with ``--traces`` realistic ~2 KB traces, then runs,
   which 30% leak an email, with and without ``gatesFirst``: judge calls per trace;
 - filtered: the deterministic groups aimed at one agent (``online.filter``) drain topics where
   no trace (or one in ten) is from it, with and without routing headers: what a trace no group
-  wants costs, against the limit stage (tests/bench/filtered.py).
+  wants costs, against the limit stage (tests/bench/filtered.py);
+- backfill: ``--backfill-traces`` traces at timestamps an hour back, drained live, then graded
+  again by a backfill job per group (nothing live to do): the backfill's traces/s over live's
+  (by the ratings' broker timestamps, and from the jobs' start to done) and its CPU per trace;
+  then the latency scenario alone and while jobs over a past backlog run in the same worker:
+  both p99s and the jobs' progress (tests/bench/backfill.py).
 
 Each scenario reads its own consumer group and a Redis database of its own. traces/s counts
 outputs by broker timestamp (output topics use LogAppendTime) from the first to the last;
@@ -50,12 +55,13 @@ import orjson
 
 from deploy.redis_servers import LocalRedis
 from deploy.services import LocalKafka
-from tests.bench import filtered, scenarios
+from tests.bench import backfill, filtered, scenarios
 from tests.bench.scenarios import Bench
 from tests.bench.workload import create_topics, machine, produce_traces
 
 RESULTS = Path(__file__).resolve().parent / "results"
-ALL = ["limit", "plain_peer", "peer", "deterministic", "scale_out", "judge", "latency", "backlog", "spend", "filtered"]
+ALL = ["limit", "plain_peer", "peer", "deterministic", "scale_out", "judge", "latency", "backlog", "spend", "filtered",
+       "backfill"]
 
 
 async def run(args: argparse.Namespace) -> dict[str, Any]:
@@ -114,6 +120,16 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
         if "filtered" in wanted:
             for variant in filtered.VARIANTS:
                 await scenario(f"filtered_{variant.name}", filtered.filtered(bench, variant))
+        if "backfill" in wanted:
+            print(f"pre-filling {args.backfill_traces:,} past traces for the backfill", flush=True)
+            topic, window = await backfill.past_traces(bench, "backfill-traces", args.backfill_traces)
+            await scenario("backfill_live", backfill.live(bench, topic, args.backfill_traces))
+            await scenario("backfill", backfill.backfill(bench, topic, window, args.backfill_traces))
+            det = results.get("deterministic", {}).get("traces_per_s") or results["backfill_live"].get("traces_per_s")
+            rate = args.latency_rate or (det / 2 if det else 200.0)
+            size = args.backfill_backlog or backfill.backlog_for(results["backfill"].get("traces_per_s"),
+                                                                 args.latency_seconds, args.backfill_traces)
+            await scenario("backfill_latency", backfill.latency(bench, rate, args.latency_seconds, size))
     report["load_average_at_end"] = [round(x, 2) for x in os.getloadavg()]
     _ratios(report)
     return report
@@ -135,6 +151,14 @@ def _ratios(report: dict[str, Any]) -> None:
         report["deterministic_vs_peer"] = round(det["traces_per_s"] / peer["traces_per_s"], 3)
     if det.get("traces_per_s") and plain.get("traces_per_s"):
         report["deterministic_vs_plain_peer"] = round(det["traces_per_s"] / plain["traces_per_s"], 3)
+    bf, bf_live = results.get("backfill", {}), results.get("backfill_live", {})
+    if bf_live.get("traces_per_s"):
+        for figure, ratio in (("traces_per_s", "vs_live"), ("job_traces_per_s", "job_vs_live")):
+            if bf.get(figure):
+                bf[ratio] = round(bf[figure] / bf_live["traces_per_s"], 3)
+        if bf.get("cpu_s_per_1k") and bf_live.get("cpu_s_per_1k"):
+            bf["cpu_vs_live"] = round(bf["cpu_s_per_1k"] / bf_live["cpu_s_per_1k"], 2)
+        report["backfill_vs_live"] = bf.get("vs_live")
 
 
 def _cell(value: Any) -> str:
@@ -152,6 +176,8 @@ def markdown(report: dict[str, Any]) -> str:
              f"**{_cell(report.get('deterministic_cpu_vs_limit'))}x** the limit's CPU per trace; deterministic / "
              f"plain peer: {_cell(report.get('deterministic_vs_plain_peer'))}, / Quix peer: "
              f"{_cell(report.get('deterministic_vs_peer'))}", "",
+             *([f"**backfill / live: {_cell(report['backfill_vs_live'])}** in traces/s (the same traces and groups)",
+                ""] if report.get("backfill_vs_live") is not None else []),
              "| scenario | traces/s | ratio to limit | CPU s / 1k traces | CPU x limit | peak RSS MB | Redis cmds / pair "
              "| notes |",
              "|---|---:|---:|---:|---:|---:|---:|---|"]
@@ -171,6 +197,19 @@ def markdown(report: dict[str, Any]) -> str:
         elif name == "latency":
             notes = (f"at {_cell(r.get('achieved_rate'))} traces/s: p50 {r.get('p50_ms')} ms, p99 {r.get('p99_ms')} ms,"
                      f" max {r.get('max_ms')} ms; worker {_cell(r.get('cpu_starved'))} starved")
+        elif name == "backfill" and "traces" in r:
+            notes = (f"{r['traces']:,} traces in {r.get('seconds')} s by ratings, {_cell(r.get('job_seconds'))} s job "
+                     f"start to done ({_cell(r.get('job_traces_per_s'))}/s); / live: {_cell(r.get('vs_live'))} "
+                     f"by ratings, {_cell(r.get('job_vs_live'))} by job; CPU x live {_cell(r.get('cpu_vs_live'))}; "
+                     f"{_cell(r.get('cpu_cores_used'))} cores busy; origins {','.join(r.get('origins', []))}")
+        elif name == "backfill_latency":
+            p = r.get("progress") or {}
+            notes = (f"at {_cell(r.get('achieved_rate'))} traces/s: p99 {r.get('p99_ms_alone')} ms alone, "
+                     f"{r.get('p99_ms_with_job')} ms with a job (p50 {r.get('p50_ms_alone')} / {r.get('p50_ms_with_job')},"
+                     f" max {r.get('max_ms_alone')} / {r.get('max_ms_with_job')}); jobs over {r.get('backlog'):,} past "
+                     f"traces at {_cell(p.get('at_start', {}).get('fraction'))} -> "
+                     f"{_cell(p.get('at_end', {}).get('fraction'))} through the window, "
+                     f"{_cell(r.get('backfill_traces_per_s_during'))} traces/s meanwhile")
         elif "traces" in r:
             notes = (f"{r['workers']} workers; " if r.get("workers") else "") + (
                      f"{r['traces']:,} traces in {r.get('seconds')} s; {_cell(r.get('cpu_cores_used'))} cores busy, "
@@ -200,6 +239,11 @@ def main() -> None:
     parser.add_argument("--worker-setting", action="append", default=[], metavar="NAME=VALUE",
                         help="a worker setting for every scenario, e.g. max_in_flight=1024 (SGW_MAX_IN_FLIGHT)")
     parser.add_argument("--spend-traces", type=int, default=3000, help="traces of the spend scenario")
+    parser.add_argument("--backfill-traces", type=int, default=None,
+                        help="traces of the backfill scenario's rate (default --traces, at most 20,000)")
+    parser.add_argument("--backfill-backlog", type=int, default=None,
+                        help="past traces behind the live loop in backfill_latency (default: twice what the "
+                             "backfill grades in the latency window)")
     parser.add_argument("--only", default="", help=f"comma-separated subset of {','.join(ALL)}")
     parser.add_argument("--out", type=Path, default=RESULTS)
     args = parser.parse_args()
@@ -208,6 +252,7 @@ def main() -> None:
         args.judge_seconds, args.latency_seconds = min(args.judge_seconds, 8.0), min(args.latency_seconds, 10.0)
         args.backlog = args.backlog or 3 * args.traces
     args.backlog = args.backlog or 10 * args.traces
+    args.backfill_traces = args.backfill_traces or min(args.traces, 20_000)
     report = asyncio.run(run(args))
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / "bench-results.json").write_bytes(orjson.dumps(report, option=orjson.OPT_INDENT_2))

@@ -117,9 +117,11 @@ def routing_headers_of(n: int, agent: str) -> list[tuple[str, bytes]]:
 
 
 async def produce_traces(bootstrap: str, topic: str, first: int, count: int, *,
-                         agent: Callable[[int], str] = lambda n: "support-agent", headers: bool = False) -> float:
+                         agent: Callable[[int], str] = lambda n: "support-agent", headers: bool = False,
+                         timestamp_ms: Callable[[int], int] | None = None) -> float:
     """Produce traces ``first .. first+count-1`` as fast as the broker takes them (of the agent
-    ``agent(n)``, with their routing headers if ``headers``); returns traces/s."""
+    ``agent(n)``, with their routing headers if ``headers``, at the record timestamp
+    ``timestamp_ms(n)`` if given, else now); returns traces/s."""
     producer = AIOKafkaProducer(bootstrap_servers=bootstrap, linger_ms=20, max_batch_size=1 << 20,
                                 compression_type=None, acks=1)
     await producer.start()
@@ -129,7 +131,8 @@ async def produce_traces(bootstrap: str, topic: str, first: int, count: int, *,
         for n in range(first, first + count):
             who = agent(n)
             acks.append(await producer.send(topic, key=f"t-{n}".encode(), value=trace_value(n, who),
-                                            headers=routing_headers_of(n, who) if headers else None))
+                                            headers=routing_headers_of(n, who) if headers else None,
+                                            timestamp_ms=timestamp_ms(n) if timestamp_ms else None))
             if len(acks) >= 5000:
                 await asyncio.gather(*acks)
                 acks.clear()
@@ -208,6 +211,19 @@ class OutputTopic:
                     values.append(record.value)
                     got += 1
         return values
+
+    async def records_keyed(self, keys: set[bytes], expected: int, timeout_s: float) -> list[Any]:
+        """The records keyed by one of ``keys``, once ``expected`` of them are out (or at
+        ``timeout_s``): a topic others write to as well (a backfill's ratings beside live ones)."""
+        assert self._consumer is not None
+        for tp in self.tps:
+            self._consumer.seek(tp, 0)
+        out: list[Any] = []
+        deadline = time.monotonic() + timeout_s
+        while len(out) < expected and time.monotonic() < deadline:
+            for records in (await self._consumer.getmany(timeout_ms=500, max_records=5000)).values():
+                out.extend(r for r in records if r.key in keys)
+        return out
 
     async def records(self) -> list[Any]:
         """Every record (for latency: small topics only)."""
