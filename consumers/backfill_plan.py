@@ -1,9 +1,15 @@
 """A backfill's plan (issue 42, step 2): the range of the traces topic its window covers, per
-partition, found with offsets-for-times - the first record at or after ``from`` and the first at
-or after ``to`` (excluded). The runner (the next step) leases and reads these ranges.
+partition, found by record time (offsets-for-times, the broker's index: one request per bound).
 
-A window that starts before what the topic still keeps (its retention) starts at the earliest
-record there is, and the plan says so: the job answers with what is still there.
+- It starts at the first record stamped at or after ``from``: no record of the window is before.
+- It ends at the first record stamped an hour or more after ``to`` (``LATE_S``): records are
+  not always in time order (a producer's clock, a trace sent late), and a broker that keeps
+  ``log.message.timestamp.after.max.ms`` at its default accepts no record stamped more than an
+  hour ahead of its arrival. The reader keeps the records stamped within the window.
+- It ends no later than the live consumer group's committed offsets: what live scoring has not
+  done yet is live scoring's (its Signals and deliveries), not a backfill's.
+- A window that starts before what the topic still keeps (its retention) starts at the earliest
+  record there is, and the plan says so: the job answers with what is still there.
 """
 
 from __future__ import annotations
@@ -30,19 +36,27 @@ class Plan:
         return sum(r.end - r.start for r in self.ranges)
 
 
-async def plan_ranges(consumer: AIOKafkaConsumer, topic: str, from_ms: int, to_ms: int) -> Plan:
-    """The offsets of ``[from_ms, to_ms)`` in every partition of ``topic`` (by record timestamp;
-    the broker's index, one request per bound)."""
+LATE_S = 3600  # how far past ``to`` a range reads, for records stamped out of order
+
+
+async def plan_ranges(consumer: AIOKafkaConsumer, topic: str, from_ms: int, to_ms: int,
+                      live_done: dict[int, int] | None = None) -> Plan:
+    """The offsets of ``[from_ms, to_ms)`` in every partition of ``topic``; ``live_done``: the
+    live group's committed offset per partition (no later end than these)."""
     partitions = sorted(consumer.partitions_for_topic(topic) or await _partitions(consumer, topic))
     tps = [TopicPartition(topic, p) for p in partitions]
     first = await consumer.beginning_offsets(tps)
     last = await consumer.end_offsets(tps)
     starts = await consumer.offsets_for_times({tp: from_ms for tp in tps})
-    ends = await consumer.offsets_for_times({tp: to_ms for tp in tps})
+    ends = await consumer.offsets_for_times({tp: to_ms + LATE_S * 1000 for tp in tps})
     ranges, notes = [], []
     for tp in tps:
         start = starts[tp].offset if starts[tp] is not None else last[tp]
         end = ends[tp].offset if ends[tp] is not None else last[tp]
+        if live_done is not None and tp.partition in live_done and live_done[tp.partition] < end:
+            end = live_done[tp.partition]
+            notes.append(f"partition {tp.partition}: read to offset {end}, where live scoring has reached; "
+                         "what comes after is live scoring's")
         if start == first[tp] and first[tp] > 0 and starts[tp] is not None and starts[tp].timestamp > from_ms:
             notes.append(f"partition {tp.partition}: the window starts before the topic's retention; read from "
                          f"offset {first[tp]}, the earliest record still there")

@@ -28,8 +28,8 @@ import contextlib
 import functools
 import time
 from collections import Counter
-from collections.abc import Awaitable
-from typing import Literal, TypeVar
+from collections.abc import Awaitable, Callable
+from typing import Literal, Protocol, TypeVar
 
 import structlog
 
@@ -62,9 +62,19 @@ COUNTS_WRITE_S = 1.0  # a count write the trace loop's tick does not wait longer
 BUDGET_LOG_EVERY_S = 60.0  # a group skipped for budget is logged once a minute at most
 
 # What became of a pair: published from here; decided without a rating from here (by another
-# worker, or skipped for budget); left to another worker or the next sweep; or the exception with
-# which the subject itself broke scoring.
-PairOutcome = Literal["published", "decided", "left"] | Exception
+# worker); refused - skipped for budget (or a job's cap); left to another worker or the next
+# sweep; or the exception with which the subject itself broke scoring.
+PairOutcome = Literal["published", "decided", "refused", "left"] | Exception
+Unrated = Literal["decided", "refused"]
+
+
+class CallCap(Protocol):
+    """A ceiling on judge calls above the project's budget (a backfill's ``maxJudgeCalls``):
+    taken before the budget is asked, given back when the budget refuses."""
+
+    async def take(self, calls: int) -> bool: ...
+
+    async def give(self, calls: int) -> None: ...
 
 
 async def all_of(*steps: Awaitable[T]) -> list[T]:
@@ -181,7 +191,10 @@ class PairProtocol:
 
     def skipped_for_budget(self, pair: Pair, **why: str) -> None:
         """Counted every time (the metric, the history); logged once a minute per group at most,
-        with how many were skipped since: a starved group at 1,000 traces/s is one line, not 1,000."""
+        with how many were skipped since: a starved group at 1,000 traces/s is one line, not 1,000.
+        Not traffic's (a backfill's): not skipped, the job pauses and says so."""
+        if not self._outputs.policy.traffic_counts:
+            return
         self._events.group_skipped(pair.claim.project_id, pair.group.id, "budget")
         self.starved[pair.group.id] += 1
         now = time.monotonic()
@@ -222,12 +235,14 @@ class PairProtocol:
     # --- one pair that waits ---------------------------------------------------------------------
 
     async def alone(self, pair: Pair, snapshot: CatalogSnapshot, scope: ResultScope, *, busy: bool,
-                    claimed_at: float) -> PairOutcome:
+                    claimed_at: float, cap: CallCap | None = None) -> PairOutcome:
         """Steps 2-6 for one pair; ``busy``: another worker (or job) holds it - wait until it is
-        done, or its lease runs out and it is ours."""
-        spend = self.claims.spend(pair.claim, self._reserve_one)
+        done, or its lease runs out and it is ours. ``cap``: what the judge calls decided while
+        it is scored (gates-first judges, retries) also take from."""
+        reserve = self._reserve_one if cap is None else self._capped(cap)
+        spend = self.claims.spend(pair.claim, reserve)
         try:
-            return await self._alone(pair, snapshot, scope, busy, claimed_at, spend)
+            return await self._alone(pair, snapshot, scope, busy, claimed_at, spend, reserve)
         except asyncio.CancelledError:
             await self._give_back([pair])
             raise
@@ -235,17 +250,29 @@ class PairProtocol:
             self._stopped_by(exc, [pair])
             raise
 
+    def _capped(self, cap: CallCap) -> Callable[[Reservation], Awaitable[bool]]:
+        async def reserve(reservation: Reservation) -> bool:
+            if not await cap.take(reservation.calls):
+                return False
+            if await self._reserve_one(reservation):
+                return True
+            await cap.give(reservation.calls)
+            return False
+
+        return reserve
+
     async def _alone(self, pair: Pair, snapshot: CatalogSnapshot, scope: ResultScope, busy: bool,
-                     claimed_at: float, spend: PairSpend) -> PairOutcome:
+                     claimed_at: float, spend: PairSpend,
+                     reserve: Callable[[Reservation], Awaitable[bool]]) -> PairOutcome:
         try:
             began = time.monotonic()
             result = await self._score(pair, busy, snapshot, spend)
-            while result is not None:
+            while not isinstance(result, str):
                 if self.pauses.failed_through(result, began):
                     await self._hand_back([pair])  # then claimed and scored afresh, just below
                 elif (await self._held([(pair.claim, claimed_at)]))[0]:
                     break
-                spend = self.claims.spend(pair.claim, self._reserve_one)
+                spend = self.claims.spend(pair.claim, reserve)
                 began = claimed_at = time.monotonic()  # claimed again (no earlier than this) in _score
                 result = await self._score(pair, True, snapshot, spend)
         except Exception as exc:
@@ -256,21 +283,22 @@ class PairProtocol:
                 await self.claims.release([pair.claim])
             return exc
         self.unpublished.discard(pair.claim)  # from here on it is published, or was decided elsewhere
-        if result is None:
-            return "decided"
+        if isinstance(result, str):
+            return result
         await self._publish([Scored(pair, result, spend)], snapshot, scope, alone=True)
         return "published"
 
-    async def _score(self, pair: Pair, busy: bool, snapshot: CatalogSnapshot, spend: PairSpend) -> GroupResult | None:
-        """Step 2 (for a pair another worker holds: once it is ours); None when the pair was
-        decided meanwhile or its gates-first judges found no budget."""
+    async def _score(self, pair: Pair, busy: bool, snapshot: CatalogSnapshot,
+                     spend: PairSpend) -> GroupResult | Unrated:
+        """Step 2 (for a pair another worker holds: once it is ours); "decided" when the pair was
+        decided meanwhile, "refused" when its judges found no budget."""
         while busy:
             await asyncio.sleep(BUSY_POLL_S)
             (claim,) = await self._outages.call(lambda: self.claims.claim_many([pair.claim]))
             if claim.state in ("done", "skipped", "exhausted"):
                 self._events.group_skipped(pair.claim.project_id, pair.group.id,
                                            "budget" if claim.state == "exhausted" else "dedupe")
-                return None
+                return "refused" if claim.state == "exhausted" else "decided"
             busy = claim.state == "busy"
             if not busy:
                 self.unpublished.add(pair.claim)  # ours now: given back if the work is cancelled
@@ -278,7 +306,7 @@ class PairProtocol:
             return await self._panel.score(pair.group, pair.subject, snapshot, spend=spend)
         except BudgetExhausted:
             self.skipped_for_budget(pair, when="its gates passed")
-            return None
+            return "refused"
 
     # --- pairs scored together -------------------------------------------------------------------
 
@@ -343,8 +371,9 @@ class PairProtocol:
                     with contextlib.suppress(Exception):
                         await self.claims.release([pair.claim])
                     outcomes[i] = answer
-                elif answer is None:
-                    self.unpublished.discard(pair.claim)  # decided for budget
+                elif isinstance(answer, str):
+                    self.unpublished.discard(pair.claim)  # decided elsewhere, or refused for budget
+                    outcomes[i] = answer
                 else:
                     scored.append((i, Scored(pair, answer, spend)))
         # 3. A member failed while the process stood still: hand the pair back.

@@ -203,7 +203,7 @@ class TraceConsumer:
         """Live traffic needs this worker: a backlog behind the loop (more than its room), or
         half its room in flight. Work that can wait - a backfill - waits while it is."""
         in_flight = self.loop.tracker.in_flight()
-        if in_flight >= self._limits.max_in_flight // 2:
+        if in_flight >= max(1, self._limits.max_in_flight // 2):
             return True
         return sum(self.loop.lag().values()) > self._limits.max_in_flight
 

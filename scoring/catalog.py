@@ -118,7 +118,8 @@ class CatalogSnapshot:
         known = self._revisions.get(group.id)
         if known is None:
             scorers = [(m.kind, m.ref_id, self._scorer_doc(m.kind, m.ref_id)) for m in group.members]
-            what = {"group": group.model_dump(mode="json", by_alias=True,
+            # Defaults left out: a field a release adds with its default is not a new revision.
+            what = {"group": group.model_dump(mode="json", by_alias=True, exclude_defaults=True,
                                               exclude={"id", "name", "description", "online"}),
                     "scorers": scorers}
             known = hashlib.sha256(orjson.dumps(what, option=orjson.OPT_SORT_KEYS)).hexdigest()[:12]
@@ -127,7 +128,8 @@ class CatalogSnapshot:
 
     def _scorer_doc(self, kind: MemberKind, ref_id: str) -> dict[str, Any] | None:
         scorer = self.scorer(kind, ref_id)
-        return None if scorer is None else scorer.model_dump(mode="json", by_alias=True, exclude={"name"})
+        return None if scorer is None else scorer.model_dump(mode="json", by_alias=True, exclude_defaults=True,
+                                                             exclude={"name"})
 
     def live_groups(self, project_id: str, scope: Scope) -> tuple[ScorerGroup, ...]:
         """The project's groups whose online profile is enabled for ``scope``."""

@@ -302,12 +302,22 @@ class Worker:
             return PairProtocol(claims=filling, ratings=ratings, panel=engine.panel, outages=outages, events=events,
                                 outputs=Outputs(producer, topics, events, alerts, policy=policy))
 
+        async def live_done() -> dict[int, int]:  # where live scoring has committed, per partition
+            admin = kafka_admin(s)
+            await admin.start()
+            try:
+                offsets = await admin.list_consumer_group_offsets(s.consumer_group)
+            finally:
+                await admin.close()
+            return {tp.partition: meta.offset for tp, meta in offsets.items()
+                    if tp.topic == s.traces_topic and meta.offset >= 0}
+
         backfills = BackfillRunner(
             jobs=BackfillStore(redis), parts=JobParts(redis, lease_s=s.claim_lease_s), catalog=lambda: watcher.current,
             pairs=backfill_pairs(BACKFILL), alerting=backfill_pairs(BACKFILL_ALERTING),
             consumer=lambda: kafka_consumer(s, None, max_partition_fetch_bytes=s.max_trace_bytes * 2),
             topic=s.traces_topic, worker=f"{socket.gethostname()}-{os.getpid()}", max_trace_bytes=s.max_trace_bytes,
-            max_spans=s.max_spans_per_trace, live_pressed=traces.pressed)
+            max_spans=s.max_spans_per_trace, live_pressed=traces.pressed, live_done=live_done)
 
         hooks_consumer = kafka_consumer(s, f"{s.consumer_group}-webhooks")
         hooks = webhook_sender(s, redis, hooks_consumer, producer, lambda: watcher.current, outages)

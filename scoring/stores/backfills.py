@@ -12,19 +12,22 @@ the offsets they reached here (``JobParts``).
 
 from __future__ import annotations
 
+import contextlib
 import time
 import uuid
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 
 import orjson
 
-from scorer_groups.api_models import BackfillCreate, BackfillJob, BackfillProgress
+from scorer_groups.api_models import BACKFILL_ENDED, BackfillCreate, BackfillJob, BackfillProgress
 from scoring.errors import Conflict, InvalidDocument, NotFound
 from scoring.models import ScorerGroup
 from scoring.stores import keys
 from scoring.stores.client import RedisClient
 
-JOBS_KEPT_S = 30 * 86_400  # an ended job is kept for a month: its progress stays readable
+JOBS_KEPT_S = 30 * 86_400  # an ended job is kept for a month: its progress stays readable (an active one: always)
+MAX_ACTIVE_JOBS = 3  # a project's jobs not ended: each reads the shared topic again
+CLOCK_SKEW_S = 300  # a ``to`` this far ahead of the server's clock is now (a client's "until now")
 COUNTS = ("tracesRead", "pairsScored", "pairsSkipped", "judgeCalls")
 
 # KEYS: a job's state hash. ARGV: the new status, the statuses it may move from (space-separated;
@@ -33,6 +36,15 @@ _MOVE = """
 local current = redis.call('HGET', KEYS[1], 'status') or 'queued'
 if not string.find(' ' .. ARGV[2] .. ' ', ' ' .. current .. ' ', 1, true) then return 0 end
 redis.call('HSET', KEYS[1], 'status', ARGV[1], unpack(ARGV, 3))
+return 1
+"""
+
+# KEYS: a partition's lease of a job. ARGV: the worker, the lease in ms. Takes or renews the lease
+# for the worker: 1, or 0 when another worker holds it.
+_LEASE = """
+local held = redis.call('GET', KEYS[1])
+if held and held ~= ARGV[1] then return 0 end
+redis.call('SET', KEYS[1], ARGV[1], 'PX', ARGV[2])
 return 1
 """
 
@@ -61,7 +73,7 @@ def backfill_sample(group: ScorerGroup, request: BackfillCreate, now: datetime |
         refused.append("scope: a session-scope group cannot be backfilled: a conversation's turns are spread over "
                        "partitions read by different workers at different times, and a window cuts conversations "
                        "in two (see the README, Backfills)")
-    if request.to > (now or datetime.now(UTC)):
+    if request.to > (now or datetime.now(UTC)) + timedelta(seconds=CLOCK_SKEW_S):
         refused.append("to: must not be in the future (a backfill grades traffic that already passed)")
     rate = request.sample_rate if request.sample_rate is not None else (
         group.online.sample_rate if group.online else None)
@@ -78,8 +90,28 @@ class BackfillStore:
         self._redis = redis
 
     async def start(self, group: ScorerGroup, request: BackfillCreate) -> BackfillJob:
-        """Check the request against the group (``backfill_sample``) and queue the job."""
-        return await self.create(group.id, group.project_id, request, backfill_sample(group, request))
+        """Check the request against the group (``backfill_sample``) and the project's jobs not
+        ended (at most ``MAX_ACTIVE_JOBS``: every job reads the shared topic again), and queue
+        the job - its ``to`` at most now (a client's clock a little ahead is not refused)."""
+        rate = backfill_sample(group, request)
+        active = [job for job in await self._active_jobs() if job.project_id == group.project_id]
+        if len(active) >= MAX_ACTIVE_JOBS:
+            raise Conflict(f"the project has {len(active)} backfills not ended (at most {MAX_ACTIVE_JOBS}): "
+                           f"wait for one, or cancel one ({', '.join(j.id for j in active)})")
+        now = datetime.now(UTC)
+        if request.to > now:
+            request = request.model_copy(update={"to": now})
+        return await self.create(group.id, group.project_id, request, rate)
+
+    async def _active_jobs(self) -> list[BackfillJob]:
+        members = await self._redis.smembers(keys.BACKFILLS_ACTIVE)
+        jobs = []
+        for job_id in sorted(_text(m) for m in members):
+            with contextlib.suppress(NotFound):
+                job = await self.get(job_id)
+                if job.status not in BACKFILL_ENDED:
+                    jobs.append(job)
+        return jobs
 
     async def create(self, group_id: str, project_id: str, request: BackfillCreate, sample_rate: float) -> BackfillJob:
         now = datetime.now(UTC)
@@ -88,9 +120,8 @@ class BackfillStore:
                           max_judge_calls=request.max_judge_calls, alerts=request.alerts, created_at=now,
                           updated_at=now)
         async with self._redis.pipeline(transaction=True) as pipe:  # the job's keys: one slot
-            pipe.set(keys.backfill(job.id), orjson.dumps(job.model_dump(mode="json", by_alias=True)), ex=JOBS_KEPT_S)
+            pipe.set(keys.backfill(job.id), orjson.dumps(job.model_dump(mode="json", by_alias=True)))
             pipe.hset(keys.backfill_progress(job.id), mapping={"status": "queued", "updatedAt": now.isoformat()})
-            pipe.expire(keys.backfill_progress(job.id), JOBS_KEPT_S)
             await pipe.execute()
         async with self._redis.pipeline(transaction=False) as pipe:  # then the indexes that find it
             pipe.zadd(keys.group_backfills(group_id), {job.id: time.time()})
@@ -125,9 +156,10 @@ class BackfillStore:
 
     async def cancel(self, job_id: str, project_id: str | None = None) -> BackfillJob:
         job = await self.get(job_id, project_id)
-        if not await JobParts(self._redis).move(job_id, "cancelled", "queued running paused"):
+        parts = JobParts(self._redis)
+        if not await parts.move(job_id, "cancelled", "queued running paused"):
             raise Conflict(f"backfill {job_id!r} has already ended ({(await self.get(job_id)).status})")
-        await self._redis.srem(keys.BACKFILLS_ACTIVE, job_id)
+        await parts.ended(job_id)
         return await self.get(job.id)
 
 
@@ -167,6 +199,7 @@ class JobParts:
         self.lease_s = lease_s  # a worker holds a partition of a job this long without renewing it
         self._move = redis.register_script(_MOVE)
         self._reserve_calls = redis.register_script(_RESERVE_CALLS)
+        self._lease = redis.register_script(_LEASE)
 
     async def move(self, job_id: str, status: str, from_statuses: str, **fields: str) -> bool:
         """Set the job's status if it is one of ``from_statuses`` (with ``fields``, e.g.
@@ -181,10 +214,9 @@ class JobParts:
 
     async def save_plan(self, job_id: str, ranges: dict[int, tuple[int, int]], notes: list[str]) -> None:
         async with self._redis.pipeline(transaction=True) as pipe:
-            for partition, (start, end) in ranges.items():
-                pipe.hset(keys.backfill_parts(job_id), str(partition), orjson.dumps({"start": start, "end": end,
-                                                                                     "next": start}))
-            pipe.expire(keys.backfill_parts(job_id), JOBS_KEPT_S)
+            for partition, (start, end) in ranges.items():  # never over a range read since (a late planner)
+                pipe.hsetnx(keys.backfill_parts(job_id), str(partition), orjson.dumps({"start": start, "end": end,
+                                                                                       "next": start}))
             await pipe.execute()
         await self.move(job_id, "running", "queued", **({"notes": orjson.dumps(notes).decode()} if notes else {}))
 
@@ -194,15 +226,11 @@ class JobParts:
 
     async def lease(self, job_id: str, partition: int, worker: str) -> bool:
         """Take (or renew) the partition for ``worker``: one reader per partition of a job."""
-        key = keys.backfill_lease(job_id, partition)
-        ttl = max(1, round(self.lease_s))
-        if await self._redis.set(key, worker, nx=True, ex=ttl):
-            return True
-        held = await self._redis.get(key)
-        if held is not None and _text(held) == worker:
-            await self._redis.expire(key, ttl)
-            return True
-        return False
+        return bool(await self._lease(keys=[keys.backfill_lease(job_id, partition)],
+                                      args=[worker, int(self.lease_s * 1000)]))
+
+    async def status(self, job_id: str) -> str:
+        return _text(await self._redis.hget(keys.backfill_progress(job_id), "status") or b"queued")
 
     async def reserve_calls(self, job_id: str, cap: int | None, calls: list[int]) -> int:
         """Count the pairs' judge calls against the job's ``maxJudgeCalls``: how many of them, in
@@ -212,6 +240,10 @@ class JobParts:
         fits = await self._reserve_calls(keys=[keys.backfill_progress(job_id)],
                                          args=[-1 if cap is None else cap, *calls])
         return int(fits)
+
+    async def give_calls(self, job_id: str, calls: int) -> None:
+        if calls:
+            await self._redis.hincrby(keys.backfill_progress(job_id), "judgeCalls", -calls)
 
     async def advance(self, job_id: str, partition: int, next_offset: int, **progress: int) -> None:
         """The partition's reached offset, after its batch's pairs are done; and the job's counts
@@ -245,8 +277,37 @@ class JobParts:
             raw = await self._redis.hget(keys.backfill_progress(job_id), "notes")
             fields["notes"] = orjson.dumps([*(orjson.loads(raw) if raw else []), note]).decode()
         await self.move(job_id, status, "queued running paused", **fields)  # a cancelled job stays cancelled
+        await self.ended(job_id)
+
+    async def ended(self, job_id: str) -> None:
+        """An ended job leaves the active jobs, and is kept ``JOBS_KEPT_S`` from now."""
+        async with self._redis.pipeline(transaction=True) as pipe:  # the job's keys: one slot
+            for key in (keys.backfill(job_id), keys.backfill_progress(job_id), keys.backfill_parts(job_id)):
+                pipe.expire(key, JOBS_KEPT_S)
+            await pipe.execute()
+        await self._redis.srem(keys.BACKFILLS_ACTIVE, job_id)
+
+    async def forget(self, job_id: str) -> None:
+        """A job id active without its document (removed by hand): no longer looked at."""
         await self._redis.srem(keys.BACKFILLS_ACTIVE, job_id)
 
     async def active(self) -> list[str]:
         members = await self._redis.smembers(keys.BACKFILLS_ACTIVE)
         return sorted(_text(m) for m in members)
+
+
+class JobCap:
+    """A job's ``maxJudgeCalls`` as a ``consumers.pairs.CallCap``: the calls its pairs take
+    while they are scored (gates-first judges, retries) count in the job's ``judgeCalls``."""
+
+    def __init__(self, parts: JobParts, job_id: str, cap: int | None) -> None:
+        self._parts, self._job_id, self._cap = parts, job_id, cap
+        self.refused = False  # the cap said no: the job has reached it
+
+    async def take(self, calls: int) -> bool:
+        fits = await self._parts.reserve_calls(self._job_id, self._cap, [calls]) == 1
+        self.refused = self.refused or not fits
+        return fits
+
+    async def give(self, calls: int) -> None:
+        await self._parts.give_calls(self._job_id, calls)

@@ -92,8 +92,10 @@ for i = 1, n do
   local state, detail = nil, ''
   if current then
     if string.sub(current, 1, 5) == 'done:' then
-      -- filling: done only under this revision (a changed rubric grades it again)
-      if not fill or string.sub(current, -string.len(revision)) == revision then state, detail = 'done', current end
+      -- filling: done only under this revision (a changed rubric grades it again); a mark from
+      -- before revisions were kept has none, and counts as done
+      if not fill or string.sub(current, -string.len(revision)) == revision or not string.find(current, '@', 1, true)
+      then state, detail = 'done', current end
     elseif string.sub(current, 1, 8) == 'skipped:' then
       if not fill then state, detail = 'skipped', current end  -- filling: a pair skipped has no rating yet
     else

@@ -9,16 +9,17 @@ scoring, and what a running job costs live latency.
   of its own (no done marks). traces/s counts the ratings (all of origin "backfill") by broker
   timestamp from the first to the last, like every scenario; ``job_traces_per_s`` from the jobs'
   creation to the last one done (planning and the runner's 2 s tick included); ``vs_live`` and
-  ``job_vs_live`` are those over backfill_live's traces/s;
+  ``job_vs_live`` are those over backfill_live's traces/s; ``groups``: each group's ratings from
+  its first to its last (each job's own rate while the runner grades one job at a time);
 - backfill_latency: the latency scenario twice at one rate (``--latency-rate``, by default half
   the deterministic rate, else half backfill_live's): alone, and with ``--backfill-backlog``
   past traces (by default what the backfill above grades in twice the window) behind the live
   consumer group's offsets and a job per group over them, started with the worker: p50 / p99 /
   max of each, and the jobs' progress when production starts and when it ends.
 
-The runner goes through one job at a time and a job's partitions one at a time: each group's job
-reads the topic once (live reads it once for every group), and only while the live loop is not
-pressed (``TraceConsumer.pressed``).
+Each group's job reads the topic once (live reads it once for every group), and only while the
+live loop is not pressed (``TraceConsumer.pressed``). A runner that publishes no rating within
+``FIRST_RATING_S`` ends the scenario with what its jobs and the worker's log say.
 """
 
 from __future__ import annotations
@@ -46,6 +47,7 @@ from tests.bench.workload import (
 )
 
 HOUR_MS = 3_600_000
+FIRST_RATING_S = 120.0  # a job planned and its first chunk out: a runner silent this long grades nothing
 Window = tuple[int, int]  # [from, to) in epoch milliseconds
 
 
@@ -118,32 +120,58 @@ async def backfill(bench: Bench, topic: str, window: Window, traces: int) -> dic
     await create_topics(bench.bootstrap, [ratings], log_append_time=True)
     await _commit_at_end(bench, topic, bench.group("backfill"))
     worker = bench.worker("backfill", redis_url, topic=topic, ratings_topic=ratings)
-    assert worker.proc is not None
+    proc = worker.proc
+    assert proc is not None
     try:
         await asyncio.to_thread(worker.wait_ready, 90)
         ids = await _start_jobs(redis_url, window)
-        result = await scenarios._drain(bench, worker.proc.pid, lambda: worker.proc is not None
-                                        and worker.proc.poll() is None, ratings, traces, DETERMINISTIC_GROUPS,
-                                        redis_url)
+        async with OutputTopic(bench.bootstrap, ratings) as out:  # a runner that grades nothing ends here
+            deadline = time.monotonic() + FIRST_RATING_S
+            while await out.count() == 0 and proc.poll() is None and time.monotonic() < deadline:
+                await asyncio.sleep(0.25)
+            first = await out.count()
+        result: dict[str, Any] = {"traces": 0, "complete": False}
+        if first:
+            result = await scenarios._drain(bench, proc.pid, lambda: proc.poll() is None, ratings, traces,
+                                            DETERMINISTIC_GROUPS, redis_url)
         deadline = time.monotonic() + 30  # the last batch is out: the runner says done within its tick
         jobs = await _jobs(redis_url, ids)
-        while any(j.status not in BACKFILL_ENDED for j in jobs) and time.monotonic() < deadline:
+        while first and any(j.status not in BACKFILL_ENDED for j in jobs) and time.monotonic() < deadline:
             await asyncio.sleep(0.25)
             jobs = await _jobs(redis_url, ids)
-        async with OutputTopic(bench.bootstrap, ratings) as out:
-            origins = sorted({str(orjson.loads(v).get("origin")) for v in await out.last_values(20)})
+        groups = await _by_group(bench, ratings)
     finally:
         worker.stop(timeout_s=120)
-    done = [j for j in jobs if j.status == "done"]
-    if len(done) == len(jobs):
+    errors = [line for line in worker.logs(whole=True).splitlines() if '"level": "error"' in line]
+    if not first:
+        print(f"  !! no rating in {FIRST_RATING_S:g} s; jobs {[(j.status, j.error) for j in jobs]}; "
+              f"{len(errors)} errors logged (see {bench.logs})", flush=True)
+    elif all(j.status == "done" for j in jobs):
         job_s = (max(j.updated_at for j in jobs) - min(j.created_at for j in jobs)).total_seconds()
         result |= {"job_seconds": round(job_s, 2), "job_traces_per_s": round(traces / job_s, 1)}
     else:
         print(f"  !! jobs not done: {[(j.id, j.status, j.progress.fraction) for j in jobs]} (see {bench.logs})",
               flush=True)
-    return result | {"origins": origins, "jobs": [
+    return result | {"groups": groups, "worker_errors": len(errors), "jobs": [
         {"group": j.group_id, "status": j.status, "seconds": round((j.updated_at - j.created_at).total_seconds(), 2),
-         **j.progress.model_dump(by_alias=True), **({"notes": j.notes} if j.notes else {})} for j in jobs]}
+         **j.progress.model_dump(by_alias=True), **({"error": j.error} if j.error else {}),
+         **({"notes": j.notes} if j.notes else {})} for j in jobs]}
+
+
+async def _by_group(bench: Bench, topic: str) -> dict[str, dict[str, Any]]:
+    """Per group: its ratings, their origins, and traces/s from its first to its last by broker
+    timestamp (while the runner grades one job at a time, each job's own rate)."""
+    async with OutputTopic(bench.bootstrap, topic) as out:
+        records = await out.records()
+    seen: dict[str, tuple[int, int, int, set[str]]] = {}
+    for record in records:
+        doc = orjson.loads(record.value)
+        count, first, last, origins = seen.get(doc["groupId"], (0, record.timestamp, record.timestamp, set()))
+        seen[doc["groupId"]] = (count + 1, min(first, record.timestamp), max(last, record.timestamp),
+                                origins | {str(doc.get("origin"))})
+    return {group: {"ratings": count, "seconds": round((last - first) / 1000, 2),
+                    "traces_per_s": round(count / max(0.001, (last - first) / 1000), 1), "origins": sorted(origins)}
+            for group, (count, first, last, origins) in sorted(seen.items())}
 
 
 def backlog_for(backfill_traces_per_s: float | None, seconds: float, floor: int) -> int:

@@ -201,7 +201,9 @@ def markdown(report: dict[str, Any]) -> str:
             notes = (f"{r['traces']:,} traces in {r.get('seconds')} s by ratings, {_cell(r.get('job_seconds'))} s job "
                      f"start to done ({_cell(r.get('job_traces_per_s'))}/s); / live: {_cell(r.get('vs_live'))} "
                      f"by ratings, {_cell(r.get('job_vs_live'))} by job; CPU x live {_cell(r.get('cpu_vs_live'))}; "
-                     f"{_cell(r.get('cpu_cores_used'))} cores busy; origins {','.join(r.get('origins', []))}")
+                     f"{_cell(r.get('cpu_cores_used'))} cores busy; per group: " + ", ".join(
+                         f"{g} {_cell(v['traces_per_s'])}/s ({','.join(v['origins'])})"
+                         for g, v in r.get("groups", {}).items()))
         elif name == "backfill_latency":
             p = r.get("progress") or {}
             notes = (f"at {_cell(r.get('achieved_rate'))} traces/s: p99 {r.get('p99_ms_alone')} ms alone, "

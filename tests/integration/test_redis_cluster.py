@@ -124,6 +124,7 @@ async def use_every_store(redis: RedisCluster) -> list[AsyncScript]:
     window = BackfillCreate.model_validate({"from": "2026-01-01T00:00:00Z", "to": "2026-01-02T00:00:00Z"})
     job = await jobs.create("g1", "p1", window, 1.0)
     await parts.save_plan(job.id, {0: (0, 10), 1: (5, 9)}, ["a note"])
+    assert await parts.lease(job.id, 0, "w-1") and not await parts.lease(job.id, 0, "w-2")
     assert await parts.reserve_calls(job.id, 3, [2, 2]) == 1
     await parts.advance(job.id, 0, 4, tracesRead=4, pairsScored=1)
     assert await parts.pause(job.id, datetime.now(UTC)) and await parts.resume(job.id)

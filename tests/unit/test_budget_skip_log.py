@@ -3,6 +3,7 @@ line saying how many skips it did not log (a starved group at 1,000 traces/s is 
 
 from __future__ import annotations
 
+from types import SimpleNamespace
 from typing import Any
 
 import pytest
@@ -10,6 +11,7 @@ from structlog.testing import capture_logs
 
 from consumers import pairs
 from consumers.outage import OutageGuard
+from consumers.outputs import LIVE
 from consumers.pairs import PairProtocol
 from scoring.pairs import ClaimRequest
 from scoring.routing import Pair
@@ -37,7 +39,8 @@ def test_a_starved_group_is_counted_every_time_and_logged_once_a_minute(monkeypa
     clock = [1000.0]
     monkeypatch.setattr(pairs.time, "monotonic", lambda: clock[0])
     events = Skips()
-    protocol = PairProtocol(claims=None, outputs=None, ratings=None, panel=None,  # type: ignore[arg-type]
+    live = SimpleNamespace(policy=LIVE)  # what the protocol reads of its outputs here
+    protocol = PairProtocol(claims=None, outputs=live, ratings=None, panel=None,  # type: ignore[arg-type]
                             outages=OutageGuard(tolerance_s=1), events=events)  # type: ignore[arg-type]
     with capture_logs() as logs:
         for n in range(5):
