@@ -1,6 +1,7 @@
 """Backfill jobs through the API (issue 42), as a real process on the real Redis: a job
 is started (202, queued, with the group's sample or the request's), read, listed and cancelled;
-every refusal names its field; another project's job is a 404."""
+every refusal names its field; another project's job is a 404; a project has at most 3 jobs not
+ended; a ``to`` a little ahead of the server's clock is now."""
 
 from __future__ import annotations
 
@@ -21,7 +22,8 @@ ONLINE = {"enabled": False, "sampleRate": 0.3, "alertThreshold": 6, "severity": 
 @pytest.fixture(scope="module")
 def api(redis_databases: RedisDatabases, tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[ApiProcess, dict[str, str]]]:
     with redis_databases.lease() as url:
-        keys = {"a": create_key(url, "--project", "p-a"), "b": create_key(url, "--project", "p-b")}
+        keys = {"a": create_key(url, "--project", "p-a"), "b": create_key(url, "--project", "p-b"),
+                "c": create_key(url, "--project", "p-c")}
         process = ApiProcess(url, tmp_path_factory.mktemp("api") / "api.log").start()
         try:
             yield process, keys
@@ -85,3 +87,25 @@ def test_every_refusal_names_its_field(api: tuple[ApiProcess, dict[str, str]], b
         refused = a.post(f"/v1/scorer-groups/{group['id']}/backfills", json={k: v for k, v in sent.items() if v is not None})
         assert refused.status_code == 400, refused.text
         assert field in [e["field"] for e in refused.json()["errors"]], refused.json()
+
+
+def test_a_project_has_at_most_three_jobs_not_ended_and_a_to_just_ahead_is_now(
+        api: tuple[ApiProcess, dict[str, str]]) -> None:
+    process, keys = api
+    with process.client(keys["c"]) as c, process.client(keys["b"]) as b:
+        judge = c.post("/v1/judges", json={"name": "Q", "criteria": "Helpful?"}).json()
+        group = c.post("/v1/scorer-groups", json={"name": "G", "members": [{"kind": "judge", "refId": judge["id"]}],
+                                                  "online": ONLINE}).json()
+        window = {"from": iso(timedelta(hours=-3)), "to": iso(timedelta(seconds=30))}  # a clock a little ahead
+        jobs = [c.post(f"/v1/scorer-groups/{group['id']}/backfills", json=window) for _ in range(3)]
+        assert [j.status_code for j in jobs] == [202] * 3
+        assert datetime.fromisoformat(jobs[0].json()["to"]) <= datetime.now(UTC), "clamped to now"
+        fourth = c.post(f"/v1/scorer-groups/{group['id']}/backfills", json=window)
+        assert fourth.status_code == 409 and "at most 3" in fourth.text, fourth.text
+        b_judge = b.post("/v1/judges", json={"name": "Q", "criteria": "Helpful?"}).json()
+        b_group = b.post("/v1/scorer-groups", json={"name": "G", "members": [{"kind": "judge", "refId": b_judge["id"]}],
+                                                    "online": ONLINE}).json()
+        assert b.post(f"/v1/scorer-groups/{b_group['id']}/backfills", json=window).status_code == 202, \
+            "another project's jobs do not count"
+        assert c.delete(f"/v1/backfills/{jobs[0].json()['id']}").status_code == 200
+        assert c.post(f"/v1/scorer-groups/{group['id']}/backfills", json=window).status_code == 202, "room again"
