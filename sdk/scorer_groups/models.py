@@ -49,6 +49,10 @@ SEVERITIES = ("low", "medium", "high", "critical")
 MemberKind = Literal["judge", "pattern", "custom"]
 Severity = Literal["low", "medium", "high", "critical"]
 Scope = Literal["trace", "session", "span"]
+AlertMode = Literal["each", "window", "drift"]
+DEFAULT_ALERT_WINDOW_S = 900
+DEFAULT_ALERT_MIN_RESULTS = 10
+DEFAULT_DRIFT_SIGMA = 3.0
 Polarity = Literal["failure", "proper"]
 PatternTarget = Literal["output", "input", "both"]
 PatternTemplate = Literal["email", "phone", "credit_card", "ssn", "apology", "refusal"]
@@ -149,6 +153,46 @@ class OnlineProfile(WireModel):
                                            description="Span scope (required there): the spans graded, each "
                                                        "on its own - name, kind, input, output, durationMs, "
                                                        "attributes.<key>.")
+
+    # Alerts (issue 43). "each": a Signal per result below the threshold, each delivered (the
+    # spec's). "window": per-result Signals stay on the signals topic (the record), and only
+    # incidents page: the window's mean below the threshold opens one, a whole window at or
+    # above ``alertResolveAbove`` resolves it. "drift": incidents against the group's own
+    # learned level (scoring.incidents). Defaults are left out of the document.
+    alert_mode: AlertMode = Field("each", exclude_if=lambda m: m == "each",
+                                  description='"each" (a Signal per result), "window" or "drift" (incidents).')
+    alert_window_seconds: int = Field(DEFAULT_ALERT_WINDOW_S, ge=60, le=86_400,
+                                      exclude_if=lambda s: s == DEFAULT_ALERT_WINDOW_S,
+                                      description="The window an incident is judged over (60-86,400 s).")
+    alert_min_results: int = Field(DEFAULT_ALERT_MIN_RESULTS, ge=1, le=1_000_000,
+                                   exclude_if=lambda n: n == DEFAULT_ALERT_MIN_RESULTS,
+                                   description="Results a window needs before it can open an incident.")
+    alert_resolve_above: float | None = Field(None, ge=0, le=10, exclude_if=lambda v: v is None,
+                                              description="The mean a whole window must hold to resolve "
+                                                          "(default: alertThreshold; not below it).")
+    alert_no_score_rate: float | None = Field(None, ge=0, le=1, exclude_if=lambda v: v is None,
+                                              description="Coverage: an incident when the window's share of "
+                                                          "results without a score (or skipped for budget) "
+                                                          "passes it.")
+    alert_drift_sigma: float = Field(DEFAULT_DRIFT_SIGMA, gt=0, le=20,
+                                     exclude_if=lambda v: v == DEFAULT_DRIFT_SIGMA,
+                                     description="Drift: how many standard deviations below its learned "
+                                                 "level the window's mean must drop.")
+
+    @model_validator(mode="after")
+    def _alerts_fit(self) -> OnlineProfile:
+        faults = []
+        if self.alert_mode == "window" and self.alert_threshold is None:
+            faults.append(("alertThreshold", 'required when alertMode is "window": the mean a window must '
+                                             'stay at or above'))
+        if (self.alert_resolve_above is not None and self.alert_threshold is not None
+                and self.alert_resolve_above < self.alert_threshold):
+            faults.append(("alertResolveAbove", f"must not be below alertThreshold ({self.alert_threshold:g}): "
+                                                "an incident would resolve while the group is still below it"))
+        if faults:
+            raise ValidationError.from_exception_data("OnlineProfile", [InitErrorDetails(
+                type=PydanticCustomError("alerts", why), loc=(field,), input=None) for field, why in faults])
+        return self
 
     @model_validator(mode="after")
     def _span_scope_names_its_spans(self) -> OnlineProfile:

@@ -1,0 +1,155 @@
+"""Incidents (issue 43): when a group's level, not one result, needs a person. Pure: the
+watcher (``consumers.incidents``) reads the window's counts from the ratings history and keeps
+each watch's state in Redis; everything it decides is decided here, on a clock it is given.
+
+Three reasons an incident opens, each watched on its own:
+
+- ``window_below`` (``alertMode: "window"``): the mean of the last ``alertWindowSeconds`` is
+  below ``alertThreshold``, over at least ``alertMinResults`` results;
+- ``coverage`` (``alertNoScoreRate``, any mode): the share of the window's results without a
+  score - or skipped for budget - passes the rate, over at least ``alertMinResults``;
+- ``drift`` (``alertMode: "drift"``): the window's mean is more than ``alertDriftSigma``
+  standard deviations below the group's own level, learned from its past windows.
+
+An open incident resolves once a window that lies wholly after its opening is good again (its
+mean at or above ``alertResolveAbove``, its coverage within the rate, its level back within one
+standard deviation): one window of good traffic, not one good result, so it does not flap.
+
+The level (``Baseline``) is an exponentially weighted mean and variance of the group's closed
+windows' means (EWMA: the last day weighs half; CUSUM would find smaller shifts sooner, but it
+needs a target and a slack per group - exactly the guess this mode spares a team). It learns
+nothing while a drift incident is open (a drop must not become the new normal), and judges only
+after ``MIN_LEARNED`` windows.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import replace
+from typing import Literal
+
+from scoring.frozen import frozen
+from scoring.models import OnlineProfile
+
+IncidentReason = Literal["window_below", "coverage", "drift"]
+IncidentState = Literal["opened", "resolved"]
+Verdict = Literal["bad", "good", "unknown"]
+
+MIN_LEARNED = 8  # windows a level is learned from before drift is judged against it
+MIN_SPREAD = 0.25  # the least standard deviation a level is judged with (0-10 scale): a group
+# whose every window scored alike would otherwise alert on any wobble
+HALF_LIFE_S = 86_400  # a window a day old weighs half as much in the level
+
+
+@frozen
+class WindowStats:
+    """The counts of one window of a group's results (``scoring.stores.ratings`` buckets)."""
+
+    results: int  # results, with or without a score
+    scored: int
+    total: float  # the sum of the scores
+    no_score: int
+    skipped: int  # sampled in, not scored for want of judge budget
+
+    @property
+    def mean(self) -> float | None:
+        return self.total / self.scored if self.scored else None
+
+    @property
+    def unscored_share(self) -> float | None:
+        seen = self.results + self.skipped
+        return (self.no_score + self.skipped) / seen if seen else None
+
+
+@frozen
+class Baseline:
+    """A group's learned level: an exponentially weighted mean and variance of its window means."""
+
+    mean: float = 0.0
+    variance: float = 0.0
+    learned: int = 0  # windows learned
+    last_window: int = -1  # the index (start // window) of the last window learned
+
+    @property
+    def spread(self) -> float:
+        return max(math.sqrt(self.variance), MIN_SPREAD)
+
+    def learn(self, window: int, mean: float, window_s: int) -> Baseline:
+        if window <= self.last_window:
+            return self
+        if not self.learned:
+            return Baseline(mean, 0.0, 1, window)
+        alpha = 1 - 0.5 ** (window_s / HALF_LIFE_S)
+        alpha = max(alpha, 1 / (self.learned + 1))  # the first windows count fully, then the decay takes over
+        delta = mean - self.mean
+        new_mean = self.mean + alpha * delta
+        variance = (1 - alpha) * (self.variance + alpha * delta * delta)
+        return Baseline(new_mean, variance, self.learned + 1, window)
+
+
+@frozen
+class Watch:
+    """One reason's watch of one group: its open incident, if any."""
+
+    incident_id: str | None = None  # the open incident
+    opened_at: float | None = None
+    version: int = 0  # bumped by every transition: the store moves a watch only from the version read
+
+
+@frozen
+class Transition:
+    watch: Watch  # the watch after
+    state: IncidentState
+    incident_id: str
+    at: float
+
+
+def reasons(profile: OnlineProfile) -> list[IncidentReason]:
+    """The reasons a group's incidents may open for."""
+    watched: list[IncidentReason] = []
+    if profile.alert_mode == "window":
+        watched.append("window_below")
+    if profile.alert_mode == "drift":
+        watched.append("drift")
+    if profile.alert_no_score_rate is not None:
+        watched.append("coverage")
+    return watched
+
+
+def verdict(reason: IncidentReason, profile: OnlineProfile, stats: WindowStats,
+            baseline: Baseline | None = None) -> Verdict:
+    """Is the window bad (an incident may open), good (an open one may resolve), or neither?"""
+    mean, enough = stats.mean, stats.results + stats.skipped >= profile.alert_min_results
+    if reason == "coverage":
+        share, rate = stats.unscored_share, profile.alert_no_score_rate
+        if share is None or rate is None:
+            return "unknown"
+        return "bad" if share > rate and enough else "good" if share <= rate else "unknown"
+    if mean is None:
+        return "unknown"
+    enough = stats.scored >= profile.alert_min_results
+    if reason == "window_below":
+        threshold = profile.alert_threshold
+        if threshold is None:
+            return "unknown"
+        resolve_at = profile.alert_resolve_above if profile.alert_resolve_above is not None else threshold
+        return "bad" if mean < threshold and enough else "good" if mean >= resolve_at else "unknown"
+    if baseline is None or baseline.learned < MIN_LEARNED:
+        return "unknown"  # drift: no level learned yet
+    if mean < baseline.mean - profile.alert_drift_sigma * baseline.spread and enough:
+        return "bad"
+    return "good" if mean >= baseline.mean - baseline.spread else "unknown"
+
+
+def step(watch: Watch, judged: Verdict, now: float, window_s: int, incident_id: str) -> Transition | None:
+    """What the window's verdict does to the watch: open an incident (``incident_id``), resolve
+    the open one once a window wholly after its opening is good, or nothing."""
+    if watch.incident_id is None:
+        if judged != "bad":
+            return None
+        opened = Watch(incident_id, now, watch.version + 1)
+        return Transition(opened, "opened", incident_id, now)
+    assert watch.opened_at is not None
+    if judged == "good" and now - watch.opened_at >= window_s:
+        return Transition(replace(Watch(), version=watch.version + 1), "resolved", watch.incident_id, now)
+    return None
