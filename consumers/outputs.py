@@ -94,7 +94,11 @@ class Outputs:
             if signal is None and no_score_signal_id(rating) in no_score:
                 signal = build_no_score_signal(group, rating)
             # Agent ids are the tenants' own: only this project's (and operators' shared) channels.
-            channels = [c for c in snapshot.channels_for(subject.agent_id, group.project_id) if not c.disabled]
+            # A group alerting on windows or drift pages by incidents (consumers.incidents): its
+            # per-result Signals are the record, delivered to no one.
+            each = group.online is None or group.online.alert_mode == "each"
+            channels = [c for c in snapshot.channels_for(subject.agent_id, group.project_id)
+                        if not c.disabled] if each else []
             if signal is None:  # PagerDuty channels hear when the group is back over its threshold
                 resolving = [c.url for c in channels if c.format == "pagerduty"]
                 for delivery in build_recovery_deliveries(group, rating, resolving):

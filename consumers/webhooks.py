@@ -198,8 +198,10 @@ class WebhookSender:
         if channel is None or channel.format != "pagerduty":
             return None
         channel_hash = hashlib.sha256(channel_id(channel).encode()).hexdigest()[:16]
-        return Incident("close" if delivery.event == RECOVERED_EVENT else "open",
-                        keys.webhook_incident(shard_of(delivery), channel_hash, delivery.signal.key))
+        s = delivery.signal  # an incident of the group's level has a key of its own (scoring.incidents)
+        closes = delivery.event == RECOVERED_EVENT or s.state == "resolved"
+        return Incident("close" if closes else "open", keys.webhook_incident(
+            shard_of(delivery), channel_hash, f"incident:{s.incident_id}" if s.incident_id else s.key))
 
     # --- 2. Dispatch ----------------------------------------------------------------------
 

@@ -26,13 +26,15 @@ from __future__ import annotations
 
 import math
 from dataclasses import replace
+from datetime import UTC, datetime
 from typing import Literal
 
+from scorer_groups.documents import INCIDENT_EVENTS, IncidentReason, IncidentState
 from scoring.frozen import frozen
-from scoring.models import OnlineProfile
+from scoring.models import OnlineProfile, ScorerGroup
+from scoring.redact import mask_url
+from scoring.results import Signal, WebhookDelivery, channel_key, derived_id, signal_key
 
-IncidentReason = Literal["window_below", "coverage", "drift"]
-IncidentState = Literal["opened", "resolved"]
 Verdict = Literal["bad", "good", "unknown"]
 
 MIN_LEARNED = 8  # windows a level is learned from before drift is judged against it
@@ -153,3 +155,48 @@ def step(watch: Watch, judged: Verdict, now: float, window_s: int, incident_id: 
     if judged == "good" and now - watch.opened_at >= window_s:
         return Transition(replace(Watch(), version=watch.version + 1), "resolved", watch.incident_id, now)
     return None
+
+
+# --- What an incident says (the Signal and its deliveries) ----------------------------------------
+
+def incident_id(group_id: str, reason: IncidentReason, version: int) -> str:
+    """The incident a watch opens from ``version``: every worker that decides the same opening
+    names it alike (ids are derived, as every published id is)."""
+    return derived_id(f"incident:{group_id}:{reason}:{version}")
+
+
+def describe(reason: IncidentReason, state: IncidentState, profile: OnlineProfile, stats: WindowStats,
+             baseline: Baseline | None, window_s: int) -> str:
+    """One sentence a person reads: what the window showed, against what."""
+    span = f"the last {window_s // 60} min" if window_s < 7200 else f"the last {window_s / 3600:g} h"
+    mean = "no score" if stats.mean is None else f"a mean of {stats.mean:.2f}/10"
+    if reason == "coverage":
+        share = stats.unscored_share or 0.0
+        what = (f"{share:.0%} of {stats.results + stats.skipped} results in {span} had no score or were "
+                f"skipped for budget (alertNoScoreRate {profile.alert_no_score_rate:g})")
+    elif reason == "drift" and baseline is not None:
+        what = (f"{mean} over {stats.scored} results in {span}; the group's level is {baseline.mean:.2f} "
+                f"(± {baseline.spread:.2f}), alertDriftSigma {profile.alert_drift_sigma:g}")
+    else:
+        what = f"{mean} over {stats.scored} results in {span}, alertThreshold {profile.alert_threshold:g}"
+    return f"{'Opened' if state == 'opened' else 'Resolved'}: {what}."
+
+
+def incident_signal(group: ScorerGroup, reason: IncidentReason, moved: Transition, stats: WindowStats,
+                    agent_id: str, justification: str) -> Signal:
+    assert group.online is not None
+    return Signal(
+        id=derived_id(f"incident-signal:{moved.incident_id}:{moved.state}"), key=signal_key(group.id),
+        reason=reason, state=moved.state, incident_id=moved.incident_id,
+        group_id=group.id, group_name=group.name, project_id=group.project_id, agent_id=agent_id,
+        scope=group.online.scope, rating=stats.mean, alert_threshold=group.online.alert_threshold,
+        severity=group.online.severity, justification=justification, rating_id=None,
+        raised_at=datetime.fromtimestamp(moved.at, UTC))
+
+
+def incident_deliveries(signal: Signal, channel_urls: list[str]) -> list[WebhookDelivery]:
+    assert signal.state is not None
+    return [WebhookDelivery(id=derived_id(f"delivery:{signal.id}:{url}"), signal_id=signal.id,
+                            agent_id=signal.agent_id, url=mask_url(url), channel=channel_key(url),
+                            event=INCIDENT_EVENTS[signal.state], signal=signal, created_at=signal.raised_at)
+            for url in channel_urls]

@@ -24,6 +24,7 @@ from redis.exceptions import AuthenticationError, RedisClusterException
 from redis.exceptions import ConnectionError as RedisConnectionError
 
 from consumers.backfill import BackfillRunner
+from consumers.incidents import IncidentWatcher
 from consumers.loop import MAX_POLL_INTERVAL_S
 from consumers.outage import OutageGuard
 from consumers.outputs import BACKFILL, BACKFILL_ALERTING, Outputs, PublishPolicy, TopicNames
@@ -37,6 +38,7 @@ from scoring.stores.backfills import BackfillStore, JobParts
 from scoring.stores.catalog import CatalogStore, CatalogWatcher
 from scoring.stores.claims import Claims
 from scoring.stores.client import RedisClient
+from scoring.stores.incidents import IncidentStore
 from scoring.stores.ratings import RatingsStore
 from scoring.stores.sessions import SessionStore
 from worker import metrics
@@ -319,6 +321,11 @@ class Worker:
             topic=s.traces_topic, worker=f"{socket.gethostname()}-{os.getpid()}", max_trace_bytes=s.max_trace_bytes,
             max_spans=s.max_spans_per_trace, live_pressed=traces.pressed, live_done=live_done)
 
+        # Incidents: groups that alert on their level (windows, drift, coverage), once per fleet.
+        incidents = IncidentWatcher(store=IncidentStore(redis), ratings=ratings, catalog=lambda: watcher.current,
+                                    send=Outputs(producer, topics, events).send, topics=topics,
+                                    events=metrics.PrometheusIncidents(), interval_s=s.incident_interval_s)
+
         hooks_consumer = kafka_consumer(s, f"{s.consumer_group}-webhooks")
         hooks = webhook_sender(s, redis, hooks_consumer, producer, lambda: watcher.current, outages)
         self.outages = [traces, hooks]
@@ -343,7 +350,8 @@ class Worker:
             gc.freeze()
             gc.set_threshold(*GC_THRESHOLDS)
             background = [self._background("session sweeper", sweeper.run(self.stop)),
-                          self._background("backfill runner", backfills.run(self.stop))]
+                          self._background("backfill runner", backfills.run(self.stop)),
+                          self._background("incident watcher", incidents.run(self.stop))]
             if s.send_webhooks:
                 hooks_consumer.subscribe([s.webhooks_topic], listener=hooks.rebalance_listener())
                 await hooks_consumer.start()

@@ -289,6 +289,18 @@ class PrometheusOutages:
         DEPENDENCY_UNREACHABLE.labels(dependency).set(1 if unreachable else 0)
 
 
+INCIDENT_OPEN = Gauge("sgw_group_incident_open", "1 while a group has an incident open, by reason (window_below, "
+                      "coverage, drift); 0 once it resolved.", ["project", "group", "reason"], registry=REGISTRY)
+
+
+class PrometheusIncidents:
+    """``consumers.incidents.IncidentEvents``: every worker watches every group and exports the
+    same state (a panel takes the max over workers)."""
+
+    def incident_open(self, project_id: str, group_id: str, reason: str, is_open: bool) -> None:
+        INCIDENT_OPEN.labels(project_id, group_id, reason).set(1 if is_open else 0)
+
+
 def observe_catalog_lost(lost: bool) -> None:
     CATALOG_LOST.set(1 if lost else 0)
 

@@ -261,6 +261,9 @@ class Settings(BaseSettings):
     session_sweep_interval_s: float = Field(
         2.0, gt=0, description="How often quiet sessions are looked for (session-scope groups)."
     )
+    incident_interval_s: float = Field(
+        10.0, gt=0, le=3600, description="How often groups that alert on windows, drift or coverage are looked at."
+    )
     no_score_alert_interval_s: int = Field(
         3600, ge=1, description="At most one no-score Signal per group in this many seconds: a group whose "
         "results start having no score (a must-pass member cannot score) raises one, not one per result."

@@ -243,3 +243,20 @@ def backfill_plan_lock(job_id: str) -> str:
 
 def backfill_lease(job_id: str, partition: int) -> str:
     return f"{PREFIX}:backfill:{{{job_id}}}:lease:{partition}"
+
+
+# --- Incidents (scoring.stores.incidents): each watch of a group, its level, its incidents --------
+# A group's hash tag, as its rating buckets: one script moves a watch and records its incident.
+INCIDENTS_KEPT_S = 90 * 86_400  # a group's incidents, readable this long after the last one
+
+
+def incident_watch(group_id: str, reason: str) -> str:
+    return f"{PREFIX}:incident-watch:{{{group_id}}}:{reason}"
+
+
+def incident_level(group_id: str) -> str:
+    return f"{PREFIX}:incident-level:{{{group_id}}}"
+
+
+def group_incidents(group_id: str) -> str:
+    return f"{PREFIX}:incidents:{{{group_id}}}"

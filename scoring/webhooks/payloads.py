@@ -5,7 +5,8 @@
 - ``slack``: a Slack incoming-webhook message: ``text`` (the notification line) and ``blocks``.
 - ``pagerduty``: a PagerDuty Events API v2 event: ``trigger`` for a Signal, ``resolve`` when the
   group scores at or above its threshold again; ``dedup_key`` is the Signal key
-  (``scorer-group:<id>``), so one incident per group opens and closes.
+  (``scorer-group:<id>``), so one incident per group opens and closes. An incident of the
+  group's level (``scoring.incidents``) triggers and resolves under ``incident:<incidentId>``.
 
 The body is built when the delivery is attempted, from the delivery on the topic and the
 channel in the catalog, so a channel's routing key never travels on a topic.
@@ -53,7 +54,16 @@ def _threshold(signal: Signal) -> str:
     return "none" if signal.alert_threshold is None else f"{signal.alert_threshold:g}"
 
 
+INCIDENT_WORDS = {"window_below": "its window's mean is below its threshold",
+                  "coverage": "too many results have no score", "drift": "it dropped from its usual level"}
+
+
 def _headline(signal: Signal, recovered: bool) -> str:
+    if signal.state is not None:  # an incident of the group's level, opening or resolving
+        if signal.state == "resolved":
+            return f"{signal.group_name}: incident resolved ({signal.reason}, {signal.severity})"
+        return (f"{signal.group_name}: incident opened - {INCIDENT_WORDS.get(signal.reason, signal.reason)} "
+                f"({signal.severity})")
     if signal.rating is None:  # reason no_score: a must-pass member could not score
         return (f"{signal.group_name} has no score: a must-pass member could not score "
                 f"(agent {signal.agent_id}, {signal.severity})")
@@ -79,6 +89,8 @@ def slack(delivery: WebhookDelivery, link: str | None) -> dict[str, Any]:
     recovered = delivery.event == RECOVERED_EVENT
     headline = _headline(s, recovered)
     subject = f"trace `{_escaped(s.trace_id or '')}`" if s.trace_id else f"session `{_escaped(s.session_id or '')}`"
+    if s.incident_id:  # an incident: the group's window, no one result
+        subject = f"incident `{s.incident_id}` ({s.reason}, {s.state})"
     if s.span_id:  # span scope: the step of the trace
         subject += f" step `{_escaped(s.span_name or '')}` ({_escaped(s.span_id)})"
     fields = [f"*Group*\n{_escaped(s.group_name)}",
@@ -99,15 +111,18 @@ def slack(delivery: WebhookDelivery, link: str | None) -> dict[str, Any]:
 
 def pagerduty(delivery: WebhookDelivery, routing_key: str, link: str | None) -> dict[str, Any]:
     s = delivery.signal
-    if delivery.event == RECOVERED_EVENT:
-        return {"routing_key": routing_key, "event_action": "resolve", "dedup_key": s.key}
+    # An incident triggers and resolves under its own key; a result's Signal, under the group's.
+    dedup_key = f"incident:{s.incident_id}" if s.incident_id else s.key
+    if delivery.event == RECOVERED_EVENT or s.state == "resolved":
+        return {"routing_key": routing_key, "event_action": "resolve", "dedup_key": dedup_key}
     event: dict[str, Any] = {
-        "routing_key": routing_key, "event_action": "trigger", "dedup_key": s.key,
+        "routing_key": routing_key, "event_action": "trigger", "dedup_key": dedup_key,
         "payload": {
             "summary": _headline(s, False)[:PAGERDUTY_SUMMARY_MAX], "source": s.agent_id,
             "severity": PAGERDUTY_SEVERITY[s.severity], "timestamp": s.raised_at.isoformat(),
-            "component": s.group_name, "group": s.project_id, "class": "scorer_group.signal",
+            "component": s.group_name, "group": s.project_id, "class": delivery.event,
             "custom_details": {"reason": s.reason, "rating": s.rating, "alertThreshold": s.alert_threshold,
+                               "incidentId": s.incident_id,
                                "groupId": s.group_id,
                                "ratingId": s.rating_id, "traceId": s.trace_id, "sessionId": s.session_id,
                                "spanId": s.span_id, "spanName": s.span_name,

@@ -201,3 +201,21 @@ class BackfillJob(ApiModel):
                                                               "project's next budget window.")
     created_at: AwareDatetime
     updated_at: AwareDatetime
+
+
+# --- Incidents (issue 43): a group's level needing a person, opened and resolved once ------------
+
+class Incident(ApiModel):
+    """One incident of a group: opened when its window (or coverage, or level) went bad,
+    resolved once a whole window after was good again."""
+
+    id: str
+    group_id: str
+    project_id: str
+    reason: Literal["window_below", "coverage", "drift"]
+    state: Literal["open", "resolved"]
+    opened_at: AwareDatetime
+    resolved_at: AwareDatetime | None = None
+    last_said: str = Field(description="What the last Signal of the incident said.")
+    window_mean: float | None = None
+    window_results: int = 0

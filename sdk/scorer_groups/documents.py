@@ -80,13 +80,17 @@ class Rating(_AboutGroupResult):
     scored_at: datetime
 
 
-SignalReason = Literal["below_threshold", "no_score"]
+SignalReason = Literal["below_threshold", "no_score", "window_below", "coverage", "drift"]
+IncidentReason = Literal["window_below", "coverage", "drift"]
+IncidentState = Literal["opened", "resolved"]
 
 
 class Signal(_AboutGroupResult):
     """A group result that needs a person: its score below the alert threshold, or - at most
     once per group and interval - no score at all (``reason`` "no_score": a must-pass member
-    could not score; ``justification`` names it and why)."""
+    could not score; ``justification`` names it and why). Or an incident of the group's level
+    opening or resolving (``reason`` window_below, coverage or drift, with ``state`` and
+    ``incidentId``; ``rating`` is the window's mean, and no one result is named)."""
 
     key: str
     reason: SignalReason = "below_threshold"
@@ -94,13 +98,18 @@ class Signal(_AboutGroupResult):
     alert_threshold: float | None
     severity: Severity
     justification: str
-    rating_id: str
+    rating_id: str | None  # the result's; none for an incident
     raised_at: datetime
+    state: IncidentState | None = None  # an incident's: opened or resolved
+    incident_id: str | None = None
 
 
-DeliveryEvent = Literal["scorer_group.signal", "scorer_group.recovered"]
+DeliveryEvent = Literal["scorer_group.signal", "scorer_group.recovered", "scorer_group.incident.opened",
+                        "scorer_group.incident.resolved"]
 SIGNAL_EVENT: DeliveryEvent = "scorer_group.signal"
 RECOVERED_EVENT: DeliveryEvent = "scorer_group.recovered"  # the group is at or over its threshold again
+INCIDENT_EVENTS: dict[IncidentState, DeliveryEvent] = {"opened": "scorer_group.incident.opened",
+                                                       "resolved": "scorer_group.incident.resolved"}
 
 
 class WebhookDelivery(Document):

@@ -22,6 +22,7 @@ from redis.exceptions import ConnectionError as RedisConnectionError
 
 from deploy.redis_servers import LocalRedisCluster
 from scorer_groups.api_models import BackfillCreate
+from scoring.incidents import Watch
 from scoring.otlp.mapping import BufferedSpan
 from scoring.pairs import ClaimRequest, day_of
 from scoring.results import HistoryEntry, Signal, build_deliveries
@@ -30,6 +31,7 @@ from scoring.stores.alerts import NoScoreAlerts
 from scoring.stores.backfills import BackfillStore, JobParts
 from scoring.stores.claims import Claims, Reservation
 from scoring.stores.deliveries import DeliverySchedule, PendingDelivery, shard_of
+from scoring.stores.incidents import IncidentStore
 from scoring.stores.otlp_buffer import OtlpBuffer
 from scoring.stores.ratings import RatingsStore, SessionVerdict
 from scoring.stores.sessions import SessionStore
@@ -131,7 +133,12 @@ async def use_every_store(redis: RedisCluster) -> list[AsyncScript]:
     assert (await jobs.of_group("g1"))[0].progress.traces_read == 4
     assert (await jobs.cancel(job.id)).status == "cancelled"
 
-    stores = (claims, ratings, sessions, buffer, schedule, alerts, parts)
+    incidents = IncidentStore(redis)
+    assert await incidents.move("g1", "window_below", Watch(), Watch("inc-1", now, 1), {"signal": {}}, {"id": "inc-1"})
+    await incidents.published("g1", "window_below", 1)
+    assert (await incidents.window("g1", now - 60, now, 60)).results == 1
+
+    stores = (claims, ratings, sessions, buffer, schedule, alerts, parts, incidents)
     return [v for store in stores for v in vars(store).values() if isinstance(v, AsyncScript)]
 
 

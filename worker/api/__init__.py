@@ -27,7 +27,7 @@ from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from scoring.playground import Playground
 from scoring.stores.catalog import SnapshotCache
 from scoring.stores.claims import Claims
-from worker.api import backfills, console_pages, docs_pages, evaluations, groups, problems, scorers
+from worker.api import backfills, console_pages, docs_pages, evaluations, groups, incidents, problems, scorers
 from worker.api.bodies import BodyParser, with_body_schemas
 from worker.api.door import Door
 from worker.connections import redis_client
@@ -71,6 +71,7 @@ def create_app(settings: Settings) -> FastAPI:
     app.include_router(docs_pages.router)
     app.include_router(evaluations.router)
     app.include_router(backfills.router)
+    app.include_router(incidents.router)
     app.add_middleware(Door, max_bytes=settings.api_max_body_bytes)  # bodies bounded, keys checked first
 
     @app.middleware("http")

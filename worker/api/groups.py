@@ -24,7 +24,18 @@ from scorer_groups.filters import Filter, SpanFilter
 from scoring.catalog import etag
 from scoring.errors import NotFound
 from scoring.groups import Caller, MonitorClient
-from scoring.models import ID_PATTERN, Id, Member, Name, OnlineProfile, Scope, ScorerGroup, Severity, WireModel
+from scoring.models import (
+    ID_PATTERN,
+    AlertMode,
+    Id,
+    Member,
+    Name,
+    OnlineProfile,
+    Scope,
+    ScorerGroup,
+    Severity,
+    WireModel,
+)
 from scoring.playground import Playground, passes_filter
 from scoring.stores.changes import ChangeLog
 from worker.api.auth import Client, Who, redis_of
@@ -62,6 +73,12 @@ class OnlinePatch(WireModel):
     alert_on_no_score: bool | None = None
     filter: Filter | None = None  # null: the group sees all its project's traffic again
     span_filter: SpanFilter | None = None  # span scope's; null removes it
+    alert_mode: AlertMode | None = None
+    alert_window_seconds: int | None = None
+    alert_min_results: int | None = None
+    alert_resolve_above: float | None = None  # null: back to alertThreshold
+    alert_no_score_rate: float | None = None  # null: no coverage incidents
+    alert_drift_sigma: float | None = None
 
 
 class GroupPatch(WireModel):

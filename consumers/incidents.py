@@ -1,0 +1,160 @@
+"""The incident watcher (issue 43): every worker runs one; for each live group that alerts on its
+level (``alertMode`` window or drift, or ``alertNoScoreRate``), each tick:
+
+1. read the group's last window from the shared ratings history (every worker reads the same);
+2. drift: learn the last closed window into the group's level, unless a drift incident is open
+   (a drop must not become the new normal);
+3. for each reason watched: publish again an event a worker moved and did not acknowledge
+   (it died in between: the same ids, deduplicated downstream); then judge the window
+   (``scoring.incidents``) and, if the watch opens or resolves, move it - once per fleet: the
+   store moves it only from the version this worker read - and publish the incident's Signal
+   and one delivery per channel of the agents the group rated in the window;
+4. export whether each watch has an incident open.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import time
+from collections import Counter
+from collections.abc import Awaitable, Callable
+from datetime import UTC, datetime
+from typing import Any, Protocol
+
+import orjson
+import structlog
+
+from consumers.outputs import TopicNames
+from scorer_groups.documents import IncidentReason
+from scoring.catalog import CatalogSnapshot
+from scoring.incidents import (
+    Baseline,
+    Transition,
+    Watch,
+    WindowStats,
+    describe,
+    incident_deliveries,
+    incident_id,
+    incident_signal,
+    reasons,
+    step,
+    verdict,
+)
+from scoring.models import ScorerGroup
+from scoring.stores.incidents import PENDING_S, IncidentStore
+from scoring.stores.ratings import RatingsStore
+
+log = structlog.get_logger(__name__)
+
+Send = Callable[[list[tuple[str, bytes | None, bytes]]], Awaitable[None]]
+
+
+class IncidentEvents(Protocol):
+    def incident_open(self, project_id: str, group_id: str, reason: str, is_open: bool) -> None: ...
+
+
+class _Silent:
+    def incident_open(self, project_id: str, group_id: str, reason: str, is_open: bool) -> None:
+        pass
+
+
+class IncidentWatcher:
+    def __init__(self, *, store: IncidentStore, ratings: RatingsStore, catalog: Callable[[], CatalogSnapshot],
+                 send: Send, topics: TopicNames, events: IncidentEvents | None = None, interval_s: float = 10.0,
+                 clock: Callable[[], float] = time.time) -> None:
+        self._store, self._ratings, self._catalog = store, ratings, catalog
+        self._send, self._topics, self._events = send, topics, events or _Silent()
+        self._interval_s, self._clock = interval_s, clock
+
+    async def run(self, stop: asyncio.Event) -> None:
+        while not stop.is_set():
+            await self.tick()
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(stop.wait(), timeout=self._interval_s)
+
+    async def tick(self) -> None:
+        snapshot = self._catalog()
+        for group in sorted(snapshot.groups.values(), key=lambda g: g.id):
+            if group.online is None or not group.online.enabled or not reasons(group.online):
+                continue
+            try:
+                await self._watch(group, snapshot, self._clock())
+            except Exception:  # one group's watch is lost this tick; the others go on
+                log.exception("an incident watch failed; trying again on the next tick", group=group.id)
+
+    async def _watch(self, group: ScorerGroup, snapshot: CatalogSnapshot, now: float) -> None:
+        profile = group.online
+        assert profile is not None
+        window_s = profile.alert_window_seconds
+        stats = await self._store.window(group.id, now - window_s, now, window_s)  # 1.
+        watched = reasons(profile)
+        states = {reason: await self._store.watch(group.id, reason) for reason in watched}
+        level = None
+        if "drift" in watched:  # 2.
+            level = await self._learned(group, now, window_s, drifting=states["drift"][0].incident_id is not None)
+        for reason, (watch, pending) in states.items():  # 3.
+            if pending is not None and now - float(pending["movedAt"]) > PENDING_S:
+                await self._publish(pending)
+                await self._store.published(group.id, reason, watch.version)
+            moved = step(watch, verdict(reason, profile, stats, level), now, window_s,
+                         incident_id(group.id, reason, watch.version))
+            if moved is not None:
+                await self._moved(group, snapshot, reason, watch, moved, stats, level, window_s, now)
+                watch = moved.watch
+            self._events.incident_open(group.project_id, group.id, reason, watch.incident_id is not None)  # 4.
+
+    async def _learned(self, group: ScorerGroup, now: float, window_s: int, drifting: bool) -> Baseline:
+        level = await self._store.level(group.id)
+        last_closed = int(now // window_s) - 1
+        if drifting or last_closed <= level.last_window:
+            return level
+        closed = await self._store.window(group.id, last_closed * window_s, (last_closed + 1) * window_s - 1,
+                                          window_s)
+        learned = (level.learn(last_closed, closed.mean, window_s) if closed.mean is not None
+                   else Baseline(level.mean, level.variance, level.learned, last_closed))  # an empty window: passed
+        await self._store.learn(group.id, learned)
+        return learned
+
+    async def _moved(self, group: ScorerGroup, snapshot: CatalogSnapshot, reason: IncidentReason, read: Watch,
+                     moved: Transition, stats: WindowStats, level: Baseline | None, window_s: int,
+                     now: float) -> None:
+        profile = group.online
+        assert profile is not None
+        agents = await self._agents(group.id, now - window_s)
+        justification = describe(reason, moved.state, profile, stats, level, window_s)
+        signal = incident_signal(group, reason, moved, stats, agents[0] if agents else "", justification)
+        urls = list(dict.fromkeys(c.url for agent in agents for c in snapshot.channels_for(agent, group.project_id)
+                                  if not c.disabled))
+        event = {"signal": orjson.loads(signal.to_json()),
+                 "deliveries": [orjson.loads(d.to_json()) for d in incident_deliveries(signal, urls)]}
+        at = datetime.fromtimestamp(moved.at, UTC).isoformat()
+        first = datetime.fromtimestamp(read.opened_at if read.opened_at is not None else moved.at, UTC).isoformat()
+        record = {"id": moved.incident_id, "groupId": group.id, "projectId": group.project_id, "reason": reason,
+                  "state": "open" if moved.state == "opened" else "resolved", "openedAt": first,
+                  "resolvedAt": at if moved.state == "resolved" else None, "lastSaid": justification,
+                  "windowMean": stats.mean, "windowResults": stats.results}
+        if not await self._store.move(group.id, reason, read, moved.watch, event, record):
+            return  # another worker moved it first: it publishes
+        log.info(f"incident {moved.state}", group=group.id, reason=reason, incident=moved.incident_id)
+        await self._publish(event)
+        await self._store.published(group.id, reason, moved.watch.version)
+
+    async def _agents(self, group_id: str, since: float) -> list[str]:
+        """The agents of the group's results in the window, the busiest first: the channels an
+        incident goes to are theirs."""
+        documents, _ = await self._ratings.results(group_id, limit=200)
+        seen: Counter[str] = Counter()
+        for raw in documents:
+            doc = orjson.loads(raw)
+            if datetime.fromisoformat(doc["scoredAt"]).timestamp() >= since:
+                seen[doc["agentId"]] += 1
+        return [agent for agent, _ in seen.most_common()]
+
+    async def _publish(self, event: dict[str, Any]) -> None:
+        signal = event["signal"]
+        records: list[tuple[str, bytes | None, bytes]] = [
+            (self._topics.signals, signal["key"].encode(), orjson.dumps(signal))]
+        records += [(self._topics.webhooks, d["agentId"].encode(), orjson.dumps(d)) for d in event["deliveries"]]
+        await self._send(records)
+

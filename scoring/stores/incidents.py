@@ -1,0 +1,119 @@
+"""Incidents in Redis (issue 43): what a watcher reads - a window of a group's results, from the
+ratings history's buckets - and what the fleet shares: each watch's state, the group's learned
+level, and its incidents (for the API).
+
+Once per fleet: a watch moves by one script that checks the version the mover read, so of
+the workers that decide the same opening or resolution from the same buckets, one moves it and
+publishes; the others find it moved. The move also records the event as ``pending`` until its
+Signal and deliveries are acknowledged: a worker that died in between leaves it to the next
+watcher, which publishes it again under the same ids (every consumer deduplicates on them).
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Mapping
+from typing import Any
+
+import orjson
+
+from scorer_groups.documents import IncidentReason
+from scoring.incidents import Baseline, Watch, WindowStats
+from scoring.stores import keys
+from scoring.stores.client import RedisClient
+
+PENDING_S = 30.0  # an event moved but not published this long ago is published again
+
+# KEYS: the watch, the group's incidents. ARGV: the version read, the new version, the open
+# incident ("" none), its opening time, the pending event (JSON), the incident's id and record
+# (JSON), the records' TTL. 1 if moved; 0 if another mover was first.
+_MOVE = """
+if (redis.call('HGET', KEYS[1], 'version') or '0') ~= ARGV[1] then return 0 end
+redis.call('HSET', KEYS[1], 'version', ARGV[2], 'incident', ARGV[3], 'openedAt', ARGV[4], 'pending', ARGV[5])
+redis.call('HSET', KEYS[2], ARGV[6], ARGV[7])
+redis.call('EXPIRE', KEYS[2], ARGV[8])
+return 1
+"""
+
+# KEYS: the watch. ARGV: the version whose pending event was published. Clears it.
+_PUBLISHED = """
+if (redis.call('HGET', KEYS[1], 'version') or '0') ~= ARGV[1] then return 0 end
+redis.call('HDEL', KEYS[1], 'pending')
+return 1
+"""
+
+FIELDS = ("count", "scored", "sum", "noscore", "skipped")
+
+
+def bucket_size(window_s: int) -> int:
+    """The history's finest buckets that still cover the window: a minute up to an hour, then a
+    quarter of an hour (``keys.RATING_WINDOWS``)."""
+    hour, day = keys.RATING_WINDOWS["1h"], keys.RATING_WINDOWS["24h"]
+    return hour[1] if window_s <= hour[0] else day[1]
+
+
+class IncidentStore:
+    def __init__(self, redis: RedisClient) -> None:
+        self._redis = redis
+        self._move = redis.register_script(_MOVE)
+        self._published = redis.register_script(_PUBLISHED)
+
+    async def window(self, group_id: str, start: float, end: float, window_s: int) -> WindowStats:
+        """The counts of the group's results in ``[start, end]``, by whole buckets: from the one
+        ``start`` falls in (a window reaches back by up to a bucket more)."""
+        size = bucket_size(window_s)
+        starts = range(int(start) // size * size, int(end) + 1, size)
+        async with self._redis.pipeline(transaction=False) as pipe:
+            for bucket in starts:
+                pipe.hmget(keys.rating_bucket(group_id, size, bucket), FIELDS)
+            rows = await pipe.execute() if starts else []
+        totals = [0.0] * len(FIELDS)
+        for row in rows:
+            for i, value in enumerate(row):
+                totals[i] += float(value) if value is not None else 0.0
+        count, scored, total, no_score, skipped = totals
+        return WindowStats(int(count), int(scored), total, int(no_score), int(skipped))
+
+    async def watch(self, group_id: str, reason: IncidentReason) -> tuple[Watch, dict[str, Any] | None]:
+        """The watch, and its event not yet published (if any)."""
+        raw = await self._redis.hgetall(keys.incident_watch(group_id, reason))
+        fields = {(k.decode() if isinstance(k, bytes) else k): (v.decode() if isinstance(v, bytes) else v)
+                  for k, v in raw.items()}
+        watch = Watch(fields.get("incident") or None, float(fields["openedAt"]) if fields.get("openedAt") else None,
+                      int(fields.get("version", 0)))
+        pending = orjson.loads(fields["pending"]) if fields.get("pending") else None
+        return watch, pending
+
+    async def move(self, group_id: str, reason: IncidentReason, read: Watch, moved: Watch,
+                   event: Mapping[str, Any], record: Mapping[str, Any]) -> bool:
+        """Move the watch from the version read to ``moved``, the event pending; False if
+        another worker moved it first."""
+        answer = await self._move(keys=[keys.incident_watch(group_id, reason), keys.group_incidents(group_id)],
+                                  args=[read.version, moved.version, moved.incident_id or "",
+                                        "" if moved.opened_at is None else repr(moved.opened_at),
+                                        orjson.dumps({**event, "movedAt": time.time()}), str(record["id"]),
+                                        orjson.dumps(record), keys.INCIDENTS_KEPT_S])
+        return bool(answer)
+
+    async def published(self, group_id: str, reason: IncidentReason, version: int) -> None:
+        await self._published(keys=[keys.incident_watch(group_id, reason)], args=[version])
+
+    async def level(self, group_id: str) -> Baseline:
+        raw = await self._redis.get(keys.incident_level(group_id))
+        if not raw:
+            return Baseline()
+        d = orjson.loads(raw)
+        return Baseline(d["mean"], d["variance"], d["learned"], d["lastWindow"])
+
+    async def learn(self, group_id: str, level: Baseline) -> None:
+        """The group's level, after a window learned (workers that learn the same window write
+        the same level)."""
+        await self._redis.set(keys.incident_level(group_id), orjson.dumps(
+            {"mean": level.mean, "variance": level.variance, "learned": level.learned,
+             "lastWindow": level.last_window}), ex=keys.INCIDENTS_KEPT_S)
+
+    async def incidents(self, group_id: str) -> list[dict[str, object]]:
+        """The group's incidents, newest first."""
+        raw = await self._redis.hvals(keys.group_incidents(group_id))
+        found = [orjson.loads(v) for v in raw]
+        return sorted(found, key=lambda r: r.get("openedAt") or 0, reverse=True)

@@ -1,0 +1,152 @@
+"""The incident watcher on real Redis and Kafka (issue 43), on a driven clock: a group in window
+mode fed a dip and a recovery through the ratings history - two watchers side by side (two
+workers) publish exactly one opened and one resolved Signal, and one delivery per channel and
+event, none per result; an event moved by a watcher that died before publishing is published by
+the next one; coverage opens when results have no score."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from datetime import UTC, datetime
+from typing import Any
+
+import orjson
+import pytest
+from aiokafka import AIOKafkaProducer
+from redis.asyncio import Redis
+
+from consumers.events import Silent
+from consumers.incidents import IncidentWatcher
+from consumers.outputs import Outputs, TopicNames
+from scoring.catalog import CatalogSnapshot
+from scoring.incidents import Watch
+from scoring.models import AlertChannel, ScorerGroup
+from scoring.results import HistoryEntry
+from scoring.stores.incidents import PENDING_S, IncidentStore
+from scoring.stores.ratings import RatingsStore
+from tests.support.harness import read_topic
+
+pytestmark = pytest.mark.integration
+
+WINDOW_S = 60
+
+
+def a_group(unique: str, **alerts: Any) -> ScorerGroup:
+    return ScorerGroup.model_validate({
+        "id": f"g-{unique}", "name": "Release bar", "projectId": f"p-{unique}",
+        "members": [{"kind": "pattern", "refId": "x", "weight": 1}],
+        "online": {"enabled": True, "sampleRate": 1, "alertThreshold": 6, "severity": "high",
+                   "alertWindowSeconds": WINDOW_S, "alertMinResults": 5, **alerts}})
+
+
+def catalog(group: ScorerGroup) -> CatalogSnapshot:
+    channels = {f"{fmt}": AlertChannel.model_validate({"agentId": "support", "url": f"https://hooks.example/{fmt}",
+                                                        "projectId": group.project_id, "format": fmt,
+                                                        **({"routingKey": "rk"} if fmt == "pagerduty" else {})})
+                for fmt in ("standard", "slack", "pagerduty")}
+    return CatalogSnapshot(groups={group.id: group}, channels=channels)
+
+
+async def results(redis: Redis, group: ScorerGroup, at: float, scores: list[float | None]) -> None:
+    """Results as the pair protocol records them: counted in the buckets, kept among the latest."""
+    entries = []
+    for n, score in enumerate(scores):
+        doc = {"id": f"r-{at}-{n}", "agentId": "support", "scoredAt": datetime.fromtimestamp(at, UTC).isoformat(),
+               "rating": score}
+        entries.append(HistoryEntry(group.id, score, score is not None and score < 6, at, orjson.dumps(doc)))
+    await RatingsStore(redis).write(entries)
+
+
+class Clock:
+    def __init__(self, now: float) -> None:
+        self.now = now
+
+    def __call__(self) -> float:
+        return self.now
+
+
+@pytest.fixture
+async def producer(kafka_bootstrap: str) -> Any:
+    p = AIOKafkaProducer(bootstrap_servers=kafka_bootstrap, acks="all")
+    await p.start()
+    yield p
+    await p.stop()
+
+
+def watchers(redis: Redis, producer: AIOKafkaProducer, topics: TopicNames, group: ScorerGroup, clock: Clock,
+             n: int) -> list[IncidentWatcher]:
+    outputs = Outputs(producer, topics, Silent())
+    return [IncidentWatcher(store=IncidentStore(redis), ratings=RatingsStore(redis), catalog=lambda: catalog(group),
+                            send=outputs.send, topics=topics, clock=clock) for _ in range(n)]
+
+
+def topics_of(unique: str) -> TopicNames:
+    return TopicNames(traces="-", ratings="-", signals=f"inc-signals-{unique}", webhooks=f"inc-hooks-{unique}",
+                      dlq="-")
+
+
+async def test_a_dip_opens_one_incident_and_a_recovery_resolves_it_whatever_the_number_of_watchers(
+        redis: Redis, kafka_bootstrap: str, producer: AIOKafkaProducer, unique: str) -> None:
+    group, topics = a_group(unique, alertMode="window", alertResolveAbove=7), topics_of(unique)
+    bucket = int(time.time()) // 60 * 60 - 60  # a minute's bucket, in the past: its results are where we say
+    clock = Clock(bucket + 10)
+    two = watchers(redis, producer, topics, group, clock, 2)
+
+    await results(redis, group, bucket + 5, [3.0] * 4)
+    await asyncio.gather(*(w.tick() for w in two))  # below, but 4 results: too few
+    await results(redis, group, bucket + 6, [3.0] * 6)
+    for _ in range(3):
+        await asyncio.gather(*(w.tick() for w in two))  # opens once, however often they look
+    await results(redis, group, bucket + 65, [6.5] * 10)  # at the threshold, under alertResolveAbove
+    clock.now = bucket + 70
+    await asyncio.gather(*(w.tick() for w in two))
+    await results(redis, group, bucket + 125, [8.5] * 10)
+    clock.now = bucket + 130  # the window (from bucket + 120) holds only the recovery, a whole window after
+    for _ in range(3):
+        await asyncio.gather(*(w.tick() for w in two))
+
+    signals = await read_topic(kafka_bootstrap, topics.signals, until=lambda v: len(v) >= 2, settle_s=1)
+    hooks = await read_topic(kafka_bootstrap, topics.webhooks, until=lambda v: len(v) >= 6, settle_s=1)
+    assert [(s["reason"], s["state"]) for s in signals] == [("window_below", "opened"), ("window_below", "resolved")]
+    assert signals[0]["incidentId"] == signals[1]["incidentId"] and signals[0]["rating"] == 3.0
+    assert "mean of 3.00/10 over 10 results" in signals[0]["justification"]
+    assert sorted((h["event"], h["url"].rsplit("/", 1)[1]) for h in hooks) == sorted(
+        (f"scorer_group.incident.{state}", fmt) for state in ("opened", "resolved")
+        for fmt in ("standard", "slack", "pagerduty")), "one delivery per channel and event"
+    (incident,) = await IncidentStore(redis).incidents(group.id)
+    assert (incident["state"], incident["reason"], incident["id"]) == ("resolved", "window_below",
+                                                                       signals[0]["incidentId"])
+
+
+async def test_an_event_moved_by_a_watcher_that_died_is_published_by_the_next(
+        redis: Redis, kafka_bootstrap: str, producer: AIOKafkaProducer, unique: str) -> None:
+    group, topics = a_group(unique, alertMode="window"), topics_of(unique)
+    store = IncidentStore(redis)
+    signal = {"key": f"scorer-group:{group.id}", "id": "s-1", "state": "opened"}
+    moved = await store.move(group.id, "window_below", Watch(), Watch("inc-1", time.time(), 1),
+                             {"signal": signal, "deliveries": []}, {"id": "inc-1"})
+    assert moved and not await store.move(group.id, "window_below", Watch(), Watch("inc-2", time.time(), 1),
+                                          {"signal": signal, "deliveries": []}, {"id": "inc-2"}), "once"
+    # ... and the mover died before publishing. A watcher looks a moment later: too soon.
+    clock = Clock(time.time() + 1)
+    (watcher,) = watchers(redis, producer, topics, group, clock, 1)
+    await watcher.tick()
+    assert (await store.watch(group.id, "window_below"))[1] is not None, "still pending"
+    clock.now = time.time() + PENDING_S + 1
+    await watcher.tick()
+    (published,) = await read_topic(kafka_bootstrap, topics.signals, until=lambda v: len(v) >= 1, settle_s=1)
+    assert published["id"] == "s-1"
+    assert (await store.watch(group.id, "window_below"))[1] is None, "acknowledged"
+
+
+async def test_coverage_opens_when_results_go_without_a_score(
+        redis: Redis, kafka_bootstrap: str, producer: AIOKafkaProducer, unique: str) -> None:
+    group, topics = a_group(unique, alertNoScoreRate=0.5), topics_of(unique)
+    bucket = int(time.time()) // 60 * 60 - 60
+    await results(redis, group, bucket + 5, [8.0] * 2 + [None] * 4)  # each mode: no window alert, coverage only
+    (watcher,) = watchers(redis, producer, topics, group, Clock(bucket + 10), 1)
+    await watcher.tick()
+    (signal,) = await read_topic(kafka_bootstrap, topics.signals, until=lambda v: len(v) >= 1, settle_s=1)
+    assert (signal["reason"], signal["state"]) == ("coverage", "opened")
+    assert "67% of 6 results" in signal["justification"]
