@@ -49,6 +49,7 @@ from scorer_groups.api_models import BACKFILL_ENDED, BackfillJob
 from scoring.catalog import CatalogSnapshot
 from scoring.errors import NotFound
 from scoring.models import ScorerGroup
+from scoring.results import ResultScope
 from scoring.routing import DEFAULT_BUDGET_WINDOW_S, DEFAULT_MAX_SPANS_PER_TRACE, Pair, group_pairs
 from scoring.stores.backfills import BackfillStore, JobCap, JobParts
 from scoring.stores.claims import ClaimResult
@@ -168,7 +169,13 @@ class BackfillRunner:
         consumer = self._consumer()
         await consumer.start()
 
-        async def go_on() -> bool:  # the job still running, the partition still this worker's
+        async def go_on() -> bool:
+            """Live traffic first (the lease kept meanwhile); then: the job still running, the
+            partition still this worker's."""
+            while self._live_pressed() and not stop.is_set():
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(stop.wait(), timeout=LIVE_FIRST_WAIT_S)
+                await self._parts.lease(job.id, partition, self._worker)
             return (not stop.is_set() and await self._parts.status(job.id) == "running"
                     and await self._parts.lease(job.id, partition, self._worker))
 
@@ -177,10 +184,6 @@ class BackfillRunner:
             consumer.seek(tp, part["next"])
             reached = part["next"]
             while reached < part["end"]:
-                while self._live_pressed() and not stop.is_set():  # live traffic first; the lease kept
-                    with contextlib.suppress(TimeoutError):
-                        await asyncio.wait_for(stop.wait(), timeout=LIVE_FIRST_WAIT_S)
-                    await self._parts.lease(job.id, partition, self._worker)
                 if time.monotonic() > turn_ends or not await go_on():
                     return False
                 snapshot = self._catalog()
@@ -229,11 +232,16 @@ class BackfillRunner:
         graded = Graded(reached=records[-1].offset + 1)
         protocol = self._protocols[job.alerts]
         cap = JobCap(self._parts, job.id, job.max_judge_calls)
-        for first in range(0, len(at), CONCURRENCY):
+        # A group that waits on nothing (no judge, no external scorer) is scored a whole batch at
+        # once, in bulk (one sandbox message per code scorer), as live scoring does; one that
+        # waits, 32 pairs at a time: a backfill never floods the judges live traffic shares.
+        bulk = not protocol.waits(group, snapshot)
+        size = BATCH if bulk else CONCURRENCY
+        for first in range(0, len(at), size):
             if not await go_on():  # the batch is read again from here, by whoever goes on with it
                 graded.reached = at[first][0]
                 break
-            chunk = at[first:first + CONCURRENCY]
+            chunk = at[first:first + size]
             calls = [pair.claim.judge_calls for _, pair in chunk]
             fits = await self._parts.reserve_calls(job.id, job.max_judge_calls, calls)
             if fits < len(chunk):
@@ -245,7 +253,7 @@ class BackfillRunner:
             except BaseException:  # nothing claimed: nothing will be spent
                 await self._parts.give_calls(job.id, sum(calls[:fits]))
                 raise
-            refused = await self._score(chunk, states, claimed_at, protocol, snapshot, cap, graded)
+            refused = await self._score(chunk, states, claimed_at, protocol, snapshot, cap, graded, bulk)
             if refused:  # the budget (or the cap, for calls decided while scoring) said no here
                 graded.reached = min(refused)
                 graded.budget_out, graded.cap_reached = not cap.refused, cap.refused
@@ -279,9 +287,10 @@ class BackfillRunner:
 
     @staticmethod
     async def _score(chunk: list[tuple[int, Pair]], states: list[ClaimResult], claimed_at: float,
-                     protocol: PairProtocol, snapshot: CatalogSnapshot, cap: JobCap, graded: Graded) -> list[int]:
-        """Score and publish a claimed chunk of pairs, counting into ``graded``; the offsets of
-        the pairs refused for budget (or the cap)."""
+                     protocol: PairProtocol, snapshot: CatalogSnapshot, cap: JobCap, graded: Graded,
+                     bulk: bool) -> list[int]:
+        """Score and publish a claimed chunk of pairs (``bulk``: the free ones together),
+        counting into ``graded``; the offsets of the pairs refused for budget (or the cap)."""
         refused: list[int] = []
         mine: list[tuple[int, Pair, bool]] = []
         for (offset, pair), state in zip(chunk, states, strict=True):
@@ -293,9 +302,22 @@ class BackfillRunner:
                 refused.append(offset)
             else:
                 graded.skipped += 1  # already rated under this revision
-        outcomes: list[PairOutcome] = await all_of(*(
-            protocol.alone(pair, snapshot, "trace" if pair.subject.scope == "trace" else "span", busy=busy,
-                           claimed_at=claimed_at, cap=cap) for _, pair, busy in mine))
+        if not mine:
+            return refused
+        scope: ResultScope = "trace" if mine[0][1].subject.scope == "trace" else "span"  # one group's pairs
+        if bulk:  # the free pairs in one go; those another worker holds are waited for, each
+            mine = [m for m in mine if not m[2]] + [m for m in mine if m[2]]
+            free = [pair for _, pair, busy in mine if not busy]
+
+            async def held(pair: Pair) -> list[PairOutcome]:
+                return [await protocol.alone(pair, snapshot, scope, busy=True, claimed_at=claimed_at)]
+
+            parts = await all_of(protocol.together(free, snapshot, scope, claimed_at=claimed_at, lost="wait"),
+                                 *(held(pair) for _, pair, busy in mine if busy))
+            outcomes: list[PairOutcome] = [outcome for part in parts for outcome in part]
+        else:
+            outcomes = await all_of(*(protocol.alone(pair, snapshot, scope, busy=busy, claimed_at=claimed_at,
+                                                     cap=cap) for _, pair, busy in mine))
         for (offset, pair, _), outcome in zip(mine, outcomes, strict=True):
             if outcome == "published":
                 graded.scored += 1

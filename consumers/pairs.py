@@ -40,6 +40,7 @@ from consumers.outputs import Outputs
 from consumers.pauses import PauseWatch
 from scoring.catalog import CatalogSnapshot
 from scoring.frozen import frozen
+from scoring.models import ScorerGroup
 from scoring.pairs import ClaimRequest
 from scoring.panel import GroupResult, Panel
 from scoring.ports import BudgetExhausted
@@ -174,6 +175,11 @@ class PairProtocol:
         await self.finisher.stop()
         with contextlib.suppress(Exception):  # counts only: written if Redis answers now, never waited for
             await self.write_counts()
+
+    def waits(self, group: ScorerGroup, snapshot: CatalogSnapshot) -> bool:
+        """Does the group wait on the network (judges, external scorers)? If not, its pairs can
+        be scored together, in bulk."""
+        return self._panel.waits(group, snapshot)
 
     # --- 1. claim --------------------------------------------------------------------------------
 
