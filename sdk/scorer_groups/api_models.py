@@ -219,3 +219,19 @@ class Incident(ApiModel):
     last_said: str = Field(description="What the last Signal of the incident said.")
     window_mean: float | None = None
     window_results: int = 0
+
+
+class Level(ApiModel):
+    """A drift group's learned level: the weighted mean of its window means and their spread."""
+
+    mean: float
+    spread: float
+    windows: int = Field(description="Windows learned; drift is judged from 8 on.")
+
+
+class Incidents(ApiModel):
+    """``GET /v1/scorer-groups/{id}/incidents``: the group's incidents, open ones first, and its
+    learned level (drift groups; null before a window was learned)."""
+
+    incidents: list[Incident]
+    level: Level | None = None

@@ -73,5 +73,7 @@ def test_a_groups_incidents_are_listed_open_first_and_only_to_its_project(
         asyncio.run(recorded(url, group["id"], "inc-new", "open", now - 60))
         listed = a.get(f"/v1/scorer-groups/{group['id']}/incidents")
         assert listed.status_code == 200, listed.text
-        assert [(i["id"], i["state"]) for i in listed.json()] == [("inc-new", "open"), ("inc-old", "resolved")]
+        assert [(i["id"], i["state"]) for i in listed.json()["incidents"]] == [("inc-new", "open"),
+                                                                               ("inc-old", "resolved")]
+        assert listed.json()["level"] is None, "no window learned yet"
         assert b.get(f"/v1/scorer-groups/{group['id']}/incidents").status_code == 404

@@ -7,7 +7,7 @@ from typing import Annotated
 
 from fastapi import APIRouter, Path, Request
 
-from scorer_groups.api_models import Incident
+from scorer_groups.api_models import Incident, Incidents, Level
 from scoring.models import ID_PATTERN
 from scoring.stores.incidents import IncidentStore
 from worker.api.auth import Client, redis_of
@@ -17,9 +17,12 @@ router = APIRouter(prefix="/v1", tags=["incidents"])
 GroupId = Annotated[str, Path(alias="id", max_length=128, pattern=ID_PATTERN)]
 
 
-@router.get("/scorer-groups/{id}/incidents", response_model=list[Incident])
-async def group_incidents(group_id: GroupId, client: Client, request: Request) -> list[Incident]:
-    """The group's incidents, open ones first, then the newest."""
+@router.get("/scorer-groups/{id}/incidents", response_model=Incidents)
+async def group_incidents(group_id: GroupId, client: Client, request: Request) -> Incidents:
+    """The group's incidents, open ones first, then the newest; and its learned level."""
     group = await client.scorer_groups.get(group_id)  # 404 for another project's
-    found = [Incident.model_validate(r) for r in await IncidentStore(redis_of(request)).incidents(group.id)]
-    return sorted(found, key=lambda i: (i.state != "open", -i.opened_at.timestamp()))
+    store = IncidentStore(redis_of(request))
+    found = [Incident.model_validate(r) for r in await store.incidents(group.id)]
+    level = await store.level(group.id)
+    return Incidents(incidents=sorted(found, key=lambda i: (i.state != "open", -i.opened_at.timestamp())),
+                     level=Level(mean=level.mean, spread=level.spread, windows=level.learned) if level.learned else None)
