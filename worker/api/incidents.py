@@ -23,6 +23,6 @@ async def group_incidents(group_id: GroupId, client: Client, request: Request) -
     group = await client.scorer_groups.get(group_id)  # 404 for another project's
     store = IncidentStore(redis_of(request))
     found = [Incident.model_validate(r) for r in await store.incidents(group.id)]
-    level = await store.level(group.id)
-    return Incidents(incidents=sorted(found, key=lambda i: (i.state != "open", -i.opened_at.timestamp())),
-                     level=Level(mean=level.mean, spread=level.spread, windows=level.learned) if level.learned else None)
+    learned = await store.level(group.id)
+    level = Level(mean=learned.mean, spread=learned.spread, windows=learned.learned) if learned.learned else None
+    return Incidents(incidents=sorted(found, key=lambda i: (i.state != "open", -i.opened_at.timestamp())), level=level)
