@@ -97,8 +97,9 @@ class Outputs:
             # A group alerting on windows or drift pages by incidents (consumers.incidents): its
             # per-result Signals are the record, delivered to no one.
             each = group.online is None or group.online.alert_mode == "each"
+            # A digest channel hears a period's Signals in one message (consumers.digests).
             channels = [c for c in snapshot.channels_for(subject.agent_id, group.project_id)
-                        if not c.disabled] if each else []
+                        if not c.disabled and c.digest_seconds is None] if each else []
             if signal is None:  # PagerDuty channels hear when the group is back over its threshold
                 resolving = [c.url for c in channels if c.format == "pagerduty"]
                 for delivery in build_recovery_deliveries(group, rating, resolving):

@@ -52,6 +52,7 @@ class WindowStats:
     total: float  # the sum of the scores
     no_score: int
     skipped: int  # sampled in, not scored for want of judge budget
+    below: int = 0  # scored below the alert threshold
 
     @property
     def mean(self) -> float | None:

@@ -24,6 +24,7 @@ from redis.exceptions import AuthenticationError, RedisClusterException
 from redis.exceptions import ConnectionError as RedisConnectionError
 
 from consumers.backfill import BackfillRunner
+from consumers.digests import DigestSender
 from consumers.incidents import IncidentWatcher
 from consumers.loop import MAX_POLL_INTERVAL_S
 from consumers.outage import OutageGuard
@@ -38,6 +39,7 @@ from scoring.stores.backfills import BackfillStore, JobParts
 from scoring.stores.catalog import CatalogStore, CatalogWatcher
 from scoring.stores.claims import Claims
 from scoring.stores.client import RedisClient
+from scoring.stores.digests import DigestStore
 from scoring.stores.incidents import IncidentStore
 from scoring.stores.ratings import RatingsStore
 from scoring.stores.sessions import SessionStore
@@ -326,6 +328,11 @@ class Worker:
                                     send=Outputs(producer, topics, events).send, topics=topics,
                                     events=metrics.PrometheusIncidents(), interval_s=s.incident_interval_s)
 
+        # Digests: a channel with digestSeconds hears a period's Signals of a group in one message.
+        digests = DigestSender(digests=DigestStore(redis), ratings=ratings, catalog=lambda: watcher.current,
+                               send=Outputs(producer, topics, events).send, topics=topics,
+                               interval_s=s.incident_interval_s)
+
         hooks_consumer = kafka_consumer(s, f"{s.consumer_group}-webhooks")
         hooks = webhook_sender(s, redis, hooks_consumer, producer, lambda: watcher.current, outages)
         self.outages = [traces, hooks]
@@ -351,7 +358,8 @@ class Worker:
             gc.set_threshold(*GC_THRESHOLDS)
             background = [self._background("session sweeper", sweeper.run(self.stop)),
                           self._background("backfill runner", backfills.run(self.stop)),
-                          self._background("incident watcher", incidents.run(self.stop))]
+                          self._background("incident watcher", incidents.run(self.stop)),
+                          self._background("digest sender", digests.run(self.stop))]
             if s.send_webhooks:
                 hooks_consumer.subscribe([s.webhooks_topic], listener=hooks.rebalance_listener())
                 await hooks_consumer.start()

@@ -42,7 +42,7 @@ redis.call('HDEL', KEYS[1], 'pending')
 return 1
 """
 
-FIELDS = ("count", "scored", "sum", "noscore", "skipped")
+FIELDS = ("count", "scored", "sum", "noscore", "skipped", "below")
 
 
 def bucket_size(window_s: int) -> int:
@@ -71,8 +71,8 @@ class IncidentStore:
         for row in rows:
             for i, value in enumerate(row):
                 totals[i] += float(value) if value is not None else 0.0
-        count, scored, total, no_score, skipped = totals
-        return WindowStats(int(count), int(scored), total, int(no_score), int(skipped))
+        count, scored, total, no_score, skipped, below = totals
+        return WindowStats(int(count), int(scored), total, int(no_score), int(skipped), int(below))
 
     async def watch(self, group_id: str, reason: IncidentReason) -> tuple[Watch, dict[str, Any] | None]:
         """The watch, and its event not yet published (if any)."""

@@ -260,3 +260,8 @@ def incident_level(group_id: str) -> str:
 
 def group_incidents(group_id: str) -> str:
     return f"{PREFIX}:incidents:{{{group_id}}}"
+
+
+def digest_period(group_id: str, channel: str, period: int) -> str:
+    """A digest channel's period of a group (consumers.digests): pending, then sent."""
+    return f"{PREFIX}:digest:{{{group_id}}}:{channel}:{period}"

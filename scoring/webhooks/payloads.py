@@ -64,6 +64,9 @@ def _headline(signal: Signal, recovered: bool) -> str:
             return f"{signal.group_name}: incident resolved ({signal.reason}, {signal.severity})"
         return (f"{signal.group_name}: incident opened - {INCIDENT_WORDS.get(signal.reason, signal.reason)} "
                 f"({signal.severity})")
+    if signal.digest_count is not None:  # a digest: a period's results below the threshold
+        return (f"{signal.group_name}: {signal.digest_count} result{'s' if signal.digest_count > 1 else ''} below "
+                f"{_threshold(signal)}, the worst {signal.rating:.1f}/10 (agent {signal.agent_id}, {signal.severity})")
     if signal.rating is None:  # reason no_score: a must-pass member could not score
         return (f"{signal.group_name} has no score: a must-pass member could not score "
                 f"(agent {signal.agent_id}, {signal.severity})")

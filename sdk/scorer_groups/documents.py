@@ -102,10 +102,12 @@ class Signal(_AboutGroupResult):
     raised_at: datetime
     state: IncidentState | None = None  # an incident's: opened or resolved
     incident_id: str | None = None
+    digest_count: int | None = None  # a digest's: the results below the threshold in its period (this one the worst)
 
 
 DeliveryEvent = Literal["scorer_group.signal", "scorer_group.recovered", "scorer_group.incident.opened",
-                        "scorer_group.incident.resolved"]
+                        "scorer_group.incident.resolved", "scorer_group.digest"]
+DIGEST_EVENT: DeliveryEvent = "scorer_group.digest"  # a period's Signals of a group, in one message
 SIGNAL_EVENT: DeliveryEvent = "scorer_group.signal"
 RECOVERED_EVENT: DeliveryEvent = "scorer_group.recovered"  # the group is at or over its threshold again
 INCIDENT_EVENTS: dict[IncidentState, DeliveryEvent] = {"opened": "scorer_group.incident.opened",

@@ -348,6 +348,11 @@ class AlertChannel(WireModel):
     # The body's shape (scoring/webhooks/payloads.py); pagerduty needs the integration's routingKey.
     format: Literal["standard", "slack", "pagerduty"] = "standard"
     routing_key: SecretStr | None = Field(None, max_length=200)
+    # A digest (issue 43): at most one message per group and period, with the count and the worst
+    # result of the period, instead of one per Signal (groups alerting per result).
+    digest_seconds: int | None = Field(None, ge=60, le=86_400, exclude_if=lambda v: v is None,
+                                       description="At most one message per group per this many seconds "
+                                                   "(60-86,400), with the count and the worst result.")
 
     @model_validator(mode="after")
     def _whsec_secrets(self) -> AlertChannel:
@@ -358,6 +363,9 @@ class AlertChannel(WireModel):
                     secret_key(value.get_secret_value())
                 except ValueError as exc:
                     raise ValueError(f"{wire_name}: {exc}") from None
+        if self.format == "pagerduty" and self.digest_seconds is not None:
+            raise ValueError("digestSeconds: a pagerduty channel takes no digest: PagerDuty keeps one incident per "
+                             "group already (its dedup key)")
         if (self.format == "pagerduty") != (self.routing_key is not None):
             raise ValueError("routingKey: a pagerduty channel needs its integration's routing key, "
                              "and only a pagerduty channel takes one")

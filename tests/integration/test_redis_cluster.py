@@ -31,6 +31,7 @@ from scoring.stores.alerts import NoScoreAlerts
 from scoring.stores.backfills import BackfillStore, JobParts
 from scoring.stores.claims import Claims, Reservation
 from scoring.stores.deliveries import DeliverySchedule, PendingDelivery, shard_of
+from scoring.stores.digests import DigestStore
 from scoring.stores.incidents import IncidentStore
 from scoring.stores.otlp_buffer import OtlpBuffer
 from scoring.stores.ratings import RatingsStore, SessionVerdict
@@ -138,7 +139,11 @@ async def use_every_store(redis: RedisCluster) -> list[AsyncScript]:
     await incidents.published("g1", "window_below", 1)
     assert (await incidents.window("g1", now - 60, now, 60)).results == 1
 
-    stores = (claims, ratings, sessions, buffer, schedule, alerts, parts, incidents)
+    digests = DigestStore(redis)
+    assert await digests.claim("g1", "c1", 1, now) and not await digests.claim("g1", "c1", 1, now)
+    await digests.sent("g1", "c1", 1)
+
+    stores = (claims, ratings, sessions, buffer, schedule, alerts, parts, incidents, digests)
     return [v for store in stores for v in vars(store).values() if isinstance(v, AsyncScript)]
 
 

@@ -1,0 +1,112 @@
+"""The digest sender (issue 43): a channel with ``digestSeconds`` hears a group's Signals of a
+period in one message - how many results were below the threshold, and the worst of them -
+instead of one message per Signal. For groups that alert per result (``alertMode`` each);
+every worker runs one; each tick, for every such group and digest channel of its project:
+
+1. the last closed period of the channel (``digestSeconds``);
+2. claim it (``scoring.stores.digests``: one worker sends it; one whose sender died is sent
+   again, under the same id);
+3. the group's results below the threshold in the period for the channel's agent, from the
+   group's latest results (the record the console reads); none: nothing is sent;
+4. one delivery: a Signal of the worst result with ``digestCount``, event ``scorer_group.digest``;
+   then the period is marked sent.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import time
+from collections.abc import Awaitable, Callable
+from datetime import UTC, datetime
+from typing import Any
+
+import orjson
+import structlog
+
+from consumers.outputs import TopicNames
+from scorer_groups.documents import DIGEST_EVENT
+from scoring.catalog import CatalogSnapshot
+from scoring.models import AlertChannel, ScorerGroup
+from scoring.redact import mask_url
+from scoring.results import Signal, WebhookDelivery, channel_key, derived_id, signal_key
+from scoring.stores.digests import DigestStore
+from scoring.stores.keys import RESULTS_KEPT
+from scoring.stores.ratings import RatingsStore
+
+log = structlog.get_logger(__name__)
+
+Send = Callable[[list[tuple[str, bytes | None, bytes]]], Awaitable[None]]
+
+
+class DigestSender:
+    def __init__(self, *, digests: DigestStore, ratings: RatingsStore, catalog: Callable[[], CatalogSnapshot],
+                 send: Send, topics: TopicNames, interval_s: float = 10.0,
+                 clock: Callable[[], float] = time.time) -> None:
+        self._digests, self._ratings, self._catalog = digests, ratings, catalog
+        self._send, self._topics, self._interval_s, self._clock = send, topics, interval_s, clock
+
+    async def run(self, stop: asyncio.Event) -> None:
+        while not stop.is_set():
+            await self.tick()
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(stop.wait(), timeout=self._interval_s)
+
+    async def tick(self) -> None:
+        snapshot = self._catalog()
+        channels = [c for c in snapshot.channels.values() if c.digest_seconds is not None and not c.disabled]
+        if not channels:
+            return
+        for group in sorted(snapshot.groups.values(), key=lambda g: g.id):
+            online = group.online
+            if online is None or not online.enabled or online.alert_mode != "each" or online.alert_threshold is None:
+                continue
+            for channel in channels:
+                if channel.project_id not in (None, group.project_id):
+                    continue  # another project's channel never hears this group
+                try:
+                    await self._period(group, channel, self._clock())
+                except Exception:  # this digest waits for the next tick; the others go on
+                    log.exception("a digest failed; trying again on the next tick", group=group.id)
+
+    async def _period(self, group: ScorerGroup, channel: AlertChannel, now: float) -> None:
+        period_s = channel.digest_seconds
+        assert period_s is not None and group.online is not None
+        period = int(now // period_s) - 1  # 1.
+        start, end = period * period_s, (period + 1) * period_s
+        key = channel_key(channel.url)
+        below, complete = await self._below(group.id, channel.agent_id, start, end)  # 3.
+        if not below or not await self._digests.claim(group.id, key, period, now):  # 2.
+            return
+        worst = min(below, key=lambda d: d["rating"])
+        count = len(below)
+        span = f"{period_s // 60} min" if period_s < 7200 else f"{period_s / 3600:g} h"
+        justification = (f"{'' if complete else 'at least '}{count} result{'s' if count > 1 else ''} below "
+                         f"{group.online.alert_threshold:g} in {span} (to {datetime.fromtimestamp(end, UTC):%H:%M} "
+                         f"UTC); the worst: {worst['rating']:.1f} - {worst.get('justification', '')}")
+        signal = Signal(
+            id=derived_id(f"digest:{group.id}:{key}:{period}"), key=signal_key(group.id), group_id=group.id,
+            group_name=group.name, project_id=group.project_id, agent_id=channel.agent_id, scope=worst["scope"],
+            trace_id=worst.get("traceId"), session_id=worst.get("sessionId"), span_id=worst.get("spanId"),
+            span_name=worst.get("spanName"), rating=worst["rating"], alert_threshold=group.online.alert_threshold,
+            severity=group.online.severity, justification=justification[:2000], rating_id=worst["id"],
+            raised_at=datetime.fromtimestamp(end, UTC), digest_count=count)
+        delivery = WebhookDelivery(id=derived_id(f"delivery:{signal.id}:{channel.url}"), signal_id=signal.id,
+                                   agent_id=channel.agent_id, url=mask_url(channel.url), channel=key,
+                                   event=DIGEST_EVENT, signal=signal, created_at=signal.raised_at)  # 4.
+        await self._send([(self._topics.webhooks, channel.agent_id.encode(), delivery.to_json())])
+        await self._digests.sent(group.id, key, period)
+
+    async def _below(self, group_id: str, agent_id: str, start: float, end: float) -> tuple[list[dict[str, Any]], bool]:
+        """The agent's results below the threshold scored in ``[start, end)``, and whether that
+        is all of them (the latest results are a bounded record: RESULTS_KEPT)."""
+        documents, _ = await self._ratings.results(group_id, limit=RESULTS_KEPT, below=True)
+        found, oldest = [], None
+        for raw in documents:
+            doc = orjson.loads(raw)
+            at = datetime.fromisoformat(doc["scoredAt"]).timestamp()
+            oldest = at
+            if start <= at < end and doc["agentId"] == agent_id and doc.get("rating") is not None:
+                found.append(doc)
+        complete = len(documents) < RESULTS_KEPT or (oldest is not None and oldest < start)
+        return found, complete
