@@ -244,7 +244,9 @@ def catalog(receivers: dict[str, ScriptedServer]) -> dict[str, Any]:
              "members": [{"kind": "judge", "refId": "quality", "weight": 1, "gate": False}]},
             # Aimed at an agent the traffic never comes from: every trace of its project filtered out.
             {"id": "aimed", "name": "Aimed elsewhere", "projectId": "p-prom",
-             "online": {**ONLINE, "filter": {"field": "agentId", "op": "eq", "value": "another-agent"}},
+             # ... and alerting on windows: the incident panel has a watch to show (0: none open).
+             "online": {**ONLINE, "filter": {"field": "agentId", "op": "eq", "value": "another-agent"},
+                        "alertMode": "window"},
              "members": [{"kind": "pattern", "refId": "apology", "weight": 1, "gate": False}]},
         ],
         "budgets": [{"projectId": "p-budget", "judgeCallsPerWindow": 2, "windowSeconds": 3600}],
