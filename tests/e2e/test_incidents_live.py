@@ -1,11 +1,13 @@
 """Incidents end to end (issue 43): the real worker on the real broker and Redis, a webhook
 receiver per channel format. A group in window mode is fed a dip, then good traffic: each
 channel gets exactly one opened and one resolved delivery - none per trace - while every
-result below the threshold is still a Signal on the signals topic (the record)."""
+result below the threshold is still a Signal on the signals topic (the record). The same with
+three workers, one of them killed (SIGKILL) once the incident is open."""
 
 from __future__ import annotations
 
 import asyncio
+import signal
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -35,9 +37,10 @@ def trace(n: int, output: str) -> tuple[bytes, bytes]:
         "spans": [{"spanId": "r", "input": "q", "output": output}]})
 
 
+@pytest.mark.parametrize("workers", [1, 3])
 async def test_a_dip_pages_each_channel_once_when_it_opens_and_once_when_it_resolves(
         kafka_bootstrap: str, redis_db_url: str, unique: str, tmp_path: Path,
-        receivers: dict[str, ScriptedServer]) -> None:
+        receivers: dict[str, ScriptedServer], workers: int) -> None:
     online = {"enabled": True, "sampleRate": 1.0, "alertThreshold": 6, "severity": "high", "alertMode": "window",
               "alertWindowSeconds": WINDOW_S, "alertMinResults": 5, "alertResolveAbove": 7}
     channels = [{"agentId": "support", "url": server.url + "/hook", "format": fmt, "projectId": "p-inc",
@@ -52,12 +55,16 @@ async def test_a_dip_pages_each_channel_once_when_it_opens_and_once_when_it_reso
     }) as url:
         env = worker_env(kafka_bootstrap, url, unique, egress_allow="127.0.0.0/8", incident_interval_s=1,
                          commit_interval_s=0.2)
-        worker = WorkerProcess(env).start(tmp_path)
+        fleet = [WorkerProcess(env, name=f"worker-{n}").start(tmp_path) for n in range(workers)]
         try:
-            worker.wait_ready()
+            for worker in fleet:
+                worker.wait_ready()
             await produce(kafka_bootstrap, env["SGW_TRACES_TOPIC"], [trace(n, SORRY) for n in range(8)])
             await until(lambda: all(len(s.requests) >= 1 for s in receivers.values()), 30, "the opening")
             opened_at = time.monotonic()
+            if workers > 1:  # one of the watchers dies mid-incident: the others resolve it, once
+                fleet[0].proc.send_signal(signal.SIGKILL)  # type: ignore[union-attr]
+                fleet[0].proc.wait()  # type: ignore[union-attr]
             # Good traffic from here; the dip leaves the window (and its bucket) within two windows.
             n = 100
             while not all(len(s.requests) >= 2 for s in receivers.values()):
@@ -68,7 +75,8 @@ async def test_a_dip_pages_each_channel_once_when_it_opens_and_once_when_it_reso
             await asyncio.sleep(3)  # nothing more comes
             signals = await read_topic(kafka_bootstrap, env["SGW_SIGNALS_TOPIC"], until=lambda v: len(v) >= 10)
         finally:
-            worker.stop()
+            for worker in fleet[1:] if workers > 1 else fleet:
+                worker.stop()
 
     std = [r.json() for r in receivers["standard"].requests]
     assert [b["type"] for b in std] == ["scorer_group.incident.opened", "scorer_group.incident.resolved"]

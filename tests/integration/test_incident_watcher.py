@@ -2,7 +2,7 @@
 mode fed a dip and a recovery through the ratings history - two watchers side by side (two
 workers) publish exactly one opened and one resolved Signal, and one delivery per channel and
 event, none per result; an event moved by a watcher that died before publishing is published by
-the next one; coverage opens when results have no score."""
+the next one; coverage opens when results have no score, and resolves when they score again."""
 
 from __future__ import annotations
 
@@ -140,13 +140,17 @@ async def test_an_event_moved_by_a_watcher_that_died_is_published_by_the_next(
     assert (await store.watch(group.id, "window_below"))[1] is None, "acknowledged"
 
 
-async def test_coverage_opens_when_results_go_without_a_score(
+async def test_coverage_opens_when_results_go_without_a_score_and_resolves_when_they_score_again(
         redis: Redis, kafka_bootstrap: str, producer: AIOKafkaProducer, unique: str) -> None:
     group, topics = a_group(unique, alertNoScoreRate=0.5), topics_of(unique)
     bucket = int(time.time()) // 60 * 60 - 60
     await results(redis, group, bucket + 5, [8.0] * 2 + [None] * 4)  # each mode: no window alert, coverage only
-    (watcher,) = watchers(redis, producer, topics, group, Clock(bucket + 10), 1)
+    clock = Clock(bucket + 10)
+    (watcher,) = watchers(redis, producer, topics, group, clock, 1)
     await watcher.tick()
-    (signal,) = await read_topic(kafka_bootstrap, topics.signals, until=lambda v: len(v) >= 1, settle_s=1)
-    assert (signal["reason"], signal["state"]) == ("coverage", "opened")
-    assert "67% of 6 results" in signal["justification"]
+    await results(redis, group, bucket + 125, [8.0] * 6)  # the judge is back
+    clock.now = bucket + 130
+    await watcher.tick()
+    opened, resolved = await read_topic(kafka_bootstrap, topics.signals, until=lambda v: len(v) >= 2, settle_s=1)
+    assert (opened["reason"], opened["state"], resolved["state"]) == ("coverage", "opened", "resolved")
+    assert "67% of 6 results" in opened["justification"] and resolved["incidentId"] == opened["incidentId"]
