@@ -1,0 +1,138 @@
+"""Calibration against people (issue 44): how far a judge (or a group) agrees with the verdicts
+people gave the same rows. Pure: a dataset run hands it pairs of (machine, human) verdicts.
+
+The figures follow the reference libraries' definitions (the tests hold them together on random
+data): Spearman's rank correlation as ``scipy.stats.spearmanr`` (Pearson's correlation of the
+ranks, ties sharing their average rank), Cohen's kappa as ``sklearn.metrics.cohen_kappa_score``
+(unweighted), mean absolute error as ``sklearn.metrics.mean_absolute_error``. A figure that
+the data cannot give (fewer than two rows, no spread, one class only) is None, where the
+libraries answer NaN.
+
+The suggested threshold separates the people's pass from their fail best: the cut between two
+neighbouring machine scores with the highest balanced accuracy (Youden's J; ties go to the
+lower cut). How sure it is comes with it: the rows of each class behind it, and a 95% Wilson
+interval of the balanced accuracy - a threshold learned from 12 rows is a hint, not a setting.
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+from collections.abc import Sequence
+
+from scoring.frozen import frozen
+
+Z95 = 1.959964  # the 97.5th percentile of the standard normal
+
+
+def ranks(values: Sequence[float]) -> list[float]:
+    """1-based ranks; tied values share the average of the ranks they span."""
+    order = sorted(range(len(values)), key=lambda i: values[i])
+    out = [0.0] * len(values)
+    i = 0
+    while i < len(order):
+        j = i
+        while j + 1 < len(order) and values[order[j + 1]] == values[order[i]]:
+            j += 1
+        shared = (i + j) / 2 + 1
+        for k in range(i, j + 1):
+            out[order[k]] = shared
+        i = j + 1
+    return out
+
+
+def pearson(x: Sequence[float], y: Sequence[float]) -> float | None:
+    n = len(x)
+    if n < 2:
+        return None
+    mx, my = sum(x) / n, sum(y) / n
+    sxy = sum((a - mx) * (b - my) for a, b in zip(x, y, strict=True))
+    sxx, syy = sum((a - mx) ** 2 for a in x), sum((b - my) ** 2 for b in y)
+    if sxx == 0 or syy == 0:
+        return None
+    return max(-1.0, min(1.0, sxy / math.sqrt(sxx * syy)))
+
+
+def spearman(x: Sequence[float], y: Sequence[float]) -> float | None:
+    return pearson(ranks(x), ranks(y))
+
+
+def mean_absolute_error(x: Sequence[float], y: Sequence[float]) -> float | None:
+    return sum(abs(a - b) for a, b in zip(x, y, strict=True)) / len(x) if x else None
+
+
+@frozen
+class Confusion:
+    """Pass/fail agreement: the machine's verdict against the people's."""
+
+    both_pass: int
+    machine_pass_people_fail: int
+    machine_fail_people_pass: int
+    both_fail: int
+
+    @property
+    def rows(self) -> int:
+        return self.both_pass + self.machine_pass_people_fail + self.machine_fail_people_pass + self.both_fail
+
+
+def confusion(machine: Sequence[bool], people: Sequence[bool]) -> Confusion:
+    pairs = list(zip(machine, people, strict=True))
+    return Confusion(sum(m and p for m, p in pairs), sum(m and not p for m, p in pairs),
+                     sum(p and not m for m, p in pairs), sum(not m and not p for m, p in pairs))
+
+
+def cohen_kappa(machine: Sequence[bool], people: Sequence[bool]) -> float | None:
+    """Agreement beyond chance: (observed - expected) / (1 - expected)."""
+    c = confusion(machine, people)
+    n = c.rows
+    if n == 0:
+        return None
+    observed = (c.both_pass + c.both_fail) / n
+    machine_pass = (c.both_pass + c.machine_pass_people_fail) / n
+    people_pass = (c.both_pass + c.machine_fail_people_pass) / n
+    expected = machine_pass * people_pass + (1 - machine_pass) * (1 - people_pass)
+    return None if expected == 1 else (observed - expected) / (1 - expected)
+
+
+@frozen
+class Suggestion:
+    threshold: float  # pass at or above it
+    balanced_accuracy: float
+    low: float  # the 95% Wilson interval of the balanced accuracy
+    high: float
+    passes: int  # the people's pass rows behind it
+    fails: int
+
+    @property
+    def sure(self) -> str:
+        """How far to trust it, for a person: few rows of either class make it a hint."""
+        fewest = min(self.passes, self.fails)
+        return "a hint" if fewest < 10 else "fair" if fewest < 30 else "firm"
+
+
+def wilson(successes: float, n: int) -> tuple[float, float]:
+    if n == 0:
+        return 0.0, 1.0
+    p = successes / n
+    centre = (p + Z95 ** 2 / (2 * n)) / (1 + Z95 ** 2 / n)
+    half = Z95 * math.sqrt(p * (1 - p) / n + Z95 ** 2 / (4 * n * n)) / (1 + Z95 ** 2 / n)
+    return max(0.0, centre - half), min(1.0, centre + half)
+
+
+def suggest_threshold(scores: Sequence[float], people_pass: Sequence[bool]) -> Suggestion | None:
+    """The cut that separates the people's pass from their fail best (None without both)."""
+    passes, fails = sum(people_pass), len(people_pass) - sum(people_pass)
+    if not passes or not fails:
+        return None
+    distinct = sorted(set(scores))
+    cuts = [distinct[0]] + [(a + b) / 2 for a, b in itertools.pairwise(distinct)] + [distinct[-1] + 1e-9]
+    best: tuple[float, float] | None = None
+    for cut in cuts:
+        hit = sum(s >= cut and p for s, p in zip(scores, people_pass, strict=True))
+        rejected = sum(s < cut and not p for s, p in zip(scores, people_pass, strict=True))
+        balanced = (hit / passes + rejected / fails) / 2
+        if best is None or balanced > best[1]:
+            best = (cut, balanced)
+    assert best is not None
+    low, high = wilson(best[1] * len(scores), len(scores))
+    return Suggestion(round(best[0], 3), best[1], low, high, passes, fails)
