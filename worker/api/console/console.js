@@ -102,7 +102,8 @@ function profileText(online) {
   const state = online.enabled ? "live" : "paused";
   return `${state}, ${online.scope} scope, ${online.filter ? "filtered, " : ""}` +
          `sample ${Math.round(online.sampleRate * 100)}%${online.filter ? " of matching traffic" : ""}, ` +
-         `alert below ${online.alertThreshold ?? "-"} (${online.severity})`;
+         `alert below ${online.alertThreshold ?? "-"} (${online.severity})` +
+         (online.alertMode && online.alertMode !== "each" ? `, pages by incidents (${online.alertMode})` : "");
 }
 
 async function groupsPage() {
@@ -130,7 +131,7 @@ async function groupsPage() {
   }
 }
 
-// --- one group: chart, results, backfills (backfills.js), edit, playground -------------------
+// --- one group: incidents (incidents.js), chart, results, backfills (backfills.js), edit, playground
 
 async function groupPage(groupId) {
   show(el("p", { class: "muted" }, "Loading..."));
@@ -144,10 +145,12 @@ async function groupPage(groupId) {
   const chart = el("div", { id: "chart" });
   const results = el("div", { id: "results" });
   const backfills = el("div", { id: "backfills" });
+  const incidents = el("div", { id: "incidents" });
   show(
     el("section", {}, el("h1", { id: "group-title" }, group.name),
       el("p", { class: "muted" }, profileText(group.online), group.gatesFirst ? " - gates first" : ""),
       group.description ? el("p", {}, group.description) : null),
+    el("section", {}, el("h2", {}, "Incidents"), incidents),
     el("section", {}, el("h2", {}, "Ratings"), chart),
     el("section", {}, el("h2", {}, "Recent results"), results),
     el("section", {}, el("h2", {}, "Backfills"), backfills),
@@ -157,15 +160,17 @@ async function groupPage(groupId) {
   drawChart(chart, group, "24h");
   listResults(results, group);
   listBackfills(backfills, group);
+  listIncidents(incidents, group);
 }
 
 async function drawChart(container, group, window) {
   const tabs = el("div", { class: "tabs", role: "group" }, WINDOWS.map((w) =>
     el("button", { type: "button", "aria-pressed": w === window ? "true" : "false", dataset: { window: w },
                    onclick: () => drawChart(container, group, w) }, w)));
-  let history;
+  let history, level;
   try {
-    history = await api("GET", `/v1/scorer-groups/${encodeURIComponent(group.id)}/ratings?window=${window}`);
+    [history, level] = await Promise.all([
+      api("GET", `/v1/scorer-groups/${encodeURIComponent(group.id)}/ratings?window=${window}`), groupLevel(group)]);
   } catch (error) {
     container.replaceChildren(tabs, failure(error));
     return;
@@ -181,6 +186,20 @@ async function drawChart(container, group, window) {
     const label = svg("text", { x: 4, y: y(v) + 3 });
     label.textContent = String(v);
     plot.append(label);
+  }
+  if (level) { // the level drift alerts judge against, behind the data: its mean and +/- sigma spreads
+    const sigma = (group.online && group.online.alertDriftSigma) ?? DRIFT_SIGMA;
+    const clamp = (v) => Math.min(10, Math.max(0, v));
+    const top = y(clamp(level.mean + sigma * level.spread)), bottom = y(clamp(level.mean - sigma * level.spread));
+    const layer = svg("g", { class: "level", id: "chart-level" });
+    const label = svg("text", { class: "level-label", x: width - pad, y: y(clamp(level.mean)) - 4, "text-anchor": "end" });
+    label.textContent = "learned level";
+    const title = svg("title", {});
+    title.textContent = `learned level ${fmt(level.mean)} +/- ${sigma} x ${fmt(level.spread)}, from ${level.windows} windows`;
+    layer.append(svg("rect", { class: "level-band", x: pad, y: top, width: width - 2 * pad, height: bottom - top }),
+                 svg("line", { class: "level-line", x1: pad, x2: width - pad, y1: y(clamp(level.mean)), y2: y(clamp(level.mean)) }),
+                 label, title);
+    plot.append(layer);
   }
   const scored = buckets.map((b, i) => ({ b, i })).filter(({ b }) => b.mean !== null);
   if (scored.length) {
@@ -400,6 +419,7 @@ async function groupForm(group) {
     idleSeconds: el("input", { type: "number", value: online.idleSeconds ?? 120 }),
     gatesFirst: el("input", { type: "checkbox", checked: !!(group && group.gatesFirst) }),
   };
+  const alerts = alertFields(online);
   const filter = filterBuilder(online.filter || null);
   const spanFilter = filterBuilder(online.spanFilter || null, { prefix: "span-filter", path: "online.spanFilter",
     fields: SPAN_FILTER_FIELDS, intro: "Span scope: each span of a matching trace that this takes is graded on its " +
@@ -420,6 +440,8 @@ async function groupForm(group) {
       showErrors(form, message, { problem: { errors: [{ field: "online.spanFilter", message: error.message }] } });
       return;
     }
+    const alerting = alerts.read();
+    if (alerting.errors.length) { showErrors(form, message, { problem: { errors: alerting.errors } }); return; }
     const body = {
       name: inputs.name.value, description: inputs.description.value || null, gatesFirst: inputs.gatesFirst.checked,
       members: [...members.querySelectorAll(".member")].map((row) => ({
@@ -429,7 +451,7 @@ async function groupForm(group) {
                 sampleSalt: inputs.sampleSalt.value || null,
                 alertThreshold: number(inputs.alertThreshold), severity: inputs.severity.value,
                 scope: inputs.scope.value, idleSeconds: number(inputs.idleSeconds), filter: aimedAt,
-                spanFilter: steps },
+                spanFilter: steps, ...alerting.values },
     };
     try {
       const saved = group ? await api("PATCH", `/v1/scorer-groups/${encodeURIComponent(group.id)}`, body)
@@ -452,6 +474,7 @@ async function groupForm(group) {
       field("Alert threshold (0-10)", "online.alertThreshold", inputs.alertThreshold),
       field("Severity", "online.severity", inputs.severity), field("Scope", "online.scope", inputs.scope),
       field("Idle seconds (session)", "online.idleSeconds", inputs.idleSeconds)),
+    el("h2", {}, "Alerts"), alerts.node,
     el("h2", {}, "Filter"), filter.node,
     el("h2", {}, "Span filter"), spanFilter.node,
     el("p", {}, el("button", { type: "submit" }, group ? "Save" : "Create")), message);
