@@ -2,7 +2,8 @@
 receiver per channel format. A group in window mode is fed a dip, then good traffic: each
 channel gets exactly one opened and one resolved delivery - none per trace - while every
 result below the threshold is still a Signal on the signals topic (the record). The same with
-three workers, one of them killed (SIGKILL) once the incident is open."""
+three workers, one of them killed (SIGKILL) once the incident is open. A judge outage (a
+must-pass judge answering 503) opens one coverage incident, and its return resolves it."""
 
 from __future__ import annotations
 
@@ -15,6 +16,7 @@ from pathlib import Path
 import orjson
 import pytest
 
+from deploy.judge_server import Behaviour, JudgeServer
 from tests.support.harness import WorkerProcess, catalog_db, produce, read_topic, worker_env
 from tests.support.http_fakes import Reply, ScriptedServer
 
@@ -97,3 +99,42 @@ async def until(check: object, timeout_s: float, what: str) -> None:
     while not check():  # type: ignore[operator]
         assert time.monotonic() < deadline, f"timed out waiting for {what}"
         await asyncio.sleep(0.1)
+
+
+async def test_a_judge_outage_opens_one_coverage_incident_and_its_return_resolves_it(
+        kafka_bootstrap: str, redis_db_url: str, unique: str, tmp_path: Path,
+        receivers: dict[str, ScriptedServer]) -> None:
+    online = {"enabled": True, "sampleRate": 1.0, "alertThreshold": 5, "severity": "high",
+              "alertNoScoreRate": 0.5, "alertWindowSeconds": WINDOW_S, "alertMinResults": 5,
+              "alertOnNoScore": False}  # (the per-result no-score Signal is the other way to hear it)
+    std = receivers["standard"]
+    with JudgeServer() as judge:
+        judge.set_default(Behaviour.status(503))  # the judge is down
+        async with catalog_db(redis_db_url, {
+            "judges": [{"id": "quality", "name": "Quality", "criteria": "Helpful?", "projectId": "p-inc"}],
+            "groups": [{"id": "gated", "name": "Gated", "projectId": "p-inc", "online": online,
+                        "members": [{"kind": "judge", "refId": "quality", "weight": 1, "gate": True}]}],
+            "channels": [{"agentId": "support", "url": std.url + "/hook", "projectId": "p-inc"}],
+        }) as url:
+            env = worker_env(kafka_bootstrap, url, unique, egress_allow="127.0.0.0/8", incident_interval_s=1,
+                             judge_base_url=judge.base_url, judge_timeout_s=2, commit_interval_s=0.2)
+            worker = WorkerProcess(env).start(tmp_path)
+            try:
+                worker.wait_ready()
+                await produce(kafka_bootstrap, env["SGW_TRACES_TOPIC"], [trace(n, "fine [[rating=8]]") for n in range(6)])
+                await until(lambda: any(r.json()["type"] == "scorer_group.incident.opened" for r in std.requests),
+                            60, "the coverage incident")
+                judge.set_default(Behaviour.deterministic())  # back
+                started, n = time.monotonic(), 100
+                while not any(r.json()["type"] == "scorer_group.incident.resolved" for r in std.requests):
+                    assert time.monotonic() - started < 4 * WINDOW_S, "resolved in time"
+                    await produce(kafka_bootstrap, env["SGW_TRACES_TOPIC"],
+                                  [trace(n + i, "fine [[rating=8]]") for i in range(3)])
+                    n += 3
+                    await asyncio.sleep(3)
+                await asyncio.sleep(3)
+            finally:
+                worker.stop()
+    events = [(r.json()["type"], r.json()["data"]["reason"]) for r in std.requests
+              if r.json()["type"].startswith("scorer_group.incident")]
+    assert events == [("scorer_group.incident.opened", "coverage"), ("scorer_group.incident.resolved", "coverage")]
