@@ -75,6 +75,8 @@ class DigestSender:
         period = int(now // period_s) - 1  # 1.
         start, end = period * period_s, (period + 1) * period_s
         key = channel_key(channel.url)
+        if await self._digests.settled(group.id, key, period, now):
+            return  # (one whose sender died is claimed again below, once stale)
         below, complete = await self._below(group.id, channel.agent_id, start, end)  # 3.
         if not below or not await self._digests.claim(group.id, key, period, now):  # 2.
             return
@@ -101,12 +103,17 @@ class DigestSender:
         """The agent's results below the threshold scored in ``[start, end)``, and whether that
         is all of them (the latest results are a bounded record: RESULTS_KEPT)."""
         documents, _ = await self._ratings.results(group_id, limit=RESULTS_KEPT, below=True)
-        found, oldest = [], None
+        found = []
         for raw in documents:
             doc = orjson.loads(raw)
             at = datetime.fromisoformat(doc["scoredAt"]).timestamp()
-            oldest = at
-            if start <= at < end and doc["agentId"] == agent_id and doc.get("rating") is not None:
+            if at < start:
+                break  # newest first: the rest is older
+            # A backfill's results page nobody unless its job asked (its Signals say so).
+            if at < end and doc["agentId"] == agent_id and doc.get("rating") is not None \
+                    and doc.get("origin") != "backfill":
                 found.append(doc)
-        complete = len(documents) < RESULTS_KEPT or (oldest is not None and oldest < start)
+        kept, oldest = await self._ratings.oldest_kept(group_id)
+        complete = kept < RESULTS_KEPT or (oldest is not None and
+                                           datetime.fromisoformat(orjson.loads(oldest)["scoredAt"]).timestamp() < start)
         return found, complete

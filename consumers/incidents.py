@@ -4,12 +4,16 @@ level (``alertMode`` window or drift, or ``alertNoScoreRate``), each tick:
 1. read the group's last window from the shared ratings history (every worker reads the same);
 2. drift: learn the last closed window into the group's level, unless a drift incident is open
    (a drop must not become the new normal);
-3. for each reason watched: publish again an event a worker moved and did not acknowledge
-   (it died in between: the same ids, deduplicated downstream); then judge the window
-   (``scoring.incidents``) and, if the watch opens or resolves, move it - once per fleet: the
-   store moves it only from the version this worker read - and publish the incident's Signal
-   and one delivery per channel of the agents the group rated in the window;
-4. export whether each watch has an incident open.
+3. for each reason watched: an event a worker moved and did not acknowledge is published
+   again once stale (it died in between: the same ids, deduplicated downstream), and until then
+   the watch does not move; then judge the window (``scoring.incidents``) and, if the watch
+   opens or resolves, move it - once per fleet: the store moves it only from the version this
+   worker read - and publish the incident's Signal and one delivery per channel: at opening,
+   the channels of the agents the group rated in the window (else every channel of its
+   project); at resolution, the opening's channels;
+4. export whether each watch has an incident open;
+5. an incident open on a watch no longer watched (the group disabled, deleted, or no longer
+   alerting for that reason) resolves: nobody is left paged for what is no longer judged.
 """
 
 from __future__ import annotations
@@ -39,9 +43,11 @@ from scoring.incidents import (
     incident_signal,
     reasons,
     step,
+    unwatched_signal,
     verdict,
 )
-from scoring.models import ScorerGroup
+from scoring.models import AlertChannel, ScorerGroup
+from scoring.results import channel_key
 from scoring.stores.incidents import PENDING_S, IncidentStore
 from scoring.stores.ratings import RatingsStore
 
@@ -75,13 +81,21 @@ class IncidentWatcher:
 
     async def tick(self) -> None:
         snapshot = self._catalog()
+        watched: set[tuple[str, str]] = set()
         for group in sorted(snapshot.groups.values(), key=lambda g: g.id):
             if group.online is None or not group.online.enabled or not reasons(group.online):
                 continue
+            watched.update((group.id, reason) for reason in reasons(group.online))
             try:
                 await self._watch(group, snapshot, self._clock())
             except Exception:  # one group's watch is lost this tick; the others go on
                 log.exception("an incident watch failed; trying again on the next tick", group=group.id)
+        try:  # 5.
+            unwatched = [(g, r) for g, r in await self._store.open_watches() if (g, r) not in watched]
+            for group_id, reason in unwatched:
+                await self._close(group_id, reason, snapshot, self._clock())  # type: ignore[arg-type]
+        except Exception:
+            log.exception("closing unwatched incidents failed; trying again on the next tick")
 
     async def _watch(self, group: ScorerGroup, snapshot: CatalogSnapshot, now: float) -> None:
         profile = group.online
@@ -89,18 +103,20 @@ class IncidentWatcher:
         window_s = profile.alert_window_seconds
         stats = await self._store.window(group.id, now - window_s, now, window_s)  # 1.
         watched = reasons(profile)
-        states = {reason: await self._store.watch(group.id, reason) for reason in watched}
+        states = {reason: await self._store.watch_with_channels(group.id, reason) for reason in watched}
         level = None
         if "drift" in watched:  # 2.
             level = await self._learned(group, now, window_s, drifting=states["drift"][0].incident_id is not None)
-        for reason, (watch, pending) in states.items():  # 3.
-            if pending is not None and now - float(pending["movedAt"]) > PENDING_S:
+        for reason, (watch, pending, kept) in states.items():  # 3.
+            if pending is not None:
+                if now - float(pending["movedAt"]) <= PENDING_S:
+                    continue  # its mover is publishing it; the watch moves after
                 await self._publish(pending)
                 await self._store.published(group.id, reason, watch.version)
             moved = step(watch, verdict(reason, profile, stats, level), now, window_s,
                          incident_id(group.id, reason, watch.version))
             if moved is not None:
-                await self._moved(group, snapshot, reason, watch, moved, stats, level, window_s, now)
+                await self._moved(group, snapshot, reason, watch, kept, moved, stats, level, window_s, now)
                 watch = moved.watch
             self._events.incident_open(group.project_id, group.id, reason, watch.incident_id is not None)  # 4.
 
@@ -117,28 +133,70 @@ class IncidentWatcher:
         return learned
 
     async def _moved(self, group: ScorerGroup, snapshot: CatalogSnapshot, reason: IncidentReason, read: Watch,
-                     moved: Transition, stats: WindowStats, level: Baseline | None, window_s: int,
-                     now: float) -> None:
+                     kept: list[list[str]], moved: Transition, stats: WindowStats, level: Baseline | None,
+                     window_s: int, now: float) -> None:
         profile = group.online
         assert profile is not None
         agents = await self._agents(group.id, now - window_s)
         justification = describe(reason, moved.state, profile, stats, level, window_s)
         signal = incident_signal(group, reason, moved, stats, agents[0] if agents else "", justification)
-        urls = list(dict.fromkeys(c.url for agent in agents for c in snapshot.channels_for(agent, group.project_id)
-                                  if not c.disabled))
+        if moved.state == "opened":
+            channels = [c for agent in agents for c in snapshot.channels_for(agent, group.project_id)]
+            if not channels:  # no result to name an agent (a budget run dry): the project's channels
+                channels = [c for c in snapshot.channels.values() if c.project_id == group.project_id]
+        else:
+            channels = self._kept_channels(snapshot, group.project_id, kept)
+        channels = [c for c in dict.fromkeys(channels) if not c.disabled]
         event = {"signal": orjson.loads(signal.to_json()),
-                 "deliveries": [orjson.loads(d.to_json()) for d in incident_deliveries(signal, urls)]}
+                 "deliveries": [orjson.loads(d.to_json()) for d in incident_deliveries(signal, channels)]}
         at = datetime.fromtimestamp(moved.at, UTC).isoformat()
         first = datetime.fromtimestamp(read.opened_at if read.opened_at is not None else moved.at, UTC).isoformat()
         record = {"id": moved.incident_id, "groupId": group.id, "projectId": group.project_id, "reason": reason,
                   "state": "open" if moved.state == "opened" else "resolved", "openedAt": first,
                   "resolvedAt": at if moved.state == "resolved" else None, "lastSaid": justification,
-                  "windowMean": stats.mean, "windowResults": stats.results}
-        if not await self._store.move(group.id, reason, read, moved.watch, event, record):
+                  "windowMean": stats.mean, "windowResults": stats.results, "groupName": group.name,
+                  "severity": profile.severity, "scope": profile.scope, "alertThreshold": profile.alert_threshold}
+        paged = [[c.agent_id, channel_key(c.url)] for c in channels]
+        if not await self._store.move(group.id, reason, read, moved.watch, event, record, paged, now=now):
             return  # another worker moved it first: it publishes
         log.info(f"incident {moved.state}", group=group.id, reason=reason, incident=moved.incident_id)
         await self._publish(event)
         await self._store.published(group.id, reason, moved.watch.version)
+
+    @staticmethod
+    def _kept_channels(snapshot: CatalogSnapshot, project_id: str, kept: list[list[str]]) -> list[AlertChannel]:
+        """The channels an opening paged, as the catalog has them now (a removed one is not)."""
+        wanted = {(agent, key) for agent, key in kept}
+        return [c for c in snapshot.channels.values() if (c.agent_id, channel_key(c.url)) in wanted
+                and c.project_id in (None, project_id)]
+
+    async def _close(self, group_id: str, reason: IncidentReason, snapshot: CatalogSnapshot, now: float) -> None:
+        """5: resolve the open incident of a watch no longer watched."""
+        watch, pending, kept = await self._store.watch_with_channels(group_id, reason)
+        if pending is not None:
+            if now - float(pending["movedAt"]) <= PENDING_S:
+                return
+            await self._publish(pending)
+            await self._store.published(group_id, reason, watch.version)
+        record = await self._store.record(group_id, watch.incident_id) if watch.incident_id else None
+        project = str((record or {}).get("projectId", ""))
+        if watch.incident_id is not None:
+            signal = unwatched_signal(group_id, reason, watch.incident_id, now, record or {})
+            channels = [c for c in self._kept_channels(snapshot, project, kept) if not c.disabled]
+            event = {"signal": orjson.loads(signal.to_json()),
+                     "deliveries": [orjson.loads(d.to_json()) for d in incident_deliveries(signal, channels)]}
+            resolved = {**(record or {"id": watch.incident_id, "groupId": group_id, "reason": reason}),
+                        "state": "resolved", "resolvedAt": datetime.fromtimestamp(now, UTC).isoformat(),
+                        "lastSaid": signal.justification}
+            if not await self._store.move(group_id, reason, watch, Watch(version=watch.version + 1), event, resolved,
+                                          now=now):
+                return
+            log.info("incident resolved: no longer watched", group=group_id, reason=reason, incident=watch.incident_id)
+            await self._publish(event)
+            await self._store.published(group_id, reason, watch.version + 1)
+        else:  # resolved meanwhile: only the index still named it
+            await self._store.forget_open(group_id, reason)
+        self._events.incident_open(project, group_id, reason, False)
 
     async def _agents(self, group_id: str, since: float) -> list[str]:
         """The agents of the group's results in the window, the busiest first: the channels an

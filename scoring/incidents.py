@@ -11,9 +11,10 @@ Three reasons an incident opens, each watched on its own:
 - ``drift`` (``alertMode: "drift"``): the window's mean is more than ``alertDriftSigma``
   standard deviations below the group's own level, learned from its past windows.
 
-An open incident resolves once a window that lies wholly after its opening is good again (its
-mean at or above ``alertResolveAbove``, its coverage within the rate, its level back within one
-standard deviation): one window of good traffic, not one good result, so it does not flap.
+An open incident resolves once a window that lies wholly after its opening is good again, over
+at least ``alertMinResults`` results (its mean at or above ``alertResolveAbove``, its share
+without a score at most four fifths of the rate, its level back within one standard deviation):
+one window of good traffic, not one good result, so it does not flap.
 
 The level (``Baseline``) is an exponentially weighted mean and variance of the group's closed
 windows' means (EWMA: the last day weighs half; CUSUM would find smaller shifts sooner, but it
@@ -27,11 +28,11 @@ from __future__ import annotations
 import math
 from dataclasses import replace
 from datetime import UTC, datetime
-from typing import Literal
+from typing import Any, Literal
 
 from scorer_groups.documents import INCIDENT_EVENTS, IncidentReason, IncidentState
 from scoring.frozen import frozen
-from scoring.models import OnlineProfile, ScorerGroup
+from scoring.models import AlertChannel, OnlineProfile, ScorerGroup
 from scoring.redact import mask_url
 from scoring.results import Signal, WebhookDelivery, channel_key, derived_id, signal_key
 
@@ -41,6 +42,7 @@ MIN_LEARNED = 8  # windows a level is learned from before drift is judged agains
 MIN_SPREAD = 0.25  # the least standard deviation a level is judged with (0-10 scale): a group
 # whose every window scored alike would otherwise alert on any wobble
 HALF_LIFE_S = 86_400  # a window a day old weighs half as much in the level
+COVERAGE_RESOLVE = 0.8  # coverage resolves at a share this far under the rate: no flapping at the rate
 
 
 @frozen
@@ -127,7 +129,9 @@ def verdict(reason: IncidentReason, profile: OnlineProfile, stats: WindowStats,
         share, rate = stats.unscored_share, profile.alert_no_score_rate
         if share is None or rate is None:
             return "unknown"
-        return "bad" if share > rate and enough else "good" if share <= rate else "unknown"
+        if share > rate and enough:
+            return "bad"
+        return "good" if share <= rate * COVERAGE_RESOLVE and enough else "unknown"
     if mean is None:
         return "unknown"
     enough = stats.scored >= profile.alert_min_results
@@ -136,12 +140,12 @@ def verdict(reason: IncidentReason, profile: OnlineProfile, stats: WindowStats,
         if threshold is None:
             return "unknown"
         resolve_at = profile.alert_resolve_above if profile.alert_resolve_above is not None else threshold
-        return "bad" if mean < threshold and enough else "good" if mean >= resolve_at else "unknown"
+        return "bad" if mean < threshold and enough else "good" if mean >= resolve_at and enough else "unknown"
     if baseline is None or baseline.learned < MIN_LEARNED:
         return "unknown"  # drift: no level learned yet
     if mean < baseline.mean - profile.alert_drift_sigma * baseline.spread and enough:
         return "bad"
-    return "good" if mean >= baseline.mean - baseline.spread else "unknown"
+    return "good" if mean >= baseline.mean - baseline.spread and enough else "unknown"
 
 
 def step(watch: Watch, judged: Verdict, now: float, window_s: int, incident_id: str) -> Transition | None:
@@ -195,9 +199,26 @@ def incident_signal(group: ScorerGroup, reason: IncidentReason, moved: Transitio
         raised_at=datetime.fromtimestamp(moved.at, UTC))
 
 
-def incident_deliveries(signal: Signal, channel_urls: list[str]) -> list[WebhookDelivery]:
+def incident_deliveries(signal: Signal, channels: list[AlertChannel]) -> list[WebhookDelivery]:
+    """One delivery per channel, each under its own agent (the sender finds a channel by it)."""
     assert signal.state is not None
-    return [WebhookDelivery(id=derived_id(f"delivery:{signal.id}:{url}"), signal_id=signal.id,
-                            agent_id=signal.agent_id, url=mask_url(url), channel=channel_key(url),
+    return [WebhookDelivery(id=derived_id(f"delivery:{signal.id}:{c.url}"), signal_id=signal.id,
+                            agent_id=c.agent_id, url=mask_url(c.url), channel=channel_key(c.url),
                             event=INCIDENT_EVENTS[signal.state], signal=signal, created_at=signal.raised_at)
-            for url in channel_urls]
+            for c in channels]
+
+
+UNWATCHED = ("Resolved: no longer watched - the group was disabled or deleted, or no longer alerts for this "
+             "reason.")
+
+
+def unwatched_signal(group_id: str, reason: IncidentReason, incident: str, at: float,
+                     record: dict[str, Any]) -> Signal:
+    """The resolution of an incident whose watch ended (``consumers.incidents`` step 5), from
+    what its record kept of the group - which may be gone."""
+    return Signal(
+        id=derived_id(f"incident-signal:{incident}:resolved"), key=signal_key(group_id), reason=reason,
+        state="resolved", incident_id=incident, group_id=group_id, group_name=record.get("groupName", group_id),
+        project_id=record.get("projectId", ""), agent_id="", scope=record.get("scope", "trace"), rating=None,
+        alert_threshold=record.get("alertThreshold"), severity=record.get("severity", "low"),
+        justification=UNWATCHED, rating_id=None, raised_at=datetime.fromtimestamp(at, UTC))

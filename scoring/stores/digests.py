@@ -34,5 +34,11 @@ class DigestStore:
         return bool(await self._claim(keys=[keys.digest_period(group_id, channel, period)],
                                       args=[int(now), KEPT_S, PENDING_S]))
 
+    async def settled(self, group_id: str, channel: str, period: int, now: float) -> bool:
+        """Sent, or being sent by a live sender: nothing to read for it."""
+        value = await self._redis.get(keys.digest_period(group_id, channel, period))
+        text = value.decode() if isinstance(value, bytes) else value
+        return text is not None and (not text.startswith("pending:") or int(text[8:]) > now - PENDING_S)
+
     async def sent(self, group_id: str, channel: str, period: int) -> None:
         await self._redis.set(keys.digest_period(group_id, channel, period), "sent", ex=KEPT_S)

@@ -12,7 +12,7 @@ watcher, which publishes it again under the same ids (every consumer deduplicate
 from __future__ import annotations
 
 import time
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import orjson
@@ -26,10 +26,14 @@ PENDING_S = 30.0  # an event moved but not published this long ago is published 
 
 # KEYS: the watch, the group's incidents. ARGV: the version read, the new version, the open
 # incident ("" none), its opening time, the pending event (JSON), the incident's id and record
-# (JSON), the records' TTL. 1 if moved; 0 if another mover was first.
+# (JSON), the records' TTL, the channels it pages (JSON; the opening's, kept for its resolution).
+# 1 if moved; 0 if another mover was first, or an event is still pending (never overwritten: a
+# resolution whose mover died is published before the watch moves again).
 _MOVE = """
 if (redis.call('HGET', KEYS[1], 'version') or '0') ~= ARGV[1] then return 0 end
-redis.call('HSET', KEYS[1], 'version', ARGV[2], 'incident', ARGV[3], 'openedAt', ARGV[4], 'pending', ARGV[5])
+if redis.call('HEXISTS', KEYS[1], 'pending') == 1 then return 0 end
+redis.call('HSET', KEYS[1], 'version', ARGV[2], 'incident', ARGV[3], 'openedAt', ARGV[4], 'pending', ARGV[5],
+           'channels', ARGV[9])
 redis.call('HSET', KEYS[2], ARGV[6], ARGV[7])
 redis.call('EXPIRE', KEYS[2], ARGV[8])
 return 1
@@ -76,24 +80,53 @@ class IncidentStore:
 
     async def watch(self, group_id: str, reason: IncidentReason) -> tuple[Watch, dict[str, Any] | None]:
         """The watch, and its event not yet published (if any)."""
+        watch, pending, _ = await self.watch_with_channels(group_id, reason)
+        return watch, pending
+
+    async def watch_with_channels(self, group_id: str, reason: IncidentReason
+                                  ) -> tuple[Watch, dict[str, Any] | None, list[list[str]]]:
+        """The watch, its event not yet published, and the channels its incident pages
+        ([agentId, channel key] each)."""
         raw = await self._redis.hgetall(keys.incident_watch(group_id, reason))
         fields = {(k.decode() if isinstance(k, bytes) else k): (v.decode() if isinstance(v, bytes) else v)
                   for k, v in raw.items()}
         watch = Watch(fields.get("incident") or None, float(fields["openedAt"]) if fields.get("openedAt") else None,
                       int(fields.get("version", 0)))
         pending = orjson.loads(fields["pending"]) if fields.get("pending") else None
-        return watch, pending
+        return watch, pending, orjson.loads(fields["channels"]) if fields.get("channels") else []
 
     async def move(self, group_id: str, reason: IncidentReason, read: Watch, moved: Watch,
-                   event: Mapping[str, Any], record: Mapping[str, Any]) -> bool:
+                   event: Mapping[str, Any], record: Mapping[str, Any], channels: Sequence[Sequence[str]] = (),
+                   now: float | None = None) -> bool:
         """Move the watch from the version read to ``moved``, the event pending; False if
-        another worker moved it first."""
+        another worker moved it first (or an event of it is still pending). An open incident is
+        listed among the open watches (``open_watches``) until it resolves."""
         answer = await self._move(keys=[keys.incident_watch(group_id, reason), keys.group_incidents(group_id)],
                                   args=[read.version, moved.version, moved.incident_id or "",
                                         "" if moved.opened_at is None else repr(moved.opened_at),
-                                        orjson.dumps({**event, "movedAt": time.time()}), str(record["id"]),
-                                        orjson.dumps(record), keys.INCIDENTS_KEPT_S])
+                                        orjson.dumps({**event, "movedAt": time.time() if now is None else now}),
+                                        str(record["id"]), orjson.dumps(record), keys.INCIDENTS_KEPT_S,
+                                        orjson.dumps([list(c) for c in channels])])
+        if answer:
+            member = f"{group_id}|{reason}"
+            if moved.incident_id is not None:
+                await self._redis.sadd(keys.INCIDENTS_OPEN, member)
+            else:
+                await self._redis.srem(keys.INCIDENTS_OPEN, member)
         return bool(answer)
+
+    async def open_watches(self) -> list[tuple[str, str]]:
+        """(group, reason) of every incident open, whatever watches them now."""
+        members = await self._redis.smembers(keys.INCIDENTS_OPEN)
+        found = [(m.decode() if isinstance(m, bytes) else str(m)).split("|", 1) for m in members]
+        return sorted((group, reason) for group, reason in found)
+
+    async def forget_open(self, group_id: str, reason: str) -> None:
+        await self._redis.srem(keys.INCIDENTS_OPEN, f"{group_id}|{reason}")
+
+    async def record(self, group_id: str, incident_id: str) -> dict[str, Any] | None:
+        raw = await self._redis.hget(keys.group_incidents(group_id), incident_id)
+        return orjson.loads(raw) if raw else None
 
     async def published(self, group_id: str, reason: IncidentReason, version: int) -> None:
         await self._published(keys=[keys.incident_watch(group_id, reason)], args=[version])

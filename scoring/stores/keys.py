@@ -248,6 +248,7 @@ def backfill_lease(job_id: str, partition: int) -> str:
 # --- Incidents (scoring.stores.incidents): each watch of a group, its level, its incidents --------
 # A group's hash tag, as its rating buckets: one script moves a watch and records its incident.
 INCIDENTS_KEPT_S = 90 * 86_400  # a group's incidents, readable this long after the last one
+INCIDENTS_OPEN = f"{PREFIX}:incidents:open"  # "<group>|<reason>" of every open incident: closed when unwatched
 
 
 def incident_watch(group_id: str, reason: str) -> str:

@@ -294,6 +294,14 @@ class RatingsStore:
         next_cursor, *documents = answer
         return documents, next_cursor.decode() if next_cursor else None
 
+    async def oldest_kept(self, group_id: str) -> tuple[int, bytes | None]:
+        """How many results the group's latest results hold, and the oldest one's document."""
+        async with self._redis.pipeline(transaction=False) as pipe:
+            pipe.llen(keys.group_results(group_id))
+            pipe.lindex(keys.group_results(group_id), -1)
+            length, oldest = await pipe.execute()
+        return int(length), (oldest.split(b":", 2)[2] if oldest else None)
+
     async def session_scores(self, session_id: str) -> list[dict[str, object]]:
         """The latest verdict of each group on the session, as the SDK returns them."""
         raw = await self._redis.hgetall(keys.session_scores(session_id))

@@ -88,6 +88,7 @@ class Channel(ApiModel):
     format: Literal["standard", "slack", "pagerduty"] = "standard"
     disabled: bool = False  # set by the sender after 410 Gone or failing past SGW_WEBHOOK_DISABLE_AFTER_S
     disabled_reason: str | None = None
+    digest_seconds: int | None = None  # a digest channel's period (issue 43)
 
 
 class BudgetUse(ApiModel):

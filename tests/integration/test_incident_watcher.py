@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import time
+from collections.abc import AsyncIterator
 from datetime import UTC, datetime
 from typing import Any
 
@@ -26,6 +27,7 @@ from scoring.results import HistoryEntry
 from scoring.stores.incidents import PENDING_S, IncidentStore
 from scoring.stores.ratings import RatingsStore
 from tests.support.harness import read_topic
+from tests.support.redis_clients import connect
 
 pytestmark = pytest.mark.integration
 
@@ -48,14 +50,24 @@ def catalog(group: ScorerGroup) -> CatalogSnapshot:
     return CatalogSnapshot(groups={group.id: group}, channels=channels)
 
 
-async def results(redis: Redis, group: ScorerGroup, at: float, scores: list[float | None]) -> None:
+async def results(redis: Redis, group: ScorerGroup, at: float, scores: list[float | None],
+                  agent: str = "support") -> None:
     """Results as the pair protocol records them: counted in the buckets, kept among the latest."""
     entries = []
     for n, score in enumerate(scores):
-        doc = {"id": f"r-{at}-{n}", "agentId": "support", "scoredAt": datetime.fromtimestamp(at, UTC).isoformat(),
+        doc = {"id": f"r-{agent}-{at}-{n}", "agentId": agent, "scoredAt": datetime.fromtimestamp(at, UTC).isoformat(),
                "rating": score}
         entries.append(HistoryEntry(group.id, score, score is not None and score < 6, at, orjson.dumps(doc)))
     await RatingsStore(redis).write(entries)
+
+
+@pytest.fixture
+async def redis(redis_db_url: str) -> AsyncIterator[Redis]:
+    """A database of the test's own: a watcher resolves every open incident it does not watch
+    (the fleet shares one catalog), so watchers of two tests must not share one."""
+    client = connect(redis_db_url)
+    yield client
+    await client.aclose()
 
 
 class Clock:
@@ -128,6 +140,9 @@ async def test_an_event_moved_by_a_watcher_that_died_is_published_by_the_next(
                              {"signal": signal, "deliveries": []}, {"id": "inc-1"})
     assert moved and not await store.move(group.id, "window_below", Watch(), Watch("inc-2", time.time(), 1),
                                           {"signal": signal, "deliveries": []}, {"id": "inc-2"}), "once"
+    assert not await store.move(group.id, "window_below", Watch("inc-1", time.time(), 1), Watch(version=2),
+                                {"signal": signal, "deliveries": []}, {"id": "inc-1"}), \
+        "never over an event still pending (a resolution whose mover died would be lost)"
     # ... and the mover died before publishing. A watcher looks a moment later: too soon.
     clock = Clock(time.time() + 1)
     (watcher,) = watchers(redis, producer, topics, group, clock, 1)
@@ -154,3 +169,50 @@ async def test_coverage_opens_when_results_go_without_a_score_and_resolves_when_
     opened, resolved = await read_topic(kafka_bootstrap, topics.signals, until=lambda v: len(v) >= 2, settle_s=1)
     assert (opened["reason"], opened["state"], resolved["state"]) == ("coverage", "opened", "resolved")
     assert "67% of 6 results" in opened["justification"] and resolved["incidentId"] == opened["incidentId"]
+
+
+async def test_each_channel_hears_under_its_own_agent_and_the_resolution_goes_where_the_opening_went(
+        redis: Redis, kafka_bootstrap: str, producer: AIOKafkaProducer, unique: str) -> None:
+    group, topics = a_group(unique, alertMode="window"), topics_of(unique)
+    channels = {agent: AlertChannel.model_validate({"agentId": agent, "url": f"https://hooks.example/{agent}",
+                                                    "projectId": group.project_id}) for agent in ("alpha", "beta")}
+    snap = CatalogSnapshot(groups={group.id: group}, channels=channels)
+    bucket = int(time.time()) // 60 * 60 - 60
+    clock = Clock(bucket + 10)
+    watcher = IncidentWatcher(store=IncidentStore(redis), ratings=RatingsStore(redis), catalog=lambda: snap,
+                              send=Outputs(producer, topics, Silent()).send, topics=topics, clock=clock)
+    await results(redis, group, bucket + 5, [3.0] * 6, agent="alpha")
+    await results(redis, group, bucket + 6, [3.0] * 4, agent="beta")
+    await watcher.tick()
+    await results(redis, group, bucket + 125, [8.5] * 10, agent="beta")  # only beta's traffic now
+    clock.now = bucket + 130
+    await watcher.tick()
+    hooks = await read_topic(kafka_bootstrap, topics.webhooks, until=lambda v: len(v) >= 4, settle_s=1)
+    heard = sorted((h["event"].rsplit(".", 1)[1], h["agentId"], h["url"].rsplit("/", 1)[1]) for h in hooks)
+    assert heard == [("opened", "alpha", "alpha"), ("opened", "beta", "beta"),
+                     ("resolved", "alpha", "alpha"), ("resolved", "beta", "beta")]
+
+
+async def test_an_incident_of_a_watch_no_longer_watched_resolves(
+        redis: Redis, kafka_bootstrap: str, producer: AIOKafkaProducer, unique: str) -> None:
+    group, topics = a_group(unique, alertMode="window"), topics_of(unique)
+    current = [group]
+    bucket = int(time.time()) // 60 * 60 - 60
+    clock = Clock(bucket + 10)
+    store = IncidentStore(redis)
+    watcher = IncidentWatcher(store=store, ratings=RatingsStore(redis), catalog=lambda: catalog(current[0]),
+                              send=Outputs(producer, topics, Silent()).send, topics=topics, clock=clock)
+    await results(redis, group, bucket + 5, [3.0] * 10)
+    await watcher.tick()
+    assert await store.open_watches() == [(group.id, "window_below")]
+    online = group.online.model_copy(update={"alert_mode": "each"})  # type: ignore[union-attr]
+    current[0] = group.model_copy(update={"online": online})  # back to a Signal per result
+    clock.now += 5
+    await watcher.tick()
+    opened, resolved = await read_topic(kafka_bootstrap, topics.signals, until=lambda v: len(v) >= 2, settle_s=1)
+    assert (opened["state"], resolved["state"], resolved["incidentId"]) == ("opened", "resolved",
+                                                                            opened["incidentId"])
+    assert "no longer watched" in resolved["justification"]
+    assert await store.open_watches() == []
+    hooks = await read_topic(kafka_bootstrap, topics.webhooks, until=lambda v: len(v) >= 6, settle_s=1)
+    assert sorted(h["event"] for h in hooks).count("scorer_group.incident.resolved") == 3, "the opening's channels"

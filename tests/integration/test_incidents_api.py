@@ -41,8 +41,10 @@ async def recorded(url: str, group_id: str, incident: str, state: str, opened: f
                   "resolvedAt": None if state == "open" else datetime.now(UTC).isoformat(),
                   "lastSaid": "Opened: a mean of 3.00/10.", "windowMean": 3.0, "windowResults": 10}
         version = 0 if state == "resolved" else 1  # (the old one recorded first)
-        assert await IncidentStore(redis).move(group_id, "window_below", Watch(version=version),
-                                        Watch(incident, opened, version + 1), {"signal": {}}, record)
+        store = IncidentStore(redis)
+        assert await store.move(group_id, "window_below", Watch(version=version), Watch(incident, opened, version + 1),
+                                {"signal": {}}, record)
+        await store.published(group_id, "window_below", version + 1)  # as the watcher does once it published
     finally:
         await redis.aclose()
 

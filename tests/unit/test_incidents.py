@@ -39,6 +39,7 @@ def test_a_window_below_the_threshold_opens_once_and_resolves_a_whole_window_lat
                 (60, stats([4.0] * 10)),  # opens
                 (120, stats([3.0] * 30)),  # still below: no second opening
                 (500, stats([6.5] * 30)),  # at the threshold, under resolveAbove: still open
+                (60 + WINDOW_S - 1, stats([9.0] * 4)),  # good, but too few results to say so
                 (700, stats([8.0] * 30)),  # good, but the window still reaches back before the opening
                 (60 + WINDOW_S, stats([8.0] * 30))]  # good, a whole window after: resolves
     for now, window in timeline:
@@ -52,7 +53,8 @@ def test_a_window_below_the_threshold_opens_once_and_resolves_a_whole_window_lat
 
 def test_coverage_opens_on_the_share_without_a_score_budget_skips_included() -> None:
     p = profile(alertNoScoreRate=0.2, alertMinResults=10)
-    assert verdict("coverage", p, stats([8.0] * 8, no_score=1, skipped=1)) == "good"  # 2 of 10: at the rate
+    assert verdict("coverage", p, stats([8.0] * 9, no_score=1)) == "good"  # 1 of 10: well within the rate
+    assert verdict("coverage", p, stats([8.0] * 8, no_score=1, skipped=1)) == "unknown", "at the rate: no flapping"
     assert verdict("coverage", p, stats([8.0] * 7, no_score=1, skipped=2)) == "bad"  # 3 of 10
     assert verdict("coverage", p, stats([], no_score=3)) == "unknown", "too few to open"
     assert verdict("coverage", p, stats([])) == "unknown", "nothing seen"

@@ -206,6 +206,8 @@ class ChannelBody(WireModel):
     format: Literal["standard", "slack", "pagerduty"] = "standard"
     routing_key: SecretStr | None = Field(None, description="PagerDuty's Events API v2 routing key; write-only.")
     disabled: bool = Field(False, description="false turns a channel the sender disabled back on.")
+    digest_seconds: int | None = Field(None, description="At most one message per group per this many seconds "
+                                                         "(60-86,400), with the count and the worst result.")
 
 
 class ChannelPage(Page):
@@ -221,7 +223,8 @@ def _out(channel: WireModel) -> Channel:
     assert isinstance(channel, AlertChannel)
     return Channel(id=channel_id(channel), agent_id=channel.agent_id, url=mask_url(channel.url),
                    project_id=channel.project_id, has_secret=channel.secret is not None, format=channel.format,
-                   disabled=channel.disabled, disabled_reason=channel.disabled_reason)
+                   disabled=channel.disabled, disabled_reason=channel.disabled_reason,
+                   digest_seconds=channel.digest_seconds)
 
 
 async def _channel(client: Client, id_: str) -> AlertChannel:
@@ -245,7 +248,7 @@ async def put_channel(body: ChannelBody, client: Client, who: Who, request: Requ
     routing_key = body.routing_key.get_secret_value() if body.routing_key is not None else None
     fields: dict[str, Any] = {"agentId": body.agent_id, "url": body.url, "secret": secret,
                               "projectId": who.project_for(body.project_id), "format": body.format,
-                              "routingKey": routing_key}
+                              "routingKey": routing_key, "digestSeconds": body.digest_seconds}
     if "disabled" in body.model_fields_set:  # unsent: a mark the sender set survives the save
         fields["disabled"] = body.disabled
     doc = validated(AlertChannel, fields)
