@@ -288,6 +288,9 @@ class HistoryEntry:
     below_threshold: bool
     at: float  # epoch seconds
     document: bytes = b""  # the rating as published, kept among the group's latest results
+    # A result counted at its subject's own time, not now (a backfill's): the history also counts
+    # it apart, so the incident watcher judges live traffic only (scoring.stores.incidents).
+    past: bool = False
 
 
 def tokens_of(result: GroupResult) -> int:
@@ -301,4 +304,4 @@ def history_entry(group: ScorerGroup, rating: Rating | PublishedRating, document
     in the bucket of when it was scored - or of ``at`` (a backfill: the trace's own time, so the
     chart fills in the past)."""
     return HistoryEntry(group.id, rating.rating, below_threshold(group, rating.rating),
-                        rating.scored_at.timestamp() if at is None else at, document)
+                        rating.scored_at.timestamp() if at is None else at, document, past=at is not None)

@@ -63,18 +63,22 @@ class IncidentStore:
         self._published = redis.register_script(_PUBLISHED)
 
     async def window(self, group_id: str, start: float, end: float, window_s: int) -> WindowStats:
-        """The counts of the group's results in ``[start, end]``, by whole buckets: from the one
-        ``start`` falls in (a window reaches back by up to a bucket more)."""
+        """The counts of the group's live results in ``[start, end]``, by whole buckets: from the
+        one ``start`` falls in (a window reaches back by up to a bucket more). A backfill's results,
+        counted at their traces' own times, are left out: last week's traffic - or an hour's,
+        graded again under a new rubric - opens and resolves nothing."""
         size = bucket_size(window_s)
         starts = range(int(start) // size * size, int(end) + 1, size)
         async with self._redis.pipeline(transaction=False) as pipe:
-            for bucket in starts:
+            for bucket in starts:  # live traffic only: a bucket less its part counted at past times
                 pipe.hmget(keys.rating_bucket(group_id, size, bucket), FIELDS)
+                pipe.hmget(keys.rating_bucket_past(group_id, size, bucket), FIELDS)
             rows = await pipe.execute() if starts else []
         totals = [0.0] * len(FIELDS)
-        for row in rows:
+        for n, row in enumerate(rows):
+            sign = -1.0 if n % 2 else 1.0
             for i, value in enumerate(row):
-                totals[i] += float(value) if value is not None else 0.0
+                totals[i] += sign * float(value) if value is not None else 0.0
         count, scored, total, no_score, skipped, below = totals
         return WindowStats(int(count), int(scored), total, int(no_score), int(skipped), int(below))
 

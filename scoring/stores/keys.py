@@ -55,6 +55,12 @@ def group_results(group_id: str) -> str:
     return f"{PREFIX}:latest:{{{group_id}}}"
 
 
+def rating_bucket_past(group_id: str, bucket_s: int, bucket_start: int) -> str:
+    """The part of a bucket counted at its subjects' own time (backfills): the chart shows the
+    whole bucket; the incident watcher, the bucket less this part."""
+    return rating_bucket(group_id, bucket_s, bucket_start) + ":past"
+
+
 def rating_bucket(group_id: str, bucket_s: int, bucket_start: int) -> str:
     # A bucket lives as long as the window it belongs to, plus one bucket: then it has left
     # every chart that could show it (TTL set by the script that writes it).

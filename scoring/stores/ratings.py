@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import math
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import asdict, dataclass
 
 import orjson
@@ -218,11 +218,12 @@ def _aggregate(entries: list[HistoryEntry]) -> dict[tuple[str, int], _Aggregate]
     return aggregates
 
 
-def _bucket_keys(group_id: str, at: float) -> tuple[list[str], list[int]]:
+def _bucket_keys(group_id: str, at: float,
+                 key: Callable[[str, int, int], str] = keys.rating_bucket) -> tuple[list[str], list[int]]:
     names, ttls = [], []
     for window_s, bucket_s in keys.RATING_WINDOWS.values():
         start = int(at) // bucket_s * bucket_s
-        names.append(keys.rating_bucket(group_id, bucket_s, start))
+        names.append(key(group_id, bucket_s, start))
         ttls.append(window_s + bucket_s)
     return names, ttls
 
@@ -251,6 +252,9 @@ class RatingsStore:
                     names.append(keys.group_results(group_id))
                     args += [keys.RESULTS_KEPT, keys.RESULTS_TTL_S, *documents]
                 pipe.script(self._record, names, args)
+            for (group_id, at), agg in _aggregate([e for e in entries if e.past]).items():
+                names, ttls = _bucket_keys(group_id, at, keys.rating_bucket_past)
+                pipe.script(self._record, names, [*agg.args(), len(names), *ttls])
             for verdict in sessions:
                 key = keys.session_scores(verdict.session_id)
                 pipe.redis.hset(key, verdict.group_id, orjson.dumps(asdict(verdict)))

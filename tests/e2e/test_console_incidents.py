@@ -60,7 +60,9 @@ async def recorded(url: str, group: Any, incident: str, reason: str, state: str,
                   "resolvedAt": None if state == "open" else datetime.fromtimestamp(opened + 1800, UTC).isoformat(),
                   "lastSaid": said, "windowMean": 3.25 if state == "open" else 6.5, "windowResults": 12}
         moved = Watch(incident, opened, version + 1) if state == "open" else Watch(version=version + 1)
-        assert await IncidentStore(redis).move(group.id, reason, Watch(version=version), moved, {"signal": {}}, record)
+        store = IncidentStore(redis)
+        assert await store.move(group.id, reason, Watch(version=version), moved, {"signal": {}}, record)
+        await store.published(group.id, reason, version + 1)  # as the watcher does once it published
     finally:
         await redis.aclose()
 

@@ -51,13 +51,14 @@ def catalog(group: ScorerGroup) -> CatalogSnapshot:
 
 
 async def results(redis: Redis, group: ScorerGroup, at: float, scores: list[float | None],
-                  agent: str = "support") -> None:
+                  agent: str = "support", past: bool = False) -> None:
     """Results as the pair protocol records them: counted in the buckets, kept among the latest."""
     entries = []
     for n, score in enumerate(scores):
         doc = {"id": f"r-{agent}-{at}-{n}", "agentId": agent, "scoredAt": datetime.fromtimestamp(at, UTC).isoformat(),
                "rating": score}
-        entries.append(HistoryEntry(group.id, score, score is not None and score < 6, at, orjson.dumps(doc)))
+        entries.append(HistoryEntry(group.id, score, score is not None and score < 6, at, orjson.dumps(doc),
+                                    past=past))
     await RatingsStore(redis).write(entries)
 
 
@@ -216,3 +217,17 @@ async def test_an_incident_of_a_watch_no_longer_watched_resolves(
     assert await store.open_watches() == []
     hooks = await read_topic(kafka_bootstrap, topics.webhooks, until=lambda v: len(v) >= 6, settle_s=1)
     assert sorted(h["event"] for h in hooks).count("scorer_group.incident.resolved") == 3, "the opening's channels"
+
+
+async def test_a_backfills_results_in_the_window_open_nothing_and_the_chart_still_counts_them(
+        redis: Redis, kafka_bootstrap: str, producer: AIOKafkaProducer, unique: str) -> None:
+    group, topics = a_group(unique, alertMode="window"), topics_of(unique)
+    bucket = int(time.time()) // 60 * 60 - 60
+    await results(redis, group, bucket + 5, [8.0] * 10)  # live traffic, fine
+    await results(redis, group, bucket + 6, [1.0] * 30, past=True)  # the last minute graded again, badly
+    (watcher,) = watchers(redis, producer, topics, group, Clock(bucket + 10), 1)
+    await watcher.tick()
+    stats = await IncidentStore(redis).window(group.id, bucket - 50, bucket + 10, WINDOW_S)
+    assert (stats.results, stats.mean) == (10, 8.0), "the watcher sees live traffic only"
+    assert (await RatingsStore(redis).history(group.id, "1h")).count == 40, "the chart counts both"
+    assert await read_topic(kafka_bootstrap, topics.signals, until=lambda v: False, timeout_s=2) == []
