@@ -224,8 +224,9 @@ async def test_workers_ride_out_a_redis_primary_and_a_broker_failing_over(
                           f"{time.monotonic() - began:.0f}s in")
 
             # 3. Every trace pair and every conversation rated; committed to the end.
-            await tail.wait_for(ROUNDS * TRACES_PER_ROUND * len(TRACE_GROUPS) + conversations, 150,
-                                chaos.check_running)
+            await tail.wait_for_all({(f"c-{i}", g) for i in range(ROUNDS * TRACES_PER_ROUND) for g in TRACE_GROUPS}
+                                    | {(f"cs-{s}", TURNS, "conversation") for s in range(conversations)}, 150,
+                                    chaos.check_running)
             await wait_committed(bootstrap, env, PARTITIONS, chaos.check_running)
             await asyncio.sleep(3)  # the last Signals' deliveries
             chaos.check_running()

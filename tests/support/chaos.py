@@ -66,6 +66,17 @@ class RatingsTail:
             assert time.monotonic() < deadline, f"only {len(self.pairs)} of {pairs} pairs rated in {timeout_s:g}s"
             await asyncio.sleep(0.2)
 
+    async def wait_for_all(self, wanted: set[tuple[Any, ...]], timeout_s: float, check: Callable[[], None]) -> None:
+        """Until every pair of ``wanted`` is rated. (A count is not enough where subjects can be
+        rated more than once on the way: a conversation whose last turn came late is judged at
+        fewer turns first.)"""
+        deadline = time.monotonic() + timeout_s
+        while not wanted <= self.pairs:
+            check()
+            assert time.monotonic() < deadline, f"{len(wanted - self.pairs)} of {len(wanted)} pairs not rated " \
+                                                f"in {timeout_s:g}s, e.g. {sorted(wanted - self.pairs)[:3]}"
+            await asyncio.sleep(0.2)
+
     async def stop(self) -> None:
         if self.task is not None:
             self.task.cancel()
