@@ -15,9 +15,8 @@ every worker runs one; each tick, for every such group and digest channel of its
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Callable
 from datetime import UTC, datetime
 from typing import Any
 
@@ -25,6 +24,7 @@ import orjson
 import structlog
 
 from consumers.outputs import TopicNames
+from consumers.periodic import Send, every
 from scorer_groups.documents import DIGEST_EVENT
 from scoring.catalog import CatalogSnapshot
 from scoring.models import AlertChannel, ScorerGroup
@@ -36,9 +36,6 @@ from scoring.stores.ratings import RatingsStore
 
 log = structlog.get_logger(__name__)
 
-Send = Callable[[list[tuple[str, bytes | None, bytes]]], Awaitable[None]]
-
-
 class DigestSender:
     def __init__(self, *, digests: DigestStore, ratings: RatingsStore, catalog: Callable[[], CatalogSnapshot],
                  send: Send, topics: TopicNames, interval_s: float = 10.0,
@@ -47,10 +44,7 @@ class DigestSender:
         self._send, self._topics, self._interval_s, self._clock = send, topics, interval_s, clock
 
     async def run(self, stop: asyncio.Event) -> None:
-        while not stop.is_set():
-            await self.tick()
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(stop.wait(), timeout=self._interval_s)
+        await every(self._interval_s, self.tick, stop)
 
     async def tick(self) -> None:
         snapshot = self._catalog()

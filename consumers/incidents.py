@@ -19,10 +19,9 @@ level (``alertMode`` window or drift, or ``alertNoScoreRate``), each tick:
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import time
 from collections import Counter
-from collections.abc import Awaitable, Callable
+from collections.abc import Callable
 from datetime import UTC, datetime
 from typing import Any, Protocol
 
@@ -30,6 +29,7 @@ import orjson
 import structlog
 
 from consumers.outputs import TopicNames
+from consumers.periodic import Send, every
 from scorer_groups.documents import IncidentReason
 from scoring.catalog import CatalogSnapshot
 from scoring.incidents import (
@@ -53,9 +53,6 @@ from scoring.stores.ratings import RatingsStore
 
 log = structlog.get_logger(__name__)
 
-Send = Callable[[list[tuple[str, bytes | None, bytes]]], Awaitable[None]]
-
-
 class IncidentEvents(Protocol):
     def incident_open(self, project_id: str, group_id: str, reason: str, is_open: bool) -> None: ...
 
@@ -74,10 +71,7 @@ class IncidentWatcher:
         self._interval_s, self._clock = interval_s, clock
 
     async def run(self, stop: asyncio.Event) -> None:
-        while not stop.is_set():
-            await self.tick()
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(stop.wait(), timeout=self._interval_s)
+        await every(self._interval_s, self.tick, stop)
 
     async def tick(self) -> None:
         snapshot = self._catalog()
