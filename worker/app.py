@@ -49,7 +49,7 @@ from worker.engine import ScoringEngine
 from worker.logs import kafka_errors_kept
 from worker.otlp import otlp_intake, run_otlp_intake
 from worker.settings import Settings
-from worker.shutdown import WATCHDOG_GRACE_S, ShutdownWatchdog, close_all
+from worker.shutdown import WATCHDOG_GRACE_S, ShutdownWatchdog, close_all, end_tasks
 from worker.webhooks import webhook_sender
 
 # Nearly all that a batch allocates dies with it, freed by reference counting: at the default
@@ -266,8 +266,8 @@ class Worker:
             log.info("Kafka answered; topics ready", bootstrap=s.kafka_bootstrap,
                      protocol=s.kafka_security_protocol)
         except StartupError:  # nothing consumed yet: close what started, each within a bound
-            await close_all([("catalog watcher", watcher.stop()), ("metrics server", ops.stop()),
-                             ("redis", redis.aclose())])
+            await close_all([("catalog watcher", watcher.stop()), ("metrics server", ops.stop())])
+            await close_all([("redis", redis.aclose())])
             raise
 
         producer = kafka_producer(s, max_request_size=dead_letter_limit(s))
@@ -384,7 +384,7 @@ class Worker:
             if traces.fatal is not None and exit_code == 0:  # a publish failed or hung while draining
                 log.error("the loop failed while draining", error=repr(traces.fatal))
                 exit_code = 1
-            await asyncio.wait(background, timeout=s.shutdown_timeout_s)
+            await end_tasks(background, s.shutdown_timeout_s)
             if self.failed is not None and exit_code == 0:  # a background loop failed while stopping
                 exit_code = 1
         finally:
@@ -392,8 +392,8 @@ class Worker:
                 loop.remove_signal_handler(sig)
             await close_all([("traces consumer", consumer.stop()), ("webhooks consumer", hooks_consumer.stop()),
                              ("producer", producer.stop()), ("scoring engine", engine.close()),
-                             ("catalog watcher", watcher.stop()), ("metrics server", ops.stop()),
-                             ("redis", redis.aclose())])
+                             ("catalog watcher", watcher.stop()), ("metrics server", ops.stop())])
+            await close_all([("redis", redis.aclose())])  # last: the watcher reads it until it stops
             self.watchdog.disarm()
         log.info("worker stopped", exit_code=exit_code)
         return exit_code

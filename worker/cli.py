@@ -314,16 +314,19 @@ def _cmd_run(settings: Settings, _: argparse.Namespace) -> int:
     from worker.app import StartupError, Worker
 
     async def run_or_refuse() -> int:
+        # Either way, exit from inside the loop, not by returning: the event loop's close cancels
+        # every task left and waits for it, and one that never ends on cancellation (an abandoned
+        # Kafka bootstrap, a client left behind by worker.shutdown.close_all) would hang the
+        # process after its work was done. The worker's own shutdown has committed and closed.
         try:
-            return await Worker(settings).run()
+            code = await Worker(settings).run()
         except StartupError as exc:
             print(f"error: cannot start: {Redactor.from_environment(settings.secrets())(str(exc))}",
                   file=sys.stderr, flush=True)
-            # Exit here, not by returning: the event loop's close cancels every task left, and an
-            # abandoned Kafka bootstrap (worker.app.connected_admin) may never end on cancellation
-            # - a refused start then hung instead of exiting. Nothing was consumed: nothing to drain.
-            sys.stdout.flush()
-            os._exit(2)
+            code = 2  # nothing was consumed: nothing to drain
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(code)
 
     if settings.event_loop == "uvloop":
         import uvloop  # a dependency of the package: an ImportError here is a broken install, said as such

@@ -1,9 +1,10 @@
 """A shutdown that always ends.
 
 The worker stops in steps, each with a deadline: the loop drains in-flight traces
-(``SGW_SHUTDOWN_TIMEOUT_S``), background loops get as long, then every client is closed, each
-given ``CLOSE_TIMEOUT_S`` - a client stuck closing (a consumer leaving its group mid-rebalance,
-a broker gone) is left behind with a warning instead of holding the others.
+(``SGW_SHUTDOWN_TIMEOUT_S``), background loops get as long (then are cancelled), then every
+client is closed, together within ``CLOSE_TIMEOUT_S`` - a client stuck closing (a consumer leaving its group
+mid-rebalance, a broker gone) is left behind with a warning instead of holding the others. The
+process then exits from inside the event loop (``worker.cli``), so nothing left behind can hold it.
 
 A watchdog armed when the stop is requested backs the steps up: if the whole sequence has not
 ended by its deadline, it logs where every task is waiting and ends the process with exit code 1.
@@ -30,15 +31,35 @@ WATCHDOG_GRACE_S = 60.0  # beyond the drain's deadlines: every client's close, a
 
 
 async def close_all(closers: list[tuple[str, Awaitable[Any]]], timeout_s: float = CLOSE_TIMEOUT_S) -> None:
-    """Close every client in turn, each within ``timeout_s``; a failure or a hang is logged and
-    the next one is closed all the same."""
-    for name, closer in closers:
-        try:
-            await asyncio.wait_for(closer, timeout_s)
-        except TimeoutError:
-            log.warning("a client did not close in time; left behind", client=name, timeout_s=timeout_s)
-        except Exception:
-            log.warning("error while closing", client=name, exc_info=True)
+    """Close every client at once, all within ``timeout_s``: the clients are independent, so the
+    slowest bounds the step (in turn, seven stuck clients took seven bounds - longer than an
+    orchestrator waits). A failure or a hang is logged; the others close all the same."""
+    tasks = {asyncio.ensure_future(closer): name for name, closer in closers}
+    if not tasks:
+        return
+    done, stuck = await asyncio.wait(tasks, timeout=timeout_s)
+    for task in done:
+        if not task.cancelled() and task.exception() is not None:
+            log.warning("error while closing", client=tasks[task], exc_info=task.exception())
+    for task in stuck:
+        log.warning("a client did not close in time; left behind", client=tasks[task], timeout_s=timeout_s)
+        task.cancel()
+
+
+async def end_tasks(tasks: list[asyncio.Task[Any]], timeout_s: float) -> None:
+    """Let ``tasks`` end within ``timeout_s``, then cancel what is left and give it
+    ``CLOSE_TIMEOUT_S`` to unwind: a loop still running when its clients close would fail on
+    them, and one left for the event loop's close could hold the process forever."""
+    if not tasks:
+        return
+    _, running = await asyncio.wait(tasks, timeout=timeout_s)
+    for task in running:
+        log.warning("a background loop did not stop in time; cancelled", loop=task.get_name(), timeout_s=timeout_s)
+        task.cancel()
+    if running:
+        _, stuck = await asyncio.wait(running, timeout=CLOSE_TIMEOUT_S)
+        for task in stuck:
+            log.warning("a background loop did not end on cancellation; left behind", where=where_waiting(task))
 
 
 class ShutdownWatchdog:

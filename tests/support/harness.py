@@ -106,7 +106,7 @@ class WorkerProcess:
                 total += float(line.rsplit(" ", 1)[1])
         return total
 
-    def stop(self, timeout_s: float = 40) -> int:
+    def stop(self, timeout_s: float = 90) -> int:  # past the worker's watchdog: a hang shows its record
         assert self.proc is not None
         if self.proc.poll() is None:
             self.proc.send_signal(signal.SIGTERM)

@@ -4,8 +4,9 @@ shutdown that overran its deadline, saying where each task waits."""
 from __future__ import annotations
 
 import asyncio
+import time
 
-from worker.shutdown import ShutdownWatchdog, close_all, where_waiting
+from worker.shutdown import ShutdownWatchdog, close_all, end_tasks, where_waiting
 
 
 async def test_a_client_stuck_closing_does_not_keep_the_others_open() -> None:
@@ -22,7 +23,34 @@ async def test_a_client_stuck_closing_does_not_keep_the_others_open() -> None:
 
     await close_all([("consumer", hangs()), ("producer", closes("producer")), ("sandbox", fails()),
                      ("redis", closes("redis"))], timeout_s=0.05)
-    assert closed == ["producer", "redis"], "every client after the stuck and the failing one is closed"
+    assert sorted(closed) == ["producer", "redis"], "every client besides the stuck and the failing one is closed"
+
+
+async def test_stuck_clients_share_one_bound_not_one_each() -> None:
+    async def hangs() -> None:
+        await asyncio.Event().wait()
+
+    started = time.monotonic()
+    await close_all([(f"consumer {n}", hangs()) for n in range(5)], timeout_s=0.3)
+    assert time.monotonic() - started < 0.9, "five stuck clients took five bounds: closed in turn, not together"
+
+
+async def test_a_background_loop_past_its_deadline_is_cancelled() -> None:
+    cancelled = asyncio.Event()
+
+    async def never_stops() -> None:
+        try:
+            await asyncio.Event().wait()
+        except asyncio.CancelledError:
+            cancelled.set()
+            raise
+
+    async def stops() -> None:
+        return None
+
+    loops = [asyncio.create_task(never_stops()), asyncio.create_task(stops())]
+    await end_tasks(loops, timeout_s=0.05)
+    assert cancelled.is_set() and all(task.done() for task in loops)
 
 
 async def test_the_watchdog_ends_an_overdue_shutdown_with_exit_code_1() -> None:
