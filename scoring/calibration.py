@@ -12,6 +12,9 @@ The suggested threshold separates the people's pass from their fail best: the cu
 neighbouring machine scores with the highest balanced accuracy (Youden's J; ties go to the
 lower cut). How sure it is comes with it: the rows of each class behind it, and a 95% Wilson
 interval of the balanced accuracy - a threshold learned from 12 rows is a hint, not a setting.
+
+``agreement`` puts them together for a run: the group's column and each judge member's, against
+the rows' human verdicts (the wire document is ``scorer_groups.agreement``).
 """
 
 from __future__ import annotations
@@ -19,7 +22,17 @@ from __future__ import annotations
 import itertools
 import math
 from collections.abc import Sequence
+from typing import Literal
 
+from scorer_groups.agreement import (
+    GATE_MARK,
+    Agreement,
+    AgreementColumn,
+    AtMark,
+    Disagreement,
+    SuggestedThreshold,
+)
+from scorer_groups.agreement import Confusion as ConfusionWire
 from scoring.frozen import frozen
 
 Z95 = 1.959964  # the 97.5th percentile of the standard normal
@@ -104,7 +117,7 @@ class Suggestion:
     fails: int
 
     @property
-    def sure(self) -> str:
+    def sure(self) -> Literal["a hint", "fair", "firm"]:
         """How far to trust it, for a person: few rows of either class make it a hint."""
         fewest = min(self.passes, self.fails)
         return "a hint" if fewest < 10 else "fair" if fewest < 30 else "firm"
@@ -136,3 +149,95 @@ def suggest_threshold(scores: Sequence[float], people_pass: Sequence[bool]) -> S
     assert best is not None
     low, high = wilson(best[1] * len(scores), len(scores))
     return Suggestion(round(best[0], 3), best[1], low, high, passes, fails)
+
+
+# --- A run's agreement ---------------------------------------------------------------------
+
+MAX_DISAGREEMENTS = 5  # the rows a person reads first; the whole list is the run's rows
+
+
+@frozen
+class HumanVerdict:
+    """What people said of a row: a 0-10 rating, a pass/fail, or both."""
+
+    rating: float | None = None
+    passed: bool | None = None
+
+    def passes(self, mark: float) -> bool:
+        """The people's pass at ``mark``: their own pass/fail when they gave one, else their rating."""
+        if self.passed is not None:
+            return self.passed
+        assert self.rating is not None
+        return self.rating >= mark
+
+
+@frozen
+class MachineColumn:
+    kind: Literal["group", "judge"]
+    label: str
+    scorer_id: str | None
+    values: Sequence[float | None]  # 0-10 per row, None where it gave no score
+
+
+def agreement(humans: Sequence[HumanVerdict | None], columns: Sequence[MachineColumn], *,
+              ids: Sequence[str | None], alert_threshold: float | None) -> Agreement | None:
+    """The run's agreement with people (None when no row carries a human verdict). The first
+    column is the group's."""
+    labelled = [i for i, h in enumerate(humans) if h is not None]
+    if not labelled or not columns:
+        return None
+    marks: list[tuple[Literal["gate", "alertThreshold"], float]] = [("gate", GATE_MARK)]
+    if alert_threshold is not None:
+        marks.append(("alertThreshold", alert_threshold))
+    group, *judges = [_column(c, humans, labelled, ids, marks) for c in columns]
+    rated = sum(1 for h in humans if h is not None and h.rating is not None)
+    return Agreement(labelled_rows=len(labelled), human_ratings=rated, group=group, judges=judges)
+
+
+def _column(column: MachineColumn, humans: Sequence[HumanVerdict | None], labelled: list[int],
+            ids: Sequence[str | None], marks: list[tuple[Literal["gate", "alertThreshold"], float]]) -> AgreementColumn:
+    pairs = [(i, v, h) for i in labelled if (v := column.values[i]) is not None and (h := humans[i]) is not None]
+    rated = [(v, h.rating) for _, v, h in pairs if h.rating is not None]
+    machine_rated, human_rated = [v for v, _ in rated], [r for _, r in rated]
+    at_marks = []
+    for name, mark in marks:
+        machine, people = [v >= mark for _, v, _ in pairs], [h.passes(mark) for _, _, h in pairs]
+        c = confusion(machine, people)
+        at_marks.append(AtMark(mark=name, threshold=mark, rows=c.rows, kappa=_round(cohen_kappa(machine, people)),
+                               confusion=ConfusionWire(both_pass=c.both_pass,
+                                                       machine_pass_people_fail=c.machine_pass_people_fail,
+                                                       machine_fail_people_pass=c.machine_fail_people_pass,
+                                                       both_fail=c.both_fail)))
+    reference = marks[-1][1]  # the group's alertThreshold when it has one: the line people act on
+    suggestion = suggest_threshold([v for _, v, _ in pairs], [h.passes(reference) for _, _, h in pairs])
+    return AgreementColumn(
+        kind=column.kind, label=column.label, scorer_id=column.scorer_id, labelled_rows=len(pairs),
+        unscored_labelled_rows=len(labelled) - len(pairs),
+        spearman=_round(spearman(machine_rated, human_rated)),
+        mean_absolute_error=_round(mean_absolute_error(machine_rated, human_rated)),
+        marks=at_marks,
+        suggested_threshold=None if suggestion is None else SuggestedThreshold(
+            threshold=suggestion.threshold, balanced_accuracy=round(suggestion.balanced_accuracy, 4),
+            low=round(suggestion.low, 4), high=round(suggestion.high, 4), passes=suggestion.passes,
+            fails=suggestion.fails, sure=suggestion.sure),
+        disagreements=_disagreements(pairs, ids))
+
+
+def _disagreements(pairs: list[tuple[int, float, HumanVerdict]], ids: Sequence[str | None]) -> list[Disagreement]:
+    """The rows where machine and people are furthest apart: by the rating's distance, or for a
+    pass/fail alone, by how far past the gate mark the machine erred."""
+    found = []
+    for row, machine, human in pairs:
+        if human.rating is not None:
+            gap = abs(machine - human.rating)
+        else:
+            gap = abs(machine - GATE_MARK) if (machine >= GATE_MARK) != human.passes(GATE_MARK) else 0.0
+        if gap > 0:
+            found.append(Disagreement(row=row, id=ids[row], machine=machine, human_rating=human.rating,
+                                      human_pass=human.passed, gap=round(gap, 4)))
+    found.sort(key=lambda d: (-d.gap, d.row))
+    return found[:MAX_DISAGREEMENTS]
+
+
+def _round(value: float | None) -> float | None:
+    return None if value is None else round(value, 4)

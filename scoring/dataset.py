@@ -1,10 +1,12 @@
 """Grading a dataset run with a scorer group: the same panel and blend as live traffic, offline.
 
-Each row (``input``, ``output``, optional ``expected``, ``spans``, ``metadata``) is graded by
+Each row (``input``, ``output``, optional ``expected``, ``spans``, ``metadata``, and a human
+verdict: ``humanRating`` 0-10 and/or ``humanPass``) is graded by
 every member; the group's aggregate fills the row's rating, judge members surface as labelled
 verdicts and deterministic members as scorer rows. The run rating is the mean group score over
 the rows that have one (rows without a score are counted apart), and ``gate`` turns a run into
-a CI verdict: on the group score, or on one judge member's own average.
+a CI verdict: on the group score, or on one judge member's own average. Rows with a human
+verdict give the run its ``agreement`` with people (``scoring.calibration``).
 
 Unlike live scoring, judges that require an expected answer are allowed here: they read the
 row's ``expected``, and a row without one leaves that member unscorable.
@@ -18,7 +20,9 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from scorer_groups.agreement import Agreement
 from scorer_groups.gates import Allowance, GateColumns, JudgeColumn, breakdown_lines
+from scoring.calibration import HumanVerdict, MachineColumn, agreement
 from scoring.catalog import CatalogSnapshot
 from scoring.errors import InvalidDocument, NotFound
 from scoring.models import Judge, Member, MemberKind, ScorerGroup
@@ -34,6 +38,7 @@ class DatasetRow:
     spans: list[dict[str, Any]] = field(default_factory=list)
     metadata: dict[str, Any] = field(default_factory=dict)
     id: str | None = None
+    human: HumanVerdict | None = None
 
     @classmethod
     def from_json(cls, document: Mapping[str, Any], index: int) -> DatasetRow:
@@ -47,12 +52,25 @@ class DatasetRow:
             raise ValueError(f"row {index}: spans must be a list and metadata an object")
         row_id = document.get("id")
         return cls(as_text(document["input"]), as_text(document["output"]), document.get("expected"),
-                   spans, dict(metadata), None if row_id is None else str(row_id))
+                   spans, dict(metadata), None if row_id is None else str(row_id),
+                   human_verdict(document.get("humanRating"), document.get("humanPass"), f"row {index}: "))
 
     def subject(self, project_id: str) -> Subject:
         return Subject(scope="trace", input=self.input, output=self.output, expected=self.expected,
                        spans=self.spans, metadata=self.metadata, transcript="", project_id=project_id,
                        agent_id="dataset", trace_id=self.id)
+
+
+def human_verdict(rating: Any, passed: Any, where: str = "") -> HumanVerdict | None:
+    """A row's human verdict, or None without one; a malformed one is refused, saying which field."""
+    if rating is None and passed is None:
+        return None
+    if rating is not None and (isinstance(rating, bool) or not isinstance(rating, int | float)
+                               or not 0 <= rating <= 10):
+        raise ValueError(f"{where}humanRating must be a number from 0 to 10 (got {rating!r})")
+    if passed is not None and not isinstance(passed, bool):
+        raise ValueError(f"{where}humanPass must be true or false (got {passed!r})")
+    return HumanVerdict(None if rating is None else float(rating), passed)
 
 
 @dataclass(frozen=True)
@@ -153,7 +171,17 @@ class DatasetRun:
         return {**graded_by, "rows": len(self.rows),
                 "scoredRows": len(self.scored), "noScoreRows": len(self.rows) - len(self.scored),
                 "runRating": self.rating, "judgeAverages": self.judge_averages(),
-                "breakdown": self.breakdown(), "warnings": self.warnings, "notes": self.notes}
+                "breakdown": self.breakdown(), "warnings": self.warnings, "notes": self.notes,
+                **({"agreement": found.wire()} if (found := self.agreement()) is not None else {})}
+
+    def agreement(self) -> Agreement | None:
+        """How far the group and each judge member agree with the rows' human verdicts."""
+        columns = self.columns()
+        machine = [MachineColumn("group", self.group.name, self.group.id if self.by_group else None, columns.ratings)]
+        machine += [MachineColumn("judge", j.label, j.ref_id, j.ratings) for j in columns.judges]
+        online = self.group.online
+        return agreement([r.row.human for r in self.rows], machine, ids=[r.row.id for r in self.rows],
+                         alert_threshold=online.alert_threshold if online is not None else None)
 
     def gate(self, fail_under: float, scorer: str | None = None, allow_unscored: Allowance = 0) -> float:
         """See ``GateColumns.gate``."""

@@ -128,6 +128,9 @@ async def grade(settings: Settings, request: GradeRequest, out: IO[str], err: Te
         out.write(json.dumps(row.wire()) + "\n")
     out.flush()
     print(json.dumps(run.summary(), indent=2), file=err)
+    agreement = run.agreement()
+    for line in agreement.lines() if agreement is not None else []:
+        print(line, file=err)
     if request.publish:
         await _publish(settings, run)
         print(f"published {len(run.rows)} results to {settings.ratings_topic}", file=err)

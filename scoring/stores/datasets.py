@@ -80,8 +80,7 @@ def _csv_rows(text: str) -> tuple[list[tuple[int, Any]], list[str]]:
 def _csv_records(reader: csv.DictReader[str], raws: list[tuple[int, Any]]) -> tuple[list[tuple[int, Any]], list[str]]:
     errors: list[str] = []
     for number, record in enumerate(reader, 2):
-        metadata: dict[str, Any] = {k: v for k, v in record.items()
-                                    if k not in ("input", "expected", "metadata") and k is not None}
+        metadata: dict[str, Any] = {k: v for k, v in record.items() if k not in CSV_COLUMNS and k is not None}
         if record.get("metadata"):
             try:
                 extra = orjson.loads(record["metadata"])
@@ -92,8 +91,33 @@ def _csv_records(reader: csv.DictReader[str], raws: list[tuple[int, Any]]) -> tu
                 continue
             metadata.update(extra)
         expected = record.get("expected")
-        raws.append((number, {"input": record["input"], "expected": expected or None, "metadata": metadata}))
+        try:
+            human = _csv_human(record)
+        except ValueError as exc:
+            errors.append(f"line {number}: {exc}")
+            continue
+        raws.append((number, {"input": record["input"], "expected": expected or None, "metadata": metadata, **human}))
     return raws, errors
+
+
+CSV_COLUMNS = ("input", "expected", "metadata", "humanRating", "humanPass")  # the rest is metadata
+CSV_TRUE, CSV_FALSE = ("true", "1", "yes", "pass"), ("false", "0", "no", "fail")
+
+
+def _csv_human(record: dict[str, Any]) -> dict[str, Any]:
+    """A CSV row's human verdict as the JSON fields (a cell is text; empty is none)."""
+    human: dict[str, Any] = {}
+    rating, passed = (record.get("humanRating") or "").strip(), (record.get("humanPass") or "").strip().lower()
+    if rating:
+        try:
+            human["humanRating"] = float(rating)
+        except ValueError:
+            raise ValueError(f"humanRating: must be a number from 0 to 10 (got {rating!r})") from None
+    if passed:
+        if passed not in CSV_TRUE + CSV_FALSE:
+            raise ValueError(f"humanPass: must be true or false (got {passed!r})")
+        human["humanPass"] = passed in CSV_TRUE
+    return human
 
 
 def format_of(path: str) -> str:

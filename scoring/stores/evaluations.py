@@ -14,12 +14,14 @@ from __future__ import annotations
 import builtins
 import time
 import uuid
+from collections.abc import Sequence
 from typing import Any
 
 import orjson
 
 from scorer_groups.gates import JudgeColumn, breakdown_lines
 from scorer_groups.runs import EvaluationCreate, EvaluationRun, JudgeSummary, RowOutput
+from scoring.calibration import HumanVerdict, MachineColumn, agreement
 from scoring.dataset import DatasetRun, GradingPlan
 from scoring.errors import InvalidDocument, NotFound
 from scoring.stores import keys
@@ -39,9 +41,11 @@ def new_run(project_id: str, request: EvaluationCreate, version: int, row_count:
         created_at=time.time())
 
 
-def completed(run: EvaluationRun, graded: DatasetRun, failed: dict[int, str]) -> EvaluationRun:
+def completed(run: EvaluationRun, graded: DatasetRun, failed: dict[int, str],
+              humans: Sequence[HumanVerdict | None] = (), alert_threshold: float | None = None) -> EvaluationRun:
     """The run with its results: graded rows from ``graded`` (in the order they were graded),
-    and the rows in ``failed`` (row -> the agent's error) as rows without a score."""
+    and the rows in ``failed`` (row -> the agent's error) as rows without a score; with the
+    dataset's human verdicts (``humans``, in row order), its agreement with people."""
     by_row = {r.row.id: (at, r) for at, r in enumerate(graded.rows)}
     columns = graded.columns()
     rows: list[dict[str, Any]] = []
@@ -74,7 +78,11 @@ def completed(run: EvaluationRun, graded: DatasetRun, failed: dict[int, str]) ->
     breakdown = breakdown_lines(columns_done.name, columns_done.by_group, columns_done.rating, len(scored),
                                 len(rows), [(j.label, j.average) for j in judges])
     rating = columns_done.rating
-    return done.model_copy(update={"rating": rating, "breakdown": breakdown})
+    machine = [MachineColumn("group", columns_done.name, run.scorer_group_id or run.scorer_id, columns_done.ratings)]
+    machine += [MachineColumn("judge", j.label, j.scorer_id, j.ratings) for j in judges]
+    agreed = agreement(list(humans) or [None] * len(rows), machine, ids=[None] * len(rows),
+                       alert_threshold=alert_threshold)
+    return done.model_copy(update={"rating": rating, "breakdown": breakdown, "agreement": agreed})
 
 
 class EvaluationStore:

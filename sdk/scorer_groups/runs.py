@@ -8,16 +8,21 @@ from typing import Any, Literal
 
 from pydantic import Field, JsonValue, field_validator
 
+from scorer_groups.agreement import Agreement
 from scorer_groups.gates import GateColumns, JudgeColumn
 from scorer_groups.models import Id, Name, WireModel
 
 
 class DatasetItem(WireModel):
-    """One row: what the agent is given, and optionally the answer it should give."""
+    """One row: what the agent is given, optionally the answer it should give, and optionally
+    what people said of it - ``humanRating`` (0-10) and/or ``humanPass`` - against which a run
+    measures its judges (``agreement``)."""
 
     input: JsonValue
     expected: JsonValue = None
     metadata: dict[str, JsonValue] = Field(default_factory=dict)
+    human_rating: float | None = Field(None, ge=0, le=10)
+    human_pass: bool | None = None
 
     @field_validator("input")
     @classmethod
@@ -105,6 +110,7 @@ class EvaluationRun(WireModel):
     breakdown: list[str] = Field(default_factory=list)
     judges: list[JudgeSummary] = Field(default_factory=list)
     rows: list[dict[str, Any]] = Field(default_factory=list)  # one result per row, in row order
+    agreement: Agreement | None = None  # with the rows' human verdicts, when some carry one
 
     def columns(self) -> GateColumns:
         """What a gate reads (``scorer_groups.gates.GateColumns``)."""

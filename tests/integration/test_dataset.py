@@ -195,3 +195,27 @@ def test_progress_is_a_bar_on_a_terminal_and_plain_lines_elsewhere(monkeypatch: 
             progress(done, 10)
     assert "\r[" in tty.text and "10/10 rows" in tty.text and tty.text.endswith("\n")
     assert "\r" not in pipe.text and pipe.text.splitlines()[-1].startswith("graded 10/10 rows")
+
+
+def test_cli_reports_agreement_with_the_rows_human_verdicts(catalog_url: str, judge: JudgeServer,
+                                                            tmp_path: Path) -> None:
+    labelled = tmp_path / "labelled.jsonl"
+    verdicts = [{"humanRating": 9}, {"humanRating": 5}, {"humanPass": False}, {"humanRating": 1}]
+    labelled.write_text("".join(json.dumps({**row, **v}) + "\n" for row, v in zip(ROWS, verdicts, strict=True)))
+    done = grade_cli(catalog_url, judge, "--group", "release", "--input", str(labelled),
+                     "--output", str(tmp_path / "out.jsonl"))
+    assert done.returncode == 0, done.stderr
+    summary = json.loads(done.stderr[done.stderr.index("{"):done.stderr.rindex("}") + 1])
+    agreement = summary["agreement"]
+    assert (agreement["labelledRows"], agreement["humanRatings"]) == (4, 3)
+    assert [j["label"] for j in agreement["judges"]] == ["Quality", "Safety"]
+    group = agreement["group"]  # rows score 8.5, 6.5, 0, 0 against 9, 5, (fail), 1
+    assert group["meanAbsoluteError"] == pytest.approx((0.5 + 1.5 + 1) / 3, abs=1e-4)
+    assert group["marks"][0]["confusion"] == {"bothPass": 2, "machinePassPeopleFail": 0,
+                                              "machineFailPeoplePass": 0, "bothFail": 2}
+    assert "agreement with people: 4 labelled rows (3 with a humanRating)" in done.stderr
+    assert "  group 'Release quality bar': 4 rows, spearman 1.00, MAE 1.00, kappa 1.00 at the gate mark 5" in done.stderr
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text(json.dumps({**ROWS[0], "humanRating": "nine"}) + "\n")
+    refused = grade_cli(catalog_url, judge, "--group", "release", "--input", str(bad))
+    assert refused.returncode == 2 and "row 0: humanRating must be a number from 0 to 10" in refused.stderr, refused.stderr

@@ -4,6 +4,7 @@ closed on rows the agent failed; the group-wins warnings; runs fetched back late
 
 from __future__ import annotations
 
+import json
 import os
 from collections.abc import Iterator
 from pathlib import Path
@@ -281,3 +282,62 @@ def test_a_run_is_graded_once(names: dict[str, Any], api: tuple[str, str, str]) 
     assert httpx.post(finalize, headers=auth, json=outputs, timeout=60).status_code == 200
     again = httpx.post(finalize, headers=auth, json=outputs, timeout=60)
     assert again.status_code == 400 and again.json()["errors"][0]["message"] == "the run is already finalized"
+
+
+LABELLED = [{"input": "q0", "humanRating": 9}, {"input": "q1", "humanRating": 2}, {"input": "q2", "humanRating": 8},
+            {"input": "q3", "humanRating": 3}, {"input": "q4", "humanRating": 7}, {"input": "q5", "humanPass": False},
+            {"input": "q6"}]
+QUALITY_SAYS = {"q0": 8, "q1": 3, "q2": 9, "q3": 5, "q4": 7, "q5": 8, "q6": 4}
+
+
+def test_a_run_over_rows_people_labelled_reports_its_agreement_with_them(names: dict[str, Any],
+                                                                          api: tuple[str, str, str]) -> None:
+    stats = pytest.importorskip("scipy.stats")
+    client = names["client"]
+    dataset = client.datasets.create("Labelled", rows=LABELLED)
+    group = client.monitor.scorer_groups.create(
+        "Calibrated", members=[{"kind": "judge", "refId": names["quality"].id, "weight": 1, "gate": False}],
+        online={"enabled": False, "sampleRate": 1, "alertThreshold": 6, "severity": "high"})
+    run = client.evaluations.run(dataset_id=dataset.id, subject={"kind": "custom_agent", "displayName": "a"},
+                                 scorer_group_id=group.id).execute(
+        lambda q: f"answer [[rating@quality-model={QUALITY_SAYS[q]}]]").finalize()
+    agreement = run.agreement
+    assert agreement is not None and (agreement.labelled_rows, agreement.human_ratings) == (6, 5), "q6 has no label"
+    quality = agreement.column("Quality")
+    assert agreement.group.label == "Calibrated" and quality.kind == "judge" and quality.scorer_id == names["quality"].id
+    machine, people = [8, 3, 9, 5, 7], [9, 2, 8, 3, 7]
+    for column in (agreement.group, quality):  # one judge, weight 1: the group's score is its rating
+        assert column.labelled_rows == 6 and column.unscored_labelled_rows == 0
+        assert column.spearman == pytest.approx(stats.spearmanr(machine, people).statistic, abs=1e-4)
+        assert column.mean_absolute_error == pytest.approx(sum(abs(m - p) for m, p in zip(machine, people, strict=True)) / 5)
+        gate, alert = column.marks
+        assert (gate.threshold, alert.mark, alert.threshold) == (5.0, "alertThreshold", 6.0)
+        # At 6: machine passes q0 q2 q4 q5, people q0 q2 q4 - q5 (humanPass false) is the one miss.
+        assert (alert.confusion.both_pass, alert.confusion.machine_pass_people_fail,
+                alert.confusion.machine_fail_people_pass, alert.confusion.both_fail) == (3, 1, 0, 2)
+        assert column.suggested_threshold is not None and column.suggested_threshold.sure == "a hint"
+        assert [(d.row, d.gap) for d in column.disagreements][:2] == [(5, 3.0), (3, 2.0)]
+    assert client.evaluations.get(run.id).agreement == agreement, "kept with the run"
+    unlabelled = client.evaluations.run(dataset_id=names["dataset"].id, subject={"kind": "custom_agent", "displayName": "a"},
+                                        scorer_group_id=group.id).execute(agent_rating(quality=8, safety=9)).finalize()
+    assert unlabelled.agreement is None
+
+
+def test_human_verdicts_come_in_csv_too_and_a_malformed_one_is_refused_by_name(
+        names: dict[str, Any], api: tuple[str, str, str], tmp_path: Path) -> None:
+    client = names["client"]
+    path = tmp_path / "labelled.csv"
+    path.write_text("input,humanRating,humanPass,lang\nq0,9,,en\nq1,,fail,fr\nq2,,,de\n")
+    dataset = client.datasets.create("Labelled CSV", path=path)
+    _, items = client.datasets.rows(dataset.id)
+    assert [(i.human_rating, i.human_pass, i.metadata) for i in items] == [
+        (9.0, None, {"lang": "en"}), (None, False, {"lang": "fr"}), (None, None, {"lang": "de"})]
+    headers = {"Authorization": f"Bearer {api[1]}"}
+    for row, field in (({"input": "x", "humanRating": 11}, "humanRating"), ({"input": "x", "humanPass": "yes"}, "humanPass")):
+        answer = httpx.post(f"{api[0]}/v1/datasets", headers=headers,
+                            json={"name": "bad", "format": "jsonl", "content": json.dumps(row)})
+        assert answer.status_code == 400 and field in answer.text, answer.text
+    path.write_text("input,humanRating\nq0,nine\n")
+    answer = httpx.post(f"{api[0]}/v1/datasets", headers=headers,
+                        json={"name": "bad", "content": path.read_text(), "format": "csv"})
+    assert answer.status_code == 400 and "line 2: humanRating: must be a number" in answer.text, answer.text

@@ -15,7 +15,7 @@ from fastapi import APIRouter, Path, Query, Request, Response
 from pydantic import Field
 
 from scorer_groups.runs import Dataset, DatasetItem, EvaluationCreate, EvaluationRun, Outputs
-from scoring.dataset import DatasetRow, grade_rows, plan_grading
+from scoring.dataset import DatasetRow, grade_rows, human_verdict, plan_grading
 from scoring.errors import Conflict, InvalidDocument, NotFound
 from scoring.models import ID_PATTERN, Id, Name, WireModel
 from scoring.stores.catalog import CatalogStore
@@ -189,4 +189,6 @@ async def _grade(request: Request, project: str, run: EvaluationRun, body: Outpu
                                metadata=dict(item.metadata), id=str(o.row)))
     engine: ScoringEngine = request.app.state.engine  # the process's one engine (judges, sandbox, external)
     graded = await grade_rows(engine.panel, catalog, plan, rows)
-    return completed(run, graded, failed)
+    humans = [human_verdict(item.human_rating, item.human_pass) for item in items[:run.row_count]]
+    online = plan.group.online
+    return completed(run, graded, failed, humans, online.alert_threshold if online is not None else None)
