@@ -463,8 +463,8 @@ class PairProtocol:
                            if scope == "session" else None)
                 tokens = s.spend.settlement(tokens_of(s.result)) if s.spend is not None else 0
                 at = s.pair.subject.at if self._outputs.policy.history_at_subject else None
-                finished.append(Finished(s.pair.claim, p.id, history_entry(s.pair.group, p, p.document, at), tokens,
-                                         verdict))
+                entry = history_entry(s.pair.group, p, p.document, at, s.result)
+                finished.append(Finished(s.pair.claim, p.id, entry, tokens, verdict))
             await self.finisher.submit(finished)
         except Exception as exc:
             self.failure = self.failure or exc

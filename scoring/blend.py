@@ -17,7 +17,7 @@ import math
 from scorer_groups.documents import MemberStatus
 from scoring.frozen import frozen
 from scoring.models import MemberKind, Polarity
-from scoring.ports import TokenUsage
+from scoring.ports import JudgeCall, TokenUsage
 
 GATE_PASS_MARK = 0.5  # goodness below this fails a must-pass member; exactly 0.5 passes
 REFERENCE_DELETED = "reference deleted"
@@ -88,6 +88,7 @@ class MemberOutcome:
     scorer_name: str = ""  # the scorer's own name now ("" when unknown); ``name`` is the member's label
     usage: TokenUsage | None = None  # a judge's tokens, when its API reported them
     skipped: str | None = None  # why the member was not called (gates first), when it was not
+    calls: tuple[JudgeCall, ...] = ()  # a judge's calls, cut and masked (scoring.judge_calls)
 
     def __post_init__(self) -> None:
         # A float in range passes at once (NaN fails every comparison): the common case, per member.

@@ -22,9 +22,10 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+import orjson
 from pydantic import ValidationError
 
-from scorer_groups.api_models import BudgetUse, BudgetView, ResultsPage
+from scorer_groups.api_models import BudgetUse, BudgetView, JudgeCallRecord, RatingWithCalls, ResultsPage
 from scorer_groups.documents import Rating
 from scoring.catalog import (
     KIND_MODELS,
@@ -199,6 +200,17 @@ class ScorerGroups:
             raise InvalidDocument("cursor: not a cursor this API gave (nextCursor of the page before)")
         documents, next_cursor = await self._ratings.results(group_id, limit=limit, cursor=cursor, below=below)
         return ResultsPage(items=[Rating.model_validate_json(d) for d in documents], next_cursor=next_cursor)
+
+    async def result(self, group_id: str, rating_id: str) -> RatingWithCalls:
+        """One of the group's latest results by its rating id, with its judge calls; NotFound
+        once the latest results no longer keep it (or for another project's group)."""
+        await self.get(group_id)  # 404 unless the caller's project sees the group
+        found = await self._ratings.result(group_id, rating_id)
+        if found is None:
+            raise NotFound(f"no result {rating_id!r} among the latest results of group {group_id!r}")
+        document, calls = found
+        return RatingWithCalls(rating=Rating.model_validate_json(document),
+                               calls=[JudgeCallRecord.model_validate(c) for c in orjson.loads(calls or b"[]")])
 
     async def create(self, name: str, members: Sequence[Any], description: str | None = None,
                      online: Mapping[str, Any] | OnlineProfile | None = None, *, project_id: str | None = None,

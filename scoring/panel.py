@@ -23,12 +23,15 @@ from scoring.judge_prompt import token_ceiling
 from scoring.members.patterns import DEADLINE_S as PATTERN_DEADLINE_S
 from scoring.members.patterns import CompiledPattern, compiled
 from scoring.models import CustomEvaluator, Judge, Member, Pattern, Polarity, ScorerGroup
+from scoring.judge_calls import kept
 from scoring.ports import (
     BudgetExhausted,
+    CallRecorder,
     CodeSandbox,
     CodeScorerError,
     ExternalScorers,
     Judges,
+    JudgeCall,
     JudgeSpend,
     MemberError,
     RetryGate,
@@ -342,6 +345,11 @@ class Panel:
             # A pattern's detail is ours ("matched in output at offset 12"); other members' is
             # text from a model or a tenant's service.
             kw["detail"] = detail if member.kind == "pattern" else self._redact(detail)
+        calls = kw.get("calls")
+        if calls:  # what the judge was asked holds the trace: kept cut and masked alike
+            kw["calls"] = tuple(kept(call, self._redact) for call in calls)  # type: ignore[attr-defined]
+        elif calls is not None:
+            del kw["calls"]
         return MemberOutcome(name=member.label or name, kind=member.kind, weight=member.weight, gate=member.gate,
                              ref_id=member.ref_id, scorer_name=name, **kw)  # type: ignore[arg-type]
 
@@ -359,30 +367,32 @@ class Panel:
             return outcome(error=REFERENCE_DELETED)
         native: float | bool | None = None
         usage: TokenUsage | None = None
+        calls: list[JudgeCall] = []  # a judge's, recorded whatever the outcome (the deadline's too)
         try:
             async with asyncio.timeout(self._member_deadline_s):
-                native, detail, polarity, invert, usage = await self._verdict(scorer, subject, retry)
+                native, detail, polarity, invert, usage = await self._verdict(scorer, subject, retry, calls.append)
             if usage is not None and self._count_tokens is not None:
                 self._count_tokens(subject.project_id, usage)
             g = goodness(member.kind, native, polarity=polarity, invert=invert)
         except (MemberError, CodeScorerError, ValueError) as exc:
-            return outcome(native=native, error=str(exc), usage=usage)
+            return outcome(native=native, error=str(exc), usage=usage, calls=calls)
         except TimeoutError:
-            return outcome(error=f"timed out after {self._member_deadline_s:g}s")
+            return outcome(error=f"timed out after {self._member_deadline_s:g}s", calls=calls)
         except Exception as exc:  # a bug of ours must cost one member, not the group
             log.exception("member scorer failed unexpectedly", kind=member.kind, ref_id=member.ref_id)
             return outcome(error=f"internal error: {type(exc).__name__}")
-        return outcome(native=native, goodness=g, detail=detail, usage=usage)
+        return outcome(native=native, goodness=g, detail=detail, usage=usage, calls=calls)
 
     async def _verdict(
-        self, scorer: Judge | Pattern | CustomEvaluator, subject: Subject, retry: RetryGate | None = None
+        self, scorer: Judge | Pattern | CustomEvaluator, subject: Subject, retry: RetryGate | None = None,
+        record: CallRecorder | None = None,
     ) -> tuple[float | bool, str | None, Polarity | None, bool, TokenUsage | None]:
         """(native verdict, detail, polarity, invert, a judge's tokens) of one scorer on the subject."""
         if isinstance(scorer, Judge):
             if self._judges is None:
                 raise MemberError("no judge endpoint is configured")
             # The judge client's own deadline starts once it has a slot on the endpoint.
-            verdict = await self._judges.grade(scorer, subject, retry=retry)
+            verdict = await self._judges.grade(scorer, subject, retry=retry, record=record)
             return verdict.rating, verdict.justification, None, False, verdict.usage
         if isinstance(scorer, Pattern):
             try:

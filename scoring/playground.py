@@ -16,11 +16,12 @@ from datetime import UTC, datetime
 
 from pydantic import ValidationError
 
-from scorer_groups.api_models import GradeRequest
+from scorer_groups.api_models import GradeRequest, JudgeCallRecord
 from scorer_groups.documents import Rating
 from scoring.catalog import CatalogSnapshot
 from scoring.errors import CatalogError
 from scoring.filters import SpanView, TraceView, compile_filter
+from scoring.judge_calls import call_document
 from scoring.judge_prompt import token_ceiling
 from scoring.models import ScorerGroup
 from scoring.pairs import ClaimRequest, day_of
@@ -79,7 +80,9 @@ class Playground:
         self._panel, self._claims, self._per_project = panel, claims, per_project
         self._busy: dict[str, int] = {}  # gradings under way, by project (one event loop: no lock)
 
-    async def grade(self, group: ScorerGroup, snapshot: CatalogSnapshot, example: GradeRequest) -> Rating:
+    async def grade(self, group: ScorerGroup, snapshot: CatalogSnapshot,
+                    example: GradeRequest) -> tuple[Rating, list[JudgeCallRecord]]:
+        """The example's rating, and the judge calls behind it (cut and masked)."""
         project = group.project_id
         if self._busy.get(project, 0) >= self._per_project:
             raise PlaygroundRefused(f"the playground is grading {self._per_project} examples of this project "
@@ -92,7 +95,8 @@ class Playground:
             if not self._busy[project]:
                 del self._busy[project]
 
-    async def _grade(self, group: ScorerGroup, snapshot: CatalogSnapshot, example: GradeRequest) -> Rating:
+    async def _grade(self, group: ScorerGroup, snapshot: CatalogSnapshot,
+                     example: GradeRequest) -> tuple[Rating, list[JudgeCallRecord]]:
         # 1. the example as a subject of the group's project: a trace, or - for a span-scope group -
         #    one step (its input and output the step's, asked the step question)
         example_id = f"playground-{uuid.uuid4().hex[:12]}"
@@ -113,7 +117,9 @@ class Playground:
             result = await self._panel.score(group, subject, snapshot, spend=spend)
         except BudgetExhausted:
             raise await self._exhausted(request) from None
-        return build_rating(result, "playground")
+        calls = [JudgeCallRecord.model_validate(call_document(call, m.outcome.ref_id, m.outcome.name))
+                 for m in result.blend.members for call in m.outcome.calls]
+        return build_rating(result, "playground"), calls
 
     def _request(self, group: ScorerGroup, snapshot: CatalogSnapshot, subject: Subject,
                  example_id: str) -> ClaimRequest:

@@ -61,6 +61,27 @@ class TokenUsage:
         return (self.prompt_tokens or 0) + (self.completion_tokens or 0)
 
 
+@dataclass(frozen=True, slots=True)
+class JudgeCall:
+    """One judge call as it was made: what the judge was asked and what it answered. The client
+    records it whatever the outcome (an error, a refusal, the member's deadline); the panel cuts
+    and masks it before it is kept (``scoring.judge_calls``)."""
+
+    model: str
+    messages: tuple[tuple[str, str], ...]  # (role, content), as sent
+    answer: str | None  # the answer's text (a chat completion's content, else its raw body); None: no answer
+    started_at: float  # epoch seconds
+    latency_s: float
+    attempts: int  # HTTP requests sent: retries and reshapes included
+    usage: TokenUsage | None
+    error: str | None = None
+    lengths: tuple[int, ...] = ()  # once cut: each message's full length, then the answer's
+
+
+# Told of each judge call once it ended, whatever its outcome.
+CallRecorder = Callable[[JudgeCall], None]
+
+
 # Asked before each retry of a judge call: True when one more slot of the budget was reserved
 # for it (a retry is a call, and the budget counts calls made); False refuses the retry.
 RetryGate = Callable[[], Awaitable[bool]]
@@ -69,7 +90,8 @@ RetryGate = Callable[[], Awaitable[bool]]
 class Judges(Protocol):
     """An LLM judge endpoint."""
 
-    async def grade(self, judge: Judge, subject: Subject, *, retry: RetryGate | None = None) -> JudgeVerdict: ...
+    async def grade(self, judge: Judge, subject: Subject, *, retry: RetryGate | None = None,
+                    record: CallRecorder | None = None) -> JudgeVerdict: ...
 
 
 class BudgetExhausted(ScoringError):

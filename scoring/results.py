@@ -33,6 +33,7 @@ from scorer_groups.documents import (
     WebhookDelivery,
 )
 from scoring.frozen import frozen
+from scoring.judge_calls import encode_calls
 from scoring.models import ScorerGroup
 from scoring.pairs import span_key
 from scoring.panel import GroupResult
@@ -291,6 +292,8 @@ class HistoryEntry:
     # A result counted at its subject's own time, not now (a backfill's): the history also counts
     # it apart, so the incident watcher judges live traffic only (scoring.stores.incidents).
     past: bool = False
+    rating_id: str = ""  # finds the document (and its judge calls) among the latest results
+    calls: bytes = b""  # its judge calls, cut and masked (scoring.judge_calls.encode_calls)
 
 
 def tokens_of(result: GroupResult) -> int:
@@ -299,9 +302,12 @@ def tokens_of(result: GroupResult) -> int:
 
 
 def history_entry(group: ScorerGroup, rating: Rating | PublishedRating, document: bytes = b"",
-                  at: float | None = None) -> HistoryEntry:
+                  at: float | None = None, result: GroupResult | None = None) -> HistoryEntry:
     """How the ratings history counts a published rating (``document``: its JSON as published),
     in the bucket of when it was scored - or of ``at`` (a backfill: the trace's own time, so the
-    chart fills in the past)."""
+    chart fills in the past); kept with ``result``'s judge calls."""
+    calls = b"" if result is None else encode_calls(
+        [(m.outcome.ref_id, m.outcome.name, m.outcome.calls) for m in result.blend.members if m.outcome.calls])
     return HistoryEntry(group.id, rating.rating, below_threshold(group, rating.rating),
-                        rating.scored_at.timestamp() if at is None else at, document, past=at is not None)
+                        rating.scored_at.timestamp() if at is None else at, document, past=at is not None,
+                        rating_id=rating.id, calls=calls)

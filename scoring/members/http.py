@@ -185,13 +185,17 @@ async def post_json_aiohttp(
     headers: dict[str, str] | None = None,
     policy: RetryPolicy = DEFAULT_RETRY,
     before_retry: RetryGate | None = None,
+    sent: Callable[[], None] | None = None,
 ) -> Answer:
     """POST ``body`` as JSON with aiohttp (judges: an operator's endpoint, many calls at once -
-    a quarter of httpx's CPU per call, measured), with ``with_retries``."""
+    a quarter of httpx's CPU per call, measured), with ``with_retries``; ``sent`` is told of
+    each request sent."""
     content = json_bytes(body)
     sent_headers = {"Content-Type": "application/json", **(headers or {})}
 
     async def send(remaining: float) -> Answer:
+        if sent is not None:
+            sent()
         try:
             async with session.post(url, data=content, headers=sent_headers,
                                     timeout=aiohttp.ClientTimeout(total=remaining)) as response:

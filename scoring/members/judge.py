@@ -23,7 +23,7 @@ from scoring.judge_prompt import ANSWER_MAX_TOKENS, build_messages, parse_verdic
 from scoring.members.fair_share import FairShare
 from scoring.members.http import DEFAULT_RETRY, Answer, RetryPolicy, post_json_aiohttp
 from scoring.models import Judge
-from scoring.ports import JudgeVerdict, MemberError, RetryGate, TokenUsage
+from scoring.ports import CallRecorder, JudgeCall, JudgeVerdict, MemberError, RetryGate, TokenUsage
 from scoring.subjects import Subject
 
 log = structlog.get_logger(__name__)
@@ -78,30 +78,44 @@ class JudgeClient:
         """What the endpoint takes for ``model``: the settings', or what its refusals taught."""
         return self._learned.get(model, self._shape)
 
-    async def grade(self, judge: Judge, subject: Subject, *, retry: RetryGate | None = None) -> JudgeVerdict:
+    async def grade(self, judge: Judge, subject: Subject, *, retry: RetryGate | None = None,
+                    record: CallRecorder | None = None) -> JudgeVerdict:
         if judge.requires_expected and subject.expected is None:
             raise MemberError("judge requires an expected answer and this subject has none")
         model = judge.model or self._model
         messages = build_messages(judge, subject)
-        started = time.perf_counter()
+        started, started_at = time.perf_counter(), time.time()
+        call = _CallUnderWay()
         outcome = "error"
         try:
             async with self._slots.slot(subject.project_id):
                 deadline = asyncio.get_running_loop().time() + self._timeout_s
-                response = await self._post(model, messages, deadline, retry)
+                response = await self._post(model, messages, deadline, retry, call)
             try:
                 document = response.json()
             except ValueError:
                 document = None
+            call.usage = usage_of(document)
+            call.answer = _answer_text(document, response)
             verdict = parse_verdict(_content(document, response))
             outcome = "ok"
-            return JudgeVerdict(verdict.rating, verdict.justification, usage_of(document))
+            return JudgeVerdict(verdict.rating, verdict.justification, call.usage)
+        except MemberError as exc:
+            call.error = str(exc)
+            raise
+        except (asyncio.CancelledError, TimeoutError):  # the member's deadline, or a shutdown
+            call.error = "cancelled before the judge answered" if call.answer is None else "cancelled"
+            raise
         finally:
+            elapsed = time.perf_counter() - started
             if self._observe is not None:
-                self._observe(outcome, time.perf_counter() - started)
+                self._observe(outcome, elapsed)
+            if record is not None:  # the record of the call, whatever its outcome
+                record(JudgeCall(model, tuple((m["role"], m["content"]) for m in messages), call.answer,
+                                 started_at, elapsed, call.attempts, call.usage, call.error))
 
     async def _post(self, model: str, messages: list[dict[str, str]], deadline: float,
-                    retry: RetryGate | None) -> Answer:
+                    retry: RetryGate | None, call: _CallUnderWay) -> Answer:
         """The call, in the shape the endpoint takes: a 400 that refuses a parameter we sent
         (``max_tokens`` on OpenAI's reasoning models, ``response_format`` on some gateways) is
         learned for the model and the call made again without it - a retry like any other, so it
@@ -111,7 +125,7 @@ class JudgeClient:
             try:
                 return await post_json_aiohttp(self._http(), self._url, shape.body(model, messages), what="judge",
                                                deadline=deadline, headers=self._headers, policy=self._policy,
-                                               before_retry=retry)
+                                               before_retry=retry, sent=call.sent)
             except MemberError as exc:
                 better = shape.without_refused(str(exc))
                 if better is None:
@@ -125,6 +139,21 @@ class JudgeClient:
                     raise MemberError(f"{exc}; budget exhausted before the call without the refused parameter",
                                       retriable=False) from None
         raise MemberError("judge refused every shape of the call", retriable=False)
+
+
+class _CallUnderWay:
+    """What a judge call has gathered so far, for its record (``JudgeCall``)."""
+
+    __slots__ = ("answer", "attempts", "error", "usage")
+
+    def __init__(self) -> None:
+        self.attempts = 0
+        self.answer: str | None = None
+        self.usage: TokenUsage | None = None
+        self.error: str | None = None
+
+    def sent(self) -> None:
+        self.attempts += 1
 
 
 MAX_LEARNED_MODELS = 256
@@ -183,6 +212,16 @@ def usage_of(document: Any) -> TokenUsage | None:
 
     prompt, completion = count("prompt_tokens"), count("completion_tokens")
     return None if prompt is None and completion is None else TokenUsage(prompt, completion)
+
+
+def _answer_text(document: Any, response: Answer) -> str:
+    """What the judge answered, for the call's record: the completion's text when it is one,
+    else the body as sent (cut when kept)."""
+    try:
+        content = document["choices"][0]["message"]["content"]
+    except (KeyError, IndexError, TypeError):
+        content = None
+    return content if isinstance(content, str) else response.text
 
 
 def _content(document: Any, response: Answer) -> str:

@@ -55,6 +55,13 @@ def group_results(group_id: str) -> str:
     return f"{PREFIX}:latest:{{{group_id}}}"
 
 
+def group_results_index(group_id: str) -> str:
+    """Rating id -> "<seq>:<its judge calls>" for the results the list above keeps: finds one
+    result, and keeps its judge calls (scoring.judge_calls) exactly as long. Trimmed with the
+    list, by the script that trims it."""
+    return f"{PREFIX}:latest-index:{{{group_id}}}"
+
+
 def rating_bucket_past(group_id: str, bucket_s: int, bucket_start: int) -> str:
     """The part of a bucket counted at its subjects' own time (backfills): the chart shows the
     whole bucket; the incident watcher, the bucket less this part."""

@@ -21,16 +21,20 @@ from scoring.stores import keys
 from scoring.stores.client import RedisClient
 from scoring.stores.scripts import ScriptPipeline
 
-# KEYS: a group's buckets (one per chart window), then, optionally, its latest results list.
+# KEYS: a group's buckets (one per chart window), then, optionally, its latest results list and
+# the index of that list (rating id -> "<seq>:<its judge calls>").
 # ARGV: count, scored, sum, min, max, below, noscore, skipped, matched; the number of buckets and one TTL
 # per bucket; then, with the list: the length kept, its TTL, and per result (oldest first) its
-# document and whether it is below the threshold ("1"/"0"). One call counts a whole batch's
-# results of one group into its buckets (the worker aggregates first) and keeps their documents:
-# the keys share the group's hash tag, so one command per group and batch, on Redis Cluster too.
+# document, whether it is below the threshold ("1"/"0"), its rating id and its judge calls (JSON,
+# or ""). One call counts a whole batch's results of one group into its buckets (the worker
+# aggregates first) and keeps their documents: the keys share the group's hash tag, so one
+# command per group and batch, on Redis Cluster too.
 # "skipped" counts pairs sampled in but not scored for want of judge budget: no result, so
 # not in "count", but shown beside "noscore" so that a starved group is seen, not silent.
 # "matched" counts traces (session turns) that passed the group's filter, sampled or not: the
 # traffic the group is aimed at, beside what it scored.
+# The index is bounded by the list: a result trimmed off the list takes its entry along (unless a
+# newer result of the same id has taken the entry over), read from the document's leading id.
 _RECORD = """
 local fields = {'count', 'scored', 'sum', 'min', 'max', 'below', 'noscore', 'skipped', 'matched'}
 local count, scored, sum = tonumber(ARGV[1]), tonumber(ARGV[2]), tonumber(ARGV[3])
@@ -58,20 +62,45 @@ for i = 1, buckets do
   if not v[1] then redis.call('EXPIRE', key, ARGV[10 + i]) end
 end
 if #KEYS > buckets then
-  local list, at = KEYS[buckets + 1], 11 + buckets
+  local list, index, at = KEYS[buckets + 1], KEYS[buckets + 2], 11 + buckets
+  local kept = tonumber(ARGV[at])
   local head = redis.call('LINDEX', list, 0)
   local seq = head and tonumber(string.match(head, '^(%d+):')) or 0
   local items = {}
-  for i = at + 2, #ARGV, 2 do
+  for i = at + 2, #ARGV, 4 do
     seq = seq + 1
     table.insert(items, seq .. ':' .. ARGV[i + 1] .. ':' .. ARGV[i])
+    if ARGV[i + 2] ~= '' then redis.call('HSET', index, ARGV[i + 2], seq .. ':' .. ARGV[i + 3]) end
     if #items == 1000 then redis.call('LPUSH', list, unpack(items)); items = {} end
   end
   if #items > 0 then redis.call('LPUSH', list, unpack(items)) end
-  redis.call('LTRIM', list, 0, tonumber(ARGV[at]) - 1)
+  for _, item in ipairs(redis.call('LRANGE', list, kept, -1)) do
+    local gone, rid = string.match(item, '^(%d+):%d:{"id":"([^"]*)"')
+    if rid then
+      local entry = redis.call('HGET', index, rid)
+      if entry and string.match(entry, '^(%d+):') == gone then redis.call('HDEL', index, rid) end
+    end
+  end
+  redis.call('LTRIM', list, 0, kept - 1)
   redis.call('EXPIRE', list, ARGV[at + 1])
+  redis.call('EXPIRE', index, ARGV[at + 1])
 end
 return buckets
+"""
+
+# KEYS: a group's latest results list and its index. ARGV: a rating id. Returns {document, calls}
+# of that rating while the list keeps it, else {}. The list's seqs run contiguously down from
+# its head, so the entry's seq says where the document lies.
+_ONE = """
+local entry = redis.call('HGET', KEYS[2], ARGV[1])
+local head = redis.call('LINDEX', KEYS[1], 0)
+if not entry or not head then return {} end
+local seq, calls = string.match(entry, '^(%d+):(.*)$')
+local item = redis.call('LINDEX', KEYS[1], tonumber(string.match(head, '^(%d+):')) - tonumber(seq))
+if not item then return {} end
+local found, doc = string.match(item, '^(%d+):%d:(.*)$')
+if found ~= seq or string.find(doc, '{"id":"' .. ARGV[1] .. '"', 1, true) ~= 1 then return {} end
+return {doc, calls}
 """
 
 # KEYS: a group's latest results list. ARGV: the cursor (the seq of the last result of the page
@@ -233,23 +262,25 @@ class RatingsStore:
         self._redis = redis
         self._record = redis.register_script(_RECORD)
         self._latest = redis.register_script(_LATEST)
+        self._one = redis.register_script(_ONE)
 
     async def write(self, entries: list[HistoryEntry], sessions: list[SessionVerdict] = ()) -> None:  # type: ignore[assignment]
         """Count ``entries`` into their buckets, keep their documents among their groups' latest
         results, and keep the latest session verdicts: one pipelined round trip for the batch."""
         if not entries and not sessions:
             return
-        results: dict[str, list[bytes | int]] = {}
+        results: dict[str, list[bytes | int | str]] = {}
         for entry in entries:
             if entry.document:
-                results.setdefault(entry.group_id, []).extend((entry.document, int(entry.below_threshold)))
+                results.setdefault(entry.group_id, []).extend(
+                    (entry.document, int(entry.below_threshold), entry.rating_id, entry.calls))
         async with ScriptPipeline(self._redis) as pipe:
             for (group_id, at), agg in _aggregate(entries).items():
                 names, ttls = _bucket_keys(group_id, at)
                 args: list[int | str | bytes] = [*agg.args(), len(names), *ttls]
                 documents = results.pop(group_id, None)  # with the group's first buckets: one call
                 if documents:
-                    names.append(keys.group_results(group_id))
+                    names += [keys.group_results(group_id), keys.group_results_index(group_id)]
                     args += [keys.RESULTS_KEPT, keys.RESULTS_TTL_S, *documents]
                 pipe.script(self._record, names, args)
             for (group_id, at), agg in _aggregate([e for e in entries if e.past]).items():
@@ -297,6 +328,13 @@ class RatingsStore:
                                     args=[cursor or "", limit, "1" if below else "0"])
         next_cursor, *documents = answer
         return documents, next_cursor.decode() if next_cursor else None
+
+    async def result(self, group_id: str, rating_id: str) -> tuple[bytes, bytes] | None:
+        """One of the group's latest results by its rating id: its document and its judge calls
+        (b"" when it made none), or None once the list no longer keeps it."""
+        found = await self._one(keys=[keys.group_results(group_id), keys.group_results_index(group_id)],
+                                args=[rating_id])
+        return (found[0], found[1]) if found else None
 
     async def oldest_kept(self, group_id: str) -> tuple[int, bytes | None]:
         """How many results the group's latest results hold, and the oldest one's document."""

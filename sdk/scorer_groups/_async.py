@@ -22,6 +22,7 @@ from scorer_groups.api_models import (
     GradeRequest,
     PlaygroundRating,
     Ratings,
+    RatingWithCalls,
     ResultsPage,
     SessionScore,
 )
@@ -64,6 +65,11 @@ class ScorerGroups:
     async def results(self, id: str, *, limit: int = 50, cursor: str | None = None, below: bool = False) -> ResultsPage:
         """The group's latest results, newest first (one page; ``next_cursor`` reads the next)."""
         return await self._t.run(calls.group_results(id, limit, cursor, below))
+
+    async def result(self, id: str, rating_id: str) -> RatingWithCalls:
+        """One of the group's latest results by its rating id, with the judge calls behind it:
+        the exact messages each judge was sent and what it answered (cut and masked)."""
+        return await self._t.run(calls.group_result(id, rating_id))
 
     async def grade(
         self, id: str, input: str, output: str, expected: Any = None,

@@ -21,6 +21,7 @@ from scorer_groups.api_models import (
     GradeRequest,
     PlaygroundRating,
     Ratings,
+    RatingWithCalls,
     ResultsPage,
     SessionScore,
 )
@@ -153,6 +154,10 @@ def group_results(group_id: str, limit: int, cursor: str | None, below: bool) ->
     if cursor is not None:
         params["cursor"] = cursor
     return Call("GET", f"/v1/scorer-groups/{_id(group_id)}/results", _model(ResultsPage), params=params)
+
+
+def group_result(group_id: str, rating_id: str) -> Call[RatingWithCalls]:
+    return Call("GET", f"/v1/scorer-groups/{_id(group_id)}/results/{_id(rating_id)}", _model(RatingWithCalls))
 
 
 def grade_example(group_id: str, example: GradeRequest) -> Call[PlaygroundRating]:

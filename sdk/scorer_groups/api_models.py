@@ -14,7 +14,7 @@ from pydantic import AwareDatetime, BaseModel, ConfigDict, Field, JsonValue, Val
 from pydantic.alias_generators import to_camel
 from pydantic_core import InitErrorDetails, PydanticCustomError
 
-from scorer_groups.documents import Rating
+from scorer_groups.documents import Rating, Usage
 from scorer_groups.models import Budget, WireModel
 
 
@@ -143,12 +143,44 @@ class GradeRequest(WireModel):
         return self
 
 
+class CallMessage(ApiModel):
+    role: str
+    content: str = Field(description="As sent, cut at 4,000 characters and masked of secrets.")
+    length: int = Field(description="The message's full length in characters, before the cut.")
+
+
+class JudgeCallRecord(ApiModel):
+    """One judge call behind a verdict: the exact messages the judge was sent and what it
+    answered (texts cut at 4,000 characters, with their full lengths; secrets masked)."""
+
+    ref_id: str = Field(description="The judge member's scorer id.")
+    member: str = Field(description="The member's label in the group.")
+    model: str
+    messages: list[CallMessage]
+    answer: str | None = Field(description="The answer's text (the completion's content, else the body); "
+                                           "null when none came.")
+    answer_length: int
+    started_at: AwareDatetime
+    latency_ms: float
+    attempts: int = Field(description="HTTP requests sent for this verdict: retries and reshapes included.")
+    usage: Usage | None = None
+    error: str | None = None
+
+
+class RatingWithCalls(ApiModel):
+    """One of a group's latest results, with the judge calls behind it."""
+
+    rating: Rating
+    calls: list[JudgeCallRecord]
+
+
 class PlaygroundRating(Rating):
     """The playground's answer: the rating, and whether live scoring would see the example."""
 
     passes_filter: bool | None = Field(None, description="The group's online.filter decided on the example (its "
                                                          "input and output as the root span's, its spans, metadata, "
                                                          "agentId, sessionId and rootName); null: no filter.")
+    calls: list[JudgeCallRecord] = Field(default_factory=list, description="The judge calls behind it.")
 
 
 # --- Backfills (issue 42): a group grades traffic that already passed -------------------------

@@ -95,11 +95,12 @@ async def use_every_store(redis: RedisCluster) -> list[AsyncScript]:
     assert await claims.reserve_many([Reservation(requests[0], 1, 0, False)], now=now) == [True]
 
     ratings = RatingsStore(redis)
-    await ratings.write([HistoryEntry(f"g{n}", 7.0, False, now, b'{"id":"r"}') for n in range(6)],
-                         [SessionVerdict("s1", "g1", 7.0, "r1", now)])
+    await ratings.write([HistoryEntry(f"g{n}", 7.0, False, now, b'{"id":"r"}', rating_id="r", calls=b"[]")
+                         for n in range(6)], [SessionVerdict("s1", "g1", 7.0, "r1", now)])
     await ratings.write_counts(now, skipped={"g1": 2})
     assert (await ratings.history("g1", "1h", now=now)).count == 1
     assert await ratings.results("g1") == ([b'{"id":"r"}'], None)
+    assert await ratings.result("g1", "r") == (b'{"id":"r"}', b"[]")
 
     sessions = SessionStore(redis)
     await sessions.add_turns([turn(f"p{n}", f"s{n}", n) for n in range(6)], now=now - 60)

@@ -67,8 +67,8 @@ def rating(group_id: str, n: int, score: float | None) -> Rating:
 def record(env: Env, group_id: str, ratings: list[tuple[Rating, bool]]) -> None:
     async def write() -> None:
         redis = connect(env.redis_url)
-        await RatingsStore(redis).write([HistoryEntry(group_id, r.rating, below, r.scored_at.timestamp(), r.to_json())
-                                          for r, below in ratings])
+        await RatingsStore(redis).write([HistoryEntry(group_id, r.rating, below, r.scored_at.timestamp(), r.to_json(),
+                                                      rating_id=r.id) for r, below in ratings])
         await redis.aclose()
 
     asyncio.run(write())
@@ -139,9 +139,25 @@ def test_the_results_kept_are_bounded(env: Env) -> None:
             finally:
                 await redis.aclose()
 
+        async def indexed() -> int:
+            redis = connect(env.redis_url)
+            try:
+                return int(await redis.hlen(keys.group_results_index(group.id)))
+            finally:
+                await redis.aclose()
+
         kept = asyncio.run(length())
         assert kept == keys.RESULTS_KEPT, "trimmed to RESULTS_KEPT"
         assert a.monitor.scorer_groups.results(group.id, limit=1).items[0].trace_id == "t-1499"
+        assert asyncio.run(indexed()) == keys.RESULTS_KEPT, "the index (and the calls it keeps) trimmed alike"
+        assert a.monitor.scorer_groups.result(group.id, "r-1499").rating.trace_id == "t-1499"
+        assert a.monitor.scorer_groups.result(group.id, "r-500").rating.trace_id == "t-500", "the oldest kept"
+        with pytest.raises(NotFound):
+            a.monitor.scorer_groups.result(group.id, "r-499")  # trimmed off with its calls
+        # A newer result of the same id takes its entry over: trimming the older one leaves it.
+        record(env, group.id, [(rating(group.id, 500, 9.0), False)])
+        record(env, group.id, [(rating(group.id, n, 5.0), False) for n in range(2_000, 2_001)])
+        assert a.monitor.scorer_groups.result(group.id, "r-500").rating.rating == 9.0
 
 
 def test_the_playground_grades_an_example_with_every_member_and_publishes_nothing(env: Env) -> None:
@@ -153,6 +169,10 @@ def test_the_playground_grades_an_example_with_every_member_and_publishes_nothin
         assert [(m.name, m.status, m.native) for m in verdict.members] == [("Helpful", "scored", 8), ("PII", "scored", True)]
         assert verdict.rating == 4.0 and "Weighted blend" in verdict.justification
         assert verdict.members[0].usage is not None and verdict.members[0].usage.prompt_tokens
+        (call,) = verdict.calls  # the judge's call behind it, as the judge received it; the pattern made none
+        sent = next(r for r in env.judge.requests if "jane@example.com [[rating=8]]" in str(r["messages"]))
+        assert [(m.role, m.content) for m in call.messages] == [(m["role"], m["content"]) for m in sent["messages"]]
+        assert (call.member, call.attempts, call.error) == ("Helpful", 1, None) and '"rating"' in (call.answer or "")
         assert a.monitor.scorer_groups.results(group.id).items == [], "a playground grade is not a result"
         assert a.monitor.scorer_groups.ratings(group.id, window="1h").count == 0
 

@@ -17,6 +17,7 @@ from scorer_groups.api_models import (
     GradeRequest,
     PlaygroundRating,
     Ratings,
+    RatingWithCalls,
     ResultsPage,
     SessionScore,
 )
@@ -47,6 +48,7 @@ router = APIRouter(prefix="/v1", tags=["scorer groups"])
 IfMatch = Annotated[str | None, Header(description="An ETag from a read: the write fails with 412 if "
                                                    "the document changed since.")]
 GroupId = Annotated[str, Path(alias="id", max_length=128, pattern=ID_PATTERN)]
+RatingId = Annotated[str, Path(alias="ratingId", max_length=128, pattern=r"^[A-Za-z0-9._:-]+$")]
 
 
 class GroupCreate(WireModel):
@@ -162,6 +164,15 @@ async def group_results(group_id: GroupId, client: Client, limit: Limit = 50, cu
     return await client.scorer_groups.results(group_id, limit=limit, cursor=cursor, below=below)
 
 
+@router.get("/scorer-groups/{id}/results/{ratingId}", response_model=RatingWithCalls)
+async def group_result(group_id: GroupId, rating_id: RatingId, client: Client) -> RatingWithCalls:
+    """One of the group's latest results, with the judge calls behind it: each judge's model,
+    the exact messages it was sent and its answer (cut at 4,000 characters with their full
+    lengths, secrets masked), latency, attempts and tokens. 404 once the latest results no
+    longer keep it."""
+    return await client.scorer_groups.result(group_id, rating_id)
+
+
 # The playground's body: its extras' 1 MiB, and input and output at their worst escaped (a
 # character outside the BMP is 12 bytes as JSON: two \\uXXXX escapes).
 PLAYGROUND_BODY = MAX_EXAMPLE_EXTRAS_CHARS + 2 * 100_000 * 12 + 64 * 1024
@@ -181,8 +192,8 @@ async def grade_example(group_id: GroupId, client: Client, request: Request) -> 
     group = await client.scorer_groups.get(group_id)
     snapshot = await client.store.snapshot()
     playground: Playground = request.app.state.playground
-    rating = await playground.grade(group, snapshot, body)
-    return PlaygroundRating(**rating.model_dump(), passes_filter=passes_filter(group, body))
+    rating, calls = await playground.grade(group, snapshot, body)
+    return PlaygroundRating(**rating.model_dump(), passes_filter=passes_filter(group, body), calls=calls)
 
 
 @router.get("/scorer-groups/{id}/changes", response_model=ChangePage)
