@@ -19,19 +19,19 @@ import structlog
 
 from scoring.blend import GATE_PASS_MARK, REFERENCE_DELETED, BlendResult, MemberOutcome, blend, goodness
 from scoring.frozen import frozen
+from scoring.judge_calls import kept
 from scoring.judge_prompt import token_ceiling
 from scoring.members.patterns import DEADLINE_S as PATTERN_DEADLINE_S
 from scoring.members.patterns import CompiledPattern, compiled
 from scoring.models import CustomEvaluator, Judge, Member, Pattern, Polarity, ScorerGroup
-from scoring.judge_calls import kept
 from scoring.ports import (
     BudgetExhausted,
     CallRecorder,
     CodeSandbox,
     CodeScorerError,
     ExternalScorers,
-    Judges,
     JudgeCall,
+    Judges,
     JudgeSpend,
     MemberError,
     RetryGate,
