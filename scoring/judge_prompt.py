@@ -71,11 +71,30 @@ def build_messages(judge: Judge, subject: Subject) -> list[dict[str, str]]:
         if judge.judge_prompt:
             parts.append(judge.judge_prompt)
         parts.append(f"Input:\n{_cut(subject.input)}")
+        if judge.context == "retrieval":
+            retrieved = retrieved_text(subject)
+            parts.append("Retrieved context (what the agent's retrieval steps returned):\n"
+                         + (_cut(retrieved) if retrieved else "(none: the trace has no retrieval step with an output)"))
         parts.append(f"Response:\n{_cut(subject.output)}")
         if subject.expected is not None:
             parts.append(f"Expected answer:\n{_cut(as_text(subject.expected))}")
         question = "\n\n".join(parts)
     return [{"role": "system", "content": SYSTEM_PROMPT}, {"role": "user", "content": question}]
+
+
+RETRIEVAL_KINDS = frozenset({"retriever", "retrieval"})  # OpenInference RETRIEVER, as the intake maps it
+
+
+def retrieved_text(subject: Subject) -> str:
+    """The outputs of the subject's retriever spans, in the trace's order, one block each."""
+    blocks = []
+    for span in subject.spans:
+        kind, output = (span.get("kind"), span.get("output")) if isinstance(span, dict) else (span.kind, span.output)
+        if kind in RETRIEVAL_KINDS and output is not None:
+            text = as_text(output).strip()
+            if text:
+                blocks.append(text)
+    return "\n---\n".join(blocks)
 
 
 _FENCE = re.compile(r"^```(?:json)?\s*|\s*```$", re.IGNORECASE)

@@ -20,6 +20,7 @@ from scorer_groups.api_models import (
     Change,
     Channel,
     GradeRequest,
+    JudgeTemplate,
     PlaygroundRating,
     Ratings,
     RatingWithCalls,
@@ -256,6 +257,12 @@ class Monitor:
         self.customs: Scorers[CustomEvaluator] = Scorers(transport, CustomEvaluator)
         self.budgets = Budgets(transport)
         self.channels = Channels(transport)
+        self._t = transport
+
+    async def judge_templates(self) -> builtins.list[JudgeTemplate]:
+        """The shipped judge rubrics, each with what it reads and rows people labelled;
+        ``judges.create(template=name, ...)`` starts a judge from one (fields given override it)."""
+        return (await self._t.run(calls.judge_templates())).items
 
 
 class AsyncClient:

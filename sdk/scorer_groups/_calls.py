@@ -19,6 +19,7 @@ from scorer_groups.api_models import (
     Change,
     Channel,
     GradeRequest,
+    JudgeTemplates,
     PlaygroundRating,
     Ratings,
     RatingWithCalls,
@@ -154,6 +155,10 @@ def group_results(group_id: str, limit: int, cursor: str | None, below: bool) ->
     if cursor is not None:
         params["cursor"] = cursor
     return Call("GET", f"/v1/scorer-groups/{_id(group_id)}/results", _model(ResultsPage), params=params)
+
+
+def judge_templates() -> Call[JudgeTemplates]:
+    return Call("GET", "/v1/judge-templates", _model(JudgeTemplates))
 
 
 def group_result(group_id: str, rating_id: str) -> Call[RatingWithCalls]:

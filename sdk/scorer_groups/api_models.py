@@ -174,6 +174,26 @@ class RatingWithCalls(ApiModel):
     calls: list[JudgeCallRecord]
 
 
+class JudgeTemplate(ApiModel):
+    """A shipped rubric to start a judge from (``POST /v1/judges`` with ``"template": name``),
+    with what it reads and a small set of rows people labelled: grade them with the judge made
+    from it to see how far it agrees with people (the run's ``agreement``)."""
+
+    name: str
+    title: str = Field(description="The judge's name when none is given.")
+    reads: str = Field(description="What the judge reads of a trace.")
+    criteria: str
+    judge_prompt: str
+    context: Literal["retrieval"] | None = None
+    examples: tuple[dict[str, JsonValue], ...] = Field(
+        description="Dataset rows (input, output, spans) with the verdict people gave them "
+                    "(humanRating, humanPass).")
+
+
+class JudgeTemplates(ApiModel):
+    items: list[JudgeTemplate]
+
+
 class PlaygroundRating(Rating):
     """The playground's answer: the rating, and whether live scoring would see the example."""
 

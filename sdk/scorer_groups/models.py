@@ -243,6 +243,9 @@ class Judge(WireModel):
     judge_prompt: str | None = Field(None, max_length=20_000)
     requires_expected: bool = False
     model: str | None = Field(None, max_length=200)
+    # What the judge reads beside the request and the response (trace scope): "retrieval" adds
+    # the outputs of the trace's retriever spans - what a faithfulness rubric checks against.
+    context: Literal["retrieval"] | None = None
 
 
 class Pattern(WireModel):

@@ -155,3 +155,23 @@ async def test_concurrency_is_capped_per_endpoint(server: JudgeServer) -> None:
         await c.close()
         server.reset()
     assert peak == 2, "two calls at once, never more (and not one at a time either)"
+
+
+def test_a_retrieval_judge_reads_the_retriever_spans_outputs_of_either_shape() -> None:
+    from scoring.judge_prompt import build_messages
+    from scoring.subjects import Span
+
+    judge = Judge(id="f", name="Faithful", criteria="Grounded?", context="retrieval")
+    spans = (Span(span_id="root", name="agent.run", output="answer"),
+             Span(span_id="a", parent_span_id="root", name="kb", kind="retriever", output={"doc": "Refunds: 30 days"}),
+             Span(span_id="b", parent_span_id="root", name="tool", kind="tool", output="not context"),
+             Span(span_id="c", parent_span_id="root", name="kb2", kind="retriever", output="Shipping: free"))
+    asked = build_messages(judge, subject(spans=spans))[1]["content"]
+    assert 'Retrieved context' in asked and '{"doc":"Refunds: 30 days"}\n---\nShipping: free' in asked
+    assert "not context" not in asked
+    as_dicts = [{"spanId": "a", "kind": "retriever", "output": "Refunds: 30 days"}]  # a dataset row's spans
+    assert "Refunds: 30 days" in build_messages(judge, subject(spans=as_dicts))[1]["content"]
+    none = build_messages(judge, subject(spans=()))[1]["content"]
+    assert "(none: the trace has no retrieval step with an output)" in none
+    plain = build_messages(Judge(id="h", name="Helpful", criteria="Helpful?"), subject(spans=spans))[1]["content"]
+    assert "Retrieved context" not in plain, "only a judge that reads retrieval gets it"

@@ -14,10 +14,22 @@ from fastapi import APIRouter, Path, Request, Response
 from pydantic import Field, SecretStr, ValidationError
 from pydantic.json_schema import SkipJsonSchema
 
-from scorer_groups.api_models import BudgetView, Channel
+from scorer_groups.api_models import BudgetView, Channel, JudgeTemplates
+from scoring import judge_templates
 from scoring.catalog import doc_id, etag
 from scoring.errors import InvalidDocument, NotFound
-from scoring.models import ID_PATTERN, AlertChannel, Budget, CustomEvaluator, Id, Judge, Pattern, WireModel
+from scoring.models import (
+    ID_PATTERN,
+    AlertChannel,
+    Budget,
+    CustomEvaluator,
+    Id,
+    Judge,
+    Name,
+    Pattern,
+    Text,
+    WireModel,
+)
 from scoring.redact import mask_url
 from worker.api.auth import Client, Who
 from worker.api.groups import ChangePage, IfMatch, changes_page
@@ -44,6 +56,24 @@ def _new_id(prefix: str) -> str:
 
 class JudgeBody(Judge):
     id: SkipJsonSchema[Id | None] = None  # type: ignore[assignment]  # the server picks ids
+    # From a template (GET /v1/judge-templates), the fields given here override the template's;
+    # without one, name and criteria are required.
+    template: str | None = Field(None, max_length=100, description="A judge template's name to start from.")
+    name: Name | None = None  # type: ignore[assignment]
+    criteria: Text | None = None  # type: ignore[assignment]
+
+    def fields(self) -> dict[str, Any]:
+        """The judge's fields: the template's, then those given (or just those given)."""
+        given = self.model_dump(mode="json", by_alias=True, exclude_unset=True)
+        name = given.pop("template", None)
+        if name is None:
+            return {k: v for k, v in self.stored().items()
+                    if k != "template" and not (k in ("name", "criteria") and v is None)}  # "required", said so
+        template = judge_templates.BY_NAME.get(name)
+        if template is None:
+            raise InvalidDocument.of([f"template: no judge template named {name!r} (templates: "
+                                      f"{', '.join(judge_templates.BY_NAME)})"])
+        return {**judge_templates.judge_fields(template), **given}
 
 
 class PatternBody(Pattern):
@@ -77,7 +107,8 @@ def _scorer_routes(kind: str, noun: str, model: type[WireModel], body_model: typ
     def to_doc(body: WireModel, id_: str, project_id: str | None) -> WireModel:
         if getattr(body, "id", None) is not None:
             raise InvalidDocument("id: chosen by the server (from the URL or on create); leave it out")
-        return validated(model, {**body.stored(), "id": id_, "projectId": project_id})
+        fields = body.fields() if isinstance(body, JudgeBody) else body.stored()
+        return validated(model, {**fields, "id": id_, "projectId": project_id})
 
     async def list_docs(client: Client, limit: Limit = 50, cursor: Cursor = None) -> Any:
         items, next_cursor = page(await client.scorers.list(kind), doc_id, limit, cursor)
@@ -134,6 +165,15 @@ def _scorer_routes(kind: str, noun: str, model: type[WireModel], body_model: typ
 
 
 _scorer_routes("judges", "judge", Judge, JudgeBody, JudgePage, "jdg")
+
+
+@router.get("/judge-templates", response_model=JudgeTemplates, tags=["judges"])
+async def list_judge_templates(_: Who) -> JudgeTemplates:
+    """The shipped judge rubrics - helpfulness, faithfulness to retrieved context, answer
+    relevance, instruction following, toxicity, refusal correctness - each with what it reads and
+    a small set of rows people labelled. ``POST /v1/judges`` with ``"template": name`` creates a
+    judge from one."""
+    return JudgeTemplates(items=list(judge_templates.TEMPLATES))
 _scorer_routes("patterns", "pattern", Pattern, PatternBody, PatternPage, "pat")
 _scorer_routes("customs", "custom", CustomEvaluator, CustomBody, CustomPage, "cst")
 

@@ -1,0 +1,85 @@
+"""Rubric templates: listed with what they read and their labelled rows; a judge created from one
+(fields given overriding it) works - the local judge receives the template's rubric, and the
+faithfulness judge the trace's retrieved context; an unknown template is refused by name; every
+template's examples are dataset rows with a human verdict."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import httpx
+import pytest
+
+from deploy.judge_server import JudgeServer
+from scorer_groups import BadRequest, Client
+from scorer_groups.runs import DatasetItem
+from scoring.dataset import DatasetRow
+from scoring.judge_templates import TEMPLATES
+from tests.support.api_process import ApiProcess, create_key
+from tests.support.redis_databases import RedisDatabases
+
+pytestmark = pytest.mark.integration
+
+
+@pytest.fixture(scope="module")
+def api(redis_databases: RedisDatabases, tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, str, JudgeServer]]:
+    with JudgeServer() as judge, redis_databases.lease() as url:
+        key = create_key(url, "--project", "p-templates")
+        process = ApiProcess(url, tmp_path_factory.mktemp("api") / "api.log",
+                             env={"SGW_JUDGE_BASE_URL": judge.base_url}).start()
+        try:
+            yield process.url, key, judge
+        finally:
+            process.stop()
+
+
+def test_the_templates_are_listed_with_what_they_read_and_their_labelled_rows(api: tuple[str, str, JudgeServer]) -> None:
+    with Client(api[0], api[1]) as client:
+        listed = client.monitor.judge_templates()
+    assert [t.name for t in listed] == ["helpfulness", "faithfulness", "answer-relevance", "instruction-following",
+                                        "toxicity", "refusal-correctness"]
+    assert all(t.reads and t.criteria and "Use the whole scale" in t.judge_prompt for t in listed)
+    assert {t.name: t.context for t in listed}["faithfulness"] == "retrieval"
+
+
+@pytest.mark.parametrize("template", TEMPLATES, ids=lambda t: t.name)
+def test_every_templates_examples_are_labelled_dataset_rows(template: object) -> None:
+    examples = template.examples  # type: ignore[attr-defined]
+    assert len(examples) >= 5
+    labels = set()
+    for index, example in enumerate(examples):
+        row = DatasetRow.from_json(example, index)  # what scorer-worker grade reads
+        DatasetItem.model_validate({k: v for k, v in example.items() if k in ("input", "humanRating", "humanPass")})
+        assert row.human is not None and row.human.rating is not None
+        labels.add(row.human.passes(5))
+    assert labels == {True, False}, "people passed some and failed some: the set can separate them"
+
+
+def test_a_judge_from_a_template_works_with_the_fields_given_overriding_it(api: tuple[str, str, JudgeServer]) -> None:
+    url, key, judge = api
+    with Client(url, key) as client:
+        faithful = client.monitor.judges.create(template="faithfulness", model="grounding-model")
+        assert (faithful.name, faithful.context, faithful.model) == ("Faithfulness to retrieved context",
+                                                                     "retrieval", "grounding-model")
+        renamed = client.monitor.judges.create(template="helpfulness", name="Support helpfulness",
+                                               criteria="Helps a support customer.")
+        assert (renamed.name, renamed.criteria) == ("Support helpfulness", "Helps a support customer.")
+        assert "Use the whole scale" in (renamed.judge_prompt or ""), "what was not given is the template's"
+        group = client.monitor.scorer_groups.create(
+            "Grounded", members=[{"kind": "judge", "refId": faithful.id, "weight": 1}])
+        spans = [{"spanId": "root", "name": "agent.run"},
+                 {"spanId": "s1", "parentSpanId": "root", "name": "kb.search", "kind": "retriever",
+                  "output": "Order 1182 shipped 2026-03-03 by DHL."}]
+        verdict = client.monitor.scorer_groups.grade(group.id, input="When did it ship?",
+                                                     output="March 3, by DHL. [[rating=9]]", spans=spans)
+        assert verdict.rating == 9.0
+        question = verdict.calls[0].messages[1].content
+        assert faithful.criteria in question and "Order 1182 shipped 2026-03-03 by DHL." in question
+        assert question.index("Retrieved context") < question.index("Response:"), "the context, then the answer"
+        sent = [r for r in judge.requests if r["model"] == "grounding-model"]
+        assert sent and sent[-1]["messages"][1]["content"] == question, "what the judge received"
+        with pytest.raises(BadRequest) as refused:
+            client.monitor.judges.create(template="politeness")
+        assert refused.value.fields == ["template"] and "helpfulness" in str(refused.value)
+    answer = httpx.post(f"{url}/v1/judges", headers={"Authorization": f"Bearer {key}"}, json={"name": "No rubric"})
+    assert answer.status_code == 400 and "criteria" in answer.text
