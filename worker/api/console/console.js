@@ -515,33 +515,6 @@ async function newGroupPage() {
   show(el("section", {}, el("h1", {}, "New group"), await groupForm(null)));
 }
 
-// --- dataset runs ----------------------------------------------------------------------------
-
-async function runsPage() {
-  const failUnder = el("input", { type: "number", step: "any", id: "fail-under", value: 7 });
-  const table = el("tbody", {});
-  const draw = (runs) => table.replaceChildren(...runs.map((run) => {
-    const passes = run.rating !== null && run.rating >= Number(failUnder.value) && run.noScoreRows === 0;
-    return el("tr", { dataset: { run: run.id } }, el("td", {}, run.groupName || run.scorerName || "-"),
-      el("td", {}, run.subject.displayName || run.subject.kind), el("td", {}, run.status),
-      el("td", {}, fmt(run.rating)), el("td", {}, `${run.scoredRows} of ${run.rowCount}`),
-      el("td", { class: run.status !== "completed" ? "muted" : passes ? "good" : "bad" },
-         run.status !== "completed" ? "-" : passes ? "pass" : "fail"),
-      el("td", {}, new Date(run.createdAt * 1000).toLocaleString()));
-  }));
-  try {
-    const page = await api("GET", "/v1/evaluations?limit=100");
-    failUnder.addEventListener("input", () => draw(page.items));
-    draw(page.items);
-    show(el("section", {}, el("h1", {}, "Dataset runs"),
-      el("label", { for: "fail-under" }, "Gate: the run rating at least (and every row scored)"), failUnder,
-      el("table", { id: "runs" }, el("thead", {}, el("tr", {}, ["Graded by", "Subject", "Status", "Rating", "Rows scored",
-                                                              "Gate", "Created"].map((h) => el("th", {}, h)))), table)));
-  } catch (error) {
-    show(failure(error));
-  }
-}
-
 // --- settings --------------------------------------------------------------------------------
 
 function settingsPage() {
@@ -565,6 +538,7 @@ function route() {
   const [, page, id] = location.hash.replace(/^#/, "").split("/");
   if (page === "groups" && id) return groupPage(decodeURIComponent(id));
   if (page === "new") return newGroupPage();
+  if (page === "runs" && id) return runPage(decodeURIComponent(id)); // runs.js, as runsPage
   if (page === "runs") return runsPage();
   if (page === "settings") return settingsPage();
   return groupsPage();
