@@ -19,7 +19,9 @@ from aiokafka import AIOKafkaProducer
 from aiokafka.partitioner import DefaultPartitioner
 
 from consumers.events import PipelineEvents
+from consumers.judge_export import JudgeCallSink
 from scoring.catalog import CatalogSnapshot
+from scoring.otlp.judge_spans import call_spans
 from scoring.panel import GroupResult
 from scoring.results import (
     PublishedRating,
@@ -71,12 +73,14 @@ BACKFILL_ALERTING = PublishPolicy(origin="backfill", signals=True, history_at_su
 
 class Outputs:
     def __init__(self, producer: AIOKafkaProducer, topics: TopicNames, events: PipelineEvents,
-                 alerts: NoScoreAlerts | None = None, policy: PublishPolicy = LIVE) -> None:
+                 alerts: NoScoreAlerts | None = None, policy: PublishPolicy = LIVE,
+                 judge_calls: JudgeCallSink | None = None) -> None:
         self._producer = producer
         self._topics = topics
         self._events = events
         self._alerts = alerts  # None: no no-score Signals (tests of other steps)
         self.policy = policy
+        self._judge_calls = judge_calls  # None: judge calls are not exported as spans
 
     async def publish(self, results: list[GroupResult], scope: ResultScope,
                       snapshot: CatalogSnapshot) -> list[PublishedRating]:
@@ -110,6 +114,9 @@ class Outputs:
             for delivery in build_deliveries(signal, [c.url for c in channels]):
                 records.append((self._topics.webhooks, delivery.agent_id.encode(), delivery.to_json()))
         await self.send(records)
+        if self._judge_calls is not None:  # telemetry after the results: queued, never awaited
+            for result, rating in zip(results, ratings, strict=True):
+                self._judge_calls.add(call_spans(result, rating.id))
         return ratings
 
     async def _no_score_due(self, results: list[GroupResult], ratings: list[PublishedRating]) -> set[str]:

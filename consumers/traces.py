@@ -36,6 +36,7 @@ from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, ConsumerRebalanceListen
 
 from consumers.decode import DeadLetter, decode_trace, unprocessable
 from consumers.events import SILENT, PipelineEvents
+from consumers.judge_export import JudgeCallSink
 from consumers.loop import MAX_POLL_INTERVAL_S, PartitionLoop, Taken
 from consumers.outage import OutageGuard
 from consumers.outputs import Outputs, TopicNames
@@ -102,7 +103,8 @@ class TraceConsumer:
                  catalog: Callable[[], CatalogSnapshot], panel: Panel, claims: Claims, ratings: RatingsStore,
                  turns: TurnRecorder | None = None, events: PipelineEvents | None = None,
                  outages: OutageGuard | None = None, alerts: NoScoreAlerts | None = None,
-                 pauses: PauseWatch | None = None, limits: TraceLoopLimits = TraceLoopLimits()) -> None:
+                 pauses: PauseWatch | None = None, limits: TraceLoopLimits = TraceLoopLimits(),
+                 judge_calls: JudgeCallSink | None = None) -> None:
         self._catalog = catalog
         self._panel = panel
         self._turns = turns
@@ -114,7 +116,8 @@ class TraceConsumer:
                                   outages=outages, commit_interval_s=limits.commit_interval_s,
                                   max_batch=limits.max_batch, max_poll_interval_s=limits.max_poll_interval_s,
                                   events=self._events)
-        self.pairs = PairProtocol(claims=claims, outputs=Outputs(producer, topics, self._events, alerts),
+        outputs = Outputs(producer, topics, self._events, alerts, judge_calls=judge_calls)
+        self.pairs = PairProtocol(claims=claims, outputs=outputs,
                                   ratings=ratings, panel=panel, outages=outages, events=self._events, pauses=pauses,
                                   finish_batch=max(1, limits.max_in_flight // 8),
                                   finish_linger_s=limits.finish_linger_s)

@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import gc
+import importlib.metadata
 import os
 import signal
 import socket
@@ -26,6 +27,7 @@ from redis.exceptions import ConnectionError as RedisConnectionError
 from consumers.backfill import BackfillRunner
 from consumers.digests import DigestSender
 from consumers.incidents import IncidentWatcher
+from consumers.judge_export import JudgeCallExporter
 from consumers.loop import MAX_POLL_INTERVAL_S
 from consumers.outage import OutageGuard
 from consumers.outputs import BACKFILL, BACKFILL_ALERTING, Outputs, PublishPolicy, TopicNames
@@ -284,14 +286,20 @@ class Worker:
         alerts = NoScoreAlerts(redis, s.no_score_alert_interval_s)
         events = metrics.PrometheusEvents()
         sessions = SessionStore(redis)
+        # Judge calls as OpenTelemetry spans, when asked: queued by the outputs, sent in batches.
+        judge_spans = (JudgeCallExporter(s.judge_trace_endpoint, headers=s.judge_trace_export_headers(),
+                                         service_version=_version(),
+                                         events=metrics.PrometheusJudgeExportEvents())
+                       if s.judge_trace_export == "otlp" else None)
         self.consumer = traces = TraceConsumer(
             consumer=consumer, producer=producer, topics=topics, catalog=lambda: watcher.current,
             panel=engine.panel, claims=claims, alerts=alerts, ratings=ratings, turns=sessions, events=events,
-            outages=outages, limits=TraceLoopLimits(
+            outages=outages, judge_calls=judge_spans, limits=TraceLoopLimits(
                 max_in_flight=s.trace_room(), max_in_flight_bytes=s.max_in_flight_bytes,
                 max_trace_bytes=s.max_trace_bytes, commit_interval_s=s.commit_interval_s,
                 max_poll_interval_s=MAX_POLL_INTERVAL_S, max_spans_per_trace=s.max_spans_per_trace))
-        sweeper = SessionSweeper(store=sessions, outputs=Outputs(producer, topics, events, alerts),
+        sweeper = SessionSweeper(store=sessions, outputs=Outputs(producer, topics, events, alerts,
+                                                                 judge_calls=judge_spans),
                                  catalog=lambda: watcher.current, panel=engine.panel, claims=claims,
                                  ratings=ratings, events=events, interval_s=s.session_sweep_interval_s,
                                  outages=outages)
@@ -304,7 +312,8 @@ class Worker:
 
         def backfill_pairs(policy: PublishPolicy) -> PairProtocol:
             return PairProtocol(claims=filling, ratings=ratings, panel=engine.panel, outages=outages, events=events,
-                                outputs=Outputs(producer, topics, events, alerts, policy=policy))
+                                outputs=Outputs(producer, topics, events, alerts, policy=policy,
+                                                judge_calls=judge_spans))
 
         async def live_done() -> dict[int, int]:  # where live scoring has committed, per partition
             admin = kafka_admin(s)
@@ -360,6 +369,8 @@ class Worker:
                           self._background("backfill runner", backfills.run(self.stop)),
                           self._background("incident watcher", incidents.run(self.stop)),
                           self._background("digest sender", digests.run(self.stop))]
+            if judge_spans is not None:
+                background.append(self._background("judge span export", judge_spans.run(self.stop)))
             if s.send_webhooks:
                 hooks_consumer.subscribe([s.webhooks_topic], listener=hooks.rebalance_listener())
                 await hooks_consumer.start()
@@ -418,3 +429,11 @@ class Worker:
         self.stop.set()
         self.watchdog.arm()
 
+
+
+def _version() -> str:
+    """This package's version, as installed ("" when run from a tree that was not installed)."""
+    try:
+        return importlib.metadata.version("scorer-group-worker")
+    except importlib.metadata.PackageNotFoundError:
+        return ""

@@ -114,6 +114,9 @@ GROUP_SCORE = LoopHistogram("sgw_group_score", "Group scores (0-10) of scored re
 SIGNALS = Counter("sgw_signals_raised", "Below-threshold Signals raised.", ["project", "group", "severity"],
                   registry=REGISTRY)
 JUDGE_CALLS = Counter("sgw_judge_calls", "Judge calls by outcome.", ["outcome"], registry=REGISTRY)
+JUDGE_SPANS = Counter("sgw_judge_spans_exported", "Judge calls exported as OpenTelemetry spans, by outcome "
+                      "(sent, dropped: the queue was full, failed: the endpoint refused or was away).", ["outcome"],
+                      registry=REGISTRY)
 JUDGE_TOKENS = Counter("sgw_judge_tokens", "Judge tokens as the judge API reported them, by project and "
                        "direction (prompt, completion).", ["project", "direction"], registry=REGISTRY)
 JUDGE_LATENCY = Histogram("sgw_judge_call_seconds", "Latency of judge calls (retries included).",
@@ -336,6 +339,13 @@ WEBHOOK_BREAKER = Gauge("sgw_webhook_breaker_state",
                         registry=REGISTRY)
 WEBHOOK_DISABLED = Counter("sgw_webhook_channels_disabled", "Alert channels this worker marked disabled.",
                            ["channel"], registry=REGISTRY)
+
+
+class PrometheusJudgeExportEvents:
+    """``consumers.judge_export.JudgeExportEvents`` as Prometheus metrics."""
+
+    def judge_spans(self, outcome: str, count: int) -> None:
+        JUDGE_SPANS.labels(outcome).inc(count)
 
 
 class PrometheusWebhookEvents:

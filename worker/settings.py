@@ -190,6 +190,19 @@ class Settings(BaseSettings):
         SecretStr(""), description="More headers for every judge call, as a JSON object "
         '(\'{"X-Gateway-Config": "..."}\'), for gateways that need them; secret: never logged.',
     )
+    judge_trace_export: Literal["none", "otlp"] = Field(
+        "none", description="Export every judge call of a result as an OpenTelemetry span (GenAI semantic "
+        "conventions, linked to the graded trace) to SGW_JUDGE_TRACE_ENDPOINT over OTLP/HTTP: otlp; none: keep "
+        "them only with the group's results.",
+    )
+    judge_trace_endpoint: str = Field(
+        "", description="The OTLP/HTTP traces URL judge spans are POSTed to (e.g. "
+        "http://otel-collector:4318/v1/traces), for SGW_JUDGE_TRACE_EXPORT=otlp.",
+    )
+    judge_trace_headers: SecretStr = Field(
+        SecretStr(""), description="Headers for the judge span export, as a JSON object (an API key for a "
+        "hosted backend); secret: never logged.",
+    )
     judge_concurrency: int = Field(
         16, ge=1, description="Concurrent judge calls per endpoint, across all traces."
     )
@@ -403,7 +416,18 @@ class Settings(BaseSettings):
         raw = self.judge_extra_headers.get_secret_value()
         return json.loads(raw) if raw else {}
 
-    @field_validator("judge_extra_headers")
+    def judge_trace_export_headers(self) -> dict[str, str]:
+        raw = self.judge_trace_headers.get_secret_value()
+        return json.loads(raw) if raw else {}
+
+    @model_validator(mode="after")
+    def _judge_trace_export_has_an_endpoint(self) -> Settings:
+        if self.judge_trace_export == "otlp" and not self.judge_trace_endpoint.startswith(("http://", "https://")):
+            raise ValueError("SGW_JUDGE_TRACE_EXPORT=otlp needs SGW_JUDGE_TRACE_ENDPOINT, an http(s) URL such as "
+                             "http://otel-collector:4318/v1/traces")
+        return self
+
+    @field_validator("judge_extra_headers", "judge_trace_headers")
     @classmethod
     def _headers_are_an_object_of_strings(cls, value: SecretStr) -> SecretStr:
         raw = value.get_secret_value()

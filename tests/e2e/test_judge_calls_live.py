@@ -1,15 +1,19 @@
 """The judge calls behind a live verdict, read back through the API: the exact messages the
 local judge received and its answer, with latency, attempts and tokens; a secret in the trace
 (the operator's own judge key, sent by a hostile tenant) masked; long texts cut at the bound
-with their full length; another project's rating a 404."""
+with their full length; another project's rating a 404. And exported as GenAI spans over
+OTLP/HTTP to a local receiver, parsed as the Collector parses them, linked to the graded trace."""
 
 from __future__ import annotations
 
+import asyncio
 import time
 from pathlib import Path
 
 import orjson
 import pytest
+from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
+from opentelemetry.proto.trace.v1.trace_pb2 import Span
 
 from deploy.judge_server import JudgeServer
 from scorer_groups import Client, NotFound
@@ -17,6 +21,7 @@ from scorer_groups.api_models import RatingWithCalls
 from scoring.judge_calls import CALL_TEXT_MAX_CHARS
 from tests.support.api_process import ApiProcess, create_key
 from tests.support.harness import WorkerProcess, produce, read_topic, worker_env
+from tests.support.http_fakes import Reply, ScriptedServer
 
 pytestmark = pytest.mark.integration
 
@@ -28,6 +33,16 @@ def trace(trace_id: str, output: str) -> tuple[bytes, bytes]:
              "spans": [{"spanId": "r", "parentSpanId": None, "name": "agent.run", "input": "Where is my order?",
                         "output": output}]}
     return trace_id.encode(), orjson.dumps(value)
+
+
+def exported(collector: ScriptedServer) -> list[Span]:
+    return [span for r in collector.requests
+            for rs in ExportTraceServiceRequest.FromString(r.body).resource_spans
+            for ss in rs.scope_spans for span in ss.spans]
+
+
+def attributes(span: Span) -> dict[str, object]:
+    return {kv.key: getattr(kv.value, str(kv.value.WhichOneof("value"))) for kv in span.attributes}
 
 
 def kept_result(client: Client, group_id: str, rating_id: str) -> RatingWithCalls:
@@ -44,9 +59,10 @@ def kept_result(client: Client, group_id: str, rating_id: str) -> RatingWithCall
 
 async def test_a_live_verdicts_judge_calls_are_readable_exactly_cut_and_masked(
         redis_db_url: str, kafka_bootstrap: str, unique: str, tmp_path: Path) -> None:
-    with JudgeServer(api_key=JUDGE_KEY) as judge:
+    with JudgeServer(api_key=JUDGE_KEY) as judge, ScriptedServer(Reply(200, {})) as collector:
         env = worker_env(kafka_bootstrap, redis_db_url, unique, topic_partitions=1,
-                         judge_base_url=judge.base_url, judge_api_key=JUDGE_KEY)
+                         judge_base_url=judge.base_url, judge_api_key=JUDGE_KEY, judge_trace_export="otlp",
+                         judge_trace_endpoint=collector.url + "/v1/traces")
         api = ApiProcess(redis_db_url, tmp_path / "api.log").start()
         worker = WorkerProcess(env).start(tmp_path)
         try:
@@ -85,6 +101,19 @@ async def test_a_live_verdicts_judge_calls_are_readable_exactly_cut_and_masked(
 
                 with pytest.raises(NotFound):
                     client.monitor.scorer_groups.result(group.id, "00000000-0000-5000-8000-000000000000")
+
+                # The same calls as spans, in the receiver's own format.
+                deadline = time.monotonic() + 30
+                while len(exported(collector)) < 2 and time.monotonic() < deadline:
+                    await asyncio.sleep(0.2)
+                spans = {attributes(s)["sgw.graded.trace_id"]: s for s in exported(collector)}
+                short_span = attributes(spans["t-short"])
+                assert (short_span["gen_ai.operation.name"], short_span["gen_ai.request.model"],
+                        short_span["sgw.rating.id"]) == ("chat", sent["model"], by_trace["t-short"]["id"])
+                assert [p["parts"][0]["content"] for p in orjson.loads(str(short_span["gen_ai.input.messages"]))] == \
+                    [m["content"] for m in sent["messages"]]
+                assert short_span["gen_ai.evaluation.score.value"] == 6.0
+                assert all(JUDGE_KEY.encode() not in r.body for r in collector.requests), "masked in spans too"
             with Client(api.url, create_key(redis_db_url, "--project", "p-stranger")) as stranger:
                 with pytest.raises(NotFound):
                     stranger.monitor.scorer_groups.result(group.id, by_trace["t-short"]["id"])

@@ -1,0 +1,112 @@
+"""Judge calls exported as OpenTelemetry spans over OTLP/HTTP (``SGW_JUDGE_TRACE_EXPORT=otlp``).
+
+Telemetry, not a result: it must never hold up scoring nor grow without bound.
+
+1. Take: the outputs hand over each published result's calls (``add``, no await); they wait
+   in a bounded queue - when it is full, the oldest are dropped and counted.
+2. Send: every ``interval_s``, or as soon as a batch is full, up to ``batch`` spans go in one
+   POST of an ``ExportTraceServiceRequest`` (protobuf), as the OTLP/HTTP exporters send it.
+3. Outcome: a 2xx counts them sent; a 429 or 5xx is tried once more after a pause; anything else
+   (or the second failure) drops the batch, counted and logged at most once a minute.
+4. Stop: what is queued is sent within the stop's deadline, then dropped.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import time
+from collections import deque
+from collections.abc import Iterable, Mapping
+from typing import Protocol
+
+import httpx
+import structlog
+
+from scoring.otlp.judge_spans import CallSpan, export_request
+
+log = structlog.get_logger(__name__)
+
+RETRY_PAUSE_S = 1.0
+LOG_EVERY_S = 60.0
+
+
+class JudgeCallSink(Protocol):
+    """Where the outputs hand over the judge calls of what they published."""
+
+    def add(self, spans: Iterable[CallSpan]) -> None: ...
+
+
+class JudgeExportEvents(Protocol):
+    def judge_spans(self, outcome: str, count: int) -> None: ...  # sent | dropped | failed
+
+
+class JudgeCallExporter:
+    def __init__(self, endpoint: str, *, headers: Mapping[str, str] | None = None, service_version: str = "",
+                 max_queued: int = 10_000, batch: int = 512, interval_s: float = 1.0, timeout_s: float = 10.0,
+                 events: JudgeExportEvents | None = None) -> None:
+        self._endpoint = endpoint
+        self._version = service_version
+        self._queue: deque[CallSpan] = deque()
+        self._max_queued, self._batch, self._interval_s = max_queued, batch, interval_s
+        self._events = events
+        self._full = asyncio.Event()
+        self._http = httpx.AsyncClient(timeout=timeout_s, headers={
+            **(headers or {}), "Content-Type": "application/x-protobuf", "User-Agent": "scorer-group-worker"})
+        self._last_log = 0.0
+        self.sent = self.dropped = self.failed = 0  # for tests and logs
+
+    # 1. Take
+    def add(self, spans: Iterable[CallSpan]) -> None:
+        for span in spans:
+            if len(self._queue) >= self._max_queued:
+                self._queue.popleft()
+                self._count("dropped", 1)
+            self._queue.append(span)
+        if len(self._queue) >= self._batch:
+            self._full.set()
+
+    # 2-3. Send
+    async def run(self, stop: asyncio.Event) -> None:
+        try:
+            while not stop.is_set():
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(self._full.wait(), self._interval_s)
+                self._full.clear()
+                await self.flush()
+            await self.flush()  # 4. what was queued, within the caller's deadline for background loops
+        finally:
+            await self._http.aclose()
+
+    async def flush(self) -> None:
+        while self._queue:
+            batch = [self._queue.popleft() for _ in range(min(self._batch, len(self._queue)))]
+            await self._send(batch)
+
+    async def _send(self, batch: list[CallSpan]) -> None:
+        body = export_request(batch, self._version).SerializeToString()
+        for attempt in (1, 2):
+            try:
+                answer = await self._http.post(self._endpoint, content=body)
+            except httpx.HTTPError as exc:
+                problem = f"unreachable ({type(exc).__name__})"
+            else:
+                if 200 <= answer.status_code < 300:
+                    self._count("sent", len(batch))
+                    return
+                problem = f"HTTP {answer.status_code}"
+                if answer.status_code != 429 and answer.status_code < 500:
+                    break
+            if attempt == 1:
+                await asyncio.sleep(RETRY_PAUSE_S)
+        self._count("failed", len(batch))
+        now = time.monotonic()
+        if now - self._last_log >= LOG_EVERY_S:
+            self._last_log = now
+            log.warning("judge spans could not be exported; dropped", spans=len(batch), problem=problem,
+                        failed_so_far=self.failed)
+
+    def _count(self, outcome: str, count: int) -> None:
+        setattr(self, outcome, getattr(self, outcome) + count)
+        if self._events is not None:
+            self._events.judge_spans(outcome, count)
