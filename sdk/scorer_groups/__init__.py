@@ -22,13 +22,17 @@ if TYPE_CHECKING:
     from scorer_groups._async import AsyncBackfill, AsyncClient
     from scorer_groups._calls import Retry
     from scorer_groups._sync import Backfill, Client
+    from scorer_groups.agreement import Agreement
     from scorer_groups.api_models import (
         BackfillJob,
         BackfillProgress,
         BudgetView,
         Change,
         Channel,
+        JudgeCallRecord,
+        JudgeTemplate,
         Ratings,
+        RatingWithCalls,
         ResultsPage,
         SessionScore,
     )
@@ -59,6 +63,8 @@ _HOMES = {
     "BudgetView": "api_models", "ResultsPage": "api_models", "Rating": "documents",
     "Budget": "models", "CustomEvaluator": "models", "Judge": "models", "Member": "models",
     "OnlineProfile": "models", "Pattern": "models", "ScorerGroup": "models",
+    "Agreement": "agreement", "JudgeCallRecord": "api_models", "JudgeTemplate": "api_models",
+    "RatingWithCalls": "api_models",
 }
 
 
@@ -76,6 +82,7 @@ def __dir__() -> list[str]:
 
 
 __all__ = [
+    "Agreement",
     "ApiError",
     "AsyncBackfill",
     "AsyncClient",
@@ -94,6 +101,8 @@ __all__ = [
     "Forbidden",
     "GateFailed",
     "Judge",
+    "JudgeCallRecord",
+    "JudgeTemplate",
     "Member",
     "NotAJudgeMember",
     "NotFound",
@@ -102,6 +111,7 @@ __all__ = [
     "PreconditionFailed",
     "RateLimited",
     "Rating",
+    "RatingWithCalls",
     "Ratings",
     "ResultsPage",
     "Retry",

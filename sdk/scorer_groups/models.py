@@ -245,7 +245,7 @@ class Judge(WireModel):
     model: str | None = Field(None, max_length=200)
     # What the judge reads beside the request and the response (trace scope): "retrieval" adds
     # the outputs of the trace's retriever spans - what a faithfulness rubric checks against.
-    context: Literal["retrieval"] | None = None
+    context: Literal["retrieval"] | None = Field(None, exclude_if=lambda v: v is None)  # absent: 0.2 SDKs read it
 
 
 class Pattern(WireModel):

@@ -21,8 +21,9 @@ class DatasetItem(WireModel):
     input: JsonValue
     expected: JsonValue = None
     metadata: dict[str, JsonValue] = Field(default_factory=dict)
-    human_rating: float | None = Field(None, ge=0, le=10)
-    human_pass: bool | None = None
+    # Left out when absent, so that a row without them reads in 0.2 SDKs (which refuse fields they do not know).
+    human_rating: float | None = Field(None, ge=0, le=10, exclude_if=lambda v: v is None)
+    human_pass: bool | None = Field(None, exclude_if=lambda v: v is None)
 
     @field_validator("input")
     @classmethod
@@ -110,7 +111,8 @@ class EvaluationRun(WireModel):
     breakdown: list[str] = Field(default_factory=list)
     judges: list[JudgeSummary] = Field(default_factory=list)
     rows: list[dict[str, Any]] = Field(default_factory=list)  # one result per row, in row order
-    agreement: Agreement | None = None  # with the rows' human verdicts, when some carry one
+    # With the rows' human verdicts, when some carry one (absent otherwise: 0.2 SDKs read the run).
+    agreement: Agreement | None = Field(None, exclude_if=lambda v: v is None)
 
     def columns(self) -> GateColumns:
         """What a gate reads (``scorer_groups.gates.GateColumns``)."""

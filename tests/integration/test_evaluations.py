@@ -321,6 +321,8 @@ def test_a_run_over_rows_people_labelled_reports_its_agreement_with_them(names: 
     unlabelled = client.evaluations.run(dataset_id=names["dataset"].id, subject={"kind": "custom_agent", "displayName": "a"},
                                         scorer_group_id=group.id).execute(agent_rating(quality=8, safety=9)).finalize()
     assert unlabelled.agreement is None
+    raw = httpx.get(f"{api[0]}/v1/evaluations/{unlabelled.id}", headers={"Authorization": f"Bearer {api[1]}"}).json()
+    assert "agreement" not in raw, "absent, not null: a 0.2 SDK reads the run"
 
 
 def test_human_verdicts_come_in_csv_too_and_a_malformed_one_is_refused_by_name(
