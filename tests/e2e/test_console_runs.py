@@ -198,7 +198,7 @@ def test_a_labelled_run_shows_its_agreement_with_people(env: Env, browser: Any, 
 def test_a_run_over_unlabelled_rows_says_no_row_carries_a_human_verdict(env: Env, browser: Any,
                                                                          runs: Runs) -> None:
     run = runs.unlabelled
-    assert run["agreement"] is None
+    assert run.get("agreement") is None
     open_run_from_the_list(browser, env, run["id"])
     assert "No row of this dataset carries a human verdict" in wait_for(browser, "#agreement-none")[0].text
     assert browser.find_elements(By.ID, "agreement") == []

@@ -23,7 +23,8 @@ router = APIRouter(include_in_schema=False)
 
 FILES = {"console.js": "text/javascript; charset=utf-8", "filters.js": "text/javascript; charset=utf-8",
          "backfills.js": "text/javascript; charset=utf-8", "incidents.js": "text/javascript; charset=utf-8",
-         "runs.js": "text/javascript; charset=utf-8", "console.css": "text/css; charset=utf-8"}
+         "runs.js": "text/javascript; charset=utf-8",
+         "calls.js": "text/javascript; charset=utf-8", "console.css": "text/css; charset=utf-8"}
 HEADERS = {
     "Content-Security-Policy": ("default-src 'none'; script-src 'self'; style-src 'self'; connect-src 'self'; "
                                 "img-src 'self' data:; base-uri 'none'; form-action 'self'; frame-ancestors 'none'"),

@@ -237,22 +237,25 @@ function traceLink(traceId) {
                    target: "_blank" }, traceId);
 }
 
-function membersTable(members) {
+// action(member): what a member's last cell holds (the Judge scores view's Call button, calls.js), if given.
+function membersTable(members, action) {
+  const headers = ["Member", "Kind", "Status", "Verdict", "Goodness", "Detail", ...(action ? ["Judge call"] : [])];
   return el("table", { class: "members" },
-    el("thead", {}, el("tr", {}, ["Member", "Kind", "Status", "Verdict", "Goodness", "Detail"].map((h) => el("th", {}, h)))),
+    el("thead", {}, el("tr", {}, headers.map((h) => el("th", {}, h)))),
     el("tbody", {}, members.map((m) => el("tr", { dataset: { member: m.name } },
       el("td", {}, m.name, m.gate ? " (must pass)" : ""), el("td", {}, m.kind),
       el("td", { class: m.status === "scored" ? "" : "bad" }, m.status),
       el("td", {}, m.native === null || m.native === undefined ? "-" : String(m.native)),
       el("td", {}, m.goodness === null || m.goodness === undefined ? "-" : fmt(m.goodness)),
-      el("td", {}, m.detail || "")))));
+      el("td", {}, m.detail || ""), action ? el("td", {}, action(m)) : null))));
 }
 
 function resultView(rating) {
   const body = el("div", { class: "result-body" });
   const groupView = () => el("p", { class: "justification" }, rating.justification);
   const switcher = el("div", { class: "tabs", role: "group", "aria-label": "Group score or judge scores" });
-  const views = { "Group score": groupView, "Judge scores": () => membersTable(rating.members) };
+  const calls = callsLoader(rating); // calls.js: read once, whichever view asks
+  const views = { "Group score": groupView, "Judge scores": () => judgeScoresView(rating, calls) };
   for (const name of Object.keys(views)) {
     switcher.append(el("button", { type: "button", "aria-pressed": name === "Group score" ? "true" : "false",
       dataset: { view: name },
@@ -372,21 +375,27 @@ function playground(group) {
 // --- create and edit: the API's validation errors at the field they name ---------------------
 
 async function scorerOptions() {
-  const [judges, patterns, customs] = await Promise.all(["judges", "patterns", "customs"].map(
-    (kind) => api("GET", `/v1/${kind}?limit=200`).then((p) => p.items)));
-  return { judge: judges, pattern: patterns, custom: customs };
+  const [judges, patterns, customs, templates] = await Promise.all([...["judges", "patterns", "customs"].map(
+    (kind) => api("GET", `/v1/${kind}?limit=200`).then((p) => p.items)), judgeTemplates()]);
+  return { judge: judges, pattern: patterns, custom: customs, templates };
 }
 
 function memberRow(options, member, index) {
   const kind = el("select", { "data-field": `members[${index}].kind`, name: "kind" },
     ["judge", "pattern", "custom"].map((k) => el("option", { value: k, selected: k === member.kind }, k)));
   const ref = el("select", { "data-field": `members[${index}].refId`, name: "refId" });
-  const fill = () => ref.replaceChildren(...options[kind.value].map((s) =>
-    el("option", { value: s.id, selected: s.id === member.refId }, s.name)));
+  const reads = templateReadsNote(); // calls.js: a judge made from a template on save
+  const fill = () => {
+    ref.replaceChildren(...options[kind.value].map((s) =>
+      el("option", { value: s.id, selected: s.id === member.refId }, s.name)),
+      ...(kind.value === "judge" ? templateChoices(options.templates, member.refId) : []));
+    showTemplateReads(reads, ref, options.templates);
+  };
   kind.addEventListener("change", fill);
+  ref.addEventListener("change", () => showTemplateReads(reads, ref, options.templates));
   fill();
   return el("div", { class: "row member" },
-    el("div", {}, el("label", {}, "Kind"), kind), el("div", {}, el("label", {}, "Scorer"), ref),
+    el("div", {}, el("label", {}, "Kind"), kind), el("div", {}, el("label", {}, "Scorer"), ref, reads),
     el("div", {}, el("label", {}, "Weight"), el("input", { name: "weight", type: "number", step: "any",
       value: member.weight ?? 1, "data-field": `members[${index}].weight` })),
     el("div", {}, el("label", {}, el("input", { name: "gate", type: "checkbox", checked: !!member.gate,
@@ -442,6 +451,8 @@ async function groupForm(group) {
     }
     const alerting = alerts.read();
     if (alerting.errors.length) { showErrors(form, message, { problem: { errors: alerting.errors } }); return; }
+    const made = await judgesFromTemplates([...members.querySelectorAll(".member")], options); // calls.js
+    if (made.length) { showErrors(form, message, { problem: { errors: made } }); return; }
     const body = {
       name: inputs.name.value, description: inputs.description.value || null, gatesFirst: inputs.gatesFirst.checked,
       members: [...members.querySelectorAll(".member")].map((row) => ({
