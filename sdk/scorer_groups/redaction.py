@@ -33,9 +33,13 @@ def _userinfo(match: re.Match[str]) -> str:
 
 
 def redact_text(text: str) -> str:
-    """Cut secrets recognised by their shape."""
-    text = _URL_USERINFO.sub(_userinfo, text)
-    text = _SECRET_PARAM.sub(lambda m: f"{m['name']}={REDACTED}", text)
+    """Cut secrets recognised by their shape. Each shape is looked for only when the text holds
+    its one required piece ("://", "=") - a substring test is ~100 times cheaper than the scan,
+    and judge prompts (kept with every result) are mostly prose."""
+    if "://" in text:
+        text = _URL_USERINFO.sub(_userinfo, text)
+    if "=" in text:
+        text = _SECRET_PARAM.sub(lambda m: f"{m['name']}={REDACTED}", text)
     text = _BEARER.sub(lambda m: m.group(1) + REDACTED, text)
     return _KEY_LIKE.sub(REDACTED, text)
 

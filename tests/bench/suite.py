@@ -29,7 +29,13 @@ traces topic (6 partitions) with ``--traces`` realistic ~2 KB traces, then runs,
   again by a backfill job per group (nothing live to do): the backfill's traces/s over live's
   (by the ratings' broker timestamps, and from the jobs' start to done) and its CPU per trace;
   then the latency scenario alone and while jobs over a past backlog run in the same worker:
-  both p99s and the jobs' progress (tests/bench/backfill.py).
+  both p99s and the jobs' progress (tests/bench/backfill.py);
+- judge-calls: what keeping a record of every judge call costs per call: the Redis bytes of a
+  judge group's index of calls (and of its latest results, for comparison) once a worker has
+  scored ``--judge-calls-traces`` traces against the judge process, the CPU of cutting, masking
+  and encoding a call in-process, and ``RatingsStore.write`` with and without calls - as a
+  share of the worker's CPU per judge call and a multiple of the limit stage's CPU per trace
+  (``--only judge-calls`` runs the limit stage first for that; tests/bench/judge_calls.py).
 
 Each scenario reads its own consumer group and a Redis database of its own. traces/s counts
 outputs by broker timestamp (output topics use LogAppendTime) from the first to the last;
@@ -55,13 +61,13 @@ import orjson
 
 from deploy.redis_servers import LocalRedis
 from deploy.services import LocalKafka
-from tests.bench import backfill, filtered, scenarios
+from tests.bench import backfill, filtered, judge_calls, scenarios
 from tests.bench.scenarios import Bench
 from tests.bench.workload import create_topics, machine, produce_traces
 
 RESULTS = Path(__file__).resolve().parent / "results"
 ALL = ["limit", "plain_peer", "peer", "deterministic", "scale_out", "judge", "latency", "backlog", "spend", "filtered",
-       "backfill"]
+       "backfill", "judge-calls"]
 
 
 async def run(args: argparse.Namespace) -> dict[str, Any]:
@@ -96,7 +102,7 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
             print(f"  {results[name]}", flush=True)
 
         wanted = args.only.split(",") if args.only else ALL
-        if "limit" in wanted:
+        if "limit" in wanted or "judge-calls" in wanted:  # judge-calls gives its CPU against the limit's
             await scenario("limit", scenarios.limit(bench))
         if "plain_peer" in wanted:
             await scenario("plain_peer", scenarios.plain_peer(bench))
@@ -130,6 +136,9 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
             size = args.backfill_backlog or backfill.backlog_for(results["backfill"].get("traces_per_s"),
                                                                  args.latency_seconds, args.backfill_traces)
             await scenario("backfill_latency", backfill.latency(bench, rate, args.latency_seconds, size))
+        if "judge-calls" in wanted:
+            await scenario("judge_calls", judge_calls.judge_calls(bench, args.judge_calls_traces,
+                                                                  results.get("limit", {}).get("cpu_s_per_1k")))
     report["load_average_at_end"] = [round(x, 2) for x in os.getloadavg()]
     _ratios(report)
     return report
@@ -183,7 +192,21 @@ def markdown(report: dict[str, Any]) -> str:
              "|---|---:|---:|---:|---:|---:|---:|---|"]
     for name, r in report["scenarios"].items():
         notes = ""
-        if name.startswith("judge"):
+        if name == "judge_calls":
+            s, w = r["redis"], r["write"]
+            notes = (f"{r['traces']:,} traces, one judge call each; CPU is per call. Keeping records: index "
+                     f"{_cell(s['index_bytes_per_call'])} B a call, {_cell(w['without']['index_bytes_per_result'])} "
+                     f"without calls: the calls add {_cell(r['redis_bytes_per_kept_call'])} B "
+                     f"({_cell(r['redis_bytes_per_kept_call_real_answer'])} with a ~300-char answer; record "
+                     f"{_cell(s['record_bytes_mean'])} B encoded), list {_cell(s['list_bytes_per_result'])} B a result; "
+                     f"in-process {_cell(r['keep_us']['total'])} us a call (kept {_cell(r['keep_us']['kept'])}, encode "
+                     f"{_cell(r['keep_us']['encode'])}), write +{_cell(w['diff']['client_cpu_us'])} us client CPU, "
+                     f"+{_cell(w['diff']['wall_us'])} us wall, +{_cell(w['diff']['server_cpu_us'])} us Redis CPU, "
+                     f"+{_cell(w['diff']['redis_cmds'])} Redis commands an entry (the index entry itself: "
+                     f"+{_cell(w['index_diff']['server_cpu_us'])} us Redis CPU, +{_cell(w['index_diff']['redis_cmds'])} "
+                     f"commands); {_cell(r['keep_cpu_us_per_call'])} us = **{_cell(r['keep_vs_worker_call'])}** of the "
+                     f"worker's CPU a call, **{_cell(r['keep_vs_limit_trace'])}x** the limit's a trace")
+        elif name.startswith("judge"):
             notes = (f"{_cell(r.get('calls_per_s'))} calls/s of {_cell(r.get('ideal_calls_per_s'))} ideal "
                      f"({_cell(r.get('ratio_to_ideal'))}); the judge server alone answers "
                      f"{_cell(r.get('server_capacity_calls_per_s'))}/s to a minimal client; worker "
@@ -246,6 +269,8 @@ def main() -> None:
     parser.add_argument("--backfill-backlog", type=int, default=None,
                         help="past traces behind the live loop in backfill_latency (default: twice what the "
                              "backfill grades in the latency window)")
+    parser.add_argument("--judge-calls-traces", type=int, default=2000,
+                        help="traces of the judge-calls scenario's worker (past the 1,000 results a group keeps)")
     parser.add_argument("--only", default="", help=f"comma-separated subset of {','.join(ALL)}")
     parser.add_argument("--out", type=Path, default=RESULTS)
     args = parser.parse_args()
