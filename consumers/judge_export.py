@@ -3,12 +3,17 @@
 Telemetry, not a result: it must never hold up scoring nor grow without bound.
 
 1. Take: the outputs hand over each published result's calls (``add``, no await); they wait
-   in a bounded queue - when it is full, the oldest are dropped and counted.
+   in a queue bounded in spans and in characters (a span holds its call's texts) - when it is
+   full, the oldest are dropped and counted.
 2. Send: every ``interval_s``, or as soon as a batch is full, up to ``batch`` spans go in one
-   POST of an ``ExportTraceServiceRequest`` (protobuf), as the OTLP/HTTP exporters send it.
+   POST of an ``ExportTraceServiceRequest`` (protobuf), as the OTLP/HTTP exporters send it. A
+   batch is small (building one is CPU on the event loop every trace in flight shares), and the
+   loop yields between batches.
 3. Outcome: a 2xx counts them sent; a 429 or 5xx is tried once more after a pause; anything else
    (or the second failure) drops the batch, counted and logged at most once a minute.
-4. Stop: what is queued is sent within the stop's deadline, then dropped.
+4. Stop: told after the trace loop has drained (the worker's last results have calls too), what
+   is queued is sent within the deadline for background loops; whatever is left then, or comes
+   after, is counted dropped.
 """
 
 from __future__ import annotations
@@ -43,12 +48,15 @@ class JudgeExportEvents(Protocol):
 
 class JudgeCallExporter:
     def __init__(self, endpoint: str, *, headers: Mapping[str, str] | None = None, service_version: str = "",
-                 max_queued: int = 10_000, batch: int = 512, interval_s: float = 1.0, timeout_s: float = 10.0,
-                 events: JudgeExportEvents | None = None) -> None:
+                 max_queued: int = 10_000, max_queued_chars: int = 8_000_000, batch: int = 64,
+                 interval_s: float = 1.0, timeout_s: float = 10.0, events: JudgeExportEvents | None = None) -> None:
         self._endpoint = endpoint
         self._version = service_version
-        self._queue: deque[CallSpan] = deque()
-        self._max_queued, self._batch, self._interval_s = max_queued, batch, interval_s
+        self._queue: deque[tuple[CallSpan, int]] = deque()  # (span, its characters)
+        self._queued_chars = 0
+        self._closed = False
+        self._max_queued, self._max_chars = max_queued, max_queued_chars
+        self._batch, self._interval_s = batch, interval_s
         self._events = events
         self._full = asyncio.Event()
         self._http = httpx.AsyncClient(timeout=timeout_s, headers={
@@ -59,10 +67,15 @@ class JudgeCallExporter:
     # 1. Take
     def add(self, spans: Iterable[CallSpan]) -> None:
         for span in spans:
-            if len(self._queue) >= self._max_queued:
-                self._queue.popleft()
+            if self._closed:  # 4. after the stop: nothing will send it
                 self._count("dropped", 1)
-            self._queue.append(span)
+                continue
+            size = len(span.call.answer or "") + sum(len(content) for _, content in span.call.messages)
+            self._queue.append((span, size))
+            self._queued_chars += size
+            while len(self._queue) > self._max_queued or self._queued_chars > self._max_chars:
+                self._queued_chars -= self._queue.popleft()[1]
+                self._count("dropped", 1)
         if len(self._queue) >= self._batch:
             self._full.set()
 
@@ -76,12 +89,22 @@ class JudgeCallExporter:
                 await self.flush()
             await self.flush()  # 4. what was queued, within the caller's deadline for background loops
         finally:
+            self._closed = True
+            if self._queue:  # cancelled at the deadline: what is left is lost, and said so
+                self._count("dropped", len(self._queue))
+                self._queue.clear()
+                self._queued_chars = 0
             await self._http.aclose()
 
     async def flush(self) -> None:
         while self._queue:
-            batch = [self._queue.popleft() for _ in range(min(self._batch, len(self._queue)))]
+            batch = []
+            for _ in range(min(self._batch, len(self._queue))):
+                span, size = self._queue.popleft()
+                self._queued_chars -= size
+                batch.append(span)
             await self._send(batch)
+            await asyncio.sleep(0)  # building the next batch waits for the traces' turn
 
     async def _send(self, batch: list[CallSpan]) -> None:
         body = export_request(batch, self._version).SerializeToString()

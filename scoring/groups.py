@@ -209,7 +209,12 @@ class ScorerGroups:
         if found is None:
             raise NotFound(f"no result {rating_id!r} among the latest results of group {group_id!r}")
         document, calls = found
-        return RatingWithCalls(rating=Rating.model_validate_json(document),
+        rating = Rating.model_validate_json(document)
+        # The result's own project, not only the group's now: a group moved to another project
+        # (or an id reused) must not show the new owner the old one's traces, which calls quote.
+        if not self._caller.operator and rating.project_id != self._caller.project_id:
+            raise NotFound(f"no result {rating_id!r} among the latest results of group {group_id!r}")
+        return RatingWithCalls(rating=rating,
                                calls=[JudgeCallRecord.model_validate(c) for c in orjson.loads(calls or b"[]")])
 
     async def create(self, name: str, members: Sequence[Any], description: str | None = None,

@@ -27,23 +27,48 @@ from scoring.ports import JudgeCall
 # 40,000 characters each, scoring.judge_prompt); a person reading why a judge said 3 needs its
 # question's head and the answer, not a megabyte per result. 1,000 results x a few calls each.
 CALL_TEXT_MAX_CHARS = 4_000
-# Redacted past the cut by this much, then cut again: a secret that straddles the cut is
-# masked whole before the cut, never left as a prefix the redactor cannot recognise.
+# And in bytes as kept (JSON): a character may take 6 (a control character, escaped) - a hostile
+# trace would otherwise make a text 24 KB, and a 20-judge result half a megabyte. Per text, and
+# shared by all the texts of one result (``encode_calls``).
+CALL_TEXT_MAX_BYTES = 8 * 1024
+RESULT_CALLS_MAX_BYTES = 32 * 1024
+# Redacted past the cut by this much, and the cut made this far before the redacted text's end:
+# a secret that straddles the cut is either masked whole, or - cut short at the slice's end, where
+# the redactor cannot recognise it - left out. Secrets are shorter than this.
 _REDACT_MARGIN = 256
 
 
 def kept(call: JudgeCall, redact: Callable[[str], str], max_chars: int = CALL_TEXT_MAX_CHARS) -> JudgeCall:
-    """The call as it may be kept and shown: texts cut at ``max_chars`` (their full lengths
-    said in ``lengths``) and cut of secrets."""
+    """The call as it may be kept and shown: texts cut at ``max_chars`` characters and
+    ``CALL_TEXT_MAX_BYTES`` bytes (their full lengths said in ``lengths``) and cut of secrets."""
     def cut(text: str) -> str:
-        text = redact(text) if len(text) <= max_chars else redact(text[:max_chars + _REDACT_MARGIN])[:max_chars]
-        # Text UTF-8 cannot carry (a lone surrogate a judge's JSON answer may hold) is replaced.
-        return text if text.isascii() else text.encode("utf-8", "replace").decode("utf-8")
+        if len(text) <= max_chars + _REDACT_MARGIN:  # masked whole: nothing cut short before masking
+            text = redact(text)[:max_chars]
+        else:
+            # Masking earlier secrets shortens the text: the partial secret at the slice's end
+            # moves left, so the cut counts back from the masked text's end, not forward from 0.
+            masked = redact(text[:max_chars + _REDACT_MARGIN])
+            text = masked[:min(max_chars, len(masked) - _REDACT_MARGIN)]
+        return _within_bytes(_encodable(text), CALL_TEXT_MAX_BYTES)
 
     messages = tuple((role, cut(content)) for role, content in call.messages)
     lengths = (*(len(content) for _, content in call.messages), len(call.answer or ""))
     return replace(call, messages=messages, answer=None if call.answer is None else cut(call.answer),
-                   error=None if call.error is None else redact(call.error), lengths=lengths)
+                   error=None if call.error is None else _within_bytes(redact(call.error), 2_000), lengths=lengths)
+
+
+def _encodable(text: str) -> str:
+    """Text UTF-8 can carry: a lone surrogate (a judge's JSON answer may hold one) replaced."""
+    return text if text.isascii() else text.encode("utf-8", "replace").decode("utf-8")
+
+
+def _within_bytes(text: str, limit: int) -> str:
+    """``text`` cut so that its JSON form takes at most ``limit`` bytes."""
+    size = len(orjson.dumps(text))
+    while size > limit and text:
+        text = text[:max(0, int(len(text) * limit / size) - 1)]
+        size = len(orjson.dumps(text))
+    return text
 
 
 def call_document(call: JudgeCall, ref_id: str, member: str) -> dict[str, Any]:
@@ -63,8 +88,20 @@ def call_document(call: JudgeCall, ref_id: str, member: str) -> dict[str, Any]:
 
 def encode_calls(members: list[tuple[str, str, tuple[JudgeCall, ...]]]) -> bytes:
     """A result's judge calls as kept with it: (ref id, member label, its calls) per member; b""
-    when no member made one (nothing is kept for it)."""
-    documents = [call_document(call, ref_id, member) for ref_id, member, calls in members for call in calls]
-    if not documents:
+    when no member made one (nothing is kept for it). Their texts share ``RESULT_CALLS_MAX_BYTES``:
+    a result of many judges keeps less of each."""
+    calls = [(ref_id, member, call) for ref_id, member, member_calls in members for call in member_calls]
+    if not calls:
         return b""
-    return orjson.dumps(documents, option=orjson.OPT_UTC_Z)
+    texts = sum(len(call.messages) + 1 for _, _, call in calls)
+    share = max(256, RESULT_CALLS_MAX_BYTES // texts)
+    if share < CALL_TEXT_MAX_BYTES:
+        calls = [(ref_id, member, _shared(call, share)) for ref_id, member, call in calls]
+    return orjson.dumps([call_document(call, ref_id, member) for ref_id, member, call in calls],
+                        option=orjson.OPT_UTC_Z)
+
+
+def _shared(call: JudgeCall, limit: int) -> JudgeCall:
+    return replace(call, messages=tuple((role, _within_bytes(content, limit)) for role, content in call.messages),
+                   answer=None if call.answer is None else _within_bytes(call.answer, limit),
+                   lengths=call.lengths or (*(len(c) for _, c in call.messages), len(call.answer or "")))

@@ -369,8 +369,9 @@ class Worker:
                           self._background("backfill runner", backfills.run(self.stop)),
                           self._background("incident watcher", incidents.run(self.stop)),
                           self._background("digest sender", digests.run(self.stop))]
+            spans_stop = asyncio.Event()  # told after the drain: the last results' calls are exported too
             if judge_spans is not None:
-                background.append(self._background("judge span export", judge_spans.run(self.stop)))
+                background.append(self._background("judge span export", judge_spans.run(spans_stop)))
             if s.send_webhooks:
                 hooks_consumer.subscribe([s.webhooks_topic], listener=hooks.rebalance_listener())
                 await hooks_consumer.start()
@@ -392,6 +393,7 @@ class Worker:
             self.stop.set()  # the sweeper and the sender stop with the loop, whatever ended it
             self.watchdog.arm()
             await traces.drain(s.shutdown_timeout_s)
+            spans_stop.set()
             if traces.fatal is not None and exit_code == 0:  # a publish failed or hung while draining
                 log.error("the loop failed while draining", error=repr(traces.fatal))
                 exit_code = 1

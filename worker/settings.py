@@ -495,6 +495,8 @@ class Settings(BaseSettings):
                 found.append(value.get_secret_value())
                 if name == "judge_extra_headers":  # each header's value too, wherever it shows alone
                     found += list(self.judge_headers().values())
+                elif name == "judge_trace_headers":
+                    found += list(self.judge_trace_export_headers().values())
             elif isinstance(value, str) and "://" in value:
                 found += _url_secrets(value)
         return [s for s in found if s]

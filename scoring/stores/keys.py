@@ -55,11 +55,16 @@ def group_results(group_id: str) -> str:
     return f"{PREFIX}:latest:{{{group_id}}}"
 
 
-def group_results_index(group_id: str) -> str:
-    """Rating id -> "<seq>:<its judge calls>" for the results the list above keeps: finds one
-    result, and keeps its judge calls (scoring.judge_calls) exactly as long. Trimmed with the
+def group_results_seqs(group_id: str) -> str:
+    """Rating id -> its place (seq) in the list above: finds one result. Trimmed by seq with the
     list, by the script that trims it."""
-    return f"{PREFIX}:latest-index:{{{group_id}}}"
+    return f"{PREFIX}:latest-seqs:{{{group_id}}}"
+
+
+def group_judge_calls(group_id: str) -> str:
+    """Rating id -> the judge calls behind it (scoring.judge_calls), for the results the list
+    keeps: trimmed with ``group_results_seqs``."""
+    return f"{PREFIX}:judge-calls:{{{group_id}}}"
 
 
 def rating_bucket_past(group_id: str, bucket_s: int, bucket_start: int) -> str:

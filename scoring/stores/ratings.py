@@ -22,7 +22,7 @@ from scoring.stores.client import RedisClient
 from scoring.stores.scripts import ScriptPipeline
 
 # KEYS: a group's buckets (one per chart window), then, optionally, its latest results list and
-# the index of that list (rating id -> "<seq>:<its judge calls>").
+# that list's index: rating id -> its seq (a sorted set) and rating id -> its judge calls (a hash).
 # ARGV: count, scored, sum, min, max, below, noscore, skipped, matched; the number of buckets and one TTL
 # per bucket; then, with the list: the length kept, its TTL, and per result (oldest first) its
 # document, whether it is below the threshold ("1"/"0"), its rating id and its judge calls (JSON,
@@ -33,8 +33,9 @@ from scoring.stores.scripts import ScriptPipeline
 # not in "count", but shown beside "noscore" so that a starved group is seen, not silent.
 # "matched" counts traces (session turns) that passed the group's filter, sampled or not: the
 # traffic the group is aimed at, beside what it scored.
-# The index is bounded by the list: a result trimmed off the list takes its entry along (unless a
-# newer result of the same id has taken the entry over), read from the document's leading id.
+# The index is trimmed by seq, below the list's oldest kept: whatever trimmed the list (this
+# script, an older version's, an eviction), nothing of it outlives the list. A result recorded
+# again under the same id (a redelivery) moves its seq up, so trimming the older copy keeps it.
 _RECORD = """
 local fields = {'count', 'scored', 'sum', 'min', 'max', 'below', 'noscore', 'skipped', 'matched'}
 local count, scored, sum = tonumber(ARGV[1]), tonumber(ARGV[2]), tonumber(ARGV[3])
@@ -62,45 +63,52 @@ for i = 1, buckets do
   if not v[1] then redis.call('EXPIRE', key, ARGV[10 + i]) end
 end
 if #KEYS > buckets then
-  local list, index, at = KEYS[buckets + 1], KEYS[buckets + 2], 11 + buckets
+  local list, seqs, calls, at = KEYS[buckets + 1], KEYS[buckets + 2], KEYS[buckets + 3], 11 + buckets
   local kept = tonumber(ARGV[at])
   local head = redis.call('LINDEX', list, 0)
   local seq = head and tonumber(string.match(head, '^(%d+):')) or 0
-  local items = {}
+  if not head then redis.call('DEL', seqs, calls) end  -- a list begun again (expired, deleted): so is its index
+  local items, ranked, called = {}, {}, {}
   for i = at + 2, #ARGV, 4 do
     seq = seq + 1
     table.insert(items, seq .. ':' .. ARGV[i + 1] .. ':' .. ARGV[i])
-    if ARGV[i + 2] ~= '' then redis.call('HSET', index, ARGV[i + 2], seq .. ':' .. ARGV[i + 3]) end
-    if #items == 1000 then redis.call('LPUSH', list, unpack(items)); items = {} end
-  end
-  if #items > 0 then redis.call('LPUSH', list, unpack(items)) end
-  for _, item in ipairs(redis.call('LRANGE', list, kept, -1)) do
-    local gone, rid = string.match(item, '^(%d+):%d:{"id":"([^"]*)"')
-    if rid then
-      local entry = redis.call('HGET', index, rid)
-      if entry and string.match(entry, '^(%d+):') == gone then redis.call('HDEL', index, rid) end
+    if ARGV[i + 2] ~= '' then
+      table.insert(ranked, seq); table.insert(ranked, ARGV[i + 2])
+      if ARGV[i + 3] ~= '' then table.insert(called, ARGV[i + 2]); table.insert(called, ARGV[i + 3]) end
+    end
+    if #items == 1000 then
+      redis.call('LPUSH', list, unpack(items)); items = {}
+      if #ranked > 0 then redis.call('ZADD', seqs, unpack(ranked)); ranked = {} end
+      if #called > 0 then redis.call('HSET', calls, unpack(called)); called = {} end
     end
   end
+  if #items > 0 then redis.call('LPUSH', list, unpack(items)) end
+  if #ranked > 0 then redis.call('ZADD', seqs, unpack(ranked)) end
+  if #called > 0 then redis.call('HSET', calls, unpack(called)) end
   redis.call('LTRIM', list, 0, kept - 1)
-  redis.call('EXPIRE', list, ARGV[at + 1])
-  redis.call('EXPIRE', index, ARGV[at + 1])
+  local oldest = seq - kept + 1
+  local gone = redis.call('ZRANGEBYSCORE', seqs, '-inf', '(' .. oldest, 'LIMIT', 0, 5000)
+  if #gone > 0 then
+    redis.call('ZREM', seqs, unpack(gone))
+    redis.call('HDEL', calls, unpack(gone))
+  end
+  for _, key in ipairs({list, seqs, calls}) do redis.call('EXPIRE', key, ARGV[at + 1]) end
 end
 return buckets
 """
 
-# KEYS: a group's latest results list and its index. ARGV: a rating id. Returns {document, calls}
-# of that rating while the list keeps it, else {}. The list's seqs run contiguously down from
-# its head, so the entry's seq says where the document lies.
+# KEYS: a group's latest results list and its index (seqs, calls). ARGV: a rating id. Returns
+# {document, calls} of that rating while the list keeps it, else {}. The list's seqs run
+# contiguously down from its head, so the rating's seq says where its document lies.
 _ONE = """
-local entry = redis.call('HGET', KEYS[2], ARGV[1])
+local seq = redis.call('ZSCORE', KEYS[2], ARGV[1])
 local head = redis.call('LINDEX', KEYS[1], 0)
-if not entry or not head then return {} end
-local seq, calls = string.match(entry, '^(%d+):(.*)$')
+if not seq or not head then return {} end
 local item = redis.call('LINDEX', KEYS[1], tonumber(string.match(head, '^(%d+):')) - tonumber(seq))
 if not item then return {} end
 local found, doc = string.match(item, '^(%d+):%d:(.*)$')
-if found ~= seq or string.find(doc, '{"id":"' .. ARGV[1] .. '"', 1, true) ~= 1 then return {} end
-return {doc, calls}
+if tonumber(found) ~= tonumber(seq) or string.find(doc, '{"id":"' .. ARGV[1] .. '"', 1, true) ~= 1 then return {} end
+return {doc, redis.call('HGET', KEYS[3], ARGV[1]) or ''}
 """
 
 # KEYS: a group's latest results list. ARGV: the cursor (the seq of the last result of the page
@@ -280,7 +288,8 @@ class RatingsStore:
                 args: list[int | str | bytes] = [*agg.args(), len(names), *ttls]
                 documents = results.pop(group_id, None)  # with the group's first buckets: one call
                 if documents:
-                    names += [keys.group_results(group_id), keys.group_results_index(group_id)]
+                    names += [keys.group_results(group_id), keys.group_results_seqs(group_id),
+                              keys.group_judge_calls(group_id)]
                     args += [keys.RESULTS_KEPT, keys.RESULTS_TTL_S, *documents]
                 pipe.script(self._record, names, args)
             for (group_id, at), agg in _aggregate([e for e in entries if e.past]).items():
@@ -332,8 +341,8 @@ class RatingsStore:
     async def result(self, group_id: str, rating_id: str) -> tuple[bytes, bytes] | None:
         """One of the group's latest results by its rating id: its document and its judge calls
         (b"" when it made none), or None once the list no longer keeps it."""
-        found = await self._one(keys=[keys.group_results(group_id), keys.group_results_index(group_id)],
-                                args=[rating_id])
+        found = await self._one(keys=[keys.group_results(group_id), keys.group_results_seqs(group_id),
+                                      keys.group_judge_calls(group_id)], args=[rating_id])
         return (found[0], found[1]) if found else None
 
     async def oldest_kept(self, group_id: str) -> tuple[int, bytes | None]:

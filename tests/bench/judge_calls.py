@@ -5,9 +5,10 @@ bytes and in CPU - measured in one run, as ratios to what the same run measures 
 
 The worker keeps each judge call behind a group result: the panel cuts and masks it
 (``scoring.judge_calls.kept``), the outputs encode a result's calls (``encode_calls``, through
-``scoring.results.history_entry``), and the ratings store keeps them in the group's index hash
-(``keys.group_results_index``: rating id -> "<seq>:<calls JSON>"), trimmed with the group's
-latest-results list (``keys.group_results``, ``keys.RESULTS_KEPT`` = 1,000 results).
+``scoring.results.history_entry``), and the ratings store keeps them in the group's index - a
+sorted set (``keys.group_results_seqs``: rating id by its seq, for every result) and a hash
+(``keys.group_judge_calls``: rating id -> its calls JSON, for results with calls) - trimmed with
+the group's latest-results list (``keys.group_results``, ``keys.RESULTS_KEPT`` = 1,000 results).
 
 1. **Redis bytes** (``redis``). A worker with the judge-bound scenario's group (one judge: one call
    per trace), started as ``scenarios.judge_bound`` starts it - against deploy/judge_server.py in
@@ -182,10 +183,11 @@ async def _redis_bytes(redis_url: str) -> tuple[dict[str, Any], list[bytes]]:
     """The index's and the list's bytes, per call and per result; and the list's items."""
     redis = Redis.from_url(redis_url)
     try:
-        index, latest = keys.group_results_index(GROUP_ID), keys.group_results(GROUP_ID)
-        index_bytes = await redis.memory_usage(index, samples=0) or 0
+        seqs, held, latest = (keys.group_results_seqs(GROUP_ID), keys.group_judge_calls(GROUP_ID),
+                              keys.group_results(GROUP_ID))
+        index_bytes = (await redis.memory_usage(seqs, samples=0) or 0) + (await redis.memory_usage(held, samples=0) or 0)
         list_bytes = await redis.memory_usage(latest, samples=0) or 0
-        entries: dict[bytes, bytes] = await redis.hgetall(index)  # type: ignore[assignment]
+        entries: dict[bytes, bytes] = await redis.hgetall(held)  # type: ignore[assignment]
         results = await redis.llen(latest)
         items: list[bytes] = await redis.lrange(latest, 0, -1)  # type: ignore[assignment]
     finally:
@@ -193,7 +195,7 @@ async def _redis_bytes(redis_url: str) -> tuple[dict[str, Any], list[bytes]]:
     records, payload, arrays = [], 0, 0
     for field, value in entries.items():
         payload += len(field) + len(value)
-        calls_json = value.split(b":", 1)[1]
+        calls_json = value
         arrays += len(calls_json)
         records += [len(orjson.dumps(call)) for call in orjson.loads(calls_json)]
     calls = len(records)
@@ -308,8 +310,9 @@ async def _write_costs(bench: Bench, documents: list[tuple[bytes, str, float | N
         # its bytes with calls over its bytes without are what the calls cost.
         held: dict[str, tuple[int, int]] = {}  # variant -> (index bytes, index entries)
         for variant, group in groups.items():
-            index = keys.group_results_index(group)
-            held[variant] = (await redis.memory_usage(index, samples=0) or 0, await redis.hlen(index))
+            seqs, calls = keys.group_results_seqs(group), keys.group_judge_calls(group)
+            size = (await redis.memory_usage(seqs, samples=0) or 0) + (await redis.memory_usage(calls, samples=0) or 0)
+            held[variant] = (size, await redis.zcard(seqs))
     finally:
         await redis.aclose()
     per = {v: {"client_cpu_us": round(s["client_cpu_s"] / s["entries"] * 1e6, 2),

@@ -7,6 +7,7 @@ receiver is a real local HTTP server."""
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import json
 
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
@@ -94,8 +95,15 @@ async def test_the_exporter_sends_batches_and_counts_what_it_could_not() -> None
 
         stop.set()
         await running
-    exporter.add(call_span(n) for n in range(20, 27))  # a queue of 5: the 2 oldest dropped
-    assert exporter.dropped == 2
+    exporter.add([call_span(20)])  # after the stop: nothing will send it, and it is said so
+    assert exporter.dropped == 1
+
+    bounded = JudgeCallExporter("http://127.0.0.1:9/v1/traces", max_queued=5, max_queued_chars=10_000)
+    bounded.add(call_span(n) for n in range(7))  # a queue of 5 spans: the 2 oldest dropped
+    assert bounded.dropped == 2
+    huge = dataclasses.replace(call_span(99), call=dataclasses.replace(call_span(99).call, answer="x" * 9_900))
+    bounded.add([huge])  # 10,000 characters at most: everything older goes first
+    assert bounded.dropped == 7
 
 
 def _spans(body: bytes) -> list[Span]:

@@ -95,3 +95,32 @@ async def test_session_scores_keep_the_latest_verdict_per_group(redis: Redis, un
         ("scorer-group:g-a", 4.5, "Weighted blend: second"),
         ("scorer-group:g-b", None, "Weighted blend: no score")]
     assert await store.session_scores(f"none-{unique}") == []
+
+
+async def test_the_judge_call_index_never_outlives_the_list_whoever_trimmed_it(redis: Redis, unique: str) -> None:
+    from scoring.stores import keys
+    from scoring.stores.ratings import RatingsStore
+
+    group, store = f"calls-{unique}", RatingsStore(redis)
+
+    def entry(n: int) -> HistoryEntry:
+        return HistoryEntry(group, 7.0, False, NOW, b'{"id":"r-%d"}' % n, rating_id=f"r-{n}", calls=b'[{"n":%d}]' % n)
+
+    await store.write([entry(n) for n in range(keys.RESULTS_KEPT)])
+    assert await store.result(group, "r-0") == (b'{"id":"r-0"}', b'[{"n":0}]')
+    # An older version's worker (0.2 kept no index) pushes and trims 600 results of its own.
+    head = int((await redis.lindex(keys.group_results(group), 0)).split(b":", 1)[0])
+    await redis.lpush(keys.group_results(group), *[f"{head + 1 + n}:0:{{\"id\":\"old-{n}\"}}" for n in range(600)])
+    await redis.ltrim(keys.group_results(group), 0, keys.RESULTS_KEPT - 1)
+    await store.write([entry(5_000)])
+    assert await redis.zcard(keys.group_results_seqs(group)) == keys.RESULTS_KEPT - 601 + 1
+    assert await redis.hlen(keys.group_judge_calls(group)) == keys.RESULTS_KEPT - 601 + 1
+    assert await store.result(group, "r-600") is None and await store.result(group, "r-601") is not None
+    # Recorded again (a redelivery): trimming its older copy keeps the newer one's calls.
+    await store.write([entry(700)])
+    await store.write([entry(9_000 + n) for n in range(100)])  # the older r-700 falls off
+    assert await store.result(group, "r-700") == (b'{"id":"r-700"}', b'[{"n":700}]')
+    # A list begun again (expired, deleted) begins its index again.
+    await redis.delete(keys.group_results(group))
+    await store.write([entry(1)])
+    assert await redis.zcard(keys.group_results_seqs(group)) == 1 and await store.result(group, "r-900") is None

@@ -142,7 +142,7 @@ def test_the_results_kept_are_bounded(env: Env) -> None:
         async def indexed() -> int:
             redis = connect(env.redis_url)
             try:
-                return int(await redis.hlen(keys.group_results_index(group.id)))
+                return int(await redis.zcard(keys.group_results_seqs(group.id)))
             finally:
                 await redis.aclose()
 
@@ -307,3 +307,14 @@ def test_a_body_over_the_limit_is_refused_unread_or_mid_stream(env: Env) -> None
     streamed = httpx.post(url, content=chunks(), headers=headers, timeout=30)
     assert streamed.status_code == 413
     assert httpx.get(f"{env.api.url}/healthz").status_code == 200, "and the API goes on"
+
+
+def test_a_result_of_another_project_is_not_found_even_in_the_callers_group(env: Env) -> None:
+    # A group moved to another project (or an id reused) keeps its latest results a while: their
+    # calls quote the old project's traces, so the new owner reads none of them.
+    with env.client("b") as b, Client(env.api.url, env.keys["op"], retry=NO_RETRY) as operator:
+        group = a_group(b, "Moved here")
+        record(env, group.id, [(rating(group.id, 1, 6.0), False)])  # a result of p-a's
+        with pytest.raises(NotFound):
+            b.monitor.scorer_groups.result(group.id, "r-1")
+        assert operator.monitor.scorer_groups.result(group.id, "r-1").rating.project_id == "p-a"

@@ -38,6 +38,25 @@ def test_secrets_are_masked_in_messages_answers_and_errors_even_across_the_cut()
     assert OPERATOR_SECRET not in text and shaped not in text and "[redacted]" in text
     cut = kept(call(straddling), redact).messages[1][1]
     assert len(cut) == CALL_TEXT_MAX_CHARS and OPERATOR_SECRET[:8] not in cut
+    # Keys masked early shorten the text: a secret cut short at the masked slice's end moves left,
+    # into what is kept, unless the cut counts back from that end.
+    early = " ".join("sk-proj-" + "Z" * 60 for _ in range(6))
+    for secret in (OPERATOR_SECRET, "postgres://admin:Sup3rS3cretDbPassw0rd@db:5432/app"):
+        inside = secret.index("@") if "@" in secret else 12  # what of it the slice holds: unrecognisable
+        shifted = early + "b" * (CALL_TEXT_MAX_CHARS + 256 - len(early) - inside) + secret + " and more text" * 50
+        kept_text = kept(call(shifted), redact).messages[1][1]
+        assert "Sup3r" not in kept_text and OPERATOR_SECRET[:8] not in kept_text, kept_text[-80:]
+
+
+def test_a_hostile_text_is_bounded_in_bytes_and_a_results_calls_share_one_bound() -> None:
+    from scoring.judge_calls import CALL_TEXT_MAX_BYTES, RESULT_CALLS_MAX_BYTES
+
+    control = "\x01" * 10_000  # six bytes each in JSON
+    record = kept(call(control, answer=control), Redactor())
+    assert len(orjson.dumps(record.messages[1][1])) <= CALL_TEXT_MAX_BYTES
+    assert record.lengths[1] == 10_000, "the full length still said"
+    twenty = [(f"j{n}", f"Judge {n}", (record,)) for n in range(20)]
+    assert len(encode_calls(twenty)) <= RESULT_CALLS_MAX_BYTES + 20 * 1_000, "texts share the result's bound"
 
 
 def test_text_utf8_cannot_carry_is_replaced_and_the_records_read_as_the_wire_model() -> None:
