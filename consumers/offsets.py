@@ -9,6 +9,7 @@ OTLP loops commit: on an interval, and for partitions about to be revoked (``Com
 
 from __future__ import annotations
 
+import asyncio
 import heapq
 import time
 from collections.abc import Awaitable, Callable
@@ -17,6 +18,7 @@ from typing import Any
 
 import structlog
 from aiokafka import ConsumerRebalanceListener, TopicPartition
+from aiokafka.errors import KafkaError
 from aiokafka.structs import OffsetAndMetadata
 
 log = structlog.get_logger(__name__)
@@ -109,6 +111,15 @@ class CommitOnRevoke(ConsumerRebalanceListener):  # type: ignore[misc]
         log.info("partitions assigned", partitions=sorted(f"{tp.topic}:{tp.partition}" for tp in assigned))
 
 
+COMMIT_TIMEOUT_S = 10.0  # a commit is one request to the coordinator; past this it is away
+
+
+class CommitTimedOut(KafkaError):  # type: ignore[misc]  # aiokafka ships no types
+    """A commit that got no answer in time: retried on the next tick, like any failed commit."""
+
+    retriable = True
+
+
 class Committer:
     """The loops' one commit path. ``commit`` commits, per partition tracked, the offset below
     which everything is finished (``tracker``), when it moved; the
@@ -129,7 +140,15 @@ class Committer:
         self._last = time.monotonic()
         moves = {tp: offset for tp, offset in self.tracker.to_commit().items() if only is None or tp in only}
         if moves:
-            await self._consumer.commit({tp: OffsetAndMetadata(offset, "") for tp, offset in moves.items()})
+            try:
+                # aiokafka waits for the group's coordinator without end (seen: over 80 s after a
+                # broker restart): a loop waiting in a commit neither turns nor stops. A commit
+                # that takes longer is a failed one, which the callers already ride out.
+                await asyncio.wait_for(self._consumer.commit(
+                    {tp: OffsetAndMetadata(offset, "") for tp, offset in moves.items()}), COMMIT_TIMEOUT_S)
+            except TimeoutError:
+                raise CommitTimedOut(f"no answer to the offset commit within {COMMIT_TIMEOUT_S:g}s "
+                                     "(the group's coordinator unknown or away)") from None
             self.tracker.committed(moves)
         return moves
 
