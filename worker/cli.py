@@ -185,6 +185,27 @@ def _cmd_grade(settings: Settings, args: argparse.Namespace) -> int:
             out.close()
 
 
+def _cmd_templates(_settings: Settings, args: argparse.Namespace) -> int:
+    """The shipped judge rubrics; one template whole; or its rows people labelled, as the JSONL
+    ``grade`` reads - grade them with a judge made from it to see its agreement with people."""
+    from scoring.judge_templates import BY_NAME, TEMPLATES
+
+    if args.name is None:
+        for t in TEMPLATES:
+            print(f"{t.name:22} {t.title}: reads {t.reads[0].lower()}{t.reads[1:]}")
+        return 0
+    template = BY_NAME.get(args.name)
+    if template is None:
+        print(f"error: no judge template named {args.name!r} (templates: {', '.join(BY_NAME)})", file=sys.stderr)
+        return 2
+    if args.examples:
+        for row in template.examples:
+            print(json.dumps(row))
+    else:
+        print(json.dumps(template.model_dump(mode="json", by_alias=True), indent=2))
+    return 0
+
+
 def _cmd_datasets(settings: Settings, args: argparse.Namespace) -> int:
     """datasets create|version|list: rows from a JSONL or CSV file, one version per upload."""
     from scoring.stores.datasets import DatasetStore, format_of, parse_rows
@@ -495,6 +516,12 @@ def build_parser() -> argparse.ArgumentParser:
     grade.add_argument("--concurrency", type=int, default=8, help="rows graded at once")
     grade.add_argument("--publish", action="store_true", help="also send results to the ratings topic")
     grade.set_defaults(func=_cmd_grade)
+
+    templates = sub.add_parser("templates", help="the judge rubric templates; --examples: a template's "
+                                                 "labelled rows, as JSONL for grade")
+    templates.add_argument("name", nargs="?", help="one template, whole")
+    templates.add_argument("--examples", action="store_true", help="its rows people labelled (JSON Lines)")
+    templates.set_defaults(func=_cmd_templates)
 
     datasets = sub.add_parser("datasets", help="a project's datasets").add_subparsers(dest="action", required=True)
     ds_create = datasets.add_parser("create", help="a dataset from a JSONL or CSV file (its version 1)")

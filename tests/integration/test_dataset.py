@@ -219,3 +219,24 @@ def test_cli_reports_agreement_with_the_rows_human_verdicts(catalog_url: str, ju
     bad.write_text(json.dumps({**ROWS[0], "humanRating": "nine"}) + "\n")
     refused = grade_cli(catalog_url, judge, "--group", "release", "--input", str(bad))
     assert refused.returncode == 2 and "row 0: humanRating must be a number from 0 to 10" in refused.stderr, refused.stderr
+
+
+def test_a_templates_labelled_rows_grade_into_an_agreement(catalog_url: str, judge: JudgeServer,
+                                                           tmp_path: Path) -> None:
+    import subprocess
+    import sys
+
+    from scoring.judge_templates import BY_NAME
+
+    listed = subprocess.run([sys.executable, "-m", "worker.cli", "templates", "faithfulness", "--examples"],
+                            cwd=ROOT, capture_output=True, text=True, timeout=60)
+    assert listed.returncode == 0, listed.stderr
+    rows = tmp_path / "faithfulness.jsonl"
+    rows.write_text(listed.stdout)
+    assert [json.loads(line) for line in listed.stdout.splitlines()] == list(BY_NAME["faithfulness"].examples)
+    done = grade_cli(catalog_url, judge, "--scorer-id", "quality", "--input", str(rows),
+                     "--output", str(tmp_path / "out.jsonl"))
+    assert done.returncode == 0, done.stderr
+    summary = json.loads(done.stderr[done.stderr.index("{"):done.stderr.rindex("}") + 1])
+    assert summary["agreement"]["labelledRows"] == len(BY_NAME["faithfulness"].examples)
+    assert "agreement with people: 6 labelled rows (6 with a humanRating)" in done.stderr
