@@ -87,6 +87,12 @@ def _peak_rss_mb(pid: int) -> float:
     return int(re.search(r"VmHWM:\s+(\d+) kB", status).group(1)) / 1024  # type: ignore[union-attr]
 
 
+# What a stalled event loop would show: one of these bodies validated on it blocks it for a second
+# or more (measured); a loaded 2-core machine running the broker and a second test worker beside
+# this one was seen to answer in 0.36 s when nothing stalled (0.2 s was the bound before).
+HEALTHZ_BOUND_S = 0.5
+
+
 class HealthWatch:
     """Asks /healthz every 50 ms on its own thread and keeps the slowest answer's latency (an
     answer that is not 200 counts as never)."""
@@ -163,7 +169,7 @@ def test_huge_bodies_four_at_once_are_refused_fast_while_the_api_answers(env: En
     assert [status for status, _ in answers] == [expected] * 4, answers
     assert _answered(env, expected) - before == 4, "the API itself refused all four"
     assert max(seconds for _, seconds in answers) < 5, answers
-    assert health.asked >= 1 and health.slowest < 0.2, f"/healthz took {health.slowest:.3f} s"
+    assert health.asked >= 1 and health.slowest < HEALTHZ_BOUND_S, f"/healthz took {health.slowest:.3f} s"
     assert _peak_rss_mb(env.api.proc.pid) < RSS_BOUND_MB  # type: ignore[union-attr]
 
 
@@ -180,7 +186,7 @@ def test_parse_bombs_under_the_ceiling_are_validated_off_the_event_loop(env: Env
         answers = asyncio.run(attack())
     assert all(a.status_code == 400 and "at most 1048576" in a.text for a in answers), answers[0].text
     assert all(len(a.content) < 2000 for a in answers), "the refusal never echoes the body"
-    assert health.asked >= 5 and health.slowest < 0.2, f"/healthz took {health.slowest:.3f} s"
+    assert health.asked >= 5 and health.slowest < HEALTHZ_BOUND_S, f"/healthz took {health.slowest:.3f} s"
     assert _peak_rss_mb(env.api.proc.pid) < RSS_BOUND_MB  # type: ignore[union-attr]
 
 
