@@ -15,6 +15,7 @@ row's ``expected``, and a row without one leaves that member unscorable.
 from __future__ import annotations
 
 import asyncio
+import functools
 import math
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
@@ -172,10 +173,12 @@ class DatasetRun:
                 "scoredRows": len(self.scored), "noScoreRows": len(self.rows) - len(self.scored),
                 "runRating": self.rating, "judgeAverages": self.judge_averages(),
                 "breakdown": self.breakdown(), "warnings": self.warnings, "notes": self.notes,
-                **({"agreement": found.wire()} if (found := self.agreement()) is not None else {})}
+                **({"agreement": self.agreement.wire()} if self.agreement is not None else {})}
 
+    @functools.cached_property
     def agreement(self) -> Agreement | None:
-        """How far the group and each judge member agree with the rows' human verdicts."""
+        """How far the group and each judge member agree with the rows' human verdicts (once:
+        the summary and the CLI's lines both read it)."""
         columns = self.columns()
         machine = [MachineColumn("group", self.group.name, self.group.id if self.by_group else None, columns.ratings)]
         machine += [MachineColumn("judge", j.label, j.ref_id, j.ratings) for j in columns.judges]

@@ -128,7 +128,7 @@ async def grade(settings: Settings, request: GradeRequest, out: IO[str], err: Te
         out.write(json.dumps(row.wire()) + "\n")
     out.flush()
     print(json.dumps(run.summary(), indent=2), file=err)
-    agreement = run.agreement()
+    agreement = run.agreement
     for line in agreement.lines() if agreement is not None else []:
         print(line, file=err)
     if request.publish:

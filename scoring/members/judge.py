@@ -96,8 +96,9 @@ class JudgeClient:
             except ValueError:
                 document = None
             call.usage = usage_of(document)
-            call.answer = _answer_text(document, response)
-            verdict = parse_verdict(_content(document, response))
+            content = _completion_text(document)
+            call.answer = content if content is not None else response.text  # the record keeps what came
+            verdict = parse_verdict(_content(content, document, response))
             outcome = "ok"
             return JudgeVerdict(verdict.rating, verdict.justification, call.usage)
         except MemberError as exc:
@@ -214,22 +215,21 @@ def usage_of(document: Any) -> TokenUsage | None:
     return None if prompt is None and completion is None else TokenUsage(prompt, completion)
 
 
-def _answer_text(document: Any, response: Answer) -> str:
-    """What the judge answered, for the call's record: the completion's text when it is one,
-    else the body as sent (cut when kept)."""
+def _completion_text(document: Any) -> str | None:
+    """A chat completion's text, or None when the answer is not one."""
     try:
         content = document["choices"][0]["message"]["content"]
     except (KeyError, IndexError, TypeError):
-        content = None
-    return content if isinstance(content, str) else response.text
+        return None
+    return content if isinstance(content, str) else None
 
 
-def _content(document: Any, response: Answer) -> str:
+def _content(content: str | None, document: Any, response: Answer) -> str:
+    """The completion's text, or the member's error saying what the answer was instead."""
+    if content is not None:
+        return content
     try:
-        content = document["choices"][0]["message"]["content"]
+        document["choices"][0]["message"]["content"]
     except (KeyError, IndexError, TypeError):
         raise MemberError(f"judge answer is not a chat completion: {response.text[:120]!r}") from None
-    if not isinstance(content, str):
-        raise MemberError("judge answer has no text content")
-    return content
-
+    raise MemberError("judge answer has no text content")
