@@ -49,6 +49,7 @@ from worker import metrics
 from worker.connections import kafka_admin, kafka_consumer, kafka_producer, redis_client
 from worker.engine import ScoringEngine
 from worker.logs import kafka_errors_kept
+from worker.loop_stall import watch_loop_stalls
 from worker.otlp import otlp_intake, run_otlp_intake
 from worker.settings import Settings
 from worker.shutdown import WATCHDOG_GRACE_S, ShutdownWatchdog, close_all, end_tasks
@@ -365,7 +366,8 @@ class Worker:
             gc.collect()
             gc.freeze()
             gc.set_threshold(*GC_THRESHOLDS)
-            background = [self._background("session sweeper", sweeper.run(self.stop)),
+            background = [self._background("event-loop stall watch", watch_loop_stalls(self.stop)),
+                          self._background("session sweeper", sweeper.run(self.stop)),
                           self._background("backfill runner", backfills.run(self.stop)),
                           self._background("incident watcher", incidents.run(self.stop)),
                           self._background("digest sender", digests.run(self.stop))]

@@ -155,6 +155,11 @@ API_REQUESTS = Counter("sgw_api_requests", "API requests by route template, meth
                        ["route", "method", "status"], registry=REGISTRY)
 API_REQUEST_SECONDS = Histogram("sgw_api_request_seconds", "API request latency by route template.",
                                 ["route", "method"], buckets=LATENCY_BUCKETS, registry=REGISTRY)
+# Both processes (worker.loop_stall): while the event loop is held, nothing else in the process
+# moves - no request answered, no trace scored, no heartbeat sent.
+EVENT_LOOP_STALL = Histogram("sgw_event_loop_stall_seconds", "How late the event loop ran a ticker due every "
+                             "100 ms: the time something held the loop.",
+                             buckets=(0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10), registry=REGISTRY)
 
 
 def failure_class(reason: str | None) -> str:

@@ -13,6 +13,7 @@ live in running workers within a second.
 
 from __future__ import annotations
 
+import asyncio
 import socket
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
@@ -32,6 +33,7 @@ from worker.api.bodies import BodyParser, with_body_schemas
 from worker.api.door import Door
 from worker.connections import redis_client
 from worker.engine import ScoringEngine
+from worker.loop_stall import watch_loop_stalls
 from worker.metrics import API_REQUEST_SECONDS, API_REQUESTS, REGISTRY
 from worker.settings import Settings
 from worker.shutdown import close_all
@@ -52,9 +54,13 @@ def create_app(settings: Settings) -> FastAPI:
         app.state.playground = Playground(app.state.engine.panel, Claims(app.state.redis))
         app.state.bodies = BodyParser(settings.api_body_parsers, settings.api_body_readers,
                                       settings.api_body_read_timeout_s)
+        stalls_stop = asyncio.Event()
+        stalls = asyncio.create_task(watch_loop_stalls(stalls_stop), name="event-loop stall watch")
         try:
             yield
         finally:
+            stalls_stop.set()
+            await stalls
             app.state.bodies.close()
             await close_all([("scoring engine", app.state.engine.close()), ("redis", app.state.redis.aclose())])
 
