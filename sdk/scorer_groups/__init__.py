@@ -50,6 +50,7 @@ if TYPE_CHECKING:
     )
     from scorer_groups.evaluations import Evaluation, GateFailed, NotAJudgeMember
     from scorer_groups.models import Budget, CustomEvaluator, Judge, Member, OnlineProfile, Pattern, ScorerGroup
+    from scorer_groups.runs import AgentAnswer
 
 # The names below load on first use (PEP 562): the server imports the wire models
 # (scorer_groups.models, ...) without the HTTP clients, so its scoring core loads no httpx.
@@ -64,7 +65,7 @@ _HOMES = {
     "Budget": "models", "CustomEvaluator": "models", "Judge": "models", "Member": "models",
     "OnlineProfile": "models", "Pattern": "models", "ScorerGroup": "models",
     "Agreement": "agreement", "JudgeCallRecord": "api_models", "JudgeTemplate": "api_models",
-    "RatingWithCalls": "api_models",
+    "RatingWithCalls": "api_models", "AgentAnswer": "runs",
 }
 
 
@@ -82,6 +83,7 @@ def __dir__() -> list[str]:
 
 
 __all__ = [
+    "AgentAnswer",
     "Agreement",
     "ApiError",
     "AsyncBackfill",

@@ -17,9 +17,17 @@ from typing import Any
 
 from scorer_groups._progress import Line, bar
 from scorer_groups.gates import Allowance
-from scorer_groups.runs import DatasetItem, EvaluationRun
+from scorer_groups.runs import AgentAnswer, DatasetItem, EvaluationRun
 
-Outputs = dict[int, dict[str, Any]]  # row index -> {"row": i, "output": ...} or {"row": i, "error": ...}
+# row index -> {"row": i, "output": ..., "spans": [...]} or {"row": i, "error": ...}
+Outputs = dict[int, dict[str, Any]]
+
+
+def _answered(index: int, answer: Any) -> dict[str, Any]:
+    """A row's output as finalize sends it: an ``AgentAnswer`` brings its spans along."""
+    if isinstance(answer, AgentAnswer):
+        return {"row": index, "output": answer.output, **({"spans": answer.spans} if answer.spans else {})}
+    return {"row": index, "output": answer}
 
 
 def _upload(rows: Sequence[Mapping[str, Any]] | None, path: str | Path | None,
@@ -107,7 +115,7 @@ async def call_agent_async(agent: Callable[[Any], Any], items: Sequence[DatasetI
         async with slots:
             for attempt in range(retries + 1):
                 try:
-                    outputs[index] = {"row": index, "output": await call(item.input)}
+                    outputs[index] = _answered(index, await call(item.input))
                     break
                 except Exception as exc:
                     if attempt == retries:
@@ -140,7 +148,7 @@ def call_agent(agent: Callable[[Any], Any], items: Sequence[DatasetItem], *, con
     def one(index: int, item: DatasetItem) -> None:
         for attempt in range(retries + 1):
             try:
-                outputs[index] = {"row": index, "output": agent(item.input)}
+                outputs[index] = _answered(index, agent(item.input))
                 break
             except Exception as exc:
                 if attempt == retries:

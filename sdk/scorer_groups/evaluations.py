@@ -92,8 +92,9 @@ class PendingRun:
     def execute(
         self, agent: Callable[[Any], Any], *, concurrency: int = 8, retries: int = 2, progress: bool | None = None,
     ) -> PendingRun:
-        """Call ``agent(row_input)`` on every row of the dataset version the run records; a bar
-        on stderr shows the rows done when it is a terminal (or as ``progress`` says)."""
+        """Call ``agent(row_input)`` on every row of the dataset version the run records - it
+        returns the output, or an ``AgentAnswer`` with the spans of its run too; a bar on stderr
+        shows the rows done when it is a terminal (or as ``progress`` says)."""
         _, items = Datasets(self._t).rows(self.run.dataset_id, self.run.dataset_version)
         bar = _Progress(len(items), sys.stderr.isatty() if progress is None else progress)
         outputs = call_agent(agent, items, concurrency=concurrency, retries=retries, bar=bar)

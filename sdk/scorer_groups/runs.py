@@ -4,6 +4,7 @@ column). Pure: ``scoring.stores.datasets`` and ``scoring.stores.evaluations`` ke
 
 from __future__ import annotations
 
+import json
 from typing import Any, Literal
 
 from pydantic import Field, JsonValue, field_validator
@@ -63,12 +64,38 @@ class EvaluationCreate(WireModel):
     dataset_version: int | None = Field(None, ge=1)
 
 
+MAX_ROW_SPANS = 500  # as many as the playground's example takes
+MAX_ROW_SPANS_CHARS = 1 << 20  # what members are sent of them: as much as a live trace may carry (1 MiB)
+
+
+class AgentAnswer(WireModel):
+    """What an agent may return for a row instead of its bare output: the output and the spans of
+    its run (``{"spanId", "parentSpanId", "name", "kind", "input", "output"}``), which members
+    read as they read a live trace's - a faithfulness judge reads the ``retriever`` spans'
+    outputs."""
+
+    output: JsonValue
+    spans: list[dict[str, JsonValue]] = Field(default_factory=list, max_length=MAX_ROW_SPANS)
+
+
 class RowOutput(WireModel):
-    """The agent's answer on one row, or why there is none."""
+    """The agent's answer on one row (its output, and the spans of its run if it gave them), or
+    why there is none."""
 
     row: int = Field(ge=0)
     output: JsonValue = None
+    # Left out when empty, so that 0.3 servers read a body that sends none.
+    spans: list[dict[str, JsonValue]] = Field(default_factory=list, max_length=MAX_ROW_SPANS,
+                                              exclude_if=lambda v: not v)
     error: str | None = Field(None, max_length=2000)
+
+    @field_validator("spans")
+    @classmethod
+    def _spans_bounded(cls, spans: list[dict[str, JsonValue]]) -> list[dict[str, JsonValue]]:
+        size = len(json.dumps(spans, separators=(",", ":"))) if spans else 0
+        if size > MAX_ROW_SPANS_CHARS:
+            raise ValueError(f"{size} characters of JSON, at most {MAX_ROW_SPANS_CHARS}")
+        return spans
 
 
 class Outputs(WireModel):

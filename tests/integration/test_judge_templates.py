@@ -6,12 +6,13 @@ template's examples are dataset rows with a human verdict."""
 from __future__ import annotations
 
 from collections.abc import Iterator
+from typing import Any
 
 import httpx
 import pytest
 
 from deploy.judge_server import JudgeServer
-from scorer_groups import BadRequest, Client
+from scorer_groups import AgentAnswer, BadRequest, Client
 from scorer_groups.runs import DatasetItem
 from scoring.dataset import DatasetRow
 from scoring.judge_templates import TEMPLATES
@@ -83,3 +84,51 @@ def test_a_judge_from_a_template_works_with_the_fields_given_overriding_it(api: 
         assert refused.value.fields == ["template"] and "helpfulness" in str(refused.value)
     answer = httpx.post(f"{url}/v1/judges", headers={"Authorization": f"Bearer {key}"}, json={"name": "No rubric"})
     assert answer.status_code == 400 and "criteria" in answer.text
+
+
+def test_a_templates_examples_graded_in_a_dataset_run_with_the_agents_spans(api: tuple[str, str, JudgeServer]) -> None:
+    # The loop a team runs before trusting a template: its judge, its labelled rows as a dataset,
+    # the agent answering with the spans of its run (AgentAnswer) - the faithfulness judge reads
+    # their retrieved context - and the run's agreement with people.
+    url, key, judge = api
+    template = next(t for t in TEMPLATES if t.name == "faithfulness")
+    # Two examples may share an input (a faithful and an unfaithful answer to one question): the
+    # agent, called on the rows in order (concurrency=1), answers each input's examples in turn.
+    answers: dict[str, list[dict[str, Any]]] = {}
+    for e in template.examples:
+        answers.setdefault(str(e["input"]), []).append(e)
+    rows = [{k: v for k, v in e.items() if k in ("input", "humanRating", "humanPass")} for e in template.examples]
+
+    def agent(question: str) -> AgentAnswer:
+        example = answers[question].pop(0)
+        # The local judge rates as told; here as the people did, so the agreement is exact.
+        return AgentAnswer(output=f"{example['output']} [[rating@faithful-run={example['humanRating']}]]",
+                           spans=example["spans"])
+
+    with Client(url, key) as client:
+        faithful = client.monitor.judges.create(template="faithfulness", model="faithful-run")
+        dataset = client.datasets.create("Faithfulness examples", rows=rows)
+        run = client.evaluations.run(dataset_id=dataset.id, subject={"kind": "custom_agent", "displayName": "examples"},
+                                     scorer_id=faithful.id).execute(agent, concurrency=1).finalize()
+    questions = [r["messages"][1]["content"] for r in judge.requests if r["model"] == "faithful-run"]
+    assert len(questions) == len(rows)
+    for example in template.examples:
+        retrieved = str(example["spans"][1]["output"])  # type: ignore[index]
+        assert any(retrieved in q and str(example["input"]) in q for q in questions), retrieved
+    agreement = run.agreement
+    assert agreement is not None and agreement.labelled_rows == len(rows)
+    assert agreement.group.mean_absolute_error == 0 and agreement.group.spearman == pytest.approx(1.0)
+
+
+def test_a_rows_spans_are_bounded_and_refused_by_name(api: tuple[str, str, JudgeServer]) -> None:
+    url, key, _ = api
+    headers = {"Authorization": f"Bearer {key}"}
+    with Client(url, key) as client:
+        judge = client.monitor.judges.create(template="helpfulness")
+        dataset = client.datasets.create("One row", rows=[{"input": "Hi"}])
+        run = client.evaluations.run(dataset_id=dataset.id, subject={"kind": "custom_agent", "displayName": "big"},
+                                     scorer_id=judge.id)
+    spans = [{"spanId": f"s{i}", "name": "x", "output": "y" * 4000} for i in range(300)]  # 1.2 MB of JSON
+    answer = httpx.post(f"{url}/v1/evaluations/{run.id}/finalize", headers=headers, timeout=30,
+                        json={"outputs": [{"row": 0, "output": "Hello", "spans": spans}]})
+    assert answer.status_code == 400 and "outputs[0].spans" in answer.text and "at most 1048576" in answer.text, answer.text

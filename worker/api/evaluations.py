@@ -186,7 +186,7 @@ async def _grade(request: Request, project: str, run: EvaluationRun, body: Outpu
             continue
         item = items[o.row]
         rows.append(DatasetRow(input=as_text(item.input), output=as_text(o.output), expected=item.expected,
-                               metadata=dict(item.metadata), id=str(o.row)))
+                               spans=[dict(span) for span in o.spans], metadata=dict(item.metadata), id=str(o.row)))
     engine: ScoringEngine = request.app.state.engine  # the process's one engine (judges, sandbox, external)
     graded = await grade_rows(engine.panel, catalog, plan, rows)
     humans = [human_verdict(item.human_rating, item.human_pass) for item in items[:run.row_count]]
