@@ -94,7 +94,20 @@ class JudgeCallExporter:
                 self._count("dropped", len(self._queue))
                 self._queue.clear()
                 self._queued_chars = 0
-            await self._http.aclose()
+            await self.close()
+
+    async def close(self) -> None:
+        await self._http.aclose()
+
+    async def probe(self) -> str | None:
+        """One export of no spans, as ``scorer-worker check`` tries the endpoint: None when it is
+        taken, else what went wrong. Not retried, not counted."""
+        empty = export_request([], self._version).SerializeToString()
+        try:
+            answer = await self._http.post(self._endpoint, content=empty)
+        except httpx.HTTPError as exc:
+            return f"unreachable ({type(exc).__name__})"
+        return None if 200 <= answer.status_code < 300 else f"HTTP {answer.status_code}"
 
     async def flush(self) -> None:
         while self._queue:

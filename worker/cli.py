@@ -452,7 +452,25 @@ async def _check(settings: Settings, skip_judge: bool = False) -> list[str]:
             await admin.close()
     if not skip_judge:
         problems += await _check_judge(settings, redact)
+    if settings.judge_trace_export == "otlp":
+        problems += await _check_judge_spans(settings, redact)
     return problems
+
+
+async def _check_judge_spans(settings: Settings, redact: Redactor) -> list[str]:
+    """An export of no spans to SGW_JUDGE_TRACE_ENDPOINT: reached, and the headers accepted."""
+    from consumers.judge_export import JudgeCallExporter
+
+    endpoint = mask_url(settings.judge_trace_endpoint)
+    exporter = JudgeCallExporter(settings.judge_trace_endpoint, headers=settings.judge_trace_export_headers())
+    try:
+        problem = await exporter.probe()
+    finally:
+        await exporter.close()
+    if problem is not None:
+        return [f"judge span export at {endpoint}: {redact(problem)}"]
+    print(f"spans   {endpoint}  took an export (OTLP/HTTP)")
+    return []
 
 
 async def _check_judge(settings: Settings, redact: Redactor) -> list[str]:
@@ -606,7 +624,8 @@ def build_parser() -> argparse.ArgumentParser:
 
     sub.add_parser("settings", help="print every SGW_* setting, secrets masked").set_defaults(
         func=_cmd_settings)
-    check = sub.add_parser("check", help="reach Kafka and Redis once, and make one small judge call")
+    check = sub.add_parser("check", help="reach Kafka and Redis once, make one small judge call, and try the "
+                                         "judge span export when it is on")
     check.add_argument("--no-judge", action="store_true", help="skip the judge call (it is billed like any)")
     check.set_defaults(func=_cmd_check)
     return parser

@@ -12,6 +12,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
 from pydantic import ValidationError
 
 from deploy.judge_server import JudgeServer
@@ -19,6 +20,7 @@ from scoring.members.http import RetryPolicy
 from scoring.members.judge import JudgeClient, RequestShape
 from scoring.models import Judge
 from scoring.subjects import Subject
+from tests.support.http_fakes import Reply, ScriptedServer
 from worker.settings import Settings
 
 pytestmark = pytest.mark.integration
@@ -92,10 +94,11 @@ def test_extra_headers_are_a_json_object_of_strings_and_their_values_are_secrets
     assert "gk-secret-77" in settings.secrets()
 
 
-def check(kafka: str, redis_url: str, judge_url: str, *args: str) -> subprocess.CompletedProcess[str]:
+def check(kafka: str, redis_url: str, judge_url: str, *args: str,
+          env_extra: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
     env = {**{k: v for k, v in os.environ.items() if not k.startswith("SGW_")}, "PYTHONPATH": str(ROOT),
            "SGW_KAFKA_BOOTSTRAP": kafka, "SGW_REDIS_URL": redis_url, "SGW_JUDGE_BASE_URL": judge_url,
-           "SGW_JUDGE_MODEL": "o-reasoner", "SGW_LOG_FORMAT": "console"}
+           "SGW_JUDGE_MODEL": "o-reasoner", "SGW_LOG_FORMAT": "console", **(env_extra or {})}
     return subprocess.run([sys.executable, "-m", "worker.cli", "check", *args], cwd=ROOT, env=env,
                           capture_output=True, text=True, timeout=120)
 
@@ -111,6 +114,26 @@ def test_check_makes_one_judge_call_and_says_what_works(kafka_bootstrap: str, re
         assert len(server.requests) == calls, "--no-judge makes no call"
     unreachable = check(kafka_bootstrap, redis_db_url, "http://127.0.0.1:9/v1")
     assert unreachable.returncode == 1 and "judge at" in unreachable.stderr and "Traceback" not in unreachable.stderr
+
+
+def test_check_tries_the_judge_span_export_and_keeps_its_headers_secret(kafka_bootstrap: str,
+                                                                       redis_db_url: str) -> None:
+    with ScriptedServer(Reply(200, {})) as collector:
+        export = {"SGW_JUDGE_TRACE_EXPORT": "otlp", "SGW_JUDGE_TRACE_ENDPOINT": collector.url + "/v1/traces",
+                  "SGW_JUDGE_TRACE_HEADERS": '{"x-honeycomb-team": "hc-secret-4242"}'}
+        taken = check(kafka_bootstrap, redis_db_url, "http://127.0.0.1:9/v1", "--no-judge", env_extra=export)
+        assert taken.returncode == 0, taken.stderr
+        assert f"spans   {collector.url}/v1/traces  took an export" in taken.stdout
+        sent = collector.requests[-1]
+        assert sent.path == "/v1/traces" and sent.headers["x-honeycomb-team"] == "hc-secret-4242"
+        assert not ExportTraceServiceRequest.FromString(sent.body).resource_spans[0].scope_spans[0].spans
+        collector.script(Reply(401, {"error": "hc-secret-4242 is not a key"}))
+        refused = check(kafka_bootstrap, redis_db_url, "http://127.0.0.1:9/v1", "--no-judge", env_extra=export)
+    assert refused.returncode == 1 and "judge span export at" in refused.stderr and "HTTP 401" in refused.stderr
+    assert "hc-secret-4242" not in refused.stdout + refused.stderr + taken.stdout + taken.stderr
+    away = check(kafka_bootstrap, redis_db_url, "http://127.0.0.1:9/v1", "--no-judge",
+                 env_extra={**export, "SGW_JUDGE_TRACE_ENDPOINT": "http://127.0.0.1:9/v1/traces"})
+    assert away.returncode == 1 and "unreachable" in away.stderr and "Traceback" not in away.stderr
 
 
 @pytest.mark.parametrize("error, learned", [
