@@ -26,6 +26,7 @@ from scorer_groups.gates import Allowance, GateColumns, JudgeColumn, breakdown_l
 from scoring.calibration import HumanVerdict, MachineColumn, agreement
 from scoring.catalog import CatalogSnapshot
 from scoring.errors import InvalidDocument, NotFound
+from scoring.judge_calls import encode_calls
 from scoring.models import Judge, Member, MemberKind, ScorerGroup
 from scoring.panel import GroupResult, Panel
 from scoring.subjects import Subject, as_text
@@ -83,6 +84,11 @@ class RowResult:
     @property
     def rating(self) -> float | None:
         return self.result.rating
+
+    def calls(self) -> bytes:
+        """The row's judge calls, as a live result keeps them (b"" when it made none)."""
+        return encode_calls([(m.outcome.ref_id, m.outcome.name, m.outcome.calls)
+                             for m in self.result.blend.members if m.outcome.calls])
 
     def wire(self) -> dict[str, Any]:
         """One output line: the group score, then judges as labelled verdicts and

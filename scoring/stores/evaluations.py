@@ -14,7 +14,7 @@ from __future__ import annotations
 import builtins
 import time
 import uuid
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import orjson
@@ -85,14 +85,44 @@ def completed(run: EvaluationRun, graded: DatasetRun, failed: dict[int, str],
     return done.model_copy(update={"rating": rating, "breakdown": breakdown, "agreement": agreed})
 
 
+def kept_calls(graded: DatasetRun, budget: int = keys.EVALUATION_CALLS_BYTES) -> tuple[dict[int, bytes], int]:
+    """Per dataset row (the row ids ``completed`` reads), its judge calls as kept with the run -
+    the unscored rows first, then the lowest rated, while they fit in ``budget`` bytes - and how
+    many rows with calls did not fit."""
+    with_calls = [(r, r.calls()) for r in graded.rows]
+    with_calls = [(r, calls) for r, calls in with_calls if calls]
+    with_calls.sort(key=lambda rc: (rc[0].rating is not None, rc[0].rating or 0.0))
+    kept: dict[int, bytes] = {}
+    left_out = 0
+    for result, calls in with_calls:
+        if len(calls) > budget:
+            left_out += 1
+            continue
+        budget -= len(calls)
+        kept[int(str(result.row.id))] = calls
+    return kept, left_out
+
+
+CALLS_BUDGET = (f"a run keeps {keys.EVALUATION_CALLS_BYTES // (1024 * 1024)} MiB of judge calls, the unscored and "
+                "lowest-rated rows' first")
+
+
+def calls_left_out_note(left_out: int) -> str:
+    return f"the judge calls of {left_out} row{'s' if left_out != 1 else ''} are not kept: {CALLS_BUDGET}"
+
+
 class EvaluationStore:
     def __init__(self, redis: RedisClient) -> None:
         self.redis = redis
 
-    async def save(self, run: EvaluationRun) -> None:
+    async def save(self, run: EvaluationRun, calls: Mapping[int, bytes] | None = None) -> None:
+        """The run, and when it was just graded its rows' judge calls (``kept_calls``)."""
         async with self.redis.pipeline(transaction=True) as pipe:
             pipe.set(keys.evaluation(run.project_id, run.id), orjson.dumps(run.stored()),
                      ex=keys.EVALUATION_TTL_S)
+            if calls:
+                pipe.hset(keys.evaluation_calls(run.project_id, run.id), mapping={str(r): c for r, c in calls.items()})
+                pipe.expire(keys.evaluation_calls(run.project_id, run.id), keys.EVALUATION_TTL_S)
             pipe.zadd(keys.evaluations(run.project_id), {run.id: run.created_at})
             pipe.expire(keys.evaluations(run.project_id), keys.EVALUATION_TTL_S)
             await pipe.execute()
@@ -112,6 +142,11 @@ class EvaluationStore:
         if raw is None:
             raise NotFound(f"no evaluation run with id {run_id!r}")
         return EvaluationRun.model_validate(orjson.loads(raw))
+
+    async def calls(self, project_id: str, run_id: str, row: int) -> builtins.list[dict[str, Any]] | None:
+        """A row's judge calls as kept with the run; None when none were (see ``kept_calls``)."""
+        raw = await self.redis.hget(keys.evaluation_calls(project_id, run_id), str(row))
+        return None if raw is None else list(orjson.loads(raw))
 
     async def list(self, project_id: str) -> builtins.list[EvaluationRun]:
         """The project's runs, newest first, without their rows (fetch one run for those)."""

@@ -28,12 +28,15 @@ PENDING_S = 30.0  # an event moved but not published this long ago is published 
 # incident ("" none), its opening time, the pending event (JSON), the incident's id and record
 # (JSON), the records' TTL, the channels it pages (JSON; the opening's, kept for its resolution).
 # 1 if moved; 0 if another mover was first, or an event is still pending (never overwritten: a
-# resolution whose mover died is published before the watch moves again).
+# resolution whose mover died is published before the watch moves again). A watch with an
+# incident open is kept until it resolves; one without is kept as long as the group's incidents,
+# so the watches of a group deleted or no longer alerting end with its records.
 _MOVE = """
 if (redis.call('HGET', KEYS[1], 'version') or '0') ~= ARGV[1] then return 0 end
 if redis.call('HEXISTS', KEYS[1], 'pending') == 1 then return 0 end
 redis.call('HSET', KEYS[1], 'version', ARGV[2], 'incident', ARGV[3], 'openedAt', ARGV[4], 'pending', ARGV[5],
            'channels', ARGV[9])
+if ARGV[3] == '' then redis.call('EXPIRE', KEYS[1], ARGV[8]) else redis.call('PERSIST', KEYS[1]) end
 redis.call('HSET', KEYS[2], ARGV[6], ARGV[7])
 redis.call('EXPIRE', KEYS[2], ARGV[8])
 return 1

@@ -232,6 +232,17 @@ def evaluations(project_id: str) -> str:
     return f"{PREFIX}:evaluations:{{{project_id}}}"
 
 
+# A run's judge calls: one hash, field = row index, value = the row's calls as a live result
+# keeps them (scoring.judge_calls.encode_calls), written with the run and kept as long. At most
+# EVALUATION_CALLS_BYTES a run - 10,000 rows of a judge panel would otherwise be 300 MB - the
+# unscored and lowest-rated rows first: the ones a failed gate sends people to read.
+EVALUATION_CALLS_BYTES = 16 * 1024 * 1024
+
+
+def evaluation_calls(project_id: str, run_id: str) -> str:
+    return f"{PREFIX}:evaluation-calls:{{{project_id}}}:{run_id}"
+
+
 # --- Backfills (scoring.stores.backfills): a job's keys, a group's jobs, the jobs not ended ------
 # A job's own keys share its id as hash tag: its document, state, ranges, plan lock and leases are
 # on one Redis Cluster node, so a batch's offset and counts move in one transaction.
@@ -270,6 +281,7 @@ INCIDENTS_OPEN = f"{PREFIX}:incidents:open"  # "<group>|<reason>" of every open 
 
 
 def incident_watch(group_id: str, reason: str) -> str:
+    """No TTL while its incident is open; INCIDENTS_KEPT_S from the move that closed it."""
     return f"{PREFIX}:incident-watch:{{{group_id}}}:{reason}"
 
 

@@ -34,6 +34,7 @@ if TYPE_CHECKING:
         Ratings,
         RatingWithCalls,
         ResultsPage,
+        RowCalls,
         SessionScore,
     )
     from scorer_groups.documents import Rating
@@ -65,7 +66,7 @@ _HOMES = {
     "Budget": "models", "CustomEvaluator": "models", "Judge": "models", "Member": "models",
     "OnlineProfile": "models", "Pattern": "models", "ScorerGroup": "models",
     "Agreement": "agreement", "JudgeCallRecord": "api_models", "JudgeTemplate": "api_models",
-    "RatingWithCalls": "api_models", "AgentAnswer": "runs",
+    "RatingWithCalls": "api_models", "AgentAnswer": "runs", "RowCalls": "api_models",
 }
 
 
@@ -116,6 +117,7 @@ __all__ = [
     "RatingWithCalls",
     "Ratings",
     "ResultsPage",
+    "RowCalls",
     "Retry",
     "ScorerGroup",
     "ServerError",

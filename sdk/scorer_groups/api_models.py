@@ -174,6 +174,15 @@ class RatingWithCalls(ApiModel):
     calls: list[JudgeCallRecord]
 
 
+class RowCalls(ApiModel):
+    """The judge calls behind one row of a dataset run."""
+
+    row: int
+    calls: list[JudgeCallRecord]
+    note: str | None = Field(None, description="Why there are none: the agent failed on the row, or the run's "
+                                               "budget for judge calls left them out.")
+
+
 class JudgeTemplate(ApiModel):
     """A shipped rubric to start a judge from (``POST /v1/judges`` with ``"template": name``),
     with what it reads and a small set of rows people labelled: grade them with the judge made

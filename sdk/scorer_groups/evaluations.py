@@ -33,6 +33,7 @@ from typing import Any
 from scorer_groups._calls import Call, _id, _model, _paged
 from scorer_groups._evaluations_shared import Evaluation, _Progress, _upload, call_agent
 from scorer_groups._transport import Transport
+from scorer_groups.api_models import RowCalls
 from scorer_groups.gates import GateFailed, NotAJudgeMember
 from scorer_groups.runs import Dataset, DatasetItem, EvaluationRun
 
@@ -138,3 +139,8 @@ class Evaluations:
 
     def list(self) -> builtins.list[EvaluationRun]:
         return self._t.run(_paged("/v1/evaluations", EvaluationRun))
+
+    def calls(self, id: str, row: int) -> RowCalls:
+        """The judge calls behind one row of a completed run: what each judge was sent and
+        answered (``note`` says why there are none)."""
+        return self._t.run(Call("GET", f"/v1/evaluations/{_id(id)}/rows/{int(row)}/calls", _model(RowCalls)))

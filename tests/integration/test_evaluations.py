@@ -129,6 +129,35 @@ def test_rows_the_agent_failed_on_fail_the_gate_unless_allowed(names: dict[str, 
     assert run.gate(fail_under=7, allow_unscored=0.34) == 9.0
 
 
+def test_each_rows_judge_calls_are_kept_with_the_run_and_only_for_its_project(
+        names: dict[str, Any], judge: JudgeServer, api: tuple[str, str, str]) -> None:
+    # What a failed CI gate sends people to read: the exact question each judge got on a row.
+    client, group = names["client"], _group(names)
+
+    def agent(question: str) -> str:
+        if question == "Say hi":
+            raise RuntimeError("model overloaded")
+        return f"Answer to {question} [[rating@quality-model=3]] [[rating@safety-model=9]]"
+
+    run = client.evaluations.run(dataset_id=names["dataset"].id, subject={"kind": "custom_agent", "displayName": "a"},
+                                 scorer_group_id=group.id).execute(agent, retries=0).finalize()
+    row = client.evaluations.calls(run.id, 1)
+    assert row.row == 1 and row.note is None
+    assert [(c.member, c.model) for c in row.calls] == [("Quality", "quality-model"), ("Safety", "safety-model")]
+    sent = {r["model"]: r["messages"] for r in judge.requests
+            if "Answer to Capital of France?" in r["messages"][-1]["content"]}
+    for call in row.calls:
+        assert [(m.role, m.content) for m in call.messages] == [(m["role"], m["content"]) for m in sent[call.model]]
+        assert call.answer and call.attempts == 1 and call.error is None
+    failed = client.evaluations.calls(run.id, 2)
+    assert failed.calls == [] and failed.note == "the agent failed on this row: nothing was graded"
+    assert not any("judge calls" in n for n in run.notes), "every row's calls fit"
+    with pytest.raises(NotFound):
+        client.evaluations.calls(run.id, 3)  # the run has 3 rows
+    with Client(api[0], create_key(api[2], "--project", "p-other")) as stranger, pytest.raises(NotFound):
+        stranger.evaluations.calls(run.id, 1)
+
+
 async def test_async_agents_run_too(names: dict[str, Any]) -> None:
     async def my_agent(question: str) -> str:
         return "fine [[rating@quality-model=6]] [[rating@safety-model=6]]"

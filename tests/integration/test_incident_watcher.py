@@ -24,6 +24,7 @@ from scoring.catalog import CatalogSnapshot
 from scoring.incidents import Watch
 from scoring.models import AlertChannel, ScorerGroup
 from scoring.results import HistoryEntry
+from scoring.stores import keys
 from scoring.stores.incidents import PENDING_S, IncidentStore
 from scoring.stores.ratings import RatingsStore
 from tests.support.harness import read_topic
@@ -206,6 +207,8 @@ async def test_an_incident_of_a_watch_no_longer_watched_resolves(
     await results(redis, group, bucket + 5, [3.0] * 10)
     await watcher.tick()
     assert await store.open_watches() == [(group.id, "window_below")]
+    watch_key = keys.incident_watch(group.id, "window_below")
+    assert await redis.ttl(watch_key) == -1, "a watch with its incident open is kept until it resolves"
     online = group.online.model_copy(update={"alert_mode": "each"})  # type: ignore[union-attr]
     current[0] = group.model_copy(update={"online": online})  # back to a Signal per result
     clock.now += 5
@@ -215,6 +218,8 @@ async def test_an_incident_of_a_watch_no_longer_watched_resolves(
                                                                             opened["incidentId"])
     assert "no longer watched" in resolved["justification"]
     assert await store.open_watches() == []
+    kept = await redis.ttl(watch_key)
+    assert keys.INCIDENTS_KEPT_S - 60 < kept <= keys.INCIDENTS_KEPT_S, "resolved: it ends with the group's records"
     hooks = await read_topic(kafka_bootstrap, topics.webhooks, until=lambda v: len(v) >= 6, settle_s=1)
     assert sorted(h["event"] for h in hooks).count("scorer_group.incident.resolved") == 3, "the opening's channels"
 

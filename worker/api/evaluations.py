@@ -14,13 +14,22 @@ from typing import Annotated, Literal
 from fastapi import APIRouter, Path, Query, Request, Response
 from pydantic import Field
 
+from scorer_groups.api_models import JudgeCallRecord, RowCalls
 from scorer_groups.runs import Dataset, DatasetItem, EvaluationCreate, EvaluationRun, Outputs
 from scoring.dataset import DatasetRow, grade_rows, human_verdict, plan_grading
 from scoring.errors import Conflict, InvalidDocument, NotFound
 from scoring.models import ID_PATTERN, Id, Name, WireModel
 from scoring.stores.catalog import CatalogStore
 from scoring.stores.datasets import DatasetStore, parse_rows
-from scoring.stores.evaluations import EvaluationStore, check_outputs, completed, new_run
+from scoring.stores.evaluations import (
+    CALLS_BUDGET,
+    EvaluationStore,
+    calls_left_out_note,
+    check_outputs,
+    completed,
+    kept_calls,
+    new_run,
+)
 from scoring.subjects import as_text
 from worker.api import problems
 from worker.api.auth import Who, redis_of
@@ -147,6 +156,31 @@ async def get_evaluation(run_id: ItemId, who: Who, request: Request) -> Evaluati
     return await EvaluationStore(redis_of(request)).get(_project(who), run_id)
 
 
+@router.get("/evaluations/{id}/rows/{row}/calls", response_model=RowCalls)
+async def row_calls(run_id: ItemId, row: Annotated[int, Path(ge=0, le=1_000_000)], who: Who,
+                    request: Request) -> RowCalls:
+    """The judge calls behind one row of a completed run: the exact messages each judge was sent
+    and what it answered (cut and masked as a live result's)."""
+    project = _project(who)
+    store = EvaluationStore(redis_of(request))
+    run = await store.get(project, run_id)  # 404 for another project's
+    if row >= run.row_count:
+        raise NotFound(f"run {run_id!r} has {run.row_count} rows (row {row} asked)")
+    found = await store.calls(project, run_id, row)
+    if found is not None:
+        return RowCalls(row=row, calls=[JudgeCallRecord.model_validate(c) for c in found])
+    graded = run.rows[row] if row < len(run.rows) else None
+    if run.status != "completed":
+        note = "the run is not finalized yet"
+    elif graded is not None and graded.get("error") is not None:
+        note = "the agent failed on this row: nothing was graded"
+    elif graded is not None and graded.get("judgeScorerResults"):
+        note = f"its judge calls are not kept: {CALLS_BUDGET}"
+    else:
+        note = "no judge graded this row"
+    return RowCalls(row=row, calls=[], note=note)
+
+
 @router.post("/evaluations/{id}/finalize", response_model=EvaluationRun,
              openapi_extra=body_doc(Outputs, OUTPUTS_BODY),
              responses={409: {**problems.RESPONSES[412], "description": "Being finalized by another request"}})
@@ -163,14 +197,16 @@ async def finalize_evaluation(run_id: ItemId, who: Who, request: Request) -> Eva
     try:
         run = await store.get(project, run_id)  # read under the claim: a finished run is not graded again
         check_outputs(run, body.outputs)
-        done = await _grade(request, project, run, body)
+        done, calls = await _grade(request, project, run, body)
     finally:
         await store.release_finalize(project, run_id)
-    await store.save(done)
+    await store.save(done, calls)
     return done
 
 
-async def _grade(request: Request, project: str, run: EvaluationRun, body: Outputs) -> EvaluationRun:
+async def _grade(request: Request, project: str, run: EvaluationRun,
+                 body: Outputs) -> tuple[EvaluationRun, dict[int, bytes]]:
+    """The completed run, and its rows' judge calls as kept with it."""
     redis = redis_of(request)
     _, items = await DatasetStore(redis).rows(project, run.dataset_id, run.dataset_version)
     catalog = await CatalogStore(redis).snapshot()
@@ -191,4 +227,8 @@ async def _grade(request: Request, project: str, run: EvaluationRun, body: Outpu
     graded = await grade_rows(engine.panel, catalog, plan, rows)
     humans = [human_verdict(item.human_rating, item.human_pass) for item in items[:run.row_count]]
     online = plan.group.online
-    return completed(run, graded, failed, humans, online.alert_threshold if online is not None else None)
+    done = completed(run, graded, failed, humans, online.alert_threshold if online is not None else None)
+    calls, left_out = kept_calls(graded)
+    if left_out:
+        done = done.model_copy(update={"notes": [*done.notes, calls_left_out_note(left_out)]})
+    return done, calls

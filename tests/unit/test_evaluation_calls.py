@@ -1,0 +1,50 @@
+"""A dataset run keeps its rows' judge calls within a budget, the rows a failed gate sends people
+to first: the unscored, then the lowest rated (scoring.stores.evaluations.kept_calls)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import cast
+
+from scoring.dataset import DatasetRun
+from scoring.stores.evaluations import calls_left_out_note, kept_calls
+
+
+@dataclass
+class _Row:
+    id: str
+
+
+@dataclass
+class _Graded:  # what kept_calls reads of a scoring.dataset.RowResult
+    row: _Row
+    rating: float | None
+    kept: bytes
+
+    def calls(self) -> bytes:
+        return self.kept
+
+
+def _run(*rows: tuple[int, float | None, int]) -> DatasetRun:
+    graded = [_Graded(_Row(str(index)), rating, b"x" * size) for index, rating, size in rows]
+    return cast(DatasetRun, type("Run", (), {"rows": graded})())
+
+
+def test_the_unscored_then_the_lowest_rated_rows_are_kept_first_within_the_budget() -> None:
+    run = _run((0, 9.0, 100), (1, 2.0, 100), (2, None, 100), (3, 5.0, 100), (4, 1.0, 0))
+    kept, left_out = kept_calls(run, budget=300)
+    assert sorted(kept) == [1, 2, 3] and left_out == 1, "row 4 made no call; row 0, rated best, did not fit"
+    assert kept[2] == b"x" * 100
+
+
+def test_a_row_larger_than_what_is_left_is_skipped_and_smaller_ones_still_fit() -> None:
+    run = _run((0, 1.0, 250), (1, 2.0, 100), (2, 3.0, 40))
+    kept, left_out = kept_calls(run, budget=300)
+    assert sorted(kept) == [0, 2] and left_out == 1
+
+
+def test_the_runs_note_says_how_many_rows_calls_are_not_kept() -> None:
+    assert calls_left_out_note(1).startswith("the judge calls of 1 row are not kept: a run keeps 16 MiB")
+    assert calls_left_out_note(3).startswith("the judge calls of 3 rows are not kept")
+
+
