@@ -1,8 +1,8 @@
 """The console: ``/console``, a browser page for the people who own groups (their groups, each
 group's incidents, ratings chart - with the level drift alerts judge against - recent results
 with the members' verdicts, its backfills, the playground, creating and editing groups, dataset
-runs). Static files shipped in the package
-(``worker/api/console/``): no build chain, nothing to install but the package.
+runs, the judge templates checked against their labelled examples). Static files shipped in the
+package (``worker/api/console/``): no build chain, nothing to install but the package.
 
 The page calls the same HTTP API as the SDK with the user's API key, which it keeps in the tab's
 sessionStorage. Every response here forbids inline script, framing and third-party origins
@@ -24,7 +24,8 @@ router = APIRouter(include_in_schema=False)
 FILES = {"console.js": "text/javascript; charset=utf-8", "filters.js": "text/javascript; charset=utf-8",
          "backfills.js": "text/javascript; charset=utf-8", "incidents.js": "text/javascript; charset=utf-8",
          "runs.js": "text/javascript; charset=utf-8",
-         "calls.js": "text/javascript; charset=utf-8", "console.css": "text/css; charset=utf-8"}
+         "calls.js": "text/javascript; charset=utf-8", "templates.js": "text/javascript; charset=utf-8",
+         "console.css": "text/css; charset=utf-8"}
 HEADERS = {
     "Content-Security-Policy": ("default-src 'none'; script-src 'self'; style-src 'self'; connect-src 'self'; "
                                 "img-src 'self' data:; base-uri 'none'; form-action 'self'; frame-ancestors 'none'"),

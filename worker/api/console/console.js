@@ -551,6 +551,7 @@ function route() {
   if (page === "new") return newGroupPage();
   if (page === "runs" && id) return runPage(decodeURIComponent(id)); // runs.js, as runsPage
   if (page === "runs") return runsPage();
+  if (page === "templates") return templatesPage(); // templates.js
   if (page === "settings") return settingsPage();
   return groupsPage();
 }
