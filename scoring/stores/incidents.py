@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Mapping, Sequence
+from datetime import datetime
 from typing import Any
 
 import orjson
@@ -24,13 +25,15 @@ from scoring.stores.client import RedisClient
 
 PENDING_S = 30.0  # an event moved but not published this long ago is published again
 
-# KEYS: the watch, the group's incidents. ARGV: the version read, the new version, the open
-# incident ("" none), its opening time, the pending event (JSON), the incident's id and record
-# (JSON), the records' TTL, the channels it pages (JSON; the opening's, kept for its resolution).
+# KEYS: the watch, the group's incidents, their order. ARGV: the version read, the new version,
+# the open incident ("" none), its opening time, the pending event (JSON), the incident's id and
+# record (JSON), the records' TTL, the channels it pages (JSON; the opening's, kept for its
+# resolution), the incident's opening time (for its order), the incidents a group keeps.
 # 1 if moved; 0 if another mover was first, or an event is still pending (never overwritten: a
 # resolution whose mover died is published before the watch moves again). A watch with an
 # incident open is kept until it resolves; one without is kept as long as the group's incidents,
-# so the watches of a group deleted or no longer alerting end with its records.
+# so the watches of a group deleted or no longer alerting end with its records. Past the
+# incidents a group keeps, the oldest resolved ones go (an open one stays whatever its age).
 _MOVE = """
 if (redis.call('HGET', KEYS[1], 'version') or '0') ~= ARGV[1] then return 0 end
 if redis.call('HEXISTS', KEYS[1], 'pending') == 1 then return 0 end
@@ -39,10 +42,23 @@ redis.call('HSET', KEYS[1], 'version', ARGV[2], 'incident', ARGV[3], 'openedAt',
 if ARGV[3] == '' then redis.call('EXPIRE', KEYS[1], ARGV[8]) else redis.call('PERSIST', KEYS[1]) end
 redis.call('HSET', KEYS[2], ARGV[6], ARGV[7])
 redis.call('EXPIRE', KEYS[2], ARGV[8])
+redis.call('ZADD', KEYS[3], ARGV[10], ARGV[6])
+redis.call('EXPIRE', KEYS[3], ARGV[8])
+local over = redis.call('ZCARD', KEYS[3]) - tonumber(ARGV[11])
+if over > 0 then
+  for _, id in ipairs(redis.call('ZRANGE', KEYS[3], 0, over + 3)) do
+    if over == 0 then break end
+    local record = redis.call('HGET', KEYS[2], id)
+    if not record or not string.find(record, '"state":"open"', 1, true) then
+      redis.call('HDEL', KEYS[2], id)
+      redis.call('ZREM', KEYS[3], id)
+      over = over - 1
+    end
+  end
+end
 return 1
 """
 
-# KEYS: the watch. ARGV: the version whose pending event was published. Clears it.
 _PUBLISHED = """
 if (redis.call('HGET', KEYS[1], 'version') or '0') ~= ARGV[1] then return 0 end
 redis.call('HDEL', KEYS[1], 'pending')
@@ -57,6 +73,14 @@ def bucket_size(window_s: int) -> int:
     quarter of an hour (``keys.RATING_WINDOWS``)."""
     hour, day = keys.RATING_WINDOWS["1h"], keys.RATING_WINDOWS["24h"]
     return hour[1] if window_s <= hour[0] else day[1]
+
+
+def _opened_at(record: Mapping[str, Any], default: float) -> float:
+    """An incident's opening time, its place in the group's order (a record says it in ISO)."""
+    try:
+        return datetime.fromisoformat(str(record["openedAt"])).timestamp()
+    except (KeyError, ValueError):
+        return default
 
 
 class IncidentStore:
@@ -108,12 +132,15 @@ class IncidentStore:
         """Move the watch from the version read to ``moved``, the event pending; False if
         another worker moved it first (or an event of it is still pending). An open incident is
         listed among the open watches (``open_watches``) until it resolves."""
-        answer = await self._move(keys=[keys.incident_watch(group_id, reason), keys.group_incidents(group_id)],
+        now = time.time() if now is None else now
+        answer = await self._move(keys=[keys.incident_watch(group_id, reason), keys.group_incidents(group_id),
+                                        keys.group_incidents_order(group_id)],
                                   args=[read.version, moved.version, moved.incident_id or "",
                                         "" if moved.opened_at is None else repr(moved.opened_at),
-                                        orjson.dumps({**event, "movedAt": time.time() if now is None else now}),
+                                        orjson.dumps({**event, "movedAt": now}),
                                         str(record["id"]), orjson.dumps(record), keys.INCIDENTS_KEPT_S,
-                                        orjson.dumps([list(c) for c in channels])])
+                                        orjson.dumps([list(c) for c in channels]), repr(_opened_at(record, now)),
+                                        keys.INCIDENTS_KEPT])
         if answer:
             member = f"{group_id}|{reason}"
             if moved.incident_id is not None:

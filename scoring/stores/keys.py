@@ -293,6 +293,15 @@ def group_incidents(group_id: str) -> str:
     return f"{PREFIX}:incidents:{{{group_id}}}"
 
 
+# A group's incidents by opening time (a sorted set beside them): past INCIDENTS_KEPT, the
+# oldest resolved go - a group that opens and resolves all day keeps a bounded list.
+INCIDENTS_KEPT = 500
+
+
+def group_incidents_order(group_id: str) -> str:
+    return f"{PREFIX}:incidents-order:{{{group_id}}}"
+
+
 def digest_period(group_id: str, channel: str, period: int) -> str:
     """A digest channel's period of a group (consumers.digests): pending, then sent."""
     return f"{PREFIX}:digest:{{{group_id}}}:{channel}:{period}"

@@ -19,6 +19,7 @@ from scorer_groups.api_models import (
     Change,
     Channel,
     GradeRequest,
+    Incidents,
     JudgeTemplates,
     PlaygroundRating,
     Ratings,
@@ -155,6 +156,11 @@ def group_results(group_id: str, limit: int, cursor: str | None, below: bool) ->
     if cursor is not None:
         params["cursor"] = cursor
     return Call("GET", f"/v1/scorer-groups/{_id(group_id)}/results", _model(ResultsPage), params=params)
+
+
+def group_incidents(group_id: str, limit: int, cursor: str | None) -> Call[Incidents]:
+    params: dict[str, Any] = {"limit": limit, **({"cursor": cursor} if cursor is not None else {})}
+    return Call("GET", f"/v1/scorer-groups/{_id(group_id)}/incidents", _model(Incidents), params=params)
 
 
 def judge_templates() -> Call[JudgeTemplates]:

@@ -21,6 +21,7 @@ from scorer_groups.api_models import (
     Change,
     Channel,
     GradeRequest,
+    Incidents,
     JudgeTemplate,
     PlaygroundRating,
     Ratings,
@@ -67,6 +68,11 @@ class ScorerGroups:
     def results(self, id: str, *, limit: int = 50, cursor: str | None = None, below: bool = False) -> ResultsPage:
         """The group's latest results, newest first (one page; ``next_cursor`` reads the next)."""
         return self._t.run(calls.group_results(id, limit, cursor, below))
+
+    def incidents(self, id: str, *, limit: int = 50, cursor: str | None = None) -> Incidents:
+        """A page of the group's incidents (alertMode window or drift, alertNoScoreRate), open
+        ones first, then the newest, with its learned level; ``next_cursor`` reads the next."""
+        return self._t.run(calls.group_incidents(id, limit, cursor))
 
     def result(self, id: str, rating_id: str) -> RatingWithCalls:
         """One of the group's latest results by its rating id, with the judge calls behind it:

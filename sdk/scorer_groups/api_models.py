@@ -292,8 +292,10 @@ class Level(ApiModel):
 
 
 class Incidents(ApiModel):
-    """``GET /v1/scorer-groups/{id}/incidents``: the group's incidents, open ones first, and its
-    learned level (drift groups; null before a window was learned)."""
+    """``GET /v1/scorer-groups/{id}/incidents``: a page of the group's incidents, open ones
+    first, then the newest (the last 500 are kept), and its learned level (drift groups; null
+    before a window was learned)."""
 
     incidents: list[Incident]
     level: Level | None = None
+    next_cursor: str | None = Field(None, description="Pass as cursor for the next page; null on the last.")

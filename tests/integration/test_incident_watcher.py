@@ -236,3 +236,28 @@ async def test_a_backfills_results_in_the_window_open_nothing_and_the_chart_stil
     assert (stats.results, stats.mean) == (10, 8.0), "the watcher sees live traffic only"
     assert (await RatingsStore(redis).history(group.id, "1h")).count == 40, "the chart counts both"
     assert await read_topic(kafka_bootstrap, topics.signals, until=lambda v: False, timeout_s=2) == []
+
+
+async def test_a_group_keeps_its_newest_incidents_and_an_open_one_whatever_its_age(
+        redis: Redis, unique: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(keys, "INCIDENTS_KEPT", 3)
+    store, group_id, t0 = IncidentStore(redis), f"g-{unique}", time.time() - 10_000
+
+    def record(incident: str, state: str, opened: float) -> dict[str, Any]:
+        return {"id": incident, "groupId": group_id, "reason": "window_below", "state": state,
+                "openedAt": datetime.fromtimestamp(opened, UTC).isoformat(), "lastSaid": '"state":"open" in text'}
+
+    # The oldest incident stays open on one watch while another watch opens and resolves five.
+    assert await store.move(group_id, "window_below", Watch(), Watch("inc-a", t0, 1), {}, record("inc-a", "open", t0))
+    await store.published(group_id, "window_below", 1)
+    watch = Watch()
+    for n in range(1, 6):
+        opened = Watch(f"inc-{n}", t0 + 100 * n, watch.version + 1)
+        assert await store.move(group_id, "coverage", watch, opened, {}, record(f"inc-{n}", "open", t0 + 100 * n))
+        await store.published(group_id, "coverage", opened.version)
+        watch = Watch(version=opened.version + 1)
+        assert await store.move(group_id, "coverage", opened, watch, {}, record(f"inc-{n}", "resolved", t0 + 100 * n))
+        await store.published(group_id, "coverage", watch.version)
+    kept = sorted(r["id"] for r in await store.incidents(group_id))
+    assert kept == ["inc-4", "inc-5", "inc-a"], "the open one however old, then the newest resolved"
+    assert await redis.zcard(keys.group_incidents_order(group_id)) == 3

@@ -33,18 +33,19 @@ def api(redis_databases: RedisDatabases, tmp_path_factory: pytest.TempPathFactor
             process.stop()
 
 
-async def recorded(url: str, group_id: str, incident: str, state: str, opened: float) -> None:
+async def recorded(url: str, group_id: str, incident: str, state: str, opened: float,
+                   reason: str = "window_below") -> None:
     redis = connect(url)
     try:
-        record = {"id": incident, "groupId": group_id, "projectId": "p-a", "reason": "window_below", "state": state,
+        record = {"id": incident, "groupId": group_id, "projectId": "p-a", "reason": reason, "state": state,
                   "openedAt": datetime.fromtimestamp(opened, UTC).isoformat(),
                   "resolvedAt": None if state == "open" else datetime.now(UTC).isoformat(),
                   "lastSaid": "Opened: a mean of 3.00/10.", "windowMean": 3.0, "windowResults": 10}
         version = 0 if state == "resolved" else 1  # (the old one recorded first)
         store = IncidentStore(redis)
-        assert await store.move(group_id, "window_below", Watch(version=version), Watch(incident, opened, version + 1),
+        assert await store.move(group_id, reason, Watch(version=version), Watch(incident, opened, version + 1),  # type: ignore[arg-type]
                                 {"signal": {}}, record)
-        await store.published(group_id, "window_below", version + 1)  # as the watcher does once it published
+        await store.published(group_id, reason, version + 1)  # type: ignore[arg-type]  # as the watcher does
     finally:
         await redis.aclose()
 
@@ -79,3 +80,11 @@ def test_a_groups_incidents_are_listed_open_first_and_only_to_its_project(
                                                                                ("inc-old", "resolved")]
         assert listed.json()["level"] is None, "no window learned yet"
         assert b.get(f"/v1/scorer-groups/{group['id']}/incidents").status_code == 404
+        asyncio.run(recorded(url, group["id"], "inc-older", "resolved", now - 9000, reason="coverage"))
+        first = a.get(f"/v1/scorer-groups/{group['id']}/incidents", params={"limit": 2}).json()
+        assert [i["id"] for i in first["incidents"]] == ["inc-new", "inc-old"] and first["nextCursor"]
+        rest = a.get(f"/v1/scorer-groups/{group['id']}/incidents",
+                     params={"limit": 2, "cursor": first["nextCursor"]}).json()
+        assert [i["id"] for i in rest["incidents"]] == ["inc-older"] and rest["nextCursor"] is None
+        refused = a.get(f"/v1/scorer-groups/{group['id']}/incidents", params={"cursor": "x"})
+        assert refused.status_code == 400 and "cursor" in refused.text, refused.text

@@ -58,7 +58,7 @@ function levelText(level, online) {
 
 // The level the chart draws, or null (none learned, or the read failed: the chart still draws).
 function groupLevel(group) {
-  return api("GET", `/v1/scorer-groups/${encodeURIComponent(group.id)}/incidents`).then((answer) => answer.level,
+  return api("GET", `/v1/scorer-groups/${encodeURIComponent(group.id)}/incidents?limit=1`).then((answer) => answer.level,
                                                                                        () => null);
 }
 
@@ -73,7 +73,7 @@ function listIncidents(container, group) {
     const read = ++reads;
     let answer;
     try {
-      answer = await api("GET", `/v1/scorer-groups/${encodeURIComponent(group.id)}/incidents`);
+      answer = await api("GET", `/v1/scorer-groups/${encodeURIComponent(group.id)}/incidents?limit=200`);
     } catch (error) {
       if (read !== reads) return;
       container.replaceChildren(failure(error));
