@@ -2,8 +2,9 @@
 level (``alertMode`` window or drift, or ``alertNoScoreRate``), each tick:
 
 1. read the group's last window from the shared ratings history (every worker reads the same);
-2. drift: learn the last closed window into the group's level, unless a drift incident is open
-   (a drop must not become the new normal);
+2. drift: learn the windows closed since the last one learned into the group's level, in order
+   (after the fleet was away, up to ``CATCH_UP_WINDOWS`` of them), unless a drift incident is
+   open: its windows pass unlearned (a drop must not become the new normal);
 3. for each reason watched: an event a worker moved and did not acknowledge is published
    again once stale (it died in between: the same ids, deduplicated downstream), and until then
    the watch does not move; then judge the window (``scoring.incidents``) and, if the watch
@@ -52,6 +53,8 @@ from scoring.stores.incidents import PENDING_S, IncidentStore
 from scoring.stores.ratings import RatingsStore
 
 log = structlog.get_logger(__name__)
+
+CATCH_UP_WINDOWS = 24  # closed windows learned in one tick after the fleet was away; older ones pass
 
 class IncidentEvents(Protocol):
     def incident_open(self, project_id: str, group_id: str, reason: str, is_open: bool) -> None: ...
@@ -117,12 +120,21 @@ class IncidentWatcher:
     async def _learned(self, group: ScorerGroup, now: float, window_s: int, drifting: bool) -> Baseline:
         level = await self._store.level(group.id)
         last_closed = int(now // window_s) - 1
-        if drifting or last_closed <= level.last_window:
+        if last_closed <= level.last_window:
             return level
-        closed = await self._store.window(group.id, last_closed * window_s, (last_closed + 1) * window_s - 1,
-                                          window_s)
-        learned = (level.learn(last_closed, closed.mean, window_s) if closed.mean is not None
-                   else Baseline(level.mean, level.variance, level.learned, last_closed))  # an empty window: passed
+        if drifting:  # passed, not learned - nor learned later, once the incident resolves
+            passed = Baseline(level.mean, level.variance, level.learned, last_closed)
+            await self._store.learn(group.id, passed)
+            return passed
+        # A new level starts from the last closed window; a known one learns every window since
+        # its last, so a fleet that was away (or a tick later than a window) misses none of them.
+        first = last_closed if level.last_window < 0 else max(level.last_window + 1,
+                                                              last_closed - CATCH_UP_WINDOWS + 1)
+        learned = level
+        for window in range(first, last_closed + 1):
+            closed = await self._store.window(group.id, window * window_s, (window + 1) * window_s - 1, window_s)
+            learned = (learned.learn(window, closed.mean, window_s) if closed.mean is not None
+                       else Baseline(learned.mean, learned.variance, learned.learned, window))  # empty: passed
         await self._store.learn(group.id, learned)
         return learned
 

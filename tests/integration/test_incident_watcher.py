@@ -261,3 +261,35 @@ async def test_a_group_keeps_its_newest_incidents_and_an_open_one_whatever_its_a
     kept = sorted(r["id"] for r in await store.incidents(group_id))
     assert kept == ["inc-4", "inc-5", "inc-a"], "the open one however old, then the newest resolved"
     assert await redis.zcard(keys.group_incidents_order(group_id)) == 3
+
+
+async def test_drift_learns_every_window_it_missed_and_none_of_a_drift_incidents(
+        redis: Redis, kafka_bootstrap: str, producer: AIOKafkaProducer, unique: str) -> None:
+    group, topics = a_group(unique, alertMode="drift"), topics_of(unique)
+    base = int(time.time()) // 60 * 60 - 600  # ten minute windows ago: each holds what is put there
+    clock = Clock(base + 60 + 10)
+    (watcher,) = watchers(redis, producer, topics, group, clock, 1)
+    store = IncidentStore(redis)
+    for n, score in enumerate([8.0, 6.0, 6.0, 6.0, 6.0, 6.0]):
+        await results(redis, group, base + 60 * n + 5, [score] * 10)
+    await watcher.tick()  # a new level starts from the last closed window
+    level = await store.level(group.id)
+    assert (level.learned, level.last_window, level.mean) == (1, base // 60, 8.0)
+
+    clock.now = base + 6 * 60 + 10  # the fleet was away five windows: each is learned, in order
+    await watcher.tick()
+    level = await store.level(group.id)
+    assert (level.learned, level.last_window) == (6, base // 60 + 5)
+    assert level.mean == pytest.approx((8.0 + 5 * 6.0) / 6), "the first windows count fully"
+
+    # A drift incident open: its windows pass unlearned, now and once it resolves.
+    opened = Watch("inc-drift", clock.now, 1)
+    assert await store.move(group.id, "drift", Watch(), opened, {}, {"id": "inc-drift", "state": "open",
+                                                                     "openedAt": "2026-12-05T00:00:00+00:00"})
+    await store.published(group.id, "drift", 1)
+    for n in (6, 7):
+        await results(redis, group, base + 60 * n + 5, [2.0] * 10)
+    clock.now = base + 8 * 60 + 10
+    await watcher.tick()
+    level = await store.level(group.id)
+    assert (level.learned, level.last_window) == (6, base // 60 + 7), "passed, not learned"
