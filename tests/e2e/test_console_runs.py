@@ -181,8 +181,8 @@ def test_a_labelled_run_shows_its_agreement_with_people(env: Env, browser: Any, 
     rows = browser.find_elements(By.CSS_SELECTOR, "#run-rows tbody tr")
     assert [r.get_attribute("data-row") for r in rows] == [str(r["row"]) for r in run["rows"]]
     first, verdicts = rows[0], {v["label"]: v for v in run["rows"][0]["judgeScorerResults"]}
-    assert text_of(first, "td[data-judge='Quality']") == fixed(verdicts["Quality"]["rating"])
-    assert text_of(first, f"td[data-judge=\"{XSS}\"]") == fixed(HOSTILE_SAYS)
+    assert text_of(first, "td[data-judge='Quality'] .run-verdict") == fixed(verdicts["Quality"]["rating"])
+    assert text_of(first, f"td[data-judge=\"{XSS}\"] .run-verdict") == fixed(HOSTILE_SAYS)
     output = first.find_element(By.CSS_SELECTOR, ".run-output")
     assert output.get_attribute("title") == run["rows"][0]["output"] == agent("q0")
     assert output.get_attribute("textContent") == agent("q0")[:200] + "\u2026"

@@ -2,8 +2,11 @@
 // each judge member's rating, and, when rows carry what people said (humanRating, humanPass),
 // the run's agreement with them (scorer_groups.agreement: per column - the group, then each
 // judge member - Spearman, MAE, kappa and the confusion at each mark, the suggested threshold,
-// the largest disagreements). Like the rest of the console, every string the server sends
-// (labels, outputs, justifications: tenants wrote them) is put on the page as text.
+// the largest disagreements). Each judge verdict of the rows table has a Call button: it reads
+// the row's judge calls (GET /v1/evaluations/{id}/rows/{row}/calls, once per row) and opens,
+// below the table, what that judge was sent and answered - the live results' view (calls.js).
+// Like the rest of the console, every string the server sends (labels, outputs, justifications,
+// judge messages: tenants wrote them) is put on the page as text.
 "use strict";
 
 const RUN_OUTPUT_SHOWN = 200; // characters of an output in the rows table; the whole is its title
@@ -91,9 +94,80 @@ function outputText(output) {
   return typeof output === "string" ? output : JSON.stringify(output);
 }
 
+// A row's judge calls, read once per row (a failed read is tried again at the next click, except
+// a 404: the run is gone, and will not be again).
+function rowCallsLoader(run) {
+  const answers = new Map();
+  return (row) => {
+    if (!answers.has(row)) {
+      const answer = api("GET", `/v1/evaluations/${encodeURIComponent(run.id)}/rows/${Number(row)}/calls`);
+      answers.set(row, answer);
+      answer.catch((error) => { if (!(error instanceof ApiError && error.status === 404)) answers.delete(row); });
+    }
+    return answers.get(row);
+  };
+}
+
+// A verdict's calls among its row's: those of its label, else (a call kept under another name)
+// those of its scorer that no other verdict of the row claims by label.
+function verdictCalls(verdict, verdicts, calls) {
+  const mine = calls.filter((call) => call.member === verdict.label);
+  if (mine.length) return mine;
+  const labels = new Set(verdicts.map((v) => v.label));
+  return calls.filter((call) => call.refId === verdict.scorerId && !labels.has(call.member));
+}
+
 function rowsTable(run) {
   const labels = run.judges.map((j) => j.label);
-  return el("table", { id: "run-rows" },
+  const load = rowCallsLoader(run);
+  const panel = el("div", { id: "run-call", class: "call-panel", dataset: { callPanel: "" }, hidden: true });
+  const buttons = [];
+  let shown = null;
+  let opened = 0;
+  const close = () => {
+    shown = null;
+    opened++;
+    for (const b of buttons) b.setAttribute("aria-pressed", "false");
+    panel.hidden = true;
+    panel.replaceChildren();
+    delete panel.dataset.row;
+    delete panel.dataset.member;
+  };
+  const open = async (row, verdict, button) => {
+    const key = `${row.row}\n${verdict.label}`;
+    if (shown === key) { close(); return; }
+    const mine = ++opened;
+    shown = key;
+    for (const b of buttons) b.setAttribute("aria-pressed", b === button ? "true" : "false");
+    panel.hidden = false;
+    panel.dataset.row = String(row.row);
+    panel.dataset.member = verdict.label;
+    panel.replaceChildren(el("p", { class: "muted" }, "Loading the call..."));
+    let found;
+    try {
+      found = await load(row.row);
+    } catch (error) {
+      if (mine === opened) panel.replaceChildren(failure(error));
+      return;
+    }
+    if (mine !== opened) return;
+    const calls = verdictCalls(verdict, row.judgeScorerResults, found.calls);
+    panel.replaceChildren(
+      el("h3", {}, `Judge call${calls.length > 1 ? "s" : ""} of ${verdict.label} on `,
+         el("button", { type: "button", class: "link", onclick: () => showRow(row.row) }, `row ${row.row}`)),
+      ...(calls.length ? calls.map((call, n) => callView(call, n, calls.length))
+                       : [el("p", { class: "muted", dataset: { noCall: "" } },
+                             found.note || "No call kept for this judge on this row")]));
+    panel.scrollIntoView({ block: "nearest" });
+  };
+  const callButton = (row, verdict) => {
+    const button = el("button", { type: "button", class: "secondary call-button run-call-button", "aria-pressed": "false",
+                                  "aria-controls": panel.id, "aria-label": `Call of ${verdict.label} on row ${row.row}`,
+                                  dataset: { call: verdict.label }, onclick: () => open(row, verdict, button) }, "Call");
+    buttons.push(button);
+    return button;
+  };
+  const table = el("table", { id: "run-rows" },
     el("thead", {}, el("tr", {}, ["Row", "Rating", "Reason", ...labels, "Output"].map((h) => el("th", {}, h)))),
     el("tbody", {}, run.rows.map((row) => {
       const verdicts = new Map((row.judgeScorerResults || []).map((v) => [v.label, v]));
@@ -106,12 +180,14 @@ function rowsTable(run) {
           const v = verdicts.get(label);
           if (!v) return el("td", { class: "muted" }, "-");
           return el("td", { dataset: { judge: label }, class: v.error ? "bad" : "", title: v.error || v.justification || "" },
-                    v.error ? "error" : fmt(v.rating));
+                    el("span", { class: "run-verdict" }, v.error ? "error" : fmt(v.rating)),
+                    row.error ? null : callButton(row, v));
         }),
         el("td", { class: row.error ? "bad run-output" : "run-output", title: row.error || output },
            row.error ? `the agent failed: ${row.error}`
              : output.length > RUN_OUTPUT_SHOWN ? `${output.slice(0, RUN_OUTPUT_SHOWN)}\u2026` : output));
     })));
+  return el("div", { class: "run-rows" }, table, panel);
 }
 
 // --- the agreement with people ---------------------------------------------------------------
