@@ -80,51 +80,67 @@ function memberCalls(member, calls) {
                     : [el("p", { class: "muted", dataset: { noCall: "" } }, "no call recorded")])];
 }
 
-// The Judge scores view: the members' verdicts, a Call button per judge, the panel below.
-// ``load`` is the result's callsLoader (kept by resultView, so switching views reads once).
-function judgeScoresView(rating, load) {
-  const panel = el("div", { id: `call-${rating.id}`, class: "call-panel", dataset: { callPanel: "" }, hidden: true });
+// A panel below a table, which the table's Call buttons fill one at a time: pressing the button
+// of what is shown closes it, and a read still running when another is pressed is dropped.
+// ``button(key, data, fill, attributes)`` makes one: ``key`` tells what it shows from the rest,
+// ``data`` is the panel's data attributes while it does, ``fill()`` answers the panel's nodes.
+function callPanel(id) {
+  const panel = el("div", { id, class: "call-panel", dataset: { callPanel: "" }, hidden: true });
   const buttons = [];
   let shown = null;
   let opened = 0;
+  const mark = (data) => {
+    for (const name of Object.keys(panel.dataset)) if (name !== "callPanel") delete panel.dataset[name];
+    Object.assign(panel.dataset, data);
+  };
   const close = () => {
     shown = null;
     opened++;
     for (const b of buttons) b.setAttribute("aria-pressed", "false");
     panel.hidden = true;
     panel.replaceChildren();
-    delete panel.dataset.member;
+    mark({});
   };
-  const open = async (member, button) => {
-    if (shown === member.name) { close(); return; }
+  const open = async (key, data, fill, button) => {
+    if (shown === key) { close(); return; }
     const mine = ++opened;
-    shown = member.name;
+    shown = key;
     for (const b of buttons) b.setAttribute("aria-pressed", b === button ? "true" : "false");
     panel.hidden = false;
-    panel.dataset.member = member.name;
+    mark(data);
     panel.replaceChildren(el("p", { class: "muted" }, "Loading the call..."));
-    let calls;
+    const nodes = await fill();
+    if (mine !== opened) return;
+    panel.replaceChildren(...nodes);
+    panel.scrollIntoView({ block: "nearest" });
+  };
+  const button = (key, data, fill, attributes = {}) => {
+    const made = el("button", { type: "button", "aria-pressed": "false", "aria-controls": id, ...attributes,
+                                class: `secondary call-button ${attributes.class || ""}`.trim(),
+                                onclick: () => open(key, data, fill, made) }, "Call");
+    buttons.push(made);
+    return made;
+  };
+  return { panel, button };
+}
+
+// The Judge scores view: the members' verdicts, a Call button per judge, the panel below.
+// ``load`` is the result's callsLoader (kept by resultView, so switching views reads once).
+function judgeScoresView(rating, load) {
+  const calls = callPanel(`call-${rating.id}`);
+  const fill = (member) => async () => {
     try {
-      calls = await load();
+      return memberCalls(member, await load());
     } catch (error) {
-      if (mine !== opened) return;
-      panel.replaceChildren(error instanceof ApiError && error.status === 404
+      return [error instanceof ApiError && error.status === 404
         ? el("p", { class: "muted", dataset: { callsGone: "" } },
              "The calls of this result are no longer kept: only the group's latest results keep them.")
-        : failure(error));
-      return;
+        : failure(error)];
     }
-    if (mine === opened) panel.replaceChildren(...memberCalls(member, calls));
   };
-  const action = (member) => {
-    if (member.kind !== "judge") return null;
-    const button = el("button", { type: "button", class: "secondary call-button", "aria-pressed": "false",
-                                  "aria-controls": panel.id, dataset: { call: member.name },
-                                  onclick: () => open(member, button) }, "Call");
-    buttons.push(button);
-    return button;
-  };
-  return el("div", { class: "judge-scores" }, membersTable(rating.members, action), panel);
+  const action = (member) => (member.kind !== "judge" ? null
+    : calls.button(member.name, { member: member.name }, fill(member), { dataset: { call: member.name } }));
+  return el("div", { class: "judge-scores" }, membersTable(rating.members, action), calls.panel);
 }
 
 // --- judge templates in the group editor --------------------------------------------------------

@@ -120,53 +120,25 @@ function verdictCalls(verdict, verdicts, calls) {
 function rowsTable(run) {
   const labels = run.judges.map((j) => j.label);
   const load = rowCallsLoader(run);
-  const panel = el("div", { id: "run-call", class: "call-panel", dataset: { callPanel: "" }, hidden: true });
-  const buttons = [];
-  let shown = null;
-  let opened = 0;
-  const close = () => {
-    shown = null;
-    opened++;
-    for (const b of buttons) b.setAttribute("aria-pressed", "false");
-    panel.hidden = true;
-    panel.replaceChildren();
-    delete panel.dataset.row;
-    delete panel.dataset.member;
-  };
-  const open = async (row, verdict, button) => {
-    const key = `${row.row}\n${verdict.label}`;
-    if (shown === key) { close(); return; }
-    const mine = ++opened;
-    shown = key;
-    for (const b of buttons) b.setAttribute("aria-pressed", b === button ? "true" : "false");
-    panel.hidden = false;
-    panel.dataset.row = String(row.row);
-    panel.dataset.member = verdict.label;
-    panel.replaceChildren(el("p", { class: "muted" }, "Loading the call..."));
+  const calls = callPanel("run-call"); // calls.js
+  const fill = (row, verdict) => async () => {
     let found;
     try {
       found = await load(row.row);
     } catch (error) {
-      if (mine === opened) panel.replaceChildren(failure(error));
-      return;
+      return [failure(error)];
     }
-    if (mine !== opened) return;
-    const calls = verdictCalls(verdict, row.judgeScorerResults, found.calls);
-    panel.replaceChildren(
-      el("h3", {}, `Judge call${calls.length > 1 ? "s" : ""} of ${verdict.label} on `,
-         el("button", { type: "button", class: "link", onclick: () => showRow(row.row) }, `row ${row.row}`)),
-      ...(calls.length ? calls.map((call, n) => callView(call, n, calls.length))
-                       : [el("p", { class: "muted", dataset: { noCall: "" } },
-                             found.note || "No call kept for this judge on this row")]));
-    panel.scrollIntoView({ block: "nearest" });
+    const mine = verdictCalls(verdict, row.judgeScorerResults, found.calls);
+    return [el("h3", {}, `Judge call${mine.length > 1 ? "s" : ""} of ${verdict.label} on `,
+               el("button", { type: "button", class: "link", onclick: () => showRow(row.row) }, `row ${row.row}`)),
+      ...(mine.length ? mine.map((call, n) => callView(call, n, mine.length))
+                      : [el("p", { class: "muted", dataset: { noCall: "" } },
+                            found.note || "No call kept for this judge on this row")])];
   };
-  const callButton = (row, verdict) => {
-    const button = el("button", { type: "button", class: "secondary call-button run-call-button", "aria-pressed": "false",
-                                  "aria-controls": panel.id, "aria-label": `Call of ${verdict.label} on row ${row.row}`,
-                                  dataset: { call: verdict.label }, onclick: () => open(row, verdict, button) }, "Call");
-    buttons.push(button);
-    return button;
-  };
+  const callButton = (row, verdict) => calls.button(`${row.row}\n${verdict.label}`,
+    { row: String(row.row), member: verdict.label }, fill(row, verdict),
+    { class: "run-call-button", "aria-label": `Call of ${verdict.label} on row ${row.row}`,
+      dataset: { call: verdict.label } });
   const table = el("table", { id: "run-rows" },
     el("thead", {}, el("tr", {}, ["Row", "Rating", "Reason", ...labels, "Output"].map((h) => el("th", {}, h)))),
     el("tbody", {}, run.rows.map((row) => {
@@ -187,7 +159,7 @@ function rowsTable(run) {
            row.error ? `the agent failed: ${row.error}`
              : output.length > RUN_OUTPUT_SHOWN ? `${output.slice(0, RUN_OUTPUT_SHOWN)}\u2026` : output));
     })));
-  return el("div", { class: "run-rows" }, table, panel);
+  return el("div", { class: "run-rows" }, table, calls.panel);
 }
 
 // --- the agreement with people ---------------------------------------------------------------
