@@ -49,7 +49,7 @@ from scoring.incidents import (
 )
 from scoring.models import AlertChannel, ScorerGroup
 from scoring.results import channel_key
-from scoring.stores.incidents import PENDING_S, IncidentStore
+from scoring.stores.incidents import PENDING_S, IncidentStore, bucket_size
 from scoring.stores.ratings import RatingsStore
 
 log = structlog.get_logger(__name__)
@@ -98,7 +98,7 @@ class IncidentWatcher:
         profile = group.online
         assert profile is not None
         window_s = profile.alert_window_seconds
-        stats = await self._store.window(group.id, now - window_s, now, window_s)  # 1.
+        stats = await self._store.window(group.id, now - window_s, now, now)  # 1.
         watched = reasons(profile)
         states = {reason: await self._store.watch_with_channels(group.id, reason) for reason in watched}
         level = None
@@ -132,9 +132,13 @@ class IncidentWatcher:
                                                               last_closed - CATCH_UP_WINDOWS + 1)
         learned = level
         for window in range(first, last_closed + 1):
-            closed = await self._store.window(group.id, window * window_s, (window + 1) * window_s - 1, window_s)
-            learned = (learned.learn(window, closed.mean, window_s) if closed.mean is not None
-                       else Baseline(learned.mean, learned.variance, learned.learned, window))  # empty: passed
+            start = window * window_s
+            # Passed: a window the history no longer holds in buckets as fine as the window (its
+            # minutes are gone after an hour, its quarters after a day), or one without results.
+            closed = (await self._store.window(group.id, start, start + window_s - 1, now)
+                      if bucket_size(now - start) <= window_s else None)
+            learned = (learned.learn(window, closed.mean, window_s) if closed is not None and closed.mean is not None
+                       else Baseline(learned.mean, learned.variance, learned.learned, window))
         await self._store.learn(group.id, learned)
         return learned
 

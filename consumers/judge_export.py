@@ -105,7 +105,7 @@ class JudgeCallExporter:
         empty = export_request([], self._version).SerializeToString()
         try:
             answer = await self._http.post(self._endpoint, content=empty)
-        except httpx.HTTPError as exc:
+        except (httpx.HTTPError, httpx.InvalidURL) as exc:
             return f"unreachable ({type(exc).__name__})"
         return None if 200 <= answer.status_code < 300 else f"HTTP {answer.status_code}"
 

@@ -85,6 +85,10 @@ class RowResult:
     def rating(self) -> float | None:
         return self.result.rating
 
+    @property
+    def has_calls(self) -> bool:
+        return any(m.outcome.calls for m in self.result.blend.members)
+
     def calls(self) -> bytes:
         """The row's judge calls, as a live result keeps them (b"" when it made none)."""
         return encode_calls([(m.outcome.ref_id, m.outcome.name, m.outcome.calls)

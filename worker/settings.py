@@ -11,6 +11,7 @@ import os
 from typing import Literal
 from urllib.parse import urlsplit
 
+import httpx
 from pydantic import Field, SecretStr, field_validator, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
@@ -422,7 +423,7 @@ class Settings(BaseSettings):
 
     @model_validator(mode="after")
     def _judge_trace_export_has_an_endpoint(self) -> Settings:
-        if self.judge_trace_export == "otlp" and not self.judge_trace_endpoint.startswith(("http://", "https://")):
+        if self.judge_trace_export == "otlp" and not _is_http_url(self.judge_trace_endpoint):
             raise ValueError("SGW_JUDGE_TRACE_EXPORT=otlp needs SGW_JUDGE_TRACE_ENDPOINT, an http(s) URL such as "
                              "http://otel-collector:4318/v1/traces")
         return self
@@ -439,6 +440,8 @@ class Settings(BaseSettings):
             if not (isinstance(parsed, dict) and all(isinstance(k, str) and isinstance(v, str)
                                                      for k, v in parsed.items())):
                 raise ValueError('must be a JSON object of header names to string values, e.g. {"X-Key": "v"}')
+            if not all(k.isascii() and v.isascii() and k.isprintable() and v.isprintable() for k, v in parsed.items()):
+                raise ValueError("header names and values must be printable ASCII (HTTP sends them so)")
         return value
 
     @model_validator(mode="after")
@@ -526,3 +529,12 @@ def _url_secrets(value: str) -> list[str]:
             continue
         found += [p for p in (parts.password, parts.username if parts.password is None else None) if p]
     return found
+
+
+def _is_http_url(url: str) -> bool:
+    """An http(s) URL httpx can send to (``http://[::1/x`` starts like one, and is not)."""
+    try:
+        parsed = httpx.URL(url)
+    except (httpx.InvalidURL, ValueError):
+        return False
+    return parsed.scheme in ("http", "https") and bool(parsed.host)

@@ -87,20 +87,18 @@ def completed(run: EvaluationRun, graded: DatasetRun, failed: dict[int, str],
 
 def kept_calls(graded: DatasetRun, budget: int = keys.EVALUATION_CALLS_BYTES) -> tuple[dict[int, bytes], int]:
     """Per dataset row (the row ids ``completed`` reads), its judge calls as kept with the run -
-    the unscored rows first, then the lowest rated, while they fit in ``budget`` bytes - and how
-    many rows with calls did not fit."""
-    with_calls = [(r, r.calls()) for r in graded.rows]
-    with_calls = [(r, calls) for r, calls in with_calls if calls]
-    with_calls.sort(key=lambda rc: (rc[0].rating is not None, rc[0].rating or 0.0))
+    the unscored rows first, then the lowest rated, until one does not fit in ``budget`` bytes -
+    and how many rows with calls were left out. Rows are encoded in that order and no further:
+    the work and the memory are the budget's, whatever the run's size."""
+    with_calls = sorted((r for r in graded.rows if r.has_calls), key=lambda r: (r.rating is not None, r.rating or 0.0))
     kept: dict[int, bytes] = {}
-    left_out = 0
-    for result, calls in with_calls:
+    for result in with_calls:
+        calls = result.calls()
         if len(calls) > budget:
-            left_out += 1
-            continue
+            break
         budget -= len(calls)
         kept[int(str(result.row.id))] = calls
-    return kept, left_out
+    return kept, len(with_calls) - len(kept)
 
 
 CALLS_BUDGET = (f"a run keeps {keys.EVALUATION_CALLS_BYTES // (1024 * 1024)} MiB of judge calls, the unscored and "

@@ -30,18 +30,21 @@ PENDING_S = 30.0  # an event moved but not published this long ago is published 
 # record (JSON), the records' TTL, the channels it pages (JSON; the opening's, kept for its
 # resolution), the incident's opening time (for its order), the incidents a group keeps.
 # 1 if moved; 0 if another mover was first, or an event is still pending (never overwritten: a
-# resolution whose mover died is published before the watch moves again). A watch with an
-# incident open is kept until it resolves; one without is kept as long as the group's incidents,
-# so the watches of a group deleted or no longer alerting end with its records. Past the
-# incidents a group keeps, the oldest resolved ones go (an open one stays whatever its age).
+# resolution whose mover died is published before the watch moves again). A watch has no TTL:
+# its version names its incidents (scoring.incidents.incident_id), and a watch that expired would
+# start again at 0 and name a new incident as an old one - whose Signals are deduplicated away.
+# Past the incidents a group keeps, the oldest resolved ones go (an open one stays whatever its
+# age); records from before the order existed join it first, as the oldest.
 _MOVE = """
 if (redis.call('HGET', KEYS[1], 'version') or '0') ~= ARGV[1] then return 0 end
 if redis.call('HEXISTS', KEYS[1], 'pending') == 1 then return 0 end
 redis.call('HSET', KEYS[1], 'version', ARGV[2], 'incident', ARGV[3], 'openedAt', ARGV[4], 'pending', ARGV[5],
            'channels', ARGV[9])
-if ARGV[3] == '' then redis.call('EXPIRE', KEYS[1], ARGV[8]) else redis.call('PERSIST', KEYS[1]) end
 redis.call('HSET', KEYS[2], ARGV[6], ARGV[7])
 redis.call('EXPIRE', KEYS[2], ARGV[8])
+if redis.call('HLEN', KEYS[2]) > redis.call('ZCARD', KEYS[3]) then
+  for _, id in ipairs(redis.call('HKEYS', KEYS[2])) do redis.call('ZADD', KEYS[3], 'NX', 0, id) end
+end
 redis.call('ZADD', KEYS[3], ARGV[10], ARGV[6])
 redis.call('EXPIRE', KEYS[3], ARGV[8])
 local over = redis.call('ZCARD', KEYS[3]) - tonumber(ARGV[11])
@@ -68,11 +71,15 @@ return 1
 FIELDS = ("count", "scored", "sum", "noscore", "skipped", "below")
 
 
-def bucket_size(window_s: int) -> int:
-    """The history's finest buckets that still cover the window: a minute up to an hour, then a
-    quarter of an hour (``keys.RATING_WINDOWS``)."""
-    hour, day = keys.RATING_WINDOWS["1h"], keys.RATING_WINDOWS["24h"]
-    return hour[1] if window_s <= hour[0] else day[1]
+def bucket_size(reach_s: float) -> int:
+    """The history's finest buckets still held ``reach_s`` back from now: each granularity is
+    kept for its chart's span (``keys.RATING_WINDOWS``: a minute for an hour, a quarter of an
+    hour for a day, ...); past every span, the coarsest (which holds nothing there either)."""
+    size = 0
+    for held_s, size in keys.RATING_WINDOWS.values():
+        if reach_s <= held_s:
+            return size
+    return size
 
 
 def _opened_at(record: Mapping[str, Any], default: float) -> float:
@@ -89,12 +96,13 @@ class IncidentStore:
         self._move = redis.register_script(_MOVE)
         self._published = redis.register_script(_PUBLISHED)
 
-    async def window(self, group_id: str, start: float, end: float, window_s: int) -> WindowStats:
-        """The counts of the group's live results in ``[start, end]``, by whole buckets: from the
-        one ``start`` falls in (a window reaches back by up to a bucket more). A backfill's results,
-        counted at their traces' own times, are left out: last week's traffic - or an hour's,
-        graded again under a new rubric - opens and resolves nothing."""
-        size = bucket_size(window_s)
+    async def window(self, group_id: str, start: float, end: float, now: float) -> WindowStats:
+        """The counts of the group's live results in ``[start, end]``, by whole buckets of the
+        finest size still held back to ``start`` (``bucket_size``): from the one ``start`` falls in
+        (a window reaches back by up to a bucket more). A backfill's results, counted at their
+        traces' own times, are left out: last week's traffic - or an hour's, graded again under a
+        new rubric - opens and resolves nothing."""
+        size = bucket_size(now - start)
         starts = range(int(start) // size * size, int(end) + 1, size)
         async with self._redis.pipeline(transaction=False) as pipe:
             for bucket in starts:  # live traffic only: a bucket less its part counted at past times

@@ -281,7 +281,7 @@ INCIDENTS_OPEN = f"{PREFIX}:incidents:open"  # "<group>|<reason>" of every open 
 
 
 def incident_watch(group_id: str, reason: str) -> str:
-    """No TTL while its incident is open; INCIDENTS_KEPT_S from the move that closed it."""
+    """No TTL: its version names its incidents (scoring.stores.incidents says why)."""
     return f"{PREFIX}:incident-watch:{{{group_id}}}:{reason}"
 
 

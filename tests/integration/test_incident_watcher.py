@@ -25,7 +25,7 @@ from scoring.incidents import Watch
 from scoring.models import AlertChannel, ScorerGroup
 from scoring.results import HistoryEntry
 from scoring.stores import keys
-from scoring.stores.incidents import PENDING_S, IncidentStore
+from scoring.stores.incidents import PENDING_S, IncidentStore, bucket_size
 from scoring.stores.ratings import RatingsStore
 from tests.support.harness import read_topic
 from tests.support.redis_clients import connect
@@ -207,8 +207,6 @@ async def test_an_incident_of_a_watch_no_longer_watched_resolves(
     await results(redis, group, bucket + 5, [3.0] * 10)
     await watcher.tick()
     assert await store.open_watches() == [(group.id, "window_below")]
-    watch_key = keys.incident_watch(group.id, "window_below")
-    assert await redis.ttl(watch_key) == -1, "a watch with its incident open is kept until it resolves"
     online = group.online.model_copy(update={"alert_mode": "each"})  # type: ignore[union-attr]
     current[0] = group.model_copy(update={"online": online})  # back to a Signal per result
     clock.now += 5
@@ -218,8 +216,8 @@ async def test_an_incident_of_a_watch_no_longer_watched_resolves(
                                                                             opened["incidentId"])
     assert "no longer watched" in resolved["justification"]
     assert await store.open_watches() == []
-    kept = await redis.ttl(watch_key)
-    assert keys.INCIDENTS_KEPT_S - 60 < kept <= keys.INCIDENTS_KEPT_S, "resolved: it ends with the group's records"
+    assert await redis.ttl(keys.incident_watch(group.id, "window_below")) == -1, \
+        "kept: its version names its incidents, and must not start again"
     hooks = await read_topic(kafka_bootstrap, topics.webhooks, until=lambda v: len(v) >= 6, settle_s=1)
     assert sorted(h["event"] for h in hooks).count("scorer_group.incident.resolved") == 3, "the opening's channels"
 
@@ -232,7 +230,7 @@ async def test_a_backfills_results_in_the_window_open_nothing_and_the_chart_stil
     await results(redis, group, bucket + 6, [1.0] * 30, past=True)  # the last minute graded again, badly
     (watcher,) = watchers(redis, producer, topics, group, Clock(bucket + 10), 1)
     await watcher.tick()
-    stats = await IncidentStore(redis).window(group.id, bucket - 50, bucket + 10, WINDOW_S)
+    stats = await IncidentStore(redis).window(group.id, bucket - 50, bucket + 10, time.time())
     assert (stats.results, stats.mean) == (10, 8.0), "the watcher sees live traffic only"
     assert (await RatingsStore(redis).history(group.id, "1h")).count == 40, "the chart counts both"
     assert await read_topic(kafka_bootstrap, topics.signals, until=lambda v: False, timeout_s=2) == []
@@ -240,12 +238,17 @@ async def test_a_backfills_results_in_the_window_open_nothing_and_the_chart_stil
 
 async def test_a_group_keeps_its_newest_incidents_and_an_open_one_whatever_its_age(
         redis: Redis, unique: str, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(keys, "INCIDENTS_KEPT", 3)
+    monkeypatch.setattr(keys, "INCIDENTS_KEPT", 4)
     store, group_id, t0 = IncidentStore(redis), f"g-{unique}", time.time() - 10_000
 
     def record(incident: str, state: str, opened: float) -> dict[str, Any]:
         return {"id": incident, "groupId": group_id, "reason": "window_below", "state": state,
                 "openedAt": datetime.fromtimestamp(opened, UTC).isoformat(), "lastSaid": '"state":"open" in text'}
+
+    # Records from before the order existed: they join it as the oldest, an open one kept too.
+    await redis.hset(keys.group_incidents(group_id), mapping={
+        f"old-{n}": orjson.dumps(record(f"old-{n}", "resolved", t0 - 100 * n)) for n in range(1, 5)})
+    await redis.hset(keys.group_incidents(group_id), "old-open", orjson.dumps(record("old-open", "open", t0 - 900)))
 
     # The oldest incident stays open on one watch while another watch opens and resolves five.
     assert await store.move(group_id, "window_below", Watch(), Watch("inc-a", t0, 1), {}, record("inc-a", "open", t0))
@@ -259,8 +262,8 @@ async def test_a_group_keeps_its_newest_incidents_and_an_open_one_whatever_its_a
         assert await store.move(group_id, "coverage", opened, watch, {}, record(f"inc-{n}", "resolved", t0 + 100 * n))
         await store.published(group_id, "coverage", watch.version)
     kept = sorted(r["id"] for r in await store.incidents(group_id))
-    assert kept == ["inc-4", "inc-5", "inc-a"], "the open one however old, then the newest resolved"
-    assert await redis.zcard(keys.group_incidents_order(group_id)) == 3
+    assert kept == ["inc-4", "inc-5", "inc-a", "old-open"], "the open ones however old, then the newest resolved"
+    assert await redis.zcard(keys.group_incidents_order(group_id)) == 4
 
 
 async def test_drift_learns_every_window_it_missed_and_none_of_a_drift_incidents(
@@ -293,3 +296,30 @@ async def test_drift_learns_every_window_it_missed_and_none_of_a_drift_incidents
     await watcher.tick()
     level = await store.level(group.id)
     assert (level.learned, level.last_window) == (6, base // 60 + 7), "passed, not learned"
+
+
+def test_a_window_is_read_from_the_finest_buckets_still_held_back_to_its_start() -> None:
+    assert [bucket_size(reach) for reach in (60, 3_600, 3_601, 86_400, 86_401, 40 * 86_400)] == \
+        [60, 60, 900, 900, 3_600, 21_600]
+
+
+async def test_drift_catching_up_passes_the_windows_the_history_holds_only_coarser(
+        redis: Redis, kafka_bootstrap: str, producer: AIOKafkaProducer, unique: str) -> None:
+    window_s = 300
+    group, topics = a_group(unique, alertMode="drift", alertWindowSeconds=window_s), topics_of(unique)
+    now = int(time.time()) // window_s * window_s + 10
+    gone = now - 2 * 3_600  # two hours away: the minutes of its first hour are no longer held
+    clock = Clock(gone)
+    (watcher,) = watchers(redis, producer, topics, group, clock, 1)
+    for at in range(gone - window_s, now, window_s):  # results in every window (kept here, as written now)
+        await results(redis, group, at + 5, [8.0] * 10)
+    await watcher.tick()
+    store = IncidentStore(redis)
+    assert (await store.level(group.id)).learned == 1
+    clock.now = now
+    await watcher.tick()
+    level = await store.level(group.id)
+    first, last = (gone // window_s), now // window_s - 1  # after the one learned, to the last closed
+    held = [w for w in range(first, last + 1) if now - w * window_s <= 3_600]
+    assert level.last_window == last and level.learned == 1 + len(held), "the older windows passed"
+    assert 0 < len(held) < last + 1 - first

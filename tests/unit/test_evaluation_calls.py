@@ -21,7 +21,14 @@ class _Graded:  # what kept_calls reads of a scoring.dataset.RowResult
     rating: float | None
     kept: bytes
 
+    encoded: int = 0
+
+    @property
+    def has_calls(self) -> bool:
+        return bool(self.kept)
+
     def calls(self) -> bytes:
+        self.encoded += 1
         return self.kept
 
 
@@ -37,10 +44,11 @@ def test_the_unscored_then_the_lowest_rated_rows_are_kept_first_within_the_budge
     assert kept[2] == b"x" * 100
 
 
-def test_a_row_larger_than_what_is_left_is_skipped_and_smaller_ones_still_fit() -> None:
-    run = _run((0, 1.0, 250), (1, 2.0, 100), (2, 3.0, 40))
+def test_rows_are_encoded_in_order_and_none_past_the_first_that_does_not_fit() -> None:
+    run = _run((0, 1.0, 250), (1, 2.0, 100), (2, 3.0, 40), (3, 9.0, 10))
     kept, left_out = kept_calls(run, budget=300)
-    assert sorted(kept) == [0, 2] and left_out == 1
+    assert sorted(kept) == [0] and left_out == 3
+    assert [row.encoded for row in run.rows] == [1, 1, 0, 0], "the work is the budget's, not the run's"  # type: ignore[attr-defined]
 
 
 def test_the_runs_note_says_how_many_rows_calls_are_not_kept() -> None:

@@ -53,11 +53,14 @@ async def _check_judge_spans(settings: Settings, redact: Redactor) -> list[str]:
     from consumers.judge_export import JudgeCallExporter
 
     endpoint = mask_url(settings.judge_trace_endpoint)
-    exporter = JudgeCallExporter(settings.judge_trace_endpoint, headers=settings.judge_trace_export_headers())
     try:
-        problem = await exporter.probe()
-    finally:
-        await exporter.close()
+        exporter = JudgeCallExporter(settings.judge_trace_endpoint, headers=settings.judge_trace_export_headers())
+        try:
+            problem = await exporter.probe()
+        finally:
+            await exporter.close()
+    except Exception as exc:  # a diagnosis: whatever went wrong is said, never raised
+        problem = f"{type(exc).__name__}: {exc}"
     if problem is not None:
         return [f"judge span export at {endpoint}: {redact(problem)}"]
     print(f"spans   {endpoint}  took an export (OTLP/HTTP)")
