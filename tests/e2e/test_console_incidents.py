@@ -13,10 +13,12 @@ import time
 from datetime import UTC, datetime
 from typing import Any
 
+import orjson
 import pytest
 
 from scorer_groups import Client
 from scoring.incidents import Baseline, Watch
+from scoring.stores import keys
 from scoring.stores.incidents import IncidentStore
 from tests.support import console_browser
 from tests.support.console_browser import XSS, Env, sign_in, wait_for
@@ -200,5 +202,30 @@ def test_the_editor_saves_the_alert_settings_and_shows_a_refused_one_at_its_fiel
         WebDriverWait(browser, 10).until(lambda _: "alertResolveAbove" not in online_of(env, group.id))
         assert online_of(env, group.id)["alertMinResults"] == 25
         assert online_of(env, group.id)["alertMode"] == "window"
+    finally:
+        delete(env, group)
+
+
+def test_more_incidents_than_a_page_are_counted_as_a_floor(env: Env, browser: Any) -> None:
+    group = a_group(env, "Flapping", alertMode="window")
+
+    async def many() -> None:  # 205 resolved incidents, as their moves left them
+        redis = connect(env.url)
+        try:
+            now = time.time()
+            await redis.hset(keys.group_incidents(group.id), mapping={f"inc-{n}": orjson.dumps({
+                "id": f"inc-{n}", "groupId": group.id, "projectId": group.project_id, "reason": "window_below",
+                "state": "resolved", "openedAt": datetime.fromtimestamp(now - 600 * n, UTC).isoformat(),
+                "resolvedAt": datetime.fromtimestamp(now - 600 * n + 300, UTC).isoformat(), "lastSaid": "x",
+                "windowMean": 3.0, "windowResults": 10}) for n in range(1, 206)})
+        finally:
+            await redis.aclose()
+
+    try:
+        asyncio.run(many())
+        open_group(browser, env, group.id)
+        assert len(wait_for(browser, "#incidents-resolved .incident", 20)) == 20
+        assert browser.find_element(By.ID, "incidents-earlier").text == "and over 180 earlier", \
+            "a page of 200 read: at least 180 more than the 20 shown"
     finally:
         delete(env, group)

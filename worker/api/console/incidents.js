@@ -98,7 +98,10 @@ function listIncidents(container, group) {
       nodes.push(el("h3", {}, "Resolved"), el("div", { id: "incidents-resolved" },
         resolved.slice(0, INCIDENTS_RESOLVED_SHOWN).map(incidentView)));
       if (resolved.length > INCIDENTS_RESOLVED_SHOWN) {
-        nodes.push(el("p", { class: "muted" }, `and ${resolved.length - INCIDENTS_RESOLVED_SHOWN} earlier`));
+        // One page of 200 is read (open ones first): past it, the count is a floor.
+        const earlier = resolved.length - INCIDENTS_RESOLVED_SHOWN;
+        nodes.push(el("p", { class: "muted", id: "incidents-earlier" },
+                      answer.nextCursor ? `and over ${earlier} earlier` : `and ${earlier} earlier`));
       }
     }
     if (answer.level) nodes.push(el("p", { class: "muted", id: "incident-level" }, levelText(answer.level, online)));
