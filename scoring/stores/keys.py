@@ -49,6 +49,10 @@ RATING_WINDOWS: dict[str, tuple[int, int]] = {
 # stream under ``results:{group}``: left to expire.)
 RESULTS_KEPT = 1_000
 RESULTS_TTL_S = 30 * 86_400
+# The index below is trimmed when a push carries the seq past a multiple of this, not at every
+# push: three commands per group and batch saved, for at most this many entries more than the
+# list, each no longer found (its result is gone: ``RatingsStore.result`` checks the list).
+RESULTS_INDEX_TRIM_EVERY = 64
 
 
 def group_results(group_id: str) -> str:
@@ -57,7 +61,7 @@ def group_results(group_id: str) -> str:
 
 def group_results_seqs(group_id: str) -> str:
     """Rating id -> its place (seq) in the list above: finds one result. Trimmed by seq with the
-    list, by the script that trims it."""
+    list, by the script that trims it (every RESULTS_INDEX_TRIM_EVERY seqs)."""
     return f"{PREFIX}:latest-seqs:{{{group_id}}}"
 
 

@@ -24,7 +24,8 @@ from scoring.stores.scripts import ScriptPipeline
 # KEYS: a group's buckets (one per chart window), then, optionally, its latest results list and
 # that list's index: rating id -> its seq (a sorted set) and rating id -> its judge calls (a hash).
 # ARGV: count, scored, sum, min, max, below, noscore, skipped, matched; the number of buckets and one TTL
-# per bucket; then, with the list: the length kept, its TTL, and per result (oldest first) its
+# per bucket; then, with the list: the length kept, its TTL, how often the index is trimmed (in
+# seqs: keys.RESULTS_INDEX_TRIM_EVERY), and per result (oldest first) its
 # document, whether it is below the threshold ("1"/"0"), its rating id and its judge calls (JSON,
 # or ""). One call counts a whole batch's results of one group into its buckets (the worker
 # aggregates first) and keeps their documents: the keys share the group's hash tag, so one
@@ -33,8 +34,9 @@ from scoring.stores.scripts import ScriptPipeline
 # not in "count", but shown beside "noscore" so that a starved group is seen, not silent.
 # "matched" counts traces (session turns) that passed the group's filter, sampled or not: the
 # traffic the group is aimed at, beside what it scored.
-# The index is trimmed by seq, below the list's oldest kept: whatever trimmed the list (this
-# script, an older version's, an eviction), nothing of it outlives the list. A result recorded
+# The index is trimmed by seq, below the list's oldest kept, whenever a push carries the seq past
+# a multiple of RESULTS_INDEX_TRIM_EVERY: whatever trimmed the list (this script, an older
+# version's, an eviction), nothing of it outlives the list by more than that many seqs. A result recorded
 # again under the same id (a redelivery) moves its seq up, so trimming the older copy keeps it.
 _RECORD = """
 local fields = {'count', 'scored', 'sum', 'min', 'max', 'below', 'noscore', 'skipped', 'matched'}
@@ -68,8 +70,9 @@ if #KEYS > buckets then
   local head = redis.call('LINDEX', list, 0)
   local seq = head and tonumber(string.match(head, '^(%d+):')) or 0
   if not head then redis.call('DEL', seqs, calls) end  -- a list begun again (expired, deleted): so is its index
+  local every, before = tonumber(ARGV[at + 2]), seq
   local items, ranked, called = {}, {}, {}
-  for i = at + 2, #ARGV, 4 do
+  for i = at + 3, #ARGV, 4 do
     seq = seq + 1
     table.insert(items, seq .. ':' .. ARGV[i + 1] .. ':' .. ARGV[i])
     if ARGV[i + 2] ~= '' then
@@ -86,11 +89,12 @@ if #KEYS > buckets then
   if #ranked > 0 then redis.call('ZADD', seqs, unpack(ranked)) end
   if #called > 0 then redis.call('HSET', calls, unpack(called)) end
   redis.call('LTRIM', list, 0, kept - 1)
-  local oldest = seq - kept + 1
-  local gone = redis.call('ZRANGEBYSCORE', seqs, '-inf', '(' .. oldest, 'LIMIT', 0, 5000)
-  if #gone > 0 then
-    redis.call('ZREM', seqs, unpack(gone))
-    redis.call('HDEL', calls, unpack(gone))
+  if math.floor(seq / every) > math.floor(before / every) then
+    local gone = redis.call('ZRANGEBYSCORE', seqs, '-inf', '(' .. (seq - kept + 1), 'LIMIT', 0, 5000)
+    if #gone > 0 then
+      redis.call('ZREM', seqs, unpack(gone))
+      redis.call('HDEL', calls, unpack(gone))
+    end
   end
   for _, key in ipairs({list, seqs, calls}) do redis.call('EXPIRE', key, ARGV[at + 1]) end
 end
@@ -290,7 +294,7 @@ class RatingsStore:
                 if documents:
                     names += [keys.group_results(group_id), keys.group_results_seqs(group_id),
                               keys.group_judge_calls(group_id)]
-                    args += [keys.RESULTS_KEPT, keys.RESULTS_TTL_S, *documents]
+                    args += [keys.RESULTS_KEPT, keys.RESULTS_TTL_S, keys.RESULTS_INDEX_TRIM_EVERY, *documents]
                 pipe.script(self._record, names, args)
             for (group_id, at), agg in _aggregate([e for e in entries if e.past]).items():
                 names, ttls = _bucket_keys(group_id, at, keys.rating_bucket_past)

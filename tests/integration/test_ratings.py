@@ -112,10 +112,17 @@ async def test_the_judge_call_index_never_outlives_the_list_whoever_trimmed_it(r
     head = int((await redis.lindex(keys.group_results(group), 0)).split(b":", 1)[0])
     await redis.lpush(keys.group_results(group), *[f"{head + 1 + n}:0:{{\"id\":\"old-{n}\"}}" for n in range(600)])
     await redis.ltrim(keys.group_results(group), 0, keys.RESULTS_KEPT - 1)
-    await store.write([entry(5_000)])
-    assert await redis.zcard(keys.group_results_seqs(group)) == keys.RESULTS_KEPT - 601 + 1
-    assert await redis.hlen(keys.group_judge_calls(group)) == keys.RESULTS_KEPT - 601 + 1
-    assert await store.result(group, "r-600") is None and await store.result(group, "r-601") is not None
+    # Until a push carries the seq past a multiple of RESULTS_INDEX_TRIM_EVERY, the index holds
+    # entries of results gone from the list - each no longer found; that push trims them.
+    pushes = keys.RESULTS_INDEX_TRIM_EVERY - (head + 600) % keys.RESULTS_INDEX_TRIM_EVERY
+    await store.write([entry(5_000 + n) for n in range(pushes - 1)])
+    assert await redis.zcard(keys.group_results_seqs(group)) == keys.RESULTS_KEPT + pushes - 1
+    assert await store.result(group, "r-0") is None, "its result is gone from the list"
+    await store.write([entry(5_000 + pushes)])
+    oldest = 600 + pushes  # r-n has seq n + 1; the list keeps the last RESULTS_KEPT seqs
+    assert await redis.zcard(keys.group_results_seqs(group)) == keys.RESULTS_KEPT - oldest + pushes
+    assert await redis.hlen(keys.group_judge_calls(group)) == await redis.zcard(keys.group_results_seqs(group))
+    assert await store.result(group, f"r-{oldest - 1}") is None and await store.result(group, f"r-{oldest}") is not None
     # Recorded again (a redelivery): trimming its older copy keeps the newer one's calls.
     await store.write([entry(700)])
     await store.write([entry(9_000 + n) for n in range(100)])  # the older r-700 falls off
