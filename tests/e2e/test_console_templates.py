@@ -129,6 +129,9 @@ def test_a_second_check_reuses_the_templates_judge(browser: Any, api: Api) -> No
     assert second != first
     assert faithfulness_judges(api) == judges, "a second judge was made from the template"
     assert api.get(f"/v1/evaluations/{second}")["scorerId"] == judges[0]["id"]
+    named = [d for d in api.get("/v1/datasets?limit=200")["items"] if d["name"] == f"Template examples: {FAITHFULNESS.title}"]
+    assert len(named) == 1 and named[0]["version"] == 1, "the examples' dataset is reused, not uploaded again"
+    assert api.get(f"/v1/evaluations/{second}")["datasetId"] == named[0]["id"]
 
 
 def test_a_failed_check_says_why_and_can_be_tried_again(browser: Any, api: Api) -> None:

@@ -48,16 +48,32 @@ function templateRow(template) {
     el("td", {}, button, el("div", { class: "muted" }, `costs ${judgeCalls(n)}`), status));
 }
 
-// The project's judge named as the template (what POST /v1/judges {template} names it), or a new one.
-async function templateJudge(template) {
+// The first item of a paged list (GET path?limit=&cursor=) that ``wanted`` says yes to, or null.
+async function firstInPages(path, wanted) {
   let cursor = null;
   do {
-    const page = await api("GET", `/v1/judges?limit=200${cursor ? `&cursor=${encodeURIComponent(cursor)}` : ""}`);
-    const found = page.items.find((judge) => judge.name === template.title);
-    if (found) return found;
+    const page = await api("GET", `${path}?limit=200${cursor ? `&cursor=${encodeURIComponent(cursor)}` : ""}`);
+    for (const item of page.items) if (await wanted(item)) return item;
     cursor = page.nextCursor;
   } while (cursor);
-  return api("POST", "/v1/judges", { template: template.name });
+  return null;
+}
+
+// The project's judge named as the template (what POST /v1/judges {template} names it), or a new one.
+async function templateJudge(template) {
+  return (await firstInPages("/v1/judges", (judge) => judge.name === template.title))
+    || api("POST", "/v1/judges", { template: template.name });
+}
+
+// The examples' dataset: the project's one of that name whose latest version holds the examples'
+// inputs in their order (the outputs are sent by row), or a new one. Its labels may have been
+// changed since: they are the project's to change.
+async function templateDataset(template, name, content) {
+  const inputs = JSON.stringify(template.examples.map((e) => e.input));
+  const same = async (dataset) => dataset.name === name && dataset.rowCount === template.examples.length &&
+    JSON.stringify((await api("GET", `/v1/datasets/${encodeURIComponent(dataset.id)}/rows`)).items
+      .map((row) => row.input)) === inputs;
+  return (await firstInPages("/v1/datasets", same)) || api("POST", "/v1/datasets", { name, format: "jsonl", content });
 }
 
 // Grades the template's examples with its judge; answers the completed run. ``say`` shows progress.
@@ -66,11 +82,11 @@ async function checkTemplate(template, say) {
   // 1. The judge: reused when the project has one named as the template, made from it otherwise.
   say("Finding the judge...");
   const judge = await templateJudge(template);
-  // 2. The examples as a dataset: what the agent was given and what people said (not its answers).
+  // 2. The examples as a dataset: what the agent was given and what people said (not its answers);
+  //    the one made at an earlier check when it still holds them.
   const content = examples.map((e) => JSON.stringify({ input: e.input, humanRating: e.humanRating,
                                                        humanPass: e.humanPass })).join("\n");
-  const dataset = await api("POST", "/v1/datasets", { name: `Template examples: ${template.title}`,
-                                                      format: "jsonl", content });
+  const dataset = await templateDataset(template, `Template examples: ${template.title}`, content);
   // 3. A run of the judge over that version of it.
   const run = await api("POST", "/v1/evaluations", {
     datasetId: dataset.id, datasetVersion: dataset.version, scorerId: judge.id,
