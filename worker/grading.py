@@ -51,6 +51,7 @@ class GradeRequest:
     concurrency: int = 8
     publish: bool = False
     allow_unscored: Allowance = 0  # rows without a score the gate lets pass (count or fraction)
+    with_calls: bool = False  # each row's line carries its judge calls (scoring.judge_calls: cut and masked)
 
 
 def read_rows(path: str) -> list[DatasetRow]:
@@ -125,7 +126,10 @@ async def grade(settings: Settings, request: GradeRequest, out: IO[str], err: Te
 
     run = await _grade(settings, catalog, plan, rows, request, err)
     for row in run.rows:
-        out.write(json.dumps(row.wire()) + "\n")
+        document = row.wire()
+        if request.with_calls:
+            document["judgeCalls"] = orjson.loads(row.calls() or b"[]")
+        out.write(json.dumps(document) + "\n")
     out.flush()
     print(json.dumps(run.summary(), indent=2), file=err)
     agreement = run.agreement

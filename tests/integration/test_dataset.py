@@ -12,6 +12,7 @@ import pytest
 from deploy.judge_server import JudgeServer
 from scorer_groups.gates import GateFailed
 from scoring.groups import MonitorClient
+from scoring.redact import REDACTED
 from tests.support.datasets import grade_api, grade_cli, m
 from tests.support.redis_clients import connect
 
@@ -240,3 +241,23 @@ def test_a_templates_labelled_rows_grade_into_an_agreement(catalog_url: str, jud
     summary = json.loads(done.stderr[done.stderr.index("{"):done.stderr.rindex("}") + 1])
     assert summary["agreement"]["labelledRows"] == len(BY_NAME["faithfulness"].examples)
     assert "agreement with people: 6 labelled rows (6 with a humanRating)" in done.stderr
+
+
+def test_with_calls_each_line_carries_what_each_judge_was_sent_masked(catalog_url: str, judge: JudgeServer,
+                                                                       tmp_path: Path) -> None:
+    key = "sk-judge-7c1e9a2b4d6f8a0c"
+    rows = tmp_path / "run.jsonl"
+    rows.write_text(json.dumps({"input": "q9", "output": f"Leaked {key} [[rating@quality-model=8]]"}) + "\n")
+    done = grade_cli(catalog_url, judge, "--group", "release", "--input", str(rows), "--with-calls",
+                     env={"SGW_JUDGE_API_KEY": key})
+    assert done.returncode == 0, done.stderr
+    (line,) = [json.loads(text) for text in done.stdout.splitlines()]
+    calls = {call["member"]: call for call in line["judgeCalls"]}
+    assert set(calls) == {"Quality", "Safety"}
+    quality = calls["Quality"]
+    sent = next(r for r in judge.requests if r["model"] == "quality-model" and "q9" in r["messages"][-1]["content"])
+    question = quality["messages"][-1]["content"]
+    assert key not in json.dumps(line) and key in sent["messages"][-1]["content"], "masked in the line alone"
+    assert question == sent["messages"][-1]["content"].replace(key, REDACTED), "the exact question, the key masked"
+    without = grade_cli(catalog_url, judge, "--group", "release", "--input", str(rows))
+    assert "judgeCalls" not in json.loads(without.stdout.splitlines()[0])

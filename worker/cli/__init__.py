@@ -2,6 +2,7 @@
 
     scorer-worker run                              consume traces and score them (the service)
     scorer-worker grade --group ID --input run.jsonl [--fail-under 7 [--scorer Safety] [--allow-unscored N]]
+                  [--with-calls]
     scorer-worker datasets create FILE --project P [--name N] [--id ID]   JSONL or CSV rows, version 1
     scorer-worker datasets version ID FILE --project P                   the next version
     scorer-worker datasets list --project P
@@ -79,6 +80,9 @@ def build_parser() -> argparse.ArgumentParser:
                             "(0.1); default 0, the gate fails closed")
     grade.add_argument("--concurrency", type=int, default=8, help="rows graded at once")
     grade.add_argument("--publish", action="store_true", help="also send results to the ratings topic")
+    grade.add_argument("--with-calls", action="store_true",
+                       help="each row's line also carries judgeCalls: what each judge was sent and answered "
+                            "(cut and masked as a live result's)")
     grade.set_defaults(func=cmd_grade)
 
     templates = sub.add_parser("templates", help="the judge rubric templates; --examples: a template's "
