@@ -117,6 +117,7 @@ class ResultsPage(ApiModel):
 
 
 MAX_EXAMPLE_EXTRAS_CHARS = 1 << 20
+MAX_EXAMPLE_SPANS = 500  # a playground example's, and a dataset run row's (scorer_groups.runs.RowOutput)
 
 
 class GradeRequest(WireModel):
@@ -125,7 +126,7 @@ class GradeRequest(WireModel):
     input: str = Field(max_length=100_000)
     output: str = Field(max_length=100_000)
     expected: JsonValue = None
-    spans: list[dict[str, JsonValue]] = Field(default_factory=list, max_length=500)
+    spans: list[dict[str, JsonValue]] = Field(default_factory=list, max_length=MAX_EXAMPLE_SPANS)
     metadata: dict[str, JsonValue] = Field(default_factory=dict)
     # What only the group's online.filter reads: the answer says whether live scoring would see it.
     agent_id: str | None = Field(None, max_length=128)

@@ -10,6 +10,7 @@ from typing import Any, Literal
 from pydantic import Field, JsonValue, field_validator
 
 from scorer_groups.agreement import Agreement
+from scorer_groups.api_models import MAX_EXAMPLE_EXTRAS_CHARS, MAX_EXAMPLE_SPANS
 from scorer_groups.gates import GateColumns, JudgeColumn
 from scorer_groups.models import Id, Name, WireModel
 
@@ -64,10 +65,6 @@ class EvaluationCreate(WireModel):
     dataset_version: int | None = Field(None, ge=1)
 
 
-MAX_ROW_SPANS = 500  # as many as the playground's example takes
-MAX_ROW_SPANS_CHARS = 1 << 20  # what members are sent of them: as much as a live trace may carry (1 MiB)
-
-
 class AgentAnswer(WireModel):
     """What an agent may return for a row instead of its bare output: the output and the spans of
     its run (``{"spanId", "parentSpanId", "name", "kind", "input", "output"}``), which members
@@ -75,7 +72,7 @@ class AgentAnswer(WireModel):
     outputs."""
 
     output: JsonValue
-    spans: list[dict[str, JsonValue]] = Field(default_factory=list, max_length=MAX_ROW_SPANS)
+    spans: list[dict[str, JsonValue]] = Field(default_factory=list, max_length=MAX_EXAMPLE_SPANS)
 
 
 class RowOutput(WireModel):
@@ -85,16 +82,17 @@ class RowOutput(WireModel):
     row: int = Field(ge=0)
     output: JsonValue = None
     # Left out when empty, so that 0.3 servers read a body that sends none.
-    spans: list[dict[str, JsonValue]] = Field(default_factory=list, max_length=MAX_ROW_SPANS,
+    spans: list[dict[str, JsonValue]] = Field(default_factory=list, max_length=MAX_EXAMPLE_SPANS,
                                               exclude_if=lambda v: not v)
     error: str | None = Field(None, max_length=2000)
 
     @field_validator("spans")
     @classmethod
     def _spans_bounded(cls, spans: list[dict[str, JsonValue]]) -> list[dict[str, JsonValue]]:
+        # What members are sent of them: as much as a playground example's extras (a live trace's).
         size = len(json.dumps(spans, separators=(",", ":"))) if spans else 0
-        if size > MAX_ROW_SPANS_CHARS:
-            raise ValueError(f"{size} characters of JSON, at most {MAX_ROW_SPANS_CHARS}")
+        if size > MAX_EXAMPLE_EXTRAS_CHARS:
+            raise ValueError(f"{size} characters of JSON, at most {MAX_EXAMPLE_EXTRAS_CHARS}")
         return spans
 
 
