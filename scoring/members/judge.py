@@ -96,9 +96,12 @@ class JudgeClient:
             except ValueError:
                 document = None
             call.usage = usage_of(document)
-            content = _completion_text(document)
-            call.answer = content if content is not None else response.text  # the record keeps what came
-            verdict = parse_verdict(_content(content, document, response))
+            content = _message_content(document)
+            call.answer = content if isinstance(content, str) else response.text  # the record keeps what came
+            if not isinstance(content, str):
+                raise MemberError(f"judge answer is not a chat completion: {response.text[:120]!r}"
+                                  if content is _NOT_A_COMPLETION else "judge answer has no text content")
+            verdict = parse_verdict(content)
             outcome = "ok"
             return JudgeVerdict(verdict.rating, verdict.justification, call.usage)
         except MemberError as exc:
@@ -215,21 +218,13 @@ def usage_of(document: Any) -> TokenUsage | None:
     return None if prompt is None and completion is None else TokenUsage(prompt, completion)
 
 
-def _completion_text(document: Any) -> str | None:
-    """A chat completion's text, or None when the answer is not one."""
-    try:
-        content = document["choices"][0]["message"]["content"]
-    except (KeyError, IndexError, TypeError):
-        return None
-    return content if isinstance(content, str) else None
+_NOT_A_COMPLETION = object()
 
 
-def _content(content: str | None, document: Any, response: Answer) -> str:
-    """The completion's text, or the member's error saying what the answer was instead."""
-    if content is not None:
-        return content
+def _message_content(document: Any) -> Any:
+    """A chat completion's message content (text when the judge answered one), or
+    ``_NOT_A_COMPLETION`` when the answer is not a chat completion at all."""
     try:
-        document["choices"][0]["message"]["content"]
+        return document["choices"][0]["message"]["content"]
     except (KeyError, IndexError, TypeError):
-        raise MemberError(f"judge answer is not a chat completion: {response.text[:120]!r}") from None
-    raise MemberError("judge answer has no text content")
+        return _NOT_A_COMPLETION
