@@ -336,6 +336,10 @@ def test_numbers_in_queries_are_ascii_digits_or_a_400(env: Env, value: str) -> N
             if answer.status_code == 400:
                 assert name in answer.text
         assert a.get(f"/v1/scorer-groups/{group}/changes", params={"cursor": value}).status_code == 400
+        incidents = a.get(f"/v1/scorer-groups/{group}/incidents", params={"cursor": value})
+        assert incidents.status_code == 400 and "cursor" in incidents.text, incidents.text
+        row = a.get(f"/v1/evaluations/run_0/rows/{value}/calls")  # a number in a path alike (all past 1,000,000)
+        assert row.status_code == 400 and "row" in row.text, row.text
         results = a.get(f"/v1/scorer-groups/{group}/results", params={"cursor": value})
         if value.isascii() and value.isdigit():  # a place past the newest result: the end, as ever
             assert results.status_code == 200 and results.json() == {"items": [], "nextCursor": None}

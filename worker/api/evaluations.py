@@ -157,7 +157,7 @@ async def get_evaluation(run_id: ItemId, who: Who, request: Request) -> Evaluati
 
 
 @router.get("/evaluations/{id}/rows/{row}/calls", response_model=RowCalls)
-async def row_calls(run_id: ItemId, row: Annotated[int, Path(ge=0, le=1_000_000)], who: Who,
+async def row_calls(run_id: ItemId, row: Annotated[int, Path(ge=0, le=1_000_000), Number], who: Who,
                     request: Request) -> RowCalls:
     """The judge calls behind one row of a completed run: the exact messages each judge was sent
     and what it answered (cut and masked as a live result's)."""
