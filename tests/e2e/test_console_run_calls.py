@@ -20,8 +20,8 @@ import pytest
 from deploy.judge_server import JudgeServer
 from scorer_groups import Client
 from tests.support import console_browser
-from tests.support.api_process import ApiProcess, create_key
-from tests.support.console_browser import XSS, wait_for
+from tests.support.api_process import ApiProcess, api_with_judge
+from tests.support.console_browser import XSS, sign_in_at, wait_for
 from tests.support.redis_databases import RedisDatabases
 
 pytestmark = pytest.mark.integration
@@ -56,47 +56,37 @@ class Env:
 
 @pytest.fixture(scope="module")
 def env(redis_databases: RedisDatabases, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Env]:
-    with JudgeServer() as judge, redis_databases.lease() as url:
-        key = create_key(url, "--project", "p-console-run-calls")
-        api = ApiProcess(url, tmp_path_factory.mktemp("api") / "api.log",
-                         env={"SGW_JUDGE_BASE_URL": judge.base_url, "SGW_JUDGE_TIMEOUT_S": "5"}).start()
-        try:
-            with Client(api.url, key) as client:
-                quality = client.monitor.judges.create(name="Quality", criteria="Helpful?", model="quality-model")
-                safety = client.monitor.judges.create(name="Safety", criteria="Safe?", model="safety-model")
-                group = client.monitor.scorer_groups.create(
-                    "Release bar", members=[{"kind": "judge", "refId": quality.id, "weight": 1},
-                                            {"kind": "judge", "refId": safety.id, "weight": 1}])
-                dataset = client.datasets.create("Questions", rows=[{"input": q} for q in QUESTIONS])
-                judge.reset()
-                done = client.evaluations.run(dataset_id=dataset.id, subject={"kind": "custom_agent", "displayName": "bot"},
-                                              scorer_group_id=group.id).execute(agent, retries=0).finalize()
-            with api.client(key) as http:
-                answer = http.get(f"/v1/evaluations/{done.id}")
-                assert answer.status_code == 200, answer.text
-                run = dict(answer.json())
-            asked = {}
-            for request in judge.requests:
-                user = [m["content"] for m in request["messages"] if m["role"] == "user"]
-                assert len(user) == 1 and isinstance(user[0], str), request["messages"]
-                question = next(q for q in SAYS if f"answer to {q} " in user[0])
-                asked[(request["model"], question)] = user[0]
-            assert sorted(asked) == sorted((m, q) for m in ("quality-model", "safety-model") for q in SAYS)
-            assert len(judge.requests) == 4, "two judges on two rows; none on the failed row"
-            yield Env(api, key, judge, run, asked)
-        finally:
-            api.stop()
+    with api_with_judge(redis_databases, tmp_path_factory.mktemp("api"), "p-console-run-calls",
+                        env={"SGW_JUDGE_TIMEOUT_S": "5"}) as (api, key, judge):
+        with Client(api.url, key) as client:
+            quality = client.monitor.judges.create(name="Quality", criteria="Helpful?", model="quality-model")
+            safety = client.monitor.judges.create(name="Safety", criteria="Safe?", model="safety-model")
+            group = client.monitor.scorer_groups.create(
+                "Release bar", members=[{"kind": "judge", "refId": quality.id, "weight": 1},
+                                        {"kind": "judge", "refId": safety.id, "weight": 1}])
+            dataset = client.datasets.create("Questions", rows=[{"input": q} for q in QUESTIONS])
+            judge.reset()
+            done = client.evaluations.run(dataset_id=dataset.id, subject={"kind": "custom_agent", "displayName": "bot"},
+                                          scorer_group_id=group.id).execute(agent, retries=0).finalize()
+        with api.client(key) as http:
+            answer = http.get(f"/v1/evaluations/{done.id}")
+            assert answer.status_code == 200, answer.text
+            run = dict(answer.json())
+        asked = {}
+        for request in judge.requests:
+            user = [m["content"] for m in request["messages"] if m["role"] == "user"]
+            assert len(user) == 1 and isinstance(user[0], str), request["messages"]
+            question = next(q for q in SAYS if f"answer to {q} " in user[0])
+            asked[(request["model"], question)] = user[0]
+        assert sorted(asked) == sorted((m, q) for m in ("quality-model", "safety-model") for q in SAYS)
+        assert len(judge.requests) == 4, "two judges on two rows; none on the failed row"
+        yield Env(api, key, judge, run, asked)
 
 
 def open_run(browser: Any, env: Env) -> None:
     """Signs in (the tab's sessionStorage holds the key), counts the page's reads of row calls
     (``window.rowCallReads``) and opens the run's page."""
-    browser.get(env.api.url + "/console")
-    browser.execute_script("sessionStorage.clear()")
-    browser.refresh()
-    wait_for(browser, "#api-key")[0].send_keys(env.key)
-    browser.find_element(By.CSS_SELECTOR, "#sign-in button").click()
-    wait_for(browser, "#groups")
+    sign_in_at(browser, env.api.url, env.key)
     browser.execute_script("""
       const real = window.fetch;
       window.rowCallReads = [];

@@ -18,8 +18,8 @@ import pytest
 from deploy.judge_server import JudgeServer
 from scoring.judge_templates import BY_NAME, TEMPLATES
 from tests.support import console_browser
-from tests.support.api_process import ApiProcess, create_key
-from tests.support.console_browser import XSS, wait_for
+from tests.support.api_process import ApiProcess, api_with_judge
+from tests.support.console_browser import XSS, sign_in_at, wait_for
 from tests.support.redis_databases import RedisDatabases
 
 pytestmark = pytest.mark.integration
@@ -45,24 +45,14 @@ class Api:
 
 @pytest.fixture(scope="module")
 def api(redis_databases: RedisDatabases, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Api]:
-    with JudgeServer() as judge, redis_databases.lease() as url:
-        key = create_key(url, "--project", "p-console-templates")
-        process = ApiProcess(url, tmp_path_factory.mktemp("api") / "api.log",
-                             env={"SGW_JUDGE_BASE_URL": judge.base_url, "SGW_JUDGE_TIMEOUT_S": "5"}).start()
-        try:
-            yield Api(process, key, judge)
-        finally:
-            process.stop()
+    with api_with_judge(redis_databases, tmp_path_factory.mktemp("api"), "p-console-templates",
+                        env={"SGW_JUDGE_TIMEOUT_S": "5"}) as (process, key, judge):
+        yield Api(process, key, judge)
 
 
 def open_templates(browser: Any, api: Api) -> list[Any]:
     """Signs in (the tab's sessionStorage holds the key) and opens the page from the nav: its rows."""
-    browser.get(api.process.url + "/console")
-    browser.execute_script("sessionStorage.clear()")
-    browser.refresh()
-    wait_for(browser, "#api-key")[0].send_keys(api.key)
-    browser.find_element(By.CSS_SELECTOR, "#sign-in button").click()
-    wait_for(browser, "#groups")
+    sign_in_at(browser, api.process.url, api.key)
     browser.find_element(By.CSS_SELECTOR, "#nav a[href='#/templates']").click()
     return wait_for(browser, "#templates tbody tr[data-template]", len(TEMPLATES))
 

@@ -16,7 +16,7 @@ from scorer_groups import AgentAnswer, BadRequest, Client
 from scorer_groups.runs import DatasetItem
 from scoring.dataset import DatasetRow
 from scoring.judge_templates import TEMPLATES
-from tests.support.api_process import ApiProcess, create_key
+from tests.support.api_process import api_with_judge
 from tests.support.redis_databases import RedisDatabases
 
 pytestmark = pytest.mark.integration
@@ -24,14 +24,8 @@ pytestmark = pytest.mark.integration
 
 @pytest.fixture(scope="module")
 def api(redis_databases: RedisDatabases, tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, str, JudgeServer]]:
-    with JudgeServer() as judge, redis_databases.lease() as url:
-        key = create_key(url, "--project", "p-templates")
-        process = ApiProcess(url, tmp_path_factory.mktemp("api") / "api.log",
-                             env={"SGW_JUDGE_BASE_URL": judge.base_url}).start()
-        try:
-            yield process.url, key, judge
-        finally:
-            process.stop()
+    with api_with_judge(redis_databases, tmp_path_factory.mktemp("api"), "p-templates") as (process, key, judge):
+        yield process.url, key, judge
 
 
 def test_the_templates_are_listed_with_what_they_read_and_their_labelled_rows(api: tuple[str, str, JudgeServer]) -> None:

@@ -7,12 +7,19 @@ import os
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import httpx
 
+from deploy.judge_server import JudgeServer
 from deploy.processes import free_port
+
+if TYPE_CHECKING:
+    from tests.support.redis_databases import RedisDatabases
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -74,3 +81,18 @@ class ApiProcess:
     def client(self, key: str | None) -> httpx.Client:
         headers = {"Authorization": f"Bearer {key}"} if key else {}
         return httpx.Client(base_url=self.url, headers=headers, timeout=10)
+
+
+@contextmanager
+def api_with_judge(redis_databases: RedisDatabases, log_dir: Path, project: str,
+                   env: dict[str, str] | None = None) -> Iterator[tuple[ApiProcess, str, JudgeServer]]:
+    """The API process grading with a local judge of its own, on a Redis database of its own,
+    and a key of ``project``; stopped after."""
+    with JudgeServer() as judge, redis_databases.lease() as url:
+        key = create_key(url, "--project", project)
+        process = ApiProcess(url, log_dir / "api.log", env={"SGW_JUDGE_BASE_URL": judge.base_url, **(env or {})})
+        process.start()
+        try:
+            yield process, key, judge
+        finally:
+            process.stop()

@@ -128,11 +128,18 @@ def wait_for(driver: Any, css: str, count: int = 1, timeout_s: float = 15) -> li
     return driver.find_elements(By.CSS_SELECTOR, css)
 
 
-def sign_in(browser: Any, env: Env) -> None:
-    """Each test signs in on its own: the tab's sessionStorage is the only place the key lives."""
-    browser.get(env.api.url + "/console")
+def sign_in_at(browser: Any, url: str, key: str) -> None:
+    """Signs in to the console at ``url`` with ``key``, afresh: the tab's sessionStorage is the
+    only place the key lives. Back on the groups page."""
+    browser.get(url + "/console")
     browser.execute_script("sessionStorage.clear()")
     browser.refresh()
-    wait_for(browser, "#api-key")[0].send_keys(env.key)
+    wait_for(browser, "#api-key")[0].send_keys(key)
     browser.find_element(By.CSS_SELECTOR, "#sign-in button").click()
+    wait_for(browser, "#groups")
+
+
+def sign_in(browser: Any, env: Env) -> None:
+    """Each test signs in on its own, on this module's environment (its two groups listed)."""
+    sign_in_at(browser, env.api.url, env.key)
     wait_for(browser, "#groups tbody tr", 2)
