@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable
 from datetime import UTC, datetime
 from typing import Any
 
@@ -155,6 +155,111 @@ async def test_an_event_moved_by_a_watcher_that_died_is_published_by_the_next(
     (published,) = await read_topic(kafka_bootstrap, topics.signals, until=lambda v: len(v) >= 1, settle_s=1)
     assert published["id"] == "s-1"
     assert (await store.watch(group.id, "window_below"))[1] is None, "acknowledged"
+
+
+class MovesAfterAnother(IncidentStore):
+    """The store of a watcher that is slow between reading a watch and moving it: at its first
+    move, ``meanwhile`` runs first (another watcher's whole tick: it moves the watch and
+    publishes, acknowledging its event); then the move goes to Redis from what was read before."""
+
+    def __init__(self, redis: Redis, meanwhile: Callable[[], Awaitable[None]]) -> None:
+        super().__init__(redis)
+        self._meanwhile: Callable[[], Awaitable[None]] | None = meanwhile
+        self.answers: list[bool] = []
+
+    async def move(self, *args: Any, **kwargs: Any) -> bool:
+        meanwhile, self._meanwhile = self._meanwhile, None
+        if meanwhile is not None:
+            await meanwhile()
+        answer = await super().move(*args, **kwargs)
+        self.answers.append(answer)
+        return answer
+
+
+async def test_a_watcher_that_read_the_watch_before_anothers_move_was_acknowledged_moves_nothing(
+        redis: Redis, kafka_bootstrap: str, producer: AIOKafkaProducer, unique: str) -> None:
+    """The case the version guards, not the pending event: the late watcher reads the watch (no
+    incident, version 0) at ``bucket + 10``; the first reads it after, at ``bucket + 12``, opens
+    the incident, publishes and acknowledges (nothing is pending any more); then the late one
+    moves from what it read. Refused: the watch, the incident and the topics stay the first's -
+    no second opening, no second page."""
+    group, topics = a_group(unique, alertMode="window"), topics_of(unique)
+    bucket = int(time.time()) // 60 * 60 - 60
+    await results(redis, group, bucket + 5, [3.0] * 10)
+    clock = Clock(bucket + 10)
+    outputs = Outputs(producer, topics, Silent())
+    store = IncidentStore(redis)
+    first = IncidentWatcher(store=store, ratings=RatingsStore(redis), catalog=lambda: catalog(group),
+                            send=outputs.send, topics=topics, clock=clock)
+    after_first: list[Any] = []
+
+    async def first_moves_and_publishes() -> None:
+        clock.now = bucket + 12
+        await first.tick()
+        after_first.extend([await store.watch(group.id, "window_below"), await store.incidents(group.id),
+                            await store.open_watches()])
+
+    late_store = MovesAfterAnother(redis, first_moves_and_publishes)
+    late = IncidentWatcher(store=late_store, ratings=RatingsStore(redis), catalog=lambda: catalog(group),
+                           send=outputs.send, topics=topics, clock=clock)
+    await late.tick()
+
+    (watch, pending), (incident,), open_now = after_first
+    assert (watch.version, watch.opened_at, pending) == (1, bucket + 12, None), "the first opened and acknowledged"
+    assert (incident["id"], incident["state"], incident["openedAt"]) == (
+        watch.incident_id, "open", datetime.fromtimestamp(bucket + 12, UTC).isoformat())
+    assert late_store.answers == [False], "the late watcher's move is refused"
+    assert [await store.watch(group.id, "window_below"), await store.incidents(group.id),
+            await store.open_watches()] == after_first == [(watch, None), [incident], open_now], "nothing changed"
+    signals = await read_topic(kafka_bootstrap, topics.signals, until=lambda v: len(v) >= 2, timeout_s=3)
+    hooks = await read_topic(kafka_bootstrap, topics.webhooks, until=lambda v: len(v) >= 4, timeout_s=3)
+    assert [(s["state"], s["incidentId"]) for s in signals] == [("opened", watch.incident_id)], "one opening"
+    assert len(hooks) == 3, "one page per channel, once"
+
+
+async def test_a_resolution_read_before_the_incident_resolved_and_reopened_leaves_the_new_one_open(
+        redis: Redis, unique: str) -> None:
+    """A mover that read an open incident (version 1) and moves to resolve it after another
+    resolved it (2) and a newer reading reopened one (3), each acknowledged: refused, the new
+    incident stays open on its watch - else the watch would go back to version 2, its open
+    incident forgotten, and the next opening would be named as the one already open."""
+    store, group_id, t0 = IncidentStore(redis), f"g-{unique}", time.time() - 600
+
+    def record(incident: str, state: str, opened: float) -> dict[str, Any]:
+        return {"id": incident, "groupId": group_id, "reason": "window_below", "state": state,
+                "openedAt": datetime.fromtimestamp(opened, UTC).isoformat()}
+
+    assert await store.move(group_id, "window_below", Watch(), Watch("inc-1", t0, 1), {}, record("inc-1", "open", t0))
+    await store.published(group_id, "window_below", 1)
+    stale, _ = await store.watch(group_id, "window_below")
+    assert stale == Watch("inc-1", t0, 1)
+    assert await store.move(group_id, "window_below", stale, Watch(version=2), {}, record("inc-1", "resolved", t0))
+    await store.published(group_id, "window_below", 2)
+    reopened = Watch("inc-3", t0 + 300, 3)
+    assert await store.move(group_id, "window_below", Watch(version=2), reopened, {},
+                            record("inc-3", "open", t0 + 300))
+    await store.published(group_id, "window_below", 3)
+
+    assert not await store.move(group_id, "window_below", stale, Watch(version=2), {"stale": True},
+                                record("inc-1", "resolved", t0)), "the stale resolution is refused"
+    assert await store.watch(group_id, "window_below") == (reopened, None)
+    assert await store.open_watches() == [(group_id, "window_below")]
+    assert sorted((r["id"], r["state"]) for r in await store.incidents(group_id)) == [("inc-1", "resolved"),
+                                                                                    ("inc-3", "open")]
+
+
+async def test_a_late_acknowledgment_of_an_older_move_leaves_the_newer_event_pending(
+        redis: Redis, unique: str) -> None:
+    """A mover slow to publish (its event went stale, the next watcher published it again,
+    acknowledged it and moved the watch on) acknowledges at last: the newer event stays pending -
+    else a newer mover that died before publishing would have its event lost."""
+    store, group_id, t0 = IncidentStore(redis), f"g-{unique}", time.time() - 600
+    opened = Watch("inc-1", t0, 1)
+    assert await store.move(group_id, "window_below", Watch(), opened, {"n": 1}, {"id": "inc-1"}, now=t0)
+    await store.published(group_id, "window_below", 1)  # the next watcher, once the event was stale
+    assert await store.move(group_id, "window_below", opened, Watch(version=2), {"n": 2}, {"id": "inc-1"}, now=t0 + 90)
+    await store.published(group_id, "window_below", 1)  # the slow mover, at last
+    assert await store.watch(group_id, "window_below") == (Watch(version=2), {"n": 2, "movedAt": t0 + 90})
 
 
 async def test_coverage_opens_when_results_go_without_a_score_and_resolves_when_they_score_again(
