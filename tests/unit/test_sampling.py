@@ -14,7 +14,11 @@ import sys
 
 import pytest
 
+from scoring.catalog import CatalogSnapshot
+from scoring.models import Pattern, ScorerGroup
+from scoring.routing import route
 from scoring.sampling import keep, sample_point
+from scoring.subjects import Trace
 from tests.support.sampling_reference import reference_keep
 
 # blake2b(subject, digest_size=8): hex digest -> its point, worked out once by hand.
@@ -40,12 +44,29 @@ def test_the_point_is_the_subjects_own_hash_and_nothing_else(subject: str) -> No
     assert keep(subject, point + 1e-9) and not keep(subject, point)
 
 
+def rubric(group_id: str, sample_rate: float) -> ScorerGroup:
+    """A live trace-scope group of project "acme", unsalted, that no filter narrows."""
+    return ScorerGroup.model_validate({
+        "id": group_id, "name": group_id, "projectId": "acme",
+        "online": {"enabled": True, "sampleRate": sample_rate, "alertThreshold": None, "severity": "low"},
+        "members": [{"kind": "pattern", "refId": "p", "weight": 1, "gate": False}]})
+
+
 def test_two_groups_at_the_same_rate_keep_the_same_traces() -> None:
-    # Whatever the groups are called: the decision no longer reads the group.
-    kept_by_old_rubric = {t for t in IDS if keep(t, 0.2)}
-    kept_by_new_rubric = {t for t in IDS if keep(t, 0.2)}
-    assert kept_by_old_rubric == kept_by_new_rubric == {t for t in IDS if reference_keep(t, 0.2)}
-    assert 800 < len(kept_by_old_rubric) < 1200
+    # Whatever the groups are called: the decision, made where live traffic is routed, does not
+    # read the group - the old and the new rubric grade the same fifth of the traffic.
+    old, new = rubric("old-rubric", 0.2), rubric("rubric-v2", 0.2)
+    assert old.id != new.id and old.online.sample_salt is None is new.online.sample_salt  # type: ignore[union-attr]
+    catalog = CatalogSnapshot(version=1, groups={f"acme/{g.id}": g for g in (old, new)},
+                              patterns={"p": Pattern(id="p", name="P", polarity="failure", contains=["refund"])})
+    kept: dict[str, set[str]] = {"old-rubric": set(), "rubric-v2": set()}
+    for t in IDS:
+        trace = Trace.model_validate({"traceId": t, "projectId": "acme", "agentId": "a",
+                                      "timestamp": "2026-12-02T13:00:00Z", "spans": [{"spanId": "r", "output": "ok"}]})
+        for pair in route(trace, catalog).pairs:
+            kept[pair.group.id].add(t)
+    assert kept["old-rubric"] == kept["rubric-v2"] == {t for t in IDS if reference_keep(t, 0.2)}
+    assert 800 < len(kept["old-rubric"]) < 1200
 
 
 def test_a_lower_rate_keeps_a_subset_of_a_higher_one() -> None:
