@@ -199,7 +199,10 @@ class ScorerGroups:
         if cursor is not None and not _RESULTS_CURSOR.fullmatch(cursor):
             raise InvalidDocument("cursor: not a cursor this API gave (nextCursor of the page before)")
         documents, next_cursor = await self._ratings.results(group_id, limit=limit, cursor=cursor, below=below)
-        return ResultsPage(items=[Rating.model_validate_json(d) for d in documents], next_cursor=next_cursor)
+        # Each result by its own project (``_sees``): a moved group's list keeps its old project's
+        # results until newer ones push them out. A page may then hold fewer than ``limit``.
+        ratings = [Rating.model_validate_json(d) for d in documents]
+        return ResultsPage(items=[r for r in ratings if self._sees(r)], next_cursor=next_cursor)
 
     async def result(self, group_id: str, rating_id: str) -> RatingWithCalls:
         """One of the group's latest results by its rating id, with its judge calls; NotFound
@@ -210,12 +213,16 @@ class ScorerGroups:
             raise NotFound(f"no result {rating_id!r} among the latest results of group {group_id!r}")
         document, calls = found
         rating = Rating.model_validate_json(document)
-        # The result's own project, not only the group's now: a group moved to another project
-        # (or an id reused) must not show the new owner the old one's traces, which calls quote.
-        if not self._caller.operator and rating.project_id != self._caller.project_id:
+        if not self._sees(rating):
             raise NotFound(f"no result {rating_id!r} among the latest results of group {group_id!r}")
         return RatingWithCalls(rating=rating,
                                calls=[JudgeCallRecord.model_validate(c) for c in orjson.loads(calls or b"[]")])
+
+    def _sees(self, rating: Rating) -> bool:
+        """Whether the caller may read the result: by its own project, not only the group's now -
+        a group moved to another project (or an id reused) must not show the new owner the old
+        one's traces, which results and their calls quote."""
+        return self._caller.operator or rating.project_id == self._caller.project_id
 
     async def create(self, name: str, members: Sequence[Any], description: str | None = None,
                      online: Mapping[str, Any] | OnlineProfile | None = None, *, project_id: str | None = None,

@@ -2,8 +2,9 @@
 
 1. The judge client records every call whatever its outcome (``scoring.ports.JudgeCall``).
 2. The panel keeps it cut and masked (``kept``): each message and the answer cut at
-   ``CALL_TEXT_MAX_CHARS`` with their full lengths said, then cut of secrets by the same redactor
-   as every published reason - a trace may carry a key, and a judge may echo it.
+   ``CALL_TEXT_MAX_CHARS`` with their full lengths said, then cut of secrets' shapes - a trace may
+   carry a key, and a judge may echo it. Only the error is cut of the process's known secrets
+   too: the messages and answer are the tenant's to steer (``scoring.redact`` says why).
 3. The outputs encode a result's calls (``encode_calls``) beside its rating; the ratings store
    keeps them as long as the rating stays among the group's latest results
    (``scoring.stores.ratings``), and ``GET /v1/scorer-groups/{id}/results/{ratingId}`` answers
@@ -14,7 +15,6 @@ Pure: no I/O.
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from dataclasses import replace
 from datetime import UTC, datetime
 from typing import Any
@@ -22,6 +22,7 @@ from typing import Any
 import orjson
 
 from scoring.ports import JudgeCall
+from scoring.redact import Redactor, redact_text
 
 # Bounds what one call keeps in Redis: a judge prompt carries the trace's input and output (up to
 # 40,000 characters each, scoring.judge_prompt); a person reading why a judge said 3 needs its
@@ -38,23 +39,31 @@ RESULT_CALLS_MAX_BYTES = 32 * 1024
 _REDACT_MARGIN = 256
 
 
-def kept(call: JudgeCall, redact: Callable[[str], str], max_chars: int = CALL_TEXT_MAX_CHARS) -> JudgeCall:
+def kept(call: JudgeCall, redact: Redactor, max_chars: int = CALL_TEXT_MAX_CHARS) -> JudgeCall:
     """The call as it may be kept and shown: texts cut at ``max_chars`` characters and
-    ``CALL_TEXT_MAX_BYTES`` bytes (their full lengths said in ``lengths``) and cut of secrets."""
+    ``CALL_TEXT_MAX_BYTES`` bytes (their full lengths said in ``lengths``) and cut of secrets:
+    the messages and answer of their shapes, the error of the known ones too."""
     def cut(text: str) -> str:
         if len(text) <= max_chars + _REDACT_MARGIN:  # masked whole: nothing cut short before masking
-            text = redact(text)[:max_chars]
+            text = redact_text(text)[:max_chars]
         else:
             # Masking earlier secrets shortens the text: the partial secret at the slice's end
             # moves left, so the cut counts back from the masked text's end, not forward from 0.
-            masked = redact(text[:max_chars + _REDACT_MARGIN])
+            masked = redact_text(text[:max_chars + _REDACT_MARGIN])
             text = masked[:min(max_chars, len(masked) - _REDACT_MARGIN)]
         return _within_bytes(_encodable(text), CALL_TEXT_MAX_BYTES)
 
     messages = tuple((role, cut(content)) for role, content in call.messages)
     lengths = (*(len(content) for _, content in call.messages), len(call.answer or ""))
+    error = None if call.error is None else _within_bytes(redact(call.error, tenant_gave=tenant_texts(call)), 2_000)
     return replace(call, messages=messages, answer=None if call.answer is None else cut(call.answer),
-                   error=None if call.error is None else _within_bytes(redact(call.error), 2_000), lengths=lengths)
+                   error=error, lengths=lengths)
+
+
+def tenant_texts(call: JudgeCall) -> tuple[str, ...]:
+    """What the tenant steered in the call - the model it named, the messages, the answer they
+    drew: an error that echoes them answers no guess (``scoring.redact``)."""
+    return (call.model, *(content for _, content in call.messages), call.answer or "")
 
 
 def _encodable(text: str) -> str:

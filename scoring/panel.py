@@ -12,14 +12,14 @@ import asyncio
 import functools
 import hashlib
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Protocol
 
 import structlog
 
 from scoring.blend import GATE_PASS_MARK, REFERENCE_DELETED, BlendResult, MemberOutcome, blend, goodness
 from scoring.frozen import frozen
-from scoring.judge_calls import kept
+from scoring.judge_calls import kept, tenant_texts
 from scoring.judge_prompt import token_ceiling
 from scoring.members.patterns import DEADLINE_S as PATTERN_DEADLINE_S
 from scoring.members.patterns import CompiledPattern, compiled
@@ -37,7 +37,7 @@ from scoring.ports import (
     RetryGate,
     TokenUsage,
 )
-from scoring.redact import Redactor
+from scoring.redact import Redactor, redact_text
 from scoring.subjects import Subject
 
 log = structlog.get_logger(__name__)
@@ -147,7 +147,7 @@ class Panel:
         sandbox: CodeSandbox | None = None,
         member_deadline_s: float = 120.0,
         observe: MemberObserver | None = None,
-        redact: Callable[[str], str] | None = None,
+        redact: Redactor | None = None,
         count_tokens: TokenObserver | None = None,
     ) -> None:
         self._judges = judges
@@ -159,8 +159,8 @@ class Panel:
         self._observe = observe
         self._count_tokens = count_tokens
         # Every reason and detail is published (ratings, Signals, webhook bodies): whatever a
-        # member's text carries - a hostile scorer's message, an error echoing a URL - is cut of
-        # secrets first.
+        # member's text carries - a judge echoing a key, an error echoing a URL - is cut of
+        # secrets first (``_describe``; which secrets, ``scoring.redact``).
         self._redact = redact or Redactor()
         # The bulk path's groups resolved against the snapshot in use (``_plan``), by group id.
         self._plans_for: ScorerLookup | None = None
@@ -334,22 +334,24 @@ class Panel:
         return result
 
     def _describe(self, member: Member, name: str, *, error: str | None = None, detail: str | None = None,
-                  **kw: object) -> MemberOutcome:
+                  calls: Sequence[JudgeCall] = (), **kw: object) -> MemberOutcome:
         """A member's outcome, its text cut of secrets. It is named by the label the group saved
         for it (the scorer's name when the group was saved, or the label its owner gave), so a
         renamed or deleted scorer keeps its name in every result, Signal and CI message; ``name``
         (the scorer's name, or its ref id) when it has none."""
         if error is not None:
-            kw["error"] = self._redact(error)
+            # A judge's error is written on the server's side (the operator's endpoint may echo its
+            # key): cut of the known secrets too, but for what the tenant sent in its calls. Other
+            # members' errors carry the tenant's code's or service's words: shapes only - a known
+            # secret masked there would answer a guess (``scoring.redact``).
+            kw["error"] = (self._redact(error, tenant_gave=[t for c in calls for t in tenant_texts(c)])
+                           if member.kind == "judge" else redact_text(error))
         if detail is not None:
-            # A pattern's detail is ours ("matched in output at offset 12"); other members' is
-            # text from a model or a tenant's service.
-            kw["detail"] = detail if member.kind == "pattern" else self._redact(detail)
-        calls = kw.get("calls")
+            # A pattern's detail is ours ("matched in output at offset 12"); other members' is a
+            # judge's reason or a tenant's service's: the tenant's to steer, so shapes only.
+            kw["detail"] = detail if member.kind == "pattern" else redact_text(detail)
         if calls:  # what the judge was asked holds the trace: kept cut and masked alike
-            kw["calls"] = tuple(kept(call, self._redact) for call in calls)  # type: ignore[attr-defined]
-        elif calls is not None:
-            del kw["calls"]
+            kw["calls"] = tuple(kept(call, self._redact) for call in calls)
         return MemberOutcome(name=member.label or name, kind=member.kind, weight=member.weight, gate=member.gate,
                              ref_id=member.ref_id, scorer_name=name, **kw)  # type: ignore[arg-type]
 

@@ -26,7 +26,10 @@ def room_for(judge_concurrency: int, external_connections: int) -> int:
 
 
 class Settings(BaseSettings):
-    model_config = SettingsConfigDict(env_prefix="SGW_", frozen=True, extra="ignore")
+    # An invalid value is never quoted back (``str(error)``, a traceback): a model validator's
+    # input is every setting given, secrets too, and a short or header-held secret is one no
+    # redactor knows.
+    model_config = SettingsConfigDict(env_prefix="SGW_", frozen=True, extra="ignore", hide_input_in_errors=True)
 
     # --- Kafka -------------------------------------------------------------------------------
     kafka_bootstrap: str = Field(

@@ -27,25 +27,31 @@ def test_long_texts_are_cut_at_the_bound_with_their_full_length() -> None:
     assert record.lengths == (10, CALL_TEXT_MAX_CHARS * 3, 5000)
 
 
-def test_secrets_are_masked_in_messages_answers_and_errors_even_across_the_cut() -> None:
+def test_secrets_are_masked_by_shape_in_messages_and_answers_by_value_in_errors_even_across_the_cut() -> None:
     redact = Redactor([OPERATOR_SECRET])
     shaped = "sk-proj-" + "A1b2C3d4" * 6  # an API key's shape, masked wherever it is
-    # The cut falls inside the operator's secret: masked whole before the cut, never a prefix left.
-    straddling = "a" * (CALL_TEXT_MAX_CHARS - 10) + OPERATOR_SECRET + " tail"
-    record = kept(call(f"mail me {shaped} or {OPERATOR_SECRET}", answer=f"echo {OPERATOR_SECRET}",
-                       error=f"HTTP 401 for key {OPERATOR_SECRET}"), redact)
+    record = kept(call(f"mail me {shaped}", answer=f"echo {shaped}", error=f"HTTP 401 for key {OPERATOR_SECRET}"),
+                  redact)
     text = orjson.dumps([record.messages, record.answer, record.error]).decode()
     assert OPERATOR_SECRET not in text and shaped not in text and "[redacted]" in text
+    # The tenant's own text is not compared with the known secrets: a masked guess would say it
+    # was right (scoring.redact). Its echo in an error neither.
+    guessed = kept(call(f"is it {OPERATOR_SECRET}?", answer=f"echo {OPERATOR_SECRET}",
+                        error=f"judge answer is not a JSON object: 'echo {OPERATOR_SECRET}'"), redact)
+    assert (guessed.messages[1][1], guessed.answer) == (f"is it {OPERATOR_SECRET}?", f"echo {OPERATOR_SECRET}")
+    assert guessed.error == f"judge answer is not a JSON object: 'echo {OPERATOR_SECRET}'"
+    # The cut falls inside a secret: masked whole before the cut, never a prefix left.
+    straddling = "a" * (CALL_TEXT_MAX_CHARS - 10) + shaped + " tail"
     cut = kept(call(straddling), redact).messages[1][1]
-    assert len(cut) == CALL_TEXT_MAX_CHARS and OPERATOR_SECRET[:8] not in cut
+    assert len(cut) == CALL_TEXT_MAX_CHARS and shaped[:12] not in cut
     # Keys masked early shorten the text: a secret cut short at the masked slice's end moves left,
     # into what is kept, unless the cut counts back from that end.
     early = " ".join("sk-proj-" + "Z" * 60 for _ in range(6))
-    for secret in (OPERATOR_SECRET, "postgres://admin:Sup3rS3cretDbPassw0rd@db:5432/app"):
+    for secret in (shaped, "postgres://admin:Sup3rS3cretDbPassw0rd@db:5432/app"):
         inside = secret.index("@") if "@" in secret else 12  # what of it the slice holds: unrecognisable
         shifted = early + "b" * (CALL_TEXT_MAX_CHARS + 256 - len(early) - inside) + secret + " and more text" * 50
         kept_text = kept(call(shifted), redact).messages[1][1]
-        assert "Sup3r" not in kept_text and OPERATOR_SECRET[:8] not in kept_text, kept_text[-80:]
+        assert "Sup3r" not in kept_text and shaped[:12] not in kept_text, kept_text[-80:]
 
 
 def test_a_hostile_text_is_bounded_in_bytes_and_a_results_calls_share_one_bound() -> None:

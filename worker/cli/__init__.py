@@ -38,7 +38,6 @@ import sys
 from pydantic import ValidationError
 
 from scoring.catalog import KIND_MODELS
-from scoring.redact import Redactor
 from worker.cli.backfill import cmd_backfill
 from worker.cli.catalog import cmd_apply, cmd_delete, cmd_get, cmd_list, cmd_ratings, cmd_session_scores
 from worker.cli.check import cmd_check
@@ -187,10 +186,10 @@ def main(argv: list[str] | None = None) -> int:
         settings = Settings()
     except ValidationError as exc:
         print("error: invalid settings:", file=sys.stderr)
-        for error in exc.errors(include_url=False):
+        # What was given is not quoted: a secret's value is one the redactor may not know yet.
+        for error in exc.errors(include_url=False, include_input=False):
             name = f"SGW_{str(error['loc'][0]).upper()}" if error["loc"] else "(settings)"
-            shown = Redactor.from_environment()(repr(error.get("input")))
-            print(f"  - {name}: {error['msg']} (got {shown})", file=sys.stderr)
+            print(f"  - {name}: {error['msg']}", file=sys.stderr)
         return 2
     configure_logging(settings.log_format, settings.log_level)
     use_known_secrets(settings.secrets())
