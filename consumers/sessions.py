@@ -43,6 +43,7 @@ from scoring.filters import TraceView
 from scoring.models import ScorerGroup
 from scoring.pairs import day_of
 from scoring.panel import Panel
+from scoring.regex_work import RegexWork
 from scoring.routing import Pair, pair_of
 from scoring.sampling import keep
 from scoring.stores.claims import Claims
@@ -148,7 +149,8 @@ class SessionSweeper:
                    now: float) -> list[Pair]:
         """The session's pairs due now: for each group quiet long enough, its matching turns (each
         turn is filtered alone, like a trace), 2+ of them, kept by the stable sample."""
-        views = [TraceView(turn) for turn in session.turns]
+        work = RegexWork()  # a conversation's turns share one trace's matching time
+        views = [TraceView(turn, work) for turn in session.turns]
         subjects: dict[tuple[int, ...], tuple[Subject, int]] = {}  # groups that match the same turns share one
         due = []
         for group in groups:

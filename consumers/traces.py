@@ -44,7 +44,7 @@ from consumers.pairs import FINISH_LINGER_S, PairOutcome, PairProtocol, all_of
 from consumers.pauses import PauseWatch
 from scoring.catalog import CatalogSnapshot
 from scoring.errors import ScoringError
-from scoring.filters import HEADER_PROJECT, ROUTING_HEADERS, HeaderView
+from scoring.filters import HEADER_PROJECT, MAX_ROUTING_HEADER_BYTES, ROUTING_HEADERS, HeaderView
 from scoring.panel import Panel
 from scoring.results import ResultScope
 from scoring.routing import DEFAULT_MAX_SPANS_PER_TRACE, Pair, route
@@ -56,6 +56,10 @@ from scoring.subjects import Trace
 log = structlog.get_logger(__name__)
 
 MAX_BATCH = 1000  # records a fetch takes at most
+# Routing a batch gives the event loop back at least this often: a trace's filters may spend up to
+# their matching time (scoring.regex_work), and a batch of such traces must not hold heartbeats,
+# commits and other jobs behind all of them.
+ROUTE_SLICE_S = 0.01
 
 
 class TurnRecorder(Protocol):
@@ -239,11 +243,15 @@ class TraceConsumer:
 
         # 2. route: each group's filter, then its sample (scoring.routing). Nothing a tenant sends
         #    may raise out of this loop: a trace that breaks routing is dead-lettered with the
-        #    reason, and the others go on.
+        #    reason, and the others go on. In slices: the loop is given back every ROUTE_SLICE_S.
         routed: list[tuple[Taken, Trace, list[Pair]]] = []
         turns: list[Trace] = []
         kept: Counter[tuple[str, str]] = Counter()
+        slice_ends = time.monotonic() + ROUTE_SLICE_S
         for taken, trace in traces:
+            if time.monotonic() > slice_ends:
+                await asyncio.sleep(0)
+                slice_ends = time.monotonic() + ROUTE_SLICE_S
             try:
                 decided = route(trace, snapshot, self._limits.max_spans_per_trace)
             except Exception as exc:
@@ -253,8 +261,10 @@ class TraceConsumer:
             kept.update((trace.project_id, pair.group.id) for pair in decided.pairs)
             filtered.update((trace.project_id, group) for group in decided.filtered)
             self.pairs.matched.update(decided.matched)
-            for (group, why), spans in decided.span_skipped.items():  # span groups: past the cap or the bound
-                self._events.group_skipped(trace.project_id, group, why, spans)
+            for (group, why), count in decided.skipped.items():  # past a span cap, a bound, the regex time
+                self._events.group_skipped(trace.project_id, group, why, count)
+            if decided.regex_cut:
+                self._events.regex_text_cut(trace.project_id, decided.regex_cut)
             if decided.turn:
                 turns.append(trace)
         for (project, group), count in kept.items():
@@ -352,7 +362,7 @@ class TraceConsumer:
         try:  # headers are the producer's: any that do not read as expected mean "parse it"
             fields = {name: value.decode(errors="replace") for name, value in headers
                       if name in ROUTING_HEADERS and isinstance(value, bytes)}
-            if not HeaderView.complete(fields):
+            if not HeaderView.complete(fields) or any(len(v) > MAX_ROUTING_HEADER_BYTES for v in fields.values()):
                 return False
             project = fields[HEADER_PROJECT]
             if snapshot.wanted(project, HeaderView(fields)):

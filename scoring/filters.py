@@ -24,6 +24,7 @@ from typing import Any, Final
 
 from scorer_groups.filters import AllOf, AnyOf, FieldCondition, FilterNode, NotOf, walk
 from scoring.models import compile_user_regex
+from scoring.regex_work import RegexWork
 from scoring.subjects import Span, Trace, as_text
 
 
@@ -48,6 +49,10 @@ HEADER_TRACE = "sgw-trace"
 HEADER_SESSION = "sgw-session"
 HEADER_ROOT_NAME = "sgw-root-name"
 ROUTING_HEADERS = (HEADER_PROJECT, HEADER_AGENT, HEADER_TRACE, HEADER_SESSION, HEADER_ROOT_NAME)
+# A routing header longer than this is not read: the record is parsed and decided on its trace
+# (whose ids the trace schema bounds). A header is the producer's word, and a filter's regex runs
+# on it before anything is parsed.
+MAX_ROUTING_HEADER_BYTES = 1024
 
 
 def routing_headers(trace: Trace) -> list[tuple[str, bytes]]:
@@ -106,14 +111,16 @@ class TraceView:
     """A decoded trace's fields, each read (and the texts made) at most once per trace, whatever
     the number of groups and conditions that read it."""
 
-    __slots__ = ("_root", "_spans", "_texts", "span_tests_left", "trace")
+    __slots__ = ("_root", "_spans", "_texts", "span_tests_left", "trace", "work")
 
-    def __init__(self, trace: Trace) -> None:
+    def __init__(self, trace: Trace, work: RegexWork | None = None) -> None:
         self.trace = trace
         self._root: Span | None = None
         self._texts: dict[str, Any] = {}
         self._spans: dict[str, list[Any]] = {}
         self.span_tests_left = MAX_SPAN_TESTS
+        # The trace's matching time, shared with its span views (a conversation's turns share one).
+        self.work = RegexWork() if work is None else work
 
     @property
     def root(self) -> Span:
@@ -165,13 +172,15 @@ class TraceView:
 
 
 class SpanView:
-    """One span's fields, for a span-scope group's ``spanFilter``."""
+    """One span's fields, for a span-scope group's ``spanFilter``; its regexes spend its trace's
+    matching time (``work``)."""
 
-    __slots__ = ("_texts", "span")
+    __slots__ = ("_texts", "span", "work")
 
-    def __init__(self, span: Span) -> None:
+    def __init__(self, span: Span, work: RegexWork) -> None:
         self.span = span
         self._texts: dict[str, Any] = {}
+        self.work = work
 
     def field(self, name: str) -> Any:
         span = self.span
@@ -202,7 +211,7 @@ class HeaderView:
     that carries the project, agent, trace and root-name headers (``complete``): then an absent
     (or empty) session header means the trace has no session."""
 
-    __slots__ = ("_values",)
+    __slots__ = ("_values", "_work")
 
     REQUIRED = (HEADER_PROJECT, HEADER_AGENT, HEADER_TRACE, HEADER_ROOT_NAME)
 
@@ -210,6 +219,14 @@ class HeaderView:
         self._values = {"agentId": headers.get(HEADER_AGENT, UNKNOWN), "traceId": headers.get(HEADER_TRACE, UNKNOWN),
                         "sessionId": headers.get(HEADER_SESSION) or MISSING,
                         "root.name": headers.get(HEADER_ROOT_NAME, UNKNOWN)}
+        self._work: RegexWork | None = None
+
+    @property
+    def work(self) -> RegexWork:
+        """Made on the first regex: most records are routed by ids alone."""
+        if self._work is None:
+            self._work = RegexWork()
+        return self._work
 
     @classmethod
     def complete(cls, headers: Mapping[str, str]) -> bool:
@@ -230,6 +247,9 @@ class HeaderView:
 
 View = TraceView | HeaderView | SpanView
 Decide = Callable[[View], "bool | None"]  # True, False, or None: the view cannot tell
+# One field value (or ``MISSING``) against a condition; None: it cannot tell (a regex past the
+# trace's matching time).
+Test = Callable[[Any, RegexWork], "bool | None"]
 
 
 # --- Compiling ----------------------------------------------------------------------------------
@@ -250,34 +270,38 @@ def _is_number(value: Any) -> bool:
     return isinstance(value, int | float) and not isinstance(value, bool)
 
 
-def _test(op: str, value: Any) -> Callable[[Any], bool]:
+def _test(op: str, value: Any) -> Test:
     """The comparison of one field value (or ``MISSING``) with the condition's value."""
     if op in ("eq", "neq"):
         wanted = _key(value)
-        equal: Callable[[Any], bool] = lambda x: x is not MISSING and _key(x) == wanted  # noqa: E731
-        return equal if op == "eq" else (lambda x: not equal(x))
+        if op == "eq":
+            return lambda x, _: x is not MISSING and _key(x) == wanted
+        return lambda x, _: x is MISSING or _key(x) != wanted
     if op in ("in", "nin"):
         keys = frozenset(_key(v) for v in value)
-        member: Callable[[Any], bool] = lambda x: x is not MISSING and _key(x) in keys  # noqa: E731
-        return member if op == "in" else (lambda x: not member(x))
+        if op == "in":
+            return lambda x, _: x is not MISSING and _key(x) in keys
+        return lambda x, _: x is MISSING or _key(x) not in keys
     if op == "contains":
         wanted = _key(value)
-        return lambda x: ((isinstance(x, str) and isinstance(value, str) and value in x)
-                          or (isinstance(x, list) and any(_key(e) == wanted for e in x)))
+        return lambda x, _: ((isinstance(x, str) and isinstance(value, str) and value in x)
+                             or (isinstance(x, list) and any(_key(e) == wanted for e in x)))
     if op == "startsWith":
-        return lambda x: isinstance(x, str) and x.startswith(value)
+        return lambda x, _: isinstance(x, str) and x.startswith(value)
     if op == "matches":
         regex = compile_user_regex(value)
-        return lambda x: isinstance(x, str) and regex.search(x) is not None
+        # Bounded per search and per trace (scoring.regex_work): a tenant's worst regex costs
+        # that tenant's trace, never the loop.
+        return lambda x, work: isinstance(x, str) and work.search(regex, x)
     if op == "exists":
-        return lambda x: (x is not MISSING) == value
+        return lambda x, _: (x is not MISSING) == value
     if op == "gt":
-        return lambda x: _is_number(x) and x > value
+        return lambda x, _: _is_number(x) and x > value
     if op == "gte":
-        return lambda x: _is_number(x) and x >= value
+        return lambda x, _: _is_number(x) and x >= value
     if op == "lt":
-        return lambda x: _is_number(x) and x < value
-    return lambda x: _is_number(x) and x <= value  # lte
+        return lambda x, _: _is_number(x) and x < value
+    return lambda x, _: _is_number(x) and x <= value  # lte
 
 
 def _leaf(condition: FieldCondition) -> Decide:
@@ -288,14 +312,14 @@ def _leaf(condition: FieldCondition) -> Decide:
 
         def on_metadata(view: View) -> bool | None:
             value = view.metadata(path)
-            return None if value is UNKNOWN else test(value)
+            return None if value is UNKNOWN else test(value, view.work)
         return on_metadata
     if field.startswith("attributes."):  # a span filter's
         attribute_path = Path.of(field.removeprefix("attributes.").split("."))
 
         def on_attributes(view: View) -> bool | None:
             value = view.attributes(attribute_path)
-            return None if value is UNKNOWN else test(value)
+            return None if value is UNKNOWN else test(value, view.work)
         return on_attributes
     if field.startswith("spans."):
         attribute = field.removeprefix("spans.attributes.")
@@ -305,12 +329,20 @@ def _leaf(condition: FieldCondition) -> Decide:
             values = view.spans(field, path_or_none)
             if values is UNKNOWN:
                 return None
-            return values is not None and any(test(v) for v in values)
+            if values is None:
+                return False
+            unknown = False
+            for value in values:
+                result = test(value, view.work)
+                if result:
+                    return True
+                unknown = unknown or result is None
+            return None if unknown else False
         return on_spans
 
     def on_field(view: View) -> bool | None:
         value = view.field(field)
-        return None if value is UNKNOWN else test(value)
+        return None if value is UNKNOWN else test(value, view.work)
     return on_field
 
 

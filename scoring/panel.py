@@ -398,7 +398,7 @@ class Panel:
             return verdict.rating, verdict.justification, None, False, verdict.usage
         if isinstance(scorer, Pattern):
             try:
-                result = await compiled(scorer).check_off_loop(subject.input, subject.output)
+                result = await compiled(scorer).check_off_loop(subject.input, subject.output, subject.project_id)
             except TimeoutError:
                 raise MemberError(f"pattern timed out after {PATTERN_DEADLINE_S:g}s") from None
             return result.matched, result.detail, scorer.polarity, False, None

@@ -67,9 +67,10 @@ def passes_filter(group: ScorerGroup, example: GradeRequest) -> bool | None:
     trace = Trace(trace_id="playground", project_id=group.project_id, agent_id=example.agent_id or "playground",
                   session_id=example.session_id, timestamp=datetime.now(UTC), spans=spans,
                   metadata=dict(example.metadata))
-    passes = online.filter is None or compile_filter(online.filter)(TraceView(trace)) is True
+    view = TraceView(trace)  # its regexes bounded as a live trace's (scoring.regex_work)
+    passes = online.filter is None or compile_filter(online.filter)(view) is True
     if step and online.span_filter is not None:  # a span group: the example is the step its filter must take
-        passes = passes and compile_filter(online.span_filter)(SpanView(root)) is True
+        passes = passes and compile_filter(online.span_filter)(SpanView(root, view.work)) is True
     return passes
 
 

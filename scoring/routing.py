@@ -59,9 +59,11 @@ class Route:
     turn: bool  # a session-scope group's filter passes it: record it as a turn of its conversation
     matched: list[str]  # the groups (any scope) whose filter it passes, sampled or not
     filtered: list[str]  # the groups whose filter it does not pass: they spend nothing on it
-    # Span groups: (group, why) -> spans not graded: "span_cap" (kept past the cap), "span_budget"
-    # (not examined: the trace's filter work ran out).
-    span_skipped: dict[tuple[str, str], int] = field(default_factory=dict)
+    # (group, why) -> subjects not graded. Span groups: "span_cap" (spans kept past the cap),
+    # "span_budget" (spans not examined: the trace's filter work ran out). Any group:
+    # "regex_budget" (its filter could not tell: the trace's regex matching time ran out).
+    skipped: dict[tuple[str, str], int] = field(default_factory=dict)
+    regex_cut: int = 0  # regex searches that read only the start of a long text
 
 
 DEFAULT_MAX_SPANS_PER_TRACE = 50  # spans one span-scope group scores in one trace (SGW_MAX_SPANS_PER_TRACE)
@@ -89,9 +91,13 @@ def route(trace: Trace, snapshot: CatalogSnapshot, max_spans: int = DEFAULT_MAX_
     kept: list[ScorerGroup] = []
     stepwise: list[ScorerGroup] = []
     turn = False
+    undecided: list[str] = []
     for group in trace_groups + session_groups + span_groups:
-        if not snapshot.passes(group, view):
+        passes = snapshot.passes(group, view)
+        if not passes:
             filtered.append(group.id)
+            if passes is None:  # a trace's fields are all known: only a regex past the trace's time
+                undecided.append(group.id)
             continue
         if group.online is None:
             continue
@@ -105,31 +111,32 @@ def route(trace: Trace, snapshot: CatalogSnapshot, max_spans: int = DEFAULT_MAX_
             stepwise.append(group)
         elif keep(trace.trace_id, group.online.sample_rate, group.online.sample_salt or ""):
             kept.append(group)
+    skipped = {(group, "regex_budget"): 1 for group in undecided}
     if not kept and not stepwise:
-        return Route([], turn, matched, filtered)
+        return Route([], turn, matched, filtered, skipped, view.work.cut)
     day = day_of(trace.timestamp.timestamp())  # the trace's own time: the same on redelivery
     pairs: list[Pair] = []
     if kept:
         subject = trace_subject(trace)
         pairs = [pair_of(group, subject, snapshot, subject_key=f"trace:{trace.trace_id}", day=day) for group in kept]
-    skipped: dict[tuple[str, str], int] = {}
     if stepwise:
-        steps = _Steps(trace)
+        steps = _Steps(trace, view)
         for group in stepwise:
             rate = group.online.sample_rate if group.online is not None else 0.0  # (always one: a live group)
-            spans, over, unexamined = _graded_spans(steps, group, snapshot, view, max_spans, rate)
+            spans, over, unexamined, undecided_spans = _graded_spans(steps, group, snapshot, view, max_spans, rate)
             pairs += [pair_of(group, steps.subject(span), snapshot, subject_key=span_key(trace.trace_id, span.span_id),
                               day=day) for span in spans]
-            skipped.update({(group.id, why): n for why, n in (("span_cap", over), ("span_budget", unexamined)) if n})
-    return Route(pairs, turn, matched, filtered, skipped)
+            skipped.update({(group.id, why): n for why, n in (("span_cap", over), ("span_budget", unexamined),
+                                                                ("regex_budget", undecided_spans)) if n})
+    return Route(pairs, turn, matched, filtered, skipped, view.work.cut)
 
 
 class _Steps:
     """What every span-scope group of one trace shares: each span's view and subject, made once."""
 
-    def __init__(self, trace: Trace) -> None:
+    def __init__(self, trace: Trace, view: TraceView) -> None:
         self.trace = trace
-        self.views = [SpanView(span) for span in trace.spans]
+        self.views = [SpanView(span, view.work) for span in trace.spans]
         self._below: dict[str, list[Span]] | None = None
         self._subjects: dict[str, Subject] = {}
 
@@ -142,26 +149,31 @@ class _Steps:
 
 
 def _graded_spans(steps: _Steps, group: ScorerGroup, snapshot: CatalogSnapshot, view: TraceView,
-                  max_spans: int, rate: float) -> tuple[list[Span], int, int]:
+                  max_spans: int, rate: float) -> tuple[list[Span], int, int, int]:
     """The spans a span-scope group grades in this trace - its ``spanFilter`` passes them and its
     sample keeps them (per trace and span: a redelivery decides the same), each span id once,
-    the first ``max_spans`` in the trace's order - how many more it would have graded, and how
+    the first ``max_spans`` in the trace's order - how many more it would have graded, how
     many spans it could not examine: the span filter's work counts against the trace's bound
-    (``MAX_SPAN_TESTS``), and past it the remaining spans are not graded (fail closed)."""
+    (``MAX_SPAN_TESTS``), and past it the remaining spans are not graded (fail closed), and how
+    many its filter could not tell (its regexes past the trace's matching time: not graded)."""
     compiled = snapshot.span_filter(group)
     if compiled is None or group.online is None:
-        return [], 0, 0
+        return [], 0, 0, 0
     decide, conditions = compiled
     salt, trace_id = group.online.sample_salt or "", steps.trace.trace_id
     graded: list[Span] = []
-    over = 0
+    over = undecided = 0
     seen: set[str] = set()
     for index, span_view in enumerate(steps.views):
         view.span_tests_left -= conditions
         if view.span_tests_left < 0:
-            return graded, over, len(steps.views) - index
+            return graded, over, len(steps.views) - index, undecided
         span = span_view.span
-        if span.span_id in seen or not decide(span_view):
+        if span.span_id in seen:
+            continue
+        passes = decide(span_view)
+        if not passes:
+            undecided += passes is None
             continue
         seen.add(span.span_id)
         if not keep(f"{trace_id}/{span.span_id}", rate, salt):
@@ -170,7 +182,7 @@ def _graded_spans(steps: _Steps, group: ScorerGroup, snapshot: CatalogSnapshot, 
             graded.append(span)
         else:
             over += 1
-    return graded, over, 0
+    return graded, over, 0, undecided
 
 
 def group_pairs(trace: Trace, group: ScorerGroup, snapshot: CatalogSnapshot, *, sample_rate: float,
@@ -185,8 +197,8 @@ def group_pairs(trace: Trace, group: ScorerGroup, snapshot: CatalogSnapshot, *, 
         return []
     day = day_of(trace.timestamp.timestamp())
     if scope == "span":
-        steps = _Steps(trace)
-        spans, _, _ = _graded_spans(steps, group, snapshot, view, max_spans, sample_rate)
+        steps = _Steps(trace, view)
+        spans, *_ = _graded_spans(steps, group, snapshot, view, max_spans, sample_rate)
         return [pair_of(group, steps.subject(span), snapshot, subject_key=span_key(trace.trace_id, span.span_id),
                         day=day) for span in spans]
     salt = group.online.sample_salt or "" if group.online is not None else ""

@@ -107,8 +107,12 @@ GROUPS_SCORED = LoopCounter("sgw_groups_scored", "Group results published.",
 RESCORED_AFTER_PAUSE = Counter("sgw_pairs_rescored_after_pause", "Pairs scored again because a member failed "
                                "while the process stood still (SIGSTOP, a VM pause): its deadline counted the pause.",
                                registry=REGISTRY)
-GROUPS_SKIPPED = Counter("sgw_groups_skipped", "Sampled pairs not scored, by why (budget, dedupe, span_cap).",
+GROUPS_SKIPPED = Counter("sgw_groups_skipped", "Pairs not scored, by why (budget, dedupe, span_cap, span_budget, "
+                         "regex_budget: the filter's regexes ran out of the trace's matching time).",
                          ["project", "group", "why"], registry=REGISTRY)
+REGEX_TEXT_CUT = Counter("sgw_regex_text_cut", "Filter regex searches that read only the start of a long text "
+                         "(scoring.regex_work: at most 65,536 characters, fewer for a large regex).", ["project"],
+                         registry=REGISTRY)
 GROUP_SCORE = LoopHistogram("sgw_group_score", "Group scores (0-10) of scored results.",
                             ["project", "group"], buckets=SCORE_BUCKETS, registry=REGISTRY)
 SIGNALS = Counter("sgw_signals_raised", "Below-threshold Signals raised.", ["project", "group", "severity"],
@@ -212,6 +216,9 @@ class PrometheusEvents:
 
     def group_skipped(self, project: str, group: str, why: str, count: int = 1) -> None:
         _child(GROUPS_SKIPPED, project, group, why).inc(count)
+
+    def regex_text_cut(self, project: str, count: int) -> None:
+        _child(REGEX_TEXT_CUT, project).inc(count)
 
     def signal_raised(self, project: str, group: str, severity: str) -> None:
         _child(SIGNALS, project, group, severity).inc()

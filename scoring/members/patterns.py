@@ -6,15 +6,19 @@ alone over-matches (credit cards, SSNs) confirm each candidate in Python: a Luhn
 SSN area and group rules.
 
 Bounded, because patterns are written by tenants: a regex's program size is capped at save time
-(``models.MAX_REGEX_PROGRAM_SIZE``), a pattern reads at most ``MAX_TEXT_CHARS`` of each side (the
-verdict's detail says when it read less), and ``check_off_loop`` runs long texts in a thread
-under a deadline, so that no pattern can stall the event loop (heartbeats, other traces).
+(``models.MAX_REGEX_PROGRAM_SIZE``), a pattern reads at most ``MAX_TEXT_CHARS`` of each side and
+fewer for a large regex, so that one search costs at most ``PATTERN_SEARCH_WORK`` of RE2's worst
+case (``scoring.regex_work``; the verdict's detail says when it read less), and
+``check_off_loop`` runs long texts in a thread under a deadline, so that no pattern can stall the
+event loop (heartbeats, other traces). The threads are shared fairly across projects
+(``fair_share``): a project's slow regexes wait for its own share, never hold another's.
 """
 
 from __future__ import annotations
 
 import asyncio
 import functools
+import weakref
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
@@ -22,13 +26,22 @@ from dataclasses import dataclass
 import re2
 
 from scoring.frozen import frozen
+from scoring.members.fair_share import FairShare
 from scoring.models import Pattern, PatternTemplate, compile_user_regex
+from scoring.regex_work import readable_chars
 
 MAX_TEXT_CHARS = 262_144  # of each side (input, output) that a pattern reads
+# RE2's worst case for one search (instructions x characters): ~0.5 s in a thread here. Every
+# built-in template (<= 246 instructions) still reads MAX_TEXT_CHARS; the largest regex a few
+# tens of thousands of characters.
+PATTERN_SEARCH_WORK = 1 << 26
 INLINE_TEXT_CHARS = 16_384  # up to this much text, matching on the event loop costs under a millisecond
 DEADLINE_S = 5.0  # a pattern that has not answered by then could not score
 # RE2 releases the GIL while it matches: these threads run beside the event loop.
-_THREADS = ThreadPoolExecutor(max_workers=2, thread_name_prefix="pattern")
+THREADS = 4  # a project may hold 3 (fair_share.default_share): one is always free for another
+_THREADS = ThreadPoolExecutor(max_workers=THREADS, thread_name_prefix="pattern")
+# The threads' fair share across projects, one per event loop (its waiters are that loop's).
+_SHARES: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, FairShare] = weakref.WeakKeyDictionary()
 
 
 def luhn_valid(digits: str) -> bool:
@@ -105,6 +118,9 @@ class CompiledPattern:
             self._regex = compile_user_regex(template.regex)
             self._confirm = template.confirm
             self._what = f"template {pattern.template}"
+        # How much of each side one search reads: all of MAX_TEXT_CHARS but for a large regex.
+        self.reads = MAX_TEXT_CHARS if self._regex is None else readable_chars(
+            self._regex, PATTERN_SEARCH_WORK, MAX_TEXT_CHARS)
         self.no_match = PatternVerdict(False, f"{self._what} did not match the {self.target}")  # immutable: shared
 
     def _find(self, text: str) -> int | None:
@@ -132,27 +148,36 @@ class CompiledPattern:
     def check(self, input_text: str, output_text: str) -> PatternVerdict:
         sides = self.sides(input_text, output_text)
         for side, text in sides:
-            offset = self._find(text[:MAX_TEXT_CHARS])  # a short text's slice is the text itself, no copy
+            offset = self._find(text[:self.reads])  # a short text's slice is the text itself, no copy
             if offset is not None:
                 return PatternVerdict(True, f"{self._what} matched in {side} at offset {offset}")
-        cut = [side for side, text in sides if len(text) > MAX_TEXT_CHARS]
+        cut = [side for side, text in sides if len(text) > self.reads]
         if not cut:
             return self.no_match
-        read = f" (read the first {MAX_TEXT_CHARS} characters of the {', '.join(cut)})"
+        read = f" (read the first {self.reads} characters of the {', '.join(cut)})"
         return PatternVerdict(False, f"{self._what} did not match the {self.target}{read}")
 
     def short(self, input_text: str, output_text: str) -> bool:
         """Whether checking this text is quick enough to do on the event loop."""
-        return sum(min(len(text), MAX_TEXT_CHARS)
+        return sum(min(len(text), self.reads)
                    for _, text in self.sides(input_text, output_text)) <= INLINE_TEXT_CHARS
 
-    async def check_off_loop(self, input_text: str, output_text: str) -> PatternVerdict:
-        """``check``, in a thread when the text is long; raises TimeoutError past DEADLINE_S."""
+    async def check_off_loop(self, input_text: str, output_text: str, project: str) -> PatternVerdict:
+        """``check``, in a thread when the text is long, within ``project``'s fair share of the
+        threads; raises TimeoutError past DEADLINE_S (waiting for a thread included)."""
         if self.short(input_text, output_text):
             return self.check(input_text, output_text)
-        work = asyncio.get_running_loop().run_in_executor(_THREADS, self.check, input_text, output_text)
+        loop = asyncio.get_running_loop()
+        share = _SHARES.get(loop)
+        if share is None:
+            share = _SHARES[loop] = FairShare(THREADS)
         async with asyncio.timeout(DEADLINE_S):
-            return await work
+            await share.acquire(project)
+            work = loop.run_in_executor(_THREADS, self.check, input_text, output_text)
+            # The thread cannot be stopped: its slot is the project's until the search ends, past
+            # the deadline too (so a project's runaway searches hold its own share, no other's).
+            work.add_done_callback(lambda _: share.release(project))
+            return await asyncio.shield(work)
 
 
 @functools.lru_cache(maxsize=4096)

@@ -52,7 +52,7 @@ async def test_long_texts_are_matched_off_the_event_loop() -> None:
             ticks += 1
 
     beating = asyncio.create_task(heartbeat())
-    verdict = await p.check_off_loop("", text)
+    verdict = await p.check_off_loop("", text, "p")
     beating.cancel()
     assert not verdict.matched
     assert ticks > 0, "the event loop ran while the regex matched"

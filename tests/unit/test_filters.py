@@ -409,7 +409,7 @@ def test_span_sampling_is_stable_per_trace_and_span_and_the_cap_counts_the_rest(
     assert 150 < len(kept) < 250
     capped = route(trace, snapshot, max_spans=10)
     assert [p.subject.span_id for p in capped.pairs] == kept[:10], "the first in the trace's order"
-    assert capped.span_skipped == {("steps", "span_cap"): len(kept) - 10}
+    assert capped.skipped == {("steps", "span_cap"): len(kept) - 10}
 
 
 def test_a_span_group_needs_its_span_filter_and_the_span_fields() -> None:
@@ -454,7 +454,7 @@ def test_a_chain_of_many_spans_costs_each_step_a_bounded_subtree_and_each_trace_
     assert time.process_time() - started < 3.0, "a fraction of a second here; 1.3 s per group before"
     assert len(decided.pairs) == 250 and all(len(p.subject.spans) == MAX_SUBTREE_SPANS for p in decided.pairs)
     assert len({id(p.subject) for p in decided.pairs}) == 50, "one subject per step, shared by the groups"
-    assert decided.span_skipped == {(g.id, "span_cap"): 28_000 - 50 for g in groups}
+    assert decided.skipped == {(g.id, "span_cap"): 28_000 - 50 for g in groups}
 
 
 def test_spans_past_the_traces_filter_bound_are_counted_not_graded() -> None:
@@ -463,4 +463,4 @@ def test_spans_past_the_traces_filter_bound_are_counted_not_graded() -> None:
     heavy = {"any": [{"field": "name", "op": "eq", "value": f"no-{n}"} for n in range(10)]}
     group = span_group(heavy)
     decided = route(trace, CatalogSnapshot(groups={group.id: group}))
-    assert decided.pairs == [] and decided.span_skipped == {("steps", "span_budget"): 60_000 - 25_000}
+    assert decided.pairs == [] and decided.skipped == {("steps", "span_budget"): 60_000 - 25_000}
