@@ -10,6 +10,8 @@
 3. Isolation: every channel has its own lane - a few attempts at a time and a circuit breaker
    (``scoring.webhooks.breaker``). A dead or slow channel fills only its own lane; what does not fit is
    put back in the schedule without counting an attempt, so it never holds up another channel.
+   A channel is its project, agent and URL (``channel_id``): another project's channel to the
+   same agent and URL is another lane, and is never disabled for this one's answers.
 4. Outcome of an attempt: 2xx delivered; 3xx (redirects are not followed), 408, 429, 5xx and
    transport failures are retried on the schedule (Retry-After honoured); 410 Gone disables the
    channel; other 4xx are final. A final failure or an exhausted schedule goes to the dead-letter
@@ -52,7 +54,7 @@ from scoring.members.http import describe_status, retry_after_seconds
 from scoring.models import AlertChannel
 from scoring.results import RECOVERED_EVENT, WebhookDelivery, channel_key
 from scoring.stores import keys
-from scoring.stores.channels import channel_id
+from scoring.stores.channels import channel_id, legacy_channel_id
 from scoring.stores.deliveries import Attempt, DeliverySchedule, Incident, PendingDelivery, Settlements, shard_of
 from scoring.webhooks.breaker import CircuitBreaker
 from scoring.webhooks.retries import RetrySchedule
@@ -89,6 +91,11 @@ class WebhookEvents(Protocol):
     def breaker(self, channel: str, state: str) -> None: ...
     def channel_disabled(self, channel: str) -> None: ...
     def pending(self, count: int, oldest_s: float) -> None: ...
+
+
+def _hash(channel: str) -> str:
+    """A channel in a Redis key (its id holds the URL, which may carry credentials)."""
+    return hashlib.sha256(channel.encode()).hexdigest()[:16]
 
 
 class WebhookSender:
@@ -186,10 +193,15 @@ class WebhookSender:
                 self._dispatch(pending)
 
     def _channel(self, delivery: WebhookDelivery) -> AlertChannel | None:
+        """The one channel a delivery goes to. The project's own channel and an operator's may
+        both have its agent and URL (one delivery serves both: its id is the Signal's and the
+        URL's); the enabled one is chosen, then the project's own, so a 410 disables just it."""
         channels = self._catalog().channels_for(delivery.agent_id, delivery.signal.project_id)
         if not delivery.channel:  # written before deliveries named channels by key
-            return next((c for c in channels if c.url == delivery.url), None)
-        return next((c for c in channels if channel_key(c.url) == delivery.channel), None)
+            matching = [c for c in channels if c.url == delivery.url]
+        else:
+            matching = [c for c in channels if channel_key(c.url) == delivery.channel]
+        return min(matching, key=lambda c: (c.disabled, c.project_id is None), default=None)
 
     def _incident(self, delivery: WebhookDelivery) -> Incident | None:
         """PagerDuty channels: a trigger opens the group's incident, a recovery resolves it
@@ -197,11 +209,12 @@ class WebhookSender:
         channel = self._channel(delivery)
         if channel is None or channel.format != "pagerduty":
             return None
-        channel_hash = hashlib.sha256(channel_id(channel).encode()).hexdigest()[:16]
         s = delivery.signal  # an incident of the group's level has a key of its own (scoring.incidents)
+        signal_key = f"incident:{s.incident_id}" if s.incident_id else s.key
         closes = delivery.event == RECOVERED_EVENT or s.state == "resolved"
-        return Incident("close" if closes else "open", keys.webhook_incident(
-            shard_of(delivery), channel_hash, f"incident:{s.incident_id}" if s.incident_id else s.key))
+        return Incident("close" if closes else "open",
+                        keys.webhook_incident(shard_of(delivery), _hash(channel_id(channel)), signal_key),
+                        keys.webhook_incident(shard_of(delivery), _hash(legacy_channel_id(channel)), signal_key))
 
     # --- 2. Dispatch ----------------------------------------------------------------------
 
@@ -237,11 +250,10 @@ class WebhookSender:
                 await asyncio.wait_for(stop.wait(), timeout=self._limits.flush_s if more else self._limits.poll_s)
 
     async def _move_unsharded(self) -> None:
-        incident_shards = {}
+        incident_shards = {}  # unsharded incidents are older than projects in the channel id
         for channel in self._catalog().channels.values():
             if channel.format == "pagerduty":
-                channel_hash = hashlib.sha256(channel_id(channel).encode()).hexdigest()[:16]
-                incident_shards[channel_hash] = keys.webhook_shard(channel_key(channel.url))
+                incident_shards[_hash(legacy_channel_id(channel))] = keys.webhook_shard(channel_key(channel.url))
         moved = await self._schedule.move_unsharded(incident_shards)
         if moved:
             log.info("webhook deliveries moved to the sharded schedule", deliveries=moved)

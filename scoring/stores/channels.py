@@ -5,13 +5,22 @@ from __future__ import annotations
 
 from typing import Any
 
-from scoring.catalog import CatalogSnapshot
+from scoring.catalog import CatalogSnapshot, doc_id
 from scoring.models import SECRET_ROTATION_OVERLAP_S, AlertChannel, WireModel
 from scoring.stores.catalog import CatalogStore, Write
 
 
 def channel_id(channel: AlertChannel) -> str:
-    """The id a channel is stored under (as ``scoring.stores.catalog.doc_id``)."""
+    """What identifies a channel everywhere - its catalog id, the key of its lane and breaker in
+    the webhook sender, what a 410 disables: ``project|agent|url``, or ``agent|url`` for an
+    operator's shared channel. Agent ids are the tenants' own, so two projects (and an operator)
+    may each have a channel to the same agent and URL; none of them shares another's state."""
+    return doc_id(channel)
+
+
+def legacy_channel_id(channel: AlertChannel) -> str:
+    """The id before the project was part of it, as keys written then have it: open PagerDuty
+    incidents (``consumers.webhooks``), needed until those have expired (30 days)."""
     return f"{channel.agent_id}|{channel.url}"
 
 

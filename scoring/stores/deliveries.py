@@ -64,10 +64,15 @@ class Incident:
 
     action: Literal["open", "close"]
     key: str  # keys.webhook_incident(...)
+    # The same incident under the channel id without its project, as incidents opened before the
+    # project was part of it are kept: a close resolves either. (Remove once those expired.)
+    legacy_key: str
 
 
 def shard_of(delivery: WebhookDelivery) -> int:
-    # Deliveries written before they named their channel by key are sharded by their URL.
+    # Deliveries written before they named their channel by key are sharded by their URL. By the
+    # URL's key, not the whole channel id: a shard only spreads keys over a cluster (nothing is
+    # shared or limited per shard), and records already scheduled must keep finding theirs.
     return keys.webhook_shard(delivery.channel or delivery.url)
 
 
@@ -98,21 +103,21 @@ class Settlements:
 
 # --- The store --------------------------------------------------------------------------------
 
-# KEYS: due, created, then per delivery: pending, done, incident. ARGV: per delivery: id, document,
-# first seen (ms), incident action ('', 'open' or 'close'); then now (ms), lease (ms), TTL of a
-# pending delivery, TTL of an incident. A 'close' (a recovery) is scheduled only when an incident
-# is open for it, and closes it; an 'open' (a trigger) opens one.
+# KEYS: due, created, then per delivery: pending, done, incident, its legacy key. ARGV: per
+# delivery: id, document, first seen (ms), incident action ('', 'open' or 'close'); then now (ms),
+# lease (ms), TTL of a pending delivery, TTL of an incident. A 'close' (a recovery) is scheduled
+# only when an incident is open for it (under either key), and closes it; an 'open' opens one.
 _ADD = """
 local tail = #ARGV - 4
 local now, lease, ttl, incident_ttl = ARGV[tail + 1], ARGV[tail + 2], ARGV[tail + 3], ARGV[tail + 4]
 local added = {}
 for i = 1, tail, 4 do
   local n = (i + 3) / 4
-  local pending, done, incident = KEYS[3 * n], KEYS[3 * n + 1], KEYS[3 * n + 2]
+  local pending, done, incident, legacy = KEYS[4 * n - 1], KEYS[4 * n], KEYS[4 * n + 1], KEYS[4 * n + 2]
   local action = ARGV[i + 3]
   if redis.call('EXISTS', done) == 1 or redis.call('EXISTS', pending) == 1 then
     added[n] = 0
-  elseif action == 'close' and redis.call('DEL', incident) == 0 then
+  elseif action == 'close' and redis.call('DEL', incident, legacy) == 0 then
     added[n] = 0
   else
     if action == 'open' then
@@ -179,8 +184,9 @@ class DeliverySchedule:
                 for index in indexes:
                     item, incident = items[index], chosen[index]
                     id_ = item.delivery.id
+                    none = keys.webhook_incident(shard, "-", "-")
                     key_list += [keys.webhook_pending(shard, id_), keys.webhook_done(shard, id_),
-                                 incident.key if incident else keys.webhook_incident(shard, "-", "-")]
+                                 incident.key if incident else none, incident.legacy_key if incident else none]
                     args += [id_, item.to_json(), int(item.first_seen.timestamp() * 1000),
                              incident.action if incident else ""]
                 args += [int(now * 1000), self._lease_ms, self._ttl_s, keys.WEBHOOK_INCIDENT_TTL_S]

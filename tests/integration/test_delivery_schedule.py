@@ -6,12 +6,13 @@ from __future__ import annotations
 import time
 from collections.abc import AsyncIterator
 from datetime import UTC, datetime
+from typing import Literal
 
 import pytest
 
 from scoring.results import Signal, build_deliveries
 from scoring.stores import keys
-from scoring.stores.deliveries import Attempt, DeliverySchedule, PendingDelivery, shard_of
+from scoring.stores.deliveries import Attempt, DeliverySchedule, Incident, PendingDelivery, shard_of
 from scoring.webhooks.retries import RetrySchedule
 from tests.support.redis_clients import connect
 
@@ -124,3 +125,27 @@ async def test_deliveries_of_the_unsharded_schedule_move_to_their_shards_with_op
     assert await redis.exists(f"{old}:incident:gone:scorer-group:g") == 1, \
         "an incident of a channel no longer in the catalog is left to expire"
     assert (await schedule.stats(now))[0] == 1
+
+
+
+async def test_a_recovery_resolves_an_incident_opened_under_the_channel_id_without_its_project(
+        schedule: DeliverySchedule) -> None:
+    # Incidents opened before the project was part of the channel id are keyed by the legacy id
+    # (scoring.stores.channels.legacy_channel_id): a recovery closes those as well as new ones.
+    now = time.time()
+    trigger, *recoveries = [pending(n, now) for n in range(4)]  # one URL: one shard
+    shard = shard_of(trigger.delivery)
+
+    def key(channel_hash: str, signal_key: str) -> str:
+        return keys.webhook_incident(shard, channel_hash, signal_key)
+
+    def incident(action: Literal["open", "close"], signal_key: str) -> Incident:
+        return Incident(action, key("with-project", signal_key), key("legacy", signal_key))
+
+    await schedule._redis.set(key("legacy", "scorer-group:old"), "1", ex=600)
+    assert await schedule.add_claimed([trigger], now, [incident("open", "scorer-group:new")]) == [True]
+    assert await schedule._redis.exists(key("with-project", "scorer-group:new")) == 1, "opened under the new key"
+    closes: list[Incident | None] = [incident("close", f"scorer-group:{k}") for k in ("old", "new", "none")]
+    assert await schedule.add_claimed(recoveries, now, closes) == [True, True, False], \
+        "the old incident and the new one are resolved; with none open, no recovery is sent"
+    assert await schedule._redis.exists(key("legacy", "scorer-group:old"), key("with-project", "scorer-group:new")) == 0
