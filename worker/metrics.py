@@ -337,7 +337,8 @@ def count_judge_tokens(project: str, usage: TokenUsage) -> None:
 
 
 # --- Webhook deliveries (consumers/webhooks.py) ---------------------------------------------------
-# channel labels are "<agentId>#<8 hex of the URL hash>": bounded by the catalog, no credentials.
+# channel labels are "[<projectId>/]<agentId>#<8 hex of the URL hash>" (consumers.webhook_lanes.channel_label):
+# bounded by the catalog, no credentials.
 
 WEBHOOK_DELIVERIES = Counter("sgw_webhook_deliveries", "Webhook delivery attempts by channel and outcome "
                              "(delivered, failed, rejected, gone, refused).", ["channel", "outcome"],
