@@ -7,13 +7,14 @@ import uuid
 from datetime import UTC, datetime
 
 import orjson
+import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
 from scoring.blend import MemberOutcome, blend
 from scoring.models import ScorerGroup
 from scoring.panel import GroupResult
-from scoring.results import _IDS, Rating, Signal, build_rating, build_signal, derived_id
+from scoring.results import Rating, RatingOrigin, Signal, build_rating, build_signal, derived_id
 from scoring.subjects import Trace, span_subject, trace_subject
 
 GROUP = ScorerGroup.model_validate({
@@ -26,9 +27,25 @@ TRACE = Trace.model_validate({"traceId": "t-1", "projectId": "p-1", "agentId": "
                               "spans": [{"spanId": "s", "input": "hi", "output": "hello"}]})
 
 
+# The namespace of every derived id, written out: were it changed, every published id would
+# change with it (and consumers deduplicating on them would see every result anew).
+ID_NAMESPACE = uuid.UUID("6f1c5a8e-6a8f-4f7e-9a63-2c1d0b7e4a10")
+# uuid.uuid5(ID_NAMESPACE, name), worked out once with the standard library.
+TRACE_RATING_ID = "e937dc88-6bf6-57e8-972a-59ef0a4ca51f"  # "rating:g-1:trace:t-1"
+SESSION_RATING_ID = "504db213-4fdd-51e3-8fbc-0ef3e1bfc021"  # "rating:g-1:session:s-1:3"
+SPAN_RATING_ID = "c4213544-659d-5a8d-a0d3-f55a2f4f52b7"  # "rating:g-1:span:3:t-1:t"
+DATASET_RATING_ID = "7281fea5-d383-5b9a-85d1-1a4f7c4e9476"  # "rating:g-1:dataset:run-1:4"
+
+
 @given(st.text(max_size=200))
 def test_derived_ids_are_the_uuid5_of_the_name(name: str) -> None:
-    assert derived_id(name) == str(uuid.uuid5(_IDS, name))
+    assert derived_id(name) == str(uuid.uuid5(ID_NAMESPACE, name))
+
+
+def test_derived_ids_are_these() -> None:
+    assert [derived_id(name) for name in ("", "x", "h\u00e9llo", "rating:g-1:trace:t-1")] == [
+        "fdd572a7-b4ab-546b-bdac-c59763665fe6", "7ea14fa2-b430-551a-a600-fcbfd33028ef",
+        "b64b93ef-8fae-525a-ac5b-1442a427478c", TRACE_RATING_ID]
 
 
 def result(pattern_matched: bool, code_value: float) -> GroupResult:
@@ -46,7 +63,7 @@ def test_a_built_rating_and_signal_serialize_as_their_validated_models() -> None
         rating = build_rating(result(matched, value), "trace", now=at)
         validated = Rating.model_validate(orjson.loads(rating.to_json()))
         assert rating.to_json() == validated.to_json()
-        assert orjson.loads(rating.to_json())["id"] == str(uuid.uuid5(_IDS, "rating:g-1:trace:t-1"))
+        assert orjson.loads(rating.to_json())["id"] == TRACE_RATING_ID
         signal = build_signal(GROUP, rating)
         if matched:  # the gate failed: 0, below the threshold of 7
             assert signal is not None
@@ -133,6 +150,63 @@ def test_the_hot_path_encoder_writes_exactly_what_the_validated_model_writes() -
                     encoded.trace_id, encoded.session_id, encoded.agent_id) == (
                 model.id, model.rating, model.reason, model.justification, model.scored_at, model.trace_id,
                 model.session_id, model.agent_id)
+
+
+# A rating of a trace, written out field by field: its blend is the judge (7/10, weight 1), a
+# boolean gate of weight 0 and a must-pass pattern that passed (weight 2): (0.7 + 2 x 1.0) / 3.
+TRACE_RATING: dict[str, object] = {
+    "id": TRACE_RATING_ID, "groupId": "g-1", "groupName": "Quality", "projectId": "p-1", "agentId": "a-1",
+    "scope": "trace", "traceId": "t-1", "sessionId": None, "spanId": None, "spanName": None,
+    "kind": "scorer-group:g-1", "turns": None, "runId": None, "row": None, "origin": "live",
+    "rating": 9.0, "reason": None,
+    "justification": "Weighted blend: 9.00/10, must-pass PII passed. Judge 0.70 \u00d7 w1 (33%); Flag 1.00 "
+                     "(gate only); PII [must pass] 1.00 \u00d7 w2 (67%)",
+    "members": [
+        {"kind": "judge", "refId": "j", "name": "Judge", "weight": 1.0, "gate": False, "status": "scored",
+         "native": 7.0, "goodness": 0.7, "detail": "Fine.", "usage": {"promptTokens": 120, "completionTokens": None}},
+        {"kind": "custom", "refId": "b", "name": "Flag", "weight": 0.0, "gate": False, "status": "scored",
+         "native": True, "goodness": 1.0, "detail": None},
+        {"kind": "pattern", "refId": "e", "name": "PII", "weight": 2.0, "gate": True, "status": "scored",
+         "native": False, "goodness": 1.0, "detail": "template email did not match the output"}],
+    "scoredAt": "2026-12-02T13:00:01.000005Z"}
+# The same result at every other scope (and a backfill's trace): what differs from the trace's
+# document, written out.
+AT_SCOPE: dict[str, dict[str, object]] = {
+    "trace": {},
+    "session": {"id": SESSION_RATING_ID, "scope": "session", "traceId": None, "sessionId": "s-1", "turns": 3},
+    "span": {"id": SPAN_RATING_ID, "scope": "span", "spanId": "t", "spanName": "lookup"},
+    "playground": {"scope": "playground", "origin": None},  # an example is no traffic: no origin
+    "dataset": {"id": DATASET_RATING_ID, "scope": "dataset", "runId": "run-1", "row": 4, "origin": None},
+    "backfill": {"origin": "backfill"},  # a trace graded again: the same pair, so the same id
+}
+
+
+@pytest.mark.parametrize("case", sorted(AT_SCOPE))
+def test_a_rating_is_exactly_this_document_at_each_scope(case: str) -> None:
+    """Written out, not derived: a rating's id (its dedupe pair), subject and origin are checked
+    against literals, so a slip in what ``build_rating`` and ``encode_rating`` share (the id,
+    the subject key, the origin) cannot pass as both agreeing."""
+    from scoring.results import encode_rating
+
+    at = datetime(2026, 12, 2, 13, 0, 1, 5, tzinfo=UTC)
+    outcomes = _sample_outcomes()
+    step = Trace.model_validate({**TRACE.model_dump(by_alias=True), "spans": [
+        {"spanId": "r", "name": "agent.run", "input": "q", "output": "a"},
+        {"spanId": "t", "parentSpanId": "r", "name": "lookup", "kind": "tool", "output": "x"}]})
+    scope = "trace" if case == "backfill" else case
+    origin: RatingOrigin | None = "backfill" if case == "backfill" else None
+    subject = {"session": _session_subject(), "span": span_subject(step, step.spans[1])}.get(scope, trace_subject(TRACE))
+    result = GroupResult(GROUP, subject, blend([outcomes[0], outcomes[4], outcomes[5]]))  # type: ignore[arg-type]
+    expected = {**TRACE_RATING, **AT_SCOPE[case]}
+    dataset = ("run-1", 4) if scope == "dataset" else None
+    built = orjson.loads(build_rating(result, scope, now=at, dataset=dataset,  # type: ignore[arg-type]
+                                      origin=origin).to_json())
+    assert built == expected and list(built) == list(expected)
+    if scope != "dataset":  # the hot path encodes live and playground results only
+        encoded = encode_rating(result, scope, now=at, origin=origin)  # type: ignore[arg-type]
+        assert orjson.loads(encoded.document) == expected
+        assert (encoded.id, encoded.trace_id, encoded.session_id, encoded.span_id, encoded.rating) == (
+            expected["id"], expected["traceId"], expected["sessionId"], expected["spanId"], 9.0)
 
 
 def _fields(outcome: MemberOutcome) -> dict[str, object]:
