@@ -1,8 +1,10 @@
 """The backfill runner (issue 42): every worker runs one; the workers share a job's partitions
 through leases in Redis.
 
-Each tick, for every job not ended, one job after another (a job's failure costs that job its
-turn, never the others theirs):
+Each tick, the jobs not ended take turns (``turn_order``): projects one after another, and a
+project's turn goes to its jobs one after another, until every job has had a turn - a project's
+one job is never queued behind another project's three. A job's failure costs that job its turn,
+never the others theirs. In a job's turn:
 
 1. a paused job whose budget window has turned resumes (any worker; the state moves once);
 2. plan it once (one worker, under a lock): the offsets its window covers per partition
@@ -10,7 +12,7 @@ turn, never the others theirs):
    from no earlier than the claims remember - ``keys.DEDUPE_DONE_TTL_S``);
 3. for each partition whose range is not read to its end: lease it (one reader per partition
    of a job; a killed worker's lease runs out and another takes the partition from its reached
-   offset), and read it for a turn (``READ_TURN_S``: the next job's turn comes);
+   offset), and read it for a turn (a batch at least, ``READ_TURN_S`` at most: the next turn comes);
 4. read in bounded batches with a consumer of its own (assigned, no group: the live loop's
    offsets are never touched), only while the live loop is not pressed (live traffic first);
    keep the records stamped within the window, and the pairs of the job's group as live would
@@ -21,7 +23,8 @@ turn, never the others theirs):
    current revision is never graded again) and whose outputs say origin "backfill", at the
    trace's own time, paging nobody unless the job asked; a backfill's claims leave
    ``LIVE_SHARE`` of every budget window to live traffic;
-6. advance the partition's reached offset and the job's counts - up to the first pair not
+6. advance the partition's reached offset and the job's counts (``tracesRead``: the job's project's
+   traces of the window; another project's traffic is not its to know) - up to the first pair not
    graded: refused by the budget (the job pauses until the project's next budget window, and
    reads on from there), by the cap (the job is done, and says where it stopped), or not
    reached (the worker stopping, the lease lost, the job cancelled);
@@ -60,7 +63,7 @@ log = structlog.get_logger(__name__)
 BATCH = 200  # records read at once from one partition
 CONCURRENCY = 32  # pairs of a batch claimed and scored at once: a backfill never floods the judges
 LIVE_FIRST_WAIT_S = 0.2  # how often a backfill held back by live traffic looks again
-READ_TURN_S = 10.0  # how long one job reads before the next job's turn (fair between projects)
+READ_TURN_S = 10.0  # how long one job reads before the next turn (``turn_order``)
 LIVE_SHARE = 0.2  # of each budget window's judge calls, what a backfill leaves to live traffic
 
 
@@ -69,6 +72,7 @@ class Graded:
     """What became of one batch: where the partition reached, and the job's counts."""
 
     reached: int
+    traces: int = 0  # the job's project's traces of the window, up to ``reached``
     scored: int = 0
     skipped: int = 0
     calls_returned: int = 0  # calls counted against maxJudgeCalls for pairs not scored here
@@ -102,11 +106,11 @@ class BackfillRunner:
 
     async def tick(self, stop: asyncio.Event) -> None:
         try:
-            active = await self._parts.active()
+            jobs = await self._waiting()
         except Exception:
             log.exception("backfill jobs could not be read; trying again on the next tick")
             return
-        for job_id in active:
+        for job_id in turn_order(jobs):
             if stop.is_set():
                 return
             try:
@@ -115,6 +119,21 @@ class BackfillRunner:
                 await self._parts.forget(job_id)
             except Exception:  # this job's turn is lost; the others go on, the next tick tries again
                 log.exception("backfill turn failed; retrying on the next tick", job=job_id)
+
+    async def _waiting(self) -> list[BackfillJob]:
+        """The jobs a turn may move now: not ended, nor paused until a later budget window."""
+        jobs = []
+        for job_id in await self._parts.active():
+            try:
+                job = await self._jobs.get(job_id)
+            except NotFound:  # its document is gone (removed by hand): no longer looked at
+                await self._parts.forget(job_id)
+                continue
+            if job.status in BACKFILL_ENDED:
+                await self._parts.ended(job_id)
+            elif not (job.status == "paused" and job.resume_at is not None and job.resume_at > datetime.now(UTC)):
+                jobs.append(job)
+        return jobs
 
     async def _turn(self, job_id: str, stop: asyncio.Event) -> None:
         job = await self._jobs.get(job_id)
@@ -133,10 +152,8 @@ class BackfillRunner:
         parts = await self._parts.parts(job_id)
         turn_ends = time.monotonic() + READ_TURN_S
         for partition, part in sorted(parts.items()):  # 3.
-            if time.monotonic() > turn_ends:
-                return
             if part["next"] < part["end"] and await self._parts.lease(job_id, partition, self._worker):
-                if not await self._read(job, partition, part, stop, turn_ends):
+                if not await self._read(job, partition, part, stop, turn_ends) or time.monotonic() > turn_ends:
                     return  # paused, ended, stopping or its turn is over
         parts = await self._parts.parts(job_id)
         if all(p["next"] >= p["end"] for p in parts.values()):  # 7. (a plan of no partition too)
@@ -182,10 +199,12 @@ class BackfillRunner:
         try:
             consumer.assign([tp])
             consumer.seek(tp, part["next"])
-            reached = part["next"]
+            reached, fetched = part["next"], False
             while reached < part["end"]:
-                if time.monotonic() > turn_ends or not await go_on():
+                # A turn fetches once at least (a turn shorter than a fetch still moves its job).
+                if (fetched and time.monotonic() > turn_ends) or not await go_on():
                     return False
+                fetched = True
                 snapshot = self._catalog()
                 group = snapshot.groups.get(job.group_id)
                 if group is None:
@@ -202,7 +221,7 @@ class BackfillRunner:
                         return True
                     continue
                 graded = await self._grade(job, records, group, snapshot, go_on)
-                await self._parts.advance(job.id, partition, graded.reached, tracesRead=graded.reached - reached,
+                await self._parts.advance(job.id, partition, graded.reached, tracesRead=graded.traces,
                                           pairsScored=graded.scored, pairsSkipped=graded.skipped,
                                           judgeCalls=-graded.calls_returned)
                 if graded.budget_out:
@@ -228,7 +247,7 @@ class BackfillRunner:
         partition may advance to: the first record with a pair not graded, else past the batch.
         A chunk at a time: a worker killed mid-batch leaves at most a chunk's claims and calls
         counted behind it, and a cancel stops the job within a chunk."""
-        at = self._pairs(job, records, group, snapshot)
+        at, own = self._pairs(job, records, group, snapshot)
         graded = Graded(reached=records[-1].offset + 1)
         protocol = self._protocols[job.alerts]
         cap = JobCap(self._parts, job.id, job.max_judge_calls)
@@ -260,15 +279,18 @@ class BackfillRunner:
                 break
             if graded.cap_reached:
                 break
+        graded.traces = sum(offset < graded.reached for offset in own)
         return graded
 
     def _pairs(self, job: BackfillJob, records: list[Any], group: ScorerGroup,
-               snapshot: CatalogSnapshot) -> list[tuple[int, Pair]]:
+               snapshot: CatalogSnapshot) -> tuple[list[tuple[int, Pair]], list[int]]:
         """The batch's pairs by record offset: records stamped within the window, traces that
         decode (a malformed one was dead-lettered live), routed as live would route them; the
-        claims leave live traffic its share of the budget."""
+        claims leave live traffic its share of the budget. And the offsets of the job's
+        project's traces of the window: what its ``tracesRead`` counts."""
         from_ms, to_ms = job.from_.timestamp() * 1000, job.to.timestamp() * 1000
         at: list[tuple[int, Pair]] = []
+        own: list[int] = []
         for record in records:
             if not from_ms <= record.timestamp < to_ms:
                 continue  # read for records out of time order (the plan's hour past the end)
@@ -276,6 +298,8 @@ class BackfillRunner:
                                  self._max_trace_bytes)
             if isinstance(trace, DeadLetter):
                 continue
+            if trace.project_id == job.project_id:
+                own.append(record.offset)
             try:
                 pairs = group_pairs(trace, group, snapshot, sample_rate=job.sample_rate, max_spans=self._max_spans)
             except Exception:  # a trace that breaks routing was dead-lettered live: not graded here either
@@ -283,7 +307,7 @@ class BackfillRunner:
                             exc_info=True)
                 continue
             at += [(record.offset, _leaving_live_its_share(pair)) for pair in pairs]
-        return at
+        return at, own
 
     @staticmethod
     async def _score(chunk: list[tuple[int, Pair]], states: list[ClaimResult], claimed_at: float,
@@ -335,6 +359,17 @@ class BackfillRunner:
         budget = snapshot.budget(group.project_id)
         window_s = budget.window_seconds if budget is not None else DEFAULT_BUDGET_WINDOW_S
         return datetime.fromtimestamp((int(time.time()) // window_s + 1) * window_s, UTC)
+
+
+def turn_order(jobs: list[BackfillJob]) -> list[str]:
+    """A tick's turns: the projects one after another (by id), each turn going to the project's
+    next job (by creation), until every job has had one - a project of fewer jobs gives each of
+    them more turns, so each project has as many turns as the others, whatever its jobs."""
+    of_project: dict[str, list[str]] = {}
+    for job in sorted(jobs, key=lambda j: (j.created_at, j.id)):
+        of_project.setdefault(job.project_id, []).append(job.id)
+    rounds = max((len(ids) for ids in of_project.values()), default=0)
+    return [ids[n % len(ids)] for n in range(rounds) for _, ids in sorted(of_project.items())]
 
 
 def _leaving_live_its_share(pair: Pair) -> Pair:

@@ -6,13 +6,16 @@ A job is two keys: its document as created (``keys.backfill``, never rewritten) 
 worker and the API change one field at a time - a status only by a script that refuses to move
 an ended job (a cancel is never undone by a worker finishing a batch).
 
+A project has at most ``MAX_ACTIVE_JOBS`` jobs not ended: a job first takes a place among its
+project's (``keys.project_backfills``), the cap checked and the place taken in one script, so
+concurrent starts never pass it together; then its own keys are written (the job's hash tag).
+
 The runner (``consumers.backfill``) plans a job's ranges, leases its partitions and records
 the offsets they reached here (``JobParts``).
 """
 
 from __future__ import annotations
 
-import contextlib
 import time
 import uuid
 from datetime import UTC, datetime, timedelta
@@ -27,8 +30,18 @@ from scoring.stores.client import RedisClient
 
 JOBS_KEPT_S = 30 * 86_400  # an ended job is kept for a month: its progress stays readable (an active one: always)
 MAX_ACTIVE_JOBS = 3  # a project's jobs not ended: each reads the shared topic again
+PLACE_GRACE_S = 60  # a place whose job has no document this long after it was taken: a start that stopped
 CLOCK_SKEW_S = 300  # a ``to`` this far ahead of the server's clock is now (a client's "until now")
 COUNTS = ("tracesRead", "pairsScored", "pairsSkipped", "judgeCalls")
+
+# KEYS: a project's jobs not ended (job id -> when it took its place). ARGV: the most, a new job's
+# id, now (s). Returns the jobs holding places, with when each took its place, as they were before
+# this call; when fewer than the most, the new job takes a place too.
+_TAKE_PLACE = """
+local held = redis.call('ZRANGE', KEYS[1], 0, -1, 'WITHSCORES')
+if #held / 2 < tonumber(ARGV[1]) then redis.call('ZADD', KEYS[1], ARGV[3], ARGV[2]) end
+return held
+"""
 
 # KEYS: a job's state hash. ARGV: the new status, the statuses it may move from (space-separated;
 # a job without a status yet is "queued"), then field, value pairs to set with it. 1 if moved.
@@ -88,46 +101,67 @@ def backfill_sample(group: ScorerGroup, request: BackfillCreate, now: datetime |
 class BackfillStore:
     def __init__(self, redis: RedisClient) -> None:
         self._redis = redis
+        self._take_place = redis.register_script(_TAKE_PLACE)
 
     async def start(self, group: ScorerGroup, request: BackfillCreate) -> BackfillJob:
-        """Check the request against the group (``backfill_sample``) and the project's jobs not
-        ended (at most ``MAX_ACTIVE_JOBS``: every job reads the shared topic again), and queue
-        the job - its ``to`` at most now (a client's clock a little ahead is not refused)."""
+        """Check the request against the group (``backfill_sample``) and queue the job - its
+        ``to`` at most now (a client's clock a little ahead is not refused)."""
         rate = backfill_sample(group, request)
-        active = [job for job in await self._active_jobs() if job.project_id == group.project_id]
-        if len(active) >= MAX_ACTIVE_JOBS:
-            raise Conflict(f"the project has {len(active)} backfills not ended (at most {MAX_ACTIVE_JOBS}): "
-                           f"wait for one, or cancel one ({', '.join(j.id for j in active)})")
         now = datetime.now(UTC)
         if request.to > now:
             request = request.model_copy(update={"to": now})
         return await self.create(group.id, group.project_id, request, rate)
 
-    async def _active_jobs(self) -> list[BackfillJob]:
-        members = await self._redis.smembers(keys.BACKFILLS_ACTIVE)
-        jobs = []
-        for job_id in sorted(_text(m) for m in members):
-            with contextlib.suppress(NotFound):
-                job = await self.get(job_id)
-                if job.status not in BACKFILL_ENDED:
-                    jobs.append(job)
-        return jobs
-
     async def create(self, group_id: str, project_id: str, request: BackfillCreate, sample_rate: float) -> BackfillJob:
+        """Queue the job, once it has a place among its project's (Conflict at ``MAX_ACTIVE_JOBS``:
+        every job reads the shared topic again)."""
         now = datetime.now(UTC)
         job = BackfillJob(id=f"bf-{uuid.uuid4().hex[:16]}", group_id=group_id, project_id=project_id,
                           status="queued", from_=request.from_, to=request.to, sample_rate=sample_rate,
                           max_judge_calls=request.max_judge_calls, alerts=request.alerts, created_at=now,
                           updated_at=now)
-        async with self._redis.pipeline(transaction=True) as pipe:  # the job's keys: one slot
-            pipe.set(keys.backfill(job.id), orjson.dumps(job.model_dump(mode="json", by_alias=True)))
-            pipe.hset(keys.backfill_progress(job.id), mapping={"status": "queued", "updatedAt": now.isoformat()})
-            await pipe.execute()
-        async with self._redis.pipeline(transaction=False) as pipe:  # then the indexes that find it
-            pipe.zadd(keys.group_backfills(group_id), {job.id: time.time()})
-            pipe.sadd(keys.BACKFILLS_ACTIVE, job.id)
-            await pipe.execute()
+        held = await self._place(job)
+        if len(held) >= MAX_ACTIVE_JOBS and await self._give_back_stale_places(project_id, held):
+            held = await self._place(job)
+        if len(held) >= MAX_ACTIVE_JOBS:
+            raise Conflict(f"the project has {len(held)} backfills not ended (at most {MAX_ACTIVE_JOBS}): "
+                           f"wait for one, or cancel one ({', '.join(sorted(held))})")
+        try:
+            async with self._redis.pipeline(transaction=True) as pipe:  # the job's keys: one slot
+                pipe.set(keys.backfill(job.id), orjson.dumps(job.model_dump(mode="json", by_alias=True)))
+                pipe.hset(keys.backfill_progress(job.id), mapping={"status": "queued", "updatedAt": now.isoformat()})
+                await pipe.execute()
+            async with self._redis.pipeline(transaction=False) as pipe:  # then the indexes that find it
+                pipe.zadd(keys.group_backfills(group_id), {job.id: time.time()})
+                pipe.sadd(keys.BACKFILLS_ACTIVE, job.id)
+                await pipe.execute()
+        except BaseException:  # not queued: its place is the project's again
+            await self._redis.zrem(keys.project_backfills(project_id), job.id)
+            raise
         return job
+
+    async def _place(self, job: BackfillJob) -> dict[str, float]:
+        """The places of the project's jobs before this one (``_TAKE_PLACE``): this one has taken
+        a place too when they are fewer than ``MAX_ACTIVE_JOBS``."""
+        held = await self._take_place(keys=[keys.project_backfills(job.project_id)],
+                                      args=[MAX_ACTIVE_JOBS, job.id, time.time()])
+        return {_text(held[i]): float(held[i + 1]) for i in range(0, len(held), 2)}
+
+    async def _give_back_stale_places(self, project_id: str, held: dict[str, float]) -> bool:
+        """Give back the places of jobs that ended (a worker stopped between ending a job and
+        giving its place back) or whose document never came (a start that stopped after taking
+        its place, ``PLACE_GRACE_S`` ago): True if any was."""
+        stale = []
+        for job_id, taken_at in held.items():
+            try:
+                if (await self.get(job_id)).status in BACKFILL_ENDED:
+                    stale.append(job_id)
+            except NotFound:
+                if taken_at < time.time() - PLACE_GRACE_S:
+                    stale.append(job_id)
+        if stale:
+            await self._redis.zrem(keys.project_backfills(project_id), *stale)
+        return bool(stale)
 
     async def get(self, job_id: str, project_id: str | None = None) -> BackfillJob:
         """The job with its state and progress; another project's is as if it did not exist (404)."""
@@ -280,12 +314,16 @@ class JobParts:
         await self.ended(job_id)
 
     async def ended(self, job_id: str) -> None:
-        """An ended job leaves the active jobs, and is kept ``JOBS_KEPT_S`` from now."""
+        """An ended job leaves the active jobs and gives back its place among its project's; it is
+        kept ``JOBS_KEPT_S`` from now."""
         async with self._redis.pipeline(transaction=True) as pipe:  # the job's keys: one slot
+            pipe.get(keys.backfill(job_id))
             for key in (keys.backfill(job_id), keys.backfill_progress(job_id), keys.backfill_parts(job_id)):
                 pipe.expire(key, JOBS_KEPT_S)
-            await pipe.execute()
+            raw, *_ = await pipe.execute()
         await self._redis.srem(keys.BACKFILLS_ACTIVE, job_id)
+        if raw:
+            await self._redis.zrem(keys.project_backfills(orjson.loads(raw)["projectId"]), job_id)
 
     async def forget(self, job_id: str) -> None:
         """A job id active without its document (removed by hand): no longer looked at."""

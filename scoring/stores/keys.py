@@ -254,6 +254,12 @@ def evaluation_calls(project_id: str, run_id: str) -> str:
 BACKFILLS_ACTIVE = f"{PREFIX}:backfills:active"
 
 
+def project_backfills(project_id: str) -> str:
+    """A project's jobs not ended, each by when it took its place (a sorted set, the project's
+    tag): the cap (``MAX_ACTIVE_JOBS``) is checked and a place taken in one script."""
+    return f"{PREFIX}:backfills:project:{{{project_id}}}"
+
+
 def backfill(job_id: str) -> str:
     return f"{PREFIX}:backfill:{{{job_id}}}"
 

@@ -54,7 +54,8 @@ async def test_a_job_rates_a_past_days_traces_once_each_as_backfill(bench: Bench
     assert {r["origin"] for r in ratings} == {"backfill"}
     assert len(again) == len(traces), "the same window again rates nothing new"
     assert first.status == second.status == "done"
-    assert (first.progress.fraction, first.progress.traces_read, first.progress.pairs_scored) == (1.0, 21, 20)
+    assert (first.progress.fraction, first.progress.traces_read, first.progress.pairs_scored) == (1.0, 20, 20), \
+        "the intruder's trace is not counted either"
     assert (second.progress.pairs_scored, second.progress.pairs_skipped) == (0, 20), "already rated: skipped"
     history = await RatingsStore(bench.redis).history(group.id, "30d")
     assert history.count == 20 and history.below == 10, "counted, at the traces' own days"

@@ -144,7 +144,7 @@ async def use_every_store(redis: RedisCluster) -> list[AsyncScript]:
     assert await digests.claim("g1", "c1", 1, now) and not await digests.claim("g1", "c1", 1, now)
     await digests.sent("g1", "c1", 1)
 
-    stores = (claims, ratings, sessions, buffer, schedule, alerts, parts, incidents, digests)
+    stores = (claims, ratings, sessions, buffer, schedule, alerts, jobs, parts, incidents, digests)
     return [v for store in stores for v in vars(store).values() if isinstance(v, AsyncScript)]
 
 
