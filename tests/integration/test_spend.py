@@ -7,13 +7,14 @@ from __future__ import annotations
 
 import json
 from collections.abc import AsyncIterator, Iterator
+from typing import Any
 
 import pytest
 from redis.asyncio import Redis
 
 from deploy.judge_server import Behaviour, JudgeServer
 from scoring.catalog import CatalogSnapshot
-from scoring.judge_prompt import ANSWER_MAX_TOKENS, token_ceiling
+from scoring.judge_prompt import ANSWER_MAX_TOKENS
 from scoring.members.http import RetryPolicy
 from scoring.members.judge import JudgeClient
 from scoring.models import Budget, Judge, Pattern, ScorerGroup
@@ -71,6 +72,20 @@ def live_pair(snap: CatalogSnapshot, output: str, trace: str) -> Pair:
     group = snap.groups["g"]
     return pair_of(group, subject(output, trace_id=trace, project_id=group.project_id), snap,
                    subject_key=f"trace:{trace}", day=day_of(NOW))
+
+
+def sent_ceiling(request: dict[str, Any]) -> int:
+    """A call's token ceiling, from the request the judge server received and the ceiling's
+    definition (docs/running.md): the UTF-8 bytes of its messages, 8 per message for the chat
+    format, and the answer's max_tokens."""
+    max_tokens: int = request["max_tokens"]
+    return sum(len(m["content"].encode()) + 8 for m in request["messages"]) + max_tokens
+
+
+def words_reported(request: dict[str, Any], answer: str) -> int:
+    """The tokens the local judge server reports for one answered call: it counts words, the
+    prompt's and its answer's."""
+    return sum(len(str(m["content"]).split()) for m in request["messages"]) + len(answer.split())
 
 
 async def claimed(claims: Claims, pair: Pair) -> None:
@@ -206,15 +221,19 @@ async def test_a_token_budget_reserves_each_calls_ceiling_and_settles_to_the_rea
     project = f"p-{unique}"
     claims, snap = Claims(redis), catalog(project, gates_first=False, judges=2, tokens=100_000)
     pair = live_pair(snap, CLEAN, "t-tokens")
-    ceiling = sum(token_ceiling(j, pair.subject) for j in snap.judges.values())
-    assert pair.claim.judge_tokens == ceiling > 2 * ANSWER_MAX_TOKENS, "the ceiling: prompt bytes and max_tokens"
+    ceiling = pair.claim.judge_tokens
+    assert ceiling > 2 * ANSWER_MAX_TOKENS, "the ceiling: prompt bytes and max_tokens"
     await claimed(claims, pair)
     assert await claims.tokens_used(project, 3600) == ceiling, "reserved before the calls"
 
+    judge_server.script(Behaviour.rating(8), Behaviour.rating(8))
     spend = claims.spend(pair.claim)
     result = await scorer.score(pair.group, pair.subject, snap, spend=spend)
-    reported = tokens_of(result)
-    assert 0 < reported < ceiling
+    requests = judge_server.requests
+    assert len(requests) == 2 and ceiling == sum(sent_ceiling(r) for r in requests), "each call's ceiling, reserved"
+    answer = json.dumps({"rating": 8, "justification": "Scripted judge answer"})
+    reported = sum(words_reported(r, answer) for r in requests)  # what the judge API said the calls cost
+    assert tokens_of(result) == reported and 0 < reported < ceiling
     await claims.mark_done([(pair.claim, "r-1")], tokens=[(pair.claim, spend.settlement(reported))])
 
     assert await claims.tokens_used(project, 3600) == reported, "settled to the usage the judges reported"
@@ -256,7 +275,8 @@ async def test_under_a_token_budget_deferred_judges_and_retries_reserve_their_ce
     result = await scorer.score(pair.group, pair.subject, snap, spend=spend)
 
     assert len(judge_server.requests) == 3 and result.rating == 7.0
-    one = token_ceiling(snap.judges["j1"], pair.subject)
+    one = sent_ceiling(judge_server.requests[0])
+    assert all(sent_ceiling(r) == one for r in judge_server.requests), "both judges ask the same"
     assert await claims.budget_used(project, 3600) == 3, "two judges once their gate passed, one retry"
     assert await claims.tokens_used(project, 3600) == spend.tokens_reserved == 3 * one
     await claims.mark_done([(pair.claim, "r")], tokens=[(pair.claim, spend.settlement(tokens_of(result)))])
@@ -302,12 +322,12 @@ async def test_a_retry_under_a_token_budget_reserves_one_judges_ceiling(
     project = f"p-{unique}"
     snap = catalog(project, gates_first=False, judges=1, budget=10, tokens=1_000_000)
     claims, pair = Claims(redis), live_pair(snap, CLEAN, "t-retry-tokens")
-    one = token_ceiling(snap.judges["j1"], pair.subject)
-    assert pair.claim.judge_tokens == one
+    one = pair.claim.judge_tokens
     await claimed(claims, pair)
     judge_server.script(Behaviour.status(503))
     spend = claims.spend(pair.claim)
     await scorer.score(pair.group, pair.subject, snap, spend=spend)
+    assert [sent_ceiling(r) for r in judge_server.requests] == [one, one], "the call and its retry, one ceiling each"
     assert await claims.tokens_used(project, 3600) == spend.tokens_reserved == 2 * one
 
 

@@ -2,13 +2,11 @@
 
 from __future__ import annotations
 
-from datetime import UTC, datetime
 from typing import Any
 
 from scoring.catalog import CatalogSnapshot
-from scoring.judge_prompt import ANSWER_MAX_TOKENS, token_ceiling
+from scoring.judge_prompt import ANSWER_MAX_TOKENS, build_messages
 from scoring.models import Budget, Judge, Pattern, ScorerGroup
-from scoring.pairs import day_of
 from scoring.routing import DEFAULT_BUDGET_WINDOW_S, trace_pairs
 from scoring.subjects import Trace
 from tests.support.sampling_reference import reference_keep
@@ -55,7 +53,7 @@ def test_each_live_trace_group_of_the_project_gets_a_pair_with_its_claim() -> No
         assert claim.group_id == group_id
         assert claim.project_id == "acme" and claim.subject_key == "trace:t-1"
         assert (claim.budget_limit, claim.budget_window_s) == (500, 600), "acme's budget, not another's"
-        assert claim.day == day_of(datetime(2026, 12, 2, 13, tzinfo=UTC).timestamp()), "the trace's own day"
+        assert claim.day == 20_789, "the trace's own day: 2026-12-02 is day 20789 since 1970-01-01 (UTC)"
     assert all(p.subject.trace_id == "t-1" and p.subject.output == "fine" for p in pairs)
 
 
@@ -90,10 +88,15 @@ def test_a_token_budget_makes_the_claim_reserve_its_judges_token_ceiling() -> No
     budget = Budget(project_id="acme", judge_calls_per_window=50, judge_tokens_per_window=90_000)
     catalog = snapshot(group("judged", "acme", [*JUDGES, {"kind": "judge", "refId": "jx"}]),
                        group("patterned", "acme", PATTERN), budgets=(budget,))
-    claims = {p.group.id: p for p in trace_pairs(trace(), catalog)}
+    french = Trace.model_validate({**trace().model_dump(by_alias=True),
+                                   "spans": [{"spanId": "r", "input": "q", "output": "Très bien, ça marche"}]})
+    claims = {p.group.id: p for p in trace_pairs(french, catalog)}
     judged = claims["judged"]
-    # jx needs an expected answer the trace lacks: not called, so not reserved.
-    ceiling = sum(token_ceiling(catalog.judges[j], judged.subject) for j in ("j1", "j2"))
+    # The ceiling, from its definition (docs/running.md): per call, the UTF-8 bytes of the messages
+    # the judge is sent, 8 per message for the chat format, and the answer's max_tokens. jx needs
+    # an expected answer the trace lacks: not called, so not reserved.
+    ceiling = sum(sum(len(m["content"].encode()) + 8 for m in build_messages(catalog.judges[j], judged.subject))
+                  + ANSWER_MAX_TOKENS for j in ("j1", "j2"))
     assert judged.claim.judge_tokens == ceiling > 2 * ANSWER_MAX_TOKENS
     assert judged.claim.token_limit == 90_000 and claims["patterned"].claim.token_limit == 90_000
     assert claims["patterned"].claim.judge_tokens == 0, "no judge, no tokens"

@@ -8,8 +8,11 @@ from datetime import UTC, datetime, timedelta, timezone
 from typing import Any
 
 import orjson
+from pydantic import TypeAdapter
 
-from scoring.subjects import _SPANS, Span, Trace, session_subject, span_dicts, trace_subject
+from scoring.subjects import Span, Trace, session_subject, span_dicts, trace_subject
+
+SPANS = TypeAdapter(tuple[Span, ...])  # the wire model's own serializer: what span_dicts must write
 
 
 def trace(n: int, *, user: str | None = "", agent: str | None = "", children: list[dict[str, Any]] = (),
@@ -153,6 +156,6 @@ def test_spans_as_members_read_them_are_what_the_span_model_serializes() -> None
         for name in ("startTime", "endTime"):
             document[name] = _time(rng)
         spans = tuple(Span.model_validate(document) for _ in range(rng.randint(1, 3)))
-        expected = _SPANS.dump_python(spans, mode="json", by_alias=True, exclude_none=True)
+        expected = SPANS.dump_python(spans, mode="json", by_alias=True, exclude_none=True)
         assert span_dicts(spans) == list(expected), document
         assert orjson.dumps(span_dicts(spans)) == orjson.dumps(list(expected))
