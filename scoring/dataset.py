@@ -29,6 +29,7 @@ from scoring.errors import InvalidDocument, NotFound
 from scoring.judge_calls import encode_calls
 from scoring.models import Judge, Member, MemberKind, ScorerGroup
 from scoring.panel import GroupResult, Panel
+from scoring.ports import BudgetExhausted, JudgeSpend
 from scoring.subjects import Subject, as_text
 
 
@@ -120,6 +121,7 @@ class DatasetRun:
     warnings: list[str] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
     by_group: bool = True  # False: graded by one scorer (plus additional ones), not by a group
+    budget_skipped: list[str] = field(default_factory=list)  # row ids the judge budget had no room for
 
     @property
     def scored(self) -> list[RowResult]:
@@ -265,24 +267,32 @@ def _scorer_name(catalog: CatalogSnapshot, member: Member) -> str:
 
 
 async def grade_rows(panel: Panel, catalog: CatalogSnapshot, plan: GradingPlan, rows: list[DatasetRow],
-                     *, concurrency: int = 8,
-                     progress: Callable[[int, int], None] | None = None) -> DatasetRun:
-    """Grade every row with the plan's group, at most ``concurrency`` rows at once."""
+                     *, concurrency: int = 8, progress: Callable[[int, int], None] | None = None,
+                     spends: Mapping[str, JudgeSpend] | None = None) -> DatasetRun:
+    """Grade every row with the plan's group, at most ``concurrency`` rows at once. ``spends``
+    (by row id) is each row's share of a judge budget, for the calls decided while it is graded
+    (retries, a gates-first group's judges); a row that finds no room there is not graded, and
+    its id is in the run's ``budget_skipped``."""
     slots = asyncio.Semaphore(concurrency)
     done = 0
 
-    async def one(index: int, row: DatasetRow) -> RowResult:
+    async def one(index: int, row: DatasetRow) -> RowResult | None:
         nonlocal done
+        spend = spends.get(str(row.id)) if spends is not None else None
         async with slots:
-            result = await panel.score(plan.group, row.subject(plan.group.project_id), catalog)
+            try:
+                result = await panel.score(plan.group, row.subject(plan.group.project_id), catalog, spend=spend)
+            except BudgetExhausted:
+                result = None
         done += 1
         if progress is not None:
             progress(done, len(rows))
-        return RowResult(index, row, result)
+        return None if result is None else RowResult(index, row, result)
 
     results = await asyncio.gather(*(one(i, row) for i, row in enumerate(rows)))
-    return DatasetRun(plan.group, list(results), list(plan.warnings), list(plan.notes),
-                      by_group=plan.additional_scorer_ids is None)
+    return DatasetRun(plan.group, [r for r in results if r is not None], list(plan.warnings), list(plan.notes),
+                      by_group=plan.additional_scorer_ids is None,
+                      budget_skipped=[str(row.id) for row, r in zip(rows, results, strict=True) if r is None])
 
 
 def requires_expected_judges(group: ScorerGroup, catalog: CatalogSnapshot) -> list[Judge]:

@@ -387,6 +387,18 @@ class Settings(BaseSettings):
     api_body_read_timeout_s: float = Field(
         60.0, gt=0, description="How long a large request body may take to arrive once its turn comes (408 past it).",
     )
+    max_datasets_per_project: int = Field(
+        100, ge=0, description="Datasets a project may keep; creating one more is refused (409, naming this quota).",
+    )
+    max_evaluation_runs_per_project: int = Field(
+        1_000, ge=0, description="Evaluation runs a project may keep (a run is kept 90 days after its last change); "
+        "creating one more is refused (409, naming this quota).",
+    )
+    max_project_stored_bytes: int = Field(
+        2 * 1024**3, ge=0, description="Bytes a project may keep in datasets (every version's rows) and evaluation "
+        "runs (results and judge calls) together; a dataset, version or run created past it is refused (409, naming "
+        "this quota). A finalize is never refused: its bytes count from then on.",
+    )
     log_format: Literal["json", "console"] = Field(
         "json", description="'json' lines for production, 'console' for people."
     )

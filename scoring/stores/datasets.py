@@ -138,13 +138,15 @@ class DatasetStore:
                               updated_at=now)
         except ValidationError as exc:
             raise InvalidDocument.from_validation(exc) from None
+        document = _rows_json(rows)
         while True:  # WATCHed, so a taken id never has its rows overwritten
             async with self.redis.pipeline(transaction=True) as pipe:
                 await pipe.watch(keys.datasets(project_id))
                 if await pipe.hexists(keys.datasets(project_id), dataset.id):
                     raise InvalidDocument(f"id: a dataset with id {dataset.id!r} already exists")
                 pipe.multi()  # type: ignore[no-untyped-call]
-                pipe.set(keys.dataset_rows(project_id, dataset.id, 1), _rows_json(rows))
+                pipe.set(keys.dataset_rows(project_id, dataset.id, 1), document)
+                pipe.incrby(keys.dataset_bytes(project_id), len(document))
                 pipe.hset(keys.datasets(project_id), dataset.id, orjson.dumps(dataset.stored()))
                 try:
                     await pipe.execute()
@@ -154,6 +156,7 @@ class DatasetStore:
 
     async def add_version(self, project_id: str, dataset_id: str, rows: builtins.list[DatasetItem]) -> Dataset:
         """The rows as the dataset's next version; earlier versions stay as they were."""
+        document = _rows_json(rows)
         while True:  # optimistic: two uploads at once become two versions, never one
             async with self.redis.pipeline(transaction=True) as pipe:
                 await pipe.watch(keys.datasets(project_id))
@@ -161,7 +164,8 @@ class DatasetStore:
                 updated = current.model_copy(update={"version": current.version + 1, "row_count": len(rows),
                                                      "updated_at": time.time()})
                 pipe.multi()  # type: ignore[no-untyped-call]
-                pipe.set(keys.dataset_rows(project_id, dataset_id, updated.version), _rows_json(rows))
+                pipe.set(keys.dataset_rows(project_id, dataset_id, updated.version), document)
+                pipe.incrby(keys.dataset_bytes(project_id), len(document))
                 pipe.hset(keys.datasets(project_id), dataset_id, orjson.dumps(updated.stored()))
                 try:
                     await pipe.execute()
@@ -178,6 +182,23 @@ class DatasetStore:
     async def list(self, project_id: str) -> builtins.list[Dataset]:
         raw = await self.redis.hgetall(keys.datasets(project_id))
         return sorted((Dataset.model_validate(orjson.loads(v)) for v in raw.values()), key=lambda d: d.created_at)
+
+    async def usage(self, project_id: str) -> tuple[int, int]:
+        """How many datasets the project has, and the bytes of all their versions' rows (what
+        the quotas count). Counted from the versions once for datasets kept before the count was."""
+        async with self.redis.pipeline(transaction=False) as pipe:
+            pipe.hlen(keys.datasets(project_id))
+            pipe.get(keys.dataset_bytes(project_id))
+            count, stored = await pipe.execute()
+        if stored is None:
+            versions = [(d.id, v) for d in await self.list(project_id) for v in range(1, d.version + 1)]
+            async with self.redis.pipeline(transaction=False) as pipe:
+                for dataset_id, version in versions:
+                    pipe.strlen(keys.dataset_rows(project_id, dataset_id, version))
+                lengths = await pipe.execute() if versions else []
+            await self.redis.set(keys.dataset_bytes(project_id), sum(lengths), nx=True)
+            stored = await self.redis.get(keys.dataset_bytes(project_id))
+        return int(count), int(stored or 0)
 
     async def rows(self, project_id: str, dataset_id: str,
                    version: int | None = None) -> tuple[int, builtins.list[DatasetItem]]:

@@ -222,6 +222,12 @@ def dataset_rows(project_id: str, dataset_id: str, version: int) -> str:
     return f"{PREFIX}:dataset-rows:{{{project_id}}}:{dataset_id}:{version}"
 
 
+# The bytes of every version's rows of the project's datasets (a counter, added to as versions
+# are written; counted once from the versions when missing): what the stored-bytes quota counts.
+def dataset_bytes(project_id: str) -> str:
+    return f"{PREFIX}:dataset-bytes:{{{project_id}}}"
+
+
 # An evaluation run (its request, outputs and row results) is one JSON string kept
 # EVALUATION_TTL_S after its last change, so a failed CI gate can be inspected later; the
 # project's index of runs (a sorted set by creation time) drops ids whose run has expired.
@@ -234,6 +240,23 @@ def evaluation(project_id: str, run_id: str) -> str:
 
 def evaluations(project_id: str) -> str:
     return f"{PREFIX}:evaluations:{{{project_id}}}"
+
+
+# Beside each run, what reads of many runs or of one row need, so they never read a run whole:
+# the project's hash of run summaries (field = run id, value = the run without rows and judge
+# columns, as lists show it); its hash of sizes (field = run id, value = "<expires at> <bytes>":
+# what the quotas count, and how a list knows a run has expired); and per run one character per
+# row (what the row is: scoring.stores.evaluations.row_kinds), kept as long as the run.
+def evaluation_summaries(project_id: str) -> str:
+    return f"{PREFIX}:evaluation-summaries:{{{project_id}}}"
+
+
+def evaluation_sizes(project_id: str) -> str:
+    return f"{PREFIX}:evaluation-sizes:{{{project_id}}}"
+
+
+def evaluation_rows(project_id: str, run_id: str) -> str:
+    return f"{PREFIX}:evaluation-rows:{{{project_id}}}:{run_id}"
 
 
 # A run's judge calls: one hash, field = row index, value = the row's calls as a live result

@@ -136,6 +136,9 @@ class EvaluationRun(WireModel):
     breakdown: list[str] = Field(default_factory=list)
     judges: list[JudgeSummary] = Field(default_factory=list)
     rows: list[dict[str, Any]] = Field(default_factory=list)  # one result per row, in row order
+    # Rows the project's judge budget had no room for (all of a row's judge calls, or none):
+    # not graded, so rows without a score. Left out when none, so that 0.3 SDKs read the run.
+    budget_skipped_rows: list[int] = Field(default_factory=list, exclude_if=lambda v: not v)
     # With the rows' human verdicts, when some carry one (absent otherwise: 0.2 SDKs read the run).
     agreement: Agreement | None = Field(None, exclude_if=lambda v: v is None)
 

@@ -69,6 +69,7 @@ def create_app(settings: Settings) -> FastAPI:
                   responses=problems.RESPONSES,
                   generate_unique_id_function=lambda route: route.name,  # operationIds: list_groups, ...
                   docs_url=None, redoc_url=None)  # FastAPI's pages load scripts from a CDN: docs_pages instead
+    app.state.settings = settings  # what routes read of them (worker.api.evaluations: the project quotas)
     problems.install(app)
     app.openapi = lambda: with_body_schemas(problems.documented(app))  # type: ignore[method-assign]
     app.include_router(groups.router)

@@ -9,7 +9,7 @@ Datasets and runs belong to the key's project: an operator key must use a projec
 from __future__ import annotations
 
 import functools
-from typing import Annotated, Literal
+from typing import Annotated, Any, Literal
 
 from fastapi import APIRouter, Path, Query, Request, Response
 from pydantic import Field
@@ -20,9 +20,14 @@ from scoring.dataset import DatasetRow, grade_rows, human_verdict, plan_grading
 from scoring.errors import Conflict, InvalidDocument, NotFound
 from scoring.models import ID_PATTERN, Id, Name, WireModel
 from scoring.stores.catalog import CatalogStore
+from scoring.stores.claims import Claims
 from scoring.stores.datasets import DatasetStore, parse_rows
 from scoring.stores.evaluations import (
+    BUDGET_SKIPPED,
     CALLS_BUDGET,
+    ROW_FAILED,
+    ROW_JUDGED,
+    ROW_SKIPPED,
     EvaluationStore,
     calls_left_out_note,
     check_outputs,
@@ -30,12 +35,15 @@ from scoring.stores.evaluations import (
     kept_calls,
     new_run,
 )
+from scoring.stores.quotas import Quotas, check_quotas
 from scoring.subjects import as_text
 from worker.api import problems
 from worker.api.auth import Who, redis_of
 from worker.api.bodies import body_doc, read_body
 from worker.api.pages import Cursor, Limit, Number, Page, page
+from worker.api.run_spend import RunSpend
 from worker.engine import ScoringEngine
+from worker.settings import Settings
 
 router = APIRouter(prefix="/v1", tags=["datasets and evaluations"])
 ItemId = Annotated[str, Path(alias="id", max_length=128, pattern=ID_PATTERN)]
@@ -86,11 +94,25 @@ def _with_rows(upload: DatasetUpload) -> tuple[DatasetUpload, list[DatasetItem]]
     return upload, parse_rows(upload.content, upload.format)
 
 
-@router.post("/datasets", status_code=201, response_model=Dataset,
+def _quotas(request: Request) -> Quotas:
+    settings: Settings = request.app.state.settings
+    return Quotas(datasets=settings.max_datasets_per_project, runs=settings.max_evaluation_runs_per_project,
+                  stored_bytes=settings.max_project_stored_bytes)
+
+
+# A create past a quota: 409, the problem's ``quota`` naming it (scoring.stores.quotas).
+QUOTA_REFUSED: dict[int | str, dict[str, Any]] = {
+    409: {**problems.RESPONSES[412], "description": "Past a project quota (the problem's `quota` says which)"}}
+
+
+@router.post("/datasets", status_code=201, response_model=Dataset, responses=QUOTA_REFUSED,
              openapi_extra=body_doc(DatasetCreate, UPLOAD_BODY))
 async def create_dataset(who: Who, request: Request, response: Response) -> Dataset:
     project = _project(who)
+    await check_quotas(redis_of(request), project, _quotas(request), dataset=True)  # before reading the upload
     body, rows = await read_body(request, DatasetCreate, _with_rows)
+    await check_quotas(redis_of(request), project, _quotas(request), dataset=True,
+                       adding_bytes=len(body.content.encode()))
     dataset = await DatasetStore(redis_of(request)).create(project, body.name, rows,
                                                            description=body.description, dataset_id=body.id)
     response.headers["Location"] = str(request.url_for("get_dataset", id=dataset.id).path)
@@ -109,13 +131,15 @@ async def get_dataset(dataset_id: ItemId, who: Who, request: Request) -> Dataset
     return await DatasetStore(redis_of(request)).get(_project(who), dataset_id)
 
 
-@router.post("/datasets/{id}/versions", status_code=201, response_model=Dataset,
+@router.post("/datasets/{id}/versions", status_code=201, response_model=Dataset, responses=QUOTA_REFUSED,
              openapi_extra=body_doc(DatasetUpload, UPLOAD_BODY))
 async def add_dataset_version(dataset_id: ItemId, who: Who, request: Request) -> Dataset:
     store = DatasetStore(redis_of(request))
     project = _project(who)
     await store.get(project, dataset_id)  # 404 before reading a large upload
-    _, rows = await read_body(request, DatasetUpload, _with_rows)
+    await check_quotas(redis_of(request), project, _quotas(request))
+    upload, rows = await read_body(request, DatasetUpload, _with_rows)
+    await check_quotas(redis_of(request), project, _quotas(request), adding_bytes=len(upload.content.encode()))
     return await store.add_version(project, dataset_id, rows)
 
 
@@ -126,12 +150,13 @@ async def dataset_rows(dataset_id: ItemId, who: Who, request: Request,
     return DatasetRows(dataset_id=dataset_id, version=found, items=items)
 
 
-@router.post("/evaluations", status_code=201, response_model=EvaluationRun)
+@router.post("/evaluations", status_code=201, response_model=EvaluationRun, responses=QUOTA_REFUSED)
 async def create_evaluation(body: EvaluationCreate, who: Who, request: Request, response: Response) -> EvaluationRun:
     """The group wins when both ``scorerGroupId`` and ``scorerId`` are sent, and a group-graded
     run nulls ``additionalScorerIds``: the run's ``warnings`` say so."""
     project = _project(who)
     redis = redis_of(request)
+    await check_quotas(redis, project, _quotas(request), run=True)
     version, items = await DatasetStore(redis).rows(project, body.dataset_id, body.dataset_version)
     catalog = await CatalogStore(redis).snapshot()
     # NotFound (404) or InvalidDocument (400), answered as their status says.
@@ -145,9 +170,8 @@ async def create_evaluation(body: EvaluationCreate, who: Who, request: Request, 
 
 @router.get("/evaluations", response_model=EvaluationPage)
 async def list_evaluations(who: Who, request: Request, limit: Limit = 50, cursor: Cursor = None) -> EvaluationPage:
-    """The project's runs without their rows; fetch a run for those."""
-    runs = await EvaluationStore(redis_of(request)).list(_project(who))
-    items, next_cursor = page(runs, lambda r: r.id, limit, cursor)
+    """The project's runs without their rows (read from their summaries); fetch a run for those."""
+    items, next_cursor = await EvaluationStore(redis_of(request)).list(_project(who), limit, cursor)
     return EvaluationPage(items=items, next_cursor=next_cursor)
 
 
@@ -160,21 +184,24 @@ async def get_evaluation(run_id: ItemId, who: Who, request: Request) -> Evaluati
 async def row_calls(run_id: ItemId, row: Annotated[int, Path(ge=0, le=1_000_000), Number], who: Who,
                     request: Request) -> RowCalls:
     """The judge calls behind one row of a completed run: the exact messages each judge was sent
-    and what it answered (cut and masked as a live result's)."""
+    and what it answered (cut and masked as a live result's). Reads the run's summary and the
+    row, never the run whole."""
     project = _project(who)
     store = EvaluationStore(redis_of(request))
-    run = await store.get(project, run_id)  # 404 for another project's
+    run = await store.summary(project, run_id)  # 404 for another project's
     if row >= run.row_count:
         raise NotFound(f"run {run_id!r} has {run.row_count} rows (row {row} asked)")
     found = await store.calls(project, run_id, row)
     if found is not None:
         return RowCalls(row=row, calls=[JudgeCallRecord.model_validate(c) for c in found])
-    graded = run.rows[row] if row < len(run.rows) else None
+    kind = await store.row_kind(project, run_id, row)
     if run.status != "completed":
         note = "the run is not finalized yet"
-    elif graded is not None and graded.get("error") is not None:
+    elif kind == ROW_FAILED:
         note = "the agent failed on this row: nothing was graded"
-    elif graded is not None and graded.get("judgeScorerResults"):
+    elif kind == ROW_SKIPPED:
+        note = f"no judge was called: {BUDGET_SKIPPED}"
+    elif kind == ROW_JUDGED:
         note = f"its judge calls are not kept: {CALLS_BUDGET}"
     else:
         note = "no judge graded this row"
@@ -191,7 +218,7 @@ async def finalize_evaluation(run_id: ItemId, who: Who, request: Request) -> Eva
     body: Outputs = await read_body(request, Outputs)
     redis = redis_of(request)
     store = EvaluationStore(redis)
-    await store.get(project, run_id)  # 404 first
+    await store.summary(project, run_id)  # 404 first, without reading a completed run whole
     if not await store.claim_finalize(project, run_id):
         raise Conflict(f"evaluation run {run_id!r} is being finalized by another request")
     try:
@@ -224,10 +251,17 @@ async def _grade(request: Request, project: str, run: EvaluationRun,
         rows.append(DatasetRow(input=as_text(item.input), output=as_text(o.output), expected=item.expected,
                                spans=[dict(span) for span in o.spans], metadata=dict(item.metadata), id=str(o.row)))
     engine: ScoringEngine = request.app.state.engine  # the process's one engine (judges, sandbox, external)
-    graded = await grade_rows(engine.panel, catalog, plan, rows)
+    spend = RunSpend(Claims(redis), run.id, plan, catalog)  # the project's judge budget, as live pairs spend it
+    try:
+        granted = await spend.reserve(rows)
+        graded = await grade_rows(engine.panel, catalog, plan, granted, spends=spend.spends)
+        await spend.settle(graded)
+    finally:
+        await spend.close()
+    skipped = {int(str(row.id)) for row in rows} - {int(str(row.id)) for row in granted}
     humans = [human_verdict(item.human_rating, item.human_pass) for item in items[:run.row_count]]
     online = plan.group.online
-    done = completed(run, graded, failed, humans, online.alert_threshold if online is not None else None)
+    done = completed(run, graded, failed, humans, online.alert_threshold if online is not None else None, skipped)
     calls, left_out = kept_calls(graded)
     if left_out:
         done = done.model_copy(update={"notes": [*done.notes, calls_left_out_note(left_out)]})

@@ -1,0 +1,64 @@
+"""A dataset run's judge calls, reserved from its project's judge budget as a live pair's are.
+
+Before a finalize grades, each row's judge calls - and, under a token budget, their token
+ceiling - are reserved from the project's budget window, all or none per row, in chunks of rows
+(one Redis round trip a chunk): a row without room is not graded, never graded on a partial
+panel, and the run names it (``budgetSkippedRows``). What a row decides while it is graded - a
+judge retry, a gates-first group's judges once its cheap gates passed - reserves as a live
+pair's does, the rows' reservations batched together. Once the rows are graded, the window's
+tokens are settled to the usage the judges reported, in one round trip.
+"""
+
+from __future__ import annotations
+
+import time
+
+from consumers.batcher import Batcher
+from scoring.catalog import CatalogSnapshot
+from scoring.dataset import DatasetRow, DatasetRun, GradingPlan
+from scoring.pairs import day_of
+from scoring.results import tokens_of
+from scoring.routing import pair_of
+from scoring.stores.claims import Claims, PairSpend, Reservation
+
+RESERVE_ROWS = 500  # rows whose judge calls one Redis round trip reserves
+
+
+class RunSpend:
+    """One finalize's share of its project's judge budget: ``reserve`` the rows, grade them with
+    ``spends``, ``settle``, then ``close``."""
+
+    def __init__(self, claims: Claims, run_id: str, plan: GradingPlan, catalog: CatalogSnapshot) -> None:
+        self._claims, self._run_id, self._group, self._catalog = claims, run_id, plan.group, catalog
+        self._reserver: Batcher[Reservation, bool] = Batcher(claims.reserve_many)
+        self.spends: dict[str, PairSpend] = {}  # by row id: the rows whose calls were reserved
+
+    async def reserve(self, rows: list[DatasetRow]) -> list[DatasetRow]:
+        """The rows whose judge calls were reserved, in order; the others found no room."""
+        day = day_of(time.time())
+        claims = [pair_of(self._group, row.subject(self._group.project_id), self._catalog,
+                          subject_key=f"evaluation:{self._run_id}:{row.id}", day=day).claim for row in rows]
+        granted: list[DatasetRow] = []
+        for start in range(0, len(rows), RESERVE_ROWS):
+            chunk = list(zip(rows[start:start + RESERVE_ROWS], claims[start:start + RESERVE_ROWS], strict=True))
+            asking = [claim for _, claim in chunk if claim.judge_calls]
+            answers = iter(await self._claims.reserve_many(
+                [Reservation(c, c.judge_calls, c.judge_tokens, skip_when_refused=False) for c in asking]))
+            for row, claim in chunk:
+                if not claim.judge_calls or next(answers):
+                    granted.append(row)
+                    self.spends[str(row.id)] = self._claims.spend(claim, self._reserve_one)
+        return granted
+
+    async def _reserve_one(self, reservation: Reservation) -> bool:
+        (granted,) = await self._reserver.submit([reservation])
+        return granted
+
+    async def settle(self, graded: DatasetRun) -> None:
+        """The window's tokens settled to what the judges reported (less the ceilings reserved)."""
+        settled = [(spend.request, spend.settlement(tokens_of(r.result))) for r in graded.rows
+                   if (spend := self.spends.get(str(r.row.id))) is not None]
+        await self._claims.mark_done([], tokens=[(request, delta) for request, delta in settled if delta])
+
+    async def close(self) -> None:
+        await self._reserver.stop()
