@@ -14,8 +14,8 @@ from typing import Any
 
 import orjson
 
-from scorer_groups.filters import walk
-from scoring.filters import Decide, HeaderView, View, compile_filter, regex_errors
+from scoring.catalog_index import CatalogIndex, Changes
+from scoring.filters import Decide, HeaderView, View, regex_errors
 from scoring.models import (
     AlertChannel,
     Budget,
@@ -66,37 +66,32 @@ class CatalogSnapshot:
     groups: Mapping[str, ScorerGroup] = field(default_factory=dict)
     budgets: Mapping[str, Budget] = field(default_factory=dict)
     channels: Mapping[str, AlertChannel] = field(default_factory=dict)
-    # Indexes for the hot path, built once per snapshot.
-    _live: dict[tuple[str, Scope], tuple[ScorerGroup, ...]] = field(
-        default_factory=dict, init=False, repr=False, compare=False)
-    _channels_by_agent: dict[str, tuple[AlertChannel, ...]] = field(
-        default_factory=dict, init=False, repr=False, compare=False)
-    _filters: dict[str, Decide] = field(default_factory=dict, init=False, repr=False, compare=False)
-    _span_filters: dict[str, tuple[Decide, int]] = field(default_factory=dict, init=False, repr=False, compare=False)
-    _live_any_scope: dict[str, tuple[ScorerGroup, ...]] = field(
-        default_factory=dict, init=False, repr=False, compare=False)
-    _revisions: dict[str, str] = field(default_factory=dict, init=False, repr=False, compare=False)
+    # What the hot path reads, derived from the documents: built whole for a snapshot read whole,
+    # carried from the previous one by ``changed`` (scoring.catalog_index).
+    index: CatalogIndex = field(default=None, repr=False, compare=False)  # type: ignore[assignment]
 
     def __post_init__(self) -> None:
-        live: dict[tuple[str, Scope], list[ScorerGroup]] = {}
-        for group in sorted(self.groups.values(), key=lambda g: g.id):
-            if group.online is not None and group.online.enabled:
-                live.setdefault((group.project_id, group.online.scope), []).append(group)
-        self._live.update({k: tuple(v) for k, v in live.items()})
-        for (project, _), groups in sorted(live.items()):
-            self._live_any_scope[project] = self._live_any_scope.get(project, ()) + tuple(groups)
-        # Filters compile once per snapshot: the hot path only calls them. Every group's, live or
-        # not: a backfill aims a group whose live scoring is off as it would be aimed live.
-        aimed = [g for g in self.groups.values() if g.online is not None]
-        self._filters.update({g.id: compile_filter(g.online.filter) for g in aimed
-                              if g.online is not None and g.online.filter is not None})
-        self._span_filters.update({g.id: (compile_filter(g.online.span_filter), len(walk(g.online.span_filter)))
-                                   for g in aimed if g.online is not None and g.online.scope == "span"
-                                   and g.online.span_filter is not None})
-        by_agent: dict[str, list[AlertChannel]] = {}
-        for channel in self.channels.values():
-            by_agent.setdefault(channel.agent_id, []).append(channel)
-        self._channels_by_agent.update({k: tuple(v) for k, v in by_agent.items()})
+        if self.index is None:
+            object.__setattr__(self, "index", CatalogIndex.build(self._docs()))
+
+    def _docs(self) -> dict[str, Mapping[str, WireModel]]:
+        return {kind: getattr(self, kind) for kind in KIND_MODELS}
+
+    def changed(self, changes: Changes, version: int | None = None) -> CatalogSnapshot:
+        """This snapshot with ``changes`` ((kind, id) -> the document, or None to delete), at
+        ``version`` (this one's if not given): the cost of the changed documents and of their
+        projects' groups, not of the catalog."""
+        maps: dict[str, dict[str, Any]] = {}
+        for (kind, id_), doc in changes.items():
+            if kind not in maps:
+                maps[kind] = dict(getattr(self, kind))
+            if doc is None:
+                maps[kind].pop(id_, None)
+            else:
+                maps[kind][id_] = doc
+        after = {kind: maps.get(kind, getattr(self, kind)) for kind in KIND_MODELS}
+        return CatalogSnapshot(self.version if version is None else version, **after,
+                               index=self.index.updated(self._docs(), after, changes))
 
     # ScorerLookup, for the panel
     def judge(self, ref_id: str) -> Judge | None:
@@ -112,19 +107,8 @@ class CatalogSnapshot:
         return {"judge": self.judge, "pattern": self.pattern, "custom": self.custom}[kind](ref_id)
 
     def revision(self, group: ScorerGroup) -> str:
-        """What the group's ratings depend on, as a short hash: its members, weights, gates and
-        blend, and the scorers they name - not its name, nor its online profile (who is graded,
-        not how). A changed rubric is a new revision: a backfill grades past traffic again."""
-        known = self._revisions.get(group.id)
-        if known is None:
-            scorers = [(m.kind, m.ref_id, self._scorer_doc(m.kind, m.ref_id)) for m in group.members]
-            # Defaults left out: a field a release adds with its default is not a new revision.
-            what = {"group": group.model_dump(mode="json", by_alias=True, exclude_defaults=True,
-                                              exclude={"id", "name", "description", "online"}),
-                    "scorers": scorers}
-            known = hashlib.sha256(orjson.dumps(what, option=orjson.OPT_SORT_KEYS)).hexdigest()[:12]
-            self._revisions[group.id] = known
-        return known
+        """What the group's ratings depend on (``CatalogIndex.revision``)."""
+        return self.index.revision(group, self._scorer_doc)  # type: ignore[arg-type]
 
     def _scorer_doc(self, kind: MemberKind, ref_id: str) -> dict[str, Any] | None:
         scorer = self.scorer(kind, ref_id)
@@ -133,20 +117,20 @@ class CatalogSnapshot:
 
     def live_groups(self, project_id: str, scope: Scope) -> tuple[ScorerGroup, ...]:
         """The project's groups whose online profile is enabled for ``scope``."""
-        return self._live.get((project_id, scope), ())
+        return self.index.live.get((project_id, scope), ())
 
     def live_groups_of(self, project_id: str) -> tuple[ScorerGroup, ...]:
         """The project's live groups of every scope."""
-        return self._live_any_scope.get(project_id, ())
+        return self.index.live_any_scope.get(project_id, ())
 
     def passes(self, group: ScorerGroup, view: View) -> bool | None:
         """Does the trace (or what its headers tell) pass the group's filter? None: cannot tell."""
-        decide = self._filters.get(group.id)
+        decide = self.index.filters.get(group.id)
         return True if decide is None else decide(view)
 
     def span_filter(self, group: ScorerGroup) -> tuple[Decide, int] | None:
         """A span-scope group's compiled ``spanFilter`` and its number of conditions."""
-        return self._span_filters.get(group.id)
+        return self.index.span_filters.get(group.id)
 
     def wanted(self, project_id: str, view: HeaderView) -> bool:
         """Might a live group of the project (any scope) want the record these headers describe?
@@ -156,7 +140,7 @@ class CatalogSnapshot:
     def channels_for(self, agent_id: str, project_id: str | None = None) -> tuple[AlertChannel, ...]:
         """The agent's channels; with ``project_id``, only that project's and the shared ones (agent
         ids are the tenants' own, so two projects may both have an agent "bot")."""
-        channels = self._channels_by_agent.get(agent_id, ())
+        channels = self.index.channels_by_agent.get(agent_id, ())
         if project_id is None:
             return channels
         return tuple(c for c in channels if c.project_id in (None, project_id))
@@ -166,15 +150,19 @@ class CatalogSnapshot:
 
     def with_docs(self, docs: list[WireModel]) -> CatalogSnapshot:
         """This snapshot with ``docs`` put in (for validating a change before it is written)."""
-        maps: dict[str, dict[str, Any]] = {kind: dict(getattr(self, kind)) for kind in KIND_MODELS}
-        for doc in docs:
-            maps[kind_of(doc)][doc_id(doc)] = doc
-        return CatalogSnapshot(self.version, **maps)
+        return self.changed({(kind_of(doc), doc_id(doc)): doc for doc in docs})
 
     def without(self, kind: str, id_: str) -> CatalogSnapshot:
-        maps: dict[str, dict[str, Any]] = {k: dict(getattr(self, k)) for k in KIND_MODELS}
-        maps[kind].pop(id_, None)
-        return CatalogSnapshot(self.version, **maps)
+        return self.changed({(kind, id_): None})
+
+    def count(self, kind: str, project_id: str) -> int:
+        """How many documents of ``kind`` the project has (its quota counts them)."""
+        return self.index.counts.get((kind, project_id), 0)
+
+    def project_groups(self, project_id: str) -> list[ScorerGroup]:
+        """The project's groups (any state), by id."""
+        return sorted((self.groups[key] for key in self.index.groups_by_project.get(project_id, ())),
+                      key=lambda g: g.id)
 
 
 # --- Rules that span documents ----------------------------------------------------------------

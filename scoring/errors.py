@@ -82,6 +82,16 @@ class PreconditionFailed(CatalogError):
     status = 412
 
 
+class QuotaExceeded(CatalogError):
+    """409: the project keeps as much as its quota allows. ``extension`` names the quota."""
+
+    status = 409
+
+    def __init__(self, setting: str, what: str, used: int, limit: int) -> None:
+        super().__init__(f"quota {setting}: the project keeps {used:,} {what}, at most {limit:,}")
+        self.extension = {"quota": {"setting": setting, "used": used, "limit": limit}}
+
+
 def _location(loc: tuple[int | str, ...]) -> str:
     path = ""
     for part in loc:

@@ -179,9 +179,11 @@ class ScorerGroups:
         self._caller = caller or Caller()
 
     async def list(self, project_id: str | None = None) -> builtins.list[ScorerGroup]:
-        groups = (await self._store.snapshot()).groups.values()
+        snapshot = await self._store.snapshot()
         project_id = self._caller.project_id or project_id
-        return sorted((g for g in groups if project_id in (None, g.project_id)), key=lambda g: g.name)
+        # A project's groups from the snapshot's index: a tenant's list costs its own groups.
+        groups = snapshot.groups.values() if project_id is None else snapshot.project_groups(project_id)
+        return sorted(groups, key=lambda g: g.name)
 
     async def get(self, group_id: str) -> ScorerGroup:
         group = self._caller.found("groups", await self._store.snapshot(), group_id)
@@ -410,9 +412,11 @@ def _kind(kind: str) -> str:
 class MonitorClient:
     """The SDK surface in one object: ``client.scorer_groups``, ``client.sessions``, ..."""
 
-    def __init__(self, redis: RedisClient, caller: Caller | None = None, cache: SnapshotCache | None = None) -> None:
+    def __init__(self, redis: RedisClient, caller: Caller | None = None, cache: SnapshotCache | None = None,
+                 quota: int | None = None) -> None:
         caller = caller or Caller()
-        self.store = CatalogStore(redis, actor=caller.actor, cache=cache)
+        # A project's documents of each kind are bounded (``quota``); an operator's are not.
+        self.store = CatalogStore(redis, actor=caller.actor, cache=cache, quota=None if caller.operator else quota)
         self.ratings_store = RatingsStore(redis)
         self.scorer_groups = ScorerGroups(self.store, self.ratings_store, caller)
         self.sessions = Sessions(self.ratings_store, self.store, caller)

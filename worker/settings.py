@@ -399,6 +399,11 @@ class Settings(BaseSettings):
         "runs (results and judge calls) together; a dataset, version or run created past it is refused (409, naming "
         "this quota). A finalize is never refused: its bytes count from then on.",
     )
+    catalog_max_docs_per_project: int = Field(
+        1_000, ge=1, description="Catalog documents of one kind (groups, judges, patterns, custom evaluators, alert "
+        "channels) a project may keep through the API; creating one more is refused (409, naming this quota). The "
+        "operators' `catalog apply` is not bounded by it.",
+    )
     log_format: Literal["json", "console"] = Field(
         "json", description="'json' lines for production, 'console' for people."
     )

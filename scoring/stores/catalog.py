@@ -2,10 +2,17 @@
 stored in Redis as versioned JSON documents.
 
 Writes are serialized by an optimistic check on one version key: each write WATCHes it, reads
-the catalog, validates the change against what is stored, and commits the documents and the
-next version in one transaction - or starts again when another writer got there first. So two
-people updating one group never lose an update, and a rule that spans documents (a live group
-may not hold a judge that requires an expected answer) holds whichever side changes.
+the catalog, validates the change against what is stored, and commits the documents, an entry
+in the catalog's log and the next version in one transaction - or starts again when another
+writer got there first. So two people updating one group never lose an update, and a rule that
+spans documents (a live group may not hold a judge that requires an expected answer) holds
+whichever side changes.
+
+Reading costs what changed: a process keeps its last snapshot and asks one script for the
+documents the log names since it (``_CHANGES_SINCE``), and the snapshot's indexes are carried
+over by change (``scoring.catalog_index``). The catalog is read whole only at a start, or when
+the log cannot tell (a reader more than ``CATALOG_LOG_KEPT`` versions behind), and then decoded
+in a thread beside the event loop.
 
 Readers take an immutable ``scoring.catalog.CatalogSnapshot``; workers keep one current through
 ``CatalogWatcher`` (pub/sub, plus a periodic version check as a safety net) and swap it whole,
@@ -23,10 +30,11 @@ import orjson
 import structlog
 from redis.asyncio.client import Pipeline
 from redis.asyncio.cluster import ClusterPipeline
-from redis.exceptions import WatchError
+from redis.exceptions import NoScriptError, WatchError
 
 from scoring.catalog import KIND_MODELS, CatalogSnapshot
-from scoring.errors import Conflict
+from scoring.catalog_index import project_of
+from scoring.errors import Conflict, QuotaExceeded
 from scoring.models import WireModel
 from scoring.stores import changes, keys
 from scoring.stores.client import RedisClient
@@ -34,13 +42,44 @@ from scoring.stores.client import RedisClient
 log = structlog.get_logger(__name__)
 
 WRITE_ATTEMPTS = 20
+KINDS = tuple(KIND_MODELS)  # a kind's place in the log: its index here, from 1 (Lua's)
 
 Write = tuple[str, str, WireModel | None]  # (kind, id, document or None to delete)
 
+# The catalog's changes since a version, read at one version in one round trip: the documents
+# the log names after ``since``, each once, as they are now. {version}: nothing changed;
+# {version, 0}: the log cannot tell (too far behind, trimmed, or a version written without an
+# entry), read the catalog whole; else {version, 1, kind, id, document or nil, ...}.
+_CHANGES_SINCE = """
+local version = tonumber(redis.call('GET', KEYS[1]) or '0')
+local since = tonumber(ARGV[1])
+if version == since then return {version} end
+local gap = version - since
+if gap < 0 or gap > tonumber(ARGV[2]) then return {version, 0} end
+local entries = redis.call('LRANGE', KEYS[2], 0, gap - 1)
+if #entries < gap then return {version, 0} end
+local out, seen = {version, 1}, {}
+for i, raw in ipairs(entries) do
+  local entry = cjson.decode(raw)
+  if tonumber(entry.v) ~= version - i + 1 then return {version, 0} end
+  for _, doc in ipairs(entry.docs) do
+    local kind, id = tonumber(doc[1]), doc[2]
+    if not seen[kind .. ':' .. id] then
+      seen[kind .. ':' .. id] = true
+      out[#out + 1] = kind
+      out[#out + 1] = id
+      out[#out + 1] = redis.call('HGET', KEYS[2 + kind], id) or false
+    end
+  end
+end
+return out
+"""
+_CHANGES_SINCE_KEYS = [keys.CATALOG_VERSION, keys.CATALOG_LOG, *(keys.catalog_hash(kind) for kind in KINDS)]
+
 
 class SnapshotCache:
-    """The last snapshot a process read, reused while the catalog's version is unchanged: a read
-    then costs one GET instead of reading and validating every document (the HTTP API)."""
+    """The last snapshot a process read, brought up to date by the changes since it: a read
+    then costs one script call and the changed documents, not every document (the HTTP API)."""
 
     def __init__(self) -> None:
         self.current: CatalogSnapshot | None = None
@@ -48,26 +87,26 @@ class SnapshotCache:
 
 class CatalogStore:
     """``actor`` names who writes through this store, in the change log of every document;
-    ``cache`` (shared by the stores of one process) makes unchanged-catalog reads cheap."""
+    ``cache`` (shared by the stores of one process) makes reads cost what changed;
+    ``quota``: documents of one kind a project may hold (None: no limit - the operators'
+    ``catalog apply``)."""
 
-    def __init__(self, redis: RedisClient, actor: str = "local", cache: SnapshotCache | None = None) -> None:
+    def __init__(self, redis: RedisClient, actor: str = "local", cache: SnapshotCache | None = None,
+                 quota: int | None = None) -> None:
         self.redis = redis
         self.actor = actor
         self._cache = cache
+        self._quota = quota
+        self._changes_since = redis.register_script(_CHANGES_SINCE)
 
     async def version(self) -> int:
         return int(await self.redis.get(keys.CATALOG_VERSION) or 0)
 
-    async def snapshot(self) -> CatalogSnapshot:
-        cached = self._cache.current if self._cache is not None else None
-        if cached is not None and await self.version() == cached.version:
-            return cached  # every write bumps the version, so an equal one is this very catalog
-        async with self.redis.pipeline(transaction=True) as pipe:
-            pipe.get(keys.CATALOG_VERSION)
-            for kind in KIND_MODELS:
-                pipe.hgetall(keys.catalog_hash(kind))
-            version, *hashes = await pipe.execute()
-        snapshot = _decode(version, hashes)
+    async def snapshot(self, base: CatalogSnapshot | None = None) -> CatalogSnapshot:
+        """The catalog now: ``base`` (or the cache) with the changes since it, or read whole when
+        there is no base or the log cannot tell what changed."""
+        base = base or (self._cache.current if self._cache is not None else None)
+        snapshot = await self._read(self.redis, base)
         if self._cache is not None:
             self._cache.current = snapshot
         return snapshot
@@ -75,14 +114,21 @@ class CatalogStore:
     async def write(self, change: Callable[[CatalogSnapshot], list[Write]]) -> CatalogSnapshot:
         """Apply ``change`` to the current catalog atomically. ``change`` validates against the
         snapshot it is given (raising a CatalogError) and says what to write; it may be called
-        again with a newer snapshot if another writer committed first. Returns the new catalog."""
+        again with a newer snapshot if another writer committed first. Returns the new catalog.
+
+        A write costs what it changes: the snapshot it validates against is the cached one with
+        the changes since (read under the WATCH), and the one it returns is that snapshot with
+        its own writes - the catalog is never read or validated whole."""
+        base = self._cache.current if self._cache is not None else None
         for _ in range(WRITE_ATTEMPTS):
             async with self.redis.pipeline(transaction=True) as pipe:
                 try:
-                    current = await self._watched_snapshot(pipe)
+                    await pipe.watch(keys.CATALOG_VERSION)
+                    current = base = await self._read(pipe, base)
                     writes = change(current)
                     if not writes:
                         return current
+                    self._check_quota(current, writes)
                     pipe.multi()  # type: ignore[no-untyped-call]
                     after = current.version + 1
                     for kind, id_, doc in writes:
@@ -97,6 +143,10 @@ class CatalogStore:
                         log_key = keys.catalog_changes(kind, id_)
                         pipe.lpush(log_key, changes.entry(self.actor, before, doc))
                         pipe.ltrim(log_key, 0, keys.CHANGES_KEPT - 1)
+                    # What this version changed, for every reader's delta (_CHANGES_SINCE).
+                    pipe.lpush(keys.CATALOG_LOG, orjson.dumps(
+                        {"v": after, "docs": [[KINDS.index(kind) + 1, id_] for kind, id_, _ in writes]}))
+                    pipe.ltrim(keys.CATALOG_LOG, 0, keys.CATALOG_LOG_KEPT - 1)
                     pipe.set(keys.CATALOG_VERSION, after)
                     await pipe.execute()
                 except WatchError:
@@ -106,26 +156,84 @@ class CatalogStore:
             await self.redis.publish(keys.CATALOG_CHANNEL, after)
             log.info("catalog changed", version=after,
                      changes=[f"{'delete' if d is None else 'put'} {k}/{i}" for k, i, d in writes])
-            return await self.snapshot()
+            written = current.changed({(kind, id_): doc for kind, id_, doc in writes}, after)
+            if self._cache is not None:
+                self._cache.current = written
+            return written
         raise Conflict(f"the catalog kept changing during {WRITE_ATTEMPTS} attempts to write; try again")
 
-    async def _watched_snapshot(self, pipe: Pipeline | ClusterPipeline) -> CatalogSnapshot:
-        await pipe.watch(keys.CATALOG_VERSION)
-        version = await pipe.get(keys.CATALOG_VERSION)
-        hashes = [await pipe.hgetall(keys.catalog_hash(kind)) for kind in KIND_MODELS]
-        return _decode(version, hashes)
+    def _check_quota(self, current: CatalogSnapshot, writes: list[Write]) -> None:
+        """A project's documents of each kind are bounded: what it may store, not what one
+        request may send, is what keeps one tenant's catalog from costing every other's."""
+        if self._quota is None:
+            return
+        added: dict[tuple[str, str], int] = {}
+        for kind, id_, doc in writes:
+            project = project_of(doc) if doc is not None else None
+            if project is not None and id_ not in getattr(current, kind):
+                added[(kind, project)] = added.get((kind, project), 0) + 1
+        for (kind, project), count in added.items():
+            if current.count(kind, project) + count > self._quota:
+                raise QuotaExceeded("SGW_CATALOG_MAX_DOCS_PER_PROJECT", kind, current.count(kind, project),
+                                    self._quota)
+
+    async def _read(self, client: RedisClient | Pipeline | ClusterPipeline,
+                    base: CatalogSnapshot | None) -> CatalogSnapshot:
+        """``base`` with the changes since it (one script call), or the catalog read whole."""
+        if base is not None:
+            reply = await self._call_changes_since(client, base.version)
+            if len(reply) == 1:
+                return base
+            if reply[1]:
+                changed: dict[tuple[str, str], WireModel | None] = {}
+                for i in range(2, len(reply), 3):
+                    kind, id_ = KINDS[int(reply[i]) - 1], reply[i + 1].decode()
+                    changed[(kind, id_)] = _decoded(kind, id_, reply[i + 2])
+                return base.changed(changed, int(reply[0]))
+        if isinstance(client, Pipeline | ClusterPipeline):  # watching: each command answers at once
+            version = await client.get(keys.CATALOG_VERSION)
+            hashes = [await client.hgetall(keys.catalog_hash(kind)) for kind in KINDS]
+        else:
+            async with client.pipeline(transaction=True) as pipe:  # one version: read in one transaction
+                pipe.get(keys.CATALOG_VERSION)
+                for kind in KINDS:
+                    pipe.hgetall(keys.catalog_hash(kind))
+                version, *hashes = await pipe.execute()
+        # Read whole (a start, a lost delta): decoded beside the loop, not on it.
+        return await asyncio.to_thread(_decode, version, hashes)
+
+    async def _call_changes_since(self, client: RedisClient | Pipeline | ClusterPipeline, since: int) -> list[Any]:
+        args = [since, keys.CATALOG_LOG_KEPT]
+        try:
+            reply: list[Any] = await client.evalsha(self._changes_since.sha, len(_CHANGES_SINCE_KEYS),
+                                                   *_CHANGES_SINCE_KEYS, *args)
+        except NoScriptError:  # a restarted or failed-over server: load it, then run it
+            await self.redis.script_load(_CHANGES_SINCE)
+            reply = await client.evalsha(self._changes_since.sha, len(_CHANGES_SINCE_KEYS),
+                                         *_CHANGES_SINCE_KEYS, *args)
+        return reply
+
+
+def _decoded(kind: str, id_: str, raw: bytes | None) -> WireModel | None:
+    """One stored document, or None when deleted - or unreadable: one bad document must not take
+    the whole catalog down."""
+    if raw is None:
+        return None
+    try:
+        return KIND_MODELS[kind].model_validate(orjson.loads(raw)["doc"])
+    except Exception:
+        log.exception("catalog document is unreadable; it is left out", kind=kind, id=id_)
+        return None
 
 
 def _decode(version: Any, hashes: list[Any]) -> CatalogSnapshot:
-    maps: dict[str, dict[str, Any]] = {}
-    for kind, raw in zip(KIND_MODELS, hashes, strict=True):
-        model = KIND_MODELS[kind]
+    maps: dict[str, Any] = {}
+    for kind, raw in zip(KINDS, hashes, strict=True):
         docs: dict[str, Any] = {}
         for id_, value in raw.items():
-            try:
-                docs[id_.decode()] = model.model_validate(orjson.loads(value)["doc"])
-            except Exception:  # one bad document must not take the whole catalog down
-                log.exception("catalog document is unreadable; it is left out", kind=kind, id=id_)
+            doc = _decoded(kind, id_.decode(), value)
+            if doc is not None:
+                docs[id_.decode()] = doc
         maps[kind] = docs
     return CatalogSnapshot(int(version or 0), **maps)
 
@@ -183,7 +291,8 @@ class CatalogWatcher:
             log.info("a catalog is back in Redis", version=version)
             if self._on_lost is not None:
                 self._on_lost(False)
-        self.current = await self._store.snapshot()
+        # The changes since our snapshot (a delta: the changed documents), or the catalog whole.
+        self.current = await self._store.snapshot(base=self.current)
         log.info("catalog reloaded", version=self.current.version, groups=len(self.current.groups))
         if self._on_change is not None:
             self._on_change(self.current)

@@ -10,7 +10,7 @@ what a project keeps, not to the unit.
 
 from __future__ import annotations
 
-from scoring.errors import CatalogError
+from scoring.errors import QuotaExceeded
 from scoring.frozen import frozen
 from scoring.stores import keys
 from scoring.stores.client import RedisClient
@@ -23,16 +23,6 @@ class Quotas:
     datasets: int  # SGW_MAX_DATASETS_PER_PROJECT
     runs: int  # SGW_MAX_EVALUATION_RUNS_PER_PROJECT: runs kept (not expired)
     stored_bytes: int  # SGW_MAX_PROJECT_STORED_BYTES: datasets' rows and runs, together
-
-
-class QuotaExceeded(CatalogError):
-    """409: the project keeps as much as its quota allows. ``extension`` names the quota."""
-
-    status = 409
-
-    def __init__(self, setting: str, what: str, used: int, limit: int) -> None:
-        super().__init__(f"quota {setting}: the project keeps {used:,} {what}, at most {limit:,}")
-        self.extension = {"quota": {"setting": setting, "used": used, "limit": limit}}
 
 
 async def check_quotas(redis: RedisClient, project_id: str, quotas: Quotas, *, dataset: bool = False,

@@ -37,7 +37,8 @@ async def caller(request: Request,
 
 async def client(request: Request, who: Annotated[Caller, Depends(caller)]) -> MonitorClient:
     """The catalog surface, scoped to the caller's project."""
-    return MonitorClient(redis_of(request), who, cache=request.app.state.snapshots)
+    return MonitorClient(redis_of(request), who, cache=request.app.state.snapshots,
+                         quota=request.app.state.settings.catalog_max_docs_per_project)
 
 
 Client = Annotated[MonitorClient, Depends(client)]
