@@ -1,7 +1,9 @@
 """The digest sender (issue 43): a channel with ``digestSeconds`` hears a group's Signals of a
 period in one message - how many results were below the threshold, and the worst of them -
 instead of one message per Signal. For groups that alert per result (``alertMode`` each);
-every worker runs one; each tick, for every such group and digest channel of its project:
+every worker runs one, over the groups of its share of the fleet's background work
+(``consumers.fleet_share``); each tick, for every such group and digest channel of its project
+(or an operator's):
 
 1. the last closed period of the channel (``digestSeconds``);
 2. claim it (``scoring.stores.digests``: one worker sends it; one whose sender died is sent
@@ -23,6 +25,7 @@ from typing import Any
 import orjson
 import structlog
 
+from consumers.fleet_share import FleetShare
 from consumers.outputs import TopicNames
 from consumers.periodic import Send, every
 from scorer_groups.documents import DIGEST_EVENT
@@ -39,25 +42,31 @@ log = structlog.get_logger(__name__)
 class DigestSender:
     def __init__(self, *, digests: DigestStore, ratings: RatingsStore, catalog: Callable[[], CatalogSnapshot],
                  send: Send, topics: TopicNames, interval_s: float = 10.0,
-                 clock: Callable[[], float] = time.time) -> None:
+                 clock: Callable[[], float] = time.time, share: FleetShare | None = None) -> None:
         self._digests, self._ratings, self._catalog = digests, ratings, catalog
         self._send, self._topics, self._interval_s, self._clock = send, topics, interval_s, clock
+        self._share = share or FleetShare.everything()
 
     async def run(self, stop: asyncio.Event) -> None:
         await every(self._interval_s, self.tick, stop)
 
     async def tick(self) -> None:
         snapshot = self._catalog()
-        channels = [c for c in snapshot.channels.values() if c.digest_seconds is not None and not c.disabled]
-        if not channels:
+        by_project: dict[str | None, list[AlertChannel]] = {}  # a project's channel never hears another's groups
+        for channel in snapshot.channels.values():
+            if channel.digest_seconds is not None and not channel.disabled:
+                by_project.setdefault(channel.project_id, []).append(channel)
+        if not by_project:
             return
-        for group in sorted(snapshot.groups.values(), key=lambda g: g.id):
+        shared = by_project.get(None, [])
+        for group in snapshot.groups.values():
             online = group.online
             if online is None or not online.enabled or online.alert_mode != "each" or online.alert_threshold is None:
                 continue
+            channels = by_project.get(group.project_id, []) + shared
+            if not channels or not self._share.owns(group.id):
+                continue
             for channel in channels:
-                if channel.project_id not in (None, group.project_id):
-                    continue  # another project's channel never hears this group
                 try:
                     await self._period(group, channel, self._clock())
                 except Exception:  # this digest waits for the next tick; the others go on

@@ -1,5 +1,7 @@
-"""The incident watcher (issue 43): every worker runs one; for each live group that alerts on its
-level (``alertMode`` window or drift, or ``alertNoScoreRate``), each tick:
+"""The incident watcher (issue 43): every worker runs one, over the groups of its share of the
+fleet's background work (``consumers.fleet_share``: each group watched by one worker); for each
+live group that alerts on its level (``alertMode`` window or drift, or ``alertNoScoreRate``),
+each tick:
 
 1. read the group's last window from the shared ratings history (every worker reads the same);
 2. drift: learn the windows closed since the last one learned into the group's level, in order
@@ -14,7 +16,8 @@ level (``alertMode`` window or drift, or ``alertNoScoreRate``), each tick:
    project); at resolution, the opening's channels;
 4. export whether each watch has an incident open;
 5. an incident open on a watch no longer watched (the group disabled, deleted, or no longer
-   alerting for that reason) resolves: nobody is left paged for what is no longer judged.
+   alerting for that reason) resolves: nobody is left paged for what is no longer judged (a
+   watch of another worker's share is that worker's to judge).
 """
 
 from __future__ import annotations
@@ -29,6 +32,7 @@ from typing import Any, Protocol
 import orjson
 import structlog
 
+from consumers.fleet_share import FleetShare
 from consumers.outputs import TopicNames
 from consumers.periodic import Send, every
 from scorer_groups.documents import IncidentReason
@@ -68,10 +72,11 @@ class _Silent:
 class IncidentWatcher:
     def __init__(self, *, store: IncidentStore, ratings: RatingsStore, catalog: Callable[[], CatalogSnapshot],
                  send: Send, topics: TopicNames, events: IncidentEvents | None = None, interval_s: float = 10.0,
-                 clock: Callable[[], float] = time.time) -> None:
+                 clock: Callable[[], float] = time.time, share: FleetShare | None = None) -> None:
         self._store, self._ratings, self._catalog = store, ratings, catalog
         self._send, self._topics, self._events = send, topics, events or _Silent()
         self._interval_s, self._clock = interval_s, clock
+        self._share = share or FleetShare.everything()
 
     async def run(self, stop: asyncio.Event) -> None:
         await every(self._interval_s, self.tick, stop)
@@ -79,8 +84,9 @@ class IncidentWatcher:
     async def tick(self) -> None:
         snapshot = self._catalog()
         watched: set[tuple[str, str]] = set()
-        for group in sorted(snapshot.groups.values(), key=lambda g: g.id):
-            if group.online is None or not group.online.enabled or not reasons(group.online):
+        for group in snapshot.groups.values():
+            if group.online is None or not group.online.enabled or not reasons(group.online) \
+                    or not self._share.owns(group.id):
                 continue
             watched.update((group.id, reason) for reason in reasons(group.online))
             try:
@@ -88,7 +94,8 @@ class IncidentWatcher:
             except Exception:  # one group's watch is lost this tick; the others go on
                 log.exception("an incident watch failed; trying again on the next tick", group=group.id)
         try:  # 5.
-            unwatched = [(g, r) for g, r in await self._store.open_watches() if (g, r) not in watched]
+            unwatched = [(g, r) for g, r in await self._store.open_watches()
+                         if (g, r) not in watched and self._share.owns(g)]
             for group_id, reason in unwatched:
                 await self._close(group_id, reason, snapshot, self._clock())  # type: ignore[arg-type]
         except Exception:

@@ -34,6 +34,7 @@ from collections.abc import Callable
 import structlog
 
 from consumers.events import SILENT, PipelineEvents
+from consumers.fleet_share import FleetShare
 from consumers.outage import OutageGuard, OutageTooLong, not_the_subjects_fault
 from consumers.outputs import Outputs
 from consumers.pairs import PairProtocol
@@ -62,8 +63,9 @@ class SessionSweeper:
     def __init__(self, *, store: SessionStore, outputs: Outputs, catalog: Callable[[], CatalogSnapshot],
                  panel: Panel, claims: Claims, ratings: RatingsStore, events: PipelineEvents | None = None,
                  interval_s: float = 2.0, concurrency: int = 16, pauses: PauseWatch | None = None,
-                 outages: OutageGuard | None = None) -> None:
+                 outages: OutageGuard | None = None, share: FleetShare | None = None) -> None:
         self._store = store
+        self._share = share or FleetShare.everything()  # the projects this worker sweeps
         self._catalog = catalog
         self._events: PipelineEvents = events or SILENT
         self._outages = outages or OutageGuard(tolerance_s=120.0)
@@ -92,11 +94,13 @@ class SessionSweeper:
             await self.pairs.close(self._interval_s)
 
     async def sweep_once(self, now: float | None = None) -> int:
-        """One sweep over every project; returns how many (session, group) pairs were judged."""
+        """One sweep over every project of this worker's share (``consumers.fleet_share``);
+        returns how many (session, group) pairs were judged."""
         now = time.time() if now is None else now
         snapshot = self._catalog()
         projects = sorted({g.project_id for g in snapshot.groups.values()
-                           if g.live and g.online is not None and g.online.scope == "session"})
+                           if g.live and g.online is not None and g.online.scope == "session"
+                           and self._share.owns(g.project_id)})
         judged = 0
         for project in projects:
             try:

@@ -15,6 +15,7 @@ import os
 import signal
 import socket
 import time
+import uuid
 from collections.abc import Coroutine
 from typing import Any, NoReturn, Protocol
 
@@ -26,6 +27,7 @@ from redis.exceptions import ConnectionError as RedisConnectionError
 
 from consumers.backfill import BackfillRunner
 from consumers.digests import DigestSender
+from consumers.fleet_share import FleetShare
 from consumers.incidents import IncidentWatcher
 from consumers.judge_export import JudgeCallExporter
 from consumers.loop import MAX_POLL_INTERVAL_S
@@ -45,6 +47,7 @@ from scoring.stores.digests import DigestStore
 from scoring.stores.incidents import IncidentStore
 from scoring.stores.ratings import RatingsStore
 from scoring.stores.sessions import SessionStore
+from scoring.stores.shards import ShardLeases
 from worker import metrics
 from worker.connections import kafka_admin, kafka_consumer, kafka_producer, redis_client
 from worker.engine import ScoringEngine
@@ -299,11 +302,15 @@ class Worker:
                 max_in_flight=s.trace_room(), max_in_flight_bytes=s.max_in_flight_bytes,
                 max_trace_bytes=s.max_trace_bytes, commit_interval_s=s.commit_interval_s,
                 max_poll_interval_s=MAX_POLL_INTERVAL_S, max_spans_per_trace=s.max_spans_per_trace))
+        # The fleet's background work (incident watches, digests, the session sweep) is split by
+        # leases on shards of groups and projects: each piece done by one worker (consumers.fleet_share).
+        name = f"{socket.gethostname()}-{os.getpid()}"
+        share = FleetShare(ShardLeases(redis), worker=f"{name}-{uuid.uuid4().hex[:6]}", lease_s=s.fleet_lease_s)
         sweeper = SessionSweeper(store=sessions, outputs=Outputs(producer, topics, events, alerts,
                                                                  judge_calls=judge_spans),
                                  catalog=lambda: watcher.current, panel=engine.panel, claims=claims,
                                  ratings=ratings, events=events, interval_s=s.session_sweep_interval_s,
-                                 outages=outages)
+                                 outages=outages, share=share)
 
         # Backfills: past traffic graded again, by pair protocols of their own whose outputs say
         # origin "backfill", page nobody (unless the job asks) and count at the trace's time
@@ -330,18 +337,19 @@ class Worker:
             jobs=BackfillStore(redis), parts=JobParts(redis, lease_s=s.claim_lease_s), catalog=lambda: watcher.current,
             pairs=backfill_pairs(BACKFILL), alerting=backfill_pairs(BACKFILL_ALERTING),
             consumer=lambda: kafka_consumer(s, None, max_partition_fetch_bytes=s.max_trace_bytes * 2),
-            topic=s.traces_topic, worker=f"{socket.gethostname()}-{os.getpid()}", max_trace_bytes=s.max_trace_bytes,
+            topic=s.traces_topic, worker=name, max_trace_bytes=s.max_trace_bytes,
             max_spans=s.max_spans_per_trace, live_pressed=traces.pressed, live_done=live_done)
 
         # Incidents: groups that alert on their level (windows, drift, coverage), once per fleet.
         incidents = IncidentWatcher(store=IncidentStore(redis), ratings=ratings, catalog=lambda: watcher.current,
                                     send=Outputs(producer, topics, events).send, topics=topics,
-                                    events=metrics.PrometheusIncidents(), interval_s=s.incident_interval_s)
+                                    events=metrics.PrometheusIncidents(), interval_s=s.incident_interval_s,
+                                    share=share)
 
         # Digests: a channel with digestSeconds hears a period's Signals of a group in one message.
         digests = DigestSender(digests=DigestStore(redis), ratings=ratings, catalog=lambda: watcher.current,
                                send=Outputs(producer, topics, events).send, topics=topics,
-                               interval_s=s.incident_interval_s)
+                               interval_s=s.incident_interval_s, share=share)
 
         hooks_consumer = kafka_consumer(s, f"{s.consumer_group}-webhooks")
         hooks = webhook_sender(s, redis, hooks_consumer, producer, lambda: watcher.current, outages)
@@ -366,7 +374,9 @@ class Worker:
             gc.collect()
             gc.freeze()
             gc.set_threshold(*GC_THRESHOLDS)
+            await share.renew()  # this worker's share, before the work that reads it starts
             background = [self._background("event-loop stall watch", watch_loop_stalls(self.stop)),
+                          self._background("fleet share", share.run(self.stop)),
                           self._background("session sweeper", sweeper.run(self.stop)),
                           self._background("backfill runner", backfills.run(self.stop)),
                           self._background("incident watcher", incidents.run(self.stop)),

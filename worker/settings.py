@@ -281,6 +281,12 @@ class Settings(BaseSettings):
     incident_interval_s: float = Field(
         10.0, gt=0, le=3600, description="How often groups that alert on windows, drift or coverage are looked at."
     )
+    fleet_lease_s: float = Field(
+        15.0, ge=1, le=600, description="How long a worker holds its share of the fleet's background work (incident "
+        "watches, digests, the session sweep: 64 shards of groups and projects) without renewing it; renewed every "
+        "third of it. A worker that dies hands its share over within it; one that joins gets its share within a "
+        "third of it.",
+    )
     no_score_alert_interval_s: int = Field(
         3600, ge=1, description="At most one no-score Signal per group in this many seconds: a group whose "
         "results start having no score (a must-pass member cannot score) raises one, not one per result."

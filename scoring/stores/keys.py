@@ -15,6 +15,21 @@ import zlib
 
 PREFIX = "sgw"
 
+# --- The fleet's share of background work (scoring.stores.shards) -------------------------
+# Incident watches, digests and the session sweep are split across the running workers by
+# SHARDS leases (a group's or project's shard: shard_of), as Kafka hands out partitions. One tag:
+# each worker's renewal is one script over the members and the leases.
+FLEET_TAG = "{fleet}"
+FLEET_MEMBERS = f"{PREFIX}:{FLEET_TAG}:members"  # sorted set: worker -> the end of its lease (ms)
+FLEET_LEASES = f"{PREFIX}:{FLEET_TAG}:leases"  # hash: shard -> "<worker> <lease end, ms>"
+SHARDS = 64  # more than a fleet's workers, few enough to renew in one call
+
+
+def shard_of(key: str) -> int:
+    """The shard of a group or project id (crc32: the same in every process and release)."""
+    return zlib.crc32(key.encode()) % SHARDS
+
+
 # --- Catalog: a handful of small documents, changed by people, read by every worker --------
 CATALOG_TAG = "{catalog}"
 # Bumped by every catalog write; workers compare it to know whether their snapshot is stale,

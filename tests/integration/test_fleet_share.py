@@ -1,0 +1,183 @@
+"""The fleet shares its background work (issue 53), on the real Redis: shard leases split evenly
+between the workers that renew them, are handed over when a worker dies (within a lease) or
+joins (within a renewal), and given back at once by a worker that stops; two incident watchers
+each watch half the groups, every group by exactly one; two digest senders send each channel's
+period once; two sweepers sweep each project once."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections import Counter
+from collections.abc import AsyncIterator
+from datetime import UTC, datetime
+from typing import Any
+
+import orjson
+import pytest
+from aiokafka import AIOKafkaProducer
+
+from consumers.digests import DigestSender
+from consumers.events import Silent
+from consumers.fleet_share import FleetShare
+from consumers.incidents import IncidentWatcher
+from consumers.outputs import Outputs, TopicNames
+from scoring.catalog import CatalogSnapshot
+from scoring.incidents import WindowStats
+from scoring.models import AlertChannel, ScorerGroup
+from scoring.results import HistoryEntry
+from scoring.stores.client import RedisClient
+from scoring.stores.digests import DigestStore
+from scoring.stores.incidents import IncidentStore
+from scoring.stores.keys import SHARDS, shard_of
+from scoring.stores.ratings import RatingsStore
+from scoring.stores.shards import ShardLeases
+from tests.support.harness import read_topic
+from tests.support.redis_clients import connect
+
+pytestmark = pytest.mark.integration
+
+LEASE_S = 1.5
+EVERY = frozenset(range(SHARDS))
+
+
+@pytest.fixture
+async def redis(redis_db_url: str) -> AsyncIterator[RedisClient]:
+    client = connect(redis_db_url)  # a database of its own: the leases are the fleet's, one per database
+    try:
+        yield client
+    finally:
+        await client.aclose()
+
+
+async def test_two_workers_split_the_shards_and_one_takes_all_once_the_other_dies(redis: RedisClient) -> None:
+    leases = ShardLeases(redis)
+    a = await leases.hold("a", LEASE_S)
+    assert a == EVERY  # alone: all of it
+    b = await leases.hold("b", LEASE_S)
+    assert b == frozenset()  # a joiner takes what is free: nothing yet
+    a = await leases.hold("a", LEASE_S)  # a's renewal gives back what is past its fair share
+    assert a == frozenset(range(SHARDS // 2))
+    b = await leases.hold("b", LEASE_S)
+    assert b == EVERY - a
+
+    died_at = time.monotonic()
+    while (a := await leases.hold("a", LEASE_S)) != EVERY:  # b renews no more
+        assert time.monotonic() - died_at < LEASE_S + 0.5, "the dead worker's share was not taken in a lease"
+        await asyncio.sleep(0.1)
+    assert await leases.hold("b", LEASE_S) == frozenset()  # back, it waits for its share to be given back
+
+
+async def test_a_stopping_worker_gives_its_share_back_at_once(redis: RedisClient) -> None:
+    leases = ShardLeases(redis)
+    await leases.hold("a", 60)
+    await leases.hold("b", 60)
+    await leases.hold("a", 60)
+    assert await leases.hold("b", 60) == frozenset(range(SHARDS // 2, SHARDS))
+    await leases.leave("b")
+    assert await leases.hold("a", 60) == EVERY
+
+
+async def test_three_workers_hold_every_shard_once(redis: RedisClient) -> None:
+    leases = ShardLeases(redis)
+    held: dict[str, frozenset[int]] = {}
+    for _ in range(3):  # a few renewals each, in turn: the shares settle
+        for worker in ("a", "b", "c"):
+            held[worker] = await leases.hold(worker, 60)
+    assert sum(len(h) for h in held.values()) == SHARDS
+    assert set().union(*held.values()) == EVERY
+    assert max(len(h) for h in held.values()) <= -(-SHARDS // 3)
+
+
+class Counting(IncidentStore):
+    """The real store, counting whose windows each watcher read: a group watched is a window read."""
+
+    def __init__(self, redis: RedisClient, seen: Counter[str]) -> None:
+        super().__init__(redis)
+        self.seen = seen
+
+    async def window(self, group_id: str, start: float, end: float, now: float) -> WindowStats:
+        self.seen[group_id] += 1
+        return await super().window(group_id, start, end, now)
+
+
+def alerting(n: int) -> CatalogSnapshot:
+    groups = [ScorerGroup.model_validate({
+        "id": f"g-{i}", "name": f"G {i}", "projectId": f"p-{i % 7}",
+        "members": [{"kind": "pattern", "refId": "x", "weight": 1}],
+        "online": {"enabled": True, "sampleRate": 1, "alertThreshold": 6, "severity": "high",
+                   "alertMode": "window", "alertWindowSeconds": 300}}) for i in range(n)]
+    return CatalogSnapshot(groups={g.id: g for g in groups})
+
+
+async def test_two_watchers_watch_each_group_once_and_a_survivor_takes_the_dead_ones_share(
+        redis: RedisClient) -> None:
+    snapshot = alerting(60)
+    topics = TopicNames(traces="-", ratings="-", signals="-", webhooks="-", dlq="-")
+    sent: list[Any] = []
+
+    async def send(records: list[Any]) -> None:  # nothing opens on empty windows: nothing is sent
+        sent.extend(records)
+
+    shares = [FleetShare(ShardLeases(redis), worker, lease_s=LEASE_S) for worker in ("a", "b")]
+    for _ in range(2):
+        for share in shares:
+            await share.renew()
+    seen: list[Counter[str]] = [Counter(), Counter()]
+    watchers = [IncidentWatcher(store=Counting(redis, seen[i]), ratings=RatingsStore(redis),
+                                catalog=lambda: snapshot, send=send, topics=topics, share=shares[i])
+                for i in range(2)]
+    await asyncio.gather(*(w.tick() for w in watchers))
+    both = seen[0] + seen[1]
+    assert set(both) == set(snapshot.groups) and set(both.values()) == {1}, "each group watched once"
+    assert seen[0] and seen[1], "each worker watched its half"
+    assert {shard_of(g) for g in seen[0]} <= shares[0].shards and not set(seen[0]) & set(seen[1])
+    assert sent == []
+
+    died_at = time.monotonic()  # b stops renewing: a takes its share within a lease
+    while shares[0].shards != EVERY:
+        assert time.monotonic() - died_at < LEASE_S + 1.0
+        await asyncio.sleep(0.2)
+        await shares[0].renew()
+    seen[0].clear()
+    await watchers[0].tick()
+    assert set(seen[0]) == set(snapshot.groups)
+
+
+async def test_two_senders_with_their_shares_send_each_channels_period_once(
+        redis: RedisClient, kafka_bootstrap: str, unique: str) -> None:
+    period_s = 60
+    groups = [ScorerGroup.model_validate({
+        "id": f"g-{i}-{unique}", "name": f"G {i}", "projectId": f"p-{unique}",
+        "members": [{"kind": "pattern", "refId": "x", "weight": 1}],
+        "online": {"enabled": True, "sampleRate": 1, "alertThreshold": 6, "severity": "high"}}) for i in range(20)]
+    channel = AlertChannel.model_validate({"agentId": "support", "url": "https://hooks.example/digest",
+                                           "projectId": f"p-{unique}", "digestSeconds": period_s})
+    snapshot = CatalogSnapshot(groups={g.id: g for g in groups}, channels={"d": channel})
+    start = (int(time.time()) // period_s - 2) * period_s
+    entries = []
+    for group in groups:
+        doc = {"id": f"r-{group.id}", "agentId": "support", "scope": "trace", "traceId": f"t-{group.id}",
+               "scoredAt": datetime.fromtimestamp(start + 5, UTC).isoformat(), "rating": 2.0, "justification": "low"}
+        entries.append(HistoryEntry(group.id, 2.0, True, start + 5, orjson.dumps(doc)))
+    await RatingsStore(redis).write(entries)
+
+    topics = TopicNames(traces="-", ratings="-", signals="-", webhooks=f"fleet-digests-{unique}", dlq="-")
+    shares = [FleetShare(ShardLeases(redis), worker, lease_s=60) for worker in ("a", "b")]
+    for _ in range(2):
+        for share in shares:
+            await share.renew()
+    producer = AIOKafkaProducer(bootstrap_servers=kafka_bootstrap, acks="all")
+    await producer.start()
+    try:
+        senders = [DigestSender(digests=DigestStore(redis), ratings=RatingsStore(redis), catalog=lambda: snapshot,
+                                send=Outputs(producer, topics, Silent()).send, topics=topics,
+                                clock=lambda: start + period_s + 10.0, share=share) for share in shares]
+        for _ in range(2):
+            await asyncio.gather(*(s.tick() for s in senders))
+        sent = await read_topic(kafka_bootstrap, topics.webhooks, until=lambda v: len(v) >= len(groups), settle_s=2)
+    finally:
+        await producer.stop()
+    assert sorted(d["signal"]["groupId"] for d in sent) == sorted(g.id for g in groups)  # each once
+    owners = {shares[0].owns(g.id) for g in groups}
+    assert owners == {True, False}, "both workers sent some"
