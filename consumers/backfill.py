@@ -231,8 +231,8 @@ class BackfillRunner:
                                  resume_at=resume_at.isoformat())
                     return False
                 if graded.cap_reached:
-                    await self._parts.finish(job.id, note=f"stopped at maxJudgeCalls ({job.max_judge_calls}): "
-                                                          f"partition {partition} was read to offset {graded.reached}")
+                    await self._parts.finish(job.id, note=f"stopped at maxJudgeCalls ({job.max_judge_calls}) "
+                                                          f"while reading partition {partition}")
                     return False
                 if graded.reached < records[-1].offset + 1:  # not reached: stopping, taken over, cancelled
                     return False

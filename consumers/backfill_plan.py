@@ -55,11 +55,12 @@ async def plan_ranges(consumer: AIOKafkaConsumer, topic: str, from_ms: int, to_m
         end = ends[tp].offset if ends[tp] is not None else last[tp]
         if live_done is not None and tp.partition in live_done and live_done[tp.partition] < end:
             end = live_done[tp.partition]
-            notes.append(f"partition {tp.partition}: read to offset {end}, where live scoring has reached; "
+            # Notes are the tenant's to read: no offset of the shared topic (its traffic is others' too).
+            notes.append(f"partition {tp.partition}: read up to where live scoring has reached; "
                          "what comes after is live scoring's")
         if start == first[tp] and first[tp] > 0 and starts[tp] is not None and starts[tp].timestamp > from_ms:
             notes.append(f"partition {tp.partition}: the window starts before the topic's retention; read from "
-                         f"offset {first[tp]}, the earliest record still there")
+                         "the earliest record still there")
         ranges.append(PartitionRange(tp.partition, start, max(start, end)))
     return Plan(tuple(ranges), tuple(notes))
 

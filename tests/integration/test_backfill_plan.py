@@ -51,5 +51,7 @@ async def test_the_plan_covers_exactly_the_windows_records_in_every_partition(ka
     assert plan.records == 18 and plan.notes == ()
     assert behind_live.ranges == (PartitionRange(0, 6, 10), PartitionRange(1, 0, 2)), "no further than live"
     assert "live scoring" in behind_live.notes[0]
+    # A tenant reads the notes: no offset of the shared topic (its size is every project's traffic).
+    assert "offset" not in behind_live.notes[0] and "10" not in behind_live.notes[0], behind_live.notes
     assert everything.ranges == (PartitionRange(0, 0, 24), PartitionRange(1, 0, 4))
     assert none.records == 0, "a window past the last record reads nothing"
