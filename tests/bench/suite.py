@@ -35,7 +35,12 @@ traces topic (6 partitions) with ``--traces`` realistic ~2 KB traces, then runs,
   scored ``--judge-calls-traces`` traces against the judge process, the CPU of cutting, masking
   and encoding a call in-process, and ``RatingsStore.write`` with and without calls - as a
   share of the worker's CPU per judge call and a multiple of the limit stage's CPU per trace
-  (``--only judge-calls`` runs the limit stage first for that; tests/bench/judge_calls.py).
+  (``--only judge-calls`` runs the limit stage first for that; tests/bench/judge_calls.py);
+- tenants: catalogs of ``--tenant-sizes`` groups over up to 5,000 projects, each under fleets of
+  ``--tenant-workers`` idle workers: CPU per worker, Redis commands/s, the incident and digest
+  ticks, how fast a one-group change reaches every worker and what it stalls; then the bench
+  project's traces' CPU against a 10-group catalog (issue 53; tests/bench/tenants.py). Feeds its
+  own topic: ``--only tenants`` pre-fills nothing.
 
 Each scenario reads its own consumer group and a Redis database of its own. traces/s counts
 outputs by broker timestamp (output topics use LogAppendTime) from the first to the last;
@@ -61,13 +66,14 @@ import orjson
 
 from deploy.redis_servers import LocalRedis
 from deploy.services import LocalKafka
-from tests.bench import backfill, filtered, judge_calls, scenarios
+from tests.bench import backfill, filtered, judge_calls, scenarios, tenants
 from tests.bench.scenarios import Bench
 from tests.bench.workload import create_topics, machine, produce_traces
 
 RESULTS = Path(__file__).resolve().parent / "results"
 ALL = ["limit", "plain_peer", "peer", "deterministic", "scale_out", "judge", "latency", "backlog", "spend", "filtered",
-       "backfill", "judge-calls"]
+       "backfill", "judge-calls", "tenants"]
+SELF_FED = {"tenants"}  # scenarios that produce their own traces: alone, nothing is pre-filled
 
 
 async def run(args: argparse.Namespace) -> dict[str, Any]:
@@ -90,10 +96,14 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
         bench = Bench(bootstrap, redis_url, topic=f"traces-{tag}", traces=args.traces, tag=tag,
                       logs=Path(tempfile.mkdtemp(prefix="sgw-bench-")), sandboxes=args.sandboxes,
                       worker_settings=dict(s.split("=", 1) for s in args.worker_setting))
-        print(f"logs in {bench.logs}; pre-filling {args.traces:,} traces", flush=True)
-        await create_topics(bootstrap, [bench.topic])
-        rate = await produce_traces(bootstrap, bench.topic, 0, args.traces)
-        report["prefill_traces_per_s"] = round(rate, 1)
+        wanted = args.only.split(",") if args.only else ALL
+        if set(wanted) <= SELF_FED:
+            print(f"logs in {bench.logs}", flush=True)
+        else:
+            print(f"logs in {bench.logs}; pre-filling {args.traces:,} traces", flush=True)
+            await create_topics(bootstrap, [bench.topic])
+            rate = await produce_traces(bootstrap, bench.topic, 0, args.traces)
+            report["prefill_traces_per_s"] = round(rate, 1)
         results: dict[str, Any] = report["scenarios"]
 
         async def scenario(name: str, coro: Any) -> None:
@@ -101,7 +111,6 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
             results[name] = await coro
             print(f"  {results[name]}", flush=True)
 
-        wanted = args.only.split(",") if args.only else ALL
         if "limit" in wanted or "judge-calls" in wanted:  # judge-calls gives its CPU against the limit's
             await scenario("limit", scenarios.limit(bench))
         if "plain_peer" in wanted:
@@ -139,6 +148,10 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
         if "judge-calls" in wanted:
             await scenario("judge_calls", judge_calls.judge_calls(bench, args.judge_calls_traces,
                                                                   results.get("limit", {}).get("cpu_s_per_1k")))
+        if "tenants" in wanted:
+            await scenario("tenants", tenants.tenants(bench, [int(s) for s in args.tenant_sizes.split(",")],
+                                                      [int(w) for w in args.tenant_workers.split(",")],
+                                                      args.tenant_idle_seconds, args.tenant_traces))
     report["load_average_at_end"] = [round(x, 2) for x in os.getloadavg()]
     _ratios(report)
     return report
@@ -206,6 +219,8 @@ def markdown(report: dict[str, Any]) -> str:
                      f"+{_cell(w['index_diff']['server_cpu_us'])} us Redis CPU, +{_cell(w['index_diff']['redis_cmds'])} "
                      f"commands); {_cell(r['keep_cpu_us_per_call'])} us = **{_cell(r['keep_vs_worker_call'])}** of the "
                      f"worker's CPU a call, **{_cell(r['keep_vs_limit_trace'])}x** the limit's a trace")
+        elif name == "tenants":
+            notes = tenants.notes(r)
         elif name.startswith("judge"):
             notes = (f"{_cell(r.get('calls_per_s'))} calls/s of {_cell(r.get('ideal_calls_per_s'))} ideal "
                      f"({_cell(r.get('ratio_to_ideal'))}); the judge server alone answers "
@@ -245,6 +260,8 @@ def markdown(report: dict[str, Any]) -> str:
         lines.append(f"| {name} | {_cell(r.get('traces_per_s'))} | {_cell(r.get('ratio_to_limit'))} | "
                      f"{_cell(r.get('cpu_s_per_1k'))} | {_cell(r.get('cpu_vs_limit'))} | {_cell(r.get('peak_rss_mb'))} | "
                      f"{_cell(r.get('redis_cmds_per_pair'))} | {notes} |")
+    if "tenants" in report["scenarios"]:
+        lines += ["", *tenants.table(report["scenarios"]["tenants"])]
     return "\n".join(lines) + "\n"
 
 
@@ -271,6 +288,11 @@ def main() -> None:
                              "backfill grades in the latency window)")
     parser.add_argument("--judge-calls-traces", type=int, default=2000,
                         help="traces of the judge-calls scenario's worker (past the 1,000 results a group keeps)")
+    parser.add_argument("--tenant-sizes", default="1000,10000,50000", help="catalog sizes (groups) of tenants")
+    parser.add_argument("--tenant-workers", default="1,2,4", help="fleet sizes (worker processes) of tenants")
+    parser.add_argument("--tenant-idle-seconds", type=float, default=30.0, help="tenants' idle window per fleet")
+    parser.add_argument("--tenant-traces", type=int, default=10_000,
+                        help="traces of the bench project tenants drains per catalog (and in a 10-group one)")
     parser.add_argument("--only", default="", help=f"comma-separated subset of {','.join(ALL)}")
     parser.add_argument("--out", type=Path, default=RESULTS)
     args = parser.parse_args()
