@@ -189,10 +189,14 @@ class EvaluationStore:
 
     async def get(self, project_id: str, run_id: str) -> EvaluationRun:
         """The run whole, its rows with it."""
+        return EvaluationRun.model_validate(orjson.loads(await self.get_raw(project_id, run_id)))
+
+    async def get_raw(self, project_id: str, run_id: str) -> bytes:
+        """The run whole as stored (JSON), for a caller that decodes it where it may."""
         raw = await self.redis.get(keys.evaluation(project_id, run_id))
         if raw is None:
             raise NotFound(f"no evaluation run with id {run_id!r}")
-        return EvaluationRun.model_validate(orjson.loads(raw))
+        return raw if isinstance(raw, bytes) else raw.encode()
 
     async def summary(self, project_id: str, run_id: str) -> EvaluationRun:
         """The run without its rows (``listed``), read without reading the run."""

@@ -12,6 +12,8 @@ the local judge:
 
 from __future__ import annotations
 
+import asyncio
+import re
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -132,6 +134,47 @@ def test_a_page_of_runs_and_a_rows_calls_never_read_a_run_whole(large_runs: tupl
     assert row.status_code == 200 and row.json()["note"] == "no judge graded this row"
     assert beyond.status_code == 404
     assert read < 256 * 1024, f"{read} bytes read from Redis for a page and two rows ({stored} stored)"
+
+
+def _held(process: ApiProcess, bound: str) -> float:
+    """The API's event-loop ticks later than ``bound`` seconds so far (sgw_event_loop_stall_seconds)."""
+    metrics = httpx.get(process.url + "/metrics", timeout=10).text
+    count = float(re.search(r"^sgw_event_loop_stall_seconds_count (\S+)$", metrics, re.M).group(1))  # type: ignore[union-attr]
+    within = float(re.search(rf'^sgw_event_loop_stall_seconds_bucket{{le="{bound}"}} (\S+)$',  # type: ignore[union-attr]
+                             metrics, re.M).group(1))
+    return count - within
+
+
+HUGE_OUTPUT_CHARS = 800_000  # 40 rows: a run of ~32 MB, as the attack's
+
+
+@pytest.fixture(scope="module")
+def huge_run(redis_databases: RedisDatabases,
+             tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[ApiProcess, str, list[str]]]:
+    with api_with_judge(redis_databases, tmp_path_factory.mktemp("api"), "p-huge") as (process, key, _):
+        with Client(process.url, key, timeout_s=300) as client:
+            pattern = client.monitor.patterns.create(name="PII", polarity="failure", template="email")
+            dataset = client.datasets.create("Longer answers", rows=[{"input": f"q{i}"} for i in range(LARGE_ROWS)])
+            run = client.evaluations.run(dataset_id=dataset.id, subject=SUBJECT, scorer_id=pattern.id).execute(
+                lambda q: q + " " + "x" * HUGE_OUTPUT_CHARS).finalize().run.id
+        yield process, key, [run]
+
+
+async def test_sixteen_reads_of_a_huge_run_at_once_hold_neither_the_loop_nor_redis(
+        huge_run: tuple[ApiProcess, str, list[str]]) -> None:
+    """A run read whole is checked and encoded beside the event loop, a project's few at a time:
+    16 reads at once answer 200 each, the same document, and no tick of the loop is held past
+    0.25 s (before: some answered 500 - Redis timeouts - and the loop was held past it)."""
+    process, key, runs = huge_run
+    held_before = await asyncio.to_thread(_held, process, "0.25")
+    async with httpx.AsyncClient(base_url=process.url, headers={"Authorization": f"Bearer {key}"},
+                                 timeout=120) as api:
+        answers = await asyncio.gather(*(api.get(f"/v1/evaluations/{runs[0]}") for _ in range(16)))
+    assert [a.status_code for a in answers] == [200] * 16
+    assert len({a.content for a in answers}) == 1 and answers[0].json()["rowCount"] == LARGE_ROWS
+    assert len(answers[0].json()["rows"]) == LARGE_ROWS
+    late = await asyncio.to_thread(_held, process, "0.25") - held_before
+    assert late == 0, f"the API's loop was held past 0.25 s {late:g} times"
 
 
 def test_a_run_kept_before_summaries_is_read_whole_once(large_runs: tuple[ApiProcess, str, list[str]]) -> None:

@@ -25,6 +25,7 @@ from fastapi import FastAPI, Request, Response
 from fastapi.responses import PlainTextResponse
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
+from scoring.members.fair_share import FairShare
 from scoring.playground import Playground
 from scoring.stores.catalog import SnapshotCache
 from scoring.stores.claims import Claims
@@ -41,6 +42,7 @@ from worker.shutdown import close_all
 log = structlog.get_logger(__name__)
 
 API_VERSION = "1.0.0"
+RUN_READS = 4  # whole evaluation runs read and encoded at once (each up to tens of MB), 2 per project
 
 
 def create_app(settings: Settings) -> FastAPI:
@@ -54,6 +56,8 @@ def create_app(settings: Settings) -> FastAPI:
         app.state.playground = Playground(app.state.engine.panel, Claims(app.state.redis))
         app.state.bodies = BodyParser(settings.api_body_parsers, settings.api_body_readers,
                                       settings.api_body_read_timeout_s)
+        # Whole evaluation runs read at once (worker.api.evaluations), shared fairly by projects.
+        app.state.run_reads = FairShare(RUN_READS, per_project=RUN_READS // 2)
         stalls_stop = asyncio.Event()
         stalls = asyncio.create_task(watch_loop_stalls(stalls_stop), name="event-loop stall watch")
         try:
