@@ -22,20 +22,25 @@ from redis.exceptions import ConnectionError as RedisConnectionError
 
 from deploy.redis_servers import LocalRedisCluster
 from scorer_groups.api_models import BackfillCreate
+from scoring.groups import MonitorClient
 from scoring.incidents import Watch
+from scoring.models import Judge
 from scoring.otlp.mapping import BufferedSpan
 from scoring.pairs import ClaimRequest, day_of
 from scoring.results import HistoryEntry, Signal, build_deliveries
 from scoring.stores import keys
 from scoring.stores.alerts import NoScoreAlerts
 from scoring.stores.backfills import BackfillStore, JobParts
+from scoring.stores.catalog import CatalogStore, SnapshotCache
 from scoring.stores.claims import Claims, Reservation
 from scoring.stores.deliveries import DeliverySchedule, PendingDelivery, shard_of
 from scoring.stores.digests import DigestStore
 from scoring.stores.incidents import IncidentStore
+from scoring.stores.keys import SHARDS
 from scoring.stores.otlp_buffer import OtlpBuffer
 from scoring.stores.ratings import RatingsStore, SessionVerdict
 from scoring.stores.sessions import SessionStore
+from scoring.stores.shards import ShardLeases
 from scoring.subjects import Span, Trace
 from scoring.webhooks.retries import RetrySchedule
 
@@ -144,7 +149,16 @@ async def use_every_store(redis: RedisCluster) -> list[AsyncScript]:
     assert await digests.claim("g1", "c1", 1, now) and not await digests.claim("g1", "c1", 1, now)
     await digests.sent("g1", "c1", 1)
 
-    stores = (claims, ratings, sessions, buffer, schedule, alerts, jobs, parts, incidents, digests)
+    catalog = CatalogStore(redis, cache=SnapshotCache())
+    await catalog.snapshot()  # read whole, then by the changes since
+    await MonitorClient(redis).scorers.put(Judge(id="cluster-judge", name="J", criteria="Helpful?"))
+    assert "cluster-judge" in (await catalog.snapshot()).judges
+
+    leases = ShardLeases(redis)
+    assert len(await leases.hold("w-1", 30)) == SHARDS
+    await leases.leave("w-1")
+
+    stores = (claims, ratings, sessions, buffer, schedule, alerts, jobs, parts, incidents, digests, catalog, leases)
     return [v for store in stores for v in vars(store).values() if isinstance(v, AsyncScript)]
 
 
