@@ -26,13 +26,12 @@ import orjson
 import structlog
 
 from consumers.fleet_share import FleetShare
-from consumers.outputs import TopicNames
 from consumers.periodic import Send, every
 from scorer_groups.documents import DIGEST_EVENT
 from scoring.catalog import CatalogSnapshot
 from scoring.models import AlertChannel, ScorerGroup
-from scoring.redact import mask_url
-from scoring.results import Signal, WebhookDelivery, channel_key, derived_id, signal_key
+from scoring.outbox import Record, TopicNames
+from scoring.results import Signal, channel_key, delivery, derived_id, signal_key
 from scoring.stores.digests import DigestStore
 from scoring.stores.keys import RESULTS_KEPT
 from scoring.stores.ratings import RatingsStore
@@ -96,10 +95,8 @@ class DigestSender:
             span_name=worst.get("spanName"), rating=worst["rating"], alert_threshold=group.online.alert_threshold,
             severity=group.online.severity, justification=justification[:2000], rating_id=worst["id"],
             raised_at=datetime.fromtimestamp(end, UTC), digest_count=count)
-        delivery = WebhookDelivery(id=derived_id(f"delivery:{signal.id}:{channel.url}"), signal_id=signal.id,
-                                   agent_id=channel.agent_id, url=mask_url(channel.url), channel=key,
-                                   event=DIGEST_EVENT, signal=signal, created_at=signal.raised_at)  # 4.
-        await self._send([(self._topics.webhooks, channel.agent_id.encode(), delivery.to_json())])
+        sent = delivery(signal, channel.url, event=DIGEST_EVENT)  # 4.
+        await self._send([Record(self._topics.webhooks, channel.agent_id.encode(), sent.to_json())])
         await self._digests.sent(group.id, key, period)
 
     async def _below(self, group_id: str, agent_id: str, start: float, end: float) -> tuple[list[dict[str, Any]], bool]:

@@ -33,7 +33,6 @@ import orjson
 import structlog
 
 from consumers.fleet_share import FleetShare
-from consumers.outputs import TopicNames
 from consumers.periodic import Send, every
 from scorer_groups.documents import IncidentReason
 from scoring.catalog import CatalogSnapshot
@@ -52,6 +51,7 @@ from scoring.incidents import (
     verdict,
 )
 from scoring.models import AlertChannel, ScorerGroup
+from scoring.outbox import Record, TopicNames
 from scoring.results import channel_key
 from scoring.stores.incidents import PENDING_S, IncidentStore, bucket_size
 from scoring.stores.ratings import RatingsStore
@@ -228,8 +228,7 @@ class IncidentWatcher:
 
     async def _publish(self, event: dict[str, Any]) -> None:
         signal = event["signal"]
-        records: list[tuple[str, bytes | None, bytes]] = [
-            (self._topics.signals, signal["key"].encode(), orjson.dumps(signal))]
-        records += [(self._topics.webhooks, d["agentId"].encode(), orjson.dumps(d)) for d in event["deliveries"]]
+        records = [Record(self._topics.signals, signal["key"].encode(), orjson.dumps(signal))]
+        records += [Record(self._topics.webhooks, d["agentId"].encode(), orjson.dumps(d)) for d in event["deliveries"]]
         await self._send(records)
 

@@ -37,6 +37,8 @@ from aiokafka.errors import KafkaError
 from consumers.events import SILENT
 from consumers.offsets import Committer, OffsetTracker, PartitionOffsets
 from consumers.outage import OutageGuard, OutageTooLong
+from consumers.sender import send_records
+from scoring.outbox import Record
 
 log = structlog.get_logger(__name__)
 
@@ -46,8 +48,6 @@ MAX_POLL_INTERVAL_S = 300.0
 COMMIT_FAILURES_REPORTED_AFTER = 3  # commit intervals: one failure in a rebalance is ordinary
 
 Taken = tuple[PartitionOffsets, Any]  # a record's offset ticket, and the record as the consumer read it
-# A record to publish: (topic, key, value), or with its headers (topic, key, value, headers).
-Outgoing = tuple[str, bytes | None, bytes] | tuple[str, bytes | None, bytes, list[tuple[str, bytes]]]
 
 
 class Step(Protocol):
@@ -233,22 +233,17 @@ class PartitionLoop:
                                               "offset": taken[1].offset}
             log.warning("dead-lettered a record", loop=self.name, reason=letter.reason, error=letter.error[:300],
                         **where)
-        await self.send([(self.dlq_topic, letter.kafka_key, letter.to_json()) for _, letter in letters])
+        await self.send([Record(self.dlq_topic, letter.kafka_key, letter.to_json()) for _, letter in letters])
         for taken, _ in letters:
             if taken is not None:
                 taken[0].finished(taken[1].offset)
         self.freed()
 
-    async def send(self, messages: Sequence[Outgoing]) -> None:
-        """Publish (topic, key, value[, headers]) messages and wait for every acknowledgement,
-        riding out a broker outage: a repeated send is safe (ids are deterministic, consumers dedupe)."""
-        async def send_all() -> None:
-            acks = [await self._producer.send(m[0], key=m[1], value=m[2], headers=m[3] if len(m) > 3 else None)
-                    for m in messages]
-            await asyncio.gather(*acks)
-
-        if messages:
-            await self.outages.call(send_all)
+    async def send(self, records: Sequence[Record]) -> None:
+        """Publish ``records`` and wait for every acknowledgement (``consumers.sender``), riding
+        out a broker outage: a repeated send is safe (ids are deterministic, consumers dedupe)."""
+        if records:
+            await self.outages.call(lambda: send_records(self._producer, records))
 
     # --- offsets -------------------------------------------------------------------------------
 

@@ -38,7 +38,7 @@ from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, ConsumerRebalanceListen
 
 from consumers.decode import DeadLetter, DeadLetterReason, dead_letter
 from consumers.events import SILENT
-from consumers.loop import Outgoing, PartitionLoop, Taken
+from consumers.loop import PartitionLoop, Taken
 from consumers.outage import OutageGuard
 from scoring.filters import routing_headers
 from scoring.otlp.mapping import (
@@ -50,6 +50,7 @@ from scoring.otlp.mapping import (
     buffered_spans,
     decode_request,
 )
+from scoring.outbox import Record
 from scoring.stores.otlp_buffer import BufferSize, DueTrace, OtlpBuffer, member_of
 
 log = structlog.get_logger(__name__)
@@ -214,7 +215,7 @@ class OtlpConsumer:
                     pass
 
     async def _emit(self, due: list[DueTrace]) -> None:
-        messages: list[Outgoing] = []
+        messages: list[Record] = []
         emitted: list[tuple[DueTrace, bool]] = []
         for trace in due:
             if not trace.spans:
@@ -225,13 +226,13 @@ class OtlpConsumer:
                                      dropped_spans=trace.dropped)
             except Exception as exc:  # e.g. a field the trace model refuses
                 log.warning("an assembled OTLP trace is invalid; dead-lettered", trace=trace.member, error=repr(exc))
-                messages.append((self.loop.dlq_topic, trace.member.encode(), _assembly_letter(trace, exc)))
+                messages.append(Record(self.loop.dlq_topic, trace.member.encode(), _assembly_letter(trace, exc)))
                 self._events.dead_lettered("invalid_trace")
                 continue
             # With its routing headers: a trace no live group wants is skipped without being parsed.
-            messages.append((self._traces_topic, assembled.trace_id.encode(),
-                             assembled.model_dump_json(by_alias=True, exclude_none=True).encode(),
-                             routing_headers(assembled)))
+            messages.append(Record(self._traces_topic, assembled.trace_id.encode(),
+                                   assembled.model_dump_json(by_alias=True, exclude_none=True).encode(),
+                                   routing_headers(assembled)))
             emitted.append((trace, trace.complete))
         await self.loop.send(messages)  # acknowledged by the broker before the buffer forgets them
         late = await self._outages.call(lambda: self._buffer.finish(due))

@@ -7,7 +7,9 @@ import asyncio
 import contextlib
 from collections.abc import Awaitable, Callable
 
-Send = Callable[[list[tuple[str, bytes | None, bytes]]], Awaitable[None]]
+from scoring.outbox import Record
+
+Send = Callable[[list[Record]], Awaitable[None]]
 
 
 async def every(interval_s: float, tick: Callable[[], Awaitable[None]], stop: asyncio.Event) -> None:

@@ -33,8 +33,7 @@ from typing import Any, Literal
 from scorer_groups.documents import INCIDENT_EVENTS, IncidentReason, IncidentState
 from scoring.frozen import frozen
 from scoring.models import AlertChannel, OnlineProfile, ScorerGroup
-from scoring.redact import mask_url
-from scoring.results import Signal, WebhookDelivery, channel_key, derived_id, signal_key
+from scoring.results import Signal, WebhookDelivery, delivery, derived_id, signal_key
 
 Verdict = Literal["bad", "good", "unknown"]
 
@@ -202,10 +201,7 @@ def incident_signal(group: ScorerGroup, reason: IncidentReason, moved: Transitio
 def incident_deliveries(signal: Signal, channels: list[AlertChannel]) -> list[WebhookDelivery]:
     """One delivery per channel, each under its own agent (the sender finds a channel by it)."""
     assert signal.state is not None
-    return [WebhookDelivery(id=derived_id(f"delivery:{signal.id}:{c.url}"), signal_id=signal.id,
-                            agent_id=c.agent_id, url=mask_url(c.url), channel=channel_key(c.url),
-                            event=INCIDENT_EVENTS[signal.state], signal=signal, created_at=signal.raised_at)
-            for c in channels]
+    return [delivery(signal, c.url, agent_id=c.agent_id, event=INCIDENT_EVENTS[signal.state]) for c in channels]
 
 
 UNWATCHED = ("Resolved: no longer watched - the group was disabled or deleted, or no longer alerts for this "

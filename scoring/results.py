@@ -44,8 +44,8 @@ __all__ = [
     "RECOVERED_EVENT", "SIGNAL_EVENT", "DeliveryEvent", "HistoryEntry", "MemberVerdict", "PublishedRating", "Rating",
     "RatingOrigin",
     "ResultScope", "Signal", "SignalReason", "Usage", "WebhookDelivery", "build_deliveries", "build_no_score_signal",
-    "build_rating", "build_recovery_deliveries", "build_signal", "channel_key", "derived_id", "encode_rating",
-    "history_entry", "rating_id", "signal_key", "tokens_of",
+    "build_rating", "build_recovery_deliveries", "build_signal", "channel_key", "delivery", "derived_id",
+    "encode_rating", "history_entry", "rating_id", "result_signal", "signal_key", "tokens_of",
 ]
 
 _IDS = uuid.UUID("6f1c5a8e-6a8f-4f7e-9a63-2c1d0b7e4a10")  # namespace of every id we derive
@@ -204,19 +204,24 @@ def below_threshold(group: ScorerGroup, rating: float | None) -> bool:
             and rating < online.alert_threshold)
 
 
-def build_signal(group: ScorerGroup, rating: Rating | PublishedRating) -> Signal | None:
-    if not below_threshold(group, rating.rating) or group.online is None:
-        return None
-    assert rating.rating is not None and group.online.alert_threshold is not None
+def result_signal(group: ScorerGroup, rating: Rating | PublishedRating, *, id_: str, score: float | None,
+                  justification: str, reason: SignalReason = "below_threshold") -> Signal:
+    """The Signal of one result of ``group`` - below its threshold, without a score, or back over
+    it (a recovery): the one place a result's Signal is made."""
+    assert group.online is not None
     return Signal(
-        id=derived_id(f"signal:{rating.id}"), key=signal_key(group.id),
-        group_id=group.id, group_name=group.name, project_id=group.project_id,
-        agent_id=rating.agent_id, scope=rating.scope, trace_id=rating.trace_id,
-        session_id=rating.session_id, span_id=rating.span_id, span_name=rating.span_name,
-        rating=rating.rating,
+        id=id_, key=signal_key(group.id), reason=reason, group_id=group.id, group_name=group.name,
+        project_id=group.project_id, agent_id=rating.agent_id, scope=rating.scope, trace_id=rating.trace_id,
+        session_id=rating.session_id, span_id=rating.span_id, span_name=rating.span_name, rating=score,
         alert_threshold=group.online.alert_threshold, severity=group.online.severity,
-        justification=rating.justification, rating_id=rating.id, raised_at=rating.scored_at,
-    )
+        justification=justification, rating_id=rating.id, raised_at=rating.scored_at)
+
+
+def build_signal(group: ScorerGroup, rating: Rating | PublishedRating) -> Signal | None:
+    if not below_threshold(group, rating.rating):
+        return None
+    return result_signal(group, rating, id_=derived_id(f"signal:{rating.id}"), score=rating.rating,
+                         justification=rating.justification)
 
 
 def no_score_due(group: ScorerGroup, rating: Rating | PublishedRating) -> bool:
@@ -231,23 +236,21 @@ def no_score_signal_id(rating: Rating | PublishedRating) -> str:
 
 
 def build_no_score_signal(group: ScorerGroup, rating: Rating | PublishedRating) -> Signal:
-    assert group.online is not None
-    return Signal(
-        id=no_score_signal_id(rating), key=signal_key(group.id), reason="no_score",
-        group_id=group.id, group_name=group.name, project_id=group.project_id,
-        agent_id=rating.agent_id, scope=rating.scope, trace_id=rating.trace_id,
-        session_id=rating.session_id, span_id=rating.span_id, span_name=rating.span_name,
-        rating=None, alert_threshold=group.online.alert_threshold,
-        severity=group.online.severity, justification=rating.reason or "No score",
-        rating_id=rating.id, raised_at=rating.scored_at,
-    )
+    return result_signal(group, rating, id_=no_score_signal_id(rating), score=None, reason="no_score",
+                         justification=rating.reason or "No score")
+
+
+def delivery(signal: Signal, url: str, *, agent_id: str | None = None,
+             event: DeliveryEvent = SIGNAL_EVENT) -> WebhookDelivery:
+    """One Signal to one channel (found by ``agent_id``, the Signal's by default): the one place a
+    delivery is made. Its id is the Signal's and the URL's: a redelivery is the same delivery."""
+    return WebhookDelivery(id=derived_id(f"delivery:{signal.id}:{url}"), signal_id=signal.id,
+                           agent_id=signal.agent_id if agent_id is None else agent_id, url=mask_url(url),
+                           channel=channel_key(url), event=event, signal=signal, created_at=signal.raised_at)
 
 
 def build_deliveries(signal: Signal, channel_urls: list[str]) -> list[WebhookDelivery]:
-    return [WebhookDelivery(id=derived_id(f"delivery:{signal.id}:{url}"), signal_id=signal.id,
-                            agent_id=signal.agent_id, url=mask_url(url), channel=channel_key(url), signal=signal,
-                            created_at=signal.raised_at)
-            for url in channel_urls]
+    return [delivery(signal, url) for url in channel_urls]
 
 
 def recovered(group: ScorerGroup, rating: float | None) -> bool:
@@ -261,23 +264,11 @@ def build_recovery_deliveries(group: ScorerGroup, rating: Rating | PublishedRati
                               channel_urls: list[str]) -> list[WebhookDelivery]:
     """For channels that resolve incidents: the result that brings the group back over its
     threshold, Signal-shaped (same key), as a ``scorer_group.recovered`` delivery."""
-    if not channel_urls or not recovered(group, rating.rating) or group.online is None:
+    if not channel_urls or not recovered(group, rating.rating):
         return []
-    assert rating.rating is not None and group.online.alert_threshold is not None
-    recovery = Signal(
-        id=derived_id(f"recovery:{rating.id}"), key=signal_key(group.id),
-        group_id=group.id, group_name=group.name, project_id=group.project_id,
-        agent_id=rating.agent_id, scope=rating.scope, trace_id=rating.trace_id,
-        session_id=rating.session_id, span_id=rating.span_id, span_name=rating.span_name,
-        rating=rating.rating,
-        alert_threshold=group.online.alert_threshold, severity=group.online.severity,
-        justification=rating.justification, rating_id=rating.id, raised_at=rating.scored_at,
-    )
-    return [WebhookDelivery(id=derived_id(f"delivery:{recovery.id}:{url}"), signal_id=recovery.id,
-                            agent_id=recovery.agent_id, url=mask_url(url), channel=channel_key(url),
-                            event=RECOVERED_EVENT, signal=recovery,
-                            created_at=recovery.raised_at)
-            for url in channel_urls]
+    recovery = result_signal(group, rating, id_=derived_id(f"recovery:{rating.id}"), score=rating.rating,
+                             justification=rating.justification)
+    return [delivery(recovery, url, event=RECOVERED_EVENT) for url in channel_urls]
 
 
 @frozen

@@ -11,6 +11,7 @@ from aiokafka.partitioner import DefaultPartitioner
 
 from consumers.events import Silent
 from consumers.outputs import BULK_RECORDS, Outputs, TopicNames
+from scoring.outbox import Record
 
 pytestmark = pytest.mark.integration
 
@@ -28,8 +29,8 @@ async def test_bulk_and_single_records_land_where_send_would_put_them_in_order(
         await admin.close()
     # Many records under one key (one partition: the batch path, past one producer batch of
     # 16 KiB) and a few under others (plain sends).
-    bulk = [(topic, b"busy-key", f"bulk-{i}".encode() * 200) for i in range(BULK_RECORDS * 10)]
-    few = [(topic, f"key-{i}".encode(), f"few-{i}".encode()) for i in range(5)]
+    bulk = [Record(topic, b"busy-key", f"bulk-{i}".encode() * 200) for i in range(BULK_RECORDS * 10)]
+    few = [Record(topic, f"key-{i}".encode(), f"few-{i}".encode()) for i in range(5)]
     records = [r for pair in zip(bulk, few + [None] * len(bulk), strict=False) for r in pair if r is not None]
     producer = AIOKafkaProducer(bootstrap_servers=kafka_bootstrap, enable_idempotence=True, acks="all")
     await producer.start()
@@ -51,11 +52,11 @@ async def test_bulk_and_single_records_land_where_send_would_put_them_in_order(
     finally:
         await consumer.stop()
     expected_partition = {key: DefaultPartitioner()(key, list(range(PARTITIONS)), list(range(PARTITIONS)))
-                          for _, key, _ in records}
+                          for key in {r.key for r in records}}
     assert all(r.partition == expected_partition[r.key] for r in seen)
     for partition in range(PARTITIONS):
         got = [r.value for r in sorted(seen, key=lambda r: r.offset) if r.partition == partition]
-        given = [value for _, key, value in records if expected_partition[key] == partition]
+        given = [r.value for r in records if expected_partition[r.key] == partition]
         assert got == given, f"partition {partition}: every record once, in the order given"
 
 
