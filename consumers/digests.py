@@ -2,8 +2,9 @@
 period in one message - how many results were below the threshold, and the worst of them -
 instead of one message per Signal. For groups that alert per result (``alertMode`` each);
 every worker runs one, over the groups of its share of the fleet's background work
-(``consumers.fleet_share``); each tick, for every such group and digest channel of its project
-(or an operator's):
+(``consumers.fleet_share``); each tick, for every such group with live traffic since a period
+began (``RatingsStore.active``: the others have nothing to send) and digest channel of its
+project (or an operator's):
 
 1. the last closed period of the channel (``digestSeconds``);
 2. claim it (``scoring.stores.digests``: one worker sends it; one whose sender died is sent
@@ -38,6 +39,8 @@ from scoring.stores.ratings import RatingsStore
 
 log = structlog.get_logger(__name__)
 
+MAX_PERIOD_S = 86_400  # the longest digestSeconds
+
 class DigestSender:
     def __init__(self, *, digests: DigestStore, ratings: RatingsStore, catalog: Callable[[], CatalogSnapshot],
                  send: Send, topics: TopicNames, interval_s: float = 10.0,
@@ -58,14 +61,24 @@ class DigestSender:
         if not by_project:
             return
         shared = by_project.get(None, [])
+        now = self._clock()
+        # Groups without live traffic since the longest period's last one began send nothing.
+        try:
+            active = await self._ratings.active(self._share.shards, now - 2 * MAX_PERIOD_S, now)
+        except Exception:  # the next tick tries again
+            log.exception("reading which groups had traffic failed; trying again on the next tick")
+            return
         for group in snapshot.groups.values():
             online = group.online
             if online is None or not online.enabled or online.alert_mode != "each" or online.alert_threshold is None:
                 continue
             channels = by_project.get(group.project_id, []) + shared
-            if not channels or not self._share.owns(group.id):
+            if not channels or group.id not in active or not self._share.owns(group.id):
                 continue
             for channel in channels:
+                assert channel.digest_seconds is not None
+                if active[group.id] < (now // channel.digest_seconds - 1) * channel.digest_seconds:
+                    continue  # no live traffic since its last period began: nothing to send
                 try:
                     await self._period(group, channel, self._clock())
                 except Exception:  # this digest waits for the next tick; the others go on

@@ -1,7 +1,8 @@
 """The incident watcher (issue 43): every worker runs one, over the groups of its share of the
 fleet's background work (``consumers.fleet_share``: each group watched by one worker); for each
-live group that alerts on its level (``alertMode`` window or drift, or ``alertNoScoreRate``),
-each tick:
+live group that alerts on its level (``alertMode`` window or drift, or ``alertNoScoreRate``) and
+had live traffic in its window or has an incident open (``RatingsStore.active``: the others have
+nothing to judge), each tick:
 
 1. read the group's last window from the shared ratings history (every worker reads the same);
 2. drift: learn the windows closed since the last one learned into the group's level, in order
@@ -59,6 +60,7 @@ from scoring.stores.ratings import RatingsStore
 log = structlog.get_logger(__name__)
 
 CATCH_UP_WINDOWS = 24  # closed windows learned in one tick after the fleet was away; older ones pass
+MAX_WINDOW_S = 2 * 86_400  # two of the longest alertWindowSeconds: older traffic matters to no watch
 
 class IncidentEvents(Protocol):
     def incident_open(self, project_id: str, group_id: str, reason: str, is_open: bool) -> None: ...
@@ -82,20 +84,32 @@ class IncidentWatcher:
         await every(self._interval_s, self.tick, stop)
 
     async def tick(self) -> None:
-        snapshot = self._catalog()
+        snapshot, now = self._catalog(), self._clock()
+        try:  # what is open, and which of this worker's groups had live traffic (one round trip each)
+            open_watches = await self._store.open_watches()
+            active = await self._ratings.active(self._share.shards, now - MAX_WINDOW_S, now)
+        except Exception:
+            log.exception("reading the incident watches failed; trying again on the next tick")
+            return
+        open_groups = {group_id for group_id, _ in open_watches}
         watched: set[tuple[str, str]] = set()
         for group in snapshot.groups.values():
             if group.online is None or not group.online.enabled or not reasons(group.online) \
                     or not self._share.owns(group.id):
                 continue
             watched.update((group.id, reason) for reason in reasons(group.online))
+            # A group without live traffic in its last two windows (the one to judge, the one
+            # closed before it: drift learns it) and without an incident open has nothing to
+            # judge: it costs no command (idle groups are most of a large catalog).
+            quiet_since = now - 2 * group.online.alert_window_seconds
+            if group.id not in open_groups and active.get(group.id, -1.0) < quiet_since:
+                continue
             try:
                 await self._watch(group, snapshot, self._clock())
             except Exception:  # one group's watch is lost this tick; the others go on
                 log.exception("an incident watch failed; trying again on the next tick", group=group.id)
         try:  # 5.
-            unwatched = [(g, r) for g, r in await self._store.open_watches()
-                         if (g, r) not in watched and self._share.owns(g)]
+            unwatched = [(g, r) for g, r in open_watches if (g, r) not in watched and self._share.owns(g)]
             for group_id, reason in unwatched:
                 await self._close(group_id, reason, snapshot, self._clock())  # type: ignore[arg-type]
         except Exception:

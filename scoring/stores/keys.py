@@ -79,6 +79,19 @@ def group_results(group_id: str) -> str:
     return f"{PREFIX}:latest:{{{group_id}}}"
 
 
+# Which groups had traffic, and when last: a sorted set per fleet shard (group -> epoch seconds
+# of its last result or count, live traffic's), written with the history. The fleet's background
+# work (incident watches, digests) reads its shards' recent members instead of walking every
+# group of the catalog: idle groups cost nothing. Members older than ACTIVE_KEPT_S are trimmed by
+# those reads (longer than any alert window or digest period: a day); no TTL - a set holds at
+# most the catalog's groups, and a TTL would cost every write a command.
+ACTIVE_KEPT_S = 3 * 86_400
+
+
+def active_groups(shard: int) -> str:
+    return f"{PREFIX}:active:{{{shard}}}"
+
+
 def group_results_seqs(group_id: str) -> str:
     """Rating id -> its place (seq) in the list above: finds one result. Trimmed by seq with the
     list, by the script that trims it (every RESULTS_INDEX_TRIM_EVERY seqs)."""

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import math
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import asdict, dataclass
 
 import orjson
@@ -269,6 +269,15 @@ def _bucket_keys(group_id: str, at: float,
     return names, ttls
 
 
+def _mark_active(pipe: ScriptPipeline, last: Mapping[str, float]) -> None:
+    """Each group's last traffic in its shard's set (``keys.active_groups``): later only (GT)."""
+    by_shard: dict[int, dict[str, float]] = {}
+    for group_id, at in last.items():
+        by_shard.setdefault(keys.shard_of(group_id), {})[group_id] = at
+    for shard, members in by_shard.items():
+        pipe.redis.zadd(keys.active_groups(shard), members, gt=True)
+
+
 class RatingsStore:
     def __init__(self, redis: RedisClient) -> None:
         self._redis = redis
@@ -303,6 +312,11 @@ class RatingsStore:
                 key = keys.session_scores(verdict.session_id)
                 pipe.redis.hset(key, verdict.group_id, orjson.dumps(asdict(verdict)))
                 pipe.redis.expire(key, keys.SESSION_SCORES_TTL_S)
+            last: dict[str, float] = {}
+            for e in entries:
+                if not e.past:  # a backfill's results are last week's traffic, not live
+                    last[e.group_id] = max(e.at, last.get(e.group_id, e.at))
+            _mark_active(pipe, last)
             await pipe.execute()
 
     async def write_counts(self, at: float, *, skipped: Mapping[str, int] = {},
@@ -316,7 +330,23 @@ class RatingsStore:
                 names, ttls = _bucket_keys(group_id, at)
                 counts = _Aggregate(skipped=skipped.get(group_id, 0), matched=matched.get(group_id, 0))
                 pipe.script(self._record, names, [*counts.args(), len(names), *ttls])
+            _mark_active(pipe, dict.fromkeys(skipped.keys() | matched.keys(), at))
             await pipe.execute()
+
+    async def active(self, shards: Iterable[int], since: float, now: float | None = None) -> dict[str, float]:
+        """The groups of ``shards`` with live traffic since ``since``, and when last (one round
+        trip; the shards' members past ``keys.ACTIVE_KEPT_S`` are trimmed on the way)."""
+        shards = sorted(shards)
+        stale = (time.time() if now is None else now) - keys.ACTIVE_KEPT_S
+        async with self._redis.pipeline(transaction=False) as pipe:
+            for shard in shards:
+                pipe.zremrangebyscore(keys.active_groups(shard), "-inf", stale)
+                pipe.zrangebyscore(keys.active_groups(shard), since, "+inf", withscores=True)
+            replies = await pipe.execute()
+        found: dict[str, float] = {}
+        for members in replies[1::2]:
+            found.update({(m.decode() if isinstance(m, bytes) else m): float(at) for m, at in members})
+        return found
 
     async def history(self, group_id: str, window: str = "7d", now: float | None = None) -> RatingsHistory:
         if window not in keys.RATING_WINDOWS:
