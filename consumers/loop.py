@@ -28,7 +28,7 @@ import asyncio
 import contextlib
 import time
 from collections.abc import Sequence
-from typing import Any, Protocol
+from typing import Any, NamedTuple, Protocol
 
 import structlog
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, ConsumerRebalanceListener, TopicPartition
@@ -47,7 +47,12 @@ log = structlog.get_logger(__name__)
 MAX_POLL_INTERVAL_S = 300.0
 COMMIT_FAILURES_REPORTED_AFTER = 3  # commit intervals: one failure in a rebalance is ordinary
 
-Taken = tuple[PartitionOffsets, Any]  # a record's offset ticket, and the record as the consumer read it
+class Taken(NamedTuple):
+    """A record a step took: its offset ticket (``ticket.finished(offset)`` once its work is
+    done) and the record as the consumer read it."""
+
+    ticket: PartitionOffsets
+    record: Any
 
 
 class Step(Protocol):
@@ -215,7 +220,7 @@ class PartitionLoop:
 
     def _tickets(self, batches: dict[TopicPartition, list[Any]]) -> list[Taken]:
         assigned = self.consumer.assignment()
-        return [(self.tracker.started(tp, record.offset), record)
+        return [Taken(self.tracker.started(tp, record.offset), record)
                 for tp, records in batches.items() if tp in assigned  # else revoked since: the new owner reads them
                 for record in records]
 
@@ -229,14 +234,14 @@ class PartitionLoop:
             return
         for taken, letter in letters:
             self._events.dead_lettered(letter.reason)
-            where = {} if taken is None else {"topic": taken[1].topic, "partition": taken[1].partition,
-                                              "offset": taken[1].offset}
+            where = {} if taken is None else {"topic": taken.record.topic, "partition": taken.record.partition,
+                                              "offset": taken.record.offset}
             log.warning("dead-lettered a record", loop=self.name, reason=letter.reason, error=letter.error[:300],
                         **where)
         await self.send([Record(self.dlq_topic, letter.kafka_key, letter.to_json()) for _, letter in letters])
         for taken, _ in letters:
             if taken is not None:
-                taken[0].finished(taken[1].offset)
+                taken.ticket.finished(taken.record.offset)
         self.freed()
 
     async def send(self, records: Sequence[Record]) -> None:

@@ -87,7 +87,7 @@ class OtlpConsumer:
         self._full_retry_s = full_retry_s
         # Redis or the broker unreachable for a while: every step below is safe to repeat
         # (buffering is idempotent, claims expire, emitted traces keep their ids), so it waits.
-        self._outages = outages or OutageGuard(tolerance_s=120.0)
+        self._outages = outages or OutageGuard()
         self.loop = PartitionLoop(name="otlp", consumer=consumer, producer=producer, dlq_topic=dlq_topic,
                                   outages=self._outages, commit_interval_s=commit_interval_s, max_batch=1000,
                                   poll_timeout_ms=200, events=self._events)
@@ -127,18 +127,18 @@ class OtlpConsumer:
         return None
 
     async def take(self, batch: list[Taken]) -> None:
-        decoded = [(taken, *self._decode(taken[1])) for taken in batch]
+        decoded = [(taken, *self._decode(taken.record)) for taken in batch]
         spans = [span for _, taken_spans, _ in decoded for span in taken_spans]
         self._events.spans_consumed(len(spans))
         refused = await self._buffer_all(spans)
         if refused is None:
             return  # stopped while the buffer was full: the records are redelivered
-        letters = [(taken, self._over_quota(taken[1], taken_spans, letter, refused))
+        letters = [(taken, self._over_quota(taken.record, taken_spans, letter, refused))
                    for taken, taken_spans, letter in decoded]
         await self.loop.dead_letter([(taken, letter) for taken, letter in letters if letter is not None])
         for taken, letter in letters:
             if letter is None:
-                taken[0].finished(taken[1].offset)
+                taken.ticket.finished(taken.record.offset)
 
     def _decode(self, record: Any) -> tuple[list[BufferedSpan], DeadLetter | None]:
         """A record's spans and, if any of it could not be taken, its dead letter. Never raises:

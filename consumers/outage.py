@@ -99,8 +99,11 @@ class OutageEvents(Protocol):
     def outage(self, dependency: str, unreachable: bool) -> None: ...
 
 
+DEFAULT_TOLERANCE_S = 120.0  # SGW_OUTAGE_TOLERANCE_S's default: a loop built without a guard rides out this long
+
+
 class OutageGuard:
-    def __init__(self, tolerance_s: float, events: OutageEvents | None = None) -> None:
+    def __init__(self, tolerance_s: float = DEFAULT_TOLERANCE_S, events: OutageEvents | None = None) -> None:
         self.tolerance_s = tolerance_s
         self._events: OutageEvents = events or SILENT
         self._failing: dict[str, int] = {}  # dependency -> steps now waiting for it

@@ -25,9 +25,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import functools
 import time
-from collections import Counter
 from collections.abc import Awaitable, Callable
 from typing import Literal, Protocol, TypeVar
 
@@ -38,6 +36,7 @@ from consumers.events import SILENT, PipelineEvents
 from consumers.outage import OutageGuard, not_the_subjects_fault
 from consumers.outputs import Outputs
 from consumers.pauses import PauseWatch
+from consumers.traffic_counts import TrafficCounts
 from scoring.catalog import CatalogSnapshot
 from scoring.frozen import frozen
 from scoring.models import ScorerGroup
@@ -59,8 +58,6 @@ BUSY_POLL_S = 0.5  # how often a pair leased by another worker is looked at agai
 FINISH_LINGER_S = 0.05
 # A pair's rating waits this long at most for other pairs' confirmations to share its call.
 CONFIRM_LINGER_S = 0.02
-COUNTS_WRITE_S = 1.0  # a count write the trace loop's tick does not wait longer for
-BUDGET_LOG_EVERY_S = 60.0  # a group skipped for budget is logged once a minute at most
 
 # What became of a pair: published from here; decided without a rating from here (by another
 # worker); refused - skipped for budget (or a job's cap); left to another worker or the next
@@ -135,12 +132,9 @@ class PairProtocol:
         self._outages = outages
         self._events: PipelineEvents = events or SILENT
         self.pauses = pauses or PauseWatch()
-        # Pairs skipped for budget since the last ``write_counts``, by group: the ratings history
-        # shows them beside no-score results, so a starved group is seen, not silent. And the
-        # traces that matched a group's filter (the traffic it is aimed at), counted by routing.
-        self.starved: Counter[str] = Counter()
-        self.matched: Counter[str] = Counter()
-        self._budget_logged: dict[str, tuple[float, int]] = {}  # group -> (last line, skips since)
+        # What the ratings history counts of the traffic beside its results (skipped for budget,
+        # matched by a filter): a backfill's pairs are not traffic, and count nothing.
+        self.counts = TrafficCounts(ratings, outages, self._events, counting=outputs.policy.traffic_counts)
         # Claims held and not yet publishing: what to give up when the work is cancelled.
         self.unpublished: set[ClaimRequest] = set()
         self._publishing: set[asyncio.Task[None]] = set()
@@ -174,7 +168,7 @@ class PairProtocol:
         await self._reserver.stop()
         await self.finisher.stop()
         with contextlib.suppress(Exception):  # counts only: written if Redis answers now, never waited for
-            await self.write_counts()
+            await self.counts.write()
 
     def waits(self, group: ScorerGroup, snapshot: CatalogSnapshot) -> bool:
         """Does the group wait on the network (judges, external scorers)? If not, its pairs can
@@ -192,51 +186,8 @@ class PairProtocol:
             if state.state == "claimed":
                 self.unpublished.add(pair.claim)  # ours from here: given up if the work is cancelled
             elif state.state == "exhausted":
-                self.skipped_for_budget(pair, used=state.detail)
+                self.counts.skipped_for_budget(pair, used=state.detail)
         return states
-
-    def skipped_for_budget(self, pair: Pair, **why: str) -> None:
-        """Counted every time (the metric, the history); logged once a minute per group at most,
-        with how many were skipped since: a starved group at 1,000 traces/s is one line, not 1,000.
-        Not traffic's (a backfill's): not skipped, the job pauses and says so."""
-        if not self._outputs.policy.traffic_counts:
-            return
-        self._events.group_skipped(pair.claim.project_id, pair.group.id, "budget")
-        self.starved[pair.group.id] += 1
-        now = time.monotonic()
-        logged_at, unlogged = self._budget_logged.get(pair.group.id, (None, 0))
-        if logged_at is not None and now - logged_at < BUDGET_LOG_EVERY_S:
-            self._budget_logged[pair.group.id] = (logged_at, unlogged + 1)
-            return
-        self._budget_logged[pair.group.id] = (now, 0)
-        subject = pair.subject
-        where = ({"session": subject.session_id} if subject.scope == "session" else
-                 {"trace": subject.trace_id, **({"span": subject.span_id} if subject.span_id else {})})
-        since = {"skipped_since_last_line": unlogged} if unlogged else {}
-        log.warning("judge budget exhausted; group skipped", project=pair.claim.project_id, group=pair.group.id,
-                    **where, **why, **since)
-
-    async def write_counts(self, *, wait: bool = True) -> None:
-        """Count the pairs skipped for budget and the traces matched into the ratings history (one
-        round trip). Counted as they are read: a redelivered trace is counted again. Without
-        ``wait``, a write that fails keeps its counts for the next one instead of waiting out an
-        outage (the trace loop's tick: counts must not hold back its commits)."""
-        if not self._outputs.policy.traffic_counts:
-            self.starved.clear()
-            self.matched.clear()
-        if not (self.starved or self.matched):
-            return
-        skipped, matched = dict(self.starved), dict(self.matched)
-        self.starved, self.matched = Counter(), Counter()
-        write = functools.partial(self._ratings.write_counts, time.time(), skipped=skipped, matched=matched)
-        if wait:
-            await self._outages.call(write)
-            return
-        try:
-            await asyncio.wait_for(write(), timeout=COUNTS_WRITE_S)
-        except Exception:  # Redis away or slow: the next tick writes them, with what came since
-            self.starved.update(skipped)
-            self.matched.update(matched)
 
     # --- one pair that waits ---------------------------------------------------------------------
 
@@ -311,7 +262,7 @@ class PairProtocol:
         try:
             return await self._panel.score(pair.group, pair.subject, snapshot, spend=spend)
         except BudgetExhausted:
-            self.skipped_for_budget(pair, when="its gates passed")
+            self.counts.skipped_for_budget(pair, when="its gates passed")
             return "refused"
 
     # --- pairs scored together -------------------------------------------------------------------

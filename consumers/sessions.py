@@ -68,7 +68,7 @@ class SessionSweeper:
         self._share = share or FleetShare.everything()  # the projects this worker sweeps
         self._catalog = catalog
         self._events: PipelineEvents = events or SILENT
-        self._outages = outages or OutageGuard(tolerance_s=120.0)
+        self._outages = outages or OutageGuard()
         self.pairs = PairProtocol(claims=claims, outputs=outputs, ratings=ratings, panel=panel, outages=self._outages,
                                   events=self._events, pauses=pauses, finish_batch=concurrency)
         self._interval_s = interval_s
@@ -184,7 +184,7 @@ class SessionSweeper:
                 mine.append(item)
             elif claim.state == "busy":
                 unsettled.add(item.subject.session_id or "")
-        await self.pairs.write_counts()
+        await self.pairs.counts.write()
         if not mine:
             return 0
         outcomes = await self.pairs.together(mine, snapshot, "session", claimed_at=claimed_at, lost="leave")
@@ -198,6 +198,6 @@ class SessionSweeper:
                     log.warning("a conversation broke scoring; it is judged again on a later sweep",
                                 project=item.group.project_id, session=item.subject.session_id,
                                 error=repr(outcome)[:300])
-        await self.pairs.write_counts()
+        await self.pairs.counts.write()
         log.info("sessions judged", pairs=judged)
         return judged

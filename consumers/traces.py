@@ -115,7 +115,7 @@ class TraceConsumer:
         self._events: PipelineEvents = events or SILENT
         self._limits = limits
         # Redis or the broker unreachable: steps wait (parked, not fetching) instead of failing.
-        outages = outages or OutageGuard(tolerance_s=120.0)
+        outages = outages or OutageGuard()
         self.loop = PartitionLoop(name="traces", consumer=consumer, producer=producer, dlq_topic=topics.dlq,
                                   outages=outages, commit_interval_s=limits.commit_interval_s,
                                   max_batch=limits.max_batch, max_poll_interval_s=limits.max_poll_interval_s,
@@ -215,8 +215,9 @@ class TraceConsumer:
         return sum(self.loop.lag().values()) > self._limits.max_in_flight
 
     async def tick(self) -> None:
-        if self.pairs.starved or self.pairs.matched:  # counted in the history once a commit interval
-            await self.pairs.write_counts(wait=False)  # counts never hold back a commit
+        counts = self.pairs.counts
+        if counts.starved or counts.matched:  # counted in the history once a commit interval
+            await counts.write(wait=False)  # counts never hold back a commit
         for tp, behind in self.loop.lag().items():
             self._events.lag(tp.topic, tp.partition, behind)
 
@@ -230,9 +231,9 @@ class TraceConsumer:
         dead: list[tuple[Taken | None, DeadLetter]] = []
         filtered: Counter[tuple[str, str]] = Counter()  # counted per batch, not per trace
         for taken in batch:
-            record = taken[1]
+            record = taken.record
             if record.headers and self._unwanted(record.headers, snapshot, filtered):
-                taken[0].finished(record.offset)
+                taken.ticket.finished(record.offset)
                 continue
             decoded = decode_trace(record.topic, record.partition, record.offset, record.key,
                                    record.value, self._limits.max_trace_bytes)
@@ -260,7 +261,7 @@ class TraceConsumer:
             routed.append((taken, trace, decided.pairs))
             kept.update((trace.project_id, pair.group.id) for pair in decided.pairs)
             filtered.update((trace.project_id, group) for group in decided.filtered)
-            self.pairs.matched.update(decided.matched)
+            self.pairs.counts.matched.update(decided.matched)
             for (group, why), count in decided.skipped.items():  # past a span cap, a bound, the regex time
                 self._events.group_skipped(trace.project_id, group, why, count)
             if decided.regex_cut:
@@ -297,9 +298,9 @@ class TraceConsumer:
                 elif claim.state != "exhausted":  # done/skipped: a redelivery of a decided pair
                     self._events.group_skipped(trace.project_id, pair.group.id, "dedupe")
             if not work:
-                taken[0].finished(taken[1].offset)
+                taken.ticket.finished(taken.record.offset)
                 continue
-            tracked = _TraceWork(taken, pending=len(work), started=started, size=len(taken[1].value or b""))
+            tracked = _TraceWork(taken, pending=len(work), started=started, size=len(taken.record.value or b""))
             works.append(tracked)
             for pair, busy in work:
                 if busy or self._panel.waits(pair.group, snapshot):
@@ -345,7 +346,7 @@ class TraceConsumer:
             # The trace broke scoring (not an outage): dead-letter it; its other pairs are out.
             await self.loop.dead_letter([(work.taken, self._unprocessable(work.taken, "scoring", work.broken))])
         else:
-            work.taken[0].finished(work.taken[1].offset)
+            work.taken.ticket.finished(work.taken.record.offset)
         self._events.latency(time.monotonic() - work.started)
 
     def _job_done(self, task: asyncio.Task[None]) -> None:
@@ -373,7 +374,7 @@ class TraceConsumer:
         return True
 
     def _unprocessable(self, taken: Taken, step: str, exc: BaseException) -> DeadLetter:
-        record = taken[1]
+        record = taken.record
         log.warning("a trace broke a step; dead-lettered", step=step, error=repr(exc)[:300],
                     topic=record.topic, partition=record.partition, offset=record.offset)
         return unprocessable(record.topic, record.partition, record.offset, record.key, record.value,

@@ -113,7 +113,7 @@ class WebhookSender:
         self._limits = limits
         self._events: WebhookEvents = events or SILENT
         self._body = body or (lambda _channel, delivery: delivery.to_json())
-        self._outages = outages or OutageGuard(tolerance_s=120.0)
+        self._outages = outages or OutageGuard()
         self.loop = PartitionLoop(name="webhooks", consumer=consumer, producer=producer, dlq_topic=dlq_topic,
                                   outages=self._outages, commit_interval_s=limits.commit_interval_s, max_batch=500,
                                   poll_timeout_ms=200)
@@ -172,7 +172,7 @@ class WebhookSender:
         scheduled: list[Taken] = []
         invalid: list[tuple[Taken | None, FailedDelivery]] = []
         for taken in batch:
-            value = taken[1].value or b""
+            value = taken.record.value or b""
             try:
                 delivery = WebhookDelivery.model_validate_json(value)
             except ValidationError as exc:

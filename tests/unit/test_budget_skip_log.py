@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 from structlog.testing import capture_logs
 
-from consumers import pairs
+from consumers import traffic_counts
 from consumers.outage import OutageGuard
 from consumers.outputs import LIVE
 from consumers.pairs import PairProtocol
@@ -37,18 +37,18 @@ def pair(group_id: str, trace_id: str) -> Any:
 
 def test_a_starved_group_is_counted_every_time_and_logged_once_a_minute(monkeypatch: pytest.MonkeyPatch) -> None:
     clock = [1000.0]
-    monkeypatch.setattr(pairs.time, "monotonic", lambda: clock[0])
+    monkeypatch.setattr(traffic_counts.time, "monotonic", lambda: clock[0])
     events = Skips()
     live = SimpleNamespace(policy=LIVE)  # what the protocol reads of its outputs here
     protocol = PairProtocol(claims=None, outputs=live, ratings=None, panel=None,  # type: ignore[arg-type]
                             outages=OutageGuard(tolerance_s=1), events=events)  # type: ignore[arg-type]
     with capture_logs() as logs:
         for n in range(5):
-            protocol.skipped_for_budget(pair("g", f"t-{n}"), used="10")
-        protocol.skipped_for_budget(pair("other", "t-9"), used="10")  # another group has its own minute
-        clock[0] += pairs.BUDGET_LOG_EVERY_S
-        protocol.skipped_for_budget(pair("g", "t-5"), used="10")
-    assert len(events.skipped) == 7 and protocol.starved == {"g": 6, "other": 1}, "every skip counted"
+            protocol.counts.skipped_for_budget(pair("g", f"t-{n}"), used="10")
+        protocol.counts.skipped_for_budget(pair("other", "t-9"), used="10")  # another group has its own minute
+        clock[0] += traffic_counts.BUDGET_LOG_EVERY_S
+        protocol.counts.skipped_for_budget(pair("g", "t-5"), used="10")
+    assert len(events.skipped) == 7 and protocol.counts.starved == {"g": 6, "other": 1}, "every skip counted"
     lines = [(e["group"], e["trace"], e.get("skipped_since_last_line")) for e in logs
              if e["event"] == "judge budget exhausted; group skipped"]
     assert lines == [("g", "t-0", None), ("other", "t-9", None), ("g", "t-5", 4)]
