@@ -110,7 +110,6 @@ class TraceConsumer:
                  pauses: PauseWatch | None = None, limits: TraceLoopLimits = TraceLoopLimits(),
                  judge_calls: JudgeCallSink | None = None) -> None:
         self._catalog = catalog
-        self._panel = panel
         self._turns = turns
         self._events: PipelineEvents = events or SILENT
         self._limits = limits
@@ -303,7 +302,7 @@ class TraceConsumer:
             tracked = _TraceWork(taken, pending=len(work), started=started, size=len(taken.record.value or b""))
             works.append(tracked)
             for pair, busy in work:
-                if busy or self._panel.waits(pair.group, snapshot):
+                if busy or self.pairs.waits(pair.group, snapshot):
                     alone.append((pair, busy, tracked))
                 else:
                     together.append((pair, tracked))
