@@ -13,7 +13,7 @@ from collections.abc import Iterator
 import pytest
 
 from scorer_groups import Client
-from tests.support.api_process import ApiProcess, create_key
+from tests.support.api_process import ApiProcess, api_with_key
 from tests.support.redis_databases import RedisDatabases
 from worker.api import bind
 
@@ -24,13 +24,8 @@ DELAYED_ACK_S = 0.040  # what each kept-alive call paid before
 
 @pytest.fixture
 def api(redis_databases: RedisDatabases, tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[ApiProcess, str]]:
-    with redis_databases.lease() as url:
-        key = create_key(url, "--project", "p-alive")
-        process = ApiProcess(url, tmp_path_factory.mktemp("api") / "api.log").start()
-        try:
-            yield process, key
-        finally:
-            process.stop()
+    with api_with_key(redis_databases, tmp_path_factory.mktemp("api"), "p-alive") as (process, key):
+        yield process, key
 
 
 def test_the_sdks_kept_alive_calls_answer_in_about_their_handling_time(api: tuple[ApiProcess, str]) -> None:

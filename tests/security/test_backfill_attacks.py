@@ -24,7 +24,7 @@ from consumers.backfill import BackfillRunner
 from scoring.catalog import CatalogSnapshot
 from scoring.stores.backfills import MAX_ACTIVE_JOBS, BackfillStore
 from tests.support import backfill_bench
-from tests.support.api_process import ApiProcess, create_key
+from tests.support.api_process import ApiProcess, api_with_key
 from tests.support.backfill_bench import APOLOGY, BY_PATTERN, DAY, SORRY, Bench, group_doc, trace
 from tests.support.redis_databases import RedisDatabases
 
@@ -37,13 +37,8 @@ STARTS = 25
 
 @pytest.fixture(scope="module")
 def api(redis_databases: RedisDatabases, tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[ApiProcess, str]]:
-    with redis_databases.lease() as url:
-        key = create_key(url, "--project", "p-racer")
-        process = ApiProcess(url, tmp_path_factory.mktemp("api") / "api.log").start()
-        try:
-            yield process, key
-        finally:
-            process.stop()
+    with api_with_key(redis_databases, tmp_path_factory.mktemp("api"), "p-racer") as (process, key):
+        yield process, key
 
 
 async def test_concurrent_starts_make_no_more_jobs_than_the_cap(api: tuple[ApiProcess, str]) -> None:

@@ -84,6 +84,19 @@ class ApiProcess:
 
 
 @contextmanager
+def api_with_key(redis_databases: RedisDatabases, log_dir: Path, project: str,
+                 env: dict[str, str] | None = None) -> Iterator[tuple[ApiProcess, str]]:
+    """The API process on a Redis database of its own, and a key of ``project``; stopped after."""
+    with redis_databases.lease() as url:
+        key = create_key(url, "--project", project)
+        process = ApiProcess(url, log_dir / "api.log", env=env or {}).start()
+        try:
+            yield process, key
+        finally:
+            process.stop()
+
+
+@contextmanager
 def api_with_judge(redis_databases: RedisDatabases, log_dir: Path, project: str,
                    env: dict[str, str] | None = None) -> Iterator[tuple[ApiProcess, str, JudgeServer]]:
     """The API process grading with a local judge of its own, on a Redis database of its own,
