@@ -79,6 +79,7 @@ class IncidentWatcher:
         self._send, self._topics, self._events = send, topics, events or _Silent()
         self._interval_s, self._clock = interval_s, clock
         self._share = share or FleetShare.everything()
+        self._said_open: set[tuple[str, str, str]] = set()  # (project, group, reason) exported open
 
     async def run(self, stop: asyncio.Event) -> None:
         await every(self._interval_s, self.tick, stop)
@@ -92,6 +93,9 @@ class IncidentWatcher:
             log.exception("reading the incident watches failed; trying again on the next tick")
             return
         open_groups = {group_id for group_id, _ in open_watches}
+        for project_id, group_id, reason in list(self._said_open):  # handed to another worker: its word now
+            if not self._share.owns(group_id):
+                self._export(project_id, group_id, reason, False)
         watched: set[tuple[str, str]] = set()
         for group in snapshot.groups.values():
             if group.online is None or not group.online.enabled or not reasons(group.online) \
@@ -136,7 +140,7 @@ class IncidentWatcher:
             if moved is not None:
                 await self._moved(group, snapshot, reason, watch, kept, moved, stats, level, window_s, now)
                 watch = moved.watch
-            self._events.incident_open(group.project_id, group.id, reason, watch.incident_id is not None)  # 4.
+            self._export(group.project_id, group.id, reason, watch.incident_id is not None)  # 4.
 
     async def _learned(self, group: ScorerGroup, now: float, window_s: int, drifting: bool) -> Baseline:
         level = await self._store.level(group.id)
@@ -227,7 +231,16 @@ class IncidentWatcher:
             await self._store.published(group_id, reason, watch.version + 1)
         else:  # resolved meanwhile: only the index still named it
             await self._store.forget_open(group_id, reason)
-        self._events.incident_open(project, group_id, reason, False)
+        self._export(project, group_id, reason, False)
+
+    def _export(self, project_id: str, group_id: str, reason: str, is_open: bool) -> None:
+        """4: this worker's word on a watch; what it said open is remembered, so that a watch
+        handed to another worker (a shard moved) is no longer said open from here."""
+        self._events.incident_open(project_id, group_id, reason, is_open)
+        if is_open:
+            self._said_open.add((project_id, group_id, reason))
+        else:
+            self._said_open.discard((project_id, group_id, reason))
 
     async def _agents(self, group_id: str, since: float) -> list[str]:
         """The agents of the group's results in the window, the busiest first: the channels an

@@ -46,6 +46,11 @@ log = structlog.get_logger(__name__)
 # within a quarter of it, so that the consumer stays in its group.
 MAX_POLL_INTERVAL_S = 300.0
 COMMIT_FAILURES_REPORTED_AFTER = 3  # commit intervals: one failure in a rebalance is ordinary
+# A step doing a tenant's work item by item (routing a batch, assembling a page of sessions) gives
+# the event loop back at least this often: an item's filters may spend up to their matching time
+# (scoring.regex_work), and a batch of such items must not hold heartbeats, commits and other
+# jobs behind all of them.
+SLICE_S = 0.01
 
 class Taken(NamedTuple):
     """A record a step took: its offset ticket (``ticket.finished(offset)`` once its work is

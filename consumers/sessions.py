@@ -35,6 +35,7 @@ import structlog
 
 from consumers.events import SILENT, PipelineEvents
 from consumers.fleet_share import FleetShare
+from consumers.loop import SLICE_S
 from consumers.outage import OutageGuard, OutageTooLong, not_the_subjects_fault
 from consumers.outputs import Outputs
 from consumers.pairs import PairProtocol
@@ -121,7 +122,11 @@ class SessionSweeper:
                 functools.partial(self._store.quiet, project, min(idle), now, offset=offset, limit=PAGE))
             due: list[Pair] = []
             poisoned: list[str] = []
+            slice_ends = time.monotonic() + SLICE_S
             for session in sessions:
+                if time.monotonic() > slice_ends:  # the loop is given back between sessions
+                    await asyncio.sleep(0)
+                    slice_ends = time.monotonic() + SLICE_S
                 if len(session.turns) < MIN_TURNS:
                     continue
                 try:  # everything read from the turns: whatever a tenant sent costs its session only

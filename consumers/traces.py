@@ -37,7 +37,7 @@ from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, ConsumerRebalanceListen
 from consumers.decode import DeadLetter, decode_trace, unprocessable
 from consumers.events import SILENT, PipelineEvents
 from consumers.judge_export import JudgeCallSink
-from consumers.loop import MAX_POLL_INTERVAL_S, PartitionLoop, Taken
+from consumers.loop import MAX_POLL_INTERVAL_S, SLICE_S, PartitionLoop, Taken
 from consumers.outage import OutageGuard
 from consumers.outputs import Outputs, TopicNames
 from consumers.pairs import FINISH_LINGER_S, PairOutcome, PairProtocol, all_of
@@ -56,10 +56,6 @@ from scoring.subjects import Trace
 log = structlog.get_logger(__name__)
 
 MAX_BATCH = 1000  # records a fetch takes at most
-# Routing a batch gives the event loop back at least this often: a trace's filters may spend up to
-# their matching time (scoring.regex_work), and a batch of such traces must not hold heartbeats,
-# commits and other jobs behind all of them.
-ROUTE_SLICE_S = 0.01
 
 
 class TurnRecorder(Protocol):
@@ -243,15 +239,15 @@ class TraceConsumer:
 
         # 2. route: each group's filter, then its sample (scoring.routing). Nothing a tenant sends
         #    may raise out of this loop: a trace that breaks routing is dead-lettered with the
-        #    reason, and the others go on. In slices: the loop is given back every ROUTE_SLICE_S.
+        #    reason, and the others go on. In slices: the loop is given back every SLICE_S.
         routed: list[tuple[Taken, Trace, list[Pair]]] = []
         turns: list[Trace] = []
         kept: Counter[tuple[str, str]] = Counter()
-        slice_ends = time.monotonic() + ROUTE_SLICE_S
+        slice_ends = time.monotonic() + SLICE_S
         for taken, trace in traces:
             if time.monotonic() > slice_ends:
                 await asyncio.sleep(0)
-                slice_ends = time.monotonic() + ROUTE_SLICE_S
+                slice_ends = time.monotonic() + SLICE_S
             try:
                 decided = route(trace, snapshot, self._limits.max_spans_per_trace)
             except Exception as exc:

@@ -211,7 +211,7 @@ class HeaderView:
     that carries the project, agent, trace and root-name headers (``complete``): then an absent
     (or empty) session header means the trace has no session."""
 
-    __slots__ = ("_values", "_work")
+    __slots__ = ("_values",)
 
     REQUIRED = (HEADER_PROJECT, HEADER_AGENT, HEADER_TRACE, HEADER_ROOT_NAME)
 
@@ -219,14 +219,12 @@ class HeaderView:
         self._values = {"agentId": headers.get(HEADER_AGENT, UNKNOWN), "traceId": headers.get(HEADER_TRACE, UNKNOWN),
                         "sessionId": headers.get(HEADER_SESSION) or MISSING,
                         "root.name": headers.get(HEADER_ROOT_NAME, UNKNOWN)}
-        self._work: RegexWork | None = None
 
     @property
     def work(self) -> RegexWork:
-        """Made on the first regex: most records are routed by ids alone."""
-        if self._work is None:
-            self._work = RegexWork()
-        return self._work
+        """No matching at all: a regex or a substring on a header cannot tell, and the record is
+        parsed and decided in the routing step, which gives the event loop back in slices."""
+        return _HEADERS_DO_NOT_MATCH
 
     @classmethod
     def complete(cls, headers: Mapping[str, str]) -> bool:
@@ -244,6 +242,8 @@ class HeaderView:
     def attributes(self, path: Path) -> Any:
         return UNKNOWN
 
+
+_HEADERS_DO_NOT_MATCH = RegexWork(seconds=0.0)  # every search refused (its counts are read by no one)
 
 View = TraceView | HeaderView | SpanView
 Decide = Callable[[View], "bool | None"]  # True, False, or None: the view cannot tell
@@ -284,8 +284,10 @@ def _test(op: str, value: Any) -> Test:
         return lambda x, _: x is MISSING or _key(x) not in keys
     if op == "contains":
         wanted = _key(value)
-        return lambda x, _: ((isinstance(x, str) and isinstance(value, str) and value in x)
-                             or (isinstance(x, list) and any(_key(e) == wanted for e in x)))
+        if isinstance(value, str):  # a substring of a text: bounded and timed as a regex is
+            return lambda x, work: (work.contains(value, x) if isinstance(x, str)
+                                    else isinstance(x, list) and any(_key(e) == wanted for e in x))
+        return lambda x, _: isinstance(x, list) and any(_key(e) == wanted for e in x)
     if op == "startsWith":
         return lambda x, _: isinstance(x, str) and x.startswith(value)
     if op == "matches":

@@ -11,7 +11,9 @@ the same shape on the wire, so the bound is on the *worst case*, one search at a
    and never more than the caller's own cap (``MAX_FILTER_TEXT_CHARS`` for a filter): one
    search's worst case is then ``work`` instruction-steps, whatever the pattern. Simple regexes
    (up to ~60 instructions) read a filter's whole cap; the worst ones read a few thousand
-   characters. What was cut is counted (``RegexWork.cut``).
+   characters. What was cut is counted (``RegexWork.cut``), and a search that found nothing in
+   the start of a text it could not read whole cannot tell (None: ``not matches`` fails closed).
+   ``contains`` reads the same start of a text, timed the same way.
 2. **Time per trace**: a trace's filters (all its groups', every condition, its spans') share
    ``FILTER_SECONDS_PER_TRACE`` of matching. Past it, a ``matches`` condition is *unknown*: the
    group does not take the trace (fail closed: nothing is spent on traffic it may not want) and
@@ -28,6 +30,7 @@ per-search rule at a larger cap (``scoring.members.patterns``).
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from typing import Final
 
 import re2
@@ -57,19 +60,29 @@ class RegexWork:
         self.refused = 0
 
     def search(self, regex: re2._Regexp, text: str) -> bool | None:
-        """Does ``regex`` match in (the readable start of) ``text``? None: the trace's matching
-        time is spent, so it cannot tell."""
+        """Does ``regex`` match in (the readable start of) ``text``? None: it cannot tell - the
+        trace's matching time is spent, or nothing matched in the start of a text it could not
+        read whole (so that ``not matches`` fails closed: a match may sit past the cut)."""
+        return self._timed(lambda read: regex.search(read) is not None, text,
+                           readable_chars(regex, FILTER_SEARCH_WORK, MAX_FILTER_TEXT_CHARS))
+
+    def contains(self, needle: str, text: str) -> bool | None:
+        """Is ``needle`` in (the readable start of) ``text``? As ``search``: a substring scan
+        costs its text too, and a filter holds many."""
+        return self._timed(lambda read: needle in read, text, MAX_FILTER_TEXT_CHARS)
+
+    def _timed(self, find: Callable[[str], bool], text: str, limit: int) -> bool | None:
         if self.seconds_left <= 0.0:
             self.refused += 1
             return None
-        limit = readable_chars(regex, FILTER_SEARCH_WORK, MAX_FILTER_TEXT_CHARS)
-        if len(text) > limit:
+        cut = len(text) > limit
+        if cut:
             text = text[:limit]
             self.cut += 1
         started = time.perf_counter()
-        found = regex.search(text) is not None
+        found = find(text)
         self.seconds_left -= time.perf_counter() - started
-        return found
+        return True if found else (None if cut else False)
 
     @property
     def exhausted(self) -> bool:

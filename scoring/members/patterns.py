@@ -35,7 +35,10 @@ MAX_TEXT_CHARS = 262_144  # of each side (input, output) that a pattern reads
 # built-in template (<= 246 instructions) still reads MAX_TEXT_CHARS; the largest regex a few
 # tens of thousands of characters.
 PATTERN_SEARCH_WORK = 1 << 26
-INLINE_TEXT_CHARS = 16_384  # up to this much text, matching on the event loop costs under a millisecond
+# Up to this worst case (characters x program size), a check runs on the event loop: a few ms at
+# RE2's worst, 16 KiB for a regex of 60 instructions; a keyword scan counts as one instruction.
+INLINE_WORK = 16_384 * 60
+INLINE_TEXT_CHARS = INLINE_WORK // 60  # for a simple regex or keywords: 16 KiB
 DEADLINE_S = 5.0  # a pattern that has not answered by then could not score
 # RE2 releases the GIL while it matches: these threads run beside the event loop.
 THREADS = 4  # a project may hold 3 (fair_share.default_share): one is always free for another
@@ -121,6 +124,7 @@ class CompiledPattern:
         # How much of each side one search reads: all of MAX_TEXT_CHARS but for a large regex.
         self.reads = MAX_TEXT_CHARS if self._regex is None else readable_chars(
             self._regex, PATTERN_SEARCH_WORK, MAX_TEXT_CHARS)
+        self._program = 60 if self._regex is None else max(60, int(self._regex.programsize))
         self.no_match = PatternVerdict(False, f"{self._what} did not match the {self.target}")  # immutable: shared
 
     def _find(self, text: str) -> int | None:
@@ -158,9 +162,10 @@ class CompiledPattern:
         return PatternVerdict(False, f"{self._what} did not match the {self.target}{read}")
 
     def short(self, input_text: str, output_text: str) -> bool:
-        """Whether checking this text is quick enough to do on the event loop."""
-        return sum(min(len(text), self.reads)
-                   for _, text in self.sides(input_text, output_text)) <= INLINE_TEXT_CHARS
+        """Whether checking this text is quick enough to do on the event loop: its worst case
+        (characters read x the regex's program) is within ``INLINE_WORK``."""
+        read = sum(min(len(text), self.reads) for _, text in self.sides(input_text, output_text))
+        return read * self._program <= INLINE_WORK
 
     async def check_off_loop(self, input_text: str, output_text: str, project: str) -> PatternVerdict:
         """``check``, in a thread when the text is long, within ``project``'s fair share of the

@@ -42,14 +42,16 @@ from scoring.stores.client import RedisClient
 log = structlog.get_logger(__name__)
 
 WRITE_ATTEMPTS = 20
-KINDS = tuple(KIND_MODELS)  # a kind's place in the log: its index here, from 1 (Lua's)
+DELTA_ON_LOOP = 200  # documents of a delta decoded on the event loop (~60 ms at most); more: in a thread
+KINDS = tuple(KIND_MODELS)  # the kinds' hashes, in this order among the script's keys
 
 Write = tuple[str, str, WireModel | None]  # (kind, id, document or None to delete)
 
 # The catalog's changes since a version, read at one version in one round trip: the documents
 # the log names after ``since``, each once, as they are now. {version}: nothing changed;
-# {version, 0}: the log cannot tell (too far behind, trimmed, or a version written without an
-# entry), read the catalog whole; else {version, 1, kind, id, document or nil, ...}.
+# {version, 0}: the log cannot tell (too far behind, trimmed, a version written without an entry,
+# a kind this release does not know), read the catalog whole; else {version, 1, kind's place in
+# KINDS from 1, id, document or nil, ...}. The log names kinds by name: releases may add kinds.
 _CHANGES_SINCE = """
 local version = tonumber(redis.call('GET', KEYS[1]) or '0')
 local since = tonumber(ARGV[1])
@@ -58,12 +60,15 @@ local gap = version - since
 if gap < 0 or gap > tonumber(ARGV[2]) then return {version, 0} end
 local entries = redis.call('LRANGE', KEYS[2], 0, gap - 1)
 if #entries < gap then return {version, 0} end
+local place = {}  -- a kind's name -> its hash's place among KEYS (after the version and the log)
+for i = 3, #ARGV do place[ARGV[i]] = i - 2 end
 local out, seen = {version, 1}, {}
 for i, raw in ipairs(entries) do
   local entry = cjson.decode(raw)
   if tonumber(entry.v) ~= version - i + 1 then return {version, 0} end
   for _, doc in ipairs(entry.docs) do
-    local kind, id = tonumber(doc[1]), doc[2]
+    local kind, id = place[doc[1]], doc[2]
+    if kind == nil then return {version, 0} end  -- a kind this reader does not know: read whole
     if not seen[kind .. ':' .. id] then
       seen[kind .. ':' .. id] = true
       out[#out + 1] = kind
@@ -144,8 +149,8 @@ class CatalogStore:
                         pipe.lpush(log_key, changes.entry(self.actor, before, doc))
                         pipe.ltrim(log_key, 0, keys.CHANGES_KEPT - 1)
                     # What this version changed, for every reader's delta (_CHANGES_SINCE).
-                    pipe.lpush(keys.CATALOG_LOG, orjson.dumps(
-                        {"v": after, "docs": [[KINDS.index(kind) + 1, id_] for kind, id_, _ in writes]}))
+                    entry = {"v": after, "docs": [[kind, id_] for kind, id_, _ in writes]}
+                    pipe.lpush(keys.CATALOG_LOG, orjson.dumps(entry))
                     pipe.ltrim(keys.CATALOG_LOG, 0, keys.CATALOG_LOG_KEPT - 1)
                     pipe.set(keys.CATALOG_VERSION, after)
                     await pipe.execute()
@@ -185,11 +190,10 @@ class CatalogStore:
             if len(reply) == 1:
                 return base
             if reply[1]:
-                changed: dict[tuple[str, str], WireModel | None] = {}
-                for i in range(2, len(reply), 3):
-                    kind, id_ = KINDS[int(reply[i]) - 1], reply[i + 1].decode()
-                    changed[(kind, id_)] = _decoded(kind, id_, reply[i + 2])
-                return base.changed(changed, int(reply[0]))
+                # A delta of many documents (a catalog applied whole) is decoded beside the loop.
+                if (len(reply) - 2) // 3 > DELTA_ON_LOOP:
+                    return await asyncio.to_thread(_applied, base, reply)
+                return _applied(base, reply)
         if isinstance(client, Pipeline | ClusterPipeline):  # watching: each command answers at once
             version = await client.get(keys.CATALOG_VERSION)
             hashes = [await client.hgetall(keys.catalog_hash(kind)) for kind in KINDS]
@@ -207,12 +211,21 @@ class CatalogStore:
         sha, count = self._changes_since.sha, len(_CHANGES_SINCE_KEYS)
         try:
             reply: Any = await client.execute_command("EVALSHA", sha, count, *_CHANGES_SINCE_KEYS, since,
-                                                      keys.CATALOG_LOG_KEPT)
+                                                      keys.CATALOG_LOG_KEPT, *KINDS)
         except NoScriptError:  # a restarted or failed-over server: load it, then run it
             await self.redis.script_load(_CHANGES_SINCE)
             reply = await client.execute_command("EVALSHA", sha, count, *_CHANGES_SINCE_KEYS, since,
-                                                 keys.CATALOG_LOG_KEPT)
+                                                 keys.CATALOG_LOG_KEPT, *KINDS)
         return list(reply)
+
+
+def _applied(base: CatalogSnapshot, reply: list[Any]) -> CatalogSnapshot:
+    """``base`` with the documents a ``_CHANGES_SINCE`` reply names (kind, id, document or nil)."""
+    changed: dict[tuple[str, str], WireModel | None] = {}
+    for i in range(2, len(reply), 3):
+        kind, id_ = KINDS[int(reply[i]) - 1], reply[i + 1].decode()
+        changed[(kind, id_)] = _decoded(kind, id_, reply[i + 2])
+    return base.changed(changed, int(reply[0]))
 
 
 def _decoded(kind: str, id_: str, raw: bytes | None) -> WireModel | None:

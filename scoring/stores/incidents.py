@@ -139,7 +139,7 @@ class IncidentStore:
                    now: float | None = None) -> bool:
         """Move the watch from the version read to ``moved``, the event pending; False if
         another worker moved it first (or an event of it is still pending). An open incident is
-        listed among the open watches (``open_watches``) until it resolves."""
+        listed among the open watches (``open_watches``) until its resolution is published."""
         now = time.time() if now is None else now
         answer = await self._move(keys=[keys.incident_watch(group_id, reason), keys.group_incidents(group_id),
                                         keys.group_incidents_order(group_id)],
@@ -149,12 +149,11 @@ class IncidentStore:
                                         str(record["id"]), orjson.dumps(record), keys.INCIDENTS_KEPT_S,
                                         orjson.dumps([list(c) for c in channels]), repr(_opened_at(record, now)),
                                         keys.INCIDENTS_KEPT])
-        if answer:
-            member = f"{group_id}|{reason}"
-            if moved.incident_id is not None:
-                await self._redis.sadd(keys.INCIDENTS_OPEN, member)
-            else:
-                await self._redis.srem(keys.INCIDENTS_OPEN, member)
+        if answer and moved.incident_id is not None:
+            await self._redis.sadd(keys.INCIDENTS_OPEN, f"{group_id}|{reason}")
+        # A resolution leaves the open watches once its event is published (``published``): till
+        # then the watch is looked at whatever its traffic, so a mover that died in between is
+        # made up for even when the group went quiet.
         return bool(answer)
 
     async def open_watches(self) -> list[tuple[str, str]]:
@@ -172,6 +171,8 @@ class IncidentStore:
 
     async def published(self, group_id: str, reason: IncidentReason, version: int) -> None:
         await self._published(keys=[keys.incident_watch(group_id, reason)], args=[version])
+        if not await self._redis.hget(keys.incident_watch(group_id, reason), "incident"):  # resolved, now said
+            await self._redis.srem(keys.INCIDENTS_OPEN, f"{group_id}|{reason}")
 
     async def level(self, group_id: str) -> Baseline:
         raw = await self._redis.get(keys.incident_level(group_id))

@@ -39,7 +39,7 @@ CATALOG_VERSION = f"{PREFIX}:{CATALOG_TAG}:version"
 CATALOG_KINDS = ("judges", "patterns", "customs", "groups", "budgets", "channels")
 # Published (with the new version) after every write: running workers reload within a second.
 CATALOG_CHANNEL = f"{PREFIX}:catalog:changed"
-# What each version changed ({"v": version, "docs": [[kind's place, id], ...]}), newest first,
+# What each version changed ({"v": version, "docs": [[kind, id], ...]}), newest first,
 # written in the same transaction as the documents and the version: a reader behind by fewer
 # than CATALOG_LOG_KEPT versions reads only the changed documents (a delta), else all of them.
 CATALOG_LOG = f"{PREFIX}:{CATALOG_TAG}:log"

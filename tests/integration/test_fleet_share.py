@@ -23,7 +23,7 @@ from consumers.fleet_share import FleetShare
 from consumers.incidents import IncidentWatcher
 from consumers.outputs import Outputs, TopicNames
 from scoring.catalog import CatalogSnapshot
-from scoring.incidents import WindowStats
+from scoring.incidents import Watch, WindowStats
 from scoring.models import AlertChannel, ScorerGroup
 from scoring.results import HistoryEntry
 from scoring.stores.client import RedisClient
@@ -187,3 +187,66 @@ async def test_two_senders_with_their_shares_send_each_channels_period_once(
     assert sorted(d["signal"]["groupId"] for d in sent) == sorted(g.id for g in groups)  # each once
     owners = {shares[0].owns(g.id) for g in groups}
     assert owners == {True, False}, "both workers sent some"
+
+
+class Said:
+    """What a watcher exported of its watches: (project, group, reason) -> open."""
+
+    def __init__(self) -> None:
+        self.state: dict[tuple[str, str, str], bool] = {}
+
+    def incident_open(self, project_id: str, group_id: str, reason: str, is_open: bool) -> None:
+        self.state[(project_id, group_id, reason)] = is_open
+
+
+async def test_a_resolution_whose_mover_died_is_said_even_when_the_group_went_quiet(redis: RedisClient) -> None:
+    """The mover resolved the incident and died before publishing; the group has no traffic
+    since. The watch stays among the open ones until its resolution is published, so a watcher
+    looks at it whatever its traffic, and says it."""
+    (group,) = alerting(1).groups.values()
+    snapshot = CatalogSnapshot(groups={group.id: group})
+    store, now = IncidentStore(redis), time.time()
+    opened = Watch("inc-1", now - 600, 1)
+    assert await store.move(group.id, "window_below", Watch(), opened, {"signal": {"key": "k"}, "deliveries": []},
+                            {"id": "inc-1", "state": "open"})
+    await store.published(group.id, "window_below", 1)
+    resolution = {"signal": {"key": "scorer-group:g-0", "state": "resolved"}, "deliveries": []}
+    assert await store.move(group.id, "window_below", opened, Watch(version=2), resolution,
+                            {"id": "inc-1", "state": "resolved"}, now=now - 120)  # ... and its mover died
+    assert await store.open_watches() == [(group.id, "window_below")], "open until the resolution is said"
+
+    sent: list[Any] = []
+
+    async def send(records: list[Any]) -> None:
+        sent.extend(records)
+
+    said = Said()
+    watcher = IncidentWatcher(store=store, ratings=RatingsStore(redis), catalog=lambda: snapshot, send=send,
+                              topics=TopicNames(traces="-", ratings="-", signals="signals", webhooks="-", dlq="-"),
+                              events=said, clock=lambda: now)
+    await watcher.tick()
+    assert [orjson.loads(r.value) for r in sent] == [resolution["signal"]]
+    assert await store.open_watches() == []
+    assert said.state == {(group.project_id, group.id, "window_below"): False}
+
+
+async def test_a_watch_handed_to_another_worker_is_no_longer_said_open_from_here(redis: RedisClient) -> None:
+    (group,) = alerting(1).groups.values()
+    snapshot = CatalogSnapshot(groups={group.id: group})
+    store, now = IncidentStore(redis), time.time()
+    assert await store.move(group.id, "window_below", Watch(), Watch("inc-1", now - 60, 1),
+                            {"signal": {"key": "k"}, "deliveries": []}, {"id": "inc-1", "state": "open"})
+    await store.published(group.id, "window_below", 1)
+
+    async def send(records: list[Any]) -> None:
+        pass
+
+    said, share = Said(), FleetShare.everything()
+    watcher = IncidentWatcher(store=store, ratings=RatingsStore(redis), catalog=lambda: snapshot, send=send,
+                              topics=TopicNames(traces="-", ratings="-", signals="-", webhooks="-", dlq="-"),
+                              events=said, clock=lambda: now, share=share)
+    await watcher.tick()
+    assert said.state == {(group.project_id, group.id, "window_below"): True}
+    share.shards = frozenset()  # its shard went to another worker: that one says it now
+    await watcher.tick()
+    assert said.state == {(group.project_id, group.id, "window_below"): False}

@@ -11,7 +11,9 @@ from hypothesis import strategies as st
 
 from scoring.catalog import KIND_MODELS, CatalogSnapshot, doc_id, kind_of
 from scoring.catalog_index import CatalogIndex
+from scoring.filters import TraceView
 from scoring.models import AlertChannel, Judge, Pattern, ScorerGroup, WireModel
+from scoring.subjects import Trace
 
 PROJECTS = ("p1", "p2", "p3")
 SCOPES = ("trace", "session", "span")
@@ -54,6 +56,14 @@ deletes = st.tuples(st.sampled_from(["groups", "judges", "patterns", "channels"]
 changes = st.lists(st.lists(st.one_of(documents, deletes), min_size=1, max_size=4), min_size=1, max_size=12)
 
 
+def views() -> list[TraceView]:
+    """Two traces a filter of this test tells apart (fresh views: each has its own matching time)."""
+    return [TraceView(Trace.model_validate({"traceId": "t", "projectId": "p1", "agentId": "a",
+                                            "timestamp": "2026-12-06T00:00:00Z",
+                                            "spans": [{"spanId": "r", "output": output}]}))
+            for output in ("a refund, please", "thanks")]
+
+
 def key_of(doc: WireModel) -> tuple[str, str]:
     return kind_of(doc), doc_id(doc)
 
@@ -85,6 +95,8 @@ def test_a_delta_gives_the_snapshot_a_whole_read_gives(steps: list[list[Any]]) -
         maps: dict[str, Any] = {kind: dict(getattr(delta, kind)) for kind in KIND_MODELS}
         whole = CatalogSnapshot(version, **maps)
         assert comparable(delta.index) == comparable(whole.index)
+        for group_id, decide in delta.index.filters.items():  # a filter carried over decides as one compiled anew
+            assert [decide(v) for v in views()] == [whole.index.filters[group_id](v) for v in views()], group_id
         for g in delta.groups.values():
             assert delta.revision(g) == whole.revision(g), g.id
         for project in PROJECTS:
