@@ -68,14 +68,13 @@ class DigestSender:
         except Exception:  # the next tick tries again
             log.exception("reading which groups had traffic failed; trying again on the next tick")
             return
-        for group in snapshot.groups.values():
-            online = group.online
-            if online is None or not online.enabled or online.alert_mode != "each" or online.alert_threshold is None:
+        for group_id in sorted(active):  # this worker's groups with live traffic: never the whole catalog
+            group = snapshot.groups.get(group_id)
+            online = None if group is None else group.online
+            if group is None or online is None or not online.enabled or online.alert_mode != "each" \
+                    or online.alert_threshold is None:
                 continue
-            channels = by_project.get(group.project_id, []) + shared
-            if not channels or group.id not in active or not self._share.owns(group.id):
-                continue
-            for channel in channels:
+            for channel in by_project.get(group.project_id, []) + shared:
                 assert channel.digest_seconds is not None
                 if active[group.id] < (now // channel.digest_seconds - 1) * channel.digest_seconds:
                     continue  # no live traffic since its last period began: nothing to send

@@ -71,6 +71,14 @@ class _Silent:
         pass
 
 
+def _watched(group: ScorerGroup | None, reason: str | None = None) -> bool:
+    """Is the group watched (for ``reason``): live, and alerting on its level for it?"""
+    if group is None or group.online is None or not group.online.enabled:
+        return False
+    watched = reasons(group.online)
+    return bool(watched) if reason is None else reason in watched
+
+
 class IncidentWatcher:
     def __init__(self, *, store: IncidentStore, ratings: RatingsStore, catalog: Callable[[], CatalogSnapshot],
                  send: Send, topics: TopicNames, events: IncidentEvents | None = None, interval_s: float = 10.0,
@@ -96,24 +104,24 @@ class IncidentWatcher:
         for project_id, group_id, reason in list(self._said_open):  # handed to another worker: its word now
             if not self._share.owns(group_id):
                 self._export(project_id, group_id, reason, False)
-        watched: set[tuple[str, str]] = set()
-        for group in snapshot.groups.values():
-            if group.online is None or not group.online.enabled or not reasons(group.online) \
-                    or not self._share.owns(group.id):
+        # Only what had live traffic or has an incident open: a group without live traffic in its
+        # last two windows (the one to judge, the one closed before it: drift learns it) and
+        # without an incident open has nothing to judge, and is never even looked at (idle
+        # groups are most of a large catalog; walking them held the loop).
+        for group_id in sorted(active.keys() | {g for g in open_groups if self._share.owns(g)}):
+            group = snapshot.groups.get(group_id)
+            if group is None or not _watched(group):
                 continue
-            watched.update((group.id, reason) for reason in reasons(group.online))
-            # A group without live traffic in its last two windows (the one to judge, the one
-            # closed before it: drift learns it) and without an incident open has nothing to
-            # judge: it costs no command (idle groups are most of a large catalog).
-            quiet_since = now - 2 * group.online.alert_window_seconds
-            if group.id not in open_groups and active.get(group.id, -1.0) < quiet_since:
+            assert group.online is not None
+            if group_id not in open_groups and active.get(group_id, -1.0) < now - 2 * group.online.alert_window_seconds:
                 continue
             try:
                 await self._watch(group, snapshot, self._clock())
             except Exception:  # one group's watch is lost this tick; the others go on
                 log.exception("an incident watch failed; trying again on the next tick", group=group.id)
         try:  # 5.
-            unwatched = [(g, r) for g, r in open_watches if (g, r) not in watched and self._share.owns(g)]
+            unwatched = [(g, r) for g, r in open_watches
+                         if self._share.owns(g) and not _watched(snapshot.groups.get(g), r)]
             for group_id, reason in unwatched:
                 await self._close(group_id, reason, snapshot, self._clock())  # type: ignore[arg-type]
         except Exception:

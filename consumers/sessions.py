@@ -99,9 +99,9 @@ class SessionSweeper:
         returns how many (session, group) pairs were judged."""
         now = time.time() if now is None else now
         snapshot = self._catalog()
-        projects = sorted({g.project_id for g in snapshot.groups.values()
-                           if g.live and g.online is not None and g.online.scope == "session"
-                           and self._share.owns(g.project_id)})
+        # The projects with live session-scope groups, from the snapshot's index (never a walk of
+        # every group: at 50,000 it held the loop ~55 ms every sweep), of this worker's share.
+        projects = sorted(p for p, scope in snapshot.index.live if scope == "session" and self._share.owns(p))
         judged = 0
         for project in projects:
             try:

@@ -140,10 +140,10 @@ class CatalogSnapshot:
     def channels_for(self, agent_id: str, project_id: str | None = None) -> tuple[AlertChannel, ...]:
         """The agent's channels; with ``project_id``, only that project's and the shared ones (agent
         ids are the tenants' own, so two projects may both have an agent "bot")."""
-        channels = self.index.channels_by_agent.get(agent_id, ())
         if project_id is None:
-            return channels
-        return tuple(c for c in channels if c.project_id in (None, project_id))
+            return self.index.channels_by_agent.get(agent_id, ())
+        owned = self.index.channels_by_owner
+        return owned.get((agent_id, project_id), ()) + owned.get((agent_id, None), ())
 
     def budget(self, project_id: str) -> Budget | None:
         return self.budgets.get(project_id)

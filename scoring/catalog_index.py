@@ -41,6 +41,10 @@ class CatalogIndex:
     filters: dict[str, Decide]  # group id: its compiled online.filter
     span_filters: dict[str, tuple[Decide, int]]  # group id: its spanFilter, and its number of conditions
     channels_by_agent: dict[str, tuple[AlertChannel, ...]]
+    # (agent, project or None for the operators' shared ones) -> channels: agent ids are the
+    # tenants' own, so thousands of projects may share one ("support-agent"), and a result must
+    # find its project's channels without a walk past every other project's.
+    channels_by_owner: dict[tuple[str, str | None], tuple[AlertChannel, ...]]
     groups_by_project: dict[str, frozenset[str]]  # project: its groups' keys in the catalog (any state)
     revisions: dict[str, str]  # group id: its rubric's revision, filled as asked
     counts: Counter[tuple[str, str]]  # (kind, project): documents
@@ -52,8 +56,8 @@ class CatalogIndex:
         for key, group in groups.items():
             by_project.setdefault(group.project_id, set()).add(key)
         index = cls(live={}, live_any_scope={}, filters={}, span_filters={}, channels_by_agent={},
-                    groups_by_project={p: frozenset(ids) for p, ids in by_project.items()}, revisions={},
-                    counts=Counter())
+                    channels_by_owner={}, groups_by_project={p: frozenset(ids) for p, ids in by_project.items()},
+                    revisions={}, counts=Counter())
         for group in groups.values():
             index._compile(group)
         for project in by_project:
@@ -70,7 +74,8 @@ class CatalogIndex:
         groups: Mapping[str, ScorerGroup] = after["groups"]  # type: ignore[assignment]
         index = CatalogIndex(live=dict(self.live), live_any_scope=dict(self.live_any_scope),
                              filters=dict(self.filters), span_filters=dict(self.span_filters),
-                             channels_by_agent=self.channels_by_agent, groups_by_project=dict(self.groups_by_project),
+                             channels_by_agent=self.channels_by_agent, channels_by_owner=self.channels_by_owner,
+                             groups_by_project=dict(self.groups_by_project),
                              revisions=dict(self.revisions), counts=self.counts.copy())
         projects: set[str] = set()  # whose live lists change
         scorers: set[tuple[str, str]] = set()  # (kind, id) changed: the groups holding them are new revisions
@@ -158,6 +163,9 @@ class CatalogIndex:
 
     def _index_channels(self, channels: Iterable[AlertChannel]) -> None:
         by_agent: dict[str, list[AlertChannel]] = {}
+        by_owner: dict[tuple[str, str | None], list[AlertChannel]] = {}
         for channel in channels:
             by_agent.setdefault(channel.agent_id, []).append(channel)
+            by_owner.setdefault((channel.agent_id, channel.project_id), []).append(channel)
         self.channels_by_agent = {agent: tuple(of_agent) for agent, of_agent in by_agent.items()}
+        self.channels_by_owner = {owner: tuple(of_owner) for owner, of_owner in by_owner.items()}

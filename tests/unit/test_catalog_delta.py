@@ -70,7 +70,7 @@ def key_of(doc: WireModel) -> tuple[str, str]:
 
 def comparable(index: CatalogIndex) -> dict[str, Any]:
     return {"live": index.live, "any": index.live_any_scope, "filters": set(index.filters),
-            "span_filters": set(index.span_filters), "channels": index.channels_by_agent,
+            "span_filters": set(index.span_filters), "channels": index.channels_by_agent, "owners": index.channels_by_owner,
             "by_project": index.groups_by_project, "counts": +index.counts}
 
 

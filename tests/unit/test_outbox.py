@@ -77,8 +77,8 @@ def test_below_the_threshold_each_channel_of_the_agent_in_the_project_hears_it_o
     box = route(group(), 0.2)
     assert shape(box) == [("ratings", "t-1", "live"), ("signals", "scorer-group:g", "below_threshold"),
                           ("webhooks", "bot", f"{HOOK} scorer_group.signal"),
-                          ("webhooks", "bot", f"{SHARED} scorer_group.signal"),
-                          ("webhooks", "bot", f"{PAGER} scorer_group.signal")]
+                          ("webhooks", "bot", f"{PAGER} scorer_group.signal"),
+                          ("webhooks", "bot", f"{SHARED} scorer_group.signal")]  # the project's, then shared
     (signal,) = box.signals
     assert (signal.rating, signal.alert_threshold, signal.severity) == (2.0, 6, "high")
 
