@@ -239,7 +239,7 @@ class BackfillRunner:
                 reached = graded.reached
             return True
         finally:
-            await consumer.stop()
+            await _stopped(consumer)
 
     async def _grade(self, job: BackfillJob, records: list[Any], group: ScorerGroup, snapshot: CatalogSnapshot,
                      go_on: Callable[[], Awaitable[bool]]) -> Graded:
@@ -380,3 +380,16 @@ def _leaving_live_its_share(pair: Pair) -> Pair:
         return pair
     return dataclasses.replace(pair, claim=dataclasses.replace(pair.claim,
                                                                budget_limit=int(limit * (1 - LIVE_SHARE))))
+
+
+async def _stopped(consumer: AIOKafkaConsumer) -> None:
+    """Stop a turn's consumer. aiokafka's close awaits a task it cancels, and one cancelled before
+    it ever ran answers CancelledError (seen when a turn is short): that is not this task being
+    cancelled, and the turn ends as it would have."""
+    try:
+        await consumer.stop()
+    except asyncio.CancelledError:
+        task = asyncio.current_task()
+        if task is not None and task.cancelling():
+            raise
+        log.warning("a backfill turn's consumer stopped with aiokafka's own cancellation; ignored")

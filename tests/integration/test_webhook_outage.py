@@ -15,6 +15,7 @@ from aiokafka import TopicPartition
 from aiokafka.structs import ConsumerRecord
 from redis.asyncio import Redis
 
+from consumers.loop import Taken
 from consumers.outage import OutageGuard
 from consumers.webhooks import WebhookSender
 from deploy.redis_servers import LocalRedis
@@ -57,7 +58,7 @@ async def test_ingest_waits_for_a_frozen_redis_then_schedules_and_frees_the_offs
                             serialized_value_size=0, headers=())
     assert own_redis.proc is not None
     os.kill(own_redis.proc.pid, signal.SIGSTOP)
-    ingest = asyncio.create_task(sender.take([(sender.loop.tracker.started(tp, record.offset), record)]))
+    ingest = asyncio.create_task(sender.take([Taken(sender.loop.tracker.started(tp, record.offset), record)]))
     await asyncio.sleep(1.5)
     assert not ingest.done() and guard.reason is not None and "redis unreachable" in guard.reason
     assert sender.loop.tracker.to_commit() == {tp: 41}, "the record is not committed while it is not in Redis"

@@ -7,6 +7,8 @@ from __future__ import annotations
 import ast
 from pathlib import Path
 
+from tests.support.source_trees import parse
+
 ROOT = Path(__file__).resolve().parents[2]
 CLIENTS = {"AIOKafkaProducer", "AIOKafkaConsumer", "AIOKafkaAdminClient", "Redis", "RedisCluster"}
 
@@ -14,7 +16,7 @@ CLIENTS = {"AIOKafkaProducer", "AIOKafkaConsumer", "AIOKafkaAdminClient", "Redis
 def built_clients(path: Path) -> list[str]:
     """Where ``path`` constructs a client: ``Name(...)`` or ``Name.from_url(...)``."""
     found = []
-    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+    for node in ast.walk(parse(path)):
         if not isinstance(node, ast.Call):
             continue
         target = node.func

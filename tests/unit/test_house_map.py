@@ -16,6 +16,8 @@ import re
 from functools import cache
 from pathlib import Path
 
+from tests.support.source_trees import parse
+
 ROOT = Path(__file__).resolve().parents[2]
 PAGE = ROOT / "docs" / "development.md"
 SECTION = "## A map of the house"
@@ -77,7 +79,7 @@ def references() -> list[tuple[str, str | None, str]]:
 def _defined(path: str) -> frozenset[str]:
     """The dotted names a Python file defines: its top-level functions, classes and assigned
     names, and - for each class, nested ones too - the functions and attributes in its body."""
-    tree = ast.parse((ROOT / path).read_text(), filename=path)
+    tree = parse(ROOT / path)
     names: set[str] = set()
 
     def walk(body: list[ast.stmt], prefix: str) -> None:

@@ -6,13 +6,15 @@ from __future__ import annotations
 import ast
 from pathlib import Path
 
+from tests.support.source_trees import parse
+
 TESTS = Path(__file__).resolve().parents[1]
 
 
 def test_no_test_file_imports_another() -> None:
     found = []
     for path in TESTS.rglob("test_*.py"):
-        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        for node in ast.walk(parse(path)):
             if isinstance(node, ast.ImportFrom):
                 names = [node.module or ""]
             elif isinstance(node, ast.Import):
