@@ -13,10 +13,10 @@ never the others theirs. In a job's turn:
 3. for each partition whose range is not read to its end: lease it (one reader per partition
    of a job; a killed worker's lease runs out and another takes the partition from its reached
    offset), and read it for a turn (a batch at least, ``READ_TURN_S`` at most: the next turn comes);
-4. read in bounded batches with a consumer of its own (assigned, no group: the live loop's
-   offsets are never touched), only while the live loop is not pressed (live traffic first);
-   keep the records stamped within the window, and the pairs of the job's group as live would
-   keep them at the job's sample (``scoring.routing.group_pairs``);
+4. read in bounded batches with a ``consumers.range_reads.RangeReader`` (a consumer of its own,
+   assigned, no group: the live loop's offsets are never touched), only while the live loop is
+   not pressed (live traffic first); keep the records stamped within the window, and the pairs
+   of the job's group as live would keep them at the job's sample (``scoring.routing.group_pairs``);
 5. a chunk of pairs at a time - while the job is running and the lease is still this worker's
    - count its judge calls against ``maxJudgeCalls``, then claim, score, publish and mark done
    through a ``PairProtocol`` whose claims fill (``Claims``: a pair rated under the group's
@@ -45,9 +45,11 @@ from typing import Any
 import structlog
 from aiokafka import AIOKafkaConsumer, TopicPartition
 
+from consumers.all_of import all_of
 from consumers.backfill_plan import plan_ranges
 from consumers.decode import DeadLetter, decode_trace
-from consumers.pairs import PairOutcome, PairProtocol, all_of
+from consumers.pair_protocol import Fate, PairOutcome, PairProtocol
+from consumers.range_reads import reading, started
 from scorer_groups.api_models import BACKFILL_ENDED, BackfillJob
 from scoring.catalog import CatalogSnapshot
 from scoring.errors import NotFound
@@ -169,12 +171,8 @@ class BackfillRunner:
                          f"older traffic's ratings are no longer known ({DEDUPE_DONE_TTL_S // 86_400} days), "
                          "and would be made twice")
         live_done = await self._live_done() if self._live_done is not None else None
-        consumer = self._consumer()
-        await consumer.start()
-        try:
+        async with started(self._consumer) as consumer:
             plan = await plan_ranges(consumer, self._topic, from_ms, max(from_ms, to_ms), live_done)
-        finally:
-            await consumer.stop()
         await self._parts.save_plan(job.id, {r.partition: (r.start, r.end) for r in plan.ranges},
                                     [*notes, *plan.notes])
 
@@ -182,9 +180,6 @@ class BackfillRunner:
                     turn_ends: float) -> bool:
         """4-6 for one leased partition, until its range's end; False when the job may not go
         on here now (paused, ended, cancelled, the worker stopping, the job's turn over)."""
-        tp = TopicPartition(self._topic, partition)
-        consumer = self._consumer()
-        await consumer.start()
 
         async def go_on() -> bool:
             """Live traffic first (the lease kept meanwhile); then: the job still running, the
@@ -196,9 +191,8 @@ class BackfillRunner:
             return (not stop.is_set() and await self._parts.status(job.id) == "running"
                     and await self._parts.lease(job.id, partition, self._worker))
 
-        try:
-            consumer.assign([tp])
-            consumer.seek(tp, part["next"])
+        async with reading(self._consumer, TopicPartition(self._topic, partition), part["next"],
+                           part["end"]) as reader:
             reached, fetched = part["next"], False
             while reached < part["end"]:
                 # A turn fetches once at least (a turn shorter than a fetch still moves its job).
@@ -210,15 +204,11 @@ class BackfillRunner:
                 if group is None:
                     await self._parts.finish(job.id, "failed", "the group was deleted")
                     return False
-                batch = (await consumer.getmany(tp, timeout_ms=1000, max_records=BATCH)).get(tp, [])
-                records = [r for r in batch if r.offset < part["end"]]
+                records = await reader.next_batch(BATCH)
+                if records is None:  # read to its end (its last offsets perhaps without a record)
+                    await self._parts.advance(job.id, partition, part["end"])
+                    return True
                 if not records:
-                    # Offsets without a record (transaction markers, records retention removed:
-                    # the consumer starts from the earliest there is) are passed by the
-                    # position alone: the range is read once the position is at its end.
-                    if await consumer.position(tp) >= part["end"]:
-                        await self._parts.advance(job.id, partition, part["end"])
-                        return True
                     continue
                 graded = await self._grade(job, records, group, snapshot, go_on)
                 await self._parts.advance(job.id, partition, graded.reached, tracesRead=graded.traces,
@@ -238,8 +228,6 @@ class BackfillRunner:
                     return False
                 reached = graded.reached
             return True
-        finally:
-            await _stopped(consumer)
 
     async def _grade(self, job: BackfillJob, records: list[Any], group: ScorerGroup, snapshot: CatalogSnapshot,
                      go_on: Callable[[], Awaitable[bool]]) -> Graded:
@@ -343,11 +331,11 @@ class BackfillRunner:
             outcomes = await all_of(*(protocol.alone(pair, snapshot, scope, busy=busy, claimed_at=claimed_at,
                                                      cap=cap) for _, pair, busy in mine))
         for (offset, pair, _), outcome in zip(mine, outcomes, strict=True):
-            if outcome == "published":
+            if outcome.fate is Fate.PUBLISHED:
                 graded.scored += 1
                 continue
             graded.calls_returned += pair.claim.judge_calls
-            if outcome == "refused":
+            if outcome.fate is Fate.REFUSED:
                 refused.append(offset)
             else:
                 graded.skipped += 1  # rated by another worker meanwhile, or a subject that broke scoring
@@ -380,16 +368,3 @@ def _leaving_live_its_share(pair: Pair) -> Pair:
         return pair
     return dataclasses.replace(pair, claim=dataclasses.replace(pair.claim,
                                                                budget_limit=int(limit * (1 - LIVE_SHARE))))
-
-
-async def _stopped(consumer: AIOKafkaConsumer) -> None:
-    """Stop a turn's consumer. aiokafka's close awaits a task it cancels, and one cancelled before
-    it ever ran answers CancelledError (seen when a turn is short): that is not this task being
-    cancelled, and the turn ends as it would have."""
-    try:
-        await consumer.stop()
-    except asyncio.CancelledError:
-        task = asyncio.current_task()
-        if task is not None and task.cancelling():
-            raise
-        log.warning("a backfill turn's consumer stopped with aiokafka's own cancellation; ignored")

@@ -12,7 +12,7 @@ Every ``interval_s``, for each project with live session-scope groups:
    from the same online budget as trace scoring;
 4. score the claimed pairs on the whole transcript, publish (rating, Signal, webhook
    deliveries), record the verdicts (ratings history, session scores), then mark them done -
-   the pair protocol of ``consumers.pairs``, which the trace loop follows too; a pair with a
+   the pair protocol of ``consumers.pair_protocol``, which the trace loop follows too; a pair with a
    member that failed while the process stood still, or that another worker took over, is left
    to the next sweep (a pause is not a timeout: ``consumers.pauses``);
 5. drop from the index the sessions quiet past every group's idle time.
@@ -38,12 +38,12 @@ from consumers.fleet_share import FleetShare
 from consumers.loop import SLICE_S
 from consumers.outage import OutageGuard, OutageTooLong, not_the_subjects_fault
 from consumers.outputs import Outputs
-from consumers.pairs import PairProtocol
+from consumers.pair_protocol import Fate, PairProtocol
 from consumers.pauses import PauseWatch
 from scoring.catalog import CatalogSnapshot
+from scoring.claim_request import day_of
 from scoring.filters import TraceView
 from scoring.models import ScorerGroup
-from scoring.pairs import day_of
 from scoring.panel import Panel
 from scoring.regex_work import RegexWork
 from scoring.routing import Pair, pair_of
@@ -180,7 +180,7 @@ class SessionSweeper:
         return due
 
     async def _judge(self, due: list[Pair], snapshot: CatalogSnapshot, unsettled: set[str]) -> int:
-        """The pair protocol (``consumers.pairs``) for a chunk of due pairs; how many were judged."""
+        """The pair protocol (``consumers.pair_protocol``) for a chunk of due pairs; how many were judged."""
         claimed_at = time.monotonic()
         mine = []
         for item, claim in zip(due, await self.pairs.claim(due), strict=True):
@@ -195,14 +195,14 @@ class SessionSweeper:
         outcomes = await self.pairs.together(mine, snapshot, "session", claimed_at=claimed_at, lost="leave")
         judged = 0
         for item, outcome in zip(mine, outcomes, strict=True):
-            if outcome == "published":
+            if outcome.fate is Fate.PUBLISHED:
                 judged += 1
-            elif outcome == "left" or isinstance(outcome, Exception):  # judged again by a later sweep
+            elif outcome.fate in (Fate.LEFT, Fate.BROKE):  # judged again by a later sweep
                 unsettled.add(item.subject.session_id or "")
-                if isinstance(outcome, Exception):
+                if outcome.error is not None:
                     log.warning("a conversation broke scoring; it is judged again on a later sweep",
                                 project=item.group.project_id, session=item.subject.session_id,
-                                error=repr(outcome)[:300])
+                                error=repr(outcome.error)[:300])
         await self.pairs.counts.write()
         log.info("sessions judged", pairs=judged)
         return judged

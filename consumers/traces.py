@@ -11,7 +11,7 @@ offset tickets, dead-letters and commits). For each batch:
    group's judge calls all or nothing (``PairProtocol.claim``);
 4. start one job for the batch: pairs that wait on nothing are scored, published and marked
    done together; pairs that wait (judges, external scorers) each alone - the pair protocol of
-   ``consumers.pairs`` either way;
+   ``consumers.pair_protocol`` either way;
 5. finish each trace with its last pair (dead-lettered if one of its pairs broke scoring).
 
 Flow control is this step's ``room``: at most ``max_in_flight`` traces in flight, holding at most
@@ -34,13 +34,14 @@ from typing import Protocol
 import structlog
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, ConsumerRebalanceListener
 
+from consumers.all_of import all_of
 from consumers.decode import DeadLetter, decode_trace, unprocessable
 from consumers.events import SILENT, PipelineEvents
 from consumers.judge_export import JudgeCallSink
 from consumers.loop import MAX_POLL_INTERVAL_S, SLICE_S, PartitionLoop, Taken
 from consumers.outage import OutageGuard
 from consumers.outputs import Outputs, TopicNames
-from consumers.pairs import FINISH_LINGER_S, PairOutcome, PairProtocol, all_of
+from consumers.pair_protocol import FINISH_LINGER_S, PairOutcome, PairProtocol
 from consumers.pauses import PauseWatch
 from scoring.catalog import CatalogSnapshot
 from scoring.errors import ScoringError
@@ -333,8 +334,8 @@ class TraceConsumer:
         """Count one pair of a trace as done; the trace is finished with its last pair (or, if
         any of its pairs broke scoring, dead-lettered)."""
         work.pending -= 1
-        if isinstance(outcome, Exception):
-            work.broken = work.broken or outcome
+        if outcome.error is not None:
+            work.broken = work.broken or outcome.error
         if work.pending:
             return
         if work.broken is not None:

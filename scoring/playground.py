@@ -19,12 +19,12 @@ from pydantic import ValidationError
 from scorer_groups.api_models import GradeRequest, JudgeCallRecord
 from scorer_groups.documents import Rating
 from scoring.catalog import CatalogSnapshot
+from scoring.claim_request import ClaimRequest, day_of
 from scoring.errors import CatalogError
 from scoring.filters import SpanView, TraceView, compile_filter
 from scoring.judge_calls import call_document
 from scoring.judge_prompt import token_ceiling
 from scoring.models import ScorerGroup
-from scoring.pairs import ClaimRequest, day_of
 from scoring.panel import Panel, planned_judges, upfront_judge_calls
 from scoring.ports import BudgetExhausted
 from scoring.results import build_rating

@@ -32,12 +32,11 @@ from scorer_groups.documents import (
     Usage,
     WebhookDelivery,
 )
+from scoring.claim_request import span_key
 from scoring.frozen import frozen
 from scoring.judge_calls import encode_calls
 from scoring.models import ScorerGroup
-from scoring.pairs import span_key
 from scoring.panel import GroupResult
-from scoring.ports import TokenUsage
 from scoring.redact import mask_url
 
 __all__ = [
@@ -45,7 +44,7 @@ __all__ = [
     "RatingOrigin",
     "ResultScope", "Signal", "SignalReason", "Usage", "WebhookDelivery", "build_deliveries", "build_no_score_signal",
     "build_rating", "build_recovery_deliveries", "build_signal", "channel_key", "delivery", "derived_id",
-    "encode_rating", "history_entry", "rating_id", "result_signal", "signal_key", "tokens_of",
+    "encode_rating", "history_entry", "rating_document", "rating_id", "result_signal", "signal_key", "tokens_of",
 ]
 
 _IDS = uuid.UUID("6f1c5a8e-6a8f-4f7e-9a63-2c1d0b7e4a10")  # namespace of every id we derive
@@ -92,61 +91,16 @@ def origin_of(scope: ResultScope, origin: RatingOrigin | None = None) -> RatingO
     return origin if origin is not None else ("live" if scope in TRAFFIC_SCOPES else None)
 
 
-def build_rating(result: GroupResult, scope: ResultScope, now: datetime | None = None,
-                 dataset: tuple[str, int] | None = None, origin: RatingOrigin | None = None) -> Rating:
-    """The rating of a result; ``dataset`` is (run id, row index) for a graded dataset row."""
+def rating_document(result: GroupResult, scope: ResultScope, now: datetime | None = None,
+                    dataset: tuple[str, int] | None = None, origin: RatingOrigin | None = None) -> dict[str, Any]:
+    """The one mapping of a result onto its rating document: the wire's names, in the wire's
+    order (``Rating``'s), with plain values - what the hot path encodes with orjson as it stands
+    (``encode_rating``) and what ``build_rating`` validates into the model. A new field of the
+    rating is one line here and one in ``Rating``; a test holds the two byte for byte.
+    ``dataset`` is (run id, row index) for a graded dataset row. The blend's values are already
+    checked (finite, on their scales)."""
     group, s, b = result.group, result.subject, result.blend
     key = f"dataset:{dataset[0]}:{dataset[1]}" if dataset else subject_key(result)
-    return Rating(
-        id=rating_id(group.id, key), run_id=dataset[0] if dataset else None,
-        row=dataset[1] if dataset else None, origin=origin_of(scope, origin),
-        kind=signal_key(group.id), group_id=group.id, group_name=group.name,
-        project_id=group.project_id, agent_id=s.agent_id, scope=scope,
-        trace_id=s.trace_id if s.scope != "session" else None,
-        session_id=s.session_id, turns=s.turns if s.scope == "session" else None,
-        span_id=s.span_id, span_name=s.span_name,
-        rating=b.score, reason=b.reason, justification=b.justification,
-        members=[MemberVerdict(kind=m.outcome.kind, ref_id=m.outcome.ref_id, name=m.outcome.name,
-                               weight=m.outcome.weight, gate=m.outcome.gate, status=m.status,
-                               native=m.outcome.native, goodness=m.outcome.goodness,
-                               detail=m.outcome.detail or m.outcome.error or m.outcome.skipped,
-                               usage=_usage(m.outcome.usage))
-                 for m in b.members],
-        scored_at=now or datetime.now(UTC),
-    )
-
-
-@frozen
-class PublishedRating:
-    """A rating encoded for publishing: ``document`` is its JSON, exactly as the validated
-    ``Rating`` would serialize (a test holds the two together); the other fields are what the
-    pipeline reads back of it (Signals, the history, session verdicts)."""
-
-    id: str
-    group_id: str
-    agent_id: str
-    scope: ResultScope
-    trace_id: str | None
-    session_id: str | None
-    span_id: str | None
-    span_name: str | None
-    rating: float | None
-    reason: str | None
-    justification: str
-    scored_at: datetime
-    document: bytes
-
-
-def encode_rating(result: GroupResult, scope: ResultScope, now: datetime | None = None,
-                  origin: RatingOrigin | None = None) -> PublishedRating:
-    """The rating of a live result, encoded straight from the blend with orjson: the hot path's
-    ``build_rating(...).to_json()`` without building and validating pydantic models (a third of a
-    trace's CPU). The blend's values are already checked (finite, on their scales)."""
-    group, s, b = result.group, result.subject, result.blend
-    rid = rating_id(group.id, subject_key(result))
-    at = now or datetime.now(UTC)
-    trace_id = s.trace_id if s.scope != "session" else None
-    score = None if b.score is None else float(b.score)
     members: list[dict[str, Any]] = []
     for m in b.members:
         o = m.outcome
@@ -156,16 +110,57 @@ def encode_rating(result: GroupResult, scope: ResultScope, now: datetime | None 
             "native": o.native if o.native is None or isinstance(o.native, bool) else float(o.native),
             "goodness": None if o.goodness is None else float(o.goodness),
             "detail": o.detail or o.error or o.skipped}
-        if o.usage is not None:
+        if o.usage is not None:  # absent, not null, when the judge's API reported none (MemberVerdict)
             entry["usage"] = {"promptTokens": o.usage.prompt_tokens, "completionTokens": o.usage.completion_tokens}
         members.append(entry)
-    doc: dict[str, Any] = {
-        "id": rid, "groupId": group.id, "groupName": group.name, "projectId": group.project_id,
-        "agentId": s.agent_id, "scope": scope, "traceId": trace_id, "sessionId": s.session_id,
-        "spanId": s.span_id, "spanName": s.span_name,
-        "kind": signal_key(group.id), "turns": s.turns if s.scope == "session" else None, "runId": None,
-        "row": None, "origin": origin_of(scope, origin), "rating": score, "reason": b.reason,
-        "justification": b.justification, "members": members, "scoredAt": at}
+    return {
+        "id": rating_id(group.id, key), "groupId": group.id, "groupName": group.name, "projectId": group.project_id,
+        "agentId": s.agent_id, "scope": scope, "traceId": s.trace_id if s.scope != "session" else None,
+        "sessionId": s.session_id, "spanId": s.span_id, "spanName": s.span_name,
+        "kind": signal_key(group.id), "turns": s.turns if s.scope == "session" else None,
+        "runId": dataset[0] if dataset else None, "row": dataset[1] if dataset else None,
+        "origin": origin_of(scope, origin), "rating": None if b.score is None else float(b.score),
+        "reason": b.reason, "justification": b.justification, "members": members,
+        "scoredAt": now or datetime.now(UTC)}
+
+
+def build_rating(result: GroupResult, scope: ResultScope, now: datetime | None = None,
+                 dataset: tuple[str, int] | None = None, origin: RatingOrigin | None = None) -> Rating:
+    """The rating of a result as the validated model (dataset rows, tests); ``dataset`` is (run
+    id, row index) for a graded dataset row."""
+    return Rating.model_validate(rating_document(result, scope, now, dataset, origin))
+
+
+class PublishedRating:
+    """A rating encoded for publishing: ``document`` is its JSON, exactly as the validated
+    ``Rating`` would serialize; the attributes are what the pipeline reads back of it (Signals,
+    the history, session verdicts), read from the one mapping (``rating_document``)."""
+
+    __slots__ = ("_fields", "document")
+
+    def __init__(self, fields: dict[str, Any], document: bytes) -> None:
+        self._fields, self.document = fields, document
+
+    id = property(lambda self: self._fields["id"])
+    group_id = property(lambda self: self._fields["groupId"])
+    agent_id = property(lambda self: self._fields["agentId"])
+    scope = property(lambda self: self._fields["scope"])
+    trace_id = property(lambda self: self._fields["traceId"])
+    session_id = property(lambda self: self._fields["sessionId"])
+    span_id = property(lambda self: self._fields["spanId"])
+    span_name = property(lambda self: self._fields["spanName"])
+    rating = property(lambda self: self._fields["rating"])
+    reason = property(lambda self: self._fields["reason"])
+    justification = property(lambda self: self._fields["justification"])
+    scored_at = property(lambda self: self._fields["scoredAt"])
+
+
+def encode_rating(result: GroupResult, scope: ResultScope, now: datetime | None = None,
+                  origin: RatingOrigin | None = None) -> PublishedRating:
+    """The rating of a live result, encoded straight from its document with orjson: the hot
+    path's ``build_rating(...).to_json()`` without building and validating pydantic models (a
+    third of a trace's CPU)."""
+    doc = rating_document(result, scope, now, origin=origin)
     try:
         document = orjson.dumps(doc, option=orjson.OPT_UTC_Z)
     except orjson.JSONEncodeError:
@@ -173,9 +168,7 @@ def encode_rating(result: GroupResult, scope: ResultScope, now: datetime | None 
         # model cannot encode it either. Replaced, so that the result is published, not lost.
         doc = _scrubbed(doc)
         document = orjson.dumps(doc, option=orjson.OPT_UTC_Z)
-    return PublishedRating(rid, group.id, s.agent_id, scope, trace_id, s.session_id, s.span_id, s.span_name,
-                           score, doc["reason"],
-                           doc["justification"], at, document)
+    return PublishedRating(doc, document)
 
 
 _SURROGATES = re.compile("[\ud800-\udfff]")  # in a str, a surrogate is always a lone one
@@ -190,11 +183,6 @@ def _scrubbed(value: Any) -> Any:
     if isinstance(value, list):
         return [_scrubbed(v) for v in value]
     return value
-
-
-def _usage(usage: TokenUsage | None) -> Usage | None:
-    return None if usage is None else Usage(prompt_tokens=usage.prompt_tokens,
-                                            completion_tokens=usage.completion_tokens)
 
 
 def below_threshold(group: ScorerGroup, rating: float | None) -> bool:

@@ -11,11 +11,11 @@ from __future__ import annotations
 from dataclasses import field
 
 from scoring.catalog import CatalogSnapshot
+from scoring.claim_request import ClaimRequest, day_of, span_key
 from scoring.filters import SpanView, TraceView
 from scoring.frozen import frozen
 from scoring.judge_prompt import token_ceiling
 from scoring.models import ScorerGroup
-from scoring.pairs import ClaimRequest, day_of, span_key
 from scoring.panel import planned_judges, upfront_judge_calls
 from scoring.sampling import keep
 from scoring.subjects import Span, Subject, Trace, children_of, span_subject, trace_subject

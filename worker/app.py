@@ -33,7 +33,7 @@ from consumers.judge_export import JudgeCallExporter
 from consumers.loop import MAX_POLL_INTERVAL_S
 from consumers.outage import OutageGuard
 from consumers.outputs import BACKFILL, BACKFILL_ALERTING, Outputs, PublishPolicy, TopicNames
-from consumers.pairs import PairProtocol
+from consumers.pair_protocol import PairProtocol
 from consumers.sessions import SessionSweeper
 from consumers.traces import OutputError, TraceConsumer, TraceLoopLimits
 from scoring.members.sandbox import SandboxPool

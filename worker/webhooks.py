@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import asyncio
 import sys
 import time
 from collections.abc import Callable
@@ -13,6 +12,7 @@ import orjson
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
 
 from consumers.outage import OutageGuard
+from consumers.range_reads import read_to_end
 from consumers.webhook_lanes import SenderLimits
 from consumers.webhooks import WebhookSender
 from scoring.catalog import CatalogSnapshot
@@ -88,24 +88,8 @@ def matches(delivery: WebhookDelivery, channel: str | None) -> bool:
 
 async def dead_letters(s: Settings) -> list[dict[str, Any]]:
     """Everything on the webhooks dead-letter topic now (in order within a partition)."""
-    consumer = kafka_consumer(s, None)
-    await consumer.start()
-    try:
-        consumer.subscribe([s.webhooks_dlq_topic])  # without a group: every partition, from the start
-        deadline = time.monotonic() + 10
-        while not consumer.assignment() and time.monotonic() < deadline:  # noqa: ASYNC110 - no event for it
-            await asyncio.sleep(0.05)
-        partitions = list(consumer.assignment())
-        if not partitions:
-            return []
-        ends = await consumer.end_offsets(partitions)
-        values: list[dict[str, Any]] = []
-        while [tp for tp in partitions if await consumer.position(tp) < ends[tp]]:
-            for records in (await consumer.getmany(timeout_ms=500)).values():
-                values.extend(orjson.loads(r.value) for r in records if r.value)
-        return values
-    finally:
-        await consumer.stop()
+    records = await read_to_end(lambda: kafka_consumer(s, None), s.webhooks_dlq_topic)
+    return [orjson.loads(r.value) for r in records if r.value]
 
 
 async def replay(s: Settings, *, channel: str | None, since: datetime | None, out: TextIO = sys.stdout) -> int:

@@ -335,7 +335,7 @@ class JobParts:
 
 
 class JobCap:
-    """A job's ``maxJudgeCalls`` as a ``consumers.pairs.CallCap``: the calls its pairs take
+    """A job's ``maxJudgeCalls`` as a ``consumers.pair_protocol.CallCap``: the calls its pairs take
     while they are scored (gates-first judges, retries) count in the job's ``judgeCalls``."""
 
     def __init__(self, parts: JobParts, job_id: str, cap: int | None) -> None:

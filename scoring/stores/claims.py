@@ -30,8 +30,8 @@ from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from typing import Literal
 
+from scoring.claim_request import ClaimRequest
 from scoring.frozen import frozen
-from scoring.pairs import ClaimRequest
 from scoring.stores import keys
 from scoring.stores.client import RedisClient
 from scoring.stores.scripts import ScriptPipeline
@@ -312,7 +312,7 @@ class Claims:
         self._mark_done = redis.register_script(_MARK_DONE)
 
     def spend(self, request: ClaimRequest,
-              reserve: Callable[[Reservation], Awaitable[bool]] | None = None) -> PairSpend:
+              reserve: ReserveCalls | None = None) -> PairSpend:
         """The pair's budget for the judge calls decided while it is scored (``scoring.ports.JudgeSpend``).
         ``reserve`` makes the reservation; the trace loop passes one that batches the pairs'."""
         return PairSpend(request, reserve or self.reserve)
@@ -475,12 +475,20 @@ class Reservation:
     skip_when_refused: bool  # a gates-first panel's: refused, the pair is skipped for budget
 
 
+# How a pair's reservation reaches Redis: ``Claims.reserve`` alone, or - the pair protocol's -
+# batched with other pairs' into one ``reserve_many`` and riding out a Redis outage. The one
+# callback on the budget path, and on purpose: the budget's arithmetic is the store's, but
+# batching across pairs and the outage rule are the loop's (``consumers``), and the core's panel
+# sees neither (``scoring.ports.JudgeSpend``).
+ReserveCalls = Callable[[Reservation], Awaitable[bool]]
+
+
 class PairSpend:
     """One claimed pair's ``JudgeSpend``: its reservations go to its project's budget window, and
     it remembers the token ceilings reserved, so that ``settlement`` can turn them into the usage
     the judges reported."""
 
-    def __init__(self, request: ClaimRequest, reserve: Callable[[Reservation], Awaitable[bool]]) -> None:
+    def __init__(self, request: ClaimRequest, reserve: ReserveCalls) -> None:
         self.request, self._reserve_one = request, reserve
         self.counts_tokens = request.token_limit is not None
         self.tokens_reserved = request.judge_tokens if self.counts_tokens else 0

@@ -22,8 +22,8 @@ import consumers.backfill as backfill_module
 from deploy.judge_server import Behaviour
 from scorer_groups.api_models import BACKFILL_ENDED
 from scoring.catalog import CatalogSnapshot
+from scoring.claim_request import day_of
 from scoring.models import Budget, Judge
-from scoring.pairs import day_of
 from scoring.stores import keys
 from scoring.stores.backfills import BackfillStore
 from tests.support import backfill_bench

@@ -9,7 +9,7 @@ import pytest
 from redis.asyncio import Redis
 
 from deploy.redis_servers import LocalRedis
-from scoring.pairs import ClaimRequest, day_of
+from scoring.claim_request import ClaimRequest, day_of
 from scoring.stores.claims import ClaimResult, Claims, claim_hash
 from tests.support.redis_clients import connect
 

@@ -8,7 +8,7 @@ import time
 import pytest
 from redis.asyncio import Redis
 
-from scoring.pairs import ClaimRequest, day_of
+from scoring.claim_request import ClaimRequest, day_of
 from scoring.stores.claims import Claims, claim_hash
 
 pytestmark = pytest.mark.integration

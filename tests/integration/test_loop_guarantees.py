@@ -26,11 +26,11 @@ from redis.asyncio import Redis
 from consumers.outputs import TopicNames
 from consumers.traces import OutputError, TraceConsumer, TraceLoopLimits
 from scoring.catalog import CatalogSnapshot
+from scoring.claim_request import ClaimRequest, day_of
 from scoring.egress import EgressPolicy
 from scoring.members.external import ExternalClient
 from scoring.members.http import RetryPolicy
 from scoring.models import CustomEvaluator, ScorerGroup
-from scoring.pairs import ClaimRequest, day_of
 from scoring.panel import Panel
 from scoring.stores.claims import Claims
 from scoring.stores.ratings import RatingsStore

@@ -38,8 +38,8 @@ from consumers.traces import OutputError, TraceConsumer
 from consumers.traces import TraceLoopLimits as limits
 from scoring.blend import MemberOutcome, blend
 from scoring.catalog import CatalogSnapshot
+from scoring.claim_request import ClaimRequest
 from scoring.models import Budget, Judge, Pattern, ScorerGroup
-from scoring.pairs import ClaimRequest
 from scoring.panel import GroupResult, Panel
 from scoring.stores.claims import ClaimResult, Claims
 from scoring.stores.ratings import RatingsStore

@@ -22,11 +22,11 @@ from redis.exceptions import ConnectionError as RedisConnectionError
 
 from deploy.redis_servers import LocalRedisCluster
 from scorer_groups.api_models import BackfillCreate
+from scoring.claim_request import ClaimRequest, day_of
 from scoring.groups import MonitorClient
 from scoring.incidents import Watch
 from scoring.models import Judge
 from scoring.otlp.mapping import BufferedSpan
-from scoring.pairs import ClaimRequest, day_of
 from scoring.results import HistoryEntry, Signal, build_deliveries
 from scoring.stores import keys
 from scoring.stores.alerts import NoScoreAlerts

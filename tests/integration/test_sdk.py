@@ -27,7 +27,7 @@ from scorer_groups import (
     ServerError,
     Unauthorized,
 )
-from scoring.pairs import ClaimRequest, day_of
+from scoring.claim_request import ClaimRequest, day_of
 from scoring.stores.claims import Claims
 from scoring.stores.ratings import RatingsStore, SessionVerdict
 from tests.support.api_process import ApiProcess, cli, create_key

@@ -16,7 +16,7 @@ from deploy import services
 from deploy.processes import free_port as real_free_port
 from deploy.redis_servers import LocalRedis
 from deploy.services import LocalKafka
-from scoring.pairs import ClaimRequest, day_of
+from scoring.claim_request import ClaimRequest, day_of
 from scoring.stores.claims import Claims
 from tests.support.redis_clients import connect
 

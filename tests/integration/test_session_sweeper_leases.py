@@ -20,10 +20,10 @@ from consumers.events import Silent
 from consumers.pauses import PauseWatch
 from scoring.blend import MemberOutcome, blend
 from scoring.catalog import CatalogSnapshot
+from scoring.claim_request import ClaimRequest
 from scoring.egress import EgressPolicy
 from scoring.members.external import ExternalClient
 from scoring.models import CustomEvaluator, Judge, ScorerGroup
-from scoring.pairs import ClaimRequest
 from scoring.panel import GroupResult, Panel
 from scoring.stores.claims import Claims
 from scoring.subjects import Subject

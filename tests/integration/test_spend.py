@@ -14,11 +14,11 @@ from redis.asyncio import Redis
 
 from deploy.judge_server import Behaviour, JudgeServer
 from scoring.catalog import CatalogSnapshot
+from scoring.claim_request import day_of
 from scoring.judge_prompt import ANSWER_MAX_TOKENS
 from scoring.members.http import RetryPolicy
 from scoring.members.judge import JudgeClient
 from scoring.models import Budget, Judge, Pattern, ScorerGroup
-from scoring.pairs import day_of
 from scoring.panel import Panel
 from scoring.ports import BudgetExhausted, TokenUsage
 from scoring.results import build_rating, tokens_of

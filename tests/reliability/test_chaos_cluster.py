@@ -49,8 +49,8 @@ from redis.asyncio.cluster import RedisCluster
 from deploy.judge_server import Behaviour, JudgeServer
 from deploy.redis_servers import LocalRedis, LocalRedisCluster
 from deploy.services import LocalKafkaCluster
+from scoring.claim_request import day_of
 from scoring.groups import MonitorClient
-from scoring.pairs import day_of
 from scoring.stores import keys
 from scoring.stores.claims import Claims
 from tests.support.chaos import RatingsTail, Workers, commit_lag, read_everything, wait_committed

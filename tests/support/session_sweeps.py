@@ -17,8 +17,8 @@ from consumers.events import PipelineEvents, Silent
 from consumers.outputs import Outputs, TopicNames
 from consumers.sessions import SessionSweeper
 from scoring.catalog import CatalogSnapshot
+from scoring.claim_request import ClaimRequest, day_of
 from scoring.models import Pattern, ScorerGroup
-from scoring.pairs import ClaimRequest, day_of
 from scoring.panel import Panel
 from scoring.stores import keys
 from scoring.stores.claims import Claims

@@ -24,7 +24,7 @@ from redis.asyncio import Redis
 
 from consumers.outputs import TopicNames
 from consumers.traces import TraceConsumer
-from scoring.pairs import ClaimRequest, day_of
+from scoring.claim_request import ClaimRequest, day_of
 from scoring.stores.claims import Claims
 
 # Every wait below ends by this deadline; none is a sleep a result depends on. Mutation runs may

@@ -12,8 +12,8 @@ from structlog.testing import capture_logs
 from consumers import traffic_counts
 from consumers.outage import OutageGuard
 from consumers.outputs import LIVE
-from consumers.pairs import PairProtocol
-from scoring.pairs import ClaimRequest
+from consumers.pair_protocol import PairProtocol
+from scoring.claim_request import ClaimRequest
 from scoring.routing import Pair
 from scoring.subjects import Subject
 

@@ -427,7 +427,7 @@ def test_a_span_group_needs_its_span_filter_and_the_span_fields() -> None:
 
 
 def test_step_keys_never_collide_and_a_steps_name_and_ids_are_bounded() -> None:
-    from scoring.pairs import span_key
+    from scoring.claim_request import span_key
 
     assert span_key("a:b", "c") != span_key("a", "b:c"), "tenant ids holding the separator stay apart"
     named = Trace.model_validate({**TRACE, "spans": [{"spanId": "r", "name": "n" * 5000, "kind": "tool"}]})

@@ -135,3 +135,18 @@ def test_the_walk_points_at_the_code_step_by_step() -> None:
     assert len(steps) >= 10
     for step in re.split(r"^\d+\. ", walk, flags=re.MULTILINE)[1:]:
         assert re.search(r"`[\w/]+\.py::\w", step), f"a step that points at no code: {step[:80]!r}"
+
+
+def test_kafka_is_polled_in_the_two_modules_that_say_so() -> None:
+    """Issue 54: consuming (a group's partitions, ``consumers/loop.py``) and reading back a fixed
+    range (no group, ``consumers/range_reads.py``) are the two ways the service reads Kafka; a
+    third poll elsewhere in the service is a concept said twice. (``deploy/demo.py`` tails the
+    output topics for a person watching the demo: not the service.)"""
+    polling: set[str] = set()
+    for floor in ("consumers", "worker", "scoring"):
+        for path in sorted((ROOT / floor).rglob("*.py")):
+            for node in ast.walk(parse(path)):
+                if (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute)
+                        and node.func.attr in ("getmany", "getone")):
+                    polling.add(str(path.relative_to(ROOT)))
+    assert polling == {"consumers/loop.py", "consumers/range_reads.py"}, sorted(polling)

@@ -15,8 +15,8 @@ import time
 
 from consumers.batcher import Batcher
 from scoring.catalog import CatalogSnapshot
+from scoring.claim_request import day_of
 from scoring.dataset import DatasetRow, DatasetRun, GradingPlan
-from scoring.pairs import day_of
 from scoring.results import tokens_of
 from scoring.routing import pair_of
 from scoring.stores.claims import Claims, PairSpend, Reservation

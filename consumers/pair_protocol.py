@@ -25,12 +25,13 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import enum
 import time
-from collections.abc import Awaitable, Callable
-from typing import Literal, Protocol, TypeVar
+from typing import Literal, Protocol
 
 import structlog
 
+from consumers.all_of import all_of
 from consumers.batcher import Batcher
 from consumers.events import SILENT, PipelineEvents
 from consumers.outage import OutageGuard, not_the_subjects_fault
@@ -38,18 +39,17 @@ from consumers.outputs import Outputs
 from consumers.pauses import PauseWatch
 from consumers.traffic_counts import TrafficCounts
 from scoring.catalog import CatalogSnapshot
+from scoring.claim_request import ClaimRequest
 from scoring.frozen import frozen
 from scoring.models import ScorerGroup
-from scoring.pairs import ClaimRequest
 from scoring.panel import GroupResult, Panel
 from scoring.ports import BudgetExhausted
 from scoring.results import HistoryEntry, ResultScope, history_entry, tokens_of
 from scoring.routing import Pair
-from scoring.stores.claims import ClaimResult, Claims, PairSpend, Reservation
+from scoring.stores.claims import ClaimResult, Claims, PairSpend, Reservation, ReserveCalls
 from scoring.stores.ratings import RatingsStore, SessionVerdict
 
 log = structlog.get_logger(__name__)
-T = TypeVar("T")
 
 BUSY_POLL_S = 0.5  # how often a pair leased by another worker is looked at again
 # Done marks and history wait up to this long for more pairs to share their Redis call. Short: a
@@ -59,11 +59,27 @@ FINISH_LINGER_S = 0.05
 # A pair's rating waits this long at most for other pairs' confirmations to share its call.
 CONFIRM_LINGER_S = 0.02
 
-# What became of a pair: published from here; decided without a rating from here (by another
-# worker); refused - skipped for budget (or a job's cap); left to another worker or the next
-# sweep; or the exception with which the subject itself broke scoring.
-PairOutcome = Literal["published", "decided", "refused", "left"] | Exception
-Unrated = Literal["decided", "refused"]
+class Fate(enum.Enum):
+    """What became of a pair."""
+
+    PUBLISHED = "published"  # its rating was published from here
+    DECIDED = "decided"  # decided without a rating from here: rated or skipped by another worker
+    REFUSED = "refused"  # skipped for budget (or a job's cap on judge calls)
+    LEFT = "left"  # left to another worker, or to the next sweep
+    BROKE = "broke"  # the subject itself broke scoring (a malformed trace): not the infrastructure's
+
+
+@frozen
+class PairOutcome:
+    """A pair's fate, and for ``BROKE`` the exception the subject raised (the trace is
+    dead-lettered with it)."""
+
+    fate: Fate
+    error: Exception | None = None
+
+
+PUBLISHED, DECIDED, REFUSED, LEFT = (PairOutcome(fate) for fate in (Fate.PUBLISHED, Fate.DECIDED, Fate.REFUSED,
+                                                                   Fate.LEFT))
 
 
 class CallCap(Protocol):
@@ -73,31 +89,6 @@ class CallCap(Protocol):
     async def take(self, calls: int) -> bool: ...
 
     async def give(self, calls: int) -> None: ...
-
-
-async def all_of(*steps: Awaitable[T]) -> list[T]:
-    """Await every step; their values in order, or the first failure once all have ended. Unlike
-    ``gather``, one step's failure or cancellation never returns before the others have ended: a
-    cancelled job's pairs have all given their leases back by the time the job counts as over.
-    (A value that is an exception - a pair's outcome - is a value, not a failure.)"""
-    tasks = [asyncio.ensure_future(step) for step in steps]
-    if not tasks:
-        return []
-    cancelled = False
-    while True:
-        try:
-            await asyncio.wait(tasks)
-            break
-        except asyncio.CancelledError:  # (again, if cancelled again while the steps unwind)
-            cancelled = True
-            for task in tasks:
-                task.cancel()
-    for task in tasks:  # every failure retrieved: the first is raised below, none is logged as lost
-        if not task.cancelled():
-            task.exception()
-    if cancelled:
-        raise asyncio.CancelledError
-    return [task.result() for task in tasks]
 
 
 @frozen
@@ -207,7 +198,7 @@ class PairProtocol:
             self._stopped_by(exc, [pair])
             raise
 
-    def _capped(self, cap: CallCap) -> Callable[[Reservation], Awaitable[bool]]:
+    def _capped(self, cap: CallCap) -> ReserveCalls:
         async def reserve(reservation: Reservation) -> bool:
             if not await cap.take(reservation.calls):
                 return False
@@ -220,11 +211,11 @@ class PairProtocol:
 
     async def _alone(self, pair: Pair, snapshot: CatalogSnapshot, scope: ResultScope, busy: bool,
                      claimed_at: float, spend: PairSpend,
-                     reserve: Callable[[Reservation], Awaitable[bool]]) -> PairOutcome:
+                     reserve: ReserveCalls) -> PairOutcome:
         try:
             began = time.monotonic()
             result = await self._score(pair, busy, snapshot, spend)
-            while not isinstance(result, str):
+            while not isinstance(result, PairOutcome):
                 if self.pauses.failed_through(result, began):
                     await self._hand_back([pair])  # then claimed and scored afresh, just below
                 elif (await self._held([(pair.claim, claimed_at)]))[0]:
@@ -238,24 +229,24 @@ class PairProtocol:
             self.unpublished.discard(pair.claim)
             with contextlib.suppress(Exception):
                 await self.claims.release([pair.claim])
-            return exc
+            return PairOutcome(Fate.BROKE, exc)
         self.unpublished.discard(pair.claim)  # from here on it is published, or was decided elsewhere
-        if isinstance(result, str):
+        if isinstance(result, PairOutcome):
             return result
         await self._publish([Scored(pair, result, spend)], snapshot, scope, alone=True)
-        return "published"
+        return PUBLISHED
 
     async def _score(self, pair: Pair, busy: bool, snapshot: CatalogSnapshot,
-                     spend: PairSpend) -> GroupResult | Unrated:
-        """Step 2 (for a pair another worker holds: once it is ours); "decided" when the pair was
-        decided meanwhile, "refused" when its judges found no budget."""
+                     spend: PairSpend) -> GroupResult | PairOutcome:
+        """Step 2 (for a pair another worker holds: once it is ours); ``DECIDED`` when the pair
+        was decided meanwhile, ``REFUSED`` when its judges found no budget."""
         while busy:
             await asyncio.sleep(BUSY_POLL_S)
             (claim,) = await self._outages.call(lambda: self.claims.claim_many([pair.claim]))
             if claim.state in ("done", "skipped", "exhausted"):
                 self._events.group_skipped(pair.claim.project_id, pair.group.id,
                                            "budget" if claim.state == "exhausted" else "dedupe")
-                return "refused" if claim.state == "exhausted" else "decided"
+                return REFUSED if claim.state == "exhausted" else DECIDED
             busy = claim.state == "busy"
             if not busy:
                 self.unpublished.add(pair.claim)  # ours now: given back if the work is cancelled
@@ -263,7 +254,7 @@ class PairProtocol:
             return await self._panel.score(pair.group, pair.subject, snapshot, spend=spend)
         except BudgetExhausted:
             self.counts.skipped_for_budget(pair, when="its gates passed")
-            return "refused"
+            return REFUSED
 
     # --- pairs scored together -------------------------------------------------------------------
 
@@ -303,7 +294,7 @@ class PairProtocol:
     async def _together(self, pairs: list[Pair], snapshot: CatalogSnapshot, scope: ResultScope,
                         claimed_at: float, lost: Literal["wait", "leave"]) -> list[PairOutcome]:
         began = time.monotonic()
-        outcomes: list[PairOutcome] = ["decided"] * len(pairs)
+        outcomes: list[PairOutcome] = [DECIDED] * len(pairs)
         scored: list[tuple[int, Scored]] = []
         in_bulk = not any(self._panel.waits(pair.group, snapshot) for pair in pairs)
         if in_bulk:
@@ -327,8 +318,8 @@ class PairProtocol:
                     self.unpublished.discard(pair.claim)
                     with contextlib.suppress(Exception):
                         await self.claims.release([pair.claim])
-                    outcomes[i] = answer
-                elif isinstance(answer, str):
+                    outcomes[i] = PairOutcome(Fate.BROKE, answer)
+                elif isinstance(answer, PairOutcome):
                     self.unpublished.discard(pair.claim)  # decided elsewhere, or refused for budget
                     outcomes[i] = answer
                 else:
@@ -344,19 +335,19 @@ class PairProtocol:
         scored = [item for item, ours in zip(scored, held, strict=True) if ours]
         for i, s in scored:
             self.unpublished.discard(s.pair.claim)  # from here on the pair is published (shielded)
-            outcomes[i] = "published"
+            outcomes[i] = PUBLISHED
         for _, s in lost_pairs:
             self.unpublished.discard(s.pair.claim)  # another's now, or handed back: not ours to give back
         if lost == "leave":
             for i, _ in lost_pairs:
-                outcomes[i] = "left"
+                outcomes[i] = LEFT
             if scored:
                 await self._publish([s for _, s in scored], snapshot, scope, alone=False)
             return outcomes
         async def publish_scored() -> PairOutcome:
             if scored:
                 await self._publish([s for _, s in scored], snapshot, scope, alone=False)
-            return "published"
+            return PUBLISHED
 
         _, *waited = await all_of(publish_scored(), *(self.alone(s.pair, snapshot, scope, busy=True,
                                                                  claimed_at=claimed_at) for _, s in lost_pairs))
