@@ -88,6 +88,11 @@ class SnapshotCache:
 
     def __init__(self) -> None:
         self.current: CatalogSnapshot | None = None
+        # The process's writes take turns, first come first served: in one process they would
+        # only lose each other's optimistic race (a tenant's six writers made another's one
+        # write lose 20 times in a row). Across processes the race remains, between one writer
+        # of each.
+        self.write_turns = asyncio.Lock()
 
 
 class CatalogStore:
@@ -124,6 +129,12 @@ class CatalogStore:
         A write costs what it changes: the snapshot it validates against is the cached one with
         the changes since (read under the WATCH), and the one it returns is that snapshot with
         its own writes - the catalog is never read or validated whole."""
+        if self._cache is None:
+            return await self._write(change)
+        async with self._cache.write_turns:
+            return await self._write(change)
+
+    async def _write(self, change: Callable[[CatalogSnapshot], list[Write]]) -> CatalogSnapshot:
         base = self._cache.current if self._cache is not None else None
         for _ in range(WRITE_ATTEMPTS):
             async with self.redis.pipeline(transaction=True) as pipe:

@@ -157,7 +157,12 @@ async def test_live_traffic_goes_first(bench: Bench) -> None:
     stop = asyncio.Event()
     running = asyncio.create_task(bench.runner(lambda: snapshot, live_pressed=lambda: pressed).run(stop))
     try:
-        await asyncio.sleep(2.0)  # planned by now (a tick), and held back since
+        # Planned (its status running: a loaded machine may take more than a tick), then held
+        # back for a second of ticks more.
+        deadline = time.monotonic() + 30
+        while (await jobs.get(job_id)).status == "queued" and time.monotonic() < deadline:
+            await asyncio.sleep(0.1)
+        await asyncio.sleep(1.0)
         held = await jobs.get(job_id)
         pressed = False
         deadline = time.monotonic() + 30

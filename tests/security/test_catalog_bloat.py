@@ -35,14 +35,17 @@ REGEX = "(refund|chargeback|cancel+ation){1,3}[a-z]{2,40}"
 
 @pytest.fixture(scope="module")
 def api(redis_databases: RedisDatabases,
-        tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[ApiProcess, str, str]]:
+        tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[ApiProcess, str, str, str]]:
+    # A project of its own for each test: the quota test fills its project to the quota, which
+    # must not decide what the storm test's victim may create (the tests run in either order).
     with redis_databases.lease() as url:
         key_a = create_key(url, "--project", "p-bloat")
         key_b = create_key(url, "--project", "p-victim")
+        key_c = create_key(url, "--project", "p-quota")
         process = ApiProcess(url, tmp_path_factory.mktemp("api") / "api.log",
                              env={"SGW_CATALOG_MAX_DOCS_PER_PROJECT": str(QUOTA)}).start()
         try:
-            yield process, key_a, key_b
+            yield process, key_a, key_b, key_c
         finally:
             process.stop()
 
@@ -63,8 +66,9 @@ def stalls(process: ApiProcess) -> float:
     return count - within
 
 
-async def test_a_tenants_write_storm_does_not_hold_another_tenants_write(api: tuple[ApiProcess, str, str]) -> None:
-    process, key_a, key_b = api
+async def test_a_tenants_write_storm_does_not_hold_another_tenants_write(
+        api: tuple[ApiProcess, str, str, str]) -> None:
+    process, key_a, key_b, _ = api
     async with (httpx.AsyncClient(base_url=process.url, headers={"Authorization": f"Bearer {key_a}"},
                                   timeout=60) as a,
                 httpx.AsyncClient(base_url=process.url, headers={"Authorization": f"Bearer {key_b}"},
@@ -75,8 +79,11 @@ async def test_a_tenants_write_storm_does_not_hold_another_tenants_write(api: tu
             created = await a.post("/v1/scorer-groups", json=group_body(f"bloat-{i}", judge_a))
             assert created.status_code == 201, created.text
             ids.append(created.json()["id"])
-        judge_b = (await b.post("/v1/judges", json={"name": "Q", "criteria": "Helpful?"})).json()["id"]
-        mine = (await b.post("/v1/scorer-groups", json=group_body("mine", judge_b, regexes=1))).json()["id"]
+        made = await b.post("/v1/judges", json={"name": "Q", "criteria": "Helpful?"})
+        assert made.status_code == 201, made.text
+        made = await b.post("/v1/scorer-groups", json=group_body("mine", made.json()["id"], regexes=1))
+        assert made.status_code == 201, made.text
+        mine = made.json()["id"]
         stalled_before = await asyncio.to_thread(stalls, process)
 
         storming = True
@@ -111,9 +118,9 @@ async def test_a_tenants_write_storm_does_not_hold_another_tenants_write(api: tu
         assert (await b.get(f"/v1/scorer-groups/{mine}")).json()["description"] == "one field 7"
 
 
-async def test_a_projects_documents_of_a_kind_are_bounded(api: tuple[ApiProcess, str, str]) -> None:
-    process, _, key_b = api
-    async with httpx.AsyncClient(base_url=process.url, headers={"Authorization": f"Bearer {key_b}"},
+async def test_a_projects_documents_of_a_kind_are_bounded(api: tuple[ApiProcess, str, str, str]) -> None:
+    process, _, _, key_c = api
+    async with httpx.AsyncClient(base_url=process.url, headers={"Authorization": f"Bearer {key_c}"},
                                  timeout=60) as b:
         held = len((await b.get("/v1/judges", params={"limit": 200})).json()["items"])
         for i in range(QUOTA - held):
