@@ -1,0 +1,55 @@
+"""Which review queues take a published result (issue 55): decided where the result is
+published, from what the publisher already holds - pure, no I/O.
+
+A queue takes a result of one of its groups, from one of its origins, when the first of its
+rule's tests that holds says so, in this order (the reason the item carries):
+
+1. ``below``: the result has no score, or its score is below the group's ``alertThreshold``;
+2. ``disagreement``: the members' goodness values (0..1) span at least the rule's figure;
+3. ``sample``: the result's subject falls in the queue's sample (``scoring.sampling``'s point
+   under ``REVIEW_SALT``: one salt for every queue, so the samples nest across queues, and are
+   independent of the groups' own samples).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from typing import Literal
+
+from scorer_groups.review_queues import ReviewOrigin, ReviewQueue
+from scoring.models import ScorerGroup
+from scoring.sampling import keep
+
+REVIEW_SALT = "review-queues"
+ReviewReason = Literal["below", "disagreement", "sample"]
+
+
+def review_reason(queue: ReviewQueue, group: ScorerGroup, origin: ReviewOrigin, *, subject_key: str,
+                  rating: float | None, goodness: Sequence[float | None]) -> ReviewReason | None:
+    """Why ``queue`` takes this result of ``group`` (``subject_key``: the rating's dedupe
+    subject - a trace, a span or a session at a turn count; ``goodness``: its members'), or None."""
+    if group.id not in queue.group_ids or origin not in queue.origins or group.project_id != queue.project_id:
+        return None
+    rule = queue.rule
+    if rule.below:
+        threshold = group.online.alert_threshold if group.online is not None else None
+        if rating is None or (threshold is not None and rating < threshold):
+            return "below"
+    if rule.disagreement is not None:
+        scored = [g for g in goodness if g is not None]
+        if len(scored) >= 2 and max(scored) - min(scored) >= rule.disagreement - 1e-12:
+            return "disagreement"
+    if rule.sample_rate is not None and keep(subject_key, rule.sample_rate, REVIEW_SALT):
+        return "sample"
+    return None
+
+
+def queues_taking(queues: Iterable[ReviewQueue], group: ScorerGroup, origin: ReviewOrigin, *, subject_key: str,
+                  rating: float | None, goodness: Sequence[float | None]) -> list[tuple[ReviewQueue, ReviewReason]]:
+    """Every queue among ``queues`` (a group's watchers) that takes the result, with why."""
+    taken = []
+    for queue in queues:
+        reason = review_reason(queue, group, origin, subject_key=subject_key, rating=rating, goodness=goodness)
+        if reason is not None:
+            taken.append((queue, reason))
+    return taken

@@ -1,0 +1,74 @@
+"""A review queue (issue 55): where people check the judges on live traffic. A queue belongs to a
+project, watches some of its groups, and takes a result when the result is published - by the
+worker, from what it already holds, never by reading Kafka again - if its ``rule`` says so.
+
+The wire contract of the queue document; the decision itself is the server's
+(``scoring.review_rules``).
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import Field, model_validator
+
+from scorer_groups.models import Id, Name
+from scorer_groups.wire import WireModel
+
+MAX_QUEUE_GROUPS = 50
+DEFAULT_RESERVATION_S = 600
+DEFAULT_QUEUE_CAPACITY = 1_000
+MAX_QUEUE_CAPACITY = 100_000
+DEFAULT_ITEM_KEEP_DAYS = 30
+
+# Where a result comes from: live scoring, a backfill, a dataset run's row.
+ReviewOrigin = Literal["live", "backfill", "dataset"]
+
+
+def _live_only() -> list[ReviewOrigin]:
+    return ["live"]
+
+
+class ReviewRule(WireModel):
+    """Which results a queue takes, any of these (at least one set):
+
+    - ``below``: the result is below its group's ``alertThreshold``, or has no score at all;
+    - ``disagreement``: its members' goodness values (0..1) are at least this far apart;
+    - ``sampleRate``: a consistent sample of the rest - the same hash rule as sampling, under one
+      salt for every queue, so a queue at 2% takes a subset of what one at 5% takes."""
+
+    below: bool = False
+    disagreement: float | None = Field(None, gt=0, le=1)
+    sample_rate: float | None = Field(None, gt=0, le=1)
+
+    @model_validator(mode="after")
+    def _says_something(self) -> ReviewRule:
+        if not self.below and self.disagreement is None and self.sample_rate is None:
+            raise ValueError("a rule takes nothing: set below, disagreement or sampleRate")
+        return self
+
+
+class ReviewQueue(WireModel):
+    """A queue of results for people to label. When ``capacity`` open items are waiting, a result
+    the rule would take is turned away (and counted: ``sgw_review_items_turned_away_total``)
+    rather than pushing an older item out - what people have not reached yet is not lost to what
+    came after it."""
+
+    id: Id
+    name: Name
+    project_id: Id
+    group_ids: list[Id] = Field(min_length=1, max_length=MAX_QUEUE_GROUPS)
+    rule: ReviewRule
+    origins: list[ReviewOrigin] = Field(default_factory=_live_only, min_length=1, max_length=3)
+    reviewers_per_item: int = Field(1, ge=1, le=3)
+    reservation_seconds: int = Field(DEFAULT_RESERVATION_S, ge=30, le=86_400)
+    capacity: int = Field(DEFAULT_QUEUE_CAPACITY, ge=1, le=MAX_QUEUE_CAPACITY)
+    keep_days: int = Field(DEFAULT_ITEM_KEEP_DAYS, ge=1, le=365,
+                           description="How long an item is kept, open or labelled (its labels too).")
+
+    @model_validator(mode="after")
+    def _each_once(self) -> ReviewQueue:
+        for wire_name, values in (("groupIds", self.group_ids), ("origins", self.origins)):
+            if len(set(values)) != len(values):
+                raise ValueError(f"{wire_name}: each value once")
+        return self

@@ -1,0 +1,126 @@
+"""Which review queues take a result (issue 55, ``scoring.review_rules``), and the queue document's
+save-time rules (``scorer_groups.review_queues``): errors name the wire's fields."""
+
+from __future__ import annotations
+
+import hashlib
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+from pydantic import ValidationError
+
+from scorer_groups.review_queues import ReviewQueue
+from scoring.models import ScorerGroup
+from scoring.review_rules import REVIEW_SALT, queues_taking, review_reason
+from scoring.sampling import keep
+
+GROUP = ScorerGroup.model_validate({
+    "id": "g-1", "name": "Quality", "projectId": "p-1",
+    "members": [{"kind": "judge", "refId": "j", "weight": 1}],
+    "online": {"enabled": True, "sampleRate": 1.0, "alertThreshold": 6.0, "severity": "high"}})
+NO_THRESHOLD = GROUP.model_copy(update={"online": None})
+
+
+def queue(rule: dict[str, object], **fields: object) -> ReviewQueue:
+    return ReviewQueue.model_validate({"id": "q-1", "name": "Check", "projectId": "p-1", "groupIds": ["g-1"],
+                                       "rule": rule, **fields})
+
+
+def reason(q: ReviewQueue, *, rating: float | None, goodness: list[float | None] | None = None,
+           origin: str = "live", group: ScorerGroup = GROUP, subject: str = "trace:t-1") -> str | None:
+    return review_reason(q, group, origin, subject_key=subject, rating=rating,  # type: ignore[arg-type]
+                         goodness=goodness or [])
+
+
+def test_below_takes_a_result_under_the_threshold_or_without_a_score() -> None:
+    below = queue({"below": True})
+    assert reason(below, rating=5.99) == "below"
+    assert reason(below, rating=None) == "below"  # a must-pass member that could not score
+    assert reason(below, rating=6.0) is None  # at the threshold is not below it
+    assert reason(below, rating=9.0) is None
+    assert reason(below, rating=0.0, group=NO_THRESHOLD) is None  # no threshold: only "no score"
+    assert reason(below, rating=None, group=NO_THRESHOLD) == "below"
+
+
+def test_disagreement_takes_members_at_least_that_far_apart() -> None:
+    split = queue({"disagreement": 0.4})
+    assert reason(split, rating=5.0, goodness=[0.7, 0.3]) == "disagreement"  # 0.39999999999999997 in floats
+    assert reason(split, rating=5.0, goodness=[0.7, 0.31]) is None
+    assert reason(split, rating=5.0, goodness=[1.0, None, 0.0]) == "disagreement"  # an unscored member is no vote
+    assert reason(split, rating=5.0, goodness=[1.0, None]) is None  # one verdict cannot disagree
+
+
+def test_the_first_test_that_holds_is_the_reason() -> None:
+    every = queue({"below": True, "disagreement": 0.1, "sampleRate": 1.0})
+    assert reason(every, rating=1.0, goodness=[0.0, 1.0]) == "below"
+    assert reason(every, rating=9.0, goodness=[0.5, 1.0]) == "disagreement"
+    assert reason(every, rating=9.0, goodness=[1.0, 1.0]) == "sample"
+
+
+def test_a_queue_takes_only_its_groups_origins_and_project() -> None:
+    below = queue({"below": True})
+    assert reason(below, rating=1.0, origin="backfill") is None  # origins default to live
+    assert reason(queue({"below": True}, origins=["live", "backfill"]), rating=1.0, origin="backfill") == "below"
+    assert reason(below, rating=1.0, group=GROUP.model_copy(update={"id": "g-2"})) is None
+    # A group moved to another project is not its old project's queue's to show.
+    assert reason(below, rating=1.0, group=GROUP.model_copy(update={"project_id": "p-2"})) is None
+
+
+def _point(subject: str) -> float:
+    """The sample point written from its definition: blake2b(subject, 0x1f, salt), top 53 bits."""
+    digest = hashlib.blake2b(subject.encode() + b"\x1f" + REVIEW_SALT.encode(), digest_size=8).digest()
+    return (int.from_bytes(digest, "big") >> 11) / 2**53
+
+
+def test_the_sample_is_the_hash_rule_under_one_salt_for_every_queue() -> None:
+    sampled = queue({"sampleRate": 0.05})
+    subjects = [f"trace:t-{i}" for i in range(20_000)]
+    taken = [s for s in subjects if reason(sampled, rating=9.0, subject=s) == "sample"]
+    assert taken == [s for s in subjects if _point(s) < 0.05]
+    assert 800 < len(taken) < 1200  # ~5%
+    # Independent of the groups' own (unsalted) samples: of what a group at 10% keeps, ~5%.
+    kept_by_group = [s for s in subjects if keep(s, 0.10)]
+    share = sum(s in set(taken) for s in kept_by_group) / len(kept_by_group)
+    assert 0.03 < share < 0.07, share
+
+
+@given(st.floats(0.001, 1.0), st.floats(0.001, 1.0), st.text(min_size=1, max_size=40))
+def test_a_smaller_queue_sample_is_a_subset_of_a_larger_one(a: float, b: float, subject: str) -> None:
+    small, large = sorted((a, b))
+    if reason(queue({"sampleRate": small}), rating=9.0, subject=subject) == "sample":
+        assert reason(queue({"sampleRate": large}), rating=9.0, subject=subject) == "sample"
+
+
+def test_queues_taking_lists_each_queue_that_takes_it_with_why() -> None:
+    low, split = queue({"below": True}), queue({"disagreement": 0.5}, id="q-2")
+    assert [(q.id, why) for q, why in queues_taking([low, split], GROUP, "live", subject_key="trace:t-1",
+                                                      rating=2.0, goodness=[0.0, 0.9])] == [
+        ("q-1", "below"), ("q-2", "disagreement")]
+
+
+@pytest.mark.parametrize(("fields", "where", "says"), [
+    ({"rule": {}}, "rule", "a rule takes nothing"),
+    ({"rule": {"sampleRate": 1.5}}, "rule.sampleRate", "less than or equal to 1"),
+    ({"rule": {"disagreement": 0}}, "rule.disagreement", "greater than 0"),
+    ({"reviewersPerItem": 4}, "reviewersPerItem", "less than or equal to 3"),
+    ({"reservationSeconds": 5}, "reservationSeconds", "greater than or equal to 30"),
+    ({"groupIds": []}, "groupIds", "at least 1"),
+    ({"groupIds": ["g-1", "g-1"]}, "", "groupIds: each value once"),
+    ({"origins": ["live", "elsewhere"]}, "origins.1", "'live', 'backfill' or 'dataset'"),
+    ({"capacity": 0}, "capacity", "greater than or equal to 1"),
+])
+def test_a_queue_is_refused_with_the_field_that_is_wrong(fields: dict[str, object], where: str, says: str) -> None:
+    doc = {"id": "q-1", "name": "Check", "projectId": "p-1", "groupIds": ["g-1"], "rule": {"below": True}, **fields}
+    with pytest.raises(ValidationError) as caught:
+        ReviewQueue.model_validate(doc)
+    (error,) = caught.value.errors()
+    assert ".".join(str(part) for part in error["loc"]) == where
+    assert says in error["msg"]
+
+
+def test_a_queue_keeps_its_defaults_on_the_wire() -> None:
+    wire = queue({"below": True}).wire()
+    assert wire == {"id": "q-1", "name": "Check", "projectId": "p-1", "groupIds": ["g-1"],
+                    "rule": {"below": True, "disagreement": None, "sampleRate": None}, "origins": ["live"],
+                    "reviewersPerItem": 1, "reservationSeconds": 600, "capacity": 1000, "keepDays": 30}
