@@ -14,6 +14,7 @@ from typing import Any
 
 import orjson
 
+from scorer_groups.review_queues import ReviewQueue
 from scoring.catalog_index import CatalogIndex, Changes
 from scoring.filters import Decide, HeaderView, View, regex_errors
 from scoring.models import (
@@ -30,7 +31,7 @@ from scoring.models import (
 
 KIND_MODELS: dict[str, type[WireModel]] = {
     "judges": Judge, "patterns": Pattern, "customs": CustomEvaluator,
-    "groups": ScorerGroup, "budgets": Budget, "channels": AlertChannel,
+    "groups": ScorerGroup, "budgets": Budget, "channels": AlertChannel, "queues": ReviewQueue,
 }
 MEMBER_KIND_NOUN: dict[MemberKind, str] = {
     "judge": "LLM judge", "pattern": "pattern", "custom": "custom evaluator"}
@@ -66,6 +67,7 @@ class CatalogSnapshot:
     groups: Mapping[str, ScorerGroup] = field(default_factory=dict)
     budgets: Mapping[str, Budget] = field(default_factory=dict)
     channels: Mapping[str, AlertChannel] = field(default_factory=dict)
+    queues: Mapping[str, ReviewQueue] = field(default_factory=dict)
     # What the hot path reads, derived from the documents: built whole for a snapshot read whole,
     # carried from the previous one by ``changed`` (scoring.catalog_index).
     index: CatalogIndex = field(default=None, repr=False, compare=False)  # type: ignore[assignment]
@@ -144,6 +146,10 @@ class CatalogSnapshot:
             return self.index.channels_by_agent.get(agent_id, ())
         owned = self.index.channels_by_owner
         return owned.get((agent_id, project_id), ()) + owned.get((agent_id, None), ())
+
+    def queues_watching(self, group_id: str) -> tuple[ReviewQueue, ...]:
+        """The review queues that name the group (``scoring.review_rules`` decides which take a result)."""
+        return self.index.queues_by_group.get(group_id, ())
 
     def budget(self, project_id: str) -> Budget | None:
         return self.budgets.get(project_id)
@@ -233,6 +239,18 @@ def labelled(group: ScorerGroup, catalog: CatalogSnapshot,
             taken[label] = i
         members.append(m.model_copy(update={"label": label}))
     return group.model_copy(update={"members": members}), errors
+
+
+def queue_errors(queue: ReviewQueue, catalog: CatalogSnapshot, previous: ReviewQueue | None) -> list[str]:
+    """A queue watches groups of its own project. An id the stored version already held is kept
+    (its group was deleted or moved since: the queue takes nothing from it)."""
+    held = set(previous.group_ids) if previous is not None else set()
+    errors = []
+    for i, group_id in enumerate(queue.group_ids):
+        group = catalog.groups.get(group_id)
+        if (group is None or group.project_id != queue.project_id) and group_id not in held:
+            errors.append(f"groupIds[{i}]: no scorer group with id {group_id!r} in project {queue.project_id!r}")
+    return errors
 
 
 def judge_errors(judge: Judge, catalog: CatalogSnapshot) -> list[str]:

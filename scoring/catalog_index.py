@@ -19,6 +19,7 @@ from typing import Any
 import orjson
 
 from scorer_groups.filters import walk
+from scorer_groups.review_queues import ReviewQueue
 from scoring.filters import Decide, compile_filter
 from scoring.models import AlertChannel, Scope, ScorerGroup, WireModel
 
@@ -48,6 +49,7 @@ class CatalogIndex:
     groups_by_project: dict[str, frozenset[str]]  # project: its groups' keys in the catalog (any state)
     revisions: dict[str, str]  # group id: its rubric's revision, filled as asked
     counts: Counter[tuple[str, str]]  # (kind, project): documents
+    queues_by_group: dict[str, tuple[ReviewQueue, ...]]  # group id: the review queues naming it, by id
 
     @classmethod
     def build(cls, docs: Mapping[str, Mapping[str, WireModel]]) -> CatalogIndex:
@@ -57,12 +59,13 @@ class CatalogIndex:
             by_project.setdefault(group.project_id, set()).add(key)
         index = cls(live={}, live_any_scope={}, filters={}, span_filters={}, channels_by_agent={},
                     channels_by_owner={}, groups_by_project={p: frozenset(ids) for p, ids in by_project.items()},
-                    revisions={}, counts=Counter())
+                    revisions={}, counts=Counter(), queues_by_group={})
         for group in groups.values():
             index._compile(group)
         for project in by_project:
             index._relist(project, groups)
         index._index_channels(docs["channels"].values())  # type: ignore[arg-type]
+        index._index_queues(docs["queues"].values())  # type: ignore[arg-type]
         for kind, of_kind in docs.items():
             index.counts.update((kind, owner) for doc in of_kind.values()
                                 if (owner := project_of(doc)) is not None)
@@ -76,7 +79,8 @@ class CatalogIndex:
                              filters=dict(self.filters), span_filters=dict(self.span_filters),
                              channels_by_agent=self.channels_by_agent, channels_by_owner=self.channels_by_owner,
                              groups_by_project=dict(self.groups_by_project),
-                             revisions=dict(self.revisions), counts=self.counts.copy())
+                             revisions=dict(self.revisions), counts=self.counts.copy(),
+                             queues_by_group=self.queues_by_group)
         projects: set[str] = set()  # whose live lists change
         scorers: set[tuple[str, str]] = set()  # (kind, id) changed: the groups holding them are new revisions
         for (kind, id_), doc in changes.items():
@@ -111,6 +115,8 @@ class CatalogIndex:
                     del index.revisions[group_id]
         if any(kind == "channels" for kind, _ in changes):
             index._index_channels(after["channels"].values())  # type: ignore[arg-type]
+        if any(kind == "queues" for kind, _ in changes):  # a few a project: indexed again whole
+            index._index_queues(after["queues"].values())  # type: ignore[arg-type]
         return index
 
     def revision(self, group: ScorerGroup, scorer_doc: Callable[[str, str], Any]) -> str:
@@ -169,3 +175,10 @@ class CatalogIndex:
             by_owner.setdefault((channel.agent_id, channel.project_id), []).append(channel)
         self.channels_by_agent = {agent: tuple(of_agent) for agent, of_agent in by_agent.items()}
         self.channels_by_owner = {owner: tuple(of_owner) for owner, of_owner in by_owner.items()}
+
+    def _index_queues(self, queues: Iterable[ReviewQueue]) -> None:
+        by_group: dict[str, list[ReviewQueue]] = {}
+        for queue in sorted(queues, key=lambda q: q.id):
+            for group_id in queue.group_ids:
+                by_group.setdefault(group_id, []).append(queue)
+        self.queues_by_group = {group_id: tuple(of_group) for group_id, of_group in by_group.items()}

@@ -76,7 +76,7 @@ def _refuse(errors: list[str]) -> None:
 
 SHARED_KINDS = ("judges", "patterns", "customs")  # kinds an operator may share with every project
 KIND_NOUN = {"judges": "judge", "patterns": "pattern", "customs": "custom evaluator",
-             "groups": "scorer group", "budgets": "budget", "channels": "alert channel"}
+             "groups": "scorer group", "budgets": "budget", "channels": "alert channel", "queues": "review queue"}
 
 
 @dataclass(frozen=True)

@@ -17,7 +17,16 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from scoring.catalog import KIND_MODELS, CatalogSnapshot, doc_id, group_errors, judge_errors, labelled
+from scorer_groups.review_queues import ReviewQueue
+from scoring.catalog import (
+    KIND_MODELS,
+    CatalogSnapshot,
+    doc_id,
+    group_errors,
+    judge_errors,
+    labelled,
+    queue_errors,
+)
 from scoring.errors import InvalidDocument, field_errors
 from scoring.models import AlertChannel, Judge, Member, OnlineProfile, ScorerGroup, WireModel
 from scoring.stores.catalog import CatalogStore, Write
@@ -140,6 +149,8 @@ async def apply_file(store: CatalogStore, document: Any) -> ApplyReport:
                            for e in group_errors(doc, after, previous, parsed.refused) + label_errors]
             if isinstance(doc, Judge):
                 errors += [f"{_named(kind, i, doc)}: {e}" for e in judge_errors(doc, after)]
+            if isinstance(doc, ReviewQueue):
+                errors += [f"{_named(kind, i, doc)}: {e}" for e in queue_errors(doc, after, catalog.queues.get(id_))]
             if isinstance(doc, AlertChannel):
                 doc = saved_channel(doc, stored, now)
             name = f"{kind}/{id_}"

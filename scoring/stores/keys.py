@@ -36,7 +36,7 @@ CATALOG_TAG = "{catalog}"
 # and every write WATCHes it, so concurrent writers serialize instead of losing updates.
 CATALOG_VERSION = f"{PREFIX}:{CATALOG_TAG}:version"
 # One hash per kind of document: field = document id, value = {"v": version, "doc": {...}}.
-CATALOG_KINDS = ("judges", "patterns", "customs", "groups", "budgets", "channels")
+CATALOG_KINDS = ("judges", "patterns", "customs", "groups", "budgets", "channels", "queues")
 # Published (with the new version) after every write: running workers reload within a second.
 CATALOG_CHANNEL = f"{PREFIX}:catalog:changed"
 # What each version changed ({"v": version, "docs": [[kind, id], ...]}), newest first,

@@ -1,6 +1,7 @@
 """A catalog change applied as a delta (``CatalogSnapshot.changed``) gives the same snapshot as
 the catalog read whole: the same documents and the same hot-path index (live groups by project
-and scope, in order; filters; channels by agent; groups by project; document counts; revisions)."""
+and scope, in order; filters; channels by agent; groups by project; document counts; revisions;
+the review queues naming each group)."""
 
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ from typing import Any
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from scorer_groups.review_queues import ReviewQueue
 from scoring.catalog import KIND_MODELS, CatalogSnapshot, doc_id, kind_of
 from scoring.catalog_index import CatalogIndex
 from scoring.filters import TraceView
@@ -44,6 +46,11 @@ def channel(i: int, project: str | None) -> AlertChannel:
                                         "projectId": project})
 
 
+def queue(i: int, project: str, group_refs: list[int]) -> ReviewQueue:
+    return ReviewQueue.model_validate({"id": f"q{i}", "name": f"Q{i}", "projectId": project,
+                                       "groupIds": [f"g{g}" for g in group_refs], "rule": {"below": True}})
+
+
 projects = st.sampled_from(PROJECTS)
 documents = st.one_of(
     st.builds(group, st.integers(0, 7), projects, st.booleans(), st.sampled_from(SCOPES), st.booleans(),
@@ -51,8 +58,9 @@ documents = st.one_of(
     st.builds(judge, st.integers(0, 3), st.one_of(st.none(), projects), st.sampled_from(["A?", "B?"])),
     st.builds(pattern, st.integers(0, 3), st.one_of(st.none(), projects)),
     st.builds(channel, st.integers(0, 3), st.one_of(st.none(), projects)),
+    st.builds(queue, st.integers(0, 3), projects, st.lists(st.integers(0, 7), min_size=1, max_size=3, unique=True)),
 )
-deletes = st.tuples(st.sampled_from(["groups", "judges", "patterns", "channels"]), st.integers(0, 7))
+deletes = st.tuples(st.sampled_from(["groups", "judges", "patterns", "channels", "queues"]), st.integers(0, 7))
 changes = st.lists(st.lists(st.one_of(documents, deletes), min_size=1, max_size=4), min_size=1, max_size=12)
 
 
@@ -71,7 +79,7 @@ def key_of(doc: WireModel) -> tuple[str, str]:
 def comparable(index: CatalogIndex) -> dict[str, Any]:
     return {"live": index.live, "any": index.live_any_scope, "filters": set(index.filters),
             "span_filters": set(index.span_filters), "channels": index.channels_by_agent, "owners": index.channels_by_owner,
-            "by_project": index.groups_by_project, "counts": +index.counts}
+            "by_project": index.groups_by_project, "counts": +index.counts, "queues": index.queues_by_group}
 
 
 @settings(max_examples=150, deadline=None)

@@ -29,7 +29,7 @@ from scoring.members.fair_share import FairShare
 from scoring.playground import Playground
 from scoring.stores.catalog import SnapshotCache
 from scoring.stores.claims import Claims
-from worker.api import backfills, console_pages, docs_pages, evaluations, groups, incidents, problems, scorers
+from worker.api import backfills, console_pages, docs_pages, evaluations, groups, incidents, problems, reviews, scorers
 from worker.api.bodies import BodyParser, with_body_schemas
 from worker.api.door import Door
 from worker.connections import redis_client
@@ -83,6 +83,7 @@ def create_app(settings: Settings) -> FastAPI:
     app.include_router(evaluations.router)
     app.include_router(backfills.router)
     app.include_router(incidents.router)
+    app.include_router(reviews.router)
     app.add_middleware(Door, max_bytes=settings.api_max_body_bytes)  # bodies bounded, keys checked first
 
     @app.middleware("http")

@@ -1,0 +1,129 @@
+"""``/v1/review-queues`` (issue 55) on the real API process and Redis: a queue is a catalog document
+of its project - created with its defaults, refused with the field that is wrong, merged by a
+PATCH as a group's online profile is, invisible to other projects, and in every worker's snapshot
+under the groups it watches."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Any
+
+import httpx
+import pytest
+import redis.asyncio as aioredis
+
+from scoring.stores.catalog import CatalogStore
+from tests.support.api_process import ApiProcess, create_key
+from tests.support.redis_databases import RedisDatabases
+
+pytestmark = pytest.mark.integration
+
+
+@pytest.fixture(scope="module")
+def api(redis_databases: RedisDatabases, tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[ApiProcess, str, str]]:
+    with redis_databases.lease() as url:
+        mine, other = create_key(url, "--project", "p-rev"), create_key(url, "--project", "p-other")
+        process = ApiProcess(url, tmp_path_factory.mktemp("api") / "api.log").start()
+        try:
+            yield process, mine, other
+        finally:
+            process.stop()
+
+
+def client(process: ApiProcess, key: str) -> httpx.Client:
+    return httpx.Client(base_url=process.url, headers={"Authorization": f"Bearer {key}"}, timeout=30)
+
+
+def a_group(http: httpx.Client, name: str) -> str:
+    judge = http.post("/v1/judges", json={"name": "Q", "criteria": "Helpful?"})
+    assert judge.status_code == 201, judge.text
+    made = http.post("/v1/scorer-groups", json={
+        "name": name, "members": [{"kind": "judge", "refId": judge.json()["id"]}],
+        "online": {"enabled": True, "sampleRate": 1.0, "alertThreshold": 6, "severity": "high"}})
+    assert made.status_code == 201, made.text
+    return str(made.json()["id"])
+
+
+def test_a_queue_is_created_read_listed_merged_and_deleted(api: tuple[ApiProcess, str, str]) -> None:
+    process, mine, _ = api
+    with client(process, mine) as http:
+        group = a_group(http, "Support quality")
+        made = http.post("/v1/review-queues", json={"name": "Below", "groupIds": [group], "rule": {"below": True}})
+        assert made.status_code == 201, made.text
+        queue: dict[str, Any] = made.json()
+        assert queue == {"id": queue["id"], "name": "Below", "projectId": "p-rev", "groupIds": [group],
+                         "rule": {"below": True, "disagreement": None, "sampleRate": None}, "origins": ["live"],
+                         "reviewersPerItem": 1, "reservationSeconds": 600, "capacity": 1000, "keepDays": 30}
+        assert made.headers["Location"] == f"/v1/review-queues/{queue['id']}"
+        read = http.get(f"/v1/review-queues/{queue['id']}")
+        assert read.json() == queue and read.headers["ETag"] == made.headers["ETag"]
+        assert queue["id"] in [q["id"] for q in http.get("/v1/review-queues").json()["items"]]
+
+        # Sparse: the rule merges key by key, the rest is kept; a null puts a key's default back.
+        merged = http.patch(f"/v1/review-queues/{queue['id']}", json={"rule": {"sampleRate": 0.05},
+                                                                      "reviewersPerItem": 2})
+        assert merged.status_code == 200, merged.text
+        assert merged.json()["rule"] == {"below": True, "disagreement": None, "sampleRate": 0.05}
+        assert (merged.json()["reviewersPerItem"], merged.json()["name"]) == (2, "Below")
+        cleared = http.patch(f"/v1/review-queues/{queue['id']}", json={"rule": {"below": None}})
+        assert cleared.json()["rule"] == {"below": False, "disagreement": None, "sampleRate": 0.05}
+        # A stale ETag is refused: someone changed the queue since it was read.
+        stale = http.patch(f"/v1/review-queues/{queue['id']}", json={"name": "X"},
+                           headers={"If-Match": made.headers["ETag"]})
+        assert stale.status_code == 412, stale.text
+
+        assert http.delete(f"/v1/review-queues/{queue['id']}").status_code == 204
+        assert http.get(f"/v1/review-queues/{queue['id']}").status_code == 404
+
+
+@pytest.mark.parametrize(("body", "where"), [
+    ({"rule": {"sampleRate": 2}}, "rule.sampleRate"),
+    ({"rule": {}}, "rule"),
+    ({"reviewersPerItem": 5}, "reviewersPerItem"),
+    ({"origins": ["live", "live"]}, "origins: each value once"),
+])
+def test_a_queue_is_refused_with_the_field_that_is_wrong(api: tuple[ApiProcess, str, str], body: dict[str, Any],
+                                                         where: str) -> None:
+    process, mine, _ = api
+    with client(process, mine) as http:
+        group = a_group(http, "Refusals")
+        refused = http.post("/v1/review-queues", json={"name": "Bad", "groupIds": [group], "rule": {"below": True},
+                                                       **body})
+        assert refused.status_code == 400, refused.text
+        assert where in refused.text, refused.text
+
+
+def test_a_queue_watches_only_its_own_projects_groups_and_no_one_else_sees_it(
+        api: tuple[ApiProcess, str, str]) -> None:
+    process, mine, other = api
+    with client(process, mine) as http, client(process, other) as theirs:
+        their_group = a_group(theirs, "Theirs")
+        refused = http.post("/v1/review-queues", json={"name": "Peek", "groupIds": [their_group],
+                                                       "rule": {"sampleRate": 1.0}})
+        assert refused.status_code == 400
+        assert f"groupIds[0]: no scorer group with id '{their_group}' in project 'p-rev'" in refused.text
+        made = http.post("/v1/review-queues", json={"name": "Mine", "groupIds": [a_group(http, "Mine")],
+                                                    "rule": {"below": True}}).json()
+        for ask in (theirs.get(f"/v1/review-queues/{made['id']}"),
+                    theirs.patch(f"/v1/review-queues/{made['id']}", json={"name": "Taken"}),
+                    theirs.delete(f"/v1/review-queues/{made['id']}")):
+            assert ask.status_code == 404, ask.text
+        assert made["id"] not in [q["id"] for q in theirs.get("/v1/review-queues").json()["items"]]
+        moved = http.patch(f"/v1/review-queues/{made['id']}", json={"groupIds": [their_group]})
+        assert moved.status_code == 400, moved.text
+
+
+async def test_every_worker_has_the_queue_under_the_groups_it_watches(api: tuple[ApiProcess, str, str]) -> None:
+    process, mine, _ = api
+    with client(process, mine) as http:
+        first, second = a_group(http, "First"), a_group(http, "Second")
+        made = http.post("/v1/review-queues", json={"name": "Both", "groupIds": [first, second],
+                                                    "rule": {"disagreement": 0.4}}).json()
+    redis = aioredis.Redis.from_url(process.redis_url)
+    try:
+        snapshot = await CatalogStore(redis).snapshot()  # as a worker reads it
+        assert [q.id for q in snapshot.queues_watching(first)] == [made["id"]]
+        assert [q.id for q in snapshot.queues_watching(second)] == [made["id"]]
+        assert snapshot.queues[made["id"]].rule.disagreement == 0.4
+    finally:
+        await redis.aclose()

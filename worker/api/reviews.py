@@ -1,0 +1,108 @@
+"""``/v1/review-queues``: where people check the judges on live traffic (issue 55). A thin shell
+around ``scoring.review_queues`` - the rules hold the same through ``catalog apply``."""
+
+from __future__ import annotations
+
+from typing import Annotated, Any
+
+from fastapi import APIRouter, Depends, Path, Request, Response
+
+from scorer_groups.review_queues import ReviewOrigin, ReviewQueue
+from scoring.catalog import etag
+from scoring.models import ID_PATTERN, Id, Name, WireModel
+from scoring.review_queues import ReviewQueues
+from worker.api.auth import Client, Who
+from worker.api.groups import IfMatch
+from worker.api.pages import Cursor, Limit, Page, page
+
+router = APIRouter(prefix="/v1", tags=["review queues"])
+QueueId = Annotated[str, Path(alias="id", max_length=128, pattern=ID_PATTERN)]
+
+
+class RulePatch(WireModel):
+    """Keys to merge into the stored rule; a key sent as null is cleared."""
+
+    below: bool | None = None
+    disagreement: float | None = None
+    sample_rate: float | None = None
+
+
+class QueueCreate(WireModel):
+    """A new queue. ``projectId`` is the key's project (an operator key names one)."""
+
+    name: Name
+    group_ids: list[Id]
+    rule: dict[str, Any]  # validated whole with the queue (its errors say rule.sampleRate, ...)
+    origins: list[ReviewOrigin] | None = None
+    reviewers_per_item: int | None = None
+    reservation_seconds: int | None = None
+    capacity: int | None = None
+    keep_days: int | None = None
+    project_id: Id | None = None
+
+
+class QueuePatch(WireModel):
+    """A sparse update: only the fields sent change; ``rule`` merges key by key."""
+
+    name: Name | None = None
+    group_ids: list[Id] | None = None
+    rule: RulePatch | None = None
+    origins: list[ReviewOrigin] | None = None
+    reviewers_per_item: int | None = None
+    reservation_seconds: int | None = None
+    capacity: int | None = None
+    keep_days: int | None = None
+
+
+class QueuePage(Page):
+    items: list[ReviewQueue]
+
+
+def queues(client: Client, who: Who) -> ReviewQueues:
+    return ReviewQueues(client.store, who)
+
+
+Queues = Annotated[ReviewQueues, Depends(queues)]
+
+
+def _with_etag(response: Response, queue: ReviewQueue) -> ReviewQueue:
+    response.headers["ETag"] = etag(queue)
+    return queue
+
+
+@router.get("/review-queues", response_model=QueuePage)
+async def list_queues(surface: Queues, limit: Limit = 50, cursor: Cursor = None) -> QueuePage:
+    items, next_cursor = page(await surface.list(), lambda q: q.id, limit, cursor)
+    return QueuePage(items=items, next_cursor=next_cursor)
+
+
+@router.post("/review-queues", status_code=201, response_model=ReviewQueue)
+async def create_queue(body: QueueCreate, surface: Queues, request: Request, response: Response) -> ReviewQueue:
+    fields = body.model_dump(by_alias=True, exclude_none=True, exclude={"project_id"})
+    queue = await surface.create(fields, project_id=body.project_id)
+    response.headers["Location"] = str(request.url_for("get_queue", id=queue.id).path)
+    return _with_etag(response, queue)
+
+
+@router.get("/review-queues/{id}", response_model=ReviewQueue)
+async def get_queue(queue_id: QueueId, surface: Queues, response: Response) -> ReviewQueue:
+    return _with_etag(response, await surface.get(queue_id))
+
+
+@router.patch("/review-queues/{id}", response_model=ReviewQueue)
+async def update_queue(queue_id: QueueId, body: QueuePatch, surface: Queues, response: Response,
+                       if_match: IfMatch = None) -> ReviewQueue:
+    fields: dict[str, Any] = {}
+    for name in body.model_fields_set:
+        wire = QueuePatch.model_fields[name].alias or name
+        value = getattr(body, name)
+        if name == "rule" and isinstance(value, RulePatch):
+            value = value.model_dump(by_alias=True, exclude_unset=True)
+        fields[wire] = value
+    return _with_etag(response, await surface.update(queue_id, fields, if_match=if_match))
+
+
+@router.delete("/review-queues/{id}", status_code=204, response_class=Response)
+async def delete_queue(queue_id: QueueId, surface: Queues, if_match: IfMatch = None) -> Response:
+    await surface.delete(queue_id, if_match=if_match)
+    return Response(status_code=204)
