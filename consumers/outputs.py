@@ -5,11 +5,14 @@ done. ``Outputs.send`` takes any ``Record`` (the incident watcher's, the digest 
 
 from __future__ import annotations
 
+from typing import NamedTuple
+
 from aiokafka import AIOKafkaProducer
 
 from consumers.events import PipelineEvents
 from consumers.judge_export import JudgeCallSink
 from consumers.sender import BULK_RECORDS, send_records
+from scorer_groups.review_queues import ReviewItem, ReviewQueue
 from scoring.catalog import CatalogSnapshot
 from scoring.otlp.judge_spans import call_spans
 from scoring.outbox import BACKFILL, BACKFILL_ALERTING, LIVE, PublishPolicy, Record, TopicNames, outbox
@@ -18,6 +21,14 @@ from scoring.results import PublishedRating, ResultScope, encode_rating, no_scor
 from scoring.stores.alerts import NoScoreAlerts
 
 __all__ = ["BACKFILL", "BACKFILL_ALERTING", "BULK_RECORDS", "LIVE", "Outputs", "PublishPolicy", "TopicNames"]
+
+
+class Published(NamedTuple):
+    """What a publish sent: each result's rating, in order, and the review items they make (by
+    rating id, each with its queue)."""
+
+    ratings: list[PublishedRating]
+    review_items: dict[str, list[tuple[ReviewItem, ReviewQueue]]]
 
 
 class Outputs:
@@ -32,10 +43,11 @@ class Outputs:
         self._judge_calls = judge_calls  # None: judge calls are not exported as spans
 
     async def publish(self, results: list[GroupResult], scope: ResultScope,
-                      snapshot: CatalogSnapshot) -> list[PublishedRating]:
+                      snapshot: CatalogSnapshot) -> Published:
         """1. each result's rating document; 2. the no-score Signals due (one round trip, only
         when some result has none); 3. what they publish (``scoring.outbox``); 4. sent and
-        acknowledged; 5. their judge calls queued for export."""
+        acknowledged; 5. their judge calls queued for export. The review items they make are the
+        caller's to keep (with the history: ``consumers.pair_protocol``)."""
         ratings = [encode_rating(result, scope, origin=self.policy.origin) for result in results]
         no_score = await self._no_score_due(results, ratings) if self.policy.signals else set()
         box = outbox([(r.group, r.subject, rating) for r, rating in zip(results, ratings, strict=True)],
@@ -48,7 +60,7 @@ class Outputs:
         if self._judge_calls is not None:  # telemetry after the results: queued, never awaited
             for result, rating in zip(results, ratings, strict=True):
                 self._judge_calls.add(call_spans(result, rating.id))
-        return ratings
+        return Published(ratings, box.review_items)
 
     async def _no_score_due(self, results: list[GroupResult], ratings: list[PublishedRating]) -> set[str]:
         """The no-score Signals this publish raises (one round trip, and only when some result

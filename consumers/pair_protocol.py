@@ -26,6 +26,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import enum
+import functools
 import time
 from typing import Literal, Protocol
 
@@ -38,6 +39,7 @@ from consumers.outage import OutageGuard, not_the_subjects_fault
 from consumers.outputs import Outputs
 from consumers.pauses import PauseWatch
 from consumers.traffic_counts import TrafficCounts
+from scorer_groups.review_queues import ReviewItem, ReviewQueue
 from scoring.catalog import CatalogSnapshot
 from scoring.claim_request import ClaimRequest
 from scoring.frozen import frozen
@@ -48,6 +50,7 @@ from scoring.results import HistoryEntry, ResultScope, history_entry, tokens_of
 from scoring.routing import Pair
 from scoring.stores.claims import ClaimResult, Claims, PairSpend, Reservation, ReserveCalls
 from scoring.stores.ratings import RatingsStore, SessionVerdict
+from scoring.stores.review_items import ReviewItems
 
 log = structlog.get_logger(__name__)
 
@@ -78,8 +81,7 @@ class PairOutcome:
     error: Exception | None = None
 
 
-PUBLISHED, DECIDED, REFUSED, LEFT = (PairOutcome(fate) for fate in (Fate.PUBLISHED, Fate.DECIDED, Fate.REFUSED,
-                                                                   Fate.LEFT))
+PUBLISHED, DECIDED, REFUSED, LEFT = (PairOutcome(f) for f in (Fate.PUBLISHED, Fate.DECIDED, Fate.REFUSED, Fate.LEFT))
 
 
 class CallCap(Protocol):
@@ -101,6 +103,7 @@ class Finished:
     entry: HistoryEntry
     tokens: int = 0  # the usage the judges reported, less the ceilings reserved
     verdict: SessionVerdict | None = None
+    review: tuple[tuple[ReviewItem, ReviewQueue], ...] = ()  # the review queues' items it makes
 
 
 @frozen
@@ -136,6 +139,10 @@ class PairProtocol:
                                                          max_wait_s=finish_linger_s)
         self._confirmer: Batcher[ClaimRequest, bool] = Batcher(self._confirm_many, max_wait_s=CONFIRM_LINGER_S)
         self._reserver: Batcher[Reservation, bool] = Batcher(self._reserve_many)
+
+    @functools.cached_property
+    def _reviews(self) -> ReviewItems:  # review items: kept where the results are counted
+        return ReviewItems(self._ratings.redis)
 
     def start(self) -> None:
         self.finisher.start()
@@ -399,14 +406,15 @@ class PairProtocol:
             published = await self._outages.call(
                 lambda: self._outputs.publish([s.result for s in scored], scope, snapshot))
             finished = []
-            for s, p in zip(scored, published, strict=True):
+            for s, p in zip(scored, published.ratings, strict=True):
                 verdict = (SessionVerdict(p.session_id or "", p.group_id, p.rating, p.justification,
                                           p.scored_at.timestamp())
                            if scope == "session" else None)
                 tokens = s.spend.settlement(tokens_of(s.result)) if s.spend is not None else 0
                 at = s.pair.subject.at if self._outputs.policy.history_at_subject else None
                 entry = history_entry(s.pair.group, p, p.document, at, s.result)
-                finished.append(Finished(s.pair.claim, p.id, entry, tokens, verdict))
+                finished.append(Finished(s.pair.claim, p.id, entry, tokens, verdict,
+                                         tuple(published.review_items.get(p.id, ()))))
             await self.finisher.submit(finished)
         except Exception as exc:
             self.failure = self.failure or exc
@@ -417,8 +425,13 @@ class PairProtocol:
     async def _finish(self, items: list[Finished]) -> None:
         """History, latest results and verdicts first: a pair marked done is never scored again,
         so what it counts must exist by then. Then the done marks, settling tokens in passing."""
+        review = [taken for i in items for taken in i.review]
+
         async def write() -> None:
             await self._ratings.write([i.entry for i in items], [i.verdict for i in items if i.verdict is not None])
+            if review:  # before the done marks, as the history: a pair done has its items
+                for taken in await self._reviews.take(review, time.time()):
+                    self._events.review_items(taken.project_id, taken.taken, taken.turned_away)
             await self.claims.mark_done([(i.claim, i.rating_id) for i in items],
                                         tokens=[(i.claim, i.tokens) for i in items if i.tokens])
 

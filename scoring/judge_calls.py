@@ -44,20 +44,26 @@ def kept(call: JudgeCall, redact: Redactor, max_chars: int = CALL_TEXT_MAX_CHARS
     ``CALL_TEXT_MAX_BYTES`` bytes (their full lengths said in ``lengths``) and cut of secrets:
     the messages and answer of their shapes, the error of the known ones too."""
     def cut(text: str) -> str:
-        if len(text) <= max_chars + _REDACT_MARGIN:  # masked whole: nothing cut short before masking
-            text = redact_text(text)[:max_chars]
-        else:
-            # Masking earlier secrets shortens the text: the partial secret at the slice's end
-            # moves left, so the cut counts back from the masked text's end, not forward from 0.
-            masked = redact_text(text[:max_chars + _REDACT_MARGIN])
-            text = masked[:min(max_chars, len(masked) - _REDACT_MARGIN)]
-        return _within_bytes(_encodable(text), CALL_TEXT_MAX_BYTES)
+        return shown_text(text, max_chars, CALL_TEXT_MAX_BYTES)
 
     messages = tuple((role, cut(content)) for role, content in call.messages)
     lengths = (*(len(content) for _, content in call.messages), len(call.answer or ""))
     error = None if call.error is None else _within_bytes(redact(call.error, tenant_gave=tenant_texts(call)), 2_000)
     return replace(call, messages=messages, answer=None if call.answer is None else cut(call.answer),
                    error=error, lengths=lengths)
+
+
+def shown_text(text: str, max_chars: int, max_bytes: int) -> str:
+    """A tenant's text as it may be kept and shown to people: cut at ``max_chars`` characters and
+    ``max_bytes`` bytes of JSON, and cut of secrets' shapes (``redact_text``)."""
+    if len(text) <= max_chars + _REDACT_MARGIN:  # masked whole: nothing cut short before masking
+        text = redact_text(text)[:max_chars]
+    else:
+        # Masking earlier secrets shortens the text: the partial secret at the slice's end
+        # moves left, so the cut counts back from the masked text's end, not forward from 0.
+        masked = redact_text(text[:max_chars + _REDACT_MARGIN])
+        text = masked[:min(max_chars, len(masked) - _REDACT_MARGIN)]
+    return _within_bytes(_encodable(text), max_bytes)
 
 
 def tenant_texts(call: JudgeCall) -> tuple[str, ...]:

@@ -18,7 +18,9 @@ For each result, in order (``outbox``):
    record, delivered to no one;
 5. one delivery per channel that hears the Signal; with no Signal, the PagerDuty channels among
    them hear a recovery when the result is at or over the threshold (which resolves their
-   incident).
+   incident);
+6. an item for each review queue of the group that takes the result (``scoring.review_rules``),
+   whatever the policy says of alerts - kept in Redis by the pair's finish, with the history.
 """
 
 from __future__ import annotations
@@ -26,6 +28,7 @@ from __future__ import annotations
 from collections.abc import Collection, Sequence
 from dataclasses import dataclass
 
+from scorer_groups.review_queues import ReviewItem, ReviewQueue
 from scoring.catalog import CatalogSnapshot
 from scoring.frozen import frozen
 from scoring.models import AlertChannel, ScorerGroup
@@ -39,7 +42,9 @@ from scoring.results import (
     build_recovery_deliveries,
     build_signal,
     no_score_signal_id,
+    subject_key_of,
 )
+from scoring.review_rules import queues_taking, review_item
 from scoring.subjects import Subject
 
 
@@ -85,6 +90,8 @@ BACKFILL_ALERTING = PublishPolicy(origin="backfill", signals=True, history_at_su
 class Outbox:
     records: list[Record]  # in order: each result's rating, then its Signal and deliveries
     signals: list[Signal]  # the Signals raised (counted by the caller)
+    # rating id: the items its result makes, each with the queue that takes it (most make none)
+    review_items: dict[str, list[tuple[ReviewItem, ReviewQueue]]]
 
 
 def channels_hearing(group: ScorerGroup, agent_id: str, snapshot: CatalogSnapshot) -> list[AlertChannel]:
@@ -101,9 +108,17 @@ def outbox(results: Sequence[tuple[ScorerGroup, Subject, PublishedRating]], scop
     Signals due (``no_score_signal_id``)."""
     records: list[Record] = []
     signals: list[Signal] = []
+    items: dict[str, list[tuple[ReviewItem, ReviewQueue]]] = {}
     for group, subject, rating in results:
         key = subject.session_id if scope == "session" else subject.trace_id
         records.append(Record(topics.ratings, key.encode() if key else None, rating.document))  # 1.
+        watching = snapshot.queues_watching(group.id)  # 6. (most groups: none, one lookup)
+        if watching:
+            taking = queues_taking(watching, group, policy.origin, subject_key=subject_key_of(subject),
+                                   rating=rating.rating, goodness=rating.goodness)
+            if taking:
+                items[rating.id] = [(review_item(queue, reason, policy.origin, subject, rating, rating.document),
+                                     queue) for queue, reason in taking]
         if not policy.signals:  # 2.
             continue
         signal = build_signal(group, rating)  # 3.
@@ -119,4 +134,4 @@ def outbox(results: Sequence[tuple[ScorerGroup, Subject, PublishedRating]], scop
         records.append(Record(topics.signals, signal.key.encode(), signal.to_json()))
         records += [Record(topics.webhooks, d.agent_id.encode(), d.to_json())
                     for d in build_deliveries(signal, [c.url for c in channels])]
-    return Outbox(records, signals)
+    return Outbox(records, signals, items)

@@ -38,6 +38,7 @@ from scoring.judge_calls import encode_calls
 from scoring.models import ScorerGroup
 from scoring.panel import GroupResult
 from scoring.redact import mask_url
+from scoring.subjects import Subject
 
 __all__ = [
     "RECOVERED_EVENT", "SIGNAL_EVENT", "DeliveryEvent", "HistoryEntry", "MemberVerdict", "PublishedRating", "Rating",
@@ -77,7 +78,10 @@ def channel_key(url: str) -> str:
 
 def subject_key(result: GroupResult) -> str:
     """The subject part of the dedupe pair: the trace, or the session at a turn count."""
-    s = result.subject
+    return subject_key_of(result.subject)
+
+
+def subject_key_of(s: Subject) -> str:
     if s.scope == "session":
         return f"session:{s.session_id}:{s.turns}"
     if s.scope == "span":
@@ -153,6 +157,11 @@ class PublishedRating:
     reason = property(lambda self: self._fields["reason"])
     justification = property(lambda self: self._fields["justification"])
     scored_at = property(lambda self: self._fields["scoredAt"])
+
+    @property
+    def goodness(self) -> list[float | None]:
+        """Each member's goodness (0..1), None for one that did not score."""
+        return [m["goodness"] for m in self._fields["members"]]
 
 
 def encode_rating(result: GroupResult, scope: ResultScope, now: datetime | None = None,

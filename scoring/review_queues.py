@@ -15,11 +15,12 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from scorer_groups.review_queues import ReviewQueue
+from scorer_groups.review_queues import ReviewItem, ReviewQueue
 from scoring.catalog import CatalogSnapshot, queue_errors
 from scoring.errors import InvalidDocument
 from scoring.groups import Caller
 from scoring.stores.catalog import CatalogStore, Write
+from scoring.stores.review_items import ReviewItems
 
 # What a PATCH may change (the id and the project stay: a queue's items are its project's).
 UPDATABLE = ("name", "groupIds", "rule", "origins", "reviewersPerItem", "reservationSeconds", "capacity",
@@ -37,6 +38,7 @@ class ReviewQueues:
     def __init__(self, store: CatalogStore, caller: Caller | None = None) -> None:
         self._store = store
         self._caller = caller or Caller()
+        self._items = ReviewItems(store.redis)
 
     async def list(self) -> builtins.list[ReviewQueue]:
         snapshot = await self._store.snapshot()
@@ -46,6 +48,16 @@ class ReviewQueues:
         queue = self._caller.found("queues", await self._store.snapshot(), queue_id)
         assert isinstance(queue, ReviewQueue)
         return queue
+
+    async def items(self, queue_id: str, *, state: str = "open", limit: int = 50,
+                    cursor: int = 0) -> tuple[builtins.list[ReviewItem], int | None, dict[str, int]]:
+        """A page of the queue's items - open ones oldest first, or all newest first - with its
+        counts (open now, taken, turned away at capacity)."""
+        await self.get(queue_id)  # 404 unless the caller's project sees the queue
+        items, next_cursor = await self._items.page(queue_id, state=state, limit=limit, cursor=cursor)
+        # Each item by its own project: a queue id reused by another project shows none of the old.
+        return ([i for i in items if self._caller.operator or i.project_id == self._caller.project_id], next_cursor,
+                await self._items.counts(queue_id))
 
     async def create(self, fields: Mapping[str, Any], *, project_id: str | None = None) -> ReviewQueue:
         """``fields``: the queue's wire fields but its id and project (the caller's)."""

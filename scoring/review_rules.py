@@ -14,14 +14,23 @@ rule's tests that holds says so, in this order (the reason the item carries):
 from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
-from typing import Literal
 
-from scorer_groups.review_queues import ReviewOrigin, ReviewQueue
+from scorer_groups.review_queues import (
+    ITEM_TEXT_MAX_BYTES,
+    ITEM_TEXT_MAX_CHARS,
+    ReviewItem,
+    ReviewOrigin,
+    ReviewQueue,
+    ReviewReason,
+    ReviewSubject,
+)
+from scoring.judge_calls import shown_text
 from scoring.models import ScorerGroup
+from scoring.results import PublishedRating, Rating, derived_id
 from scoring.sampling import keep
+from scoring.subjects import Subject
 
 REVIEW_SALT = "review-queues"
-ReviewReason = Literal["below", "disagreement", "sample"]
 
 
 def review_reason(queue: ReviewQueue, group: ScorerGroup, origin: ReviewOrigin, *, subject_key: str,
@@ -53,3 +62,22 @@ def queues_taking(queues: Iterable[ReviewQueue], group: ScorerGroup, origin: Rev
         if reason is not None:
             taken.append((queue, reason))
     return taken
+
+
+def review_item_id(queue_id: str, rating_id: str) -> str:
+    return derived_id(f"review-item:{queue_id}:{rating_id}")
+
+
+def review_item(queue: ReviewQueue, reason: ReviewReason, origin: ReviewOrigin, subject: Subject,
+                rating: PublishedRating | Rating, document: bytes) -> ReviewItem:
+    """The item ``queue`` keeps of a published result (``document``: its rating as published)."""
+    def shown(text: str) -> str:
+        return shown_text(text, ITEM_TEXT_MAX_CHARS, ITEM_TEXT_MAX_BYTES) if text else ""
+
+    return ReviewItem(
+        id=review_item_id(queue.id, rating.id), queue_id=queue.id, project_id=queue.project_id,
+        group_id=rating.group_id, rating_id=rating.id, reason=reason, origin=origin, created_at=rating.scored_at,
+        subject=ReviewSubject(scope=rating.scope, trace_id=rating.trace_id, session_id=rating.session_id,
+                              span_id=rating.span_id, span_name=rating.span_name, input=shown(subject.input),
+                              output=shown(subject.output), transcript=shown(subject.transcript)),
+        rating=Rating.model_validate_json(document))

@@ -116,6 +116,9 @@ REGEX_TEXT_CUT = Counter("sgw_regex_text_cut", "Filter regex searches that read 
                          registry=REGISTRY)
 GROUP_SCORE = LoopHistogram("sgw_group_score", "Group scores (0-10) of scored results.",
                             ["project", "group"], buckets=SCORE_BUCKETS, registry=REGISTRY)
+REVIEW_ITEMS = Counter("sgw_review_items", "Results a review queue took (outcome taken), or turned away "
+                       "because the queue held its capacity of open items (outcome turned_away).",
+                       ["project", "outcome"], registry=REGISTRY)
 SIGNALS = Counter("sgw_signals_raised", "Below-threshold Signals raised.", ["project", "group", "severity"],
                   registry=REGISTRY)
 JUDGE_CALLS = Counter("sgw_judge_calls", "Judge calls by outcome.", ["outcome"], registry=REGISTRY)
@@ -223,6 +226,12 @@ class PrometheusEvents:
 
     def signal_raised(self, project: str, group: str, severity: str) -> None:
         _child(SIGNALS, project, group, severity).inc()
+
+    def review_items(self, project: str, taken: int, turned_away: int) -> None:
+        if taken:
+            _child(REVIEW_ITEMS, project, "taken").inc(taken)
+        if turned_away:
+            _child(REVIEW_ITEMS, project, "turned_away").inc(turned_away)
 
     def in_flight(self, count: int) -> None:
         IN_FLIGHT.set(count)

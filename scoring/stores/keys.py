@@ -371,3 +371,30 @@ def group_incidents_order(group_id: str) -> str:
 def digest_period(group_id: str, channel: str, period: int) -> str:
     """A digest channel's period of a group (consumers.digests): pending, then sent."""
     return f"{PREFIX}:digest:{{{group_id}}}:{channel}:{period}"
+
+
+# --- Review queues (scoring.stores.review_items): each queue's items, under the queue's tag -------
+# One script takes a batch of a queue's items (all or each turned away at capacity), so a
+# queue's keys share its hash tag. Labels are data a team paid people for: kept as long as their
+# item (the queue's keepDays), and the keys live on while the queue takes items - each write
+# pushes their TTL to keepDays (a queue deleted leaves keys that expire then).
+
+
+def review_items(queue_id: str) -> str:
+    """item id -> the item (JSON, ``scorer_groups.review_queues.ReviewItem``)."""
+    return f"{PREFIX}:review:{{{queue_id}}}:items"
+
+
+def review_open(queue_id: str) -> str:
+    """The open items by when they were taken (oldest first: the order people review them in)."""
+    return f"{PREFIX}:review:{{{queue_id}}}:open"
+
+
+def review_created(queue_id: str) -> str:
+    """Every item by when it was taken: past keepDays, the oldest go (with their labels)."""
+    return f"{PREFIX}:review:{{{queue_id}}}:created"
+
+
+def review_counts(queue_id: str) -> str:
+    """Counters: items taken, turned away at capacity."""
+    return f"{PREFIX}:review:{{{queue_id}}}:counts"

@@ -280,7 +280,7 @@ def _mark_active(pipe: ScriptPipeline, last: Mapping[str, float]) -> None:
 
 class RatingsStore:
     def __init__(self, redis: RedisClient) -> None:
-        self._redis = redis
+        self._redis = self.redis = redis
         self._record = redis.register_script(_RECORD)
         self._latest = redis.register_script(_LATEST)
         self._one = redis.register_script(_ONE)

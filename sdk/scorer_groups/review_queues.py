@@ -8,10 +8,12 @@ The wire contract of the queue document; the decision itself is the server's
 
 from __future__ import annotations
 
+from datetime import datetime
 from typing import Literal
 
 from pydantic import Field, model_validator
 
+from scorer_groups.documents import Document, Rating, ResultScope
 from scorer_groups.models import Id, Name
 from scorer_groups.wire import WireModel
 
@@ -23,6 +25,13 @@ DEFAULT_ITEM_KEEP_DAYS = 30
 
 # Where a result comes from: live scoring, a backfill, a dataset run's row.
 ReviewOrigin = Literal["live", "backfill", "dataset"]
+# Why an item is in its queue: the rule's first test that held, or added by hand.
+ReviewReason = Literal["below", "disagreement", "sample", "added"]
+ItemState = Literal["open", "done"]
+# What an item keeps of the subject's texts (characters each; cut of secrets' shapes too): enough
+# for a person to judge the answer, bounded in Redis (capacity x this).
+ITEM_TEXT_MAX_CHARS = 20_000
+ITEM_TEXT_MAX_BYTES = 48 * 1024
 
 
 def _live_only() -> list[ReviewOrigin]:
@@ -72,3 +81,34 @@ class ReviewQueue(WireModel):
             if len(set(values)) != len(values):
                 raise ValueError(f"{wire_name}: each value once")
         return self
+
+
+class ReviewSubject(Document):
+    """What the group saw: the request and the answer (a session's transcript), cut at
+    ``ITEM_TEXT_MAX_CHARS`` with secrets' shapes masked."""
+
+    scope: ResultScope
+    trace_id: str | None = None
+    session_id: str | None = None
+    span_id: str | None = None
+    span_name: str | None = None
+    input: str
+    output: str
+    transcript: str = ""
+
+
+class ReviewItem(Document):
+    """One result in one queue, for people to label. Its id is the queue's and the rating's: a
+    result published again (a redelivery) is the same item, never a second one."""
+
+    id: str
+    queue_id: str
+    project_id: str
+    group_id: str
+    rating_id: str
+    reason: ReviewReason
+    origin: ReviewOrigin
+    created_at: datetime
+    state: ItemState = "open"
+    subject: ReviewSubject
+    rating: Rating

@@ -5,14 +5,18 @@ under the groups it watches."""
 
 from __future__ import annotations
 
+import time
 from collections.abc import Iterator
+from datetime import UTC, datetime
 from typing import Any
 
 import httpx
 import pytest
 import redis.asyncio as aioredis
 
+from scorer_groups.review_queues import ReviewItem, ReviewQueue
 from scoring.stores.catalog import CatalogStore
+from scoring.stores.review_items import ReviewItems
 from tests.support.api_process import ApiProcess, create_key
 from tests.support.redis_databases import RedisDatabases
 
@@ -125,5 +129,54 @@ async def test_every_worker_has_the_queue_under_the_groups_it_watches(api: tuple
         assert [q.id for q in snapshot.queues_watching(first)] == [made["id"]]
         assert [q.id for q in snapshot.queues_watching(second)] == [made["id"]]
         assert snapshot.queues[made["id"]].rule.disagreement == 0.4
+    finally:
+        await redis.aclose()
+
+
+def an_item(queue: ReviewQueue, n: int, at: float) -> ReviewItem:
+    rating = {"id": f"r-{n}", "groupId": queue.group_ids[0], "groupName": "G", "projectId": queue.project_id,
+              "agentId": "a", "scope": "trace", "traceId": f"t-{n}", "kind": f"scorer-group:{queue.group_ids[0]}",
+              "rating": 2.0, "reason": None, "justification": "low", "members": [],
+              "scoredAt": datetime.fromtimestamp(at, UTC).isoformat()}
+    return ReviewItem.model_validate({
+        "id": f"item-{n}", "queueId": queue.id, "projectId": queue.project_id, "groupId": queue.group_ids[0],
+        "ratingId": f"r-{n}", "reason": "below", "origin": "live", "createdAt": rating["scoredAt"],
+        "subject": {"scope": "trace", "traceId": f"t-{n}", "input": "q", "output": "a"}, "rating": rating})
+
+
+async def test_items_are_kept_once_oldest_first_within_capacity_and_keep_days(api: tuple[ApiProcess, str, str]) -> None:
+    process, mine, other = api
+    with client(process, mine) as http:
+        made = http.post("/v1/review-queues", json={"name": "Kept", "groupIds": [a_group(http, "Kept")],
+                                                    "rule": {"below": True}, "capacity": 3, "keepDays": 1}).json()
+    queue = ReviewQueue.model_validate(made)
+    redis = aioredis.Redis.from_url(process.redis_url)
+    store = ReviewItems(redis)
+    try:
+        now = time.time()
+        assert [t.taken for t in await store.take([(an_item(queue, 2, now), queue), (an_item(queue, 1, now - 5), queue)],
+                                                  now)] == [2]
+        # The same item again (a worker that died before its done mark publishes it again): nothing.
+        again = await store.take([(an_item(queue, 1, now - 5), queue)], now + 1)
+        assert (again[0].taken, again[0].turned_away) == (0, 0)
+        full = await store.take([(an_item(queue, n, now), queue) for n in (3, 4, 5)], now + 2)
+        assert (full[0].taken, full[0].turned_away) == (1, 2), "capacity 3: the third taken, two turned away"
+        with client(process, mine) as http, client(process, other) as theirs:
+            page = http.get(f"/v1/review-queues/{queue.id}/items").json()
+            assert [i["id"] for i in page["items"]] == ["item-1", "item-2", "item-3"] or \
+                [i["id"] for i in page["items"]] == ["item-2", "item-1", "item-3"]  # same instant: either
+            assert page["items"][2]["id"] == "item-3", "oldest first"
+            assert page["counts"] == {"open": 3, "taken": 3, "turnedAway": 2}
+            assert page["items"][0]["subject"]["input"] == "q" and page["items"][0]["rating"]["rating"] == 2.0
+            first = http.get(f"/v1/review-queues/{queue.id}/items", params={"limit": 2}).json()
+            rest = http.get(f"/v1/review-queues/{queue.id}/items", params={"limit": 2,
+                                                                           "cursor": first["nextCursor"]}).json()
+            assert len(first["items"]) == 2 and [i["id"] for i in rest["items"]] == ["item-3"]
+            assert rest["nextCursor"] is None
+            assert theirs.get(f"/v1/review-queues/{queue.id}/items").status_code == 404
+        # Past keepDays (a day here), an item goes with the next take.
+        await store.take([(an_item(queue, 9, now), queue)], now + 86_400 + 10)
+        left, _ = await store.page(queue.id, state="all", limit=10)
+        assert [i.id for i in left] == ["item-9"]
     finally:
         await redis.aclose()

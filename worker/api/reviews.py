@@ -3,17 +3,17 @@ around ``scoring.review_queues`` - the rules hold the same through ``catalog app
 
 from __future__ import annotations
 
-from typing import Annotated, Any
+from typing import Annotated, Any, Literal
 
-from fastapi import APIRouter, Depends, Path, Request, Response
+from fastapi import APIRouter, Depends, Path, Query, Request, Response
 
-from scorer_groups.review_queues import ReviewOrigin, ReviewQueue
+from scorer_groups.review_queues import ReviewItem, ReviewOrigin, ReviewQueue
 from scoring.catalog import etag
 from scoring.models import ID_PATTERN, Id, Name, WireModel
 from scoring.review_queues import ReviewQueues
 from worker.api.auth import Client, Who
 from worker.api.groups import IfMatch
-from worker.api.pages import Cursor, Limit, Page, page
+from worker.api.pages import Cursor, Limit, OffsetCursor, Page, page
 
 router = APIRouter(prefix="/v1", tags=["review queues"])
 QueueId = Annotated[str, Path(alias="id", max_length=128, pattern=ID_PATTERN)]
@@ -56,6 +56,17 @@ class QueuePatch(WireModel):
 
 class QueuePage(Page):
     items: list[ReviewQueue]
+
+
+class QueueCounts(WireModel):
+    open: int  # open items now (at most the queue's capacity)
+    taken: int  # items the queue has taken since it began
+    turned_away: int  # results its rule took while it held its capacity of open items
+
+
+class ItemPage(Page):
+    items: list[ReviewItem]
+    counts: QueueCounts
 
 
 def queues(client: Client, who: Who) -> ReviewQueues:
@@ -106,3 +117,13 @@ async def update_queue(queue_id: QueueId, body: QueuePatch, surface: Queues, res
 async def delete_queue(queue_id: QueueId, surface: Queues, if_match: IfMatch = None) -> Response:
     await surface.delete(queue_id, if_match=if_match)
     return Response(status_code=204)
+
+
+@router.get("/review-queues/{id}/items", response_model=ItemPage)
+async def queue_items(queue_id: QueueId, surface: Queues, limit: Limit = 50, cursor: OffsetCursor = None,
+                      state: Annotated[Literal["open", "all"], Query(
+                          description="open: the open items, oldest first (the order people review them in); "
+                                      "all: every item kept, newest first")] = "open") -> ItemPage:
+    items, next_cursor, counts = await surface.items(queue_id, state=state, limit=limit, cursor=int(cursor or 0))
+    return ItemPage(items=items, next_cursor=None if next_cursor is None else str(next_cursor),
+                    counts=QueueCounts(open=counts["open"], taken=counts["taken"], turned_away=counts["turnedAway"]))
