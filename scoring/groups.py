@@ -86,6 +86,11 @@ class Caller:
 
     project_id: str | None = None
     actor: str = "local"
+    # The key's id and name (a reviewer's labels carry them) and role (worker.api.door keeps a
+    # reviewer key to the review routes).
+    key_id: str = ""
+    name: str = "local"
+    role: str = "admin"
 
     @property
     def operator(self) -> bool:

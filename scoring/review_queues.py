@@ -11,16 +11,18 @@ from __future__ import annotations
 import builtins
 import uuid
 from collections.abc import Mapping
+from datetime import UTC, datetime
 from typing import Any
 
 from pydantic import ValidationError
 
-from scorer_groups.review_queues import ReviewItem, ReviewQueue
+from scorer_groups.review_queues import ItemView, LabelBody, ReviewItem, ReviewLabel, ReviewQueue
 from scoring.catalog import CatalogSnapshot, queue_errors
-from scoring.errors import InvalidDocument
+from scoring.errors import Conflict, InvalidDocument, NotFound
 from scoring.groups import Caller
+from scoring.review_rules import queue_of_item
 from scoring.stores.catalog import CatalogStore, Write
-from scoring.stores.review_items import ReviewItems
+from scoring.stores.review_items import LabelRefused, ReviewItems
 
 # What a PATCH may change (the id and the project stay: a queue's items are its project's).
 UPDATABLE = ("name", "groupIds", "rule", "origins", "reviewersPerItem", "reservationSeconds", "capacity",
@@ -99,6 +101,61 @@ class ReviewQueues:
             return [("queues", queue_id, None)]
 
         await self._store.write(change)
+
+    # --- the review: a reviewer takes the next item and labels it ------------------------------
+
+    async def next(self, queue_id: str, now: float) -> ItemView | None:
+        """Reserve for the caller the item they hold, else the oldest open item nobody else holds
+        that they have not labelled; None when there is none for them now."""
+        queue = await self.get(queue_id)
+        found = await self._items.next(queue, self._caller.key_id, now)
+        if found is None:
+            return None
+        view = await self.view(found[0])
+        return view.model_copy(update={"reserved_until": datetime.fromtimestamp(found[1], UTC)})
+
+    async def view(self, item_id: str) -> ItemView:
+        """An item of the caller's project. A reviewer sees an item they hold or labelled, and only
+        their own label: people label independently (their agreement is measured)."""
+        queue = await self.get(queue_of_item(item_id))  # 404 for another project's queue
+        found = await self._items.view(queue.id, item_id)
+        if found is None:
+            raise NotFound(f"no review item with id {item_id!r}")
+        item, done, labels, held = found
+        reviewer = self._caller.role == "reviewer"
+        mine = self._caller.key_id
+        if reviewer and mine not in labels and (held is None or held[0] != mine):
+            raise NotFound(f"no review item with id {item_id!r} held or labelled by this key")
+        shown = [ReviewLabel.model_validate(label) for key, label in sorted(labels.items())
+                 if not reviewer or key == mine]
+        until = datetime.fromtimestamp(held[1], UTC) if held is not None and held[0] == mine else None
+        return ItemView(item=item, state="done" if done else "open", labels=shown, reserved_until=until)
+
+    async def label(self, item_id: str, body: LabelBody, now: float) -> tuple[ReviewLabel, bool]:
+        """Keep the caller's label of the item: they hold it, or change their label while it is
+        open. Returns the label as kept and whether the item is done by it."""
+        queue = await self.get(queue_of_item(item_id))
+        found = await self._items.view(queue.id, item_id)
+        if found is None:
+            raise NotFound(f"no review item with id {item_id!r}")
+        item = found[0]
+        refs = [m.ref_id for m in item.rating.members]
+        for ref in body.members:
+            if ref not in refs:
+                raise InvalidDocument(f"members.{ref}: not a member of this result (its members: "
+                                      f"{', '.join(refs) or 'none'})")
+        label = ReviewLabel(item_id=item.id, queue_id=queue.id, project_id=item.project_id, group_id=item.group_id,
+                            rating_id=item.rating_id, reviewer=self._caller.name, reviewer_key=self._caller.key_id,
+                            rating=body.rating, members=body.members, comment=body.comment,
+                            labelled_at=datetime.fromtimestamp(now, UTC))
+        try:
+            done = await self._items.label(queue, item_id, self._caller.key_id, label.to_json(), now)
+        except LabelRefused as refused:
+            raise Conflict({"not_held": "take the item first (POST /v1/review-queues/{id}/next): it is not "
+                                        "reserved for this key, or its reservation ran out",
+                            "done": "the item has all its labels and is done",
+                            "missing": f"no review item with id {item_id!r}"}[refused.why]) from None
+        return label.model_copy(update={"version": done.version}), done.done
 
 
 def _refuse(errors: builtins.list[str]) -> None:

@@ -65,7 +65,13 @@ def queues_taking(queues: Iterable[ReviewQueue], group: ScorerGroup, origin: Rev
 
 
 def review_item_id(queue_id: str, rating_id: str) -> str:
-    return derived_id(f"review-item:{queue_id}:{rating_id}")
+    """``<queue id>:<uuid>``: an item names its queue (a uuid has no ":"), so the API finds it
+    from its id alone, and a queue of another project answers 404."""
+    return f"{queue_id}:{derived_id(f'review-item:{queue_id}:{rating_id}')}"
+
+
+def queue_of_item(item_id: str) -> str:
+    return item_id.rpartition(":")[0]
 
 
 def review_item(queue: ReviewQueue, reason: ReviewReason, origin: ReviewOrigin, subject: Subject,

@@ -3,7 +3,10 @@
 A key reads ``sgw_<keyId>_<secret>``. Redis keeps only the SHA-256 of the whole key next to its
 id, so a leaked Redis dump lets no one call the API; the key is shown once, when it is created.
 A key belongs to one project, or is an operator key (``project`` is None) that may act on any
-project. Every request looks its key up again, so a revoked key is refused at once.
+project. Every request looks its key up again, so a revoked key is refused at once. A key's
+``role`` is ``admin`` (everything its project may do: every key before roles existed) or
+``reviewer`` (a project's review queues: take the next item, label it - nothing else; the API's
+door refuses every other route, ``worker.api.door``).
 
 SHA-256 is enough here (no slow hash): the secret is 256 random bits, not a password.
 """
@@ -15,6 +18,7 @@ import hmac
 import secrets
 import time
 from dataclasses import asdict, dataclass
+from typing import Literal
 
 import orjson
 from redis.exceptions import WatchError
@@ -24,6 +28,8 @@ from scoring.stores import keys
 from scoring.stores.client import RedisClient
 
 PREFIX = "sgw"
+Role = Literal["admin", "reviewer"]
+ROLES: tuple[Role, ...] = ("admin", "reviewer")
 
 
 @dataclass(frozen=True, slots=True)
@@ -35,6 +41,7 @@ class ApiKey:
     name: str
     created_at: float
     revoked_at: float | None = None
+    role: Role = "admin"  # absent from keys created before roles: admin, as they were
 
     @property
     def operator(self) -> bool:
@@ -65,16 +72,20 @@ class ApiKeyStore:
     def __init__(self, redis: RedisClient) -> None:
         self._redis = redis
 
-    async def create(self, project: str | None, name: str = "") -> tuple[ApiKey, str]:
+    async def create(self, project: str | None, name: str = "", role: Role = "admin") -> tuple[ApiKey, str]:
         """A new key for ``project`` (None: an operator key). Returns it and the token, which is
-        not stored and cannot be shown again."""
+        not stored and cannot be shown again. A reviewer key belongs to a project."""
+        if role not in ROLES:
+            raise ValueError(f"role: one of {', '.join(ROLES)}")
+        if role == "reviewer" and project is None:
+            raise ValueError("role: a reviewer key belongs to a project (--project)")
         key_id = secrets.token_hex(6)
         token = f"{PREFIX}_{key_id}_{secrets.token_urlsafe(32).replace('_', '-')}"
         key = ApiKey(id=key_id, project=project, name=name or ("operator" if project is None else project),
-                     created_at=time.time())
+                     created_at=time.time(), role=role)
         record = {**asdict(key), "sha256": _digest(token)}
         if not await self._redis.hsetnx(keys.API_KEYS, key_id, orjson.dumps(record)):
-            return await self.create(project, name)  # an id collision: 48 random bits, so rare
+            return await self.create(project, name, role)  # an id collision: 48 random bits, so rare
         return key, token
 
     async def authenticate(self, token: str) -> ApiKey | None:

@@ -398,3 +398,19 @@ def review_created(queue_id: str) -> str:
 def review_counts(queue_id: str) -> str:
     """Counters: items taken, turned away at capacity."""
     return f"{PREFIX}:review:{{{queue_id}}}:counts"
+
+
+def review_held(queue_id: str) -> str:
+    """item id -> "<reviewer key>\t<until>" (its reservation), and "by:<reviewer key>" -> the item
+    that reviewer holds (a second ``next`` answers the same item)."""
+    return f"{PREFIX}:review:{{{queue_id}}}:held"
+
+
+def review_labels(queue_id: str) -> str:
+    """item id -> {reviewer key: label} (JSON): kept as long as the item."""
+    return f"{PREFIX}:review:{{{queue_id}}}:labels"
+
+
+def review_done(queue_id: str) -> str:
+    """Items labelled by reviewersPerItem people, by when: they have left the open items."""
+    return f"{PREFIX}:review:{{{queue_id}}}:done"

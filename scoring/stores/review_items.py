@@ -19,6 +19,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import cast
 
+import orjson
+
 from scorer_groups.review_queues import ReviewItem, ReviewQueue
 from scoring.stores import keys
 from scoring.stores.client import RedisClient
@@ -26,8 +28,8 @@ from scoring.stores.scripts import ScriptPipeline
 
 DAY_S = 86_400
 
-# KEYS: items, open, created, counts. ARGV: capacity, now, keep seconds, then (id, document) pairs.
-# Returns {taken, turned away}.
+# KEYS: items, open, created, counts, held, labels, done. ARGV: capacity, now, keep seconds, then
+# (id, document) pairs. Returns {taken, turned away}.
 _TAKE = """
 local capacity, now, keep = tonumber(ARGV[1]), tonumber(ARGV[2]), tonumber(ARGV[3])
 local old = redis.call('ZRANGEBYSCORE', KEYS[3], '-inf', now - keep, 'LIMIT', 0, 100)
@@ -35,6 +37,9 @@ for _, id in ipairs(old) do
   redis.call('HDEL', KEYS[1], id)
   redis.call('ZREM', KEYS[2], id)
   redis.call('ZREM', KEYS[3], id)
+  redis.call('HDEL', KEYS[5], id)
+  redis.call('HDEL', KEYS[6], id)
+  redis.call('ZREM', KEYS[7], id)
 end
 local taken, away = 0, 0
 for i = 4, #ARGV, 2 do
@@ -52,8 +57,72 @@ for i = 4, #ARGV, 2 do
 end
 if taken > 0 then redis.call('HINCRBY', KEYS[4], 'taken', taken) end
 if away > 0 then redis.call('HINCRBY', KEYS[4], 'turnedAway', away) end
-for k = 1, 4 do redis.call('EXPIRE', KEYS[k], keep) end
+for k = 1, 7 do redis.call('EXPIRE', KEYS[k], keep) end
 return {taken, away}
+"""
+
+# A reservation's holder, or nil once it ran out (shared by the scripts below).
+_HOLDER = """
+local function holder(id, now)
+  local h = redis.call('HGET', KEYS[2], id)
+  if not h then return nil end
+  local sep = string.find(h, '\t', 1, true)
+  local untl = tonumber(string.sub(h, sep + 1))
+  if untl <= now then return nil end
+  return string.sub(h, 1, sep - 1), untl
+end
+"""
+
+# KEYS: open, held, labels. ARGV: reviewer key, now, reservation seconds, how many open items to
+# look through. The item this reviewer holds (again), else the oldest open item nobody holds that
+# they have not labelled, reserved now: {id, until}; or false.
+_NEXT = _HOLDER + """
+local reviewer, now = ARGV[1], tonumber(ARGV[2])
+local mine = redis.call('HGET', KEYS[2], 'by:' .. reviewer)
+if mine and redis.call('ZSCORE', KEYS[1], mine) then
+  local who, untl = holder(mine, now)
+  if who == reviewer then return {mine, tostring(untl)} end
+end
+for _, id in ipairs(redis.call('ZRANGE', KEYS[1], 0, tonumber(ARGV[4]) - 1)) do
+  if not holder(id, now) then
+    local labels = redis.call('HGET', KEYS[3], id)
+    if not labels or cjson.decode(labels)[reviewer] == nil then
+      local untl = now + tonumber(ARGV[3])
+      redis.call('HSET', KEYS[2], id, reviewer .. '\t' .. untl, 'by:' .. reviewer, id)
+      return {id, tostring(untl)}
+    end
+  end
+end
+return false
+"""
+
+# KEYS: open, held, labels, done, items. ARGV: item, reviewer key, label (JSON), reviewers per
+# item, now. A reviewer labels an item they hold, or changes their label while it is open:
+# {"ok", labels now, version, 1 when the item is done by it}; else {"missing"}, {"done"},
+# {"not_held"}.
+_LABEL = _HOLDER + """
+local item, reviewer, now = ARGV[1], ARGV[2], tonumber(ARGV[5])
+if redis.call('HEXISTS', KEYS[5], item) == 0 then return {'missing'} end
+if redis.call('ZSCORE', KEYS[4], item) then return {'done'} end
+local raw = redis.call('HGET', KEYS[3], item)
+local labels = raw and cjson.decode(raw) or {}
+local who = holder(item, now)
+if labels[reviewer] == nil and who ~= reviewer then return {'not_held'} end
+local label = cjson.decode(ARGV[3])
+label['version'] = labels[reviewer] and (labels[reviewer]['version'] + 1) or 1
+labels[reviewer] = label
+redis.call('HSET', KEYS[3], item, cjson.encode(labels))
+if who == reviewer then redis.call('HDEL', KEYS[2], item, 'by:' .. reviewer) end
+local count = 0
+for _ in pairs(labels) do count = count + 1 end
+local done = 0
+if count >= tonumber(ARGV[4]) then
+  redis.call('ZREM', KEYS[1], item)
+  redis.call('ZADD', KEYS[4], now, item)
+  redis.call('HDEL', KEYS[2], item)
+  done = 1
+end
+return {'ok', count, label['version'], done}
 """
 
 
@@ -67,10 +136,40 @@ class Taken:
     turned_away: int
 
 
+@dataclass(frozen=True)
+class Labelled:
+    """What a label did: the item's labels now, this reviewer's version, whether the item is done."""
+
+    labels: int
+    version: int
+    done: bool
+
+
+class LabelRefused(Exception):
+    """Why a label was not kept: "missing" (no such item), "done" (the item has its labels),
+    "not_held" (the reviewer does not hold it and has not labelled it)."""
+
+    def __init__(self, why: str) -> None:
+        super().__init__(why)
+        self.why = why
+
+
+def _queue_keys(queue_id: str) -> list[str]:
+    return [keys.review_items(queue_id), keys.review_open(queue_id), keys.review_created(queue_id),
+            keys.review_counts(queue_id), keys.review_held(queue_id), keys.review_labels(queue_id),
+            keys.review_done(queue_id)]
+
+
 class ReviewItems:
+    # How many open items a ``next`` looks through for one this reviewer may take: the items
+    # others hold or this reviewer labelled are skipped; past this, it answers none for now.
+    NEXT_SCAN = 10_000
+
     def __init__(self, redis: RedisClient) -> None:
         self._redis = redis
         self._take = redis.register_script(_TAKE)
+        self._next = redis.register_script(_NEXT)
+        self._label = redis.register_script(_LABEL)
 
     async def take(self, items: Sequence[tuple[ReviewItem, ReviewQueue]], now: float) -> list[Taken]:
         """Keep ``items`` in their queues (each with its queue as the snapshot that decided it had
@@ -88,8 +187,7 @@ class ReviewItems:
                 args: list[object] = [queue.capacity, now, queue.keep_days * DAY_S]
                 for item in of_queue:
                     args += [item.id, item.to_json()]
-                pipe.script(self._take, [keys.review_items(queue_id), keys.review_open(queue_id),
-                                         keys.review_created(queue_id), keys.review_counts(queue_id)], args)
+                pipe.script(self._take, _queue_keys(queue_id), args)
             replies = await pipe.execute()
         return [Taken(queue_id, queues[queue_id].project_id, int(reply[0]), int(reply[1]))
                 for queue_id, reply in zip(by_queue, replies, strict=True)]
@@ -117,3 +215,45 @@ class ReviewItems:
             open_now, counts = await pipe.execute()
         named = {(k.decode() if isinstance(k, bytes) else k): int(v) for k, v in counts.items()}
         return {"open": int(open_now), "taken": named.get("taken", 0), "turnedAway": named.get("turnedAway", 0)}
+
+    async def next(self, queue: ReviewQueue, reviewer_key: str, now: float) -> tuple[str, float] | None:
+        """Reserve for ``reviewer_key`` the item they hold, else the oldest open item nobody else
+        holds that they have not labelled: (its id, until when); None when there is none."""
+        found = await self._next(keys=[keys.review_open(queue.id), keys.review_held(queue.id),
+                                       keys.review_labels(queue.id)],
+                                 args=[reviewer_key, now, queue.reservation_seconds, self.NEXT_SCAN])
+        if not found:
+            return None
+        item_id, until = found
+        return (item_id.decode() if isinstance(item_id, bytes) else item_id), float(until)
+
+    async def label(self, queue: ReviewQueue, item_id: str, reviewer_key: str, label: bytes,
+                    now: float) -> Labelled:
+        """Keep ``label`` (JSON) as ``reviewer_key``'s label of the item; raises ``LabelRefused``."""
+        reply = await self._label(keys=[keys.review_open(queue.id), keys.review_held(queue.id),
+                                        keys.review_labels(queue.id), keys.review_done(queue.id),
+                                        keys.review_items(queue.id)],
+                                  args=[item_id, reviewer_key, label, queue.reviewers_per_item, now])
+        status = reply[0].decode() if isinstance(reply[0], bytes) else reply[0]
+        if status != "ok":
+            raise LabelRefused(status)
+        return Labelled(int(reply[1]), int(reply[2]), bool(int(reply[3])))
+
+    async def view(self, queue_id: str, item_id: str) -> tuple[ReviewItem, bool, dict[str, dict[str, object]],
+                                                                 tuple[str, float] | None] | None:
+        """The item, whether it is done, its labels by reviewer key, and its reservation
+        (holder, until) - or None when the queue keeps no such item."""
+        async with self._redis.pipeline(transaction=False) as pipe:
+            pipe.hget(keys.review_items(queue_id), item_id)
+            pipe.zscore(keys.review_done(queue_id), item_id)
+            pipe.hget(keys.review_labels(queue_id), item_id)
+            pipe.hget(keys.review_held(queue_id), item_id)
+            document, done_at, labels, held = await pipe.execute()
+        if document is None:
+            return None
+        reservation = None
+        if held is not None:
+            holder, _, until = (held.decode() if isinstance(held, bytes) else held).partition("\t")
+            reservation = (holder, float(until))
+        return (ReviewItem.model_validate_json(document), done_at is not None,
+                orjson.loads(labels) if labels else {}, reservation)

@@ -98,8 +98,9 @@ class ReviewSubject(Document):
 
 
 class ReviewItem(Document):
-    """One result in one queue, for people to label. Its id is the queue's and the rating's: a
-    result published again (a redelivery) is the same item, never a second one."""
+    """One result in one queue, for people to label, as kept. Its id is ``<queue id>:<uuid>``, the
+    uuid derived from the queue and the rating: a result published again (a redelivery) is the
+    same item, never a second one. Its state and labels are kept beside it (``ItemView``)."""
 
     id: str
     queue_id: str
@@ -109,6 +110,52 @@ class ReviewItem(Document):
     reason: ReviewReason
     origin: ReviewOrigin
     created_at: datetime
-    state: ItemState = "open"
     subject: ReviewSubject
     rating: Rating
+
+
+MAX_LABEL_COMMENT_CHARS = 2_000
+
+
+class MemberLabel(WireModel):
+    """A reviewer's word on one member's verdict: agree or not, and what they would have given
+    (0-10, on the group's scale)."""
+
+    agree: bool
+    rating: float | None = Field(None, ge=0, le=10)
+
+
+class LabelBody(WireModel):
+    """``PUT /v1/review-items/{id}/labels/me``: the reviewer's rating of the result (0-10), their
+    word on members by ref id (``members.<ref>``), and a comment."""
+
+    rating: float = Field(ge=0, le=10)
+    members: dict[str, MemberLabel] = Field(default_factory=dict, max_length=50)
+    comment: str | None = Field(None, max_length=MAX_LABEL_COMMENT_CHARS)
+
+
+class ReviewLabel(Document):
+    """One reviewer's label of one item, as kept and published: who (the key's name and id), when."""
+
+    item_id: str
+    queue_id: str
+    project_id: str
+    group_id: str
+    rating_id: str
+    reviewer: str
+    reviewer_key: str
+    rating: float
+    members: dict[str, MemberLabel] = Field(default_factory=dict)
+    comment: str | None = None
+    labelled_at: datetime
+    version: int = 1  # 1 for a reviewer's first label of the item, then one more each change
+
+
+class ItemView(Document):
+    """An item as the API shows it: the item, its state, its labels, and - to the reviewer who
+    took it - until when it is theirs."""
+
+    item: ReviewItem
+    state: ItemState
+    labels: list[ReviewLabel]
+    reserved_until: datetime | None = None

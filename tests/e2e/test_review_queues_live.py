@@ -107,8 +107,8 @@ async def test_results_enter_their_queues_once_as_the_rules_say(catalog_url: str
     assert 29 * 86_400 < ttl <= 30 * 86_400, "kept keepDays (30 by default)"
 
     item = next(i for i in low if i.subject.trace_id == "t-4")
-    assert (item.queue_id, item.project_id, item.group_id, item.origin, item.state) == ("low", PROJECT, "tone", "live",
-                                                                                         "open")
+    assert (item.queue_id, item.project_id, item.group_id, item.origin) == ("low", PROJECT, "tone", "live")
+    assert item.id.startswith("low:")
     assert item.subject.input == "Where is order t-4?" and item.subject.output == "I am sorry, I cannot help with that."
     assert item.rating.id == by_trace["t-4"]["id"] == item.rating_id and item.rating.rating == 0.0
     assert item.rating.members[0].name == "Apology" and item.rating.members[0].goodness == 0.0

@@ -32,7 +32,7 @@ async def caller(request: Request,
     if key is None:
         raise HTTPException(401, "the API key is unknown or revoked", headers=CHALLENGE)
     request.state.key_id = key.id
-    return Caller(project_id=key.project, actor=key.label())
+    return Caller(project_id=key.project, actor=key.label(), key_id=key.id, name=key.name, role=key.role)
 
 
 async def client(request: Request, who: Annotated[Caller, Depends(caller)]) -> MonitorClient:

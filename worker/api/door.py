@@ -6,7 +6,10 @@ and a caller without a key must not even get that far.
    document (``ceiling(n)``), else ``SMALL_BODY`` - and never more than ``SGW_API_MAX_BODY_BYTES``.
 2. A ``/v1`` request must carry a valid key (``Authorization: Bearer``): checked here, before the
    body, so that an unauthenticated body is never read (401). The key is kept in the request's
-   state, where ``worker.api.auth`` takes it: one look-up a request.
+   state, where ``worker.api.auth`` takes it: one look-up a request. A reviewer key is refused
+   (403) every route its operation does not open to reviewers (``for_reviewers()``, declared in
+   the OpenAPI document beside the ceiling): deny by default, so a route added later is closed
+   to reviewers until it says otherwise.
 3. A declared ``Content-Length`` over the ceiling is refused unread (413); a body sent without one
    is counted as it streams in and refused once it passes the ceiling.
 
@@ -28,6 +31,7 @@ from worker.api.problems import PROBLEM_JSON, TITLES
 
 SMALL_BODY = 512 * 1024  # any catalog document: a code scorer's 100,000 characters, escaped, fit
 CEILING_KEY = "x-max-body-bytes"
+REVIEWERS_KEY = "x-reviewers"
 CHALLENGE = (b"www-authenticate", b"Bearer")
 
 
@@ -36,10 +40,16 @@ def ceiling(max_bytes: int) -> dict[str, Any]:
     return {CEILING_KEY: max_bytes}
 
 
+def for_reviewers() -> dict[str, Any]:
+    """A route a reviewer key may call (``openapi_extra``)."""
+    return {REVIEWERS_KEY: True}
+
+
 class Door:
     def __init__(self, app: ASGIApp, max_bytes: int) -> None:  # SGW_API_MAX_BODY_BYTES
         self._app, self._max = app, max_bytes
         self._ceilings: list[tuple[re.Pattern[str], str, int]] | None = None
+        self._reviewer_routes: list[tuple[re.Pattern[str], str]] | None = None
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
@@ -58,6 +68,10 @@ class Door:
                 return
             if key is None:
                 await _answer(scope, send, 401, refusal, [CHALLENGE])
+                return
+            if key.role == "reviewer" and not self._open_to_reviewers(scope):
+                await _answer(scope, send, 403, "a reviewer key may only list its project's review queues, take "
+                                                "their next item and label it", [])
                 return
             scope.setdefault("state", {})["api_key"] = key
         # 3. the body's size, declared or counted
@@ -78,6 +92,15 @@ class Door:
             if method == scope["method"] and pattern.match(scope["path"]):
                 return limit
         return SMALL_BODY
+
+    def _open_to_reviewers(self, scope: Scope) -> bool:
+        if self._reviewer_routes is None:
+            doc = scope["app"].openapi()
+            self._reviewer_routes = [(compile_path(path)[0], method.upper())
+                                     for path, operations in doc.get("paths", {}).items()
+                                     for method, operation in operations.items() if operation.get(REVIEWERS_KEY)]
+        return any(method == scope["method"] and pattern.match(scope["path"])
+                   for pattern, method in self._reviewer_routes)
 
     async def _key(self, scope: Scope, header: bytes | None) -> tuple[ApiKey | None, str]:
         scheme, _, token = (header or b"").decode("latin-1").partition(" ")

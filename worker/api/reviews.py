@@ -3,20 +3,24 @@ around ``scoring.review_queues`` - the rules hold the same through ``catalog app
 
 from __future__ import annotations
 
+import time
 from typing import Annotated, Any, Literal
 
 from fastapi import APIRouter, Depends, Path, Query, Request, Response
 
-from scorer_groups.review_queues import ReviewItem, ReviewOrigin, ReviewQueue
+from scorer_groups.review_queues import ItemView, LabelBody, ReviewItem, ReviewLabel, ReviewOrigin, ReviewQueue
 from scoring.catalog import etag
 from scoring.models import ID_PATTERN, Id, Name, WireModel
 from scoring.review_queues import ReviewQueues
 from worker.api.auth import Client, Who
+from worker.api.door import for_reviewers
 from worker.api.groups import IfMatch
 from worker.api.pages import Cursor, Limit, OffsetCursor, Page, page
 
 router = APIRouter(prefix="/v1", tags=["review queues"])
 QueueId = Annotated[str, Path(alias="id", max_length=128, pattern=ID_PATTERN)]
+# An item's id: its queue's id, ":", a uuid (scoring.review_rules.review_item_id).
+ItemId = Annotated[str, Path(alias="id", max_length=200, pattern=r"^[^/\x00-\x1f\x7f-\x9f]+:[0-9a-f-]{36}$")]
 
 
 class RulePatch(WireModel):
@@ -81,7 +85,7 @@ def _with_etag(response: Response, queue: ReviewQueue) -> ReviewQueue:
     return queue
 
 
-@router.get("/review-queues", response_model=QueuePage)
+@router.get("/review-queues", response_model=QueuePage, openapi_extra=for_reviewers())
 async def list_queues(surface: Queues, limit: Limit = 50, cursor: Cursor = None) -> QueuePage:
     items, next_cursor = page(await surface.list(), lambda q: q.id, limit, cursor)
     return QueuePage(items=items, next_cursor=next_cursor)
@@ -95,7 +99,7 @@ async def create_queue(body: QueueCreate, surface: Queues, request: Request, res
     return _with_etag(response, queue)
 
 
-@router.get("/review-queues/{id}", response_model=ReviewQueue)
+@router.get("/review-queues/{id}", response_model=ReviewQueue, openapi_extra=for_reviewers())
 async def get_queue(queue_id: QueueId, surface: Queues, response: Response) -> ReviewQueue:
     return _with_etag(response, await surface.get(queue_id))
 
@@ -127,3 +131,32 @@ async def queue_items(queue_id: QueueId, surface: Queues, limit: Limit = 50, cur
     items, next_cursor, counts = await surface.items(queue_id, state=state, limit=limit, cursor=int(cursor or 0))
     return ItemPage(items=items, next_cursor=None if next_cursor is None else str(next_cursor),
                     counts=QueueCounts(open=counts["open"], taken=counts["taken"], turned_away=counts["turnedAway"]))
+
+
+class Labelled(WireModel):
+    label: ReviewLabel
+    done: bool  # the item has its reviewersPerItem labels and has left the open items
+
+
+@router.post("/review-queues/{id}/next", response_model=ItemView, openapi_extra=for_reviewers(),
+             responses={204: {"description": "No open item for this key now."}})
+async def next_item(queue_id: QueueId, surface: Queues) -> Any:
+    """Reserve for this key the oldest open item nobody else holds that it has not labelled
+    (``reservationSeconds``; the item goes back when that runs out) - or the item it already
+    holds: asking again takes no second item."""
+    view = await surface.next(queue_id, time.time())
+    return Response(status_code=204) if view is None else view
+
+
+@router.get("/review-items/{id}", response_model=ItemView, openapi_extra=for_reviewers())
+async def get_item(item_id: ItemId, surface: Queues) -> ItemView:
+    """An item with its state and labels; to a reviewer key, an item it holds or labelled, with
+    its own label only (people label independently)."""
+    return await surface.view(item_id)
+
+
+@router.put("/review-items/{id}/labels/me", response_model=Labelled, openapi_extra=for_reviewers())
+async def label_item(item_id: ItemId, body: LabelBody, surface: Queues) -> Labelled:
+    """This key's label of an item it holds - or its label changed, while the item is open."""
+    label, done = await surface.label(item_id, body, time.time())
+    return Labelled(label=label, done=done)

@@ -20,7 +20,8 @@
     scorer-worker webhooks new-secret              print a fresh whsec_ channel secret
     scorer-worker webhooks replay [--channel AGENT|URL] [--since 2h|ISO]   resend dead letters
     scorer-worker api                              the HTTP API (SGW_API_PORT)
-    scorer-worker keys create (--project P | --operator) [--name N]   prints the key once, last line
+    scorer-worker keys create (--project P | --operator) [--name N] [--role admin|reviewer]
+                                                   prints the key once, last line
     scorer-worker keys list [--project P]          keys (never their secrets)
     scorer-worker keys revoke KEY_ID               refused from the next request on
     scorer-worker settings                         every SGW_* setting, secrets masked
@@ -162,7 +163,10 @@ def build_parser() -> argparse.ArgumentParser:
     owner = create.add_mutually_exclusive_group(required=True)
     owner.add_argument("--project", help="the project the key acts for")
     owner.add_argument("--operator", action="store_true", help="a key that may act on every project")
-    create.add_argument("--name", help="who or what uses the key (shown in change logs)")
+    create.add_argument("--name", help="who or what uses the key (shown in change logs and on labels)")
+    create.add_argument("--role", choices=("admin", "reviewer"), default="admin",
+                        help="admin (the default): everything its project may do; reviewer: the project's "
+                             "review queues only (take the next item, label it)")
     create.set_defaults(func=cmd_keys_create)
     list_keys = api_keys.add_parser("list", help="list keys (never their secrets)")
     list_keys.add_argument("--project")

@@ -59,9 +59,15 @@ def _with_keys(settings: Settings, action: Callable[[ApiKeyStore], Awaitable[int
 
 def cmd_keys_create(settings: Settings, args: argparse.Namespace) -> int:
     async def action(store: ApiKeyStore) -> int:
-        key, token = await store.create(None if args.operator else args.project, args.name or "")
+        try:
+            key, token = await store.create(None if args.operator else args.project, args.name or "",
+                                            getattr(args, "role", "admin"))
+        except ValueError as exc:
+            print(f"error: {exc}", file=sys.stderr)
+            return 2
         scope = "operator key (every project)" if key.operator else f"project {key.project}"
-        print(f"created key {key.id} ({key.name}) for {scope}; it is shown once, store it now:")
+        role = " (reviewer: review queues only)" if key.role == "reviewer" else ""
+        print(f"created key {key.id} ({key.name}) for {scope}{role}; it is shown once, store it now:")
         print(token)  # alone on the last line, for scripts
         return 0
 
@@ -73,7 +79,7 @@ def cmd_keys_list(settings: Settings, args: argparse.Namespace) -> int:
         for key in await store.list(args.project):
             created = datetime.fromtimestamp(key.created_at, UTC).strftime("%Y-%m-%d %H:%M")
             state = "active" if key.active else "revoked"
-            print(f"{key.id}  {state:7}  {key.project or '(operator)':20}  {created}  {key.name}")
+            print(f"{key.id}  {state:7}  {key.role:8}  {key.project or '(operator)':20}  {created}  {key.name}")
         return 0
 
     return _with_keys(settings, action)
