@@ -30,6 +30,7 @@ from consumers.digests import DigestSender
 from consumers.fleet_share import FleetShare
 from consumers.incidents import IncidentWatcher
 from consumers.judge_export import JudgeCallExporter
+from consumers.label_export import LabelExporter
 from consumers.loop import MAX_POLL_INTERVAL_S
 from consumers.outage import OutageGuard
 from consumers.outputs import BACKFILL, BACKFILL_ALERTING, Outputs, PublishPolicy, TopicNames
@@ -46,6 +47,7 @@ from scoring.stores.client import RedisClient
 from scoring.stores.digests import DigestStore
 from scoring.stores.incidents import IncidentStore
 from scoring.stores.ratings import RatingsStore
+from scoring.stores.review_items import ReviewItems
 from scoring.stores.sessions import SessionStore
 from scoring.stores.shards import ShardLeases
 from worker import metrics
@@ -351,6 +353,10 @@ class Worker:
                                send=Outputs(producer, topics, events).send, topics=topics,
                                interval_s=s.incident_interval_s, share=share)
 
+        # Review labels: every version onto the labels topic, from the queues' outboxes in Redis.
+        labels = LabelExporter(items=ReviewItems(redis), catalog=lambda: watcher.current,
+                               send=Outputs(producer, topics, events).send, topic=s.labels_topic, share=share)
+
         hooks_consumer = kafka_consumer(s, f"{s.consumer_group}-webhooks")
         hooks = webhook_sender(s, redis, hooks_consumer, producer, lambda: watcher.current, outages)
         self.outages = [traces, hooks]
@@ -380,7 +386,8 @@ class Worker:
                           self._background("session sweeper", sweeper.run(self.stop)),
                           self._background("backfill runner", backfills.run(self.stop)),
                           self._background("incident watcher", incidents.run(self.stop)),
-                          self._background("digest sender", digests.run(self.stop))]
+                          self._background("digest sender", digests.run(self.stop)),
+                          self._background("review label export", labels.run(self.stop))]
             spans_stop = asyncio.Event()  # told after the drain: the last results' calls are exported too
             if judge_spans is not None:
                 background.append(self._background("judge span export", judge_spans.run(spans_stop)))

@@ -67,6 +67,11 @@ class Settings(BaseSettings):
     webhooks_topic: str = Field(
         "scorer-groups.webhooks", description="Topic of webhook deliveries, one per alert channel."
     )
+    labels_topic: str = Field(
+        "scorer-groups.labels",
+        description="Topic every version of every review label is published to (keyed by item), for the "
+                    "team's warehouse: kept in Redis when the reviewer is answered, exported by the workers.",
+    )
     webhooks_dlq_topic: str = Field(
         "scorer-groups.webhooks.dlq", description="Dead-letter topic for deliveries that could not be made."
     )

@@ -414,3 +414,16 @@ def review_labels(queue_id: str) -> str:
 def review_done(queue_id: str) -> str:
     """Items labelled by reviewersPerItem people, by when: they have left the open items."""
     return f"{PREFIX}:review:{{{queue_id}}}:done"
+
+
+def review_labels_out(queue_id: str) -> str:
+    """Label versions not yet on the labels topic (a stream, written with the label by one
+    script): the labels' outbox, emptied by the workers' exporter (consumers.label_export)."""
+    return f"{PREFIX}:review:{{{queue_id}}}:labels-out"
+
+
+# Queues with label versions to export, by when one was added: the exporter reads this one set,
+# not every queue's stream. Marked after the label's script (another slot); a mark lost to a crash
+# in between is made up by the exporter's sweep of its queues' streams (LABELS_SWEEP_S).
+REVIEW_LABELS_PENDING = f"{PREFIX}:review:labels-pending"
+LABELS_SWEEP_S = 300

@@ -28,7 +28,7 @@ from scoring.stores.scripts import ScriptPipeline
 
 DAY_S = 86_400
 
-# KEYS: items, open, created, counts, held, labels, done. ARGV: capacity, now, keep seconds, then
+# KEYS: items, open, created, counts, held, labels, done, labels-out. ARGV: capacity, now, keep seconds, then
 # (id, document) pairs. Returns {taken, turned away}.
 _TAKE = """
 local capacity, now, keep = tonumber(ARGV[1]), tonumber(ARGV[2]), tonumber(ARGV[3])
@@ -57,7 +57,7 @@ for i = 4, #ARGV, 2 do
 end
 if taken > 0 then redis.call('HINCRBY', KEYS[4], 'taken', taken) end
 if away > 0 then redis.call('HINCRBY', KEYS[4], 'turnedAway', away) end
-for k = 1, 7 do redis.call('EXPIRE', KEYS[k], keep) end
+for k = 1, 7 do redis.call('EXPIRE', KEYS[k], keep) end  -- (the labels' outbox: by each label)
 return {taken, away}
 """
 
@@ -96,8 +96,9 @@ end
 return false
 """
 
-# KEYS: open, held, labels, done, items. ARGV: item, reviewer key, label (JSON), reviewers per
-# item, now. A reviewer labels an item they hold, or changes their label while it is open:
+# KEYS: open, held, labels, done, items, labels-out. ARGV: item, reviewer key, label (JSON),
+# reviewers per item, now, keep seconds. A reviewer labels an item they hold, or changes their
+# label while it is open - the version also goes to the labels' outbox, in the same script:
 # {"ok", labels now, version, 1 when the item is done by it}; else {"missing"}, {"done"},
 # {"not_held"}.
 _LABEL = _HOLDER + """
@@ -112,6 +113,8 @@ local label = cjson.decode(ARGV[3])
 label['version'] = labels[reviewer] and (labels[reviewer]['version'] + 1) or 1
 labels[reviewer] = label
 redis.call('HSET', KEYS[3], item, cjson.encode(labels))
+redis.call('XADD', KEYS[6], '*', 'label', cjson.encode(label))
+redis.call('EXPIRE', KEYS[6], tonumber(ARGV[6]))
 if who == reviewer then redis.call('HDEL', KEYS[2], item, 'by:' .. reviewer) end
 local count = 0
 for _ in pairs(labels) do count = count + 1 end
@@ -157,7 +160,7 @@ class LabelRefused(Exception):
 def _queue_keys(queue_id: str) -> list[str]:
     return [keys.review_items(queue_id), keys.review_open(queue_id), keys.review_created(queue_id),
             keys.review_counts(queue_id), keys.review_held(queue_id), keys.review_labels(queue_id),
-            keys.review_done(queue_id)]
+            keys.review_done(queue_id), keys.review_labels_out(queue_id)]
 
 
 class ReviewItems:
@@ -232,12 +235,51 @@ class ReviewItems:
         """Keep ``label`` (JSON) as ``reviewer_key``'s label of the item; raises ``LabelRefused``."""
         reply = await self._label(keys=[keys.review_open(queue.id), keys.review_held(queue.id),
                                         keys.review_labels(queue.id), keys.review_done(queue.id),
-                                        keys.review_items(queue.id)],
-                                  args=[item_id, reviewer_key, label, queue.reviewers_per_item, now])
+                                        keys.review_items(queue.id), keys.review_labels_out(queue.id)],
+                                  args=[item_id, reviewer_key, label, queue.reviewers_per_item, now,
+                                        queue.keep_days * DAY_S])
         status = reply[0].decode() if isinstance(reply[0], bytes) else reply[0]
         if status != "ok":
             raise LabelRefused(status)
+        await self._redis.zadd(keys.REVIEW_LABELS_PENDING, {queue.id: now})  # the exporter's cue
         return Labelled(int(reply[1]), int(reply[2]), bool(int(reply[3])))
+
+    # --- the labels' outbox (consumers.label_export) ------------------------------------------
+
+    async def pending_queues(self) -> list[str]:
+        members = cast(list[bytes], await self._redis.zrange(keys.REVIEW_LABELS_PENDING, 0, -1))
+        return [q.decode() for q in members]
+
+    async def outbox(self, queue_id: str, count: int = 500) -> list[tuple[bytes, bytes]]:
+        """The oldest label versions not yet exported: (stream id, label JSON)."""
+        entries = cast(list[tuple[bytes, dict[bytes, bytes]]],
+                       await self._redis.xrange(keys.review_labels_out(queue_id), count=count))
+        return [(entry_id, fields[b"label"]) for entry_id, fields in entries]
+
+    async def exported(self, queue_id: str, entry_ids: Sequence[bytes]) -> None:
+        """Label versions acknowledged by the broker leave the outbox."""
+        if entry_ids:
+            await self._redis.xdel(keys.review_labels_out(queue_id), *entry_ids)
+
+    async def settle(self, queue_id: str) -> None:
+        """A queue whose outbox was emptied leaves the pending set - and comes back at once if a
+        label came meanwhile (its mark may have landed before this removal)."""
+        await self._redis.zrem(keys.REVIEW_LABELS_PENDING, queue_id)
+        if await self._redis.xlen(keys.review_labels_out(queue_id)):
+            await self._redis.zadd(keys.REVIEW_LABELS_PENDING, {queue_id: 0})
+
+    async def mark_unexported(self, queue_ids: Sequence[str], now: float) -> int:
+        """The sweep: queues whose outbox holds labels go (back) into the pending set."""
+        if not queue_ids:
+            return 0
+        async with self._redis.pipeline(transaction=False) as pipe:
+            for queue_id in queue_ids:
+                pipe.xlen(keys.review_labels_out(queue_id))
+            lengths = await pipe.execute()
+        waiting = {q: now for q, n in zip(queue_ids, lengths, strict=True) if n}
+        if waiting:
+            await self._redis.zadd(keys.REVIEW_LABELS_PENDING, waiting)
+        return len(waiting)
 
     async def view(self, queue_id: str, item_id: str) -> tuple[ReviewItem, bool, dict[str, dict[str, object]],
                                                                  tuple[str, float] | None] | None:

@@ -15,6 +15,7 @@ import pytest
 
 from scoring.stores import keys
 from scoring.stores.review_items import ReviewItems
+from tests.support.api_process import ApiProcess, create_key
 from tests.support.harness import WorkerProcess, catalog_db, produce, read_topic, worker_env
 from tests.support.redis_clients import connect
 
@@ -112,3 +113,38 @@ async def test_results_enter_their_queues_once_as_the_rules_say(catalog_url: str
     assert item.subject.input == "Where is order t-4?" and item.subject.output == "I am sorry, I cannot help with that."
     assert item.rating.id == by_trace["t-4"]["id"] == item.rating_id and item.rating.rating == 0.0
     assert item.rating.members[0].name == "Apology" and item.rating.members[0].goodness == 0.0
+
+
+async def test_every_label_version_reaches_the_labels_topic_through_restarts(
+        catalog_url: str, kafka_bootstrap: str, unique: str, tmp_path: Path) -> None:
+    """Labels are kept in Redis when the reviewer is answered, and exported by the workers: the API
+    and the worker restarted, a label given while no worker ran reaches the topic all the same."""
+    env = worker_env(kafka_bootstrap, catalog_url, unique, commit_interval_s=0.2)
+    worker = WorkerProcess(env, name="first").start(tmp_path)
+    reviewer = create_key(catalog_url, "--project", PROJECT, "--role", "reviewer", "--name", "ann")
+    api = ApiProcess(catalog_url, tmp_path / "api.log").start()
+    try:
+        worker.wait_ready()
+        await produce(kafka_bootstrap, env["SGW_TRACES_TOPIC"], [trace(f"t-{i}") for i in range(8)])
+        await read_topic(kafka_bootstrap, env["SGW_RATINGS_TOPIC"], until=lambda v: len(v) >= 8, settle_s=1)
+        with api.client(reviewer) as ann:
+            first = ann.post("/v1/review-queues/low/next").json()["item"]["id"]
+            assert ann.put(f"/v1/review-items/{first}/labels/me", json={"rating": 2, "comment": "curt"}).status_code \
+                == 200
+        assert worker.stop() == 0, worker.logs()
+        api.stop()
+        api.start()  # a new API process; no worker runs now
+        with api.client(reviewer) as ann:
+            second = ann.post("/v1/review-queues/low/next").json()["item"]["id"]
+            assert second != first
+            assert ann.put(f"/v1/review-items/{second}/labels/me", json={"rating": 3}).status_code == 200
+        worker = WorkerProcess(env, name="second").start(tmp_path)
+        worker.wait_ready()
+        labels = await read_topic(kafka_bootstrap, env["SGW_LABELS_TOPIC"], until=lambda v: len(v) >= 2,
+                                  settle_s=2, timeout_s=60)
+    finally:
+        api.stop()
+        assert worker.stop() == 0, worker.logs()
+    versions = sorted((v["itemId"], v["version"], v["rating"], v["reviewer"]) for v in labels)
+    assert sorted(set(versions)) == sorted([(first, 1, 2.0, "ann"), (second, 1, 3.0, "ann")])
+    assert all(v["projectId"] == PROJECT and v["queueId"] == "low" and v["groupId"] == "tone" for v in labels)

@@ -174,7 +174,7 @@ def worker_env(kafka_bootstrap: str, redis_url: str, tag: str, **settings: objec
            "SGW_CONSUMER_GROUP": f"workers-{tag}", "SGW_TRACES_TOPIC": f"traces-{tag}",
            "SGW_RATINGS_TOPIC": f"ratings-{tag}", "SGW_SIGNALS_TOPIC": f"signals-{tag}",
            "SGW_WEBHOOKS_TOPIC": f"webhooks-{tag}", "SGW_WEBHOOKS_DLQ_TOPIC": f"webhooks-dlq-{tag}",
-           "SGW_DLQ_TOPIC": f"dlq-{tag}"}
+           "SGW_DLQ_TOPIC": f"dlq-{tag}", "SGW_LABELS_TOPIC": f"labels-{tag}"}
     env.update({f"SGW_{name.upper()}": str(value) for name, value in settings.items()})
     return env
 

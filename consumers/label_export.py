@@ -1,0 +1,79 @@
+"""The labels' exporter (issue 55): every version of every review label goes on the labels topic
+(``SGW_LABELS_TOPIC``, keyed by item), for the team's warehouse.
+
+A label is kept in Redis, and put in its queue's outbox (a stream), by the one script that
+answers the reviewer (``scoring.stores.review_items``); the API never talks to Kafka. Every
+worker runs an exporter over the queues of its share of the fleet (``consumers.fleet_share``),
+each tick:
+
+1. the queues marked as having labels to export (one read of one set, whatever the catalog);
+2. for each of this worker's: its oldest label versions, sent and acknowledged by the broker;
+3. only then out of the outbox (a worker that dies between 2 and 3 sends them again: a
+   consumer dedupes on the item, reviewer key and version the label carries);
+4. every ``LABELS_SWEEP_S``, this worker's queues of the catalog are looked at once more, so that
+   a mark lost to a crash after a label's script delays its export, never loses it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Callable
+
+import orjson
+import structlog
+
+from consumers.fleet_share import FleetShare
+from consumers.periodic import Send, every
+from scoring.catalog import CatalogSnapshot
+from scoring.outbox import Record
+from scoring.stores.keys import LABELS_SWEEP_S
+from scoring.stores.review_items import ReviewItems
+
+log = structlog.get_logger(__name__)
+
+
+class LabelExporter:
+    def __init__(self, *, items: ReviewItems, catalog: Callable[[], CatalogSnapshot], send: Send, topic: str,
+                 share: FleetShare | None = None, interval_s: float = 1.0,
+                 clock: Callable[[], float] = time.monotonic) -> None:
+        self._items, self._catalog, self._send, self._topic = items, catalog, send, topic
+        self._share = share or FleetShare.everything()
+        self._interval_s, self._clock = interval_s, clock
+        self._swept_at: float | None = None
+        self.exported = 0  # label versions sent, for tests and logs
+
+    async def run(self, stop: asyncio.Event) -> None:
+        await every(self._interval_s, self.tick, stop)
+
+    async def tick(self) -> None:
+        try:
+            if self._swept_at is None or self._clock() - self._swept_at >= LABELS_SWEEP_S:  # 4.
+                mine = [q for q in self._catalog().queues if self._share.owns(q)]
+                await self._items.mark_unexported(mine, time.time())
+                self._swept_at = self._clock()
+            for queue_id in await self._items.pending_queues():  # 1.
+                if self._share.owns(queue_id):
+                    await self._export(queue_id)
+        except Exception:  # the outbox keeps them: the next tick tries again
+            log.exception("exporting review labels failed; trying again on the next tick")
+
+    async def _export(self, queue_id: str) -> None:
+        while versions := await self._items.outbox(queue_id):  # 2.
+            records = []
+            for _, label in versions:
+                item_id = _item_of(label)
+                records.append(Record(self._topic, item_id.encode() if item_id else None, label))
+            await self._send(records)
+            await self._items.exported(queue_id, [entry_id for entry_id, _ in versions])  # 3.
+            self.exported += len(versions)
+        await self._items.settle(queue_id)
+
+
+def _item_of(label: bytes) -> str | None:
+    """The item a label version is keyed by on the topic (its ``itemId``)."""
+    try:
+        value = orjson.loads(label).get("itemId")
+    except orjson.JSONDecodeError:
+        return None
+    return value if isinstance(value, str) else None
