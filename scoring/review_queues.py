@@ -16,10 +16,12 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from scorer_groups.review_queues import ItemView, LabelBody, ReviewItem, ReviewLabel, ReviewQueue
+from scorer_groups.review_queues import ItemView, LabelBody, LiveAgreement, ReviewItem, ReviewLabel, ReviewQueue
 from scoring.catalog import CatalogSnapshot, queue_errors
 from scoring.errors import Conflict, InvalidDocument, NotFound
 from scoring.groups import Caller
+from scoring.models import ScorerGroup
+from scoring.review_agreement import live_agreement
 from scoring.review_rules import queue_of_item
 from scoring.stores.catalog import CatalogStore, Write
 from scoring.stores.review_items import LabelRefused, ReviewItems
@@ -156,6 +158,23 @@ class ReviewQueues:
                             "done": "the item has all its labels and is done",
                             "missing": f"no review item with id {item_id!r}"}[refused.why]) from None
         return label.model_copy(update={"version": done.version}), done.done
+
+    async def agreement(self, group_id: str) -> LiveAgreement:
+        """The group's judges against people, over the labelled items of its results in every
+        queue of its project that watches it (a result in two queues: one row, its labels together)."""
+        snapshot = await self._store.snapshot()
+        group = self._caller.found("groups", snapshot, group_id)
+        assert isinstance(group, ScorerGroup)
+        rows: dict[str, tuple[Any, dict[str, Any]]] = {}
+        for queue in snapshot.queues_watching(group_id):
+            if queue.project_id != group.project_id:
+                continue
+            for card, labels in await self._items.labelled(queue.id):
+                if card.group_id != group_id:
+                    continue
+                kept = rows.setdefault(card.rating_id, (card, {}))
+                kept[1].update(labels)
+        return live_agreement(group, list(rows.values()))
 
 
 def _refuse(errors: builtins.list[str]) -> None:

@@ -427,3 +427,9 @@ def review_labels_out(queue_id: str) -> str:
 # in between is made up by the exporter's sweep of its queues' streams (LABELS_SWEEP_S).
 REVIEW_LABELS_PENDING = f"{PREFIX}:review:labels-pending"
 LABELS_SWEEP_S = 300
+
+
+def review_scores(queue_id: str) -> str:
+    """item id -> what the machine said (the group's score, each judge's verdict): the agreement
+    figures read these and the labels, never the items' texts."""
+    return f"{PREFIX}:review:{{{queue_id}}}:scores"

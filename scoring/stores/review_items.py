@@ -21,15 +21,15 @@ from typing import cast
 
 import orjson
 
-from scorer_groups.review_queues import ReviewItem, ReviewQueue
+from scorer_groups.review_queues import ReviewItem, ReviewQueue, ScoreCard
 from scoring.stores import keys
 from scoring.stores.client import RedisClient
 from scoring.stores.scripts import ScriptPipeline
 
 DAY_S = 86_400
 
-# KEYS: items, open, created, counts, held, labels, done, labels-out. ARGV: capacity, now, keep seconds, then
-# (id, document) pairs. Returns {taken, turned away}.
+# KEYS: items, open, created, counts, held, labels, done, labels-out, scores. ARGV: capacity, now,
+# keep seconds, then (id, document, score card) triples. Returns {taken, turned away}.
 _TAKE = """
 local capacity, now, keep = tonumber(ARGV[1]), tonumber(ARGV[2]), tonumber(ARGV[3])
 local old = redis.call('ZRANGEBYSCORE', KEYS[3], '-inf', now - keep, 'LIMIT', 0, 100)
@@ -40,15 +40,17 @@ for _, id in ipairs(old) do
   redis.call('HDEL', KEYS[5], id)
   redis.call('HDEL', KEYS[6], id)
   redis.call('ZREM', KEYS[7], id)
+  redis.call('HDEL', KEYS[9], id)
 end
 local taken, away = 0, 0
-for i = 4, #ARGV, 2 do
+for i = 4, #ARGV, 3 do
   local id = ARGV[i]
   if redis.call('HEXISTS', KEYS[1], id) == 0 then
     if redis.call('ZCARD', KEYS[2]) >= capacity then
       away = away + 1
     else
       redis.call('HSET', KEYS[1], id, ARGV[i + 1])
+      redis.call('HSET', KEYS[9], id, ARGV[i + 2])
       redis.call('ZADD', KEYS[2], now, id)
       redis.call('ZADD', KEYS[3], now, id)
       taken = taken + 1
@@ -57,7 +59,7 @@ for i = 4, #ARGV, 2 do
 end
 if taken > 0 then redis.call('HINCRBY', KEYS[4], 'taken', taken) end
 if away > 0 then redis.call('HINCRBY', KEYS[4], 'turnedAway', away) end
-for k = 1, 7 do redis.call('EXPIRE', KEYS[k], keep) end  -- (the labels' outbox: by each label)
+for _, k in ipairs({1, 2, 3, 4, 5, 6, 7, 9}) do redis.call('EXPIRE', KEYS[k], keep) end  -- (8: by each label)
 return {taken, away}
 """
 
@@ -160,7 +162,15 @@ class LabelRefused(Exception):
 def _queue_keys(queue_id: str) -> list[str]:
     return [keys.review_items(queue_id), keys.review_open(queue_id), keys.review_created(queue_id),
             keys.review_counts(queue_id), keys.review_held(queue_id), keys.review_labels(queue_id),
-            keys.review_done(queue_id), keys.review_labels_out(queue_id)]
+            keys.review_done(queue_id), keys.review_labels_out(queue_id), keys.review_scores(queue_id)]
+
+
+def _score_card(item: ReviewItem) -> bytes:
+    """What the agreement figures read of an item (``ScoreCard``)."""
+    return ScoreCard(group_id=item.group_id, rating_id=item.rating_id, rating=item.rating.rating,
+                     judges={m.ref_id: float(m.native) for m in item.rating.members
+                             if m.kind == "judge" and m.status == "scored" and m.native is not None
+                             and not isinstance(m.native, bool)}).to_json()
 
 
 class ReviewItems:
@@ -189,7 +199,7 @@ class ReviewItems:
                 queue = queues[queue_id]
                 args: list[object] = [queue.capacity, now, queue.keep_days * DAY_S]
                 for item in of_queue:
-                    args += [item.id, item.to_json()]
+                    args += [item.id, item.to_json(), _score_card(item)]
                 pipe.script(self._take, _queue_keys(queue_id), args)
             replies = await pipe.execute()
         return [Taken(queue_id, queues[queue_id].project_id, int(reply[0]), int(reply[1]))
@@ -299,3 +309,13 @@ class ReviewItems:
             reservation = (holder, float(until))
         return (ReviewItem.model_validate_json(document), done_at is not None,
                 orjson.loads(labels) if labels else {}, reservation)
+
+    async def labelled(self, queue_id: str) -> list[tuple[ScoreCard, dict[str, dict[str, object]]]]:
+        """Every labelled item of the queue: what the machine said, and the labels by reviewer key."""
+        labels = cast(dict[bytes, bytes], await self._redis.hgetall(keys.review_labels(queue_id)))
+        if not labels:
+            return []
+        ids = list(labels)
+        cards = cast(list[bytes | None], await self._redis.hmget(keys.review_scores(queue_id), ids))
+        return [(ScoreCard.model_validate_json(card), orjson.loads(labels[item_id]))
+                for item_id, card in zip(ids, cards, strict=True) if card is not None]

@@ -13,6 +13,7 @@ from typing import Literal
 
 from pydantic import Field, model_validator
 
+from scorer_groups.agreement import Agreement
 from scorer_groups.documents import Document, Rating, ResultScope
 from scorer_groups.models import Id, Name
 from scorer_groups.wire import WireModel
@@ -97,6 +98,16 @@ class ReviewSubject(Document):
     transcript: str = ""
 
 
+class ScoreCard(Document):
+    """What the machine said of an item's result - the group's score, each judge member's verdict
+    by ref id (0-10) - kept beside the item for the agreement figures."""
+
+    group_id: str
+    rating_id: str
+    rating: float | None
+    judges: dict[str, float] = Field(default_factory=dict)
+
+
 class ReviewItem(Document):
     """One result in one queue, for people to label, as kept. Its id is ``<queue id>:<uuid>``, the
     uuid derived from the queue and the rating: a result published again (a redelivery) is the
@@ -159,3 +170,24 @@ class ItemView(Document):
     state: ItemState
     labels: list[ReviewLabel]
     reserved_until: datetime | None = None
+
+
+class ReviewerAgreement(WireModel):
+    """People with each other, over the items two or more reviewers labelled (the first two
+    labels of each, by reviewer key): how far a judge can be held to people who differ this much."""
+
+    items: int
+    spearman: float | None = None
+    kappa: float | None = None  # pass/fail at the group's alertThreshold (5 without one)
+    mean_absolute_error: float | None = None
+
+
+class LiveAgreement(WireModel):
+    """``GET /v1/scorer-groups/{id}/agreement``: the group's and each judge member's agreement with
+    people over the labelled review items of its results (the people's verdict of an item: the
+    median of its reviewers' ratings), as the labels come in. ``agreement`` is null until an item
+    is labelled."""
+
+    labelled_items: int
+    agreement: Agreement | None = None
+    reviewers: ReviewerAgreement | None = None

@@ -8,13 +8,21 @@ from typing import Annotated, Any, Literal
 
 from fastapi import APIRouter, Depends, Path, Query, Request, Response
 
-from scorer_groups.review_queues import ItemView, LabelBody, ReviewItem, ReviewLabel, ReviewOrigin, ReviewQueue
+from scorer_groups.review_queues import (
+    ItemView,
+    LabelBody,
+    LiveAgreement,
+    ReviewItem,
+    ReviewLabel,
+    ReviewOrigin,
+    ReviewQueue,
+)
 from scoring.catalog import etag
 from scoring.models import ID_PATTERN, Id, Name, WireModel
 from scoring.review_queues import ReviewQueues
 from worker.api.auth import Client, Who
 from worker.api.door import for_reviewers
-from worker.api.groups import IfMatch
+from worker.api.groups import GroupId, IfMatch
 from worker.api.pages import Cursor, Limit, OffsetCursor, Page, page
 
 router = APIRouter(prefix="/v1", tags=["review queues"])
@@ -160,3 +168,12 @@ async def label_item(item_id: ItemId, body: LabelBody, surface: Queues) -> Label
     """This key's label of an item it holds - or its label changed, while the item is open."""
     label, done = await surface.label(item_id, body, time.time())
     return Labelled(label=label, done=done)
+
+
+@router.get("/scorer-groups/{id}/agreement", response_model=LiveAgreement, tags=["scorer groups"])
+async def group_agreement(group_id: GroupId, surface: Queues) -> LiveAgreement:
+    """The group's and each judge member's agreement with people over the labelled review items
+    of its results, as labels come in (Spearman, Cohen's kappa at the gate mark and the alert
+    threshold, MAE, with the number of items behind each), and between reviewers where two
+    labelled the same item."""
+    return await surface.agreement(group_id)

@@ -1,0 +1,65 @@
+"""Agreement as it happens (issue 55): the judges against people over a group's labelled review
+items - the figures of ``scoring.calibration`` (Spearman, Cohen's kappa at the marks, MAE), with
+an item for a row:
+
+1. the people's verdict of an item is the median of its reviewers' ratings;
+2. the machine's columns are the group's score and each judge member's verdict (0-10), as the
+   item's rating recorded them when it was published (its ``ScoreCard``);
+3. people with each other: over the items two or more reviewers labelled, the first two labels
+   (by reviewer key) against each other.
+
+Pure: the API reads the items and their labels (``scoring.stores.review_items``).
+"""
+
+from __future__ import annotations
+
+import statistics
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from scorer_groups.review_queues import LiveAgreement, ReviewerAgreement, ScoreCard
+from scoring.calibration import HumanVerdict, MachineColumn, agreement, cohen_kappa, mean_absolute_error, spearman
+from scoring.models import ScorerGroup
+
+DEFAULT_MARK = 5.0  # people's pass at 5 when the group has no alertThreshold
+
+
+def live_agreement(group: ScorerGroup, labelled: Sequence[tuple[ScoreCard, Mapping[str, Mapping[str, Any]]]]
+                   ) -> LiveAgreement:
+    """``labelled``: the group's items - what the machine said - with their labels by reviewer
+    key (one per result)."""
+    rows = [(item, labels) for item, labels in labelled if labels]
+    if not rows:
+        return LiveAgreement(labelled_items=0)
+    humans = [HumanVerdict(rating=statistics.median(float(label["rating"]) for label in labels.values()))
+              for _, labels in rows]  # 1.
+    judges = [m for m in group.members if m.kind == "judge"]
+    columns = [MachineColumn("group", group.name, None, [card.rating for card, _ in rows])]  # 2.
+    for member in judges:
+        columns.append(MachineColumn("judge", member.label or member.ref_id, member.ref_id,
+                                     [card.judges.get(member.ref_id) for card, _ in rows]))
+    threshold = group.online.alert_threshold if group.online is not None else None
+    found = agreement(humans, columns, ids=[card.rating_id for card, _ in rows], alert_threshold=threshold)
+    return LiveAgreement(labelled_items=len(rows), agreement=found,
+                         reviewers=_reviewers(rows, threshold if threshold is not None else DEFAULT_MARK))
+
+
+def _reviewers(rows: Sequence[tuple[ScoreCard, Mapping[str, Mapping[str, Any]]]], mark: float
+               ) -> ReviewerAgreement | None:
+    """3."""
+    firsts, seconds = [], []
+    for _, labels in rows:
+        if len(labels) >= 2:
+            a, b = (float(labels[key]["rating"]) for key in sorted(labels)[:2])
+            firsts.append(a)
+            seconds.append(b)
+    if not firsts:
+        return None
+    return ReviewerAgreement(
+        items=len(firsts), spearman=_round(spearman(firsts, seconds)),
+        kappa=_round(cohen_kappa([a >= mark for a in firsts], [b >= mark for b in seconds])),
+        mean_absolute_error=_round(mean_absolute_error(firsts, seconds)))
+
+
+def _round(value: float | None) -> float | None:
+    return None if value is None else round(value, 4)
