@@ -9,7 +9,6 @@ import time
 from collections.abc import Iterator
 from datetime import UTC, datetime
 
-import httpx
 import pytest
 import redis.asyncio as aioredis
 from scipy.stats import spearmanr
