@@ -9,6 +9,7 @@ merges key by key (``null`` clears a key).
 from __future__ import annotations
 
 import builtins
+import statistics
 import uuid
 from collections.abc import Mapping
 from datetime import UTC, datetime
@@ -17,6 +18,7 @@ from typing import Any
 from pydantic import ValidationError
 
 from scorer_groups.review_queues import ItemView, LabelBody, LiveAgreement, ReviewItem, ReviewLabel, ReviewQueue
+from scorer_groups.runs import DatasetItem
 from scoring.catalog import CatalogSnapshot, queue_errors
 from scoring.errors import Conflict, InvalidDocument, NotFound
 from scoring.groups import Caller
@@ -25,6 +27,8 @@ from scoring.review_agreement import live_agreement
 from scoring.review_rules import queue_of_item
 from scoring.stores.catalog import CatalogStore, Write
 from scoring.stores.review_items import LabelRefused, ReviewItems
+
+EXPORT_MAX_ROWS = 10_000  # a dataset version's rows from one export (the oldest labelled items)
 
 # What a PATCH may change (the id and the project stay: a queue's items are its project's).
 UPDATABLE = ("name", "groupIds", "rule", "origins", "reviewersPerItem", "reservationSeconds", "capacity",
@@ -175,6 +179,24 @@ class ReviewQueues:
                 kept = rows.setdefault(card.rating_id, (card, {}))
                 kept[1].update(labels)
         return live_agreement(group, list(rows.values()))
+
+    async def export_rows(self, queue_id: str, limit: int = EXPORT_MAX_ROWS) -> builtins.list[DatasetItem]:
+        """The queue's labelled items as dataset rows, oldest first: the request as ``input``, the
+        answer as ``output``, ``humanRating`` the median of the reviewers' ratings, and where each
+        came from in ``metadata`` - rows ``grade`` reads as they are (its agreement figures)."""
+        queue = await self.get(queue_id)
+        rows = []
+        for item, labels in await self._items.labelled_items(queue.id, limit):
+            if not labels:
+                continue
+            subject = item.subject
+            rows.append(DatasetItem(
+                input=subject.transcript or subject.input, output=subject.output,
+                human_rating=statistics.median(float(label["rating"]) for label in labels.values()),  # type: ignore[arg-type]
+                metadata={"itemId": item.id, "ratingId": item.rating_id, "groupId": item.group_id,
+                          "traceId": subject.trace_id, "sessionId": subject.session_id, "spanId": subject.span_id,
+                          "labels": len(labels)}))
+        return rows
 
 
 def _refuse(errors: builtins.list[str]) -> None:

@@ -319,3 +319,16 @@ class ReviewItems:
         cards = cast(list[bytes | None], await self._redis.hmget(keys.review_scores(queue_id), ids))
         return [(ScoreCard.model_validate_json(card), orjson.loads(labels[item_id]))
                 for item_id, card in zip(ids, cards, strict=True) if card is not None]
+
+    async def labelled_items(self, queue_id: str, limit: int) -> list[tuple[ReviewItem, dict[str, dict[str, object]]]]:
+        """Up to ``limit`` labelled items of the queue, oldest first, with their labels by reviewer key."""
+        labels = cast(dict[bytes, bytes], await self._redis.hgetall(keys.review_labels(queue_id)))
+        found: list[tuple[ReviewItem, dict[str, dict[str, object]]]] = []
+        ids = list(labels)
+        for start in range(0, len(ids), 500):
+            chunk = ids[start:start + 500]
+            documents = cast(list[bytes | None], await self._redis.hmget(keys.review_items(queue_id), chunk))
+            found += [(ReviewItem.model_validate_json(d), orjson.loads(labels[i]))
+                      for i, d in zip(chunk, documents, strict=True) if d is not None]
+        found.sort(key=lambda pair: (pair[0].created_at, pair[0].id))
+        return found[:limit]

@@ -23,6 +23,9 @@ class DatasetItem(WireModel):
     input: JsonValue
     expected: JsonValue = None
     metadata: dict[str, JsonValue] = Field(default_factory=dict)
+    # The answer already given (a review queue's export: what the agent said live), for ``grade``
+    # to grade as it stands; absent from rows an agent answers when the run is made.
+    output: str | None = Field(None, exclude_if=lambda v: v is None)
     # Left out when absent, so that a row without them reads in 0.2 SDKs (which refuse fields they do not know).
     human_rating: float | None = Field(None, ge=0, le=10, exclude_if=lambda v: v is None)
     human_pass: bool | None = Field(None, exclude_if=lambda v: v is None)

@@ -5,9 +5,11 @@ people's median, and the reviewers against each other."""
 
 from __future__ import annotations
 
+import json
 import time
 from collections.abc import Iterator
 from datetime import UTC, datetime
+from pathlib import Path
 
 import pytest
 import redis.asyncio as aioredis
@@ -17,7 +19,7 @@ from sklearn.metrics import cohen_kappa_score, mean_absolute_error
 from scorer_groups.review_queues import ReviewItem, ReviewQueue
 from scoring.review_rules import review_item_id
 from scoring.stores.review_items import ReviewItems
-from tests.support.api_process import ApiProcess, create_key
+from tests.support.api_process import ApiProcess, api_with_judge, cli, create_key
 from tests.support.redis_databases import RedisDatabases
 
 pytestmark = pytest.mark.integration
@@ -44,14 +46,16 @@ def api(redis_databases: RedisDatabases,
             process.stop()
 
 
-def item(queue: ReviewQueue, n: int, judge: str) -> ReviewItem:
+def item(queue: ReviewQueue, n: int, judge: str, *, group_score: float | None = None, output: str = "a",
+         project: str = PROJECT) -> ReviewItem:
     at = datetime.fromtimestamp(time.time(), UTC).isoformat()
     return ReviewItem.model_validate({
-        "id": review_item_id(queue.id, f"r-{n}"), "queueId": queue.id, "projectId": PROJECT,
+        "id": review_item_id(queue.id, f"r-{n}"), "queueId": queue.id, "projectId": project,
         "groupId": queue.group_ids[0], "ratingId": f"r-{n}", "reason": "sample", "origin": "live", "createdAt": at,
-        "subject": {"scope": "trace", "traceId": f"t-{n}", "input": "q", "output": "a"},
-        "rating": {"id": f"r-{n}", "groupId": queue.group_ids[0], "groupName": "Tone", "projectId": PROJECT,
-                   "agentId": "a", "scope": "trace", "traceId": f"t-{n}", "kind": "k", "rating": GROUP_SCORES[n],
+        "subject": {"scope": "trace", "traceId": f"t-{n}", "input": "q", "output": output},
+        "rating": {"id": f"r-{n}", "groupId": queue.group_ids[0], "groupName": "Tone", "projectId": project,
+                   "agentId": "a", "scope": "trace", "traceId": f"t-{n}", "kind": "k",
+                   "rating": GROUP_SCORES[n] if group_score is None else group_score,
                    "reason": None, "justification": "", "scoredAt": at,
                    "members": [{"kind": "judge", "refId": judge, "name": "Helpful", "weight": 1.0, "gate": False,
                                 "status": "scored", "native": JUDGE_SCORES[n], "goodness": JUDGE_SCORES[n] / 10,
@@ -104,3 +108,57 @@ async def test_the_live_agreement_is_the_reference_libraries_figures(api: tuple[
     assert reviewers["meanAbsoluteError"] == pytest.approx(mean_absolute_error(ANN, BOB), abs=1e-4)
     with process.client(ann_key) as ann:
         assert ann.get(f"/v1/scorer-groups/{group}/agreement").status_code == 403, "admins' figures"
+
+
+async def test_an_export_graded_again_gives_the_live_figures(redis_databases: RedisDatabases, tmp_path: Path) -> None:
+    """Export the labelled items to a dataset, grade its rows with the group (the same judge
+    answering the same verdicts): the run's agreement is the live agreement."""
+    with api_with_judge(redis_databases, tmp_path, "p-export") as (process, key, judge_server):
+        reviewer = create_key(process.redis_url, "--project", "p-export", "--role", "reviewer", "--name", "ann")
+        with process.client(key) as admin:
+            judge = admin.post("/v1/judges", json={"name": "Helpful", "criteria": "Helpful?"}).json()["id"]
+            group = admin.post("/v1/scorer-groups", json={
+                "name": "Tone", "members": [{"kind": "judge", "refId": judge, "label": "Helpful"}],
+                "online": {"enabled": True, "sampleRate": 1.0, "alertThreshold": 6, "severity": "high"}}).json()["id"]
+            queue = ReviewQueue.model_validate(admin.post("/v1/review-queues", json={
+                "name": "Export me", "groupIds": [group], "rule": {"sampleRate": 1.0}}).json())
+        redis = aioredis.Redis.from_url(process.redis_url)
+        try:
+            for n in range(ITEMS):  # the judge's verdict is the group's score; the answer says it to the judge
+                one = item(queue, n, judge, group_score=JUDGE_SCORES[n],
+                           output=f"answer {n} [[rating={JUDGE_SCORES[n]:g}]]", project="p-export")
+                await ReviewItems(redis).take([(one, queue)], time.time() + n * 0.001)
+        finally:
+            await redis.aclose()
+        with process.client(reviewer) as ann:
+            for _ in range(ITEMS):
+                view = ann.post(f"/v1/review-queues/{queue.id}/next").json()
+                n = int(view["item"]["subject"]["traceId"].split("-")[1])
+                assert ann.put(f"/v1/review-items/{view['item']['id']}/labels/me",
+                               json={"rating": ANN[n]}).status_code == 200
+            assert ann.post(f"/v1/review-queues/{queue.id}/export", json={}).status_code == 403, "admins export"
+        with process.client(key) as admin:
+            live = admin.get(f"/v1/scorer-groups/{group}/agreement").json()["agreement"]
+            made = admin.post(f"/v1/review-queues/{queue.id}/export", json={"name": "From review"})
+            assert made.status_code == 201, made.text
+            dataset = made.json()
+            assert (dataset["name"], dataset["rowCount"], dataset["version"]) == ("From review", ITEMS, 1)
+            rows = admin.get(f"/v1/datasets/{dataset['id']}/rows").json()["items"]
+            again = admin.post(f"/v1/review-queues/{queue.id}/export", json={"dataset": dataset["id"]}).json()
+            assert again["version"] == 2, "a new version of the same dataset"
+        assert [r["humanRating"] for r in rows] == [float(a) for a in ANN]
+        assert rows[4]["input"] == "q" and rows[4]["output"] == f"answer 4 [[rating={JUDGE_SCORES[4]:g}]]"
+        assert rows[4]["metadata"]["ratingId"] == "r-4"
+        lines = tmp_path / "rows.jsonl"
+        lines.write_text("".join(json.dumps(r) + "\n" for r in rows))
+        graded = cli(process.redis_url, "grade", "--input", str(lines), "--group", group,
+                     env={"SGW_JUDGE_BASE_URL": judge_server.base_url})
+        assert graded.returncode == 0, graded.stderr
+        summary, _ = json.JSONDecoder().raw_decode(graded.stderr[graded.stderr.index("\n{") + 1:])
+    run = summary["agreement"]
+    for name in ("group", "judges"):
+        ours, theirs = live[name], run[name]
+        if name == "judges":
+            ours, theirs = ours[0], theirs[0]
+        for figure in ("labelledRows", "spearman", "meanAbsoluteError", "marks", "suggestedThreshold"):
+            assert ours[figure] == theirs[figure], (name, figure, ours[figure], theirs[figure])

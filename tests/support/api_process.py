@@ -24,8 +24,9 @@ if TYPE_CHECKING:
 ROOT = Path(__file__).resolve().parents[2]
 
 
-def cli(redis_url: str, *args: str) -> subprocess.CompletedProcess[str]:
-    env = {**os.environ, "SGW_REDIS_URL": redis_url, "SGW_LOG_FORMAT": "console", "PYTHONPATH": f"{ROOT}{os.pathsep}{ROOT / 'sdk'}"}
+def cli(redis_url: str, *args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+    env = {**os.environ, "SGW_REDIS_URL": redis_url, "SGW_LOG_FORMAT": "console",
+           "PYTHONPATH": f"{ROOT}{os.pathsep}{ROOT / 'sdk'}", **(env or {})}
     return subprocess.run([sys.executable, "-m", "worker.cli", *args], env=env, cwd=ROOT,
                           capture_output=True, text=True, timeout=60)
 

@@ -94,7 +94,7 @@ def _with_rows(upload: DatasetUpload) -> tuple[DatasetUpload, list[DatasetItem]]
     return upload, parse_rows(upload.content, upload.format)
 
 
-def _quotas(request: Request) -> Quotas:
+def quotas_of(request: Request) -> Quotas:
     settings: Settings = request.app.state.settings
     return Quotas(datasets=settings.max_datasets_per_project, runs=settings.max_evaluation_runs_per_project,
                   stored_bytes=settings.max_project_stored_bytes)
@@ -109,9 +109,9 @@ QUOTA_REFUSED: dict[int | str, dict[str, Any]] = {
              openapi_extra=body_doc(DatasetCreate, UPLOAD_BODY))
 async def create_dataset(who: Who, request: Request, response: Response) -> Dataset:
     project = _project(who)
-    await check_quotas(redis_of(request), project, _quotas(request), dataset=True)  # before reading the upload
+    await check_quotas(redis_of(request), project, quotas_of(request), dataset=True)  # before reading the upload
     body, rows = await read_body(request, DatasetCreate, _with_rows)
-    await check_quotas(redis_of(request), project, _quotas(request), dataset=True,
+    await check_quotas(redis_of(request), project, quotas_of(request), dataset=True,
                        adding_bytes=len(body.content.encode()))
     dataset = await DatasetStore(redis_of(request)).create(project, body.name, rows,
                                                            description=body.description, dataset_id=body.id)
@@ -137,9 +137,9 @@ async def add_dataset_version(dataset_id: ItemId, who: Who, request: Request) ->
     store = DatasetStore(redis_of(request))
     project = _project(who)
     await store.get(project, dataset_id)  # 404 before reading a large upload
-    await check_quotas(redis_of(request), project, _quotas(request))
+    await check_quotas(redis_of(request), project, quotas_of(request))
     upload, rows = await read_body(request, DatasetUpload, _with_rows)
-    await check_quotas(redis_of(request), project, _quotas(request), adding_bytes=len(upload.content.encode()))
+    await check_quotas(redis_of(request), project, quotas_of(request), adding_bytes=len(upload.content.encode()))
     return await store.add_version(project, dataset_id, rows)
 
 
@@ -156,7 +156,7 @@ async def create_evaluation(body: EvaluationCreate, who: Who, request: Request, 
     run nulls ``additionalScorerIds``: the run's ``warnings`` say so."""
     project = _project(who)
     redis = redis_of(request)
-    await check_quotas(redis, project, _quotas(request), run=True)
+    await check_quotas(redis, project, quotas_of(request), run=True)
     version, items = await DatasetStore(redis).rows(project, body.dataset_id, body.dataset_version)
     catalog = await CatalogStore(redis).snapshot()
     # NotFound (404) or InvalidDocument (400), answered as their status says.

@@ -17,11 +17,15 @@ from scorer_groups.review_queues import (
     ReviewOrigin,
     ReviewQueue,
 )
+from scorer_groups.runs import Dataset
 from scoring.catalog import etag
 from scoring.models import ID_PATTERN, Id, Name, WireModel
 from scoring.review_queues import ReviewQueues
-from worker.api.auth import Client, Who
+from scoring.stores.datasets import DatasetStore
+from scoring.stores.quotas import check_quotas
+from worker.api.auth import Client, Who, redis_of
 from worker.api.door import for_reviewers
+from worker.api.evaluations import QUOTA_REFUSED, quotas_of
 from worker.api.groups import GroupId, IfMatch
 from worker.api.pages import Cursor, Limit, OffsetCursor, Page, page
 
@@ -177,3 +181,31 @@ async def group_agreement(group_id: GroupId, surface: Queues) -> LiveAgreement:
     threshold, MAE, with the number of items behind each), and between reviewers where two
     labelled the same item."""
     return await surface.agreement(group_id)
+
+
+class ExportBody(WireModel):
+    """Where the labelled items go: a new version of ``dataset`` (one of the project's), or a new
+    dataset named ``name`` (the queue's name by default)."""
+
+    dataset: Id | None = None
+    name: Name | None = None
+
+
+@router.post("/review-queues/{id}/export", status_code=201, response_model=Dataset, responses=QUOTA_REFUSED)
+async def export_queue(queue_id: QueueId, body: ExportBody, surface: Queues, who: Who, request: Request,
+                       response: Response) -> Dataset:
+    """A dataset version of the queue's labelled items (up to 10,000, oldest first): ``input``, the
+    answer as ``output``, ``humanRating`` the reviewers' median - ready for ``grade`` (its
+    agreement figures) and CI gates. Counted against the project's dataset quotas."""
+    queue = await surface.get(queue_id)
+    rows = await surface.export_rows(queue_id)
+    store = DatasetStore(redis_of(request))
+    adding = sum(len(row.model_dump_json(by_alias=True)) for row in rows)
+    await check_quotas(redis_of(request), queue.project_id, quotas_of(request), dataset=body.dataset is None,
+                       adding_bytes=adding)
+    if body.dataset is not None:
+        return await store.add_version(queue.project_id, body.dataset, rows)
+    dataset = await store.create(queue.project_id, body.name or queue.name, rows,
+                                 description=f"Labelled items of review queue {queue.id}")
+    response.headers["Location"] = str(request.url_for("get_dataset", id=dataset.id).path)
+    return dataset
