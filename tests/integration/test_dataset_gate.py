@@ -204,7 +204,7 @@ async def test_catalog_apply_lists_every_error_of_a_file_at_once(client: Monitor
     rule = "has requiresExpected and cannot grade live traffic; disable requiresExpected or keep the " \
            "group's live scoring off"
     assert info.value.errors == [
-        "widgets: not a kind of document (kinds: judges, patterns, customs, groups, budgets, channels)",
+        "widgets: not a kind of document (kinds: judges, patterns, customs, groups, budgets, channels, queues)",
         "judges[0] 'broken': criteria: Field required",
         "judges[1] 'fine': requiresExpected: judge 'Fine' is a member of group 'Rule' (rule) whose live "
         "scoring is enabled; a judge that requires an expected answer cannot grade live traffic",

@@ -22,6 +22,7 @@ from redis.exceptions import ConnectionError as RedisConnectionError
 
 from deploy.redis_servers import LocalRedisCluster
 from scorer_groups.api_models import BackfillCreate
+from scorer_groups.review_queues import ReviewItem, ReviewQueue
 from scoring.claim_request import ClaimRequest, day_of
 from scoring.groups import MonitorClient
 from scoring.incidents import Watch
@@ -39,6 +40,7 @@ from scoring.stores.incidents import IncidentStore
 from scoring.stores.keys import SHARDS
 from scoring.stores.otlp_buffer import OtlpBuffer
 from scoring.stores.ratings import RatingsStore, SessionVerdict
+from scoring.stores.review_items import ReviewItems
 from scoring.stores.sessions import SessionStore
 from scoring.stores.shards import ShardLeases
 from scoring.subjects import Span, Trace
@@ -149,6 +151,25 @@ async def use_every_store(redis: RedisCluster) -> list[AsyncScript]:
     assert await digests.claim("g1", "c1", 1, now) and not await digests.claim("g1", "c1", 1, now)
     await digests.sent("g1", "c1", 1)
 
+    queue = ReviewQueue.model_validate({"id": "q-cluster", "name": "Q", "projectId": "p1", "groupIds": ["g1"],
+                                        "rule": {"below": True}})
+    item = ReviewItem.model_validate({
+        "id": "q-cluster:00000000-0000-5000-8000-000000000001", "queueId": queue.id, "projectId": "p1",
+        "groupId": "g1", "ratingId": "r", "reason": "below", "origin": "live", "createdAt": "2026-12-06T10:00:00Z",
+        "subject": {"scope": "trace", "traceId": "t", "input": "q", "output": "a"},
+        "rating": {"id": "r", "groupId": "g1", "groupName": "G", "projectId": "p1", "agentId": "a", "scope": "trace",
+                   "kind": "k", "rating": 2.0, "reason": None, "justification": "", "members": [],
+                   "scoredAt": "2026-12-06T10:00:00Z"}})
+    reviews = ReviewItems(redis)
+    assert (await reviews.take([(item, queue)], now))[0].taken == 1
+    assert (await reviews.next(queue, "k1", now) or ("", 0))[0] == item.id
+    assert (await reviews.label(queue, item.id, "k1", b'{"rating": 3, "itemId": "x"}', now)).done
+    assert await reviews.view(queue.id, item.id) is not None and len(await reviews.labelled(queue.id)) == 1
+    exported = await reviews.outbox(queue.id)
+    await reviews.exported(queue.id, [entry_id for entry_id, _ in exported])
+    await reviews.settle(queue.id)
+    assert await reviews.mark_unexported([queue.id], now) == 0
+
     catalog = CatalogStore(redis, cache=SnapshotCache())
     await catalog.snapshot()  # read whole, then by the changes since
     await MonitorClient(redis).scorers.put(Judge(id="cluster-judge", name="J", criteria="Helpful?"))
@@ -158,7 +179,8 @@ async def use_every_store(redis: RedisCluster) -> list[AsyncScript]:
     assert len(await leases.hold("w-1", 30)) == SHARDS
     await leases.leave("w-1")
 
-    stores = (claims, ratings, sessions, buffer, schedule, alerts, jobs, parts, incidents, digests, catalog, leases)
+    stores = (claims, ratings, sessions, buffer, schedule, alerts, jobs, parts, incidents, digests, reviews, catalog,
+              leases)
     return [v for store in stores for v in vars(store).values() if isinstance(v, AsyncScript)]
 
 
