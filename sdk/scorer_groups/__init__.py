@@ -52,6 +52,7 @@ if TYPE_CHECKING:
     )
     from scorer_groups.evaluations import Evaluation, GateFailed, NotAJudgeMember
     from scorer_groups.models import Budget, CustomEvaluator, Judge, Member, OnlineProfile, Pattern, ScorerGroup
+    from scorer_groups.review_queues import ItemView, LiveAgreement, ReviewItem, ReviewQueue
     from scorer_groups.runs import AgentAnswer
 
 # The names below load on first use (PEP 562): the server imports the wire models
@@ -69,6 +70,8 @@ _HOMES = {
     "Agreement": "agreement", "JudgeCallRecord": "api_models", "Incidents": "api_models",
     "JudgeTemplate": "api_models",
     "RatingWithCalls": "api_models", "AgentAnswer": "runs", "RowCalls": "api_models",
+    "ReviewQueue": "review_queues", "ReviewItem": "review_queues", "ItemView": "review_queues",
+    "LiveAgreement": "review_queues",
 }
 
 
@@ -106,9 +109,11 @@ __all__ = [
     "Forbidden",
     "GateFailed",
     "Incidents",
+    "ItemView",
     "Judge",
     "JudgeCallRecord",
     "JudgeTemplate",
+    "LiveAgreement",
     "Member",
     "NotAJudgeMember",
     "NotFound",
@@ -121,6 +126,8 @@ __all__ = [
     "Ratings",
     "ResultsPage",
     "Retry",
+    "ReviewItem",
+    "ReviewQueue",
     "RowCalls",
     "ScorerGroup",
     "ServerError",

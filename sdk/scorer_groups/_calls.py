@@ -29,6 +29,8 @@ from scorer_groups.api_models import (
 )
 from scorer_groups.errors import ApiError, error_for
 from scorer_groups.models import Budget, CustomEvaluator, Judge, Pattern, ScorerGroup, WireModel
+from scorer_groups.review_queues import ItemPage, ItemView, Labelled, LiveAgreement, ReviewQueue
+from scorer_groups.runs import Dataset
 
 T = TypeVar("T")
 RETRY_STATUSES = (429, 503)
@@ -251,3 +253,57 @@ def create_channel(agent_id: str, url: str, secret: str | None, extra: Mapping[s
 
 
 __all__ = ["ApiError", "Call", "Retry"]
+
+
+# --- /v1/review-queues and /v1/review-items (issue 55) ----------------------------------------
+
+
+def list_queues() -> Call[builtins.list[ReviewQueue]]:
+    return _paged("/v1/review-queues", ReviewQueue)
+
+
+def get_queue(queue_id: str) -> Call[ReviewQueue]:
+    return Call("GET", f"/v1/review-queues/{_id(queue_id)}", _model(ReviewQueue))
+
+
+def create_queue(fields: Mapping[str, Any]) -> Call[ReviewQueue]:
+    return Call("POST", "/v1/review-queues", _model(ReviewQueue), json=_wire(dict(fields)))
+
+
+def update_queue(queue_id: str, fields: Mapping[str, Any], if_match: str | None) -> Call[ReviewQueue]:
+    """Sparse, as a group's: ``rule`` merges key by key, a key sent as None gets its default back."""
+    return Call("PATCH", f"/v1/review-queues/{_id(queue_id)}", _model(ReviewQueue), json=_wire(dict(fields)),
+                headers=_if_match(if_match))
+
+
+def queue_items(queue_id: str, state: str, limit: int, cursor: str | None) -> Call[ItemPage]:
+    params: dict[str, Any] = {"state": state, "limit": limit, **({"cursor": cursor} if cursor else {})}
+    return Call("GET", f"/v1/review-queues/{_id(queue_id)}/items", _model(ItemPage), params=params)
+
+
+def next_item(queue_id: str) -> Call[ItemView | None]:
+    parse = _model(ItemView)
+    return Call("POST", f"/v1/review-queues/{_id(queue_id)}/next",
+                lambda response: None if response.status_code == 204 else parse(response))
+
+
+def get_item(item_id: str) -> Call[ItemView]:
+    return Call("GET", f"/v1/review-items/{_id(item_id)}", _model(ItemView))
+
+
+def label_item(item_id: str, rating: float, members: Mapping[str, Any] | None, comment: str | None) -> Call[Labelled]:
+    """``members`` is keyed by ref ids, which are the tenant's own names: sent as given."""
+    body: dict[str, Any] = {"rating": rating}
+    if members:
+        body["members"] = {str(ref): _wire(verdict) for ref, verdict in members.items()}
+    if comment is not None:
+        body["comment"] = comment
+    return Call("PUT", f"/v1/review-items/{_id(item_id)}/labels/me", _model(Labelled), json=body)
+
+
+def export_queue(queue_id: str, body: Mapping[str, Any]) -> Call[Dataset]:
+    return Call("POST", f"/v1/review-queues/{_id(queue_id)}/export", _model(Dataset), json=_wire(dict(body)))
+
+
+def group_agreement(group_id: str) -> Call[LiveAgreement]:
+    return Call("GET", f"/v1/scorer-groups/{_id(group_id)}/agreement", _model(LiveAgreement))

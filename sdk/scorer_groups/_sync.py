@@ -32,6 +32,8 @@ from scorer_groups.api_models import (
 from scorer_groups.backfills import BackfillBar, Deadline, When, backfill_body
 from scorer_groups.evaluations import Datasets, Evaluations
 from scorer_groups.models import Budget, CustomEvaluator, Judge, Pattern, ScorerGroup, WireModel
+from scorer_groups.review_queues import ItemPage, ItemView, Labelled, LiveAgreement, ReviewQueue
+from scorer_groups.runs import Dataset
 
 S = TypeVar("S", bound=WireModel)
 
@@ -92,6 +94,10 @@ class ScorerGroups:
                                                metadata=dict(metadata or {}), agent_id=agent_id,
                                                session_id=session_id, root_name=root_name)
         return self._t.run(calls.grade_example(id, example))
+
+    def agreement(self, id: str) -> LiveAgreement:
+        """The group's judges against people, over its labelled review items, as labels come in."""
+        return self._t.run(calls.group_agreement(id))
 
     def changes(self, id: str) -> builtins.list[Change]:
         return self._t.run(calls.group_changes(id))
@@ -254,9 +260,59 @@ class Channels:
         self._t.run(calls.delete_doc("channels", id))
 
 
+class ReviewQueues:
+    """``client.monitor.review_queues``: where people check the judges on live traffic. A
+    reviewer key may ``list``, ``get``, take the ``next`` item and ``label`` it - nothing else."""
+
+    def __init__(self, transport: Transport) -> None:
+        self._t = transport
+
+    def list(self) -> builtins.list[ReviewQueue]:
+        return self._t.run(calls.list_queues())
+
+    def get(self, id: str) -> ReviewQueue:
+        return self._t.run(calls.get_queue(id))
+
+    def create(self, name: str, group_ids: Sequence[str], rule: Mapping[str, Any], **extra: Any) -> ReviewQueue:
+        """``extra``: ``origins``, ``reviewers_per_item``, ``reservation_seconds``, ``capacity``,
+        ``keep_days``; ``project_id`` when an operator key creates."""
+        return self._t.run(calls.create_queue({"name": name, "group_ids": list(group_ids), "rule": rule,
+                                                     **extra}))
+
+    def update(self, id: str, *, if_match: str | None = None, **fields: Any) -> ReviewQueue:
+        return self._t.run(calls.update_queue(id, fields, if_match))
+
+    def delete(self, id: str, *, if_match: str | None = None) -> None:
+        self._t.run(calls.delete_doc("review-queues", id, if_match))
+
+    def items(self, id: str, *, state: str = "open", limit: int = 50, cursor: str | None = None) -> ItemPage:
+        """A page of items: open ones oldest first (``state="all"``: every item, newest first)."""
+        return self._t.run(calls.queue_items(id, state, limit, cursor))
+
+    def next(self, id: str) -> ItemView | None:
+        """Reserve the next item for this key (or the one it holds); None when there is none."""
+        return self._t.run(calls.next_item(id))
+
+    def item(self, item_id: str) -> ItemView:
+        return self._t.run(calls.get_item(item_id))
+
+    def label(self, item_id: str, rating: float, *, members: Mapping[str, Any] | None = None,
+                    comment: str | None = None) -> Labelled:
+        """This key's label of an item it holds (or its label changed while the item is open):
+        ``members`` by ref id, each ``{"agree": bool, "rating": 0-10?}``."""
+        return self._t.run(calls.label_item(item_id, rating, members, comment))
+
+    def export(self, id: str, *, name: str | None = None, dataset: str | None = None) -> Dataset:
+        """A dataset (or a new version of ``dataset``) of the queue's labelled items, ready for
+        ``grade``: ``humanRating`` is the reviewers' median."""
+        body = {k: v for k, v in (("name", name), ("dataset", dataset)) if v is not None}
+        return self._t.run(calls.export_queue(id, body))
+
+
 class Monitor:
     def __init__(self, transport: Transport) -> None:
         self.scorer_groups = ScorerGroups(transport)
+        self.review_queues = ReviewQueues(transport)
         self.backfills = Backfills(transport)
         self.sessions = Sessions(transport)
         self.judges: Scorers[Judge] = Scorers(transport, Judge)

@@ -191,3 +191,26 @@ class LiveAgreement(WireModel):
     labelled_items: int
     agreement: Agreement | None = None
     reviewers: ReviewerAgreement | None = None
+
+
+class QueueCounts(WireModel):
+    open: int  # open items now (at most the queue's capacity)
+    taken: int  # items the queue has taken since it began
+    turned_away: int  # results its rule took while it held its capacity of open items
+
+
+class ItemPage(Document):
+    """``GET /v1/review-queues/{id}/items``: a page of items (open, oldest first; or all, newest
+    first) with the queue's counts."""
+
+    items: list[ReviewItem]
+    counts: QueueCounts
+    next_cursor: str | None = Field(None, description="Pass as cursor for the next page; null on the last.")
+
+
+class Labelled(Document):
+    """``PUT /v1/review-items/{id}/labels/me``'s answer: the label as kept, and whether the item
+    is done by it (it has its reviewersPerItem labels and left the open items)."""
+
+    label: ReviewLabel
+    done: bool

@@ -9,11 +9,12 @@ from typing import Annotated, Any, Literal
 from fastapi import APIRouter, Depends, Path, Query, Request, Response
 
 from scorer_groups.review_queues import (
+    ItemPage,
     ItemView,
     LabelBody,
+    Labelled,
     LiveAgreement,
-    ReviewItem,
-    ReviewLabel,
+    QueueCounts,
     ReviewOrigin,
     ReviewQueue,
 )
@@ -74,17 +75,6 @@ class QueuePage(Page):
     items: list[ReviewQueue]
 
 
-class QueueCounts(WireModel):
-    open: int  # open items now (at most the queue's capacity)
-    taken: int  # items the queue has taken since it began
-    turned_away: int  # results its rule took while it held its capacity of open items
-
-
-class ItemPage(Page):
-    items: list[ReviewItem]
-    counts: QueueCounts
-
-
 def queues(client: Client, who: Who) -> ReviewQueues:
     return ReviewQueues(client.store, who)
 
@@ -143,11 +133,6 @@ async def queue_items(queue_id: QueueId, surface: Queues, limit: Limit = 50, cur
     items, next_cursor, counts = await surface.items(queue_id, state=state, limit=limit, cursor=int(cursor or 0))
     return ItemPage(items=items, next_cursor=None if next_cursor is None else str(next_cursor),
                     counts=QueueCounts(open=counts["open"], taken=counts["taken"], turned_away=counts["turnedAway"]))
-
-
-class Labelled(WireModel):
-    label: ReviewLabel
-    done: bool  # the item has its reviewersPerItem labels and has left the open items
 
 
 @router.post("/review-queues/{id}/next", response_model=ItemView, openapi_extra=for_reviewers(),
