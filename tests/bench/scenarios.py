@@ -26,6 +26,7 @@ from tests.bench.workload import (
     DETERMINISTIC_CATALOG,
     DETERMINISTIC_GROUPS,
     JUDGE_CATALOG,
+    PROJECT,
     OutputTopic,
     ProcessTree,
     calls_delta,
@@ -183,8 +184,8 @@ async def plain_peer(bench: Bench) -> dict[str, Any]:
 
 
 async def _worker_drain(bench: Bench, name: str, traces: int, workers: int = 1, *,
-                        topic: str | None = None) -> dict[str, Any]:
-    redis_url = await bench.fresh_db(DETERMINISTIC_CATALOG)
+                        topic: str | None = None, catalog: dict[str, Any] = DETERMINISTIC_CATALOG) -> dict[str, Any]:
+    redis_url = await bench.fresh_db(catalog)
     ratings = bench.name(f"{name}-ratings")
     await create_topics(bench.bootstrap, [ratings], log_append_time=True)
     # Several workers share one consumer group, as an operator scales out: the partitions split.
@@ -202,6 +203,20 @@ async def _worker_drain(bench: Bench, name: str, traces: int, workers: int = 1, 
 
 async def deterministic(bench: Bench) -> dict[str, Any]:
     return await _worker_drain(bench, "deterministic", bench.traces)
+
+
+# Issue 55: three review queues watching both deterministic groups - below the threshold, members
+# disagreeing by half the scale, a 2% sample - with room for every item they take (a full queue
+# turns the rest away, which costs less): what deciding and keeping items costs the hot path.
+REVIEWED_CATALOG: dict[str, Any] = {**DETERMINISTIC_CATALOG, "queues": [
+    {"id": f"q-{name}", "name": name, "projectId": PROJECT, "groupIds": ["patterns", "code"], "rule": rule,
+     "capacity": 100_000}
+    for name, rule in (("below", {"below": True}), ("split", {"disagreement": 0.5}), ("sample", {"sampleRate": 0.02}))]}
+
+
+async def reviewed(bench: Bench) -> dict[str, Any]:
+    """The deterministic scenario with three review queues watching every group."""
+    return await _worker_drain(bench, "reviewed", bench.traces, catalog=REVIEWED_CATALOG)
 
 
 async def scale_out(bench: Bench, workers: int) -> dict[str, Any]:
