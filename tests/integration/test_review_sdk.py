@@ -4,6 +4,7 @@ agreement and exports - and the reviewer key is refused the admin's calls (``For
 
 from __future__ import annotations
 
+import json
 import time
 from collections.abc import Iterator
 
@@ -14,7 +15,7 @@ from scorer_groups import Client, Forbidden
 from scorer_groups.review_queues import ReviewItem, ReviewQueue
 from scoring.review_rules import review_item_id
 from scoring.stores.review_items import ReviewItems
-from tests.support.api_process import ApiProcess, create_key
+from tests.support.api_process import ApiProcess, cli, create_key
 from tests.support.redis_databases import RedisDatabases
 
 pytestmark = pytest.mark.integration
@@ -79,5 +80,17 @@ async def test_a_review_through_the_sdk(api: tuple[ApiProcess, str, str]) -> Non
         assert page.counts.taken == 2 and page.counts.open == 0 and len(page.items) == 2
         dataset = admin.monitor.review_queues.export(queue.id, name="Labelled")
         assert dataset.row_count == 2
+        # The same from the command line, as the project.
+        listed = cli(process.redis_url, "reviews", "list", "--project", "p-sdk-review")
+        assert listed.returncode == 0 and f"{queue.id}  Below" in listed.stdout and "taken 2" in listed.stdout
+        items = cli(process.redis_url, "reviews", "items", queue.id, "--all", "--project", "p-sdk-review")
+        assert items.stdout.count(f"{queue.id}:") == 2 and "(0 open, 2 taken, 0 turned away)" in items.stdout
+        agreement = cli(process.redis_url, "reviews", "agreement", group.id, "--project", "p-sdk-review")
+        assert json.loads(agreement.stdout)["labelledItems"] == 2
+        exported = cli(process.redis_url, "reviews", "export", queue.id, "--dataset", dataset.id,
+                       "--project", "p-sdk-review")
+        assert exported.returncode == 0 and "version 2: 2 labelled items" in exported.stdout
+        elsewhere = cli(process.redis_url, "reviews", "items", queue.id, "--project", "p-other")
+        assert elsewhere.returncode == 2 and "no review queue" in elsewhere.stderr, "another project's queue"
         admin.monitor.review_queues.delete(queue.id)
         assert admin.monitor.review_queues.list() == []

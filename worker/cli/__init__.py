@@ -20,6 +20,7 @@
     scorer-worker webhooks new-secret              print a fresh whsec_ channel secret
     scorer-worker webhooks replay [--channel AGENT|URL] [--since 2h|ISO]   resend dead letters
     scorer-worker api                              the HTTP API (SGW_API_PORT)
+    scorer-worker reviews (list | items Q | agreement G | export Q) --project P   review queues
     scorer-worker keys create (--project P | --operator) [--name N] [--role admin|reviewer]
                                                    prints the key once, last line
     scorer-worker keys list [--project P]          keys (never their secrets)
@@ -39,6 +40,7 @@ import sys
 from pydantic import ValidationError
 
 from scoring.catalog import KIND_MODELS
+from worker.cli import reviews
 from worker.cli.backfill import cmd_backfill
 from worker.cli.catalog import cmd_apply, cmd_delete, cmd_get, cmd_list, cmd_ratings, cmd_session_scores
 from worker.cli.check import cmd_check
@@ -157,6 +159,7 @@ def build_parser() -> argparse.ArgumentParser:
     replay.add_argument("--since", help="only dead letters since: a duration back (2h, 3d) or an ISO time")
     replay.set_defaults(func=cmd_replay)
 
+    reviews.add_parser(sub)
     sub.add_parser("api", help="serve the HTTP API on SGW_API_PORT").set_defaults(func=cmd_api)
     api_keys = sub.add_parser("keys", help="API keys").add_subparsers(dest="action", required=True)
     create = api_keys.add_parser("create", help="create a key; it is printed once, on the last line")
