@@ -87,3 +87,12 @@ def review_item(queue: ReviewQueue, reason: ReviewReason, origin: ReviewOrigin, 
                               span_id=rating.span_id, span_name=rating.span_name, input=shown(subject.input),
                               output=shown(subject.output), transcript=shown(subject.transcript)),
         rating=Rating.model_validate_json(document))
+
+
+def rated_items(queues: Iterable[ReviewQueue], group: ScorerGroup, origin: ReviewOrigin, subject: Subject,
+                subject_key: str, rating: Rating) -> list[tuple[ReviewItem, ReviewQueue]]:
+    """The items a validated rating makes (a dataset run's row: the live path decides from what
+    it publishes, ``scoring.outbox``), each with its queue."""
+    taking = queues_taking(queues, group, origin, subject_key=subject_key, rating=rating.rating,
+                           goodness=[m.goodness for m in rating.members])
+    return [(review_item(queue, reason, origin, subject, rating, rating.to_json()), queue) for queue, reason in taking]

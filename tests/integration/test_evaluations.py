@@ -372,3 +372,23 @@ def test_human_verdicts_come_in_csv_too_and_a_malformed_one_is_refused_by_name(
     answer = httpx.post(f"{api[0]}/v1/datasets", headers=headers,
                         json={"name": "bad", "content": path.read_text(), "format": "csv"})
     assert answer.status_code == 400 and "line 2: humanRating: must be a number" in answer.text, answer.text
+
+
+def test_a_dataset_runs_rows_enter_the_review_queues_that_take_dataset_results(names: dict[str, Any]) -> None:
+    """Issue 55: a queue with origin ``dataset`` takes a finalized run's rows as its rule says; a
+    queue of live traffic only takes none of them."""
+    client = names["client"]
+    group = client.monitor.scorer_groups.create("Reviewed release bar", members=[
+        {"kind": "judge", "refId": names["quality"].id, "weight": 1, "gate": False}],
+        online={"enabled": False, "sampleRate": 1.0, "alertThreshold": 6, "severity": "low"})
+    runs = client.monitor.review_queues.create("Runs below", [group.id], {"below": True}, origins=["dataset"])
+    live = client.monitor.review_queues.create("Live below", [group.id], {"below": True})
+    run = client.evaluations.run(dataset_id=names["dataset"].id, subject={"kind": "custom_agent", "displayName": "a"},
+                                 scorer_group_id=group.id).execute(agent_rating(quality=2, safety=9)).finalize()
+    assert run.rating == pytest.approx(2.0)
+    items = client.monitor.review_queues.items(runs.id).items
+    assert len(items) == 3 and {(i.origin, i.reason, i.subject.scope) for i in items} == {("dataset", "below", "dataset")}
+    assert {i.rating.run_id for i in items} == {run.id}
+    assert items[0].subject.output.startswith("An answer to")
+    assert client.monitor.review_queues.items(live.id).items == []
+    assert client.monitor.review_queues.items(runs.id).counts.taken == 3

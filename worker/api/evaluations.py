@@ -9,6 +9,7 @@ Datasets and runs belong to the key's project: an operator key must use a projec
 from __future__ import annotations
 
 import functools
+from datetime import UTC, datetime
 from typing import Annotated, Any, Literal
 
 from fastapi import APIRouter, Path, Query, Request, Response
@@ -16,11 +17,15 @@ from pydantic import Field
 
 from scorer_groups.api_models import JudgeCallRecord, RowCalls
 from scorer_groups.runs import Dataset, DatasetItem, EvaluationCreate, EvaluationRun, Outputs
-from scoring.dataset import DatasetRow, grade_rows, human_verdict, plan_grading
+from scoring.catalog import CatalogSnapshot
+from scoring.dataset import DatasetRow, RowResult, grade_rows, human_verdict, plan_grading
 from scoring.errors import Conflict, InvalidDocument, NotFound
-from scoring.models import ID_PATTERN, Id, Name, WireModel
+from scoring.models import ID_PATTERN, Id, Name, ScorerGroup, WireModel
+from scoring.results import build_rating
+from scoring.review_rules import rated_items
 from scoring.stores.catalog import CatalogStore
 from scoring.stores.claims import Claims
+from scoring.stores.client import RedisClient
 from scoring.stores.datasets import DatasetStore, parse_rows
 from scoring.stores.evaluations import (
     BUDGET_SKIPPED,
@@ -36,6 +41,7 @@ from scoring.stores.evaluations import (
     new_run,
 )
 from scoring.stores.quotas import Quotas, check_quotas
+from scoring.stores.review_items import ReviewItems
 from scoring.subjects import as_text
 from worker.api import problems
 from worker.api.auth import Who, redis_of
@@ -265,6 +271,7 @@ async def _grade(request: Request, project: str, run: EvaluationRun,
         await spend.settle(graded)
     finally:
         await spend.close()
+    await _review(redis, catalog, plan.group, run.id, graded.rows)
     skipped = {int(str(row.id)) for row in rows} - {int(str(row.id)) for row in granted}
     humans = [human_verdict(item.human_rating, item.human_pass) for item in items[:run.row_count]]
     online = plan.group.online
@@ -273,3 +280,18 @@ async def _grade(request: Request, project: str, run: EvaluationRun,
     if left_out:
         done = done.model_copy(update={"notes": [*done.notes, calls_left_out_note(left_out)]})
     return done, calls
+
+
+async def _review(redis: RedisClient, catalog: CatalogSnapshot, group: ScorerGroup, run_id: str,
+                  graded: list[RowResult]) -> None:
+    """The run's rows that the group's review queues with origin ``dataset`` take (issue 55)."""
+    queues = catalog.queues_watching(group.id)
+    if not queues:
+        return
+    now = datetime.now(UTC)
+    items = [taken for row in graded
+             for taken in rated_items(queues, group, "dataset", row.row.subject(group.project_id),
+                                      f"dataset:{run_id}:{row.index}",
+                                      build_rating(row.result, "dataset", now=now, dataset=(run_id, row.index)))]
+    if items:
+        await ReviewItems(redis).take(items, now.timestamp())
