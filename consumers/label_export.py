@@ -28,7 +28,7 @@ from consumers.periodic import Send, every
 from scoring.catalog import CatalogSnapshot
 from scoring.outbox import Record
 from scoring.stores.keys import LABELS_SWEEP_S
-from scoring.stores.review_items import ReviewItems
+from scoring.stores.review_items import QueueRef, ReviewItems
 
 log = structlog.get_logger(__name__)
 
@@ -48,26 +48,27 @@ class LabelExporter:
 
     async def tick(self) -> None:
         try:
+            snapshot = self._catalog()
             if self._swept_at is None or self._clock() - self._swept_at >= LABELS_SWEEP_S:  # 4.
-                mine = [q for q in self._catalog().queues if self._share.owns(q)]
+                mine = [q for q in snapshot.queues.values() if self._share.owns(q.id)]
                 await self._items.mark_unexported(mine, time.time())
                 self._swept_at = self._clock()
-            for queue_id in await self._items.pending_queues():  # 1.
-                if self._share.owns(queue_id):
-                    await self._export(queue_id)
+            for queue in await self._items.pending_queues():  # 1. (a deleted queue's outbox left with it;
+                if self._share.owns(queue.id):  # one an operator moved to another project still goes out)
+                    await self._export(queue)
         except Exception:  # the outbox keeps them: the next tick tries again
             log.exception("exporting review labels failed; trying again on the next tick")
 
-    async def _export(self, queue_id: str) -> None:
-        while versions := await self._items.outbox(queue_id):  # 2.
+    async def _export(self, queue: QueueRef) -> None:
+        while versions := await self._items.outbox(queue):  # 2.
             records = []
             for _, label in versions:
                 item_id = _item_of(label)
                 records.append(Record(self._topic, item_id.encode() if item_id else None, label))
             await self._send(records)
-            await self._items.exported(queue_id, [entry_id for entry_id, _ in versions])  # 3.
+            await self._items.exported(queue, [entry_id for entry_id, _ in versions])  # 3.
             self.exported += len(versions)
-        await self._items.settle(queue_id)
+        await self._items.settle(queue)
 
 
 def _item_of(label: bytes) -> str | None:

@@ -241,6 +241,9 @@ def labelled(group: ScorerGroup, catalog: CatalogSnapshot,
     return group.model_copy(update={"members": members}), errors
 
 
+MAX_QUEUES_PER_GROUP = 10  # a result's items are one copy per queue that takes it: bounded per group
+
+
 def queue_errors(queue: ReviewQueue, catalog: CatalogSnapshot, previous: ReviewQueue | None) -> list[str]:
     """A queue watches groups of its own project. An id the stored version already held is kept
     (its group was deleted or moved since: the queue takes nothing from it)."""
@@ -250,6 +253,11 @@ def queue_errors(queue: ReviewQueue, catalog: CatalogSnapshot, previous: ReviewQ
         group = catalog.groups.get(group_id)
         if (group is None or group.project_id != queue.project_id) and group_id not in held:
             errors.append(f"groupIds[{i}]: no scorer group with id {group_id!r} in project {queue.project_id!r}")
+        others = [q for q in catalog.queues_watching(group_id) if q.id != queue.id]
+        if group_id not in held and len(others) >= MAX_QUEUES_PER_GROUP:
+            errors.append(f"groupIds[{i}]: group {group_id!r} is watched by {len(others)} review queues already, "
+                          f"the most a group may have ({MAX_QUEUES_PER_GROUP}): each queue keeps its own copy "
+                          "of every result it takes")
     return errors
 
 

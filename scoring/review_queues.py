@@ -61,11 +61,9 @@ class ReviewQueues:
                     cursor: int = 0) -> tuple[builtins.list[ReviewItem], int | None, dict[str, int]]:
         """A page of the queue's items - open ones oldest first, or all newest first - with its
         counts (open now, taken, turned away at capacity)."""
-        await self.get(queue_id)  # 404 unless the caller's project sees the queue
-        items, next_cursor = await self._items.page(queue_id, state=state, limit=limit, cursor=cursor)
-        # Each item by its own project: a queue id reused by another project shows none of the old.
-        return ([i for i in items if self._caller.operator or i.project_id == self._caller.project_id], next_cursor,
-                await self._items.counts(queue_id))
+        queue = await self.get(queue_id)  # 404 unless the caller's project sees the queue
+        items, next_cursor = await self._items.page(queue, state=state, limit=limit, cursor=cursor)
+        return ([i for i in items if i.project_id == queue.project_id], next_cursor, await self._items.counts(queue))
 
     async def create(self, fields: Mapping[str, Any], *, project_id: str | None = None) -> ReviewQueue:
         """``fields``: the queue's wire fields but its id and project (the caller's)."""
@@ -102,11 +100,17 @@ class ReviewQueues:
         return result["queue"]
 
     async def delete(self, queue_id: str, *, if_match: str | None = None) -> None:
+        """The queue, and its items and labels with it (every label version is on the labels topic)."""
+        deleted: dict[str, ReviewQueue] = {}
+
         def change(catalog: CatalogSnapshot) -> list[Write]:
-            self._caller.writable("queues", catalog, queue_id, if_match)
+            stored = self._caller.writable("queues", catalog, queue_id, if_match)
+            assert isinstance(stored, ReviewQueue)
+            deleted["queue"] = stored
             return [("queues", queue_id, None)]
 
         await self._store.write(change)
+        await self._items.forget(deleted["queue"])
 
     # --- the review: a reviewer takes the next item and labels it ------------------------------
 
@@ -124,8 +128,8 @@ class ReviewQueues:
         """An item of the caller's project. A reviewer sees an item they hold or labelled, and only
         their own label: people label independently (their agreement is measured)."""
         queue = await self.get(queue_of_item(item_id))  # 404 for another project's queue
-        found = await self._items.view(queue.id, item_id)
-        if found is None:
+        found = await self._items.view(queue, item_id)
+        if found is None or found[0].project_id != queue.project_id:
             raise NotFound(f"no review item with id {item_id!r}")
         item, done, labels, held = found
         reviewer = self._caller.role == "reviewer"
@@ -141,8 +145,8 @@ class ReviewQueues:
         """Keep the caller's label of the item: they hold it, or change their label while it is
         open. Returns the label as kept and whether the item is done by it."""
         queue = await self.get(queue_of_item(item_id))
-        found = await self._items.view(queue.id, item_id)
-        if found is None:
+        found = await self._items.view(queue, item_id)
+        if found is None or found[0].project_id != queue.project_id:
             raise NotFound(f"no review item with id {item_id!r}")
         item = found[0]
         refs = [m.ref_id for m in item.rating.members]
@@ -157,10 +161,11 @@ class ReviewQueues:
         try:
             done = await self._items.label(queue, item_id, self._caller.key_id, label.to_json(), now)
         except LabelRefused as refused:
+            if refused.why == "missing":  # gone since it was read (past keepDays)
+                raise NotFound(f"no review item with id {item_id!r}") from None
             raise Conflict({"not_held": "take the item first (POST /v1/review-queues/{id}/next): it is not "
                                         "reserved for this key, or its reservation ran out",
-                            "done": "the item has all its labels and is done",
-                            "missing": f"no review item with id {item_id!r}"}[refused.why]) from None
+                            "done": "the item has all its labels and is done"}[refused.why]) from None
         return label.model_copy(update={"version": done.version}), done.done
 
     async def agreement(self, group_id: str) -> LiveAgreement:
@@ -173,7 +178,7 @@ class ReviewQueues:
         for queue in snapshot.queues_watching(group_id):
             if queue.project_id != group.project_id:
                 continue
-            for card, labels in await self._items.labelled(queue.id):
+            for card, labels in await self._items.labelled(queue):
                 if card.group_id != group_id:
                     continue
                 kept = rows.setdefault(card.rating_id, (card, {}))
@@ -186,8 +191,8 @@ class ReviewQueues:
         came from in ``metadata`` - rows ``grade`` reads as they are (its agreement figures)."""
         queue = await self.get(queue_id)
         rows = []
-        for item, labels in await self._items.labelled_items(queue.id, limit):
-            if not labels:
+        for item, labels in await self._items.labelled_items(queue, limit):
+            if not labels or item.project_id != queue.project_id:
                 continue
             subject = item.subject
             rows.append(DatasetItem(

@@ -26,6 +26,7 @@ from scorer_groups.review_queues import (
 )
 from scoring.judge_calls import shown_text
 from scoring.models import ScorerGroup
+from scoring.redact import redact_text
 from scoring.results import PublishedRating, Rating, derived_id
 from scoring.sampling import keep
 from scoring.subjects import Subject
@@ -86,7 +87,16 @@ def review_item(queue: ReviewQueue, reason: ReviewReason, origin: ReviewOrigin, 
         subject=ReviewSubject(scope=rating.scope, trace_id=rating.trace_id, session_id=rating.session_id,
                               span_id=rating.span_id, span_name=rating.span_name, input=shown(subject.input),
                               output=shown(subject.output), transcript=shown(subject.transcript)),
-        rating=Rating.model_validate_json(document))
+        rating=_masked(Rating.model_validate_json(document)))
+
+
+def _masked(rating: Rating) -> Rating:
+    """The verdicts' texts cut of secrets' shapes, as the subject's are: a judge may quote a key
+    the trace carried, and reviewer keys read items."""
+    members = [m.model_copy(update={"detail": redact_text(m.detail)}) if m.detail else m for m in rating.members]
+    return rating.model_copy(update={"justification": redact_text(rating.justification),
+                                     "reason": redact_text(rating.reason) if rating.reason else rating.reason,
+                                     "members": members})
 
 
 def rated_items(queues: Iterable[ReviewQueue], group: ScorerGroup, origin: ReviewOrigin, subject: Subject,

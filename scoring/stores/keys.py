@@ -11,6 +11,7 @@ that grows with traffic has a TTL.
 
 from __future__ import annotations
 
+import hashlib
 import zlib
 
 PREFIX = "sgw"
@@ -375,61 +376,72 @@ def digest_period(group_id: str, channel: str, period: int) -> str:
 
 # --- Review queues (scoring.stores.review_items): each queue's items, under the queue's tag -------
 # One script takes a batch of a queue's items (all or each turned away at capacity), so a
-# queue's keys share its hash tag. Labels are data a team paid people for: kept as long as their
-# item (the queue's keepDays), and the keys live on while the queue takes items - each write
-# pushes their TTL to keepDays (a queue deleted leaves keys that expire then).
+# queue's keys share its hash tag. The tag is the queue's project and id, hashed: a queue id
+# reused by another project (deleted, or moved by an operator's catalog file) never finds the
+# first one's items, and no character of a tenant's id can break the tag (a "}" would). Labels
+# are data a team paid people for: kept as long as their item (the queue's keepDays); every
+# script that writes a key pushes its TTL to keepDays (a deleted queue's keys are deleted).
 
 
-def review_items(queue_id: str) -> str:
+def review_tag(project_id: str, queue_id: str) -> str:
+    return hashlib.sha256(f"{project_id}/{queue_id}".encode()).hexdigest()[:24]
+
+
+def review_items(tag: str) -> str:
     """item id -> the item (JSON, ``scorer_groups.review_queues.ReviewItem``)."""
-    return f"{PREFIX}:review:{{{queue_id}}}:items"
+    return f"{PREFIX}:review:{{{tag}}}:items"
 
 
-def review_open(queue_id: str) -> str:
+def review_open(tag: str) -> str:
     """The open items by when they were taken (oldest first: the order people review them in)."""
-    return f"{PREFIX}:review:{{{queue_id}}}:open"
+    return f"{PREFIX}:review:{{{tag}}}:open"
 
 
-def review_created(queue_id: str) -> str:
+def review_created(tag: str) -> str:
     """Every item by when it was taken: past keepDays, the oldest go (with their labels)."""
-    return f"{PREFIX}:review:{{{queue_id}}}:created"
+    return f"{PREFIX}:review:{{{tag}}}:created"
 
 
-def review_counts(queue_id: str) -> str:
+def review_counts(tag: str) -> str:
     """Counters: items taken, turned away at capacity."""
-    return f"{PREFIX}:review:{{{queue_id}}}:counts"
+    return f"{PREFIX}:review:{{{tag}}}:counts"
 
 
-def review_held(queue_id: str) -> str:
+def review_held(tag: str) -> str:
     """item id -> "<reviewer key>\t<until>" (its reservation), and "by:<reviewer key>" -> the item
     that reviewer holds (a second ``next`` answers the same item)."""
-    return f"{PREFIX}:review:{{{queue_id}}}:held"
+    return f"{PREFIX}:review:{{{tag}}}:held"
 
 
-def review_labels(queue_id: str) -> str:
+def review_labels(tag: str) -> str:
     """item id -> {reviewer key: label} (JSON): kept as long as the item."""
-    return f"{PREFIX}:review:{{{queue_id}}}:labels"
+    return f"{PREFIX}:review:{{{tag}}}:labels"
 
 
-def review_done(queue_id: str) -> str:
+def review_labelled(tag: str) -> str:
+    """"<reviewer key>\t<item id>" of every label: what ``next`` skips, without decoding labels."""
+    return f"{PREFIX}:review:{{{tag}}}:labelled"
+
+
+def review_done(tag: str) -> str:
     """Items labelled by reviewersPerItem people, by when: they have left the open items."""
-    return f"{PREFIX}:review:{{{queue_id}}}:done"
+    return f"{PREFIX}:review:{{{tag}}}:done"
 
 
-def review_labels_out(queue_id: str) -> str:
+def review_labels_out(tag: str) -> str:
     """Label versions not yet on the labels topic (a stream, written with the label by one
     script): the labels' outbox, emptied by the workers' exporter (consumers.label_export)."""
-    return f"{PREFIX}:review:{{{queue_id}}}:labels-out"
+    return f"{PREFIX}:review:{{{tag}}}:labels-out"
 
 
-# Queues with label versions to export, by when one was added: the exporter reads this one set,
-# not every queue's stream. Marked after the label's script (another slot); a mark lost to a crash
-# in between is made up by the exporter's sweep of its queues' streams (LABELS_SWEEP_S).
-REVIEW_LABELS_PENDING = f"{PREFIX}:review:labels-pending"
-LABELS_SWEEP_S = 300
-
-
-def review_scores(queue_id: str) -> str:
+def review_scores(tag: str) -> str:
     """item id -> what the machine said (the group's score, each judge's verdict): the agreement
     figures read these and the labels, never the items' texts."""
-    return f"{PREFIX}:review:{{{queue_id}}}:scores"
+    return f"{PREFIX}:review:{{{tag}}}:scores"
+
+
+# Queues with label versions to export ("<project>/<queue>"), by when one was added: the exporter
+# reads this one set, not every queue's stream. Marked after the label's script (another slot); a
+# mark lost to a crash in between is made up by the exporter's sweep of its queues (LABELS_SWEEP_S).
+REVIEW_LABELS_PENDING = f"{PREFIX}:review:labels-pending"
+LABELS_SWEEP_S = 300

@@ -5,11 +5,15 @@ Taking an item (``_TAKE``), for each item of the call, in order:
 
 1. an item already there (its result published again: a redelivery, a worker that died before
    its done mark) is left as it is - open, held or done - and counts nothing;
-2. a queue with ``capacity`` open items turns the item away and counts it: what people have not
-   reached yet is not pushed out by what came after it;
+2. a queue with ``capacity`` open items - or 10 x ``capacity`` items kept, open or done - turns
+   the item away and counts it: what people have not reached yet is not pushed out by what came
+   after it, and what a queue keeps is bounded whatever its keepDays;
 3. else the item is kept, and open (oldest first);
-4. items taken more than the queue's ``keepDays`` ago go, open or done, and the keys' TTL is
-   pushed to ``keepDays`` (a deleted queue's keys expire then).
+4. items taken more than the queue's ``keepDays`` ago go, open or done, with their labels, and
+   the keys' TTL is pushed to ``keepDays`` (as by every script here).
+
+A queue's keys are under its project's and id's tag (``keys.review_tag``); deleting a queue
+deletes them (``forget``).
 """
 
 from __future__ import annotations
@@ -17,7 +21,7 @@ from __future__ import annotations
 from collections import defaultdict
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import cast
+from typing import NamedTuple, cast
 
 import orjson
 
@@ -28,45 +32,58 @@ from scoring.stores.scripts import ScriptPipeline
 
 DAY_S = 86_400
 
-# KEYS: items, open, created, counts, held, labels, done, labels-out, scores. ARGV: capacity, now,
-# keep seconds, then (id, document, score card) triples. Returns {taken, turned away}.
-_TAKE = """
+# Every script takes the queue's keys in this order (one hash tag: ``keys.review_tag``) and ends
+# by pushing every one's TTL to keepDays (its last ARGV): a key first written by any script
+# expires with the others.
+_KEYS = """
+local ITEMS, OPEN, CREATED, COUNTS, HELD, LABELS, DONE, OUTBOX, SCORES, LABELLED = 1, 2, 3, 4, 5, 6, 7, 8, 9, 10
+local function keep_all(keep)
+  for k = 1, 10 do redis.call('EXPIRE', KEYS[k], keep) end
+end
+"""
+
+# ARGV: capacity, now, keep seconds, then (id, document, score card) triples. {taken, turned away}.
+_TAKE = _KEYS + """
 local capacity, now, keep = tonumber(ARGV[1]), tonumber(ARGV[2]), tonumber(ARGV[3])
-local old = redis.call('ZRANGEBYSCORE', KEYS[3], '-inf', now - keep, 'LIMIT', 0, 100)
-for _, id in ipairs(old) do
-  redis.call('HDEL', KEYS[1], id)
-  redis.call('ZREM', KEYS[2], id)
-  redis.call('ZREM', KEYS[3], id)
-  redis.call('HDEL', KEYS[5], id)
-  redis.call('HDEL', KEYS[6], id)
-  redis.call('ZREM', KEYS[7], id)
-  redis.call('HDEL', KEYS[9], id)
+local KEPT = 10  -- items kept (open or done) per open item of capacity
+for _, id in ipairs(redis.call('ZRANGEBYSCORE', KEYS[CREATED], '-inf', now - keep, 'LIMIT', 0, 100)) do
+  local labels = redis.call('HGET', KEYS[LABELS], id)
+  if labels then
+    for reviewer in pairs(cjson.decode(labels)) do redis.call('SREM', KEYS[LABELLED], reviewer .. '\t' .. id) end
+  end
+  redis.call('HDEL', KEYS[ITEMS], id)
+  redis.call('HDEL', KEYS[SCORES], id)
+  redis.call('HDEL', KEYS[HELD], id)
+  redis.call('HDEL', KEYS[LABELS], id)
+  redis.call('ZREM', KEYS[OPEN], id)
+  redis.call('ZREM', KEYS[CREATED], id)
+  redis.call('ZREM', KEYS[DONE], id)
 end
 local taken, away = 0, 0
 for i = 4, #ARGV, 3 do
   local id = ARGV[i]
-  if redis.call('HEXISTS', KEYS[1], id) == 0 then
-    if redis.call('ZCARD', KEYS[2]) >= capacity then
+  if redis.call('HEXISTS', KEYS[ITEMS], id) == 0 then
+    if redis.call('ZCARD', KEYS[OPEN]) >= capacity or redis.call('ZCARD', KEYS[CREATED]) >= KEPT * capacity then
       away = away + 1
     else
-      redis.call('HSET', KEYS[1], id, ARGV[i + 1])
-      redis.call('HSET', KEYS[9], id, ARGV[i + 2])
-      redis.call('ZADD', KEYS[2], now, id)
-      redis.call('ZADD', KEYS[3], now, id)
+      redis.call('HSET', KEYS[ITEMS], id, ARGV[i + 1])
+      redis.call('HSET', KEYS[SCORES], id, ARGV[i + 2])
+      redis.call('ZADD', KEYS[OPEN], now, id)
+      redis.call('ZADD', KEYS[CREATED], now, id)
       taken = taken + 1
     end
   end
 end
-if taken > 0 then redis.call('HINCRBY', KEYS[4], 'taken', taken) end
-if away > 0 then redis.call('HINCRBY', KEYS[4], 'turnedAway', away) end
-for _, k in ipairs({1, 2, 3, 4, 5, 6, 7, 9}) do redis.call('EXPIRE', KEYS[k], keep) end  -- (8: by each label)
+if taken > 0 then redis.call('HINCRBY', KEYS[COUNTS], 'taken', taken) end
+if away > 0 then redis.call('HINCRBY', KEYS[COUNTS], 'turnedAway', away) end
+keep_all(keep)
 return {taken, away}
 """
 
 # A reservation's holder, or nil once it ran out (shared by the scripts below).
 _HOLDER = """
 local function holder(id, now)
-  local h = redis.call('HGET', KEYS[2], id)
+  local h = redis.call('HGET', KEYS[HELD], id)
   if not h then return nil end
   local sep = string.find(h, '\t', 1, true)
   local untl = tonumber(string.sub(h, sep + 1))
@@ -75,58 +92,56 @@ local function holder(id, now)
 end
 """
 
-# KEYS: open, held, labels. ARGV: reviewer key, now, reservation seconds, how many open items to
-# look through. The item this reviewer holds (again), else the oldest open item nobody holds that
-# they have not labelled, reserved now: {id, until}; or false.
-_NEXT = _HOLDER + """
+# ARGV: reviewer key, now, reservation seconds, how many open items to look through, keep seconds.
+# The item this reviewer holds (again), else the oldest open item nobody holds that they have not
+# labelled, reserved now: {id, until}; or false.
+_NEXT = _KEYS + _HOLDER + """
 local reviewer, now = ARGV[1], tonumber(ARGV[2])
-local mine = redis.call('HGET', KEYS[2], 'by:' .. reviewer)
-if mine and redis.call('ZSCORE', KEYS[1], mine) then
+local mine = redis.call('HGET', KEYS[HELD], 'by:' .. reviewer)
+if mine and redis.call('ZSCORE', KEYS[OPEN], mine) then
   local who, untl = holder(mine, now)
   if who == reviewer then return {mine, tostring(untl)} end
 end
-for _, id in ipairs(redis.call('ZRANGE', KEYS[1], 0, tonumber(ARGV[4]) - 1)) do
-  if not holder(id, now) then
-    local labels = redis.call('HGET', KEYS[3], id)
-    if not labels or cjson.decode(labels)[reviewer] == nil then
-      local untl = now + tonumber(ARGV[3])
-      redis.call('HSET', KEYS[2], id, reviewer .. '\t' .. untl, 'by:' .. reviewer, id)
-      return {id, tostring(untl)}
-    end
+for _, id in ipairs(redis.call('ZRANGE', KEYS[OPEN], 0, tonumber(ARGV[4]) - 1)) do
+  if not holder(id, now) and redis.call('SISMEMBER', KEYS[LABELLED], reviewer .. '\t' .. id) == 0 then
+    local untl = now + tonumber(ARGV[3])
+    redis.call('HSET', KEYS[HELD], id, reviewer .. '\t' .. untl, 'by:' .. reviewer, id)
+    keep_all(tonumber(ARGV[5]))
+    return {id, tostring(untl)}
   end
 end
 return false
 """
 
-# KEYS: open, held, labels, done, items, labels-out. ARGV: item, reviewer key, label (JSON),
-# reviewers per item, now, keep seconds. A reviewer labels an item they hold, or changes their
-# label while it is open - the version also goes to the labels' outbox, in the same script:
-# {"ok", labels now, version, 1 when the item is done by it}; else {"missing"}, {"done"},
-# {"not_held"}.
-_LABEL = _HOLDER + """
+# ARGV: item, reviewer key, label (JSON), reviewers per item, now, keep seconds. A reviewer labels
+# an item they hold, or changes their label while it is open - the version also goes to the
+# labels' outbox, in the same script: {"ok", labels now, version, 1 when the item is done by it};
+# else {"missing"}, {"done"}, {"not_held"}.
+_LABEL = _KEYS + _HOLDER + """
 local item, reviewer, now = ARGV[1], ARGV[2], tonumber(ARGV[5])
-if redis.call('HEXISTS', KEYS[5], item) == 0 then return {'missing'} end
-if redis.call('ZSCORE', KEYS[4], item) then return {'done'} end
-local raw = redis.call('HGET', KEYS[3], item)
+if redis.call('HEXISTS', KEYS[ITEMS], item) == 0 then return {'missing'} end
+if redis.call('ZSCORE', KEYS[DONE], item) then return {'done'} end
+local raw = redis.call('HGET', KEYS[LABELS], item)
 local labels = raw and cjson.decode(raw) or {}
 local who = holder(item, now)
 if labels[reviewer] == nil and who ~= reviewer then return {'not_held'} end
 local label = cjson.decode(ARGV[3])
 label['version'] = labels[reviewer] and (labels[reviewer]['version'] + 1) or 1
 labels[reviewer] = label
-redis.call('HSET', KEYS[3], item, cjson.encode(labels))
-redis.call('XADD', KEYS[6], '*', 'label', cjson.encode(label))
-redis.call('EXPIRE', KEYS[6], tonumber(ARGV[6]))
-if who == reviewer then redis.call('HDEL', KEYS[2], item, 'by:' .. reviewer) end
+redis.call('HSET', KEYS[LABELS], item, cjson.encode(labels))
+redis.call('SADD', KEYS[LABELLED], reviewer .. '\t' .. item)
+redis.call('XADD', KEYS[OUTBOX], '*', 'label', cjson.encode(label))
+if who == reviewer then redis.call('HDEL', KEYS[HELD], item, 'by:' .. reviewer) end
 local count = 0
 for _ in pairs(labels) do count = count + 1 end
 local done = 0
 if count >= tonumber(ARGV[4]) then
-  redis.call('ZREM', KEYS[1], item)
-  redis.call('ZADD', KEYS[4], now, item)
-  redis.call('HDEL', KEYS[2], item)
+  redis.call('ZREM', KEYS[OPEN], item)
+  redis.call('ZADD', KEYS[DONE], now, item)
+  redis.call('HDEL', KEYS[HELD], item)
   done = 1
 end
+keep_all(tonumber(ARGV[6]))
 return {'ok', count, label['version'], done}
 """
 
@@ -159,10 +174,28 @@ class LabelRefused(Exception):
         self.why = why
 
 
-def _queue_keys(queue_id: str) -> list[str]:
-    return [keys.review_items(queue_id), keys.review_open(queue_id), keys.review_created(queue_id),
-            keys.review_counts(queue_id), keys.review_held(queue_id), keys.review_labels(queue_id),
-            keys.review_done(queue_id), keys.review_labels_out(queue_id), keys.review_scores(queue_id)]
+class QueueRef(NamedTuple):
+    """What names a queue's keys: its project and id (a ``ReviewQueue`` is one too)."""
+
+    project_id: str
+    id: str
+
+
+def _queue_keys(queue: ReviewQueue | QueueRef) -> list[str]:
+    """The queue's keys, in the order the scripts name them (``_KEYS``)."""
+    tag = keys.review_tag(queue.project_id, queue.id)
+    return [keys.review_items(tag), keys.review_open(tag), keys.review_created(tag), keys.review_counts(tag),
+            keys.review_held(tag), keys.review_labels(tag), keys.review_done(tag), keys.review_labels_out(tag),
+            keys.review_scores(tag), keys.review_labelled(tag)]
+
+
+def _keep(queue: ReviewQueue) -> int:
+    return queue.keep_days * DAY_S
+
+
+def pending_member(queue: ReviewQueue | QueueRef) -> str:
+    """A queue in the exporter's pending set: "<project>/<queue>" (ids hold no "/")."""
+    return f"{queue.project_id}/{queue.id}"
 
 
 def _score_card(item: ReviewItem) -> bytes:
@@ -175,8 +208,10 @@ def _score_card(item: ReviewItem) -> bytes:
 
 class ReviewItems:
     # How many open items a ``next`` looks through for one this reviewer may take: the items
-    # others hold or this reviewer labelled are skipped; past this, it answers none for now.
-    NEXT_SCAN = 10_000
+    # others hold or this reviewer labelled are skipped (one set lookup each); past this, it
+    # answers none for now.
+    NEXT_SCAN = 2_000
+    CHUNK = 500  # items read at a time (exports, agreement)
 
     def __init__(self, redis: RedisClient) -> None:
         self._redis = redis
@@ -187,54 +222,59 @@ class ReviewItems:
     async def take(self, items: Sequence[tuple[ReviewItem, ReviewQueue]], now: float) -> list[Taken]:
         """Keep ``items`` in their queues (each with its queue as the snapshot that decided it had
         it: capacity, keepDays); one round trip."""
-        by_queue: dict[str, list[ReviewItem]] = defaultdict(list)
-        queues: dict[str, ReviewQueue] = {}
+        by_queue: dict[tuple[str, str], list[ReviewItem]] = defaultdict(list)
+        queues: dict[tuple[str, str], ReviewQueue] = {}
         for item, queue in items:
-            by_queue[queue.id].append(item)
-            queues[queue.id] = queue
+            by_queue[(queue.project_id, queue.id)].append(item)
+            queues[(queue.project_id, queue.id)] = queue
         if not by_queue:
             return []
         async with ScriptPipeline(self._redis) as pipe:
-            for queue_id, of_queue in by_queue.items():
-                queue = queues[queue_id]
-                args: list[object] = [queue.capacity, now, queue.keep_days * DAY_S]
+            for key, of_queue in by_queue.items():
+                queue = queues[key]
+                args: list[object] = [queue.capacity, now, _keep(queue)]
                 for item in of_queue:
                     args += [item.id, item.to_json(), _score_card(item)]
-                pipe.script(self._take, _queue_keys(queue_id), args)
+                pipe.script(self._take, _queue_keys(queue), args)
             replies = await pipe.execute()
-        return [Taken(queue_id, queues[queue_id].project_id, int(reply[0]), int(reply[1]))
-                for queue_id, reply in zip(by_queue, replies, strict=True)]
+        return [Taken(queues[key].id, queues[key].project_id, int(reply[0]), int(reply[1]))
+                for key, reply in zip(by_queue, replies, strict=True)]
 
-    async def page(self, queue_id: str, *, state: str = "open", limit: int = 50,
+    async def page(self, queue: ReviewQueue, *, state: str = "open", limit: int = 50,
                    cursor: int = 0) -> tuple[list[ReviewItem], int | None]:
         """Open items oldest first (``state`` "open"), or every item newest first ("all")."""
+        k = _queue_keys(queue)
         ids: list[bytes]
         if state == "open":
-            ids = cast(list[bytes], await self._redis.zrange(keys.review_open(queue_id), cursor, cursor + limit))
+            ids = cast(list[bytes], await self._redis.zrange(k[1], cursor, cursor + limit))
         else:
-            ids = cast(list[bytes], await self._redis.zrevrange(keys.review_created(queue_id), cursor,
-                                                                cursor + limit))
+            ids = cast(list[bytes], await self._redis.zrevrange(k[2], cursor, cursor + limit))
         more = len(ids) > limit
         ids = ids[:limit]
-        documents = await self._redis.hmget(keys.review_items(queue_id), ids) if ids else []
+        documents = await self._redis.hmget(k[0], ids) if ids else []
         items = [ReviewItem.model_validate_json(d) for d in documents if d is not None]
         return items, (cursor + limit if more else None)
 
-    async def counts(self, queue_id: str) -> dict[str, int]:
+    async def counts(self, queue: ReviewQueue) -> dict[str, int]:
         """Open items now; taken and turned away since the queue began."""
+        k = _queue_keys(queue)
         async with self._redis.pipeline(transaction=False) as pipe:
-            pipe.zcard(keys.review_open(queue_id))
-            pipe.hgetall(keys.review_counts(queue_id))
+            pipe.zcard(k[1])
+            pipe.hgetall(k[3])
             open_now, counts = await pipe.execute()
-        named = {(k.decode() if isinstance(k, bytes) else k): int(v) for k, v in counts.items()}
+        named = {(key.decode() if isinstance(key, bytes) else key): int(v) for key, v in counts.items()}
         return {"open": int(open_now), "taken": named.get("taken", 0), "turnedAway": named.get("turnedAway", 0)}
+
+    async def forget(self, queue: ReviewQueue) -> None:
+        """A deleted queue's items, labels and outbox go with it (its labels are on the topic)."""
+        await self._redis.delete(*_queue_keys(queue))
+        await self._redis.zrem(keys.REVIEW_LABELS_PENDING, pending_member(queue))
 
     async def next(self, queue: ReviewQueue, reviewer_key: str, now: float) -> tuple[str, float] | None:
         """Reserve for ``reviewer_key`` the item they hold, else the oldest open item nobody else
         holds that they have not labelled: (its id, until when); None when there is none."""
-        found = await self._next(keys=[keys.review_open(queue.id), keys.review_held(queue.id),
-                                       keys.review_labels(queue.id)],
-                                 args=[reviewer_key, now, queue.reservation_seconds, self.NEXT_SCAN])
+        found = await self._next(keys=_queue_keys(queue), args=[reviewer_key, now, queue.reservation_seconds,
+                                                                 self.NEXT_SCAN, _keep(queue)])
         if not found:
             return None
         item_id, until = found
@@ -243,63 +283,24 @@ class ReviewItems:
     async def label(self, queue: ReviewQueue, item_id: str, reviewer_key: str, label: bytes,
                     now: float) -> Labelled:
         """Keep ``label`` (JSON) as ``reviewer_key``'s label of the item; raises ``LabelRefused``."""
-        reply = await self._label(keys=[keys.review_open(queue.id), keys.review_held(queue.id),
-                                        keys.review_labels(queue.id), keys.review_done(queue.id),
-                                        keys.review_items(queue.id), keys.review_labels_out(queue.id)],
-                                  args=[item_id, reviewer_key, label, queue.reviewers_per_item, now,
-                                        queue.keep_days * DAY_S])
+        reply = await self._label(keys=_queue_keys(queue), args=[item_id, reviewer_key, label,
+                                                                  queue.reviewers_per_item, now, _keep(queue)])
         status = reply[0].decode() if isinstance(reply[0], bytes) else reply[0]
         if status != "ok":
             raise LabelRefused(status)
-        await self._redis.zadd(keys.REVIEW_LABELS_PENDING, {queue.id: now})  # the exporter's cue
+        await self._redis.zadd(keys.REVIEW_LABELS_PENDING, {pending_member(queue): now})  # the exporter's cue
         return Labelled(int(reply[1]), int(reply[2]), bool(int(reply[3])))
 
-    # --- the labels' outbox (consumers.label_export) ------------------------------------------
-
-    async def pending_queues(self) -> list[str]:
-        members = cast(list[bytes], await self._redis.zrange(keys.REVIEW_LABELS_PENDING, 0, -1))
-        return [q.decode() for q in members]
-
-    async def outbox(self, queue_id: str, count: int = 500) -> list[tuple[bytes, bytes]]:
-        """The oldest label versions not yet exported: (stream id, label JSON)."""
-        entries = cast(list[tuple[bytes, dict[bytes, bytes]]],
-                       await self._redis.xrange(keys.review_labels_out(queue_id), count=count))
-        return [(entry_id, fields[b"label"]) for entry_id, fields in entries]
-
-    async def exported(self, queue_id: str, entry_ids: Sequence[bytes]) -> None:
-        """Label versions acknowledged by the broker leave the outbox."""
-        if entry_ids:
-            await self._redis.xdel(keys.review_labels_out(queue_id), *entry_ids)
-
-    async def settle(self, queue_id: str) -> None:
-        """A queue whose outbox was emptied leaves the pending set - and comes back at once if a
-        label came meanwhile (its mark may have landed before this removal)."""
-        await self._redis.zrem(keys.REVIEW_LABELS_PENDING, queue_id)
-        if await self._redis.xlen(keys.review_labels_out(queue_id)):
-            await self._redis.zadd(keys.REVIEW_LABELS_PENDING, {queue_id: 0})
-
-    async def mark_unexported(self, queue_ids: Sequence[str], now: float) -> int:
-        """The sweep: queues whose outbox holds labels go (back) into the pending set."""
-        if not queue_ids:
-            return 0
-        async with self._redis.pipeline(transaction=False) as pipe:
-            for queue_id in queue_ids:
-                pipe.xlen(keys.review_labels_out(queue_id))
-            lengths = await pipe.execute()
-        waiting = {q: now for q, n in zip(queue_ids, lengths, strict=True) if n}
-        if waiting:
-            await self._redis.zadd(keys.REVIEW_LABELS_PENDING, waiting)
-        return len(waiting)
-
-    async def view(self, queue_id: str, item_id: str) -> tuple[ReviewItem, bool, dict[str, dict[str, object]],
-                                                                 tuple[str, float] | None] | None:
+    async def view(self, queue: ReviewQueue, item_id: str) -> tuple[ReviewItem, bool, dict[str, dict[str, object]],
+                                                                      tuple[str, float] | None] | None:
         """The item, whether it is done, its labels by reviewer key, and its reservation
         (holder, until) - or None when the queue keeps no such item."""
+        k = _queue_keys(queue)
         async with self._redis.pipeline(transaction=False) as pipe:
-            pipe.hget(keys.review_items(queue_id), item_id)
-            pipe.zscore(keys.review_done(queue_id), item_id)
-            pipe.hget(keys.review_labels(queue_id), item_id)
-            pipe.hget(keys.review_held(queue_id), item_id)
+            pipe.hget(k[0], item_id)
+            pipe.zscore(k[6], item_id)
+            pipe.hget(k[5], item_id)
+            pipe.hget(k[4], item_id)
             document, done_at, labels, held = await pipe.execute()
         if document is None:
             return None
@@ -310,25 +311,75 @@ class ReviewItems:
         return (ReviewItem.model_validate_json(document), done_at is not None,
                 orjson.loads(labels) if labels else {}, reservation)
 
-    async def labelled(self, queue_id: str) -> list[tuple[ScoreCard, dict[str, dict[str, object]]]]:
-        """Every labelled item of the queue: what the machine said, and the labels by reviewer key."""
-        labels = cast(dict[bytes, bytes], await self._redis.hgetall(keys.review_labels(queue_id)))
-        if not labels:
-            return []
+    async def labelled(self, queue: ReviewQueue) -> list[tuple[ScoreCard, dict[str, dict[str, object]]]]:
+        """Every labelled item of the queue: what the machine said, and the labels by reviewer key
+        (bounded by the items the queue keeps: keepDays)."""
+        k = _queue_keys(queue)
+        labels = cast(dict[bytes, bytes], await self._redis.hgetall(k[5]))
+        found: list[tuple[ScoreCard, dict[str, dict[str, object]]]] = []
         ids = list(labels)
-        cards = cast(list[bytes | None], await self._redis.hmget(keys.review_scores(queue_id), ids))
-        return [(ScoreCard.model_validate_json(card), orjson.loads(labels[item_id]))
-                for item_id, card in zip(ids, cards, strict=True) if card is not None]
+        for start in range(0, len(ids), self.CHUNK):
+            chunk = ids[start:start + self.CHUNK]
+            cards = cast(list[bytes | None], await self._redis.hmget(k[8], chunk))
+            found += [(ScoreCard.model_validate_json(card), orjson.loads(labels[item_id]))
+                      for item_id, card in zip(chunk, cards, strict=True) if card is not None]
+        return found
 
-    async def labelled_items(self, queue_id: str, limit: int) -> list[tuple[ReviewItem, dict[str, dict[str, object]]]]:
-        """Up to ``limit`` labelled items of the queue, oldest first, with their labels by reviewer key."""
-        labels = cast(dict[bytes, bytes], await self._redis.hgetall(keys.review_labels(queue_id)))
+    async def labelled_items(self, queue: ReviewQueue,
+                             limit: int) -> list[tuple[ReviewItem, dict[str, dict[str, object]]]]:
+        """Up to ``limit`` labelled items of the queue, oldest first, with their labels by reviewer
+        key: the items walked in the order they were taken, a chunk at a time, until ``limit``."""
+        k = _queue_keys(queue)
         found: list[tuple[ReviewItem, dict[str, dict[str, object]]]] = []
-        ids = list(labels)
-        for start in range(0, len(ids), 500):
-            chunk = ids[start:start + 500]
-            documents = cast(list[bytes | None], await self._redis.hmget(keys.review_items(queue_id), chunk))
-            found += [(ReviewItem.model_validate_json(d), orjson.loads(labels[i]))
-                      for i, d in zip(chunk, documents, strict=True) if d is not None]
-        found.sort(key=lambda pair: (pair[0].created_at, pair[0].id))
+        start = 0
+        while len(found) < limit:
+            ids = cast(list[bytes], await self._redis.zrange(k[2], start, start + self.CHUNK - 1))
+            if not ids:
+                break
+            start += len(ids)
+            labels = cast(list[bytes | None], await self._redis.hmget(k[5], ids))
+            labelled = [(i, lab) for i, lab in zip(ids, labels, strict=True) if lab is not None]
+            if not labelled:
+                continue
+            documents = cast(list[bytes | None], await self._redis.hmget(k[0], [i for i, _ in labelled]))
+            found += [(ReviewItem.model_validate_json(d), orjson.loads(lab))
+                      for (_, lab), d in zip(labelled, documents, strict=True) if d is not None]
         return found[:limit]
+
+    # --- the labels' outbox (consumers.label_export) ------------------------------------------
+
+    async def pending_queues(self) -> list[QueueRef]:
+        """The queues with label versions to export."""
+        members = cast(list[bytes], await self._redis.zrange(keys.REVIEW_LABELS_PENDING, 0, -1))
+        return [QueueRef(*m.decode().split("/", 1)) for m in members if b"/" in m]
+
+    async def outbox(self, queue: ReviewQueue | QueueRef, count: int = 500) -> list[tuple[bytes, bytes]]:
+        """The oldest label versions not yet exported: (stream id, label JSON)."""
+        entries = cast(list[tuple[bytes, dict[bytes, bytes]]],
+                       await self._redis.xrange(_queue_keys(queue)[7], count=count))
+        return [(entry_id, fields[b"label"]) for entry_id, fields in entries]
+
+    async def exported(self, queue: ReviewQueue | QueueRef, entry_ids: Sequence[bytes]) -> None:
+        """Label versions acknowledged by the broker leave the outbox."""
+        if entry_ids:
+            await self._redis.xdel(_queue_keys(queue)[7], *entry_ids)
+
+    async def settle(self, queue: ReviewQueue | QueueRef) -> None:
+        """A queue whose outbox was emptied leaves the pending set - and comes back at once if a
+        label came meanwhile (its mark may have landed before this removal)."""
+        await self._redis.zrem(keys.REVIEW_LABELS_PENDING, pending_member(queue))
+        if await self._redis.xlen(_queue_keys(queue)[7]):
+            await self._redis.zadd(keys.REVIEW_LABELS_PENDING, {pending_member(queue): 0})
+
+    async def mark_unexported(self, queues: Sequence[ReviewQueue], now: float) -> int:
+        """The sweep: queues whose outbox holds labels go (back) into the pending set."""
+        if not queues:
+            return 0
+        async with self._redis.pipeline(transaction=False) as pipe:
+            for queue in queues:
+                pipe.xlen(_queue_keys(queue)[7])
+            lengths = await pipe.execute()
+        waiting = {pending_member(q): now for q, n in zip(queues, lengths, strict=True) if n}
+        if waiting:
+            await self._redis.zadd(keys.REVIEW_LABELS_PENDING, waiting)
+        return len(waiting)

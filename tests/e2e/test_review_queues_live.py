@@ -13,6 +13,7 @@ from typing import Any
 import orjson
 import pytest
 
+from scorer_groups.review_queues import ReviewQueue
 from scoring.stores import keys
 from scoring.stores.review_items import ReviewItems
 from tests.support.api_process import ApiProcess, create_key
@@ -78,14 +79,15 @@ async def test_results_enter_their_queues_once_as_the_rules_say(catalog_url: str
                                    settle_s=1)
         redis = connect(env["SGW_REDIS_URL"])
         store = ReviewItems(redis)
-        before = {q: await store.counts(q) for q in ("low", "some", "small")}
+        queues = {q: ReviewQueue.model_validate(doc) for doc in CATALOG["queues"] for q in [doc["id"]]}
+        before = {q: await store.counts(queues[q]) for q in ("low", "some", "small")}
         await produce(kafka_bootstrap, env["SGW_TRACES_TOPIC"], traces)  # redelivered: nothing new
         await read_topic(kafka_bootstrap, env["SGW_RATINGS_TOPIC"], until=lambda v: len(v) >= TRACES, settle_s=3)
-        low, _ = await store.page("low", limit=200)
-        some, _ = await store.page("some", limit=200)
-        small, _ = await store.page("small", limit=200)
-        after = {q: await store.counts(q) for q in ("low", "some", "small")}
-        ttl = await redis.ttl(keys.review_items("low"))
+        low, _ = await store.page(queues["low"], limit=200)
+        some, _ = await store.page(queues["some"], limit=200)
+        small, _ = await store.page(queues["small"], limit=200)
+        after = {q: await store.counts(queues[q]) for q in ("low", "some", "small")}
+        ttl = await redis.ttl(keys.review_items(keys.review_tag(PROJECT, "low")))
         await redis.aclose()
         metrics_text = worker.metrics()
     finally:

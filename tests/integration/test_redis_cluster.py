@@ -164,11 +164,13 @@ async def use_every_store(redis: RedisCluster) -> list[AsyncScript]:
     assert (await reviews.take([(item, queue)], now))[0].taken == 1
     assert (await reviews.next(queue, "k1", now) or ("", 0))[0] == item.id
     assert (await reviews.label(queue, item.id, "k1", b'{"rating": 3, "itemId": "x"}', now)).done
-    assert await reviews.view(queue.id, item.id) is not None and len(await reviews.labelled(queue.id)) == 1
-    exported = await reviews.outbox(queue.id)
-    await reviews.exported(queue.id, [entry_id for entry_id, _ in exported])
-    await reviews.settle(queue.id)
-    assert await reviews.mark_unexported([queue.id], now) == 0
+    assert await reviews.view(queue, item.id) is not None and len(await reviews.labelled(queue)) == 1
+    assert len(await reviews.labelled_items(queue, 10)) == 1
+    exported = await reviews.outbox(queue)
+    await reviews.exported(queue, [entry_id for entry_id, _ in exported])
+    await reviews.settle(queue)
+    assert await reviews.mark_unexported([queue], now) == 0
+    await reviews.forget(queue)
 
     catalog = CatalogStore(redis, cache=SnapshotCache())
     await catalog.snapshot()  # read whole, then by the changes since

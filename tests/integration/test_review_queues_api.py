@@ -15,6 +15,7 @@ import pytest
 import redis.asyncio as aioredis
 
 from scorer_groups.review_queues import ReviewItem, ReviewQueue
+from scoring.stores import keys
 from scoring.stores.catalog import CatalogStore
 from scoring.stores.review_items import ReviewItems
 from tests.support.api_process import ApiProcess, create_key
@@ -176,7 +177,49 @@ async def test_items_are_kept_once_oldest_first_within_capacity_and_keep_days(ap
             assert theirs.get(f"/v1/review-queues/{queue.id}/items").status_code == 404
         # Past keepDays (a day here), an item goes with the next take.
         await store.take([(an_item(queue, 9, now), queue)], now + 86_400 + 10)
-        left, _ = await store.page(queue.id, state="all", limit=10)
+        left, _ = await store.page(queue, state="all", limit=10)
         assert [i.id for i in left] == ["item-9"]
     finally:
         await redis.aclose()
+
+
+async def test_a_queue_id_another_project_reuses_finds_none_of_the_first_ones_items(
+        api: tuple[ApiProcess, str, str]) -> None:
+    """The keys are the project's and the queue's (hashed: no id character can break the tag); a
+    deleted queue's keys go with it; every key a script writes expires with the queue's keepDays."""
+    process, mine, _ = api
+    with client(process, mine) as http:
+        made = http.post("/v1/review-queues", json={"name": "Reused", "groupIds": [a_group(http, "Reused")],
+                                                    "rule": {"below": True}, "keepDays": 2}).json()
+    theirs = ReviewQueue.model_validate({**made, "projectId": "p-other"})  # as an operator's file would move it
+    queue = ReviewQueue.model_validate(made)
+    redis = aioredis.Redis.from_url(process.redis_url)
+    store = ReviewItems(redis)
+    try:
+        now = time.time()
+        await store.take([(an_item(queue, 1, now), queue)], now)
+        assert (await store.page(theirs))[0] == [] and (await store.counts(theirs))["taken"] == 0
+        held = await store.next(queue, "k-ann", now)
+        assert held is not None and await store.next(theirs, "k-eve", now) is None
+        await store.label(queue, held[0], "k-ann", b'{"rating": 1}', now)
+        tag = keys.review_tag(queue.project_id, queue.id)
+        for key in (keys.review_items(tag), keys.review_labels(tag), keys.review_done(tag), keys.review_labelled(tag),
+                    keys.review_labels_out(tag), keys.review_scores(tag)):
+            assert 86_400 < await redis.ttl(key) <= 2 * 86_400, key
+        with client(process, mine) as http:
+            assert http.delete(f"/v1/review-queues/{queue.id}").status_code == 204
+        assert await redis.exists(keys.review_items(tag), keys.review_labels(tag)) == 0
+        assert (await store.counts(queue))["taken"] == 0, "gone with the queue"
+    finally:
+        await redis.aclose()
+
+
+def test_a_group_watched_by_ten_queues_takes_no_eleventh(api: tuple[ApiProcess, str, str]) -> None:
+    process, mine, _ = api
+    with client(process, mine) as http:
+        group = a_group(http, "Watched")
+        for n in range(10):
+            made = http.post("/v1/review-queues", json={"name": f"Q{n}", "groupIds": [group], "rule": {"below": True}})
+            assert made.status_code == 201, made.text
+        refused = http.post("/v1/review-queues", json={"name": "Q10", "groupIds": [group], "rule": {"below": True}})
+        assert refused.status_code == 400 and "groupIds[0]" in refused.text and "10 review queues" in refused.text

@@ -12,6 +12,7 @@ from pydantic import ValidationError
 
 from scorer_groups.review_queues import ReviewQueue
 from scoring.models import ScorerGroup
+from scoring.results import Rating
 from scoring.review_rules import REVIEW_SALT, queues_taking, review_reason
 from scoring.sampling import keep
 
@@ -124,3 +125,39 @@ def test_a_queue_keeps_its_defaults_on_the_wire() -> None:
     assert wire == {"id": "q-1", "name": "Check", "projectId": "p-1", "groupIds": ["g-1"],
                     "rule": {"below": True, "disagreement": None, "sampleRate": None}, "origins": ["live"],
                     "reviewersPerItem": 1, "reservationSeconds": 600, "capacity": 1000, "keepDays": 30}
+
+
+def test_an_item_shows_no_secret_a_judge_or_the_trace_quoted() -> None:
+    """Reviewer keys read items: the subject's texts, the justification and every member's detail
+    are cut of secrets' shapes (a judge may quote the key a trace carried)."""
+    from scorer_groups.review_queues import ReviewItem
+    from scoring.review_rules import review_item
+    from scoring.subjects import Subject
+
+    leaked = "the tool printed sk-live_4eC39HqLyjWDarjtT1zdp7dc"
+    rating = Rating.model_validate({
+        "id": "r-1", "groupId": "g-1", "groupName": "Quality", "projectId": "p-1", "agentId": "a", "scope": "trace",
+        "traceId": "t-1", "kind": "k", "rating": 2.0, "reason": None, "justification": f"Weighted: {leaked}",
+        "scoredAt": "2026-12-06T10:00:00Z",
+        "members": [{"kind": "judge", "refId": "j", "name": "Judge", "weight": 1.0, "gate": False,
+                     "status": "scored", "native": 2.0, "goodness": 0.2, "detail": f"It leaked: {leaked}"}]})
+    subject = Subject(scope="trace", input=f"Bearer abcdefghijklmnop {leaked}", output=leaked, expected=None,
+                      spans=(), metadata={}, transcript="", project_id="p-1", agent_id="a", trace_id="t-1")
+    item = review_item(queue({"below": True}), "below", "live", subject, rating, rating.to_json())
+    shown = ReviewItem.model_validate_json(item.to_json()).model_dump_json()
+    assert "4eC39HqLyjWDarjtT1zdp7dc" not in shown and "abcdefghijklmnop" not in shown
+    assert item.rating.members[0].detail is not None and item.rating.members[0].detail.startswith("It leaked: ")
+    assert item.id.startswith("q-1:")
+
+
+def test_a_group_is_watched_by_ten_queues_at_most() -> None:
+    """Each queue keeps its own copy of every result it takes: the copies of a result are bounded."""
+    from scoring.catalog import MAX_QUEUES_PER_GROUP, CatalogSnapshot, queue_errors
+
+    watching = {f"q-{n}": queue({"below": True}, id=f"q-{n}") for n in range(MAX_QUEUES_PER_GROUP)}
+    catalog = CatalogSnapshot(groups={"g-1": GROUP}, queues=watching)
+    assert queue_errors(queue({"below": True}, id="q-new"), catalog, None) == [
+        "groupIds[0]: group 'g-1' is watched by 10 review queues already, the most a group may have (10): each "
+        "queue keeps its own copy of every result it takes"]
+    assert queue_errors(watching["q-3"], catalog, watching["q-3"]) == [], "a queue already watching it may change"
+    assert queue_errors(queue({"below": True}, id="q-new"), CatalogSnapshot(groups={"g-1": GROUP}), None) == []
