@@ -71,8 +71,8 @@ from tests.bench.scenarios import Bench
 from tests.bench.workload import create_topics, machine, produce_traces
 
 RESULTS = Path(__file__).resolve().parent / "results"
-ALL = ["limit", "plain_peer", "peer", "deterministic", "reviewed", "scale_out", "judge", "latency", "backlog",
-       "spend", "filtered", "backfill", "judge-calls", "tenants"]
+ALL = ["limit", "plain_peer", "peer", "deterministic", "reviewed", "reviewed_all", "scale_out", "judge", "latency",
+       "backlog", "spend", "filtered", "backfill", "judge-calls", "tenants"]
 SELF_FED = {"tenants"}  # scenarios that produce their own traces: alone, nothing is pre-filled
 
 
@@ -121,6 +121,8 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
             await scenario("deterministic", scenarios.deterministic(bench))
         if "reviewed" in wanted:
             await scenario("reviewed", scenarios.reviewed(bench))
+        if "reviewed_all" in wanted:
+            await scenario("reviewed_all", scenarios.reviewed_all(bench))
         if "scale_out" in wanted:
             await scenario(f"deterministic_x{args.scale_workers}", scenarios.scale_out(bench, args.scale_workers))
         if "judge" in wanted:
