@@ -12,12 +12,13 @@ from aiokafka import AIOKafkaProducer
 from consumers.events import PipelineEvents
 from consumers.judge_export import JudgeCallSink
 from consumers.sender import BULK_RECORDS, send_records
-from scorer_groups.review_queues import ReviewItem, ReviewQueue
+from scorer_groups.review_queues import ReviewQueue
 from scoring.catalog import CatalogSnapshot
 from scoring.otlp.judge_spans import call_spans
 from scoring.outbox import BACKFILL, BACKFILL_ALERTING, LIVE, PublishPolicy, Record, TopicNames, outbox
 from scoring.panel import GroupResult
 from scoring.results import PublishedRating, ResultScope, encode_rating, no_score_due, no_score_signal_id
+from scoring.review_rules import KeptItem
 from scoring.stores.alerts import NoScoreAlerts
 
 __all__ = ["BACKFILL", "BACKFILL_ALERTING", "BULK_RECORDS", "LIVE", "Outputs", "PublishPolicy", "TopicNames"]
@@ -28,7 +29,7 @@ class Published(NamedTuple):
     rating id, each with its queue)."""
 
     ratings: list[PublishedRating]
-    review_items: dict[str, list[tuple[ReviewItem, ReviewQueue]]]
+    review_items: dict[str, list[tuple[KeptItem, ReviewQueue]]]
 
 
 class Outputs:

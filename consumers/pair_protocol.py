@@ -39,7 +39,6 @@ from consumers.outage import OutageGuard, not_the_subjects_fault
 from consumers.outputs import Outputs
 from consumers.pauses import PauseWatch
 from consumers.traffic_counts import TrafficCounts
-from scorer_groups.review_queues import ReviewItem, ReviewQueue
 from scoring.catalog import CatalogSnapshot
 from scoring.claim_request import ClaimRequest
 from scoring.frozen import frozen
@@ -47,6 +46,7 @@ from scoring.models import ScorerGroup
 from scoring.panel import GroupResult, Panel
 from scoring.ports import BudgetExhausted
 from scoring.results import HistoryEntry, ResultScope, history_entry, tokens_of
+from scoring.review_rules import Kept
 from scoring.routing import Pair
 from scoring.stores.claims import ClaimResult, Claims, PairSpend, Reservation, ReserveCalls
 from scoring.stores.ratings import RatingsStore, SessionVerdict
@@ -103,7 +103,7 @@ class Finished:
     entry: HistoryEntry
     tokens: int = 0  # the usage the judges reported, less the ceilings reserved
     verdict: SessionVerdict | None = None
-    review: tuple[tuple[ReviewItem, ReviewQueue], ...] = ()  # the review queues' items it makes
+    review: tuple[Kept, ...] = ()  # the review queues' items it makes
 
 
 @frozen

@@ -28,7 +28,7 @@ from __future__ import annotations
 from collections.abc import Collection, Sequence
 from dataclasses import dataclass
 
-from scorer_groups.review_queues import ReviewItem, ReviewQueue
+from scorer_groups.review_queues import ReviewQueue
 from scoring.catalog import CatalogSnapshot
 from scoring.frozen import frozen
 from scoring.models import AlertChannel, ScorerGroup
@@ -44,7 +44,7 @@ from scoring.results import (
     no_score_signal_id,
     subject_key_of,
 )
-from scoring.review_rules import queues_taking, review_item
+from scoring.review_rules import KeptItem, kept_items, queues_taking
 from scoring.subjects import Subject
 
 
@@ -91,7 +91,7 @@ class Outbox:
     records: list[Record]  # in order: each result's rating, then its Signal and deliveries
     signals: list[Signal]  # the Signals raised (counted by the caller)
     # rating id: the items its result makes, each with the queue that takes it (most make none)
-    review_items: dict[str, list[tuple[ReviewItem, ReviewQueue]]]
+    review_items: dict[str, list[tuple[KeptItem, ReviewQueue]]]
 
 
 def channels_hearing(group: ScorerGroup, agent_id: str, snapshot: CatalogSnapshot) -> list[AlertChannel]:
@@ -108,7 +108,7 @@ def outbox(results: Sequence[tuple[ScorerGroup, Subject, PublishedRating]], scop
     Signals due (``no_score_signal_id``)."""
     records: list[Record] = []
     signals: list[Signal] = []
-    items: dict[str, list[tuple[ReviewItem, ReviewQueue]]] = {}
+    items: dict[str, list[tuple[KeptItem, ReviewQueue]]] = {}
     for group, subject, rating in results:
         key = subject.session_id if scope == "session" else subject.trace_id
         records.append(Record(topics.ratings, key.encode() if key else None, rating.document))  # 1.
@@ -117,8 +117,7 @@ def outbox(results: Sequence[tuple[ScorerGroup, Subject, PublishedRating]], scop
             taking = queues_taking(watching, group, policy.origin, subject_key=subject_key_of(subject),
                                    rating=rating.rating, goodness=rating.goodness)
             if taking:
-                items[rating.id] = [(review_item(queue, reason, policy.origin, subject, rating, rating.document),
-                                     queue) for queue, reason in taking]
+                items[rating.id] = kept_items(taking, policy.origin, subject, rating)
         if not policy.signals:  # 2.
             continue
         signal = build_signal(group, rating)  # 3.

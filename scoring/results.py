@@ -159,6 +159,11 @@ class PublishedRating:
     scored_at = property(lambda self: self._fields["scoredAt"])
 
     @property
+    def fields(self) -> dict[str, Any]:
+        """The document as a dict (the wire's names): read it, never change it."""
+        return self._fields
+
+    @property
     def goodness(self) -> list[float | None]:
         """Each member's goodness (0..1), None for one that did not score."""
         return [m["goodness"] for m in self._fields["members"]]

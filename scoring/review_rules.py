@@ -15,6 +15,8 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
 
+import orjson
+
 from scorer_groups.review_queues import (
     ITEM_TEXT_MAX_BYTES,
     ITEM_TEXT_MAX_CHARS,
@@ -24,6 +26,7 @@ from scorer_groups.review_queues import (
     ReviewReason,
     ReviewSubject,
 )
+from scoring.frozen import frozen
 from scoring.judge_calls import shown_text
 from scoring.models import ScorerGroup
 from scoring.redact import redact_text
@@ -78,9 +81,7 @@ def queue_of_item(item_id: str) -> str:
 def review_item(queue: ReviewQueue, reason: ReviewReason, origin: ReviewOrigin, subject: Subject,
                 rating: PublishedRating | Rating, document: bytes) -> ReviewItem:
     """The item ``queue`` keeps of a published result (``document``: its rating as published)."""
-    def shown(text: str) -> str:
-        return shown_text(text, ITEM_TEXT_MAX_CHARS, ITEM_TEXT_MAX_BYTES) if text else ""
-
+    shown = _shown
     return ReviewItem(
         id=review_item_id(queue.id, rating.id), queue_id=queue.id, project_id=queue.project_id,
         group_id=rating.group_id, rating_id=rating.id, reason=reason, origin=origin, created_at=rating.scored_at,
@@ -106,3 +107,47 @@ def rated_items(queues: Iterable[ReviewQueue], group: ScorerGroup, origin: Revie
     taking = queues_taking(queues, group, origin, subject_key=subject_key, rating=rating.rating,
                            goodness=[m.goodness for m in rating.members])
     return [(review_item(queue, reason, origin, subject, rating, rating.to_json()), queue) for queue, reason in taking]
+
+
+@frozen
+class KeptItem:
+    """A review item encoded for keeping - the hot path's: built from the published rating's
+    document, its texts masked once for every queue that takes the result, without building
+    models (a test holds it to ``review_item``'s)."""
+
+    id: str
+    document: bytes  # the ReviewItem's JSON
+    card: bytes  # its ScoreCard's JSON
+
+
+Kept = tuple[KeptItem, ReviewQueue]  # an item with the queue that keeps it
+
+
+def kept_items(taking: Sequence[tuple[ReviewQueue, ReviewReason]], origin: ReviewOrigin, subject: Subject,
+               rating: PublishedRating) -> list[Kept]:
+    """The items a published result makes in the queues ``taking`` it (``queues_taking``)."""
+    fields = rating.fields
+    members = fields["members"]
+    masked = {**fields, "justification": redact_text(fields["justification"]),
+              "reason": redact_text(fields["reason"]) if fields["reason"] else fields["reason"],
+              "members": [{**m, "detail": redact_text(m["detail"])} if m["detail"] else m for m in members]}
+    shown = {"scope": rating.scope, "traceId": rating.trace_id, "sessionId": rating.session_id,
+             "spanId": rating.span_id, "spanName": rating.span_name, "input": _shown(subject.input),
+             "output": _shown(subject.output), "transcript": _shown(subject.transcript)}
+    card = orjson.dumps({"groupId": rating.group_id, "ratingId": rating.id, "rating": rating.rating,
+                         "judges": {m["refId"]: float(m["native"]) for m in members
+                                    if m["kind"] == "judge" and m["status"] == "scored" and m["native"] is not None
+                                    and not isinstance(m["native"], bool)}})
+    kept = []
+    for queue, reason in taking:
+        item_id = review_item_id(queue.id, rating.id)
+        document = orjson.dumps({"id": item_id, "queueId": queue.id, "projectId": queue.project_id,
+                                 "groupId": rating.group_id, "ratingId": rating.id, "reason": reason, "origin": origin,
+                                 "createdAt": fields["scoredAt"], "subject": shown, "rating": masked},
+                                option=orjson.OPT_UTC_Z)
+        kept.append((KeptItem(item_id, document, card), queue))
+    return kept
+
+
+def _shown(text: str) -> str:
+    return shown_text(text, ITEM_TEXT_MAX_CHARS, ITEM_TEXT_MAX_BYTES) if text else ""

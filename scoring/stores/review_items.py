@@ -26,6 +26,7 @@ from typing import NamedTuple, cast
 import orjson
 
 from scorer_groups.review_queues import ReviewItem, ReviewQueue, ScoreCard
+from scoring.review_rules import KeptItem
 from scoring.stores import keys
 from scoring.stores.client import RedisClient
 from scoring.stores.scripts import ScriptPipeline
@@ -219,10 +220,11 @@ class ReviewItems:
         self._next = redis.register_script(_NEXT)
         self._label = redis.register_script(_LABEL)
 
-    async def take(self, items: Sequence[tuple[ReviewItem, ReviewQueue]], now: float) -> list[Taken]:
+    async def take(self, items: Sequence[tuple[ReviewItem | KeptItem, ReviewQueue]], now: float) -> list[Taken]:
         """Keep ``items`` in their queues (each with its queue as the snapshot that decided it had
-        it: capacity, keepDays); one round trip."""
-        by_queue: dict[tuple[str, str], list[ReviewItem]] = defaultdict(list)
+        it: capacity, keepDays); one round trip. An item comes as the model, or encoded already
+        (the hot path's ``KeptItem``)."""
+        by_queue: dict[tuple[str, str], list[ReviewItem | KeptItem]] = defaultdict(list)
         queues: dict[tuple[str, str], ReviewQueue] = {}
         for item, queue in items:
             by_queue[(queue.project_id, queue.id)].append(item)
@@ -234,7 +236,10 @@ class ReviewItems:
                 queue = queues[key]
                 args: list[object] = [queue.capacity, now, _keep(queue)]
                 for item in of_queue:
-                    args += [item.id, item.to_json(), _score_card(item)]
+                    if isinstance(item, KeptItem):
+                        args += [item.id, item.document, item.card]
+                    else:
+                        args += [item.id, item.to_json(), _score_card(item)]
                 pipe.script(self._take, _queue_keys(queue), args)
             replies = await pipe.execute()
         return [Taken(queues[key].id, queues[key].project_id, int(reply[0]), int(reply[1]))

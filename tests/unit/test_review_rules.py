@@ -161,3 +161,26 @@ def test_a_group_is_watched_by_ten_queues_at_most() -> None:
         "queue keeps its own copy of every result it takes"]
     assert queue_errors(watching["q-3"], catalog, watching["q-3"]) == [], "a queue already watching it may change"
     assert queue_errors(queue({"below": True}, id="q-new"), CatalogSnapshot(groups={"g-1": GROUP}), None) == []
+
+
+def test_the_hot_paths_item_is_the_models_item() -> None:
+    """``kept_items`` (orjson from the published document, texts masked once) against
+    ``review_item`` (the models), for a live result with a judge, a gate and a secret in its texts."""
+    from scorer_groups.review_queues import ReviewItem, ScoreCard
+    from scoring.panel import GroupResult
+    from scoring.results import encode_rating
+    from scoring.review_rules import kept_items, review_item
+    from scoring.stores.review_items import _score_card
+    from tests.unit.test_result_documents import GROUP as RESULT_GROUP
+    from tests.unit.test_result_documents import TRACE, _sample_outcomes, blend, trace_subject
+
+    subject = trace_subject(TRACE)
+    published = encode_rating(GroupResult(RESULT_GROUP, subject, blend(_sample_outcomes())), "trace")
+    taking = [(queue({"below": True}), "below"), (queue({"sampleRate": 1.0}, id="q-2"), "sample")]
+    kept = kept_items(taking, "live", subject, published)  # type: ignore[arg-type]
+    assert [k.id for k, _ in kept] == [f"q-1:{kept[0][0].id.split(':')[1]}", f"q-2:{kept[1][0].id.split(':')[1]}"]
+    for (item, q), (wanted_queue, reason) in zip(kept, taking, strict=True):
+        model = review_item(wanted_queue, reason, "live", subject, published, published.document)  # type: ignore[arg-type]
+        assert q is wanted_queue
+        assert ReviewItem.model_validate_json(item.document) == model
+        assert ScoreCard.model_validate_json(item.card) == ScoreCard.model_validate_json(_score_card(model))
