@@ -167,20 +167,31 @@ def test_the_hot_paths_item_is_the_models_item() -> None:
     """``kept_items`` (orjson from the published document, texts masked once) against
     ``review_item`` (the models), for a live result with a judge, a gate and a secret in its texts."""
     from scorer_groups.review_queues import ReviewItem, ScoreCard
+    from scoring.blend import MemberOutcome, blend
     from scoring.panel import GroupResult
+    from scoring.ports import TokenUsage
     from scoring.results import encode_rating
     from scoring.review_rules import kept_items, review_item
     from scoring.stores.review_items import _score_card
-    from tests.unit.test_result_documents import GROUP as RESULT_GROUP
-    from tests.unit.test_result_documents import TRACE, _sample_outcomes, blend, trace_subject
+    from scoring.subjects import Trace, trace_subject
 
-    subject = trace_subject(TRACE)
-    published = encode_rating(GroupResult(RESULT_GROUP, subject, blend(_sample_outcomes())), "trace")
+    leaked = "sk-live_4eC39HqLyjWDarjtT1zdp7dc"
+    trace = Trace.model_validate({"traceId": "t-1", "projectId": "p-1", "agentId": "a-1",
+                                  "timestamp": "2026-12-06T10:00:00Z",
+                                  "spans": [{"spanId": "r", "input": f"use {leaked}", "output": "Sorry."}]})
+    outcomes = [MemberOutcome(name="Judge", kind="judge", weight=1, gate=False, ref_id="j", native=3, goodness=0.3,
+                              detail=f"It quoted {leaked}.", usage=TokenUsage(120, None)),
+                MemberOutcome(name="Broken", kind="custom", weight=1, gate=False, ref_id="c", error="ZeroDivision"),
+                MemberOutcome(name="PII", kind="pattern", weight=2, gate=True, ref_id="e", native=False, goodness=1.0,
+                              detail="template email did not match the output")]
+    subject = trace_subject(trace)
+    published = encode_rating(GroupResult(GROUP, subject, blend(outcomes)), "trace")
     taking = [(queue({"below": True}), "below"), (queue({"sampleRate": 1.0}, id="q-2"), "sample")]
     kept = kept_items(taking, "live", subject, published)  # type: ignore[arg-type]
-    assert [k.id for k, _ in kept] == [f"q-1:{kept[0][0].id.split(':')[1]}", f"q-2:{kept[1][0].id.split(':')[1]}"]
+    assert [k.id.split(":")[0] for k, _ in kept] == ["q-1", "q-2"]
     for (item, q), (wanted_queue, reason) in zip(kept, taking, strict=True):
         model = review_item(wanted_queue, reason, "live", subject, published, published.document)  # type: ignore[arg-type]
         assert q is wanted_queue
         assert ReviewItem.model_validate_json(item.document) == model
         assert ScoreCard.model_validate_json(item.card) == ScoreCard.model_validate_json(_score_card(model))
+        assert b"4eC39HqLyjWDarjtT1zdp7dc" not in item.document
