@@ -15,17 +15,29 @@ from collections.abc import Mapping
 from datetime import UTC, datetime
 from typing import Any
 
+import orjson
 from pydantic import ValidationError
 
-from scorer_groups.review_queues import ItemView, LabelBody, LiveAgreement, ReviewItem, ReviewLabel, ReviewQueue
+from scorer_groups.api_models import JudgeCallRecord
+from scorer_groups.documents import Rating
+from scorer_groups.review_queues import (
+    AddedItems,
+    ItemView,
+    LabelBody,
+    LiveAgreement,
+    ReviewItem,
+    ReviewLabel,
+    ReviewQueue,
+)
 from scorer_groups.runs import DatasetItem
 from scoring.catalog import CatalogSnapshot, queue_errors
 from scoring.errors import Conflict, InvalidDocument, NotFound
 from scoring.groups import Caller
 from scoring.models import ScorerGroup
 from scoring.review_agreement import live_agreement
-from scoring.review_rules import queue_of_item
+from scoring.review_rules import added_item, queue_of_item
 from scoring.stores.catalog import CatalogStore, Write
+from scoring.stores.ratings import RatingsStore
 from scoring.stores.review_items import LabelRefused, ReviewItems
 
 EXPORT_MAX_ROWS = 10_000  # a dataset version's rows from one export (the oldest labelled items)
@@ -112,6 +124,36 @@ class ReviewQueues:
         await self._store.write(change)
         await self._items.forget(deleted["queue"])
 
+    async def add(self, queue_id: str, rating_ids: builtins.list[str], now: float,
+                  group_id: str | None = None) -> AddedItems:
+        """Put results in the queue by hand (reason "added"): rating ids among the latest results
+        of one group it watches (``group_id``; implied when it watches one). They carry what the
+        results list keeps of them - the verdicts, and the judge calls (what the judges read) at
+        ``/v1/review-items/{id}/calls`` - not the trace's texts, which only a rule deciding at
+        publish time holds. A result already in the queue stays as it is; a full queue turns
+        items away, as for the rule's."""
+        queue = await self.get(queue_id)
+        if group_id is None:
+            if len(queue.group_ids) != 1:
+                raise InvalidDocument("groupId: required - the queue watches several groups "
+                                      f"({', '.join(queue.group_ids)})")
+            group_id = queue.group_ids[0]
+        if group_id not in queue.group_ids:
+            raise InvalidDocument(f"groupId: the queue does not watch group {group_id!r} "
+                                  f"(it watches {', '.join(queue.group_ids)})")
+        wanted = list(dict.fromkeys(rating_ids))
+        found = await RatingsStore(self._store.redis).results_by_id(group_id, wanted)
+        items = []
+        for document, _calls in found.values():
+            rating = Rating.model_validate_json(document)
+            if rating.project_id == queue.project_id and rating.group_id == group_id:  # not a reused id's
+                items.append((added_item(queue, rating), queue))
+        taken = await self._items.take(items, now) if items else []
+        added, away = (taken[0].taken, taken[0].turned_away) if taken else (0, 0)
+        kept = {item.rating_id for item, _ in items}
+        return AddedItems(added=added, already=len(items) - added - away, turned_away=away,
+                          missing=[r for r in wanted if r not in kept])
+
     # --- the review: a reviewer takes the next item and labels it ------------------------------
 
     async def next(self, queue_id: str, now: float) -> ItemView | None:
@@ -140,6 +182,15 @@ class ReviewQueues:
                  if not reviewer or key == mine]
         until = datetime.fromtimestamp(held[1], UTC) if held is not None and held[0] == mine else None
         return ItemView(item=item, state="done" if done else "open", labels=shown, reserved_until=until)
+
+    async def calls(self, item_id: str) -> builtins.list[JudgeCallRecord]:
+        """The judge calls behind the item's result, to whoever may see the item (``view``);
+        none once the group's latest results no longer keep them."""
+        item = (await self.view(item_id)).item
+        found = await RatingsStore(self._store.redis).result(item.group_id, item.rating_id)
+        if found is None or Rating.model_validate_json(found[0]).project_id != item.project_id:
+            return []
+        return [JudgeCallRecord.model_validate(c) for c in orjson.loads(found[1] or b"[]")]
 
     async def label(self, item_id: str, body: LabelBody, now: float) -> tuple[ReviewLabel, bool]:
         """Keep the caller's label of the item: they hold it, or change their label while it is
@@ -192,8 +243,8 @@ class ReviewQueues:
         queue = await self.get(queue_id)
         rows = []
         for item, labels in await self._items.labelled_items(queue, limit):
-            if not labels or item.project_id != queue.project_id:
-                continue
+            if not labels or item.project_id != queue.project_id or not (item.subject.transcript or item.subject.input):
+                continue  # an item added by hand carries no texts: nothing to grade again
             subject = item.subject
             rows.append(DatasetItem(
                 input=subject.transcript or subject.input, output=subject.output,

@@ -91,6 +91,18 @@ def review_item(queue: ReviewQueue, reason: ReviewReason, origin: ReviewOrigin, 
         rating=_masked(Rating.model_validate_json(document)))
 
 
+def added_item(queue: ReviewQueue, rating: Rating) -> ReviewItem:
+    """The item a result put in ``queue`` by hand makes: what the results list kept of it (its
+    verdicts), without the trace's texts - only the publisher holds those."""
+    return ReviewItem(
+        id=review_item_id(queue.id, rating.id), queue_id=queue.id, project_id=queue.project_id,
+        group_id=rating.group_id, rating_id=rating.id, reason="added",
+        origin=rating.origin or ("dataset" if rating.run_id else "live"), created_at=rating.scored_at,
+        subject=ReviewSubject(scope=rating.scope, trace_id=rating.trace_id, session_id=rating.session_id,
+                              span_id=rating.span_id, span_name=rating.span_name, input="", output=""),
+        rating=_masked(rating))
+
+
 def _masked(rating: Rating) -> Rating:
     """The verdicts' texts cut of secrets' shapes, as the subject's are: a judge may quote a key
     the trace carried, and reviewer keys read items."""

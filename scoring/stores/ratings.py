@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import math
 import time
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import asdict, dataclass
 
 import orjson
@@ -378,6 +378,15 @@ class RatingsStore:
         found = await self._one(keys=[keys.group_results(group_id), keys.group_results_seqs(group_id),
                                       keys.group_judge_calls(group_id)], args=[rating_id])
         return (found[0], found[1]) if found else None
+
+    async def results_by_id(self, group_id: str, rating_ids: Sequence[str]) -> dict[str, tuple[bytes, bytes]]:
+        """``result`` for several rating ids of one group, in one round trip: those still kept."""
+        names = [keys.group_results(group_id), keys.group_results_seqs(group_id), keys.group_judge_calls(group_id)]
+        async with ScriptPipeline(self._redis) as pipe:
+            for rating_id in rating_ids:
+                pipe.script(self._one, names, [rating_id])
+            found = await pipe.execute()
+        return {rating_id: (f[0], f[1]) for rating_id, f in zip(rating_ids, found, strict=True) if f}
 
     async def oldest_kept(self, group_id: str) -> tuple[int, bytes | None]:
         """How many results the group's latest results hold, and the oldest one's document."""

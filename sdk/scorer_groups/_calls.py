@@ -20,6 +20,7 @@ from scorer_groups.api_models import (
     Channel,
     GradeRequest,
     Incidents,
+    JudgeCallRecord,
     JudgeTemplates,
     PlaygroundRating,
     Ratings,
@@ -29,7 +30,7 @@ from scorer_groups.api_models import (
 )
 from scorer_groups.errors import ApiError, error_for
 from scorer_groups.models import Budget, CustomEvaluator, Judge, Pattern, ScorerGroup, WireModel
-from scorer_groups.review_queues import ItemPage, ItemView, Labelled, LiveAgreement, ReviewQueue
+from scorer_groups.review_queues import AddedItems, ItemPage, ItemView, Labelled, LiveAgreement, ReviewQueue
 from scorer_groups.runs import Dataset
 
 T = TypeVar("T")
@@ -279,6 +280,15 @@ def update_queue(queue_id: str, fields: Mapping[str, Any], if_match: str | None)
 def queue_items(queue_id: str, state: str, limit: int, cursor: str | None) -> Call[ItemPage]:
     params: dict[str, Any] = {"state": state, "limit": limit, **({"cursor": cursor} if cursor else {})}
     return Call("GET", f"/v1/review-queues/{_id(queue_id)}/items", _model(ItemPage), params=params)
+
+
+def add_items(queue_id: str, rating_ids: Sequence[str], group_id: str | None) -> Call[AddedItems]:
+    body: dict[str, Any] = {"ratingIds": list(rating_ids), **({"groupId": group_id} if group_id else {})}
+    return Call("POST", f"/v1/review-queues/{_id(queue_id)}/items", _model(AddedItems), json=body)
+
+
+def item_calls(item_id: str) -> Call[builtins.list[JudgeCallRecord]]:
+    return Call("GET", f"/v1/review-items/{_id(item_id)}/calls", _model(builtins.list[JudgeCallRecord]))
 
 
 def next_item(queue_id: str) -> Call[ItemView | None]:

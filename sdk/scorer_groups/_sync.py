@@ -22,6 +22,7 @@ from scorer_groups.api_models import (
     Channel,
     GradeRequest,
     Incidents,
+    JudgeCallRecord,
     JudgeTemplate,
     PlaygroundRating,
     Ratings,
@@ -32,7 +33,7 @@ from scorer_groups.api_models import (
 from scorer_groups.backfills import BackfillBar, Deadline, When, backfill_body
 from scorer_groups.evaluations import Datasets, Evaluations
 from scorer_groups.models import Budget, CustomEvaluator, Judge, Pattern, ScorerGroup, WireModel
-from scorer_groups.review_queues import ItemPage, ItemView, Labelled, LiveAgreement, ReviewQueue
+from scorer_groups.review_queues import AddedItems, ItemPage, ItemView, Labelled, LiveAgreement, ReviewQueue
 from scorer_groups.runs import Dataset
 
 S = TypeVar("S", bound=WireModel)
@@ -288,6 +289,15 @@ class ReviewQueues:
     def items(self, id: str, *, state: str = "open", limit: int = 50, cursor: str | None = None) -> ItemPage:
         """A page of items: open ones oldest first (``state="all"``: every item, newest first)."""
         return self._t.run(calls.queue_items(id, state, limit, cursor))
+
+    def add(self, id: str, rating_ids: Sequence[str], *, group_id: str | None = None) -> AddedItems:
+        """Put results in the queue by hand: rating ids among the latest results of one group it
+        watches (``group_id``: implied when it watches one)."""
+        return self._t.run(calls.add_items(id, rating_ids, group_id))
+
+    def calls(self, item_id: str) -> builtins.list[JudgeCallRecord]:
+        """The judge calls behind an item's result (while the group's latest results keep them)."""
+        return self._t.run(calls.item_calls(item_id))
 
     def next(self, id: str) -> ItemView | None:
         """Reserve the next item for this key (or the one it holds); None when there is none."""

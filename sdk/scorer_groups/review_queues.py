@@ -214,3 +214,25 @@ class Labelled(Document):
 
     label: ReviewLabel
     done: bool
+
+
+MAX_ADDED_AT_ONCE = 100
+
+
+class AddItems(WireModel):
+    """``POST /v1/review-queues/{id}/items``: results to put in the queue by hand - rating ids among
+    the latest results of one group the queue watches (``groupId``: implied when it watches one)."""
+
+    rating_ids: list[Id] = Field(min_length=1, max_length=MAX_ADDED_AT_ONCE)
+    group_id: Id | None = None
+
+
+class AddedItems(Document):
+    """What adding by hand did: items ``added``, ``already`` in the queue (left as they were),
+    ``turnedAway`` (the queue was full: counted as the rule's are), and the rating ids ``missing``
+    (not among the group's latest results: gone, or never the group's)."""
+
+    added: int
+    already: int
+    turned_away: int
+    missing: list[str]

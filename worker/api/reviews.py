@@ -8,7 +8,10 @@ from typing import Annotated, Any, Literal
 
 from fastapi import APIRouter, Depends, Path, Query, Request, Response
 
+from scorer_groups.api_models import JudgeCallRecord
 from scorer_groups.review_queues import (
+    AddedItems,
+    AddItems,
     ItemPage,
     ItemView,
     LabelBody,
@@ -135,6 +138,14 @@ async def queue_items(queue_id: QueueId, surface: Queues, limit: Limit = 50, cur
                     counts=QueueCounts(open=counts["open"], taken=counts["taken"], turned_away=counts["turnedAway"]))
 
 
+@router.post("/review-queues/{id}/items", response_model=AddedItems)
+async def add_items(queue_id: QueueId, body: AddItems, surface: Queues) -> AddedItems:
+    """Put results in the queue by hand (up to 100 rating ids at a time, from one group's latest
+    results - the console's results list): reason "added". They carry the verdicts and the judge
+    calls the results list keeps, not the trace's texts. Adding a result again changes nothing."""
+    return await surface.add(queue_id, body.rating_ids, time.time(), group_id=body.group_id)
+
+
 @router.post("/review-queues/{id}/next", response_model=ItemView, openapi_extra=for_reviewers(),
              responses={204: {"description": "No open item for this key now."}})
 async def next_item(queue_id: QueueId, surface: Queues) -> Any:
@@ -150,6 +161,14 @@ async def get_item(item_id: ItemId, surface: Queues) -> ItemView:
     """An item with its state and labels; to a reviewer key, an item it holds or labelled, with
     its own label only (people label independently)."""
     return await surface.view(item_id)
+
+
+@router.get("/review-items/{id}/calls", response_model=list[JudgeCallRecord], openapi_extra=for_reviewers())
+async def item_calls(item_id: ItemId, surface: Queues) -> list[JudgeCallRecord]:
+    """The judge calls behind an item's result (the exact messages each judge read and its
+    answer, cut and masked), while the group's latest results keep them; to a reviewer key, of
+    an item it holds or labelled."""
+    return await surface.calls(item_id)
 
 
 @router.put("/review-items/{id}/labels/me", response_model=Labelled, openapi_extra=for_reviewers())
