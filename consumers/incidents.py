@@ -19,6 +19,13 @@ nothing to judge), each tick:
 5. an incident open on a watch no longer watched (the group disabled, deleted, or no longer
    alerting for that reason) resolves: nobody is left paged for what is no longer judged (a
    watch of another worker's share is that worker's to judge).
+
+The agreement watch (``alertMinAgreement``) judges a window of labels, not of time: before the
+groups, the tick reads the newest labelled review items of its share's groups
+(``consumers.label_windows``) and exports each judge's agreement with people (a gauge); a group
+with labels is judged even without live traffic, over the items labelled since its watch last
+moved: an incident resolves on labels given after it opened, and opens again only on labels given
+after it resolved (the old ones said what they had to say).
 """
 
 from __future__ import annotations
@@ -34,14 +41,17 @@ import orjson
 import structlog
 
 from consumers.fleet_share import FleetShare
+from consumers.label_windows import LabelledRow, LabelWindows
 from consumers.periodic import Send, every
 from scorer_groups.documents import IncidentReason
 from scoring.catalog import CatalogSnapshot
 from scoring.incidents import (
     Baseline,
+    JudgeAgreement,
     Transition,
     Watch,
     WindowStats,
+    agreement_verdict,
     describe,
     incident_deliveries,
     incident_id,
@@ -54,8 +64,10 @@ from scoring.incidents import (
 from scoring.models import AlertChannel, ScorerGroup
 from scoring.outbox import Record, TopicNames
 from scoring.results import channel_key
+from scoring.review_agreement import judge_agreements
 from scoring.stores.incidents import PENDING_S, IncidentStore, bucket_size
 from scoring.stores.ratings import RatingsStore
+from scoring.stores.review_items import ReviewItems
 
 log = structlog.get_logger(__name__)
 
@@ -65,9 +77,16 @@ MAX_WINDOW_S = 2 * 86_400  # two of the longest alertWindowSeconds: older traffi
 class IncidentEvents(Protocol):
     def incident_open(self, project_id: str, group_id: str, reason: str, is_open: bool) -> None: ...
 
+    def judge_agreement(self, project_id: str, group_id: str, judge: str, spearman: float | None,
+                        items: int) -> None: ...
+
 
 class _Silent:
     def incident_open(self, project_id: str, group_id: str, reason: str, is_open: bool) -> None:
+        pass
+
+    def judge_agreement(self, project_id: str, group_id: str, judge: str, spearman: float | None,
+                        items: int) -> None:
         pass
 
 
@@ -82,12 +101,15 @@ def _watched(group: ScorerGroup | None, reason: str | None = None) -> bool:
 class IncidentWatcher:
     def __init__(self, *, store: IncidentStore, ratings: RatingsStore, catalog: Callable[[], CatalogSnapshot],
                  send: Send, topics: TopicNames, events: IncidentEvents | None = None, interval_s: float = 10.0,
-                 clock: Callable[[], float] = time.time, share: FleetShare | None = None) -> None:
+                 clock: Callable[[], float] = time.time, share: FleetShare | None = None,
+                 reviews: ReviewItems | None = None) -> None:
         self._store, self._ratings, self._catalog = store, ratings, catalog
         self._send, self._topics, self._events = send, topics, events or _Silent()
         self._interval_s, self._clock = interval_s, clock
         self._share = share or FleetShare.everything()
         self._said_open: set[tuple[str, str, str]] = set()  # (project, group, reason) exported open
+        self._labels = LabelWindows(reviews, self._share) if reviews is not None else None
+        self._said_agreement: set[tuple[str, str, str]] = set()  # (project, group, judge) exported
 
     async def run(self, stop: asyncio.Event) -> None:
         await every(self._interval_s, self.tick, stop)
@@ -101,6 +123,7 @@ class IncidentWatcher:
             log.exception("reading the incident watches failed; trying again on the next tick")
             return
         open_groups = {group_id for group_id, _ in open_watches}
+        windows = await self._agreements(snapshot)
         for project_id, group_id, reason in list(self._said_open):  # handed to another worker: its word now
             if not self._share.owns(group_id):
                 self._export(project_id, group_id, reason, False)
@@ -108,15 +131,16 @@ class IncidentWatcher:
         # last two windows (the one to judge, the one closed before it: drift learns it) and
         # without an incident open has nothing to judge, and is never even looked at (idle
         # groups are most of a large catalog; walking them held the loop).
-        for group_id in sorted(active.keys() | {g for g in open_groups if self._share.owns(g)}):
+        for group_id in sorted(active.keys() | windows.keys() | {g for g in open_groups if self._share.owns(g)}):
             group = snapshot.groups.get(group_id)
             if group is None or not _watched(group):
                 continue
             assert group.online is not None
-            if group_id not in open_groups and active.get(group_id, -1.0) < now - 2 * group.online.alert_window_seconds:
+            if (group_id not in open_groups and not (group_id in windows and _watched(group, "agreement"))
+                    and active.get(group_id, -1.0) < now - 2 * group.online.alert_window_seconds):
                 continue
             try:
-                await self._watch(group, snapshot, self._clock())
+                await self._watch(group, snapshot, self._clock(), windows.get(group_id, []))
             except Exception:  # one group's watch is lost this tick; the others go on
                 log.exception("an incident watch failed; trying again on the next tick", group=group.id)
         try:  # 5.
@@ -127,7 +151,28 @@ class IncidentWatcher:
         except Exception:
             log.exception("closing unwatched incidents failed; trying again on the next tick")
 
-    async def _watch(self, group: ScorerGroup, snapshot: CatalogSnapshot, now: float) -> None:
+    async def _agreements(self, snapshot: CatalogSnapshot) -> dict[str, list[LabelledRow]]:
+        """The windows of labels of this worker's groups, and each judge's agreement exported."""
+        if self._labels is None:
+            return {}
+        try:
+            windows = await self._labels.read(snapshot)
+        except Exception:
+            log.exception("reading the review labels failed; trying again on the next tick")
+            return {}
+        said = set()
+        for group_id, rows in windows.items():
+            group = snapshot.groups[group_id]
+            for judge in judge_agreements(group, [(card, labels) for _, card, labels in rows]):
+                self._events.judge_agreement(group.project_id, group.id, judge.ref_id, judge.spearman, judge.items)
+                said.add((group.project_id, group.id, judge.ref_id))
+        for project_id, group_id, judge_id in self._said_agreement - said:  # gone, or another worker's now
+            self._events.judge_agreement(project_id, group_id, judge_id, None, 0)
+        self._said_agreement = said
+        return windows
+
+    async def _watch(self, group: ScorerGroup, snapshot: CatalogSnapshot, now: float,
+                     labelled: list[LabelledRow]) -> None:
         profile = group.online
         assert profile is not None
         window_s = profile.alert_window_seconds
@@ -143,10 +188,17 @@ class IncidentWatcher:
                     continue  # its mover is publishing it; the watch moves after
                 await self._publish(pending)
                 await self._store.published(group.id, reason, watch.version)
-            moved = step(watch, verdict(reason, profile, stats, level), now, window_s,
+            judges: list[JudgeAgreement] = []
+            if reason == "agreement":  # over the items labelled since the watch last moved
+                judges = judge_agreements(group, [(card, labels) for at, card, labels in labelled
+                                                  if watch.since is None or at > watch.since])
+                judged = agreement_verdict(profile, judges)
+            else:
+                judged = verdict(reason, profile, stats, level)
+            moved = step(watch, judged, now, 0 if reason == "agreement" else window_s,
                          incident_id(group.id, reason, watch.version))
             if moved is not None:
-                await self._moved(group, snapshot, reason, watch, kept, moved, stats, level, window_s, now)
+                await self._moved(group, snapshot, reason, watch, kept, moved, stats, level, window_s, now, judges)
                 watch = moved.watch
             self._export(group.project_id, group.id, reason, watch.incident_id is not None)  # 4.
 
@@ -177,11 +229,11 @@ class IncidentWatcher:
 
     async def _moved(self, group: ScorerGroup, snapshot: CatalogSnapshot, reason: IncidentReason, read: Watch,
                      kept: list[list[str]], moved: Transition, stats: WindowStats, level: Baseline | None,
-                     window_s: int, now: float) -> None:
+                     window_s: int, now: float, judges: list[JudgeAgreement]) -> None:
         profile = group.online
         assert profile is not None
         agents = await self._agents(group.id, now - window_s)
-        justification = describe(reason, moved.state, profile, stats, level, window_s)
+        justification = describe(reason, moved.state, profile, stats, level, window_s, judges)
         signal = incident_signal(group, reason, moved, stats, agents[0] if agents else "", justification)
         if moved.state == "opened":
             channels = [c for agent in agents for c in snapshot.channels_for(agent, group.project_id)]

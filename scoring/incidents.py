@@ -9,7 +9,13 @@ Three reasons an incident opens, each watched on its own:
 - ``coverage`` (``alertNoScoreRate``, any mode): the share of the window's results without a
   score - or skipped for budget - passes the rate, over at least ``alertMinResults``;
 - ``drift`` (``alertMode: "drift"``): the window's mean is more than ``alertDriftSigma``
-  standard deviations below the group's own level, learned from its past windows.
+  standard deviations below the group's own level, learned from its past windows;
+- ``agreement`` (``alertMinAgreement``, any mode): a judge member's Spearman correlation with
+  people falls under it, over the group's last ``AGREEMENT_WINDOW`` labelled review items (a
+  window of labels, not of time: labels come when people work), judged on at least
+  ``AGREEMENT_MIN_ITEMS`` of them, labelled since the watch last moved: it resolves on items
+  labelled after its opening in which every judge judged agrees again, and opens again only on
+  items labelled after that.
 
 An open incident resolves once a window that lies wholly after its opening is good again, over
 at least ``alertMinResults`` results (its mean at or above ``alertResolveAbove``, its share
@@ -26,7 +32,7 @@ after ``MIN_LEARNED`` windows.
 from __future__ import annotations
 
 import math
-from dataclasses import replace
+from collections.abc import Sequence
 from datetime import UTC, datetime
 from typing import Any, Literal
 
@@ -42,6 +48,8 @@ MIN_SPREAD = 0.25  # the least standard deviation a level is judged with (0-10 s
 # whose every window scored alike would otherwise alert on any wobble
 HALF_LIFE_S = 86_400  # a window a day old weighs half as much in the level
 COVERAGE_RESOLVE = 0.8  # coverage resolves at a share this far under the rate: no flapping at the rate
+AGREEMENT_WINDOW = 50  # the newest labelled (done) review items an agreement watch judges
+AGREEMENT_MIN_ITEMS = 10  # items a judge needs in that window before its agreement is judged
 
 
 @frozen
@@ -92,12 +100,27 @@ class Baseline:
 
 
 @frozen
+class JudgeAgreement:
+    """One judge member against people over a window of labelled items (``scoring.review_agreement``)."""
+
+    ref_id: str
+    label: str
+    spearman: float | None
+    items: int  # the window's items the judge gave a verdict on
+
+    @property
+    def judged(self) -> bool:
+        return self.spearman is not None and self.items >= AGREEMENT_MIN_ITEMS
+
+
+@frozen
 class Watch:
     """One reason's watch of one group: its open incident, if any."""
 
     incident_id: str | None = None  # the open incident
     opened_at: float | None = None
     version: int = 0  # bumped by every transition: the store moves a watch only from the version read
+    since: float | None = None  # when it last moved: an agreement watch judges the labels given since
 
 
 @frozen
@@ -117,6 +140,8 @@ def reasons(profile: OnlineProfile) -> list[IncidentReason]:
         watched.append("drift")
     if profile.alert_no_score_rate is not None:
         watched.append("coverage")
+    if profile.alert_min_agreement is not None:
+        watched.append("agreement")
     return watched
 
 
@@ -147,17 +172,27 @@ def verdict(reason: IncidentReason, profile: OnlineProfile, stats: WindowStats,
     return "good" if mean >= baseline.mean - baseline.spread and enough else "unknown"
 
 
+def agreement_verdict(profile: OnlineProfile, judges: Sequence[JudgeAgreement]) -> Verdict:
+    """The agreement watch's verdict on a window of labelled items: bad when a judge judged on
+    enough of them agrees under ``alertMinAgreement``, good when every such judge is at or above
+    it (and there is one)."""
+    floor, judged = profile.alert_min_agreement, [j for j in judges if j.judged]
+    if floor is None or not judged:
+        return "unknown"
+    return "bad" if any(j.spearman is not None and j.spearman < floor for j in judged) else "good"
+
+
 def step(watch: Watch, judged: Verdict, now: float, window_s: int, incident_id: str) -> Transition | None:
     """What the window's verdict does to the watch: open an incident (``incident_id``), resolve
     the open one once a window wholly after its opening is good, or nothing."""
     if watch.incident_id is None:
         if judged != "bad":
             return None
-        opened = Watch(incident_id, now, watch.version + 1)
+        opened = Watch(incident_id, now, watch.version + 1, since=now)
         return Transition(opened, "opened", incident_id, now)
     assert watch.opened_at is not None
     if judged == "good" and now - watch.opened_at >= window_s:
-        return Transition(replace(Watch(), version=watch.version + 1), "resolved", watch.incident_id, now)
+        return Transition(Watch(version=watch.version + 1, since=now), "resolved", watch.incident_id, now)
     return None
 
 
@@ -170,8 +205,13 @@ def incident_id(group_id: str, reason: IncidentReason, version: int) -> str:
 
 
 def describe(reason: IncidentReason, state: IncidentState, profile: OnlineProfile, stats: WindowStats,
-             baseline: Baseline | None, window_s: int) -> str:
+             baseline: Baseline | None, window_s: int, judges: Sequence[JudgeAgreement] = ()) -> str:
     """One sentence a person reads: what the window showed, against what."""
+    if reason == "agreement":
+        figures = ", ".join(f"{j.label} {j.spearman:.2f} over {j.items} items" for j in judges if j.judged)
+        return (f"{'Opened' if state == 'opened' else 'Resolved'}: the judges' agreement with people (Spearman, "
+                f"the last labelled review items) is {figures or 'not judged'}; alertMinAgreement "
+                f"{profile.alert_min_agreement:g}.")
     span = f"the last {window_s // 60} min" if window_s < 7200 else f"the last {window_s / 3600:g} h"
     mean = "no score" if stats.mean is None else f"a mean of {stats.mean:.2f}/10"
     if reason == "coverage":

@@ -6,7 +6,9 @@ an item for a row:
 2. the machine's columns are the group's score and each judge member's verdict (0-10), as the
    item's rating recorded them when it was published (its ``ScoreCard``);
 3. people with each other: over the items two or more reviewers labelled, the first two labels
-   (by reviewer key) against each other.
+   (by reviewer key) against each other;
+4. the agreement watch (``consumers.incidents``) and its gauge: each judge's Spearman over the
+   group's newest labelled items (``judge_agreements``).
 
 Pure: the API reads the items and their labels (``scoring.stores.review_items``).
 """
@@ -19,6 +21,7 @@ from typing import Any
 
 from scorer_groups.review_queues import LiveAgreement, ReviewerAgreement, ScoreCard
 from scoring.calibration import HumanVerdict, MachineColumn, agreement, cohen_kappa, mean_absolute_error, spearman
+from scoring.incidents import JudgeAgreement
 from scoring.models import ScorerGroup
 
 DEFAULT_MARK = 5.0  # people's pass at 5 when the group has no alertThreshold
@@ -42,6 +45,23 @@ def live_agreement(group: ScorerGroup, labelled: Sequence[tuple[ScoreCard, Mappi
     found = agreement(humans, columns, ids=[card.rating_id for card, _ in rows], alert_threshold=threshold)
     return LiveAgreement(labelled_items=len(rows), agreement=found,
                          reviewers=_reviewers(rows, threshold if threshold is not None else DEFAULT_MARK))
+
+
+def judge_agreements(group: ScorerGroup, labelled: Sequence[tuple[ScoreCard, Mapping[str, Mapping[str, Any]]]]
+                     ) -> list[JudgeAgreement]:
+    """Each judge member's Spearman correlation with people over ``labelled`` (a window of the
+    group's labelled items, as ``live_agreement`` reads them): the agreement watch's and the
+    gauge's figure."""
+    rows = [(card, statistics.median(float(label["rating"]) for label in labels.values()))
+            for card, labels in labelled if labels]
+    found = []
+    for member in group.members:
+        if member.kind != "judge":
+            continue
+        pairs = [(card.judges[member.ref_id], people) for card, people in rows if member.ref_id in card.judges]
+        figure = spearman([m for m, _ in pairs], [p for _, p in pairs]) if len(pairs) >= 2 else None
+        found.append(JudgeAgreement(member.ref_id, member.label or member.ref_id, _round(figure), len(pairs)))
+    return found
 
 
 def _reviewers(rows: Sequence[tuple[ScoreCard, Mapping[str, Mapping[str, Any]]]], mark: float

@@ -342,11 +342,12 @@ class Worker:
             topic=s.traces_topic, worker=name, max_trace_bytes=s.max_trace_bytes,
             max_spans=s.max_spans_per_trace, live_pressed=traces.pressed, live_done=live_done)
 
-        # Incidents: groups that alert on their level (windows, drift, coverage), once per fleet.
+        # Incidents: groups that alert on their level (windows, drift, coverage) or on their judges'
+        # agreement with people's labels, once per fleet.
         incidents = IncidentWatcher(store=IncidentStore(redis), ratings=ratings, catalog=lambda: watcher.current,
                                     send=Outputs(producer, topics, events).send, topics=topics,
                                     events=metrics.PrometheusIncidents(), interval_s=s.incident_interval_s,
-                                    share=share)
+                                    share=share, reviews=ReviewItems(redis))
 
         # Digests: a channel with digestSeconds hears a period's Signals of a group in one message.
         digests = DigestSender(digests=DigestStore(redis), ratings=ratings, catalog=lambda: watcher.current,

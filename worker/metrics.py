@@ -319,6 +319,13 @@ INCIDENT_OPEN = Gauge("sgw_group_incident_open", "1 while a group has an inciden
                       registry=REGISTRY)
 
 
+JUDGE_AGREEMENT = Gauge("sgw_judge_agreement", "A judge member's agreement with people (Spearman) over its group's "
+                        "last 50 labelled review items; the series exists while there is a figure.",
+                        ["project", "group", "judge"], registry=REGISTRY)
+JUDGE_AGREEMENT_ITEMS = Gauge("sgw_judge_agreement_items", "The labelled review items behind sgw_judge_agreement.",
+                              ["project", "group", "judge"], registry=REGISTRY)
+
+
 class PrometheusIncidents:
     """``consumers.incidents.IncidentEvents``: every worker watches every group and exports the
     same state (a panel takes the max over workers)."""
@@ -331,6 +338,17 @@ class PrometheusIncidents:
         else:
             with contextlib.suppress(KeyError):
                 INCIDENT_OPEN.remove(project_id, group_id, reason)
+
+    def judge_agreement(self, project_id: str, group_id: str, judge: str, spearman: float | None,
+                        items: int) -> None:
+        # Exported by the worker whose share holds the group; a series only while there is a figure.
+        if spearman is not None:
+            JUDGE_AGREEMENT.labels(project_id, group_id, judge).set(spearman)
+            JUDGE_AGREEMENT_ITEMS.labels(project_id, group_id, judge).set(items)
+        else:
+            for gauge in (JUDGE_AGREEMENT, JUDGE_AGREEMENT_ITEMS):
+                with contextlib.suppress(KeyError):
+                    gauge.remove(project_id, group_id, judge)
 
 
 def observe_catalog_lost(lost: bool) -> None:

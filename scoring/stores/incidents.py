@@ -28,7 +28,8 @@ PENDING_S = 30.0  # an event moved but not published this long ago is published 
 # KEYS: the watch, the group's incidents, their order. ARGV: the version read, the new version,
 # the open incident ("" none), its opening time, the pending event (JSON), the incident's id and
 # record (JSON), the records' TTL, the channels it pages (JSON; the opening's, kept for its
-# resolution), the incident's opening time (for its order), the incidents a group keeps.
+# resolution), the incident's opening time (for its order), the incidents a group keeps, when the
+# watch moves ("" unknown).
 # 1 if moved; 0 if another mover was first, or an event is still pending (never overwritten: a
 # resolution whose mover died is published before the watch moves again). A watch has no TTL:
 # its version names its incidents (scoring.incidents.incident_id), and a watch that expired would
@@ -39,7 +40,7 @@ _MOVE = """
 if (redis.call('HGET', KEYS[1], 'version') or '0') ~= ARGV[1] then return 0 end
 if redis.call('HEXISTS', KEYS[1], 'pending') == 1 then return 0 end
 redis.call('HSET', KEYS[1], 'version', ARGV[2], 'incident', ARGV[3], 'openedAt', ARGV[4], 'pending', ARGV[5],
-           'channels', ARGV[9])
+           'channels', ARGV[9], 'since', ARGV[12])
 redis.call('HSET', KEYS[2], ARGV[6], ARGV[7])
 redis.call('EXPIRE', KEYS[2], ARGV[8])
 if redis.call('HLEN', KEYS[2]) > redis.call('ZCARD', KEYS[3]) then
@@ -130,7 +131,7 @@ class IncidentStore:
         fields = {(k.decode() if isinstance(k, bytes) else k): (v.decode() if isinstance(v, bytes) else v)
                   for k, v in raw.items()}
         watch = Watch(fields.get("incident") or None, float(fields["openedAt"]) if fields.get("openedAt") else None,
-                      int(fields.get("version", 0)))
+                      int(fields.get("version", 0)), float(fields["since"]) if fields.get("since") else None)
         pending = orjson.loads(fields["pending"]) if fields.get("pending") else None
         return watch, pending, orjson.loads(fields["channels"]) if fields.get("channels") else []
 
@@ -148,7 +149,7 @@ class IncidentStore:
                                         orjson.dumps({**event, "movedAt": now}),
                                         str(record["id"]), orjson.dumps(record), keys.INCIDENTS_KEPT_S,
                                         orjson.dumps([list(c) for c in channels]), repr(_opened_at(record, now)),
-                                        keys.INCIDENTS_KEPT])
+                                        keys.INCIDENTS_KEPT, "" if moved.since is None else repr(moved.since)])
         if answer and moved.incident_id is not None:
             await self._redis.sadd(keys.INCIDENTS_OPEN, f"{group_id}|{reason}")
         # A resolution leaves the open watches once its event is published (``published``): till

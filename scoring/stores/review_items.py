@@ -330,6 +330,42 @@ class ReviewItems:
                       for item_id, card in zip(chunk, cards, strict=True) if card is not None]
         return found
 
+    async def newest_done(self, queues: Sequence[ReviewQueue]) -> list[float]:
+        """When each queue's newest item was done (0 for none): what tells the agreement watch a
+        queue has new labels to read, one round trip for every queue."""
+        if not queues:
+            return []
+        async with self._redis.pipeline(transaction=False) as pipe:
+            for queue in queues:
+                pipe.zrevrange(_queue_keys(queue)[6], 0, 0, withscores=True)
+            replies = await pipe.execute()
+        return [float(reply[0][1]) if reply else 0.0 for reply in replies]
+
+    async def recent_labelled(self, queues: Sequence[ReviewQueue], count: int
+                              ) -> list[list[tuple[float, ScoreCard, dict[str, dict[str, object]]]]]:
+        """Each queue's newest ``count`` done items (all their labels given), newest first: when
+        each was done, what the machine said, its labels by reviewer key - two round trips."""
+        if not queues:
+            return []
+        async with self._redis.pipeline(transaction=False) as pipe:
+            for queue in queues:
+                pipe.zrevrange(_queue_keys(queue)[6], 0, count - 1, withscores=True)
+            done = await pipe.execute()
+        async with self._redis.pipeline(transaction=False) as pipe:
+            for queue, items in zip(queues, done, strict=True):
+                if items:
+                    k = _queue_keys(queue)
+                    pipe.hmget(k[8], [i for i, _ in items])
+                    pipe.hmget(k[5], [i for i, _ in items])
+            read = iter(await pipe.execute())
+        found: list[list[tuple[float, ScoreCard, dict[str, dict[str, object]]]]] = []
+        for items in done:
+            cards, labels = (next(read), next(read)) if items else ([], [])
+            found.append([(float(at), ScoreCard.model_validate_json(card), orjson.loads(label))
+                          for (_, at), card, label in zip(items, cards, labels, strict=True)
+                          if card is not None and label is not None])
+        return found
+
     async def labelled_items(self, queue: ReviewQueue,
                              limit: int) -> list[tuple[ReviewItem, dict[str, dict[str, object]]]]:
         """Up to ``limit`` labelled items of the queue, oldest first, with their labels by reviewer

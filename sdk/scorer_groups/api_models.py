@@ -275,7 +275,7 @@ class Incident(ApiModel):
     id: str
     group_id: str
     project_id: str
-    reason: Literal["window_below", "coverage", "drift"]
+    reason: Literal["window_below", "coverage", "drift", "agreement"]
     state: Literal["open", "resolved"]
     opened_at: AwareDatetime
     resolved_at: AwareDatetime | None = None

@@ -80,8 +80,8 @@ class Rating(_AboutGroupResult):
     scored_at: datetime
 
 
-SignalReason = Literal["below_threshold", "no_score", "window_below", "coverage", "drift"]
-IncidentReason = Literal["window_below", "coverage", "drift"]
+SignalReason = Literal["below_threshold", "no_score", "window_below", "coverage", "drift", "agreement"]
+IncidentReason = Literal["window_below", "coverage", "drift", "agreement"]
 IncidentState = Literal["opened", "resolved"]
 
 
@@ -89,7 +89,7 @@ class Signal(_AboutGroupResult):
     """A group result that needs a person: its score below the alert threshold, or - at most
     once per group and interval - no score at all (``reason`` "no_score": a must-pass member
     could not score; ``justification`` names it and why). Or an incident of the group's level
-    opening or resolving (``reason`` window_below, coverage or drift, with ``state`` and
+    opening or resolving (``reason`` window_below, coverage, drift or agreement, with ``state`` and
     ``incidentId``; ``rating`` is the window's mean, and no one result is named)."""
 
     key: str

@@ -179,6 +179,14 @@ class OnlineProfile(WireModel):
                                      description="Drift: how many standard deviations below its learned "
                                                  "level the window's mean must drop.")
 
+    # Review queues (issue 55): people's labels check the judges; a judge that stops agreeing
+    # with them opens an incident (scoring.incidents, reason "agreement").
+    alert_min_agreement: float | None = Field(None, ge=0, le=1, exclude_if=lambda v: v is None,
+                                              description="Agreement: an incident when a judge member's "
+                                                          "Spearman correlation with people, over the "
+                                                          "group's last 50 labelled review items (10 at "
+                                                          "least), falls under it (0-1).")
+
     @model_validator(mode="after")
     def _alerts_fit(self) -> OnlineProfile:
         faults = []

@@ -10,7 +10,18 @@ from typing import Any
 import pytest
 from pydantic import ValidationError
 
-from scoring.incidents import MIN_LEARNED, Baseline, Watch, WindowStats, reasons, step, verdict
+from scoring.incidents import (
+    AGREEMENT_MIN_ITEMS,
+    MIN_LEARNED,
+    Baseline,
+    JudgeAgreement,
+    Watch,
+    WindowStats,
+    agreement_verdict,
+    reasons,
+    step,
+    verdict,
+)
 from scoring.models import OnlineProfile
 
 WINDOW_S = 900
@@ -30,6 +41,24 @@ def test_the_reasons_watched_follow_the_profile() -> None:
     assert reasons(profile()) == []
     assert reasons(profile(alertMode="window")) == ["window_below"]
     assert reasons(profile(alertMode="drift", alertNoScoreRate=0.2)) == ["drift", "coverage"]
+    assert reasons(profile(alertMinAgreement=0.5)) == ["agreement"]
+
+
+def test_agreement_is_judged_on_judges_with_enough_labelled_items_and_any_one_under_the_floor_is_bad() -> None:
+    p = profile(alertMinAgreement=0.5)
+    enough, few = AGREEMENT_MIN_ITEMS, AGREEMENT_MIN_ITEMS - 1
+    assert agreement_verdict(p, [JudgeAgreement("a", "A", 0.1, few)]) == "unknown", "too few labelled items"
+    assert agreement_verdict(p, [JudgeAgreement("a", "A", None, enough)]) == "unknown", "no figure (all alike)"
+    assert agreement_verdict(p, [JudgeAgreement("a", "A", 0.9, enough), JudgeAgreement("b", "B", 0.49, enough)]) == "bad"
+    assert agreement_verdict(p, [JudgeAgreement("a", "A", 0.5, enough), JudgeAgreement("b", "B", -1.0, few)]) == "good"
+    assert agreement_verdict(profile(), [JudgeAgreement("a", "A", -1.0, enough)]) == "unknown", "not watched"
+
+
+def test_a_watch_remembers_when_it_last_moved() -> None:
+    opened = step(Watch(), "bad", 100.0, 0, "i-1")
+    assert opened is not None and opened.watch.since == 100.0
+    resolved = step(opened.watch, "good", 160.0, 0, "i-1")
+    assert resolved is not None and resolved.watch.since == 160.0 and resolved.watch.incident_id is None
 
 
 def test_a_window_below_the_threshold_opens_once_and_resolves_a_whole_window_later() -> None:

@@ -11,6 +11,7 @@ const INCIDENT_REASONS = {
   window_below: "the window's mean fell below the threshold",
   coverage: "too many results without a score",
   drift: "the mean drifted below the learned level",
+  agreement: "a judge stopped agreeing with people's labels",
 };
 const INCIDENTS_RESOLVED_SHOWN = 20;
 const DRIFT_SIGMA = 3; // the API's default alertDriftSigma
