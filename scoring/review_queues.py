@@ -27,6 +27,7 @@ from scorer_groups.review_queues import (
     LiveAgreement,
     ReviewItem,
     ReviewLabel,
+    ReviewProgress,
     ReviewQueue,
 )
 from scorer_groups.runs import DatasetItem
@@ -123,6 +124,10 @@ class ReviewQueues:
 
         await self._store.write(change)
         await self._items.forget(deleted["queue"])
+
+    async def progress(self, queue_id: str) -> ReviewProgress:
+        queue = await self.get(queue_id)
+        return ReviewProgress(**await self._items.progress(queue, self._caller.key_id))
 
     async def add(self, queue_id: str, rating_ids: builtins.list[str], now: float,
                   group_id: str | None = None) -> AddedItems:

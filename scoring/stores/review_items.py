@@ -127,6 +127,7 @@ local labels = raw and cjson.decode(raw) or {}
 local who = holder(item, now)
 if labels[reviewer] == nil and who ~= reviewer then return {'not_held'} end
 local label = cjson.decode(ARGV[3])
+if labels[reviewer] == nil then redis.call('HINCRBY', KEYS[COUNTS], 'by:' .. reviewer, 1) end
 label['version'] = labels[reviewer] and (labels[reviewer]['version'] + 1) or 1
 labels[reviewer] = label
 redis.call('HSET', KEYS[LABELS], item, cjson.encode(labels))
@@ -269,6 +270,16 @@ class ReviewItems:
             open_now, counts = await pipe.execute()
         named = {(key.decode() if isinstance(key, bytes) else key): int(v) for key, v in counts.items()}
         return {"open": int(open_now), "taken": named.get("taken", 0), "turnedAway": named.get("turnedAway", 0)}
+
+    async def progress(self, queue: ReviewQueue, reviewer_key: str) -> dict[str, int]:
+        """A reviewer's view of the queue: open items now, items done, items this key labelled."""
+        k = _queue_keys(queue)
+        async with self._redis.pipeline(transaction=False) as pipe:
+            pipe.zcard(k[1])
+            pipe.zcard(k[6])
+            pipe.hget(k[3], f"by:{reviewer_key}")
+            open_now, done, mine = await pipe.execute()
+        return {"open": int(open_now), "done": int(done), "mine": int(mine or 0)}
 
     async def forget(self, queue: ReviewQueue) -> None:
         """A deleted queue's items, labels and outbox go with it (its labels are on the topic)."""

@@ -32,7 +32,15 @@ from scorer_groups.api_models import (
 from scorer_groups.backfills import BackfillBar, Deadline, When, backfill_body
 from scorer_groups.evaluations_async import AsyncDatasets, AsyncEvaluations
 from scorer_groups.models import Budget, CustomEvaluator, Judge, Pattern, ScorerGroup, WireModel
-from scorer_groups.review_queues import AddedItems, ItemPage, ItemView, Labelled, LiveAgreement, ReviewQueue
+from scorer_groups.review_queues import (
+    AddedItems,
+    ItemPage,
+    ItemView,
+    Labelled,
+    LiveAgreement,
+    ReviewProgress,
+    ReviewQueue,
+)
 from scorer_groups.runs import Dataset
 
 S = TypeVar("S", bound=WireModel)
@@ -297,6 +305,10 @@ class ReviewQueues:
     async def calls(self, item_id: str) -> builtins.list[JudgeCallRecord]:
         """The judge calls behind an item's result (while the group's latest results keep them)."""
         return await self._t.run(calls.item_calls(item_id))
+
+    async def progress(self, id: str) -> ReviewProgress:
+        """Where this key stands: open items now, items done, items it labelled."""
+        return await self._t.run(calls.queue_progress(id))
 
     async def next(self, id: str) -> ItemView | None:
         """Reserve the next item for this key (or the one it holds); None when there is none."""

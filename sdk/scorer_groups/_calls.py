@@ -30,7 +30,15 @@ from scorer_groups.api_models import (
 )
 from scorer_groups.errors import ApiError, error_for
 from scorer_groups.models import Budget, CustomEvaluator, Judge, Pattern, ScorerGroup, WireModel
-from scorer_groups.review_queues import AddedItems, ItemPage, ItemView, Labelled, LiveAgreement, ReviewQueue
+from scorer_groups.review_queues import (
+    AddedItems,
+    ItemPage,
+    ItemView,
+    Labelled,
+    LiveAgreement,
+    ReviewProgress,
+    ReviewQueue,
+)
 from scorer_groups.runs import Dataset
 
 T = TypeVar("T")
@@ -289,6 +297,10 @@ def add_items(queue_id: str, rating_ids: Sequence[str], group_id: str | None) ->
 
 def item_calls(item_id: str) -> Call[builtins.list[JudgeCallRecord]]:
     return Call("GET", f"/v1/review-items/{_id(item_id)}/calls", _model(builtins.list[JudgeCallRecord]))
+
+
+def queue_progress(queue_id: str) -> Call[ReviewProgress]:
+    return Call("GET", f"/v1/review-queues/{_id(queue_id)}/progress", _model(ReviewProgress))
 
 
 def next_item(queue_id: str) -> Call[ItemView | None]:

@@ -199,6 +199,15 @@ class QueueCounts(WireModel):
     turned_away: int  # results its rule took while it held its capacity of open items
 
 
+class ReviewProgress(WireModel):
+    """``GET /v1/review-queues/{id}/progress``: where a reviewer stands - open items now, items
+    done (all their labels given) and kept, and the items this key labelled in the queue."""
+
+    open: int
+    done: int
+    mine: int
+
+
 class ItemPage(Document):
     """``GET /v1/review-queues/{id}/items``: a page of items (open, oldest first; or all, newest
     first) with the queue's counts."""

@@ -1,7 +1,8 @@
 """The console: ``/console``, a browser page for the people who own groups (their groups, each
 group's incidents, ratings chart - with the level drift alerts judge against - recent results
 with the members' verdicts, its backfills, the playground, creating and editing groups, dataset
-runs, the judge templates checked against their labelled examples). Static files shipped in the
+runs, the judge templates checked against their labelled examples, the review of live results
+- keyboard first, with a reviewer key alone). Static files shipped in the
 package (``worker/api/console/``): no build chain, nothing to install but the package.
 
 The page calls the same HTTP API as the SDK with the user's API key, which it keeps in the tab's
@@ -25,6 +26,7 @@ FILES = {"console.js": "text/javascript; charset=utf-8", "filters.js": "text/jav
          "backfills.js": "text/javascript; charset=utf-8", "incidents.js": "text/javascript; charset=utf-8",
          "runs.js": "text/javascript; charset=utf-8",
          "calls.js": "text/javascript; charset=utf-8", "templates.js": "text/javascript; charset=utf-8",
+         "reviews.js": "text/javascript; charset=utf-8",
          "console.css": "text/css; charset=utf-8"}
 HEADERS = {
     "Content-Security-Policy": ("default-src 'none'; script-src 'self'; style-src 'self'; connect-src 'self'; "

@@ -19,6 +19,7 @@ from scorer_groups.review_queues import (
     LiveAgreement,
     QueueCounts,
     ReviewOrigin,
+    ReviewProgress,
     ReviewQueue,
 )
 from scorer_groups.runs import Dataset
@@ -144,6 +145,12 @@ async def add_items(queue_id: QueueId, body: AddItems, surface: Queues) -> Added
     results - the console's results list): reason "added". They carry the verdicts and the judge
     calls the results list keeps, not the trace's texts. Adding a result again changes nothing."""
     return await surface.add(queue_id, body.rating_ids, time.time(), group_id=body.group_id)
+
+
+@router.get("/review-queues/{id}/progress", response_model=ReviewProgress, openapi_extra=for_reviewers())
+async def queue_progress(queue_id: QueueId, surface: Queues) -> ReviewProgress:
+    """Where this key stands in the queue: open items now, items done, items it labelled."""
+    return await surface.progress(queue_id)
 
 
 @router.post("/review-queues/{id}/next", response_model=ItemView, openapi_extra=for_reviewers(),

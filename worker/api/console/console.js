@@ -8,6 +8,7 @@
 "use strict";
 
 const KEY = "sgw-api-key";
+const ROLE = "sgw-api-key-role"; // "reviewer" for a key that may only review (reviews.js)
 const TRACE_URL = "sgw-trace-url-template"; // e.g. https://observability.example/traces/{traceId}
 const WINDOWS = ["1h", "24h", "7d", "30d"];
 
@@ -67,6 +68,7 @@ async function api(method, path, body) {
 function failure(error) {
   if (error instanceof ApiError && error.status === 401) {
     sessionStorage.removeItem(KEY);
+    sessionStorage.removeItem(ROLE);
     location.hash = "#/";
   }
   return el("p", { class: "error", role: "alert" }, error.message);
@@ -82,11 +84,20 @@ function signIn() {
     onsubmit: async (event) => {
       event.preventDefault();
       sessionStorage.setItem(KEY, input.value.trim());
+      sessionStorage.removeItem(ROLE);
       try {
-        await api("GET", "/v1/scorer-groups?limit=1");
+        try {
+          await api("GET", "/v1/scorer-groups?limit=1");
+        } catch (error) {
+          if (error.status !== 403) throw error;
+          await api("GET", "/v1/review-queues?limit=1"); // a reviewer key: it may review, nothing else
+          sessionStorage.setItem(ROLE, "reviewer");
+          location.hash = "#/reviews";
+        }
         route();
       } catch (error) {
         sessionStorage.removeItem(KEY);
+        sessionStorage.removeItem(ROLE);
         message.textContent = error.status === 401 ? "That API key is unknown or revoked." : error.message;
       }
     },
@@ -146,12 +157,14 @@ async function groupPage(groupId) {
   const results = el("div", { id: "results" });
   const backfills = el("div", { id: "backfills" });
   const incidents = el("div", { id: "incidents" });
+  const agreement = el("div", { id: "live-agreement" });
   show(
     el("section", {}, el("h1", { id: "group-title" }, group.name),
       el("p", { class: "muted" }, profileText(group.online), group.gatesFirst ? " - gates first" : ""),
       group.description ? el("p", {}, group.description) : null),
     el("section", {}, el("h2", {}, "Incidents"), incidents),
     el("section", {}, el("h2", {}, "Ratings"), chart),
+    el("section", {}, el("h2", {}, "Agreement with people"), agreement),
     el("section", {}, el("h2", {}, "Recent results"), results),
     el("section", {}, el("h2", {}, "Backfills"), backfills),
     el("section", {}, el("h2", {}, "Compare with another group"), compareView(group)),
@@ -161,6 +174,25 @@ async function groupPage(groupId) {
   listResults(results, group);
   listBackfills(backfills, group);
   listIncidents(incidents, group);
+  showAgreement(agreement, group);
+}
+
+// The judges against people's labels in the review queues watching the group (reviews.js), with
+// the dataset runs' figures (runs.js: agreementView).
+async function showAgreement(container, group) {
+  try {
+    const live = await api("GET", `/v1/scorer-groups/${encodeURIComponent(group.id)}/agreement`);
+    const people = live.reviewers;
+    container.replaceChildren(
+      live.agreement ? agreementView(live.agreement)
+        : el("p", { class: "muted" }, "No labelled review items yet: a review queue watching this group, and people " +
+             "labelling its items, measure its judges here."),
+      people ? el("p", { id: "reviewers-agreement" }, `Reviewers with each other, over ${people.items} items labelled ` +
+                  `twice: Spearman ${fmt(people.spearman)}, kappa ${fmt(people.kappa)}, MAE ${fmt(people.meanAbsoluteError)}.`)
+        : null);
+  } catch (error) {
+    container.replaceChildren(failure(error));
+  }
 }
 
 async function drawChart(container, group, window) {
@@ -544,9 +576,14 @@ function settingsPage() {
 
 function route() {
   const signedIn = !!sessionStorage.getItem(KEY);
+  const reviewer = sessionStorage.getItem(ROLE) === "reviewer";
   document.getElementById("nav").hidden = !signedIn;
+  for (const link of document.querySelectorAll("#nav a:not(.for-reviewers)")) link.hidden = reviewer;
+  review = null; // reviews.js: its keys act on its own page only
   if (!signedIn) return signIn();
   const [, page, id] = location.hash.replace(/^#/, "").split("/");
+  if (page === "reviews" && id) return reviewPage(decodeURIComponent(id)); // reviews.js
+  if (page === "reviews" || reviewer) return reviewsPage();
   if (page === "groups" && id) return groupPage(decodeURIComponent(id));
   if (page === "new") return newGroupPage();
   if (page === "runs" && id) return runPage(decodeURIComponent(id)); // runs.js, as runsPage
@@ -560,6 +597,7 @@ window.addEventListener("hashchange", route);
 document.addEventListener("DOMContentLoaded", () => {
   document.getElementById("sign-out").addEventListener("click", () => {
     sessionStorage.removeItem(KEY);
+    sessionStorage.removeItem(ROLE);
     location.hash = "#/";
     route();
   });
