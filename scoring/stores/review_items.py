@@ -28,7 +28,7 @@ import orjson
 from scorer_groups.review_queues import ReviewItem, ReviewQueue, ScoreCard
 from scoring.review_rules import KeptItem
 from scoring.stores import keys
-from scoring.stores.client import RedisClient
+from scoring.stores.client import RedisClient, on_a_replica, one_connection
 from scoring.stores.scripts import ScriptPipeline
 
 DAY_S = 86_400
@@ -214,6 +214,7 @@ class ReviewItems:
     # answers none for now.
     NEXT_SCAN = 2_000
     CHUNK = 500  # items read at a time (exports, agreement)
+    REPLICA_WAIT_MS = 2_000  # how long a label waits for a replica to hold it before it is refused (503)
 
     def __init__(self, redis: RedisClient) -> None:
         self._redis = redis
@@ -299,8 +300,12 @@ class ReviewItems:
     async def label(self, queue: ReviewQueue, item_id: str, reviewer_key: str, label: bytes,
                     now: float) -> Labelled:
         """Keep ``label`` (JSON) as ``reviewer_key``'s label of the item; raises ``LabelRefused``."""
-        reply = await self._label(keys=_queue_keys(queue), args=[item_id, reviewer_key, label,
-                                                                  queue.reviewers_per_item, now, _keep(queue)])
+        names = _queue_keys(queue)
+        async with one_connection(self._redis, names[0]) as connection:  # the label, then a replica has it
+            reply = await self._label(keys=names, args=[item_id, reviewer_key, label, queue.reviewers_per_item, now,
+                                                        _keep(queue)], client=connection)
+            if reply[0] in (b"ok", "ok"):
+                await on_a_replica(connection, self.REPLICA_WAIT_MS)
         status = reply[0].decode() if isinstance(reply[0], bytes) else reply[0]
         if status != "ok":
             raise LabelRefused(status)

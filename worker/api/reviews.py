@@ -33,6 +33,7 @@ from worker.api.door import for_reviewers
 from worker.api.evaluations import QUOTA_REFUSED, quotas_of
 from worker.api.groups import GroupId, IfMatch
 from worker.api.pages import Cursor, Limit, OffsetCursor, Page, page
+from worker.api.problems import Problem
 
 router = APIRouter(prefix="/v1", tags=["review queues"])
 QueueId = Annotated[str, Path(alias="id", max_length=128, pattern=ID_PATTERN)]
@@ -178,9 +179,12 @@ async def item_calls(item_id: ItemId, surface: Queues) -> list[JudgeCallRecord]:
     return await surface.calls(item_id)
 
 
-@router.put("/review-items/{id}/labels/me", response_model=Labelled, openapi_extra=for_reviewers())
+@router.put("/review-items/{id}/labels/me", response_model=Labelled, openapi_extra=for_reviewers(),
+            responses={503: {"model": Problem, "description": "No Redis replica acknowledged the label in time: "
+                                                               "it is not promised kept; send it again."}})
 async def label_item(item_id: ItemId, body: LabelBody, surface: Queues) -> Labelled:
-    """This key's label of an item it holds - or its label changed, while the item is open."""
+    """This key's label of an item it holds - or its label changed, while the item is open.
+    Answered once a Redis replica holds it too (where there are replicas)."""
     label, done = await surface.label(item_id, body, time.time())
     return Labelled(label=label, done=done)
 
