@@ -101,6 +101,9 @@ class ReviewQueues:
             assert isinstance(stored, ReviewQueue)
             doc = stored.stored()
             for key, value in fields.items():
+                if value is None:  # a null puts the field's default back (or names a required one)
+                    doc.pop(key, None)
+                    continue
                 if key == "rule" and isinstance(value, Mapping):  # key by key; a null puts its default back
                     value = {k: v for k, v in {**stored.rule.wire(), **value}.items() if v is not None}
                 doc[key] = value
@@ -161,11 +164,11 @@ class ReviewQueues:
 
     # --- the review: a reviewer takes the next item and labels it ------------------------------
 
-    async def next(self, queue_id: str, now: float) -> ItemView | None:
+    async def next(self, queue_id: str) -> ItemView | None:
         """Reserve for the caller the item they hold, else the oldest open item nobody else holds
         that they have not labelled; None when there is none for them now."""
         queue = await self.get(queue_id)
-        found = await self._items.next(queue, self._caller.key_id, now)
+        found = await self._items.next(queue, self._caller.key_id)  # the server's clock
         if found is None:
             return None
         view = await self.view(found[0])
@@ -215,7 +218,7 @@ class ReviewQueues:
                             rating=body.rating, members=body.members, comment=body.comment,
                             labelled_at=datetime.fromtimestamp(now, UTC))
         try:
-            done = await self._items.label(queue, item_id, self._caller.key_id, label.to_json(), now)
+            done = await self._items.label(queue, item_id, self._caller.key_id, label.to_json())
         except LabelRefused as refused:
             if refused.why == "missing":  # gone since it was read (past keepDays)
                 raise NotFound(f"no review item with id {item_id!r}") from None

@@ -18,6 +18,7 @@ deletes them (``forget``).
 
 from __future__ import annotations
 
+import time
 from collections import defaultdict
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -40,6 +41,13 @@ _KEYS = """
 local ITEMS, OPEN, CREATED, COUNTS, HELD, LABELS, DONE, OUTBOX, SCORES, LABELLED = 1, 2, 3, 4, 5, 6, 7, 8, 9, 10
 local function keep_all(keep)
   for k = 1, 10 do redis.call('EXPIRE', KEYS[k], keep) end
+end
+-- The time a reservation is judged by: the caller's ("" for the server's own clock, one clock
+-- for every API process whatever theirs say).
+local function clock(given)
+  if given ~= '' then return tonumber(given) end
+  local t = redis.call('TIME')
+  return tonumber(t[1]) + tonumber(t[2]) / 1000000
 end
 """
 
@@ -69,8 +77,9 @@ for i = 4, #ARGV, 3 do
     else
       redis.call('HSET', KEYS[ITEMS], id, ARGV[i + 1])
       redis.call('HSET', KEYS[SCORES], id, ARGV[i + 2])
-      redis.call('ZADD', KEYS[OPEN], now, id)
-      redis.call('ZADD', KEYS[CREATED], now, id)
+      -- a microsecond apart: the items of one call are handed out in the order they came
+      redis.call('ZADD', KEYS[OPEN], now + taken / 1000000, id)
+      redis.call('ZADD', KEYS[CREATED], now + taken / 1000000, id)
       taken = taken + 1
     end
   end
@@ -93,33 +102,43 @@ local function holder(id, now)
 end
 """
 
-# ARGV: reviewer key, now, reservation seconds, how many open items to look through, keep seconds.
-# The item this reviewer holds (again), else the oldest open item nobody holds that they have not
-# labelled, reserved now: {id, until}; or false.
+# ARGV: reviewer key, now ("": the server's), reservation seconds, how many open items to look
+# through, keep seconds, reviewers per item. The item this reviewer holds (again), else the oldest
+# open item nobody holds that they have not labelled, reserved now: {id, until}; or false. An open
+# item that has its reviewers per item already (the queue asked for fewer since) is done on the way.
 _NEXT = _KEYS + _HOLDER + """
-local reviewer, now = ARGV[1], tonumber(ARGV[2])
+local reviewer, now = ARGV[1], clock(ARGV[2])
 local mine = redis.call('HGET', KEYS[HELD], 'by:' .. reviewer)
 if mine and redis.call('ZSCORE', KEYS[OPEN], mine) then
   local who, untl = holder(mine, now)
   if who == reviewer then return {mine, tostring(untl)} end
 end
+local wanted = tonumber(ARGV[6])
 for _, id in ipairs(redis.call('ZRANGE', KEYS[OPEN], 0, tonumber(ARGV[4]) - 1)) do
   if not holder(id, now) and redis.call('SISMEMBER', KEYS[LABELLED], reviewer .. '\t' .. id) == 0 then
+    local raw, count = redis.call('HGET', KEYS[LABELS], id), 0
+    if raw then for _ in pairs(cjson.decode(raw)) do count = count + 1 end end
+    if count >= wanted then
+      redis.call('ZREM', KEYS[OPEN], id)
+      redis.call('ZADD', KEYS[DONE], now, id)
+      redis.call('HDEL', KEYS[HELD], id)
+    else
     local untl = now + tonumber(ARGV[3])
     redis.call('HSET', KEYS[HELD], id, reviewer .. '\t' .. untl, 'by:' .. reviewer, id)
     keep_all(tonumber(ARGV[5]))
     return {id, tostring(untl)}
+    end
   end
 end
 return false
 """
 
-# ARGV: item, reviewer key, label (JSON), reviewers per item, now, keep seconds. A reviewer labels
+# ARGV: item, reviewer key, label (JSON), reviewers per item, now ("": the server's), keep seconds. A reviewer labels
 # an item they hold, or changes their label while it is open - the version also goes to the
 # labels' outbox, in the same script: {"ok", labels now, version, 1 when the item is done by it};
 # else {"missing"}, {"done"}, {"not_held"}.
 _LABEL = _KEYS + _HOLDER + """
-local item, reviewer, now = ARGV[1], ARGV[2], tonumber(ARGV[5])
+local item, reviewer, now = ARGV[1], ARGV[2], clock(ARGV[5])
 if redis.call('HEXISTS', KEYS[ITEMS], item) == 0 then return {'missing'} end
 if redis.call('ZSCORE', KEYS[DONE], item) then return {'done'} end
 local raw = redis.call('HGET', KEYS[LABELS], item)
@@ -287,29 +306,33 @@ class ReviewItems:
         await self._redis.delete(*_queue_keys(queue))
         await self._redis.zrem(keys.REVIEW_LABELS_PENDING, pending_member(queue))
 
-    async def next(self, queue: ReviewQueue, reviewer_key: str, now: float) -> tuple[str, float] | None:
+    async def next(self, queue: ReviewQueue, reviewer_key: str, now: float | None = None) -> tuple[str, float] | None:
         """Reserve for ``reviewer_key`` the item they hold, else the oldest open item nobody else
-        holds that they have not labelled: (its id, until when); None when there is none."""
-        found = await self._next(keys=_queue_keys(queue), args=[reviewer_key, now, queue.reservation_seconds,
-                                                                 self.NEXT_SCAN, _keep(queue)])
+        holds that they have not labelled: (its id, until when); None when there is none. ``now``:
+        the server's clock by default (one clock for every API process)."""
+        found = await self._next(keys=_queue_keys(queue), args=[reviewer_key, "" if now is None else now,
+                                                                 queue.reservation_seconds, self.NEXT_SCAN,
+                                                                 _keep(queue), queue.reviewers_per_item])
         if not found:
             return None
         item_id, until = found
         return (item_id.decode() if isinstance(item_id, bytes) else item_id), float(until)
 
     async def label(self, queue: ReviewQueue, item_id: str, reviewer_key: str, label: bytes,
-                    now: float) -> Labelled:
-        """Keep ``label`` (JSON) as ``reviewer_key``'s label of the item; raises ``LabelRefused``."""
+                    now: float | None = None) -> Labelled:
+        """Keep ``label`` (JSON) as ``reviewer_key``'s label of the item; raises ``LabelRefused``.
+        ``now``: the server's clock by default, as ``next``'s."""
         names = _queue_keys(queue)
         async with one_connection(self._redis, names[0]) as connection:  # the label, then a replica has it
-            reply = await self._label(keys=names, args=[item_id, reviewer_key, label, queue.reviewers_per_item, now,
-                                                        _keep(queue)], client=connection)
+            reply = await self._label(keys=names, args=[item_id, reviewer_key, label, queue.reviewers_per_item,
+                                                        "" if now is None else now, _keep(queue)], client=connection)
             if reply[0] in (b"ok", "ok"):
                 await on_a_replica(connection, self.REPLICA_WAIT_MS)
         status = reply[0].decode() if isinstance(reply[0], bytes) else reply[0]
         if status != "ok":
             raise LabelRefused(status)
-        await self._redis.zadd(keys.REVIEW_LABELS_PENDING, {pending_member(queue): now})  # the exporter's cue
+        await self._redis.zadd(keys.REVIEW_LABELS_PENDING,  # the exporter's cue
+                               {pending_member(queue): time.time() if now is None else now})
         return Labelled(int(reply[1]), int(reply[2]), bool(int(reply[3])))
 
     async def view(self, queue: ReviewQueue, item_id: str) -> tuple[ReviewItem, bool, dict[str, dict[str, object]],

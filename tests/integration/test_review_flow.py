@@ -233,3 +233,30 @@ def test_a_reviewer_key_belongs_to_a_project(redis_databases: RedisDatabases) ->
         create_key(url, "--project", "p-x", "--role", "reviewer", "--name", "rev")
         listed = cli(url, "keys", "list").stdout
         assert "reviewer" in listed and "rev" in listed
+
+
+async def test_fewer_reviewers_per_item_closes_the_items_that_have_enough_labels(api: tuple[ApiProcess, Keys]) -> None:
+    process, keys = api
+    with client(process, keys.admin) as admin:
+        queue = a_queue(admin, reviewersPerItem=2)
+    ids = await fill(process, queue, 2)
+    with client(process, keys.ann) as ann, client(process, keys.bob) as bob, client(process, keys.admin) as admin:
+        assert ann.post(f"/v1/review-queues/{queue.id}/next").json()["item"]["id"] == ids[0]
+        assert ann.put(f"/v1/review-items/{ids[0]}/labels/me", json={"rating": 6}).json()["done"] is False
+        lowered = admin.patch(f"/v1/review-queues/{queue.id}", json={"reviewersPerItem": 1})
+        assert lowered.status_code == 200, lowered.text
+        # One label is all the queue asks for now: bob is not handed ann's item for a second.
+        assert bob.post(f"/v1/review-queues/{queue.id}/next").json()["item"]["id"] == ids[1]
+        assert admin.get(f"/v1/review-items/{ids[0]}").json()["state"] == "done"
+        assert admin.get(f"/v1/review-queues/{queue.id}/items").json()["counts"]["open"] == 1
+
+
+def test_a_null_in_a_queue_patch_puts_the_default_back(api: tuple[ApiProcess, Keys]) -> None:
+    process, keys = api
+    with client(process, keys.admin) as admin:
+        queue = a_queue(admin, capacity=5, reservationSeconds=60)
+        reset = admin.patch(f"/v1/review-queues/{queue.id}", json={"capacity": None, "reservationSeconds": None})
+        assert reset.status_code == 200, reset.text
+        assert (reset.json()["capacity"], reset.json()["reservationSeconds"]) == (1000, 600)
+        required = admin.patch(f"/v1/review-queues/{queue.id}", json={"name": None})
+        assert required.status_code == 400 and "name" in required.text, required.text

@@ -160,7 +160,7 @@ async def next_item(queue_id: QueueId, surface: Queues) -> Any:
     """Reserve for this key the oldest open item nobody else holds that it has not labelled
     (``reservationSeconds``; the item goes back when that runs out) - or the item it already
     holds: asking again takes no second item."""
-    view = await surface.next(queue_id, time.time())
+    view = await surface.next(queue_id)
     return Response(status_code=204) if view is None else view
 
 
