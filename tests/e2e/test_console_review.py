@@ -208,3 +208,22 @@ def test_the_groups_page_shows_the_judges_agreement_with_people(browser: Any, en
     wait_for(browser, "#live-agreement #agreement-summary")
     assert live["labelledItems"] >= 1
     assert f"{live['agreement']['labelledRows']} rows carry a human verdict" in text_of(browser, "#agreement-summary")
+
+
+def test_a_result_is_put_in_a_queue_from_the_groups_results(browser: Any, env: Env) -> None:
+    with env.process.client(env.admin) as http:
+        made = http.post("/v1/review-queues", json={"name": "By hand", "groupIds": [env.group["id"]],
+                                                    "rule": {"below": True}})
+        assert made.status_code == 201, made.text
+    queue = made.json()["id"]
+    console_browser.sign_in_at(browser, env.process.url, env.admin)
+    browser.get(f"{env.process.url}/console#/groups/{env.group['id']}")
+    (result,) = wait_for(browser, "#results .result[data-rating='r-1']")
+    Select = pytest.importorskip("selenium.webdriver.support.ui").Select
+    Select(result.find_element(By.CSS_SELECTOR, "select.add-to-queue")).select_by_value(queue)
+    result.find_element(By.CSS_SELECTOR, "button.add-to-queue-button").click()
+    wait_text(browser, "#results .result[data-rating='r-1'] .add-to-queue-said", "added")
+    result.find_element(By.CSS_SELECTOR, "button.add-to-queue-button").click()
+    wait_text(browser, "#results .result[data-rating='r-1'] .add-to-queue-said", "already there")
+    items = env.get(f"/v1/review-queues/{queue}/items")["items"]
+    assert [(i["ratingId"], i["reason"]) for i in items] == [("r-1", "added")]

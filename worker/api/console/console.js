@@ -282,7 +282,7 @@ function membersTable(members, action) {
       el("td", {}, m.detail || ""), action ? el("td", {}, action(m)) : null))));
 }
 
-function resultView(rating) {
+function resultView(rating, queues = []) {
   const body = el("div", { class: "result-body" });
   const groupView = () => el("p", { class: "justification" }, rating.justification);
   const switcher = el("div", { class: "tabs", role: "group", "aria-label": "Group score or judge scores" });
@@ -304,7 +304,8 @@ function resultView(rating) {
       traceLink(rating.traceId) || (rating.sessionId ? el("code", {}, `session ${rating.sessionId}`) : null),
       rating.spanId ? el("span", { class: "span-name", "data-span": rating.spanId },
                          `step "${rating.spanName || ""}" (span ${rating.spanId})`) : null,
-      el("span", { class: "muted" }, new Date(rating.scoredAt).toLocaleString()), switcher),
+      el("span", { class: "muted" }, new Date(rating.scoredAt).toLocaleString()), switcher,
+      queues.length ? addToQueue(rating, queues) : null), // reviews.js
     body);
 }
 
@@ -312,8 +313,10 @@ async function listResults(container, group, below = false) {
   const toggle = el("label", {}, el("input", { type: "checkbox", id: "below-only", checked: below,
     onchange: (event) => listResults(container, group, event.currentTarget.checked) }), " only below the threshold");
   try {
-    const page = await api("GET", `/v1/scorer-groups/${encodeURIComponent(group.id)}/results?limit=20&below=${below}`);
-    container.replaceChildren(toggle, ...(page.items.length ? page.items.map(resultView)
+    const [page, queues] = await Promise.all([
+      api("GET", `/v1/scorer-groups/${encodeURIComponent(group.id)}/results?limit=20&below=${below}`),
+      queuesWatching(group)]);
+    container.replaceChildren(toggle, ...(page.items.length ? page.items.map((r) => resultView(r, queues))
                                          : [el("p", { class: "muted" }, "No results yet.")]));
   } catch (error) {
     container.replaceChildren(toggle, failure(error));

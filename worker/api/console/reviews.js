@@ -1,6 +1,6 @@
 // Review: people check the judges on live traffic (issue 55). The queues of the key's project
-// (#/reviews), and one queue's review (#/reviews/<queue id>), made for a person labelling a
-// hundred items in a row - keyboard first:
+// (#/reviews), a result put in a queue by hand from a group's results, and one queue's review
+// (#/reviews/<queue id>), made for a person labelling a hundred items in a row - keyboard first:
 //
 //   0-9       the rating (1 then 0 within a moment: 10)
 //   j k, ↓ ↑  choose a member          a / d   agree / disagree with the chosen member
@@ -48,6 +48,36 @@ function ruleText(rule) {
   if (rule.disagreement !== null && rule.disagreement !== undefined) parts.push(`members ${rule.disagreement} apart`);
   if (rule.sampleRate !== null && rule.sampleRate !== undefined) parts.push(`${+(rule.sampleRate * 100).toFixed(2)}% sample`);
   return parts.join(", ");
+}
+
+// --- a result put in a queue by hand (the group page's results list) ---------------------------
+
+async function queuesWatching(group) {
+  try {
+    return (await api("GET", "/v1/review-queues?limit=200")).items.filter((q) => q.groupIds.includes(group.id));
+  } catch (_) {
+    return []; // the results still show
+  }
+}
+
+function addToQueue(rating, queues) {
+  const select = el("select", { class: "add-to-queue", "aria-label": "Review queue" },
+    queues.map((q) => el("option", { value: q.id }, q.name)));
+  const said = el("span", { class: "muted add-to-queue-said", role: "status" });
+  const button = el("button", { type: "button", class: "add-to-queue-button" }, "Add to review");
+  button.addEventListener("click", async () => {
+    button.disabled = true;
+    try {
+      const added = await api("POST", `/v1/review-queues/${encodeURIComponent(select.value)}/items`,
+                              { ratingIds: [rating.id], groupId: rating.groupId });
+      said.textContent = added.added ? "added" : added.already ? "already there" : added.turnedAway
+        ? "the queue is full" : "no longer kept";
+    } catch (error) {
+      said.replaceChildren(failure(error));
+    }
+    button.disabled = false;
+  });
+  return el("span", { class: "add-to-queue-control" }, select, button, said);
 }
 
 // --- one queue's review --------------------------------------------------------------------
