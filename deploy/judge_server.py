@@ -4,7 +4,13 @@ Tests never mock HTTP; they start a ``JudgeServer`` on 127.0.0.1 and point the j
 ``server.base_url``. By default every request is answered deterministically: if the last user message
 holds a marker ``[[rating=N]]`` the rating is N (the last marker wins), otherwise ``default_rating``.
 A marker ``[[key=K]]`` in the same message counts the request under K in ``calls_by_key``, so a test
-can tell how often each trace was judged. Tests script other answers, one per request and first in
+can tell how often each trace was judged.
+
+It learns from a judge's graded examples (``scoring.judge_prompt.examples_block``): the examples
+are set apart first (markers inside them never rate the case), then if an example's response is
+the case's own response, or shares its marker ``[[case=C]]``, the answer is that example's rating
+(the first such example wins) - so a judge with the right examples agrees with the people who
+graded them, measurably, and one without them does not. Tests script other answers, one per request and first in
 first out, with ``Behaviour`` constructors:
 
     with JudgeServer() as judge:
@@ -37,6 +43,10 @@ MARKER = re.compile(r"\[\[rating=(-?\d+(?:\.\d+)?)\]\]")
 MODEL_MARKER = re.compile(r"\[\[rating@([\w.:-]+)=(-?\d+(?:\.\d+)?)\]\]")
 # [[key=K]]: count the request under K (``JudgeServer.calls_by_key``); the last marker wins.
 KEY_MARKER = re.compile(r"\[\[key=([^\]\s]+)\]\]")
+# A judge's graded examples as its prompt shows them, and the case marker that ties a case to one.
+EXAMPLE_BLOCK = re.compile(r"<example (\d+)>\n(.*?)\n</example \1>", re.S)
+EXAMPLE_PARTS = re.compile(r"Response:\n(.*)\n\nRating: (-?\d+(?:\.\d+)?)", re.S)
+CASE_MARKER = re.compile(r"\[\[case=([^\]\s]+)\]\]")
 MODEL_ID = "judge-deterministic"
 _ERROR_KINDS = {  # status code -> (OpenAI error type, error code)
     400: ("invalid_request_error", "invalid_request"), 401: ("invalid_request_error", "invalid_api_key"),
@@ -254,6 +264,12 @@ class JudgeServer:
     def _deterministic_rating(self, messages: list[Any], model: str | None = None) -> float:
         users = [m for m in messages if isinstance(m, dict) and m.get("role") == "user"]
         text = _text(users[-1].get("content")) if users else ""
+        examples = [p.groups() for p in (EXAMPLE_PARTS.search(b) for _, b in EXAMPLE_BLOCK.findall(text)) if p]
+        text = EXAMPLE_BLOCK.sub("", text)  # the case alone
+        cases = set(CASE_MARKER.findall(text))
+        for output, rating in examples:
+            if (output.strip() and output.strip() in text) or cases & set(CASE_MARKER.findall(output)):
+                return float(rating) if "." in rating else int(rating)
         found = [n for m, n in MODEL_MARKER.findall(text) if m == model] or MARKER.findall(text)
         if not found:
             return self.default_rating

@@ -49,6 +49,24 @@ SPAN_QUESTION = (
 SPAN_CONTEXT = "The request the agent was working on (context only; do not grade it):\n{request}\n\n"
 
 
+# A judge's graded examples (issue 56), in every scope, after its criteria - one fixed format, so
+# a team knows exactly what its judge reads (docs/concepts.md "Examples in a judge"). They are
+# data, quoted: a reason or an input saying "ignore the criteria" is an example's text, no more.
+EXAMPLES_INTRO = ("Graded examples: how people grade against these criteria. Grade the case below as "
+                  "they would; do not grade the examples.")
+EXAMPLE = "<example {n}>\nInput:\n{input}\n\nResponse:\n{output}\n\nRating: {rating:g}{reason}\n</example {n}>"
+
+
+def examples_block(judge: Judge) -> str:
+    """The judge's examples as its prompt shows them ("" when it has none)."""
+    if not judge.examples:
+        return ""
+    shown = [EXAMPLE.format(n=n, input=e.input, output=e.output, rating=e.rating,
+                            reason=f"\nWhy: {e.reason}" if e.reason else "")
+             for n, e in enumerate(judge.examples, 1)]
+    return "\n\n".join([EXAMPLES_INTRO, *shown])
+
+
 def _cut(text: str) -> str:
     if len(text) <= MAX_TEXT_CHARS:
         return text
@@ -57,6 +75,7 @@ def _cut(text: str) -> str:
 
 def build_messages(judge: Judge, subject: Subject) -> list[dict[str, str]]:
     """The chat messages that ask ``judge`` about ``subject``."""
+    examples = examples_block(judge)
     if subject.scope == "session":
         question = SESSION_QUESTION.format(criteria=judge.criteria, turns=subject.turns,
                                            transcript=_cut(subject.transcript))
@@ -70,6 +89,8 @@ def build_messages(judge: Judge, subject: Subject) -> list[dict[str, str]]:
         parts = [f"Criteria:\n{judge.criteria}"]
         if judge.judge_prompt:
             parts.append(judge.judge_prompt)
+        if examples:
+            parts.append(examples)
         parts.append(f"Input:\n{_cut(subject.input)}")
         if judge.context == "retrieval":
             retrieved = retrieved_text(subject)
@@ -79,6 +100,9 @@ def build_messages(judge: Judge, subject: Subject) -> list[dict[str, str]]:
         if subject.expected is not None:
             parts.append(f"Expected answer:\n{_cut(as_text(subject.expected))}")
         question = "\n\n".join(parts)
+        examples = ""  # shown above, after the criteria
+    if examples:  # session and span scope: before the question, which names the criteria
+        question = f"{examples}\n\n{question}"
     return [{"role": "system", "content": SYSTEM_PROMPT}, {"role": "user", "content": question}]
 
 

@@ -398,6 +398,10 @@ class Settings(BaseSettings):
     api_body_read_timeout_s: float = Field(
         60.0, gt=0, description="How long a large request body may take to arrive once its turn comes (408 past it).",
     )
+    judge_max_examples: int = Field(
+        8, ge=0, le=32, description="Graded examples a judge may keep in its prompt (POST /v1/judges/{id}/examples "
+                                    "past it: 409); each is part of the judge's rubric.",
+    )
     max_datasets_per_project: int = Field(
         100, ge=0, description="Datasets a project may keep; creating one more is refused (409, naming this quota).",
     )

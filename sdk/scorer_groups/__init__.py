@@ -51,7 +51,16 @@ if TYPE_CHECKING:
         Unauthorized,
     )
     from scorer_groups.evaluations import Evaluation, GateFailed, NotAJudgeMember
-    from scorer_groups.models import Budget, CustomEvaluator, Judge, Member, OnlineProfile, Pattern, ScorerGroup
+    from scorer_groups.models import (
+        Budget,
+        CustomEvaluator,
+        Judge,
+        JudgeExample,
+        Member,
+        OnlineProfile,
+        Pattern,
+        ScorerGroup,
+    )
     from scorer_groups.review_queues import ItemView, LiveAgreement, ReviewItem, ReviewQueue
     from scorer_groups.runs import AgentAnswer
 
@@ -65,7 +74,7 @@ _HOMES = {
     "Evaluation": "evaluations", "GateFailed": "gates", "NotAJudgeMember": "gates",
     "Change": "api_models", "Channel": "api_models", "Ratings": "api_models", "SessionScore": "api_models",
     "BudgetView": "api_models", "ResultsPage": "api_models", "Rating": "documents",
-    "Budget": "models", "CustomEvaluator": "models", "Judge": "models", "Member": "models",
+    "Budget": "models", "CustomEvaluator": "models", "Judge": "models", "JudgeExample": "models", "Member": "models",
     "OnlineProfile": "models", "Pattern": "models", "ScorerGroup": "models",
     "Agreement": "agreement", "JudgeCallRecord": "api_models", "Incidents": "api_models",
     "JudgeTemplate": "api_models",
@@ -112,6 +121,7 @@ __all__ = [
     "ItemView",
     "Judge",
     "JudgeCallRecord",
+    "JudgeExample",
     "JudgeTemplate",
     "LiveAgreement",
     "Member",

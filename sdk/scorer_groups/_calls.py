@@ -29,7 +29,7 @@ from scorer_groups.api_models import (
     SessionScore,
 )
 from scorer_groups.errors import ApiError, error_for
-from scorer_groups.models import Budget, CustomEvaluator, Judge, Pattern, ScorerGroup, WireModel
+from scorer_groups.models import Budget, CustomEvaluator, Judge, JudgeExample, Pattern, ScorerGroup, WireModel
 from scorer_groups.review_queues import (
     AddedItems,
     ItemPage,
@@ -262,6 +262,21 @@ def create_channel(agent_id: str, url: str, secret: str | None, extra: Mapping[s
 
 
 __all__ = ["ApiError", "Call", "Retry"]
+
+
+# --- a judge's examples (issue 56) ------------------------------------------------------------
+
+
+def judge_examples(judge_id: str) -> Call[builtins.list[JudgeExample]]:
+    return Call("GET", f"/v1/judges/{_id(judge_id)}/examples", _model(builtins.list[JudgeExample]))
+
+
+def add_judge_example(judge_id: str, body: Mapping[str, Any]) -> Call[JudgeExample]:
+    return Call("POST", f"/v1/judges/{_id(judge_id)}/examples", _model(JudgeExample), json=dict(body))
+
+
+def delete_judge_example(judge_id: str, example_id: str) -> Call[None]:
+    return Call("DELETE", f"/v1/judges/{_id(judge_id)}/examples/{_id(example_id)}", _nothing)
 
 
 # --- /v1/review-queues and /v1/review-items (issue 55) ----------------------------------------

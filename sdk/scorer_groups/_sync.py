@@ -32,7 +32,7 @@ from scorer_groups.api_models import (
 )
 from scorer_groups.backfills import BackfillBar, Deadline, When, backfill_body
 from scorer_groups.evaluations import Datasets, Evaluations
-from scorer_groups.models import Budget, CustomEvaluator, Judge, Pattern, ScorerGroup, WireModel
+from scorer_groups.models import Budget, CustomEvaluator, Judge, JudgeExample, Pattern, ScorerGroup, WireModel
 from scorer_groups.review_queues import (
     AddedItems,
     ItemPage,
@@ -225,6 +225,28 @@ class Scorers(Generic[S]):
         self._t.run(calls.delete_doc(self._path, id))
 
 
+class Judges(Scorers[Judge]):
+    """``client.monitor.judges``: judges, and the graded examples their prompts show them."""
+
+    def __init__(self, transport: Transport) -> None:
+        super().__init__(transport, Judge)
+
+    def examples(self, id: str) -> builtins.list[JudgeExample]:
+        return self._t.run(calls.judge_examples(id))
+
+    def add_example(self, id: str, *, input: str | None = None, output: str | None = None,
+                          rating: float | None = None, reason: str | None = None, from_item: str | None = None,
+                          from_row: Mapping[str, Any] | None = None) -> JudgeExample:
+        """An example written out (``input``, ``output``, ``rating``, ``reason``), or taken from a
+        labelled review item (``from_item``) or a dataset row (``from_row``: dataset, row, version)."""
+        body = {k: v for k, v in (("input", input), ("output", output), ("rating", rating), ("reason", reason),
+                                  ("fromItem", from_item), ("fromRow", from_row)) if v is not None}
+        return self._t.run(calls.add_judge_example(id, body))
+
+    def delete_example(self, id: str, example_id: str) -> None:
+        self._t.run(calls.delete_judge_example(id, example_id))
+
+
 class Budgets:
     def __init__(self, transport: Transport) -> None:
         self._t = transport
@@ -337,7 +359,7 @@ class Monitor:
         self.review_queues = ReviewQueues(transport)
         self.backfills = Backfills(transport)
         self.sessions = Sessions(transport)
-        self.judges: Scorers[Judge] = Scorers(transport, Judge)
+        self.judges = Judges(transport)
         self.patterns: Scorers[Pattern] = Scorers(transport, Pattern)
         self.customs: Scorers[CustomEvaluator] = Scorers(transport, CustomEvaluator)
         self.budgets = Budgets(transport)

@@ -241,6 +241,24 @@ class ScorerGroup(WireModel):
 # --- The scorers members refer to -------------------------------------------------------------
 
 
+MAX_JUDGE_EXAMPLES = 32  # the most a judge document may hold (SGW_JUDGE_MAX_EXAMPLES, 8 by default, is the API's)
+EXAMPLE_TEXT_MAX_CHARS = 4_000  # an example's input or output: enough to show the case, bounded in the prompt
+EXAMPLE_REASON_MAX_CHARS = 1_000
+
+
+class JudgeExample(WireModel):
+    """A graded example a judge's prompt shows it (issue 56): a case and the rating people gave
+    it, with why. Part of the judge's rubric: a changed example set is a new revision."""
+
+    id: Id
+    input: str = Field(max_length=EXAMPLE_TEXT_MAX_CHARS)
+    output: str = Field(max_length=EXAMPLE_TEXT_MAX_CHARS)
+    rating: float = Field(ge=0, le=10)
+    reason: str | None = Field(None, max_length=EXAMPLE_REASON_MAX_CHARS, exclude_if=lambda v: v is None)
+    # Where it came from: a labelled review item's id, or "<dataset id>:<row>" (informative only).
+    source: str | None = Field(None, max_length=300, exclude_if=lambda v: v is None)
+
+
 class Judge(WireModel):
     """An LLM judge: a rubric (criteria) answered with a 0-10 rating."""
 
@@ -254,6 +272,18 @@ class Judge(WireModel):
     # What the judge reads beside the request and the response (trace scope): "retrieval" adds
     # the outputs of the trace's retriever spans - what a faithfulness rubric checks against.
     context: Literal["retrieval"] | None = Field(None, exclude_if=lambda v: v is None)  # absent: 0.2 SDKs read it
+    # Graded examples shown in its prompt (scoring.judge_prompt.examples_block); left out when none,
+    # so a judge without examples keeps the revision it had before they existed.
+    examples: list[JudgeExample] = Field(default_factory=list, max_length=MAX_JUDGE_EXAMPLES,
+                                         exclude_if=lambda v: not v)
+
+    @field_validator("examples")
+    @classmethod
+    def _example_ids_once(cls, examples: list[JudgeExample]) -> list[JudgeExample]:
+        ids = [e.id for e in examples]
+        if len(set(ids)) != len(ids):
+            raise ValueError("each example id once")
+        return examples
 
 
 class Pattern(WireModel):

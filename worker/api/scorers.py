@@ -10,14 +10,16 @@ import hashlib
 import uuid
 from typing import Annotated, Any, Literal, TypeVar
 
-from fastapi import APIRouter, Path, Request, Response
+from fastapi import APIRouter, Depends, Path, Request, Response
 from pydantic import Field, SecretStr, ValidationError
 from pydantic.json_schema import SkipJsonSchema
 
 from scorer_groups.api_models import BudgetView, Channel, JudgeTemplates
+from scorer_groups.models import JudgeExample
 from scoring import judge_templates
 from scoring.catalog import doc_id, etag
 from scoring.errors import InvalidDocument, NotFound
+from scoring.judge_examples import JudgeExamples
 from scoring.models import (
     ID_PATTERN,
     AlertChannel,
@@ -34,6 +36,7 @@ from scoring.redact import mask_url
 from worker.api.auth import Client, Who
 from worker.api.groups import ChangePage, IfMatch, changes_page
 from worker.api.pages import Cursor, Limit, OffsetCursor, Page, page
+from worker.settings import Settings
 
 router = APIRouter(prefix="/v1")
 M = TypeVar("M", bound=WireModel)
@@ -165,6 +168,50 @@ def _scorer_routes(kind: str, noun: str, model: type[WireModel], body_model: typ
 
 
 _scorer_routes("judges", "judge", Judge, JudgeBody, JudgePage, "jdg")
+
+
+# --- a judge's graded examples (issue 56) -----------------------------------------------------
+
+
+class ExampleBody(WireModel):
+    """An example written out - ``input``, ``output``, ``rating`` (0-10), ``reason``? - or taken
+    from a labelled review item (``fromItem``) or a dataset row with a humanRating and an output
+    (``fromRow``: ``{"dataset", "row", "version"?}``)."""
+
+    input: str | None = None
+    output: str | None = None
+    rating: float | None = None
+    reason: str | None = None
+    from_item: str | None = Field(None, max_length=200)
+    from_row: dict[str, Any] | None = None
+
+
+def examples_of(request: Request, client: Client, who: Who) -> JudgeExamples:
+    settings: Settings = request.app.state.settings
+    return JudgeExamples(client.store, who, settings.judge_max_examples)
+
+
+Examples = Annotated[JudgeExamples, Depends(examples_of)]
+ExampleId = Annotated[str, Path(alias="exampleId", max_length=128, pattern=ID_PATTERN)]
+
+
+@router.get("/judges/{id}/examples", response_model=list[JudgeExample], tags=["judges"])
+async def list_examples(judge_id: PathId, examples: Examples) -> list[JudgeExample]:
+    """The graded examples the judge's prompt shows it, in the order shown."""
+    return await examples.list(judge_id)
+
+
+@router.post("/judges/{id}/examples", response_model=JudgeExample, status_code=201, tags=["judges"])
+async def add_example(judge_id: PathId, body: ExampleBody, examples: Examples) -> JudgeExample:
+    """Add a graded example to the judge (up to ``SGW_JUDGE_MAX_EXAMPLES``, 8 by default): part of
+    its rubric from now on - a new revision, so backfills grade again."""
+    return await examples.add(judge_id, body.model_dump(by_alias=True, exclude_unset=True))
+
+
+@router.delete("/judges/{id}/examples/{exampleId}", status_code=204, response_class=Response, tags=["judges"])
+async def delete_example(judge_id: PathId, example_id: ExampleId, examples: Examples) -> Response:
+    await examples.delete(judge_id, example_id)
+    return Response(status_code=204)
 
 
 @router.get("/judge-templates", response_model=JudgeTemplates, tags=["judges"])
