@@ -29,6 +29,7 @@ from scorer_groups.models import (
     CustomEvaluator,
     Id,
     Judge,
+    JudgeExample,
     Member,
     MemberKind,
     Name,
@@ -47,9 +48,9 @@ from scorer_groups.models import (
 __all__ = [
     "DEFAULT_IDLE_SECONDS", "ID_PATTERN", "MAX_BUDGET_CALLS", "MAX_BUDGET_TOKENS", "MAX_IDLE_SECONDS", "MAX_MEMBERS",
     "MAX_REGEX_PROGRAM_SIZE", "MAX_WEIGHT", "REVEAL_SECRETS", "SECRET_ROTATION_OVERLAP_S", "SEVERITIES",
-    "AlertChannel", "AlertMode", "Budget", "CatalogDocument", "CustomEvaluator", "Id", "Judge", "Member", "MemberKind",
-    "Name", "OnlineProfile", "Pattern", "PatternTarget", "PatternTemplate", "Polarity", "Scope", "Scorer",
-    "ScorerGroup", "Severity", "Text", "WireModel", "check_url_shape", "compile_user_regex",
+    "AlertChannel", "AlertMode", "Budget", "CatalogDocument", "CustomEvaluator", "Id", "Judge", "JudgeExample",
+    "Member", "MemberKind", "Name", "OnlineProfile", "Pattern", "PatternTarget", "PatternTemplate", "Polarity",
+    "Scope", "Scorer", "ScorerGroup", "Severity", "Text", "WireModel", "check_url_shape", "compile_user_regex",
 ]
 
 # RE2 options: refuse rather than print parse errors to stderr; cap the compiled program.

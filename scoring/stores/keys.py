@@ -272,6 +272,21 @@ def evaluation(project_id: str, run_id: str) -> str:
     return f"{PREFIX}:evaluation:{{{project_id}}}:{run_id}"
 
 
+# A judge's alignment runs (issue 56: a candidate against the current judge on held-out labels):
+# each one JSON string, and the judge's index of them (a sorted set by creation time), kept
+# ALIGNMENT_TTL_S after the last change - the figures a promotion was decided on stay readable
+# for as long as an evaluation run's.
+ALIGNMENT_TTL_S = 90 * 86_400
+
+
+def alignment(judge_id: str, alignment_id: str) -> str:
+    return f"{PREFIX}:alignment:{{{judge_id}}}:{alignment_id}"
+
+
+def alignments(judge_id: str) -> str:
+    return f"{PREFIX}:alignments:{{{judge_id}}}"
+
+
 def evaluations(project_id: str) -> str:
     return f"{PREFIX}:evaluations:{{{project_id}}}"
 

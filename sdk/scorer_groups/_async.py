@@ -13,6 +13,7 @@ import httpx
 from scorer_groups import _calls as calls
 from scorer_groups._calls import Retry
 from scorer_groups._transport_async import AsyncTransport
+from scorer_groups.alignments import Alignment
 from scorer_groups.api_models import (
     BACKFILL_ENDED,
     BackfillJob,
@@ -244,6 +245,24 @@ class Judges(Scorers[Judge]):
 
     async def delete_example(self, id: str, example_id: str) -> None:
         await self._t.run(calls.delete_judge_example(id, example_id))
+
+    async def align(self, id: str, *, candidate: Mapping[str, Any], dataset: str | None = None,
+                    queue: str | None = None, version: int | None = None) -> Alignment:
+        """Start measuring ``candidate`` (``criteria``, ``examples``, ``model``) against the judge on
+        the labels of ``dataset`` or ``queue`` it never saw; read it back with ``alignment``."""
+        body = {k: v for k, v in (("candidate", dict(candidate)), ("dataset", dataset), ("queue", queue),
+                                  ("version", version)) if v is not None}
+        return await self._t.run(calls.start_alignment(id, body))
+
+    async def alignment(self, id: str, alignment_id: str) -> Alignment:
+        return await self._t.run(calls.get_alignment(id, alignment_id))
+
+    async def alignments(self, id: str) -> builtins.list[Alignment]:
+        return await self._t.run(calls.list_alignments(id))
+
+    async def promote(self, id: str, alignment_id: str, *, force: bool = False) -> Judge:
+        """Make the alignment run's candidate the judge (refused when it agreed worse, unless forced)."""
+        return await self._t.run(calls.promote_judge(id, alignment_id, force))
 
 
 class Budgets:

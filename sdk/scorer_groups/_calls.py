@@ -14,6 +14,7 @@ import httpx
 from pydantic import BaseModel, TypeAdapter
 from pydantic.alias_generators import to_camel
 
+from scorer_groups.alignments import Alignment
 from scorer_groups.api_models import (
     BackfillJob,
     Change,
@@ -277,6 +278,23 @@ def add_judge_example(judge_id: str, body: Mapping[str, Any]) -> Call[JudgeExamp
 
 def delete_judge_example(judge_id: str, example_id: str) -> Call[None]:
     return Call("DELETE", f"/v1/judges/{_id(judge_id)}/examples/{_id(example_id)}", _nothing)
+
+
+def start_alignment(judge_id: str, body: Mapping[str, Any]) -> Call[Alignment]:
+    return Call("POST", f"/v1/judges/{_id(judge_id)}/alignments", _model(Alignment), json=_wire(dict(body)))
+
+
+def get_alignment(judge_id: str, alignment_id: str) -> Call[Alignment]:
+    return Call("GET", f"/v1/judges/{_id(judge_id)}/alignments/{_id(alignment_id)}", _model(Alignment))
+
+
+def list_alignments(judge_id: str) -> Call[builtins.list[Alignment]]:
+    return Call("GET", f"/v1/judges/{_id(judge_id)}/alignments", _model(builtins.list[Alignment]))
+
+
+def promote_judge(judge_id: str, alignment_id: str, force: bool) -> Call[Judge]:
+    return Call("POST", f"/v1/judges/{_id(judge_id)}/promote", _model(Judge),
+                json={"alignment": alignment_id, "force": force})
 
 
 # --- /v1/review-queues and /v1/review-items (issue 55) ----------------------------------------

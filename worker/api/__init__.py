@@ -29,7 +29,18 @@ from scoring.members.fair_share import FairShare
 from scoring.playground import Playground
 from scoring.stores.catalog import SnapshotCache
 from scoring.stores.claims import Claims
-from worker.api import backfills, console_pages, docs_pages, evaluations, groups, incidents, problems, reviews, scorers
+from worker.api import (
+    alignments,
+    backfills,
+    console_pages,
+    docs_pages,
+    evaluations,
+    groups,
+    incidents,
+    problems,
+    reviews,
+    scorers,
+)
 from worker.api.bodies import BodyParser, with_body_schemas
 from worker.api.door import Door
 from worker.connections import redis_client
@@ -66,6 +77,9 @@ def create_app(settings: Settings) -> FastAPI:
             stalls_stop.set()
             await stalls
             app.state.bodies.close()
+            tasks = getattr(app.state, "alignment_tasks", None)
+            if tasks is not None:  # alignment runs still grading: read back later as interrupted
+                await tasks.close()
             await close_all([("scoring engine", app.state.engine.close()), ("redis", app.state.redis.aclose())])
 
     app = FastAPI(title="Scorer groups API", version=API_VERSION, lifespan=lifespan,
@@ -78,6 +92,7 @@ def create_app(settings: Settings) -> FastAPI:
     app.openapi = lambda: with_body_schemas(problems.documented(app))  # type: ignore[method-assign]
     app.include_router(groups.router)
     app.include_router(scorers.router)
+    app.include_router(alignments.router)
     app.include_router(console_pages.router)
     app.include_router(docs_pages.router)
     app.include_router(evaluations.router)

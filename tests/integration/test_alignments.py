@@ -1,0 +1,151 @@
+"""Alignment runs and promotion (issue 56) on the real API process, Redis and the local judge
+(``deploy.judge_server``, which learns from a judge's examples: a case sharing an example's
+``[[case=C]]`` marker gets that example's rating). People rate four kinds of case 1, 4, 7 and 10;
+the current judge reads each case's own ``[[rating=N]]`` marker, 3 points off people's. A candidate
+whose examples teach the four kinds agrees measurably better on the held-out cases: the run says
+so, with both judges' figures; promote makes it the judge. A candidate taught backwards is
+refused unless forced; an example made from a case never grades that case; a run of another
+project's judge is not found."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+from typing import Any
+
+import orjson
+import pytest
+
+from scorer_groups import Client
+from tests.support.api_process import ApiProcess, api_with_judge, create_key
+from tests.support.redis_databases import RedisDatabases
+
+pytestmark = pytest.mark.integration
+
+KINDS = {"billing": 1.0, "login": 4.0, "shipping": 7.0, "refund": 10.0}
+ROWS = 48
+
+
+@pytest.fixture(scope="module")
+def api(redis_databases: RedisDatabases, tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[ApiProcess, str]]:
+    with api_with_judge(redis_databases, tmp_path_factory.mktemp("api"), "p-align",
+                        env={"SGW_JUDGE_TIMEOUT_S": "5"}) as (process, key, _judge):
+        yield process, key
+
+
+def rows() -> list[dict[str, Any]]:
+    made = []
+    for n in range(ROWS):
+        kind = list(KINDS)[n % 4]
+        people = KINDS[kind]
+        judged = min(10.0, max(0.0, people + (3 if n % 8 < 4 else -3)))  # the current judge: near, not on
+        made.append({"input": f"question {n} about {kind}", "humanRating": people,
+                     "output": f"answer {n} [[case={kind}]] [[rating={judged:g}]]"})
+    return made
+
+
+def taught(ratings: dict[str, float]) -> list[dict[str, Any]]:
+    return [{"id": f"ex-{kind}", "input": f"a {kind} question", "output": f"an example [[case={kind}]]",
+             "rating": rating} for kind, rating in ratings.items()]
+
+
+def setup(process: ApiProcess, key: str) -> tuple[str, str]:
+    with process.client(key) as http:
+        judge = http.post("/v1/judges", json={"name": "Helpful", "criteria": "Helpful?"}).json()["id"]
+        content = "\n".join(orjson.dumps(r).decode() for r in rows())
+        dataset = http.post("/v1/datasets", json={"name": "Labelled", "content": content})
+        assert dataset.status_code == 201, dataset.text
+        return judge, dataset.json()["id"]
+
+
+def run(process: ApiProcess, key: str, judge: str, body: dict[str, Any]) -> dict[str, Any]:
+    with process.client(key) as http:
+        started = http.post(f"/v1/judges/{judge}/alignments", json=body)
+        assert started.status_code == 202, started.text
+        location = started.headers["Location"]
+        deadline = time.monotonic() + 90
+        while time.monotonic() < deadline:
+            read = http.get(location).json()
+            if read["state"] != "running":
+                assert read["state"] == "done", read
+                return dict(read)
+            time.sleep(0.2)
+    raise AssertionError("the alignment run never finished")
+
+
+def test_a_candidate_that_agrees_better_on_held_out_labels_is_promoted(api: tuple[ApiProcess, str]) -> None:
+    process, key = api
+    judge, dataset = setup(process, key)
+    own = {"id": "ex-row0", "input": "question 0 about billing", "output": rows()[0]["output"], "rating": 1,
+           "source": f"{dataset}:1:0"}  # made from a case: that case is never graded by the candidate
+    done = run(process, key, judge, {"dataset": dataset, "candidate": {"examples": [*taught(KINDS), own]}})
+
+    counts = done["counts"]
+    assert counts["labelled"] == ROWS and counts["heldOutAsExamples"] == 1
+    assert counts["tune"] + counts["evaluated"] == ROWS - 1 and counts["evaluated"] >= 20
+    assert f"{dataset}:1:0" not in done["tuneCaseIds"]
+    current, candidate = done["current"], done["candidateFigures"]
+    assert current["cases"] == candidate["cases"] == counts["evaluated"] - counts["budgetSkipped"]
+    assert current["spearman"]["value"] < 0.95 and candidate["spearman"]["value"] == pytest.approx(1.0)
+    assert candidate["spearman"]["low"] <= candidate["spearman"]["value"] <= candidate["spearman"]["high"]
+    assert candidate["meanAbsoluteError"]["value"] == 0 < current["meanAbsoluteError"]["value"]
+    assert done["better"] is True and done["changed"], "every verdict moved"
+    assert done["total"] == done["done"] == 2 * counts["evaluated"]
+
+    with process.client(key) as http:
+        promoted = http.post(f"/v1/judges/{judge}/promote", json={"alignment": done["id"]})
+        assert promoted.status_code == 200, promoted.text
+        assert [e["id"] for e in promoted.json()["examples"]] == ["ex-billing", "ex-login", "ex-shipping",
+                                                                  "ex-refund", "ex-row0"]
+        read = http.get(f"/v1/judges/{judge}/alignments/{done['id']}").json()
+        assert read["promotedAt"] is not None and read["promotedBy"]
+        again = http.post(f"/v1/judges/{judge}/promote", json={"alignment": done["id"]})
+        assert again.status_code == 409, again.text
+        assert [a["id"] for a in http.get(f"/v1/judges/{judge}/alignments").json()] == [done["id"]]
+
+
+def test_a_candidate_that_agrees_worse_is_refused_unless_forced(api: tuple[ApiProcess, str]) -> None:
+    process, key = api
+    judge, dataset = setup(process, key)
+    backwards = {kind: 10 - rating for kind, rating in KINDS.items()}  # ranks every case against people
+    done = run(process, key, judge, {"dataset": dataset, "candidate": {"examples": taught(backwards),
+                                                                       "criteria": "Unhelpful?"}})
+    assert done["better"] is False
+    with process.client(key) as http:
+        refused = http.post(f"/v1/judges/{judge}/promote", json={"alignment": done["id"]})
+        assert refused.status_code == 409 and "agreed worse" in refused.text, refused.text
+        assert http.get(f"/v1/judges/{judge}").json()["criteria"] == "Helpful?", "nothing changed"
+        forced = http.post(f"/v1/judges/{judge}/promote", json={"alignment": done["id"], "force": True})
+        assert forced.status_code == 200 and forced.json()["criteria"] == "Unhelpful?"
+
+
+def test_another_project_cannot_run_or_read_a_judges_alignments(api: tuple[ApiProcess, str]) -> None:
+    process, key = api
+    judge, dataset = setup(process, key)
+    other = create_key(process.redis_url, "--project", "p-align-other")
+    with process.client(other) as http:
+        body = {"dataset": dataset, "candidate": {"criteria": "x"}}
+        assert http.post(f"/v1/judges/{judge}/alignments", json=body).status_code == 404
+        assert http.get(f"/v1/judges/{judge}/alignments").status_code == 404
+        mine = http.post("/v1/judges", json={"name": "Theirs", "criteria": "?"}).json()["id"]
+        # Their own judge, measured on this project's dataset: the dataset is not theirs.
+        assert http.post(f"/v1/judges/{mine}/alignments", json=body).status_code == 404
+    with process.client(key) as http:
+        both = http.post(f"/v1/judges/{judge}/alignments", json={"dataset": dataset, "queue": "q", "candidate": {}})
+        assert both.status_code == 400 and "dataset or queue" in both.text, both.text
+
+
+def test_the_sdk_runs_an_alignment_and_promotes_it(api: tuple[ApiProcess, str]) -> None:
+    process, key = api
+    judge, dataset = setup(process, key)
+    with Client(process.url, key) as client:
+        started = client.monitor.judges.align(judge, candidate={"examples": taught(KINDS)}, dataset=dataset)
+        deadline = time.monotonic() + 90
+        while (run_ := client.monitor.judges.alignment(judge, started.id)).state == "running":
+            assert time.monotonic() < deadline
+            time.sleep(0.2)
+        assert run_.state == "done" and run_.better is True
+        assert [a.id for a in client.monitor.judges.alignments(judge)] == [started.id]
+        promoted = client.monitor.judges.promote(judge, started.id)
+        assert [e.id for e in promoted.examples] == [e["id"] for e in taught(KINDS)]
+        assert [e.id for e in client.monitor.judges.examples(judge)] == [e.id for e in promoted.examples]

@@ -1,0 +1,286 @@
+"""``/v1/judges/{id}/alignments`` and ``/promote`` (issue 56): a candidate judge is measured against
+the current one on people's labels it never saw, then - if it agrees at least as well, or with
+``force`` - made the judge.
+
+A run, in this process, in the background (``AlignmentTasks``: at most ``PER_PROJECT`` at once per
+project and ``AT_ONCE`` in all; the rest are refused, 429):
+
+1. read the labelled cases (a dataset's rows with a humanRating and an output, or a review
+   queue's labelled items with texts) and split them (``scoring.alignment.split``);
+2. reserve each judge's calls on the held-out cases from the project's judge budget, as a dataset
+   run's (``worker.api.run_spend``): a case without room for both is left out, and counted;
+3. grade the held-out cases with the current judge and with the candidate - each a one-member
+   group on the same engine as the dataset runs - saving the progress every ``SAVE_EVERY_S``;
+4. save the figures (``scoring.alignment``). A run whose process died stays "running" in Redis:
+   read back, it says ``interrupted`` once it has not been saved for ``STALE_S``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import statistics
+import uuid
+from collections import Counter
+from collections.abc import Coroutine
+from datetime import UTC, datetime
+from typing import Annotated, Any
+
+import structlog
+from fastapi import APIRouter, Depends, Path, Request, Response
+
+from scorer_groups.alignments import Alignment, AlignmentRequest, Candidate, CaseCounts, PromoteRequest
+from scoring.alignment import MARK, Case, better, changed, judge_figures, split
+from scoring.catalog import CatalogSnapshot, etag
+from scoring.dataset import DatasetRow, GradingPlan, grade_rows
+from scoring.errors import Conflict, InvalidDocument, NotFound, ScoringError
+from scoring.groups import Caller, Scorers
+from scoring.models import ID_PATTERN, Judge, Member, ScorerGroup
+from scoring.review_queues import ReviewQueues
+from scoring.stores.alignments import AlignmentStore
+from scoring.stores.catalog import CatalogStore
+from scoring.stores.claims import Claims
+from scoring.stores.datasets import DatasetStore
+from scoring.stores.review_items import ReviewItems
+from scoring.subjects import as_text
+from worker.api.auth import Client, Who, redis_of
+from worker.api.run_spend import RunSpend
+from worker.engine import ScoringEngine
+
+log = structlog.get_logger(__name__)
+
+router = APIRouter(prefix="/v1", tags=["judges"])
+JudgeId = Annotated[str, Path(alias="id", max_length=128, pattern=ID_PATTERN)]
+AlignmentId = Annotated[str, Path(alias="alignmentId", max_length=100, pattern=ID_PATTERN)]
+
+AT_ONCE, PER_PROJECT = 4, 1
+SAVE_EVERY_S = 2.0
+STALE_S = 60.0
+LABELLED_READ = 10_000  # a queue's labelled items read for one run (the oldest first)
+
+
+class TooMany(ScoringError):
+    status = 429
+    retriable = True
+
+
+class AlignmentTasks:
+    """The runs this process grades: a task registry with its bounds; ``close`` cancels them."""
+
+    def __init__(self) -> None:
+        self._running: dict[asyncio.Task[None], str] = {}  # task -> its project
+
+    def admit(self, project: str) -> None:
+        per = Counter(self._running.values())
+        if len(self._running) >= AT_ONCE or per[project] >= PER_PROJECT:
+            raise TooMany(f"an alignment run of project {project!r} is already grading (at most {PER_PROJECT} "
+                          f"per project, {AT_ONCE} in all); wait for it")
+
+    def spawn(self, project: str, coroutine: Coroutine[Any, Any, None]) -> None:
+        task: asyncio.Task[None] = asyncio.get_running_loop().create_task(coroutine)
+        self._running[task] = project
+        task.add_done_callback(lambda t: self._running.pop(t, None))
+
+    async def close(self) -> None:
+        for task in list(self._running):
+            task.cancel()
+        await asyncio.gather(*self._running, return_exceptions=True)
+
+
+def tasks_of(request: Request) -> AlignmentTasks:
+    tasks = getattr(request.app.state, "alignment_tasks", None)
+    if tasks is None:
+        tasks = request.app.state.alignment_tasks = AlignmentTasks()
+    return tasks
+
+
+Tasks = Annotated[AlignmentTasks, Depends(tasks_of)]
+
+
+def with_candidate(judge: Judge, candidate: Candidate) -> Judge:
+    """The judge with what the candidate changes (its criteria, examples, model)."""
+    changes = candidate.model_dump(mode="json", by_alias=True, exclude_none=True)
+    return Judge.model_validate({**judge.stored(), **changes})
+
+
+def _now() -> datetime:
+    return datetime.now(UTC)
+
+
+def _shown(run: Alignment) -> Alignment:
+    if run.state == "running" and (_now() - run.updated_at).total_seconds() > STALE_S:
+        return run.model_copy(update={"state": "interrupted"})
+    return run
+
+
+async def _judge(client: Client, judge_id: str) -> Judge:
+    judge = await client.scorers.get("judges", judge_id)
+    assert isinstance(judge, Judge)
+    return judge
+
+
+async def _cases(request: Request, client: Client, who: Caller, judge: Judge, body: AlignmentRequest
+                 ) -> tuple[str, list[Case]]:
+    """1: the labelled cases, and where they came from."""
+    redis = redis_of(request)
+    if body.dataset is not None:
+        project = judge.project_id or who.project_id
+        if project is None:
+            raise InvalidDocument("dataset: a shared judge is measured on a project's dataset through that "
+                                  "project's key")
+        version, rows = await DatasetStore(redis).rows(project, body.dataset, body.version)
+        cases = [Case(f"{body.dataset}:{version}:{n}", as_text(r.input), r.output, r.human_rating)
+                 for n, r in enumerate(rows) if r.human_rating is not None and r.output is not None]
+        return f"dataset:{body.dataset}:{version}", cases
+    assert body.queue is not None
+    queue = await ReviewQueues(client.store, who).get(body.queue)  # 404: another project's
+    if judge.project_id is not None and queue.project_id != judge.project_id:
+        raise InvalidDocument(f"queue: a queue of project {queue.project_id!r} cannot measure a judge of "
+                              f"project {judge.project_id!r}")
+    cases = []
+    for item, labels in await ReviewItems(redis).labelled_items(queue, LABELLED_READ):
+        text = item.subject.transcript or item.subject.input
+        if text and labels:
+            cases.append(Case(item.id, text, item.subject.output,
+                              statistics.median(float(label["rating"]) for label in labels.values())))  # type: ignore[arg-type]
+    return f"queue:{queue.id}", cases
+
+
+@router.post("/judges/{id}/alignments", response_model=Alignment, status_code=202)
+async def start_alignment(judge_id: JudgeId, body: AlignmentRequest, client: Client, who: Who, request: Request,
+                          response: Response, tasks: Tasks) -> Alignment:
+    """Measure a candidate (new criteria, examples or model) against the judge on labels it never
+    saw: its own examples are held out, the rest split deterministically, and both judges grade
+    the held-out cases within the project's judge budget. Read it back at the Location."""
+    judge = await _judge(client, judge_id)
+    project = judge.project_id or who.project_id or "operators"
+    tasks.admit(project)
+    source, cases = await _cases(request, client, who, judge, body)
+    candidate = with_candidate(judge, body.candidate)
+    own, tune, evaluated = split(cases, candidate.examples)
+    now = _now()
+    run = Alignment(id=f"al_{uuid.uuid4().hex[:12]}", judge_id=judge.id, project_id=judge.project_id, state="running",
+                    total=2 * len(evaluated), source=source, mark=MARK, candidate=body.candidate,
+                    judge_etag=etag(judge), created_at=now, updated_at=now,
+                    counts=CaseCounts(labelled=len(cases), held_out_as_examples=len(own), tune=len(tune),
+                                      evaluated=len(evaluated), budget_skipped=0),
+                    tune_case_ids=[c.id for c in tune][:200])
+    store = AlignmentStore(redis_of(request))
+    await store.save(run)
+    tasks.spawn(project, _grade(request.app.state.engine, redis_of(request), store, run, judge, candidate, project,
+                                evaluated))
+    response.headers["Location"] = f"/v1/judges/{judge.id}/alignments/{run.id}"
+    return run
+
+
+async def _grade(engine: ScoringEngine, redis: object, store: AlignmentStore, run: Alignment, judge: Judge,
+                 candidate: Judge, project: str, cases: list[Case]) -> None:
+    """2-4, in the background."""
+    state = {"run": run}
+    try:
+        catalog = await CatalogStore(redis).snapshot()  # type: ignore[arg-type]
+        candidate_id = f"{judge.id}~candidate"
+        catalog = catalog.changed({("judges", judge.id): judge,
+                                   ("judges", candidate_id): candidate.model_copy(update={"id": candidate_id})})
+        rows = [DatasetRow(input=c.input, output=c.output, id=c.id) for c in cases]
+        done = 0
+
+        def progressed(_: int, __: int) -> None:
+            nonlocal done
+            done += 1
+
+        async def saver() -> None:
+            while True:
+                await asyncio.sleep(SAVE_EVERY_S)
+                state["run"] = state["run"].model_copy(update={"done": done, "updated_at": _now()})
+                await store.save(state["run"])
+
+        ticking = asyncio.create_task(saver())
+        try:
+            scores = [await _scores(engine, redis, catalog, f"{run.id}:{name}", ref, project, rows, progressed)
+                      for name, ref in (("current", judge.id), ("candidate", candidate_id))]
+        finally:
+            ticking.cancel()
+        skipped = [c.id for c, old, new in zip(cases, *scores, strict=True) if old is None or new is None]
+        both = [(c, old, new) for c, old, new in zip(cases, *scores, strict=True) if c.id not in skipped]
+        humans = [c.human for c, _, _ in both]
+        current = judge_figures([old for _, old, _ in both], humans)
+        proposed = judge_figures([new for _, _, new in both], humans)
+        assert run.counts is not None
+        finished = state["run"].model_copy(update={
+            "state": "done", "done": run.total, "current": current, "candidate_figures": proposed,
+            "better": better(current, proposed), "changed": changed([c for c, _, _ in both],
+                                                                     [o for _, o, _ in both], [n for _, _, n in both]),
+            "counts": run.counts.model_copy(update={"budget_skipped": len(skipped)}),
+            "finished_at": _now(), "updated_at": _now()})
+        await store.save(finished)
+    except asyncio.CancelledError:
+        raise  # the process stops: read back later, the run says interrupted
+    except Exception as exc:  # a run that fails says so; nothing of it reaches another tenant
+        log.exception("an alignment run failed", alignment=run.id, judge=judge.id)
+        failed = {"state": "failed", "error": f"grading failed ({type(exc).__name__})", "updated_at": _now(),
+                  "finished_at": _now()}
+        await store.save(state["run"].model_copy(update=failed))
+
+
+async def _scores(engine: ScoringEngine, redis: object, catalog: CatalogSnapshot, run_id: str, judge_id: str,
+                  project: str, rows: list[DatasetRow], progressed: object) -> list[float | None]:
+    """Each row's verdict by one judge (None: no room in the budget, or it could not score)."""
+    group = ScorerGroup(id=f"alignment:{run_id}", name="alignment", project_id=project,
+                        members=[Member(kind="judge", ref_id=judge_id, weight=1)])
+    plan = GradingPlan(group, [])
+    spend = RunSpend(Claims(redis), run_id, plan, catalog)  # type: ignore[arg-type]
+    try:
+        granted = await spend.reserve(rows)
+        graded = await grade_rows(engine.panel, catalog, plan, granted, spends=spend.spends,
+                                  progress=progressed)  # type: ignore[arg-type]
+        await spend.settle(graded)
+    finally:
+        await spend.close()
+    by_row = {str(r.row.id): r.rating for r in graded.rows}
+    return [by_row.get(str(row.id)) for row in rows]
+
+
+@router.get("/judges/{id}/alignments", response_model=list[Alignment])
+async def list_alignments(judge_id: JudgeId, client: Client, request: Request) -> list[Alignment]:
+    """The judge's alignment runs, the newest first."""
+    judge = await _judge(client, judge_id)
+    return [_shown(r) for r in await AlignmentStore(redis_of(request)).list(judge.id)]
+
+
+@router.get("/judges/{id}/alignments/{alignmentId}", response_model=Alignment)
+async def get_alignment(judge_id: JudgeId, alignment_id: AlignmentId, client: Client, request: Request) -> Alignment:
+    judge = await _judge(client, judge_id)
+    run = await AlignmentStore(redis_of(request)).get(judge.id, alignment_id)
+    if run is None:
+        raise NotFound(f"judge {judge.id!r} has no alignment run {alignment_id!r}")
+    return _shown(run)
+
+
+@router.post("/judges/{id}/promote", response_model=Judge)
+async def promote(judge_id: JudgeId, body: PromoteRequest, client: Client, who: Who, request: Request,
+                  response: Response) -> Judge:
+    """Make an alignment run's candidate the judge: a new revision (backfills grade again), the
+    run keeping who promoted it and when. Refused (409) when the run is not done, when the judge
+    changed since it ran, or when the candidate agreed worse on the held-out cases - unless
+    ``force``."""
+    judge = await _judge(client, judge_id)
+    store = AlignmentStore(redis_of(request))
+    run = await store.get(judge.id, body.alignment)
+    if run is None:
+        raise NotFound(f"judge {judge.id!r} has no alignment run {body.alignment!r}")
+    if run.state != "done":
+        raise Conflict(f"alignment {run.id!r} is {_shown(run).state}, not done: nothing to promote yet")
+    if run.promoted_at is not None:
+        raise Conflict(f"alignment {run.id!r} was promoted already")
+    if etag(judge) != run.judge_etag:
+        raise Conflict(f"judge {judge.id!r} changed since alignment {run.id!r} ran: run it again")
+    if not run.better and not body.force:
+        cases = run.counts.evaluated if run.counts else 0
+        raise Conflict(f"the candidate agreed worse with people than the judge on the {cases} held-out cases (see "
+                       "the run's figures); send force: true to promote it anyway")
+    promoted = with_candidate(judge, run.candidate)
+    saved = await Scorers(client.store, who).put(promoted, if_match=run.judge_etag)
+    await store.save(run.model_copy(update={"promoted_at": _now(), "promoted_by": who.actor, "updated_at": _now()}))
+    assert isinstance(saved, Judge)
+    response.headers["ETag"] = etag(saved)
+    return saved
