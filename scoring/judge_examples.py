@@ -12,6 +12,7 @@ verdict of the old set is never taken for the new one.
 
 from __future__ import annotations
 
+import builtins
 import statistics
 import uuid
 from collections.abc import Mapping
@@ -19,17 +20,21 @@ from typing import Any
 
 from pydantic import ValidationError
 
+from scorer_groups.alignments import JudgeDisagreement
 from scorer_groups.models import EXAMPLE_REASON_MAX_CHARS, EXAMPLE_TEXT_MAX_CHARS, JudgeExample
 from scoring.catalog import etag
 from scoring.errors import Conflict, InvalidDocument, NotFound, PreconditionFailed
 from scoring.groups import Caller, Scorers
 from scoring.models import Judge
 from scoring.review_queues import ReviewQueues
+from scoring.review_rules import review_item_id
 from scoring.stores.catalog import CatalogStore
 from scoring.stores.datasets import DatasetStore
+from scoring.stores.review_items import ReviewItems
 from scoring.subjects import as_text
 
-WRITE_TRIES = 3  # an optimistic write lost to a concurrent change of the judge is made again
+WRITE_TRIES = 3
+DISAGREEMENTS_SHOWN = 20  # an optimistic write lost to a concurrent change of the judge is made again
 
 
 def _cut(text: str, limit: int) -> str:
@@ -42,7 +47,7 @@ class JudgeExamples:
         self._store, self._caller, self._max = store, caller, max_examples
         self._scorers = Scorers(store, caller)
 
-    async def list(self, judge_id: str) -> list[JudgeExample]:
+    async def list(self, judge_id: str) -> builtins.list[JudgeExample]:
         return list((await self._judge(judge_id)).examples)
 
     async def add(self, judge_id: str, fields: Mapping[str, Any]) -> JudgeExample:
@@ -74,6 +79,40 @@ class JudgeExamples:
             except PreconditionFailed:
                 continue
         raise Conflict(f"judge {judge_id!r} kept changing while the example was deleted; try again")
+
+    async def disagreements(self, judge_id: str,
+                            limit: int = DISAGREEMENTS_SHOWN) -> builtins.list[JudgeDisagreement]:
+        """The labelled review items of the caller's queues whose results this judge graded, where
+        it and people are furthest apart, the largest gap first."""
+        judge = await self._judge(judge_id)
+        snapshot = await self._store.snapshot()
+        items = ReviewItems(self._store.redis)
+        found = []
+        for queue in snapshot.queues.values():
+            if not self._caller.sees("queues", queue) or (judge.project_id not in (None, queue.project_id)):
+                continue
+            groups = [snapshot.groups.get(g) for g in queue.group_ids]
+            if not any(g is not None and any(m.ref_id == judge.id for m in g.members if m.kind == "judge")
+                       for g in groups):
+                continue
+            for card, labels in await items.labelled(queue):
+                verdict = card.judges.get(judge.id)
+                if verdict is None or not labels:
+                    continue
+                people = statistics.median(float(label["rating"]) for label in labels.values())  # type: ignore[arg-type]
+                found.append((abs(verdict - people), queue, card, verdict, people, len(labels)))
+        found.sort(key=lambda f: -f[0])
+        shown = []
+        for gap, queue, card, verdict, people, count in found[:limit]:
+            item_id = review_item_id(queue.id, card.rating_id)
+            view = await items.view(queue, item_id)
+            subject = view[0].subject if view is not None else None
+            shown.append(JudgeDisagreement(
+                item_id=item_id, queue_id=queue.id, group_id=card.group_id, judge=verdict, people=people,
+                gap=round(gap, 4), labels=count,
+                input=((subject.transcript or subject.input) if subject else "")[:300],
+                output=(subject.output if subject else "")[:300]))
+        return shown
 
     async def _judge(self, judge_id: str) -> Judge:
         judge = await self._scorers.get("judges", judge_id)

@@ -105,3 +105,18 @@ class Alignment(WireModel):
 class PromoteRequest(WireModel):
     alignment: str = Field(max_length=100)
     force: bool = False
+
+
+class JudgeDisagreement(WireModel):
+    """``GET /v1/judges/{id}/disagreements``: a labelled review item where the judge and people
+    are far apart - a natural example to add (``fromItem``)."""
+
+    item_id: str
+    queue_id: str
+    group_id: str
+    judge: float  # the judge's verdict, as the result recorded it
+    people: float  # the median of the item's reviewers' ratings
+    gap: float
+    labels: int
+    input: str  # the first 300 characters
+    output: str

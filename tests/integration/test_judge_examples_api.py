@@ -168,3 +168,50 @@ def test_a_labelled_review_item_and_a_dataset_row_become_examples_in_one_call(ap
         assert unlabelled.status_code == 400 and "humanRating" in unlabelled.text
         assert other.post(f"/v1/judges/{theirs['id']}/examples",
                           json={"fromRow": {"dataset": dataset.json()["id"], "row": 0}}).status_code == 404
+
+
+async def _items_of(process: ApiProcess, keys: Keys, judge: str, verdicts: list[tuple[float, float]]) -> list[str]:
+    """Review items of a group of ``judge``: the judge gave ``verdicts[i][0]``, ann ``verdicts[i][1]``."""
+    with process.client(keys.admin) as http:
+        group = http.post("/v1/scorer-groups", json={"name": "G", "members": [{"kind": "judge", "refId": judge}],
+                                                     "online": {"enabled": True, "sampleRate": 1,
+                                                                "alertThreshold": 6, "severity": "high"}}).json()["id"]
+        queue = ReviewQueue.model_validate(http.post("/v1/review-queues", json={
+            "name": "Q", "groupIds": [group], "rule": {"below": True}}).json())
+    at, items = datetime.now(UTC).isoformat(), []
+    for n, (said, _) in enumerate(verdicts):
+        items.append(ReviewItem.model_validate({
+            "id": review_item_id(queue.id, f"r-{n}"), "queueId": queue.id, "projectId": PROJECT, "groupId": group,
+            "ratingId": f"r-{n}", "reason": "below", "origin": "live", "createdAt": at,
+            "subject": {"scope": "trace", "traceId": f"t{n}", "input": f"question {n}", "output": f"answer {n}"},
+            "rating": {"id": f"r-{n}", "groupId": group, "groupName": "G", "projectId": PROJECT, "agentId": "a",
+                       "scope": "trace", "traceId": f"t{n}", "kind": "k", "rating": said, "reason": None,
+                       "justification": "j", "scoredAt": at,
+                       "members": [{"kind": "judge", "refId": judge, "name": "Helpful", "weight": 1.0, "gate": False,
+                                    "status": "scored", "native": said, "goodness": said / 10, "detail": "d"}]}}))
+    redis = connect(process.redis_url)
+    try:
+        for n, item in enumerate(items):
+            await ReviewItems(redis).take([(item, queue)], time.time() + n * 0.01)
+    finally:
+        await redis.aclose()
+    with process.client(keys.ann) as ann:
+        for item, (_, people) in zip(items, verdicts, strict=True):
+            assert ann.post(f"/v1/review-queues/{queue.id}/next").json()["item"]["id"] == item.id
+            assert ann.put(f"/v1/review-items/{item.id}/labels/me", json={"rating": people}).status_code == 200
+    return [i.id for i in items]
+
+
+def test_the_judges_disagreements_with_people_come_largest_first(api: tuple[ApiProcess, Keys]) -> None:
+    process, keys = api
+    judge = a_judge(process, keys.admin)
+    ids = asyncio.run(_items_of(process, keys, judge["id"], [(9, 2), (5, 5), (3, 7)]))
+    with process.client(keys.admin) as http, process.client(keys.other) as other:
+        found = http.get(f"/v1/judges/{judge['id']}/disagreements").json()
+        assert [(d["itemId"], d["judge"], d["people"], d["gap"]) for d in found] == [
+            (ids[0], 9, 2, 7), (ids[2], 3, 7, 4), (ids[1], 5, 5, 0)]
+        assert found[0]["input"] == "question 0" and found[0]["labels"] == 1
+        # The first, made an example in one call.
+        made = http.post(f"/v1/judges/{judge['id']}/examples", json={"fromItem": found[0]["itemId"]})
+        assert made.status_code == 201 and made.json()["rating"] == 2
+        assert other.get(f"/v1/judges/{judge['id']}/disagreements").status_code == 404

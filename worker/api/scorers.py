@@ -14,6 +14,7 @@ from fastapi import APIRouter, Depends, Path, Request, Response
 from pydantic import Field, SecretStr, ValidationError
 from pydantic.json_schema import SkipJsonSchema
 
+from scorer_groups.alignments import JudgeDisagreement
 from scorer_groups.api_models import BudgetView, Channel, JudgeTemplates
 from scorer_groups.models import JudgeExample
 from scoring import judge_templates
@@ -206,6 +207,13 @@ async def add_example(judge_id: PathId, body: ExampleBody, examples: Examples) -
     """Add a graded example to the judge (up to ``SGW_JUDGE_MAX_EXAMPLES``, 8 by default): part of
     its rubric from now on - a new revision, so backfills grade again."""
     return await examples.add(judge_id, body.model_dump(by_alias=True, exclude_unset=True))
+
+
+@router.get("/judges/{id}/disagreements", response_model=list[JudgeDisagreement], tags=["judges"])
+async def judge_disagreements(judge_id: PathId, examples: Examples) -> list[JudgeDisagreement]:
+    """The labelled review items where the judge and people are furthest apart (up to 20, the
+    largest gap first): the natural examples to add (``fromItem``)."""
+    return await examples.disagreements(judge_id)
 
 
 @router.delete("/judges/{id}/examples/{exampleId}", status_code=204, response_class=Response, tags=["judges"])
