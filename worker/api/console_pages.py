@@ -26,7 +26,7 @@ FILES = {"console.js": "text/javascript; charset=utf-8", "filters.js": "text/jav
          "backfills.js": "text/javascript; charset=utf-8", "incidents.js": "text/javascript; charset=utf-8",
          "runs.js": "text/javascript; charset=utf-8",
          "calls.js": "text/javascript; charset=utf-8", "templates.js": "text/javascript; charset=utf-8",
-         "reviews.js": "text/javascript; charset=utf-8",
+         "reviews.js": "text/javascript; charset=utf-8", "judges.js": "text/javascript; charset=utf-8",
          "console.css": "text/css; charset=utf-8"}
 HEADERS = {
     "Content-Security-Policy": ("default-src 'none'; script-src 'self'; style-src 'self'; connect-src 'self'; "

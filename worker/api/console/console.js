@@ -161,6 +161,8 @@ async function groupPage(groupId) {
   show(
     el("section", {}, el("h1", { id: "group-title" }, group.name),
       el("p", { class: "muted" }, profileText(group.online), group.gatesFirst ? " - gates first" : ""),
+      el("p", { id: "judge-links" }, "Judges: ", group.members.filter((m) => m.kind === "judge").map((m, i) => [
+        i ? ", " : "", el("a", { href: `#/judges/${encodeURIComponent(m.refId)}`, class: "judge-link" }, m.label || m.refId)]).flat()),
       group.description ? el("p", {}, group.description) : null),
     el("section", {}, el("h2", {}, "Incidents"), incidents),
     el("section", {}, el("h2", {}, "Ratings"), chart),
@@ -586,6 +588,7 @@ function route() {
   if (!signedIn) return signIn();
   const [, page, id] = location.hash.replace(/^#/, "").split("/");
   if (page === "reviews" && id) return reviewPage(decodeURIComponent(id)); // reviews.js
+  if (page === "judges" && id && !reviewer) return judgePage(decodeURIComponent(id)); // judges.js
   if (page === "reviews" || reviewer) return reviewsPage();
   if (page === "groups" && id) return groupPage(decodeURIComponent(id));
   if (page === "new") return newGroupPage();

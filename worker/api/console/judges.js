@@ -1,0 +1,116 @@
+// A judge's page (#/judges/<id>, issue 56): where it disagrees with people (each one click from an
+// example), its graded examples, and its alignment runs side by side with Promote - plus a form to
+// measure a candidate (new criteria, the examples as they are now) on a dataset or a review
+// queue's labels. Every string (criteria, examples, the items' texts) is put on the page as text.
+"use strict";
+
+async function judgePage(judgeId) {
+  show(el("p", { class: "muted" }, "Loading..."));
+  let judge;
+  try {
+    judge = await api("GET", `/v1/judges/${encodeURIComponent(judgeId)}`);
+  } catch (error) {
+    show(failure(error));
+    return;
+  }
+  const parts = { disagreements: el("div", { id: "judge-disagreements" }), examples: el("div", { id: "judge-examples" }),
+                  alignments: el("div", { id: "judge-alignments" }) };
+  show(
+    el("section", {}, el("h1", { id: "judge-title" }, judge.name), el("pre", { class: "review-text", id: "judge-criteria" }, judge.criteria)),
+    el("section", {}, el("h2", {}, "Where it disagrees with people"), parts.disagreements),
+    el("section", {}, el("h2", {}, "Graded examples in its prompt"), parts.examples),
+    el("section", {}, el("h2", {}, "Alignment runs"), alignmentForm(judge, parts), parts.alignments));
+  await refreshJudge(judge.id, parts);
+}
+
+async function refreshJudge(judgeId, parts) {
+  const path = `/v1/judges/${encodeURIComponent(judgeId)}`;
+  await Promise.all([
+    api("GET", `${path}/disagreements`).then((found) => parts.disagreements.replaceChildren(found.length
+      ? el("table", {}, el("thead", {}, el("tr", {}, ["Input", "Judge", "People", ""].map((h) => el("th", {}, h)))),
+          el("tbody", {}, found.map((d) => el("tr", { dataset: { item: d.itemId } },
+            el("td", {}, d.input), el("td", {}, fmt(d.judge)), el("td", {}, fmt(d.people)),
+            el("td", {}, el("button", { type: "button", class: "add-example",
+              onclick: () => addExample(judgeId, { fromItem: d.itemId }, parts) }, "Add as example"))))))
+      : el("p", { class: "muted" }, "No labelled review items of its results yet."))).catch((e) => parts.disagreements.replaceChildren(failure(e))),
+    api("GET", `${path}/examples`).then((examples) => parts.examples.replaceChildren(examples.length
+      ? el("ol", {}, examples.map((x) => el("li", { class: "judge-example", dataset: { example: x.id } },
+          el("pre", { class: "review-text" }, `Input: ${x.input}\nResponse: ${x.output}`),
+          el("p", {}, `Rating ${fmt(x.rating)}`, x.reason ? ` - ${x.reason}` : ""),
+          el("button", { type: "button", class: "delete-example",
+            onclick: async () => { await api("DELETE", `${path}/examples/${encodeURIComponent(x.id)}`);
+                                   refreshJudge(judgeId, parts); } }, "Delete"))))
+      : el("p", { class: "muted" }, "No examples: the judge reads its criteria alone."))).catch((e) => parts.examples.replaceChildren(failure(e))),
+    api("GET", `${path}/alignments`).then((runs) => parts.alignments.replaceChildren(runs.length
+      ? alignmentTable(judgeId, runs, parts) : el("p", { class: "muted" }, "No alignment runs yet."))).catch((e) => parts.alignments.replaceChildren(failure(e))),
+  ]);
+}
+
+async function addExample(judgeId, body, parts) {
+  try {
+    await api("POST", `/v1/judges/${encodeURIComponent(judgeId)}/examples`, body);
+  } catch (error) {
+    parts.examples.prepend(failure(error));
+    return;
+  }
+  await refreshJudge(judgeId, parts);
+}
+
+function figure(f) {
+  return f ? `${fmt(f.value)} (${fmt(f.low)}-${fmt(f.high)})` : "-";
+}
+
+function alignmentTable(judgeId, runs, parts) {
+  return el("table", { id: "alignment-runs" },
+    el("thead", {}, el("tr", {}, ["Run", "State", "Cases", "Spearman: now / candidate", "MAE: now / candidate", ""]
+      .map((h) => el("th", {}, h)))),
+    el("tbody", {}, runs.map((r) => el("tr", { dataset: { alignment: r.id } },
+      el("td", {}, r.source), el("td", {}, r.state === "running" ? `running ${r.done}/${r.total}` : r.state),
+      el("td", {}, r.counts ? String(r.counts.evaluated) : "-"),
+      el("td", {}, `${figure(r.current && r.current.spearman)} / ${figure(r.candidateFigures && r.candidateFigures.spearman)}`),
+      el("td", {}, `${figure(r.current && r.current.meanAbsoluteError)} / ` +
+                   `${figure(r.candidateFigures && r.candidateFigures.meanAbsoluteError)}`),
+      el("td", {}, r.promotedAt ? `promoted by ${r.promotedBy}` : r.state === "done"
+        ? el("button", { type: "button", class: "promote", onclick: () => promoteRun(judgeId, r, parts) },
+             r.better ? "Promote" : "Promote anyway (agreed worse)")
+        : null)))));
+}
+
+async function promoteRun(judgeId, run, parts) {
+  try {
+    await api("POST", `/v1/judges/${encodeURIComponent(judgeId)}/promote`, { alignment: run.id, force: !run.better });
+  } catch (error) {
+    parts.alignments.prepend(failure(error));
+    return;
+  }
+  judgePage(judgeId);
+}
+
+function alignmentForm(judge, parts) {
+  const criteria = el("textarea", { id: "candidate-criteria", rows: 3, cols: 70 });
+  criteria.value = judge.criteria;
+  const source = el("input", { id: "alignment-dataset", size: 30, placeholder: "dataset id (rows with humanRating)" });
+  const said = el("span", { class: "muted", role: "status" });
+  const form = el("form", { id: "alignment-form", onsubmit: async (event) => {
+    event.preventDefault();
+    const examples = await api("GET", `/v1/judges/${encodeURIComponent(judge.id)}/examples`);
+    try {
+      await api("POST", `/v1/judges/${encodeURIComponent(judge.id)}/alignments`,
+                { dataset: source.value.trim(), candidate: { criteria: criteria.value, examples } });
+      said.textContent = "measuring...";
+      const poll = async () => {
+        await refreshJudge(judge.id, parts);
+        if (document.querySelector("#alignment-runs tbody tr td:nth-child(2)")?.textContent.startsWith("running")) {
+          setTimeout(poll, 1000);
+        } else {
+          said.textContent = "";
+        }
+      };
+      poll();
+    } catch (error) {
+      said.replaceChildren(failure(error));
+    }
+  } }, el("label", {}, "Candidate criteria", criteria), el("label", {}, " Labels from ", source), " ",
+     el("button", { type: "submit" }, "Measure against people"), said);
+  return form;
+}
