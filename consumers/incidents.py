@@ -92,8 +92,8 @@ class _Silent:
 
 def _watched(group: ScorerGroup | None, reason: str | None = None) -> bool:
     """Is the group watched (for ``reason``): live, and alerting on its level for it?"""
-    if group is None or group.online is None or not group.online.enabled:
-        return False
+    if group is None or group.online is None or not group.online.enabled or group.online.shadow_of is not None:
+        return False  # (a shadow pages no one)
     watched = reasons(group.online)
     return bool(watched) if reason is None else reason in watched
 

@@ -7,7 +7,8 @@ whoever sends it (``consumers.outputs.Outputs.send``, ``consumers.loop.Partition
 
 For each result, in order (``outbox``):
 
-1. its rating, keyed by its trace (or session): every result has one;
+1. its rating, keyed by its trace (or session): every result has one - and a shadow's (a
+   candidate judge's copy of a group, issue 56) has nothing else: it is there to be compared;
 2. a backfill that did not ask for alerts stops here: last week's traffic pages nobody;
 3. its Signal: below the group's alert threshold, or without a score when a no-score Signal is
    due (the rate limit's word, ``no_score``); keyed ``scorer-group:<id>``;
@@ -112,6 +113,8 @@ def outbox(results: Sequence[tuple[ScorerGroup, Subject, PublishedRating]], scop
     for group, subject, rating in results:
         key = subject.session_id if scope == "session" else subject.trace_id
         records.append(Record(topics.ratings, key.encode() if key else None, rating.document))  # 1.
+        if group.online is not None and group.online.shadow_of is not None:
+            continue  # a shadow (a candidate judge beside its group): its rating alone, for comparison
         watching = snapshot.queues_watching(group.id)  # 6. (most groups: none, one lookup)
         if watching:
             taking = queues_taking(watching, group, policy.origin, subject_key=subject_key_of(subject),

@@ -101,6 +101,8 @@ def route(trace: Trace, snapshot: CatalogSnapshot, max_spans: int = DEFAULT_MAX_
             continue
         if group.online is None:
             continue
+        if group.online.shadow_until is not None and trace.timestamp >= group.online.shadow_until:
+            continue  # a shadow past its time (the trace's own: the same on redelivery)
         if group.online.scope == "session":
             if trace.session_id:  # a trace without a session is no turn: neither matched nor recorded
                 matched.append(group.id)

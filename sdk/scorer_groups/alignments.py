@@ -33,6 +33,9 @@ class AlignmentRequest(WireModel):
     dataset: Id | None = None
     version: int | None = Field(None, ge=1)
     queue: Id | None = None
+    # Also run the candidate on live traffic beside the judge for this long: a shadow of each live
+    # group of the judge's project that has it, on the same sample, publishing ratings only.
+    shadow_hours: int | None = Field(None, ge=1, le=168)
 
     @model_validator(mode="after")
     def _one_source(self) -> AlignmentRequest:
@@ -77,6 +80,13 @@ class CaseCounts(WireModel):
     budget_skipped: int  # of those, not graded: no room in the judge budget
 
 
+class Shadow(WireModel):
+    """A live group and its shadow: the same group with the candidate in the judge's place."""
+
+    group_id: str
+    shadow_id: str
+
+
 class Alignment(WireModel):
     id: str
     judge_id: str
@@ -95,6 +105,8 @@ class Alignment(WireModel):
     changed: list[ChangedVerdict] = Field(default_factory=list)
     tune_case_ids: list[str] = Field(default_factory=list)  # where examples may be drawn from next
     error: str | None = None
+    shadows: list[Shadow] = Field(default_factory=list)  # removed on promotion, or by DELETE .../shadow
+    shadow_until: datetime | None = None
     created_at: datetime
     updated_at: datetime  # a running run is saved every few seconds: long silent, it was interrupted
     finished_at: datetime | None = None

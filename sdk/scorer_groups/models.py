@@ -14,6 +14,7 @@ in RE2 within a program size. The SDK leaves that rule to the server, which refu
 from __future__ import annotations
 
 import re
+from datetime import datetime
 from typing import Annotated, Literal
 from urllib.parse import urlsplit
 
@@ -179,6 +180,13 @@ class OnlineProfile(WireModel):
                                      description="Drift: how many standard deviations below its learned "
                                                  "level the window's mean must drop.")
 
+    # A shadow (issue 56): a candidate judge's copy of a group, scored on live traffic beside it on
+    # the same sample until ``shadowUntil`` (the trace's own time), publishing ratings only - no
+    # Signal, delivery, incident or review item. Made and removed by an alignment run.
+    shadow_of: Id | None = Field(None, exclude_if=lambda v: v is None,
+                                 description="Set by an alignment run: the group this shadow runs beside.")
+    shadow_until: datetime | None = Field(None, exclude_if=lambda v: v is None, strict=False,  # ISO text in files
+                                          description="A shadow scores traces until this time (theirs).")
     # Review queues (issue 55): people's labels check the judges; a judge that stops agreeing
     # with them opens an incident (scoring.incidents, reason "agreement").
     alert_min_agreement: float | None = Field(None, ge=0, le=1, exclude_if=lambda v: v is None,

@@ -149,3 +149,45 @@ def test_the_sdk_runs_an_alignment_and_promotes_it(api: tuple[ApiProcess, str]) 
         promoted = client.monitor.judges.promote(judge, started.id)
         assert [e.id for e in promoted.examples] == [e["id"] for e in taught(KINDS)]
         assert [e.id for e in client.monitor.judges.examples(judge)] == [e.id for e in promoted.examples]
+
+
+def test_a_shadow_runs_the_candidate_beside_each_live_group_until_promoted(api: tuple[ApiProcess, str]) -> None:
+    process, key = api
+    judge, dataset = setup(process, key)
+    with process.client(key) as http:
+        live = http.post("/v1/scorer-groups", json={
+            "name": "Support", "members": [{"kind": "judge", "refId": judge}],
+            "online": {"enabled": True, "sampleRate": 0.25, "sampleSalt": "s1", "alertThreshold": 6,
+                       "severity": "high", "alertMode": "window"}}).json()["id"]
+        none_live = http.post("/v1/scorer-groups", json={"name": "Off", "members": [{"kind": "judge", "refId": judge}],
+                                                         "online": {"enabled": False, "sampleRate": 1,
+                                                                    "alertThreshold": 6, "severity": "high"}})
+        assert none_live.status_code == 201
+    done = run(process, key, judge, {"dataset": dataset, "candidate": {"examples": taught(KINDS)}, "shadowHours": 2})
+    (shadow,) = done["shadows"]
+    assert shadow["groupId"] == live and done["shadowUntil"] is not None
+    with process.client(key) as http:
+        copy = http.get(f"/v1/scorer-groups/{shadow['shadowId']}").json()
+        online = copy["online"]
+        assert (online["shadowOf"], online["sampleRate"], online["sampleSalt"]) == (live, 0.25, "s1"), "the same sample"
+        assert "alertMode" not in online, "a shadow pages no one"
+        (member,) = copy["members"]
+        candidate = http.get(f"/v1/judges/{member['refId']}").json()
+        assert member["refId"] != judge and [e["id"] for e in candidate["examples"]] == [e["id"] for e in taught(KINDS)]
+        assert http.post(f"/v1/judges/{judge}/promote", json={"alignment": done["id"]}).status_code == 200
+        assert http.get(f"/v1/scorer-groups/{shadow['shadowId']}").status_code == 404, "promoted: the shadow goes"
+        assert http.get(f"/v1/judges/{member['refId']}").status_code == 404
+        assert http.get(f"/v1/judges/{judge}/alignments/{done['id']}").json()["shadows"] == []
+
+        stopped = run(process, key, judge, {"dataset": dataset, "candidate": {"criteria": "x"}, "shadowHours": 1})
+        (shadow,) = stopped["shadows"]
+        assert http.delete(f"/v1/judges/{judge}/alignments/{stopped['id']}/shadow").status_code == 204
+        assert http.get(f"/v1/scorer-groups/{shadow['shadowId']}").status_code == 404
+        lonely = a_lonely_judge(http)
+        refused = http.post(f"/v1/judges/{lonely}/alignments", json={"dataset": dataset, "candidate": {},
+                                                                     "shadowHours": 1})
+        assert refused.status_code == 400 and "shadowHours" in refused.text, refused.text
+
+
+def a_lonely_judge(http: Any) -> str:
+    return str(http.post("/v1/judges", json={"name": "Alone", "criteria": "?"}).json()["id"])

@@ -118,3 +118,12 @@ def test_without_a_channel_of_its_agent_a_signal_is_only_the_record() -> None:
     box = route(group(), 0.2, channels={"theirs": CHANNELS["theirs"], "off": CHANNELS["off"],
                                         "digest": CHANNELS["digest"]})
     assert shape(box) == [("ratings", "t-1", "live"), ("signals", "scorer-group:g", "below_threshold")]
+
+
+def test_a_shadow_publishes_its_rating_and_nothing_else() -> None:
+    """Issue 56: a candidate judge's shadow of a group is there to be compared: below the
+    threshold, without a score, it raises no Signal and pages no channel."""
+    shadow = group(shadowOf="g-live", shadowUntil="2026-12-07T00:00:00Z")
+    assert shape(route(shadow, 0.2)) == [("ratings", "t-1", "live")]
+    assert shape(route(shadow, None, no_score=True)) == [("ratings", "t-1", "live")]
+    assert route(shadow, 0.2).signals == []

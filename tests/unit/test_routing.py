@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from datetime import UTC, datetime
 from typing import Any
 
 from scoring.catalog import CatalogSnapshot
@@ -136,3 +137,19 @@ def test_gates_first_defers_the_judges_only_behind_a_free_must_pass_member() -> 
                     [{"kind": "judge", "refId": "j1", "gate": True}, {"kind": "judge", "refId": "j2"}]):
         (pair,) = trace_pairs(trace(), snapshot(gates_first(*members), budgets=(budget,)))
         assert pair.claim.judge_calls == 2, members
+
+
+def test_a_shadow_scores_the_same_sample_as_its_group_until_its_time_by_the_traces_clock() -> None:
+    """Issue 56: a candidate judge's shadow of a group is graded beside it on the same traces,
+    until ``shadowUntil`` - read against the trace's own time, so a redelivery decides alike."""
+    base = group("half", "acme", PATTERN, sample_rate=0.5)
+    assert base.online is not None
+    shadow = base.model_copy(update={"id": "half-sh", "online": base.online.model_copy(update={
+        "shadow_of": "half", "shadow_until": datetime(2026, 12, 2, 14, 0, tzinfo=UTC)})})
+    catalog = snapshot(base, shadow)
+    before = [sorted(p.group.id for p in trace_pairs(trace(f"t-{i}"), catalog)) for i in range(100)]
+    assert all(groups in ([], ["half", "half-sh"]) for groups in before), "the same sample"
+    assert any(before)
+    after = [sorted(p.group.id for p in trace_pairs(trace(f"t-{i}", timestamp="2026-12-02T14:00:00Z"), catalog))
+             for i in range(100)]
+    assert all(groups in ([], ["half"]) for groups in after), "past its time: the group alone"

@@ -22,13 +22,13 @@ import statistics
 import uuid
 from collections import Counter
 from collections.abc import Coroutine
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from typing import Annotated, Any
 
 import structlog
 from fastapi import APIRouter, Depends, Path, Request, Response
 
-from scorer_groups.alignments import Alignment, AlignmentRequest, Candidate, CaseCounts, PromoteRequest
+from scorer_groups.alignments import Alignment, AlignmentRequest, Candidate, CaseCounts, PromoteRequest, Shadow
 from scoring.alignment import MARK, Case, better, changed, judge_figures, split
 from scoring.catalog import CatalogSnapshot, etag
 from scoring.dataset import DatasetRow, GradingPlan, grade_rows
@@ -37,7 +37,7 @@ from scoring.groups import Caller, Scorers
 from scoring.models import ID_PATTERN, Judge, Member, ScorerGroup
 from scoring.review_queues import ReviewQueues
 from scoring.stores.alignments import AlignmentStore
-from scoring.stores.catalog import CatalogStore
+from scoring.stores.catalog import CatalogStore, Write
 from scoring.stores.claims import Claims
 from scoring.stores.datasets import DatasetStore
 from scoring.stores.review_items import ReviewItems
@@ -164,12 +164,66 @@ async def start_alignment(judge_id: JudgeId, body: AlignmentRequest, client: Cli
                     counts=CaseCounts(labelled=len(cases), held_out_as_examples=len(own), tune=len(tune),
                                       evaluated=len(evaluated), budget_skipped=0),
                     tune_case_ids=[c.id for c in tune][:200])
+    if body.shadow_hours is not None:
+        run = await _shadow(client, judge, candidate, run, body.shadow_hours)
     store = AlignmentStore(redis_of(request))
     await store.save(run)
     tasks.spawn(project, _grade(request.app.state.engine, redis_of(request), store, run, judge, candidate, project,
                                 evaluated))
     response.headers["Location"] = f"/v1/judges/{judge.id}/alignments/{run.id}"
     return run
+
+
+MAX_SHADOWED = 5  # live groups one alignment shadows
+
+
+async def _shadow(client: Client, judge: Judge, candidate: Judge, run: Alignment, hours: int) -> Alignment:
+    """Shadows: the candidate as a judge of its own, and a copy of each live group of the judge's
+    project that has it, the candidate in its place - the same sample (rate and salt), ratings
+    only, until ``hours`` from now. One catalog write."""
+    until = _now() + timedelta(hours=hours)
+    shadow_judge = candidate.model_copy(update={"id": f"{judge.id}-sh-{run.id[3:]}",
+                                                "name": f"{judge.name} (candidate)"})
+    made: list[Shadow] = []
+
+    def change(catalog: CatalogSnapshot) -> list[Write]:
+        made.clear()
+        groups = [g for g in catalog.groups.values()
+                  if g.online is not None and g.online.enabled and g.online.shadow_of is None
+                  and (judge.project_id is None or g.project_id == judge.project_id)
+                  and any(m.kind == "judge" and m.ref_id == judge.id for m in g.members)]
+        if not groups:
+            raise InvalidDocument(f"shadowHours: no live group has judge {judge.id!r} to run beside")
+        writes: list[Write] = [("judges", shadow_judge.id, shadow_judge)]
+        for group in sorted(groups, key=lambda g: g.id)[:MAX_SHADOWED]:
+            assert group.online is not None
+            members = [m.model_copy(update={"ref_id": shadow_judge.id}) if m.kind == "judge" and m.ref_id == judge.id
+                       else m for m in group.members]
+            shadow = group.model_copy(update={
+                "id": f"{group.id}-sh-{run.id[3:]}", "name": f"{group.name} (shadow: {judge.name} candidate)",
+                "members": members,
+                "online": group.online.model_copy(update={"shadow_of": group.id, "shadow_until": until,
+                                                          "alert_mode": "each", "alert_no_score_rate": None,
+                                                          "alert_min_agreement": None})})
+            writes.append(("groups", shadow.id, shadow))
+            made.append(Shadow(group_id=group.id, shadow_id=shadow.id))
+        return writes
+
+    await client.store.write(change)
+    return run.model_copy(update={"shadows": list(made), "shadow_until": until})
+
+
+async def _unshadow(client: Client, run: Alignment) -> None:
+    """The run's shadows leave the catalog (one write)."""
+    if not run.shadows:
+        return
+    judge_id = f"{run.judge_id}-sh-{run.id[3:]}"
+
+    def change(catalog: CatalogSnapshot) -> list[Write]:
+        writes: list[Write] = [("groups", s.shadow_id, None) for s in run.shadows if s.shadow_id in catalog.groups]
+        return writes + ([("judges", judge_id, None)] if judge_id in catalog.judges else [])
+
+    await client.store.write(change)
 
 
 async def _grade(engine: ScoringEngine, redis: object, store: AlignmentStore, run: Alignment, judge: Judge,
@@ -256,6 +310,19 @@ async def get_alignment(judge_id: JudgeId, alignment_id: AlignmentId, client: Cl
     return _shown(run)
 
 
+@router.delete("/judges/{id}/alignments/{alignmentId}/shadow", status_code=204, response_class=Response)
+async def stop_shadow(judge_id: JudgeId, alignment_id: AlignmentId, client: Client, request: Request) -> Response:
+    """Stop running the candidate on live traffic: its shadow groups leave the catalog."""
+    judge = await _judge(client, judge_id)
+    store = AlignmentStore(redis_of(request))
+    run = await store.get(judge.id, alignment_id)
+    if run is None:
+        raise NotFound(f"judge {judge.id!r} has no alignment run {alignment_id!r}")
+    await _unshadow(client, run)
+    await store.save(run.model_copy(update={"shadows": [], "updated_at": _now()}))
+    return Response(status_code=204)
+
+
 @router.post("/judges/{id}/promote", response_model=Judge)
 async def promote(judge_id: JudgeId, body: PromoteRequest, client: Client, who: Who, request: Request,
                   response: Response) -> Judge:
@@ -280,7 +347,9 @@ async def promote(judge_id: JudgeId, body: PromoteRequest, client: Client, who: 
                        "the run's figures); send force: true to promote it anyway")
     promoted = with_candidate(judge, run.candidate)
     saved = await Scorers(client.store, who).put(promoted, if_match=run.judge_etag)
-    await store.save(run.model_copy(update={"promoted_at": _now(), "promoted_by": who.actor, "updated_at": _now()}))
+    await _unshadow(client, run)
+    await store.save(run.model_copy(update={"promoted_at": _now(), "promoted_by": who.actor, "updated_at": _now(),
+                                            "shadows": []}))
     assert isinstance(saved, Judge)
     response.headers["ETag"] = etag(saved)
     return saved
