@@ -24,7 +24,7 @@ from aiokafka import AIOKafkaProducer
 
 from scorer_groups.api_models import BackfillCreate
 from scoring.catalog import CatalogSnapshot
-from scoring.models import Budget, Judge, Pattern
+from scoring.models import Budget, Judge, JudgeExample, Pattern
 from scoring.stores.backfills import BackfillStore
 from scoring.stores.ratings import RatingsStore
 from tests.support import backfill_bench
@@ -85,6 +85,25 @@ async def test_a_changed_rubric_grades_the_window_again(bench: Bench) -> None:
     assert regraded.progress.pairs_scored == 6, "rated under another revision: graded again"
     assert [r["rating"] for r in ratings[6:]] == [10.0] * 6 and [r["rating"] for r in ratings[:6]] == [0.0] * 6
     assert (once_more.progress.pairs_scored, once_more.progress.pairs_skipped) == (0, 6)
+
+
+async def test_a_judge_promoted_with_examples_grades_the_window_again_as_its_examples_say(bench: Bench) -> None:
+    """Issue 56: examples are part of the rubric - a judge promoted with them is a new revision,
+    and its verdicts follow them (the local judge grades a case as the example sharing its marker)."""
+    await bench.produce([trace(bench.project, n, f"answer {n} [[case=refund]]") for n in range(4)])
+    group = group_doc(f"g-{bench.unique}", bench.project, BY_JUDGE)
+    plain = Judge(id="j", name="J", criteria="Helpful?")
+    before = CatalogSnapshot(groups={group.id: group}, judges={"j": plain})
+    await bench.run(bench.runner(lambda: before), await bench.job(group))
+    taught = plain.model_copy(update={"examples": [JudgeExample(id="e", input="q", output="x [[case=refund]]",
+                                                                rating=2)]})
+    promoted = CatalogSnapshot(groups={group.id: group}, judges={"j": taught})
+    assert promoted.revision(group) != before.revision(group)
+    regraded = await bench.run(bench.runner(lambda: promoted), await bench.job(group))
+    ratings = await bench.ratings(8)
+    assert regraded.progress.pairs_scored == 4, "a new revision: the window graded again"
+    assert [r["rating"] for r in ratings[:4]] == [7.0] * 4, "before: the local judge's default"
+    assert [r["rating"] for r in ratings[4:]] == [2.0] * 4, "after: as the example says"
 
 
 async def test_a_budget_of_n_calls_pauses_the_job_at_n_and_it_resumes_in_the_next_window(bench: Bench) -> None:
