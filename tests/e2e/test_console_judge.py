@@ -93,6 +93,10 @@ def test_a_disagreement_becomes_an_example_and_a_measured_candidate_is_promoted(
     console_browser.sign_in_at(browser, env.process.url, env.key)
     browser.get(f"{env.process.url}/console#/groups/{env.group}")
     wait_for(browser, "#judge-links a.judge-link")[0].click()
+    (agreement,) = wait_for(browser, f"#judge-agreement tr[data-group='{env.group}']")
+    live = env.get(f"/v1/scorer-groups/{env.group}/agreement")
+    cells = [td.text for td in agreement.find_elements(By.TAG_NAME, "td")]
+    assert (cells[1], cells[4]) == (str(live["labelledItems"]), "7.00"), cells  # one item: the judge 9, people 2
     (row,) = wait_for(browser, "#judge-disagreements tr[data-item]")
     assert INJECTION in row.text and not browser.find_elements(By.CSS_SELECTOR, "#judge-disagreements img")
     row.find_element(By.CSS_SELECTOR, "button.add-example").click()

@@ -9,15 +9,21 @@ project's judge is not found."""
 
 from __future__ import annotations
 
+import asyncio
 import time
 from collections.abc import Iterator
+from datetime import UTC, datetime
 from typing import Any
 
 import orjson
 import pytest
 
 from scorer_groups import Client
+from scorer_groups.review_queues import ReviewItem, ReviewQueue
+from scoring.review_rules import review_item_id
+from scoring.stores.review_items import ReviewItems
 from tests.support.api_process import ApiProcess, api_with_judge, create_key
+from tests.support.redis_clients import connect
 from tests.support.redis_databases import RedisDatabases
 
 pytestmark = pytest.mark.integration
@@ -191,3 +197,42 @@ def test_a_shadow_runs_the_candidate_beside_each_live_group_until_promoted(api: 
 
 def a_lonely_judge(http: Any) -> str:
     return str(http.post("/v1/judges", json={"name": "Alone", "criteria": "?"}).json()["id"])
+
+
+def test_a_review_queues_labels_measure_a_candidate(api: tuple[ApiProcess, str]) -> None:
+    """The labels people gave in a review queue (the median of each item's reviewers) are cases too."""
+    process, key = api
+    judge, _ = setup(process, key)
+    with process.client(key) as http:
+        group = http.post("/v1/scorer-groups", json={"name": "G", "members": [{"kind": "judge", "refId": judge}],
+                                                     "online": {"enabled": False, "sampleRate": 1,
+                                                                "alertThreshold": 6, "severity": "high"}}).json()["id"]
+        queue = ReviewQueue.model_validate(http.post("/v1/review-queues", json={
+            "name": "Q", "groupIds": [group], "rule": {"below": True}}).json())
+    made = rows()
+    items = [ReviewItem.model_validate({
+        "id": review_item_id(queue.id, f"r-{n}"), "queueId": queue.id, "projectId": "p-align", "groupId": group,
+        "ratingId": f"r-{n}", "reason": "below", "origin": "live", "createdAt": datetime.now(UTC).isoformat(),
+        "subject": {"scope": "trace", "traceId": f"t{n}", "input": row["input"], "output": row["output"]},
+        "rating": {"id": f"r-{n}", "groupId": group, "groupName": "G", "projectId": "p-align", "agentId": "a",
+                   "scope": "trace", "traceId": f"t{n}", "kind": "k", "rating": 3.0, "reason": None,
+                   "justification": "j", "scoredAt": datetime.now(UTC).isoformat(), "members": []}})
+        for n, row in enumerate(made)]
+    asyncio.run(_take(process.redis_url, queue, items))
+    ann = create_key(process.redis_url, "--project", "p-align", "--role", "reviewer", "--name", "ann")
+    with process.client(ann) as http:
+        for item, row in zip(items, made, strict=True):
+            assert http.post(f"/v1/review-queues/{queue.id}/next").json()["item"]["id"] == item.id
+            assert http.put(f"/v1/review-items/{item.id}/labels/me", json={"rating": row["humanRating"]}).status_code == 200
+    done = run(process, key, judge, {"queue": queue.id, "candidate": {"examples": taught(KINDS)}})
+    assert done["source"] == f"queue:{queue.id}" and done["counts"]["labelled"] == ROWS
+    assert done["better"] is True and done["candidateFigures"]["spearman"]["value"] == pytest.approx(1.0)
+
+
+async def _take(url: str, queue: ReviewQueue, items: list[ReviewItem]) -> None:
+    redis = connect(url)
+    try:
+        for n, item in enumerate(items):
+            await ReviewItems(redis).take([(item, queue)], time.time() + n * 0.001)
+    finally:
+        await redis.aclose()

@@ -15,12 +15,37 @@ async function judgePage(judgeId) {
   }
   const parts = { disagreements: el("div", { id: "judge-disagreements" }), examples: el("div", { id: "judge-examples" }),
                   alignments: el("div", { id: "judge-alignments" }) };
+  const agreement = el("div", { id: "judge-agreement" });
   show(
     el("section", {}, el("h1", { id: "judge-title" }, judge.name), el("pre", { class: "review-text", id: "judge-criteria" }, judge.criteria)),
+    el("section", {}, el("h2", {}, "Agreement with people, by group"), agreement),
     el("section", {}, el("h2", {}, "Where it disagrees with people"), parts.disagreements),
     el("section", {}, el("h2", {}, "Graded examples in its prompt"), parts.examples),
     el("section", {}, el("h2", {}, "Alignment runs"), alignmentForm(judge, parts), parts.alignments));
+  showJudgeAgreement(judge, agreement);
   await refreshJudge(judge.id, parts);
+}
+
+// Each group that has the judge: the judge's column of the group's live agreement (reviews).
+async function showJudgeAgreement(judge, container) {
+  try {
+    const groups = (await api("GET", "/v1/scorer-groups?limit=200")).items
+      .filter((g) => g.members.some((m) => m.kind === "judge" && m.refId === judge.id));
+    const rows = await Promise.all(groups.map(async (g) => {
+      const live = await api("GET", `/v1/scorer-groups/${encodeURIComponent(g.id)}/agreement`);
+      const column = live.agreement && live.agreement.judges.find((c) => c.scorerId === judge.id);
+      const kappa = column && column.marks.length ? column.marks[column.marks.length - 1].kappa : null;
+      return el("tr", { dataset: { group: g.id } }, el("td", {}, g.name), el("td", {}, String(live.labelledItems)),
+        el("td", {}, column ? fmt(column.spearman) : "-"), el("td", {}, column ? fmt(kappa) : "-"),
+        el("td", {}, column ? fmt(column.meanAbsoluteError) : "-"));
+    }));
+    container.replaceChildren(rows.length
+      ? el("table", {}, el("thead", {}, el("tr", {}, ["Group", "Labelled items", "Spearman", "Kappa", "MAE"]
+          .map((h) => el("th", {}, h)))), el("tbody", {}, rows))
+      : el("p", { class: "muted" }, "No group has this judge."));
+  } catch (error) {
+    container.replaceChildren(failure(error));
+  }
 }
 
 async function refreshJudge(judgeId, parts) {
