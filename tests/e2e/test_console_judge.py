@@ -104,6 +104,13 @@ def test_a_disagreement_becomes_an_example_and_a_measured_candidate_is_promoted(
     assert INJECTION in example.text and "Rating 2.00" in example.text
     assert not browser.find_elements(By.CSS_SELECTOR, "#judge-examples img"), "shown as text"
     assert [e["rating"] for e in env.get(f"/v1/judges/{env.judge}/examples")] == [2.0]
+    for field, typed in (("#example-input", "Where is my parcel?"), ("#example-output", "It left today."),
+                         ("#example-rating", "9"), ("#example-reason", "Answers it.")):
+        browser.find_element(By.CSS_SELECTOR, field).send_keys(typed)
+    browser.find_element(By.CSS_SELECTOR, "#example-form button[type=submit]").click()
+    wait_for(browser, "#judge-examples li.judge-example", 2)
+    assert [(e["input"], e["rating"], e.get("reason")) for e in env.get(f"/v1/judges/{env.judge}/examples")][1] == \
+        ("Where is my parcel?", 9.0, "Answers it.")
 
     browser.find_element(By.CSS_SELECTOR, "#alignment-dataset").send_keys(env.dataset)
     browser.find_element(By.CSS_SELECTOR, "#alignment-form button[type=submit]").click()

@@ -20,7 +20,7 @@ async function judgePage(judgeId) {
     el("section", {}, el("h1", { id: "judge-title" }, judge.name), el("pre", { class: "review-text", id: "judge-criteria" }, judge.criteria)),
     el("section", {}, el("h2", {}, "Agreement with people, by group"), agreement),
     el("section", {}, el("h2", {}, "Where it disagrees with people"), parts.disagreements),
-    el("section", {}, el("h2", {}, "Graded examples in its prompt"), parts.examples),
+    el("section", {}, el("h2", {}, "Graded examples in its prompt"), parts.examples, exampleForm(judge.id, parts)),
     el("section", {}, el("h2", {}, "Alignment runs"), alignmentForm(judge, parts), parts.alignments));
   showJudgeAgreement(judge, agreement);
   await refreshJudge(judge.id, parts);
@@ -69,6 +69,20 @@ async function refreshJudge(judgeId, parts) {
     api("GET", `${path}/alignments`).then((runs) => parts.alignments.replaceChildren(runs.length
       ? alignmentTable(judgeId, runs, parts) : el("p", { class: "muted" }, "No alignment runs yet."))).catch((e) => parts.alignments.replaceChildren(failure(e))),
   ]);
+}
+
+function exampleForm(judgeId, parts) {
+  const input = el("textarea", { id: "example-input", rows: 2, cols: 60, maxlength: 4000 });
+  const output = el("textarea", { id: "example-output", rows: 2, cols: 60, maxlength: 4000 });
+  const rating = el("input", { id: "example-rating", type: "number", min: 0, max: 10, step: 0.5, required: true });
+  const reason = el("input", { id: "example-reason", size: 60, maxlength: 1000 });
+  return el("form", { id: "example-form", onsubmit: async (event) => {
+    event.preventDefault();
+    await addExample(judgeId, { input: input.value, output: output.value, rating: Number(rating.value),
+                                ...(reason.value.trim() ? { reason: reason.value.trim() } : {}) }, parts);
+    event.target.reset();
+  } }, el("label", {}, "Input", input), el("label", {}, "Response", output), el("label", {}, "Rating (0-10) ", rating),
+     el("label", {}, " Why ", reason), " ", el("button", { type: "submit" }, "Add an example"));
 }
 
 async function addExample(judgeId, body, parts) {
