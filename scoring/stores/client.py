@@ -5,18 +5,21 @@ together shares a hash tag (``keys.py``), so on a cluster each of them goes to o
 redis-py's cluster client finds the node by the keys and follows it through a failover.
 
 What people were promised is kept - a reviewer's label - is written on one connection and
-acknowledged only once a replica has it (``one_connection``, ``on_a_replica``): replication is
+acknowledged only once a replica has it (``one_connection``, ``OneConnection.on_a_replica``): replication is
 asynchronous, and a failover loses what the primary had not yet passed on.
 """
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Sequence
 from contextlib import asynccontextmanager
-from typing import TypeAlias
+from typing import Any, TypeAlias, cast
 
 from redis.asyncio import Redis
 from redis.asyncio.cluster import RedisCluster
+from redis.asyncio.connection import AbstractConnection
+from redis.commands.core import AsyncScript
+from redis.exceptions import NoScriptError
 
 from scoring.errors import CatalogError
 
@@ -32,29 +35,59 @@ class NotReplicated(CatalogError):
     retriable = True
 
 
-# Of a cluster client's connection options, those a client of one of its nodes needs.
-_NODE_OPTIONS = ("username", "password", "ssl", "ssl_ca_certs", "ssl_certfile", "ssl_keyfile", "ssl_cert_reqs",
-                 "ssl_check_hostname", "socket_timeout", "socket_connect_timeout", "credential_provider")
+class OneConnection:
+    """Commands on one pooled connection to the primary serving a key (``one_connection``): a
+    write and the ``WAIT`` after it must share a connection - WAIT counts the replicas holding
+    that connection's writes."""
+
+    def __init__(self, connection: AbstractConnection) -> None:
+        self._connection = connection
+
+    async def command(self, *args: Any) -> Any:
+        await self._connection.send_command(*args)
+        return await self._connection.read_response()
+
+    async def script(self, script: AsyncScript, keys: Sequence[Any], args: Sequence[Any]) -> Any:
+        """Run ``script`` by its SHA; on a server that does not know it, load it and run it."""
+        try:
+            return await self.command("EVALSHA", script.sha, len(keys), *keys, *args)
+        except NoScriptError:
+            await self.command("SCRIPT", "LOAD", script.script)
+            return await self.command("EVALSHA", script.sha, len(keys), *keys, *args)
+
+    async def on_a_replica(self, timeout_ms: int) -> None:
+        """Return once a replica holds every write made on this connection - at once on a server
+        without replicas; raise ``NotReplicated`` past ``timeout_ms``."""
+        info = await self.command("INFO", "replication")
+        text = info.decode() if isinstance(info, bytes) else str(info)
+        replicas = next((int(line.split(":", 1)[1]) for line in text.splitlines()
+                         if line.startswith("connected_slaves:")), 0)
+        if replicas and int(await self.command("WAIT", 1, timeout_ms)) < 1:
+            raise NotReplicated(f"no Redis replica acknowledged the write within {timeout_ms} ms; send it again")
 
 
 @asynccontextmanager
-async def one_connection(redis: RedisClient, key: str) -> AsyncIterator[Redis]:
-    """A client on one connection to the primary serving ``key``: a write and the ``WAIT`` after
-    it must share a connection (WAIT counts the replicas holding that connection's writes)."""
+async def one_connection(redis: RedisClient, key: str) -> AsyncIterator[OneConnection]:
+    """One of ``redis``'s own pooled connections (its options, its pool) to the primary serving
+    ``key``, for the block; dropped rather than pooled again if the block failed on it."""
     if isinstance(redis, RedisCluster):
         node = redis.get_node_from_key(key)
         assert node is not None, f"no node serves {key!r}"
-        options = {k: v for k, v in redis.nodes_manager.connection_kwargs.items() if k in _NODE_OPTIONS}
-        client = Redis(host=node.host, port=int(node.port), single_connection_client=True, **options)
+        connection = node.acquire_connection()
+        try:
+            yield OneConnection(connection)
+        except BaseException:
+            await connection.disconnect()
+            raise
+        finally:
+            node.release(connection)
     else:
-        client = redis.client()
-    async with client:
-        yield client
-
-
-async def on_a_replica(client: Redis, timeout_ms: int) -> None:
-    """Return once a replica of ``client``'s server holds every write made on its connection -
-    at once on a server without replicas; raise ``NotReplicated`` past ``timeout_ms``."""
-    replication = await client.info("replication")
-    if int(replication.get("connected_slaves", 0)) and await client.wait(1, timeout_ms) < 1:
-        raise NotReplicated(f"no Redis replica acknowledged the write within {timeout_ms} ms; send it again")
+        pool = redis.connection_pool
+        standalone = cast(AbstractConnection, await pool.get_connection())  # type: ignore[no-untyped-call]
+        try:
+            yield OneConnection(standalone)
+        except BaseException:
+            await standalone.disconnect()
+            raise
+        finally:
+            await pool.release(standalone)

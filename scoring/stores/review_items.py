@@ -29,7 +29,7 @@ import orjson
 from scorer_groups.review_queues import ReviewItem, ReviewQueue, ScoreCard
 from scoring.review_rules import KeptItem
 from scoring.stores import keys
-from scoring.stores.client import RedisClient, on_a_replica, one_connection
+from scoring.stores.client import RedisClient, one_connection
 from scoring.stores.scripts import ScriptPipeline
 
 DAY_S = 86_400
@@ -324,10 +324,11 @@ class ReviewItems:
         ``now``: the server's clock by default, as ``next``'s."""
         names = _queue_keys(queue)
         async with one_connection(self._redis, names[0]) as connection:  # the label, then a replica has it
-            reply = await self._label(keys=names, args=[item_id, reviewer_key, label, queue.reviewers_per_item,
-                                                        "" if now is None else now, _keep(queue)], client=connection)
+            reply = await connection.script(self._label, names, [item_id, reviewer_key, label,
+                                                                 queue.reviewers_per_item, "" if now is None else now,
+                                                                 _keep(queue)])
             if reply[0] in (b"ok", "ok"):
-                await on_a_replica(connection, self.REPLICA_WAIT_MS)
+                await connection.on_a_replica(self.REPLICA_WAIT_MS)
         status = reply[0].decode() if isinstance(reply[0], bytes) else reply[0]
         if status != "ok":
             raise LabelRefused(status)
