@@ -135,9 +135,11 @@ class JudgeExamples:
             raise InvalidDocument.from_validation(exc) from None
 
     async def _from_item(self, judge: Judge, item_id: str) -> dict[str, Any]:
+        if judge.project_id is None:  # a shared judge's prompt reaches every project: no one project's texts
+            raise InvalidDocument("fromItem: a shared judge learns from no project's items; write the example")
         view = await ReviewQueues(self._store, self._caller).view(item_id)  # 404: another project's
         item = view.item
-        if judge.project_id is not None and item.project_id != judge.project_id:
+        if item.project_id != judge.project_id:
             raise InvalidDocument(f"fromItem: an item of project {item.project_id!r} cannot teach a judge of "
                                   f"project {judge.project_id!r}")
         text = item.subject.transcript or item.subject.input

@@ -60,6 +60,8 @@ def judge_agreements(group: ScorerGroup, labelled: Sequence[tuple[ScoreCard, Map
             continue
         pairs = [(card.judges[member.ref_id], people) for card, people in rows if member.ref_id in card.judges]
         figure = spearman([m for m, _ in pairs], [p for _, p in pairs]) if len(pairs) >= 2 else None
+        if figure is None and len({m for m, _ in pairs}) == 1 and len({p for _, p in pairs}) > 1:
+            figure = 0.0  # a judge stuck on one verdict while people differ tells them apart not at all
         found.append(JudgeAgreement(member.ref_id, member.label or member.ref_id, _round(figure), len(pairs)))
     return found
 

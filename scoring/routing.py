@@ -93,6 +93,9 @@ def route(trace: Trace, snapshot: CatalogSnapshot, max_spans: int = DEFAULT_MAX_
     turn = False
     undecided: list[str] = []
     for group in trace_groups + session_groups + span_groups:
+        if group.online is not None and group.online.shadow_until is not None \
+                and trace.timestamp >= group.online.shadow_until:
+            continue  # a shadow past its time (the trace's own: the same on redelivery), before any work
         passes = snapshot.passes(group, view)
         if not passes:
             filtered.append(group.id)
@@ -101,8 +104,6 @@ def route(trace: Trace, snapshot: CatalogSnapshot, max_spans: int = DEFAULT_MAX_
             continue
         if group.online is None:
             continue
-        if group.online.shadow_until is not None and trace.timestamp >= group.online.shadow_until:
-            continue  # a shadow past its time (the trace's own: the same on redelivery)
         if group.online.scope == "session":
             if trace.session_id:  # a trace without a session is no turn: neither matched nor recorded
                 matched.append(group.id)

@@ -115,18 +115,18 @@ if mine and redis.call('ZSCORE', KEYS[OPEN], mine) then
 end
 local wanted = tonumber(ARGV[6])
 for _, id in ipairs(redis.call('ZRANGE', KEYS[OPEN], 0, tonumber(ARGV[4]) - 1)) do
-  if not holder(id, now) and redis.call('SISMEMBER', KEYS[LABELLED], reviewer .. '\t' .. id) == 0 then
+  if not holder(id, now) then
     local raw, count = redis.call('HGET', KEYS[LABELS], id), 0
     if raw then for _ in pairs(cjson.decode(raw)) do count = count + 1 end end
-    if count >= wanted then
+    if count >= wanted then  -- whoever labelled it: it has its labels
       redis.call('ZREM', KEYS[OPEN], id)
       redis.call('ZADD', KEYS[DONE], now, id)
       redis.call('HDEL', KEYS[HELD], id)
-    else
-    local untl = now + tonumber(ARGV[3])
-    redis.call('HSET', KEYS[HELD], id, reviewer .. '\t' .. untl, 'by:' .. reviewer, id)
-    keep_all(tonumber(ARGV[5]))
-    return {id, tostring(untl)}
+    elseif redis.call('SISMEMBER', KEYS[LABELLED], reviewer .. '\t' .. id) == 0 then
+      local untl = now + tonumber(ARGV[3])
+      redis.call('HSET', KEYS[HELD], id, reviewer .. '\t' .. untl, 'by:' .. reviewer, id)
+      keep_all(tonumber(ARGV[5]))
+      return {id, tostring(untl)}
     end
   end
 end
@@ -136,16 +136,33 @@ return false
 # ARGV: item, reviewer key, label (JSON), reviewers per item, now ("": the server's), keep seconds. A reviewer labels
 # an item they hold, or changes their label while it is open - the version also goes to the
 # labels' outbox, in the same script: {"ok", labels now, version, 1 when the item is done by it};
-# else {"missing"}, {"done"}, {"not_held"}.
+# else {"missing"}, {"done"}, {"not_held"}. The same label sent again (a retry after a 503: the
+# write may have reached the primary) is answered as kept, changing nothing.
 _LABEL = _KEYS + _HOLDER + """
+local function same(a, b)  -- the same label (what the reviewer said, whenever): a retry
+  if a['rating'] ~= b['rating'] or a['comment'] ~= b['comment'] then return false end
+  local am, bm = a['members'] or {}, b['members'] or {}
+  for k, v in pairs(am) do
+    local w = bm[k]
+    if not w or w['agree'] ~= v['agree'] or w['rating'] ~= v['rating'] then return false end
+  end
+  for k in pairs(bm) do if not am[k] then return false end end
+  return true
+end
 local item, reviewer, now = ARGV[1], ARGV[2], clock(ARGV[5])
 if redis.call('HEXISTS', KEYS[ITEMS], item) == 0 then return {'missing'} end
-if redis.call('ZSCORE', KEYS[DONE], item) then return {'done'} end
 local raw = redis.call('HGET', KEYS[LABELS], item)
 local labels = raw and cjson.decode(raw) or {}
+local label = cjson.decode(ARGV[3])
+local done_at = redis.call('ZSCORE', KEYS[DONE], item)
+if labels[reviewer] ~= nil and same(labels[reviewer], label) then  -- sent again (a 503's retry): kept
+  local count = 0
+  for _ in pairs(labels) do count = count + 1 end
+  return {'ok', count, labels[reviewer]['version'], done_at and 1 or 0}
+end
+if done_at then return {'done'} end
 local who = holder(item, now)
 if labels[reviewer] == nil and who ~= reviewer then return {'not_held'} end
-local label = cjson.decode(ARGV[3])
 if labels[reviewer] == nil then redis.call('HINCRBY', KEYS[COUNTS], 'by:' .. reviewer, 1) end
 label['version'] = labels[reviewer] and (labels[reviewer]['version'] + 1) or 1
 labels[reviewer] = label

@@ -14,12 +14,12 @@ in RE2 within a program size. The SDK leaves that rule to the server, which refu
 from __future__ import annotations
 
 import re
-from datetime import datetime
 from typing import Annotated, Literal
 from urllib.parse import urlsplit
 
 from pydantic import (
     AfterValidator,
+    AwareDatetime,
     Field,
     SecretStr,
     SerializationInfo,
@@ -185,7 +185,7 @@ class OnlineProfile(WireModel):
     # Signal, delivery, incident or review item. Made and removed by an alignment run.
     shadow_of: Id | None = Field(None, exclude_if=lambda v: v is None,
                                  description="Set by an alignment run: the group this shadow runs beside.")
-    shadow_until: datetime | None = Field(None, exclude_if=lambda v: v is None, strict=False,  # ISO text in files
+    shadow_until: AwareDatetime | None = Field(None, exclude_if=lambda v: v is None, strict=False,  # ISO text, a zone
                                           description="A shadow scores traces until this time (theirs).")
     # Review queues (issue 55): people's labels check the judges; a judge that stops agreeing
     # with them opens an incident (scoring.incidents, reason "agreement").

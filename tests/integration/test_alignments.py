@@ -236,3 +236,20 @@ async def _take(url: str, queue: ReviewQueue, items: list[ReviewItem]) -> None:
             await ReviewItems(redis).take([(item, queue)], time.time() + n * 0.001)
     finally:
         await redis.aclose()
+
+
+def test_a_shared_judge_is_measured_and_shadowed_by_no_project(api: tuple[ApiProcess, str]) -> None:
+    """A shared judge's prompt is every project's: no project key may measure, shadow or promote
+    it (a shadow would put one tenant's candidate on the others' traffic and budgets)."""
+    process, key = api
+    _, dataset = setup(process, key)
+    operator = create_key(process.redis_url, "--operator")
+    with process.client(operator) as http:
+        shared = http.post("/v1/judges", json={"name": "Shared", "criteria": "Helpful?"}).json()["id"]
+    with process.client(key) as http:
+        for method, path, body in [
+                ("POST", f"/v1/judges/{shared}/alignments", {"dataset": dataset, "candidate": {}, "shadowHours": 1}),
+                ("GET", f"/v1/judges/{shared}/alignments", None),
+                ("POST", f"/v1/judges/{shared}/promote", {"alignment": "al_x"})]:
+            answer = http.request(method, path, json=body)
+            assert answer.status_code == 403, (method, path, answer.text)

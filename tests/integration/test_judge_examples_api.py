@@ -215,3 +215,12 @@ def test_the_judges_disagreements_with_people_come_largest_first(api: tuple[ApiP
         made = http.post(f"/v1/judges/{judge['id']}/examples", json={"fromItem": found[0]["itemId"]})
         assert made.status_code == 201 and made.json()["rating"] == 2
         assert other.get(f"/v1/judges/{judge['id']}/disagreements").status_code == 404
+
+
+def test_a_shared_judge_learns_from_no_projects_item(api: tuple[ApiProcess, Keys]) -> None:
+    process, keys = api
+    shared = a_judge(process, keys.operator)
+    item = asyncio.run(_labelled_item(process, keys, "A project's private question."))
+    with process.client(keys.operator) as operator:
+        refused = operator.post(f"/v1/judges/{shared['id']}/examples", json={"fromItem": item})
+        assert refused.status_code == 400 and "fromItem" in refused.text, refused.text

@@ -260,3 +260,37 @@ def test_a_null_in_a_queue_patch_puts_the_default_back(api: tuple[ApiProcess, Ke
         assert (reset.json()["capacity"], reset.json()["reservationSeconds"]) == (1000, 600)
         required = admin.patch(f"/v1/review-queues/{queue.id}", json={"name": None})
         assert required.status_code == 400 and "name" in required.text, required.text
+
+
+async def test_a_label_sent_again_is_kept_once_and_an_item_labelled_by_all_asking_closes(
+        api: tuple[ApiProcess, Keys]) -> None:
+    process, keys = api
+    with client(process, keys.admin) as admin:
+        queue = a_queue(admin, reviewersPerItem=3)
+    ids = await fill(process, queue, 2)
+    redis = aioredis.Redis.from_url(process.redis_url)
+    store = ReviewItems(redis)
+    try:
+        for who in ("k-ann", "k-bob"):
+            assert (await store.next(queue, who) or ("",))[0] in ids
+        held = {who: (await store.next(queue, who) or ("",))[0] for who in ("k-ann", "k-bob")}
+        for who, item in held.items():
+            first = await store.label(queue, item, who, b'{"rating": 3, "comment": null, "members": {}}')
+            # The same label again (a retry after a 503): kept once, no new version.
+            again = await store.label(queue, item, who, b'{"rating": 3, "comment": null, "members": {}}')
+            assert (again.version, again.labels) == (first.version, first.labels) == (1, 1)
+        # Each labels the other's item: both items have two labels.
+        for who, item in (("k-ann", held["k-bob"]), ("k-bob", held["k-ann"])):
+            assert (await store.next(queue, who) or ("",))[0] == item
+            await store.label(queue, item, who, b'{"rating": 4, "comment": null, "members": {}}')
+        lowered = queue.model_copy(update={"reviewers_per_item": 2})  # the queue asks for two now
+        assert await store.next(lowered, "k-ann") is None, "nothing left for ann"
+        assert (await store.progress(lowered, "k-ann"))["open"] == 0, "the items she labelled closed too"
+        # A label sent again to a done item is still answered as kept; a different one is refused.
+        done = await store.label(lowered, held["k-ann"], "k-ann", b'{"rating": 3, "comment": null, "members": {}}')
+        assert done.done and done.version == 1
+        with pytest.raises(LabelRefused) as refused:
+            await store.label(lowered, held["k-ann"], "k-ann", b'{"rating": 9, "comment": null, "members": {}}')
+        assert refused.value.why == "done"
+    finally:
+        await redis.aclose()

@@ -10,10 +10,12 @@ import pytest
 from pydantic import ValidationError
 
 from deploy.judge_server import JudgeServer
+from scorer_groups.review_queues import ScoreCard
 from scoring.catalog import CatalogSnapshot
 from scoring.errors import field_errors
 from scoring.judge_prompt import EXAMPLES_INTRO, build_messages
-from scoring.models import Judge, ScorerGroup
+from scoring.models import Judge, OnlineProfile, ScorerGroup
+from scoring.review_agreement import judge_agreements
 from scoring.subjects import Subject
 
 
@@ -85,3 +87,21 @@ def test_the_local_judge_grades_a_case_as_its_matching_example_says() -> None:
     assert server._deterministic_rating(build_messages(taught, unseen)) == 7, \
         "a marker inside an example never rates the case"
     assert server._deterministic_rating(build_messages(judge(), subject())) == 7, "no examples: nothing learnt"
+
+
+def test_a_judge_stuck_on_one_verdict_agrees_with_no_one() -> None:
+    """A judge that answers the same whatever people say (a parse fallback, a broken prompt) has
+    agreement 0, not none: the agreement watch must see it."""
+    group = ScorerGroup.model_validate({"id": "g", "name": "G", "projectId": "p",
+                                        "members": [{"kind": "judge", "refId": "j"}]})
+    rows = [(ScoreCard(group_id="g", rating_id=f"r{n}", rating=10.0, judges={"j": 10.0}),
+             {"k": {"rating": float(n)}}) for n in range(12)]
+    (stuck,) = judge_agreements(group, rows)
+    assert (stuck.spearman, stuck.items, stuck.judged) == (0.0, 12, True)
+
+
+def test_a_shadow_time_needs_a_zone() -> None:
+    with pytest.raises(ValidationError) as refused:
+        OnlineProfile.model_validate({"enabled": True, "sampleRate": 1, "alertThreshold": 6, "severity": "high",
+                                      "shadowOf": "g", "shadowUntil": "2027-01-01T00:00:00"})
+    assert "shadowUntil" in field_errors(refused.value)[0]

@@ -21,7 +21,8 @@ import asyncio
 import statistics
 import uuid
 from collections import Counter
-from collections.abc import Coroutine
+from collections.abc import Callable, Coroutine, Iterator
+from contextlib import contextmanager
 from datetime import UTC, datetime, timedelta
 from typing import Annotated, Any
 
@@ -67,18 +68,32 @@ class AlignmentTasks:
     """The runs this process grades: a task registry with its bounds; ``close`` cancels them."""
 
     def __init__(self) -> None:
-        self._running: dict[asyncio.Task[None], str] = {}  # task -> its project
+        self._running: dict[asyncio.Future[None], str] = {}  # a run's task (or a slot held for it) -> its project
 
-    def admit(self, project: str) -> None:
+    @contextmanager
+    def admitted(self, project: str) -> Iterator[Callable[[Coroutine[Any, Any, None]], None]]:
+        """A slot for one run of ``project``, taken now (before the request's first await: two
+        requests at once cannot both take the last one), held by the run spawned in the block,
+        given back if none was."""
         per = Counter(self._running.values())
         if len(self._running) >= AT_ONCE or per[project] >= PER_PROJECT:
             raise TooMany(f"an alignment run of project {project!r} is already grading (at most {PER_PROJECT} "
                           f"per project, {AT_ONCE} in all); wait for it")
+        slot: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        self._running[slot] = project
+        spawned: list[asyncio.Task[None]] = []
 
-    def spawn(self, project: str, coroutine: Coroutine[Any, Any, None]) -> None:
-        task: asyncio.Task[None] = asyncio.get_running_loop().create_task(coroutine)
-        self._running[task] = project
-        task.add_done_callback(lambda t: self._running.pop(t, None))
+        def spawn(coroutine: Coroutine[Any, Any, None]) -> None:
+            task: asyncio.Task[None] = asyncio.get_running_loop().create_task(coroutine)
+            self._running[task] = project
+            task.add_done_callback(lambda t: self._running.pop(t, None))
+            spawned.append(task)
+
+        try:
+            yield spawn
+        finally:
+            self._running.pop(slot, None)
+            slot.cancel()
 
     async def close(self) -> None:
         for task in list(self._running):
@@ -106,36 +121,50 @@ def _now() -> datetime:
     return datetime.now(UTC)
 
 
+def _theirs(run: Alignment, who: Caller) -> bool:
+    """A run is read by its project's keys (and the operators): it quotes that project's labels."""
+    return who.operator or run.project_id == who.project_id
+
+
 def _shown(run: Alignment) -> Alignment:
     if run.state == "running" and (_now() - run.updated_at).total_seconds() > STALE_S:
         return run.model_copy(update={"state": "interrupted"})
     return run
 
 
-async def _judge(client: Client, judge_id: str) -> Judge:
-    judge = await client.scorers.get("judges", judge_id)
+async def _judge(client: Client, who: Caller, judge_id: str) -> Judge:
+    """The judge, if the caller may change it (a project its own judges, the operators shared
+    ones): measuring, shadowing and promoting a judge are changes of it, and its runs quote the
+    labels of the project that ran them."""
+    judge = who.writable("judges", await client.store.snapshot(), judge_id, None)
     assert isinstance(judge, Judge)
     return judge
+
+
+def _project(judge: Judge, who: Caller) -> str:
+    """The project a run belongs to, spends from and reads labels of: the judge's."""
+    project = judge.project_id or who.project_id
+    if project is None:
+        raise InvalidDocument("a shared judge is measured by its operators on no project's labels; make it a "
+                              "project's judge (or copy it) to measure it on that project's labels")
+    return project
 
 
 async def _cases(request: Request, client: Client, who: Caller, judge: Judge, body: AlignmentRequest
                  ) -> tuple[str, list[Case]]:
     """1: the labelled cases, and where they came from."""
     redis = redis_of(request)
+    project = _project(judge, who)
     if body.dataset is not None:
-        project = judge.project_id or who.project_id
-        if project is None:
-            raise InvalidDocument("dataset: a shared judge is measured on a project's dataset through that "
-                                  "project's key")
         version, rows = await DatasetStore(redis).rows(project, body.dataset, body.version)
         cases = [Case(f"{body.dataset}:{version}:{n}", as_text(r.input), r.output, r.human_rating)
                  for n, r in enumerate(rows) if r.human_rating is not None and r.output is not None]
         return f"dataset:{body.dataset}:{version}", cases
     assert body.queue is not None
     queue = await ReviewQueues(client.store, who).get(body.queue)  # 404: another project's
-    if judge.project_id is not None and queue.project_id != judge.project_id:
+    if queue.project_id != project:
         raise InvalidDocument(f"queue: a queue of project {queue.project_id!r} cannot measure a judge of "
-                              f"project {judge.project_id!r}")
+                              f"project {project!r}")
     cases = []
     for item, labels in await ReviewItems(redis).labelled_items(queue, LABELLED_READ):
         text = item.subject.transcript or item.subject.input
@@ -151,14 +180,20 @@ async def start_alignment(judge_id: JudgeId, body: AlignmentRequest, client: Cli
     """Measure a candidate (new criteria, examples or model) against the judge on labels it never
     saw: its own examples are held out, the rest split deterministically, and both judges grade
     the held-out cases within the project's judge budget. Read it back at the Location."""
-    judge = await _judge(client, judge_id)
-    project = judge.project_id or who.project_id or "operators"
-    tasks.admit(project)
+    judge = await _judge(client, who, judge_id)
+    project = _project(judge, who)
+    with tasks.admitted(project) as spawn:
+        return await _start(judge, project, body, client, who, request, response, spawn)
+
+
+async def _start(judge: Judge, project: str, body: AlignmentRequest, client: Client, who: Caller,
+                 request: Request, response: Response, spawn: Callable[[Coroutine[Any, Any, None]], None]
+                 ) -> Alignment:
     source, cases = await _cases(request, client, who, judge, body)
     candidate = with_candidate(judge, body.candidate)
-    own, tune, evaluated = split(cases, candidate.examples)
+    own, tune, evaluated = split(cases, [*candidate.examples, *judge.examples])  # no judge grades its own
     now = _now()
-    run = Alignment(id=f"al_{uuid.uuid4().hex[:12]}", judge_id=judge.id, project_id=judge.project_id, state="running",
+    run = Alignment(id=f"al_{uuid.uuid4().hex[:12]}", judge_id=judge.id, project_id=project, state="running",
                     total=2 * len(evaluated), source=source, mark=MARK, candidate=body.candidate,
                     judge_etag=etag(judge), created_at=now, updated_at=now,
                     counts=CaseCounts(labelled=len(cases), held_out_as_examples=len(own), tune=len(tune),
@@ -168,8 +203,7 @@ async def start_alignment(judge_id: JudgeId, body: AlignmentRequest, client: Cli
         run = await _shadow(client, judge, candidate, run, body.shadow_hours)
     store = AlignmentStore(redis_of(request))
     await store.save(run)
-    tasks.spawn(project, _grade(request.app.state.engine, redis_of(request), store, run, judge, candidate, project,
-                                evaluated))
+    spawn(_grade(request.app.state.engine, redis_of(request), store, run, judge, candidate, project, evaluated))
     response.headers["Location"] = f"/v1/judges/{judge.id}/alignments/{run.id}"
     return run
 
@@ -177,34 +211,40 @@ async def start_alignment(judge_id: JudgeId, body: AlignmentRequest, client: Cli
 MAX_SHADOWED = 5  # live groups one alignment shadows
 
 
+def _shadow_judge_id(run: Alignment) -> str:
+    return f"sh-{run.id[3:]}-judge"
+
+
 async def _shadow(client: Client, judge: Judge, candidate: Judge, run: Alignment, hours: int) -> Alignment:
     """Shadows: the candidate as a judge of its own, and a copy of each live group of the judge's
     project that has it, the candidate in its place - the same sample (rate and salt), ratings
     only, until ``hours`` from now. One catalog write."""
     until = _now() + timedelta(hours=hours)
-    shadow_judge = candidate.model_copy(update={"id": f"{judge.id}-sh-{run.id[3:]}",
-                                                "name": f"{judge.name} (candidate)"})
+    shadow_judge = Judge.model_validate({**candidate.stored(), "id": _shadow_judge_id(run),
+                                         "name": f"{judge.name[:180]} (candidate)"})
     made: list[Shadow] = []
 
     def change(catalog: CatalogSnapshot) -> list[Write]:
         made.clear()
         groups = [g for g in catalog.groups.values()
                   if g.online is not None and g.online.enabled and g.online.shadow_of is None
-                  and (judge.project_id is None or g.project_id == judge.project_id)
+                  and g.project_id == run.project_id  # the run's project: never another tenant's traffic
                   and any(m.kind == "judge" and m.ref_id == judge.id for m in g.members)]
         if not groups:
             raise InvalidDocument(f"shadowHours: no live group has judge {judge.id!r} to run beside")
         writes: list[Write] = [("judges", shadow_judge.id, shadow_judge)]
-        for group in sorted(groups, key=lambda g: g.id)[:MAX_SHADOWED]:
+        for n, group in enumerate(sorted(groups, key=lambda g: g.id)[:MAX_SHADOWED]):
             assert group.online is not None
-            members = [m.model_copy(update={"ref_id": shadow_judge.id}) if m.kind == "judge" and m.ref_id == judge.id
-                       else m for m in group.members]
-            shadow = group.model_copy(update={
-                "id": f"{group.id}-sh-{run.id[3:]}", "name": f"{group.name} (shadow: {judge.name} candidate)",
-                "members": members,
-                "online": group.online.model_copy(update={"shadow_of": group.id, "shadow_until": until,
-                                                          "alert_mode": "each", "alert_no_score_rate": None,
-                                                          "alert_min_agreement": None})})
+            doc: dict[str, Any] = group.stored()
+            members: list[dict[str, Any]] = doc["members"]
+            doc.update({"id": f"sh-{run.id[3:]}-{n}", "name": f"{group.name[:150]} (shadow, candidate)",
+                        "members": [{**m, "refId": shadow_judge.id} if m["kind"] == "judge" and m["refId"] == judge.id
+                                    else m for m in members]})
+            profile: dict[str, Any] = doc["online"]
+            online = {k: v for k, v in profile.items()
+                      if k not in ("alertMode", "alertNoScoreRate", "alertMinAgreement")}  # pages no one
+            doc["online"] = {**online, "shadowOf": group.id, "shadowUntil": until.isoformat()}
+            shadow = ScorerGroup.model_validate(doc)
             writes.append(("groups", shadow.id, shadow))
             made.append(Shadow(group_id=group.id, shadow_id=shadow.id))
         return writes
@@ -217,10 +257,15 @@ async def _unshadow(client: Client, run: Alignment) -> None:
     """The run's shadows leave the catalog (one write)."""
     if not run.shadows:
         return
-    judge_id = f"{run.judge_id}-sh-{run.id[3:]}"
+    judge_id = _shadow_judge_id(run)
 
     def change(catalog: CatalogSnapshot) -> list[Write]:
-        writes: list[Write] = [("groups", s.shadow_id, None) for s in run.shadows if s.shadow_id in catalog.groups]
+        writes: list[Write] = []
+        for shadow in run.shadows:  # only what is still this run's shadow
+            doc = catalog.groups.get(shadow.shadow_id)
+            if doc is not None and doc.online is not None and doc.online.shadow_of == shadow.group_id \
+                    and doc.project_id == run.project_id:
+                writes.append(("groups", shadow.shadow_id, None))
         return writes + ([("judges", judge_id, None)] if judge_id in catalog.judges else [])
 
     await client.store.write(change)
@@ -257,8 +302,9 @@ async def _grade(engine: ScoringEngine, redis: object, store: AlignmentStore, ru
         skipped = [c.id for c, old, new in zip(cases, *scores, strict=True) if old is None or new is None]
         both = [(c, old, new) for c, old, new in zip(cases, *scores, strict=True) if c.id not in skipped]
         humans = [c.human for c, _, _ in both]
-        current = judge_figures([old for _, old, _ in both], humans)
-        proposed = judge_figures([new for _, _, new in both], humans)
+        # The bootstraps are CPU work (400 resamples of up to 1,000 cases): off the API's loop.
+        current = await asyncio.to_thread(judge_figures, [old for _, old, _ in both], humans)
+        proposed = await asyncio.to_thread(judge_figures, [new for _, _, new in both], humans)
         assert run.counts is not None
         finished = state["run"].model_copy(update={
             "state": "done", "done": run.total, "current": current, "candidate_figures": proposed,
@@ -295,28 +341,30 @@ async def _scores(engine: ScoringEngine, redis: object, catalog: CatalogSnapshot
 
 
 @router.get("/judges/{id}/alignments", response_model=list[Alignment])
-async def list_alignments(judge_id: JudgeId, client: Client, request: Request) -> list[Alignment]:
+async def list_alignments(judge_id: JudgeId, client: Client, who: Who, request: Request) -> list[Alignment]:
     """The judge's alignment runs, the newest first."""
-    judge = await _judge(client, judge_id)
-    return [_shown(r) for r in await AlignmentStore(redis_of(request)).list(judge.id)]
+    judge = await _judge(client, who, judge_id)
+    return [_shown(r) for r in await AlignmentStore(redis_of(request)).list(judge.id) if _theirs(r, who)]
 
 
 @router.get("/judges/{id}/alignments/{alignmentId}", response_model=Alignment)
-async def get_alignment(judge_id: JudgeId, alignment_id: AlignmentId, client: Client, request: Request) -> Alignment:
-    judge = await _judge(client, judge_id)
+async def get_alignment(judge_id: JudgeId, alignment_id: AlignmentId, client: Client, who: Who,
+                        request: Request) -> Alignment:
+    judge = await _judge(client, who, judge_id)
     run = await AlignmentStore(redis_of(request)).get(judge.id, alignment_id)
-    if run is None:
+    if run is None or not _theirs(run, who):
         raise NotFound(f"judge {judge.id!r} has no alignment run {alignment_id!r}")
     return _shown(run)
 
 
 @router.delete("/judges/{id}/alignments/{alignmentId}/shadow", status_code=204, response_class=Response)
-async def stop_shadow(judge_id: JudgeId, alignment_id: AlignmentId, client: Client, request: Request) -> Response:
+async def stop_shadow(judge_id: JudgeId, alignment_id: AlignmentId, client: Client, who: Who,
+                      request: Request) -> Response:
     """Stop running the candidate on live traffic: its shadow groups leave the catalog."""
-    judge = await _judge(client, judge_id)
+    judge = await _judge(client, who, judge_id)
     store = AlignmentStore(redis_of(request))
     run = await store.get(judge.id, alignment_id)
-    if run is None:
+    if run is None or not _theirs(run, who):
         raise NotFound(f"judge {judge.id!r} has no alignment run {alignment_id!r}")
     await _unshadow(client, run)
     await store.save(run.model_copy(update={"shadows": [], "updated_at": _now()}))
@@ -330,10 +378,10 @@ async def promote(judge_id: JudgeId, body: PromoteRequest, client: Client, who: 
     run keeping who promoted it and when. Refused (409) when the run is not done, when the judge
     changed since it ran, or when the candidate agreed worse on the held-out cases - unless
     ``force``."""
-    judge = await _judge(client, judge_id)
+    judge = await _judge(client, who, judge_id)
     store = AlignmentStore(redis_of(request))
     run = await store.get(judge.id, body.alignment)
-    if run is None:
+    if run is None or not _theirs(run, who):
         raise NotFound(f"judge {judge.id!r} has no alignment run {body.alignment!r}")
     if run.state != "done":
         raise Conflict(f"alignment {run.id!r} is {_shown(run).state}, not done: nothing to promote yet")

@@ -116,6 +116,9 @@ function alignmentTable(judgeId, runs, parts) {
 }
 
 async function promoteRun(judgeId, run, parts) {
+  if (!run.better && !window.confirm("The candidate agreed worse with people on the held-out cases. Promote it anyway?")) {
+    return;
+  }
   try {
     await api("POST", `/v1/judges/${encodeURIComponent(judgeId)}/promote`, { alignment: run.id, force: !run.better });
   } catch (error) {
@@ -134,15 +137,16 @@ function alignmentForm(judge, parts) {
     event.preventDefault();
     const examples = await api("GET", `/v1/judges/${encodeURIComponent(judge.id)}/examples`);
     try {
-      await api("POST", `/v1/judges/${encodeURIComponent(judge.id)}/alignments`,
-                { dataset: source.value.trim(), candidate: { criteria: criteria.value, examples } });
-      said.textContent = "measuring...";
-      const poll = async () => {
-        await refreshJudge(judge.id, parts);
-        if (document.querySelector("#alignment-runs tbody tr td:nth-child(2)")?.textContent.startsWith("running")) {
+      const run = await api("POST", `/v1/judges/${encodeURIComponent(judge.id)}/alignments`,
+                            { dataset: source.value.trim(), candidate: { criteria: criteria.value, examples } });
+      const poll = async () => { // the run alone, until it is over: then the whole page once
+        const now = await api("GET", `/v1/judges/${encodeURIComponent(judge.id)}/alignments/${encodeURIComponent(run.id)}`);
+        if (now.state === "running") {
+          said.textContent = `measuring: ${now.done} of ${now.total} verdicts`;
           setTimeout(poll, 1000);
         } else {
           said.textContent = "";
+          await refreshJudge(judge.id, parts);
         }
       };
       poll();

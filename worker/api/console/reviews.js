@@ -177,7 +177,7 @@ function textBlock(title, text, id) {
 }
 
 async function toggleCalls() {
-  const r = review;
+  const r = review, itemId = r.view.item.id;
   if (r.calls) { r.calls = null; draw(); return; }
   try {
     const calls = await api("GET", `/v1/review-items/${encodeURIComponent(r.view.item.id)}/calls`);
@@ -189,7 +189,8 @@ async function toggleCalls() {
   } catch (error) {
     r.calls = [failure(error)];
   }
-  if (review === r) draw();
+  if (review === r && r.view && r.view.item.id === itemId) draw(); // not another item's, if one came meanwhile
+  else if (r.view && r.view.item.id !== itemId) r.calls = null;
 }
 
 function change(apply) {
