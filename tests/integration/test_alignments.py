@@ -253,3 +253,12 @@ def test_a_shared_judge_is_measured_and_shadowed_by_no_project(api: tuple[ApiPro
                 ("POST", f"/v1/judges/{shared}/promote", {"alignment": "al_x"})]:
             answer = http.request(method, path, json=body)
             assert answer.status_code == 403, (method, path, answer.text)
+
+
+def test_a_candidate_keeps_to_the_examples_cap(api: tuple[ApiProcess, str]) -> None:
+    process, key = api
+    judge, dataset = setup(process, key)
+    nine = [{"id": f"e{n}", "input": "q", "output": f"a{n}", "rating": 5} for n in range(9)]  # SGW_JUDGE_MAX_EXAMPLES: 8
+    with process.client(key) as http:
+        refused = http.post(f"/v1/judges/{judge}/alignments", json={"dataset": dataset, "candidate": {"examples": nine}})
+        assert refused.status_code == 400 and "candidate.examples" in refused.text, refused.text

@@ -189,6 +189,9 @@ async def start_alignment(judge_id: JudgeId, body: AlignmentRequest, client: Cli
 async def _start(judge: Judge, project: str, body: AlignmentRequest, client: Client, who: Caller,
                  request: Request, response: Response, spawn: Callable[[Coroutine[Any, Any, None]], None]
                  ) -> Alignment:
+    most = request.app.state.settings.judge_max_examples
+    if body.candidate.examples is not None and len(body.candidate.examples) > most:
+        raise InvalidDocument(f"candidate.examples: at most {most} (SGW_JUDGE_MAX_EXAMPLES)")
     source, cases = await _cases(request, client, who, judge, body)
     candidate = with_candidate(judge, body.candidate)
     own, tune, evaluated = split(cases, [*candidate.examples, *judge.examples])  # no judge grades its own
@@ -275,6 +278,13 @@ async def _grade(engine: ScoringEngine, redis: object, store: AlignmentStore, ru
                  candidate: Judge, project: str, cases: list[Case]) -> None:
     """2-4, in the background."""
     state = {"run": run}
+
+    async def save(update: dict[str, object]) -> None:
+        """The run as stored now (a shadow stopped meanwhile stays stopped), with ``update``."""
+        stored = await store.get(run.judge_id, run.id)
+        state["run"] = (stored or state["run"]).model_copy(update={**update, "updated_at": _now()})
+        await store.save(state["run"])
+
     try:
         catalog = await CatalogStore(redis).snapshot()  # type: ignore[arg-type]
         candidate_id = f"{judge.id}~candidate"
@@ -290,8 +300,7 @@ async def _grade(engine: ScoringEngine, redis: object, store: AlignmentStore, ru
         async def saver() -> None:
             while True:
                 await asyncio.sleep(SAVE_EVERY_S)
-                state["run"] = state["run"].model_copy(update={"done": done, "updated_at": _now()})
-                await store.save(state["run"])
+                await save({"done": done})
 
         ticking = asyncio.create_task(saver())
         try:
@@ -306,20 +315,15 @@ async def _grade(engine: ScoringEngine, redis: object, store: AlignmentStore, ru
         current = await asyncio.to_thread(judge_figures, [old for _, old, _ in both], humans)
         proposed = await asyncio.to_thread(judge_figures, [new for _, _, new in both], humans)
         assert run.counts is not None
-        finished = state["run"].model_copy(update={
-            "state": "done", "done": run.total, "current": current, "candidate_figures": proposed,
-            "better": better(current, proposed), "changed": changed([c for c, _, _ in both],
-                                                                     [o for _, o, _ in both], [n for _, _, n in both]),
-            "counts": run.counts.model_copy(update={"budget_skipped": len(skipped)}),
-            "finished_at": _now(), "updated_at": _now()})
-        await store.save(finished)
+        await save({"state": "done", "done": run.total, "current": current, "candidate_figures": proposed,
+                    "better": better(current, proposed),
+                    "changed": changed([c for c, _, _ in both], [o for _, o, _ in both], [n for _, _, n in both]),
+                    "counts": run.counts.model_copy(update={"budget_skipped": len(skipped)}), "finished_at": _now()})
     except asyncio.CancelledError:
         raise  # the process stops: read back later, the run says interrupted
     except Exception as exc:  # a run that fails says so; nothing of it reaches another tenant
         log.exception("an alignment run failed", alignment=run.id, judge=judge.id)
-        failed = {"state": "failed", "error": f"grading failed ({type(exc).__name__})", "updated_at": _now(),
-                  "finished_at": _now()}
-        await store.save(state["run"].model_copy(update=failed))
+        await save({"state": "failed", "error": f"grading failed ({type(exc).__name__})", "finished_at": _now()})
 
 
 async def _scores(engine: ScoringEngine, redis: object, catalog: CatalogSnapshot, run_id: str, judge_id: str,
