@@ -95,7 +95,7 @@ async function addExample(judgeId, body, parts) {
   await refreshJudge(judgeId, parts);
 }
 
-function figure(f) {
+function alignmentFigure(f) {
   return f ? `${fmt(f.value)} (${fmt(f.low)}-${fmt(f.high)})` : "-";
 }
 
@@ -106,9 +106,9 @@ function alignmentTable(judgeId, runs, parts) {
     el("tbody", {}, runs.map((r) => el("tr", { dataset: { alignment: r.id } },
       el("td", {}, r.source), el("td", {}, r.state === "running" ? `running ${r.done}/${r.total}` : r.state),
       el("td", {}, r.counts ? String(r.counts.evaluated) : "-"),
-      el("td", {}, `${figure(r.current && r.current.spearman)} / ${figure(r.candidateFigures && r.candidateFigures.spearman)}`),
-      el("td", {}, `${figure(r.current && r.current.meanAbsoluteError)} / ` +
-                   `${figure(r.candidateFigures && r.candidateFigures.meanAbsoluteError)}`),
+      el("td", {}, `${alignmentFigure(r.current && r.current.spearman)} / ${alignmentFigure(r.candidateFigures && r.candidateFigures.spearman)}`),
+      el("td", {}, `${alignmentFigure(r.current && r.current.meanAbsoluteError)} / ` +
+                   `${alignmentFigure(r.candidateFigures && r.candidateFigures.meanAbsoluteError)}`),
       el("td", {}, r.promotedAt ? `promoted by ${r.promotedBy}` : r.state === "done"
         ? el("button", { type: "button", class: "promote", onclick: () => promoteRun(judgeId, r, parts) },
              r.better ? "Promote" : "Promote anyway (agreed worse)")
