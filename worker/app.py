@@ -36,6 +36,7 @@ from consumers.outage import OutageGuard
 from consumers.outputs import BACKFILL, BACKFILL_ALERTING, Outputs, PublishPolicy, TopicNames
 from consumers.pair_protocol import PairProtocol
 from consumers.sessions import SessionSweeper
+from consumers.shadow_sweep import ShadowSweep
 from consumers.traces import OutputError, TraceConsumer, TraceLoopLimits
 from scoring.members.sandbox import SandboxPool
 from scoring.redact import mask_url
@@ -354,6 +355,9 @@ class Worker:
                                send=Outputs(producer, topics, events).send, topics=topics,
                                interval_s=s.incident_interval_s, share=share)
 
+        # Shadows (alignment runs' candidates on live traffic) leave the catalog once past their time.
+        shadows = ShadowSweep(store=CatalogStore(redis), ratings=ratings, catalog=lambda: watcher.current, share=share)
+
         # Review labels: every version onto the labels topic, from the queues' outboxes in Redis.
         labels = LabelExporter(items=ReviewItems(redis), catalog=lambda: watcher.current,
                                send=Outputs(producer, topics, events).send, topic=s.labels_topic, share=share)
@@ -388,7 +392,8 @@ class Worker:
                           self._background("backfill runner", backfills.run(self.stop)),
                           self._background("incident watcher", incidents.run(self.stop)),
                           self._background("digest sender", digests.run(self.stop)),
-                          self._background("review label export", labels.run(self.stop))]
+                          self._background("review label export", labels.run(self.stop)),
+                          self._background("shadow sweep", shadows.run(self.stop))]
             spans_stop = asyncio.Event()  # told after the drain: the last results' calls are exported too
             if judge_spans is not None:
                 background.append(self._background("judge span export", judge_spans.run(spans_stop)))

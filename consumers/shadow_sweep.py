@@ -1,0 +1,74 @@
+"""The shadow sweep (issue 56): a shadow group - a candidate judge beside its group, made by an
+alignment run - stops scoring at its ``shadowUntil`` (``scoring.routing`` skips it), and this
+sweep then takes it out of the catalog, with its candidate judge once no shadow uses it.
+
+Shared by the fleet, never a walk of the catalog, every ``SWEEP_S``:
+
+1. read which of this worker's groups had live traffic in the last two days
+   (``RatingsStore.active``: one round trip) - a shadow that scored is among them;
+2. those that are shadows past their time leave the catalog in one write (made again against
+   the newest catalog: only what is still a shadow past its time, and the candidate judges no
+   group of their project names any more).
+
+A shadow that never scored, or expired while no worker ran for two days, stays until its alignment
+run is promoted or its shadow stopped (``DELETE .../shadow``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Callable
+
+import structlog
+
+from consumers.fleet_share import FleetShare
+from consumers.periodic import every
+from scoring.catalog import CatalogSnapshot
+from scoring.models import ScorerGroup
+from scoring.stores.catalog import CatalogStore, Write
+from scoring.stores.ratings import RatingsStore
+
+log = structlog.get_logger(__name__)
+
+SWEEP_S = 60.0
+ACTIVE_S = 2 * 86_400  # how far back the traffic read looks (the incident watcher's reach)
+
+
+def expired(group: ScorerGroup | None, now: float) -> bool:
+    online = group.online if group is not None else None
+    return online is not None and online.shadow_of is not None and online.shadow_until is not None \
+        and online.shadow_until.timestamp() <= now
+
+
+class ShadowSweep:
+    def __init__(self, *, store: CatalogStore, ratings: RatingsStore, catalog: Callable[[], CatalogSnapshot],
+                 share: FleetShare, clock: Callable[[], float] = time.time) -> None:
+        self._store, self._ratings, self._catalog, self._share, self._clock = store, ratings, catalog, share, clock
+
+    async def run(self, stop: asyncio.Event) -> None:
+        await every(SWEEP_S, self.tick, stop)
+
+    async def tick(self) -> None:
+        now = self._clock()
+        try:
+            active = await self._ratings.active(self._share.shards, now - ACTIVE_S, now)  # 1.
+            snapshot = self._catalog()
+            gone = [g for g in active if expired(snapshot.groups.get(g), now)]
+            if gone:
+                await self._store.write(lambda catalog: _removals(catalog, gone, now))  # 2.
+                log.info("expired shadows removed", groups=len(gone))
+        except Exception:  # the next tick tries again; nothing else waits on it
+            log.exception("the shadow sweep failed; trying again on the next tick")
+
+
+def _removals(catalog: CatalogSnapshot, candidates: list[str], now: float) -> list[Write]:
+    gone = [g for g in candidates if expired(catalog.groups.get(g), now)]
+    writes: list[Write] = [("groups", g, None) for g in gone]
+    judges = {m.ref_id for g in gone for m in catalog.groups[g].members if m.kind == "judge"}
+    projects = {catalog.groups[g].project_id for g in gone}
+    # A candidate judge (named "sh-...") goes with the last group of its project that names it.
+    still_used = {m.ref_id for p in projects for key in catalog.index.groups_by_project.get(p, ())
+                  if key not in gone for m in catalog.groups[key].members if m.kind == "judge"}
+    writes += [("judges", j, None) for j in sorted(judges - still_used) if j.startswith("sh-") and j in catalog.judges]
+    return writes
