@@ -26,7 +26,8 @@ from consumers.fleet_share import FleetShare
 from consumers.periodic import every
 from scoring.catalog import CatalogSnapshot
 from scoring.models import ScorerGroup
-from scoring.stores.catalog import CatalogStore, Write
+from scoring.stores.catalog import CatalogStore, SnapshotCache, Write
+from scoring.stores.client import RedisClient
 from scoring.stores.ratings import RatingsStore
 
 log = structlog.get_logger(__name__)
@@ -42,9 +43,9 @@ def expired(group: ScorerGroup | None, now: float) -> bool:
 
 
 class ShadowSweep:
-    def __init__(self, *, store: CatalogStore, ratings: RatingsStore, catalog: Callable[[], CatalogSnapshot],
+    def __init__(self, *, redis: RedisClient, ratings: RatingsStore, catalog: Callable[[], CatalogSnapshot],
                  share: FleetShare, clock: Callable[[], float] = time.time) -> None:
-        self._store, self._ratings, self._catalog, self._share, self._clock = store, ratings, catalog, share, clock
+        self._redis, self._ratings, self._catalog, self._share, self._clock = redis, ratings, catalog, share, clock
 
     async def run(self, stop: asyncio.Event) -> None:
         await every(SWEEP_S, self.tick, stop)
@@ -55,8 +56,11 @@ class ShadowSweep:
             active = await self._ratings.active(self._share.shards, now - ACTIVE_S, now)  # 1.
             snapshot = self._catalog()
             gone = [g for g in active if expired(snapshot.groups.get(g), now)]
-            if gone:
-                await self._store.write(lambda catalog: _removals(catalog, gone, now))  # 2.
+            if gone:  # 2. against the worker's snapshot and the changes since it: never a whole read
+                cache = SnapshotCache()
+                cache.current = snapshot
+                store = CatalogStore(self._redis, actor="shadow sweep", cache=cache)
+                await store.write(lambda catalog: _removals(catalog, gone, now))
                 log.info("expired shadows removed", groups=len(gone))
         except Exception:  # the next tick tries again; nothing else waits on it
             log.exception("the shadow sweep failed; trying again on the next tick")

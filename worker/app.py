@@ -356,7 +356,7 @@ class Worker:
                                interval_s=s.incident_interval_s, share=share)
 
         # Shadows (alignment runs' candidates on live traffic) leave the catalog once past their time.
-        shadows = ShadowSweep(store=CatalogStore(redis), ratings=ratings, catalog=lambda: watcher.current, share=share)
+        shadows = ShadowSweep(redis=redis, ratings=ratings, catalog=lambda: watcher.current, share=share)
 
         # Review labels: every version onto the labels topic, from the queues' outboxes in Redis.
         labels = LabelExporter(items=ReviewItems(redis), catalog=lambda: watcher.current,

@@ -58,10 +58,10 @@ async def test_an_expired_shadow_that_scored_leaves_the_catalog_with_its_candida
 
     elsewhere = FleetShare.everything()
     elsewhere.shards = frozenset()  # another worker's share: none of these groups
-    await ShadowSweep(store=store, ratings=RatingsStore(redis), catalog=lambda: snapshot, share=elsewhere).tick()
+    await ShadowSweep(redis=redis, ratings=RatingsStore(redis), catalog=lambda: snapshot, share=elsewhere).tick()
     assert set((await store.snapshot()).groups) >= {g.id for g in groups}, "not this worker's to sweep"
 
-    await ShadowSweep(store=store, ratings=RatingsStore(redis), catalog=lambda: snapshot,
+    await ShadowSweep(redis=redis, ratings=RatingsStore(redis), catalog=lambda: snapshot,
                       share=FleetShare.everything()).tick()
     after = await store.snapshot()
     assert {g.id for g in groups} - set(after.groups) == {expired.id, shared_candidate.id}
