@@ -160,7 +160,10 @@ class Workers:
         for worker in self.running:
             assert worker.proc is not None
             if worker.proc.poll() is not None:
-                raise AssertionError(f"{worker.name} exited with {worker.proc.returncode}:\n{worker.logs()}")
+                # Why it stopped is near its start ("stopping: the ... failed"); the tail is its way out.
+                errors = [line for line in worker.logs(whole=True).splitlines() if '"level": "error"' in line]
+                raise AssertionError(f"{worker.name} exited with {worker.proc.returncode}:\n"
+                                     + "\n".join(errors[:5])[:6000] + f"\n...\n{worker.logs()}")
 
     async def watch(self, seconds: float) -> None:
         """Wait ``seconds``, checking that every worker runs and noting why they are not ready."""
