@@ -256,7 +256,7 @@ class BackfillRunner:
                 chunk = chunk[:fits]
             claimed_at = time.monotonic()  # (no later than the claim: a lease's age is never underestimated)
             try:
-                states = await protocol.claim([pair for _, pair in chunk])
+                states = await protocol.claim([pair for _, pair in chunk], snapshot)
             except BaseException:  # nothing claimed: nothing will be spent
                 await self._parts.give_calls(job.id, sum(calls[:fits]))
                 raise

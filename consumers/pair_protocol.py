@@ -2,8 +2,9 @@
 the trace loop (a pair per kept trace and group) or the session sweep (a pair per quiet
 conversation and group):
 
-1. claim: dedupe, and reserve the judge calls all or nothing (``claim``: one round trip for a
-   batch; a pair that finds no budget is skipped, whole, and counted in the history);
+1. claim: dedupe, look the judges' verdicts up in the verdict cache, and reserve the judge calls
+   of the misses all or nothing (``claim``: one round trip for a batch; a pair that finds no
+   budget is skipped, whole, and counted in the history);
 2. score, with the pair's spend: a gates-first group reserves its judges once its gates passed
    and each retry takes a slot; no room means the pair is skipped for budget, whole;
 3. confirm the lease right before publishing: a pair another worker took over (this one stalled
@@ -11,7 +12,7 @@ conversation and group):
    process stood still (``consumers.pauses``) is handed back and claimed afresh;
 4. publish the rating, Signal and deliveries - shielded: once under way it finishes, never
    cancelled halfway and scored again elsewhere;
-5. record: the ratings history, the group's latest results, session verdicts;
+5. record: the ratings history, the group's latest results, session verdicts, the verdicts paid for;
 6. mark done and settle the pair's judge tokens - or, when a step before 4 fails, release.
 
 ``PairProtocol`` owns all six and the batchers that share their Redis calls across jobs. A loop
@@ -45,12 +46,14 @@ from scoring.frozen import frozen
 from scoring.models import ScorerGroup
 from scoring.panel import GroupResult, Panel
 from scoring.ports import BudgetExhausted
-from scoring.results import HistoryEntry, ResultScope, history_entry, tokens_of
+from scoring.results import HistoryEntry, ResultScope, history_entry, rating_id, tokens_of
 from scoring.review_rules import Kept
 from scoring.routing import Pair
 from scoring.stores.claims import ClaimResult, Claims, PairSpend, Reservation, ReserveCalls
 from scoring.stores.ratings import RatingsStore, SessionVerdict
 from scoring.stores.review_items import ReviewItems
+from scoring.stores.verdicts import Paid, VerdictStore
+from scoring.verdict_cache import CachedVerdict
 
 log = structlog.get_logger(__name__)
 
@@ -104,6 +107,7 @@ class Finished:
     tokens: int = 0  # the usage the judges reported, less the ceilings reserved
     verdict: SessionVerdict | None = None
     review: tuple[Kept, ...] = ()  # the review queues' items it makes
+    paid: tuple[Paid, ...] = ()  # the judge verdicts it paid for, for the verdict cache
 
 
 @frozen
@@ -144,6 +148,11 @@ class PairProtocol:
     def _reviews(self) -> ReviewItems:  # review items: kept where the results are counted
         return ReviewItems(self._ratings.redis)
 
+    @functools.cached_property
+    def _verdicts(self) -> VerdictStore | None:  # the verdict cache, as the panel's policy says
+        policy = self._panel.verdict_cache
+        return None if policy is None else VerdictStore(self._ratings.redis, policy)
+
     def start(self) -> None:
         self.finisher.start()
         self._confirmer.start()
@@ -175,17 +184,45 @@ class PairProtocol:
 
     # --- 1. claim --------------------------------------------------------------------------------
 
-    async def claim(self, pairs: list[Pair]) -> list[ClaimResult]:
+    async def claim(self, pairs: list[Pair], snapshot: CatalogSnapshot) -> list[ClaimResult]:
         """Claim a batch in one round trip; each pair's state (claimed, busy, done, skipped,
-        exhausted) in order. An exhausted pair is skipped for budget here."""
+        exhausted) in order. An exhausted pair is skipped for budget here. Its judges' verdicts
+        already paid for - in Redis, or by a call of this process, done or under way - reserve
+        nothing (``scoring.verdict_cache``)."""
         requests = [pair.claim for pair in pairs]
-        states = await self._outages.call(lambda: self.claims.claim_many(requests))
+        lookups = self._verdict_lookups(pairs, snapshot) if self._panel.verdict_cache is not None else None
+        states = await self._outages.call(lambda: self.claims.claim_many(requests, lookups=lookups))
         for pair, state in zip(pairs, states, strict=True):
             if state.state == "claimed":
                 self.unpublished.add(pair.claim)  # ours from here: given up if the work is cancelled
+                if lookups is not None:
+                    self._found(pair, state)
             elif state.state == "exhausted":
                 self.counts.skipped_for_budget(pair, used=state.detail)
         return states
+
+    def _verdict_lookups(self, pairs: list[Pair], snapshot: CatalogSnapshot) -> list[list[tuple[str | None, int]]]:
+        """Per pair, its judges' verdict keys for the claim to look up, and their token ceilings;
+        a key this process paid for just now, or is paying for, goes as None: no call to reserve."""
+        flights = self._panel.flights
+        lookups = []
+        for pair in pairs:
+            verdicts = pair.verdicts
+            verdicts.rating_id = rating_id(pair.group.id, pair.claim.subject_key)
+            verdicts.keys = {k.judge_id: k for k in self._panel.verdict_keys(pair.group, snapshot, pair.subject)}
+            for k in verdicts.keys.values():
+                if (known := flights.known(k.key)) is not None:
+                    verdicts.hits[k.key] = known
+            lookups.append([(None if flights.flying(k.key) else k.key, k.tokens) for k in verdicts.keys.values()])
+        return lookups
+
+    def _found(self, pair: Pair, state: ClaimResult) -> None:
+        verdicts = pair.verdicts
+        verdicts.reserved = set(state.leads)
+        verdicts.tokens_reserved = state.tokens
+        for key, entry in state.cached:
+            if (verdict := CachedVerdict.decode(entry)) is not None:
+                verdicts.hits[key] = verdict
 
     # --- one pair that waits ---------------------------------------------------------------------
 
@@ -195,7 +232,7 @@ class PairProtocol:
         done, or its lease runs out and it is ours. ``cap``: what the judge calls decided while
         it is scored (gates-first judges, retries) also take from."""
         reserve = self._reserve_one if cap is None else self._capped(cap)
-        spend = self.claims.spend(pair.claim, reserve)
+        spend = self.claims.spend(pair.claim, reserve, pair.verdicts.tokens_reserved)
         try:
             return await self._alone(pair, snapshot, scope, busy, claimed_at, spend, reserve)
         except asyncio.CancelledError:
@@ -257,8 +294,12 @@ class PairProtocol:
             busy = claim.state == "busy"
             if not busy:
                 self.unpublished.add(pair.claim)  # ours now: given back if the work is cancelled
+                # Claimed without a look-up: every judge call is reserved, and this pair makes them.
+                pair.verdicts.reserved = {k.key for k in pair.verdicts.keys.values()}
+                spend.tokens_reserved = pair.claim.judge_tokens if spend.counts_tokens else 0
         try:
-            return await self._panel.score(pair.group, pair.subject, snapshot, spend=spend)
+            return await self._panel.score(pair.group, pair.subject, snapshot, spend=spend,
+                                           verdicts=pair.verdicts if pair.verdicts.keys else None)
         except BudgetExhausted:
             self.counts.skipped_for_budget(pair, when="its gates passed")
             return REFUSED
@@ -314,7 +355,7 @@ class PairProtocol:
                     raise
                 in_bulk = False  # some subject broke scoring: each pair scored on its own finds which
         if not in_bulk:
-            spends = [self.claims.spend(pair.claim, self._reserve_one) for pair in pairs]
+            spends = [self.claims.spend(pair.claim, self._reserve_one, pair.verdicts.tokens_reserved) for pair in pairs]
             answers = await asyncio.gather(*(self._score(pair, False, snapshot, spend)
                                              for pair, spend in zip(pairs, spends, strict=True)),
                                            return_exceptions=True)
@@ -413,14 +454,33 @@ class PairProtocol:
                 tokens = s.spend.settlement(tokens_of(s.result)) if s.spend is not None else 0
                 at = s.pair.subject.at if self._outputs.policy.history_at_subject else None
                 entry = history_entry(s.pair.group, p, p.document, at, s.result)
+                self._count_verdicts(s)
+                paid = tuple(Paid(s.pair.claim.project_id, key, CachedVerdict(v.rating, v.justification, p.id, v.usage))
+                             for key, v in s.pair.verdicts.fresh.items())
                 finished.append(Finished(s.pair.claim, p.id, entry, tokens, verdict,
-                                         tuple(published.review_items.get(p.id, ()))))
+                                         tuple(published.review_items.get(p.id, ())), paid))
             await self.finisher.submit(finished)
         except Exception as exc:
             self.failure = self.failure or exc
             log.error("publishing a result failed; the worker stops without committing it" if alone else
                       "publishing results failed; the worker stops without committing them", error=repr(exc))
             raise
+
+    def _count_verdicts(self, scored: Scored) -> None:
+        """The verdict cache's hits and misses of a published pair, and what its hits saved."""
+        keys = scored.pair.verdicts.keys
+        if not keys:
+            return
+        hits = misses = tokens = 0
+        for m in scored.result.blend.members:
+            o = m.outcome
+            if o.cached_from is not None:
+                hits += 1
+                known = scored.pair.verdicts.hits.get(keys[o.ref_id].key) if o.ref_id in keys else None
+                tokens += known.usage.total if known is not None and known.usage is not None else 0
+            elif o.kind == "judge" and o.ref_id in keys and o.skipped is None:
+                misses += 1
+        self._events.verdict_cache(scored.pair.claim.project_id, hits, misses, tokens)
 
     async def _finish(self, items: list[Finished]) -> None:
         """History, latest results and verdicts first: a pair marked done is never scored again,
@@ -434,7 +494,10 @@ class PairProtocol:
                     self._events.review_items(taken.project_id, taken.taken, taken.turned_away)
             await self.claims.mark_done([(i.claim, i.rating_id) for i in items],
                                         tokens=[(i.claim, i.tokens) for i in items if i.tokens])
+            if paid and self._verdicts is not None:  # after: a verdict's rating is in the history first
+                await self._verdicts.store(paid)
 
+        paid = [p for i in items for p in i.paid]
         await self._outages.call(write)
 
     # --- batched Redis calls ----------------------------------------------------------------------

@@ -183,7 +183,7 @@ class SessionSweeper:
         """The pair protocol (``consumers.pair_protocol``) for a chunk of due pairs; how many were judged."""
         claimed_at = time.monotonic()
         mine = []
-        for item, claim in zip(due, await self.pairs.claim(due), strict=True):
+        for item, claim in zip(due, await self.pairs.claim(due, snapshot), strict=True):
             if claim.state == "claimed":
                 self._events.kept(item.group.project_id, item.group.id)
                 mine.append(item)

@@ -275,7 +275,7 @@ class TraceConsumer:
             await self.loop.outages.call(lambda: recorder.add_turns(turns))
 
         # 3. claim
-        claims = await self.pairs.claim([pair for *_, pairs in routed for pair in pairs])
+        claims = await self.pairs.claim([pair for *_, pairs in routed for pair in pairs], snapshot)
 
         # 4. one job for the batch: pairs that wait on nothing (patterns, code scorers) are scored
         #    together; pairs that wait (judges, external scorers, another worker's lease) each

@@ -89,6 +89,7 @@ class MemberOutcome:
     usage: TokenUsage | None = None  # a judge's tokens, when its API reported them
     skipped: str | None = None  # why the member was not called (gates first), when it was not
     calls: tuple[JudgeCall, ...] = ()  # a judge's calls, cut and masked (scoring.judge_calls)
+    cached_from: str | None = None  # a judge's verdict paid for already, by this rating (scoring.verdict_cache)
 
     def __post_init__(self) -> None:
         # A float in range passes at once (NaN fails every comparison): the common case, per member.

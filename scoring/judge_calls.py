@@ -98,7 +98,7 @@ def call_document(call: JudgeCall, ref_id: str, member: str) -> dict[str, Any]:
         "attempts": call.attempts,
         "usage": None if call.usage is None else {"promptTokens": call.usage.prompt_tokens,
                                                   "completionTokens": call.usage.completion_tokens},
-        "error": call.error}
+        "error": call.error, **({"cachedFrom": call.cached_from} if call.cached_from is not None else {})}
 
 
 def encode_calls(members: list[tuple[str, str, tuple[JudgeCall, ...]]]) -> bytes:

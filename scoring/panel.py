@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import functools
 import hashlib
+import math
 import time
 from collections.abc import Callable, Sequence
 from typing import Protocol
@@ -20,7 +21,7 @@ import structlog
 from scoring.blend import GATE_PASS_MARK, REFERENCE_DELETED, BlendResult, MemberOutcome, blend, goodness
 from scoring.frozen import frozen
 from scoring.judge_calls import kept, tenant_texts
-from scoring.judge_prompt import token_ceiling
+from scoring.judge_prompt import build_messages, token_ceiling
 from scoring.members.patterns import DEADLINE_S as PATTERN_DEADLINE_S
 from scoring.members.patterns import CompiledPattern, compiled
 from scoring.models import CustomEvaluator, Judge, Member, Pattern, Polarity, ScorerGroup
@@ -33,12 +34,14 @@ from scoring.ports import (
     JudgeCall,
     Judges,
     JudgeSpend,
+    JudgeVerdict,
     MemberError,
     RetryGate,
     TokenUsage,
 )
 from scoring.redact import Redactor, redact_text
 from scoring.subjects import Subject
+from scoring.verdict_cache import CachedVerdict, CachePolicy, JudgeKey, PairVerdicts, VerdictFlights, verdict_key
 
 log = structlog.get_logger(__name__)
 
@@ -149,6 +152,7 @@ class Panel:
         observe: MemberObserver | None = None,
         redact: Redactor | None = None,
         count_tokens: TokenObserver | None = None,
+        verdict_cache: CachePolicy | None = None,
     ) -> None:
         self._judges = judges
         self._external = external
@@ -165,14 +169,34 @@ class Panel:
         # The bulk path's groups resolved against the snapshot in use (``_plan``), by group id.
         self._plans_for: ScorerLookup | None = None
         self._plans: dict[int, tuple[ScorerGroup, tuple[MemberPlan, ...]]] = {}
+        # The verdict cache (None: off), and the judge calls under way in this process by key.
+        self.verdict_cache = verdict_cache
+        self.flights = VerdictFlights()
+
+    def verdict_keys(self, group: ScorerGroup, scorers: ScorerLookup, subject: Subject) -> list[JudgeKey]:
+        """The verdict cache's keys of the judge calls scoring ``subject`` will make, once each
+        (a judge named twice is one call's verdict), with their token ceilings; none for a judge
+        whose cache is off."""
+        if self._judges is None or self.verdict_cache is None:
+            return []
+        keys: dict[str, JudgeKey] = {}
+        for judge in planned_judges(group, scorers, subject):
+            if judge.cache and judge.id not in keys:
+                key = verdict_key(subject.project_id, judge.id, self._judges.model_for(judge),
+                                  build_messages(judge, subject))
+                keys[judge.id] = JudgeKey(judge.id, key, token_ceiling(judge, subject))
+        return list(keys.values())
 
     async def score(self, group: ScorerGroup, subject: Subject, scorers: ScorerLookup,
-                    spend: JudgeSpend | None = None) -> GroupResult:
+                    spend: JudgeSpend | None = None, verdicts: PairVerdicts | None = None) -> GroupResult:
         """Every member on the subject, then the blend. ``spend`` is the pair's live budget: each
         judge retry reserves a slot from it, and a gates-first group reserves its judges' calls
-        from it once its cheap gates passed (raising ``BudgetExhausted`` when there is no room)."""
+        from it once its cheap gates passed (raising ``BudgetExhausted`` when there is no room).
+        ``verdicts``: what the pair's claim found in the verdict cache (a judge whose verdict was
+        paid for already is not called)."""
         if not defers_judges(group):
-            outcomes = await asyncio.gather(*(self._member(m, subject, scorers, _retry_gate(spend, m, subject, scorers))
+            outcomes = await asyncio.gather(*(self._member(m, subject, scorers, _retry_gate(spend, m, subject, scorers),
+                                                           verdicts)
                                               for m in group.members))
             return GroupResult(group, subject, blend(outcomes))
         # Gates first: every member that costs no judge call, then the judges only if no
@@ -192,16 +216,25 @@ class Panel:
             for i in judges:
                 said[i] = self._skipped(members[i], scorers, why)
         else:
-            planned = planned_judges(group, scorers, subject)
+            # Its judges' calls, less those paid for already or under way here (``_judge``).
+            planned = [j for j in planned_judges(group, scorers, subject) if not self._covered(j, verdicts)]
             tokens = sum(token_ceiling(j, subject) for j in planned) if spend is not None and spend.counts_tokens else 0
             if spend is not None and planned and not await spend.reserve_panel(len(planned), tokens):
                 raise BudgetExhausted(f"no room in the judge budget for {len(planned)} judge call(s)")
-            verdicts = await asyncio.gather(*(self._member(members[i], subject, scorers,
-                                                           _retry_gate(spend, members[i], subject, scorers))
-                                              for i in judges))
-            for i, outcome in zip(judges, verdicts, strict=True):
+            if verdicts is not None:
+                verdicts.reserved.update(key.key for j in planned if (key := verdicts.keys.get(j.id)) is not None)
+            said_by_judges = await asyncio.gather(*(self._member(members[i], subject, scorers,
+                                                                 _retry_gate(spend, members[i], subject, scorers),
+                                                                 verdicts)
+                                                    for i in judges))
+            for i, outcome in zip(judges, said_by_judges, strict=True):
                 said[i] = outcome
         return GroupResult(group, subject, blend([o for o in said if o is not None]))
+
+    def _covered(self, judge: Judge, verdicts: PairVerdicts | None) -> bool:
+        """Is this judge's verdict for the pair paid for already, or being paid for here?"""
+        key = verdicts.keys.get(judge.id) if verdicts is not None else None
+        return key is not None and (key.key in verdicts.hits or self.flights.flying(key.key))  # type: ignore[union-attr]
 
     def _skipped(self, member: Member, scorers: ScorerLookup, why: str) -> MemberOutcome:
         judge = scorers.judge(member.ref_id)
@@ -356,7 +389,7 @@ class Panel:
                              ref_id=member.ref_id, scorer_name=name, **kw)  # type: ignore[arg-type]
 
     async def _member(self, member: Member, subject: Subject, scorers: ScorerLookup,
-                      retry: RetryGate | None = None) -> MemberOutcome:
+                      retry: RetryGate | None = None, verdicts: PairVerdicts | None = None) -> MemberOutcome:
         started = time.perf_counter()
         scorer = {"judge": scorers.judge, "pattern": scorers.pattern,
                   "custom": scorers.custom}[member.kind](member.ref_id)
@@ -370,9 +403,20 @@ class Panel:
         native: float | bool | None = None
         usage: TokenUsage | None = None
         calls: list[JudgeCall] = []  # a judge's, recorded whatever the outcome (the deadline's too)
+        key = verdicts.keys.get(scorer.id) if verdicts is not None and isinstance(scorer, Judge) else None
+        detail: str | None
         try:
             async with asyncio.timeout(self._member_deadline_s):
-                native, detail, polarity, invert, usage = await self._verdict(scorer, subject, retry, calls.append)
+                if key is not None:
+                    assert verdicts is not None and isinstance(scorer, Judge)
+                    paid = await self._judge(scorer, subject, key, verdicts, retry, calls.append)
+                    if isinstance(paid, CachedVerdict):  # paid for already: no usage of its own
+                        g = goodness("judge", paid.rating)
+                        return outcome(native=paid.rating, goodness=g, detail=paid.justification, calls=calls,
+                                       cached_from=paid.paid_by)
+                    native, detail, polarity, invert, usage = paid.rating, paid.justification, None, False, paid.usage
+                else:
+                    native, detail, polarity, invert, usage = await self._verdict(scorer, subject, retry, calls.append)
             if usage is not None and self._count_tokens is not None:
                 self._count_tokens(subject.project_id, usage)
             g = goodness(member.kind, native, polarity=polarity, invert=invert)
@@ -384,6 +428,42 @@ class Panel:
             log.exception("member scorer failed unexpectedly", kind=member.kind, ref_id=member.ref_id)
             return outcome(error=f"internal error: {type(exc).__name__}")
         return outcome(native=native, goodness=g, detail=detail, usage=usage, calls=calls)
+
+    async def _judge(self, judge: Judge, subject: Subject, key: JudgeKey, verdicts: PairVerdicts,
+                     retry: RetryGate | None, record: CallRecorder) -> CachedVerdict | JudgeVerdict:
+        """A judge member under the verdict cache, in order:
+
+        1. paid for already (the claim found it, or this process paid for it just now): no call;
+        2. under way here for another pair: wait for that call's verdict;
+        3. otherwise call - reserving the call first when the claim did not (it counted on step 2,
+           whose call then failed) - and, once it scored, keep it for the finish step to store.
+        """
+        paid = verdicts.hits.get(key.key) or self.flights.known(key.key)
+        flight = self.flights.waiting_on(key.key) if paid is None else None
+        if flight is not None:
+            paid = await asyncio.shield(flight)  # our deadline ends our wait, never the other's call
+        if paid is not None:
+            record(JudgeCall(self._judges.model_for(judge) if self._judges is not None else judge.model or "",
+                             tuple((m["role"], m["content"]) for m in build_messages(judge, subject)), None,
+                             time.time(), 0.0, 0, None, cached_from=paid.paid_by))
+            return paid
+        if self._judges is None:
+            raise MemberError("no judge endpoint is configured")
+        if key.key not in verdicts.reserved and retry is not None and not await retry():
+            raise MemberError("judge budget exhausted: the identical call this verdict waited for failed",
+                              retriable=False)
+        verdicts.reserved.add(key.key)
+        mine = self.flights.take_off(key.key)
+        kept: CachedVerdict | None = None
+        try:
+            verdict = await self._judges.grade(judge, subject, retry=retry, record=record)
+            if math.isfinite(verdict.rating) and 0 <= verdict.rating <= 10:  # only a verdict that scores
+                kept = CachedVerdict(verdict.rating, redact_text(verdict.justification), verdicts.rating_id,
+                                     verdict.usage)
+                verdicts.fresh[key.key] = kept
+            return verdict
+        finally:
+            self.flights.land(key.key, mine, kept)
 
     async def _verdict(
         self, scorer: Judge | Pattern | CustomEvaluator, subject: Subject, retry: RetryGate | None = None,

@@ -76,6 +76,8 @@ class JudgeCall:
     usage: TokenUsage | None
     error: str | None = None
     lengths: tuple[int, ...] = ()  # once cut: each message's full length, then the answer's
+    # Not made: the verdict was paid for already (``scoring.verdict_cache``), by this rating's call.
+    cached_from: str | None = None
 
 
 # Told of each judge call once it ended, whatever its outcome.
@@ -92,6 +94,10 @@ class Judges(Protocol):
 
     async def grade(self, judge: Judge, subject: Subject, *, retry: RetryGate | None = None,
                     record: CallRecorder | None = None) -> JudgeVerdict: ...
+
+    def model_for(self, judge: Judge) -> str:
+        """The model a call of ``judge`` names (its own, else the endpoint's default)."""
+        ...
 
 
 class BudgetExhausted(ScoringError):

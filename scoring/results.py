@@ -116,6 +116,9 @@ def rating_document(result: GroupResult, scope: ResultScope, now: datetime | Non
             "detail": o.detail or o.error or o.skipped}
         if o.usage is not None:  # absent, not null, when the judge's API reported none (MemberVerdict)
             entry["usage"] = {"promptTokens": o.usage.prompt_tokens, "completionTokens": o.usage.completion_tokens}
+        if o.cached_from is not None:  # absent unless the verdict was paid for already (MemberVerdict)
+            entry["cached"] = True
+            entry["cachedFrom"] = o.cached_from
         members.append(entry)
     return {
         "id": rating_id(group.id, key), "groupId": group.id, "groupName": group.name, "projectId": group.project_id,

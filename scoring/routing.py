@@ -19,6 +19,7 @@ from scoring.models import ScorerGroup
 from scoring.panel import planned_judges, upfront_judge_calls
 from scoring.sampling import keep
 from scoring.subjects import Span, Subject, Trace, children_of, span_subject, trace_subject
+from scoring.verdict_cache import PairVerdicts
 
 DEFAULT_BUDGET_WINDOW_S = 3600  # the window a claim names when its project has no budget
 
@@ -30,6 +31,8 @@ class Pair:
     group: ScorerGroup
     subject: Subject
     claim: ClaimRequest
+    # What its claim found in the verdict cache (the pair protocol fills it; the panel reads it).
+    verdicts: PairVerdicts = field(default_factory=PairVerdicts, compare=False, hash=False)
 
 
 def pair_of(group: ScorerGroup, subject: Subject, snapshot: CatalogSnapshot, *, subject_key: str,

@@ -21,6 +21,7 @@ from scoring.members.judge import JudgeClient, RequestShape
 from scoring.members.sandbox import SandboxPool
 from scoring.panel import MemberObserver, Panel, TokenObserver
 from scoring.redact import Redactor
+from scoring.verdict_cache import CachePolicy
 from worker.settings import Settings
 
 
@@ -61,7 +62,9 @@ class ScoringEngine:
         self.sandbox = sandbox_pool(settings)
         self.panel = Panel(judges=self.judges, external=self.external, sandbox=self.sandbox,
                            member_deadline_s=settings.member_deadline_s, observe=observe_member,
-                           redact=redactor(settings), count_tokens=count_tokens)
+                           redact=redactor(settings), count_tokens=count_tokens,
+                           verdict_cache=CachePolicy(settings.judge_cache_ttl_s, settings.judge_cache_max_entries)
+                           if settings.judge_cache_ttl_s > 0 else None)
 
     async def start(self) -> ScoringEngine:
         await self.sandbox.start()

@@ -30,8 +30,10 @@ from scoring.dataset import (
     requires_expected_judges,
 )
 from scoring.errors import CatalogError
-from scoring.results import build_rating
+from scoring.results import build_rating, rating_id
 from scoring.stores.catalog import CatalogStore
+from scoring.stores.verdicts import VerdictStore
+from scoring.unclaimed_verdicts import UnclaimedVerdicts
 from worker.connections import kafka_producer, redis_client
 from worker.engine import ScoringEngine
 from worker.settings import Settings
@@ -52,6 +54,7 @@ class GradeRequest:
     publish: bool = False
     allow_unscored: Allowance = 0  # rows without a score the gate lets pass (count or fraction)
     with_calls: bool = False  # each row's line carries its judge calls (scoring.judge_calls: cut and masked)
+    cache: bool = True  # the verdict cache read and kept (--no-cache: every judge asked afresh)
 
 
 def read_rows(path: str) -> list[DatasetRow]:
@@ -124,7 +127,8 @@ async def grade(settings: Settings, request: GradeRequest, out: IO[str], err: Te
             print(f"warning: judge {judge.name!r} requires an expected answer; {without_expected} "
                   "row(s) have none and it cannot score them", file=err)
 
-    run = await _grade(settings, catalog, plan, rows, request, err)
+    run_id = str(uuid.uuid4())  # names its rows' ratings: what a verdict they paid for says paid for it
+    run = await _grade(settings, catalog, plan, rows, request, err, run_id)
     for row in run.rows:
         document = row.wire()
         if request.with_calls:
@@ -136,7 +140,7 @@ async def grade(settings: Settings, request: GradeRequest, out: IO[str], err: Te
     for line in agreement.lines() if agreement is not None else []:
         print(line, file=err)
     if request.publish:
-        await _publish(settings, run)
+        await _publish(settings, run, run_id)
         print(f"published {len(run.rows)} results to {settings.ratings_topic}", file=err)
     if request.fail_under is not None:
         try:
@@ -153,16 +157,27 @@ async def grade(settings: Settings, request: GradeRequest, out: IO[str], err: Te
 
 
 async def _grade(settings: Settings, catalog: Any, plan: GradingPlan, rows: list[DatasetRow],
-                 request: GradeRequest, err: TextIO) -> DatasetRun:
-    """Grade rows with the judge endpoint, external scorers and code sandbox ``settings`` name."""
-    async with ScoringEngine(settings) as engine:
-        return await grade_rows(engine.panel, catalog, plan, rows, concurrency=request.concurrency,
-                                progress=Progress(err))
+                 request: GradeRequest, err: TextIO, run_id: str) -> DatasetRun:
+    """Grade rows with the judge endpoint, external scorers and code sandbox ``settings`` name;
+    the verdicts already paid for (the verdict cache) are read first and those paid for now kept."""
+    redis = redis_client(settings)
+    try:
+        async with ScoringEngine(settings) as engine:
+            cache = UnclaimedVerdicts(engine.panel, VerdictStore(redis, engine.panel.verdict_cache)
+                                      if request.cache and engine.panel.verdict_cache is not None else None)
+            group = plan.group
+            found = await cache.look_up(group, catalog, [
+                (str(row.id), rating_id(group.id, f"dataset:{run_id}:{index}"), row.subject(group.project_id))
+                for index, row in enumerate(rows)])
+            run = await grade_rows(engine.panel, catalog, plan, rows, concurrency=request.concurrency,
+                                   progress=Progress(err), verdicts=found)
+            await cache.keep(group.project_id, found.values())
+            return run
+    finally:
+        await redis.aclose()
 
 
-async def _publish(settings: Settings, run: DatasetRun) -> None:
-
-    run_id = str(uuid.uuid4())
+async def _publish(settings: Settings, run: DatasetRun, run_id: str) -> None:
     now = datetime.now(UTC)
     producer = kafka_producer(settings)
     await producer.start()

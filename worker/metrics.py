@@ -119,6 +119,14 @@ GROUP_SCORE = LoopHistogram("sgw_group_score", "Group scores (0-10) of scored re
 REVIEW_ITEMS = Counter("sgw_review_items", "Results a review queue took (outcome taken), or turned away "
                        "because the queue held its capacity of open items (outcome turned_away).",
                        ["project", "outcome"], registry=REGISTRY)
+JUDGE_CACHE_LOOKUPS = Counter("sgw_judge_cache_lookups", "Judge verdicts asked of the verdict cache by the "
+                              "scoring of live traffic, sessions, spans and backfills: hit (paid for already: no "
+                              "call) or miss (called).", ["project", "result"], registry=REGISTRY)
+JUDGE_CACHE_SAVED_CALLS = Counter("sgw_judge_cache_saved_calls", "Judge calls the verdict cache saved (one per hit).",
+                                  ["project"], registry=REGISTRY)
+JUDGE_CACHE_SAVED_TOKENS = Counter("sgw_judge_cache_saved_tokens", "Judge tokens the verdict cache saved: what the "
+                                   "calls that paid for its hits cost, as their APIs reported.", ["project"],
+                                   registry=REGISTRY)
 SIGNALS = Counter("sgw_signals_raised", "Below-threshold Signals raised.", ["project", "group", "severity"],
                   registry=REGISTRY)
 JUDGE_CALLS = Counter("sgw_judge_calls", "Judge calls by outcome.", ["outcome"], registry=REGISTRY)
@@ -232,6 +240,15 @@ class PrometheusEvents:
             _child(REVIEW_ITEMS, project, "taken").inc(taken)
         if turned_away:
             _child(REVIEW_ITEMS, project, "turned_away").inc(turned_away)
+
+    def verdict_cache(self, project: str, hits: int, misses: int, tokens_saved: int) -> None:
+        if hits:
+            _child(JUDGE_CACHE_LOOKUPS, project, "hit").inc(hits)
+            _child(JUDGE_CACHE_SAVED_CALLS, project).inc(hits)
+        if misses:
+            _child(JUDGE_CACHE_LOOKUPS, project, "miss").inc(misses)
+        if tokens_saved:
+            _child(JUDGE_CACHE_SAVED_TOKENS, project).inc(tokens_saved)
 
     def in_flight(self, count: int) -> None:
         IN_FLIGHT.set(count)

@@ -74,6 +74,9 @@ class JudgeClient:
         if self._session is not None:
             await self._session.close()
 
+    def model_for(self, judge: Judge) -> str:
+        return judge.model or self._model
+
     def shape_for(self, model: str) -> RequestShape:
         """What the endpoint takes for ``model``: the settings', or what its refusals taught."""
         return self._learned.get(model, self._shape)
@@ -82,7 +85,7 @@ class JudgeClient:
                     record: CallRecorder | None = None) -> JudgeVerdict:
         if judge.requires_expected and subject.expected is None:
             raise MemberError("judge requires an expected answer and this subject has none")
-        model = judge.model or self._model
+        model = self.model_for(judge)
         messages = build_messages(judge, subject)
         started, started_at = time.perf_counter(), time.time()
         call = _CallUnderWay()

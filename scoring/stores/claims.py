@@ -63,30 +63,36 @@ local function stored_fields(first, stride, key_offset)
 end
 """
 
-# KEYS: the calls budget key, the tokens key, then the claim hashes. ARGV: owner, lease ms, budget
-# limit (-1: none), budget TTL, hash TTL, token limit (-1: none), "1" to fill (a backfill: see
-# ``Claims``), then per pair: hash index (1-based into KEYS[3..]), field, judge calls, token
-# ceiling, the group's revision. Returns a flat list: state, detail per pair.
+# KEYS: the calls budget key, the tokens key, the claim hashes, then the verdict cache's keys.
+# ARGV: owner, lease ms, budget limit (-1: none), budget TTL, hash TTL, token limit (-1: none),
+# "1" to fill (a backfill: see ``Claims``), the number of claim hashes, then per pair: hash index
+# (1-based into KEYS[3..]), field, judge calls, token ceiling, the group's revision, and its
+# verdict keys ("<index into the cache keys>:<token ceiling>,..."). Returns a flat list: per pair
+# state, detail, the verdict keys it reserved calls for ("<index>,..."), the tokens it reserved;
+# then per cache key the verdict stored, or "".
 _CLAIM = _STORED_FIELDS + """
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 local owner, lease_ms, limit, token_limit = ARGV[1], tonumber(ARGV[2]), tonumber(ARGV[3]), tonumber(ARGV[6])
 local lease = 'lease:' .. (now + lease_ms) .. ':' .. owner
 local fill = ARGV[7] == '1'
-local n = (#ARGV - 7) / 5
+local cache_at = 2 + tonumber(ARGV[8])
+local n = (#ARGV - 8) / 6
 
 -- 1. what is stored for every pair: one HMGET per hash
-local _, stored = stored_fields(8, 5, 2)
+local _, stored = stored_fields(9, 6, 2)
 
 -- 2. decide in order: a pair twice in the batch sees its own first decision
 local used, tokens_used = nil, nil
 local reserved, tokens_reserved = 0, 0
+local cached, paid_in_batch = {}, {}
 local writes = {}
 local out = {}
 for i = 1, n do
-  local at = 3 + 5 * i
+  local at = 3 + 6 * i
   local h, field, want, tokens = tonumber(ARGV[at]), ARGV[at + 1], tonumber(ARGV[at + 2]), tonumber(ARGV[at + 3])
   local revision = '@' .. ARGV[at + 4]
+  local leads = {}
   local slot = h .. ' ' .. field
   local current = stored[slot]
   local state, detail = nil, ''
@@ -106,6 +112,20 @@ for i = 1, n do
   if not state then
     local value = lease
     state = 'claimed'
+    -- the verdict cache: a call paid for already, or by an earlier pair of this batch, is not
+    -- reserved again (a gates-first pair, reserving later, only reads what is paid for)
+    for index, ceiling in string.gmatch(ARGV[at + 5], '(%d+):(%d+)') do
+      index = tonumber(index)  -- 0: a call under way in the worker, nothing to read
+      if index > 0 and cached[index] == nil then cached[index] = redis.call('GET', KEYS[cache_at + index]) end
+      if index == 0 or cached[index] or paid_in_batch[index] then
+        if want > 0 then
+          want = want - 1
+          tokens = math.max(0, tokens - tonumber(ceiling))
+        end
+      elseif want > 0 then
+        table.insert(leads, index)
+      end
+    end
     if want > 0 or tokens > 0 then
       used = used or tonumber(redis.call('GET', KEYS[1]) or '0')
       tokens_used = tokens_used or tonumber(redis.call('GET', KEYS[2]) or '0')
@@ -114,9 +134,11 @@ for i = 1, n do
         -- filling: nothing is written, the job pauses and grades the pair in a later window
         value, state, detail = 'skipped:budget', 'exhausted', tostring(used + reserved)
         if fill then value = nil end
+        leads, tokens = {}, 0
       else
         reserved = reserved + want
         tokens_reserved = tokens_reserved + tokens
+        for _, index in ipairs(leads) do paid_in_batch[index] = true end
       end
     end
     if value then
@@ -128,6 +150,11 @@ for i = 1, n do
   end
   table.insert(out, state)
   table.insert(out, detail)
+  table.insert(out, table.concat(leads, ','))
+  table.insert(out, state == 'claimed' and tostring(tokens) or '0')
+end
+for index = 1, #KEYS - cache_at do
+  table.insert(out, cached[index] or '')
 end
 
 -- 3. write: one HSET (in chunks) and one EXPIRE per hash; the budget once
@@ -284,6 +311,16 @@ def done_mark(request: ClaimRequest, rating_id: str) -> str:
 class ClaimResult:
     state: ClaimState
     detail: str  # the stored value for done/busy ("done:<ratingId>"), budget used when exhausted
+    # With verdict keys looked up: the claimed pair's keys it reserved a call for (this pair
+    # pays for them), the tokens it reserved, and the verdicts found stored (key, entry).
+    leads: tuple[str, ...] = ()
+    tokens: int = 0
+    cached: tuple[tuple[str, bytes], ...] = ()
+
+
+# A pair's verdict cache keys to look up at claim time: (key, token ceiling of its call); a key of
+# None is a call paid for elsewhere (under way in this process): nothing to look up or reserve.
+VerdictLookup = Sequence[tuple[str | None, int]]
 
 
 def new_owner() -> str:
@@ -311,11 +348,13 @@ class Claims:
         self._reserve = redis.register_script(_RESERVE)
         self._mark_done = redis.register_script(_MARK_DONE)
 
-    def spend(self, request: ClaimRequest,
-              reserve: ReserveCalls | None = None) -> PairSpend:
+    def spend(self, request: ClaimRequest, reserve: ReserveCalls | None = None,
+              tokens_reserved: int | None = None) -> PairSpend:
         """The pair's budget for the judge calls decided while it is scored (``scoring.ports.JudgeSpend``).
-        ``reserve`` makes the reservation; the trace loop passes one that batches the pairs'."""
-        return PairSpend(request, reserve or self.reserve)
+        ``reserve`` makes the reservation; the trace loop passes one that batches the pairs'.
+        ``tokens_reserved``: what its claim reserved, when the verdict cache made it less than
+        the request's ceiling."""
+        return PairSpend(request, reserve or self.reserve, tokens_reserved)
 
     async def reserve(self, reservation: Reservation) -> bool:
         """One reservation alone (``reserve_many`` of one)."""
@@ -345,8 +384,11 @@ class Claims:
             replies = await pipe.execute()
         return [bool(reply) for reply in replies]
 
-    async def claim_many(self, requests: list[ClaimRequest], now: float | None = None) -> list[ClaimResult]:
-        """Claim every pair of a batch in one round trip: one script call per project."""
+    async def claim_many(self, requests: list[ClaimRequest], now: float | None = None,
+                         lookups: Sequence[VerdictLookup] | None = None) -> list[ClaimResult]:
+        """Claim every pair of a batch in one round trip: one script call per project. With
+        ``lookups`` (per request, its verdict cache keys), each claimed pair reserves judge calls
+        only for the keys not stored and not paid for by an earlier pair of the batch."""
         if not requests:
             return []
         now = time.time() if now is None else now
@@ -355,26 +397,41 @@ class Claims:
         for i, r in enumerate(requests):
             by_project[(r.project_id, r.budget_limit, r.budget_window_s, r.token_limit)].append(i)
         results: list[ClaimResult | None] = [None] * len(requests)
+        looked_up: list[list[str]] = []  # per project: its verdict keys, in KEYS' order
         async with ScriptPipeline(self._redis) as pipe:
             for indexes in by_project.values():
                 first = requests[indexes[0]]
                 window_start = int(now) // first.budget_window_s * first.budget_window_s
                 hashes: dict[str, int] = {}
-                args: list[str | int] = [self.owner, self.lease_ms,
-                                         -1 if first.budget_limit is None else first.budget_limit,
-                                         first.budget_window_s * 2, self._done_ttl_s,
-                                         -1 if first.token_limit is None else first.token_limit,
-                                         int(self.fill)]
+                verdicts: dict[str, int] = {}
+                args: list[str | int] = []
                 for i in indexes:
                     r = requests[i]
+                    spec = ",".join(f"{0 if key is None else verdicts.setdefault(key, len(verdicts) + 1)}:{ceiling}"
+                                    for key, ceiling in lookups[i]) if lookups is not None else ""
                     args += [hashes.setdefault(claim_hash(r), len(hashes) + 1), claim_field(r), r.judge_calls,
-                             r.judge_tokens, r.revision]
+                             r.judge_tokens, r.revision, spec]
+                header: list[str | int] = [self.owner, self.lease_ms,
+                                           -1 if first.budget_limit is None else first.budget_limit,
+                                           first.budget_window_s * 2, self._done_ttl_s,
+                                           -1 if first.token_limit is None else first.token_limit,
+                                           int(self.fill), len(hashes)]
+                looked_up.append(list(verdicts))
                 pipe.script(self._claim, [keys.judge_budget(first.project_id, window_start),
-                                          keys.judge_tokens(first.project_id, window_start), *hashes], args)
+                                          keys.judge_tokens(first.project_id, window_start), *hashes,
+                                          *(keys.judge_verdict(first.project_id, key) for key in verdicts)],
+                            header + args)
             replies = await pipe.execute()
-        for indexes, reply in zip(by_project.values(), replies, strict=True):
+        for indexes, reply, verdict_keys in zip(by_project.values(), replies, looked_up, strict=True):
+            stored_verdicts = dict(zip(verdict_keys, reply[4 * len(indexes):], strict=True))
             for n, i in enumerate(indexes):
-                results[i] = ClaimResult(state=_text(reply[2 * n]), detail=_text(reply[2 * n + 1]))  # type: ignore[arg-type]
+                leads = _text(reply[4 * n + 2])
+                mine = lookups[i] if lookups is not None else ()
+                found = tuple((key, value if isinstance(value, bytes) else value.encode()) for key, _ in mine
+                              if key is not None and (value := stored_verdicts[key]))
+                ours = tuple(verdict_keys[int(k) - 1] for k in leads.split(",")) if leads else ()
+                results[i] = ClaimResult(state=_text(reply[4 * n]), detail=_text(reply[4 * n + 1]),  # type: ignore[arg-type]
+                                         leads=ours, tokens=int(reply[4 * n + 3]), cached=found)
         return results  # type: ignore[return-value]
 
     async def mark_done(self, done: list[tuple[ClaimRequest, str]],
@@ -488,10 +545,11 @@ class PairSpend:
     it remembers the token ceilings reserved, so that ``settlement`` can turn them into the usage
     the judges reported."""
 
-    def __init__(self, request: ClaimRequest, reserve: ReserveCalls) -> None:
+    def __init__(self, request: ClaimRequest, reserve: ReserveCalls, tokens_reserved: int | None = None) -> None:
         self.request, self._reserve_one = request, reserve
         self.counts_tokens = request.token_limit is not None
-        self.tokens_reserved = request.judge_tokens if self.counts_tokens else 0
+        claimed = request.judge_tokens if tokens_reserved is None else tokens_reserved
+        self.tokens_reserved = claimed if self.counts_tokens else 0
 
     async def reserve_panel(self, calls: int, tokens: int) -> bool:
         return await self._reserve(calls, tokens, skip_when_refused=True)

@@ -155,6 +155,18 @@ def judge_tokens(project_id: str, window_start: int) -> str:
     return f"online-judge-tokens:{{{project_id}}}:{window_start}"
 
 
+# The verdict cache (scoring.verdict_cache): a judge's verdict on the exact messages of a call,
+# by key, paid once. The project's tag: the claim's script reads them beside the budget and the
+# claims. Kept SGW_JUDGE_CACHE_TTL_S; at most SGW_JUDGE_CACHE_MAX_ENTRIES per project, the oldest
+# dropped first (the index: a sorted set of the keys by expiry).
+def judge_verdict(project_id: str, key: str) -> str:
+    return f"{PREFIX}:verdict:{{{project_id}}}:{key}"
+
+
+def judge_verdicts(project_id: str) -> str:
+    return f"{PREFIX}:verdicts:{{{project_id}}}"
+
+
 # (group, subject) claims: "lease:<expiresAtMs>:<owner>" while being scored, "done:<ratingId>"
 # once its outputs are acknowledged, "skipped:budget" when the budget was short. One hash per
 # project and day of the subject (a trace's own timestamp, a session's first turn), field

@@ -166,6 +166,9 @@ class JudgeCallRecord(ApiModel):
     attempts: int = Field(description="HTTP requests sent for this verdict: retries and reshapes included.")
     usage: Usage | None = None
     error: str | None = None
+    cached_from: str | None = Field(None, exclude_if=lambda v: v is None,
+                                    description="Not made: the verdict was paid for already, by the judge call "
+                                                "of this rating (the verdict cache). Absent for a call made.")
 
 
 class RatingWithCalls(ApiModel):

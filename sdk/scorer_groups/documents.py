@@ -49,6 +49,10 @@ class MemberVerdict(Document):
     detail: str | None  # a verdict's justification, or why there is none (an error, a skip)
     # A judge's tokens; the key is absent when its API reported none (and for other kinds).
     usage: Usage | None = Field(None, exclude_if=lambda usage: usage is None)
+    # A judge's verdict paid for already (the verdict cache): by the judge call of ``cached_from``,
+    # a rating id. Both keys are absent for a verdict this rating paid for (and other kinds).
+    cached: bool = Field(False, exclude_if=lambda cached: not cached)
+    cached_from: str | None = Field(None, exclude_if=lambda v: v is None)
 
 
 class _AboutGroupResult(Document):

@@ -284,6 +284,10 @@ class Judge(WireModel):
     # so a judge without examples keeps the revision it had before they existed.
     examples: list[JudgeExample] = Field(default_factory=list, max_length=MAX_JUDGE_EXAMPLES,
                                          exclude_if=lambda v: not v)
+    # Whether its verdicts are paid once for the same messages (the verdict cache, issue 57):
+    # false for a judge whose answer must be asked afresh each time (one sampling at a high
+    # temperature on purpose, a judge of something outside the messages). Absent when true.
+    cache: bool = Field(True, exclude_if=lambda v: v)
 
     @field_validator("examples")
     @classmethod

@@ -18,7 +18,7 @@ import asyncio
 import dataclasses
 import re
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -41,7 +41,7 @@ from scoring.catalog import CatalogSnapshot
 from scoring.claim_request import ClaimRequest
 from scoring.models import Budget, Judge, Pattern, ScorerGroup
 from scoring.panel import GroupResult, Panel
-from scoring.stores.claims import ClaimResult, Claims
+from scoring.stores.claims import ClaimResult, Claims, VerdictLookup
 from scoring.stores.ratings import RatingsStore
 from scoring.subjects import Subject, Trace
 from tests.support.sampling_reference import reference_keep
@@ -138,7 +138,8 @@ class ControlledPanel(Panel):
                                   ref_id=member.ref_id, error="timed out after 1s")
         return GroupResult(group, subject, blend([timed_out]))
 
-    async def score(self, group: ScorerGroup, subject: Subject, scorers: Any, spend: Any = None) -> GroupResult:
+    async def score(self, group: ScorerGroup, subject: Subject, scorers: Any, spend: Any = None,
+                    verdicts: Any = None) -> GroupResult:
         self.alone.append((group.id, str(subject.trace_id)))
         await self._control(group, subject, bulk=False)
         return self._stall(group, subject, await super().score(group, subject, scorers))
@@ -168,10 +169,11 @@ class HeldClaims(Claims):
         self.open = asyncio.Event()
         self.open.set()
 
-    async def claim_many(self, requests: list[ClaimRequest], now: float | None = None) -> list[ClaimResult]:
+    async def claim_many(self, requests: list[ClaimRequest], now: float | None = None,
+                         lookups: Sequence[VerdictLookup] | None = None) -> list[ClaimResult]:
         await self.open.wait()
         self.calls.append([r.subject_key for r in requests])
-        return await super().claim_many(requests, now)
+        return await super().claim_many(requests, now, lookups)
 
     async def confirm(self, requests: list[ClaimRequest]) -> list[bool]:
         self.confirms.append([r.subject_key for r in requests])

@@ -45,7 +45,9 @@ from scoring.stores.ratings import RatingsStore, SessionVerdict
 from scoring.stores.review_items import ReviewItems
 from scoring.stores.sessions import SessionStore
 from scoring.stores.shards import ShardLeases
+from scoring.stores.verdicts import Paid, VerdictStore
 from scoring.subjects import Span, Trace
+from scoring.verdict_cache import CachedVerdict, CachePolicy
 from scoring.webhooks.retries import RetrySchedule
 
 pytestmark = pytest.mark.integration
@@ -102,6 +104,15 @@ async def use_every_store(redis: RedisCluster) -> list[AsyncScript]:
     await claims.mark_done([(r, f"rating-{i}") for i, r in enumerate(requests[:3])], now=now)
     await claims.release(requests[3:])
     assert await claims.reserve_many([Reservation(requests[0], 1, 0, False)], now=now) == [True]
+
+    # The verdict cache: kept per project, read by the claim beside its budget and claims.
+    verdicts = VerdictStore(redis, CachePolicy(ttl_s=60, max_entries=2))
+    await verdicts.store([Paid(f"p{n}", f"k{n}", CachedVerdict(7.0, "ok", f"r{n}")) for n in range(6)])
+    assert await verdicts.lookup("p1", ["k1", "k0"]) == {"k1": CachedVerdict(7.0, "ok", "r1")}
+    looked = await claims.claim_many([claim(f"p{n}", f"v{n}") for n in range(6)], now=now,
+                                     lookups=[[(f"k{n}", 0), ("missing", 0)] for n in range(6)])
+    assert [dict(r.cached) for r in looked] == [{f"k{n}": CachedVerdict(7.0, "ok", f"r{n}").encode()} for n in range(6)]
+    assert [r.leads for r in looked] == [("missing",)] * 6, "each pair pays for its one miss only"
 
     ratings = RatingsStore(redis)
     await ratings.write([HistoryEntry(f"g{n}", 7.0, False, now, b'{"id":"r"}', rating_id="r", calls=b"[]")
@@ -184,7 +195,7 @@ async def use_every_store(redis: RedisCluster) -> list[AsyncScript]:
     await leases.leave("w-1")
 
     stores = (claims, ratings, sessions, buffer, schedule, alerts, jobs, parts, incidents, digests, reviews, catalog,
-              leases)
+              leases, verdicts)
     return [v for store in stores for v in vars(store).values() if isinstance(v, AsyncScript)]
 
 

@@ -200,8 +200,10 @@ class StandsStillOnce(Panel):
                                   ref_id=member.ref_id, error="timed out after 1s")
         return GroupResult(group, subject, blend([timed_out]))
 
-    async def score(self, group: ScorerGroup, subject: Subject, scorers: Any, spend: Any = None) -> GroupResult:
-        return self._stand_still(group, subject, await super().score(group, subject, scorers, spend=spend))
+    async def score(self, group: ScorerGroup, subject: Subject, scorers: Any, spend: Any = None,
+                    verdicts: Any = None) -> GroupResult:
+        return self._stand_still(group, subject, await super().score(group, subject, scorers, spend=spend,
+                                                                     verdicts=verdicts))
 
     async def score_many(self, items: list[tuple[ScorerGroup, Subject]], scorers: Any) -> list[GroupResult]:
         # Groups that wait on nothing (this test's) are scored in bulk, as in the trace loop.

@@ -21,7 +21,7 @@ from scoring.catalog import CatalogSnapshot
 from scoring.dataset import DatasetRow, RowResult, grade_rows, human_verdict, plan_grading
 from scoring.errors import Conflict, InvalidDocument, NotFound
 from scoring.models import ID_PATTERN, Id, Name, ScorerGroup, WireModel
-from scoring.results import build_rating
+from scoring.results import build_rating, rating_id
 from scoring.review_rules import rated_items
 from scoring.stores.catalog import CatalogStore
 from scoring.stores.claims import Claims
@@ -42,7 +42,9 @@ from scoring.stores.evaluations import (
 )
 from scoring.stores.quotas import Quotas, check_quotas
 from scoring.stores.review_items import ReviewItems
+from scoring.stores.verdicts import VerdictStore
 from scoring.subjects import as_text
+from scoring.unclaimed_verdicts import UnclaimedVerdicts
 from worker.api import problems
 from worker.api.auth import Who, redis_of
 from worker.api.bodies import body_doc, read_body
@@ -264,13 +266,20 @@ async def _grade(request: Request, project: str, run: EvaluationRun,
         rows.append(DatasetRow(input=as_text(item.input), output=as_text(o.output), expected=item.expected,
                                spans=[dict(span) for span in o.spans], metadata=dict(item.metadata), id=str(o.row)))
     engine: ScoringEngine = request.app.state.engine  # the process's one engine (judges, sandbox, external)
+    policy = engine.panel.verdict_cache
+    cache = UnclaimedVerdicts(engine.panel, VerdictStore(redis, policy) if policy is not None else None)
+    group = plan.group
+    found = await cache.look_up(group, catalog, [  # verdicts paid for already reserve nothing
+        (str(row.id), rating_id(group.id, f"dataset:{run.id}:{row.id}"), row.subject(group.project_id))
+        for row in rows])
     spend = RunSpend(Claims(redis), run.id, plan, catalog)  # the project's judge budget, as live pairs spend it
     try:
-        granted = await spend.reserve(rows)
-        graded = await grade_rows(engine.panel, catalog, plan, granted, spends=spend.spends)
+        granted = await spend.reserve(rows, found)
+        graded = await grade_rows(engine.panel, catalog, plan, granted, spends=spend.spends, verdicts=found)
         await spend.settle(graded)
     finally:
         await spend.close()
+    await cache.keep(group.project_id, found.values())
     await _review(redis, catalog, plan.group, run.id, graded.rows)
     skipped = {int(str(row.id)) for row in rows} - {int(str(row.id)) for row in granted}
     humans = [human_verdict(item.human_rating, item.human_pass) for item in items[:run.row_count]]

@@ -12,6 +12,7 @@ tokens are settled to the usage the judges reported, in one round trip.
 from __future__ import annotations
 
 import time
+from collections.abc import Mapping
 
 from consumers.batcher import Batcher
 from scoring.catalog import CatalogSnapshot
@@ -20,6 +21,8 @@ from scoring.dataset import DatasetRow, DatasetRun, GradingPlan
 from scoring.results import tokens_of
 from scoring.routing import pair_of
 from scoring.stores.claims import Claims, PairSpend, Reservation
+from scoring.unclaimed_verdicts import UnclaimedVerdicts
+from scoring.verdict_cache import PairVerdicts
 
 RESERVE_ROWS = 500  # rows whose judge calls one Redis round trip reserves
 
@@ -33,21 +36,30 @@ class RunSpend:
         self._reserver: Batcher[Reservation, bool] = Batcher(claims.reserve_many)
         self.spends: dict[str, PairSpend] = {}  # by row id: the rows whose calls were reserved
 
-    async def reserve(self, rows: list[DatasetRow]) -> list[DatasetRow]:
-        """The rows whose judge calls were reserved, in order; the others found no room."""
+    async def reserve(self, rows: list[DatasetRow],
+                      verdicts: Mapping[str, PairVerdicts] | None = None) -> list[DatasetRow]:
+        """The rows whose judge calls were reserved, in order; the others found no room. A row's
+        calls whose verdicts were paid for already, or are paid for by another row (``verdicts``,
+        by row id: ``scoring.unclaimed_verdicts``), are not reserved."""
         day = day_of(time.time())
         claims = [pair_of(self._group, row.subject(self._group.project_id), self._catalog,
                           subject_key=f"evaluation:{self._run_id}:{row.id}", day=day).claim for row in rows]
+        asks: list[tuple[int, int]] = []  # (calls, tokens) each row reserves
+        for row, claim in zip(rows, claims, strict=True):
+            free_calls, free_tokens = UnclaimedVerdicts.covered((verdicts or {}).get(str(row.id)))
+            calls = max(0, claim.judge_calls - free_calls) if claim.judge_calls else 0
+            asks.append((calls, max(0, claim.judge_tokens - free_tokens) if calls else 0))
         granted: list[DatasetRow] = []
         for start in range(0, len(rows), RESERVE_ROWS):
-            chunk = list(zip(rows[start:start + RESERVE_ROWS], claims[start:start + RESERVE_ROWS], strict=True))
-            asking = [claim for _, claim in chunk if claim.judge_calls]
-            answers = iter(await self._claims.reserve_many(
-                [Reservation(c, c.judge_calls, c.judge_tokens, skip_when_refused=False) for c in asking]))
-            for row, claim in chunk:
-                if not claim.judge_calls or next(answers):
+            chunk = list(zip(rows[start:start + RESERVE_ROWS], claims[start:start + RESERVE_ROWS],
+                             asks[start:start + RESERVE_ROWS], strict=True))
+            asking = [Reservation(c, calls, tokens, skip_when_refused=False)
+                      for _, c, (calls, tokens) in chunk if calls]
+            answers = iter(await self._claims.reserve_many(asking))
+            for row, claim, (calls, tokens) in chunk:
+                if not calls or next(answers):
                     granted.append(row)
-                    self.spends[str(row.id)] = self._claims.spend(claim, self._reserve_one)
+                    self.spends[str(row.id)] = self._claims.spend(claim, self._reserve_one, tokens)
         return granted
 
     async def _reserve_one(self, reservation: Reservation) -> bool:

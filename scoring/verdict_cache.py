@@ -1,0 +1,157 @@
+"""The verdict cache (issue 57): a judge's verdict on the same messages is the verdict a team
+already paid for, so it is paid once.
+
+1. **The key** (``verdict_key``): the project, the judge, the model and a hash of the exact
+   messages sent - which carry the criteria, the prompt, the examples and the subject's text, so
+   any change to what the call asks is another key. Never shared across projects (the project
+   is hashed in, and its entries live under its own Redis hash tag).
+2. **The lookup** is the claim's (``scoring.stores.claims``): a batch's keys are read in the
+   same script that reserves the budget, and a pair reserves judge calls for its misses only.
+3. **In flight** (``VerdictFlights``): one process asks a judge once for the same key at a time -
+   a second pair waits for the first's call - and keeps the verdicts it paid for lately.
+4. **Kept**: only a verdict that parsed and scored (never an error, a refusal, a timeout), by the
+   finish step, with the rating id that paid for it (``scoring.stores.verdicts``).
+
+A judge with ``"cache": false`` is neither looked up nor kept. Pure: no I/O.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import hashlib
+from collections import OrderedDict
+from collections.abc import Sequence
+from typing import Any
+
+import orjson
+
+from scoring.frozen import frozen
+from scoring.ports import TokenUsage
+
+# Bumped when the call a key stands for changes without its messages changing (the client's
+# temperature, the answer's token ceiling, how an answer is parsed): old entries then miss.
+CACHE_FORMAT = "sgw-verdict-1"
+# Entries larger than this are not kept (a judge that wrote a book as its justification).
+MAX_ENTRY_BYTES = 4_096
+# Seven days: long enough that a weekly CI run of an unchanged judge, and a week's repeated
+# questions, are paid once; short enough that a provider's silent update behind a model's name
+# (the key cannot see it) is asked afresh within a week. SGW_JUDGE_CACHE_TTL_S.
+DEFAULT_TTL_S = 7 * 86_400
+# Per project (SGW_JUDGE_CACHE_MAX_ENTRIES): memory per entry is in docs/operate/capacity.md.
+DEFAULT_MAX_ENTRIES = 100_000
+# Verdicts this process paid for lately, kept beside Redis's (bounded: a few MB): a pair claimed
+# while its verdict was being paid for here finds it, whether or not the finish step wrote it yet.
+RECENT_KEPT = 4_096
+
+
+def verdict_key(project_id: str, judge_id: str, model: str, messages: Sequence[dict[str, str]]) -> str:
+    """The key of one judge call: 144 bits of BLAKE2b over what makes the call, base64url (24
+    characters) - collisions are out of reach of any project's traffic."""
+    digest = hashlib.blake2b(orjson.dumps([CACHE_FORMAT, project_id, judge_id, model, messages]),
+                             digest_size=18).digest()
+    return base64.urlsafe_b64encode(digest).decode()
+
+
+@frozen
+class CachedVerdict:
+    """A verdict already paid for: its rating (0-10 as the judge said it), justification, the
+    tokens the paid call cost, and the rating id whose judge call paid for it."""
+
+    rating: float
+    justification: str
+    paid_by: str
+    usage: TokenUsage | None = None
+
+    def encode(self) -> bytes:
+        usage = None if self.usage is None else [self.usage.prompt_tokens, self.usage.completion_tokens]
+        return orjson.dumps({"r": self.rating, "j": self.justification, "p": self.paid_by, "u": usage})
+
+    @classmethod
+    def decode(cls, raw: bytes | str | None) -> CachedVerdict | None:
+        """The entry, or None for anything that is not one (an entry is never trusted to raise)."""
+        if not raw:
+            return None
+        try:
+            document: Any = orjson.loads(raw)
+            rating, justification, paid_by, usage = document["r"], document["j"], document["p"], document["u"]
+            if (not isinstance(rating, int | float) or isinstance(rating, bool) or not isinstance(justification, str)
+                    or not isinstance(paid_by, str)):
+                return None
+            tokens = None if usage is None else TokenUsage(*(n if isinstance(n, int) else None for n in usage[:2]))
+            return cls(float(rating), justification, paid_by, tokens)
+        except (orjson.JSONDecodeError, KeyError, TypeError, ValueError, IndexError):
+            return None
+
+
+@frozen
+class CachePolicy:
+    """How long verdicts are kept and how many per project (``Settings``)."""
+
+    ttl_s: int = DEFAULT_TTL_S
+    max_entries: int = DEFAULT_MAX_ENTRIES
+
+
+@frozen
+class JudgeKey:
+    """One cacheable judge call a pair will make: its key and the token ceiling a budget
+    reserves for it."""
+
+    judge_id: str
+    key: str
+    tokens: int
+
+
+class PairVerdicts:
+    """One pair's judge verdicts as its claim found them, filled by the pair protocol's claim
+    step and read by the panel: ``keys`` by judge id, the ``hits`` (paid already), the keys the
+    claim ``reserved`` calls for (this pair makes those calls), and what this pair paid for
+    (``fresh``: kept by the finish step, once its rating id is published)."""
+
+    __slots__ = ("fresh", "hits", "keys", "rating_id", "reserved", "tokens_reserved")
+
+    def __init__(self) -> None:
+        self.rating_id = ""
+        self.keys: dict[str, JudgeKey] = {}
+        self.hits: dict[str, CachedVerdict] = {}
+        self.reserved: set[str] = set()
+        self.tokens_reserved: int | None = None  # what its claim reserved (None: the request's ceiling)
+        self.fresh: dict[str, CachedVerdict] = {}
+
+
+class VerdictFlights:
+    """The judge calls under way in this process, by key, and the verdicts just paid for: a pair
+    whose key is being asked waits for that call instead of making its own."""
+
+    def __init__(self, recent_kept: int = RECENT_KEPT) -> None:
+        self._flying: dict[str, asyncio.Future[CachedVerdict | None]] = {}
+        self._recent: OrderedDict[str, CachedVerdict] = OrderedDict()
+        self._recent_kept = recent_kept
+
+    def flying(self, key: str) -> bool:
+        return key in self._flying or key in self._recent
+
+    def known(self, key: str) -> CachedVerdict | None:
+        return self._recent.get(key)
+
+    def waiting_on(self, key: str) -> asyncio.Future[CachedVerdict | None] | None:
+        return self._flying.get(key)
+
+    def take_off(self, key: str) -> asyncio.Future[CachedVerdict | None]:
+        """This pair calls for ``key``: others asking meanwhile wait on the future returned."""
+        flight: asyncio.Future[CachedVerdict | None] = asyncio.get_running_loop().create_future()
+        self._flying[key] = flight
+        return flight
+
+    def land(self, key: str, flight: asyncio.Future[CachedVerdict | None], verdict: CachedVerdict | None) -> None:
+        """The call ended: with its verdict (kept among the recent), or None when it failed -
+        those who waited then call for themselves."""
+        if self._flying.get(key) is flight:
+            del self._flying[key]
+        if not flight.done():
+            flight.set_result(verdict)
+        if verdict is not None:
+            self._recent[key] = verdict
+            self._recent.move_to_end(key)
+            while len(self._recent) > self._recent_kept:
+                self._recent.popitem(last=False)
