@@ -308,6 +308,9 @@ class BackfillRunner:
         for (offset, pair), state in zip(chunk, states, strict=True):
             if state.state in ("claimed", "busy"):
                 mine.append((offset, pair, state.state == "busy"))
+                if state.state == "claimed" and pair.claim.judge_calls and pair.verdicts.keys:
+                    # verdicts paid for already (the verdict cache): calls the cap need not hold
+                    graded.calls_returned += len(pair.verdicts.keys) - len(state.leads)
                 continue
             graded.calls_returned += pair.claim.judge_calls
             if state.state == "exhausted":

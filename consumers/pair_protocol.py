@@ -53,7 +53,7 @@ from scoring.stores.claims import ClaimResult, Claims, PairSpend, Reservation, R
 from scoring.stores.ratings import RatingsStore, SessionVerdict
 from scoring.stores.review_items import ReviewItems
 from scoring.stores.verdicts import Paid, VerdictStore
-from scoring.verdict_cache import CachedVerdict
+from scoring.verdict_cache import CachedVerdict, Savings, savings
 
 log = structlog.get_logger(__name__)
 
@@ -108,6 +108,7 @@ class Finished:
     verdict: SessionVerdict | None = None
     review: tuple[Kept, ...] = ()  # the review queues' items it makes
     paid: tuple[Paid, ...] = ()  # the judge verdicts it paid for, for the verdict cache
+    saved: Savings = Savings()  # what the verdict cache saved it (the budget window counts it)
 
 
 @frozen
@@ -190,8 +191,11 @@ class PairProtocol:
         already paid for - in Redis, or by a call of this process, done or under way - reserve
         nothing (``scoring.verdict_cache``)."""
         requests = [pair.claim for pair in pairs]
-        lookups = self._verdict_lookups(pairs, snapshot) if self._panel.verdict_cache is not None else None
-        states = await self._outages.call(lambda: self.claims.claim_many(requests, lookups=lookups))
+        policy = self._panel.verdict_cache
+        lookups = self._verdict_lookups(pairs, snapshot) if policy is not None else None
+        buckets = policy.reading(time.time()) if policy is not None else ()
+        states = await self._outages.call(lambda: self.claims.claim_many(requests, lookups=lookups,
+                                                                         verdict_buckets=buckets))
         for pair, state in zip(pairs, states, strict=True):
             if state.state == "claimed":
                 self.unpublished.add(pair.claim)  # ours from here: given up if the work is cancelled
@@ -454,33 +458,19 @@ class PairProtocol:
                 tokens = s.spend.settlement(tokens_of(s.result)) if s.spend is not None else 0
                 at = s.pair.subject.at if self._outputs.policy.history_at_subject else None
                 entry = history_entry(s.pair.group, p, p.document, at, s.result)
-                self._count_verdicts(s)
+                saved = savings((m.outcome for m in s.result.blend.members), s.pair.verdicts)
+                if saved.hits or saved.misses:
+                    self._events.verdict_cache(s.pair.claim.project_id, saved.hits, saved.misses, saved.tokens)
                 paid = tuple(Paid(s.pair.claim.project_id, key, CachedVerdict(v.rating, v.justification, p.id, v.usage))
                              for key, v in s.pair.verdicts.fresh.items())
                 finished.append(Finished(s.pair.claim, p.id, entry, tokens, verdict,
-                                         tuple(published.review_items.get(p.id, ())), paid))
+                                         tuple(published.review_items.get(p.id, ())), paid, saved))
             await self.finisher.submit(finished)
         except Exception as exc:
             self.failure = self.failure or exc
             log.error("publishing a result failed; the worker stops without committing it" if alone else
                       "publishing results failed; the worker stops without committing them", error=repr(exc))
             raise
-
-    def _count_verdicts(self, scored: Scored) -> None:
-        """The verdict cache's hits and misses of a published pair, and what its hits saved."""
-        keys = scored.pair.verdicts.keys
-        if not keys:
-            return
-        hits = misses = tokens = 0
-        for m in scored.result.blend.members:
-            o = m.outcome
-            if o.cached_from is not None:
-                hits += 1
-                known = scored.pair.verdicts.hits.get(keys[o.ref_id].key) if o.ref_id in keys else None
-                tokens += known.usage.total if known is not None and known.usage is not None else 0
-            elif o.kind == "judge" and o.ref_id in keys and o.skipped is None:
-                misses += 1
-        self._events.verdict_cache(scored.pair.claim.project_id, hits, misses, tokens)
 
     async def _finish(self, items: list[Finished]) -> None:
         """History, latest results and verdicts first: a pair marked done is never scored again,
@@ -493,7 +483,8 @@ class PairProtocol:
                 for taken in await self._reviews.take(review, time.time()):
                     self._events.review_items(taken.project_id, taken.taken, taken.turned_away)
             await self.claims.mark_done([(i.claim, i.rating_id) for i in items],
-                                        tokens=[(i.claim, i.tokens) for i in items if i.tokens])
+                                        tokens=[(i.claim, i.tokens) for i in items if i.tokens],
+                                        saved=[(i.claim, i.saved.hits, i.saved.tokens) for i in items if i.saved.hits])
             if paid and self._verdicts is not None:  # after: a verdict's rating is in the history first
                 await self._verdicts.store(paid)
 

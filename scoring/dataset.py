@@ -17,7 +17,7 @@ from __future__ import annotations
 import asyncio
 import functools
 import math
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -270,19 +270,19 @@ def _scorer_name(catalog: CatalogSnapshot, member: Member) -> str:
 async def grade_rows(panel: Panel, catalog: CatalogSnapshot, plan: GradingPlan, rows: list[DatasetRow],
                      *, concurrency: int = 8, progress: Callable[[int, int], None] | None = None,
                      spends: Mapping[str, JudgeSpend] | None = None,
-                     verdicts: Mapping[str, PairVerdicts] | None = None) -> DatasetRun:
+                     verdicts: Sequence[PairVerdicts | None] | None = None) -> DatasetRun:
     """Grade every row with the plan's group, at most ``concurrency`` rows at once. ``spends``
     (by row id) is each row's share of a judge budget, for the calls decided while it is graded
     (retries, a gates-first group's judges); a row that finds no room there is not graded, and
-    its id is in the run's ``budget_skipped``. ``verdicts`` (by row id): what the verdict cache
-    holds for each row's judges (``scoring.unclaimed_verdicts``)."""
+    its id is in the run's ``budget_skipped``. ``verdicts`` (one per row, in order): what the
+    verdict cache holds for each row's judges (``scoring.unclaimed_verdicts``)."""
     slots = asyncio.Semaphore(concurrency)
     done = 0
 
     async def one(index: int, row: DatasetRow) -> RowResult | None:
         nonlocal done
         spend = spends.get(str(row.id)) if spends is not None else None
-        found = verdicts.get(str(row.id)) if verdicts is not None else None
+        found = verdicts[index] if verdicts is not None else None
         async with slots:
             try:
                 result = await panel.score(plan.group, row.subject(plan.group.project_id), catalog, spend=spend,

@@ -357,8 +357,9 @@ class Scorers:
         window = budget.window_seconds
         calls = await self._claims.budget_used(project_id, window, now)
         tokens = await self._claims.tokens_used(project_id, window, now)
+        saved_calls, saved_tokens = await self._claims.saved(project_id, window, now)
         use = BudgetUse(window_start=int(now) // window * window, window_seconds=window, judge_calls=calls,
-                        judge_tokens=tokens)
+                        judge_tokens=tokens, judge_calls_saved=saved_calls, judge_tokens_saved=saved_tokens)
         return BudgetView.model_validate({**budget.stored(), "used": use.model_dump(by_alias=True)})
 
     async def put(self, doc: WireModel, *, if_match: str | None = None, create: bool = False) -> WireModel:

@@ -154,12 +154,14 @@ def parse_verdict(content: str) -> JudgeVerdict:
 ANSWER_MAX_TOKENS = 512
 
 
-def token_ceiling(judge: Judge, subject: Subject, max_tokens: int = ANSWER_MAX_TOKENS) -> int:
+def token_ceiling(judge: Judge, subject: Subject, max_tokens: int = ANSWER_MAX_TOKENS, *,
+                  messages: list[dict[str, str]] | None = None) -> int:
     """At most how many tokens one call of ``judge`` on ``subject`` costs: the UTF-8 bytes of its
     messages (a byte-level BPE tokenizer, as OpenAI's, never makes more tokens than bytes), a
     few per message for the chat format, and the answer's ``max_tokens``. A ceiling, not a
-    guess: on English prose a token is ~4 bytes, so the prompt part overshoots ~4x (docs/running.md)."""
-    messages = build_messages(judge, subject)
+    guess: on English prose a token is ~4 bytes, so the prompt part overshoots ~4x (docs/running.md).
+    ``messages``: the call's, when the caller built them already."""
+    messages = messages or build_messages(judge, subject)
     return sum(len(m["content"].encode()) + MESSAGE_OVERHEAD_TOKENS for m in messages) + max_tokens
 
 

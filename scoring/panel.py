@@ -182,9 +182,9 @@ class Panel:
         keys: dict[str, JudgeKey] = {}
         for judge in planned_judges(group, scorers, subject):
             if judge.cache and judge.id not in keys:
-                key = verdict_key(subject.project_id, judge.id, self._judges.model_for(judge),
-                                  build_messages(judge, subject))
-                keys[judge.id] = JudgeKey(judge.id, key, token_ceiling(judge, subject))
+                messages = build_messages(judge, subject)
+                key = verdict_key(subject.project_id, judge.id, self._judges.model_for(judge), messages)
+                keys[judge.id] = JudgeKey(judge.id, key, token_ceiling(judge, subject, messages=messages), messages)
         return list(keys.values())
 
     async def score(self, group: ScorerGroup, subject: Subject, scorers: ScorerLookup,
@@ -444,8 +444,8 @@ class Panel:
             paid = await asyncio.shield(flight)  # our deadline ends our wait, never the other's call
         if paid is not None:
             record(JudgeCall(self._judges.model_for(judge) if self._judges is not None else judge.model or "",
-                             tuple((m["role"], m["content"]) for m in build_messages(judge, subject)), None,
-                             time.time(), 0.0, 0, None, cached_from=paid.paid_by))
+                             tuple((m["role"], m["content"]) for m in key.messages or build_messages(judge, subject)),
+                             None, time.time(), 0.0, 0, None, cached_from=paid.paid_by))
             return paid
         if self._judges is None:
             raise MemberError("no judge endpoint is configured")
@@ -456,7 +456,8 @@ class Panel:
         mine = self.flights.take_off(key.key)
         kept: CachedVerdict | None = None
         try:
-            verdict = await self._judges.grade(judge, subject, retry=retry, record=record)
+            verdict = await self._judges.grade(judge, subject, retry=retry, record=record,
+                                               messages=key.messages or None)
             if math.isfinite(verdict.rating) and 0 <= verdict.rating <= 10:  # only a verdict that scores
                 kept = CachedVerdict(verdict.rating, redact_text(verdict.justification), verdicts.rating_id,
                                      verdict.usage)

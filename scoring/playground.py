@@ -27,10 +27,12 @@ from scoring.judge_prompt import token_ceiling
 from scoring.models import ScorerGroup
 from scoring.panel import Panel, planned_judges, upfront_judge_calls
 from scoring.ports import BudgetExhausted
-from scoring.results import build_rating
+from scoring.results import build_rating, rating_id
 from scoring.routing import DEFAULT_BUDGET_WINDOW_S
 from scoring.stores.claims import Claims, Reservation
+from scoring.stores.verdicts import VerdictStore
 from scoring.subjects import Span, Subject, Trace
+from scoring.unclaimed_verdicts import UnclaimedVerdicts
 
 GRADES_PER_PROJECT = 4  # at once; the fifth is refused until one ends
 PLAYGROUND_SPAN = "playground-root"  # the example's span id: its root, or its step for a span group
@@ -77,8 +79,10 @@ def passes_filter(group: ScorerGroup, example: GradeRequest) -> bool | None:
 class Playground:
     """One per process, beside the scoring engine it grades with."""
 
-    def __init__(self, panel: Panel, claims: Claims, *, per_project: int = GRADES_PER_PROJECT) -> None:
+    def __init__(self, panel: Panel, claims: Claims, *, per_project: int = GRADES_PER_PROJECT,
+                 verdicts: VerdictStore | None = None) -> None:
         self._panel, self._claims, self._per_project = panel, claims, per_project
+        self._verdicts = UnclaimedVerdicts(panel, verdicts)  # the verdict cache, as live traffic reads it
         self._busy: dict[str, int] = {}  # gradings under way, by project (one event loop: no lock)
 
     async def grade(self, group: ScorerGroup, snapshot: CatalogSnapshot,
@@ -107,17 +111,24 @@ class Playground:
                           transcript="", project_id=group.project_id, agent_id=example.agent_id or "playground",
                           trace_id=example_id, span_id=PLAYGROUND_SPAN if step else None,
                           span_name=(example.root_name or "example") if step else None)
-        # 2. the judges' calls reserved from the project's budget, as a live pair's would be
+        # 2. the judges' verdicts already paid for (the verdict cache), and the other calls reserved
+        #    from the project's budget, as a live pair's would be
         request = self._request(group, snapshot, subject, example_id)
-        spend = self._claims.spend(request)
-        if request.judge_calls and not await self._claims.reserve(
-                Reservation(request, request.judge_calls, request.judge_tokens, skip_when_refused=False)):
+        found = (await self._verdicts.look_up(group, snapshot, [
+            (example_id, rating_id(group.id, f"trace:{example_id}"), subject)])).get(example_id)
+        free_calls, free_tokens = UnclaimedVerdicts.covered(found)
+        asked = max(0, request.judge_calls - free_calls) if request.judge_calls else 0
+        tokens = max(0, request.judge_tokens - free_tokens) if asked else 0
+        spend = self._claims.spend(request, tokens_reserved=tokens)
+        if asked and not await self._claims.reserve(Reservation(request, asked, tokens, skip_when_refused=False)):
             raise await self._exhausted(request)
         # 3. every member now; a gates-first panel and retries reserve as they go
         try:
-            result = await self._panel.score(group, subject, snapshot, spend=spend)
+            result = await self._panel.score(group, subject, snapshot, spend=spend, verdicts=found)
         except BudgetExhausted:
             raise await self._exhausted(request) from None
+        if found is not None:  # 4. what it paid for, kept for the next asking
+            await self._verdicts.keep(group.project_id, [found])
         calls = [JudgeCallRecord.model_validate(call_document(call, m.outcome.ref_id, m.outcome.name))
                  for m in result.blend.members for call in m.outcome.calls]
         return build_rating(result, "playground"), calls

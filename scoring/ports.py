@@ -93,7 +93,9 @@ class Judges(Protocol):
     """An LLM judge endpoint."""
 
     async def grade(self, judge: Judge, subject: Subject, *, retry: RetryGate | None = None,
-                    record: CallRecorder | None = None) -> JudgeVerdict: ...
+                    record: CallRecorder | None = None, messages: list[dict[str, str]] | None = None) -> JudgeVerdict:
+        """``messages``: ``judge_prompt.build_messages(judge, subject)`` when the caller built them."""
+        ...
 
     def model_for(self, judge: Judge) -> str:
         """The model a call of ``judge`` names (its own, else the endpoint's default)."""

@@ -21,11 +21,13 @@ import asyncio
 import base64
 import hashlib
 from collections import OrderedDict
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
+from dataclasses import field
 from typing import Any
 
 import orjson
 
+from scoring.blend import MemberOutcome
 from scoring.frozen import frozen
 from scoring.ports import TokenUsage
 
@@ -36,9 +38,9 @@ CACHE_FORMAT = "sgw-verdict-1"
 MAX_ENTRY_BYTES = 4_096
 # Seven days: long enough that a weekly CI run of an unchanged judge, and a week's repeated
 # questions, are paid once; short enough that a provider's silent update behind a model's name
-# (the key cannot see it) is asked afresh within a week. SGW_JUDGE_CACHE_TTL_S.
+# (the key cannot see it) is asked afresh within 9 1/3 days (the TTL's 4/3). SGW_JUDGE_CACHE_TTL_S.
 DEFAULT_TTL_S = 7 * 86_400
-# Per project (SGW_JUDGE_CACHE_MAX_ENTRIES): memory per entry is in docs/operate/capacity.md.
+# Per project (SGW_JUDGE_CACHE_MAX_ENTRIES): ~270 bytes each in Redis (docs/concepts.md).
 DEFAULT_MAX_ENTRIES = 100_000
 # Verdicts this process paid for lately, kept beside Redis's (bounded: a few MB): a pair claimed
 # while its verdict was being paid for here finds it, whether or not the finish step wrote it yet.
@@ -84,22 +86,47 @@ class CachedVerdict:
             return None
 
 
+# A project's verdicts live in hashes of BUCKETS_READ - 1 to a TTL (``CachePolicy``): a lookup
+# reads BUCKETS_READ hashes (one HMGET each for a whole batch) and a write adds to the newest one
+# (one HSET): commands per batch, not per verdict. An entry lives TTL to TTL x 4/3.
+BUCKETS_READ = 4
+
+
 @frozen
 class CachePolicy:
-    """How long verdicts are kept and how many per project (``Settings``)."""
+    """How long verdicts are kept and how many per project (``Settings``), and the buckets that
+    follow from it: ``bucket_s`` long, each holding at most ``per_bucket`` verdicts."""
 
     ttl_s: int = DEFAULT_TTL_S
     max_entries: int = DEFAULT_MAX_ENTRIES
 
+    @property
+    def bucket_s(self) -> int:
+        return max(1, -(-self.ttl_s // (BUCKETS_READ - 1)))
+
+    @property
+    def per_bucket(self) -> int:
+        return max(1, -(-self.max_entries // BUCKETS_READ))
+
+    def reading(self, now: float) -> list[int]:
+        """The buckets a lookup reads at ``now``, the newest (the one written to) first."""
+        newest = int(now) // self.bucket_s
+        return [newest - n for n in range(BUCKETS_READ)]
+
+    def expires_at_ms(self, bucket: int) -> int:
+        """When a bucket's hash leaves Redis: once no lookup reads it (every entry kept a TTL)."""
+        return (bucket + BUCKETS_READ) * self.bucket_s * 1000
+
 
 @frozen
 class JudgeKey:
-    """One cacheable judge call a pair will make: its key and the token ceiling a budget
-    reserves for it."""
+    """One cacheable judge call a pair will make: its key, the token ceiling a budget reserves
+    for it, and the messages the key was made of (sent as they are: built once)."""
 
     judge_id: str
     key: str
     tokens: int
+    messages: list[dict[str, str]] = field(default_factory=list, compare=False, hash=False, repr=False)
 
 
 class PairVerdicts:
@@ -117,6 +144,35 @@ class PairVerdicts:
         self.reserved: set[str] = set()
         self.tokens_reserved: int | None = None  # what its claim reserved (None: the request's ceiling)
         self.fresh: dict[str, CachedVerdict] = {}
+
+
+@frozen
+class Savings:
+    """What the cache did for one graded subject: judge verdicts found paid for (``hits``: the
+    calls saved) or called (``misses``), and the tokens the hits' paid calls cost."""
+
+    hits: int = 0
+    misses: int = 0
+    tokens: int = 0
+
+
+def savings(outcomes: Iterable[MemberOutcome], verdicts: PairVerdicts | None) -> Savings:
+    """The cache's hits and misses among a subject's judge members (those it looked up), and
+    the tokens its hits saved."""
+    if verdicts is None or not verdicts.keys:
+        return Savings()
+    hits = misses = tokens = 0
+    for o in outcomes:
+        key = verdicts.keys.get(o.ref_id) if o.kind == "judge" else None
+        if key is None or o.skipped is not None:
+            continue
+        if o.cached_from is None:
+            misses += 1
+            continue
+        hits += 1
+        paid = verdicts.hits.get(key.key)
+        tokens += paid.usage.total if paid is not None and paid.usage is not None else 0
+    return Savings(hits, misses, tokens)
 
 
 class VerdictFlights:

@@ -166,11 +166,11 @@ async def _grade(settings: Settings, catalog: Any, plan: GradingPlan, rows: list
             cache = UnclaimedVerdicts(engine.panel, VerdictStore(redis, engine.panel.verdict_cache)
                                       if request.cache and engine.panel.verdict_cache is not None else None)
             group = plan.group
-            found = await cache.look_up(group, catalog, [
-                (str(row.id), rating_id(group.id, f"dataset:{run_id}:{index}"), row.subject(group.project_id))
+            found = await cache.look_up(group, catalog, [  # by row index: a row's id is optional
+                (str(index), rating_id(group.id, f"dataset:{run_id}:{index}"), row.subject(group.project_id))
                 for index, row in enumerate(rows)])
             run = await grade_rows(engine.panel, catalog, plan, rows, concurrency=request.concurrency,
-                                   progress=Progress(err), verdicts=found)
+                                   progress=Progress(err), verdicts=[found.get(str(i)) for i in range(len(rows))])
             await cache.keep(group.project_id, found.values())
             return run
     finally:

@@ -187,13 +187,14 @@ class Settings(BaseSettings):
     judge_model: str = Field("gpt-4o-mini", description="Model asked when a judge names none.")
     judge_timeout_s: float = Field(30.0, gt=0, description="Timeout of one judge HTTP call.")
     judge_cache_ttl_s: int = Field(
-        7 * 86_400, ge=0, description="How long a judge's verdict is kept for the same judge, model and messages "
-        "(the verdict cache: paid once). Seven days: a weekly CI run of an unchanged judge is paid once, and a "
-        "provider's silent update behind a model's name is asked afresh within a week. 0 turns the cache off.",
+        7 * 86_400, ge=0, description="How long (at least; at most 4/3 of it) a judge's verdict is kept for the "
+        "same judge, model and messages (the verdict cache: paid once). Seven days: a weekly CI run of an unchanged "
+        "judge is paid once, and a provider's silent update behind a model's name is asked afresh within 9 1/3 days. "
+        "0 turns the cache off.",
     )
     judge_cache_max_entries: int = Field(
-        100_000, ge=1, description="Verdicts the cache keeps per project, the oldest dropped first (about 0.5 KB "
-        "each in Redis: docs/operate/capacity.md).",
+        100_000, ge=1, description="Verdicts the cache keeps per project: a quarter of them in each of its time "
+        "buckets (a third of the TTL each; a full bucket keeps no more until the next). About 270 bytes each in Redis.",
     )
     judge_token_limit_param: Literal["max_tokens", "max_completion_tokens", "none"] = Field(
         "max_tokens", description="The parameter that bounds a judge's answer: max_completion_tokens for OpenAI's "

@@ -82,11 +82,11 @@ class JudgeClient:
         return self._learned.get(model, self._shape)
 
     async def grade(self, judge: Judge, subject: Subject, *, retry: RetryGate | None = None,
-                    record: CallRecorder | None = None) -> JudgeVerdict:
+                    record: CallRecorder | None = None, messages: list[dict[str, str]] | None = None) -> JudgeVerdict:
         if judge.requires_expected and subject.expected is None:
             raise MemberError("judge requires an expected answer and this subject has none")
         model = self.model_for(judge)
-        messages = build_messages(judge, subject)
+        messages = messages or build_messages(judge, subject)
         started, started_at = time.perf_counter(), time.time()
         call = _CallUnderWay()
         outcome = "error"

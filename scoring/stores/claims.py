@@ -63,33 +63,47 @@ local function stored_fields(first, stride, key_offset)
 end
 """
 
-# KEYS: the calls budget key, the tokens key, the claim hashes, then the verdict cache's keys.
-# ARGV: owner, lease ms, budget limit (-1: none), budget TTL, hash TTL, token limit (-1: none),
-# "1" to fill (a backfill: see ``Claims``), the number of claim hashes, then per pair: hash index
-# (1-based into KEYS[3..]), field, judge calls, token ceiling, the group's revision, and its
-# verdict keys ("<index into the cache keys>:<token ceiling>,..."). Returns a flat list: per pair
-# state, detail, the verdict keys it reserved calls for ("<index>,..."), the tokens it reserved;
-# then per cache key the verdict stored, or "".
+# KEYS: the calls budget key, the tokens key, the claim hashes, then the verdict cache's buckets
+# (newest first). ARGV: owner, lease ms, budget limit (-1: none), budget TTL, hash TTL, token limit
+# (-1: none), "1" to fill (a backfill: see ``Claims``), the number of claim hashes, the number of
+# verdict keys, the verdict keys, then per pair: hash index (1-based into KEYS[3..]), field, judge
+# calls, token ceiling, the group's revision, and its verdict keys ("<index into the verdict
+# keys>:<token ceiling>,..."; index 0: a call under way in the worker). Returns a flat list: per
+# pair state, detail, the verdict keys it reserved calls for ("<index>,..."), the tokens it
+# reserved; then per verdict key the verdict stored, or "".
 _CLAIM = _STORED_FIELDS + """
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 local owner, lease_ms, limit, token_limit = ARGV[1], tonumber(ARGV[2]), tonumber(ARGV[3]), tonumber(ARGV[6])
 local lease = 'lease:' .. (now + lease_ms) .. ':' .. owner
 local fill = ARGV[7] == '1'
-local cache_at = 2 + tonumber(ARGV[8])
-local n = (#ARGV - 8) / 6
+local hashes, verdict_keys = tonumber(ARGV[8]), tonumber(ARGV[9])
+local first_pair = 10 + verdict_keys
+local n = (#ARGV - first_pair + 1) / 6
 
 -- 1. what is stored for every pair: one HMGET per hash
-local _, stored = stored_fields(9, 6, 2)
+local _, stored = stored_fields(first_pair, 6, 2)
+
+-- 1b. the verdicts paid for already: one HMGET per bucket, the newest first
+local cached = {}
+for b = 3 + hashes, #KEYS do
+  for from = 1, verdict_keys, 4000 do
+    local last = math.min(from + 3999, verdict_keys)
+    local values = redis.call('HMGET', KEYS[b], unpack(ARGV, 9 + from, 9 + last))
+    for j, value in ipairs(values) do
+      if value and not cached[from + j - 1] then cached[from + j - 1] = value end
+    end
+  end
+end
 
 -- 2. decide in order: a pair twice in the batch sees its own first decision
 local used, tokens_used = nil, nil
 local reserved, tokens_reserved = 0, 0
-local cached, paid_in_batch = {}, {}
+local paid_in_batch = {}
 local writes = {}
 local out = {}
 for i = 1, n do
-  local at = 3 + 6 * i
+  local at = first_pair + 6 * (i - 1)
   local h, field, want, tokens = tonumber(ARGV[at]), ARGV[at + 1], tonumber(ARGV[at + 2]), tonumber(ARGV[at + 3])
   local revision = '@' .. ARGV[at + 4]
   local leads = {}
@@ -116,7 +130,6 @@ for i = 1, n do
     -- reserved again (a gates-first pair, reserving later, only reads what is paid for)
     for index, ceiling in string.gmatch(ARGV[at + 5], '(%d+):(%d+)') do
       index = tonumber(index)  -- 0: a call under way in the worker, nothing to read
-      if index > 0 and cached[index] == nil then cached[index] = redis.call('GET', KEYS[cache_at + index]) end
       if index == 0 or cached[index] or paid_in_batch[index] then
         if want > 0 then
           want = want - 1
@@ -153,7 +166,7 @@ for i = 1, n do
   table.insert(out, table.concat(leads, ','))
   table.insert(out, state == 'claimed' and tostring(tokens) or '0')
 end
-for index = 1, #KEYS - cache_at do
+for index = 1, verdict_keys do
   table.insert(out, cached[index] or '')
 end
 
@@ -385,10 +398,12 @@ class Claims:
         return [bool(reply) for reply in replies]
 
     async def claim_many(self, requests: list[ClaimRequest], now: float | None = None,
-                         lookups: Sequence[VerdictLookup] | None = None) -> list[ClaimResult]:
+                         lookups: Sequence[VerdictLookup] | None = None,
+                         verdict_buckets: Sequence[int] = ()) -> list[ClaimResult]:
         """Claim every pair of a batch in one round trip: one script call per project. With
-        ``lookups`` (per request, its verdict cache keys), each claimed pair reserves judge calls
-        only for the keys not stored and not paid for by an earlier pair of the batch."""
+        ``lookups`` (per request, its verdict cache keys) read in ``verdict_buckets``
+        (``CachePolicy.reading``), each claimed pair reserves judge calls only for the keys not
+        stored and not paid for by an earlier pair of the batch."""
         if not requests:
             return []
         now = time.time() if now is None else now
@@ -397,7 +412,7 @@ class Claims:
         for i, r in enumerate(requests):
             by_project[(r.project_id, r.budget_limit, r.budget_window_s, r.token_limit)].append(i)
         results: list[ClaimResult | None] = [None] * len(requests)
-        looked_up: list[list[str]] = []  # per project: its verdict keys, in KEYS' order
+        looked_up: list[list[str]] = []  # per project: its verdict keys, in the script's order
         async with ScriptPipeline(self._redis) as pipe:
             for indexes in by_project.values():
                 first = requests[indexes[0]]
@@ -415,11 +430,11 @@ class Claims:
                                            -1 if first.budget_limit is None else first.budget_limit,
                                            first.budget_window_s * 2, self._done_ttl_s,
                                            -1 if first.token_limit is None else first.token_limit,
-                                           int(self.fill), len(hashes)]
+                                           int(self.fill), len(hashes), len(verdicts), *verdicts]
                 looked_up.append(list(verdicts))
+                buckets = [keys.judge_verdicts(first.project_id, b) for b in verdict_buckets] if verdicts else []
                 pipe.script(self._claim, [keys.judge_budget(first.project_id, window_start),
-                                          keys.judge_tokens(first.project_id, window_start), *hashes,
-                                          *(keys.judge_verdict(first.project_id, key) for key in verdicts)],
+                                          keys.judge_tokens(first.project_id, window_start), *hashes, *buckets],
                             header + args)
             replies = await pipe.execute()
         for indexes, reply, verdict_keys in zip(by_project.values(), replies, looked_up, strict=True):
@@ -435,11 +450,13 @@ class Claims:
         return results  # type: ignore[return-value]
 
     async def mark_done(self, done: list[tuple[ClaimRequest, str]],
-                        tokens: Sequence[tuple[ClaimRequest, int]] = (), now: float | None = None) -> None:
+                        tokens: Sequence[tuple[ClaimRequest, int]] = (), now: float | None = None,
+                        saved: Sequence[tuple[ClaimRequest, int, int]] = ()) -> None:
         """Mark pairs done with their rating ids, once their outputs are acknowledged. ``tokens``
         settles the pairs' judge tokens in their windows (the usage reported less the ceilings
-        reserved). One script call per project, pipelined: a round trip for the batch."""
-        if not done and not tokens:
+        reserved); ``saved`` counts the (calls, tokens) the verdict cache saved them in their
+        windows. One script call per project, pipelined: a round trip for the batch."""
+        if not done and not tokens and not saved:
             return
         now = time.time() if now is None else now
         by_project: dict[str, tuple[dict[str, dict[str, str]], dict[tuple[str, int], int]]] = {}
@@ -461,6 +478,10 @@ class Claims:
                 for (_, window_s), delta in settle.items():
                     args += [delta, window_s * 2]
                 pipe.script(self._mark_done, [*hashes, *(key for key, _ in settle)], args)
+            for (key, window_s), (calls, spared) in _saved_by_window(saved, now).items():
+                pipe.redis.hincrby(key, "calls", calls)
+                pipe.redis.hincrby(key, "tokens", spared)
+                pipe.redis.expire(key, window_s * 2)
             await pipe.execute()
 
     async def confirm(self, requests: list[ClaimRequest]) -> list[bool]:
@@ -513,6 +534,13 @@ class Claims:
         now = time.time() if now is None else now
         value = await self._redis.get(keys.judge_budget(project_id, int(now) // window_s * window_s))
         return int(value or 0)
+
+    async def saved(self, project_id: str, window_s: int, now: float | None = None) -> tuple[int, int]:
+        """The judge calls and tokens the verdict cache saved the project in the window."""
+        now = time.time() if now is None else now
+        calls, tokens = await self._redis.hmget(keys.judge_saved(project_id, int(now) // window_s * window_s),
+                                                ["calls", "tokens"])
+        return int(calls or 0), int(tokens or 0)
 
     async def tokens_used(self, project_id: str, window_s: int, now: float | None = None) -> int:
         """Judge tokens of the window: the usage of calls settled, plus the ceilings of calls not
@@ -567,6 +595,18 @@ class PairSpend:
         """What to add to the window's tokens once the pair is done: the usage reported less
         the ceilings reserved (negative under a token budget: the ceiling overshoots)."""
         return tokens_reported - self.tokens_reserved
+
+
+def _saved_by_window(saved: Sequence[tuple[ClaimRequest, int, int]],
+                     now: float) -> dict[tuple[str, int], tuple[int, int]]:
+    """(calls, tokens) saved, summed by the project's window key (and its length)."""
+    by: dict[tuple[str, int], tuple[int, int]] = {}
+    for request, calls, tokens in saved:
+        window_s = request.budget_window_s
+        key = (keys.judge_saved(request.project_id, int(now) // window_s * window_s), window_s)
+        had = by.get(key, (0, 0))
+        by[key] = (had[0] + calls, had[1] + tokens)
+    return by
 
 
 def _text(value: bytes | str) -> str:

@@ -38,7 +38,7 @@ def new_run(project_id: str, request: EvaluationCreate, version: int, row_count:
         additional_scorer_ids=plan.additional_scorer_ids, status="created", row_count=row_count,
         group_name=plan.group.name if group_graded else None,
         scorer_name=None if group_graded else plan.group.name, warnings=plan.warnings, notes=plan.notes,
-        created_at=time.time())
+        created_at=time.time(), cache=request.cache)
 
 
 BUDGET_SKIPPED = "the project's judge budget had no room for this row's judge calls: skipped whole"

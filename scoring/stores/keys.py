@@ -155,16 +155,18 @@ def judge_tokens(project_id: str, window_start: int) -> str:
     return f"online-judge-tokens:{{{project_id}}}:{window_start}"
 
 
+# What the verdict cache saved a project in a budget window (hash: calls, tokens): shown beside
+# what the window used (GET /v1/budgets/{projectId}).
+def judge_saved(project_id: str, window_start: int) -> str:
+    return f"online-judge-saved:{{{project_id}}}:{window_start}"
+
+
 # The verdict cache (scoring.verdict_cache): a judge's verdict on the exact messages of a call,
-# by key, paid once. The project's tag: the claim's script reads them beside the budget and the
-# claims. Kept SGW_JUDGE_CACHE_TTL_S; at most SGW_JUDGE_CACHE_MAX_ENTRIES per project, the oldest
-# dropped first (the index: a sorted set of the keys by expiry).
-def judge_verdict(project_id: str, key: str) -> str:
-    return f"{PREFIX}:verdict:{{{project_id}}}:{key}"
-
-
-def judge_verdicts(project_id: str) -> str:
-    return f"{PREFIX}:verdicts:{{{project_id}}}"
+# paid once - a hash per project and time bucket (a third of SGW_JUDGE_CACHE_TTL_S), field = the
+# verdict's key. The project's tag: the claim's script reads them beside the budget and the
+# claims. A bucket expires once no lookup reads it (scoring.verdict_cache.CachePolicy).
+def judge_verdicts(project_id: str, bucket: int) -> str:
+    return f"{PREFIX}:verdicts:{{{project_id}}}:{bucket}"
 
 
 # (group, subject) claims: "lease:<expiresAtMs>:<owner>" while being scored, "done:<ratingId>"

@@ -2,16 +2,19 @@
 reads it, ``scoring.stores.claims``): this writes the verdicts just paid for, and reads them for
 work that claims nothing (a dataset run, the playground).
 
-Per project (its hash tag), one script call writes a batch's verdicts:
+A project's verdicts live in a few hashes by time bucket (``CachePolicy``: a bucket is a third of
+the TTL; a lookup reads the newest four), so a batch costs a command per bucket, never one per
+verdict. Per project (its hash tag), one script call writes a batch's verdicts:
 
-1. each verdict under its key, expiring after the TTL;
-2. its key in the project's index (a sorted set by expiry), expired keys dropped from it;
-3. past the project's most entries, the oldest leave the index and Redis - a tenant whose
-   traffic never repeats fills its own share, never the server.
+1. into the newest bucket, while it holds fewer than ``per_bucket`` - a tenant whose traffic
+   never repeats fills its own share and no more; what does not fit waits for the next bucket
+   (asked again meanwhile, as without a cache);
+2. the bucket leaves Redis once no lookup reads it: every verdict is kept at least the TTL.
 """
 
 from __future__ import annotations
 
+import time
 from collections import defaultdict
 from collections.abc import Sequence
 
@@ -21,24 +24,17 @@ from scoring.stores.client import RedisClient
 from scoring.stores.scripts import ScriptPipeline
 from scoring.verdict_cache import MAX_ENTRY_BYTES, CachedVerdict, CachePolicy
 
-# KEYS: the project's index. ARGV: TTL ms, most entries, the entries' key prefix, then per entry:
-# its key (the index's member) and the verdict.
+# KEYS: the project's newest bucket. ARGV: its most verdicts, when it expires (ms since the epoch),
+# then per verdict: its key (a field), the verdict. Returns how many were kept (the first ones).
 _STORE = """
-local t = redis.call('TIME')
-local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
-local ttl, most, prefix = tonumber(ARGV[1]), tonumber(ARGV[2]), ARGV[3]
-for i = 4, #ARGV, 2 do
-  redis.call('SET', prefix .. ARGV[i], ARGV[i + 1], 'PX', ttl)
-  redis.call('ZADD', KEYS[1], now + ttl, ARGV[i])
+local room = tonumber(ARGV[1]) - redis.call('HLEN', KEYS[1])
+local given = (#ARGV - 2) / 2
+local kept = math.min(math.max(room, 0), given)
+for from = 3, 2 + 2 * kept, 4000 do
+  redis.call('HSET', KEYS[1], unpack(ARGV, from, math.min(from + 3999, 2 + 2 * kept)))
 end
-redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', now)
-local over = redis.call('ZCARD', KEYS[1]) - most
-if over > 0 then
-  local oldest = redis.call('ZPOPMIN', KEYS[1], over)
-  for j = 1, #oldest, 2 do redis.call('DEL', prefix .. oldest[j]) end
-end
-redis.call('PEXPIRE', KEYS[1], ttl)
-return over
+if kept > 0 then redis.call('PEXPIREAT', KEYS[1], ARGV[2]) end
+return kept
 """
 
 
@@ -56,34 +52,51 @@ class VerdictStore:
         self._redis, self.policy = redis, policy
         self._store = redis.register_script(_STORE)
 
-    async def store(self, paid: Sequence[Paid]) -> list[str]:
+    def buckets(self, project_id: str, now: float) -> list[str]:
+        """The hashes a lookup of the project reads at ``now``, the newest first."""
+        return [keys.judge_verdicts(project_id, bucket) for bucket in self.policy.reading(now)]
+
+    async def store(self, paid: Sequence[Paid], now: float | None = None) -> list[str]:
         """Keep the verdicts (one script call per project, one round trip); the keys kept (an
-        entry over ``MAX_ENTRY_BYTES`` is not)."""
-        by_project: dict[str, list[tuple[str, bytes]]] = defaultdict(list)
+        entry over ``MAX_ENTRY_BYTES``, or past its bucket's room, is not)."""
+        by_project: dict[str, dict[str, bytes]] = defaultdict(dict)
         for p in paid:
             entry = p.verdict.encode()
             if len(entry) <= MAX_ENTRY_BYTES:
-                by_project[p.project_id].append((p.key, entry))
+                by_project[p.project_id][p.key] = entry
         if not by_project:
             return []
+        now = time.time() if now is None else now
+        newest = self.policy.reading(now)[0]
         async with ScriptPipeline(self._redis) as pipe:
             for project_id, entries in by_project.items():
-                args: list[str | bytes | int] = [self.policy.ttl_s * 1000, self.policy.max_entries,
-                                                 keys.judge_verdict(project_id, "")]
-                for key, entry in entries:
+                args: list[str | bytes | int] = [self.policy.per_bucket, self.policy.expires_at_ms(newest)]
+                for key, entry in entries.items():
                     args += [key, entry]
-                pipe.script(self._store, [keys.judge_verdicts(project_id)], args)
-            await pipe.execute()
-        return [key for entries in by_project.values() for key, _ in entries]
+                pipe.script(self._store, [keys.judge_verdicts(project_id, newest)], args)
+            kept = await pipe.execute()
+        return [key for entries, n in zip(by_project.values(), kept, strict=True) for key in list(entries)[:int(n)]]
 
-    async def lookup(self, project_id: str, verdict_keys: Sequence[str]) -> dict[str, CachedVerdict]:
-        """The verdicts stored for these keys of one project (one MGET), by key."""
+    async def lookup(self, project_id: str, verdict_keys: Sequence[str],
+                     now: float | None = None) -> dict[str, CachedVerdict]:
+        """The verdicts stored for these keys of one project (an HMGET per bucket, one round
+        trip), by key."""
         if not verdict_keys:
             return {}
-        values = await self._redis.mget([keys.judge_verdict(project_id, key) for key in verdict_keys])
-        found = {key: CachedVerdict.decode(value) for key, value in zip(verdict_keys, values, strict=True)}
-        return {key: verdict for key, verdict in found.items() if verdict is not None}
+        async with ScriptPipeline(self._redis) as pipe:
+            for bucket in self.buckets(project_id, time.time() if now is None else now):
+                pipe.redis.hmget(bucket, list(verdict_keys))
+            replies = await pipe.execute()
+        found: dict[str, CachedVerdict] = {}
+        for values in replies:  # the newest bucket first: its verdict wins
+            for key, value in zip(verdict_keys, values, strict=True):
+                if key not in found and (verdict := CachedVerdict.decode(value)) is not None:
+                    found[key] = verdict
+        return found
 
-    async def entries(self, project_id: str) -> int:
-        """How many verdicts the project keeps (its index; expired ones until its next write)."""
-        return int(await self._redis.zcard(keys.judge_verdicts(project_id)))
+    async def entries(self, project_id: str, now: float | None = None) -> int:
+        """How many verdicts the project keeps (the buckets a lookup reads)."""
+        async with ScriptPipeline(self._redis) as pipe:
+            for bucket in self.buckets(project_id, time.time() if now is None else now):
+                pipe.redis.hlen(bucket)
+            return sum(int(n) for n in await pipe.execute())

@@ -99,6 +99,9 @@ class BudgetUse(ApiModel):
     judge_calls: int = Field(description="Judge calls reserved: one per call made, retries included.")
     judge_tokens: int = Field(description="Judge tokens: the usage judges reported for settled calls, plus "
                                           "the ceilings reserved for calls in flight (under a token budget).")
+    judge_calls_saved: int = Field(0, description="Judge calls the verdict cache saved: verdicts paid for already "
+                                                  "(the same judge, model and messages), reserved and made never.")
+    judge_tokens_saved: int = Field(0, description="The tokens those calls cost when they were paid for.")
 
 
 class BudgetView(Budget):

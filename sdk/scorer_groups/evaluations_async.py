@@ -118,12 +118,15 @@ class AsyncEvaluations:
     async def run(
         self, dataset_id: str, subject: Mapping[str, Any], scorer_group_id: str | None = None,
         scorer_id: str | None = None, additional_scorer_ids: Sequence[str] | None = None,
-        dataset_version: int | None = None,
+        dataset_version: int | None = None, cache: bool = True,
     ) -> AsyncPendingRun:
         """A run of the dataset's latest version (or ``dataset_version``). The group wins when
         both ``scorer_group_id`` and ``scorer_id`` are given, and nulls ``additional_scorer_ids``
-        (the run's ``warnings`` say so, and are printed)."""
+        (the run's ``warnings`` say so, and are printed). ``cache=False``: every judge asked
+        afresh (verdicts already paid for are neither read nor kept)."""
         body: dict[str, Any] = {"datasetId": dataset_id, "subject": dict(subject)}
+        if not cache:
+            body["cache"] = False
         additional = None if additional_scorer_ids is None else list(additional_scorer_ids)
         for key, value in (("scorerGroupId", scorer_group_id), ("scorerId", scorer_id),
                            ("additionalScorerIds", additional), ("datasetVersion", dataset_version)):

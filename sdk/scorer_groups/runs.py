@@ -66,6 +66,9 @@ class EvaluationCreate(WireModel):
     scorer_id: Id | None = None
     additional_scorer_ids: list[Id] | None = Field(None, max_length=20)
     dataset_version: int | None = Field(None, ge=1)
+    # False: every judge asked afresh - verdicts already paid for (the verdict cache) neither read
+    # nor kept. Absent when true.
+    cache: bool = Field(True, exclude_if=lambda v: v)
 
 
 class AgentAnswer(WireModel):
@@ -123,6 +126,7 @@ class EvaluationRun(WireModel):
     scorer_group_id: Id | None
     scorer_id: Id | None
     additional_scorer_ids: list[Id] | None  # null on a group-graded run: the group is the whole recipe
+    cache: bool = Field(True, exclude_if=lambda v: v)  # false: graded without the verdict cache
     status: Status
     row_count: int
     # What the rating column is: the group (``groupName``) on a group-graded run, else the single

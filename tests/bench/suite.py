@@ -40,7 +40,11 @@ traces topic (6 partitions) with ``--traces`` realistic ~2 KB traces, then runs,
   ``--tenant-workers`` idle workers: CPU per worker, Redis commands/s, the incident and digest
   ticks, how fast a one-group change reaches every worker and what it stalls; then the bench
   project's traces' CPU against a 10-group catalog (issue 53; tests/bench/tenants.py). Feeds its
-  own topic: ``--only tenants`` pre-fills nothing.
+  own topic: ``--only tenants`` pre-fills nothing;
+- verdict-cache: the judge group drains ``--cache-traces`` traces three times - each its own
+  question, 30% of them repeating one of 20 FAQ answers, all repeating them: judge calls per
+  trace, CPU per cached pair against a judge pair's, Redis commands per pair (issue 57;
+  tests/bench/verdict_cache.py). Feeds its own topics.
 
 Each scenario reads its own consumer group and a Redis database of its own. traces/s counts
 outputs by broker timestamp (output topics use LogAppendTime) from the first to the last;
@@ -66,14 +70,14 @@ import orjson
 
 from deploy.redis_servers import LocalRedis
 from deploy.services import LocalKafka
-from tests.bench import backfill, filtered, judge_calls, scenarios, tenants
+from tests.bench import backfill, filtered, judge_calls, scenarios, tenants, verdict_cache
 from tests.bench.scenarios import Bench
 from tests.bench.workload import create_topics, machine, produce_traces
 
 RESULTS = Path(__file__).resolve().parent / "results"
 ALL = ["limit", "plain_peer", "peer", "deterministic", "reviewed", "reviewed_all", "scale_out", "judge", "latency",
-       "backlog", "spend", "filtered", "backfill", "judge-calls", "tenants"]
-SELF_FED = {"tenants"}  # scenarios that produce their own traces: alone, nothing is pre-filled
+       "backlog", "spend", "filtered", "backfill", "judge-calls", "tenants", "verdict-cache"]
+SELF_FED = {"tenants", "verdict-cache"}  # scenarios that produce their own traces: alone, nothing is pre-filled
 
 
 async def run(args: argparse.Namespace) -> dict[str, Any]:
@@ -152,6 +156,8 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
         if "judge-calls" in wanted:
             await scenario("judge_calls", judge_calls.judge_calls(bench, args.judge_calls_traces,
                                                                   results.get("limit", {}).get("cpu_s_per_1k")))
+        if "verdict-cache" in wanted:
+            await scenario("verdict_cache", verdict_cache.verdict_cache(bench, args.cache_traces))
         if "tenants" in wanted:
             await scenario("tenants", tenants.tenants(bench, [int(s) for s in args.tenant_sizes.split(",")],
                                                       [int(w) for w in args.tenant_workers.split(",")],
@@ -290,6 +296,8 @@ def main() -> None:
     parser.add_argument("--backfill-backlog", type=int, default=None,
                         help="past traces behind the live loop in backfill_latency (default: twice what the "
                              "backfill grades in the latency window)")
+    parser.add_argument("--cache-traces", type=int, default=3000,
+                        help="traces each of the verdict-cache scenario's three drains grades")
     parser.add_argument("--judge-calls-traces", type=int, default=2000,
                         help="traces of the judge-calls scenario's worker (past the 1,000 results a group keeps)")
     parser.add_argument("--tenant-sizes", default="1000,10000,50000", help="catalog sizes (groups) of tenants")

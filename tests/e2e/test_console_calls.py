@@ -122,6 +122,27 @@ def test_the_judge_scores_view_opens_a_judge_members_call(env: Env, browser: Any
     assert not result.find_element(By.CSS_SELECTOR, "[data-call-panel]").is_displayed()
 
 
+def test_a_cached_verdict_says_who_paid_for_it_and_the_page_its_hit_rate(env: Env, browser: Any, group: Any) -> None:
+    judge = group.members[0].ref_id
+    paid = write(env, group, 300, [(judge, "Helpful", (a_call("m", (("user", "Is it right?"),), ANSWER, 1.0, 1),))])
+    rating = a_rating(group, 301, 7.0, time.time())
+    cached_member = rating.members[0].model_copy(update={"cached": True, "cached_from": paid})
+    rating = rating.model_copy(update={"members": [cached_member, rating.members[1]]})
+    not_made = kept(JudgeCall(model="m", messages=(("user", "Is it right?"),), answer=None, started_at=time.time(),
+                              latency_s=0.0, attempts=0, usage=None, cached_from=paid), lambda text: text)
+    asyncio.run(record(env.url, [HistoryEntry(group.id, 7.0, False, time.time(), rating.to_json(), rating_id=rating.id,
+                                              calls=encode_calls([(judge, "Helpful", (not_made,))]))]))
+    result = open_judge_scores(browser, env, group, rating.id)
+    cached = result.find_element(By.CSS_SELECTOR, ".members [data-cached]")
+    assert cached.get_attribute("data-cached") == paid and cached.text == "(cached)"
+    result.find_element(By.CSS_SELECTOR, "button[data-call='Helpful']").click()
+    fact = wait_for(browser, f"#call-{rating.id} dd[data-fact='cached']")[0]
+    assert fact.text == f"not made: paid for already, by rating {paid}"
+    rate = browser.find_element(By.CSS_SELECTOR, "#cache-hit-rate").text
+    shown = len(browser.find_elements(By.CSS_SELECTOR, "#results .result"))
+    assert rate.startswith(f"Verdict cache: 1 of these {shown} judge verdicts were paid for already"), rate
+
+
 def test_a_result_without_calls_and_one_no_longer_kept_say_so(env: Env, browser: Any, group: Any) -> None:
     quiet = write(env, group, 200, None)  # its judge made no call (a gate failed first, say)
     result = open_judge_scores(browser, env, group, quiet)

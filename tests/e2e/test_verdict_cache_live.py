@@ -99,6 +99,7 @@ async def test_the_same_verdict_is_paid_once_per_project_and_judge_revision(
         assert judge.calls_by_key["faq"] == 3, "a changed rubric asks again"
         ratings = await read_topic(kafka_bootstrap, ratings_topic, until=lambda v: len(v) >= 18, settle_s=0.5)
         metrics_text = worker.metrics()
+        saved = await Claims(redis).saved("p-a", DAY)
     finally:
         await redis.aclose()
         assert worker.stop() == 0, worker.logs()
@@ -117,6 +118,8 @@ async def test_the_same_verdict_is_paid_once_per_project_and_judge_revision(
     misses = metric(metrics_text, "sgw_judge_cache_lookups_total", project="p-a", result="miss")
     assert (hits, misses) == (10, 4), "9 of the ten, the verdict after the error; the ten's first, two errors, the new rubric"
     assert metric(metrics_text, "sgw_judge_cache_saved_calls_total", project="p-a") == hits
+    tokens = metric(metrics_text, "sgw_judge_cache_saved_tokens_total", project="p-a")
+    assert saved == (10, tokens) and tokens > 0, "the budget window counts what the cache saved, calls and tokens"
 
 
 async def worker_catalog_reloaded(bootstrap: str, topic: str, ratings_topic: str, output: str) -> None:

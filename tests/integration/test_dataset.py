@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -261,3 +262,23 @@ def test_with_calls_each_line_carries_what_each_judge_was_sent_masked(catalog_ur
     assert question == sent["messages"][-1]["content"].replace(key, REDACTED), "the exact question, the key masked"
     without = grade_cli(catalog_url, judge, "--group", "release", "--input", str(rows))
     assert "judgeCalls" not in json.loads(without.stdout.splitlines()[0])
+
+
+def test_a_dataset_run_repeated_calls_no_judge_and_no_cache_calls_them_all(
+        catalog_url: str, judge: JudgeServer, rows_file: Path) -> None:
+    def run(*extra: str) -> tuple[int, list[Any]]:
+        before = len(judge.requests)
+        done = grade_cli(catalog_url, judge, "--group", "release", "--input", str(rows_file), *extra)
+        assert done.returncode == 0, done.stderr
+        return len(judge.requests) - before, [json.loads(line) for line in done.stdout.splitlines()]
+
+    calls, first = run()
+    assert calls == 8, "4 rows x 2 judges, asked the first time"
+    calls, again = run()
+    assert calls == 0, "the same run against the unchanged judges: every verdict paid for already"
+    assert [r["rating"] for r in again] == [r["rating"] for r in first]
+    assert [j["rating"] for r in again for j in r["judgeScorerResults"]] == \
+        [j["rating"] for r in first for j in r["judgeScorerResults"]]
+    calls, fresh = run("--no-cache")
+    assert calls == 8, "--no-cache: every judge asked afresh"
+    assert [r["rating"] for r in fresh] == [r["rating"] for r in first]

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -392,3 +393,41 @@ def test_a_dataset_runs_rows_enter_the_review_queues_that_take_dataset_results(n
     assert items[0].subject.output.startswith("An answer to")
     assert client.monitor.review_queues.items(live.id).items == []
     assert client.monitor.review_queues.items(runs.id).counts.taken == 3
+
+
+def test_a_run_repeated_against_unchanged_judges_calls_none_and_reserves_nothing(
+        names: dict[str, Any], judge: JudgeServer, api: tuple[str, str, str]) -> None:
+    from scoring.routing import DEFAULT_BUDGET_WINDOW_S
+    from scoring.stores import keys
+
+    client = names["client"]
+    group = client.monitor.scorer_groups.create("Repeated", members=[
+        {"kind": "judge", "refId": names["quality"].id, "weight": 1},
+        {"kind": "judge", "refId": names["safety"].id, "weight": 1}])
+
+    def reserved_now() -> int:  # the project's calls of this window (counted without a budget too)
+        start = int(time.time()) // DEFAULT_BUDGET_WINDOW_S * DEFAULT_BUDGET_WINDOW_S
+        return int(connect_sync(api[2]).get(keys.judge_budget("p-eval", start)) or 0)
+
+    def run_once() -> tuple[Any, int, int]:
+        calls, used = len(judge.requests), reserved_now()
+        run = client.evaluations.run(dataset_id=names["dataset"].id, scorer_group_id=group.id,
+                                     subject={"kind": "custom_agent", "displayName": "same"}
+                                     ).execute(agent_rating(quality=6, safety=9)).finalize()
+        return run, len(judge.requests) - calls, reserved_now() - used
+
+    first, called, reserved = run_once()
+    assert (called, reserved) == (6, 6), "3 rows x 2 judges, asked and reserved"
+    start = int(time.time()) // DEFAULT_BUDGET_WINDOW_S * DEFAULT_BUDGET_WINDOW_S
+    saved_before = int(connect_sync(api[2]).hget(keys.judge_saved("p-eval", start), "calls") or 0)
+    again, called, reserved = run_once()
+    assert (called, reserved) == (0, 0), "the same outputs to unchanged judges: paid for already"
+    saved = int(connect_sync(api[2]).hget(keys.judge_saved("p-eval", start), "calls") or 0) - saved_before
+    assert saved == 6, "the window counts the calls the cache saved"
+    assert again.rating == first.rating == pytest.approx(7.5)
+    assert again.judge_scorer_results == first.judge_scorer_results
+    calls = len(judge.requests)
+    fresh = client.evaluations.run(dataset_id=names["dataset"].id, scorer_group_id=group.id, cache=False,
+                                   subject={"kind": "custom_agent", "displayName": "same"}
+                                   ).execute(agent_rating(quality=6, safety=9)).finalize()
+    assert len(judge.requests) - calls == 6 and fresh.rating == first.rating, "cache=False: every judge asked"

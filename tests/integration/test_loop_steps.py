@@ -170,10 +170,11 @@ class HeldClaims(Claims):
         self.open.set()
 
     async def claim_many(self, requests: list[ClaimRequest], now: float | None = None,
-                         lookups: Sequence[VerdictLookup] | None = None) -> list[ClaimResult]:
+                         lookups: Sequence[VerdictLookup] | None = None,
+                         verdict_buckets: Sequence[int] = ()) -> list[ClaimResult]:
         await self.open.wait()
         self.calls.append([r.subject_key for r in requests])
-        return await super().claim_many(requests, now, lookups)
+        return await super().claim_many(requests, now, lookups, verdict_buckets)
 
     async def confirm(self, requests: list[ClaimRequest]) -> list[bool]:
         self.confirms.append([r.subject_key for r in requests])

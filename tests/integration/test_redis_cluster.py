@@ -110,7 +110,8 @@ async def use_every_store(redis: RedisCluster) -> list[AsyncScript]:
     await verdicts.store([Paid(f"p{n}", f"k{n}", CachedVerdict(7.0, "ok", f"r{n}")) for n in range(6)])
     assert await verdicts.lookup("p1", ["k1", "k0"]) == {"k1": CachedVerdict(7.0, "ok", "r1")}
     looked = await claims.claim_many([claim(f"p{n}", f"v{n}") for n in range(6)], now=now,
-                                     lookups=[[(f"k{n}", 0), ("missing", 0)] for n in range(6)])
+                                     lookups=[[(f"k{n}", 0), ("missing", 0)] for n in range(6)],
+                                     verdict_buckets=verdicts.policy.reading(time.time()))
     assert [dict(r.cached) for r in looked] == [{f"k{n}": CachedVerdict(7.0, "ok", f"r{n}").encode()} for n in range(6)]
     assert [r.leads for r in looked] == [("missing",)] * 6, "each pair pays for its one miss only"
 

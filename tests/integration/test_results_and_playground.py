@@ -178,6 +178,24 @@ def test_the_playground_grades_an_example_with_every_member_and_publishes_nothin
         assert a.monitor.scorer_groups.ratings(group.id, window="1h").count == 0
 
 
+def test_the_playground_shows_a_verdict_paid_for_already_as_cached_and_calls_no_judge(env: Env) -> None:
+    with env.client() as a:
+        group = a_group(a, "Asked twice")
+        example = {"input": "Where is my order?", "output": "It ships today, twice asked [[rating=9]]"}
+        first = a.monitor.scorer_groups.grade(group.id, **example)
+        calls = len(env.judge.requests)
+        again = a.monitor.scorer_groups.grade(group.id, **example)
+        assert len(env.judge.requests) == calls, "the same judge on the same messages: not asked again"
+        assert not first.members[0].cached and again.members[0].cached
+        assert again.members[0].cached_from and again.members[0].native == first.members[0].native == 9
+        assert again.members[0].usage is None, "it spent nothing"
+        (call,) = again.calls
+        assert call.cached_from == again.members[0].cached_from and call.attempts == 0, \
+            "its judge call record links to the call that paid"
+        other = a.monitor.scorer_groups.grade(group.id, input="Where is my order?", output="Another answer [[rating=9]]")
+        assert not other.members[0].cached and len(env.judge.requests) == calls + 1
+
+
 def test_the_playground_says_whether_live_scoring_would_see_the_example(env: Env) -> None:
     aimed = {"all": [{"field": "agentId", "op": "eq", "value": "support"},
                      {"field": "metadata.plan_tier", "op": "eq", "value": "gold"},

@@ -28,7 +28,7 @@ FEATURES = (
     "Digests", "The fleet's shared background work", "The catalog", "Backfills",
     "Dataset runs and evaluations", "The playground", "Judge call records and their OTLP export",
     "OTLP intake", "The code-scorer sandbox", "The HTTP API and console", "The CLI",
-    "Review queues (issue 55)", "Judges that learn (issue 56)",
+    "Review queues (issue 55)", "Judges that learn (issue 56)", "The verdict cache (issue 57)",
 )
 CODE = re.compile(r"`([^`]+)`")
 # A file's path (at least a name with an extension), optionally followed by ::Dotted.Name.

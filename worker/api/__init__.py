@@ -29,6 +29,7 @@ from scoring.members.fair_share import FairShare
 from scoring.playground import Playground
 from scoring.stores.catalog import SnapshotCache
 from scoring.stores.claims import Claims
+from scoring.stores.verdicts import VerdictStore
 from worker.api import (
     alignments,
     backfills,
@@ -64,7 +65,9 @@ def create_app(settings: Settings) -> FastAPI:
         # One engine for every request: dataset runs finalized at once share its judge cap and
         # sandbox pool, as the worker's traces do.
         app.state.engine = await ScoringEngine(settings).start()
-        app.state.playground = Playground(app.state.engine.panel, Claims(app.state.redis))
+        policy = app.state.engine.panel.verdict_cache
+        verdicts = VerdictStore(app.state.redis, policy) if policy is not None else None
+        app.state.playground = Playground(app.state.engine.panel, Claims(app.state.redis), verdicts=verdicts)
         app.state.bodies = BodyParser(settings.api_body_parsers, settings.api_body_readers,
                                       settings.api_body_read_timeout_s)
         # Whole evaluation runs read at once (worker.api.evaluations), shared fairly by projects.

@@ -267,7 +267,7 @@ async def _grade(request: Request, project: str, run: EvaluationRun,
                                spans=[dict(span) for span in o.spans], metadata=dict(item.metadata), id=str(o.row)))
     engine: ScoringEngine = request.app.state.engine  # the process's one engine (judges, sandbox, external)
     policy = engine.panel.verdict_cache
-    cache = UnclaimedVerdicts(engine.panel, VerdictStore(redis, policy) if policy is not None else None)
+    cache = UnclaimedVerdicts(engine.panel, VerdictStore(redis, policy) if policy is not None and run.cache else None)
     group = plan.group
     found = await cache.look_up(group, catalog, [  # verdicts paid for already reserve nothing
         (str(row.id), rating_id(group.id, f"dataset:{run.id}:{row.id}"), row.subject(group.project_id))
@@ -275,8 +275,9 @@ async def _grade(request: Request, project: str, run: EvaluationRun,
     spend = RunSpend(Claims(redis), run.id, plan, catalog)  # the project's judge budget, as live pairs spend it
     try:
         granted = await spend.reserve(rows, found)
-        graded = await grade_rows(engine.panel, catalog, plan, granted, spends=spend.spends, verdicts=found)
-        await spend.settle(graded)
+        graded = await grade_rows(engine.panel, catalog, plan, granted, spends=spend.spends,
+                                  verdicts=[found.get(str(row.id)) for row in granted])
+        await spend.settle(graded, found)
     finally:
         await spend.close()
     await cache.keep(group.project_id, found.values())

@@ -22,7 +22,7 @@ from scoring.results import tokens_of
 from scoring.routing import pair_of
 from scoring.stores.claims import Claims, PairSpend, Reservation
 from scoring.unclaimed_verdicts import UnclaimedVerdicts
-from scoring.verdict_cache import PairVerdicts
+from scoring.verdict_cache import PairVerdicts, savings
 
 RESERVE_ROWS = 500  # rows whose judge calls one Redis round trip reserves
 
@@ -66,11 +66,19 @@ class RunSpend:
         (granted,) = await self._reserver.submit([reservation])
         return granted
 
-    async def settle(self, graded: DatasetRun) -> None:
-        """The window's tokens settled to what the judges reported (less the ceilings reserved)."""
-        settled = [(spend.request, spend.settlement(tokens_of(r.result))) for r in graded.rows
-                   if (spend := self.spends.get(str(r.row.id))) is not None]
-        await self._claims.mark_done([], tokens=[(request, delta) for request, delta in settled if delta])
+    async def settle(self, graded: DatasetRun, verdicts: Mapping[str, PairVerdicts] | None = None) -> None:
+        """The window's tokens settled to what the judges reported (less the ceilings reserved),
+        and what the verdict cache saved the rows counted (``verdicts``: by row id)."""
+        settled, saved = [], []
+        for r in graded.rows:
+            spend = self.spends.get(str(r.row.id))
+            if spend is None:
+                continue
+            settled.append((spend.request, spend.settlement(tokens_of(r.result))))
+            spared = savings((m.outcome for m in r.result.blend.members), (verdicts or {}).get(str(r.row.id)))
+            if spared.hits:
+                saved.append((spend.request, spared.hits, spared.tokens))
+        await self._claims.mark_done([], tokens=[(request, delta) for request, delta in settled if delta], saved=saved)
 
     async def close(self) -> None:
         await self._reserver.stop()

@@ -278,7 +278,9 @@ function membersTable(members, action) {
     el("thead", {}, el("tr", {}, headers.map((h) => el("th", {}, h)))),
     el("tbody", {}, members.map((m) => el("tr", { dataset: { member: m.name } },
       el("td", {}, m.name, m.gate ? " (must pass)" : ""), el("td", {}, m.kind),
-      el("td", { class: m.status === "scored" ? "" : "bad" }, m.status),
+      el("td", { class: m.status === "scored" ? "" : "bad" }, m.status, m.cached
+        ? el("span", { class: "cached", title: `paid for already, by rating ${m.cachedFrom}`, dataset: { cached: m.cachedFrom } },
+             " (cached)") : null),
       el("td", {}, m.native === null || m.native === undefined ? "-" : String(m.native)),
       el("td", {}, m.goodness === null || m.goodness === undefined ? "-" : fmt(m.goodness)),
       el("td", {}, m.detail || ""), action ? el("td", {}, action(m)) : null))));
@@ -318,11 +320,22 @@ async function listResults(container, group, below = false) {
     const [page, queues] = await Promise.all([
       api("GET", `/v1/scorer-groups/${encodeURIComponent(group.id)}/results?limit=20&below=${below}`),
       queuesWatching(group)]);
-    container.replaceChildren(toggle, ...(page.items.length ? page.items.map((r) => resultView(r, queues))
-                                         : [el("p", { class: "muted" }, "No results yet.")]));
+    container.replaceChildren(toggle, cacheHitRate(page.items),
+                              ...(page.items.length ? page.items.map((r) => resultView(r, queues))
+                                  : [el("p", { class: "muted" }, "No results yet.")]));
   } catch (error) {
     container.replaceChildren(toggle, failure(error));
   }
+}
+
+// The verdict cache over these results: judge verdicts paid for already (no call, no budget).
+function cacheHitRate(ratings) {
+  const verdicts = ratings.flatMap((r) => r.members.filter((m) => m.kind === "judge" && m.status === "scored"));
+  if (!verdicts.length) return null;
+  const hits = verdicts.filter((m) => m.cached).length;
+  return el("p", { id: "cache-hit-rate", class: "muted" },
+    `Verdict cache: ${hits} of these ${verdicts.length} judge verdicts were paid for already ` +
+    `(${Math.round((100 * hits) / verdicts.length)}% hit rate: no judge call, no budget).`);
 }
 
 // Groups at one sample rate grade the same traces (consistent sampling): their results can be
