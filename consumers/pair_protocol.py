@@ -212,8 +212,9 @@ class PairProtocol:
         lookups = []
         for pair in pairs:
             verdicts = pair.verdicts
-            verdicts.rating_id = rating_id(pair.group.id, pair.claim.subject_key)
             verdicts.keys = {k.judge_id: k for k in self._panel.verdict_keys(pair.group, snapshot, pair.subject)}
+            if verdicts.keys:  # what its verdicts say paid for them, once published
+                verdicts.rating_id = rating_id(pair.group.id, pair.claim.subject_key)
             for k in verdicts.keys.values():
                 if (known := flights.known(k.key)) is not None:
                     verdicts.hits[k.key] = known

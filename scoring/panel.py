@@ -11,7 +11,6 @@ from __future__ import annotations
 import asyncio
 import functools
 import hashlib
-import math
 import time
 from collections.abc import Callable, Sequence
 from typing import Protocol
@@ -34,7 +33,6 @@ from scoring.ports import (
     JudgeCall,
     Judges,
     JudgeSpend,
-    JudgeVerdict,
     MemberError,
     RetryGate,
     TokenUsage,
@@ -409,7 +407,9 @@ class Panel:
             async with asyncio.timeout(self._member_deadline_s):
                 if key is not None:
                     assert verdicts is not None and isinstance(scorer, Judge)
-                    paid = await self._judge(scorer, subject, key, verdicts, retry, calls.append)
+                    if self._judges is None:
+                        raise MemberError("no judge endpoint is configured")
+                    paid = await self.flights.ask(self._judges, scorer, subject, key, verdicts, retry, calls.append)
                     if isinstance(paid, CachedVerdict):  # paid for already: no usage of its own
                         g = goodness("judge", paid.rating)
                         return outcome(native=paid.rating, goodness=g, detail=paid.justification, calls=calls,
@@ -428,43 +428,6 @@ class Panel:
             log.exception("member scorer failed unexpectedly", kind=member.kind, ref_id=member.ref_id)
             return outcome(error=f"internal error: {type(exc).__name__}")
         return outcome(native=native, goodness=g, detail=detail, usage=usage, calls=calls)
-
-    async def _judge(self, judge: Judge, subject: Subject, key: JudgeKey, verdicts: PairVerdicts,
-                     retry: RetryGate | None, record: CallRecorder) -> CachedVerdict | JudgeVerdict:
-        """A judge member under the verdict cache, in order:
-
-        1. paid for already (the claim found it, or this process paid for it just now): no call;
-        2. under way here for another pair: wait for that call's verdict;
-        3. otherwise call - reserving the call first when the claim did not (it counted on step 2,
-           whose call then failed) - and, once it scored, keep it for the finish step to store.
-        """
-        paid = verdicts.hits.get(key.key) or self.flights.known(key.key)
-        flight = self.flights.waiting_on(key.key) if paid is None else None
-        if flight is not None:
-            paid = await asyncio.shield(flight)  # our deadline ends our wait, never the other's call
-        if paid is not None:
-            record(JudgeCall(self._judges.model_for(judge) if self._judges is not None else judge.model or "",
-                             tuple((m["role"], m["content"]) for m in key.messages or build_messages(judge, subject)),
-                             None, time.time(), 0.0, 0, None, cached_from=paid.paid_by))
-            return paid
-        if self._judges is None:
-            raise MemberError("no judge endpoint is configured")
-        if key.key not in verdicts.reserved and retry is not None and not await retry():
-            raise MemberError("judge budget exhausted: the identical call this verdict waited for failed",
-                              retriable=False)
-        verdicts.reserved.add(key.key)
-        mine = self.flights.take_off(key.key)
-        kept: CachedVerdict | None = None
-        try:
-            verdict = await self._judges.grade(judge, subject, retry=retry, record=record,
-                                               messages=key.messages or None)
-            if math.isfinite(verdict.rating) and 0 <= verdict.rating <= 10:  # only a verdict that scores
-                kept = CachedVerdict(verdict.rating, redact_text(verdict.justification), verdicts.rating_id,
-                                     verdict.usage)
-                verdicts.fresh[key.key] = kept
-            return verdict
-        finally:
-            self.flights.land(key.key, mine, kept)
 
     async def _verdict(
         self, scorer: Judge | Pattern | CustomEvaluator, subject: Subject, retry: RetryGate | None = None,

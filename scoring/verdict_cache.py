@@ -20,6 +20,8 @@ from __future__ import annotations
 import asyncio
 import base64
 import hashlib
+import math
+import time
 from collections import OrderedDict
 from collections.abc import Iterable, Sequence
 from dataclasses import field
@@ -29,7 +31,11 @@ import orjson
 
 from scoring.blend import MemberOutcome
 from scoring.frozen import frozen
-from scoring.ports import TokenUsage
+from scoring.judge_prompt import build_messages
+from scoring.models import Judge
+from scoring.ports import CallRecorder, JudgeCall, Judges, JudgeVerdict, MemberError, RetryGate, TokenUsage
+from scoring.redact import redact_text
+from scoring.subjects import Subject
 
 # Bumped when the call a key stands for changes without its messages changing (the client's
 # temperature, the answer's token ceiling, how an answer is parsed): old entries then miss.
@@ -192,6 +198,40 @@ class VerdictFlights:
 
     def waiting_on(self, key: str) -> asyncio.Future[CachedVerdict | None] | None:
         return self._flying.get(key)
+
+    async def ask(self, judges: Judges, judge: Judge, subject: Subject, key: JudgeKey, verdicts: PairVerdicts,
+                  retry: RetryGate | None, record: CallRecorder) -> CachedVerdict | JudgeVerdict:
+        """A judge member under the verdict cache, in order:
+
+        1. paid for already (the claim found it, or this process paid for it lately): no call;
+        2. under way here for another pair: wait for that call's verdict;
+        3. otherwise call - reserving the call first when the claim did not (it counted on step 2,
+           whose call then failed) - and, once it scored, keep it for the finish step to store.
+        """
+        paid = verdicts.hits.get(key.key) or self.known(key.key)
+        flight = self.waiting_on(key.key) if paid is None else None
+        if flight is not None:
+            paid = await asyncio.shield(flight)  # our deadline ends our wait, never the other's call
+        if paid is not None:
+            record(JudgeCall(judges.model_for(judge),
+                             tuple((m["role"], m["content"]) for m in key.messages or build_messages(judge, subject)),
+                             None, time.time(), 0.0, 0, None, cached_from=paid.paid_by))
+            return paid
+        if key.key not in verdicts.reserved and retry is not None and not await retry():
+            raise MemberError("judge budget exhausted: the identical call this verdict waited for failed",
+                              retriable=False)
+        verdicts.reserved.add(key.key)
+        mine = self.take_off(key.key)
+        kept: CachedVerdict | None = None
+        try:
+            verdict = await judges.grade(judge, subject, retry=retry, record=record, messages=key.messages or None)
+            if math.isfinite(verdict.rating) and 0 <= verdict.rating <= 10:  # only a verdict that scores
+                kept = CachedVerdict(verdict.rating, redact_text(verdict.justification), verdicts.rating_id,
+                                     verdict.usage)
+                verdicts.fresh[key.key] = kept
+            return verdict
+        finally:
+            self.land(key.key, mine, kept)
 
     def take_off(self, key: str) -> asyncio.Future[CachedVerdict | None]:
         """This pair calls for ``key``: others asking meanwhile wait on the future returned."""

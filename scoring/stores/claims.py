@@ -9,14 +9,16 @@ in the batch's order:
   to finish or for the lease to expire - never count it finished before;
 - otherwise reserve the group's judge calls all or nothing from the project's budget window
   and take the lease (**claimed**), or, with too few calls left, mark it **exhausted**: the
-  group is skipped whole, never scored on a partial panel.
+  group is skipped whole, never scored on a partial panel. A judge call whose verdict was paid
+  for already (the verdict cache, read in the same call: an HMGET per bucket for the batch), or
+  that an earlier pair of the batch pays for, is not reserved (``scoring.verdict_cache``).
 
 Pairs live as fields of one hash per project and day (``keys.dedupe_claims``), so the call
 costs a handful of commands whatever the batch's size: the server's clock, one HMGET and one
 HSET per day touched, one GET and one INCRBY of the budget. A lease carries its own expiry
 (server time), since fields cannot expire on their own. The budget key is shared with online
 evaluators (same name, same fixed windows), and a project's keys share its hash tag, so the
-script runs on Redis Cluster too.
+script runs on Redis Cluster too. The scripts themselves are ``scoring.stores.claim_scripts``.
 """
 
 from __future__ import annotations
@@ -33,277 +35,11 @@ from typing import Literal
 from scoring.claim_request import ClaimRequest
 from scoring.frozen import frozen
 from scoring.stores import keys
+from scoring.stores.claim_scripts import CLAIM, CONFIRM, MARK_DONE, RELEASE, RESERVE
 from scoring.stores.client import RedisClient
 from scoring.stores.scripts import ScriptPipeline
 
 ClaimState = Literal["claimed", "done", "skipped", "busy", "exhausted"]
-
-# Every script reads per hash: ``stored_fields(first, stride, key_offset)`` groups the pairs of
-# ARGV (from ``first``, ``stride`` arguments each: hash index, field, ...) by hash and reads each
-# hash with one HMGET (in chunks: Lua's stack is finite). Returns the fields per hash and what
-# is stored, by "<hash index> <field>".
-_STORED_FIELDS = """
-local function stored_fields(first, stride, key_offset)
-  local by_hash = {}
-  for i = first, #ARGV, stride do
-    local h = tonumber(ARGV[i])
-    by_hash[h] = by_hash[h] or {}
-    table.insert(by_hash[h], ARGV[i + 1])
-  end
-  local stored = {}
-  for h, fields in pairs(by_hash) do
-    for from = 1, #fields, 4000 do
-      local chunk = {}
-      for k = from, math.min(from + 3999, #fields) do table.insert(chunk, fields[k]) end
-      local values = redis.call('HMGET', KEYS[h + key_offset], unpack(chunk))
-      for k, field in ipairs(chunk) do stored[h .. ' ' .. field] = values[k] end
-    end
-  end
-  return by_hash, stored
-end
-"""
-
-# KEYS: the calls budget key, the tokens key, the claim hashes, then the verdict cache's buckets
-# (newest first). ARGV: owner, lease ms, budget limit (-1: none), budget TTL, hash TTL, token limit
-# (-1: none), "1" to fill (a backfill: see ``Claims``), the number of claim hashes, the number of
-# verdict keys, the verdict keys, then per pair: hash index (1-based into KEYS[3..]), field, judge
-# calls, token ceiling, the group's revision, and its verdict keys ("<index into the verdict
-# keys>:<token ceiling>,..."; index 0: a call under way in the worker). Returns a flat list: per
-# pair state, detail, the verdict keys it reserved calls for ("<index>,..."), the tokens it
-# reserved; then per verdict key the verdict stored, or "".
-_CLAIM = _STORED_FIELDS + """
-local t = redis.call('TIME')
-local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
-local owner, lease_ms, limit, token_limit = ARGV[1], tonumber(ARGV[2]), tonumber(ARGV[3]), tonumber(ARGV[6])
-local lease = 'lease:' .. (now + lease_ms) .. ':' .. owner
-local fill = ARGV[7] == '1'
-local hashes, verdict_keys = tonumber(ARGV[8]), tonumber(ARGV[9])
-local first_pair = 10 + verdict_keys
-local n = (#ARGV - first_pair + 1) / 6
-
--- 1. what is stored for every pair: one HMGET per hash
-local _, stored = stored_fields(first_pair, 6, 2)
-
--- 1b. the verdicts paid for already: one HMGET per bucket, the newest first
-local cached = {}
-for b = 3 + hashes, #KEYS do
-  for from = 1, verdict_keys, 4000 do
-    local last = math.min(from + 3999, verdict_keys)
-    local values = redis.call('HMGET', KEYS[b], unpack(ARGV, 9 + from, 9 + last))
-    for j, value in ipairs(values) do
-      if value and not cached[from + j - 1] then cached[from + j - 1] = value end
-    end
-  end
-end
-
--- 2. decide in order: a pair twice in the batch sees its own first decision
-local used, tokens_used = nil, nil
-local reserved, tokens_reserved = 0, 0
-local paid_in_batch = {}
-local writes = {}
-local out = {}
-for i = 1, n do
-  local at = first_pair + 6 * (i - 1)
-  local h, field, want, tokens = tonumber(ARGV[at]), ARGV[at + 1], tonumber(ARGV[at + 2]), tonumber(ARGV[at + 3])
-  local revision = '@' .. ARGV[at + 4]
-  local leads = {}
-  local slot = h .. ' ' .. field
-  local current = stored[slot]
-  local state, detail = nil, ''
-  if current then
-    if string.sub(current, 1, 5) == 'done:' then
-      -- filling: done only under this revision (a changed rubric grades it again); a mark from
-      -- before revisions were kept has none, and counts as done
-      if not fill or string.sub(current, -string.len(revision)) == revision or not string.find(current, '@', 1, true)
-      then state, detail = 'done', current end
-    elseif string.sub(current, 1, 8) == 'skipped:' then
-      if not fill then state, detail = 'skipped', current end  -- filling: a pair skipped has no rating yet
-    else
-      local expires = tonumber(string.match(current, '^lease:(%d+):'))
-      if expires and expires > now then state, detail = 'busy', current end
-    end
-  end
-  if not state then
-    local value = lease
-    state = 'claimed'
-    -- the verdict cache: a call paid for already, or by an earlier pair of this batch, is not
-    -- reserved again (a gates-first pair, reserving later, only reads what is paid for)
-    for index, ceiling in string.gmatch(ARGV[at + 5], '(%d+):(%d+)') do
-      index = tonumber(index)  -- 0: a call under way in the worker, nothing to read
-      if index == 0 or cached[index] or paid_in_batch[index] then
-        if want > 0 then
-          want = want - 1
-          tokens = math.max(0, tokens - tonumber(ceiling))
-        end
-      elseif want > 0 then
-        table.insert(leads, index)
-      end
-    end
-    if want > 0 or tokens > 0 then
-      used = used or tonumber(redis.call('GET', KEYS[1]) or '0')
-      tokens_used = tokens_used or tonumber(redis.call('GET', KEYS[2]) or '0')
-      if (limit >= 0 and used + reserved + want > limit)
-          or (token_limit >= 0 and tokens_used + tokens_reserved + tokens > token_limit) then
-        -- filling: nothing is written, the job pauses and grades the pair in a later window
-        value, state, detail = 'skipped:budget', 'exhausted', tostring(used + reserved)
-        if fill then value = nil end
-        leads, tokens = {}, 0
-      else
-        reserved = reserved + want
-        tokens_reserved = tokens_reserved + tokens
-        for _, index in ipairs(leads) do paid_in_batch[index] = true end
-      end
-    end
-    if value then
-      stored[slot] = value
-      writes[h] = writes[h] or {}
-      table.insert(writes[h], field)
-      table.insert(writes[h], value)
-    end
-  end
-  table.insert(out, state)
-  table.insert(out, detail)
-  table.insert(out, table.concat(leads, ','))
-  table.insert(out, state == 'claimed' and tostring(tokens) or '0')
-end
-for index = 1, verdict_keys do
-  table.insert(out, cached[index] or '')
-end
-
--- 3. write: one HSET (in chunks) and one EXPIRE per hash; the budget once
-for h, flat in pairs(writes) do
-  for from = 1, #flat, 4000 do
-    redis.call('HSET', KEYS[h + 2], unpack(flat, from, math.min(from + 3999, #flat)))
-  end
-  redis.call('EXPIRE', KEYS[h + 2], ARGV[5])
-end
-if reserved > 0 then
-  redis.call('INCRBY', KEYS[1], reserved)
-  redis.call('EXPIRE', KEYS[1], ARGV[4])
-end
-if tokens_reserved > 0 then
-  redis.call('INCRBY', KEYS[2], tokens_reserved)
-  redis.call('EXPIRE', KEYS[2], ARGV[4])
-end
-return out
-"""
-
-# Both scripts below read and write per hash, as the claim does: one HMGET and one HSET or HDEL
-# per hash touched, whatever the number of pairs. A lease is this owner's if its value ends with
-# ":<owner>".
-_OWN_LEASES = _STORED_FIELDS + """
-local function own_leases(first, suffix)
-  local by_hash, stored = stored_fields(first, 2, 0)
-  local mine = {}
-  for slot, current in pairs(stored) do
-    if current and string.sub(current, 1, 6) == 'lease:'
-        and string.sub(current, -string.len(suffix)) == suffix then
-      mine[slot] = true
-    end
-  end
-  return by_hash, mine
-end
-"""
-
-# KEYS: claim hashes. ARGV: owner, then per pair: hash index, field. Deletes this owner's leases.
-_RELEASE = _OWN_LEASES + """
-local by_hash, mine = own_leases(2, ':' .. ARGV[1])
-local released = 0
-for h, fields in pairs(by_hash) do
-  local gone = {}
-  for _, field in ipairs(fields) do
-    if mine[h .. ' ' .. field] then table.insert(gone, field) end
-  end
-  for from = 1, #gone, 4000 do
-    released = released + redis.call('HDEL', KEYS[h], unpack(gone, from, math.min(from + 3999, #gone)))
-  end
-end
-return released
-"""
-
-
-# KEYS: claim hashes. ARGV: owner, lease ms, then per pair: hash index, field. Per pair 1 when
-# this owner still holds its lease (renewed from now, even if it had run out while no one took
-# the pair), 0 when the pair is done or another worker's.
-_CONFIRM = _OWN_LEASES + """
-local t = redis.call('TIME')
-local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
-local renewed = 'lease:' .. (now + tonumber(ARGV[2])) .. ':' .. ARGV[1]
-local by_hash, mine = own_leases(3, ':' .. ARGV[1])
-local writes = {}
-local out = {}
-for i = 3, #ARGV, 2 do
-  local h, field = tonumber(ARGV[i]), ARGV[i + 1]
-  if mine[h .. ' ' .. field] then
-    writes[h] = writes[h] or {}
-    table.insert(writes[h], field)
-    table.insert(writes[h], renewed)
-    table.insert(out, 1)
-  else
-    table.insert(out, 0)
-  end
-end
-for h, flat in pairs(writes) do
-  for from = 1, #flat, 4000 do
-    redis.call('HSET', KEYS[h], unpack(flat, from, math.min(from + 3999, #flat)))
-  end
-end
-return out
-"""
-
-
-# Judge calls decided while a pair is scored (``PairSpend``): a gates-first group's judges once its
-# cheap gates passed, and each retry. KEYS: the calls budget key, the tokens key, the pair's claim
-# hash. ARGV: owner, budget limit (-1: none), budget TTL, calls, the pair's field, "1" to mark the
-# pair skipped for budget when refused (still this owner's lease) as a claim that finds the budget
-# exhausted does, token limit (-1: none), token ceiling of the calls.
-_RESERVE = """
-local limit, calls = tonumber(ARGV[2]), tonumber(ARGV[4])
-local token_limit, tokens = tonumber(ARGV[7]), tonumber(ARGV[8])
-local used = tonumber(redis.call('GET', KEYS[1]) or '0')
-local tokens_used = tonumber(redis.call('GET', KEYS[2]) or '0')
-if (limit >= 0 and used + calls > limit) or (token_limit >= 0 and tokens_used + tokens > token_limit) then
-  if ARGV[6] == '1' then
-    local current = redis.call('HGET', KEYS[3], ARGV[5])
-    local suffix = ':' .. ARGV[1]
-    if current and string.sub(current, 1, 6) == 'lease:' and string.sub(current, -string.len(suffix)) == suffix then
-      redis.call('HSET', KEYS[3], ARGV[5], 'skipped:budget')
-    end
-  end
-  return 0
-end
-redis.call('INCRBY', KEYS[1], calls)
-redis.call('EXPIRE', KEYS[1], ARGV[3])
-if tokens > 0 then
-  redis.call('INCRBY', KEYS[2], tokens)
-  redis.call('EXPIRE', KEYS[2], ARGV[3])
-end
-return 1
-"""
-
-
-# KEYS: a project's claim hashes, then its token windows. ARGV: the done marks' TTL, the number
-# of hashes, then per hash the number of its fields and their field, value pairs; then per token
-# window the tokens to settle and its TTL. A batch's done marks and token settlements of one
-# project (one hash tag) in one command, not an HSET and an EXPIRE per hash and window.
-_MARK_DONE = """
-local at, hashes = 3, tonumber(ARGV[2])
-for h = 1, hashes do
-  local n = tonumber(ARGV[at])
-  for first = at + 1, at + 2 * n, 4000 do  -- unpack's limit (Lua's C stack, 8000): 2000 fields a call
-    redis.call('HSET', KEYS[h], unpack(ARGV, first, math.min(first + 3999, at + 2 * n)))
-  end
-  redis.call('EXPIRE', KEYS[h], ARGV[1])
-  at = at + 1 + 2 * n
-end
-for w = hashes + 1, #KEYS do
-  redis.call('INCRBY', KEYS[w], ARGV[at])
-  redis.call('EXPIRE', KEYS[w], ARGV[at + 1])
-  at = at + 2
-end
-return hashes
-"""
-
 
 def claim_hash(request: ClaimRequest) -> str:
     """The hash a pair's claim is kept in: its project's, of its subject's day."""
@@ -355,11 +91,11 @@ class Claims:
         self.lease_s = lease_s
         self.lease_ms = int(lease_s * 1000)
         self._done_ttl_s = done_ttl_s
-        self._claim = redis.register_script(_CLAIM)
-        self._release = redis.register_script(_RELEASE)
-        self._confirm = redis.register_script(_CONFIRM)
-        self._reserve = redis.register_script(_RESERVE)
-        self._mark_done = redis.register_script(_MARK_DONE)
+        self._claim = redis.register_script(CLAIM)
+        self._release = redis.register_script(RELEASE)
+        self._confirm = redis.register_script(CONFIRM)
+        self._reserve = redis.register_script(RESERVE)
+        self._mark_done = redis.register_script(MARK_DONE)
 
     def spend(self, request: ClaimRequest, reserve: ReserveCalls | None = None,
               tokens_reserved: int | None = None) -> PairSpend:

@@ -73,11 +73,11 @@ async def test_a_failed_claim_gives_back_the_calls_it_counted(bench: Bench) -> N
     protocol = runner._protocols[False]
     real, failed = protocol.claim, []
 
-    async def claim_once_broken(pairs: Any) -> Any:
+    async def claim_once_broken(pairs: Any, snapshot: Any) -> Any:
         if not failed:
             failed.append(1)
             raise ConnectionError("redis blinked")
-        return await real(pairs)
+        return await real(pairs, snapshot)
 
     protocol.claim = claim_once_broken  # type: ignore[method-assign]
     done = await bench.run(runner, await bench.job(group, maxJudgeCalls=3))

@@ -301,9 +301,11 @@ async def test_every_panel_and_alert_expression_works_on_a_real_prometheus(
             # OTLP spans; API requests.
             for wave in range(WAVES):
                 judge.script(Behaviour.status(400))
-                live = [trace(f"l-{wave}-{i}", "p-prom", f"[[rating={2 if i % 2 else 6}]] {'sorry' if i % 3 else 'ok'}")
-                        for i in range(10)]
-                budgeted = [trace(f"b-{wave}-{i}", "p-budget", "[[rating=7]] fine") for i in range(3)]
+                # Each answer its own (the trace id in it): the same answer twice is one judge call
+                # (the verdict cache), and these waves are to make calls.
+                live = [trace(f"l-{wave}-{i}", "p-prom", f"[[rating={2 if i % 2 else 6}]] {'sorry' if i % 3 else 'ok'}"
+                              f" l-{wave}-{i}") for i in range(10)]
+                budgeted = [trace(f"b-{wave}-{i}", "p-budget", f"[[rating=7]] fine b-{wave}-{i}") for i in range(3)]
                 malformed = [(f"bad-{wave}".encode(), b"not json")]
                 await produce(kafka_bootstrap, env["SGW_TRACES_TOPIC"], live + budgeted + malformed)
                 await produce(kafka_bootstrap, env["SGW_OTLP_TOPIC"], otlp_traces())
