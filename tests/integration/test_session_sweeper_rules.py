@@ -26,6 +26,7 @@ from scoring.stores.claims import Claims
 from scoring.stores.ratings import RatingsStore
 from scoring.stores.sessions import QuietSession, SessionStore
 from scoring.subjects import Trace
+from scoring.verdict_cache import CachePolicy
 from tests.support.http_fakes import Reply, ScriptedServer
 from tests.support.sampling_reference import reference_keep
 from tests.support.session_sweeps import Sweep, project_sweep, session_group, turn
@@ -231,6 +232,35 @@ async def test_one_projects_unreadable_index_never_stops_the_others(sweep: Sweep
 def judge_server() -> Iterator[JudgeServer]:
     with JudgeServer() as server:
         yield server
+
+
+async def test_two_conversations_asking_the_same_are_judged_with_one_call_and_one_reservation(
+        sweep: Sweep, judge_server: JudgeServer) -> None:
+    # The verdict cache at session scope: s-1 and s-2 say the same turns, so the same question to
+    # the same judge - one call, one slot of a budget of one, and both conversations rated.
+    judges = JudgeClient(judge_server.base_url, timeout_s=10)
+    catalog = sweep.catalog(
+        session_group(sweep.project, members=[{"kind": "judge", "refId": "quality", "weight": 1, "gate": False}]),
+        judges={"quality": Judge(id="quality", name="Quality", criteria=f"Helpful? {sweep.project}")},
+        budgets={sweep.project: Budget(project_id=sweep.project, judge_calls_per_window=1, window_seconds=60)})
+    claims = Claims(sweep.redis)
+    now = time.time()
+    await sweep.add_turns("s-1", 2, at=now - 6)
+    await sweep.add_turns("s-2", 2, at=now - 5)
+    calls = len(judge_server.requests)
+    try:
+        assert await sweep.sweeper(catalog, panel=Panel(judges=judges, verdict_cache=CachePolicy()),
+                                   claims=claims).sweep_once(now=now) == 2
+        after = time.time()
+    finally:
+        await judges.close()
+    assert len(judge_server.requests) - calls == 1, "one call for the two"
+    rated = {r["sessionId"]: r["members"][0] for r in await sweep.published(2)}
+    assert set(rated) == {"s-1", "s-2"} and rated["s-1"]["native"] == rated["s-2"]["native"]
+    assert [rated[s].get("cachedFrom") for s in ("s-1", "s-2")] == [None, next(
+        r["id"] for r in await sweep.published(2) if r["sessionId"] == "s-1")], "s-2's verdict was s-1's"
+    used = [await claims.budget_used(sweep.project, 60, now=at) for at in (now, after)]
+    assert max(used) == 1, "one slot reserved, of a budget of one"
 
 
 async def test_judge_calls_come_out_of_the_projects_online_budget(sweep: Sweep, judge_server: JudgeServer) -> None:
