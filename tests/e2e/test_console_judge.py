@@ -94,6 +94,7 @@ def test_a_disagreement_becomes_an_example_and_a_measured_candidate_is_promoted(
     browser.get(f"{env.process.url}/console#/groups/{env.group}")
     wait_for(browser, "#judge-links a.judge-link")[0].click()
     (agreement,) = wait_for(browser, f"#judge-agreement tr[data-group='{env.group}']")
+    assert text_of(browser, "#judge-cache").startswith("Verdict cache on"), "a judge's cache is on unless turned off"
     live = env.get(f"/v1/scorer-groups/{env.group}/agreement")
     cells = [td.text for td in agreement.find_elements(By.TAG_NAME, "td")]
     assert (cells[1], cells[4]) == (str(live["labelledItems"]), "7.00"), cells  # one item: the judge 9, people 2

@@ -17,7 +17,10 @@ async function judgePage(judgeId) {
                   alignments: el("div", { id: "judge-alignments" }) };
   const agreement = el("div", { id: "judge-agreement" });
   show(
-    el("section", {}, el("h1", { id: "judge-title" }, judge.name), el("pre", { class: "review-text", id: "judge-criteria" }, judge.criteria)),
+    el("section", {}, el("h1", { id: "judge-title" }, judge.name), el("pre", { class: "review-text", id: "judge-criteria" }, judge.criteria),
+      el("p", { id: "judge-cache", class: "muted" }, judge.cache === false
+        ? "Verdict cache off: every call is asked afresh."
+        : "Verdict cache on: the same messages to this judge are paid once (members say cached).")),
     el("section", {}, el("h2", {}, "Agreement with people, by group"), agreement),
     el("section", {}, el("h2", {}, "Where it disagrees with people"), parts.disagreements),
     el("section", {}, el("h2", {}, "Graded examples in its prompt"), parts.examples, exampleForm(judge.id, parts)),
