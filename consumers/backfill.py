@@ -304,13 +304,15 @@ class BackfillRunner:
         """Score and publish a claimed chunk of pairs (``bulk``: the free ones together),
         counting into ``graded``; the offsets of the pairs refused for budget (or the cap)."""
         refused: list[int] = []
-        mine: list[tuple[int, Pair, bool]] = []
+        mine: list[tuple[int, Pair, bool, int]] = []  # with the calls the cap holds for it
         for (offset, pair), state in zip(chunk, states, strict=True):
             if state.state in ("claimed", "busy"):
-                mine.append((offset, pair, state.state == "busy"))
-                if state.state == "claimed" and pair.claim.judge_calls and pair.verdicts.keys:
+                held_calls = pair.claim.judge_calls
+                if state.state == "claimed" and held_calls and pair.verdicts.keys:
                     # verdicts paid for already (the verdict cache): calls the cap need not hold
-                    graded.calls_returned += len(pair.verdicts.keys) - len(state.leads)
+                    graded.calls_returned += held_calls - state.calls
+                    held_calls = state.calls
+                mine.append((offset, pair, state.state == "busy", held_calls))
                 continue
             graded.calls_returned += pair.claim.judge_calls
             if state.state == "exhausted":
@@ -322,22 +324,22 @@ class BackfillRunner:
         scope: ResultScope = "trace" if mine[0][1].subject.scope == "trace" else "span"  # one group's pairs
         if bulk:  # the free pairs in one go; those another worker holds are waited for, each
             mine = [m for m in mine if not m[2]] + [m for m in mine if m[2]]
-            free = [pair for _, pair, busy in mine if not busy]
+            free = [pair for _, pair, busy, _ in mine if not busy]
 
             async def held(pair: Pair) -> list[PairOutcome]:
                 return [await protocol.alone(pair, snapshot, scope, busy=True, claimed_at=claimed_at)]
 
             parts = await all_of(protocol.together(free, snapshot, scope, claimed_at=claimed_at, lost="wait"),
-                                 *(held(pair) for _, pair, busy in mine if busy))
+                                 *(held(pair) for _, pair, busy, _ in mine if busy))
             outcomes: list[PairOutcome] = [outcome for part in parts for outcome in part]
         else:
             outcomes = await all_of(*(protocol.alone(pair, snapshot, scope, busy=busy, claimed_at=claimed_at,
-                                                     cap=cap) for _, pair, busy in mine))
-        for (offset, pair, _), outcome in zip(mine, outcomes, strict=True):
+                                                     cap=cap) for _, pair, busy, _ in mine))
+        for (offset, _, _, held_calls), outcome in zip(mine, outcomes, strict=True):
             if outcome.fate is Fate.PUBLISHED:
                 graded.scored += 1
                 continue
-            graded.calls_returned += pair.claim.judge_calls
+            graded.calls_returned += held_calls
             if outcome.fate is Fate.REFUSED:
                 refused.append(offset)
             else:

@@ -212,13 +212,14 @@ class PairProtocol:
         lookups = []
         for pair in pairs:
             verdicts = pair.verdicts
-            verdicts.keys = {k.judge_id: k for k in self._panel.verdict_keys(pair.group, snapshot, pair.subject)}
+            calls = self._panel.verdict_keys(pair.group, snapshot, pair.subject)  # a judge named twice: twice
+            verdicts.keys = {k.judge_id: k for k in calls}
             if verdicts.keys:  # what its verdicts say paid for them, once published
                 verdicts.rating_id = rating_id(pair.group.id, pair.claim.subject_key)
             for k in verdicts.keys.values():
                 if (known := flights.known(k.key)) is not None:
                     verdicts.hits[k.key] = known
-            lookups.append([(None if flights.flying(k.key) else k.key, k.tokens) for k in verdicts.keys.values()])
+            lookups.append([(None if flights.flying(k.key) else k.key, k.tokens) for k in calls])
         return lookups
 
     def _found(self, pair: Pair, state: ClaimResult) -> None:
@@ -299,8 +300,10 @@ class PairProtocol:
             busy = claim.state == "busy"
             if not busy:
                 self.unpublished.add(pair.claim)  # ours now: given back if the work is cancelled
-                # Claimed without a look-up: every judge call is reserved, and this pair makes them.
-                pair.verdicts.reserved = {k.key for k in pair.verdicts.keys.values()}
+                # Claimed without a look-up: every judge call it reserves upfront is reserved (a
+                # gates-first pair's: none yet), and this pair makes them.
+                keys = pair.verdicts.keys.values()
+                pair.verdicts.reserved = {k.key for k in keys} if pair.claim.judge_calls else set()
                 spend.tokens_reserved = pair.claim.judge_tokens if spend.counts_tokens else 0
         try:
             return await self._panel.score(pair.group, pair.subject, snapshot, spend=spend,
@@ -475,7 +478,9 @@ class PairProtocol:
 
     async def _finish(self, items: list[Finished]) -> None:
         """History, latest results and verdicts first: a pair marked done is never scored again,
-        so what it counts must exist by then. Then the done marks, settling tokens in passing."""
+        so what it counts must exist by then. Then the done marks, settling tokens in passing.
+        Last, apart, the judge verdicts paid for (the verdict cache): a failed write of those
+        costs a later call, and must never replay the done marks and their settlements."""
         review = [taken for i in items for taken in i.review]
 
         async def write() -> None:
@@ -486,11 +491,14 @@ class PairProtocol:
             await self.claims.mark_done([(i.claim, i.rating_id) for i in items],
                                         tokens=[(i.claim, i.tokens) for i in items if i.tokens],
                                         saved=[(i.claim, i.saved.hits, i.saved.tokens) for i in items if i.saved.hits])
-            if paid and self._verdicts is not None:  # after: a verdict's rating is in the history first
-                await self._verdicts.store(paid)
 
-        paid = [p for i in items for p in i.paid]
         await self._outages.call(write)
+        paid = [p for i in items for p in i.paid]
+        if paid and self._verdicts is not None:
+            try:
+                await self._verdicts.store(paid)
+            except Exception:  # the verdicts are asked again next time; nothing else depends on them
+                log.warning("keeping judge verdicts in the verdict cache failed", verdicts=len(paid), exc_info=True)
 
     # --- batched Redis calls ----------------------------------------------------------------------
 

@@ -89,6 +89,8 @@ def _trace(n: int, rng: random.Random, dip: bool = False) -> dict[str, Any]:
     project, agent, question, answer = rng.choices(SAMPLES, WEIGHTS)[0]
     if dip and agent == "support-bot":
         answer = DIP_ANSWER
+    if n % 4:  # most answers name their ticket; one in four is a template sent as it is (the cache's)
+        answer += f" (ticket {n})"
     return {"traceId": f"demo-{n}", "projectId": project, "agentId": agent,
             "sessionId": f"demo-session-{n // 3}", "timestamp": datetime.now(UTC).isoformat(),
             "spans": [{"spanId": "root", "name": "agent.run", "input": question, "output": answer}]}

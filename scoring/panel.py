@@ -137,6 +137,15 @@ def _retry_gate(spend: JudgeSpend | None, member: Member, subject: Subject, scor
     return retry
 
 
+def _skipped_whole(said: list[MemberOutcome | BaseException]) -> list[MemberOutcome]:
+    """The members' outcomes - or, once every member ended, the budget's refusal that skips the
+    pair whole (``BudgetExhausted``: never a partial panel). ``_member`` raises nothing else."""
+    for outcome in said:
+        if isinstance(outcome, BaseException):
+            raise outcome
+    return said  # type: ignore[return-value]
+
+
 class Panel:
     """Runs the members of groups. One per process: it holds the clients members call."""
 
@@ -172,18 +181,21 @@ class Panel:
         self.flights = VerdictFlights()
 
     def verdict_keys(self, group: ScorerGroup, scorers: ScorerLookup, subject: Subject) -> list[JudgeKey]:
-        """The verdict cache's keys of the judge calls scoring ``subject`` will make, once each
-        (a judge named twice is one call's verdict), with their token ceilings; none for a judge
-        whose cache is off."""
+        """The verdict cache's keys of the judge calls scoring ``subject`` will make, one per call
+        as ``planned_judges`` counts them (a judge two members name: twice, one key), with their
+        token ceilings; none for a judge whose cache is off."""
         if self._judges is None or self.verdict_cache is None:
             return []
         keys: dict[str, JudgeKey] = {}
+        calls = []
         for judge in planned_judges(group, scorers, subject):
-            if judge.cache and judge.id not in keys:
-                messages = build_messages(judge, subject)
-                key = verdict_key(subject.project_id, judge.id, self._judges.model_for(judge), messages)
-                keys[judge.id] = JudgeKey(judge.id, key, token_ceiling(judge, subject, messages=messages), messages)
-        return list(keys.values())
+            if judge.cache:
+                if judge.id not in keys:
+                    messages = build_messages(judge, subject)
+                    key = verdict_key(subject.project_id, judge.id, self._judges.signature(judge), messages)
+                    keys[judge.id] = JudgeKey(judge.id, key, token_ceiling(judge, subject, messages=messages), messages)
+                calls.append(keys[judge.id])
+        return calls
 
     async def score(self, group: ScorerGroup, subject: Subject, scorers: ScorerLookup,
                     spend: JudgeSpend | None = None, verdicts: PairVerdicts | None = None) -> GroupResult:
@@ -192,10 +204,12 @@ class Panel:
         from it once its cheap gates passed (raising ``BudgetExhausted`` when there is no room).
         ``verdicts``: what the pair's claim found in the verdict cache (a judge whose verdict was
         paid for already is not called)."""
+        if verdicts is not None and spend is not None:
+            verdicts.reserve = spend.reserve_panel  # a call the claim counted on another's making
         if not defers_judges(group):
-            outcomes = await asyncio.gather(*(self._member(m, subject, scorers, _retry_gate(spend, m, subject, scorers),
-                                                           verdicts)
-                                              for m in group.members))
+            outcomes = _skipped_whole(await asyncio.gather(*(
+                self._member(m, subject, scorers, _retry_gate(spend, m, subject, scorers), verdicts)
+                for m in group.members), return_exceptions=True))
             return GroupResult(group, subject, blend(outcomes))
         # Gates first: every member that costs no judge call, then the judges only if no
         # must-pass among them failed outright (one that could not score fails closed anyway,
@@ -221,10 +235,9 @@ class Panel:
                 raise BudgetExhausted(f"no room in the judge budget for {len(planned)} judge call(s)")
             if verdicts is not None:
                 verdicts.reserved.update(key.key for j in planned if (key := verdicts.keys.get(j.id)) is not None)
-            said_by_judges = await asyncio.gather(*(self._member(members[i], subject, scorers,
-                                                                 _retry_gate(spend, members[i], subject, scorers),
-                                                                 verdicts)
-                                                    for i in judges))
+            said_by_judges = _skipped_whole(await asyncio.gather(*(
+                self._member(members[i], subject, scorers, _retry_gate(spend, members[i], subject, scorers), verdicts)
+                for i in judges), return_exceptions=True))
             for i, outcome in zip(judges, said_by_judges, strict=True):
                 said[i] = outcome
         return GroupResult(group, subject, blend([o for o in said if o is not None]))
@@ -420,6 +433,8 @@ class Panel:
             if usage is not None and self._count_tokens is not None:
                 self._count_tokens(subject.project_id, usage)
             g = goodness(member.kind, native, polarity=polarity, invert=invert)
+        except BudgetExhausted:
+            raise  # the pair is skipped whole (``_skipped_whole``)
         except (MemberError, CodeScorerError, ValueError) as exc:
             return outcome(native=native, error=str(exc), usage=usage, calls=calls)
         except TimeoutError:

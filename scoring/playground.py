@@ -27,7 +27,7 @@ from scoring.judge_prompt import token_ceiling
 from scoring.models import ScorerGroup
 from scoring.panel import Panel, planned_judges, upfront_judge_calls
 from scoring.ports import BudgetExhausted
-from scoring.results import build_rating, rating_id
+from scoring.results import build_rating
 from scoring.routing import DEFAULT_BUDGET_WINDOW_S
 from scoring.stores.claims import Claims, Reservation
 from scoring.stores.verdicts import VerdictStore
@@ -115,7 +115,7 @@ class Playground:
         #    from the project's budget, as a live pair's would be
         request = self._request(group, snapshot, subject, example_id)
         found = (await self._verdicts.look_up(group, snapshot, [
-            (example_id, rating_id(group.id, f"trace:{example_id}"), subject)])).get(example_id)
+            (example_id, example_id, subject)])).get(example_id)  # a verdict it pays for names the example
         free_calls, free_tokens = UnclaimedVerdicts.covered(found)
         asked = max(0, request.judge_calls - free_calls) if request.judge_calls else 0
         tokens = max(0, request.judge_tokens - free_tokens) if asked else 0

@@ -101,6 +101,11 @@ class Judges(Protocol):
         """The model a call of ``judge`` names (its own, else the endpoint's default)."""
         ...
 
+    def signature(self, judge: Judge) -> str:
+        """Everything a call of ``judge`` sends but its messages - the endpoint, the model, the
+        request's shape: with the messages, what makes two calls the same call."""
+        ...
+
 
 class BudgetExhausted(ScoringError):
     """The judge budget had no room for a gates-first group's judges once its cheap gates passed:

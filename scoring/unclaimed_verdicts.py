@@ -11,10 +11,11 @@ dataset run, a playground example - as the pair protocol's claim does it for liv
 from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
+from dataclasses import replace
 
 from scoring.catalog import CatalogSnapshot
 from scoring.models import ScorerGroup
-from scoring.panel import Panel
+from scoring.panel import Panel, defers_judges
 from scoring.stores.verdicts import Paid, VerdictStore
 from scoring.subjects import Subject
 from scoring.verdict_cache import CachedVerdict, PairVerdicts
@@ -37,18 +38,21 @@ class UnclaimedVerdicts:
         for name, rating_id, subject in subjects:
             verdicts = found[name] = PairVerdicts()
             verdicts.rating_id = rating_id
-            verdicts.keys = {k.judge_id: k for k in self._panel.verdict_keys(group, snapshot, subject)}
+            # the messages are built again at call time: a run's every prompt is never held at once
+            verdicts.keys = {k.judge_id: replace(k, messages=[])
+                             for k in self._panel.verdict_keys(group, snapshot, subject)}
         wanted = list(dict.fromkeys(k.key for v in found.values() for k in v.keys.values()))
         stored: dict[str, CachedVerdict] = {}
         for start in range(0, len(wanted), LOOKUP_CHUNK):
             stored.update(await self._store.lookup(group.project_id, wanted[start:start + LOOKUP_CHUNK]))
         flights, paying = self._panel.flights, set()
+        upfront = not defers_judges(group)  # a gates-first group reserves its calls once its gates passed
         for verdicts in found.values():
             for key in verdicts.keys.values():
                 hit = stored.get(key.key) or flights.known(key.key)
                 if hit is not None:
                     verdicts.hits[key.key] = hit
-                elif key.key not in paying and not flights.flying(key.key):
+                elif upfront and key.key not in paying and not flights.flying(key.key):
                     paying.add(key.key)
                     verdicts.reserved.add(key.key)
         return found

@@ -1,9 +1,10 @@
 """The verdict cache (issue 57): a judge's verdict on the same messages is the verdict a team
 already paid for, so it is paid once.
 
-1. **The key** (``verdict_key``): the project, the judge, the model and a hash of the exact
-   messages sent - which carry the criteria, the prompt, the examples and the subject's text, so
-   any change to what the call asks is another key. Never shared across projects (the project
+1. **The key** (``verdict_key``): the project, the judge, the call's signature (the endpoint,
+   the model, the request's shape: ``response_format``, the answer's token limit) and a hash of
+   the exact messages sent - which carry the criteria, the prompt, the examples and the subject's
+   text, so any change to what the call asks is another key. Never shared across projects (the project
    is hashed in, and its entries live under its own Redis hash tag).
 2. **The lookup** is the claim's (``scoring.stores.claims``): a batch's keys are read in the
    same script that reserves the budget, and a pair reserves judge calls for its misses only.
@@ -23,7 +24,7 @@ import hashlib
 import math
 import time
 from collections import OrderedDict
-from collections.abc import Iterable, Sequence
+from collections.abc import Awaitable, Callable, Iterable, Sequence
 from dataclasses import field
 from typing import Any
 
@@ -33,7 +34,7 @@ from scoring.blend import MemberOutcome
 from scoring.frozen import frozen
 from scoring.judge_prompt import build_messages
 from scoring.models import Judge
-from scoring.ports import CallRecorder, JudgeCall, Judges, JudgeVerdict, MemberError, RetryGate, TokenUsage
+from scoring.ports import BudgetExhausted, CallRecorder, JudgeCall, Judges, JudgeVerdict, RetryGate, TokenUsage
 from scoring.redact import redact_text
 from scoring.subjects import Subject
 
@@ -53,10 +54,11 @@ DEFAULT_MAX_ENTRIES = 100_000
 RECENT_KEPT = 4_096
 
 
-def verdict_key(project_id: str, judge_id: str, model: str, messages: Sequence[dict[str, str]]) -> str:
-    """The key of one judge call: 144 bits of BLAKE2b over what makes the call, base64url (24
-    characters) - collisions are out of reach of any project's traffic."""
-    digest = hashlib.blake2b(orjson.dumps([CACHE_FORMAT, project_id, judge_id, model, messages]),
+def verdict_key(project_id: str, judge_id: str, signature: str, messages: Sequence[dict[str, str]]) -> str:
+    """The key of one judge call: 144 bits of BLAKE2b over what makes the call (``signature``:
+    ``Judges.signature`` - the endpoint, model and request shape), base64url (24 characters) -
+    collisions are out of reach of any project's traffic."""
+    digest = hashlib.blake2b(orjson.dumps([CACHE_FORMAT, project_id, judge_id, signature, messages]),
                              digest_size=18).digest()
     return base64.urlsafe_b64encode(digest).decode()
 
@@ -141,7 +143,7 @@ class PairVerdicts:
     claim ``reserved`` calls for (this pair makes those calls), and what this pair paid for
     (``fresh``: kept by the finish step, once its rating id is published)."""
 
-    __slots__ = ("fresh", "hits", "keys", "rating_id", "reserved", "tokens_reserved")
+    __slots__ = ("fresh", "hits", "keys", "rating_id", "reserve", "reserved", "tokens_reserved")
 
     def __init__(self) -> None:
         self.rating_id = ""
@@ -150,6 +152,9 @@ class PairVerdicts:
         self.reserved: set[str] = set()
         self.tokens_reserved: int | None = None  # what its claim reserved (None: the request's ceiling)
         self.fresh: dict[str, CachedVerdict] = {}
+        # Reserves (calls, tokens) the claim did not, the pair skipped for budget when refused:
+        # the pair's ``JudgeSpend.reserve_panel``, set by the panel (None: no budget to ask).
+        self.reserve: Callable[[int, int], Awaitable[bool]] | None = None
 
 
 @frozen
@@ -206,20 +211,22 @@ class VerdictFlights:
         1. paid for already (the claim found it, or this process paid for it lately): no call;
         2. under way here for another pair: wait for that call's verdict;
         3. otherwise call - reserving the call first when the claim did not (it counted on step 2,
-           whose call then failed) - and, once it scored, keep it for the finish step to store.
+           whose call then failed; no room skips the pair whole, ``BudgetExhausted``, as a claim
+           does) - and, once it scored, keep it for the finish step to store.
         """
         paid = verdicts.hits.get(key.key) or self.known(key.key)
         flight = self.waiting_on(key.key) if paid is None else None
         if flight is not None:
             paid = await asyncio.shield(flight)  # our deadline ends our wait, never the other's call
         if paid is not None:
+            verdicts.hits[key.key] = paid  # what it saved is counted as the claim's hits are
             record(JudgeCall(judges.model_for(judge),
                              tuple((m["role"], m["content"]) for m in key.messages or build_messages(judge, subject)),
                              None, time.time(), 0.0, 0, None, cached_from=paid.paid_by))
             return paid
-        if key.key not in verdicts.reserved and retry is not None and not await retry():
-            raise MemberError("judge budget exhausted: the identical call this verdict waited for failed",
-                              retriable=False)
+        if key.key not in verdicts.reserved and verdicts.reserve is not None and \
+                not await verdicts.reserve(1, key.tokens):
+            raise BudgetExhausted("no room in the judge budget for a call the pair counted on another's making")
         verdicts.reserved.add(key.key)
         mine = self.take_off(key.key)
         kept: CachedVerdict | None = None

@@ -17,6 +17,7 @@ from dataclasses import dataclass, replace
 from typing import Any, Literal
 
 import aiohttp
+import orjson
 import structlog
 
 from scoring.judge_prompt import ANSWER_MAX_TOKENS, build_messages, parse_verdict
@@ -76,6 +77,10 @@ class JudgeClient:
 
     def model_for(self, judge: Judge) -> str:
         return judge.model or self._model
+
+    def signature(self, judge: Judge) -> str:
+        model = self.model_for(judge)
+        return orjson.dumps([self._url, self.shape_for(model).body(model, [])]).decode()
 
     def shape_for(self, model: str) -> RequestShape:
         """What the endpoint takes for ``model``: the settings', or what its refusals taught."""

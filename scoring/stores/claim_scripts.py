@@ -33,8 +33,8 @@ end
 # verdict keys, the verdict keys, then per pair: hash index (1-based into KEYS[3..]), field, judge
 # calls, token ceiling, the group's revision, and its verdict keys ("<index into the verdict
 # keys>:<token ceiling>,..."; index 0: a call under way in the worker). Returns a flat list: per
-# pair state, detail, the verdict keys it reserved calls for ("<index>,..."), the tokens it
-# reserved; then per verdict key the verdict stored, or "".
+# pair state, detail, the verdict keys it reserved calls for ("<index>,..."), the calls and the
+# tokens it reserved; then per verdict key the verdict stored, or "".
 CLAIM = STORED_FIELDS + """
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
@@ -111,7 +111,7 @@ for i = 1, n do
         -- filling: nothing is written, the job pauses and grades the pair in a later window
         value, state, detail = 'skipped:budget', 'exhausted', tostring(used + reserved)
         if fill then value = nil end
-        leads, tokens = {}, 0
+        leads, want, tokens = {}, 0, 0
       else
         reserved = reserved + want
         tokens_reserved = tokens_reserved + tokens
@@ -128,6 +128,7 @@ for i = 1, n do
   table.insert(out, state)
   table.insert(out, detail)
   table.insert(out, table.concat(leads, ','))
+  table.insert(out, state == 'claimed' and tostring(want) or '0')
   table.insert(out, state == 'claimed' and tostring(tokens) or '0')
 end
 for index = 1, verdict_keys do

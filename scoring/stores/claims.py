@@ -61,8 +61,9 @@ class ClaimResult:
     state: ClaimState
     detail: str  # the stored value for done/busy ("done:<ratingId>"), budget used when exhausted
     # With verdict keys looked up: the claimed pair's keys it reserved a call for (this pair
-    # pays for them), the tokens it reserved, and the verdicts found stored (key, entry).
+    # pays for them), the calls and tokens it reserved, and the verdicts found stored (key, entry).
     leads: tuple[str, ...] = ()
+    calls: int = 0
     tokens: int = 0
     cached: tuple[tuple[str, bytes], ...] = ()
 
@@ -174,15 +175,16 @@ class Claims:
                             header + args)
             replies = await pipe.execute()
         for indexes, reply, verdict_keys in zip(by_project.values(), replies, looked_up, strict=True):
-            stored_verdicts = dict(zip(verdict_keys, reply[4 * len(indexes):], strict=True))
+            stored_verdicts = dict(zip(verdict_keys, reply[5 * len(indexes):], strict=True))
             for n, i in enumerate(indexes):
-                leads = _text(reply[4 * n + 2])
+                leads = _text(reply[5 * n + 2])
                 mine = lookups[i] if lookups is not None else ()
                 found = tuple((key, value if isinstance(value, bytes) else value.encode()) for key, _ in mine
                               if key is not None and (value := stored_verdicts[key]))
                 ours = tuple(verdict_keys[int(k) - 1] for k in leads.split(",")) if leads else ()
-                results[i] = ClaimResult(state=_text(reply[4 * n]), detail=_text(reply[4 * n + 1]),  # type: ignore[arg-type]
-                                         leads=ours, tokens=int(reply[4 * n + 3]), cached=found)
+                results[i] = ClaimResult(state=_text(reply[5 * n]), detail=_text(reply[5 * n + 1]),  # type: ignore[arg-type]
+                                         leads=ours, calls=int(reply[5 * n + 3]), tokens=int(reply[5 * n + 4]),
+                                         cached=found)
         return results  # type: ignore[return-value]
 
     async def mark_done(self, done: list[tuple[ClaimRequest, str]],

@@ -202,7 +202,7 @@ async def test_claims_work_on_a_client_that_decodes_replies(redis_url: str, uniq
     try:
         claims = Claims(redis)
         r = req(unique, "t1", 1)
-        assert await claims.claim_many([r], now=NOW) == [ClaimResult(state="claimed", detail="")]
+        assert await claims.claim_many([r], now=NOW) == [ClaimResult(state="claimed", detail="", calls=1)]
         await claims.mark_done([(r, "rating-1")])
         assert await claims.claim_many([r], now=NOW) == [ClaimResult(state="done", detail="done:rating-1")]
         assert await claims.stored(r) == "done:rating-1"

@@ -11,10 +11,10 @@ import pytest
 
 from deploy.judge_server import Behaviour, JudgeServer
 from scoring.members.http import RetryPolicy
-from scoring.members.judge import JudgeClient
+from scoring.members.judge import JudgeClient, RequestShape
 from scoring.models import Judge, JudgeExample
 from scoring.panel import Panel
-from scoring.ports import TokenUsage
+from scoring.ports import BudgetExhausted, TokenUsage
 from scoring.verdict_cache import CachedVerdict, CachePolicy, PairVerdicts, verdict_key
 from tests.support.panel_catalog import catalog, group, subject
 
@@ -51,6 +51,15 @@ def test_the_panel_keys_a_judge_by_its_criteria_and_examples_and_leaves_out_a_ju
     assert panel.verdict_keys(g, snapshot, subject("another answer"))[0].key != key.key
     off = snapshot.with_docs([judge.model_copy(update={"cache": False})])
     assert panel.verdict_keys(g, off, subject("an answer")) == [], '"cache": false is never looked up'
+    other_shape = Panel(judges=JudgeClient("http://127.0.0.1:9/v1", shape=RequestShape(response_format=False)),
+                        verdict_cache=CachePolicy())
+    other_endpoint = Panel(judges=JudgeClient("http://127.0.0.1:8/v1"), verdict_cache=CachePolicy())
+    assert other_shape.verdict_keys(g, snapshot, subject("an answer"))[0].key != key.key
+    assert other_endpoint.verdict_keys(g, snapshot, subject("an answer"))[0].key != key.key, \
+        "the endpoint and the request's shape are part of the call"
+    twice = group(("judge", "quality", 1, False), ("judge", "quality", 2, False))
+    assert [k.key for k in panel.verdict_keys(twice, snapshot, subject("an answer"))] == [key.key] * 2, \
+        "a judge two members name: two calls to look up, one key"
     assert Panel(judges=JudgeClient("http://127.0.0.1:9/v1")).verdict_keys(g, snapshot, subject("x")) == [], \
         "no policy (SGW_JUDGE_CACHE_TTL_S=0): no keys"
 
@@ -89,19 +98,20 @@ def pair_verdicts(panel: Panel, output: str, rating_id: str, *, reserved: bool) 
 
 
 class Slots:
-    """A pair's spend as the panel sees it (retries and fallbacks reserve one call each)."""
+    """A pair's spend as the panel sees it (retries and a call it did not reserve at claim time
+    take from its room)."""
 
     def __init__(self, room: int) -> None:
         self.room, self.taken = room, 0
         self.counts_tokens = False
 
     async def reserve_retry(self, tokens: int) -> bool:
-        if self.room <= self.taken:
-            return False
-        self.taken += 1
-        return True
+        return await self.reserve_panel(1, tokens)
 
     async def reserve_panel(self, calls: int, tokens: int) -> bool:
+        if self.room < self.taken + calls:
+            return False
+        self.taken += calls
         return True
 
 
@@ -149,15 +159,17 @@ async def test_two_identical_calls_at_once_are_one_and_a_failed_one_is_never_sha
         assert second.rating == 7.0 and second.blend.members[0].outcome.cached_from is None
         assert slots.taken == 1 and judge_server.calls_by_key["fails"] == 2
 
-        # ... and with no room for it, the member fails saying so, uncalled.
+        # ... and with no room for it, the pair is skipped whole for budget, uncalled (never a
+        # partial panel).
         judge_server.script(Behaviour.content("no verdict here").with_delay(0.2))
         broke = "broke [[key=broke]]"
         leader, follower = (pair_verdicts(panel, broke, "r-3", reserved=True),
                             pair_verdicts(panel, broke, "r-4", reserved=False))
         _, second = await asyncio.gather(
             panel.score(g, subject(broke), snapshot, verdicts=leader),
-            panel.score(g, subject(broke), snapshot, verdicts=follower, spend=Slots(room=0)))  # type: ignore[arg-type]
-        assert "budget exhausted" in (second.blend.members[0].outcome.error or "")
+            panel.score(g, subject(broke), snapshot, verdicts=follower, spend=Slots(room=0)),  # type: ignore[arg-type]
+            return_exceptions=True)
+        assert isinstance(second, BudgetExhausted)
         assert judge_server.calls_by_key["broke"] == 1
     finally:
         judge_server.set_default(Behaviour.deterministic())
