@@ -462,6 +462,11 @@ class PairProtocol:
                 tokens = s.spend.settlement(tokens_of(s.result)) if s.spend is not None else 0
                 at = s.pair.subject.at if self._outputs.policy.history_at_subject else None
                 entry = history_entry(s.pair.group, p, p.document, at, s.result)
+                for m in s.result.blend.members:  # what its judge calls cost, in money (scoring.prices)
+                    for call in m.outcome.calls:
+                        if call.usage is not None and call.usage.cost:
+                            self._events.judge_cost(s.pair.claim.project_id, s.pair.group.id, call.model,
+                                                    call.usage.cost)
                 saved = savings((m.outcome for m in s.result.blend.members), s.pair.verdicts)
                 if saved.hits or saved.misses:
                     self._events.verdict_cache(s.pair.claim.project_id, saved.hits, saved.misses, saved.tokens)

@@ -97,7 +97,8 @@ def call_document(call: JudgeCall, ref_id: str, member: str) -> dict[str, Any]:
         "startedAt": datetime.fromtimestamp(call.started_at, UTC), "latencyMs": round(call.latency_s * 1000, 3),
         "attempts": call.attempts,
         "usage": None if call.usage is None else {"promptTokens": call.usage.prompt_tokens,
-                                                  "completionTokens": call.usage.completion_tokens},
+                                                  "completionTokens": call.usage.completion_tokens,
+                                                  "cost": call.usage.cost},
         "error": call.error, **({"cachedFrom": call.cached_from} if call.cached_from is not None else {})}
 
 

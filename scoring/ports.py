@@ -51,10 +51,12 @@ class JudgeVerdict:
 
 @dataclass(frozen=True, slots=True)
 class TokenUsage:
-    """Tokens one judge call cost, as the API reported them (either may be missing)."""
+    """Tokens one judge call cost, as the API reported them (either may be missing), and what
+    they cost in money (``scoring.prices``: None when unknown - an unpriced model - never 0)."""
 
     prompt_tokens: int | None
     completion_tokens: int | None
+    cost: float | None = None
 
     @property
     def total(self) -> int:

@@ -115,7 +115,8 @@ def rating_document(result: GroupResult, scope: ResultScope, now: datetime | Non
             "goodness": None if o.goodness is None else float(o.goodness),
             "detail": o.detail or o.error or o.skipped}
         if o.usage is not None:  # absent, not null, when the judge's API reported none (MemberVerdict)
-            entry["usage"] = {"promptTokens": o.usage.prompt_tokens, "completionTokens": o.usage.completion_tokens}
+            entry["usage"] = {"promptTokens": o.usage.prompt_tokens, "completionTokens": o.usage.completion_tokens,
+                              "cost": o.usage.cost}
         if o.cached_from is not None:  # absent unless the verdict was paid for already (MemberVerdict)
             entry["cached"] = True
             entry["cachedFrom"] = o.cached_from

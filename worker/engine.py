@@ -41,7 +41,8 @@ def judge_client(settings: Settings, observe: Callable[[str, float], None] | Non
                        concurrency=settings.judge_concurrency,
                        per_project=settings.judge_concurrency_per_project or None,
                        observe=observe, extra_headers=settings.judge_headers(),
-                       shape=RequestShape(settings.judge_token_limit_param, settings.judge_response_format))
+                       shape=RequestShape(settings.judge_token_limit_param, settings.judge_response_format),
+                       prices=settings.prices())
 
 
 def redactor(settings: Settings) -> Redactor:

@@ -127,6 +127,9 @@ JUDGE_CACHE_SAVED_CALLS = Counter("sgw_judge_cache_saved_calls", "Judge calls th
 JUDGE_CACHE_SAVED_TOKENS = Counter("sgw_judge_cache_saved_tokens", "Judge tokens the verdict cache saved: what the "
                                    "calls that paid for its hits cost, as their APIs reported.", ["project"],
                                    registry=REGISTRY)
+JUDGE_COST = Counter("sgw_judge_cost", "What the judge calls behind published results cost, in SGW_CURRENCY "
+                     "(SGW_JUDGE_PRICES; calls of an unpriced model are not counted: their cost is unknown).",
+                     ["project", "group", "model"], registry=REGISTRY)
 SIGNALS = Counter("sgw_signals_raised", "Below-threshold Signals raised.", ["project", "group", "severity"],
                   registry=REGISTRY)
 JUDGE_CALLS = Counter("sgw_judge_calls", "Judge calls by outcome.", ["outcome"], registry=REGISTRY)
@@ -249,6 +252,9 @@ class PrometheusEvents:
             _child(JUDGE_CACHE_LOOKUPS, project, "miss").inc(misses)
         if tokens_saved:
             _child(JUDGE_CACHE_SAVED_TOKENS, project).inc(tokens_saved)
+
+    def judge_cost(self, project: str, group: str, model: str, cost: float) -> None:
+        _child(JUDGE_COST, project, group, model).inc(cost)
 
     def in_flight(self, count: int) -> None:
         IN_FLIGHT.set(count)

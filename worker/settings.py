@@ -15,6 +15,7 @@ import httpx
 from pydantic import Field, SecretStr, field_validator, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
+from scoring.prices import Price, parse_prices
 from scoring.redact import mask_url
 from scoring.webhooks.payloads import LinkTemplate
 from scoring.webhooks.retries import RetrySchedule
@@ -186,6 +187,13 @@ class Settings(BaseSettings):
     )
     judge_model: str = Field("gpt-4o-mini", description="Model asked when a judge names none.")
     judge_timeout_s: float = Field(30.0, gt=0, description="Timeout of one judge HTTP call.")
+    judge_prices: str = Field(
+        "", description='What each judge model costs, per million tokens, in SGW_CURRENCY: a JSON object '
+        '\'{"gpt-4o-mini": {"input": 0.15, "output": 0.6}}\'. A judge call of a model not in it has an unknown '
+        "cost (null), never 0; `scorer-worker check` names such models.",
+    )
+    currency: str = Field("USD", pattern=r"^[A-Z]{3}$", description="The currency of SGW_JUDGE_PRICES and of "
+                          "every cost the service shows (ISO 4217: USD, EUR, ...).")
     judge_cache_ttl_s: int = Field(
         7 * 86_400, ge=0, description="How long (at least; at most 4/3 of it) a judge's verdict is kept for the "
         "same judge, model and messages (the verdict cache: paid once). Seven days: a weekly CI run of an unchanged "
@@ -506,6 +514,15 @@ class Settings(BaseSettings):
                 "lets another worker score it (and spend budget) again"
             )
         return self
+
+    @field_validator("judge_prices")
+    @classmethod
+    def _prices_parse(cls, value: str) -> str:
+        parse_prices(value)  # its error names SGW_JUDGE_PRICES and the model, never the value
+        return value
+
+    def prices(self) -> dict[str, Price]:
+        return parse_prices(self.judge_prices)
 
     @field_validator("webhook_retry_schedule")
     @classmethod

@@ -12,7 +12,7 @@ from __future__ import annotations
 import asyncio
 import ssl
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, replace
 from typing import Any, Literal
 
@@ -25,6 +25,7 @@ from scoring.members.fair_share import FairShare
 from scoring.members.http import DEFAULT_RETRY, Answer, RetryPolicy, post_json_aiohttp
 from scoring.models import Judge
 from scoring.ports import CallRecorder, JudgeCall, JudgeVerdict, MemberError, RetryGate, TokenUsage
+from scoring.prices import Price, priced
 from scoring.subjects import Subject
 
 log = structlog.get_logger(__name__)
@@ -47,7 +48,9 @@ class JudgeClient:
         observe: Callable[[str, float], None] | None = None,
         shape: RequestShape | None = None,
         extra_headers: dict[str, str] | None = None,
+        prices: Mapping[str, Price] | None = None,
     ) -> None:
+        self._prices = prices or {}  # per model (scoring.prices): a call's usage carries its cost
         self._observe = observe  # (outcome "ok" | "error", seconds) per judge call, for metrics
         self._url = base_url.rstrip("/") + "/chat/completions"
         self._headers = {**(extra_headers or {}), **({"Authorization": f"Bearer {api_key}"} if api_key else {})}
@@ -103,7 +106,7 @@ class JudgeClient:
                 document = response.json()
             except ValueError:
                 document = None
-            call.usage = usage_of(document)
+            call.usage = priced(self._prices, model, usage_of(document))
             content = _message_content(document)
             call.answer = content if isinstance(content, str) else response.text  # the record keeps what came
             if not isinstance(content, str):

@@ -31,10 +31,12 @@ class Document(BaseModel):
 
 
 class Usage(Document):
-    """A judge call's tokens, as its API reported them."""
+    """A judge call's tokens, as its API reported them, and their cost in the operators'
+    currency (``SGW_CURRENCY``): null when unknown (a model without a price), never 0 for it."""
 
     prompt_tokens: int | None
     completion_tokens: int | None
+    cost: float | None = None
 
 
 class MemberVerdict(Document):

@@ -9,6 +9,7 @@ import sys
 import time
 
 from scoring.redact import Redactor, mask_url
+from scoring.stores.catalog import CatalogStore
 from worker.connections import redis_client
 from worker.settings import Settings
 
@@ -22,6 +23,8 @@ async def _check(settings: Settings, skip_judge: bool = False) -> list[str]:
     try:
         info = await redis.info("server")
         print(f"redis   {mask_url(settings.redis_url)}  version {info['redis_version']}")
+        catalog = await CatalogStore(redis).snapshot()
+        _say_prices(settings, {settings.judge_model} | {j.model for j in catalog.judges.values() if j.model})
     except Exception as exc:
         problems.append(f"redis at {mask_url(settings.redis_url)}: {redact(str(exc))}")
     finally:
@@ -46,6 +49,15 @@ async def _check(settings: Settings, skip_judge: bool = False) -> list[str]:
     if settings.judge_trace_export == "otlp":
         problems += await _check_judge_spans(settings, redact)
     return problems
+
+
+def _say_prices(settings: Settings, models: set[str]) -> None:
+    """The judge models the catalog and settings name that SGW_JUDGE_PRICES prices, and those it
+    does not: their calls' cost is unknown (null), never 0 - said, not failed."""
+    prices = settings.prices()
+    unpriced = sorted(models - set(prices))
+    print(f"prices  {len(models) - len(unpriced)} of {len(models)} judge model(s) priced in {settings.currency}"
+          + (f"; unpriced, their cost unknown: {', '.join(unpriced)}" if unpriced else ""))
 
 
 async def _check_judge_spans(settings: Settings, redact: Redactor) -> list[str]:
