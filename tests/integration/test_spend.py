@@ -210,7 +210,7 @@ async def test_each_verdict_carries_the_tokens_its_judge_reported(
     prompt = sum(len(str(m["content"]).split()) for m in requests[0]["messages"])
     # The local server counts words: its answer's and the prompt's (both judges ask the same).
     completion = len(json.dumps({"rating": 8, "justification": "Scripted judge answer"}).split())
-    assert with_usage[0]["usage"] == {"promptTokens": prompt, "completionTokens": completion}
+    assert with_usage[0]["usage"] == {"promptTokens": prompt, "completionTokens": completion, "cost": None}
     assert with_usage[0]["native"] == 8
     assert [u for _, u in counted] == [TokenUsage(prompt, completion)] and counted[0][0] == f"p-{unique}"
 

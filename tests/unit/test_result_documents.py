@@ -100,7 +100,7 @@ def test_every_kind_of_member_entry_encodes_as_the_validated_model() -> None:
         assert encoded == validated.to_json(), scope
         members = orjson.loads(encoded)["members"]
         assert [m["status"] for m in members] == ["scored", "failed", "not_scored", "skipped", "scored"]
-        assert members[0]["usage"] == {"promptTokens": 120, "completionTokens": None}
+        assert members[0]["usage"] == {"promptTokens": 120, "completionTokens": None, "cost": None}
         assert all("usage" not in m for m in members[1:]), "no usage key where no judge reported one"
 
 
@@ -163,7 +163,7 @@ TRACE_RATING: dict[str, object] = {
                      "(gate only); PII [must pass] 1.00 \u00d7 w2 (67%)",
     "members": [
         {"kind": "judge", "refId": "j", "name": "Judge", "weight": 1.0, "gate": False, "status": "scored",
-         "native": 7.0, "goodness": 0.7, "detail": "Fine.", "usage": {"promptTokens": 120, "completionTokens": None}},
+         "native": 7.0, "goodness": 0.7, "detail": "Fine.", "usage": {"promptTokens": 120, "completionTokens": None, "cost": None}},
         {"kind": "custom", "refId": "b", "name": "Flag", "weight": 0.0, "gate": False, "status": "scored",
          "native": True, "goodness": 1.0, "detail": None},
         {"kind": "pattern", "refId": "e", "name": "PII", "weight": 2.0, "gate": True, "status": "scored",
