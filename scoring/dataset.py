@@ -174,6 +174,21 @@ class DatasetRun:
         return GateColumns(self.group.name, [r.rating for r in self.rows],
                            [r.result.blend.reason for r in self.rows], judges, by_group=self.by_group)
 
+    def spend(self) -> dict[str, Any]:
+        """What its judges cost: the calls made (retries included; verdicts paid for already are
+        none), their tokens, and their cost - null when a call's was unknown (an unpriced model:
+        a total that left it out would look cheaper than it was), with how many such calls."""
+        calls = [call for r in self.rows for m in r.result.blend.members for call in m.outcome.calls
+                 if call.cached_from is None]
+        made = sum(call.attempts for call in calls)
+        tokens = sum(call.usage.total for call in calls if call.usage is not None)
+        # a call that answered with no known cost (an unpriced model, no usage reported); one that
+        # never answered (refused, timed out) is billed nothing by providers
+        unknown = sum(1 for call in calls
+                      if call.answer is not None and (call.usage is None or call.usage.cost is None))
+        cost = math.fsum(call.usage.cost for call in calls if call.usage is not None and call.usage.cost is not None)
+        return {"judgeCalls": made, "tokens": tokens, "cost": None if unknown else cost, "unpricedCalls": unknown}
+
     def breakdown(self) -> list[str]:
         """The run's breakdown (``breakdown_lines``)."""
         return breakdown_lines(self.group.name, self.by_group, self.rating, len(self.scored), len(self.rows),
@@ -185,7 +200,7 @@ class DatasetRun:
         return {**graded_by, "rows": len(self.rows),
                 "scoredRows": len(self.scored), "noScoreRows": len(self.rows) - len(self.scored),
                 "runRating": self.rating, "judgeAverages": self.judge_averages(),
-                "breakdown": self.breakdown(), "warnings": self.warnings, "notes": self.notes,
+                "breakdown": self.breakdown(), "spend": self.spend(), "warnings": self.warnings, "notes": self.notes,
                 **({"agreement": self.agreement.wire()} if self.agreement is not None else {})}
 
     @functools.cached_property

@@ -282,3 +282,22 @@ def test_a_dataset_run_repeated_calls_no_judge_and_no_cache_calls_them_all(
     calls, fresh = run("--no-cache")
     assert calls == 8, "--no-cache: every judge asked afresh"
     assert [r["rating"] for r in fresh] == [r["rating"] for r in first]
+
+
+def test_a_runs_summary_says_what_its_judges_cost_and_unknown_when_a_model_has_no_price(
+        catalog_url: str, judge: JudgeServer, rows_file: Path) -> None:
+    def spend(prices: str) -> dict[str, Any]:
+        del judge.requests[:]
+        done = grade_cli(catalog_url, judge, "--group", "release", "--input", str(rows_file), "--no-cache",
+                         env={"SGW_JUDGE_PRICES": prices})
+        assert done.returncode == 0, done.stderr
+        return dict(json.loads(done.stderr[done.stderr.index("{"):done.stderr.rindex("}") + 1])["spend"])
+
+    both = spend('{"quality-model": {"input": 1, "output": 2}, "safety-model": {"input": 1, "output": 2}}')
+    assert (both["judgeCalls"], both["unpricedCalls"]) == (8, 0)
+    # The local judge counts words: the prompt's from what it was sent, the answer's the rest.
+    prompt = sum(len(str(m["content"]).split()) for r in judge.requests for m in r["messages"])
+    completion = both["tokens"] - prompt
+    assert completion > 0 and both["cost"] == pytest.approx((prompt * 1 + completion * 2) / 1e6)
+    one = spend('{"quality-model": {"input": 1, "output": 2}}')
+    assert (one["judgeCalls"], one["unpricedCalls"], one["cost"]) == (8, 4, None), "unknown, never a partial sum"
