@@ -117,6 +117,17 @@ class JudgeSummary(WireModel):
     errors: list[str | None]
 
 
+class JudgeSpendTotals(WireModel):
+    """What a run's judges cost: the calls made (retries included; verdicts paid for already are
+    none), their tokens, and their cost in the operators' currency - null when a call's cost was
+    unknown (a model without a price), with how many such calls."""
+
+    judge_calls: int
+    tokens: int
+    cost: float | None
+    unpriced_calls: int
+
+
 class EvaluationRun(WireModel):
     id: Id
     project_id: Id
@@ -146,6 +157,8 @@ class EvaluationRun(WireModel):
     # Rows the project's judge budget had no room for (all of a row's judge calls, or none):
     # not graded, so rows without a score. Left out when none, so that 0.3 SDKs read the run.
     budget_skipped_rows: list[int] = Field(default_factory=list, exclude_if=lambda v: not v)
+    # What its judges cost, once completed (absent before, and on runs completed before it existed).
+    spend: JudgeSpendTotals | None = Field(None, exclude_if=lambda v: v is None)
     # With the rows' human verdicts, when some carry one (absent otherwise: 0.2 SDKs read the run).
     agreement: Agreement | None = Field(None, exclude_if=lambda v: v is None)
 

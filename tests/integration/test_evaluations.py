@@ -426,6 +426,11 @@ def test_a_run_repeated_against_unchanged_judges_calls_none_and_reserves_nothing
     assert saved == 6, "the window counts the calls the cache saved"
     assert again.rating == first.rating == pytest.approx(7.5)
     assert again.judge_scorer_results == first.judge_scorer_results
+    # What the judges cost, with no price in the API process: the first run's calls unknown (never
+    # 0); the second made none - known to have cost nothing.
+    assert (first.spend.judge_calls, first.spend.unpriced_calls, first.spend.cost) == (6, 6, None)
+    assert first.spend.tokens > 0
+    assert (again.spend.judge_calls, again.spend.tokens, again.spend.cost) == (0, 0, 0.0)
     calls = len(judge.requests)
     fresh = client.evaluations.run(dataset_id=names["dataset"].id, scorer_group_id=group.id, cache=False,
                                    subject={"kind": "custom_agent", "displayName": "same"}
