@@ -160,6 +160,9 @@ def huge_run(redis_databases: RedisDatabases,
         yield process, key, [run]
 
 
+# Alone: it times the API's event loop, and a neighbour test's load on this 2-core machine holds a
+# process unscheduled past 0.25 s now and then (CI failed on it once) - starvation, not the loop.
+@pytest.mark.alone
 async def test_sixteen_reads_of_a_huge_run_at_once_hold_neither_the_loop_nor_redis(
         huge_run: tuple[ApiProcess, str, list[str]]) -> None:
     """A run read whole is checked and encoded beside the event loop, a project's few at a time:
