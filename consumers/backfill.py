@@ -54,6 +54,7 @@ from scorer_groups.api_models import BACKFILL_ENDED, BackfillJob
 from scoring.catalog import CatalogSnapshot
 from scoring.errors import NotFound
 from scoring.models import ScorerGroup
+from scoring.prices import Pricing
 from scoring.results import ResultScope
 from scoring.routing import DEFAULT_BUDGET_WINDOW_S, DEFAULT_MAX_SPANS_PER_TRACE, Pair, group_pairs
 from scoring.stores.backfills import BackfillStore, JobCap, JobParts
@@ -235,9 +236,9 @@ class BackfillRunner:
         partition may advance to: the first record with a pair not graded, else past the batch.
         A chunk at a time: a worker killed mid-batch leaves at most a chunk's claims and calls
         counted behind it, and a cancel stops the job within a chunk."""
-        at, own = self._pairs(job, records, group, snapshot)
-        graded = Graded(reached=records[-1].offset + 1)
         protocol = self._protocols[job.alerts]
+        at, own = self._pairs(job, records, group, snapshot, protocol.pricing)
+        graded = Graded(reached=records[-1].offset + 1)
         cap = JobCap(self._parts, job.id, job.max_judge_calls)
         # A group that waits on nothing (no judge, no external scorer) is scored a whole batch at
         # once, in bulk (one sandbox message per code scorer), as live scoring does; one that
@@ -270,8 +271,8 @@ class BackfillRunner:
         graded.traces = sum(offset < graded.reached for offset in own)
         return graded
 
-    def _pairs(self, job: BackfillJob, records: list[Any], group: ScorerGroup,
-               snapshot: CatalogSnapshot) -> tuple[list[tuple[int, Pair]], list[int]]:
+    def _pairs(self, job: BackfillJob, records: list[Any], group: ScorerGroup, snapshot: CatalogSnapshot,
+               pricing: Pricing) -> tuple[list[tuple[int, Pair]], list[int]]:
         """The batch's pairs by record offset: records stamped within the window, traces that
         decode (a malformed one was dead-lettered live), routed as live would route them; the
         claims leave live traffic its share of the budget. And the offsets of the job's
@@ -289,7 +290,8 @@ class BackfillRunner:
             if trace.project_id == job.project_id:
                 own.append(record.offset)
             try:
-                pairs = group_pairs(trace, group, snapshot, sample_rate=job.sample_rate, max_spans=self._max_spans)
+                pairs = group_pairs(trace, group, snapshot, sample_rate=job.sample_rate, max_spans=self._max_spans,
+                                    pricing=pricing)
             except Exception:  # a trace that breaks routing was dead-lettered live: not graded here either
                 log.warning("a trace could not be routed; not graded", job=job.id, offset=record.offset,
                             exc_info=True)

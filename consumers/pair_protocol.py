@@ -13,7 +13,7 @@ conversation and group):
 4. publish the rating, Signal and deliveries - shielded: once under way it finishes, never
    cancelled halfway and scored again elsewhere;
 5. record: the ratings history, the group's latest results, session verdicts, the verdicts paid for;
-6. mark done and settle the pair's judge tokens - or, when a step before 4 fails, release.
+6. mark done and settle the pair's judge tokens and money - or, when a step before 4 fails, release.
 
 ``PairProtocol`` owns all six and the batchers that share their Redis calls across jobs. A loop
 hands it pairs two ways: ``alone`` - one pair that waits on the network (judges, external
@@ -46,7 +46,8 @@ from scoring.frozen import frozen
 from scoring.models import ScorerGroup
 from scoring.panel import GroupResult, Panel
 from scoring.ports import BudgetExhausted
-from scoring.results import HistoryEntry, ResultScope, history_entry, rating_id, tokens_of
+from scoring.prices import Pricing
+from scoring.results import HistoryEntry, ResultScope, cost_of, history_entry, rating_id, tokens_of
 from scoring.review_rules import Kept
 from scoring.routing import Pair
 from scoring.stores.claims import ClaimResult, Claims, PairSpend, Reservation, ReserveCalls
@@ -109,6 +110,7 @@ class Finished:
     review: tuple[Kept, ...] = ()  # the review queues' items it makes
     paid: tuple[Paid, ...] = ()  # the judge verdicts it paid for, for the verdict cache
     saved: Savings = Savings()  # what the verdict cache saved it (the budget window counts it)
+    cost: int = 0  # nanos: what its calls cost, less the money ceilings reserved (under a money cap)
 
 
 @frozen
@@ -153,6 +155,10 @@ class PairProtocol:
     def _verdicts(self) -> VerdictStore | None:  # the verdict cache, as the panel's policy says
         policy = self._panel.verdict_cache
         return None if policy is None else VerdictStore(self._ratings.redis, policy)
+
+    @property
+    def pricing(self) -> Pricing:  # what judge calls cost: the pairs' money caps reserve at it
+        return self._panel.pricing
 
     def start(self) -> None:
         self.finisher.start()
@@ -226,6 +232,7 @@ class PairProtocol:
         verdicts = pair.verdicts
         verdicts.reserved = set(state.leads)
         verdicts.tokens_reserved = state.tokens
+        verdicts.cost_reserved = state.cost
         for key, entry in state.cached:
             if (verdict := CachedVerdict.decode(entry)) is not None:
                 verdicts.hits[key] = verdict
@@ -238,7 +245,7 @@ class PairProtocol:
         done, or its lease runs out and it is ours. ``cap``: what the judge calls decided while
         it is scored (gates-first judges, retries) also take from."""
         reserve = self._reserve_one if cap is None else self._capped(cap)
-        spend = self.claims.spend(pair.claim, reserve, pair.verdicts.tokens_reserved)
+        spend = self.claims.spend(pair.claim, reserve, pair.verdicts.tokens_reserved, pair.verdicts.cost_reserved)
         try:
             return await self._alone(pair, snapshot, scope, busy, claimed_at, spend, reserve)
         except asyncio.CancelledError:
@@ -305,6 +312,7 @@ class PairProtocol:
                 keys = pair.verdicts.keys.values()
                 pair.verdicts.reserved = {k.key for k in keys} if pair.claim.judge_calls else set()
                 spend.tokens_reserved = pair.claim.judge_tokens if spend.counts_tokens else 0
+                spend.cost_reserved = pair.claim.cost(pair.claim.judge_calls, spend.tokens_reserved)
         try:
             return await self._panel.score(pair.group, pair.subject, snapshot, spend=spend,
                                            verdicts=pair.verdicts if pair.verdicts.keys else None)
@@ -363,7 +371,8 @@ class PairProtocol:
                     raise
                 in_bulk = False  # some subject broke scoring: each pair scored on its own finds which
         if not in_bulk:
-            spends = [self.claims.spend(pair.claim, self._reserve_one, pair.verdicts.tokens_reserved) for pair in pairs]
+            spends = [self.claims.spend(pair.claim, self._reserve_one, pair.verdicts.tokens_reserved,
+                                        pair.verdicts.cost_reserved) for pair in pairs]
             answers = await asyncio.gather(*(self._score(pair, False, snapshot, spend)
                                              for pair, spend in zip(pairs, spends, strict=True)),
                                            return_exceptions=True)
@@ -460,6 +469,7 @@ class PairProtocol:
                                           p.scored_at.timestamp())
                            if scope == "session" else None)
                 tokens = s.spend.settlement(tokens_of(s.result)) if s.spend is not None else 0
+                cost = s.spend.cost_settlement(cost_of(s.result)) if s.spend is not None else 0
                 at = s.pair.subject.at if self._outputs.policy.history_at_subject else None
                 entry = history_entry(s.pair.group, p, p.document, at, s.result)
                 for m in s.result.blend.members:  # what its judge calls cost, in money (scoring.prices)
@@ -473,7 +483,7 @@ class PairProtocol:
                 paid = tuple(Paid(s.pair.claim.project_id, key, CachedVerdict(v.rating, v.justification, p.id, v.usage))
                              for key, v in s.pair.verdicts.fresh.items())
                 finished.append(Finished(s.pair.claim, p.id, entry, tokens, verdict,
-                                         tuple(published.review_items.get(p.id, ())), paid, saved))
+                                         tuple(published.review_items.get(p.id, ())), paid, saved, cost))
             await self.finisher.submit(finished)
         except Exception as exc:
             self.failure = self.failure or exc
@@ -495,6 +505,7 @@ class PairProtocol:
                     self._events.review_items(taken.project_id, taken.taken, taken.turned_away)
             await self.claims.mark_done([(i.claim, i.rating_id) for i in items],
                                         tokens=[(i.claim, i.tokens) for i in items if i.tokens],
+                                        costs=[(i.claim, i.cost) for i in items if i.cost],
                                         saved=[(i.claim, i.saved.hits, i.saved.tokens) for i in items if i.saved.hits])
 
         await self._outages.call(write)

@@ -153,8 +153,7 @@ class SessionSweeper:
             offset += len(sessions) - len(settled)  # the settled ones left the index
         return judged
 
-    @staticmethod
-    def _due_pairs(session: QuietSession, groups: tuple[ScorerGroup, ...], snapshot: CatalogSnapshot,
+    def _due_pairs(self, session: QuietSession, groups: tuple[ScorerGroup, ...], snapshot: CatalogSnapshot,
                    now: float) -> list[Pair]:
         """The session's pairs due now: for each group quiet long enough, its matching turns (each
         turn is filtered alone, like a trace), 2+ of them, kept by the stable sample."""
@@ -176,7 +175,8 @@ class SessionSweeper:
                 subjects[matching] = (session_subject(turns), day_of(min(t.timestamp for t in turns).timestamp()))
             subject, day = subjects[matching]
             due.append(pair_of(group, subject, snapshot,
-                               subject_key=f"session:{session.session_id}:{subject.turns}", day=day))
+                               subject_key=f"session:{session.session_id}:{subject.turns}", day=day,
+                               pricing=self.pairs.pricing))
         return due
 
     async def _judge(self, due: list[Pair], snapshot: CatalogSnapshot, unsettled: set[str]) -> int:

@@ -250,7 +250,7 @@ class TraceConsumer:
                 await asyncio.sleep(0)
                 slice_ends = time.monotonic() + SLICE_S
             try:
-                decided = route(trace, snapshot, self._limits.max_spans_per_trace)
+                decided = route(trace, snapshot, self._limits.max_spans_per_trace, self.pairs.pricing)
             except Exception as exc:
                 dead.append((taken, self._unprocessable(taken, "routing", exc)))
                 continue

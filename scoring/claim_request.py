@@ -9,6 +9,7 @@ from __future__ import annotations
 from dataclasses import field
 
 from scoring.frozen import frozen
+from scoring.prices import Rates
 
 DAY_S = 86_400
 
@@ -25,12 +26,32 @@ class ClaimRequest:
     # reserved with them, all or nothing; settled to the real usage once the pair is done.
     judge_tokens: int = 0
     token_limit: int | None = None  # tokens per window; None = no token budget
+    # Money (``scoring.prices``), in nanos of the currency: with a cap - the project's per window
+    # (``cost_limit``), the group's per day (``group_cost_limit``) - a reservation of calls and
+    # their token ceiling also reserves their cost ceiling at ``rates``, settled to what they cost.
+    rates: Rates = field(default=Rates(), kw_only=True)
+    cost_limit: int | None = field(default=None, kw_only=True)
+    group_cost_limit: int | None = field(default=None, kw_only=True)
     # The subject's own day (``day_of``: a trace's timestamp, a session's first turn), the same
     # on every redelivery: the hash its claim is kept in.
     day: int = field(kw_only=True)
     # The group's revision (``CatalogSnapshot.revision``): kept in the pair's done mark, so a
     # backfill knows a pair rated under another revision (a changed rubric) is still to grade.
     revision: str = field(default="", kw_only=True)
+
+    @property
+    def counts_cost(self) -> bool:
+        return self.cost_limit is not None or self.group_cost_limit is not None
+
+    @property
+    def counts_tokens(self) -> bool:
+        """Are its calls' token ceilings reserved (a token cap, or a money cap: their cost)?"""
+        return self.token_limit is not None or self.counts_cost
+
+    def cost(self, calls: int, tokens: int) -> int:
+        """The cost ceiling of ``calls`` judge calls of ``tokens`` token ceiling, in nanos (0
+        without a money cap: nothing to count)."""
+        return self.rates.cost(calls, tokens) if self.counts_cost else 0
 
 
 def day_of(epoch_s: float) -> int:

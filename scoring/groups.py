@@ -39,6 +39,7 @@ from scoring.catalog import (
 )
 from scoring.errors import Forbidden, InvalidDocument, NotFound, PreconditionFailed
 from scoring.models import AlertChannel, Budget, Judge, Member, OnlineProfile, ScorerGroup, WireModel
+from scoring.prices import NANOS
 from scoring.stores.catalog import CatalogStore, SnapshotCache, Write
 from scoring.stores.catalog_file import ApplyReport, apply_file
 from scoring.stores.channels import saved_channel
@@ -134,8 +135,9 @@ def budget_write(caller: Caller, sent: Budget, stored: Budget | None) -> Budget:
 
     1. an operator's figures replace the operators' own; the window and the project's lower
        caps are kept unless the operator sends them too;
-    2. a project's ``judgeCallsPerWindow`` / ``judgeTokensPerWindow`` become its own caps - at
-       most the operators' figures - and it cannot change the window or create a budget."""
+    2. a project's ``judgeCallsPerWindow`` / ``judgeTokensPerWindow`` / ``judgeCostPerWindow``
+       become its own caps - at most the operators' figures - and it cannot change the window or
+       create a budget."""
     if caller.operator:
         kept = {} if stored is None else {f: getattr(stored, f) for f in KEPT_UNLESS_SENT
                                           if f not in sent.model_fields_set}
@@ -143,10 +145,10 @@ def budget_write(caller: Caller, sent: Budget, stored: Budget | None) -> Budget:
     if stored is None:
         raise Forbidden(f"project {sent.project_id!r} has no budget; the operators set budgets, and a project "
                         "key may only lower one")
-    for name in sent.model_fields_set & set(KEPT_UNLESS_SENT[1:]):
-        wire = {"project_judge_calls_per_window": "projectJudgeCallsPerWindow"}.get(name, "projectJudgeTokensPerWindow")
-        raise Forbidden(f"{wire}: a project key sets its own cap by sending judgeCallsPerWindow and "
-                        "judgeTokensPerWindow")
+    for name in sorted(sent.model_fields_set & set(KEPT_UNLESS_SENT[1:])):
+        wire = Budget.model_fields[name].alias or name
+        raise Forbidden(f"{wire}: a project key sets its own cap by sending judgeCallsPerWindow, "
+                        "judgeTokensPerWindow and judgeCostPerWindow")
     if "window_seconds" in sent.model_fields_set and sent.window_seconds != stored.window_seconds:
         raise Forbidden(f"windowSeconds: the operators set the window ({stored.window_seconds} s); a project "
                         "key may only lower its caps")
@@ -157,11 +159,17 @@ def budget_write(caller: Caller, sent: Budget, stored: Budget | None) -> Budget:
     if tokens is not None and stored.judge_tokens_per_window is not None and tokens > stored.judge_tokens_per_window:
         raise Forbidden(f"judgeTokensPerWindow: {tokens} is above the operators' cap of "
                         f"{stored.judge_tokens_per_window}; a project key may only lower its budget")
+    cost = sent.judge_cost_per_window
+    if cost is not None and stored.judge_cost_per_window is not None and cost > stored.judge_cost_per_window:
+        raise Forbidden(f"judgeCostPerWindow: {cost:g} is above the operators' cap of "
+                        f"{stored.judge_cost_per_window:g}; a project key may only lower its budget")
     return stored.model_copy(update={"project_judge_calls_per_window": sent.judge_calls_per_window,
-                                     "project_judge_tokens_per_window": tokens})
+                                     "project_judge_tokens_per_window": tokens,
+                                     "project_judge_cost_per_window": cost})
 
 
-KEPT_UNLESS_SENT = ("window_seconds", "project_judge_calls_per_window", "project_judge_tokens_per_window")
+KEPT_UNLESS_SENT = ("window_seconds", "project_judge_calls_per_window", "project_judge_tokens_per_window",
+                    "project_judge_cost_per_window")
 
 
 def check_if_match(if_match: str | None, doc: WireModel) -> None:
@@ -350,7 +358,7 @@ class Scorers:
         return self._caller.found(_kind(kind), await self._store.snapshot(), id_)
 
     async def budget_use(self, project_id: str, now: float | None = None) -> BudgetView:
-        """The project's budget and what its current window has used (calls and tokens)."""
+        """The project's budget and what its current window has used (calls, tokens, money)."""
         budget = self._caller.found("budgets", await self._store.snapshot(), project_id)
         assert isinstance(budget, Budget)
         now = time.time() if now is None else now
@@ -358,8 +366,10 @@ class Scorers:
         calls = await self._claims.budget_used(project_id, window, now)
         tokens = await self._claims.tokens_used(project_id, window, now)
         saved_calls, saved_tokens = await self._claims.saved(project_id, window, now)
+        cost = await self._claims.cost_used(project_id, window, now) / NANOS if budget.cost_cap is not None else None
         use = BudgetUse(window_start=int(now) // window * window, window_seconds=window, judge_calls=calls,
-                        judge_tokens=tokens, judge_calls_saved=saved_calls, judge_tokens_saved=saved_tokens)
+                        judge_tokens=tokens, judge_calls_saved=saved_calls, judge_tokens_saved=saved_tokens,
+                        judge_cost=cost)
         return BudgetView.model_validate({**budget.stored(), "used": use.model_dump(by_alias=True)})
 
     async def put(self, doc: WireModel, *, if_match: str | None = None, create: bool = False) -> WireModel:

@@ -37,6 +37,7 @@ from scoring.ports import (
     RetryGate,
     TokenUsage,
 )
+from scoring.prices import NO_PRICING, Pricing
 from scoring.redact import Redactor, redact_text
 from scoring.subjects import Subject
 from scoring.verdict_cache import CachedVerdict, CachePolicy, JudgeKey, PairVerdicts, VerdictFlights, verdict_key
@@ -160,6 +161,7 @@ class Panel:
         redact: Redactor | None = None,
         count_tokens: TokenObserver | None = None,
         verdict_cache: CachePolicy | None = None,
+        pricing: Pricing = NO_PRICING,
     ) -> None:
         self._judges = judges
         self._external = external
@@ -179,6 +181,8 @@ class Panel:
         # The verdict cache (None: off), and the judge calls under way in this process by key.
         self.verdict_cache = verdict_cache
         self.flights = VerdictFlights()
+        # What the judges' calls cost (scoring.prices): the pairs' money caps reserve at it.
+        self.pricing = pricing
 
     def verdict_keys(self, group: ScorerGroup, scorers: ScorerLookup, subject: Subject) -> list[JudgeKey]:
         """The verdict cache's keys of the judge calls scoring ``subject`` will make, one per call

@@ -23,12 +23,12 @@ from scoring.claim_request import ClaimRequest, day_of
 from scoring.errors import CatalogError
 from scoring.filters import SpanView, TraceView, compile_filter
 from scoring.judge_calls import call_document
-from scoring.judge_prompt import token_ceiling
 from scoring.models import ScorerGroup
-from scoring.panel import Panel, planned_judges, upfront_judge_calls
+from scoring.panel import Panel
 from scoring.ports import BudgetExhausted
-from scoring.results import build_rating
-from scoring.routing import DEFAULT_BUDGET_WINDOW_S
+from scoring.prices import NANOS
+from scoring.results import build_rating, cost_of, tokens_of
+from scoring.routing import pair_of
 from scoring.stores.claims import Claims, Reservation
 from scoring.stores.verdicts import VerdictStore
 from scoring.subjects import Span, Subject, Trace
@@ -119,7 +119,7 @@ class Playground:
         free_calls, free_tokens = UnclaimedVerdicts.covered(found)
         asked = max(0, request.judge_calls - free_calls) if request.judge_calls else 0
         tokens = max(0, request.judge_tokens - free_tokens) if asked else 0
-        spend = self._claims.spend(request, tokens_reserved=tokens)
+        spend = self._claims.spend(request, tokens_reserved=tokens, cost_reserved=request.cost(asked, tokens))
         if asked and not await self._claims.reserve(Reservation(request, asked, tokens, skip_when_refused=False)):
             raise await self._exhausted(request)
         # 3. every member now; a gates-first panel and retries reserve as they go
@@ -127,7 +127,11 @@ class Playground:
             result = await self._panel.score(group, subject, snapshot, spend=spend, verdicts=found)
         except BudgetExhausted:
             raise await self._exhausted(request) from None
-        if found is not None:  # 4. what it paid for, kept for the next asking
+        # 4. the ceilings reserved settled to what the calls used and cost, as a live pair's are
+        tokens_delta, cost_delta = spend.settlement(tokens_of(result)), spend.cost_settlement(cost_of(result))
+        await self._claims.mark_done([], tokens=[(request, tokens_delta)] if tokens_delta else [],
+                                     costs=[(request, cost_delta)] if cost_delta else [])
+        if found is not None:  # 5. what it paid for, kept for the next asking
             await self._verdicts.keep(group.project_id, [found])
         calls = [JudgeCallRecord.model_validate(call_document(call, m.outcome.ref_id, m.outcome.name))
                  for m in result.blend.members for call in m.outcome.calls]
@@ -135,15 +139,9 @@ class Playground:
 
     def _request(self, group: ScorerGroup, snapshot: CatalogSnapshot, subject: Subject,
                  example_id: str) -> ClaimRequest:
-        budget = snapshot.budget(group.project_id)
-        token_limit = budget.tokens_cap if budget else None
-        calls = upfront_judge_calls(group, snapshot, subject)
-        tokens = (sum(token_ceiling(j, subject) for j in planned_judges(group, snapshot, subject))
-                  if calls and token_limit is not None else 0)
-        return ClaimRequest(project_id=group.project_id, group_id=group.id, subject_key=f"playground:{example_id}",
-                            judge_calls=calls, budget_limit=budget.calls_cap if budget else None,
-                            budget_window_s=budget.window_seconds if budget else DEFAULT_BUDGET_WINDOW_S,
-                            judge_tokens=tokens, token_limit=token_limit, day=day_of(time.time()))
+        """What the example reserves, as a live pair of the group would (``routing.pair_of``)."""
+        return pair_of(group, subject, snapshot, subject_key=f"playground:{example_id}", day=day_of(time.time()),
+                       pricing=self._panel.pricing).claim
 
     async def _exhausted(self, request: ClaimRequest) -> PlaygroundRefused:
         now = time.time()
@@ -154,6 +152,9 @@ class Playground:
             "windowSeconds": window, "windowStart": start, "resetsInSeconds": start + window - int(now),
             "judgeCallsUsed": await self._claims.budget_used(request.project_id, window, now),
             "judgeTokensUsed": await self._claims.tokens_used(request.project_id, window, now)}
+        if request.cost_limit is not None:  # money, in the currency (scoring.prices)
+            state["judgeCostPerWindow"] = request.cost_limit / NANOS
+            state["judgeCostUsed"] = await self._claims.cost_used(request.project_id, window, now) / NANOS
         return PlaygroundRefused(f"the project's judge budget has no room for this example's judge calls "
                                  f"({state['judgeCallsUsed']} of {request.budget_limit} used; the window resets in "
                                  f"{state['resetsInSeconds']} s)", {"budget": state})

@@ -9,10 +9,12 @@ did not report both token counts: an unpriced model must not look free. Pure: no
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
 
 from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError
 
+from scoring.models import Judge
 from scoring.ports import TokenUsage
 
 PER = 1_000_000  # prices are per million tokens, as providers list them
@@ -63,3 +65,64 @@ def priced(prices: Mapping[str, Price], model: str, usage: TokenUsage | None) ->
     if usage is None:
         return None
     return TokenUsage(usage.prompt_tokens, usage.completion_tokens, call_cost(prices, model, usage))
+
+
+# --- Money budgets -------------------------------------------------------------------------------
+# Redis counts money as whole nanos of the currency (integers: INCRBY, exact in Lua's doubles up
+# to 2**53), and a reservation's cost is integer arithmetic on its calls and token ceiling, so the
+# claim's script and Python compute the same figure (``ClaimRequest.cost``).
+NANOS = 1_000_000_000
+NANOS_PER_TOKEN_PER_PRICE = NANOS // PER  # a price per million tokens, as nanos per token
+# What a token of an unpriced model costs under a money cap: more than any cap (MAX_BUDGET_COST,
+# 10**15 nanos), so its calls are refused - a cap cannot bound what it cannot price (fail closed).
+UNPRICEABLE_NANOS = 10**16
+
+
+def nanos(cost: float) -> int:
+    """An amount of the currency as whole nanos (rounded up: never less than it cost)."""
+    return math.ceil(cost * NANOS - 1e-6)
+
+
+@dataclass(frozen=True, slots=True)
+class Rates:
+    """What a reservation of judge calls costs, as a ceiling: ``per_token`` nanos for each token of
+    the calls' token ceiling (``judge_prompt.token_ceiling``: its prompt part and its answer's
+    max tokens) at the input price, plus ``per_call`` for the answer's tokens at the output
+    price's excess. Of several judge models, the dearest of each."""
+
+    per_token: int = 0
+    per_call: int = 0
+
+    def cost(self, calls: int, tokens: int) -> int:
+        return tokens * self.per_token + calls * self.per_call
+
+
+UNPRICED_RATES = Rates(UNPRICEABLE_NANOS, 0)
+
+
+@dataclass(frozen=True)
+class Pricing:
+    """The price table and the model a judge without one calls (``SGW_JUDGE_MODEL``)."""
+
+    prices: Mapping[str, Price] = field(default_factory=dict)
+    default_model: str = ""
+
+    def model_of(self, judge: Judge) -> str:
+        return judge.model or self.default_model
+
+    def rates(self, judges: Iterable[Judge], answer_tokens: int) -> Rates:
+        """The dearest rates of ``judges``' models; ``UNPRICED_RATES`` if one has no price."""
+        per_token = per_call = 0
+        for judge in judges:
+            price = self.prices.get(self.model_of(judge))
+            if price is None:
+                return UNPRICED_RATES
+            token = math.ceil(price.input * NANOS_PER_TOKEN_PER_PRICE)
+            # The answer's tokens are in the ceiling at the input price already: the rest of
+            # the output price, per call.
+            extra = math.ceil(max(0.0, price.output - price.input) * NANOS_PER_TOKEN_PER_PRICE) * answer_tokens
+            per_token, per_call = max(per_token, token), max(per_call, extra)
+        return Rates(per_token, per_call)
+
+
+NO_PRICING = Pricing()

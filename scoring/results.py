@@ -37,6 +37,7 @@ from scoring.frozen import frozen
 from scoring.judge_calls import encode_calls
 from scoring.models import ScorerGroup
 from scoring.panel import GroupResult
+from scoring.prices import nanos
 from scoring.redact import mask_url
 from scoring.subjects import Subject
 
@@ -291,11 +292,45 @@ class HistoryEntry:
     past: bool = False
     rating_id: str = ""  # finds the document (and its judge calls) among the latest results
     calls: bytes = b""  # its judge calls, cut and masked (scoring.judge_calls.encode_calls)
+    # What its judge calls cost (nanos, scoring.prices) by member ref id - the calls made, not a
+    # verdict the cache paid for - and how many calls' cost is unknown (an unpriced model).
+    costs: tuple[tuple[str, int], ...] = ()
+    unpriced: int = 0
 
 
 def tokens_of(result: GroupResult) -> int:
     """The judge tokens a result's members reported (0 for what reported none)."""
     return sum(m.outcome.usage.total for m in result.blend.members if m.outcome.usage is not None)
+
+
+def member_costs(result: GroupResult) -> tuple[tuple[tuple[str, int], ...], int]:
+    """What each judge member's calls cost (nanos, by ref id; the calls made) and how many
+    calls' cost is unknown: the history's spend."""
+    costs: dict[str, int] = {}
+    unpriced = 0
+    for m in result.blend.members:
+        for call in m.outcome.calls:
+            if call.cached_from is not None:
+                continue
+            if call.usage is None or call.usage.cost is None:
+                unpriced += 1
+            else:
+                costs[m.outcome.ref_id] = costs.get(m.outcome.ref_id, 0) + nanos(call.usage.cost)
+    return tuple(costs.items()), unpriced
+
+
+def cost_of(result: GroupResult) -> int | None:
+    """What a result's judge calls cost, in nanos of the currency (``scoring.prices``): the calls
+    made (a verdict the cache paid for cost nothing again); None when one's cost is unknown."""
+    total = 0
+    for m in result.blend.members:
+        for call in m.outcome.calls:
+            if call.cached_from is not None:
+                continue
+            if call.usage is None or call.usage.cost is None:
+                return None
+            total += nanos(call.usage.cost)
+    return total
 
 
 def history_entry(group: ScorerGroup, rating: Rating | PublishedRating, document: bytes = b"",
@@ -305,6 +340,7 @@ def history_entry(group: ScorerGroup, rating: Rating | PublishedRating, document
     chart fills in the past); kept with ``result``'s judge calls."""
     calls = b"" if result is None else encode_calls(
         [(m.outcome.ref_id, m.outcome.name, m.outcome.calls) for m in result.blend.members if m.outcome.calls])
+    costs, unpriced = member_costs(result) if result is not None else ((), 0)
     return HistoryEntry(group.id, rating.rating, below_threshold(group, rating.rating),
                         rating.scored_at.timestamp() if at is None else at, document, past=at is not None,
-                        rating_id=rating.id, calls=calls)
+                        rating_id=rating.id, calls=calls, costs=costs, unpriced=unpriced)

@@ -14,9 +14,10 @@ from scoring.catalog import CatalogSnapshot
 from scoring.claim_request import ClaimRequest, day_of, span_key
 from scoring.filters import SpanView, TraceView
 from scoring.frozen import frozen
-from scoring.judge_prompt import token_ceiling
+from scoring.judge_prompt import ANSWER_MAX_TOKENS, token_ceiling
 from scoring.models import ScorerGroup
 from scoring.panel import planned_judges, upfront_judge_calls
+from scoring.prices import NO_PRICING, Pricing, Rates, nanos
 from scoring.sampling import keep
 from scoring.subjects import Span, Subject, Trace, children_of, span_subject, trace_subject
 from scoring.verdict_cache import PairVerdicts
@@ -36,22 +37,30 @@ class Pair:
 
 
 def pair_of(group: ScorerGroup, subject: Subject, snapshot: CatalogSnapshot, *, subject_key: str,
-            day: int) -> Pair:
+            day: int, pricing: Pricing = NO_PRICING) -> Pair:
     """The pair and its claim, kept under the group's own project (never another tenant's) and
     reserving the judge calls its panel will make within that project's budget, if it has one
-    (a gates-first group's judges reserve later, once its cheap gates passed)."""
+    (a gates-first group's judges reserve later, once its cheap gates passed): their token
+    ceiling under a token or money cap, and under a money cap - the project's, the group's
+    ``maxCostPerDay`` - their cost at ``pricing``."""
     budget = snapshot.budget(group.project_id)
     token_limit = budget.tokens_cap if budget else None
+    cost_cap = budget.cost_cap if budget else None
+    day_cap = group.online.max_cost_per_day if group.online is not None else None
+    money = cost_cap is not None or day_cap is not None
     calls = upfront_judge_calls(group, snapshot, subject)
+    judges = planned_judges(group, snapshot, subject) if token_limit is not None or money else []
     return Pair(group, subject, ClaimRequest(
         project_id=group.project_id, group_id=group.id, subject_key=subject_key, judge_calls=calls,
         revision=snapshot.revision(group),
         budget_limit=budget.calls_cap if budget else None,
         budget_window_s=budget.window_seconds if budget else DEFAULT_BUDGET_WINDOW_S, day=day,
-        # The prompts are built to measure them only under a token budget.
-        judge_tokens=(sum(token_ceiling(j, subject) for j in planned_judges(group, snapshot, subject))
-                      if calls and token_limit is not None else 0),
-        token_limit=token_limit))
+        # The prompts are built to measure them only under a token or money cap.
+        judge_tokens=sum(token_ceiling(j, subject) for j in judges) if calls else 0,
+        token_limit=token_limit,
+        rates=pricing.rates(judges, ANSWER_MAX_TOKENS) if money else Rates(),
+        cost_limit=None if cost_cap is None else nanos(cost_cap),
+        group_cost_limit=None if day_cap is None else nanos(day_cap)))
 
 
 @frozen
@@ -72,7 +81,8 @@ class Route:
 DEFAULT_MAX_SPANS_PER_TRACE = 50  # spans one span-scope group scores in one trace (SGW_MAX_SPANS_PER_TRACE)
 
 
-def route(trace: Trace, snapshot: CatalogSnapshot, max_spans: int = DEFAULT_MAX_SPANS_PER_TRACE) -> Route:
+def route(trace: Trace, snapshot: CatalogSnapshot, max_spans: int = DEFAULT_MAX_SPANS_PER_TRACE,
+          pricing: Pricing = NO_PRICING) -> Route:
     """Decide the trace for every live group of its project, in the order that spends least:
 
     1. the group's filter (a pure function of the trace): a trace filtered out costs the group
@@ -124,14 +134,15 @@ def route(trace: Trace, snapshot: CatalogSnapshot, max_spans: int = DEFAULT_MAX_
     pairs: list[Pair] = []
     if kept:
         subject = trace_subject(trace)
-        pairs = [pair_of(group, subject, snapshot, subject_key=f"trace:{trace.trace_id}", day=day) for group in kept]
+        pairs = [pair_of(group, subject, snapshot, subject_key=f"trace:{trace.trace_id}", day=day,
+                         pricing=pricing) for group in kept]
     if stepwise:
         steps = _Steps(trace, view)
         for group in stepwise:
             rate = group.online.sample_rate if group.online is not None else 0.0  # (always one: a live group)
             spans, over, unexamined, undecided_spans = _graded_spans(steps, group, snapshot, view, max_spans, rate)
             pairs += [pair_of(group, steps.subject(span), snapshot, subject_key=span_key(trace.trace_id, span.span_id),
-                              day=day) for span in spans]
+                              day=day, pricing=pricing) for span in spans]
             skipped.update({(group.id, why): n for why, n in (("span_cap", over), ("span_budget", unexamined),
                                                                 ("regex_budget", undecided_spans)) if n})
     return Route(pairs, turn, matched, filtered, skipped, view.work.cut)
@@ -192,7 +203,7 @@ def _graded_spans(steps: _Steps, group: ScorerGroup, snapshot: CatalogSnapshot, 
 
 
 def group_pairs(trace: Trace, group: ScorerGroup, snapshot: CatalogSnapshot, *, sample_rate: float,
-                max_spans: int = DEFAULT_MAX_SPANS_PER_TRACE) -> list[Pair]:
+                max_spans: int = DEFAULT_MAX_SPANS_PER_TRACE, pricing: Pricing = NO_PRICING) -> list[Pair]:
     """The pairs one group grades in one trace at ``sample_rate``, live or not (a backfill's):
     the steps of ``route`` for that group alone - its filter, the same stable sample a live
     group at that rate takes, a pair for the trace or for each step its ``spanFilter`` takes.
@@ -206,11 +217,12 @@ def group_pairs(trace: Trace, group: ScorerGroup, snapshot: CatalogSnapshot, *, 
         steps = _Steps(trace, view)
         spans, *_ = _graded_spans(steps, group, snapshot, view, max_spans, sample_rate)
         return [pair_of(group, steps.subject(span), snapshot, subject_key=span_key(trace.trace_id, span.span_id),
-                        day=day) for span in spans]
+                        day=day, pricing=pricing) for span in spans]
     salt = group.online.sample_salt or "" if group.online is not None else ""
     if not keep(trace.trace_id, sample_rate, salt):
         return []
-    return [pair_of(group, trace_subject(trace), snapshot, subject_key=f"trace:{trace.trace_id}", day=day)]
+    return [pair_of(group, trace_subject(trace), snapshot, subject_key=f"trace:{trace.trace_id}", day=day,
+                    pricing=pricing)]
 
 
 def trace_pairs(trace: Trace, snapshot: CatalogSnapshot) -> list[Pair]:

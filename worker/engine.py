@@ -65,7 +65,8 @@ class ScoringEngine:
                            member_deadline_s=settings.member_deadline_s, observe=observe_member,
                            redact=redactor(settings), count_tokens=count_tokens,
                            verdict_cache=CachePolicy(settings.judge_cache_ttl_s, settings.judge_cache_max_entries)
-                           if settings.judge_cache_ttl_s > 0 else None)
+                           if settings.judge_cache_ttl_s > 0 else None,
+                           pricing=settings.pricing())
 
     async def start(self) -> ScoringEngine:
         await self.sandbox.start()

@@ -15,7 +15,7 @@ import httpx
 from pydantic import Field, SecretStr, field_validator, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
-from scoring.prices import Price, parse_prices
+from scoring.prices import Price, Pricing, parse_prices
 from scoring.redact import mask_url
 from scoring.webhooks.payloads import LinkTemplate
 from scoring.webhooks.retries import RetrySchedule
@@ -523,6 +523,10 @@ class Settings(BaseSettings):
 
     def prices(self) -> dict[str, Price]:
         return parse_prices(self.judge_prices)
+
+    def pricing(self) -> Pricing:
+        """The price table and the model a judge without its own calls."""
+        return Pricing(self.prices(), self.judge_model)
 
     @field_validator("webhook_retry_schedule")
     @classmethod

@@ -27,14 +27,18 @@ local function stored_fields(first, stride, key_offset)
 end
 """
 
-# KEYS: the calls budget key, the tokens key, the claim hashes, then the verdict cache's buckets
-# (newest first). ARGV: owner, lease ms, budget limit (-1: none), budget TTL, hash TTL, token limit
-# (-1: none), "1" to fill (a backfill: see ``Claims``), the number of claim hashes, the number of
-# verdict keys, the verdict keys, then per pair: hash index (1-based into KEYS[3..]), field, judge
-# calls, token ceiling, the group's revision, and its verdict keys ("<index into the verdict
-# keys>:<token ceiling>,..."; index 0: a call under way in the worker). Returns a flat list: per
-# pair state, detail, the verdict keys it reserved calls for ("<index>,..."), the calls and the
-# tokens it reserved; then per verdict key the verdict stored, or "".
+# KEYS: the calls budget key, the tokens key, the money key (the project's window), the claim
+# hashes, the groups' money keys (their day), then the verdict cache's buckets (newest first).
+# ARGV: owner, lease ms, budget limit (-1: none), budget TTL, hash TTL, token limit (-1: none),
+# "1" to fill (a backfill: see ``Claims``), the number of claim hashes, the number of verdict
+# keys, the money limit (-1: none), the number of group money keys, their TTL, the verdict keys,
+# the groups' money limits; then per pair: hash index (1-based into the claim hashes), field,
+# judge calls, token ceiling, the group's revision, its verdict keys ("<index into the verdict
+# keys>:<token ceiling>,..."; index 0: a call under way in the worker), its money rates (nanos
+# per token, per call: ``scoring.prices.Rates``) and its group's money key (1-based; 0: none).
+# Money is counted in whole nanos, as integers (exact in Lua's doubles below 2**53). Returns a
+# flat list: per pair state, detail, the verdict keys it reserved calls for ("<index>,..."), the
+# calls, tokens and money it reserved; then per verdict key the verdict stored, or "".
 CLAIM = STORED_FIELDS + """
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
@@ -42,18 +46,21 @@ local owner, lease_ms, limit, token_limit = ARGV[1], tonumber(ARGV[2]), tonumber
 local lease = 'lease:' .. (now + lease_ms) .. ':' .. owner
 local fill = ARGV[7] == '1'
 local hashes, verdict_keys = tonumber(ARGV[8]), tonumber(ARGV[9])
-local first_pair = 10 + verdict_keys
-local n = (#ARGV - first_pair + 1) / 6
+local cost_limit, groups, group_ttl = tonumber(ARGV[10]), tonumber(ARGV[11]), ARGV[12]
+local first_group_key, first_bucket = 4 + hashes, 4 + hashes + groups
+local first_pair = 13 + verdict_keys + groups
+local stride = 9
+local n = (#ARGV - first_pair + 1) / stride
 
 -- 1. what is stored for every pair: one HMGET per hash
-local _, stored = stored_fields(first_pair, 6, 2)
+local _, stored = stored_fields(first_pair, stride, 3)
 
 -- 1b. the verdicts paid for already: one HMGET per bucket, the newest first
 local cached = {}
-for b = 3 + hashes, #KEYS do
+for b = first_bucket, #KEYS do
   for from = 1, verdict_keys, 4000 do
     local last = math.min(from + 3999, verdict_keys)
-    local values = redis.call('HMGET', KEYS[b], unpack(ARGV, 9 + from, 9 + last))
+    local values = redis.call('HMGET', KEYS[b], unpack(ARGV, 12 + from, 12 + last))
     for j, value in ipairs(values) do
       if value and not cached[from + j - 1] then cached[from + j - 1] = value end
     end
@@ -61,16 +68,35 @@ for b = 3 + hashes, #KEYS do
 end
 
 -- 2. decide in order: a pair twice in the batch sees its own first decision
-local used, tokens_used = nil, nil
-local reserved, tokens_reserved = 0, 0
+local used, tokens_used, cost_used = nil, nil, nil
+local reserved, tokens_reserved, cost_reserved = 0, 0, 0
+local group_used, group_reserved = {}, {}
+local function over(want, tokens, cost, g)
+  used = used or tonumber(redis.call('GET', KEYS[1]) or '0')
+  tokens_used = tokens_used or tonumber(redis.call('GET', KEYS[2]) or '0')
+  if (limit >= 0 and used + reserved + want > limit)
+      or (token_limit >= 0 and tokens_used + tokens_reserved + tokens > token_limit) then return true end
+  if cost_limit >= 0 then
+    cost_used = cost_used or tonumber(redis.call('GET', KEYS[3]) or '0')
+    if cost_used + cost_reserved + cost > cost_limit then return true end
+  end
+  if g > 0 then
+    group_used[g] = group_used[g] or tonumber(redis.call('GET', KEYS[first_group_key + g - 1]) or '0')
+    group_reserved[g] = group_reserved[g] or 0
+    if group_used[g] + group_reserved[g] + cost > tonumber(ARGV[12 + verdict_keys + g]) then return true end
+  end
+  return false
+end
 local paid_in_batch = {}
 local writes = {}
 local out = {}
 for i = 1, n do
-  local at = first_pair + 6 * (i - 1)
+  local at = first_pair + stride * (i - 1)
   local h, field, want, tokens = tonumber(ARGV[at]), ARGV[at + 1], tonumber(ARGV[at + 2]), tonumber(ARGV[at + 3])
   local revision = '@' .. ARGV[at + 4]
+  local per_token, per_call, g = tonumber(ARGV[at + 6]), tonumber(ARGV[at + 7]), tonumber(ARGV[at + 8])
   local leads = {}
+  local cost = 0
   local slot = h .. ' ' .. field
   local current = stored[slot]
   local state, detail = nil, ''
@@ -104,17 +130,17 @@ for i = 1, n do
       end
     end
     if want > 0 or tokens > 0 then
-      used = used or tonumber(redis.call('GET', KEYS[1]) or '0')
-      tokens_used = tokens_used or tonumber(redis.call('GET', KEYS[2]) or '0')
-      if (limit >= 0 and used + reserved + want > limit)
-          or (token_limit >= 0 and tokens_used + tokens_reserved + tokens > token_limit) then
+      cost = tokens * per_token + want * per_call
+      if over(want, tokens, cost, g) then
         -- filling: nothing is written, the job pauses and grades the pair in a later window
         value, state, detail = 'skipped:budget', 'exhausted', tostring(used + reserved)
         if fill then value = nil end
-        leads, want, tokens = {}, 0, 0
+        leads, want, tokens, cost = {}, 0, 0, 0
       else
         reserved = reserved + want
         tokens_reserved = tokens_reserved + tokens
+        if cost_limit >= 0 then cost_reserved = cost_reserved + cost end
+        if g > 0 then group_reserved[g] = group_reserved[g] + cost end
         for _, index in ipairs(leads) do paid_in_batch[index] = true end
       end
     end
@@ -130,26 +156,29 @@ for i = 1, n do
   table.insert(out, table.concat(leads, ','))
   table.insert(out, state == 'claimed' and tostring(want) or '0')
   table.insert(out, state == 'claimed' and tostring(tokens) or '0')
+  table.insert(out, state == 'claimed' and cost or 0)  -- a number: an integer reply, never "1e+15"
 end
 for index = 1, verdict_keys do
   table.insert(out, cached[index] or '')
 end
 
--- 3. write: one HSET (in chunks) and one EXPIRE per hash; the budget once
+-- 3. write: one HSET (in chunks) and one EXPIRE per hash; each budget once
 for h, flat in pairs(writes) do
   for from = 1, #flat, 4000 do
-    redis.call('HSET', KEYS[h + 2], unpack(flat, from, math.min(from + 3999, #flat)))
+    redis.call('HSET', KEYS[h + 3], unpack(flat, from, math.min(from + 3999, #flat)))
   end
-  redis.call('EXPIRE', KEYS[h + 2], ARGV[5])
+  redis.call('EXPIRE', KEYS[h + 3], ARGV[5])
 end
-if reserved > 0 then
-  redis.call('INCRBY', KEYS[1], reserved)
-  redis.call('EXPIRE', KEYS[1], ARGV[4])
+local function add(key, amount, ttl)
+  if amount > 0 then
+    redis.call('INCRBY', key, string.format('%d', amount))
+    redis.call('EXPIRE', key, ttl)
+  end
 end
-if tokens_reserved > 0 then
-  redis.call('INCRBY', KEYS[2], tokens_reserved)
-  redis.call('EXPIRE', KEYS[2], ARGV[4])
-end
+add(KEYS[1], reserved, ARGV[4])
+add(KEYS[2], tokens_reserved, ARGV[4])
+add(KEYS[3], cost_reserved, ARGV[4])
+for g, amount in pairs(group_reserved) do add(KEYS[first_group_key + g - 1], amount, group_ttl) end
 return out
 """
 
@@ -219,15 +248,21 @@ return out
 
 # Judge calls decided while a pair is scored (``PairSpend``): a gates-first group's judges once its
 # cheap gates passed, and each retry. KEYS: the calls budget key, the tokens key, the pair's claim
-# hash. ARGV: owner, budget limit (-1: none), budget TTL, calls, the pair's field, "1" to mark the
-# pair skipped for budget when refused (still this owner's lease) as a claim that finds the budget
-# exhausted does, token limit (-1: none), token ceiling of the calls.
+# hash, the money key, the group's money key (the money key again when it has none). ARGV: owner,
+# budget limit (-1: none), budget TTL, calls, the pair's field, "1" to mark the pair skipped for
+# budget when refused (still this owner's lease) as a claim that finds the budget exhausted does,
+# token limit (-1: none), token ceiling of the calls, money limit (-1: none), their money ceiling
+# (nanos), the group's money limit (-1: none), its key's TTL.
 RESERVE = """
 local limit, calls = tonumber(ARGV[2]), tonumber(ARGV[4])
 local token_limit, tokens = tonumber(ARGV[7]), tonumber(ARGV[8])
+local cost_limit, cost, group_limit = tonumber(ARGV[9]), tonumber(ARGV[10]), tonumber(ARGV[11])
 local used = tonumber(redis.call('GET', KEYS[1]) or '0')
 local tokens_used = tonumber(redis.call('GET', KEYS[2]) or '0')
-if (limit >= 0 and used + calls > limit) or (token_limit >= 0 and tokens_used + tokens > token_limit) then
+local refused = (limit >= 0 and used + calls > limit) or (token_limit >= 0 and tokens_used + tokens > token_limit)
+  or (cost_limit >= 0 and tonumber(redis.call('GET', KEYS[4]) or '0') + cost > cost_limit)
+  or (group_limit >= 0 and tonumber(redis.call('GET', KEYS[5]) or '0') + cost > group_limit)
+if refused then
   if ARGV[6] == '1' then
     local current = redis.call('HGET', KEYS[3], ARGV[5])
     local suffix = ':' .. ARGV[1]
@@ -237,19 +272,23 @@ if (limit >= 0 and used + calls > limit) or (token_limit >= 0 and tokens_used + 
   end
   return 0
 end
-redis.call('INCRBY', KEYS[1], calls)
-redis.call('EXPIRE', KEYS[1], ARGV[3])
-if tokens > 0 then
-  redis.call('INCRBY', KEYS[2], tokens)
-  redis.call('EXPIRE', KEYS[2], ARGV[3])
+local function add(key, amount, ttl)
+  if amount > 0 then
+    redis.call('INCRBY', key, string.format('%d', amount))
+    redis.call('EXPIRE', key, ttl)
+  end
 end
+add(KEYS[1], calls, ARGV[3])
+add(KEYS[2], tokens, ARGV[3])
+if cost_limit >= 0 then add(KEYS[4], cost, ARGV[3]) end
+if group_limit >= 0 then add(KEYS[5], cost, ARGV[12]) end
 return 1
 """
 
 
-# KEYS: a project's claim hashes, then its token windows. ARGV: the done marks' TTL, the number
-# of hashes, then per hash the number of its fields and their field, value pairs; then per token
-# window the tokens to settle and its TTL. A batch's done marks and token settlements of one
+# KEYS: a project's claim hashes, then its token and money windows. ARGV: the done marks' TTL,
+# the number of hashes, then per hash the number of its fields and their field, value pairs; then
+# per window the amount to settle and its TTL. A batch's done marks and settlements of one
 # project (one hash tag) in one command, not an HSET and an EXPIRE per hash and window.
 MARK_DONE = """
 local at, hashes = 3, tonumber(ARGV[2])

@@ -32,8 +32,9 @@ from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from typing import Literal
 
-from scoring.claim_request import ClaimRequest
+from scoring.claim_request import DAY_S, ClaimRequest
 from scoring.frozen import frozen
+from scoring.prices import Rates
 from scoring.stores import keys
 from scoring.stores.claim_scripts import CLAIM, CONFIRM, MARK_DONE, RELEASE, RESERVE
 from scoring.stores.client import RedisClient
@@ -65,6 +66,7 @@ class ClaimResult:
     leads: tuple[str, ...] = ()
     calls: int = 0
     tokens: int = 0
+    cost: int = 0  # nanos, under a money cap
     cached: tuple[tuple[str, bytes], ...] = ()
 
 
@@ -99,12 +101,12 @@ class Claims:
         self._mark_done = redis.register_script(MARK_DONE)
 
     def spend(self, request: ClaimRequest, reserve: ReserveCalls | None = None,
-              tokens_reserved: int | None = None) -> PairSpend:
+              tokens_reserved: int | None = None, cost_reserved: int | None = None) -> PairSpend:
         """The pair's budget for the judge calls decided while it is scored (``scoring.ports.JudgeSpend``).
         ``reserve`` makes the reservation; the trace loop passes one that batches the pairs'.
-        ``tokens_reserved``: what its claim reserved, when the verdict cache made it less than
-        the request's ceiling."""
-        return PairSpend(request, reserve or self.reserve, tokens_reserved)
+        ``tokens_reserved``, ``cost_reserved``: what its claim reserved, when the verdict cache
+        made it less than the request's ceilings."""
+        return PairSpend(request, reserve or self.reserve, tokens_reserved, cost_reserved)
 
     async def reserve(self, reservation: Reservation) -> bool:
         """One reservation alone (``reserve_many`` of one)."""
@@ -112,10 +114,10 @@ class Claims:
         return granted
 
     async def reserve_many(self, reservations: Sequence[Reservation], now: float | None = None) -> list[bool]:
-        """Reserve more judge calls (and, under a token budget, their token ceiling) for claimed
-        pairs from their projects' windows: one script call each, one round trip for all. A
-        refusal is False, and with ``skip_when_refused`` the pair is marked skipped for budget
-        (never scored, as at claim time)."""
+        """Reserve more judge calls (and, under a token or money cap, their token and money
+        ceilings) for claimed pairs from their projects' windows: one script call each, one round
+        trip for all. A refusal is False, and with ``skip_when_refused`` the pair is marked skipped
+        for budget (never scored, as at claim time)."""
         if not reservations:
             return []
         now = time.time() if now is None else now
@@ -123,14 +125,17 @@ class Claims:
             for r in reservations:
                 request = r.request
                 window_start = int(now) // request.budget_window_s * request.budget_window_s
+                money = keys.judge_cost(request.project_id, window_start)
+                tokens = r.tokens if request.counts_tokens else 0
                 pipe.script(
                     self._reserve,
                     [keys.judge_budget(request.project_id, window_start),
-                     keys.judge_tokens(request.project_id, window_start), claim_hash(request)],
-                    [self.owner, -1 if request.budget_limit is None else request.budget_limit,
-                     request.budget_window_s * 2, r.calls, claim_field(request), int(r.skip_when_refused),
-                     -1 if request.token_limit is None else request.token_limit,
-                     r.tokens if request.token_limit is not None else 0])
+                     keys.judge_tokens(request.project_id, window_start), claim_hash(request), money,
+                     money if request.group_cost_limit is None else _group_cost_key(request, now)],
+                    [self.owner, _limit(request.budget_limit), request.budget_window_s * 2, r.calls,
+                     claim_field(request), int(r.skip_when_refused), _limit(request.token_limit), tokens,
+                     _limit(request.cost_limit), request.cost(r.calls, tokens), _limit(request.group_cost_limit),
+                     keys.GROUP_COST_TTL_S])
             replies = await pipe.execute()
         return [bool(reply) for reply in replies]
 
@@ -145,9 +150,9 @@ class Claims:
             return []
         now = time.time() if now is None else now
         # One call per project and budget (a batch's requests of a project share its budget).
-        by_project: dict[tuple[str, int | None, int, int | None], list[int]] = defaultdict(list)
+        by_project: dict[tuple[str, int | None, int, int | None, int | None], list[int]] = defaultdict(list)
         for i, r in enumerate(requests):
-            by_project[(r.project_id, r.budget_limit, r.budget_window_s, r.token_limit)].append(i)
+            by_project[(r.project_id, r.budget_limit, r.budget_window_s, r.token_limit, r.cost_limit)].append(i)
         results: list[ClaimResult | None] = [None] * len(requests)
         looked_up: list[list[str]] = []  # per project: its verdict keys, in the script's order
         async with ScriptPipeline(self._redis) as pipe:
@@ -156,45 +161,58 @@ class Claims:
                 window_start = int(now) // first.budget_window_s * first.budget_window_s
                 hashes: dict[str, int] = {}
                 verdicts: dict[str, int] = {}
+                group_caps: dict[str, int] = {}  # the groups' money keys (their day), and caps
                 args: list[str | int] = []
                 for i in indexes:
                     r = requests[i]
                     spec = ",".join(f"{0 if key is None else verdicts.setdefault(key, len(verdicts) + 1)}:{ceiling}"
                                     for key, ceiling in lookups[i]) if lookups is not None else ""
+                    group = 0
+                    if r.group_cost_limit is not None:
+                        group_key = _group_cost_key(r, now)
+                        group_caps.setdefault(group_key, r.group_cost_limit)
+                        group = list(group_caps).index(group_key) + 1
+                    rates = r.rates if r.counts_cost else Rates()
                     args += [hashes.setdefault(claim_hash(r), len(hashes) + 1), claim_field(r), r.judge_calls,
-                             r.judge_tokens, r.revision, spec]
-                header: list[str | int] = [self.owner, self.lease_ms,
-                                           -1 if first.budget_limit is None else first.budget_limit,
-                                           first.budget_window_s * 2, self._done_ttl_s,
-                                           -1 if first.token_limit is None else first.token_limit,
-                                           int(self.fill), len(hashes), len(verdicts), *verdicts]
+                             r.judge_tokens if r.counts_tokens else 0, r.revision, spec,
+                             rates.per_token, rates.per_call, group]
+                header: list[str | int] = [self.owner, self.lease_ms, _limit(first.budget_limit),
+                                           first.budget_window_s * 2, self._done_ttl_s, _limit(first.token_limit),
+                                           int(self.fill), len(hashes), len(verdicts), _limit(first.cost_limit),
+                                           len(group_caps), keys.GROUP_COST_TTL_S, *verdicts, *group_caps.values()]
                 looked_up.append(list(verdicts))
                 buckets = [keys.judge_verdicts(first.project_id, b) for b in verdict_buckets] if verdicts else []
                 pipe.script(self._claim, [keys.judge_budget(first.project_id, window_start),
-                                          keys.judge_tokens(first.project_id, window_start), *hashes, *buckets],
+                                          keys.judge_tokens(first.project_id, window_start),
+                                          keys.judge_cost(first.project_id, window_start),
+                                          *hashes, *group_caps, *buckets],
                             header + args)
             replies = await pipe.execute()
         for indexes, reply, verdict_keys in zip(by_project.values(), replies, looked_up, strict=True):
-            stored_verdicts = dict(zip(verdict_keys, reply[5 * len(indexes):], strict=True))
+            stored_verdicts = dict(zip(verdict_keys, reply[STRIDE * len(indexes):], strict=True))
             for n, i in enumerate(indexes):
-                leads = _text(reply[5 * n + 2])
+                at = STRIDE * n
+                leads = _text(reply[at + 2])
                 mine = lookups[i] if lookups is not None else ()
                 found = tuple((key, value if isinstance(value, bytes) else value.encode()) for key, _ in mine
                               if key is not None and (value := stored_verdicts[key]))
                 ours = tuple(verdict_keys[int(k) - 1] for k in leads.split(",")) if leads else ()
-                results[i] = ClaimResult(state=_text(reply[5 * n]), detail=_text(reply[5 * n + 1]),  # type: ignore[arg-type]
-                                         leads=ours, calls=int(reply[5 * n + 3]), tokens=int(reply[5 * n + 4]),
-                                         cached=found)
+                results[i] = ClaimResult(state=_text(reply[at]), detail=_text(reply[at + 1]),  # type: ignore[arg-type]
+                                         leads=ours, calls=int(reply[at + 3]), tokens=int(reply[at + 4]),
+                                         cost=int(reply[at + 5]), cached=found)
         return results  # type: ignore[return-value]
 
     async def mark_done(self, done: list[tuple[ClaimRequest, str]],
                         tokens: Sequence[tuple[ClaimRequest, int]] = (), now: float | None = None,
-                        saved: Sequence[tuple[ClaimRequest, int, int]] = ()) -> None:
+                        saved: Sequence[tuple[ClaimRequest, int, int]] = (),
+                        costs: Sequence[tuple[ClaimRequest, int]] = ()) -> None:
         """Mark pairs done with their rating ids, once their outputs are acknowledged. ``tokens``
         settles the pairs' judge tokens in their windows (the usage reported less the ceilings
-        reserved); ``saved`` counts the (calls, tokens) the verdict cache saved them in their
-        windows. One script call per project, pipelined: a round trip for the batch."""
-        if not done and not tokens and not saved:
+        reserved), ``costs`` their money (nanos: what the calls cost less the ceilings) in their
+        project's window and group's day; ``saved`` counts the (calls, tokens) the verdict cache
+        saved them in their windows. One script call per project, pipelined: a round trip for
+        the batch."""
+        if not done and not tokens and not saved and not costs:
             return
         now = time.time() if now is None else now
         by_project: dict[str, tuple[dict[str, dict[str, str]], dict[tuple[str, int], int]]] = {}
@@ -205,7 +223,16 @@ class Claims:
             if delta:
                 window_s = request.budget_window_s
                 _, settle = by_project.setdefault(request.project_id, ({}, defaultdict(int)))
-                settle[(keys.judge_tokens(request.project_id, int(now) // window_s * window_s), window_s)] += delta
+                settle[(keys.judge_tokens(request.project_id, int(now) // window_s * window_s), window_s * 2)] += delta
+        for request, delta in costs:
+            if delta:
+                window_s = request.budget_window_s
+                _, settle = by_project.setdefault(request.project_id, ({}, defaultdict(int)))
+                if request.cost_limit is not None:
+                    window = keys.judge_cost(request.project_id, int(now) // window_s * window_s)
+                    settle[(window, window_s * 2)] += delta
+                if request.group_cost_limit is not None:
+                    settle[(_group_cost_key(request, now), keys.GROUP_COST_TTL_S)] += delta
         async with ScriptPipeline(self._redis) as pipe:
             for hashes, settle in by_project.values():
                 args: list[str | int] = [self._done_ttl_s, len(hashes)]
@@ -213,8 +240,8 @@ class Claims:
                     args.append(len(fields))
                     for field, value in fields.items():
                         args += [field, value]
-                for (_, window_s), delta in settle.items():
-                    args += [delta, window_s * 2]
+                for (_, ttl_s), delta in settle.items():
+                    args += [delta, ttl_s]
                 pipe.script(self._mark_done, [*hashes, *(key for key, _ in settle)], args)
             for (key, window_s), (calls, spared) in _saved_by_window(saved, now).items():
                 pipe.redis.hincrby(key, "calls", calls)
@@ -280,6 +307,17 @@ class Claims:
                                                 ["calls", "tokens"])
         return int(calls or 0), int(tokens or 0)
 
+    async def cost_used(self, project_id: str, window_s: int, now: float | None = None) -> int:
+        """Nanos of money of the window under a money cap: what calls settled cost, plus the
+        ceilings of calls not settled yet."""
+        now = time.time() if now is None else now
+        return int(await self._redis.get(keys.judge_cost(project_id, int(now) // window_s * window_s)) or 0)
+
+    async def group_cost_used(self, project_id: str, group_id: str, now: float | None = None) -> int:
+        """Nanos of money of the group's day (UTC) under its ``maxCostPerDay``."""
+        now = time.time() if now is None else now
+        return int(await self._redis.get(keys.judge_group_cost(project_id, group_id, int(now) // DAY_S)) or 0)
+
     async def tokens_used(self, project_id: str, window_s: int, now: float | None = None) -> int:
         """Judge tokens of the window: the usage of calls settled, plus the ceilings of calls not
         settled yet (in flight, or whose worker stopped before it could settle them)."""
@@ -308,14 +346,17 @@ ReserveCalls = Callable[[Reservation], Awaitable[bool]]
 
 class PairSpend:
     """One claimed pair's ``JudgeSpend``: its reservations go to its project's budget window, and
-    it remembers the token ceilings reserved, so that ``settlement`` can turn them into the usage
-    the judges reported."""
+    it remembers the token and money ceilings reserved, so that ``settlement`` and
+    ``cost_settlement`` can turn them into the usage and cost the judges reported."""
 
-    def __init__(self, request: ClaimRequest, reserve: ReserveCalls, tokens_reserved: int | None = None) -> None:
+    def __init__(self, request: ClaimRequest, reserve: ReserveCalls, tokens_reserved: int | None = None,
+                 cost_reserved: int | None = None) -> None:
         self.request, self._reserve_one = request, reserve
-        self.counts_tokens = request.token_limit is not None
+        self.counts_tokens = request.counts_tokens
         claimed = request.judge_tokens if tokens_reserved is None else tokens_reserved
         self.tokens_reserved = claimed if self.counts_tokens else 0
+        self.cost_reserved = request.cost(request.judge_calls, self.tokens_reserved) if cost_reserved is None \
+            else cost_reserved
 
     async def reserve_panel(self, calls: int, tokens: int) -> bool:
         return await self._reserve(calls, tokens, skip_when_refused=True)
@@ -326,13 +367,35 @@ class PairSpend:
     async def _reserve(self, calls: int, tokens: int, *, skip_when_refused: bool) -> bool:
         tokens = tokens if self.counts_tokens else 0
         granted = await self._reserve_one(Reservation(self.request, calls, tokens, skip_when_refused))
-        self.tokens_reserved += tokens if granted else 0
+        if granted:
+            self.tokens_reserved += tokens
+            self.cost_reserved += self.request.cost(calls, tokens)
         return granted
 
     def settlement(self, tokens_reported: int) -> int:
         """What to add to the window's tokens once the pair is done: the usage reported less
         the ceilings reserved (negative under a token budget: the ceiling overshoots)."""
         return tokens_reported - self.tokens_reserved
+
+    def cost_settlement(self, cost_reported: int | None) -> int:
+        """What to add to the money of the window (and the group's day) once the pair is done:
+        what its calls cost (nanos) less the ceilings reserved. Unknown (a call whose API did
+        not report its tokens): the ceilings stay, never less than it may have cost."""
+        if not self.request.counts_cost or cost_reported is None:
+            return 0
+        return cost_reported - self.cost_reserved
+
+
+STRIDE = 6  # the claim script's reply per pair: state, detail, leads, calls, tokens, money
+
+
+def _limit(cap: int | None) -> int:
+    return -1 if cap is None else cap
+
+
+def _group_cost_key(request: ClaimRequest, now: float) -> str:
+    """The group's money key of today (UTC): the day the money is spent, not the subject's."""
+    return keys.judge_group_cost(request.project_id, request.group_id, int(now) // DAY_S)
 
 
 def _saved_by_window(saved: Sequence[tuple[ClaimRequest, int, int]],

@@ -155,6 +155,22 @@ def judge_tokens(project_id: str, window_start: int) -> str:
     return f"online-judge-tokens:{{{project_id}}}:{window_start}"
 
 
+# Money of the same window (issue 58), in whole nanos of the currency: what a money cap
+# reserves (the cost of a call's token ceiling at its model's price) and what settles it (what
+# the call cost); kept only under a cap, as tokens are.
+def judge_cost(project_id: str, window_start: int) -> str:
+    return f"online-judge-cost:{{{project_id}}}:{window_start}"
+
+
+# A group's money of a day (UTC), under its ``online.maxCostPerDay``: one rubric cannot eat its
+# project's budget. The project's hash tag: the claim script updates it with the project's keys.
+def judge_group_cost(project_id: str, group_id: str, day: int) -> str:
+    return f"online-judge-group-cost:{{{project_id}}}:{group_id}:{day}"
+
+
+GROUP_COST_TTL_S = 2 * 86_400  # a day's, read through that day
+
+
 # What the verdict cache saved a project in a budget window (hash: calls, tokens): shown beside
 # what the window used (GET /v1/budgets/{projectId}).
 def judge_saved(project_id: str, window_start: int) -> str:

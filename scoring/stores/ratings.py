@@ -2,7 +2,8 @@
 verdicts, in Redis.
 
 Every group result lands in one time bucket per chart window (1h, 24h, 7d, 30d), each bucket a
-small hash of count, scored, sum, min, max, below-threshold and no-score counts. Bucket sizes
+small hash of count, scored, sum, min, max, below-threshold and no-score counts, and what the
+judge calls cost (in all and per member). Bucket sizes
 grow with the window, so a group costs a bounded number of keys however busy it is, and each
 bucket expires once no window can show it.
 """
@@ -12,10 +13,11 @@ from __future__ import annotations
 import math
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 
 import orjson
 
+from scoring.prices import NANOS
 from scoring.results import HistoryEntry
 from scoring.stores import keys
 from scoring.stores.client import RedisClient
@@ -169,6 +171,15 @@ class Bucket:
     no_score: int
     skipped: int = 0  # skipped for budget: sampled in, never scored
     matched: int = 0  # traces (turns) that passed the group's filter, sampled or not
+    # What its judge calls cost (nanos, scoring.prices): in all and by member ref id, and the
+    # calls whose cost is unknown (an unpriced model: the spend shown is a floor then).
+    cost: int = 0
+    member_cost: tuple[tuple[str, int], ...] = ()
+    unpriced: int = 0
+
+    def cost_wire(self) -> dict[str, object]:
+        return {"cost": self.cost / NANOS, "memberCost": {ref: n / NANOS for ref, n in self.member_cost},
+                "unpricedCalls": self.unpriced}
 
 
 @dataclass(frozen=True, slots=True)
@@ -207,15 +218,26 @@ class RatingsHistory:
     def matched(self) -> int:
         return sum(b.matched for b in self.buckets)
 
+    def spend(self) -> Bucket:
+        """The window's spend in one bucket: its cost, by member, and the calls unpriced."""
+        by_member: dict[str, int] = {}
+        for b in self.buckets:
+            for ref, n in b.member_cost:
+                by_member[ref] = by_member.get(ref, 0) + n
+        return Bucket(0, self.count, self.scored, None, None, None, 0, 0, cost=sum(b.cost for b in self.buckets),
+                      member_cost=tuple(sorted(by_member.items())), unpriced=sum(b.unpriced for b in self.buckets))
+
     def wire(self) -> dict[str, object]:
         return {
             "groupId": self.group_id, "window": self.window, "bucketSeconds": self.bucket_seconds,
             "count": self.count, "scored": self.scored, "mean": self.mean,
             "belowThreshold": self.below, "noScore": self.no_score, "skipped": self.skipped,
-            "matched": self.matched,
+            "matched": self.matched, **(spend := self.spend()).cost_wire(),
+            # what a result cost, on average: the window's spend over its results
+            "costPerResult": spend.cost / NANOS / self.count if self.count else None,
             "buckets": [{"start": b.start, "count": b.count, "scored": b.scored, "mean": b.mean,
                          "min": b.min, "max": b.max, "belowThreshold": b.below, "noScore": b.no_score,
-                         "skipped": b.skipped, "matched": b.matched}
+                         "skipped": b.skipped, "matched": b.matched, **b.cost_wire()}
                         for b in self.buckets],
         }
 
@@ -231,8 +253,13 @@ class _Aggregate:
     no_score: int = 0
     skipped: int = 0
     matched: int = 0
+    costs: dict[str, int] = field(default_factory=dict)  # nanos by member ref id
+    unpriced: int = 0
 
     def add(self, entry: HistoryEntry) -> None:
+        for ref, n in entry.costs:
+            self.costs[ref] = self.costs.get(ref, 0) + n
+        self.unpriced += entry.unpriced
         self.count += 1
         if entry.rating is None:
             self.no_score += 1
@@ -267,6 +294,21 @@ def _bucket_keys(group_id: str, at: float,
         names.append(key(group_id, bucket_s, start))
         ttls.append(window_s + bucket_s)
     return names, ttls
+
+
+def _add_spend(pipe: ScriptPipeline, buckets: list[str], agg: _Aggregate) -> None:
+    """The judge calls' cost into the buckets the script just counted in (and gave their
+    expiry): "cost" and "cost:<ref id>" in nanos, "unpriced" calls. Nothing without calls."""
+    if not agg.costs and not agg.unpriced:
+        return
+    total = sum(agg.costs.values())
+    for name in buckets:
+        if total:
+            pipe.redis.hincrby(name, "cost", total)
+        for ref, n in agg.costs.items():
+            pipe.redis.hincrby(name, f"cost:{ref}", n)
+        if agg.unpriced:
+            pipe.redis.hincrby(name, "unpriced", agg.unpriced)
 
 
 def _mark_active(pipe: ScriptPipeline, last: Mapping[str, float]) -> None:
@@ -305,6 +347,7 @@ class RatingsStore:
                               keys.group_judge_calls(group_id)]
                     args += [keys.RESULTS_KEPT, keys.RESULTS_TTL_S, keys.RESULTS_INDEX_TRIM_EVERY, *documents]
                 pipe.script(self._record, names, args)
+                _add_spend(pipe, names[:len(ttls)], agg)
             for (group_id, at), agg in _aggregate([e for e in entries if e.past]).items():
                 names, ttls = _bucket_keys(group_id, at, keys.rating_bucket_past)
                 pipe.script(self._record, names, [*agg.args(), len(names), *ttls])
@@ -415,4 +458,5 @@ def _bucket(start: int, h: dict[bytes, bytes]) -> Bucket:
                   mean=(total / scored) if scored and total is not None else None,
                   min=num("min"), max=num("max"), below=int(h.get(b"below", 0)),
                   no_score=int(h.get(b"noscore", 0)), skipped=int(h.get(b"skipped", 0)),
-                  matched=int(h.get(b"matched", 0)))
+                  matched=int(h.get(b"matched", 0)), cost=int(h.get(b"cost", 0)), unpriced=int(h.get(b"unpriced", 0)),
+                  member_cost=tuple(sorted((k[5:].decode(), int(v)) for k, v in h.items() if k.startswith(b"cost:"))))

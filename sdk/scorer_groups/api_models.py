@@ -43,6 +43,12 @@ class RatingBucket(ApiModel):
     skipped: int = Field(0, description="Pairs sampled in but not scored: the judge budget was exhausted.")
     matched: int = Field(0, description="Traces (session turns) that passed the group's filter, sampled or not: "
                                         "the traffic the group is aimed at.")
+    cost: float = Field(0.0, description="What the group's judge calls cost, in the operators' currency "
+                                         "(SGW_JUDGE_PRICES): the calls made - a verdict the cache paid for "
+                                         "costs nothing again. A floor when unpricedCalls > 0.")
+    member_cost: dict[str, float] = Field(default_factory=dict, description="That cost by member (its refId).")
+    unpriced_calls: int = Field(0, description="Judge calls whose cost is unknown: a model without a price, or "
+                                               "an answer without its token counts. Never counted as free.")
 
 
 class Ratings(ApiModel):
@@ -59,6 +65,12 @@ class Ratings(ApiModel):
     skipped: int = Field(0, description="Pairs sampled in but not scored: the judge budget was exhausted.")
     matched: int = Field(0, description="Traces (session turns) that passed the group's filter, sampled or not: "
                                         "the traffic the group is aimed at.")
+    cost: float = Field(0.0, description="What the window's judge calls cost, in ``currency``.")
+    member_cost: dict[str, float] = Field(default_factory=dict, description="That cost by member (its refId).")
+    unpriced_calls: int = Field(0, description="Judge calls whose cost is unknown (the cost is a floor then).")
+    cost_per_result: float | None = Field(None, description="The window's cost over its results: what a rated "
+                                                            "trace (session, span) costs. Null without results.")
+    currency: str = Field("USD", description="The currency of the costs (SGW_CURRENCY).")
     buckets: list[RatingBucket]
 
 
@@ -102,6 +114,10 @@ class BudgetUse(ApiModel):
     judge_calls_saved: int = Field(0, description="Judge calls the verdict cache saved: verdicts paid for already "
                                                   "(the same judge, model and messages), reserved and made never.")
     judge_tokens_saved: int = Field(0, description="The tokens those calls cost when they were paid for.")
+    judge_cost: float | None = Field(None, description="Under a money cap (judgeCostPerWindow), what the window's "
+                                                       "judge calls cost, in the operators' currency: settled "
+                                                       "calls at their price, plus the ceilings of calls in "
+                                                       "flight. Null without one.")
 
 
 class BudgetView(Budget):

@@ -78,6 +78,9 @@ Id = Annotated[str, StringConstraints(min_length=1, max_length=128, strip_whites
 # number (a double) and in Redis' 64-bit integers, so larger values are refused at save.
 MAX_BUDGET_CALLS = 10**12
 MAX_BUDGET_TOKENS = 10**15  # exact in a double as well, and past any real spend
+# Money (issue 58), in the operators' currency (SGW_CURRENCY): kept as whole nanos of it in Redis,
+# so a cap of 10**6 is 10**15 nanos: exact in a double, as the claim script counts them.
+MAX_BUDGET_COST = 10**6
 Name = Annotated[str, StringConstraints(min_length=1, max_length=200, strip_whitespace=True)]
 Text = Annotated[str, StringConstraints(min_length=1, max_length=20_000)]
 
@@ -194,6 +197,13 @@ class OnlineProfile(WireModel):
                                                           "Spearman correlation with people, over the "
                                                           "group's last 50 labelled review items (10 at "
                                                           "least), falls under it (0-1).")
+    # Money (issue 58): one rubric cannot eat its project's budget. Its judge calls reserve their
+    # cost ceiling from the group's day (UTC), settled to what they cost.
+    max_cost_per_day: float | None = Field(None, ge=0, le=MAX_BUDGET_COST, allow_inf_nan=False,
+                                           exclude_if=lambda v: v is None,
+                                           description="Optional: what the group's judge calls may cost a "
+                                                       "day (UTC), in the operators' currency; past it, its "
+                                                       "pairs are skipped for budget.")
 
     @model_validator(mode="after")
     def _alerts_fit(self) -> OnlineProfile:
@@ -359,7 +369,8 @@ class CustomEvaluator(WireModel):
 
 class Budget(WireModel):
     """A project's online judge budget: N calls per fixed window, and optionally a number of
-    tokens (each call reserves a ceiling of its tokens, settled to its reported usage after).
+    tokens and an amount of money (each call reserves a ceiling of its tokens and of their cost,
+    settled to its reported usage after).
 
     The operators set it (an operator key, the CLI or the catalog file): the judge endpoint and
     its bill are theirs. The project's own key may only lower it, within the operators' figures:
@@ -371,6 +382,12 @@ class Budget(WireModel):
     judge_tokens_per_window: int | None = Field(None, ge=0, le=MAX_BUDGET_TOKENS)
     project_judge_calls_per_window: int | None = Field(None, ge=0, le=MAX_BUDGET_CALLS)
     project_judge_tokens_per_window: int | None = Field(None, ge=0, le=MAX_BUDGET_TOKENS)
+    # Money, in the operators' currency (SGW_CURRENCY): a call reserves the cost of its token
+    # ceiling at its model's price, settled to what it cost (scoring.prices).
+    judge_cost_per_window: float | None = Field(None, ge=0, le=MAX_BUDGET_COST, allow_inf_nan=False,
+                                                exclude_if=lambda v: v is None)
+    project_judge_cost_per_window: float | None = Field(None, ge=0, le=MAX_BUDGET_COST, allow_inf_nan=False,
+                                                        exclude_if=lambda v: v is None)
 
     @property
     def calls_cap(self) -> int:
@@ -382,6 +399,12 @@ class Budget(WireModel):
     def tokens_cap(self) -> int | None:
         """The judge tokens a window may take (None: no token cap)."""
         caps = [c for c in (self.judge_tokens_per_window, self.project_judge_tokens_per_window) if c is not None]
+        return min(caps) if caps else None
+
+    @property
+    def cost_cap(self) -> float | None:
+        """What a window's judge calls may cost (None: no money cap)."""
+        caps = [c for c in (self.judge_cost_per_window, self.project_judge_cost_per_window) if c is not None]
         return min(caps) if caps else None
 
 

@@ -67,6 +67,10 @@ def test_the_console_from_sign_in_to_an_edit(env: Env, browser: Any) -> None:
     assert len(points) == len(env.hours) and browser.find_elements(By.CSS_SELECTOR, "#chart polygon.band")
     summary = browser.find_element(By.ID, "chart-summary").text
     assert f"{env.results} results" in summary and f"{len(env.hours)} below the threshold" in summary
+    spend = browser.find_element(By.ID, "chart-spend").text  # 11 calls at 0.0025 USD, one of unknown cost
+    assert "Spend: 0.0275 USD over" in spend and "and 1 call(s) of unknown cost" in spend, spend
+    assert f"({0.0275 / env.results:.6f}".rstrip("0") + " USD a result)" in spend, spend
+    assert "0.0275 USD over the last day" in spend, spend
 
     # Recent results, newest first, with the switch between the blend and the members' verdicts.
     results = wait_for(browser, "#results .result", 12)

@@ -100,7 +100,10 @@ def env(redis_databases: RedisDatabases, tmp_path_factory: pytest.TempPathFactor
             for n, hour in enumerate(hours):
                 for k, score in enumerate((4.0, 7.0, 9.0)):
                     r = a_rating(group, n * 3 + k, score, now - hour * 3600)
-                    events.append(HistoryEntry(group.id, score, score < 6, r.scored_at.timestamp(), r.to_json()))
+                    # its judge call's cost, in nanos (0.0025 USD); the first one's is unknown (unpriced)
+                    events.append(HistoryEntry(group.id, score, score < 6, r.scored_at.timestamp(), r.to_json(),
+                                               costs=() if not events else ((helpful.id, 2_500_000),),
+                                               unpriced=0 if events else 1))
             asyncio.run(record(url, events))
             yield Env(api, key, group, xss, hours, len(events), url)
         finally:

@@ -332,7 +332,7 @@ async def _scores(engine: ScoringEngine, redis: object, catalog: CatalogSnapshot
     group = ScorerGroup(id=f"alignment:{run_id}", name="alignment", project_id=project,
                         members=[Member(kind="judge", ref_id=judge_id, weight=1)])
     plan = GradingPlan(group, [])
-    spend = RunSpend(Claims(redis), run_id, plan, catalog)  # type: ignore[arg-type]
+    spend = RunSpend(Claims(redis), run_id, plan, catalog, engine.panel.pricing)  # type: ignore[arg-type]
     try:
         granted = await spend.reserve(rows)
         graded = await grade_rows(engine.panel, catalog, plan, granted, spends=spend.spends,

@@ -272,7 +272,8 @@ async def _grade(request: Request, project: str, run: EvaluationRun,
     found = await cache.look_up(group, catalog, [  # verdicts paid for already reserve nothing
         (str(row.id), rating_id(group.id, f"dataset:{run.id}:{row.id}"), row.subject(group.project_id))
         for row in rows])
-    spend = RunSpend(Claims(redis), run.id, plan, catalog)  # the project's judge budget, as live pairs spend it
+    # the project's judge budget, as live pairs spend it
+    spend = RunSpend(Claims(redis), run.id, plan, catalog, engine.panel.pricing)
     try:
         granted = await spend.reserve(rows, found)
         graded = await grade_rows(engine.panel, catalog, plan, granted, spends=spend.spends,

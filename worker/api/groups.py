@@ -150,9 +150,10 @@ async def delete_group(group_id: GroupId, client: Client, if_match: IfMatch = No
 
 
 @router.get("/scorer-groups/{id}/ratings", response_model=Ratings)
-async def group_ratings(group_id: GroupId, client: Client,
+async def group_ratings(group_id: GroupId, client: Client, request: Request,
                         window: Literal["1h", "24h", "7d", "30d"] = "7d") -> dict[str, object]:
-    return (await client.scorer_groups.ratings(group_id, window=window)).wire()
+    history = (await client.scorer_groups.ratings(group_id, window=window)).wire()
+    return {**history, "currency": request.app.state.settings.currency}
 
 
 @router.get("/scorer-groups/{id}/results", response_model=ResultsPage)

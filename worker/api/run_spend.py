@@ -18,7 +18,8 @@ from consumers.batcher import Batcher
 from scoring.catalog import CatalogSnapshot
 from scoring.claim_request import day_of
 from scoring.dataset import DatasetRow, DatasetRun, GradingPlan
-from scoring.results import tokens_of
+from scoring.prices import NO_PRICING, Pricing
+from scoring.results import cost_of, tokens_of
 from scoring.routing import pair_of
 from scoring.stores.claims import Claims, PairSpend, Reservation
 from scoring.unclaimed_verdicts import UnclaimedVerdicts
@@ -31,8 +32,10 @@ class RunSpend:
     """One finalize's share of its project's judge budget: ``reserve`` the rows, grade them with
     ``spends``, ``settle``, then ``close``."""
 
-    def __init__(self, claims: Claims, run_id: str, plan: GradingPlan, catalog: CatalogSnapshot) -> None:
+    def __init__(self, claims: Claims, run_id: str, plan: GradingPlan, catalog: CatalogSnapshot,
+                 pricing: Pricing = NO_PRICING) -> None:
         self._claims, self._run_id, self._group, self._catalog = claims, run_id, plan.group, catalog
+        self._pricing = pricing
         self._reserver: Batcher[Reservation, bool] = Batcher(claims.reserve_many)
         self.spends: dict[str, PairSpend] = {}  # by row id: the rows whose calls were reserved
 
@@ -43,7 +46,8 @@ class RunSpend:
         by row id: ``scoring.unclaimed_verdicts``), are not reserved."""
         day = day_of(time.time())
         claims = [pair_of(self._group, row.subject(self._group.project_id), self._catalog,
-                          subject_key=f"evaluation:{self._run_id}:{row.id}", day=day).claim for row in rows]
+                          subject_key=f"evaluation:{self._run_id}:{row.id}", day=day, pricing=self._pricing).claim
+                  for row in rows]
         asks: list[tuple[int, int]] = []  # (calls, tokens) each row reserves
         for row, claim in zip(rows, claims, strict=True):
             free_calls, free_tokens = UnclaimedVerdicts.covered((verdicts or {}).get(str(row.id)))
@@ -59,7 +63,8 @@ class RunSpend:
             for row, claim, (calls, tokens) in chunk:
                 if not calls or next(answers):
                     granted.append(row)
-                    self.spends[str(row.id)] = self._claims.spend(claim, self._reserve_one, tokens)
+                    self.spends[str(row.id)] = self._claims.spend(claim, self._reserve_one, tokens,
+                                                                  claim.cost(calls, tokens))
         return granted
 
     async def _reserve_one(self, reservation: Reservation) -> bool:
@@ -69,16 +74,18 @@ class RunSpend:
     async def settle(self, graded: DatasetRun, verdicts: Mapping[str, PairVerdicts] | None = None) -> None:
         """The window's tokens settled to what the judges reported (less the ceilings reserved),
         and what the verdict cache saved the rows counted (``verdicts``: by row id)."""
-        settled, saved = [], []
+        settled, costs, saved = [], [], []
         for r in graded.rows:
             spend = self.spends.get(str(r.row.id))
             if spend is None:
                 continue
             settled.append((spend.request, spend.settlement(tokens_of(r.result))))
+            costs.append((spend.request, spend.cost_settlement(cost_of(r.result))))
             spared = savings((m.outcome for m in r.result.blend.members), (verdicts or {}).get(str(r.row.id)))
             if spared.hits:
                 saved.append((spend.request, spared.hits, spared.tokens))
-        await self._claims.mark_done([], tokens=[(request, delta) for request, delta in settled if delta], saved=saved)
+        await self._claims.mark_done([], tokens=[(request, delta) for request, delta in settled if delta], saved=saved,
+                                     costs=[(request, delta) for request, delta in costs if delta])
 
     async def close(self) -> None:
         await self._reserver.stop()

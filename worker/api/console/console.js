@@ -201,10 +201,11 @@ async function drawChart(container, group, window) {
   const tabs = el("div", { class: "tabs", role: "group" }, WINDOWS.map((w) =>
     el("button", { type: "button", "aria-pressed": w === window ? "true" : "false", dataset: { window: w },
                    onclick: () => drawChart(container, group, w) }, w)));
-  let history, level;
+  let history, level, day;
+  const ratings = (w) => api("GET", `/v1/scorer-groups/${encodeURIComponent(group.id)}/ratings?window=${w}`);
   try {
-    [history, level] = await Promise.all([
-      api("GET", `/v1/scorer-groups/${encodeURIComponent(group.id)}/ratings?window=${window}`), groupLevel(group)]);
+    [history, level, day] = await Promise.all([ratings(window), groupLevel(group),
+                                               window === "24h" ? null : ratings("24h")]);
   } catch (error) {
     container.replaceChildren(tabs, failure(error));
     return;
@@ -260,7 +261,18 @@ async function drawChart(container, group, window) {
     `${history.noScore} without a score; ${history.skipped} skipped for budget; `,
     el("span", { id: "chart-matched" }, group.online && group.online.filter
       ? `${history.matched} traces matched the filter` : `${history.matched} traces of the project seen`));
-  container.replaceChildren(tabs, plot, summary);
+  container.replaceChildren(tabs, plot, summary, spendLine(history, day || history));
+}
+
+// What the group's judge calls cost (SGW_JUDGE_PRICES): the window's, a result's on average, the
+// last day's. Calls of an unpriced model are named: the figure is a floor then, never "free".
+function spendLine(history, day) {
+  const money = (v) => `${v.toLocaleString(undefined, { maximumFractionDigits: v < 1 ? 6 : 2 })} ${history.currency}`;
+  const unknown = (h) => h.unpricedCalls ? ` and ${h.unpricedCalls} call(s) of unknown cost` : "";
+  return el("p", { id: "chart-spend", class: "muted" },
+    `Spend: ${money(history.cost)} over ${history.window}${unknown(history)}`,
+    history.costPerResult === null ? "" : ` (${money(history.costPerResult)} a result)`,
+    `; ${money(day.cost)} over the last day${unknown(day)}.`);
 }
 
 function traceLink(traceId) {
