@@ -296,6 +296,8 @@ class HistoryEntry:
     # verdict the cache paid for - and how many calls' cost is unknown (an unpriced model).
     costs: tuple[tuple[str, int], ...] = ()
     unpriced: int = 0
+    judge_calls: int = 0  # the calls made, and their tokens: a backfill's estimate averages them
+    tokens: int = 0
 
 
 def tokens_of(result: GroupResult) -> int:
@@ -341,6 +343,8 @@ def history_entry(group: ScorerGroup, rating: Rating | PublishedRating, document
     calls = b"" if result is None else encode_calls(
         [(m.outcome.ref_id, m.outcome.name, m.outcome.calls) for m in result.blend.members if m.outcome.calls])
     costs, unpriced = member_costs(result) if result is not None else ((), 0)
+    made = 0 if result is None else sum(c.cached_from is None for m in result.blend.members for c in m.outcome.calls)
     return HistoryEntry(group.id, rating.rating, below_threshold(group, rating.rating),
                         rating.scored_at.timestamp() if at is None else at, document, past=at is not None,
-                        rating_id=rating.id, calls=calls, costs=costs, unpriced=unpriced)
+                        rating_id=rating.id, calls=calls, costs=costs, unpriced=unpriced, judge_calls=made,
+                        tokens=0 if result is None else tokens_of(result))

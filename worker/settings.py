@@ -157,6 +157,10 @@ class Settings(BaseSettings):
     max_trace_bytes: int = Field(
         1_048_576, ge=1024, description="A trace record larger than this goes to the DLQ."
     )
+    backfill_estimate_records: int = Field(
+        2_000, ge=10, le=1_000_000, description="Records a backfill's dry run reads of its window, at most, "
+        "spread over it: the estimate's cost is bounded whatever the window, and its error says how close it is.",
+    )
     max_spans_per_trace: int = Field(
         50, ge=1, le=10_000, description="Spans one span-scope group grades in one trace, at most (the first in the "
         "trace's order); those past it are counted in sgw_groups_skipped_total{why=\"span_cap\"}, so a "

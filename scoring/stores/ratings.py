@@ -176,10 +176,12 @@ class Bucket:
     cost: int = 0
     member_cost: tuple[tuple[str, int], ...] = ()
     unpriced: int = 0
+    judge_calls: int = 0  # the judge calls made, and the tokens they reported
+    tokens: int = 0
 
     def cost_wire(self) -> dict[str, object]:
         return {"cost": self.cost / NANOS, "memberCost": {ref: n / NANOS for ref, n in self.member_cost},
-                "unpricedCalls": self.unpriced}
+                "unpricedCalls": self.unpriced, "judgeCalls": self.judge_calls, "tokens": self.tokens}
 
 
 @dataclass(frozen=True, slots=True)
@@ -225,7 +227,8 @@ class RatingsHistory:
             for ref, n in b.member_cost:
                 by_member[ref] = by_member.get(ref, 0) + n
         return Bucket(0, self.count, self.scored, None, None, None, 0, 0, cost=sum(b.cost for b in self.buckets),
-                      member_cost=tuple(sorted(by_member.items())), unpriced=sum(b.unpriced for b in self.buckets))
+                      member_cost=tuple(sorted(by_member.items())), unpriced=sum(b.unpriced for b in self.buckets),
+                      judge_calls=sum(b.judge_calls for b in self.buckets), tokens=sum(b.tokens for b in self.buckets))
 
     def wire(self) -> dict[str, object]:
         return {
@@ -255,11 +258,15 @@ class _Aggregate:
     matched: int = 0
     costs: dict[str, int] = field(default_factory=dict)  # nanos by member ref id
     unpriced: int = 0
+    judge_calls: int = 0
+    tokens: int = 0
 
     def add(self, entry: HistoryEntry) -> None:
         for ref, n in entry.costs:
             self.costs[ref] = self.costs.get(ref, 0) + n
         self.unpriced += entry.unpriced
+        self.judge_calls += entry.judge_calls
+        self.tokens += entry.tokens
         self.count += 1
         if entry.rating is None:
             self.no_score += 1
@@ -298,11 +305,15 @@ def _bucket_keys(group_id: str, at: float,
 
 def _add_spend(pipe: ScriptPipeline, buckets: list[str], agg: _Aggregate) -> None:
     """The judge calls' cost into the buckets the script just counted in (and gave their
-    expiry): "cost" and "cost:<ref id>" in nanos, "unpriced" calls. Nothing without calls."""
-    if not agg.costs and not agg.unpriced:
+    expiry): "cost" and "cost:<ref id>" in nanos, "unpriced" calls, the "calls" made and their
+    "tokens". Nothing without calls."""
+    if not agg.judge_calls:
         return
     total = sum(agg.costs.values())
     for name in buckets:
+        pipe.redis.hincrby(name, "calls", agg.judge_calls)
+        if agg.tokens:
+            pipe.redis.hincrby(name, "tokens", agg.tokens)
         if total:
             pipe.redis.hincrby(name, "cost", total)
         for ref, n in agg.costs.items():
@@ -459,4 +470,5 @@ def _bucket(start: int, h: dict[bytes, bytes]) -> Bucket:
                   min=num("min"), max=num("max"), below=int(h.get(b"below", 0)),
                   no_score=int(h.get(b"noscore", 0)), skipped=int(h.get(b"skipped", 0)),
                   matched=int(h.get(b"matched", 0)), cost=int(h.get(b"cost", 0)), unpriced=int(h.get(b"unpriced", 0)),
+                  judge_calls=int(h.get(b"calls", 0)), tokens=int(h.get(b"tokens", 0)),
                   member_cost=tuple(sorted((k[5:].decode(), int(v)) for k, v in h.items() if k.startswith(b"cost:"))))

@@ -49,6 +49,8 @@ class RatingBucket(ApiModel):
     member_cost: dict[str, float] = Field(default_factory=dict, description="That cost by member (its refId).")
     unpriced_calls: int = Field(0, description="Judge calls whose cost is unknown: a model without a price, or "
                                                "an answer without its token counts. Never counted as free.")
+    judge_calls: int = Field(0, description="Judge calls made (a verdict the cache paid for is none).")
+    tokens: int = Field(0, description="The tokens those calls reported.")
 
 
 class Ratings(ApiModel):
@@ -68,6 +70,8 @@ class Ratings(ApiModel):
     cost: float = Field(0.0, description="What the window's judge calls cost, in ``currency``.")
     member_cost: dict[str, float] = Field(default_factory=dict, description="That cost by member (its refId).")
     unpriced_calls: int = Field(0, description="Judge calls whose cost is unknown (the cost is a floor then).")
+    judge_calls: int = Field(0, description="Judge calls made in the window.")
+    tokens: int = Field(0, description="The tokens those calls reported.")
     cost_per_result: float | None = Field(None, description="The window's cost over its results: what a rated "
                                                             "trace (session, span) costs. Null without results.")
     currency: str = Field("USD", description="The currency of the costs (SGW_CURRENCY).")
@@ -252,6 +256,8 @@ class BackfillCreate(BaseModel):
                                                                      "online sampleRate; required without one).")
     max_judge_calls: int | None = Field(None, ge=1, le=10**12, description="The most judge calls the job makes.")
     alerts: bool = Field(False, description="Raise Signals and deliveries for what it grades (default: none).")
+    dry_run: bool = Field(False, description="Start nothing: answer 200 with {\"estimate\": ...} - what the job "
+                                             "would grade and spend, measured on a bounded read of the window.")
 
     @model_validator(mode="after")
     def _a_window(self) -> BackfillCreate:
@@ -259,6 +265,31 @@ class BackfillCreate(BaseModel):
             raise ValidationError.from_exception_data("BackfillCreate", [InitErrorDetails(
                 type=PydanticCustomError("window", "must be after from"), loc=("to",), input=self.to.isoformat())])
         return self
+
+
+class BackfillEstimate(ApiModel):
+    """What a backfill would grade and spend (``dryRun``), measured on a bounded read of its
+    window; nothing is claimed, reserved or called."""
+
+    records: int = Field(description="Records of the traces topic the job would read (every project's).")
+    read: int = Field(description="Records this estimate read of them (all of them: the figures are exact).")
+    traces: int = Field(description="The project's traces stamped in the window (estimated).")
+    pairs: int = Field(description="Subjects its filter and sample would keep: the pairs it would grade.")
+    pairs_error: int = Field(description="The pairs' 95% error (+/-): 0 when every record was read.")
+    relative_error: float = Field(description="pairsError / pairs: the judge calls, tokens and cost share it.")
+    judge_calls: int = Field(description="Judge calls expected (at most maxJudgeCalls).")
+    tokens: int = Field(description="Judge tokens expected.")
+    cost: float | None = Field(description="Their cost in ``currency``; null when a model has no price.")
+    currency: str
+    basis: Literal["history", "ceilings"] = Field(description="history: the group's recent averages per result; "
+                                                              "ceilings: none yet - the most a pair can cost.")
+    capped: bool = Field(False, description="maxJudgeCalls stops the job before the window's end.")
+
+
+class BackfillEstimateAnswer(ApiModel):
+    """``POST .../backfills`` with ``dryRun``: the estimate, and no job."""
+
+    estimate: BackfillEstimate
 
 
 class BackfillProgress(ApiModel):

@@ -103,7 +103,7 @@ def env(redis_databases: RedisDatabases, tmp_path_factory: pytest.TempPathFactor
                     # its judge call's cost, in nanos (0.0025 USD); the first one's is unknown (unpriced)
                     events.append(HistoryEntry(group.id, score, score < 6, r.scored_at.timestamp(), r.to_json(),
                                                costs=() if not events else ((helpful.id, 2_500_000),),
-                                               unpriced=0 if events else 1))
+                                               unpriced=0 if events else 1, judge_calls=1))
             asyncio.run(record(url, events))
             yield Env(api, key, group, xss, hours, len(events), url)
         finally:

@@ -10,12 +10,13 @@ from __future__ import annotations
 
 from typing import Annotated
 
-from fastapi import APIRouter, Path, Request
+from fastapi import APIRouter, Path, Request, Response
 
-from scorer_groups.api_models import BackfillCreate, BackfillJob
+from scorer_groups.api_models import BackfillCreate, BackfillEstimateAnswer, BackfillJob
 from scoring.models import ID_PATTERN
 from scoring.stores.backfills import BackfillStore
 from worker.api.auth import Client, Who, redis_of
+from worker.backfill_estimates import backfill_estimate
 
 router = APIRouter(prefix="/v1", tags=["backfills"])
 
@@ -23,10 +24,17 @@ GroupId = Annotated[str, Path(alias="id", max_length=128, pattern=ID_PATTERN)]
 JobId = Annotated[str, Path(alias="id", max_length=64, pattern=r"^bf-[0-9a-f]{16}$")]
 
 
-@router.post("/scorer-groups/{id}/backfills", status_code=202, response_model=BackfillJob)
-async def start_backfill(group_id: GroupId, body: BackfillCreate, client: Client, request: Request) -> BackfillJob:
+@router.post("/scorer-groups/{id}/backfills", status_code=202, response_model=BackfillJob | BackfillEstimateAnswer,
+             responses={200: {"model": BackfillEstimateAnswer, "description": "dryRun: the estimate, no job"}})
+async def start_backfill(group_id: GroupId, body: BackfillCreate, client: Client, request: Request,
+                         response: Response) -> BackfillJob | BackfillEstimateAnswer:
     """Grade the group's traffic of ``[from, to)`` again, with its current version: 202 and the
-    job, queued. ``sampleRate`` defaults to the group's online one (required without one)."""
+    job, queued. ``sampleRate`` defaults to the group's online one (required without one). With
+    ``dryRun``: 200 and what the job would grade and spend, and nothing started or spent."""
+    if body.dry_run:
+        response.status_code = 200
+        return BackfillEstimateAnswer(
+            estimate=await backfill_estimate(client, request.app.state.settings, group_id, body))
     group = await client.scorer_groups.get(group_id)  # 404 for another project's
     return await BackfillStore(redis_of(request)).start(group, body)
 

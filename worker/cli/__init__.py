@@ -14,6 +14,7 @@
     scorer-worker groups ratings ID [--window 7d] [--json]
     scorer-worker backfill --group G --since 24h --project P [--until ISO|DURATION] [--sample-rate R]
                   [--max-judge-calls N] [--alerts] [--follow]     grade a group's past traffic again
+    scorer-worker backfill ... --estimate                          what it would grade and spend; starts nothing
     scorer-worker backfill --list --group G --project P            the group's jobs, newest first
     scorer-worker backfill --cancel JOB --project P                cancel a job that has not ended
     scorer-worker sessions scores SESSION_ID
@@ -141,6 +142,8 @@ def build_parser() -> argparse.ArgumentParser:
     backfill.add_argument("--sample-rate", type=float, help="default: the group's online sampleRate")
     backfill.add_argument("--max-judge-calls", type=int, help="the most judge calls the job makes")
     backfill.add_argument("--alerts", action="store_true", help="raise Signals and deliveries for what it grades")
+    backfill.add_argument("--estimate", action="store_true",
+                          help="start nothing: what the job would grade and spend (a bounded read of the window)")
     backfill.add_argument("--follow", action="store_true",
                           help="draw its progress until it ends: exit 0 when done, 1 when failed or cancelled")
     instead = backfill.add_mutually_exclusive_group()

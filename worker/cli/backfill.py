@@ -9,12 +9,13 @@ from datetime import UTC, datetime
 
 from pydantic import ValidationError
 
-from scorer_groups.api_models import BACKFILL_ENDED, BackfillCreate, BackfillJob
+from scorer_groups.api_models import BACKFILL_ENDED, BackfillCreate, BackfillEstimate, BackfillJob
 from scorer_groups.backfills import BackfillBar, backfill_body, parse_when
 from scoring.errors import CatalogError, InvalidDocument
 from scoring.groups import Caller, MonitorClient
 from scoring.redact import Redactor
 from scoring.stores.backfills import BackfillStore
+from worker.backfill_estimates import backfill_estimate
 from worker.cli.common import with_client
 from worker.settings import Settings
 
@@ -53,6 +54,14 @@ def _job_line(job: BackfillJob) -> str:
     extras = "".join([f", at most {job.max_judge_calls} judge calls" if job.max_judge_calls else "",
                       ", with alerts" if job.alerts else ""])
     return f"backfill {job.id} {job.status}: group {job.group_id}, {window}, sample rate {job.sample_rate:g}{extras}"
+
+
+def _estimate_line(e: BackfillEstimate) -> str:
+    cost = "cost unknown (a judge model has no price)" if e.cost is None else f"{e.cost:.6g} {e.currency}"
+    how = "every record read" if e.read >= e.records else f"{e.read} of {e.records} records read"
+    return (f"estimate: {e.traces} traces, {e.pairs} pairs (+/- {e.pairs_error}, 95%), {e.judge_calls} judge calls, "
+            f"{e.tokens} tokens, {cost}{', stopped at --max-judge-calls' if e.capped else ''} - {how}; "
+            f"spend from the group's {'recent averages' if e.basis == 'history' else 'ceilings (no history yet)'}")
 
 
 def _job_summary(job: BackfillJob, redact: Redactor) -> list[str]:
@@ -99,6 +108,10 @@ def cmd_backfill(settings: Settings, args: argparse.Namespace) -> int:
             if args.list:
                 for job in await store.of_group(group.id):
                     print(_job_line(job))
+                return 0
+            if args.estimate:  # a dry run: what the job would grade and spend, nothing started
+                client = MonitorClient(client.store.redis, Caller(project_id=args.project))
+                print(_estimate_line(await backfill_estimate(client, settings, group.id, _backfill_request(args))))
                 return 0
             job = await store.start(group, _backfill_request(args))  # the API's checks, the API's words
         except CatalogError as exc:

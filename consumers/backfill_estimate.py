@@ -1,0 +1,151 @@
+"""A backfill's estimate before it spends anything (issue 58): ``dryRun``, the CLI's ``--estimate``,
+the console before its Start button.
+
+1. the window's ranges of the traces topic, per partition - the job's own plan
+   (``backfill_plan.plan_ranges``);
+2. a bounded read of them: at most ``limit`` records, in runs spread evenly over each range (a
+   partition's share of the read by its share of the records), so the read costs the same
+   whatever the window's size; each record stamped in the window decoded and routed as the job
+   would route it (the group's filter, the job's sample): the project's traces and its pairs;
+3. scaled to the ranges' records, with the sample's error (95%: 1.96 standard errors of the
+   scaled sum, with the finite-population correction - 0 when the read took every record);
+4. the judge calls, tokens and cost per pair from the group's recent averages (its history of
+   the last 30 days: the calls its results made and what they cost), or - without any - its
+   panel's planned calls and their ceilings (the most they can cost).
+
+Nothing is claimed, reserved or called: a dry run spends no judge call.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+
+from aiokafka import AIOKafkaConsumer, TopicPartition
+
+from consumers.backfill_plan import Plan, plan_ranges
+from consumers.decode import DeadLetter, decode_trace
+from consumers.range_reads import reading, started
+from scorer_groups.api_models import BackfillEstimate
+from scoring.catalog import CatalogSnapshot
+from scoring.judge_prompt import ANSWER_MAX_TOKENS, token_ceiling
+from scoring.models import ScorerGroup
+from scoring.panel import planned_judges
+from scoring.prices import NANOS, UNPRICED_RATES, Pricing
+from scoring.routing import group_pairs
+from scoring.stores.ratings import RatingsHistory
+
+RUN = 50  # records a run reads in a row: a seek per run, not per record
+Z_95 = 1.96
+
+
+async def estimate(make: Callable[[], AIOKafkaConsumer], topic: str, group: ScorerGroup, snapshot: CatalogSnapshot,
+                   *, from_ms: int, to_ms: int, sample_rate: float, history: RatingsHistory, pricing: Pricing,
+                   currency: str, limit: int, max_trace_bytes: int, max_spans: int,
+                   max_judge_calls: int | None = None) -> BackfillEstimate:
+    async with started(make) as consumer:  # 1. the job's plan
+        plan = await plan_ranges(consumer, topic, from_ms, max(from_ms, to_ms))
+    read = traces = 0
+    per_record: list[int] = []  # 2. the pairs each record read makes (0: not the project's, filtered, not sampled)
+    ceilings: list[tuple[int, int, int | None]] = []  # per pair: its calls, token and cost ceilings (nanos)
+    for partition, offsets in _runs(plan, limit):
+        tp = TopicPartition(topic, partition)
+        for start, end in offsets:
+            async with reading(make, tp, start, end) as reader:
+                while (batch := await reader.next_batch(end - start, timeout_ms=500)) is not None:
+                    for record in batch:
+                        read += 1
+                        pairs = _pairs(record, topic, group, snapshot, from_ms, to_ms, sample_rate,
+                                       max_trace_bytes, max_spans, pricing)
+                        if pairs is None:
+                            per_record.append(0)
+                            continue
+                        traces += 1
+                        per_record.append(len(pairs))
+                        ceilings += pairs
+    return _scaled(plan.records, read, traces, per_record, ceilings, history, currency, max_judge_calls)
+
+
+def _runs(plan: Plan, limit: int) -> list[tuple[int, list[tuple[int, int]]]]:
+    """Per partition, the offset runs to read: all of it when the ranges hold ``limit`` records
+    or fewer, else its share of ``limit`` in runs of ``RUN`` spread evenly over its range."""
+    total = plan.records
+    out = []
+    for r in plan.ranges:
+        size = r.end - r.start
+        if size <= 0:
+            continue
+        if total <= limit:
+            out.append((r.partition, [(r.start, r.end)]))
+            continue
+        share = max(1, round(limit * size / total))
+        runs = max(1, math.ceil(share / RUN))
+        step = size / runs
+        length = max(1, share // runs)
+        out.append((r.partition, [(r.start + int(i * step), min(r.end, r.start + int(i * step) + length))
+                                  for i in range(runs)]))
+    return out
+
+
+def _pairs(record: object, topic: str, group: ScorerGroup, snapshot: CatalogSnapshot, from_ms: int, to_ms: int,
+           sample_rate: float, max_trace_bytes: int, max_spans: int,
+           pricing: Pricing) -> list[tuple[int, int, int | None]] | None:
+    """A record of the project stamped in the window: its pairs' (calls, token ceiling, cost
+    ceiling), as the job would route it; None for any other record."""
+    if not from_ms <= record.timestamp < to_ms:  # type: ignore[attr-defined]
+        return None
+    trace = decode_trace(topic, record.partition, record.offset, record.key, record.value,  # type: ignore[attr-defined]
+                         max_trace_bytes)
+    if isinstance(trace, DeadLetter) or trace.project_id != group.project_id:
+        return None
+    try:
+        pairs = group_pairs(trace, group, snapshot, sample_rate=sample_rate, max_spans=max_spans, pricing=pricing)
+    except Exception:  # a trace that breaks routing is graded by no job either
+        return None
+    out = []
+    for pair in pairs:
+        judges = planned_judges(group, snapshot, pair.subject)
+        tokens = sum(token_ceiling(j, pair.subject) for j in judges)
+        rates = pricing.rates(judges, ANSWER_MAX_TOKENS)
+        out.append((len(judges), tokens, None if rates == UNPRICED_RATES else rates.cost(len(judges), tokens)))
+    return out
+
+
+def _scaled(records: int, read: int, traces: int, per_record: list[int], ceilings: list[tuple[int, int, int | None]],
+            history: RatingsHistory, currency: str, max_judge_calls: int | None) -> BackfillEstimate:
+    """3-4: what was read, scaled to the window, with its error; the spend per pair."""
+    scale = records / read if read else 0.0
+    pairs = sum(per_record)
+    error = 0.0
+    if 1 < read < records:
+        mean = pairs / read
+        variance = sum((n - mean) ** 2 for n in per_record) / (read - 1)
+        error = Z_95 * records * math.sqrt(variance / read * (1 - read / records))
+    expected_pairs = pairs * scale
+    spent = history.spend()
+    if spent.count and spent.judge_calls:  # the group's recent averages, per result
+        basis = "history"
+        calls = spent.judge_calls / spent.count
+        tokens = spent.tokens / spent.count
+        cost: float | None = None if spent.unpriced else spent.cost / NANOS / spent.count
+    else:  # none yet: the panel's planned calls and their ceilings - the most a pair can cost
+        basis = "ceilings"
+        n = len(ceilings) or 1
+        calls = sum(c for c, _, _ in ceilings) / n
+        tokens = sum(t for _, t, _ in ceilings) / n
+        known = [m for _, _, m in ceilings if m is not None]
+        cost = sum(known) / NANOS / n if len(known) == len(ceilings) else None
+    judge_calls = expected_pairs * calls
+    capped = max_judge_calls is not None and judge_calls > max_judge_calls
+    if capped:  # the job stops at its cap: so does what it spends
+        share = max_judge_calls / judge_calls  # type: ignore[operator]
+        judge_calls, tokens_total = float(max_judge_calls), expected_pairs * tokens * share  # type: ignore[arg-type]
+        cost_total = None if cost is None else expected_pairs * cost * share
+    else:
+        tokens_total, cost_total = expected_pairs * tokens, None if cost is None else expected_pairs * cost
+    relative = error / expected_pairs if expected_pairs else 0.0
+    return BackfillEstimate(
+        records=records, read=read, traces=round(traces * scale), pairs=round(expected_pairs),
+        pairs_error=math.ceil(error), judge_calls=round(judge_calls), tokens=round(tokens_total),
+        cost=None if cost_total is None else round(cost_total, 6), currency=currency, basis=basis,
+        relative_error=round(relative, 4), capped=capped)
