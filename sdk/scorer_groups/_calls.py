@@ -16,6 +16,8 @@ from pydantic.alias_generators import to_camel
 
 from scorer_groups.alignments import Alignment
 from scorer_groups.api_models import (
+    BackfillEstimate,
+    BackfillEstimateAnswer,
     BackfillJob,
     Change,
     Channel,
@@ -203,6 +205,13 @@ def session_scores(session_id: str) -> Call[builtins.list[SessionScore]]:
 def start_backfill(group_id: str, body: Mapping[str, Any]) -> Call[BackfillJob]:
     """``body``: ``backfills.backfill_body``'s (the window, sample, caps), checked by the server."""
     return Call("POST", f"/v1/scorer-groups/{_id(group_id)}/backfills", _model(BackfillJob), json=dict(body))
+
+
+def estimate_backfill(group_id: str, body: Mapping[str, Any]) -> Call[BackfillEstimate]:
+    """The same request as a dry run: what the job would grade and spend; nothing started."""
+    return Call("POST", f"/v1/scorer-groups/{_id(group_id)}/backfills",
+                lambda response: BackfillEstimateAnswer.model_validate_json(response.content).estimate,
+                json={**body, "dryRun": True})
 
 
 def group_backfills(group_id: str) -> Call[builtins.list[BackfillJob]]:

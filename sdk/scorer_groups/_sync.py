@@ -17,6 +17,7 @@ from scorer_groups._transport import Transport
 from scorer_groups.alignments import Alignment
 from scorer_groups.api_models import (
     BACKFILL_ENDED,
+    BackfillEstimate,
     BackfillJob,
     BudgetView,
     Change,
@@ -125,6 +126,16 @@ class ScorerGroups:
         group does not allow (a session-scope group) is a BadRequest naming the field."""
         body = backfill_body(since, until, sample_rate, max_judge_calls, alerts)
         return Backfill(self._t, self._t.run(calls.start_backfill(id, body)))
+
+    def estimate_backfill(
+        self, id: str, *, since: When, until: When | None = None, sample_rate: float | None = None,
+        max_judge_calls: int | None = None,
+    ) -> BackfillEstimate:
+        """What ``backfill`` with the same arguments would grade and spend - the window's traces
+        and pairs (with the pairs' 95% error), judge calls, tokens, cost - starting nothing and
+        spending no judge call (the API's ``dryRun``)."""
+        body = backfill_body(since, until, sample_rate, max_judge_calls)
+        return self._t.run(calls.estimate_backfill(id, body))
 
     def backfills(self, id: str) -> builtins.list[BackfillJob]:
         """The group's backfill jobs, newest first (its last 50)."""

@@ -65,6 +65,21 @@ def set_local(browser: Any, field: str, offset_s: int) -> datetime:
     return datetime.fromisoformat(iso)
 
 
+def test_the_estimate_before_the_start_button_says_what_the_job_would_spend_and_starts_nothing(
+        env: Env, browser: Any) -> None:
+    group = a_group(env, "Estimated", 1.0)
+    try:
+        open_group(browser, env, group.id)
+        browser.find_element(By.ID, "backfill-estimate-button").click()
+        said = wait_for(browser, "#backfill-estimate:not(:empty)")[0].text
+        traces = console_browser.TRACES  # the topic's, of the last hour: every one in the last day
+        assert said.startswith(f"Estimate: {traces} traces, {traces} pairs (+/- 0), {traces} judge calls, "), said
+        assert " USD" in said and "every record of the window read" in said and "ceilings" in said, said
+        assert jobs_of(env, group.id) == [], "an estimate starts nothing"
+    finally:
+        delete(env, group)
+
+
 def test_a_backfill_started_from_the_form_is_listed_queued_and_cancelled(env: Env, browser: Any) -> None:
     group = a_group(env, "Backfilled", 0.25)
     try:

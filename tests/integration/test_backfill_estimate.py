@@ -13,6 +13,7 @@ import pytest
 from aiokafka import AIOKafkaConsumer
 
 from consumers.backfill_estimate import estimate
+from scorer_groups import AsyncClient
 from scoring.catalog import CatalogSnapshot
 from scoring.members.judge import JudgeClient
 from scoring.models import Judge
@@ -97,6 +98,11 @@ async def test_the_api_and_the_cli_answer_a_dry_run_and_start_nothing(bench: Ben
             said = answer.json()["estimate"]
             assert (said["traces"], said["pairs"], said["pairsError"], said["judgeCalls"]) == (40, 40, 0, 40)
             assert said["cost"] > 0 and said["currency"] == "USD" and said["basis"] == "ceilings"
+            async with AsyncClient(api.url, key) as sdk:  # the SDK's way to ask
+                by_sdk = await sdk.monitor.scorer_groups.estimate_backfill(
+                    group["id"], since=window["from"], until=window["to"], max_judge_calls=10)
+            assert (by_sdk.pairs, by_sdk.judge_calls, by_sdk.capped) == (40, 10, True), "stops at its cap"
+            assert by_sdk.cost == pytest.approx(said["cost"] / 4)
             assert (await http.get(f"/v1/scorer-groups/{group['id']}/backfills")).json() == [], "nothing started"
     finally:
         api.stop()

@@ -8,11 +8,14 @@ from __future__ import annotations
 import asyncio
 import shutil
 import time
+import uuid
 from collections.abc import Iterator
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
+import orjson
 import pytest
+from aiokafka import AIOKafkaProducer
 
 from deploy.judge_server import JudgeServer
 from scorer_groups import Client
@@ -74,11 +77,16 @@ def a_rating(group: Any, n: int, score: float, at: float) -> Rating:
 
 
 @pytest.fixture(scope="module")
-def env(redis_databases: RedisDatabases, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Env]:
+def env(redis_databases: RedisDatabases, tmp_path_factory: pytest.TempPathFactory, kafka_bootstrap: str) -> Iterator[Env]:
     with JudgeServer() as judge, redis_databases.lease() as url:
         key, other = create_key(url, "--project", "p-console"), create_key(url, "--project", "p-other")
+        # A backfill's estimate reads the traces topic: one of its own, with TRACES traces in it.
+        topic = f"console-traces-{uuid.uuid4().hex[:8]}"
+        asyncio.run(produce_traces(kafka_bootstrap, topic, "p-console"))
         api = ApiProcess(url, tmp_path_factory.mktemp("api") / "api.log",
-                         env={"SGW_JUDGE_BASE_URL": judge.base_url, "SGW_JUDGE_TIMEOUT_S": "5"}).start()
+                         env={"SGW_JUDGE_BASE_URL": judge.base_url, "SGW_JUDGE_TIMEOUT_S": "5",
+                              "SGW_KAFKA_BOOTSTRAP": kafka_bootstrap, "SGW_TRACES_TOPIC": topic,
+                              "SGW_JUDGE_PRICES": '{"gpt-4o-mini": {"input": 2, "output": 10}}'}).start()
         try:
             with Client(api.url, key) as client, Client(api.url, other) as elsewhere:
                 helpful = client.monitor.judges.create(name="Helpful", criteria="Helpful?")
@@ -108,6 +116,25 @@ def env(redis_databases: RedisDatabases, tmp_path_factory: pytest.TempPathFactor
             yield Env(api, key, group, xss, hours, len(events), url)
         finally:
             api.stop()
+
+
+TRACES = 8  # the console's traces topic: of the last hour
+
+
+async def produce_traces(bootstrap: str, topic: str, project: str) -> None:
+    producer = AIOKafkaProducer(bootstrap_servers=bootstrap)
+    await producer.start()
+    try:
+        now = datetime.now(UTC)
+        for n in range(TRACES):
+            trace = {"traceId": f"bf-{n}", "projectId": project, "agentId": "a",
+                     "timestamp": (now - timedelta(minutes=30 + n)).isoformat(),
+                     "spans": [{"spanId": "r", "input": "q", "output": f"answer {n}"}]}
+            # stamped in the past: the console's windows end at the current minute
+            await producer.send_and_wait(topic, orjson.dumps(trace), key=trace["traceId"].encode(),
+                                         timestamp_ms=int((now - timedelta(minutes=30 + n)).timestamp() * 1000))
+    finally:
+        await producer.stop()
 
 
 async def record(url: str, events: list[HistoryEntry]) -> None:

@@ -29,6 +29,7 @@ FEATURES = (
     "Dataset runs and evaluations", "The playground", "Judge call records and their OTLP export",
     "OTLP intake", "The code-scorer sandbox", "The HTTP API and console", "The CLI",
     "Review queues (issue 55)", "Judges that learn (issue 56)", "The verdict cache (issue 57)",
+    "Spend in money (issue 58)",
 )
 CODE = re.compile(r"`([^`]+)`")
 # A file's path (at least a name with an extension), optionally followed by ::Dotted.Name.

@@ -79,8 +79,9 @@ function backfillForm(group, started) {
   for (const input of [inputs.from, inputs.to]) input.addEventListener("input", () => { inputs.window.value = "custom"; });
   fill();
   const message = el("div", { class: "error", role: "alert", id: "backfill-form-message" });
-  const form = el("form", { id: "backfill-form", novalidate: true, onsubmit: async (event) => {
-    event.preventDefault();
+  const estimate = el("p", { id: "backfill-estimate", class: "muted" });
+  // The request as the form says it, or null once its local refusals are shown.
+  const request = () => {
     clearErrors(form);
     message.replaceChildren();
     fill();
@@ -91,14 +92,26 @@ function backfillForm(group, started) {
       if (inputs[name].validity.badInput) local.push({ field: name, message: "not a number" });
       else if (inputs[name].value !== "") body[name] = Number(inputs[name].value);
     }
-    if (local.length) { showErrors(form, message, { problem: { errors: local } }); return; }
+    if (local.length) { showErrors(form, message, { problem: { errors: local } }); return null; }
+    return body;
+  };
+  const send = async (body, then) => {
     try {
-      await api("POST", `/v1/scorer-groups/${encodeURIComponent(group.id)}/backfills`, body);
-      started();
+      then(await api("POST", `/v1/scorer-groups/${encodeURIComponent(group.id)}/backfills`, body));
     } catch (error) {
       if (error instanceof ApiError && error.status === 400) showErrors(form, message, error);
       else message.replaceChildren(failure(error));
     }
+  };
+  // Before the Start button: what the job would grade and spend (a dry run starts nothing).
+  const estimateFirst = () => {
+    const body = request();
+    if (body) send({ ...body, dryRun: true }, (answer) => estimate.replaceChildren(estimateText(answer.estimate)));
+  };
+  const form = el("form", { id: "backfill-form", novalidate: true, onsubmit: async (event) => {
+    event.preventDefault();
+    const body = request();
+    if (body) await send(body, () => started());
   } },
     el("div", { class: "row" },
       el("div", {}, el("label", { for: "bf-window" }, "Window"), inputs.window),
@@ -109,8 +122,18 @@ function backfillForm(group, started) {
       field("Max judge calls (optional)", "maxJudgeCalls", inputs.maxJudgeCalls)),
     el("div", {}, el("label", {}, inputs.alerts, " raise alerts (signals and webhooks) for what it grades - " +
                      "usually noise for past traffic: that page would come hours or days late")),
-    el("p", {}, el("button", { type: "submit" }, "Start backfill")), message);
+    el("p", {}, el("button", { type: "button", id: "backfill-estimate-button", onclick: estimateFirst }, "Estimate"),
+       " ", el("button", { type: "submit" }, "Start backfill")), estimate, message);
   return form;
+}
+
+function estimateText(e) {
+  const cost = e.cost === null ? "cost unknown (a judge model has no price)"
+    : `${e.cost.toLocaleString(undefined, { maximumFractionDigits: e.cost < 1 ? 6 : 2 })} ${e.currency}`;
+  const how = e.read >= e.records ? "every record of the window read" : `${e.read} of ${e.records} records read`;
+  return `Estimate: ${e.traces} traces, ${e.pairs} pairs (+/- ${e.pairsError}), ${e.judgeCalls} judge calls, ` +
+         `${e.tokens} tokens, ${cost}${e.capped ? ", stopped by max judge calls" : ""} - ${how}; spend from ` +
+         (e.basis === "history" ? "the group's recent results." : "its judges' ceilings (no results yet).");
 }
 
 // The section: the form above the group's jobs, newest first. Reading again stops once every
