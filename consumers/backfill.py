@@ -368,10 +368,16 @@ def turn_order(jobs: list[BackfillJob]) -> list[str]:
 
 
 def _leaving_live_its_share(pair: Pair) -> Pair:
-    """The pair with a budget ``LIVE_SHARE`` lower: a backfill never takes what live traffic
-    needs of a window (its claims and reservations are refused first, and the job pauses)."""
-    limit = pair.claim.budget_limit
-    if limit is None:
+    """The pair with a budget ``LIVE_SHARE`` lower - its calls, tokens and money caps: a backfill
+    never takes what live traffic needs of a window (its claims and reservations are refused
+    first, and the job pauses)."""
+    claim = pair.claim
+    if claim.budget_limit is None:
         return pair
-    return dataclasses.replace(pair, claim=dataclasses.replace(pair.claim,
-                                                               budget_limit=int(limit * (1 - LIVE_SHARE))))
+
+    def lower(cap: int | None) -> int | None:
+        return None if cap is None else int(cap * (1 - LIVE_SHARE))
+
+    return dataclasses.replace(pair, claim=dataclasses.replace(
+        claim, budget_limit=lower(claim.budget_limit), token_limit=lower(claim.token_limit),
+        cost_limit=lower(claim.cost_limit)))

@@ -9,7 +9,7 @@ from __future__ import annotations
 from dataclasses import field
 
 from scoring.frozen import frozen
-from scoring.prices import Rates
+from scoring.prices import NO_RATES, Rates
 
 DAY_S = 86_400
 
@@ -29,7 +29,7 @@ class ClaimRequest:
     # Money (``scoring.prices``), in nanos of the currency: with a cap - the project's per window
     # (``cost_limit``), the group's per day (``group_cost_limit``) - a reservation of calls and
     # their token ceiling also reserves their cost ceiling at ``rates``, settled to what they cost.
-    rates: Rates = field(default=Rates(), kw_only=True)
+    rates: Rates = field(default=NO_RATES, kw_only=True)
     cost_limit: int | None = field(default=None, kw_only=True)
     group_cost_limit: int | None = field(default=None, kw_only=True)
     # The subject's own day (``day_of``: a trace's timestamp, a session's first turn), the same

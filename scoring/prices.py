@@ -98,6 +98,7 @@ class Rates:
 
 
 UNPRICED_RATES = Rates(UNPRICEABLE_NANOS, 0)
+NO_RATES = Rates()  # without a money cap: nothing to count (one instance, not one per pair)
 
 
 @dataclass(frozen=True)

@@ -305,20 +305,21 @@ def tokens_of(result: GroupResult) -> int:
     return sum(m.outcome.usage.total for m in result.blend.members if m.outcome.usage is not None)
 
 
-def member_costs(result: GroupResult) -> tuple[tuple[tuple[str, int], ...], int]:
-    """What each judge member's calls cost (nanos, by ref id; the calls made) and how many
-    calls' cost is unknown: the history's spend."""
+def member_costs(result: GroupResult) -> tuple[tuple[tuple[str, int], ...], int, int]:
+    """What each judge member's calls cost (nanos, by ref id; the calls made), how many calls'
+    cost is unknown, and how many calls were made: the history's spend, in one pass."""
     costs: dict[str, int] = {}
-    unpriced = 0
+    unpriced = made = 0
     for m in result.blend.members:
-        for call in m.outcome.calls:
+        for call in m.outcome.calls:  # none for a member that is no judge: most of them
             if call.cached_from is not None:
                 continue
+            made += 1
             if call.usage is None or call.usage.cost is None:
                 unpriced += 1
             else:
                 costs[m.outcome.ref_id] = costs.get(m.outcome.ref_id, 0) + nanos(call.usage.cost)
-    return tuple(costs.items()), unpriced
+    return tuple(costs.items()), unpriced, made
 
 
 def cost_of(result: GroupResult) -> int | None:
@@ -342,9 +343,8 @@ def history_entry(group: ScorerGroup, rating: Rating | PublishedRating, document
     chart fills in the past); kept with ``result``'s judge calls."""
     calls = b"" if result is None else encode_calls(
         [(m.outcome.ref_id, m.outcome.name, m.outcome.calls) for m in result.blend.members if m.outcome.calls])
-    costs, unpriced = member_costs(result) if result is not None else ((), 0)
-    made = 0 if result is None else sum(c.cached_from is None for m in result.blend.members for c in m.outcome.calls)
+    costs, unpriced, made = member_costs(result) if result is not None else ((), 0, 0)
     return HistoryEntry(group.id, rating.rating, below_threshold(group, rating.rating),
                         rating.scored_at.timestamp() if at is None else at, document, past=at is not None,
                         rating_id=rating.id, calls=calls, costs=costs, unpriced=unpriced, judge_calls=made,
-                        tokens=0 if result is None else tokens_of(result))
+                        tokens=tokens_of(result) if result is not None and made else 0)

@@ -17,7 +17,7 @@ from scoring.frozen import frozen
 from scoring.judge_prompt import ANSWER_MAX_TOKENS, token_ceiling
 from scoring.models import ScorerGroup
 from scoring.panel import planned_judges, upfront_judge_calls
-from scoring.prices import NO_PRICING, Pricing, Rates, nanos
+from scoring.prices import NO_PRICING, NO_RATES, Pricing, nanos
 from scoring.sampling import keep
 from scoring.subjects import Span, Subject, Trace, children_of, span_subject, trace_subject
 from scoring.verdict_cache import PairVerdicts
@@ -49,7 +49,7 @@ def pair_of(group: ScorerGroup, subject: Subject, snapshot: CatalogSnapshot, *, 
     day_cap = group.online.max_cost_per_day if group.online is not None else None
     money = cost_cap is not None or day_cap is not None
     calls = upfront_judge_calls(group, snapshot, subject)
-    judges = planned_judges(group, snapshot, subject) if token_limit is not None or money else []
+    judges = planned_judges(group, snapshot, subject) if token_limit is not None or money else ()
     return Pair(group, subject, ClaimRequest(
         project_id=group.project_id, group_id=group.id, subject_key=subject_key, judge_calls=calls,
         revision=snapshot.revision(group),
@@ -58,7 +58,7 @@ def pair_of(group: ScorerGroup, subject: Subject, snapshot: CatalogSnapshot, *, 
         # The prompts are built to measure them only under a token or money cap.
         judge_tokens=sum(token_ceiling(j, subject) for j in judges) if calls else 0,
         token_limit=token_limit,
-        rates=pricing.rates(judges, ANSWER_MAX_TOKENS) if money else Rates(),
+        rates=pricing.rates(judges, ANSWER_MAX_TOKENS) if money else NO_RATES,
         cost_limit=None if cost_cap is None else nanos(cost_cap),
         group_cost_limit=None if day_cap is None else nanos(day_cap)))
 

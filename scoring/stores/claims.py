@@ -34,7 +34,7 @@ from typing import Literal
 
 from scoring.claim_request import DAY_S, ClaimRequest
 from scoring.frozen import frozen
-from scoring.prices import Rates
+from scoring.prices import NO_RATES
 from scoring.stores import keys
 from scoring.stores.claim_scripts import CLAIM, CONFIRM, MARK_DONE, RELEASE, RESERVE
 from scoring.stores.client import RedisClient
@@ -161,7 +161,7 @@ class Claims:
                 window_start = int(now) // first.budget_window_s * first.budget_window_s
                 hashes: dict[str, int] = {}
                 verdicts: dict[str, int] = {}
-                group_caps: dict[str, int] = {}  # the groups' money keys (their day), and caps
+                group_caps: dict[str, tuple[int, int]] = {}  # a group's money key (its day): index, cap
                 args: list[str | int] = []
                 for i in indexes:
                     r = requests[i]
@@ -169,17 +169,17 @@ class Claims:
                                     for key, ceiling in lookups[i]) if lookups is not None else ""
                     group = 0
                     if r.group_cost_limit is not None:
-                        group_key = _group_cost_key(r, now)
-                        group_caps.setdefault(group_key, r.group_cost_limit)
-                        group = list(group_caps).index(group_key) + 1
-                    rates = r.rates if r.counts_cost else Rates()
+                        group, _ = group_caps.setdefault(_group_cost_key(r, now),
+                                                         (len(group_caps) + 1, r.group_cost_limit))
+                    rates = r.rates if r.counts_cost else NO_RATES
                     args += [hashes.setdefault(claim_hash(r), len(hashes) + 1), claim_field(r), r.judge_calls,
                              r.judge_tokens if r.counts_tokens else 0, r.revision, spec,
                              rates.per_token, rates.per_call, group]
                 header: list[str | int] = [self.owner, self.lease_ms, _limit(first.budget_limit),
                                            first.budget_window_s * 2, self._done_ttl_s, _limit(first.token_limit),
                                            int(self.fill), len(hashes), len(verdicts), _limit(first.cost_limit),
-                                           len(group_caps), keys.GROUP_COST_TTL_S, *verdicts, *group_caps.values()]
+                                           len(group_caps), keys.GROUP_COST_TTL_S, *verdicts,
+                                           *(cap for _, cap in group_caps.values())]
                 looked_up.append(list(verdicts))
                 buckets = [keys.judge_verdicts(first.project_id, b) for b in verdict_buckets] if verdicts else []
                 pipe.script(self._claim, [keys.judge_budget(first.project_id, window_start),

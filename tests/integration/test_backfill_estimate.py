@@ -54,7 +54,8 @@ async def test_a_dry_run_spends_nothing_and_the_job_that_follows_is_within_its_e
 
     sampled, whole = await dry_run(60), await dry_run(10_000)
     assert bench.judge.requests == [], "a dry run calls no judge"
-    assert await Claims(bench.redis).budget_used(bench.project, 3600) == 0 and await bench.redis.keys("*claims*") == []
+    assert await Claims(bench.redis).budget_used(bench.project, 3600) == 0
+    assert await bench.redis.keys(f"*{{{bench.project}}}*") == [], "no claim, budget or money key of the project"
     assert (whole.records, whole.read, whole.pairs_error, whole.basis) == (450, 450, 0, "ceilings"), "read whole: exact"
     assert whole.traces == 300 and 100 < whole.pairs < 200 and whole.judge_calls == whole.pairs
     assert sampled.read < 100 and sampled.pairs_error > 0, "a bounded read says its error"
