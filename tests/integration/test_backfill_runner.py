@@ -22,10 +22,16 @@ import orjson
 import pytest
 from aiokafka import AIOKafkaProducer
 
+from consumers.decode import DeadLetter, decode_trace
 from scorer_groups.api_models import BackfillCreate
 from scoring.catalog import CatalogSnapshot
+from scoring.members.judge import JudgeClient
 from scoring.models import Budget, Judge, JudgeExample, Pattern
+from scoring.panel import Panel
+from scoring.prices import Price, Pricing
+from scoring.routing import group_pairs
 from scoring.stores.backfills import BackfillStore
+from scoring.stores.claims import Claims
 from scoring.stores.ratings import RatingsStore
 from tests.support import backfill_bench
 from tests.support.backfill_bench import APOLOGY, BY_JUDGE, BY_PATTERN, DAY, SORRY, Bench, group_doc, trace
@@ -128,6 +134,35 @@ async def test_a_budget_of_n_calls_pauses_the_job_at_n_and_it_resumes_in_the_nex
     assert sorted(r["traceId"] for r in ratings) == sorted(f"t-{n}" for n in range(traces)), "each once"
     assert done.progress.judge_calls == traces == len(bench.judge.requests)
     assert done.progress.pairs_skipped == 0, "a pair the budget refused was graded later, not skipped"
+
+
+async def test_a_money_budget_pauses_the_job_at_its_cost_leaving_live_its_share(bench: Bench) -> None:
+    pricing = Pricing({"gpt-4o-mini": Price(input=2.0, output=10.0)}, "gpt-4o-mini")  # the client's default model
+    traces = [trace(bench.project, n, "fine") for n in range(10)]
+    await bench.produce(traces)
+    group = group_doc(f"g-{bench.unique}", bench.project, BY_JUDGE)
+    judges = {"j": Judge(id="j", name="J", criteria="Helpful?")}
+    decoded = decode_trace("t", 0, 0, None, orjson.dumps(traces[0]), 1 << 20)
+    assert not isinstance(decoded, DeadLetter)
+    probe = CatalogSnapshot(groups={group.id: group}, judges=judges, budgets={bench.project: Budget(
+        project_id=bench.project, judge_calls_per_window=1000, judge_cost_per_window=1.0)})
+    (pair,) = group_pairs(decoded, group, probe, sample_rate=1.0, pricing=pricing)
+    per_pair = pair.claim.cost(pair.claim.judge_calls, pair.claim.judge_tokens)  # every trace's: the same text
+    # Room for 2.5 pairs' cost ceilings in the backfill's share (live traffic keeps a fifth).
+    cap = 2.5 * per_pair / 0.8 / 1e9
+    snapshot = CatalogSnapshot(groups={group.id: group}, judges=judges, budgets={bench.project: Budget(
+        project_id=bench.project, judge_calls_per_window=1000, judge_cost_per_window=cap)})
+    client = JudgeClient(bench.judge.base_url, timeout_s=5, prices=pricing.prices)
+    bench.panel = Panel(judges=client, member_deadline_s=10, pricing=pricing)
+    try:
+        paused = await bench.run(bench.runner(lambda: snapshot), await bench.job(group),
+                                 until=lambda j: j.status == "paused")
+    finally:
+        await client.close()
+    assert (paused.progress.pairs_scored, paused.progress.judge_calls) == (2, 2), "a third would pass its cap: whole"
+    assert len(bench.judge.requests) == 2 and paused.resume_at is not None
+    settled = await Claims(bench.redis).cost_used(bench.project, 3600)
+    assert 0 < settled < 2 * per_pair, "settled to what the two calls cost, under their ceilings"
 
 
 async def test_max_judge_calls_ends_the_job_where_it_stopped(bench: Bench) -> None:
