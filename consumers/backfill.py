@@ -368,11 +368,11 @@ def turn_order(jobs: list[BackfillJob]) -> list[str]:
 
 
 def _leaving_live_its_share(pair: Pair) -> Pair:
-    """The pair with a budget ``LIVE_SHARE`` lower - its calls, tokens and money caps: a backfill
-    never takes what live traffic needs of a window (its claims and reservations are refused
-    first, and the job pauses)."""
+    """The pair with a budget ``LIVE_SHARE`` lower - its calls, tokens and money caps and its
+    group's day: a backfill never takes what live traffic needs of a window (its claims and
+    reservations are refused first, and the job pauses)."""
     claim = pair.claim
-    if claim.budget_limit is None:
+    if claim.budget_limit is None and claim.group_cost_limit is None:
         return pair
 
     def lower(cap: int | None) -> int | None:
@@ -380,4 +380,4 @@ def _leaving_live_its_share(pair: Pair) -> Pair:
 
     return dataclasses.replace(pair, claim=dataclasses.replace(
         claim, budget_limit=lower(claim.budget_limit), token_limit=lower(claim.token_limit),
-        cost_limit=lower(claim.cost_limit)))
+        cost_limit=lower(claim.cost_limit), group_cost_limit=lower(claim.group_cost_limit)))

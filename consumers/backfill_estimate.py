@@ -7,8 +7,9 @@ the console before its Start button.
    partition's share of the read by its share of the records), so the read costs the same
    whatever the window's size; each record stamped in the window decoded and routed as the job
    would route it (the group's filter, the job's sample): the project's traces and its pairs;
-3. scaled to the ranges' records, with the sample's error (95%: 1.96 standard errors of the
-   scaled sum, with the finite-population correction - 0 when the read took every record);
+3. scaled to the ranges' offsets, with the sample's error (95%: 1.96 standard errors of the
+   scaled sum, the runs being the sample's units - records close together are alike - with the
+   finite-population correction: 0 when the read took every record);
 4. the judge calls, tokens and cost per pair from the group's recent averages (its history of
    the last 30 days: the calls its results made and what they cost), or - without any - its
    panel's planned calls and their ceilings (the most they can cost).
@@ -25,7 +26,7 @@ from aiokafka import AIOKafkaConsumer, TopicPartition
 
 from consumers.backfill_plan import Plan, plan_ranges
 from consumers.decode import DeadLetter, decode_trace
-from consumers.range_reads import reading, started
+from consumers.range_reads import RangeReader, started
 from scorer_groups.api_models import BackfillEstimate
 from scoring.catalog import CatalogSnapshot
 from scoring.judge_prompt import ANSWER_MAX_TOKENS, token_ceiling
@@ -43,27 +44,28 @@ async def estimate(make: Callable[[], AIOKafkaConsumer], topic: str, group: Scor
                    *, from_ms: int, to_ms: int, sample_rate: float, history: RatingsHistory, pricing: Pricing,
                    currency: str, limit: int, max_trace_bytes: int, max_spans: int,
                    max_judge_calls: int | None = None) -> BackfillEstimate:
-    async with started(make) as consumer:  # 1. the job's plan
-        plan = await plan_ranges(consumer, topic, from_ms, max(from_ms, to_ms))
     read = traces = 0
-    per_record: list[int] = []  # 2. the pairs each record read makes (0: not the project's, filtered, not sampled)
+    runs: list[tuple[int, int]] = []  # 2. per run read: the offsets it covered, the pairs its records make
     ceilings: list[tuple[int, int, int | None]] = []  # per pair: its calls, token and cost ceilings (nanos)
-    for partition, offsets in _runs(plan, limit):
-        tp = TopicPartition(topic, partition)
-        for start, end in offsets:
-            async with reading(make, tp, start, end) as reader:
+    async with started(make) as consumer:  # one consumer of no group: assigned and moved by hand
+        plan = await plan_ranges(consumer, topic, from_ms, max(from_ms, to_ms))  # 1. the job's plan
+        for partition, offsets in _runs(plan, limit):
+            tp = TopicPartition(topic, partition)
+            consumer.assign([tp])
+            for start, end in offsets:
+                consumer.seek(tp, start)
+                reader, pairs_made = RangeReader(consumer, tp, end), 0
                 while (batch := await reader.next_batch(end - start, timeout_ms=500)) is not None:
                     for record in batch:
                         read += 1
                         pairs = _pairs(record, topic, group, snapshot, from_ms, to_ms, sample_rate,
                                        max_trace_bytes, max_spans, pricing)
-                        if pairs is None:
-                            per_record.append(0)
-                            continue
-                        traces += 1
-                        per_record.append(len(pairs))
-                        ceilings += pairs
-    return _scaled(plan.records, read, traces, per_record, ceilings, history, currency, max_judge_calls)
+                        if pairs is not None:
+                            traces += 1
+                            pairs_made += len(pairs)
+                            ceilings += pairs
+                runs.append((end - start, pairs_made))
+    return _scaled(plan.records, read, traces, runs, ceilings, history, currency, max_judge_calls)
 
 
 def _runs(plan: Plan, limit: int) -> list[tuple[int, list[tuple[int, int]]]]:
@@ -111,23 +113,21 @@ def _pairs(record: object, topic: str, group: ScorerGroup, snapshot: CatalogSnap
     return out
 
 
-def _scaled(records: int, read: int, traces: int, per_record: list[int], ceilings: list[tuple[int, int, int | None]],
-            history: RatingsHistory, currency: str, max_judge_calls: int | None) -> BackfillEstimate:
-    """3-4: what was read, scaled to the window, with its error; the spend per pair."""
-    scale = records / read if read else 0.0
-    pairs = sum(per_record)
-    error = 0.0
-    if 1 < read < records:
-        mean = pairs / read
-        variance = sum((n - mean) ** 2 for n in per_record) / (read - 1)
-        error = Z_95 * records * math.sqrt(variance / read * (1 - read / records))
+def _scaled(records: int, read: int, traces: int, runs: list[tuple[int, int]],
+            ceilings: list[tuple[int, int, int | None]], history: RatingsHistory, currency: str,
+            max_judge_calls: int | None) -> BackfillEstimate:
+    """3-4: what was read, scaled to the window's offsets, with its error; the spend per pair."""
+    covered = sum(offsets for offsets, _ in runs)  # offsets, not records: a gap (a transaction marker) is no trace
+    scale = records / covered if covered else 0.0
+    pairs = sum(made for _, made in runs)
+    error = _error(records, covered, runs, pairs)
     expected_pairs = pairs * scale
     spent = history.spend()
-    if spent.count and spent.judge_calls:  # the group's recent averages, per result
+    if spent.spent and spent.judge_calls:  # the group's recent averages, per result counted with its spend
         basis = "history"
-        calls = spent.judge_calls / spent.count
-        tokens = spent.tokens / spent.count
-        cost: float | None = None if spent.unpriced else spent.cost / NANOS / spent.count
+        calls = spent.judge_calls / spent.spent
+        tokens = spent.tokens / spent.spent
+        cost: float | None = None if spent.unpriced else spent.cost / NANOS / spent.spent
     else:  # none yet: the panel's planned calls and their ceilings - the most a pair can cost
         basis = "ceilings"
         n = len(ceilings) or 1
@@ -143,9 +143,26 @@ def _scaled(records: int, read: int, traces: int, per_record: list[int], ceiling
         cost_total = None if cost is None else expected_pairs * cost * share
     else:
         tokens_total, cost_total = expected_pairs * tokens, None if cost is None else expected_pairs * cost
-    relative = error / expected_pairs if expected_pairs else 0.0
+    relative = None if error is None else (error / expected_pairs if expected_pairs else None)
     return BackfillEstimate(
         records=records, read=read, traces=round(traces * scale), pairs=round(expected_pairs),
-        pairs_error=math.ceil(error), judge_calls=round(judge_calls), tokens=round(tokens_total),
-        cost=None if cost_total is None else round(cost_total, 6), currency=currency, basis=basis,
-        relative_error=round(relative, 4), capped=capped)
+        pairs_error=None if error is None else math.ceil(error), judge_calls=round(judge_calls),
+        tokens=round(tokens_total), cost=None if cost_total is None else round(cost_total, 6), currency=currency,
+        basis=basis, relative_error=None if relative is None else round(relative, 4), capped=capped)
+
+
+def _error(records: int, covered: int, runs: list[tuple[int, int]], pairs: int) -> float | None:
+    """The 95% error of the pairs' total, the runs read being the sample's units (records close
+    together are alike: a tenant's traffic comes in bursts) - a ratio estimator's variance with
+    the finite-population correction. 0 when the runs covered the window; None when too few
+    runs to tell; with no pair seen, the rule of three's bound (3 in the offsets covered)."""
+    if covered >= records:
+        return 0.0
+    if not pairs:
+        return 3 * records / covered if covered else None
+    n = len(runs)
+    if n < 2:
+        return None
+    ratio = pairs / covered
+    spread = sum((made - ratio * offsets) ** 2 for offsets, made in runs) * n / (n - 1)
+    return Z_95 * records * math.sqrt(spread * (1 - covered / records)) / covered

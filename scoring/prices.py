@@ -97,7 +97,7 @@ class Rates:
         return tokens * self.per_token + calls * self.per_call
 
 
-UNPRICED_RATES = Rates(UNPRICEABLE_NANOS, 0)
+UNPRICED_RATES = Rates(UNPRICEABLE_NANOS, UNPRICEABLE_NANOS)  # refused by calls or tokens alike
 NO_RATES = Rates()  # without a money cap: nothing to count (one instance, not one per pair)
 
 

@@ -178,6 +178,9 @@ class Bucket:
     unpriced: int = 0
     judge_calls: int = 0  # the judge calls made, and the tokens they reported
     tokens: int = 0
+    # The results counted with their spend (those recorded in a batch that made a judge call):
+    # what a result's spend is averaged over - results from before spend was counted are not.
+    spent: int = 0
 
     def cost_wire(self) -> dict[str, object]:
         return {"cost": self.cost / NANOS, "memberCost": {ref: n / NANOS for ref, n in self.member_cost},
@@ -228,7 +231,8 @@ class RatingsHistory:
                 by_member[ref] = by_member.get(ref, 0) + n
         return Bucket(0, self.count, self.scored, None, None, None, 0, 0, cost=sum(b.cost for b in self.buckets),
                       member_cost=tuple(sorted(by_member.items())), unpriced=sum(b.unpriced for b in self.buckets),
-                      judge_calls=sum(b.judge_calls for b in self.buckets), tokens=sum(b.tokens for b in self.buckets))
+                      judge_calls=sum(b.judge_calls for b in self.buckets), tokens=sum(b.tokens for b in self.buckets),
+                      spent=sum(b.spent for b in self.buckets))
 
     def wire(self) -> dict[str, object]:
         return {
@@ -236,8 +240,8 @@ class RatingsHistory:
             "count": self.count, "scored": self.scored, "mean": self.mean,
             "belowThreshold": self.below, "noScore": self.no_score, "skipped": self.skipped,
             "matched": self.matched, **(spend := self.spend()).cost_wire(),
-            # what a result cost, on average: the window's spend over its results
-            "costPerResult": spend.cost / NANOS / self.count if self.count else None,
+            # what a result cost, on average: the window's spend over the results counted with it
+            "costPerResult": spend.cost / NANOS / spend.spent if spend.spent else None,
             "buckets": [{"start": b.start, "count": b.count, "scored": b.scored, "mean": b.mean,
                          "min": b.min, "max": b.max, "belowThreshold": b.below, "noScore": b.no_score,
                          "skipped": b.skipped, "matched": b.matched, **b.cost_wire()}
@@ -306,11 +310,13 @@ def _bucket_keys(group_id: str, at: float,
 def _add_spend(pipe: ScriptPipeline, buckets: list[str], agg: _Aggregate) -> None:
     """The judge calls' cost into the buckets the script just counted in (and gave their
     expiry): "cost" and "cost:<ref id>" in nanos, "unpriced" calls, the "calls" made and their
-    "tokens". Nothing without calls."""
+    "tokens", and the results counted with them ("spent"). Nothing without calls: a batch of
+    results that made none adds nothing to the averages (they err high, never low)."""
     if not agg.judge_calls:
         return
     total = sum(agg.costs.values())
     for name in buckets:
+        pipe.redis.hincrby(name, "spent", agg.count)
         pipe.redis.hincrby(name, "calls", agg.judge_calls)
         if agg.tokens:
             pipe.redis.hincrby(name, "tokens", agg.tokens)
@@ -470,5 +476,5 @@ def _bucket(start: int, h: dict[bytes, bytes]) -> Bucket:
                   min=num("min"), max=num("max"), below=int(h.get(b"below", 0)),
                   no_score=int(h.get(b"noscore", 0)), skipped=int(h.get(b"skipped", 0)),
                   matched=int(h.get(b"matched", 0)), cost=int(h.get(b"cost", 0)), unpriced=int(h.get(b"unpriced", 0)),
-                  judge_calls=int(h.get(b"calls", 0)), tokens=int(h.get(b"tokens", 0)),
+                  judge_calls=int(h.get(b"calls", 0)), tokens=int(h.get(b"tokens", 0)), spent=int(h.get(b"spent", 0)),
                   member_cost=tuple(sorted((k[5:].decode(), int(v)) for k, v in h.items() if k.startswith(b"cost:"))))

@@ -275,8 +275,10 @@ class BackfillEstimate(ApiModel):
     read: int = Field(description="Records this estimate read of them (all of them: the figures are exact).")
     traces: int = Field(description="The project's traces stamped in the window (estimated).")
     pairs: int = Field(description="Subjects its filter and sample would keep: the pairs it would grade.")
-    pairs_error: int = Field(description="The pairs' 95% error (+/-): 0 when every record was read.")
-    relative_error: float = Field(description="pairsError / pairs: the judge calls, tokens and cost share it.")
+    pairs_error: int | None = Field(description="The pairs' 95% error (+/-): 0 when every record was read; null "
+                                                "when the read was too small to tell.")
+    relative_error: float | None = Field(description="pairsError / pairs: the judge calls, tokens and cost share "
+                                                     "it (null when unknown, or no pair is expected).")
     judge_calls: int = Field(description="Judge calls expected (at most maxJudgeCalls).")
     tokens: int = Field(description="Judge tokens expected.")
     cost: float | None = Field(description="Their cost in ``currency``; null when a model has no price.")

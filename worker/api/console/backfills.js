@@ -131,7 +131,8 @@ function estimateText(e) {
   const cost = e.cost === null ? "cost unknown (a judge model has no price)"
     : `${e.cost.toLocaleString(undefined, { maximumFractionDigits: e.cost < 1 ? 6 : 2 })} ${e.currency}`;
   const how = e.read >= e.records ? "every record of the window read" : `${e.read} of ${e.records} records read`;
-  return `Estimate: ${e.traces} traces, ${e.pairs} pairs (+/- ${e.pairsError}), ${e.judgeCalls} judge calls, ` +
+  const error = e.pairsError === null ? "error unknown: too little read" : `+/- ${e.pairsError}`;
+  return `Estimate: ${e.traces} traces, ${e.pairs} pairs (${error}), ${e.judgeCalls} judge calls, ` +
          `${e.tokens} tokens, ${cost}${e.capped ? ", stopped by max judge calls" : ""} - ${how}; spend from ` +
          (e.basis === "history" ? "the group's recent results." : "its judges' ceilings (no results yet).");
 }
