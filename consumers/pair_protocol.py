@@ -50,7 +50,7 @@ from scoring.prices import Pricing
 from scoring.results import HistoryEntry, ResultScope, cost_of, history_entry, rating_id, tokens_of
 from scoring.review_rules import Kept
 from scoring.routing import Pair
-from scoring.stores.claims import ClaimResult, Claims, PairSpend, Reservation, ReserveCalls
+from scoring.stores.claims import ClaimResult, Claims, PairSpend, Reservation, ReserveCalls, Settlement
 from scoring.stores.ratings import RatingsStore, SessionVerdict
 from scoring.stores.review_items import ReviewItems
 from scoring.stores.verdicts import Paid, VerdictStore
@@ -105,12 +105,11 @@ class Finished:
     claim: ClaimRequest
     rating_id: str
     entry: HistoryEntry
-    tokens: int = 0  # the usage the judges reported, less the ceilings reserved
+    settled: tuple[Settlement, ...] = ()  # tokens and money: what was used less the ceilings reserved
     verdict: SessionVerdict | None = None
     review: tuple[Kept, ...] = ()  # the review queues' items it makes
     paid: tuple[Paid, ...] = ()  # the judge verdicts it paid for, for the verdict cache
     saved: Savings = Savings()  # what the verdict cache saved it (the budget window counts it)
-    cost: int = 0  # nanos: what its calls cost, less the money ceilings reserved (under a money cap)
 
 
 @frozen
@@ -199,12 +198,14 @@ class PairProtocol:
         requests = [pair.claim for pair in pairs]
         policy = self._panel.verdict_cache
         lookups = self._verdict_lookups(pairs, snapshot) if policy is not None else None
-        buckets = policy.reading(time.time()) if policy is not None else ()
-        states = await self._outages.call(lambda: self.claims.claim_many(requests, lookups=lookups,
+        now = time.time()  # the windows it reserves in, and so settles in
+        buckets = policy.reading(now) if policy is not None else ()
+        states = await self._outages.call(lambda: self.claims.claim_many(requests, now, lookups=lookups,
                                                                          verdict_buckets=buckets))
         for pair, state in zip(pairs, states, strict=True):
             if state.state == "claimed":
                 self.unpublished.add(pair.claim)  # ours from here: given up if the work is cancelled
+                pair.verdicts.claimed_at = now
                 if lookups is not None:
                     self._found(pair, state)
             elif state.state == "exhausted":
@@ -245,7 +246,8 @@ class PairProtocol:
         done, or its lease runs out and it is ours. ``cap``: what the judge calls decided while
         it is scored (gates-first judges, retries) also take from."""
         reserve = self._reserve_one if cap is None else self._capped(cap)
-        spend = self.claims.spend(pair.claim, reserve, pair.verdicts.tokens_reserved, pair.verdicts.cost_reserved)
+        spend = self.claims.spend(pair.claim, reserve, pair.verdicts.tokens_reserved, pair.verdicts.cost_reserved,
+                                  pair.verdicts.claimed_at)
         try:
             return await self._alone(pair, snapshot, scope, busy, claimed_at, spend, reserve)
         except asyncio.CancelledError:
@@ -299,7 +301,8 @@ class PairProtocol:
         was decided meanwhile, ``REFUSED`` when its judges found no budget."""
         while busy:
             await asyncio.sleep(BUSY_POLL_S)
-            (claim,) = await self._outages.call(lambda: self.claims.claim_many([pair.claim]))
+            now = time.time()
+            (claim,) = await self._outages.call(functools.partial(self.claims.claim_many, [pair.claim], now))
             if claim.state in ("done", "skipped", "exhausted"):
                 self._events.group_skipped(pair.claim.project_id, pair.group.id,
                                            "budget" if claim.state == "exhausted" else "dedupe")
@@ -313,6 +316,7 @@ class PairProtocol:
                 pair.verdicts.reserved = {k.key for k in keys} if pair.claim.judge_calls else set()
                 spend.tokens_reserved = pair.claim.judge_tokens if spend.counts_tokens else 0
                 spend.cost_reserved = pair.claim.cost(pair.claim.judge_calls, spend.tokens_reserved)
+                spend.claimed_at, spend.later = now, []
         try:
             return await self._panel.score(pair.group, pair.subject, snapshot, spend=spend,
                                            verdicts=pair.verdicts if pair.verdicts.keys else None)
@@ -372,7 +376,7 @@ class PairProtocol:
                 in_bulk = False  # some subject broke scoring: each pair scored on its own finds which
         if not in_bulk:
             spends = [self.claims.spend(pair.claim, self._reserve_one, pair.verdicts.tokens_reserved,
-                                        pair.verdicts.cost_reserved) for pair in pairs]
+                                        pair.verdicts.cost_reserved, pair.verdicts.claimed_at) for pair in pairs]
             answers = await asyncio.gather(*(self._score(pair, False, snapshot, spend)
                                              for pair, spend in zip(pairs, spends, strict=True)),
                                            return_exceptions=True)
@@ -468,8 +472,7 @@ class PairProtocol:
                 verdict = (SessionVerdict(p.session_id or "", p.group_id, p.rating, p.justification,
                                           p.scored_at.timestamp())
                            if scope == "session" else None)
-                tokens = s.spend.settlement(tokens_of(s.result)) if s.spend is not None else 0
-                cost = s.spend.cost_settlement(cost_of(s.result)) if s.spend is not None else 0
+                settled = tuple(s.spend.settlements(tokens_of(s.result), cost_of(s.result))) if s.spend else ()
                 at = s.pair.subject.at if self._outputs.policy.history_at_subject else None
                 entry = history_entry(s.pair.group, p, p.document, at, s.result)
                 for m in s.result.blend.members:  # what its judge calls cost, in money (scoring.prices)
@@ -482,8 +485,8 @@ class PairProtocol:
                     self._events.verdict_cache(s.pair.claim.project_id, saved.hits, saved.misses, saved.tokens)
                 paid = tuple(Paid(s.pair.claim.project_id, key, CachedVerdict(v.rating, v.justification, p.id, v.usage))
                              for key, v in s.pair.verdicts.fresh.items())
-                finished.append(Finished(s.pair.claim, p.id, entry, tokens, verdict,
-                                         tuple(published.review_items.get(p.id, ())), paid, saved, cost))
+                finished.append(Finished(s.pair.claim, p.id, entry, settled, verdict,
+                                         tuple(published.review_items.get(p.id, ())), paid, saved))
             await self.finisher.submit(finished)
         except Exception as exc:
             self.failure = self.failure or exc
@@ -504,8 +507,7 @@ class PairProtocol:
                 for taken in await self._reviews.take(review, time.time()):
                     self._events.review_items(taken.project_id, taken.taken, taken.turned_away)
             await self.claims.mark_done([(i.claim, i.rating_id) for i in items],
-                                        tokens=[(i.claim, i.tokens) for i in items if i.tokens],
-                                        costs=[(i.claim, i.cost) for i in items if i.cost],
+                                        settled=[s for i in items for s in i.settled],
                                         saved=[(i.claim, i.saved.hits, i.saved.tokens) for i in items if i.saved.hits])
 
         await self._outages.call(write)

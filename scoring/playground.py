@@ -119,8 +119,11 @@ class Playground:
         free_calls, free_tokens = UnclaimedVerdicts.covered(found)
         asked = max(0, request.judge_calls - free_calls) if request.judge_calls else 0
         tokens = max(0, request.judge_tokens - free_tokens) if asked else 0
-        spend = self._claims.spend(request, tokens_reserved=tokens, cost_reserved=request.cost(asked, tokens))
-        if asked and not await self._claims.reserve(Reservation(request, asked, tokens, skip_when_refused=False)):
+        now = time.time()  # the window it reserves in, and so settles in
+        spend = self._claims.spend(request, tokens_reserved=tokens, cost_reserved=request.cost(asked, tokens),
+                                   claimed_at=now)
+        if asked and not await self._claims.reserve(Reservation(request, asked, tokens, skip_when_refused=False,
+                                                                at=now)):
             raise await self._exhausted(request)
         # 3. every member now; a gates-first panel and retries reserve as they go
         try:
@@ -128,9 +131,7 @@ class Playground:
         except BudgetExhausted:
             raise await self._exhausted(request) from None
         # 4. the ceilings reserved settled to what the calls used and cost, as a live pair's are
-        tokens_delta, cost_delta = spend.settlement(tokens_of(result)), spend.cost_settlement(cost_of(result))
-        await self._claims.mark_done([], tokens=[(request, tokens_delta)] if tokens_delta else [],
-                                     costs=[(request, cost_delta)] if cost_delta else [])
+        await self._claims.mark_done([], settled=spend.settlements(tokens_of(result), cost_of(result)))
         if found is not None:  # 5. what it paid for, kept for the next asking
             await self._verdicts.keep(group.project_id, [found])
         calls = [JudgeCallRecord.model_validate(call_document(call, m.outcome.ref_id, m.outcome.name))

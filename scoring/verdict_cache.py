@@ -143,7 +143,8 @@ class PairVerdicts:
     claim ``reserved`` calls for (this pair makes those calls), and what this pair paid for
     (``fresh``: kept by the finish step, once its rating id is published)."""
 
-    __slots__ = ("cost_reserved", "fresh", "hits", "keys", "rating_id", "reserve", "reserved", "tokens_reserved")
+    __slots__ = ("claimed_at", "cost_reserved", "fresh", "hits", "keys", "rating_id", "reserve", "reserved",
+                 "tokens_reserved")
 
     def __init__(self) -> None:
         self.rating_id = ""
@@ -152,6 +153,7 @@ class PairVerdicts:
         self.reserved: set[str] = set()
         self.tokens_reserved: int | None = None  # what its claim reserved (None: the request's ceiling)
         self.cost_reserved: int | None = None  # and of money, in nanos
+        self.claimed_at: float | None = None  # when: the window (and day) it reserved in
         self.fresh: dict[str, CachedVerdict] = {}
         # Reserves (calls, tokens) the claim did not, the pair skipped for budget when refused:
         # the pair's ``JudgeSpend.reserve_panel``, set by the panel (None: no budget to ask).

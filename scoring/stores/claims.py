@@ -101,12 +101,14 @@ class Claims:
         self._mark_done = redis.register_script(MARK_DONE)
 
     def spend(self, request: ClaimRequest, reserve: ReserveCalls | None = None,
-              tokens_reserved: int | None = None, cost_reserved: int | None = None) -> PairSpend:
+              tokens_reserved: int | None = None, cost_reserved: int | None = None,
+              claimed_at: float | None = None) -> PairSpend:
         """The pair's budget for the judge calls decided while it is scored (``scoring.ports.JudgeSpend``).
         ``reserve`` makes the reservation; the trace loop passes one that batches the pairs'.
         ``tokens_reserved``, ``cost_reserved``: what its claim reserved, when the verdict cache
-        made it less than the request's ceilings."""
-        return PairSpend(request, reserve or self.reserve, tokens_reserved, cost_reserved)
+        made it less than the request's ceilings; ``claimed_at``: the time its claim reserved at
+        (the window it reserved in; default now)."""
+        return PairSpend(request, reserve or self.reserve, tokens_reserved, cost_reserved, claimed_at)
 
     async def reserve(self, reservation: Reservation) -> bool:
         """One reservation alone (``reserve_many`` of one)."""
@@ -123,15 +125,15 @@ class Claims:
         now = time.time() if now is None else now
         async with ScriptPipeline(self._redis) as pipe:
             for r in reservations:
-                request = r.request
-                window_start = int(now) // request.budget_window_s * request.budget_window_s
+                request, at = r.request, now if r.at is None else r.at
+                window_start = int(at) // request.budget_window_s * request.budget_window_s
                 money = keys.judge_cost(request.project_id, window_start)
                 tokens = r.tokens if request.counts_tokens else 0
                 pipe.script(
                     self._reserve,
                     [keys.judge_budget(request.project_id, window_start),
                      keys.judge_tokens(request.project_id, window_start), claim_hash(request), money,
-                     money if request.group_cost_limit is None else _group_cost_key(request, now)],
+                     money if request.group_cost_limit is None else _group_cost_key(request, at)],
                     [self.owner, _limit(request.budget_limit), request.budget_window_s * 2, r.calls,
                      claim_field(request), int(r.skip_when_refused), _limit(request.token_limit), tokens,
                      _limit(request.cost_limit), request.cost(r.calls, tokens), _limit(request.group_cost_limit),
@@ -205,34 +207,34 @@ class Claims:
     async def mark_done(self, done: list[tuple[ClaimRequest, str]],
                         tokens: Sequence[tuple[ClaimRequest, int]] = (), now: float | None = None,
                         saved: Sequence[tuple[ClaimRequest, int, int]] = (),
-                        costs: Sequence[tuple[ClaimRequest, int]] = ()) -> None:
-        """Mark pairs done with their rating ids, once their outputs are acknowledged. ``tokens``
-        settles the pairs' judge tokens in their windows (the usage reported less the ceilings
-        reserved), ``costs`` their money (nanos: what the calls cost less the ceilings) in their
-        project's window and group's day; ``saved`` counts the (calls, tokens) the verdict cache
-        saved them in their windows. One script call per project, pipelined: a round trip for
-        the batch."""
-        if not done and not tokens and not saved and not costs:
-            return
+                        costs: Sequence[tuple[ClaimRequest, int]] = (),
+                        settled: Sequence[Settlement] = ()) -> None:
+        """Mark pairs done with their rating ids, once their outputs are acknowledged, and settle
+        what they reserved (``PairSpend.settlements``: each in the window it was reserved in -
+        ``tokens`` and ``costs``, in the window of ``now``, are the same for one window): the
+        judge tokens to the usage reported, the money (nanos) to what the calls cost, in the
+        project's window and the group's day. ``saved`` counts the (calls, tokens) the verdict
+        cache saved them in their windows. One script call per project, pipelined: a round trip
+        for the batch."""
         now = time.time() if now is None else now
+        settled = [*settled, *(Settlement(r, now, tokens=d) for r, d in tokens),
+                   *(Settlement(r, now, cost=d) for r, d in costs)]
+        if not done and not settled and not saved:
+            return
         by_project: dict[str, tuple[dict[str, dict[str, str]], dict[tuple[str, int], int]]] = {}
         for request, rating_id in done:
             hashes, _ = by_project.setdefault(request.project_id, ({}, defaultdict(int)))
             hashes.setdefault(claim_hash(request), {})[claim_field(request)] = done_mark(request, rating_id)
-        for request, delta in tokens:
-            if delta:
-                window_s = request.budget_window_s
-                _, settle = by_project.setdefault(request.project_id, ({}, defaultdict(int)))
-                settle[(keys.judge_tokens(request.project_id, int(now) // window_s * window_s), window_s * 2)] += delta
-        for request, delta in costs:
-            if delta:
-                window_s = request.budget_window_s
-                _, settle = by_project.setdefault(request.project_id, ({}, defaultdict(int)))
-                if request.cost_limit is not None:
-                    window = keys.judge_cost(request.project_id, int(now) // window_s * window_s)
-                    settle[(window, window_s * 2)] += delta
-                if request.group_cost_limit is not None:
-                    settle[(_group_cost_key(request, now), keys.GROUP_COST_TTL_S)] += delta
+        for s in settled:
+            request, window_s = s.request, s.request.budget_window_s
+            window_start = int(s.at) // window_s * window_s
+            _, settle = by_project.setdefault(request.project_id, ({}, defaultdict(int)))
+            if s.tokens:
+                settle[(keys.judge_tokens(request.project_id, window_start), window_s * 2)] += s.tokens
+            if s.cost and request.cost_limit is not None:
+                settle[(keys.judge_cost(request.project_id, window_start), window_s * 2)] += s.cost
+            if s.cost and request.group_cost_limit is not None:
+                settle[(_group_cost_key(request, s.at), keys.GROUP_COST_TTL_S)] += s.cost
         async with ScriptPipeline(self._redis) as pipe:
             for hashes, settle in by_project.values():
                 args: list[str | int] = [self._done_ttl_s, len(hashes)]
@@ -334,6 +336,18 @@ class Reservation:
     calls: int
     tokens: int
     skip_when_refused: bool  # a gates-first panel's: refused, the pair is skipped for budget
+    at: float | None = None  # when asked: the window (and day) it is kept in; None: the batch's time
+
+
+@dataclass(frozen=True, slots=True)
+class Settlement:
+    """What to add to the window (and day) of ``at`` once a pair is done: its tokens and money
+    (nanos) - negative where the ceilings reserved exceed what the calls used and cost."""
+
+    request: ClaimRequest
+    at: float
+    tokens: int = 0
+    cost: int = 0
 
 
 # How a pair's reservation reaches Redis: ``Claims.reserve`` alone, or - the pair protocol's -
@@ -346,17 +360,21 @@ ReserveCalls = Callable[[Reservation], Awaitable[bool]]
 
 class PairSpend:
     """One claimed pair's ``JudgeSpend``: its reservations go to its project's budget window, and
-    it remembers the token and money ceilings reserved, so that ``settlement`` and
-    ``cost_settlement`` can turn them into the usage and cost the judges reported."""
+    it remembers the token and money ceilings reserved - and when - so that ``settlements`` can
+    turn them into the usage and cost the judges reported, each in the window it was kept in."""
 
     def __init__(self, request: ClaimRequest, reserve: ReserveCalls, tokens_reserved: int | None = None,
-                 cost_reserved: int | None = None) -> None:
+                 cost_reserved: int | None = None, claimed_at: float | None = None) -> None:
         self.request, self._reserve_one = request, reserve
         self.counts_tokens = request.counts_tokens
         claimed = request.judge_tokens if tokens_reserved is None else tokens_reserved
         self.tokens_reserved = claimed if self.counts_tokens else 0
         self.cost_reserved = request.cost(request.judge_calls, self.tokens_reserved) if cost_reserved is None \
             else cost_reserved
+        # When its claim reserved (the window and day it reserved in), and what it reserved
+        # since, each when: a pair scored across a window's end settles each where it was kept.
+        self.claimed_at = time.time() if claimed_at is None else claimed_at
+        self.later: list[tuple[float, int, int]] = []
 
     async def reserve_panel(self, calls: int, tokens: int) -> bool:
         return await self._reserve(calls, tokens, skip_when_refused=True)
@@ -366,24 +384,28 @@ class PairSpend:
 
     async def _reserve(self, calls: int, tokens: int, *, skip_when_refused: bool) -> bool:
         tokens = tokens if self.counts_tokens else 0
-        granted = await self._reserve_one(Reservation(self.request, calls, tokens, skip_when_refused))
+        at = time.time()
+        granted = await self._reserve_one(Reservation(self.request, calls, tokens, skip_when_refused, at))
         if granted:
+            cost = self.request.cost(calls, tokens)
             self.tokens_reserved += tokens
-            self.cost_reserved += self.request.cost(calls, tokens)
+            self.cost_reserved += cost
+            self.later.append((at, tokens, cost))
         return granted
 
-    def settlement(self, tokens_reported: int) -> int:
-        """What to add to the window's tokens once the pair is done: the usage reported less
-        the ceilings reserved (negative under a token budget: the ceiling overshoots)."""
-        return tokens_reported - self.tokens_reserved
-
-    def cost_settlement(self, cost_reported: int | None) -> int:
-        """What to add to the money of the window (and the group's day) once the pair is done:
-        what its calls cost (nanos) less the ceilings reserved. Unknown (a call whose API did
-        not report its tokens): the ceilings stay, never less than it may have cost."""
-        if not self.request.counts_cost or cost_reported is None:
-            return 0
-        return cost_reported - self.cost_reserved
+    def settlements(self, tokens_reported: int, cost_reported: int | None) -> list[Settlement]:
+        """What the pair's done mark settles: each reservation made while it was scored given
+        back in the window it was made in, and the claim's window (and day) counting the usage
+        and cost reported less what the claim reserved (negative: the ceilings overshoot). An
+        unknown cost (a call whose API reported no token counts) keeps the money ceilings: never
+        less than it may have cost."""
+        money = self.request.counts_cost and cost_reported is not None
+        later_tokens = sum(t for _, t, _ in self.later)
+        later_cost = sum(c for _, _, c in self.later) if money else 0
+        first = Settlement(self.request, self.claimed_at, tokens_reported - (self.tokens_reserved - later_tokens),
+                           (cost_reported or 0) - (self.cost_reserved - later_cost) if money else 0)
+        given_back = [Settlement(self.request, at, -tokens, -cost if money else 0) for at, tokens, cost in self.later]
+        return [s for s in (first, *given_back) if s.tokens or s.cost]
 
 
 STRIDE = 6  # the claim script's reply per pair: state, detail, leads, calls, tokens, money

@@ -110,7 +110,7 @@ async def test_a_money_cap_reserves_each_calls_cost_ceiling_and_settles_to_what_
     answer = json.dumps({"rating": 8, "justification": "Scripted judge answer"})
     cost = sum(cost_nanos(r, answer) for r in requests)
     assert cost_of(result) == cost and 0 < cost < reserved
-    await claims.mark_done([(pair.claim, "r-1")], costs=[(pair.claim, spend.cost_settlement(cost_of(result)))])
+    await claims.mark_done([(pair.claim, "r-1")], settled=spend.settlements(0, cost_of(result)))
     assert await claims.cost_used(project, 3600) == cost, "settled to the calls' exact cost"
 
 
@@ -159,7 +159,7 @@ async def test_deferred_judges_and_retries_reserve_money_and_settle(
     assert await claims.group_cost_used(project, "g") == reserved
     cost = cost_of(result)
     assert cost is not None and 0 < cost < reserved
-    await claims.mark_done([(pair.claim, "r")], costs=[(pair.claim, spend.cost_settlement(cost))])
+    await claims.mark_done([(pair.claim, "r")], settled=spend.settlements(0, cost))
     assert await claims.cost_used(project, 3600) == cost == await claims.group_cost_used(project, "g")
 
 
@@ -199,3 +199,23 @@ def test_a_project_key_may_only_lower_the_money_cap() -> None:
     raised = budget_write(Caller(), Budget(project_id="p", judge_calls_per_window=100, judge_cost_per_window=50.0),
                           lowered)
     assert raised.cost_cap == 10.0, "the operators' next change keeps the project's own, lower cap"
+
+
+async def test_a_pair_scored_across_a_windows_end_settles_in_the_window_it_reserved_in(
+        panel: Panel, judge_server: JudgeServer, redis: Redis, unique: str) -> None:
+    project = f"p-{unique}"
+    claims, snap = Claims(redis), catalog(project, cost=5.0, per_day=5.0, judges=1)
+    pair = live_pair(snap, "t-boundary")
+    end = (int(NOW) // 86_400 + 1) * 86_400  # a window's end, and a day's (hour windows)
+    (state,) = await claims.claim_many([pair.claim], end - 1)
+    assert state.state == "claimed" and state.cost > 0
+    judge_server.script(Behaviour.rating(8))
+    spend = claims.spend(pair.claim, claimed_at=end - 1)
+    result = await panel.score(pair.group, pair.subject, snap, spend=spend)
+    cost = cost_of(result)
+    assert cost is not None and 0 < cost < state.cost
+    await claims.mark_done([(pair.claim, "r")], settled=spend.settlements(0, cost), now=end + 1)  # done after it
+    assert await claims.cost_used(project, 3600, end - 1) == cost, "settled where it was reserved"
+    assert await claims.group_cost_used(project, "g", end - 1) == cost
+    assert await claims.cost_used(project, 3600, end + 1) == 0, "the next window starts clean, not in credit"
+    assert await claims.group_cost_used(project, "g", end + 1) == 0

@@ -234,7 +234,7 @@ async def test_a_token_budget_reserves_each_calls_ceiling_and_settles_to_the_rea
     answer = json.dumps({"rating": 8, "justification": "Scripted judge answer"})
     reported = sum(words_reported(r, answer) for r in requests)  # what the judge API said the calls cost
     assert tokens_of(result) == reported and 0 < reported < ceiling
-    await claims.mark_done([(pair.claim, "r-1")], tokens=[(pair.claim, spend.settlement(reported))])
+    await claims.mark_done([(pair.claim, "r-1")], settled=spend.settlements(reported, None))
 
     assert await claims.tokens_used(project, 3600) == reported, "settled to the usage the judges reported"
     assert all(r["max_tokens"] == ANSWER_MAX_TOKENS for r in judge_server.requests), "the answer is bounded"
@@ -258,7 +258,7 @@ async def test_without_a_token_budget_tokens_are_counted_not_reserved(
     await claimed(claims, pair)
     spend = claims.spend(pair.claim)
     result = await scorer.score(pair.group, pair.subject, snap, spend=spend)
-    await claims.mark_done([(pair.claim, "r-2")], tokens=[(pair.claim, spend.settlement(tokens_of(result)))])
+    await claims.mark_done([(pair.claim, "r-2")], settled=spend.settlements(tokens_of(result), None))
     assert await claims.tokens_used(project, 3600) == tokens_of(result) > 0
 
 
@@ -279,7 +279,7 @@ async def test_under_a_token_budget_deferred_judges_and_retries_reserve_their_ce
     assert all(sent_ceiling(r) == one for r in judge_server.requests), "both judges ask the same"
     assert await claims.budget_used(project, 3600) == 3, "two judges once their gate passed, one retry"
     assert await claims.tokens_used(project, 3600) == spend.tokens_reserved == 3 * one
-    await claims.mark_done([(pair.claim, "r")], tokens=[(pair.claim, spend.settlement(tokens_of(result)))])
+    await claims.mark_done([(pair.claim, "r")], settled=spend.settlements(tokens_of(result), None))
     assert await claims.tokens_used(project, 3600) == tokens_of(result), "settled to the usage"
 
 

@@ -59,12 +59,13 @@ class RunSpend:
                              asks[start:start + RESERVE_ROWS], strict=True))
             asking = [Reservation(c, calls, tokens, skip_when_refused=False)
                       for _, c, (calls, tokens) in chunk if calls]
-            answers = iter(await self._claims.reserve_many(asking))
+            now = time.time()  # the window they reserve in, and so settle in
+            answers = iter(await self._claims.reserve_many(asking, now))
             for row, claim, (calls, tokens) in chunk:
                 if not calls or next(answers):
                     granted.append(row)
                     self.spends[str(row.id)] = self._claims.spend(claim, self._reserve_one, tokens,
-                                                                  claim.cost(calls, tokens))
+                                                                  claim.cost(calls, tokens), now)
         return granted
 
     async def _reserve_one(self, reservation: Reservation) -> bool:
@@ -74,18 +75,16 @@ class RunSpend:
     async def settle(self, graded: DatasetRun, verdicts: Mapping[str, PairVerdicts] | None = None) -> None:
         """The window's tokens settled to what the judges reported (less the ceilings reserved),
         and what the verdict cache saved the rows counted (``verdicts``: by row id)."""
-        settled, costs, saved = [], [], []
+        settled, saved = [], []
         for r in graded.rows:
             spend = self.spends.get(str(r.row.id))
             if spend is None:
                 continue
-            settled.append((spend.request, spend.settlement(tokens_of(r.result))))
-            costs.append((spend.request, spend.cost_settlement(cost_of(r.result))))
+            settled += spend.settlements(tokens_of(r.result), cost_of(r.result))
             spared = savings((m.outcome for m in r.result.blend.members), (verdicts or {}).get(str(r.row.id)))
             if spared.hits:
                 saved.append((spend.request, spared.hits, spared.tokens))
-        await self._claims.mark_done([], tokens=[(request, delta) for request, delta in settled if delta], saved=saved,
-                                     costs=[(request, delta) for request, delta in costs if delta])
+        await self._claims.mark_done([], settled=settled, saved=saved)
 
     async def close(self) -> None:
         await self._reserver.stop()
