@@ -55,6 +55,7 @@ log = structlog.get_logger(__name__)
 
 API_VERSION = "1.0.0"
 RUN_READS = 4  # whole evaluation runs read and encoded at once (each up to tens of MB), 2 per project
+ESTIMATES = 2  # backfill dry runs at once (each a Kafka consumer reading the topic), 1 per project
 
 
 def create_app(settings: Settings) -> FastAPI:
@@ -72,6 +73,8 @@ def create_app(settings: Settings) -> FastAPI:
                                       settings.api_body_read_timeout_s)
         # Whole evaluation runs read at once (worker.api.evaluations), shared fairly by projects.
         app.state.run_reads = FairShare(RUN_READS, per_project=RUN_READS // 2)
+        # Backfill dry runs (worker.api.backfills): one reader of the traces topic each, queued fairly.
+        app.state.estimates = FairShare(ESTIMATES, per_project=1)
         stalls_stop = asyncio.Event()
         stalls = asyncio.create_task(watch_loop_stalls(stalls_stop), name="event-loop stall watch")
         try:

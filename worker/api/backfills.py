@@ -26,15 +26,16 @@ JobId = Annotated[str, Path(alias="id", max_length=64, pattern=r"^bf-[0-9a-f]{16
 
 @router.post("/scorer-groups/{id}/backfills", status_code=202, response_model=BackfillJob | BackfillEstimateAnswer,
              responses={200: {"model": BackfillEstimateAnswer, "description": "dryRun: the estimate, no job"}})
-async def start_backfill(group_id: GroupId, body: BackfillCreate, client: Client, request: Request,
+async def start_backfill(group_id: GroupId, body: BackfillCreate, client: Client, who: Who, request: Request,
                          response: Response) -> BackfillJob | BackfillEstimateAnswer:
     """Grade the group's traffic of ``[from, to)`` again, with its current version: 202 and the
     job, queued. ``sampleRate`` defaults to the group's online one (required without one). With
     ``dryRun``: 200 and what the job would grade and spend, and nothing started or spent."""
-    if body.dry_run:
+    if body.dry_run:  # within the project's share of the dry runs at once: each reads the topic
         response.status_code = 200
-        return BackfillEstimateAnswer(
-            estimate=await backfill_estimate(client, request.app.state.settings, group_id, body))
+        async with request.app.state.estimates.slot(who.project_id or "operators"):
+            return BackfillEstimateAnswer(
+                estimate=await backfill_estimate(client, request.app.state.settings, group_id, body))
     group = await client.scorer_groups.get(group_id)  # 404 for another project's
     return await BackfillStore(redis_of(request)).start(group, body)
 
