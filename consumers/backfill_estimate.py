@@ -44,7 +44,7 @@ async def estimate(make: Callable[[], AIOKafkaConsumer], topic: str, group: Scor
                    *, from_ms: int, to_ms: int, sample_rate: float, history: RatingsHistory, pricing: Pricing,
                    currency: str, limit: int, max_trace_bytes: int, max_spans: int,
                    max_judge_calls: int | None = None) -> BackfillEstimate:
-    read = traces = 0
+    traces = 0
     runs: list[tuple[int, int]] = []  # 2. per run read: the offsets it covered, the pairs its records make
     ceilings: list[tuple[int, int, int | None]] = []  # per pair: its calls, token and cost ceilings (nanos)
     async with started(make) as consumer:  # one consumer of no group: assigned and moved by hand
@@ -57,7 +57,6 @@ async def estimate(make: Callable[[], AIOKafkaConsumer], topic: str, group: Scor
                 reader, pairs_made = RangeReader(consumer, tp, end), 0
                 while (batch := await reader.next_batch(end - start, timeout_ms=500)) is not None:
                     for record in batch:
-                        read += 1
                         pairs = _pairs(record, topic, group, snapshot, from_ms, to_ms, sample_rate,
                                        max_trace_bytes, max_spans, pricing)
                         if pairs is not None:
@@ -65,7 +64,7 @@ async def estimate(make: Callable[[], AIOKafkaConsumer], topic: str, group: Scor
                             pairs_made += len(pairs)
                             ceilings += pairs
                 runs.append((end - start, pairs_made))
-    return _scaled(plan.records, read, traces, runs, ceilings, history, currency, max_judge_calls)
+    return _scaled(plan.records, traces, runs, ceilings, history, currency, max_judge_calls)
 
 
 def _runs(plan: Plan, limit: int) -> list[tuple[int, list[tuple[int, int]]]]:
@@ -113,7 +112,7 @@ def _pairs(record: object, topic: str, group: ScorerGroup, snapshot: CatalogSnap
     return out
 
 
-def _scaled(records: int, read: int, traces: int, runs: list[tuple[int, int]],
+def _scaled(records: int, traces: int, runs: list[tuple[int, int]],
             ceilings: list[tuple[int, int, int | None]], history: RatingsHistory, currency: str,
             max_judge_calls: int | None) -> BackfillEstimate:
     """3-4: what was read, scaled to the window's offsets, with its error; the spend per pair."""
@@ -145,7 +144,7 @@ def _scaled(records: int, read: int, traces: int, runs: list[tuple[int, int]],
         tokens_total, cost_total = expected_pairs * tokens, None if cost is None else expected_pairs * cost
     relative = None if error is None else (error / expected_pairs if expected_pairs else None)
     return BackfillEstimate(
-        records=records, read=read, traces=round(traces * scale), pairs=round(expected_pairs),
+        exact=covered >= records, traces=round(traces * scale), pairs=round(expected_pairs),
         pairs_error=None if error is None else math.ceil(error), judge_calls=round(judge_calls),
         tokens=round(tokens_total), cost=None if cost_total is None else round(cost_total, 6), currency=currency,
         basis=basis, relative_error=None if relative is None else round(relative, 4), capped=capped)
@@ -155,13 +154,12 @@ def _error(records: int, covered: int, runs: list[tuple[int, int]], pairs: int) 
     """The 95% error of the pairs' total, the runs read being the sample's units (records close
     together are alike: a tenant's traffic comes in bursts) - a ratio estimator's variance with
     the finite-population correction. 0 when the runs covered the window; None when too few
-    runs to tell; with no pair seen, the rule of three's bound (3 in the offsets covered)."""
+    runs to tell, or no pair seen - never 0 then (the bound that would give, 3 in the offsets
+    read, would tell the tenant how much traffic the shared topic holds)."""
     if covered >= records:
         return 0.0
-    if not pairs:
-        return 3 * records / covered if covered else None
     n = len(runs)
-    if n < 2:
+    if not pairs or n < 2:
         return None
     ratio = pairs / covered
     spread = sum((made - ratio * offsets) ** 2 for offsets, made in runs) * n / (n - 1)

@@ -271,12 +271,13 @@ class BackfillEstimate(ApiModel):
     """What a backfill would grade and spend (``dryRun``), measured on a bounded read of its
     window; nothing is claimed, reserved or called."""
 
-    records: int = Field(description="Records of the traces topic the job would read (every project's).")
-    read: int = Field(description="Records this estimate read of them (all of them: the figures are exact).")
+    # The topic is every project's: how many records it holds, or how many were read, is other
+    # tenants' traffic and is not said - only whether the whole window was read.
+    exact: bool = Field(description="The whole window was read: the traces and pairs are the job's own.")
     traces: int = Field(description="The project's traces stamped in the window (estimated).")
     pairs: int = Field(description="Subjects its filter and sample would keep: the pairs it would grade.")
-    pairs_error: int | None = Field(description="The pairs' 95% error (+/-): 0 when every record was read; null "
-                                                "when the read was too small to tell.")
+    pairs_error: int | None = Field(description="The pairs' 95% error (+/-): 0 when exact; null when the read "
+                                                "was too small to tell, or saw no pair of the group.")
     relative_error: float | None = Field(description="pairsError / pairs: the judge calls, tokens and cost share "
                                                      "it (null when unknown, or no pair is expected).")
     judge_calls: int = Field(description="Judge calls expected (at most maxJudgeCalls).")

@@ -74,7 +74,7 @@ def test_the_estimate_before_the_start_button_says_what_the_job_would_spend_and_
         said = wait_for(browser, "#backfill-estimate:not(:empty)")[0].text
         traces = console_browser.TRACES  # the topic's, of the last hour: every one in the last day
         assert said.startswith(f"Estimate: {traces} traces, {traces} pairs (+/- 0), {traces} judge calls, "), said
-        assert " USD" in said and "every record of the window read" in said and "ceilings" in said, said
+        assert " USD" in said and "the whole window read" in said and "ceilings" in said, said
         assert jobs_of(env, group.id) == [], "an estimate starts nothing"
     finally:
         delete(env, group)

@@ -56,9 +56,9 @@ async def test_a_dry_run_spends_nothing_and_the_job_that_follows_is_within_its_e
     assert bench.judge.requests == [], "a dry run calls no judge"
     assert await Claims(bench.redis).budget_used(bench.project, 3600) == 0
     assert await bench.redis.keys(f"*{{{bench.project}}}*") == [], "no claim, budget or money key of the project"
-    assert (whole.records, whole.read, whole.pairs_error, whole.basis) == (450, 450, 0, "ceilings"), "read whole: exact"
+    assert (whole.exact, whole.pairs_error, whole.basis) == (True, 0, "ceilings"), "read whole: exact"
     assert whole.traces == 300 and 100 < whole.pairs < 200 and whole.judge_calls == whole.pairs
-    assert sampled.read < 100 and sampled.pairs_error > 0, "a bounded read says its error"
+    assert not sampled.exact and sampled.pairs_error > 0, "a bounded read says its error"
     assert whole.cost is not None and whole.cost > 0 and whole.currency == "EUR"
 
     judges = JudgeClient(bench.judge.base_url, timeout_s=5, prices=PRICING.prices)
@@ -111,4 +111,36 @@ async def test_the_api_and_the_cli_answer_a_dry_run_and_start_nothing(bench: Ben
                   window["from"], "--until", window["to"], "--estimate", env=kafka)
     assert printed.returncode == 0, printed.stderr
     assert printed.stdout.startswith("estimate: 40 traces, 40 pairs (+/- 0, 95%), 40 judge calls"), printed.stdout
+    assert bench.judge.requests == [], "no judge called"
+
+
+async def test_a_tenant_learns_nothing_of_other_projects_from_a_dry_run_nor_asks_for_theirs(
+        bench: Bench, redis_url: str, tmp_path: Path) -> None:
+    # Another project's traffic shares the topic: 75 of its traces beside this project's 25.
+    await bench.produce(traces(bench.project, 25) + traces(f"other-{bench.unique}", 75, "o"))
+    ours, theirs = create_key(redis_url, "--project", bench.project), create_key(redis_url, "--project", "p-x")
+    api = ApiProcess(redis_url, tmp_path / "api.log", env={"SGW_KAFKA_BOOTSTRAP": bench.bootstrap,
+                                                          "SGW_TRACES_TOPIC": bench.names.traces}).start()
+    window = {"from": DAY.isoformat(), "to": (DAY + timedelta(days=1)).isoformat(), "dryRun": True}
+    try:
+        async with httpx.AsyncClient(base_url=api.url, timeout=30) as http:
+            mine = {"Authorization": f"Bearer {ours}"}
+            judge = (await http.post("/v1/judges", headers=mine, json={"name": "J", "criteria": "Good?"})).json()
+            group = (await http.post("/v1/scorer-groups", headers=mine, json={
+                "name": "Past", "members": [{"kind": "judge", "refId": judge["id"], "weight": 1}],
+                "online": {"enabled": False, "sampleRate": 1, "alertThreshold": 6, "severity": "high"}})).json()
+            said = (await http.post(f"/v1/scorer-groups/{group['id']}/backfills", headers=mine, json=window)).json()
+            asked = await http.post(f"/v1/scorer-groups/{group['id']}/backfills",
+                                    headers={"Authorization": f"Bearer {theirs}"}, json=window)
+            sql = await http.post(f"/v1/scorer-groups/{group['id']}/backfills", headers=mine,
+                                  json={**window, "dryRun": "yes; DROP"})
+    finally:
+        api.stop()
+    estimate = said["estimate"]
+    assert set(estimate) == {"exact", "traces", "pairs", "pairsError", "relativeError", "judgeCalls", "tokens",
+                             "cost", "currency", "basis", "capped"}, "no count of the shared topic's records"
+    assert (estimate["exact"], estimate["traces"], estimate["pairs"]) == (True, 25, 25), "its own traces only"
+    assert 100 not in estimate.values() and 75 not in estimate.values()
+    assert asked.status_code == 404, "another project's group: not found, as its jobs are"
+    assert sql.status_code == 400 and "dryRun" in sql.text
     assert bench.judge.requests == [], "no judge called"

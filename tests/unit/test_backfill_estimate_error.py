@@ -1,7 +1,7 @@
 """A backfill estimate's error bar (issue 58) says what it claims: on bursty traffic - a
 tenant's traces come in runs, and the estimate reads runs of records - its 95% interval holds
-the true count of pairs about 95 times in 100; a whole read is exact; too little read is unknown,
-not exact; no pair seen is bounded by the rule of three, not called zero."""
+the true count of pairs about 95 times in 100; a whole read is exact; too little read, or no pair
+seen, is unknown - not exact, and no figure that would tell the shared topic's size."""
 
 from __future__ import annotations
 
@@ -41,4 +41,4 @@ def test_the_95_percent_interval_holds_the_truth_on_bursty_traffic() -> None:
 def test_a_whole_read_is_exact_too_little_is_unknown_and_nothing_seen_is_bounded() -> None:
     assert _error(500, 500, [(500, 40)], 40) == 0.0
     assert _error(10_000, 50, [(50, 3)], 3) is None, "one run: no spread to measure"
-    assert _error(10_000, 100, [(50, 0), (50, 0)], 0) == 300, "no pair in 100 offsets: at most 3 in 100, 95%"
+    assert _error(10_000, 100, [(50, 0), (50, 0)], 0) is None, "no pair seen: unknown, never exact"

@@ -58,7 +58,7 @@ def _job_line(job: BackfillJob) -> str:
 
 def _estimate_line(e: BackfillEstimate) -> str:
     cost = "cost unknown (a judge model has no price)" if e.cost is None else f"{e.cost:.6g} {e.currency}"
-    how = "every record read" if e.read >= e.records else f"{e.read} of {e.records} records read"
+    how = "the whole window read" if e.exact else "a sample of the window read"
     error = "error unknown: too little read" if e.pairs_error is None else f"+/- {e.pairs_error}, 95%"
     return (f"estimate: {e.traces} traces, {e.pairs} pairs ({error}), {e.judge_calls} judge calls, "
             f"{e.tokens} tokens, {cost}{', stopped at --max-judge-calls' if e.capped else ''} - {how}; "

@@ -130,7 +130,7 @@ function backfillForm(group, started) {
 function estimateText(e) {
   const cost = e.cost === null ? "cost unknown (a judge model has no price)"
     : `${e.cost.toLocaleString(undefined, { maximumFractionDigits: e.cost < 1 ? 6 : 2 })} ${e.currency}`;
-  const how = e.read >= e.records ? "every record of the window read" : `${e.read} of ${e.records} records read`;
+  const how = e.exact ? "the whole window read" : "a sample of the window read";
   const error = e.pairsError === null ? "error unknown: too little read" : `+/- ${e.pairsError}`;
   return `Estimate: ${e.traces} traces, ${e.pairs} pairs (${error}), ${e.judgeCalls} judge calls, ` +
          `${e.tokens} tokens, ${cost}${e.capped ? ", stopped by max judge calls" : ""} - ${how}; spend from ` +
