@@ -12,7 +12,8 @@ conversation and group):
    process stood still (``consumers.pauses``) is handed back and claimed afresh;
 4. publish the rating, Signal and deliveries - shielded: once under way it finishes, never
    cancelled halfway and scored again elsewhere;
-5. record: the ratings history, the group's latest results, session verdicts, the verdicts paid for;
+5. record: the ratings history, the group's latest results, session verdicts, the verdicts paid for
+   (what a published pair leaves for 5 and 6: ``consumers.finished_pairs``);
 6. mark done and settle the pair's judge tokens and money - or, when a step before 4 fails, release.
 
 ``PairProtocol`` owns all six and the batchers that share their Redis calls across jobs. A loop
@@ -36,6 +37,8 @@ import structlog
 from consumers.all_of import all_of
 from consumers.batcher import Batcher
 from consumers.events import SILENT, PipelineEvents
+from consumers.finished_pairs import Finished, Scored
+from consumers.finished_pairs import finished as finished_pair
 from consumers.outage import OutageGuard, not_the_subjects_fault
 from consumers.outputs import Outputs
 from consumers.pauses import PauseWatch
@@ -47,14 +50,13 @@ from scoring.models import ScorerGroup
 from scoring.panel import GroupResult, Panel
 from scoring.ports import BudgetExhausted
 from scoring.prices import Pricing
-from scoring.results import HistoryEntry, ResultScope, cost_of, history_entry, rating_id, tokens_of
-from scoring.review_rules import Kept
+from scoring.results import ResultScope, rating_id
 from scoring.routing import Pair
-from scoring.stores.claims import ClaimResult, Claims, PairSpend, Reservation, ReserveCalls, Settlement
-from scoring.stores.ratings import RatingsStore, SessionVerdict
+from scoring.stores.claims import ClaimResult, Claims, PairSpend, Reservation, ReserveCalls
+from scoring.stores.ratings import RatingsStore
 from scoring.stores.review_items import ReviewItems
-from scoring.stores.verdicts import Paid, VerdictStore
-from scoring.verdict_cache import CachedVerdict, Savings, savings
+from scoring.stores.verdicts import VerdictStore
+from scoring.verdict_cache import CachedVerdict
 
 log = structlog.get_logger(__name__)
 
@@ -95,30 +97,6 @@ class CallCap(Protocol):
     async def take(self, calls: int) -> bool: ...
 
     async def give(self, calls: int) -> None: ...
-
-
-@frozen
-class Finished:
-    """A published pair, for steps 5 and 6: what the history counts, the done mark, the tokens
-    to settle and - at session scope - the verdict the SDK reads."""
-
-    claim: ClaimRequest
-    rating_id: str
-    entry: HistoryEntry
-    settled: tuple[Settlement, ...] = ()  # tokens and money: what was used less the ceilings reserved
-    verdict: SessionVerdict | None = None
-    review: tuple[Kept, ...] = ()  # the review queues' items it makes
-    paid: tuple[Paid, ...] = ()  # the judge verdicts it paid for, for the verdict cache
-    saved: Savings = Savings()  # what the verdict cache saved it (the budget window counts it)
-
-
-@frozen
-class Scored:
-    """A pair with its result, and the spend it was scored with."""
-
-    pair: Pair
-    result: GroupResult
-    spend: PairSpend | None = None  # None: nothing to settle (no judge could have been called)
 
 
 class PairProtocol:
@@ -467,26 +445,9 @@ class PairProtocol:
         try:
             published = await self._outages.call(
                 lambda: self._outputs.publish([s.result for s in scored], scope, snapshot))
-            finished = []
-            for s, p in zip(scored, published.ratings, strict=True):
-                verdict = (SessionVerdict(p.session_id or "", p.group_id, p.rating, p.justification,
-                                          p.scored_at.timestamp())
-                           if scope == "session" else None)
-                settled = tuple(s.spend.settlements(tokens_of(s.result), cost_of(s.result))) if s.spend else ()
-                at = s.pair.subject.at if self._outputs.policy.history_at_subject else None
-                entry = history_entry(s.pair.group, p, p.document, at, s.result)
-                for m in s.result.blend.members:  # what its judge calls cost, in money (scoring.prices)
-                    for call in m.outcome.calls:
-                        if call.usage is not None and call.usage.cost:
-                            self._events.judge_cost(s.pair.claim.project_id, s.pair.group.id, call.model,
-                                                    call.usage.cost)
-                saved = savings((m.outcome for m in s.result.blend.members), s.pair.verdicts)
-                if saved.hits or saved.misses:
-                    self._events.verdict_cache(s.pair.claim.project_id, saved.hits, saved.misses, saved.tokens)
-                paid = tuple(Paid(s.pair.claim.project_id, key, CachedVerdict(v.rating, v.justification, p.id, v.usage))
-                             for key, v in s.pair.verdicts.fresh.items())
-                finished.append(Finished(s.pair.claim, p.id, entry, settled, verdict,
-                                         tuple(published.review_items.get(p.id, ())), paid, saved))
+            finished = [finished_pair(s, p, scope, tuple(published.review_items.get(p.id, ())),
+                                      history_at_subject=self._outputs.policy.history_at_subject, events=self._events)
+                        for s, p in zip(scored, published.ratings, strict=True)]
             await self.finisher.submit(finished)
         except Exception as exc:
             self.failure = self.failure or exc

@@ -21,6 +21,7 @@ from collections.abc import AsyncIterator, Iterator
 
 import pytest
 
+from deploy.judge_server import JudgeServer
 from deploy.redis_servers import LocalRedis, LocalRedisCluster
 from deploy.services import LocalKafka
 from scoring.stores.client import RedisClient
@@ -69,6 +70,20 @@ def redis_url() -> Iterator[str]:
         yield redis.url
     finally:
         redis.stop()
+
+
+# The local chat-completions judge (deploy.judge_server): a test's own (``judge``), or a module's
+# (``judge_server``: reset it between tests). A module may define its own to configure one.
+@pytest.fixture
+def judge() -> Iterator[JudgeServer]:
+    with JudgeServer() as s:
+        yield s
+
+
+@pytest.fixture(scope="module")
+def judge_server() -> Iterator[JudgeServer]:
+    with JudgeServer() as s:
+        yield s
 
 
 @pytest.fixture

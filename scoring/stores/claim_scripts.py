@@ -27,6 +27,17 @@ local function stored_fields(first, stride, key_offset)
 end
 """
 
+# Adds a reservation to a budget key (an integer: "%d", never "1e+15") and keeps the key for
+# ``ttl`` seconds; nothing when there is nothing to add.
+ADD = """
+local function add(key, amount, ttl)
+  if amount > 0 then
+    redis.call('INCRBY', key, string.format('%d', amount))
+    redis.call('EXPIRE', key, ttl)
+  end
+end
+"""
+
 # KEYS: the calls budget key, the tokens key, the money key (the project's window), the claim
 # hashes, the groups' money keys (their day), then the verdict cache's buckets (newest first).
 # ARGV: owner, lease ms, budget limit (-1: none), budget TTL, hash TTL, token limit (-1: none),
@@ -39,7 +50,7 @@ end
 # Money is counted in whole nanos, as integers (exact in Lua's doubles below 2**53). Returns a
 # flat list: per pair state, detail, the verdict keys it reserved calls for ("<index>,..."), the
 # calls, tokens and money it reserved; then per verdict key the verdict stored, or "".
-CLAIM = STORED_FIELDS + """
+CLAIM = STORED_FIELDS + ADD + """
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 local owner, lease_ms, limit, token_limit = ARGV[1], tonumber(ARGV[2]), tonumber(ARGV[3]), tonumber(ARGV[6])
@@ -169,12 +180,6 @@ for h, flat in pairs(writes) do
   end
   redis.call('EXPIRE', KEYS[h + 3], ARGV[5])
 end
-local function add(key, amount, ttl)
-  if amount > 0 then
-    redis.call('INCRBY', key, string.format('%d', amount))
-    redis.call('EXPIRE', key, ttl)
-  end
-end
 add(KEYS[1], reserved, ARGV[4])
 add(KEYS[2], tokens_reserved, ARGV[4])
 add(KEYS[3], cost_reserved, ARGV[4])
@@ -253,7 +258,7 @@ return out
 # budget when refused (still this owner's lease) as a claim that finds the budget exhausted does,
 # token limit (-1: none), token ceiling of the calls, money limit (-1: none), their money ceiling
 # (nanos), the group's money limit (-1: none), its key's TTL.
-RESERVE = """
+RESERVE = ADD + """
 local limit, calls = tonumber(ARGV[2]), tonumber(ARGV[4])
 local token_limit, tokens = tonumber(ARGV[7]), tonumber(ARGV[8])
 local cost_limit, cost, group_limit = tonumber(ARGV[9]), tonumber(ARGV[10]), tonumber(ARGV[11])
@@ -271,12 +276,6 @@ if refused then
     end
   end
   return 0
-end
-local function add(key, amount, ttl)
-  if amount > 0 then
-    redis.call('INCRBY', key, string.format('%d', amount))
-    redis.call('EXPIRE', key, ttl)
-  end
 end
 add(KEYS[1], calls, ARGV[3])
 add(KEYS[2], tokens, ARGV[3])

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
@@ -41,12 +41,6 @@ def trace(name: str, agent: str, environment: str) -> dict[str, Any]:
     return {"traceId": name, "projectId": "p-f", "agentId": agent, "timestamp": "2026-12-05T10:00:00Z",
             "metadata": {"environment": environment},
             "spans": [{"spanId": "r", "name": "agent.run", "input": "q", "output": f"ok [[rating=8]] [[key={name}]]"}]}
-
-
-@pytest.fixture
-def judge() -> Iterator[JudgeServer]:
-    with JudgeServer() as s:
-        yield s
 
 
 @pytest.fixture

@@ -34,12 +34,6 @@ def receiver() -> Iterator[ScriptedServer]:
 
 
 @pytest.fixture
-def judge() -> Iterator[JudgeServer]:
-    with JudgeServer() as s:
-        yield s
-
-
-@pytest.fixture
 async def env(kafka_bootstrap: str, redis_db_url: str, unique: str, judge: JudgeServer,
               external: ScriptedServer, receiver: ScriptedServer) -> AsyncIterator[dict[str, str]]:
     async with catalog_db(redis_db_url, catalog(external.url + "/score", receiver.url)) as url:

@@ -10,7 +10,7 @@ import json
 import signal
 import time
 from collections import defaultdict
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
@@ -29,12 +29,6 @@ CATALOG = {
                 "online": {"enabled": True, "sampleRate": 1.0, "alertThreshold": None, "severity": "low"},
                 "members": [{"kind": "judge", "refId": "q", "weight": 1, "gate": False}]}],
 }
-
-
-@pytest.fixture
-def judge() -> Iterator[JudgeServer]:
-    with JudgeServer() as s:
-        yield s
 
 
 @pytest.fixture

@@ -5,7 +5,7 @@ through sessions.scores; Signals below threshold, like trace scope."""
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
@@ -52,12 +52,6 @@ CONVERSATIONS = {
     "s-single": [turn("s-single", 1, "Hello?", "Hi! [[rating=2]]")],
 }
 SESSIONS = [f"s-{i}" for i in range(12)]  # more conversations, for the per-conversation sample
-
-
-@pytest.fixture
-def judge() -> Iterator[JudgeServer]:
-    with JudgeServer() as s:
-        yield s
 
 
 @pytest.fixture

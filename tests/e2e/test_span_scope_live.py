@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import signal
 from collections import defaultdict
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
@@ -66,12 +66,6 @@ def many_tools(name: str, spans: int) -> dict[str, Any]:
 
 def record(trace: dict[str, Any]) -> tuple[bytes, bytes]:
     return trace["traceId"].encode(), orjson.dumps(trace)
-
-
-@pytest.fixture
-def judge() -> Iterator[JudgeServer]:
-    with JudgeServer() as s:
-        yield s
 
 
 @pytest.fixture

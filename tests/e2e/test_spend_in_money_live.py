@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
@@ -29,12 +29,6 @@ CATALOG: dict[str, Any] = {
                {"id": "unpriced", "name": "Unpriced", "criteria": "Right?", "model": "judge-unpriced"}],
     "groups": [{"id": f"g-{j}", "name": j, "projectId": "p-money", "online": ONLINE,
                 "members": [{"kind": "judge", "refId": j, "weight": 1}]} for j in ("priced", "unpriced")]}
-
-
-@pytest.fixture
-def judge() -> Iterator[JudgeServer]:
-    with JudgeServer() as s:
-        yield s
 
 
 @pytest.fixture

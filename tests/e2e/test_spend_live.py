@@ -5,7 +5,7 @@ do not fit), and every judge verdict carries its tokens, counted per project."""
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
@@ -37,12 +37,6 @@ def trace(name: str, leaks: bool) -> dict[str, Any]:
     text = f"answer {name} " + ("mail me at jane@example.com " if leaks else "") + f"[[rating=8]] [[key={name}]]"
     return {"traceId": name, "projectId": "p-g", "agentId": "agent-g", "timestamp": "2026-12-02T13:00:00Z",
             "spans": [{"spanId": "r", "parentSpanId": None, "name": "agent.run", "input": "q", "output": text}]}
-
-
-@pytest.fixture
-def judge() -> Iterator[JudgeServer]:
-    with JudgeServer() as s:
-        yield s
 
 
 @pytest.fixture

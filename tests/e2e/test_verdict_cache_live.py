@@ -7,7 +7,7 @@ nothing; a judge with its cache off is asked every time."""
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
@@ -42,12 +42,6 @@ def record(project: str, trace_id: str, output: str) -> tuple[bytes, bytes]:
     return trace_id.encode(), orjson.dumps({
         "traceId": trace_id, "projectId": project, "agentId": "faq", "timestamp": "2026-12-06T10:00:00Z",
         "spans": [{"spanId": "r", "input": "How do I reset my password?", "output": output}]})
-
-
-@pytest.fixture
-def judge() -> Iterator[JudgeServer]:
-    with JudgeServer() as s:
-        yield s
 
 
 @pytest.fixture

@@ -228,6 +228,10 @@ def test_unknown_ref_and_requires_expected_on_a_live_group_are_400s(api: Api, sc
     ({"online": {**FULL_ONLINE, "severity": "urgent"}}, "online.severity"),
     ({"online": {**FULL_ONLINE, "sampleSalt": "new\nrubric"}}, "online.sampleSalt"),
     ({"online": {**FULL_ONLINE, "sampleSalt": ""}}, "online.sampleSalt"),
+    # money: a group's daily cap is a figure of the currency, 0 to a million
+    ({"online": {**FULL_ONLINE, "maxCostPerDay": -1}}, "online.maxCostPerDay"),
+    ({"online": {**FULL_ONLINE, "maxCostPerDay": 10**7}}, "online.maxCostPerDay"),
+    ({"online": {**FULL_ONLINE, "maxCostPerDay": "5 USD"}}, "online.maxCostPerDay"),
     ({"name": ""}, "name"),
     ({"members": [{**member("judge", "q"), "weight": "1"}]}, "members[0].weight"),
     # online.filter: an unknown field root, an op that does not fit its value, a regex RE2

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import json
 import math
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator
 from typing import Any
 
 import pytest
@@ -36,12 +36,6 @@ FAST = RetryPolicy(attempts=3, backoff_base_s=0.01, backoff_cap_s=0.02)
 MODEL = "gpt-4o-mini"  # the judge client's default model
 PRICING = Pricing({MODEL: Price(input=2.0, output=10.0)}, MODEL)  # per million tokens
 CLEAN = "Here is the plan you asked for."
-
-
-@pytest.fixture(scope="module")
-def judge_server() -> Iterator[JudgeServer]:
-    with JudgeServer() as s:
-        yield s
 
 
 @pytest.fixture

@@ -6,7 +6,7 @@ carries the tokens the judge API reported."""
 from __future__ import annotations
 
 import json
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator
 from typing import Any
 
 import pytest
@@ -34,12 +34,6 @@ LEAK = "Write to me at jane@example.com"
 CLEAN = "Here is the plan you asked for."
 
 Counted = list[tuple[str, TokenUsage]]
-
-
-@pytest.fixture(scope="module")
-def judge_server() -> Iterator[JudgeServer]:
-    with JudgeServer() as s:
-        yield s
 
 
 @pytest.fixture

@@ -10,7 +10,6 @@ import json
 import os
 import signal
 from collections import defaultdict
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -32,12 +31,6 @@ CATALOG = {
                 "online": {"enabled": True, "sampleRate": 1.0, "alertThreshold": None, "severity": "low"},
                 "members": [{"kind": "judge", "refId": "q", "weight": 1, "gate": False}]}],
 }
-
-
-@pytest.fixture
-def judge() -> Iterator[JudgeServer]:
-    with JudgeServer() as s:
-        yield s
 
 
 def agent_trace(i: int) -> Telemetry:

@@ -24,12 +24,6 @@ FAST = RetryPolicy(attempts=2, backoff_base_s=0.01, backoff_cap_s=0.02)
 
 
 @pytest.fixture(scope="module")
-def judge_server() -> Iterator[JudgeServer]:
-    with JudgeServer() as s:
-        yield s
-
-
-@pytest.fixture(scope="module")
 def external_server() -> Iterator[ScriptedServer]:
     with ScriptedServer(default=Reply(body={"score": 0.5})) as s:
         yield s

@@ -4,7 +4,7 @@ count, and text from models and tenants' services is cut of secrets before it is
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator
 
 import pytest
 from structlog.testing import capture_logs
@@ -26,12 +26,6 @@ from tests.support.panel_catalog import catalog, group, subject
 
 FAST = RetryPolicy(attempts=2, backoff_base_s=0.01, backoff_cap_s=0.02)
 Observed = list[tuple[str, str, str | None, float]]
-
-
-@pytest.fixture(scope="module")
-def judge_server() -> Iterator[JudgeServer]:
-    with JudgeServer() as s:
-        yield s
 
 
 @pytest.fixture

@@ -5,7 +5,7 @@ failed call is never shared and the pair that counted on it reserves its own."""
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator
 
 import pytest
 
@@ -71,12 +71,6 @@ def test_an_entry_is_read_back_whole_and_anything_else_is_no_entry() -> None:
     for bad in (b"", None, b"not json", b"[]", b'{"r": "7", "j": "", "p": "", "u": null}',
                 b'{"r": true, "j": "", "p": "", "u": null}', b'{"r": 1}'):
         assert CachedVerdict.decode(bad) is None, bad
-
-
-@pytest.fixture(scope="module")
-def judge_server() -> Iterator[JudgeServer]:
-    with JudgeServer() as s:
-        yield s
 
 
 @pytest.fixture
