@@ -22,6 +22,7 @@ from redis.asyncio import Redis
 
 from deploy.processes import free_port
 from scoring.groups import MonitorClient
+from tests.bench.profile import Profile
 from tests.bench.workload import (
     DETERMINISTIC_CATALOG,
     DETERMINISTIC_GROUPS,
@@ -55,6 +56,7 @@ class Bench:
     sandboxes: int = 2
     worker_settings: dict[str, str] = field(default_factory=dict)  # --worker-setting: over every scenario's
     next_db: int = 1
+    profile_dir: Path | None = None  # --profile: a py-spy profile of each measured window, by step
     results: dict[str, dict[str, Any]] = field(default_factory=dict)
 
     def name(self, what: str) -> str:
@@ -98,17 +100,20 @@ async def _drain(bench: Bench, pid: int, alive: Any, out_topic: str, traces: int
     """Wait until ``traces`` x ``groups`` outputs are out; measure from the first output on (the
     CPU and memory of ``pid``, of the ``peers`` working alongside it, and of their children)."""
     tree = ProcessTree(pid, peers=peers).start()
+    profile = Profile(None, None)
     expected = traces * groups
     try:
         async with OutputTopic(bench.bootstrap, out_topic) as out:
             while await out.count() == 0 and alive():
                 await asyncio.sleep(0.05)
             tree.mark()
+            profile = Profile.start(bench.profile_dir, out_topic.removesuffix(f"-{bench.tag}"), pid)
             marked = time.monotonic()
             first = await out.count()
             before = await redis_calls(redis_url) if redis_url else {}
             got = await out.wait_for(expected, timeout_s=max(300.0, traces / 100), alive=alive)
             cpu_s, wall_s = tree.cpu_s(), time.monotonic() - marked
+            root_cpu_s = tree.root_cpu_s()
             waited_s = tree.waited_s()
             after = await redis_calls(redis_url) if redis_url else {}
             span_s = await out.span_s()
@@ -116,6 +121,7 @@ async def _drain(bench: Bench, pid: int, alive: Any, out_topic: str, traces: int
             sample = await out.last_values(50)
     finally:
         tree.stop()
+        profile.stop()
     done = got / groups
     calls = calls_delta(before, after)
     result: dict[str, Any] = {
@@ -123,6 +129,8 @@ async def _drain(bench: Bench, pid: int, alive: Any, out_topic: str, traces: int
         "traces_per_s": round(done / span_s, 1),
         "cpu_s_per_1k": round(cpu_s / max(1, (got - first) / groups) * 1000, 3),
         "cpu_cores_used": round(cpu_s / wall_s, 2),
+        # of the CPU, the measured process's own (the rest: its children - the code sandboxes)
+        "own_cpu_share": round(root_cpu_s / cpu_s, 2) if cpu_s else None,
         # threads ready to run but not running, on average: high means starved by the machine's
         # load, low (with few cores used) means it waits on I/O (the broker, Redis, sandboxes)
         "cpu_starved": round(waited_s / wall_s, 2),
@@ -322,6 +330,7 @@ async def judge_bound(bench: Bench, concurrency: int, window_s: float) -> dict[s
         await asyncio.sleep(1.0)  # warm up: connections opened, the pipeline full
         tree.mark()
         server.mark()
+        profile = Profile.start(bench.profile_dir, f"judge-{concurrency}", worker.proc.pid)
         t1, n1, _ = judge.count
         before = await redis_calls(redis_url)
         await asyncio.sleep(window_s)
@@ -329,6 +338,7 @@ async def judge_bound(bench: Bench, concurrency: int, window_s: float) -> dict[s
         after = await redis_calls(redis_url)
         cpu_s, server_cpu_s, starved = tree.cpu_s(), server.cpu_s(), tree.waited_s() / (t2 - t1)
         hwm = tree.root_hwm_mb()
+        profile.stop()
     finally:
         tree.stop()
         worker.stop(timeout_s=120)

@@ -83,7 +83,7 @@ SELF_FED = {"tenants", "verdict-cache"}  # scenarios that produce their own trac
 async def run(args: argparse.Namespace) -> dict[str, Any]:
     report: dict[str, Any] = {"deterministic_vs_limit": None, "machine": machine(),
                               "started_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
-                              "settings": {k: v for k, v in vars(args).items() if k != "out"}, "scenarios": {}}
+                              "settings": {k: str(v) if isinstance(v, Path) else v for k, v in vars(args).items() if k != "out"}, "scenarios": {}}
     print(f"machine: {report['machine']}", flush=True)
     with ExitStack() as stack:
         bootstrap = os.environ.get("SGW_KAFKA_BOOTSTRAP")
@@ -99,7 +99,7 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
         tag = f"bench{int(time.time())}"
         bench = Bench(bootstrap, redis_url, topic=f"traces-{tag}", traces=args.traces, tag=tag,
                       logs=Path(tempfile.mkdtemp(prefix="sgw-bench-")), sandboxes=args.sandboxes,
-                      worker_settings=dict(s.split("=", 1) for s in args.worker_setting))
+                      worker_settings=dict(s.split("=", 1) for s in args.worker_setting), profile_dir=args.profile)
         wanted = args.only.split(",") if args.only else ALL
         if set(wanted) <= SELF_FED:
             print(f"logs in {bench.logs}", flush=True)
@@ -307,6 +307,8 @@ def main() -> None:
                         help="traces of the bench project tenants drains per catalog (and in a 10-group one)")
     parser.add_argument("--only", default="", help=f"comma-separated subset of {','.join(ALL)}")
     parser.add_argument("--out", type=Path, default=RESULTS)
+    parser.add_argument("--profile", type=Path, default=None, metavar="DIR",
+                        help="py-spy profiles of each measured window, and their steps, written to DIR")
     args = parser.parse_args()
     if args.quick:
         args.traces = min(args.traces, 10_000)

@@ -279,6 +279,7 @@ class ProcessTree:
     waited: dict[int, float] = field(default_factory=dict)
     peak_rss: int = 0
     _base: float = 0.0
+    _base_root: float = 0.0
     _base_waited: float = 0.0
     _stop: threading.Event = field(default_factory=threading.Event)
     _thread: threading.Thread | None = None
@@ -314,12 +315,17 @@ class ProcessTree:
         """From now on: CPU is counted from here, and the RSS peak starts over."""
         self.sample()
         self._base, self.peak_rss = sum(self.cpu.values()), 0
+        self._base_root = self.cpu.get(self.root, 0.0)
         self._base_waited = sum(self.waited.values())
         self.sample()
 
     def cpu_s(self) -> float:
         self.sample()
         return sum(self.cpu.values()) - self._base
+
+    def root_cpu_s(self) -> float:
+        """The root process's own CPU since ``mark()`` (of ``cpu_s()``, what is not its children's)."""
+        return self.cpu.get(self.root, 0.0) - self._base_root
 
     def waited_s(self) -> float:
         """Seconds (summed over threads) runnable but not running since ``mark()``."""
