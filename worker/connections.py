@@ -2,7 +2,9 @@
 a timeout, a delivery guarantee or an address is decided once for the worker, the API and the CLI.
 
 - Redis: every command and connection attempt gives up after ``SGW_REDIS_TIMEOUT_S`` (a hung
-  server is an outage the callers see, never a request that waits forever). A ``rediss://`` URL
+  server is an outage the callers see, never a request that waits forever). Commands are packed
+  into the wire protocol by hiredis, as redis-py's own synchronous client does (``_CPacked``).
+  A ``rediss://`` URL
   is TLS, checked against ``SGW_REDIS_CA_FILE`` (or the system's CAs); an ACL user and password
   go in the URL. With
   ``SGW_REDIS_CLUSTER`` the client is a Redis Cluster's: it learns the slots from the node the URL
@@ -24,9 +26,47 @@ from aiokafka.admin import AIOKafkaAdminClient
 from aiokafka.helpers import create_ssl_context
 from redis.asyncio import Redis
 from redis.asyncio.cluster import RedisCluster
+from redis.asyncio.connection import (
+    AbstractConnection,
+    Connection,
+    ConnectionPool,
+    SSLConnection,
+    UnixDomainSocketConnection,
+    parse_url,
+)
+from redis.connection import HiredisRespSerializer
 
 from scoring.stores.client import RedisClient
 from worker.settings import Settings
+
+
+class _CPacked(AbstractConnection):
+    """A connection whose commands hiredis packs (C), with redis-py's own serializer for it (its
+    synchronous client's default), where redis-py's asyncio client packs in Python: an ``encode``
+    and a join per argument, 640 ns each here. A batch's claim, history and done scripts carry
+    a dozen arguments per pair: packing them was 9% of a pattern-only trace's CPU (py-spy,
+    issue 59). The same bytes (tests/unit/test_redis_packing.py)."""
+
+    _packer = HiredisRespSerializer()
+
+    def pack_command(self, *args: Any) -> list[bytes]:
+        return self._packer.pack(*args)
+
+
+class CPackedConnection(_CPacked, Connection):
+    pass
+
+
+class CPackedSSLConnection(_CPacked, SSLConnection):
+    pass
+
+
+class CPackedUnixConnection(_CPacked, UnixDomainSocketConnection):
+    pass
+
+
+C_PACKED: dict[type, type] = {Connection: CPackedConnection, SSLConnection: CPackedSSLConnection,
+                              UnixDomainSocketConnection: CPackedUnixConnection}
 
 
 def redis_client(settings: Settings) -> RedisClient:
@@ -34,9 +74,14 @@ def redis_client(settings: Settings) -> RedisClient:
                                "socket_connect_timeout": settings.redis_timeout_s}
     if settings.redis_url.startswith("rediss://"):  # TLS; the server's certificate and name checked
         options.update(ssl_ca_certs=settings.redis_ca_file or None, ssl_check_hostname=True)
-    if settings.redis_cluster:
+    if settings.redis_cluster:  # its nodes' connections are the cluster client's own (packed in Python)
         return RedisCluster.from_url(settings.redis_url, **options)
-    return Redis.from_url(settings.redis_url, **options)
+    # ``Redis.from_url``'s steps, with the connection class its URL's scheme asks for packed in C
+    # (the URL's own options win over any given: TLS stays TLS, a Unix socket stays one).
+    url_options = parse_url(settings.redis_url)
+    kind = url_options.get("connection_class", Connection)
+    pool = ConnectionPool(**{**options, **url_options, "connection_class": C_PACKED.get(kind, kind)})
+    return Redis.from_pool(pool)  # the client owns its pool: closing it closes the pool
 
 
 def kafka_connection(settings: Settings) -> dict[str, Any]:

@@ -77,10 +77,12 @@ def _library(module: str) -> str:
 
 
 def steps(collapsed: str) -> dict[str, Counter[str]]:
-    """Samples by the innermost project module, by leaf library, and by the leaf frame."""
+    """Samples by the innermost project module, by leaf library, by the leaf frame, and by each
+    function anywhere on the stack (inclusive: a step's whole cost, its callees' included)."""
     by_step: Counter[str] = Counter()
     by_library: Counter[str] = Counter()
     by_leaf: Counter[str] = Counter()
+    inclusive: Counter[str] = Counter()
     for line in collapsed.splitlines():
         stack, _, count = line.rpartition(" ")
         if not stack or not count.isdigit():
@@ -92,13 +94,16 @@ def steps(collapsed: str) -> dict[str, Counter[str]]:
         by_step[project] += n
         by_library[_library(modules[-1])] += n
         by_leaf[frames[-1].split(" (", 1)[0] + " " + modules[-1]] += n
-    return {"innermost project module": by_step, "leaf library": by_library, "leaf function": by_leaf}
+        for name in {f.split(" (", 1)[0] + " " + m for f, m in zip(frames, modules, strict=True)}:
+            inclusive[name] += n
+    return {"innermost project module": by_step, "leaf library": by_library, "leaf function": by_leaf,
+            "function, inclusive": inclusive}
 
 
-def render(tables: dict[str, Counter[str]], top: int = 25) -> str:
+def render(tables: dict[str, Counter[str]], top: int = 40) -> str:
     lines: list[str] = []
+    total = sum(next(iter(tables.values())).values()) or 1  # every sample once (not the inclusive table)
     for title, counts in tables.items():
-        total = sum(counts.values()) or 1
         lines.append(f"## by {title} ({total} samples)")
         lines += [f"{100 * n / total:5.1f}%  {name}" for name, n in counts.most_common(top)]
         lines.append("")

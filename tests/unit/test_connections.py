@@ -14,13 +14,13 @@ CLIENTS = {"AIOKafkaProducer", "AIOKafkaConsumer", "AIOKafkaAdminClient", "Redis
 
 
 def built_clients(path: Path) -> list[str]:
-    """Where ``path`` constructs a client: ``Name(...)`` or ``Name.from_url(...)``."""
+    """Where ``path`` constructs a client: ``Name(...)``, ``Name.from_url(...)`` or ``Name.from_pool(...)``."""
     found = []
     for node in ast.walk(parse(path)):
         if not isinstance(node, ast.Call):
             continue
         target = node.func
-        if isinstance(target, ast.Attribute) and target.attr == "from_url":
+        if isinstance(target, ast.Attribute) and target.attr in ("from_url", "from_pool"):
             target = target.value
         if isinstance(target, ast.Name) and target.id in CLIENTS:
             found.append(f"{path.relative_to(ROOT)}:{node.lineno} {target.id}")
