@@ -50,7 +50,8 @@ class _CPacked(AbstractConnection):
     _packer = HiredisRespSerializer()
 
     def pack_command(self, *args: Any) -> list[bytes]:
-        return self._packer.pack(*args)
+        packed: list[bytes] = self._packer.pack(*args)
+        return packed
 
 
 class CPackedConnection(_CPacked, Connection):
