@@ -22,6 +22,8 @@ command -v prometheus >/dev/null 2>&1 && command -v promtool >/dev/null 2>&1 || 
 # A headless browser for the console's tests (tests/e2e/test_console.py), driven through chromedriver.
 command -v chromium >/dev/null 2>&1 || need_apt+=(chromium)
 command -v chromedriver >/dev/null 2>&1 || need_apt+=(chromium-driver)
+# A C compiler for the compiled hot path (deploy/compiled.py: mypyc writes C, gcc builds it).
+command -v gcc >/dev/null 2>&1 || need_apt+=(gcc)
 if [ ${#need_apt[@]} -gt 0 ]; then
   echo "bootstrap: installing ${need_apt[*]} from Debian" >&2
   sudo_cmd=""; [ "$(id -u)" -ne 0 ] && sudo_cmd="sudo"
@@ -65,3 +67,7 @@ if [ ! -x .tools/helm ] || [ "$(cat .tools/helm.version 2>/dev/null)" != "$helm_
 fi
 
 .venv/bin/python -m deploy.services jars >/dev/null
+
+# The per-trace path compiled with mypyc (deploy/compiled.py): built again only when a source it
+# was made from changed; SGW_INTERPRETED=1 removes it and runs the sources.
+.venv/bin/python -m deploy.compiled build

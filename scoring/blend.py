@@ -37,7 +37,7 @@ def _finite_number(value: object, what: str) -> float:
 
 def goodness(
     kind: MemberKind,
-    native: float | bool,
+    native: object,  # checked here, in words: typed narrower, a compiled build would refuse it first
     *,
     polarity: Polarity | None = None,
     invert: bool = False,
@@ -96,10 +96,10 @@ class MemberOutcome:
         weight, g = self.weight, self.goodness
         if type(weight) is not float or not 0.0 <= weight < math.inf:
             if _finite_number(weight, "a weight") < 0:
-                raise ValueError(f"a weight must be 0 or more, got {self.weight!r}")
+                raise ValueError(f"a weight must be 0 or more, got {weight:g}")
         if g is not None and (type(g) is not float or not 0.0 <= g <= 1.0):
             if not 0 <= _finite_number(g, "goodness") <= 1:
-                raise ValueError(f"goodness must be within 0-1, got {self.goodness!r}")
+                raise ValueError(f"goodness must be within 0-1, got {g:g}")
 
     @property
     def status(self) -> MemberStatus:

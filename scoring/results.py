@@ -150,18 +150,53 @@ class PublishedRating:
     def __init__(self, fields: dict[str, Any], document: bytes) -> None:
         self._fields, self.document = fields, document
 
-    id = property(lambda self: self._fields["id"])
-    group_id = property(lambda self: self._fields["groupId"])
-    agent_id = property(lambda self: self._fields["agentId"])
-    scope = property(lambda self: self._fields["scope"])
-    trace_id = property(lambda self: self._fields["traceId"])
-    session_id = property(lambda self: self._fields["sessionId"])
-    span_id = property(lambda self: self._fields["spanId"])
-    span_name = property(lambda self: self._fields["spanName"])
-    rating = property(lambda self: self._fields["rating"])
-    reason = property(lambda self: self._fields["reason"])
-    justification = property(lambda self: self._fields["justification"])
-    scored_at = property(lambda self: self._fields["scoredAt"])
+    @property
+    def id(self) -> str:
+        return self._fields["id"]  # type: ignore[no-any-return]
+
+    @property
+    def group_id(self) -> str:
+        return self._fields["groupId"]  # type: ignore[no-any-return]
+
+    @property
+    def agent_id(self) -> str | None:
+        return self._fields["agentId"]  # type: ignore[no-any-return]
+
+    @property
+    def scope(self) -> ResultScope:
+        return self._fields["scope"]  # type: ignore[no-any-return]
+
+    @property
+    def trace_id(self) -> str | None:
+        return self._fields["traceId"]  # type: ignore[no-any-return]
+
+    @property
+    def session_id(self) -> str | None:
+        return self._fields["sessionId"]  # type: ignore[no-any-return]
+
+    @property
+    def span_id(self) -> str | None:
+        return self._fields["spanId"]  # type: ignore[no-any-return]
+
+    @property
+    def span_name(self) -> str | None:
+        return self._fields["spanName"]  # type: ignore[no-any-return]
+
+    @property
+    def rating(self) -> float | None:
+        return self._fields["rating"]  # type: ignore[no-any-return]
+
+    @property
+    def reason(self) -> str | None:
+        return self._fields["reason"]  # type: ignore[no-any-return]
+
+    @property
+    def justification(self) -> str:
+        return self._fields["justification"]  # type: ignore[no-any-return]
+
+    @property
+    def scored_at(self) -> datetime:
+        return self._fields["scoredAt"]  # type: ignore[no-any-return]
 
     @property
     def fields(self) -> dict[str, Any]:
@@ -190,7 +225,8 @@ def encode_rating(result: GroupResult, scope: ResultScope, now: datetime | None 
     return PublishedRating(doc, document)
 
 
-_SURROGATES = re.compile("[\ud800-\udfff]")  # in a str, a surrogate is always a lone one
+# In a str a surrogate is always a lone one (built with chr(): a compiler refuses one in a literal).
+_SURROGATES = re.compile(f"[{chr(0xD800)}-{chr(0xDFFF)}]")
 
 
 def _scrubbed(value: Any) -> Any:

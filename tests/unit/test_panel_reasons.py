@@ -147,16 +147,22 @@ async def test_a_process_without_a_client_for_a_member_kind_says_so(way: str) ->
     assert result.rating == 10.0, "the disclaimer alone counted"
 
 
+class _Unreadable(str):
+    def __getitem__(self, key: object) -> str:
+        raise TypeError("unreadable")
+
+
 @pytest.mark.parametrize("way", ["one by one", "in bulk"])
 async def test_an_unexpected_error_costs_only_its_member_and_is_logged_with_it(way: str) -> None:
-    # A subject without output text (a bug of ours: subjects are built here) breaks the pattern
-    # that reads the output in a way nobody planned for; it must cost that member, not the group.
+    # An output text that breaks reading it (a bug of ours: subjects are built here) breaks the
+    # pattern that reads the output in a way nobody planned for; it must cost that member, not
+    # the group. (A str, as typed: a compiled build refuses a None before any member reads it.)
     scorers = catalog("http://127.0.0.1:9")
     asks_for_mail = Pattern(id="mail-in", name="Mail in input", polarity="failure", template="email",
                             target="input")
     scorers = CatalogSnapshot(version=2, patterns={**scorers.patterns, "mail-in": asks_for_mail})
     g = group(("pattern", "disclaimer", 1, False), ("pattern", "mail-in", 1, False))
-    broken = subject(None)  # type: ignore[arg-type]
+    broken = subject(_Unreadable("Buy it."))
     with capture_logs() as logs:
         if way == "in bulk":
             (result,) = await Panel().score_many([(g, broken)], scorers)

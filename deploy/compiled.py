@@ -1,0 +1,124 @@
+"""The hot path compiled: which modules, built how, and whether the built ones are the sources'.
+
+    .venv/bin/python -m deploy.compiled build    # compile what is stale (bootstrap runs this)
+    .venv/bin/python -m deploy.compiled check    # exit 1 and say which, if any is stale or missing
+    .venv/bin/python -m deploy.compiled clean    # back to interpreted: remove the built modules
+
+mypyc compiles the modules of ``HOT_PATH`` - the same Python source the team reads, typed - into
+C extensions placed beside them (``scoring/blend.cpython-311-x86_64-linux-gnu.so``), which Python
+imports instead of the ``.py``. No second copy of any function: without a build, the ``.py`` runs.
+
+One rule keeps the two from drifting: an extension beside its source shadows it, so an edit of a
+source the build has not seen would run the old code. The build writes a stamp (``STAMP``): a hash
+of every source of the packages the compiled code was checked against (mypyc may inline a
+``Final`` of another module) and of the compiler's version. ``build`` compiles again whenever that
+hash changed; ``./dev`` builds before anything runs, and the test session builds too
+(tests/conftest.py), so a test never runs an extension older than its source. Set
+``SGW_INTERPRETED=1`` to run interpreted (``build`` then removes the extensions).
+
+Measured (issue 59; docs/operate/benchmarks.md): the build takes ~30 s on 2 cores.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import subprocess
+import sys
+from importlib.metadata import version
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+# The per-trace path's pure steps, in the order a trace meets them: route and sample, score
+# (patterns inline, the panel), blend, the result documents. Each compiles as it is written.
+HOT_PATH = (
+    "scoring/routing.py",
+    "scoring/members/patterns.py",
+    "scoring/panel.py",
+    "scoring/blend.py",
+    "scoring/results.py",
+)
+CHECKED_AGAINST = ("scoring",)  # the packages whose sources the stamp covers
+STAMP = ROOT / "build" / "compiled.stamp"
+INTERPRETED_ENV = "SGW_INTERPRETED"
+
+
+def interpreted_wanted() -> bool:
+    return os.environ.get(INTERPRETED_ENV, "") not in ("", "0", "false")
+
+
+def source_hash() -> str:
+    """What the built extensions were made from: every source they were checked against, and
+    the compiler."""
+    digest = hashlib.sha256(f"mypy {version('mypy')} python {sys.version}".encode())
+    for package in CHECKED_AGAINST:
+        for path in sorted((ROOT / package).rglob("*.py")):
+            digest.update(str(path.relative_to(ROOT)).encode() + b"\0" + path.read_bytes())
+    return digest.hexdigest()
+
+
+def extensions(module: str) -> list[Path]:
+    """The built extension(s) of a hot-path module (``scoring/blend.py`` -> ``scoring/blend.*.so``)."""
+    path = ROOT / module
+    return sorted(path.parent.glob(f"{path.stem}.*.so"))
+
+
+def shared_libraries() -> list[Path]:
+    """mypyc's runtime shared by the modules of one build (``<hash>__mypyc.*.so`` at the root)."""
+    return sorted(ROOT.glob("*__mypyc.*.so"))
+
+
+def stale() -> list[str]:
+    """The hot-path modules whose extension is missing or built from other sources."""
+    fresh = STAMP.exists() and STAMP.read_text().strip() == source_hash()
+    return [m for m in HOT_PATH if not fresh or not extensions(m)]
+
+
+def clean() -> None:
+    for path in [*(p for m in HOT_PATH for p in extensions(m)), *shared_libraries()]:
+        path.unlink()
+    STAMP.unlink(missing_ok=True)
+
+
+def build() -> None:
+    """Compile the hot path unless its extensions are the sources' already (or remove them,
+    with ``SGW_INTERPRETED`` set)."""
+    if interpreted_wanted():
+        clean()
+        return
+    if not stale():
+        return
+    clean()  # none of the old build survives a failed new one: interpreted, never stale
+    print(f"compiled: building {len(HOT_PATH)} hot-path modules with mypyc (about 30 s)", file=sys.stderr, flush=True)
+    built_from = source_hash()
+    run = subprocess.run([sys.executable, "-m", "mypyc", "--no-warn-unused-configs", *HOT_PATH], cwd=ROOT,
+                         capture_output=True, text=True)
+    if run.returncode != 0:
+        sys.stderr.write(run.stdout[-4000:] + run.stderr[-4000:])
+        clean()
+        raise SystemExit(f"compiled: mypyc failed (exit {run.returncode}); the hot path stays interpreted")
+    STAMP.parent.mkdir(exist_ok=True)
+    STAMP.write_text(built_from + "\n")
+
+
+def main(argv: list[str]) -> int:
+    command = argv[0] if argv else "build"
+    if command == "build":
+        build()
+    elif command == "clean":
+        clean()
+    elif command == "check":
+        if interpreted_wanted():
+            return 0
+        if missing := stale():
+            print(f"compiled: stale or missing: {', '.join(missing)} (run: python -m deploy.compiled build)",
+                  file=sys.stderr)
+            return 1
+    else:
+        print(__doc__, file=sys.stderr)
+        return 2
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main(sys.argv[1:]))

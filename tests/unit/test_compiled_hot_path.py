@@ -1,0 +1,38 @@
+"""The suite tests what ships: the per-trace path's modules (``deploy.compiled.HOT_PATH``) are
+the compiled ones, built from the sources beside them - a benchmark of this tree measures the
+build users run. ``SGW_INTERPRETED=1`` runs the suite on the sources alone, on purpose."""
+
+from __future__ import annotations
+
+import importlib
+from pathlib import Path
+
+import pytest
+
+from deploy import compiled
+
+pytestmark = pytest.mark.skipif(compiled.interpreted_wanted(), reason="SGW_INTERPRETED=1: the sources run, on purpose")
+
+
+def module_name(path: str) -> str:
+    return path.removesuffix(".py").replace("/", ".")
+
+
+@pytest.mark.parametrize("path", compiled.HOT_PATH)
+def test_the_hot_path_module_imported_is_the_compiled_one(path: str) -> None:
+    module = importlib.import_module(module_name(path))
+    assert module.__file__ is not None and Path(module.__file__).suffix == ".so", \
+        f"{module_name(path)} runs interpreted from {module.__file__}: build it (python -m deploy.compiled build)"
+
+
+def test_the_compiled_modules_are_built_from_the_sources_beside_them() -> None:
+    assert compiled.stale() == [], "an extension older than its source would run the old code"
+
+
+def test_an_edited_source_makes_the_build_stale(monkeypatch: pytest.MonkeyPatch) -> None:
+    built = compiled.source_hash()
+    original = Path.read_bytes
+    blend = compiled.ROOT / "scoring" / "blend.py"
+    monkeypatch.setattr(Path, "read_bytes", lambda self: original(self) + (b"\n# edited" if self == blend else b""))
+    assert compiled.source_hash() != built
+    assert compiled.stale() == list(compiled.HOT_PATH)
