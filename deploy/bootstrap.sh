@@ -44,12 +44,14 @@ if [ ! -f "$stamp" ]; then
   rm -f .venv/.installed-*; touch "$stamp"
 fi
 # The image's dependencies as wheels, for tests/e2e/test_image.py to install the image's way
-# offline (its own two distributions are built from the sources by the test itself).
-wheels_stamp=.wheels/.made-$(basename "$stamp")
+# offline (its own two distributions are built from the sources by the test itself); mypy for
+# its compiled stage.
+image_wheels=(./sdk . 'setuptools>=69' wheel mypy)
+wheels_stamp=.wheels/.made-$(echo "${image_wheels[*]} $(basename "$stamp")" | sha256sum | cut -c1-16)
 if [ ! -f "$wheels_stamp" ]; then
   echo "bootstrap: collecting the image's wheels into .wheels" >&2
   rm -rf .wheels
-  .venv/bin/pip wheel -q --disable-pip-version-check -c constraints.txt -w .wheels ./sdk . 'setuptools>=69' wheel
+  .venv/bin/pip wheel -q --disable-pip-version-check -c constraints.txt -w .wheels "${image_wheels[@]}"
   rm -f .wheels/scorer_group*.whl
   touch "$wheels_stamp"
 fi

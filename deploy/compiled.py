@@ -3,6 +3,7 @@
     .venv/bin/python -m deploy.compiled build    # compile what is stale (bootstrap runs this)
     .venv/bin/python -m deploy.compiled check    # exit 1 and say which, if any is stale or missing
     .venv/bin/python -m deploy.compiled clean    # back to interpreted: remove the built modules
+    .venv/bin/python -m deploy.compiled export DIR    # the built extensions, as laid over an install
 
 mypyc compiles the modules of ``HOT_PATH`` - the same Python source the team reads, typed - into
 C extensions placed beside them (``scoring/blend.cpython-311-x86_64-linux-gnu.so``), which Python
@@ -23,6 +24,7 @@ from __future__ import annotations
 
 import hashlib
 import os
+import shutil
 import subprocess
 import sys
 from importlib.metadata import version
@@ -30,15 +32,19 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 # The per-trace path's pure steps, in the order a trace meets them: route and sample, score
-# (patterns inline, the panel), blend, the result documents. Each compiles as it is written.
+# (patterns inline, the panel), blend, the result documents and what a publish sends and records.
+# Each compiles as it is written.
 HOT_PATH = (
     "scoring/routing.py",
     "scoring/members/patterns.py",
     "scoring/panel.py",
     "scoring/blend.py",
     "scoring/results.py",
+    "scoring/review_rules.py",
+    "scoring/outbox.py",
+    "consumers/finished_pairs.py",
 )
-CHECKED_AGAINST = ("scoring",)  # the packages whose sources the stamp covers
+CHECKED_AGAINST = ("scoring", "consumers")  # the packages whose sources the stamp covers
 STAMP = ROOT / "build" / "compiled.stamp"
 INTERPRETED_ENV = "SGW_INTERPRETED"
 
@@ -50,7 +56,7 @@ def interpreted_wanted() -> bool:
 def source_hash() -> str:
     """What the built extensions were made from: every source they were checked against, and
     the compiler."""
-    digest = hashlib.sha256(f"mypy {version('mypy')} python {sys.version}".encode())
+    digest = hashlib.sha256(f"mypy {version('mypy')} python {sys.version} {HOT_PATH}".encode())
     for package in CHECKED_AGAINST:
         for path in sorted((ROOT / package).rglob("*.py")):
             digest.update(str(path.relative_to(ROOT)).encode() + b"\0" + path.read_bytes())
@@ -75,9 +81,23 @@ def stale() -> list[str]:
 
 
 def clean() -> None:
-    for path in [*(p for m in HOT_PATH for p in extensions(m)), *shared_libraries()]:
+    """Every extension of the packages (the build's are the only ones there: a module dropped from
+    ``HOT_PATH`` must not leave one behind, shadowing its source) and mypyc's runtime."""
+    for path in [*(p for package in CHECKED_AGAINST for p in (ROOT / package).rglob("*.so")), *shared_libraries()]:
         path.unlink()
     STAMP.unlink(missing_ok=True)
+
+
+def export(target: Path) -> None:
+    """Copy the built extensions into ``target`` as they sit under a site-packages directory
+    (``scoring/blend.*.so``, and mypyc's shared runtime at the top): the image lays them over
+    the sources ``pip install`` put there (deploy/Dockerfile), where they are imported instead."""
+    if missing := stale():
+        raise SystemExit(f"compiled: nothing to export, stale or missing: {', '.join(missing)}")
+    for path in [*(p for m in HOT_PATH for p in extensions(m)), *shared_libraries()]:
+        destination = target / path.relative_to(ROOT)
+        destination.parent.mkdir(parents=True, exist_ok=True)
+        shutil.copy2(path, destination)
 
 
 def build() -> None:
@@ -107,6 +127,8 @@ def main(argv: list[str]) -> int:
         build()
     elif command == "clean":
         clean()
+    elif command == "export" and len(argv) == 2:
+        export(Path(argv[1]))
     elif command == "check":
         if interpreted_wanted():
             return 0
