@@ -13,20 +13,27 @@ One rule keeps the two from drifting: an extension beside its source shadows it,
 source the build has not seen would run the old code. The build writes a stamp (``STAMP``): a hash
 of every source of the packages the compiled code was checked against (mypyc may inline a
 ``Final`` of another module) and of the compiler's version. ``build`` compiles again whenever that
-hash changed; ``./dev`` builds before anything runs, and the test session builds too
-(tests/conftest.py), so a test never runs an extension older than its source. Set
-``SGW_INTERPRETED=1`` to run interpreted (``build`` then removes the extensions).
+hash changed; ``./dev`` builds before anything runs (deploy/bootstrap.sh), and so does every pytest
+session (the plugin tests/support/hot_path_build.py), so a test never runs an extension older
+than its source. Anything else run from a checkout after an edit (``scorer-worker`` by hand, a
+debugger, mutmut) needs a build first, or ``SGW_INTERPRETED=1`` - which also runs the sources
+(``build`` then removes the extensions), as a debugger, coverage or py-spy need to see them.
+mypyc's runtime shared by the modules sits at the root (``<hash>__mypyc.*.so``); its C and
+objects in ``build/``.
 
 Measured (issue 59; docs/operate/benchmarks.md): the build takes ~30 s on 2 cores.
 """
 
 from __future__ import annotations
 
+import fcntl
 import hashlib
 import os
 import shutil
 import subprocess
 import sys
+from collections.abc import Iterator
+from contextlib import contextmanager
 from importlib.metadata import version
 from pathlib import Path
 
@@ -44,7 +51,10 @@ HOT_PATH = (
     "scoring/outbox.py",
     "consumers/finished_pairs.py",
 )
-CHECKED_AGAINST = ("scoring", "consumers")  # the packages whose sources the stamp covers
+# What the stamp covers: the packages the compiled code was checked against (the SDK's wire models
+# included: mypyc checks their types at run time), and the type checker's configuration and pins.
+CHECKED_AGAINST = ("scoring", "consumers", "sdk/scorer_groups")
+CHECKED_FILES = ("pyproject.toml", "constraints.txt")
 STAMP = ROOT / "build" / "compiled.stamp"
 INTERPRETED_ENV = "SGW_INTERPRETED"
 
@@ -57,9 +67,10 @@ def source_hash() -> str:
     """What the built extensions were made from: every source they were checked against, and
     the compiler."""
     digest = hashlib.sha256(f"mypy {version('mypy')} python {sys.version} {HOT_PATH}".encode())
-    for package in CHECKED_AGAINST:
-        for path in sorted((ROOT / package).rglob("*.py")):
-            digest.update(str(path.relative_to(ROOT)).encode() + b"\0" + path.read_bytes())
+    paths = [*(p for package in CHECKED_AGAINST for p in sorted((ROOT / package).rglob("*.py"))),
+             *(ROOT / name for name in CHECKED_FILES)]
+    for path in paths:
+        digest.update(str(path.relative_to(ROOT)).encode() + b"\0" + path.read_bytes())
     return digest.hexdigest()
 
 
@@ -75,8 +86,9 @@ def shared_libraries() -> list[Path]:
 
 
 def stale() -> list[str]:
-    """The hot-path modules whose extension is missing or built from other sources."""
-    fresh = STAMP.exists() and STAMP.read_text().strip() == source_hash()
+    """The hot-path modules whose extension is missing or built from other sources (all of them
+    when mypyc's shared runtime, which each imports, is missing)."""
+    fresh = STAMP.exists() and STAMP.read_text().strip() == source_hash() and bool(shared_libraries())
     return [m for m in HOT_PATH if not fresh or not extensions(m)]
 
 
@@ -84,7 +96,7 @@ def clean() -> None:
     """Every extension of the packages (the build's are the only ones there: a module dropped from
     ``HOT_PATH`` must not leave one behind, shadowing its source) and mypyc's runtime."""
     for path in [*(p for package in CHECKED_AGAINST for p in (ROOT / package).rglob("*.so")), *shared_libraries()]:
-        path.unlink()
+        path.unlink(missing_ok=True)
     STAMP.unlink(missing_ok=True)
 
 
@@ -100,14 +112,27 @@ def export(target: Path) -> None:
         shutil.copy2(path, destination)
 
 
+@contextmanager
+def _lock() -> Iterator[None]:
+    """One build at a time on a checkout (``./dev test`` beside an editor's test run): another
+    waits, then finds the build fresh."""
+    STAMP.parent.mkdir(exist_ok=True)
+    with open(STAMP.parent / "compiled.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        yield
+
+
 def build() -> None:
     """Compile the hot path unless its extensions are the sources' already (or remove them,
     with ``SGW_INTERPRETED`` set)."""
-    if interpreted_wanted():
-        clean()
-        return
-    if not stale():
-        return
+    with _lock():
+        if interpreted_wanted():
+            clean()
+        elif stale():
+            _build()
+
+
+def _build() -> None:
     clean()  # none of the old build survives a failed new one: interpreted, never stale
     print(f"compiled: building {len(HOT_PATH)} hot-path modules with mypyc (about 30 s)", file=sys.stderr, flush=True)
     built_from = source_hash()
@@ -116,7 +141,8 @@ def build() -> None:
     if run.returncode != 0:
         sys.stderr.write(run.stdout[-4000:] + run.stderr[-4000:])
         clean()
-        raise SystemExit(f"compiled: mypyc failed (exit {run.returncode}); the hot path stays interpreted")
+        raise SystemExit(f"compiled: mypyc failed (exit {run.returncode}), above; nothing compiled is left. "
+                         f"Fix it, or run the sources: {INTERPRETED_ENV}=1")
     STAMP.parent.mkdir(exist_ok=True)
     STAMP.write_text(built_from + "\n")
 

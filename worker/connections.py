@@ -21,6 +21,7 @@ from __future__ import annotations
 
 from typing import Any
 
+import hiredis  # noqa: F401 - the C packer's: missing, the worker says so at import, not at a first command
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
 from aiokafka.admin import AIOKafkaAdminClient
 from aiokafka.helpers import create_ssl_context
@@ -50,6 +51,9 @@ class _CPacked(AbstractConnection):
     _packer = HiredisRespSerializer()
 
     def pack_command(self, *args: Any) -> list[bytes]:
+        encoder = self.encoder
+        if encoder.encoding != "utf-8" or encoder.encoding_errors != "strict":  # hiredis writes UTF-8, strictly
+            return super().pack_command(*args)
         packed: list[bytes] = self._packer.pack(*args)
         return packed
 

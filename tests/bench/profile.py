@@ -38,9 +38,10 @@ class Profile:
         spy = shutil.which("py-spy") or str(Path(sys.executable).parent / "py-spy")
         out_dir.mkdir(parents=True, exist_ok=True)
         path = out_dir / f"{name}.collapsed"
-        proc = subprocess.Popen([spy, "record", "--pid", str(pid), "--nonblocking",
-                                 "--rate", str(RATE_HZ), "--format", "raw", "--output", str(path)],
-                                stdout=subprocess.DEVNULL, stderr=open(out_dir / f"{name}.py-spy.log", "wb"))
+        with open(out_dir / f"{name}.py-spy.log", "wb") as log:  # the child keeps its own copy
+            proc = subprocess.Popen([spy, "record", "--pid", str(pid), "--nonblocking",
+                                     "--rate", str(RATE_HZ), "--format", "raw", "--output", str(path)],
+                                    stdout=subprocess.DEVNULL, stderr=log)
         return cls(proc, path)
 
     def stop(self) -> None:

@@ -323,6 +323,7 @@ async def judge_bound(bench: Bench, concurrency: int, window_s: float) -> dict[s
     assert worker.proc is not None
     tree = ProcessTree(worker.proc.pid).start()
     server = ProcessTree(judge.proc.pid)
+    profile = Profile(None, None)
     try:
         await asyncio.to_thread(worker.wait_ready, 90)
         while judge.count[1] == probe_calls and worker.proc.poll() is None:
@@ -338,8 +339,8 @@ async def judge_bound(bench: Bench, concurrency: int, window_s: float) -> dict[s
         after = await redis_calls(redis_url)
         cpu_s, server_cpu_s, starved = tree.cpu_s(), server.cpu_s(), tree.waited_s() / (t2 - t1)
         hwm = tree.root_hwm_mb()
-        profile.stop()
     finally:
+        profile.stop()
         tree.stop()
         worker.stop(timeout_s=120)
         judge.stop()

@@ -23,6 +23,7 @@ CASES: list[tuple[Any, ...]] = [
     (b"GET", "k"),
     ("INCRBY", "online-judge-cost:{p}:3600", -123_456_789_012),
     ("SET", "k", 0.1), ("SET", "k", memoryview(b"abc")), ("CONFIG GET", "maxmemory"),
+    *(("SET", "k", x) for x in (1e16, 1e-7, -0.0, float("inf"), float("nan"), 1e300, 2**64, -(2**63))),
 ]
 
 
@@ -47,11 +48,20 @@ def test_a_pipeline_of_random_script_calls_packs_the_same() -> None:
     assert b"".join(CPackedConnection().pack_commands(commands)) == b"".join(Connection().pack_commands(commands))
 
 
-@pytest.mark.parametrize("value", [True, None, object()])
+def test_a_connection_with_another_encoding_packs_as_redis_py_does() -> None:
+    """hiredis writes text as UTF-8, strictly: a connection told otherwise packs in Python."""
+    command = ("SET", "k", "caf\u00e9")
+    latin = CPackedConnection(encoding="latin-1")
+    assert b"".join(latin.pack_command(*command)) == b"".join(Connection(encoding="latin-1").pack_command(*command))
+    assert b"".join(latin.pack_command(*command)) != b"".join(CPackedConnection().pack_command(*command))
+
+
+@pytest.mark.parametrize("value", [True, None, object(), "\ud800"])
 def test_what_redis_py_refuses_is_refused(value: object) -> None:
-    with pytest.raises(DataError):
+    refused = (DataError, UnicodeEncodeError)  # a lone surrogate is not UTF-8 for either packer
+    with pytest.raises(refused):
         Connection().pack_command("SET", "k", value)
-    with pytest.raises(DataError):
+    with pytest.raises(refused):
         CPackedConnection().pack_command("SET", "k", value)
 
 
