@@ -18,8 +18,10 @@ session (the plugin tests/support/hot_path_build.py), so a test never runs an ex
 than its source. Anything else run from a checkout after an edit (``scorer-worker`` by hand, a
 debugger, mutmut) needs a build first, or ``SGW_INTERPRETED=1`` - which also runs the sources
 (``build`` then removes the extensions), as a debugger, coverage or py-spy need to see them.
-mypyc's runtime shared by the modules sits at the root (``<hash>__mypyc.*.so``); its C and
-objects in ``build/``.
+mypyc's runtime shared by the modules (a top-level module, ``<hash>__mypyc.*.so``, which each
+imports) goes in ``RUNTIME``, and a ``.pth`` file in the environment's site-packages puts that
+directory on every interpreter's path - the console scripts' (``.venv/bin/scorer-worker``, whose
+path holds no checkout) as well as ``python -m`` from the root; the C and objects stay in ``build/``.
 
 Measured (issue 59; docs/operate/benchmarks.md): the build takes ~30 s on 2 cores.
 """
@@ -32,6 +34,7 @@ import os
 import shutil
 import subprocess
 import sys
+import sysconfig
 from collections.abc import Iterator
 from contextlib import contextmanager
 from importlib.metadata import version
@@ -56,6 +59,8 @@ HOT_PATH = (
 CHECKED_AGAINST = ("scoring", "consumers", "sdk/scorer_groups")
 CHECKED_FILES = ("pyproject.toml", "constraints.txt")
 STAMP = ROOT / "build" / "compiled.stamp"
+RUNTIME = ROOT / "build" / "mypyc-runtime"  # mypyc's shared runtime: on the path through RUNTIME_PTH
+RUNTIME_PTH = "sgw-compiled-runtime.pth"
 INTERPRETED_ENV = "SGW_INTERPRETED"
 
 
@@ -81,8 +86,22 @@ def extensions(module: str) -> list[Path]:
 
 
 def shared_libraries() -> list[Path]:
-    """mypyc's runtime shared by the modules of one build (``<hash>__mypyc.*.so`` at the root)."""
-    return sorted(ROOT.glob("*__mypyc.*.so"))
+    """mypyc's runtime shared by the modules of one build (``<hash>__mypyc.*.so`` in ``RUNTIME``)."""
+    return sorted(RUNTIME.glob("*__mypyc.*.so"))
+
+
+def runtime_on_path() -> None:
+    """Put ``RUNTIME`` on the path of this environment's interpreters (a ``.pth`` file in its
+    site-packages, written when missing or different) and of this process."""
+    pth = Path(sysconfig.get_paths()["purelib"]) / RUNTIME_PTH
+    try:
+        if not pth.exists() or pth.read_text() != f"{RUNTIME}\n":
+            pth.write_text(f"{RUNTIME}\n")
+    except OSError as exc:
+        raise SystemExit(f"compiled: cannot put mypyc's runtime on the path ({pth}: {exc.strerror}); "
+                         f"run the sources instead: {INTERPRETED_ENV}=1") from None
+    if str(RUNTIME) not in sys.path:
+        sys.path.append(str(RUNTIME))
 
 
 def stale() -> list[str]:
@@ -95,7 +114,9 @@ def stale() -> list[str]:
 def clean() -> None:
     """Every extension of the packages (the build's are the only ones there: a module dropped from
     ``HOT_PATH`` must not leave one behind, shadowing its source) and mypyc's runtime."""
-    for path in [*(p for package in CHECKED_AGAINST for p in (ROOT / package).rglob("*.so")), *shared_libraries()]:
+    built = [*(p for package in CHECKED_AGAINST for p in (ROOT / package).rglob("*.so")), *shared_libraries(),
+             *ROOT.glob("*__mypyc.*.so")]  # (where mypyc writes it, before _build moves it)
+    for path in built:
         path.unlink(missing_ok=True)
     STAMP.unlink(missing_ok=True)
 
@@ -107,7 +128,7 @@ def export(target: Path) -> None:
     if missing := stale():
         raise SystemExit(f"compiled: nothing to export, stale or missing: {', '.join(missing)}")
     for path in [*(p for m in HOT_PATH for p in extensions(m)), *shared_libraries()]:
-        destination = target / path.relative_to(ROOT)
+        destination = target / (path.name if path.parent == RUNTIME else path.relative_to(ROOT))
         destination.parent.mkdir(parents=True, exist_ok=True)
         shutil.copy2(path, destination)
 
@@ -128,8 +149,10 @@ def build() -> None:
     with _lock():
         if interpreted_wanted():
             clean()
-        elif stale():
+            return
+        if stale():
             _build()
+        runtime_on_path()
 
 
 def _build() -> None:
@@ -143,7 +166,9 @@ def _build() -> None:
         clean()
         raise SystemExit(f"compiled: mypyc failed (exit {run.returncode}), above; nothing compiled is left. "
                          f"Fix it, or run the sources: {INTERPRETED_ENV}=1")
-    STAMP.parent.mkdir(exist_ok=True)
+    RUNTIME.mkdir(parents=True, exist_ok=True)
+    for library in ROOT.glob("*__mypyc.*.so"):
+        library.replace(RUNTIME / library.name)
     STAMP.write_text(built_from + "\n")
 
 

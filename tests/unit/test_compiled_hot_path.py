@@ -5,6 +5,9 @@ build users run. ``SGW_INTERPRETED=1`` runs the suite on the sources alone, on p
 from __future__ import annotations
 
 import importlib
+import os
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -36,3 +39,15 @@ def test_an_edited_source_makes_the_build_stale(monkeypatch: pytest.MonkeyPatch)
     monkeypatch.setattr(Path, "read_bytes", lambda self: original(self) + (b"\n# edited" if self == blend else b""))
     assert compiled.source_hash() != built
     assert compiled.stale() == list(compiled.HOT_PATH)
+
+
+def test_the_console_script_runs_the_compiled_hot_path_from_any_directory(tmp_path: Path) -> None:
+    # A console script's path holds its bin directory, not the checkout: mypyc's shared runtime,
+    # which every compiled module imports, must be found all the same (deploy.compiled.RUNTIME).
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+    script = Path(sys.executable).parent / "scorer-worker"
+    ran = subprocess.run([str(script), "--help"], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=60)
+    assert ran.returncode == 0, ran.stderr[-2000:]
+    probe = "import scoring.panel, sys; print(scoring.panel.__file__)"
+    ran = subprocess.run([sys.executable, "-c", probe], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=60)
+    assert ran.returncode == 0 and ran.stdout.strip().endswith(".so"), ran.stdout + ran.stderr[-2000:]
