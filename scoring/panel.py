@@ -22,6 +22,7 @@ from scoring.blend import GATE_PASS_MARK, REFERENCE_DELETED, BlendResult, Member
 from scoring.frozen import frozen
 from scoring.judge_calls import kept, tenant_texts
 from scoring.judge_prompt import build_messages, token_ceiling
+from scoring.members.code_arguments import arguments_read
 from scoring.members.patterns import DEADLINE_S as PATTERN_DEADLINE_S
 from scoring.members.patterns import CompiledPattern, compiled
 from scoring.models import CustomEvaluator, Judge, Member, Pattern, Polarity, ScorerGroup
@@ -356,8 +357,9 @@ class Panel:
         values: list[float | bool | CodeScorerError | TimeoutError]
         try:
             async with asyncio.timeout(self._member_deadline_s):
+                reads = arguments_read(scorer.code)  # what the code names; the rest is not sent
                 values = list(await self._sandbox.run_many(project, key, scorer.code,
-                                                           [c[4].member_payload() for c in calls],
+                                                           [c[4].member_payload(reads) for c in calls],
                                                            timeout_s=scorer.timeout_ms / 1000))
         except TimeoutError as exc:
             values = [exc] * len(calls)
@@ -474,7 +476,7 @@ class Panel:
                 raise MemberError("code scorers are not enabled in this process")
             assert scorer.code is not None
             value = await self._sandbox.run(subject.project_id, code_key(scorer), scorer.code,
-                                            subject.member_payload(),
+                                            subject.member_payload(arguments_read(scorer.code)),
                                             timeout_s=scorer.timeout_ms / 1000)
             return value, None, None, scorer.invert, None
         if self._external is None:

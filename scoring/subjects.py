@@ -12,6 +12,7 @@ scorer's ``spans`` are the last (anchor) trace's only.
 
 from __future__ import annotations
 
+from collections.abc import Container
 from datetime import UTC, datetime
 from typing import Annotated, Any, Literal
 
@@ -142,11 +143,23 @@ class Subject:
     context: str = ""
     at: float | None = None  # the trace's own time (the last turn's, for a session), Unix seconds
 
-    def member_payload(self) -> dict[str, Any]:
-        """The arguments of a code scorer's score() and the body sent to an external scorer."""
-        spans = self.spans
-        return {"input": self.input, "output": self.output, "expected": self.expected,
-                "spans": span_dicts(spans) if isinstance(spans, tuple) else spans, "metadata": self.metadata}
+    def member_payload(self, reads: Container[str] | None = None) -> dict[str, Any]:
+        """The arguments of a code scorer's score() and the body sent to an external scorer;
+        ``reads``: only the arguments named, the code scorer's (``scoring.members.code_arguments``)
+        - the spans, most of a payload, are then built only for a scorer that reads them."""
+        payload: dict[str, Any] = {}
+        if reads is None or "input" in reads:
+            payload["input"] = self.input
+        if reads is None or "output" in reads:
+            payload["output"] = self.output
+        if reads is None or "expected" in reads:
+            payload["expected"] = self.expected
+        if reads is None or "spans" in reads:
+            spans = self.spans
+            payload["spans"] = span_dicts(spans) if isinstance(spans, tuple) else spans
+        if reads is None or "metadata" in reads:
+            payload["metadata"] = self.metadata
+        return payload
 
 
 _SPANS = TypeAdapter(tuple[Span, ...])  # the reference ``span_dicts`` is tested against

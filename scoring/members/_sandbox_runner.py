@@ -159,7 +159,9 @@ def _load(code: CodeType, memory_mb: int) -> Callable[..., Any]:
 
 def _call(score: Callable[..., Any], args: dict[str, Any], memory_mb: int) -> float | bool:
     try:
-        value = score(args["input"], args["output"], args["expected"], args["spans"], args["metadata"])
+        # An argument the code never names is not sent (scoring/members/code_arguments.py): None.
+        value = score(args.get("input"), args.get("output"), args.get("expected"), args.get("spans"),
+                      args.get("metadata"))
     except MemoryError:
         raise _Refusal(f"ran out of memory (limit {memory_mb} MiB)") from None
     except BaseException as exc:
