@@ -6,7 +6,8 @@ trace's CPU, for scorers that mostly read ``output``). An argument the code neve
 sent: the sandbox passes None in its place. Reading the code is conservative - whenever this
 module cannot be sure what the code reads, it reads all five:
 
-1. the source parses (else the sandbox reports the error, with all five sent as before);
+1. the source is at most ``MAX_READ_CHARS`` long (it is read on the event loop, once per version:
+   a large one would stall it) and parses (else the sandbox reports the error, all five sent);
 2. ``score`` is bound once, by a plain top-level ``def`` with five named positional parameters
    (no ``*args``/``**kwargs``, no decorator, no other assignment, import or global of it):
    the function the sandbox calls is the one read here;
@@ -26,6 +27,9 @@ import functools
 import re
 
 ARGUMENTS = ("input", "output", "expected", "spans", "metadata")  # score()'s, in order
+# Parsing takes ~2 ms per 1,000 characters at worst (thousands of short statements): a scorer of
+# this size costs the loop ~30 ms once per version and worker; a larger one is sent everything.
+MAX_READ_CHARS = 16_000
 ALL_ARGUMENTS = frozenset(ARGUMENTS)
 
 # Names and attributes through which code reaches a variable without naming it: frames and their
@@ -44,8 +48,10 @@ _WORDS = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 @functools.lru_cache(maxsize=1024)  # once per code version (the catalog's strings: bounded as _code_key's)
 def arguments_read(code: str) -> frozenset[str]:
     """The arguments (``ARGUMENTS``' names) this code scorer can read: the steps above."""
+    if len(code) > MAX_READ_CHARS:  # 1.
+        return ALL_ARGUMENTS
     try:
-        tree = ast.parse(code)  # 1.
+        tree = ast.parse(code)
         names, words, binds_score = _identifiers(tree)
     except (SyntaxError, ValueError, RecursionError, MemoryError):
         return ALL_ARGUMENTS

@@ -73,6 +73,8 @@ def test_the_parameters_are_matched_by_position_whatever_their_names() -> None:
     "def score(input, output, expected, spans):\n    return 1.0\n",
     "async def score(input, output, expected, spans, metadata):\n    return 1.0\n",
     "score = print\n",
+    # Too long to read on the event loop (a hostile tenant's thousands of statements).
+    "x = 1\n" * 3000 + HEAD + "    return len(output) / 10\n",
     # What does not parse: the sandbox reports it, with every argument sent as before.
     HEAD + "    return (\n",
     "x = " + "(" * 300 + "1" + ")" * 300 + "\n" + HEAD + "    return 1.0\n",
