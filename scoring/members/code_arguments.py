@@ -3,21 +3,26 @@
 A code scorer's arguments cross a pipe as JSON on every call, and a trace's spans are most of
 them (issue 59: span documents built, encoded, sent and decoded were ~12% of a deterministic
 trace's CPU, for scorers that mostly read ``output``). An argument the code never names is not
-sent: the sandbox passes None in its place. Reading the code is conservative - whenever this
-module cannot be sure what the code reads, it reads all five:
+sent: the sandbox passes None in its place. What a tenant gains by fooling this is nothing - an
+argument of its own subject, unsent - but a scorer that reads one must get it, so the reading is
+conservative: unless every rule holds, all five are sent, as before.
 
-1. the source is at most ``MAX_READ_CHARS`` long (it is read on the event loop, once per version:
-   a large one would stall it) and parses (else the sandbox reports the error, all five sent);
+1. the source is at most ``MAX_READ_CHARS`` long (it is read on the event loop, once per version
+   and worker) and parses (else the sandbox reports the error);
 2. ``score`` is bound once, by a plain top-level ``def`` with five named positional parameters
-   (no ``*args``/``**kwargs``, no decorator, no other assignment, import or global of it):
-   the function the sandbox calls is the one read here;
-3. nothing in the code can reach a frame, a namespace or an attribute by a computed name
-   (``FRAME_ACCESS``: ``locals()``, ``sys``, ``inspect``, ``getattr``, any dunder...), which is how
-   code reads a variable it does not name;
-4. a parameter is read when a variable of its name appears anywhere in the code (a nested
-   function, a lambda, an f-string) - shadowed or not: over-counting only sends an argument unread.
+   (no ``*args``/``**kwargs``, no decorator, no other binding anywhere): the function read is the
+   function called;
+3. nothing in it can reach a value by a name that is not written as a variable. Code does that
+   through frames and namespaces (``locals()``, a traceback's frame), through attribute access by
+   a name computed at run time (``getattr``, a format string's fields, a class pattern of
+   ``match``, ``type()`` with a computed dunder), through text made code (``eval``, pickle,
+   annotations) - so: imports only from ``PLAIN_MODULES``; no ``match`` class pattern; ``.format``
+   only on a string literal; no private or dunder name or attribute; no word of ``FRAME_ACCESS``,
+   in the code or in its strings and bytes (normalised as Python normalises identifiers);
+4. a parameter is read when a variable of its name appears anywhere (a nested function, a lambda,
+   an f-string), shadowed or not: over-counting only sends an argument unread.
 
-What a tenant gains by fooling it is nothing: an argument of its own subject, unsent.
+tests/unit/test_code_arguments.py holds the attacks a review found against a word list alone.
 """
 
 from __future__ import annotations
@@ -25,24 +30,36 @@ from __future__ import annotations
 import ast
 import functools
 import re
+import unicodedata
 
 ARGUMENTS = ("input", "output", "expected", "spans", "metadata")  # score()'s, in order
-# Parsing takes ~2 ms per 1,000 characters at worst (thousands of short statements): a scorer of
-# this size costs the loop ~30 ms once per version and worker; a larger one is sent everything.
-MAX_READ_CHARS = 16_000
 ALL_ARGUMENTS = frozenset(ARGUMENTS)
+# Parsing and walking take up to ~3.3 ms per 1,000 characters (thousands of one-word statements):
+# a scorer of this size (~100 lines) costs the loop ~13 ms at worst, once per version and worker.
+MAX_READ_CHARS = 4_000
 
-# Names and attributes through which code reaches a variable without naming it: frames and their
-# namespaces, attribute access by a computed name, code evaluated from text, the modules that
-# hand those out. Any dunder name or attribute counts too (``__traceback__``, ``__dict__``...).
+# Modules a scorer may import and still be read: none hands out frames, evaluates text or reads
+# attributes by a computed name (``string``'s Formatter, ``functools.update_wrapper``, ``typing``,
+# ``pickle``, ``operator`` and ``inspect`` all do). What they import themselves is reached only
+# through private attributes (refused below) or words of FRAME_ACCESS (``sys``).
+PLAIN_MODULES = frozenset({
+    "re", "math", "json", "difflib", "statistics", "collections", "itertools", "unicodedata", "datetime",
+    "decimal", "fractions", "textwrap", "heapq", "bisect", "random",
+})
+# Words that reach a variable, a frame, a module or an attribute without naming them.
 FRAME_ACCESS = frozenset({
     "locals", "vars", "globals", "eval", "exec", "compile", "getattr", "setattr", "delattr", "breakpoint",
-    "attrgetter", "methodcaller", "sys", "inspect", "traceback", "gc", "ctypes", "importlib", "builtins",
-    "pdb", "bdb", "dis", "types", "faulthandler", "threading", "asyncio", "_getframe", "currentframe",
-    "f_locals", "f_back", "f_globals", "f_builtins", "f_code", "tb_frame", "tb_next", "gi_frame",
-    "cr_frame", "ag_frame", "frame",
+    "type", "attrgetter", "methodcaller", "update_wrapper", "wraps", "Formatter", "vformat", "get_field",
+    "format_map", "sys", "inspect", "traceback", "gc", "ctypes", "importlib", "builtins", "pickle", "marshal",
+    "pdb", "bdb", "dis", "types", "typing", "faulthandler", "threading", "asyncio", "stack", "getargvalues",
+    "resolve_name", "locate", "modules", "_getframe", "currentframe", "f_locals", "f_back", "f_globals",
+    "f_builtins", "f_code", "tb_frame", "tb_next", "gi_frame", "cr_frame", "ag_frame", "frame",
 })
-_WORDS = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+_WORDS = re.compile(r"[^\W\d]\w*")  # identifier-like words, any script
+
+
+class _Unsure(Exception):
+    """The code might read an argument without naming it: send all five."""
 
 
 @functools.lru_cache(maxsize=1024)  # once per code version (the catalog's strings: bounded as _code_key's)
@@ -52,13 +69,11 @@ def arguments_read(code: str) -> frozenset[str]:
         return ALL_ARGUMENTS
     try:
         tree = ast.parse(code)
-        names, words, binds_score = _identifiers(tree)
-    except (SyntaxError, ValueError, RecursionError, MemoryError):
+        names, binds_score = _variables(tree)  # 3.
+    except (_Unsure, SyntaxError, ValueError, RecursionError, MemoryError):
         return ALL_ARGUMENTS
     score = _the_score_def(tree)  # 2.
     if score is None or binds_score != 1:
-        return ALL_ARGUMENTS
-    if any(word in FRAME_ACCESS or (word.startswith("__") and word.endswith("__")) for word in words):  # 3.
         return ALL_ARGUMENTS
     params = [a.arg for a in (*score.args.posonlyargs, *score.args.args)]
     return frozenset(arg for arg, param in zip(ARGUMENTS, params, strict=True) if param in names)  # 4.
@@ -76,41 +91,63 @@ def _the_score_def(tree: ast.Module) -> ast.FunctionDef | None:
     return score
 
 
-def _identifiers(tree: ast.Module) -> tuple[set[str], set[str], int]:
-    """The variables the code names (how a parameter is read); every word it uses - names,
-    attributes, imports, keywords, the words of its strings; and how many places bind ``score``."""
+def _variables(tree: ast.Module) -> tuple[set[str], int]:
+    """One walk: the variables the code names and how many places bind ``score``; raises
+    ``_Unsure`` at the first thing step 3 refuses."""
     names: set[str] = set()
-    words: set[str] = set()
     binds_score = 0
     for node in ast.walk(tree):
-        found: list[str] = []
         if isinstance(node, ast.Name):
+            _word(node.id)
             names.add(node.id)
-            found.append(node.id)
-            if node.id == "score" and not isinstance(node.ctx, ast.Load):
-                binds_score += 1
+            binds_score += node.id == "score" and not isinstance(node.ctx, ast.Load)
         elif isinstance(node, ast.Attribute):
-            found.append(node.attr)
-        elif isinstance(node, ast.alias):  # ``from m import *`` may bind anything: score too
-            found += [*node.name.split("."), *([node.asname] if node.asname else [])]
-            binds_score += node.name == "*" or (node.asname or node.name.split(".")[0]) == "score"
+            if node.attr.startswith("_"):  # a module's private imports (collections._sys), mangled names
+                raise _Unsure
+            if node.attr in ("format", "vformat") and not (
+                    isinstance(node.value, ast.Constant) and isinstance(node.value.value, str)):
+                raise _Unsure  # a format string built at run time names attributes of its arguments
+            _word(node.attr)
+        elif isinstance(node, ast.Constant):
+            if isinstance(node.value, str | bytes):
+                text = node.value if isinstance(node.value, str) else node.value.decode("latin-1")
+                for word in _WORDS.findall(unicodedata.normalize("NFKC", text)):
+                    _word(word)
+        elif isinstance(node, ast.Import | ast.ImportFrom):
+            if isinstance(node, ast.ImportFrom) and (node.level or node.module is None):
+                raise _Unsure  # relative
+            modules = [node.module] if isinstance(node, ast.ImportFrom) else [a.name for a in node.names]
+            if any(m is None or m.split(".")[0] not in PLAIN_MODULES for m in modules):
+                raise _Unsure
+            for alias in node.names:
+                if alias.name == "*":
+                    raise _Unsure  # may bind anything: score too
+                for word in (*alias.name.split("."), *([alias.asname] if alias.asname else [])):
+                    _word(word)
+                binds_score += (alias.asname or alias.name.split(".")[0]) == "score"
+        elif isinstance(node, ast.MatchClass):
+            raise _Unsure  # a class pattern reads attributes named by strings, or by __match_args__
         elif isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef | ast.ClassDef):
+            _word(node.name)
             binds_score += node.name == "score"
-        elif isinstance(node, ast.Global | ast.Nonlocal):
-            found += node.names
-            binds_score += "score" in node.names
         elif isinstance(node, ast.arg):
+            _word(node.arg)
             binds_score += node.arg == "score"
         elif isinstance(node, ast.keyword) and node.arg is not None:
-            found.append(node.arg)
-        elif isinstance(node, ast.ExceptHandler) and node.name is not None:
-            binds_score += node.name == "score"
-        elif isinstance(node, ast.MatchAs | ast.MatchStar) and node.name is not None:
+            _word(node.arg)
+        elif isinstance(node, ast.Global | ast.Nonlocal):
+            for name in node.names:
+                _word(name)
+            binds_score += "score" in node.names
+        elif isinstance(node, ast.ExceptHandler | ast.MatchAs | ast.MatchStar) and node.name is not None:
+            _word(node.name)
             binds_score += node.name == "score"
         elif isinstance(node, ast.MatchMapping) and node.rest is not None:
+            _word(node.rest)
             binds_score += node.rest == "score"
-        elif isinstance(node, ast.Constant) and isinstance(node.value, str):
-            # Text names attributes too: ``"{0.__traceback__}".format(error)`` reaches a frame.
-            found += _WORDS.findall(node.value)
-        words.update(found)
-    return names, words, binds_score
+    return names, binds_score
+
+
+def _word(word: str) -> None:
+    if word in FRAME_ACCESS or word.startswith("__"):  # dunders, and names a class body mangles
+        raise _Unsure

@@ -31,11 +31,15 @@ HEAD = "def score(input, output, expected, spans, metadata):\n"
     ("    return float(len(f'{input}') > 3)\n", {"input"}),
     ("    return float(any(s['name'] for s in spans))\n", {"spans"}),
     ("    g = lambda x=metadata: x\n    return 1.0\n", {"metadata"}),
+    # Plain modules and literal format strings keep a scorer read precisely.
+    ("    return float(bool(re.search('refund', output)))\n", {"output"}),
+    ("    return float(len(collections.Counter(input)) > 3)\n", {"input"}),
+    ("    return float(len('{} {}'.format(output, metadata)) > 3)\n", {"output", "metadata"}),
     # A name shadowed elsewhere is still counted: sending an argument unread costs only bytes.
     ("    return 1.0\ndef other(spans):\n    return spans\n", {"spans"}),
 ])
 def test_the_arguments_a_scorer_names_are_the_ones_it_reads(body: str, read: set[str]) -> None:
-    assert arguments_read(HEAD + body) == read
+    assert arguments_read("import re\nfrom collections import Counter\nimport collections\n" + HEAD + body) == read
 
 
 def test_the_parameters_are_matched_by_position_whatever_their_names() -> None:
@@ -74,13 +78,38 @@ def test_the_parameters_are_matched_by_position_whatever_their_names() -> None:
     "async def score(input, output, expected, spans, metadata):\n    return 1.0\n",
     "score = print\n",
     # Too long to read on the event loop (a hostile tenant's thousands of statements).
-    "x = 1\n" * 3000 + HEAD + "    return len(output) / 10\n",
+    "x = 1\n" * 700 + HEAD + "    return len(output) / 10\n",
     # What does not parse: the sandbox reports it, with every argument sent as before.
     HEAD + "    return (\n",
     "x = " + "(" * 300 + "1" + ")" * 300 + "\n" + HEAD + "    return 1.0\n",
 ])
 def test_code_that_could_read_an_argument_without_naming_it_is_sent_all_five(code: str) -> None:
     assert arguments_read(code) == ALL_ARGUMENTS
+
+
+# A review's attacks on a word list alone (each, with the rules of step 3 missing, read an argument
+# it was not sent: verified by running it with and without the argument).
+REVIEWED_ATTACKS = {
+    'match_class_kwd': 'def score(input, output, expected, spans, metadata):\n    try:\n        1 / 0\n    except ZeroDivisionError as e:\n        match e:\n            case BaseException(__traceback__=object(tb_frame=object(f_locals={"input": v}))):\n                return len(str(v))\n    return 0\n',
+    'importfrom_module': 'from inspect import stack, getargvalues\n\ndef score(input, output, expected, spans, metadata):\n    loc = getargvalues(stack()[0][0])[3]\n    return len(str(loc["input"]))\n',
+    'name_mangling': 'def score(_C__x, output, expected, spans, metadata):\n    class C:\n        def m(self):\n            return __x\n    return len(str(C().m()))\n',
+    'format_concat': 'import string\n\ndef score(input, output, expected, spans, metadata):\n    try:\n        1 / 0\n    except ZeroDivisionError as e:\n        field = "0._" + "_trace" + "back_" + "_.tb_fr" + "ame.f_lo" + "cals"\n        loc, _ = string.Formatter().get_field(field, (e,), {})\n        return len(str(loc["input"]))\n',
+    'pkgutil_resolve': 'import pkgutil\n\ndef score(input, output, expected, spans, metadata):\n    ev = pkgutil.resolve_name("built" + "ins:ev" + "al")\n    return len(str(ev("inp" + "ut")))\n',
+    'bytes_literal_format': 'def score(input, output, expected, spans, metadata):\n    try:\n        1 / 0\n    except ZeroDivisionError as e:\n        return len(b"{0.__traceback__.tb_frame.f_locals}".decode().format(e))\n',
+    'pickle_bytes': 'import pickle\n\ndef score(input, output, expected, spans, metadata):\n    loc = pickle.loads(b"cbuiltins\\ngetattr\\n(csys\\n_getframe\\n(tRVf_locals\\ntR.")\n    return len(str(loc["input"]))\n',
+    'nfkc_annotation': 'import typing\n\ndef score(input, output, expected, spans, metadata):\n    def h(x: "[_＿ｉｍｐｏｒｔ＿＿(\'sy\'+\'s\')._ｇｅｔｆｒａｍｅ(4).ｆ_ｌｏｃａｌｓ.get(\'inp\'+\'ut\')]"): pass\n    return len(str(typing.get_type_hints(h)["x"][0]))\n',
+    'builtins_only_format': 'def score(input, output, expected, spans, metadata):\n    try:\n        1 / 0\n    except ZeroDivisionError as e:\n        text = ("{0._" + "_traceback_" + "_.tb_fr" + "ame.f_lo" + "cals[inp" + "ut]}").format(e)\n        return len(text)\n',
+    'rebind_score': 'from inspect import stack, getargvalues\n\ndef score(input, output, expected, spans, metadata):\n    return 0\n\ndef other(a, b, c, d, e):\n    return len(str(a))\n\ngetargvalues(stack()[0][0])[3]["score"] = other\n',
+    'exitstack_tb_match': 'import contextlib\n\ndef score(input, output, expected, spans, metadata):\n    seen = []\n    with contextlib.ExitStack() as stack:\n        stack.push(lambda kind, exc, tb: seen.append(tb) or True)\n        1 / 0\n    match seen[0]:\n        case object(tb_frame=object(f_locals={"input": v})):\n            return len(str(v))\n',
+    'walrus_format_map': 'class Keys(dict):\n    pass\n\ndef score(input, output, expected, spans, metadata):\n    try:\n        1 / 0\n    except ZeroDivisionError as e:\n        f = "{e._" + "_traceback_" + "_.tb_fr" + "ame.f_lo" + "cals[inp" + "ut]}"\n        return len(f.format_map({"e": e}))\n',
+    'type_instancecheck_match': 'def score(input, output, expected, spans, metadata):\n    d = "_" + "_"\n    def picker(name):\n        meta = type("M", (type,), {d + "instancecheck" + d: lambda cls, obj: True})\n        return meta("P", (), {d + "match_args" + d: (name,)})\n    try:\n        1 / 0\n    except ZeroDivisionError as e:\n        T, F, L = picker(d + "trace" + "back" + d), picker("tb_fr" + "ame"), picker("f_loc" + "als")\n        match e:\n            case T(F(L(loc))):\n                return len(str(loc["input"]))\n',
+    'functools_update_wrapper': 'import functools\n\ndef score(input, output, expected, spans, metadata):\n    d = "_" + "_"\n    box = []\n    Sink = type("Sink", (), {d + "set" + "attr" + d: lambda self, k, v: box.append(v)})\n    def fetch(obj, name):\n        functools.update_wrapper(Sink(), obj, assigned=(name,), updated=())\n        value = box[0]; box.clear(); return value\n    try:\n        1 / 0\n    except ZeroDivisionError as e:\n        loc = fetch(fetch(fetch(e, d + "trace" + "back" + d), "tb_fr" + "ame"), "f_loc" + "als")\n        return len(str(loc["input"]))\n',
+}
+
+
+@pytest.mark.parametrize("name", sorted(REVIEWED_ATTACKS))
+def test_code_that_reaches_an_argument_by_a_name_built_at_run_time_is_sent_all_five(name: str) -> None:
+    assert arguments_read(REVIEWED_ATTACKS[name]) == ALL_ARGUMENTS
 
 
 def test_a_payload_carries_only_the_arguments_read_and_builds_no_spans_otherwise() -> None:
