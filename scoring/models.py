@@ -54,9 +54,9 @@ __all__ = [
 ]
 
 # RE2 options: refuse rather than print parse errors to stderr; cap the compiled program.
-_RE2_OPTIONS = re2.Options()
-_RE2_OPTIONS.log_errors = False
-_RE2_OPTIONS.max_mem = 8 << 20
+RE2_OPTIONS = re2.Options()
+RE2_OPTIONS.log_errors = False
+RE2_OPTIONS.max_mem = 8 << 20
 # RE2 matches in linear time, but the factor is the program's size: `(\w+\s?){1,1000}zz` compiles
 # to 11,005 instructions and scanned a megabyte in ~40 s. 2,000 keeps every accepted regex
 # within milliseconds on the text a pattern reads (see scoring.members.patterns.MAX_TEXT_CHARS); the
@@ -71,7 +71,7 @@ def compile_user_regex(pattern: str) -> re2._Regexp:
     being run by a backtracking engine that a hostile pattern can stall for minutes.
     """
     try:
-        compiled = re2.compile(pattern, options=_RE2_OPTIONS)
+        compiled = re2.compile(pattern, options=RE2_OPTIONS)
     except re2.error as exc:
         why = exc.args[0].decode() if exc.args and isinstance(exc.args[0], bytes) else str(exc)
         raise ValueError(

@@ -3,9 +3,10 @@
 from __future__ import annotations
 
 import pytest
+import re2
 
-from scoring.members.patterns import compiled, luhn_valid
-from scoring.models import Pattern
+from scoring.members.patterns import SCREEN, SCREENED_TEXTS_KEPT, TEMPLATES, TemplateScreen, compiled, luhn_valid
+from scoring.models import RE2_OPTIONS, Pattern, compile_user_regex
 
 
 def pattern(**over: object) -> Pattern:
@@ -71,3 +72,58 @@ def test_luhn() -> None:
 def test_detail_says_where_never_what() -> None:
     verdict = compiled(pattern(template="email")).check("", "mail me: bob@example.com")
     assert verdict.matched and "bob" not in verdict.detail and "offset 9" in verdict.detail
+
+
+# --- the template screen: one pass for every template, a check skipped only when surely absent ----
+
+SCREEN_TEXTS = [
+    "", " ", "sorry", "I'm sorry", "I’m so sorry", "i apologise", "SORRY ABOUT THE delay",
+    "write to a@b.co", "a@b.c", "@example.com", "x" * 300 + "jane@example.org",
+    "4111 1111 1111 1111", "4111 1111 1111 111", "card 4111-1111-1111-11112", "41111111111111111111",
+    "123-45-6789", "x123-45-6789", "(415) 555-0132", "+1 415.555.0132", "415-555-013",
+    "I can't help with that", "as an AI, I won’t", "é" * 50 + " I'm sorry " + "中" * 50,
+    "\u2028sorry\u2029", "sorry" + "\x00" + "about that", "4111 1111 1111 1111" + "5" * 3,
+]
+
+
+@pytest.mark.parametrize("template", sorted(TEMPLATES))
+def test_the_screen_skips_a_template_only_where_its_own_search_finds_nothing(template: str) -> None:
+    # Its answers against each template's own regex on the same texts: screened out means
+    # no match; and a check gives the same verdict with the screen as the search alone.
+    regex = compile_user_regex(TEMPLATES[template].regex)
+    unscreened = TemplateScreen(RE2_OPTIONS)
+    unscreened._set = None  # the screen off: every check searches
+    for text in SCREEN_TEXTS + [t[:cut] for t in SCREEN_TEXTS for cut in (3, 11, 17)]:
+        found = regex.search(text) is not None
+        assert SCREEN.absent(template, text) is not found, (template, text)
+        assert unscreened.absent(template, text) is False
+        assert matched(pattern(template=template), text) is (found and matched_without_screen(template, text))
+
+
+def matched_without_screen(template: str, text: str) -> bool:
+    confirm = TEMPLATES[template].confirm
+    regex = compile_user_regex(TEMPLATES[template].regex)
+    return any(confirm is None or confirm(m.group(0)) for m in regex.finditer(text))
+
+
+def test_a_screen_whose_pass_gave_up_screens_nothing_out() -> None:
+    # RE2::Set reports no match at all when its DFA runs out of memory: the canary (a match at
+    # every text's end) is then missing too, and every check searches on its own.
+    starved = re2.Options()
+    starved.log_errors = False
+    starved.max_mem = 1 << 15
+    screen = TemplateScreen(starved)
+    text = "".join(f"{n} sorry-ish {n * 7919 % 10007}@x{n}.example 4111 {n:04d} 555-{n:04d}; " for n in range(4000))
+    if screen._set is None:  # refused to compile at this size: off as well
+        assert not screen.absent("apology", text)
+        return
+    assert screen._set.Match(text) is None, "the starved DFA still answered: the test proves nothing"
+    assert not any(screen.absent(t, text) for t in TEMPLATES)
+
+
+def test_the_screen_never_answers_for_another_text() -> None:
+    screen = TemplateScreen(RE2_OPTIONS)
+    texts = [f"text {n}" + (" I'm sorry" if n % 2 else "") for n in range(3 * SCREENED_TEXTS_KEPT)]
+    for _ in range(2):
+        for n, text in enumerate(texts):
+            assert screen.absent("apology", text) is (n % 2 == 0)
