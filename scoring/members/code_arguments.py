@@ -16,27 +16,34 @@ conservative: unless every rule holds, all five are sent, as before.
    through frames and namespaces (``locals()``, a traceback's frame), through attribute access by
    a name computed at run time (``getattr``, a format string's fields, a class pattern of
    ``match``, ``type()`` with a computed dunder), through text made code (``eval``, pickle,
-   annotations) - so: imports only from ``PLAIN_MODULES``; no ``match`` class pattern; ``.format``
-   only on a string literal; no private or dunder name or attribute; no word of ``FRAME_ACCESS``,
-   in the code or in its strings and bytes (normalised as Python normalises identifiers);
+   annotations) and through modules that hand out other modules (``re.functools``) - so: imports
+   only of ``PLAIN_MODULES`` and of their public functions and classes, a module named only as
+   ``module.function``; no ``match`` class pattern; ``.format`` only on a string literal; no private
+   or dunder name or attribute; no word of ``FRAME_ACCESS``, in the code or in its strings and bytes
+   (normalised as Python normalises identifiers);
 4. a parameter is read when a variable of its name appears anywhere (a nested function, a lambda,
    an f-string), shadowed or not: over-counting only sends an argument unread.
 
-tests/unit/test_code_arguments.py holds the attacks a review found against a word list alone.
+The contract users read (docs/concepts.md): a scorer gets the arguments its code names; code
+that reaches them another way gets all five when these rules recognise it, and None for the ones
+it does not name when they do not - never anything but its own subject's arguments.
+tests/unit/test_code_arguments.py holds the attacks two reviews found.
 """
 
 from __future__ import annotations
 
 import ast
 import functools
+import importlib
 import re
+import types
 import unicodedata
 
 ARGUMENTS = ("input", "output", "expected", "spans", "metadata")  # score()'s, in order
 ALL_ARGUMENTS = frozenset(ARGUMENTS)
-# Parsing and walking take up to ~3.3 ms per 1,000 characters (thousands of one-word statements):
-# a scorer of this size (~100 lines) costs the loop ~13 ms at worst, once per version and worker.
-MAX_READ_CHARS = 4_000
+# Parsing and walking take up to ~3.5 ms per 1,000 characters (thousands of one-word statements):
+# a scorer of this size (~80 lines) costs the loop ~10 ms at worst, once per version and worker.
+MAX_READ_CHARS = 3_000
 
 # Modules a scorer may import and still be read: none hands out frames, evaluates text or reads
 # attributes by a computed name (``string``'s Formatter, ``functools.update_wrapper``, ``typing``,
@@ -46,6 +53,16 @@ PLAIN_MODULES = frozenset({
     "re", "math", "json", "difflib", "statistics", "collections", "itertools", "unicodedata", "datetime",
     "decimal", "fractions", "textwrap", "heapq", "bisect", "random",
 })
+
+
+def _public_names(module_name: str) -> frozenset[str]:
+    """What a plain module offers: its ``__all__`` (else its public names), never a module."""
+    module = importlib.import_module(module_name)
+    names = getattr(module, "__all__", None) or [n for n in dir(module) if not n.startswith("_")]
+    return frozenset(n for n in names if not isinstance(getattr(module, n, None), types.ModuleType))
+
+
+MODULE_NAMES = {name: _public_names(name) for name in PLAIN_MODULES}
 # Words that reach a variable, a frame, a module or an attribute without naming them.
 FRAME_ACCESS = frozenset({
     "locals", "vars", "globals", "eval", "exec", "compile", "getattr", "setattr", "delattr", "breakpoint",
@@ -54,6 +71,12 @@ FRAME_ACCESS = frozenset({
     "pdb", "bdb", "dis", "types", "typing", "faulthandler", "threading", "asyncio", "stack", "getargvalues",
     "resolve_name", "locate", "modules", "_getframe", "currentframe", "f_locals", "f_back", "f_globals",
     "f_builtins", "f_code", "tb_frame", "tb_next", "gi_frame", "cr_frame", "ag_frame", "frame",
+    # types and code objects (a function rebuilt with other names), annotations evaluated,
+    # the process's own memory, the modules the plain ones import
+    "mro", "object", "FunctionType", "CodeType", "LambdaType", "MethodType", "gi_code", "cr_code", "ag_code",
+    "co_code", "ABCMeta", "EnumMeta", "EnumType", "singledispatch", "singledispatchmethod",
+    "get_type_hints", "open", "help", "memoryview", "functools", "enum", "bltns", "operator", "codecs",
+    "copyreg", "os",
 })
 _WORDS = re.compile(r"[^\W\d]\w*")  # identifier-like words, any script
 
@@ -96,12 +119,18 @@ def _variables(tree: ast.Module) -> tuple[set[str], int]:
     ``_Unsure`` at the first thing step 3 refuses."""
     names: set[str] = set()
     binds_score = 0
+    modules: dict[str, str] = {}  # the names imported modules go by -> the module
+    name_nodes: list[ast.Name] = []
+    module_uses: list[tuple[ast.Name, str]] = []  # ``module.attribute``: the name, the attribute
     for node in ast.walk(tree):
         if isinstance(node, ast.Name):
             _word(node.id)
             names.add(node.id)
+            name_nodes.append(node)
             binds_score += node.id == "score" and not isinstance(node.ctx, ast.Load)
         elif isinstance(node, ast.Attribute):
+            if isinstance(node.value, ast.Name):
+                module_uses.append((node.value, node.attr))
             if node.attr.startswith("_"):  # a module's private imports (collections._sys), mangled names
                 raise _Unsure
             if node.attr in ("format", "vformat") and not (
@@ -113,18 +142,24 @@ def _variables(tree: ast.Module) -> tuple[set[str], int]:
                 text = node.value if isinstance(node.value, str) else node.value.decode("latin-1")
                 for word in _WORDS.findall(unicodedata.normalize("NFKC", text)):
                     _word(word)
-        elif isinstance(node, ast.Import | ast.ImportFrom):
-            if isinstance(node, ast.ImportFrom) and (node.level or node.module is None):
-                raise _Unsure  # relative
-            modules = [node.module] if isinstance(node, ast.ImportFrom) else [a.name for a in node.names]
-            if any(m is None or m.split(".")[0] not in PLAIN_MODULES for m in modules):
-                raise _Unsure
-            for alias in node.names:
-                if alias.name == "*":
-                    raise _Unsure  # may bind anything: score too
-                for word in (*alias.name.split("."), *([alias.asname] if alias.asname else [])):
-                    _word(word)
-                binds_score += (alias.asname or alias.name.split(".")[0]) == "score"
+        elif isinstance(node, ast.Import):
+            for alias in node.names:  # ``import re`` or ``import re as r``: a plain module, whole
+                if alias.name not in PLAIN_MODULES:
+                    raise _Unsure
+                bound = alias.asname or alias.name
+                _word(bound)
+                modules[bound] = alias.name
+                binds_score += bound == "score"
+        elif isinstance(node, ast.ImportFrom):
+            if node.level or node.module not in PLAIN_MODULES:
+                raise _Unsure  # relative, a submodule or another module
+            for alias in node.names:  # ``*`` may bind anything, score too; a module is refused
+                if alias.name not in MODULE_NAMES[node.module]:
+                    raise _Unsure
+                _word(alias.name)
+                if alias.asname:
+                    _word(alias.asname)
+                binds_score += (alias.asname or alias.name) == "score"
         elif isinstance(node, ast.MatchClass):
             raise _Unsure  # a class pattern reads attributes named by strings, or by __match_args__
         elif isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef | ast.ClassDef):
@@ -145,6 +180,12 @@ def _variables(tree: ast.Module) -> tuple[set[str], int]:
         elif isinstance(node, ast.MatchMapping) and node.rest is not None:
             _word(node.rest)
             binds_score += node.rest == "score"
+    # A module is named only to call what it offers: ``re.search``, never ``re.functools``, never
+    # the module itself passed on (``m = re``), where no rule here would follow it.
+    used_well = {id(name) for name, attribute in module_uses
+                 if name.id in modules and attribute in MODULE_NAMES[modules[name.id]]}
+    if any(name.id in modules and id(name) not in used_well for name in name_nodes):
+        raise _Unsure
     return names, binds_score
 
 

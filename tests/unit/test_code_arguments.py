@@ -63,6 +63,12 @@ def test_the_parameters_are_matched_by_position_whatever_their_names() -> None:
     HEAD + "    return eval('len(output)') / 10\n",
     "import operator\n" + HEAD + "    return float(operator.attrgetter('x')(1) or 1)\n",
     HEAD + "    return float(score.__defaults__ is None)\n",
+    # A module is named only to call what it offers.
+    "import re\n" + HEAD + "    m = re\n    return 1.0\n",
+    "import re\n" + HEAD + "    return float(re.functools is None)\n",
+    "from re import functools\n" + HEAD + "    return 1.0\n",
+    "import collections.abc\n" + HEAD + "    return 1.0\n",
+    "import re\n" + HEAD + "    return float(len(output) > 0)\nre = None\n",
     # Another score() than the one read here may be the one called.
     HEAD + "    return 1.0\nscore = lambda *args: len(args[3])\n",
     HEAD + "    return 1.0\n" + HEAD + "    return len(spans)\n",
@@ -78,7 +84,7 @@ def test_the_parameters_are_matched_by_position_whatever_their_names() -> None:
     "async def score(input, output, expected, spans, metadata):\n    return 1.0\n",
     "score = print\n",
     # Too long to read on the event loop (a hostile tenant's thousands of statements).
-    "x = 1\n" * 700 + HEAD + "    return len(output) / 10\n",
+    "x = 1\n" * 520 + HEAD + "    return len(output) / 10\n",
     # What does not parse: the sandbox reports it, with every argument sent as before.
     HEAD + "    return (\n",
     "x = " + "(" * 300 + "1" + ")" * 300 + "\n" + HEAD + "    return 1.0\n",
@@ -87,8 +93,9 @@ def test_code_that_could_read_an_argument_without_naming_it_is_sent_all_five(cod
     assert arguments_read(code) == ALL_ARGUMENTS
 
 
-# A review's attacks on a word list alone (each, with the rules of step 3 missing, read an argument
-# it was not sent: verified by running it with and without the argument).
+# Two reviews' attacks (each, with the rules of step 3 missing, read an argument it was not sent:
+# verified by running it with and without the argument): a word list alone, then modules that
+# hand out other modules, type reached through mro, annotations evaluated, the process's memory.
 REVIEWED_ATTACKS = {
     'match_class_kwd': 'def score(input, output, expected, spans, metadata):\n    try:\n        1 / 0\n    except ZeroDivisionError as e:\n        match e:\n            case BaseException(__traceback__=object(tb_frame=object(f_locals={"input": v}))):\n                return len(str(v))\n    return 0\n',
     'importfrom_module': 'from inspect import stack, getargvalues\n\ndef score(input, output, expected, spans, metadata):\n    loc = getargvalues(stack()[0][0])[3]\n    return len(str(loc["input"]))\n',
@@ -104,6 +111,11 @@ REVIEWED_ATTACKS = {
     'walrus_format_map': 'class Keys(dict):\n    pass\n\ndef score(input, output, expected, spans, metadata):\n    try:\n        1 / 0\n    except ZeroDivisionError as e:\n        f = "{e._" + "_traceback_" + "_.tb_fr" + "ame.f_lo" + "cals[inp" + "ut]}"\n        return len(f.format_map({"e": e}))\n',
     'type_instancecheck_match': 'def score(input, output, expected, spans, metadata):\n    d = "_" + "_"\n    def picker(name):\n        meta = type("M", (type,), {d + "instancecheck" + d: lambda cls, obj: True})\n        return meta("P", (), {d + "match_args" + d: (name,)})\n    try:\n        1 / 0\n    except ZeroDivisionError as e:\n        T, F, L = picker(d + "trace" + "back" + d), picker("tb_fr" + "ame"), picker("f_loc" + "als")\n        match e:\n            case T(F(L(loc))):\n                return len(str(loc["input"]))\n',
     'functools_update_wrapper': 'import functools\n\ndef score(input, output, expected, spans, metadata):\n    d = "_" + "_"\n    box = []\n    Sink = type("Sink", (), {d + "set" + "attr" + d: lambda self, k, v: box.append(v)})\n    def fetch(obj, name):\n        functools.update_wrapper(Sink(), obj, assigned=(name,), updated=())\n        value = box[0]; box.clear(); return value\n    try:\n        1 / 0\n    except ZeroDivisionError as e:\n        loc = fetch(fetch(fetch(e, d + "trace" + "back" + d), "tb_fr" + "ame"), "f_loc" + "als")\n        return len(str(loc["input"]))\n',
+    'abcmeta_crcode': 'import fractions\n\nasync def tmpl(m, n):\n    return aaaa(m).bbbb(n).cccc\n\ndef score(input, output, expected, spans, metadata):\n    d = "_" + "_"\n    meta = fractions.numbers.ABCMeta\n    make = meta.mro(meta)[1](tmpl)\n    c = tmpl(0, 0)\n    code = c.cr_code.replace(co_names=(d + "import" + d, "_get" + "fr" + "ame", "f_lo" + "cals"))\n    c.close()\n    try:\n        make(code, {})("s" + "ys", 1).send(None)\n    except StopIteration as stop:\n        return len(str(stop.value["inp" + "ut"]))\n',
+    'functiontype_gicode': 'import re\n\ndef tmpl(m, n):\n    yield aaaa(m).bbbb(n).cccc\n\ndef score(input, output, expected, spans, metadata):\n    d = "_" + "_"\n    names = (d + "import" + d, "_get" + "fr" + "ame", "f_lo" + "cals")\n    code = tmpl(0, 0).gi_code.replace(co_names=names)\n    make = re.enum.EnumType.mro(re.enum.EnumType)[1](tmpl)\n    loc = next(make(code, {})("s" + "ys", 1))\n    return len(str(loc["inp" + "ut"]))\n',
+    'singledispatch_annotation': 'import re\n\nB = []\n\ndef score(input, output, expected, spans, metadata):\n    def h(x: bytes([66, 46, 97, 112, 112, 101, 110, 100, 40, 91, 120, 46, 102, 95, 108, 111, 99, 97, 108, 115, 32, 102, 111, 114, 32, 120, 32, 105, 110, 32, 109, 97, 112, 40, 95, 95, 105, 109, 112, 111, 114, 116, 95, 95, 40, 39, 115, 121, 115, 39, 41, 46, 95, 103, 101, 116, 102, 114, 97, 109, 101, 44, 32, 114, 97, 110, 103, 101, 40, 49, 44, 32, 55, 41, 41, 93, 41, 32, 111, 114, 32, 105, 110, 116]).decode()):\n        pass\n    re.functools.singledispatch(h).register(h)\n    for loc in B[0]:\n        for k, v in loc.items():\n            if k == "inp" + "ut":\n                return len(str(v))\n    return -1\n',
+    'singledispatch_return_annotation_textwrap': 'import textwrap\n\nB = []\n\ndef score(input, output, expected, spans, metadata):\n    d = "_" + "_"\n    text = ("B.append([x.f_lo" + "cals for x in map(" + d + "import" + d + "(\'s" + "ys\')._get"\n            + "fr" + "ame, range(1, 7))]) or int")\n    def h(x) -> text:\n        pass\n    try:\n        textwrap.re.functools.singledispatch(h).register(h)\n    except Exception:\n        pass\n    for loc in B[0]:\n        if "inp" + "ut" in loc:\n            return len(str(loc["inp" + "ut"]))\n    return -1\n',
+    'proc_self_mem': 'def score(input, output, expected, spans, metadata):\n    pattern = id(output).to_bytes(8, "little") + id(expected).to_bytes(8, "little")\n    mem = open("/proc/self/mem", "rb", buffering=0)\n    for line in open("/proc/self/maps"):\n        parts = line.split()\n        if not parts[1].startswith("rw") or len(parts) > 5:\n            continue\n        lo, hi = (int(x, 16) for x in parts[0].split("-"))\n        if hi - lo > 64 << 20:\n            continue\n        try:\n            mem.seek(lo)\n            chunk = mem.read(hi - lo)\n        except OSError:\n            continue\n        at = chunk.find(pattern)\n        while at >= 8:\n            first = int.from_bytes(chunk[at - 8:at], "little")\n            if first == id(None):\n                return 0.0\n            at = chunk.find(pattern, at + 1)\n    return 1.0\n',
 }
 
 
