@@ -23,7 +23,7 @@ imports) goes in ``RUNTIME``, and a ``.pth`` file in the environment's site-pack
 directory on every interpreter's path - the console scripts' (``.venv/bin/scorer-worker``, whose
 path holds no checkout) as well as ``python -m`` from the root; the C and objects stay in ``build/``.
 
-Measured (issue 59; docs/operate/benchmarks.md): the build takes ~30 s on 2 cores.
+Measured (issue 59; docs/operate/benchmarks.md): the build takes ~47 s on this 2-core machine idle.
 """
 
 from __future__ import annotations
@@ -157,7 +157,8 @@ def build() -> None:
 
 def _build() -> None:
     clean()  # none of the old build survives a failed new one: interpreted, never stale
-    print(f"compiled: building {len(HOT_PATH)} hot-path modules with mypyc (about 30 s)", file=sys.stderr, flush=True)
+    print(f"compiled: building {len(HOT_PATH)} hot-path modules with mypyc (about a minute)",
+          file=sys.stderr, flush=True)
     built_from = source_hash()
     run = subprocess.run([sys.executable, "-m", "mypyc", "--no-warn-unused-configs", *HOT_PATH], cwd=ROOT,
                          capture_output=True, text=True)
