@@ -93,7 +93,7 @@ def arguments_read(code: str) -> frozenset[str]:
     try:
         tree = ast.parse(code)
         names, binds_score = _variables(tree)  # 3.
-    except (_Unsure, SyntaxError, ValueError, RecursionError, MemoryError):
+    except Exception:  # _Unsure, or what parsing a hostile text raises (SyntaxError, RecursionError...)
         return ALL_ARGUMENTS
     score = _the_score_def(tree)  # 2.
     if score is None or binds_score != 1:
