@@ -18,10 +18,12 @@ session (the plugin tests/support/hot_path_build.py), so a test never runs an ex
 than its source. Anything else run from a checkout after an edit (``scorer-worker`` by hand, a
 debugger, mutmut) needs a build first, or ``SGW_INTERPRETED=1`` - which also runs the sources
 (``build`` then removes the extensions), as a debugger, coverage or py-spy need to see them.
-mypyc's runtime shared by the modules (a top-level module, ``<hash>__mypyc.*.so``, which each
-imports) goes in ``RUNTIME``, and a ``.pth`` file in the environment's site-packages puts that
-directory on every interpreter's path - the console scripts' (``.venv/bin/scorer-worker``, whose
-path holds no checkout) as well as ``python -m`` from the root; the C and objects stay in ``build/``.
+mypyc's runtime shared by the modules (a top-level module, ``sgw_<hash>__mypyc.*.so``, which each
+imports, named by the sources built: ``runtime_name``) goes in ``RUNTIME``, and a ``.pth`` file in
+the environment's site-packages puts that directory on every interpreter's path - the console
+scripts' (``.venv/bin/scorer-worker``, whose path holds no checkout) as well as ``python -m`` from
+the root; the C and objects stay in ``build/``. Two checkouts built into one environment (a
+worktree benchmarked against main) each import their own runtime.
 
 Measured (issue 59; docs/operate/benchmarks.md): the build takes ~47 s on this 2-core machine idle.
 """
@@ -55,9 +57,10 @@ HOT_PATH = (
     "consumers/finished_pairs.py",
 )
 # What the stamp covers: the packages the compiled code was checked against (the SDK's wire models
-# included: mypyc checks their types at run time), and the type checker's configuration and pins.
+# included: mypyc checks their types at run time), the type checker's configuration and pins, and
+# this recipe.
 CHECKED_AGAINST = ("scoring", "consumers", "sdk/scorer_groups")
-CHECKED_FILES = ("pyproject.toml", "constraints.txt")
+CHECKED_FILES = ("pyproject.toml", "constraints.txt", "deploy/compiled.py")  # and the recipe itself
 STAMP = ROOT / "build" / "compiled.stamp"
 RUNTIME = ROOT / "build" / "mypyc-runtime"  # mypyc's shared runtime: on the path through RUNTIME_PTH
 RUNTIME_PTH = "sgw-compiled-runtime.pth"
@@ -86,17 +89,20 @@ def extensions(module: str) -> list[Path]:
 
 
 def shared_libraries() -> list[Path]:
-    """mypyc's runtime shared by the modules of one build (``<hash>__mypyc.*.so`` in ``RUNTIME``)."""
+    """mypyc's runtime shared by the modules of one build (``sgw_<hash>__mypyc.*.so`` in ``RUNTIME``)."""
     return sorted(RUNTIME.glob("*__mypyc.*.so"))
 
 
 def runtime_on_path() -> None:
-    """Put ``RUNTIME`` on the path of this environment's interpreters (a ``.pth`` file in its
-    site-packages, written when missing or different) and of this process."""
+    """Put ``RUNTIME`` on the path of this environment's interpreters (a line of a ``.pth`` file in
+    its site-packages, beside those of other checkouts built into the same environment that still
+    exist) and of this process."""
     pth = Path(sysconfig.get_paths()["purelib"]) / RUNTIME_PTH
     try:
-        if not pth.exists() or pth.read_text() != f"{RUNTIME}\n":
-            pth.write_text(f"{RUNTIME}\n")
+        known = pth.read_text().splitlines() if pth.exists() else []
+        lines = [line for line in known if line != str(RUNTIME) and Path(line).is_dir()] + [str(RUNTIME)]
+        if lines != known:
+            pth.write_text("".join(f"{line}\n" for line in lines))
     except OSError as exc:
         raise SystemExit(f"compiled: cannot put mypyc's runtime on the path ({pth}: {exc.strerror}); "
                          f"run the sources instead: {INTERPRETED_ENV}=1") from None
@@ -104,10 +110,19 @@ def runtime_on_path() -> None:
         sys.path.append(str(RUNTIME))
 
 
+def runtime_name(built_from: str) -> str:
+    """The shared runtime's module name, of the sources it was built from: a checkout's compiled
+    modules import their own runtime, never another checkout's built into the same environment
+    (mypyc names it by the modules' names alone, which every checkout shares)."""
+    return f"sgw_{built_from[:20]}"
+
+
 def stale() -> list[str]:
     """The hot-path modules whose extension is missing or built from other sources (all of them
     when mypyc's shared runtime, which each imports, is missing)."""
-    fresh = STAMP.exists() and STAMP.read_text().strip() == source_hash() and bool(shared_libraries())
+    built_from = source_hash()
+    fresh = (STAMP.exists() and STAMP.read_text().strip() == built_from
+             and any(lib.name.startswith(f"{runtime_name(built_from)}__mypyc.") for lib in shared_libraries()))
     return [m for m in HOT_PATH if not fresh or not extensions(m)]
 
 
@@ -160,7 +175,13 @@ def _build() -> None:
     print(f"compiled: building {len(HOT_PATH)} hot-path modules with mypyc (about a minute)",
           file=sys.stderr, flush=True)
     built_from = source_hash()
-    run = subprocess.run([sys.executable, "-m", "mypyc", "--no-warn-unused-configs", *HOT_PATH], cwd=ROOT,
+    # mypyc's own command line, with the runtime named by the sources (``runtime_name``).
+    setup = ROOT / "build" / "compiled_setup.py"
+    arguments = ["--no-warn-unused-configs", *HOT_PATH]
+    setup.write_text("from setuptools import setup\nfrom mypyc.build import mypycify\n\n"
+                     f"setup(name='sgw_compiled', ext_modules=mypycify({arguments!r}, opt_level='3', "
+                     f"group_name={runtime_name(built_from)!r}))\n")
+    run = subprocess.run([sys.executable, str(setup), "build_ext", "--inplace"], cwd=ROOT,
                          capture_output=True, text=True)
     if run.returncode != 0:
         sys.stderr.write(run.stdout[-4000:] + run.stderr[-4000:])

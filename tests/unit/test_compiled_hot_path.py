@@ -51,3 +51,27 @@ def test_the_console_script_runs_the_compiled_hot_path_from_any_directory(tmp_pa
     probe = "import scoring.panel, sys; print(scoring.panel.__file__)"
     ran = subprocess.run([sys.executable, "-c", probe], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=60)
     assert ran.returncode == 0 and ran.stdout.strip().endswith(".so"), ran.stdout + ran.stderr[-2000:]
+
+
+def test_the_compiled_modules_run_the_runtime_built_with_them() -> None:
+    # mypyc names its shared runtime by the compiled modules' names, the same in every checkout:
+    # two checkouts built into one environment (a worktree benchmarked against main) would run
+    # whichever built last. Named by the sources, each imports its own (deploy.compiled.runtime_name).
+    importlib.import_module("scoring.blend")
+    expected = f"{compiled.runtime_name(compiled.source_hash())}__mypyc"
+    runtimes = [name for name in sys.modules if name.endswith("__mypyc")]
+    assert runtimes == [expected], runtimes
+    loaded = sys.modules[expected].__file__
+    assert loaded is not None and Path(loaded).parent == compiled.RUNTIME, loaded
+
+
+def test_the_path_file_keeps_every_checkout_built_into_the_environment(tmp_path: Path,
+                                                                        monkeypatch: pytest.MonkeyPatch) -> None:
+    other, gone = tmp_path / "other-checkout", tmp_path / "removed-checkout"
+    other.mkdir()
+    site = tmp_path / "site-packages"
+    site.mkdir()
+    (site / compiled.RUNTIME_PTH).write_text(f"{other}\n{gone}\n")
+    monkeypatch.setattr(compiled.sysconfig, "get_paths", lambda: {"purelib": str(site)})
+    compiled.runtime_on_path()
+    assert (site / compiled.RUNTIME_PTH).read_text().splitlines() == [str(other), str(compiled.RUNTIME)]
