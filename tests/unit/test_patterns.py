@@ -140,6 +140,31 @@ def test_the_screen_never_answers_for_another_text() -> None:
     for _ in range(2):
         for n, text in enumerate(texts):
             assert screen.absent("apology", text) is (n % 2 == 0)
+            assert screen.utf8(text) == text.encode()
+
+
+# --- one search on the text's UTF-8: the wrapper's answer, at its offset ------------------------
+
+SEARCHED = ["a*", "x*$", r"\b", r"\bsorry\b", "(?i)SORRY", "é+", "中", r"\d{3}", r"(?s).", r"\z", "[^a-z]{2}",
+            r"\B", "(?U)a+?", "^", "$"]
+
+
+@pytest.mark.parametrize("source", SEARCHED + [f"template:{t}" for t in sorted(TEMPLATES)])
+def test_a_search_finds_the_first_match_the_re2_wrapper_finds_at_the_same_offset(source: str) -> None:
+    # The check searches RE2 on the text's UTF-8 itself (not through the wrapper's str API):
+    # for texts with multi-byte characters, empty matches and candidates a template refuses, the
+    # offset (in characters) must be the wrapper's first accepted match's.
+    template = source.removeprefix("template:") if source.startswith("template:") else None
+    regex = compile_user_regex(TEMPLATES[template].regex if template else source)
+    confirm = TEMPLATES[template].confirm if template else None
+    p = pattern(template=template) if template else pattern(regex=source)
+    texts = [*SCREEN_TEXTS, "", "aé中a", "中中 sorry 中", "é4111 1111 1111 1112 é4111 1111 1111 1111",
+             "123-45-6789 000-12-3456 中 078-05-1120", "x" * 40 + "é" * 40 + "a"]
+    for text in texts:
+        first = next((m.start() for m in regex.finditer(text) if confirm is None or confirm(m.group(0))), None)
+        detail = compiled(p).check("", text).detail
+        assert detail == (compiled(p).no_match.detail if first is None else
+                          f"{compiled(p)._what} matched in output at offset {first}"), (source, text)
 
 
 def test_the_screen_answers_rightly_on_a_tenants_digits_and_separators() -> None:
