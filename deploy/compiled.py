@@ -48,6 +48,7 @@ ROOT = Path(__file__).resolve().parents[1]
 # Each compiles as it is written.
 HOT_PATH = (
     "scoring/routing.py",
+    "scoring/re2_search.py",
     "scoring/members/patterns.py",
     "scoring/panel.py",
     "scoring/blend.py",

@@ -35,6 +35,8 @@ from typing import Final
 
 import re2
 
+from scoring.re2_search import matches
+
 MAX_FILTER_TEXT_CHARS: Final = 65_536  # of one field a filter's `matches` reads
 FILTER_SEARCH_WORK: Final = 4_000_000  # instruction x characters of one filter search: <= ~30 ms worst here
 FILTER_SECONDS_PER_TRACE: Final = 0.05  # of matching, over all of a trace's filters
@@ -63,7 +65,7 @@ class RegexWork:
         """Does ``regex`` match in (the readable start of) ``text``? None: it cannot tell - the
         trace's matching time is spent, or nothing matched in the start of a text it could not
         read whole (so that ``not matches`` fails closed: a match may sit past the cut)."""
-        return self._timed(lambda read: regex.search(read) is not None, text,
+        return self._timed(lambda read: matches(regex, read), text,
                            readable_chars(regex, FILTER_SEARCH_WORK, MAX_FILTER_TEXT_CHARS))
 
     def contains(self, needle: str, text: str) -> bool | None:

@@ -29,6 +29,7 @@ import re2
 from scoring.frozen import frozen
 from scoring.members.fair_share import FairShare
 from scoring.models import RE2_OPTIONS, Pattern, PatternTemplate, compile_user_regex
+from scoring.re2_search import chars_before, first_match, native
 from scoring.regex_work import readable_chars
 
 MAX_TEXT_CHARS = 262_144  # of each side (input, output) that a pattern reads
@@ -167,31 +168,6 @@ class PatternVerdict:
     detail: str  # where it matched, never what: the match may be the PII the pattern looks for
 
 
-# RE2 itself, under the ``re2`` module's str wrapper: a search through the wrapper costs ~4 us in
-# Python (a generator, offset maps, a match object) for ~1 us of matching. The text is encoded
-# once per subject side instead, searched as UTF-8, and only a match's offset turned back into
-# characters - what the wrapper does, for one match, without the rest.
-UNANCHORED = re2._Anchor.UNANCHORED
-CHARS_IN = re2._re2.BytesToCharLen  # (utf8, from, to): the characters in utf8[from:to]
-BYTES_IN = re2._re2.CharLenToBytes  # (utf8, from, chars): the bytes of the next ``chars`` characters
-
-
-def first_match(native: Any, encoded: bytes, confirm: Callable[[str], bool] | None) -> int | None:
-    """The byte offset of the first match of ``native`` (a compiled RE2) in ``encoded`` that
-    ``confirm`` accepts (any, without one), or None. Each search starts where the last candidate
-    ended (RE2 still reads the text before it for ``\\b``), as ``re2.finditer`` does."""
-    position, end = 0, len(encoded)
-    while position <= end:
-        start, stop = native.Match(UNANCHORED, encoded, position, end)[0]
-        if start < 0:
-            return None
-        if confirm is None or confirm(encoded[start:stop].decode()):
-            return int(start)
-        # An empty candidate moves on by one character (never into the middle of one).
-        position = stop if stop > start else stop + max(1, int(BYTES_IN(encoded, stop, 1)))
-    return None
-
-
 class CompiledPattern:
     """One pattern version, ready to run on text many times."""
 
@@ -218,7 +194,7 @@ class CompiledPattern:
         self.reads = MAX_TEXT_CHARS if self._regex is None else readable_chars(
             self._regex, PATTERN_SEARCH_WORK, MAX_TEXT_CHARS)
         self._program = 60 if self._regex is None else max(60, int(self._regex.programsize))
-        self._native: Any = None if self._regex is None else self._regex._regexp
+        self._native: Any = None if self._regex is None else native(self._regex)
         self.no_match = PatternVerdict(False, f"{self._what} did not match the {self.target}")  # immutable: shared
 
     def _find(self, text: str) -> int | None:
@@ -231,7 +207,7 @@ class CompiledPattern:
             return None
         encoded = SCREEN.utf8(text)
         found = first_match(self._native, encoded, self._confirm)
-        return None if found is None else int(CHARS_IN(encoded, 0, found))
+        return None if found is None else chars_before(encoded, found)
 
     def sides(self, input_text: str, output_text: str) -> tuple[tuple[str, str], ...]:
         if self.target == "output":

@@ -59,8 +59,7 @@ def test_the_compiled_modules_run_the_runtime_built_with_them() -> None:
     # whichever built last. Named by the sources, each imports its own (deploy.compiled.runtime_name).
     importlib.import_module("scoring.blend")
     expected = f"{compiled.runtime_name(compiled.source_hash())}__mypyc"
-    runtimes = [name for name in sys.modules if name.endswith("__mypyc")]
-    assert runtimes == [expected], runtimes
+    assert expected in sys.modules, [name for name in sys.modules if name.endswith("__mypyc")]  # (mypy's own too)
     loaded = sys.modules[expected].__file__
     assert loaded is not None and Path(loaded).parent == compiled.RUNTIME, loaded
 

@@ -17,6 +17,7 @@ from scoring.members.patterns import (
     luhn_valid,
 )
 from scoring.models import RE2_OPTIONS, Pattern, compile_user_regex
+from scoring.re2_search import matches
 
 
 def pattern(**over: object) -> Pattern:
@@ -151,9 +152,10 @@ SEARCHED = ["a*", "x*$", r"\b", r"\bsorry\b", "(?i)SORRY", "é+", "中", r"\d{3}
 
 @pytest.mark.parametrize("source", SEARCHED + [f"template:{t}" for t in sorted(TEMPLATES)])
 def test_a_search_finds_the_first_match_the_re2_wrapper_finds_at_the_same_offset(source: str) -> None:
-    # The check searches RE2 on the text's UTF-8 itself (not through the wrapper's str API):
-    # for texts with multi-byte characters, empty matches and candidates a template refuses, the
-    # offset (in characters) must be the wrapper's first accepted match's.
+    # The check searches RE2 on the text's UTF-8 itself (scoring.re2_search, not the wrapper's
+    # str API): for texts with multi-byte characters, empty matches and candidates a template
+    # refuses, the offset (in characters) must be the wrapper's first accepted match's; and a
+    # filter's "does it match" the wrapper's answer.
     template = source.removeprefix("template:") if source.startswith("template:") else None
     regex = compile_user_regex(TEMPLATES[template].regex if template else source)
     confirm = TEMPLATES[template].confirm if template else None
@@ -162,6 +164,7 @@ def test_a_search_finds_the_first_match_the_re2_wrapper_finds_at_the_same_offset
              "123-45-6789 000-12-3456 中 078-05-1120", "x" * 40 + "é" * 40 + "a"]
     for text in texts:
         first = next((m.start() for m in regex.finditer(text) if confirm is None or confirm(m.group(0))), None)
+        assert matches(regex, text) is (regex.search(text) is not None), (source, text)  # a filter's question
         detail = compiled(p).check("", text).detail
         assert detail == (compiled(p).no_match.detail if first is None else
                           f"{compiled(p)._what} matched in output at offset {first}"), (source, text)
