@@ -54,6 +54,7 @@ from scoring.stores.shards import ShardLeases
 from worker import metrics
 from worker.connections import kafka_admin, kafka_consumer, kafka_producer, redis_client
 from worker.engine import ScoringEngine
+from worker.hot_path import hot_path_build
 from worker.logs import kafka_errors_kept
 from worker.loop_stall import watch_loop_stalls
 from worker.otlp import otlp_intake, run_otlp_intake
@@ -376,9 +377,12 @@ class Worker:
             metrics.observe_sandbox(engine.sandbox.available)
             consumer.subscribe([s.traces_topic], listener=traces.rebalance_listener())
             await consumer.start()
-            log.info("worker started", topic=s.traces_topic, group=s.consumer_group,
-                     catalog_version=watcher.current.version,
-                     event_loop=type(asyncio.get_running_loop()).__module__.split(".")[0])
+            build = hot_path_build()
+            (log.warning if build.stale else log.info)(
+                "worker started", topic=s.traces_topic, group=s.consumer_group,
+                catalog_version=watcher.current.version,
+                event_loop=type(asyncio.get_running_loop()).__module__.split(".")[0], hot_path=build.describe())
+            metrics.observe_hot_path(len(build.compiled), len(build.stale))
             # What startup built (modules, models' schemas, clients: ~85,000 objects) lives as long
             # as the process: out of the collector's sight, a full collection no longer walks it
             # (~26 ms each, measured) - a pause every trace in flight would wait through.

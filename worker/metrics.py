@@ -156,6 +156,11 @@ SANDBOX_AVAILABLE = Gauge(
     "sgw_code_sandbox_available",
     "1 when code scorers can run confined; 0 when the sandbox could not be set up (they fail closed).",
     registry=REGISTRY)
+HOT_PATH_MODULES = Gauge(
+    "sgw_hot_path_compiled_modules",
+    "Modules of the per-trace path this worker runs compiled (0: interpreted, at several times the CPU); "
+    "build=stale counts those older than their sources (a checkout edited since its build).",
+    ["build"], registry=REGISTRY)
 IN_FLIGHT = Gauge("sgw_traces_in_flight", "Traces being scored now.", registry=REGISTRY)
 CONSUMER_LAG = Gauge("sgw_consumer_lag", "Records behind the end of the partition.", ["topic", "partition"],
                      registry=REGISTRY)
@@ -376,6 +381,11 @@ class PrometheusIncidents:
 
 def observe_catalog_lost(lost: bool) -> None:
     CATALOG_LOST.set(1 if lost else 0)
+
+
+def observe_hot_path(compiled: int, stale: int) -> None:
+    HOT_PATH_MODULES.labels("compiled").set(compiled)
+    HOT_PATH_MODULES.labels("stale").set(stale)
 
 
 def observe_sandbox(available: bool) -> None:

@@ -62,7 +62,7 @@ HAPPENED = {"sgw_webhook_channels_disabled_total", "sgw_groups_skipped_total", "
 # API panels need): their expressions must have no result.
 SILENT_UNDER_TRAFFIC = {"ScorerWorkerNotReady", "ScorerWorkerCommitsStalled", "ScorerDependencyUnreachable",
                         "ScorerCatalogLost", "ScorerCodeSandboxUnavailable", "ScorerOtlpAssemblySlow",
-                        "ScorerWebhookDeliveriesStuck"}
+                        "ScorerWebhookDeliveriesStuck", "ScorerHotPathInterpreted"}
 # Alerts this traffic must make true: their expressions must have a result, not only parse.
 TRUE_UNDER_TRAFFIC = {"ScorerJudgeBudgetExhausted", "ScorerOtlpSpansDropped", "ScorerWebhookChannelDisabled"}
 
