@@ -16,6 +16,7 @@ from scoring.members.judge import JudgeClient
 from scoring.models import Judge
 from scoring.ports import MemberError
 from scoring.subjects import Subject
+from tests.support.http_fakes import Reply, ScriptedServer
 
 FAST = RetryPolicy(attempts=3, backoff_base_s=0.01, backoff_cap_s=0.05)
 QUALITY = Judge.model_validate({"id": "q", "name": "Quality", "criteria": "Is the answer correct and helpful?",
@@ -175,3 +176,20 @@ def test_a_retrieval_judge_reads_the_retriever_spans_outputs_of_either_shape() -
     assert "(none: the trace has no retrieval step with an output)" in none
     plain = build_messages(Judge(id="h", name="Helpful", criteria="Helpful?"), subject(spans=spans))[1]["content"]
     assert "Retrieved context" not in plain, "only a judge that reads retrieval gets it"
+
+
+async def test_a_cookie_the_endpoint_sets_is_never_sent_with_a_later_call() -> None:
+    # One tenant's call must carry nothing another's answer left behind (a session cookie an
+    # endpoint or its load balancer sets is the operator's, and each call stands alone).
+    answer = {"choices": [{"message": {"role": "assistant", "content": '{"rating": 7, "reason": "ok"}'}}]}
+    with ScriptedServer(Reply(body=answer, headers={"Set-Cookie": "tenant=acme-secret; Path=/"})) as endpoint:
+        # By name: aiohttp's default jar keeps no cookie of a bare IP address, so the test would prove nothing.
+        by_name = endpoint.url.replace("127.0.0.1", "localhost")
+        c = JudgeClient(by_name, api_key="k", model="m", timeout_s=2.0, concurrency=1, policy=FAST)
+        try:
+            for _ in range(2):
+                assert (await c.grade(QUALITY, subject())).rating == 7
+        finally:
+            await c.close()
+    assert len(endpoint.requests) == 2
+    assert "cookie" not in endpoint.requests[1].headers
