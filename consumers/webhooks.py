@@ -50,7 +50,7 @@ from consumers.webhook_lanes import Lane, SenderLimits, channel_label
 from scorer_groups import signing
 from scoring.catalog import CatalogSnapshot
 from scoring.egress import EgressPolicy, EgressRefused
-from scoring.members.http import describe_status, retry_after_seconds
+from scoring.members.http import describe_status, no_cookies, retry_after_seconds
 from scoring.models import AlertChannel
 from scoring.results import RECOVERED_EVENT, WebhookDelivery, channel_key
 from scoring.stores import keys
@@ -120,7 +120,7 @@ class WebhookSender:
         self._tasks: dict[asyncio.Task[None], WebhookDelivery] = {}  # attempt task -> the delivery it holds
         self._lanes: dict[str, Lane] = {}
         self._writes = Settlements()  # what ended attempts write to the schedule, sent in batches
-        self._http = httpx.AsyncClient(follow_redirects=False,
+        self._http = httpx.AsyncClient(follow_redirects=False, cookies=no_cookies(),
                                        headers={"User-Agent": "scorer-group-worker-webhooks"})
         self.delivered = 0  # for tests and logs
         self.failed: BaseException | None = None

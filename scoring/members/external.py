@@ -14,7 +14,7 @@ import httpx
 
 from scoring.egress import EgressPolicy, EgressRefused
 from scoring.members.fair_share import FairShare
-from scoring.members.http import DEFAULT_RETRY, RetryPolicy, post_json
+from scoring.members.http import DEFAULT_RETRY, RetryPolicy, no_cookies, post_json
 from scoring.models import CustomEvaluator
 from scoring.ports import MemberError
 from scoring.subjects import Subject
@@ -51,6 +51,7 @@ class ExternalClient:
             follow_redirects=False,
             limits=httpx.Limits(max_connections=max_connections),
             headers={"User-Agent": "scorer-group-worker"},
+            cookies=no_cookies(),
         )
 
     async def close(self) -> None:

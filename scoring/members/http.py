@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import email.utils
+import http.cookiejar
 import json
 import random
 import time
@@ -24,6 +25,13 @@ import orjson
 from scoring.ports import MemberError, RetryGate
 
 RETRY_STATUSES = frozenset({429, 500, 502, 503, 504})
+
+
+def no_cookies() -> http.cookiejar.CookieJar:
+    """A cookie jar that keeps none, for every client that calls tenants' URLs: one client serves
+    every project, so a cookie one answer sets (a session, an account) would ride along with
+    another project's call to the same host. Each call stands alone."""
+    return http.cookiejar.CookieJar(policy=http.cookiejar.DefaultCookiePolicy(allowed_domains=[]))
 
 
 @dataclass(frozen=True, slots=True)

@@ -137,7 +137,8 @@ def answers() -> Iterator[dict[str, ScriptedServer]]:
     }
     for s in servers.values():
         s.start()
-    servers["a-500"].script(Reply(status=500, body={"error": "hiccup"}))
+    # Its hiccup sets a cookie: the retry (and any other channel's delivery) must not carry it.
+    servers["a-500"].script(Reply(status=500, body={"error": "hiccup"}, headers={"Set-Cookie": "session=a-500; Path=/"}))
     servers["a-429"].script(Reply(status=429, body={"error": "slow down"}, headers={"Retry-After": "3"}))
     servers["a-302"].default = Reply(status=302, body={}, headers={"Location": servers["moved-to"].url + "/hook"})
     try:
@@ -198,6 +199,7 @@ async def test_each_answer_is_handled_as_the_protocol_says_and_dead_letters_repl
     # 500: retried, then delivered; across a secret rotation receivers with either secret verify.
     verified(answers["a-500"].requests, "a-500", secrets=(SECRET, ROTATED))
     assert all(len(r.headers["webhook-signature"].split(" ")) == 2 for r in answers["a-500"].requests)
+    assert not [r for s in answers.values() for r in s.requests if "cookie" in r.headers], "a cookie was sent back"
     # 429 with Retry-After: 3 - the next attempt waits for it rather than the 1 s schedule.
     first, second = answers["a-429"].requests
     verified([first, second], "a-429")

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import re
 from collections.abc import AsyncIterator, Iterator
 
@@ -152,3 +153,19 @@ async def test_literal_addresses_and_trusted_names_are_not_rewritten() -> None:
     assert (await EgressPolicy.parse(["127.0.0.0/8"]).check("http://127.0.0.1:9/x")).url == "http://127.0.0.1:9/x"
     trusted = await EgressPolicy.parse(["scorer.internal"]).check("http://scorer.internal/x")
     assert trusted.url == "http://scorer.internal/x" and trusted.headers == {}
+
+
+@pytest.mark.parametrize("host", ["127.0.0.1", "localhost"])
+async def test_a_cookie_one_tenants_scorer_sets_is_never_sent_for_another(host: str) -> None:
+    # Two projects' scorers on one service (a shared SaaS): the cookie its answer to one project
+    # sets (a session, an account) must not ride along with the other's call - nor with the
+    # same project's next one (each call stands alone). By name and by address alike.
+    c = ExternalClient(EgressPolicy.parse(["127.0.0.0/8", "localhost"]), policy=FAST_RETRY)
+    try:
+        with ScriptedServer(Reply(body={"score": 0.5}, headers={"Set-Cookie": "session=tenant-a; Path=/"})) as s:
+            url = s.url.replace("127.0.0.1", host)
+            await c.score(scorer(url), dataclasses.replace(SUBJECT, project_id="tenant-a"))
+            await c.score(scorer(url), dataclasses.replace(SUBJECT, project_id="tenant-b"))
+            assert len(s.requests) == 2 and "cookie" not in s.requests[1].headers
+    finally:
+        await c.close()
