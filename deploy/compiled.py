@@ -97,13 +97,18 @@ def shared_libraries() -> list[Path]:
 def runtime_on_path() -> None:
     """Put ``RUNTIME`` on the path of this environment's interpreters (a line of a ``.pth`` file in
     its site-packages, beside those of other checkouts built into the same environment that still
-    exist) and of this process."""
+    exist) and of this process. The file is changed under a lock and replaced whole: two
+    checkouts building at once each keep their line."""
     pth = Path(sysconfig.get_paths()["purelib"]) / RUNTIME_PTH
     try:
-        known = pth.read_text().splitlines() if pth.exists() else []
-        lines = [line for line in known if line != str(RUNTIME) and Path(line).is_dir()] + [str(RUNTIME)]
-        if lines != known:
-            pth.write_text("".join(f"{line}\n" for line in lines))
+        with open(pth.with_name(f"{RUNTIME_PTH}.lock"), "w") as lock:
+            fcntl.flock(lock, fcntl.LOCK_EX)
+            known = pth.read_text().splitlines() if pth.exists() else []
+            lines = list(dict.fromkeys(line for line in [*known, str(RUNTIME)] if line.strip() and Path(line).is_dir()))
+            if lines != known:
+                written = pth.with_name(f"{RUNTIME_PTH}.{os.getpid()}.tmp")
+                written.write_text("".join(f"{line}\n" for line in lines))
+                written.replace(pth)
     except OSError as exc:
         raise SystemExit(f"compiled: cannot put mypyc's runtime on the path ({pth}: {exc.strerror}); "
                          f"run the sources instead: {INTERPRETED_ENV}=1") from None
@@ -135,6 +140,10 @@ def clean() -> None:
     for path in built:
         path.unlink(missing_ok=True)
     STAMP.unlink(missing_ok=True)
+    # The C, objects and libraries of earlier builds: named by their sources, none is reused.
+    for path in [*(ROOT / "build").glob("__native_*"), *(ROOT / "build").glob("temp.*"),
+                 *(ROOT / "build").glob("lib.*")]:
+        shutil.rmtree(path) if path.is_dir() else path.unlink(missing_ok=True)
 
 
 def export(target: Path) -> None:
@@ -168,6 +177,9 @@ def build() -> None:
             return
         if stale():
             _build()
+        else:  # built from these very sources: as new as they are, for whoever compares times
+            for extension in (p for m in HOT_PATH for p in extensions(m)):  # (worker/hot_path.py)
+                os.utime(extension)
         runtime_on_path()
 
 
@@ -176,12 +188,14 @@ def _build() -> None:
     print(f"compiled: building {len(HOT_PATH)} hot-path modules with mypyc (about a minute)",
           file=sys.stderr, flush=True)
     built_from = source_hash()
-    # mypyc's own command line, with the runtime named by the sources (``runtime_name``).
+    # mypyc's own command line (its MYPYC_OPT_LEVEL, MYPYC_DEBUG_LEVEL), with the runtime named by
+    # the sources (``runtime_name``).
     setup = ROOT / "build" / "compiled_setup.py"
     arguments = ["--no-warn-unused-configs", *HOT_PATH]
+    opt_level, debug_level = os.environ.get("MYPYC_OPT_LEVEL", "3"), os.environ.get("MYPYC_DEBUG_LEVEL", "1")
     setup.write_text("from setuptools import setup\nfrom mypyc.build import mypycify\n\n"
-                     f"setup(name='sgw_compiled', ext_modules=mypycify({arguments!r}, opt_level='3', "
-                     f"group_name={runtime_name(built_from)!r}))\n")
+                     f"setup(name='sgw_compiled', ext_modules=mypycify({arguments!r}, opt_level={opt_level!r}, "
+                     f"debug_level={debug_level!r}, group_name={runtime_name(built_from)!r}))\n")
     run = subprocess.run([sys.executable, str(setup), "build_ext", "--inplace"], cwd=ROOT,
                          capture_output=True, text=True)
     if run.returncode != 0:

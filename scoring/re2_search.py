@@ -28,7 +28,9 @@ def native(regex: re2._Regexp) -> Any:
 def first_match(program: Any, encoded: bytes, confirm: Callable[[str], bool] | None = None) -> int | None:
     """The byte offset of the first match of ``program`` (``native``) in ``encoded`` (UTF-8)
     that ``confirm`` accepts (any, without one), or None. Each search starts where the last
-    candidate ended (RE2 still reads the text before it for ``\\b``), as ``re2.finditer`` does."""
+    candidate ended (RE2 still reads the text before it for ``\\b``), as ``re2.finditer`` does
+    for candidates on character boundaries - every template's (``\\C`` can split a character,
+    where the wrapper's own offsets drift)."""
     position, end = 0, len(encoded)
     while position <= end:
         start, stop = program.Match(UNANCHORED, encoded, position, end)[0]

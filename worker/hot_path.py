@@ -33,20 +33,25 @@ class HotPathBuild:
 
 
 def hot_path_build(modules: Mapping[str, ModuleType] | None = None) -> HotPathBuild:
-    """The build of the modules imported so far (``sys.modules``). A source newer than its
-    extension counts only in a checkout: an install's sources carry their install time, whatever
-    the time of the extensions laid over them."""
+    """The build of the modules imported so far (``sys.modules``). A module is found beside its
+    source in its package's directory (a compiled module imported by another compiled one has a
+    ``__file__`` under mypyc's runtime, where no file is). A source newer than its extension
+    counts only in a checkout: an install's sources carry their install time, whatever the time
+    of the extensions laid over them."""
+    modules = sys.modules if modules is None else modules
     installed = Path(sysconfig.get_paths()["purelib"]).resolve()
     compiled: list[str] = []
     stale: list[str] = []
-    for name, module in sorted((modules if modules is not None else sys.modules).items()):
+    for name, module in sorted(modules.items()):
         file = getattr(module, "__file__", None)
-        if name.split(".")[0] not in PACKAGES or not file or not file.endswith(".so"):
+        parent, _, stem = name.rpartition(".")
+        if name.split(".")[0] not in PACKAGES or not file or not file.endswith(".so") or parent not in modules:
             continue
         compiled.append(name)
-        extension = Path(file).resolve()
-        source = extension.with_name(f"{name.rpartition('.')[2]}.py")
-        if installed not in extension.parents and source.exists() \
+        directory = Path(next(iter(getattr(modules[parent], "__path__", [])), "")).resolve()
+        extension = next(iter(sorted(directory.glob(f"{stem}.*.so"))), None)
+        source = directory / f"{stem}.py"
+        if extension is not None and installed not in extension.parents and source.exists() \
                 and source.stat().st_mtime > extension.stat().st_mtime:
             stale.append(name)
     return HotPathBuild(tuple(compiled), tuple(stale))

@@ -70,7 +70,33 @@ def test_the_path_file_keeps_every_checkout_built_into_the_environment(tmp_path:
     other.mkdir()
     site = tmp_path / "site-packages"
     site.mkdir()
-    (site / compiled.RUNTIME_PTH).write_text(f"{other}\n{gone}\n")
+    (site / compiled.RUNTIME_PTH).write_text(f"{other}\n\n{gone}\n{other}\n")
     monkeypatch.setattr(compiled.sysconfig, "get_paths", lambda: {"purelib": str(site)})
     compiled.runtime_on_path()
     assert (site / compiled.RUNTIME_PTH).read_text().splitlines() == [str(other), str(compiled.RUNTIME)]
+
+
+PUT_ON_PATH = """
+import sys
+from pathlib import Path
+from deploy import compiled
+compiled.sysconfig.get_paths = lambda: {"purelib": sys.argv[1]}
+compiled.RUNTIME = Path(sys.argv[2])
+for _ in range(20):
+    compiled.runtime_on_path()
+"""
+
+
+def test_checkouts_building_at_once_each_keep_their_line(tmp_path: Path) -> None:
+    # The path file is shared by every checkout built into the environment: read, changed and
+    # written back by two at once, one's line could be lost (its console scripts then fail).
+    site = tmp_path / "site-packages"
+    site.mkdir()
+    runtimes = [tmp_path / f"checkout-{n}" for n in range(6)]
+    for runtime in runtimes:
+        runtime.mkdir()
+    env = {**os.environ, "PYTHONPATH": str(compiled.ROOT)}
+    running = [subprocess.Popen([sys.executable, "-c", PUT_ON_PATH, str(site), str(runtime)], env=env)
+               for runtime in runtimes]
+    assert [p.wait(timeout=60) for p in running] == [0] * len(runtimes)
+    assert sorted((site / compiled.RUNTIME_PTH).read_text().splitlines()) == sorted(map(str, runtimes))

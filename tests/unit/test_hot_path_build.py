@@ -22,17 +22,25 @@ def module(name: str, file: Path) -> ModuleType:
     return m
 
 
+def package(name: str, root: Path) -> ModuleType:
+    p = module(name, root / name / "__init__.py")
+    p.__path__ = [str(root / name)]
+    return p
+
+
 def built(root: Path, name: str, *, source_newer: bool) -> ModuleType:
-    """``name`` as a compiled module under ``root``: its extension, and its source beside it."""
-    package, _, stem = name.rpartition(".")
-    directory = root.joinpath(*package.split("."))
+    """``name`` as a compiled module under ``root``: its extension, and its source beside it. Its
+    ``__file__`` is where mypyc says a module imported by another compiled one is: under the
+    runtime's directory, where no file is."""
+    package_name, _, stem = name.rpartition(".")
+    directory = root.joinpath(*package_name.split("."))
     directory.mkdir(parents=True, exist_ok=True)
     extension, source = directory / f"{stem}.cpython-311-x86_64-linux-gnu.so", directory / f"{stem}.py"
     extension.write_bytes(b"")
     source.write_text("")
     os.utime(extension, (1_000_000, 1_000_000))
     os.utime(source, (2_000_000, 2_000_000) if source_newer else (500_000, 500_000))
-    return module(name, extension)
+    return module(name, root / "build" / "mypyc-runtime" / package_name / extension.name)
 
 
 @pytest.mark.skipif(compiled.interpreted_wanted(), reason="SGW_INTERPRETED=1: the sources run, on purpose")
@@ -47,7 +55,8 @@ def test_this_process_runs_the_compiled_hot_path_it_was_built_with() -> None:
 
 
 def test_a_checkout_edited_since_its_build_is_said_stale(tmp_path: Path) -> None:
-    modules = {"scoring.panel": built(tmp_path, "scoring.panel", source_newer=True),
+    modules = {"scoring": package("scoring", tmp_path), "aiohttp": package("aiohttp", tmp_path),
+               "scoring.panel": built(tmp_path, "scoring.panel", source_newer=True),
                "scoring.blend": built(tmp_path, "scoring.blend", source_newer=False),
                "scoring.models": module("scoring.models", tmp_path / "scoring" / "models.py"),  # interpreted
                "aiohttp.client": built(tmp_path, "aiohttp.client", source_newer=True)}  # not ours
@@ -62,7 +71,8 @@ def test_an_install_is_never_said_stale_by_its_sources_install_time(tmp_path: Pa
     # The image installs the sources, then lays extensions built earlier over them: newer
     # sources there say nothing.
     monkeypatch.setattr(hot_path.sysconfig, "get_paths", lambda: {"purelib": str(tmp_path)})
-    build = hot_path_build({"scoring.panel": built(tmp_path, "scoring.panel", source_newer=True)})
+    build = hot_path_build({"scoring": package("scoring", tmp_path),
+                            "scoring.panel": built(tmp_path, "scoring.panel", source_newer=True)})
     assert build.compiled == ("scoring.panel",) and build.stale == ()
 
 
