@@ -50,7 +50,7 @@ from consumers.webhook_lanes import Lane, SenderLimits, channel_label
 from scorer_groups import signing
 from scoring.catalog import CatalogSnapshot
 from scoring.egress import EgressPolicy, EgressRefused
-from scoring.members.http import describe_status, no_cookies, retry_after_seconds
+from scoring.members.http import describe_status, no_cookies, post_capped, retry_after_seconds
 from scoring.models import AlertChannel
 from scoring.results import RECOVERED_EVENT, WebhookDelivery, channel_key
 from scoring.stores import keys
@@ -387,21 +387,22 @@ class WebhookSender:
         headers = {"Content-Type": "application/json", **target.headers,
                    **signing.headers(delivery.id, int(now), body, channel.signing_secrets(now))}
         try:
-            response = await self._http.post(target.url, content=body, headers=headers,
-                                             extensions=target.extensions, timeout=self._limits.timeout_s)
+            response = await post_capped(self._http, target.url, content=body, headers=headers,
+                                         extensions=target.extensions, io_timeout_s=self._limits.timeout_s,
+                                         what="the receiver", cut=True)
         except httpx.TimeoutException:
             return Attempt(at=at, outcome="failed", error="the receiver timed out"), None
         except httpx.TransportError as exc:
             return Attempt(at=at, outcome="failed", error=f"the receiver is unreachable ({type(exc).__name__})"), None
-        status = response.status_code
-        error = describe_status(status, response.content)
-        if response.is_success:
+        status = response.status
+        error = describe_status(status, response.body)
+        if response.ok:
             return Attempt(at=at, outcome="delivered", status=status), None
         if status == 410:
             return Attempt(at=at, outcome="gone", status=status, error=error), None
         if 400 <= status < 500 and status not in RETRY_STATUSES:
             return Attempt(at=at, outcome="rejected", status=status, error=error), None
-        if response.is_redirect:
+        if status in (301, 302, 303, 307, 308) and "location" in response.headers:
             error += " (redirects are not followed)"
         return (Attempt(at=at, outcome="failed", status=status, error=error),
                 retry_after_seconds(response.headers.get("retry-after")))

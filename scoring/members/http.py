@@ -153,6 +153,39 @@ async def with_retries(send: Callable[[float], Awaitable[Answer]], *, what: str,
                       retriable=True)
 
 
+# Of a tenant's service's answer, read as it is sent (a score, or an error's first words): the
+# worker's memory is every tenant's. Asked uncompressed and never inflated here - a few KiB of
+# gzip can inflate to gigabytes.
+MAX_ANSWER_BYTES = 1 << 20
+
+
+class AnswerTooLarge(MemberError):
+    def __init__(self, what: str) -> None:
+        super().__init__(f"{what} answered more than {MAX_ANSWER_BYTES >> 20} MiB; read no further",
+                         retriable=False)
+
+
+async def post_capped(client: httpx.AsyncClient, url: str, *, content: bytes, headers: Mapping[str, str],
+                      extensions: dict[str, Any] | None, io_timeout_s: float, what: str,
+                      cut: bool = False) -> Answer:
+    """POST to a tenant's URL and read at most ``MAX_ANSWER_BYTES`` of the answer, as sent
+    (``Accept-Encoding: identity``; a body compressed anyway is read compressed, which no caller
+    parses). Past the cap: ``AnswerTooLarge``, or with ``cut`` the body's start (a webhook
+    receiver's answer is read for its status and an error's first words only)."""
+    sent = {**headers, "Accept-Encoding": "identity"}
+    async with client.stream("POST", url, content=content, headers=sent, extensions=extensions,
+                             timeout=io_timeout_s) as response:
+        body = bytearray()
+        async for chunk in response.aiter_raw():
+            body += chunk
+            if len(body) > MAX_ANSWER_BYTES:
+                if not cut:
+                    raise AnswerTooLarge(what)
+                del body[MAX_ANSWER_BYTES:]
+                break
+        return Answer(response.status_code, response.headers, bytes(body))
+
+
 async def post_json(
     client: httpx.AsyncClient,
     url: str,
@@ -172,13 +205,12 @@ async def post_json(
 
     async def send(remaining: float) -> Answer:
         try:
-            response = await client.post(url, content=content, headers=sent_headers, timeout=remaining,
-                                         extensions=extensions)
+            return await post_capped(client, url, content=content, headers=sent_headers, extensions=extensions,
+                                     io_timeout_s=remaining, what=what)
         except httpx.TimeoutException:
             raise Unreachable(f"timed out after {round(remaining * 1000)} ms") from None
         except httpx.TransportError as exc:
             raise Unreachable(f"unreachable ({type(exc).__name__})") from None
-        return Answer(response.status_code, response.headers, response.content)
 
     return await with_retries(send, what=what, deadline=deadline, policy=policy, before_retry=before_retry)
 

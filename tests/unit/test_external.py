@@ -3,15 +3,17 @@
 from __future__ import annotations
 
 import dataclasses
+import gzip
 import re
 from collections.abc import AsyncIterator, Iterator
 
+import httpx
 import pytest
 
 from scoring.blend import goodness
 from scoring.egress import EgressPolicy, EgressRefused
 from scoring.members.external import ExternalClient
-from scoring.members.http import RetryPolicy
+from scoring.members.http import MAX_ANSWER_BYTES, RetryPolicy, no_cookies, post_capped
 from scoring.models import CustomEvaluator
 from scoring.ports import MemberError
 from scoring.subjects import Subject
@@ -169,3 +171,32 @@ async def test_a_cookie_one_tenants_scorer_sets_is_never_sent_for_another(host: 
             assert len(s.requests) == 2 and "cookie" not in s.requests[1].headers
     finally:
         await c.close()
+
+
+@pytest.mark.parametrize(("answer", "error"), [
+    (Reply(body=b'{"score": 0.5, "pad": "' + b"x" * (8 << 20) + b'"}'), "answered more than 1 MiB"),  # as it is
+    (Reply(body=gzip.compress(b'{"score": 0.5, "pad": "' + b"x" * (64 << 20) + b'"}'),  # 64 MiB in ~64 KiB
+           headers={"Content-Encoding": "gzip"}), "answer is not JSON"),  # read as sent: never inflated
+], ids=["huge", "gzip-bomb"])
+async def test_a_scorer_answering_more_than_a_score_is_read_no_further_and_fails(answer: Reply, error: str) -> None:
+    # A tenant's service is hostile: what it answers is read up to MAX_ANSWER_BYTES as sent,
+    # never inflated, then the call fails as the member's error - the worker's memory is every
+    # tenant's.
+    c = ExternalClient(EgressPolicy.parse(["127.0.0.0/8"]), policy=FAST_RETRY)
+    try:
+        with ScriptedServer(answer) as s:
+            with pytest.raises(MemberError, match=error):
+                await c.score(scorer(s.url), SUBJECT)
+            assert s.requests[0].headers.get("accept-encoding") == "identity"
+    finally:
+        await c.close()
+
+
+async def test_a_webhook_receivers_huge_answer_is_cut_and_its_status_still_read() -> None:
+    # A receiver's answer is read for its status and an error's first words: past the cap it is
+    # cut, not refused (consumers/webhooks.py reads it with cut=True).
+    async with httpx.AsyncClient(cookies=no_cookies()) as http:
+        with ScriptedServer(Reply(status=503, body=b"x" * (8 << 20))) as s:
+            answer = await post_capped(http, s.url, content=b"{}", headers={}, extensions=None, io_timeout_s=5,
+                                       what="the receiver", cut=True)
+    assert answer.status == 503 and len(answer.body) == MAX_ANSWER_BYTES
