@@ -6,7 +6,9 @@ the console before its Start button.
 2. a bounded read of them: at most ``limit`` records, in runs spread evenly over each range (a
    partition's share of the read by its share of the records), so the read costs the same
    whatever the window's size; each record stamped in the window decoded and routed as the job
-   would route it (the group's filter, the job's sample): the project's traces and its pairs;
+   would route it (the group's filter within its per-trace regex time, the job's sample): the
+   project's traces and its pairs - in slices, the event loop given back every ``SLICE_S``, as
+   the live loop routes (a tenant's hostile filter costs its own estimate's time, not the API's);
 3. scaled to the ranges' offsets, with the sample's error (95%: 1.96 standard errors of the
    scaled sum, the runs being the sample's units - records close together are alike - with the
    finite-population correction: 0 when the read took every record);
@@ -19,13 +21,16 @@ Nothing is claimed, reserved or called: a dry run spends no judge call.
 
 from __future__ import annotations
 
+import asyncio
 import math
+import time
 from collections.abc import Callable
 
 from aiokafka import AIOKafkaConsumer, TopicPartition
 
 from consumers.backfill_plan import Plan, plan_ranges
 from consumers.decode import DeadLetter, decode_trace
+from consumers.loop import SLICE_S
 from consumers.range_reads import RangeReader, started
 from scorer_groups.api_models import BackfillEstimate
 from scoring.catalog import CatalogSnapshot
@@ -56,7 +61,11 @@ async def estimate(make: Callable[[], AIOKafkaConsumer], topic: str, group: Scor
                 consumer.seek(tp, start)
                 reader, pairs_made = RangeReader(consumer, tp, end), 0
                 while (batch := await reader.next_batch(end - start, timeout_ms=500)) is not None:
+                    slice_ends = time.monotonic() + SLICE_S
                     for record in batch:
+                        if time.monotonic() > slice_ends:  # a tenant's filter never holds the API's loop
+                            await asyncio.sleep(0)
+                            slice_ends = time.monotonic() + SLICE_S
                         pairs = _pairs(record, topic, group, snapshot, from_ms, to_ms, sample_rate,
                                        max_trace_bytes, max_spans, pricing)
                         if pairs is not None:

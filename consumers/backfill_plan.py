@@ -43,6 +43,7 @@ async def plan_ranges(consumer: AIOKafkaConsumer, topic: str, from_ms: int, to_m
                       live_done: dict[int, int] | None = None) -> Plan:
     """The offsets of ``[from_ms, to_ms)`` in every partition of ``topic``; ``live_done``: the
     live group's committed offset per partition (no later end than these)."""
+    from_ms, to_ms = max(0, from_ms), max(0, to_ms)  # a window before 1970 starts at the topic's first record
     partitions = sorted(consumer.partitions_for_topic(topic) or await _partitions(consumer, topic))
     tps = [TopicPartition(topic, p) for p in partitions]
     first = await consumer.beginning_offsets(tps)

@@ -33,6 +33,9 @@ SEED = 56
 MAX_EVALUATED = 1_000  # held-out cases graded by each judge: a bound on a run's judge calls
 CHANGED_SHOWN = 50
 CHANGED_BY = 2.0  # points a verdict must move (or cross the mark) to count as changed
+# Held-out cases both judges must have graded for a promotion without ``force``: on fewer, "at
+# least as good" is a coin's word (one case with equal errors promoted a candidate).
+PROMOTE_MIN_CASES = 10
 
 
 @frozen

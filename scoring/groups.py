@@ -429,10 +429,11 @@ class MonitorClient:
     """The SDK surface in one object: ``client.scorer_groups``, ``client.sessions``, ..."""
 
     def __init__(self, redis: RedisClient, caller: Caller | None = None, cache: SnapshotCache | None = None,
-                 quota: int | None = None) -> None:
+                 quota: int | None = None, judge_examples: int | None = None) -> None:
         caller = caller or Caller()
         # A project's documents of each kind are bounded (``quota``); an operator's are not.
-        self.store = CatalogStore(redis, actor=caller.actor, cache=cache, quota=None if caller.operator else quota)
+        self.store = CatalogStore(redis, actor=caller.actor, cache=cache, quota=None if caller.operator else quota,
+                                  judge_examples=judge_examples)
         self.ratings_store = RatingsStore(redis)
         self.scorer_groups = ScorerGroups(self.store, self.ratings_store, caller)
         self.sessions = Sessions(self.ratings_store, self.store, caller)

@@ -57,12 +57,21 @@ EXAMPLES_INTRO = ("Graded examples: how people grade against these criteria. Gra
 EXAMPLE = "<example {n}>\nInput:\n{input}\n\nResponse:\n{output}\n\nRating: {rating:g}{reason}\n</example {n}>"
 
 
+# A marker inside an example's text (``</example 1>``) would close its block and open a forged
+# one: its ``<`` is shown as ``&lt;``, so only the format writes markers. Other text is unchanged.
+_MARKER = re.compile(r"<(?=\s*/?\s*example)", re.IGNORECASE)
+
+
+def _quoted(text: str) -> str:
+    return _MARKER.sub("&lt;", text)
+
+
 def examples_block(judge: Judge) -> str:
     """The judge's examples as its prompt shows them ("" when it has none)."""
     if not judge.examples:
         return ""
-    shown = [EXAMPLE.format(n=n, input=e.input, output=e.output, rating=e.rating,
-                            reason=f"\nWhy: {e.reason}" if e.reason else "")
+    shown = [EXAMPLE.format(n=n, input=_quoted(e.input), output=_quoted(e.output), rating=e.rating,
+                            reason=f"\nWhy: {_quoted(e.reason)}" if e.reason else "")
              for n, e in enumerate(judge.examples, 1)]
     return "\n\n".join([EXAMPLES_INTRO, *shown])
 

@@ -431,10 +431,14 @@ class Settings(BaseSettings):
         1_000, ge=0, description="Evaluation runs a project may keep (a run is kept 90 days after its last change); "
         "creating one more is refused (409, naming this quota).",
     )
+    max_alignment_runs_per_project: int = Field(
+        100, ge=0, description="Alignment runs a project may keep (a run is kept 90 days after its last change); "
+        "starting one more is refused (409, naming this quota).",
+    )
     max_project_stored_bytes: int = Field(
-        2 * 1024**3, ge=0, description="Bytes a project may keep in datasets (every version's rows) and evaluation "
-        "runs (results and judge calls) together; a dataset, version or run created past it is refused (409, naming "
-        "this quota). A finalize is never refused: its bytes count from then on.",
+        2 * 1024**3, ge=0, description="Bytes a project may keep in datasets (every version's rows), evaluation "
+        "runs (results and judge calls) and alignment runs together; a dataset, version or run created past it is "
+        "refused (409, naming this quota). A finalize is never refused: its bytes count from then on.",
     )
     catalog_max_docs_per_project: int = Field(
         1_000, ge=1, description="Catalog documents of one kind (groups, judges, patterns, custom evaluators, alert "

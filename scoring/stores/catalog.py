@@ -34,7 +34,7 @@ from redis.exceptions import NoScriptError, WatchError
 
 from scoring.catalog import KIND_MODELS, CatalogSnapshot
 from scoring.catalog_index import project_of
-from scoring.errors import Conflict, QuotaExceeded
+from scoring.errors import Conflict, InvalidDocument, QuotaExceeded
 from scoring.models import WireModel
 from scoring.stores import changes, keys
 from scoring.stores.client import RedisClient
@@ -99,14 +99,16 @@ class CatalogStore:
     """``actor`` names who writes through this store, in the change log of every document;
     ``cache`` (shared by the stores of one process) makes reads cost what changed;
     ``quota``: documents of one kind a project may hold (None: no limit - the operators'
-    ``catalog apply``)."""
+    ``catalog apply``); ``judge_examples``: examples a judge may keep in its prompt
+    (``SGW_JUDGE_MAX_EXAMPLES``; None: the document's own bound)."""
 
     def __init__(self, redis: RedisClient, actor: str = "local", cache: SnapshotCache | None = None,
-                 quota: int | None = None) -> None:
+                 quota: int | None = None, judge_examples: int | None = None) -> None:
         self.redis = redis
         self.actor = actor
         self._cache = cache
         self._quota = quota
+        self._judge_examples = judge_examples
         self._changes_since = redis.register_script(_CHANGES_SINCE)
 
     async def version(self) -> int:
@@ -145,6 +147,7 @@ class CatalogStore:
                     if not writes:
                         return current
                     self._check_quota(current, writes)
+                    self._check_examples(writes)
                     pipe.multi()  # type: ignore[no-untyped-call]
                     after = current.version + 1
                     for kind, id_, doc in writes:
@@ -192,6 +195,15 @@ class CatalogStore:
             if current.count(kind, project) + count > self._quota:
                 raise QuotaExceeded("SGW_CATALOG_MAX_DOCS_PER_PROJECT", kind, current.count(kind, project),
                                     self._quota)
+
+    def _check_examples(self, writes: list[Write]) -> None:
+        """Every path that writes a judge (its document, its examples, a promotion) is held to the
+        examples its prompt may show: 32 large ones made one call's prompt 310,000 characters."""
+        most = self._judge_examples
+        for kind, _, doc in writes:
+            examples = getattr(doc, "examples", None) if kind == "judges" else None
+            if most is not None and examples is not None and len(examples) > most:
+                raise InvalidDocument(f"examples: at most {most} (SGW_JUDGE_MAX_EXAMPLES); got {len(examples)}")
 
     async def _read(self, client: RedisClient | Pipeline | ClusterPipeline,
                     base: CatalogSnapshot | None) -> CatalogSnapshot:

@@ -317,6 +317,14 @@ def alignments(judge_id: str) -> str:
     return f"{PREFIX}:alignments:{{{judge_id}}}"
 
 
+# A project's storage ledger (scoring.stores.quotas): what its quotas count beside its datasets
+# and runs - alignment runs for as long as they are kept, and reservations of creates in flight
+# (field = token, value = "<kind> <expires at> <bytes>"); one script counts and adds, so two
+# creates at once never both take the last place. Entries past their time are dropped as read.
+def project_storage(project_id: str) -> str:
+    return f"{PREFIX}:storage:{{{project_id}}}"
+
+
 def evaluations(project_id: str) -> str:
     return f"{PREFIX}:evaluations:{{{project_id}}}"
 

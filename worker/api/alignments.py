@@ -30,20 +30,22 @@ import structlog
 from fastapi import APIRouter, Depends, Path, Request, Response
 
 from scorer_groups.alignments import Alignment, AlignmentRequest, Candidate, CaseCounts, PromoteRequest, Shadow
-from scoring.alignment import MARK, Case, better, changed, judge_figures, split
+from scoring.alignment import MARK, PROMOTE_MIN_CASES, Case, better, changed, judge_figures, split
 from scoring.catalog import CatalogSnapshot, etag
 from scoring.dataset import DatasetRow, GradingPlan, grade_rows
 from scoring.errors import Conflict, InvalidDocument, NotFound, ScoringError
 from scoring.groups import Caller, Scorers
 from scoring.models import ID_PATTERN, Judge, Member, ScorerGroup
 from scoring.review_queues import ReviewQueues
-from scoring.stores.alignments import AlignmentStore
+from scoring.stores import keys
+from scoring.stores.alignments import AlignmentStore, ledger_token
 from scoring.stores.catalog import CatalogStore, Write
 from scoring.stores.claims import Claims
 from scoring.stores.datasets import DatasetStore
 from scoring.stores.review_items import ReviewItems
 from scoring.subjects import as_text
 from worker.api.auth import Client, Who, redis_of
+from worker.api.evaluations import storage_of
 from worker.api.run_spend import RunSpend
 from worker.engine import ScoringEngine
 
@@ -202,10 +204,17 @@ async def _start(judge: Judge, project: str, body: AlignmentRequest, client: Cli
                     counts=CaseCounts(labelled=len(cases), held_out_as_examples=len(own), tune=len(tune),
                                       evaluated=len(evaluated), budget_skipped=0),
                     tune_case_ids=[c.id for c in tune][:200])
-    if body.shadow_hours is not None:
-        run = await _shadow(client, judge, candidate, run, body.shadow_hours)
     store = AlignmentStore(redis_of(request))
-    await store.save(run)
+    storage = storage_of(request)  # its place in the project's quotas, taken with the count in one step
+    token = await storage.reserve(project, "alignment", len(run.model_dump_json(by_alias=True).encode()),
+                                  token=ledger_token(run.id), keep_s=keys.ALIGNMENT_TTL_S)
+    try:
+        if body.shadow_hours is not None:
+            run = await _shadow(client, judge, candidate, run, body.shadow_hours)
+        await store.save(run)
+    except BaseException:
+        await storage.release(project, token)
+        raise
     spawn(_grade(request.app.state.engine, redis_of(request), store, run, judge, candidate, project, evaluated))
     response.headers["Location"] = f"/v1/judges/{judge.id}/alignments/{run.id}"
     return run
@@ -380,8 +389,8 @@ async def promote(judge_id: JudgeId, body: PromoteRequest, client: Client, who: 
                   response: Response) -> Judge:
     """Make an alignment run's candidate the judge: a new revision (backfills grade again), the
     run keeping who promoted it and when. Refused (409) when the run is not done, when the judge
-    changed since it ran, or when the candidate agreed worse on the held-out cases - unless
-    ``force``."""
+    changed since it ran, when fewer than ``PROMOTE_MIN_CASES`` held-out cases compared the two, or
+    when the candidate agreed worse on them - unless ``force``."""
     judge = await _judge(client, who, judge_id)
     store = AlignmentStore(redis_of(request))
     run = await store.get(judge.id, body.alignment)
@@ -393,6 +402,10 @@ async def promote(judge_id: JudgeId, body: PromoteRequest, client: Client, who: 
         raise Conflict(f"alignment {run.id!r} was promoted already")
     if etag(judge) != run.judge_etag:
         raise Conflict(f"judge {judge.id!r} changed since alignment {run.id!r} ran: run it again")
+    graded = run.current.cases if run.current is not None else 0
+    if graded < PROMOTE_MIN_CASES and not body.force:
+        raise Conflict(f"the judges were compared on {graded} held-out case(s); at least {PROMOTE_MIN_CASES} decide "
+                       "a promotion (label more, or send force: true to promote it anyway)")
     if not run.better and not body.force:
         cases = run.counts.evaluated if run.counts else 0
         raise Conflict(f"the candidate agreed worse with people than the judge on the {cases} held-out cases (see "

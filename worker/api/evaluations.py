@@ -40,7 +40,7 @@ from scoring.stores.evaluations import (
     kept_calls,
     new_run,
 )
-from scoring.stores.quotas import Quotas, check_quotas
+from scoring.stores.quotas import ProjectStorage, Quotas
 from scoring.stores.review_items import ReviewItems
 from scoring.stores.verdicts import VerdictStore
 from scoring.subjects import as_text
@@ -105,7 +105,13 @@ def _with_rows(upload: DatasetUpload) -> tuple[DatasetUpload, list[DatasetItem]]
 def quotas_of(request: Request) -> Quotas:
     settings: Settings = request.app.state.settings
     return Quotas(datasets=settings.max_datasets_per_project, runs=settings.max_evaluation_runs_per_project,
-                  stored_bytes=settings.max_project_stored_bytes)
+                  stored_bytes=settings.max_project_stored_bytes,
+                  alignments=settings.max_alignment_runs_per_project)
+
+
+def storage_of(request: Request) -> ProjectStorage:
+    """The project's quotas, checked and taken in one step (scoring.stores.quotas)."""
+    return ProjectStorage(redis_of(request), quotas_of(request))
 
 
 # A create past a quota: 409, the problem's ``quota`` naming it (scoring.stores.quotas).
@@ -117,12 +123,12 @@ QUOTA_REFUSED: dict[int | str, dict[str, Any]] = {
              openapi_extra=body_doc(DatasetCreate, UPLOAD_BODY))
 async def create_dataset(who: Who, request: Request, response: Response) -> Dataset:
     project = _project(who)
-    await check_quotas(redis_of(request), project, quotas_of(request), dataset=True)  # before reading the upload
+    storage = storage_of(request)
+    await storage.check(project, "dataset")  # before reading the upload
     body, rows = await read_body(request, DatasetCreate, _with_rows)
-    await check_quotas(redis_of(request), project, quotas_of(request), dataset=True,
-                       adding_bytes=len(body.content.encode()))
-    dataset = await DatasetStore(redis_of(request)).create(project, body.name, rows,
-                                                           description=body.description, dataset_id=body.id)
+    async with storage.reserved(project, "dataset", len(body.content.encode())):
+        dataset = await DatasetStore(redis_of(request)).create(project, body.name, rows,
+                                                               description=body.description, dataset_id=body.id)
     response.headers["Location"] = str(request.url_for("get_dataset", id=dataset.id).path)
     return dataset
 
@@ -145,10 +151,11 @@ async def add_dataset_version(dataset_id: ItemId, who: Who, request: Request) ->
     store = DatasetStore(redis_of(request))
     project = _project(who)
     await store.get(project, dataset_id)  # 404 before reading a large upload
-    await check_quotas(redis_of(request), project, quotas_of(request))
+    storage = storage_of(request)
+    await storage.check(project, "version")
     upload, rows = await read_body(request, DatasetUpload, _with_rows)
-    await check_quotas(redis_of(request), project, quotas_of(request), adding_bytes=len(upload.content.encode()))
-    return await store.add_version(project, dataset_id, rows)
+    async with storage.reserved(project, "version", len(upload.content.encode())):
+        return await store.add_version(project, dataset_id, rows)
 
 
 @router.get("/datasets/{id}/rows", response_model=DatasetRows)
@@ -164,14 +171,16 @@ async def create_evaluation(body: EvaluationCreate, who: Who, request: Request, 
     run nulls ``additionalScorerIds``: the run's ``warnings`` say so."""
     project = _project(who)
     redis = redis_of(request)
-    await check_quotas(redis, project, quotas_of(request), run=True)
+    storage = storage_of(request)
+    await storage.check(project, "run")
     version, items = await DatasetStore(redis).rows(project, body.dataset_id, body.dataset_version)
     catalog = await CatalogStore(redis).snapshot()
     # NotFound (404) or InvalidDocument (400), answered as their status says.
     plan = plan_grading(catalog, scorer_group_id=body.scorer_group_id, scorer_id=body.scorer_id,
                         additional_scorer_ids=body.additional_scorer_ids or (), project_id=project)
     run = new_run(project, body, version, len(items), plan)
-    await EvaluationStore(redis).save(run)
+    async with storage.reserved(project, "run", 0):
+        await EvaluationStore(redis).save(run)
     response.headers["Location"] = str(request.url_for("get_evaluation", id=run.id).path)
     return run
 

@@ -7,6 +7,7 @@ from __future__ import annotations
 from typing import Any
 
 import orjson
+import structlog
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
@@ -14,12 +15,15 @@ from pydantic import BaseModel, ConfigDict, Field
 from pydantic.alias_generators import to_camel
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from scoring.errors import REFUSED, CatalogError, format_errors
+from scoring.errors import REFUSED, CatalogError, ScoringError, format_errors
+
+log = structlog.get_logger(__name__)
 
 PROBLEM_JSON = "application/problem+json"
+RETRY_AFTER_S = "1"  # a refusal that may succeed later (``retriable``): when to ask again
 TITLES = {400: "Invalid request", 401: "Unauthorized", 403: "Forbidden", 404: "Not found",
           405: "Method not allowed", 408: "Request timeout", 409: "Conflict", 412: "Precondition failed",
-          413: "Content Too Large", 415: "Unsupported media type", 500: "Internal error",
+          413: "Content Too Large", 415: "Unsupported media type", 429: "Too many requests", 500: "Internal error",
           503: "Service unavailable"}
 
 
@@ -71,6 +75,22 @@ def install(app: FastAPI) -> None:
             response = JSONResponse({**orjson.loads(bytes(response.body)), **extension}, status_code=exc.status,
                                     media_type=PROBLEM_JSON)
         return response
+
+    @app.exception_handler(ScoringError)
+    async def scoring_error(request: Request, exc: ScoringError) -> JSONResponse:
+        """A refusal of the engine's (429: too many at once): its status and words. A failure
+        (5xx) says only that it failed - its words may name the infrastructure."""
+        if exc.status >= 500:
+            log.error("request failed", path=request.url.path, error=type(exc).__name__)
+            return problem(exc.status, "the request failed; try again later", request)
+        return problem(exc.status, str(exc), request,
+                       headers={"Retry-After": RETRY_AFTER_S} if exc.retriable else None)
+
+    @app.exception_handler(Exception)
+    async def unexpected(request: Request, exc: Exception) -> JSONResponse:
+        """Anything else: a problem document too (never a text/plain 500), saying nothing of it."""
+        log.error("request failed", path=request.url.path, error=type(exc).__name__)
+        return problem(500, "internal error", request)
 
     @app.exception_handler(RequestValidationError)
     async def invalid_request(request: Request, exc: RequestValidationError) -> JSONResponse:

@@ -27,10 +27,9 @@ from scoring.catalog import etag
 from scoring.models import ID_PATTERN, Id, Name, WireModel
 from scoring.review_queues import ReviewQueues
 from scoring.stores.datasets import DatasetStore
-from scoring.stores.quotas import check_quotas
 from worker.api.auth import Client, Who, redis_of
 from worker.api.door import for_reviewers
-from worker.api.evaluations import QUOTA_REFUSED, quotas_of
+from worker.api.evaluations import QUOTA_REFUSED, storage_of
 from worker.api.groups import GroupId, IfMatch
 from worker.api.pages import Cursor, Limit, OffsetCursor, Page, page
 from worker.api.problems import Problem
@@ -216,11 +215,12 @@ async def export_queue(queue_id: QueueId, body: ExportBody, surface: Queues, who
     rows = await surface.export_rows(queue_id)
     store = DatasetStore(redis_of(request))
     adding = sum(len(row.model_dump_json(by_alias=True)) for row in rows)
-    await check_quotas(redis_of(request), queue.project_id, quotas_of(request), dataset=body.dataset is None,
-                       adding_bytes=adding)
+    storage = storage_of(request)
     if body.dataset is not None:
-        return await store.add_version(queue.project_id, body.dataset, rows)
-    dataset = await store.create(queue.project_id, body.name or queue.name, rows,
-                                 description=f"Labelled items of review queue {queue.id}")
+        async with storage.reserved(queue.project_id, "version", adding):
+            return await store.add_version(queue.project_id, body.dataset, rows)
+    async with storage.reserved(queue.project_id, "dataset", adding):
+        dataset = await store.create(queue.project_id, body.name or queue.name, rows,
+                                     description=f"Labelled items of review queue {queue.id}")
     response.headers["Location"] = str(request.url_for("get_dataset", id=dataset.id).path)
     return dataset
