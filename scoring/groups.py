@@ -15,6 +15,7 @@ document's ETag as ``if_match`` and fail with a 412 when it is no longer current
 from __future__ import annotations
 
 import builtins
+import dataclasses
 import re
 import time
 import uuid
@@ -40,7 +41,7 @@ from scoring.catalog import (
 from scoring.errors import Forbidden, InvalidDocument, NotFound, PreconditionFailed
 from scoring.models import AlertChannel, Budget, Judge, Member, OnlineProfile, ScorerGroup, WireModel
 from scoring.prices import NANOS
-from scoring.stores.catalog import CatalogStore, SnapshotCache, Write
+from scoring.stores.catalog import CatalogLimits, CatalogStore, SnapshotCache, Write
 from scoring.stores.catalog_file import ApplyReport, apply_file
 from scoring.stores.channels import saved_channel
 from scoring.stores.claims import Claims
@@ -429,11 +430,12 @@ class MonitorClient:
     """The SDK surface in one object: ``client.scorer_groups``, ``client.sessions``, ..."""
 
     def __init__(self, redis: RedisClient, caller: Caller | None = None, cache: SnapshotCache | None = None,
-                 quota: int | None = None, judge_examples: int | None = None) -> None:
+                 limits: CatalogLimits | None = None) -> None:
         caller = caller or Caller()
-        # A project's documents of each kind are bounded (``quota``); an operator's are not.
-        self.store = CatalogStore(redis, actor=caller.actor, cache=cache, quota=None if caller.operator else quota,
-                                  judge_examples=judge_examples)
+        limits = limits or CatalogLimits()
+        if caller.operator:  # a project's documents of each kind are bounded; the operators' are not
+            limits = dataclasses.replace(limits, docs_per_kind=None)
+        self.store = CatalogStore(redis, actor=caller.actor, cache=cache, limits=limits)
         self.ratings_store = RatingsStore(redis)
         self.scorer_groups = ScorerGroups(self.store, self.ratings_store, caller)
         self.sessions = Sessions(self.ratings_store, self.store, caller)

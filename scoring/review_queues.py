@@ -45,7 +45,7 @@ EXPORT_MAX_ROWS = 10_000  # a dataset version's rows from one export (the oldest
 
 # What a PATCH may change (the id and the project stay: a queue's items are its project's).
 UPDATABLE = ("name", "groupIds", "rule", "origins", "reviewersPerItem", "reservationSeconds", "capacity",
-             "keepDays")
+             "keepDays", "maxBytes")
 
 
 def _validated(doc: dict[str, Any]) -> ReviewQueue:

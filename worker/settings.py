@@ -17,6 +17,7 @@ from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from scoring.prices import Price, Pricing, parse_prices
 from scoring.redact import mask_url
+from scoring.stores.catalog import CatalogLimits
 from scoring.webhooks.payloads import LinkTemplate
 from scoring.webhooks.retries import RetrySchedule
 
@@ -440,6 +441,15 @@ class Settings(BaseSettings):
         "runs (results and judge calls) and alignment runs together; a dataset, version or run created past it is "
         "refused (409, naming this quota). A finalize is never refused: its bytes count from then on.",
     )
+    max_project_review_items: int = Field(
+        1_000_000, ge=0, description="Review items a project's queues may keep together (each keeps up to 10 x its "
+        "capacity, open or labelled); a queue saved past it is refused (409, naming this quota).",
+    )
+    max_project_review_bytes: int = Field(
+        2 * 1024**3, ge=0, description="Bytes of review items a project's queues may keep together (the sum of their "
+        "maxBytes; each queue turns results away past its own); a queue saved past it is refused (409, naming this "
+        "quota).",
+    )
     catalog_max_docs_per_project: int = Field(
         1_000, ge=1, description="Catalog documents of one kind (groups, judges, patterns, custom evaluators, alert "
         "channels) a project may keep through the API; creating one more is refused (409, naming this quota). The "
@@ -531,6 +541,11 @@ class Settings(BaseSettings):
 
     def prices(self) -> dict[str, Price]:
         return parse_prices(self.judge_prices)
+
+    def catalog_limits(self) -> CatalogLimits:
+        """What a project's documents may hold, as the API checks them on every write."""
+        return CatalogLimits(docs_per_kind=self.catalog_max_docs_per_project, judge_examples=self.judge_max_examples,
+                             review_items=self.max_project_review_items, review_bytes=self.max_project_review_bytes)
 
     def pricing(self) -> Pricing:
         """The price table and the model a judge without its own calls."""

@@ -32,9 +32,11 @@ from redis.asyncio.client import Pipeline
 from redis.asyncio.cluster import ClusterPipeline
 from redis.exceptions import NoScriptError, WatchError
 
+from scorer_groups.review_queues import KEPT_PER_OPEN
 from scoring.catalog import KIND_MODELS, CatalogSnapshot
 from scoring.catalog_index import project_of
 from scoring.errors import Conflict, InvalidDocument, QuotaExceeded
+from scoring.frozen import frozen
 from scoring.models import WireModel
 from scoring.stores import changes, keys
 from scoring.stores.client import RedisClient
@@ -95,20 +97,28 @@ class SnapshotCache:
         self.write_turns = asyncio.Lock()
 
 
+@frozen
+class CatalogLimits:
+    """What a project's documents may hold together, checked in the write's transaction (so two
+    writes at once cannot both pass). None: no limit (the operators' ``catalog apply``)."""
+
+    docs_per_kind: int | None = None  # SGW_CATALOG_MAX_DOCS_PER_PROJECT
+    judge_examples: int | None = None  # SGW_JUDGE_MAX_EXAMPLES: examples a judge's prompt shows
+    review_items: int | None = None  # SGW_MAX_PROJECT_REVIEW_ITEMS: items its queues keep (10 x capacity each)
+    review_bytes: int | None = None  # SGW_MAX_PROJECT_REVIEW_BYTES: its queues' maxBytes, together
+
+
 class CatalogStore:
     """``actor`` names who writes through this store, in the change log of every document;
-    ``cache`` (shared by the stores of one process) makes reads cost what changed;
-    ``quota``: documents of one kind a project may hold (None: no limit - the operators'
-    ``catalog apply``); ``judge_examples``: examples a judge may keep in its prompt
-    (``SGW_JUDGE_MAX_EXAMPLES``; None: the document's own bound)."""
+    ``cache`` (shared by the stores of one process) makes reads cost what changed; ``limits``:
+    what a project's documents may hold (``CatalogLimits``)."""
 
     def __init__(self, redis: RedisClient, actor: str = "local", cache: SnapshotCache | None = None,
-                 quota: int | None = None, judge_examples: int | None = None) -> None:
+                 limits: CatalogLimits | None = None) -> None:
         self.redis = redis
         self.actor = actor
         self._cache = cache
-        self._quota = quota
-        self._judge_examples = judge_examples
+        self._limits = limits or CatalogLimits()
         self._changes_since = redis.register_script(_CHANGES_SINCE)
 
     async def version(self) -> int:
@@ -146,8 +156,7 @@ class CatalogStore:
                     writes = change(current)
                     if not writes:
                         return current
-                    self._check_quota(current, writes)
-                    self._check_examples(writes)
+                    self._check_limits(current, writes)
                     pipe.multi()  # type: ignore[no-untyped-call]
                     after = current.version + 1
                     for kind, id_, doc in writes:
@@ -181,29 +190,50 @@ class CatalogStore:
             return written
         raise Conflict(f"the catalog kept changing during {WRITE_ATTEMPTS} attempts to write; try again")
 
-    def _check_quota(self, current: CatalogSnapshot, writes: list[Write]) -> None:
-        """A project's documents of each kind are bounded: what it may store, not what one
-        request may send, is what keeps one tenant's catalog from costing every other's."""
-        if self._quota is None:
-            return
+    def _check_limits(self, current: CatalogSnapshot, writes: list[Write]) -> None:
+        """A project's documents are bounded by what it may store, not by what one request may
+        send: that is what keeps one tenant's catalog (and what its documents make the workers
+        keep) from costing every other's."""
+        limits = self._limits
         added: dict[tuple[str, str], int] = {}
         for kind, id_, doc in writes:
             project = project_of(doc) if doc is not None else None
             if project is not None and id_ not in getattr(current, kind):
                 added[(kind, project)] = added.get((kind, project), 0) + 1
         for (kind, project), count in added.items():
-            if current.count(kind, project) + count > self._quota:
-                raise QuotaExceeded("SGW_CATALOG_MAX_DOCS_PER_PROJECT", kind, current.count(kind, project),
-                                    self._quota)
-
-    def _check_examples(self, writes: list[Write]) -> None:
-        """Every path that writes a judge (its document, its examples, a promotion) is held to the
-        examples its prompt may show: 32 large ones made one call's prompt 310,000 characters."""
-        most = self._judge_examples
+            used = current.count(kind, project)
+            if limits.docs_per_kind is not None and used + count > limits.docs_per_kind:
+                raise QuotaExceeded("SGW_CATALOG_MAX_DOCS_PER_PROJECT", kind, used, limits.docs_per_kind)
+        queues = {project_of(doc) for kind, _, doc in writes if kind == "queues" and doc is not None}
+        if queues - {None}:
+            after = current.changed({(kind, id_): doc for kind, id_, doc in writes}, current.version)
+            for project in queues - {None}:
+                self._check_queues(current, after, project)  # type: ignore[arg-type]
         for kind, _, doc in writes:
             examples = getattr(doc, "examples", None) if kind == "judges" else None
-            if most is not None and examples is not None and len(examples) > most:
-                raise InvalidDocument(f"examples: at most {most} (SGW_JUDGE_MAX_EXAMPLES); got {len(examples)}")
+            if limits.judge_examples is not None and examples is not None and len(examples) > limits.judge_examples:
+                # 32 large examples made one call's prompt 310,000 characters
+                raise InvalidDocument(f"examples: at most {limits.judge_examples} (SGW_JUDGE_MAX_EXAMPLES); "
+                                      f"got {len(examples)}")
+
+    def _check_queues(self, before: CatalogSnapshot, after: CatalogSnapshot, project: str) -> None:
+        """The items a project's review queues may keep, together: each keeps up to 10 x its
+        capacity items and its ``maxBytes`` of them (its script turns the rest away). A write
+        that asks for no more than before always passes (a project over a lowered quota can
+        shrink)."""
+        def wanted(snapshot: CatalogSnapshot) -> tuple[int, int]:
+            queues = [q for q in snapshot.queues.values() if q.project_id == project]
+            return sum(KEPT_PER_OPEN * q.capacity for q in queues), sum(q.max_bytes for q in queues)
+
+        (items_before, bytes_before), (items, stored) = wanted(before), wanted(after)
+        limit = self._limits.review_items
+        if limit is not None and items > limit and items > items_before:
+            raise QuotaExceeded("SGW_MAX_PROJECT_REVIEW_ITEMS", "review items in its queues with this change "
+                                "(10 x each queue's capacity)", items, limit)
+        limit = self._limits.review_bytes
+        if limit is not None and stored > limit and stored > bytes_before:
+            raise QuotaExceeded("SGW_MAX_PROJECT_REVIEW_BYTES", "bytes of review items in its queues with this change "
+                                "(each queue's maxBytes)", stored, limit)
 
     async def _read(self, client: RedisClient | Pipeline | ClusterPipeline,
                     base: CatalogSnapshot | None) -> CatalogSnapshot:

@@ -5,9 +5,11 @@ Taking an item (``_TAKE``), for each item of the call, in order:
 
 1. an item already there (its result published again: a redelivery, a worker that died before
    its done mark) is left as it is - open, held or done - and counts nothing;
-2. a queue with ``capacity`` open items - or 10 x ``capacity`` items kept, open or done - turns
-   the item away and counts it: what people have not reached yet is not pushed out by what came
-   after it, and what a queue keeps is bounded whatever its keepDays;
+2. a queue with ``capacity`` open items - or 10 x ``capacity`` items kept, open or done, or its
+   ``maxBytes`` of them - turns the item away and counts it: what people have not reached yet is
+   not pushed out by what came after it, and what a queue keeps is bounded whatever its keepDays
+   and however large a tenant's texts (the bytes a queue keeps are counted here, as items come
+   and go);
 3. else the item is kept, and open (oldest first);
 4. items taken more than the queue's ``keepDays`` ago go, open or done, with their labels, and
    the keys' TTL is pushed to ``keepDays`` (as by every script here).
@@ -26,7 +28,7 @@ from typing import NamedTuple, cast
 
 import orjson
 
-from scorer_groups.review_queues import ReviewItem, ReviewQueue, ScoreCard
+from scorer_groups.review_queues import KEPT_PER_OPEN, ReviewItem, ReviewQueue, ScoreCard
 from scoring.review_rules import KeptItem
 from scoring.stores import keys
 from scoring.stores.client import RedisClient, one_connection
@@ -51,11 +53,15 @@ local function clock(given)
 end
 """
 
-# ARGV: capacity, now, keep seconds, then (id, document, score card) triples. {taken, turned away}.
+# ARGV: capacity, now, keep seconds, max bytes, then (id, document, score card) triples.
+# {taken, turned away}. COUNTS' "bytes": what the items and cards kept take, added and taken
+# away here - the only script that keeps or drops an item.
 _TAKE = _KEYS + """
-local capacity, now, keep = tonumber(ARGV[1]), tonumber(ARGV[2]), tonumber(ARGV[3])
-local KEPT = 10  -- items kept (open or done) per open item of capacity
+local capacity, now, keep, most = tonumber(ARGV[1]), tonumber(ARGV[2]), tonumber(ARGV[3]), tonumber(ARGV[4])
+local KEPT = """ + str(KEPT_PER_OPEN) + """  -- items kept (open or done) per open item of capacity
+local freed = 0
 for _, id in ipairs(redis.call('ZRANGEBYSCORE', KEYS[CREATED], '-inf', now - keep, 'LIMIT', 0, 100)) do
+  freed = freed + redis.call('HSTRLEN', KEYS[ITEMS], id) + redis.call('HSTRLEN', KEYS[SCORES], id)
   local labels = redis.call('HGET', KEYS[LABELS], id)
   if labels then
     for reviewer in pairs(cjson.decode(labels)) do redis.call('SREM', KEYS[LABELLED], reviewer .. '\t' .. id) end
@@ -68,13 +74,17 @@ for _, id in ipairs(redis.call('ZRANGEBYSCORE', KEYS[CREATED], '-inf', now - kee
   redis.call('ZREM', KEYS[CREATED], id)
   redis.call('ZREM', KEYS[DONE], id)
 end
+local stored = math.max(0, tonumber(redis.call('HGET', KEYS[COUNTS], 'bytes') or '0') - freed)
 local taken, away = 0, 0
-for i = 4, #ARGV, 3 do
+for i = 5, #ARGV, 3 do
   local id = ARGV[i]
   if redis.call('HEXISTS', KEYS[ITEMS], id) == 0 then
-    if redis.call('ZCARD', KEYS[OPEN]) >= capacity or redis.call('ZCARD', KEYS[CREATED]) >= KEPT * capacity then
+    local size = #ARGV[i + 1] + #ARGV[i + 2]
+    if redis.call('ZCARD', KEYS[OPEN]) >= capacity or redis.call('ZCARD', KEYS[CREATED]) >= KEPT * capacity
+        or stored + size > most then
       away = away + 1
     else
+      stored = stored + size
       redis.call('HSET', KEYS[ITEMS], id, ARGV[i + 1])
       redis.call('HSET', KEYS[SCORES], id, ARGV[i + 2])
       -- a microsecond apart: the items of one call are handed out in the order they came
@@ -86,6 +96,7 @@ for i = 4, #ARGV, 3 do
 end
 if taken > 0 then redis.call('HINCRBY', KEYS[COUNTS], 'taken', taken) end
 if away > 0 then redis.call('HINCRBY', KEYS[COUNTS], 'turnedAway', away) end
+if taken > 0 or freed > 0 then redis.call('HSET', KEYS[COUNTS], 'bytes', stored) end
 keep_all(keep)
 return {taken, away}
 """
@@ -272,7 +283,7 @@ class ReviewItems:
         async with ScriptPipeline(self._redis) as pipe:
             for key, of_queue in by_queue.items():
                 queue = queues[key]
-                args: list[object] = [queue.capacity, now, _keep(queue)]
+                args: list[object] = [queue.capacity, now, _keep(queue), queue.max_bytes]
                 for item in of_queue:
                     if isinstance(item, KeptItem):
                         args += [item.id, item.document, item.card]

@@ -335,7 +335,7 @@ class ReviewQueues:
 
     async def create(self, name: str, group_ids: Sequence[str], rule: Mapping[str, Any], **extra: Any) -> ReviewQueue:
         """``extra``: ``origins``, ``reviewers_per_item``, ``reservation_seconds``, ``capacity``,
-        ``keep_days``; ``project_id`` when an operator key creates."""
+        ``keep_days``, ``max_bytes``; ``project_id`` when an operator key creates."""
         return await self._t.run(calls.create_queue({"name": name, "group_ids": list(group_ids), "rule": rule,
                                                      **extra}))
 

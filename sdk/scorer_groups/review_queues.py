@@ -21,6 +21,12 @@ from scorer_groups.wire import WireModel
 MAX_QUEUE_GROUPS = 50
 DEFAULT_RESERVATION_S = 600
 DEFAULT_QUEUE_CAPACITY = 1_000
+# The bytes a queue's items may take in Redis (their documents and score cards), open or done:
+# past it, a result is turned away as at capacity. A project's queues share its review quotas
+# (SGW_MAX_PROJECT_REVIEW_BYTES, SGW_MAX_PROJECT_REVIEW_ITEMS), checked when a queue is saved.
+DEFAULT_QUEUE_MAX_BYTES = 64 * 1024 * 1024
+MAX_QUEUE_MAX_BYTES = 16 * 1024**3
+KEPT_PER_OPEN = 10  # items a queue keeps, open or done, per open item of capacity
 MAX_QUEUE_CAPACITY = 100_000
 DEFAULT_ITEM_KEEP_DAYS = 30
 
@@ -75,6 +81,9 @@ class ReviewQueue(WireModel):
     capacity: int = Field(DEFAULT_QUEUE_CAPACITY, ge=1, le=MAX_QUEUE_CAPACITY)
     keep_days: int = Field(DEFAULT_ITEM_KEEP_DAYS, ge=1, le=365,
                            description="How long an item is kept, open or labelled (its labels too).")
+    max_bytes: int = Field(DEFAULT_QUEUE_MAX_BYTES, ge=1024 * 1024, le=MAX_QUEUE_MAX_BYTES,
+                           description="Bytes its items may take, open or labelled; past it a result is turned "
+                                       "away, as at capacity.")
 
     @model_validator(mode="after")
     def _each_once(self) -> ReviewQueue:

@@ -58,7 +58,8 @@ def test_a_queue_is_created_read_listed_merged_and_deleted(api: tuple[ApiProcess
         queue: dict[str, Any] = made.json()
         assert queue == {"id": queue["id"], "name": "Below", "projectId": "p-rev", "groupIds": [group],
                          "rule": {"below": True, "disagreement": None, "sampleRate": None}, "origins": ["live"],
-                         "reviewersPerItem": 1, "reservationSeconds": 600, "capacity": 1000, "keepDays": 30}
+                         "reviewersPerItem": 1, "reservationSeconds": 600, "capacity": 1000, "keepDays": 30,
+                         "maxBytes": 64 * 1024 * 1024}
         assert made.headers["Location"] == f"/v1/review-queues/{queue['id']}"
         read = http.get(f"/v1/review-queues/{queue['id']}")
         assert read.json() == queue and read.headers["ETag"] == made.headers["ETag"]

@@ -124,7 +124,8 @@ def test_a_queue_keeps_its_defaults_on_the_wire() -> None:
     wire = queue({"below": True}).wire()
     assert wire == {"id": "q-1", "name": "Check", "projectId": "p-1", "groupIds": ["g-1"],
                     "rule": {"below": True, "disagreement": None, "sampleRate": None}, "origins": ["live"],
-                    "reviewersPerItem": 1, "reservationSeconds": 600, "capacity": 1000, "keepDays": 30}
+                    "reviewersPerItem": 1, "reservationSeconds": 600, "capacity": 1000, "keepDays": 30,
+                    "maxBytes": 64 * 1024 * 1024}
 
 
 def test_an_item_shows_no_secret_a_judge_or_the_trace_quoted() -> None:

@@ -37,9 +37,8 @@ async def caller(request: Request,
 
 async def client(request: Request, who: Annotated[Caller, Depends(caller)]) -> MonitorClient:
     """The catalog surface, scoped to the caller's project."""
-    settings = request.app.state.settings
     return MonitorClient(redis_of(request), who, cache=request.app.state.snapshots,
-                         quota=settings.catalog_max_docs_per_project, judge_examples=settings.judge_max_examples)
+                         limits=request.app.state.settings.catalog_limits())
 
 
 Client = Annotated[MonitorClient, Depends(client)]

@@ -59,6 +59,7 @@ class QueueCreate(WireModel):
     reservation_seconds: int | None = None
     capacity: int | None = None
     keep_days: int | None = None
+    max_bytes: int | None = None
     project_id: Id | None = None
 
 
@@ -73,6 +74,7 @@ class QueuePatch(WireModel):
     reservation_seconds: int | None = None
     capacity: int | None = None
     keep_days: int | None = None
+    max_bytes: int | None = None
 
 
 class QueuePage(Page):
