@@ -36,6 +36,13 @@ class ScoringError(Exception):
     retriable: bool = False
 
 
+class TooMany(ScoringError):
+    """429: a project has as many of something in flight as it may; ask again shortly."""
+
+    status = 429
+    retriable = True
+
+
 class CatalogError(ScoringError):
     """A catalog operation was refused; ``status`` says how the HTTP API answers."""
 

@@ -435,7 +435,8 @@ class MonitorClient:
         limits = limits or CatalogLimits()
         if caller.operator:  # a project's documents of each kind are bounded; the operators' are not
             limits = dataclasses.replace(limits, docs_per_kind=None)
-        self.store = CatalogStore(redis, actor=caller.actor, cache=cache, limits=limits)
+        self.store = CatalogStore(redis, actor=caller.actor, cache=cache, limits=limits,
+                                  writer=caller.project_id or "")
         self.ratings_store = RatingsStore(redis)
         self.scorer_groups = ScorerGroups(self.store, self.ratings_store, caller)
         self.sessions = Sessions(self.ratings_store, self.store, caller)

@@ -2,7 +2,8 @@
 a timeout, a delivery guarantee or an address is decided once for the worker, the API and the CLI.
 
 - Redis: every command and connection attempt gives up after ``SGW_REDIS_TIMEOUT_S`` (a hung
-  server is an outage the callers see, never a request that waits forever). Commands are packed
+  server is an outage the callers see, never a request that waits forever); at most
+  ``Settings.redis_connections()`` connections, a call past them waiting for one. Commands are packed
   into the wire protocol by hiredis, as redis-py's own synchronous client does (``_CPacked``).
   A ``rediss://`` URL
   is TLS, checked against ``SGW_REDIS_CA_FILE`` (or the system's CAs); an ACL user and password
@@ -29,8 +30,8 @@ from redis.asyncio import Redis
 from redis.asyncio.cluster import RedisCluster
 from redis.asyncio.connection import (
     AbstractConnection,
+    BlockingConnectionPool,
     Connection,
-    ConnectionPool,
     SSLConnection,
     UnixDomainSocketConnection,
     parse_url,
@@ -85,7 +86,12 @@ def redis_client(settings: Settings) -> RedisClient:
     # (the URL's own options win over any given: TLS stays TLS, a Unix socket stays one).
     url_options = parse_url(settings.redis_url)
     kind = url_options.get("connection_class", Connection)
-    pool = ConnectionPool(**{**options, **url_options, "connection_class": C_PACKED.get(kind, kind)})
+    # Bounded, and waited for (up to the timeout): a burst of requests or pairs past the bound is
+    # back-pressure; redis-py's default pool raised at its 100th connection, which the callers
+    # took for an outage (503s, paused loops).
+    most = url_options.pop("max_connections", None) or settings.redis_connections()
+    pool = BlockingConnectionPool(**{**options, **url_options, "connection_class": C_PACKED.get(kind, kind)},
+                                  max_connections=most, timeout=settings.redis_timeout_s)
     return Redis.from_pool(pool)  # the client owns its pool: closing it closes the pool
 
 

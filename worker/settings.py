@@ -182,6 +182,12 @@ class Settings(BaseSettings):
         5.0, gt=0,
         description="Socket timeout of Redis calls: a frozen Redis is noticed (and waited for) after this.",
     )
+    redis_max_connections: int | None = Field(
+        None, ge=8, description="Connections one process keeps to Redis at most (not on a Redis Cluster: its client's "
+        "own). A call past them waits for one, up to SGW_REDIS_TIMEOUT_S - back-pressure, not an outage. Default: "
+        "what the process drives - 64 for its loops and requests, plus the judge calls and external-scorer "
+        "connections it may have in flight.",
+    )
 
     # --- Judges (OpenAI-compatible chat completions) ----------------------------------------
     judge_base_url: str = Field(
@@ -541,6 +547,11 @@ class Settings(BaseSettings):
 
     def prices(self) -> dict[str, Price]:
         return parse_prices(self.judge_prices)
+
+    def redis_connections(self) -> int:
+        """``SGW_REDIS_MAX_CONNECTIONS``, or what the process drives: each judge call and external
+        scorer's pair may hold one (its claim, its settlement), the loops and API requests the rest."""
+        return self.redis_max_connections or 64 + self.judge_concurrency + self.external_connections
 
     def catalog_limits(self) -> CatalogLimits:
         """What a project's documents may hold, as the API checks them on every write."""

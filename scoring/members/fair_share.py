@@ -53,6 +53,9 @@ class FairShare:
     def waiting(self) -> int:
         return sum(len(q) for q in self._waiting.values())
 
+    def waiting_of(self, project: str) -> int:
+        return len(self._waiting.get(project, ()))
+
     async def acquire(self, project: str) -> None:
         if self._is_closed:
             raise self._closed_error()

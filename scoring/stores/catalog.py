@@ -35,8 +35,9 @@ from redis.exceptions import NoScriptError, WatchError
 from scorer_groups.review_queues import KEPT_PER_OPEN
 from scoring.catalog import KIND_MODELS, CatalogSnapshot
 from scoring.catalog_index import project_of
-from scoring.errors import Conflict, InvalidDocument, QuotaExceeded
+from scoring.errors import Conflict, InvalidDocument, QuotaExceeded, TooMany
 from scoring.frozen import frozen
+from scoring.members.fair_share import FairShare
 from scoring.models import WireModel
 from scoring.stores import changes, keys
 from scoring.stores.client import RedisClient
@@ -84,17 +85,21 @@ return out
 _CHANGES_SINCE_KEYS = [keys.CATALOG_VERSION, keys.CATALOG_LOG, *(keys.catalog_hash(kind) for kind in KINDS)]
 
 
+WAITING_WRITES = 64  # a project's catalog writes waiting for their turn in one process; past it, 429
+
+
 class SnapshotCache:
     """The last snapshot a process read, brought up to date by the changes since it: a read
     then costs one script call and the changed documents, not every document (the HTTP API)."""
 
     def __init__(self) -> None:
         self.current: CatalogSnapshot | None = None
-        # The process's writes take turns, first come first served: in one process they would
-        # only lose each other's optimistic race (a tenant's six writers made another's one
-        # write lose 20 times in a row). Across processes the race remains, between one writer
-        # of each.
-        self.write_turns = asyncio.Lock()
+        # The process's writes take turns - in one process they would only lose each other's
+        # optimistic race (a tenant's six writers made another's one write lose 20 times in a
+        # row) - and the turns go round the projects waiting (``FairShare`` of one): one
+        # tenant's 400 writes in flight held another's one write 6 s behind them first come,
+        # first served. Across processes the race remains, between one writer of each.
+        self.write_turns = FairShare(1)
 
 
 @frozen
@@ -111,12 +116,14 @@ class CatalogLimits:
 class CatalogStore:
     """``actor`` names who writes through this store, in the change log of every document;
     ``cache`` (shared by the stores of one process) makes reads cost what changed; ``limits``:
-    what a project's documents may hold (``CatalogLimits``)."""
+    what a project's documents may hold (``CatalogLimits``); ``writer``: whose turn a write takes
+    (a project, or "" for the operators)."""
 
     def __init__(self, redis: RedisClient, actor: str = "local", cache: SnapshotCache | None = None,
-                 limits: CatalogLimits | None = None) -> None:
+                 limits: CatalogLimits | None = None, writer: str = "") -> None:
         self.redis = redis
         self.actor = actor
+        self._writer = writer
         self._cache = cache
         self._limits = limits or CatalogLimits()
         self._changes_since = redis.register_script(_CHANGES_SINCE)
@@ -143,7 +150,10 @@ class CatalogStore:
         its own writes - the catalog is never read or validated whole."""
         if self._cache is None:
             return await self._write(change)
-        async with self._cache.write_turns:
+        turns = self._cache.write_turns
+        if turns.waiting_of(self._writer) >= WAITING_WRITES:
+            raise TooMany(f"{WAITING_WRITES} catalog writes of this project are waiting already; send fewer at once")
+        async with turns.slot(self._writer):
             return await self._write(change)
 
     async def _write(self, change: Callable[[CatalogSnapshot], list[Write]]) -> CatalogSnapshot:

@@ -33,7 +33,7 @@ from scorer_groups.alignments import Alignment, AlignmentRequest, Candidate, Cas
 from scoring.alignment import MARK, PROMOTE_MIN_CASES, Case, better, changed, judge_figures, split
 from scoring.catalog import CatalogSnapshot, etag
 from scoring.dataset import DatasetRow, GradingPlan, grade_rows
-from scoring.errors import Conflict, InvalidDocument, NotFound, ScoringError
+from scoring.errors import Conflict, InvalidDocument, NotFound, TooMany
 from scoring.groups import Caller, Scorers
 from scoring.models import ID_PATTERN, Judge, Member, ScorerGroup
 from scoring.review_queues import ReviewQueues
@@ -59,11 +59,6 @@ AT_ONCE, PER_PROJECT = 4, 1
 SAVE_EVERY_S = 2.0
 STALE_S = 60.0
 LABELLED_READ = 10_000  # a queue's labelled items read for one run (the oldest first)
-
-
-class TooMany(ScoringError):
-    status = 429
-    retriable = True
 
 
 class AlignmentTasks:
