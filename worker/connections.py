@@ -84,7 +84,7 @@ def redis_client(settings: Settings) -> RedisClient:
         return RedisCluster.from_url(settings.redis_url, **options)
     # ``Redis.from_url``'s steps, with the connection class its URL's scheme asks for packed in C
     # (the URL's own options win over any given: TLS stays TLS, a Unix socket stays one).
-    url_options = parse_url(settings.redis_url)
+    url_options: dict[str, Any] = dict(parse_url(settings.redis_url))
     kind = url_options.get("connection_class", Connection)
     # Bounded, and waited for (up to the timeout): a burst of requests or pairs past the bound is
     # back-pressure; redis-py's default pool raised at its 100th connection, which the callers
