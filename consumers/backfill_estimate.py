@@ -9,9 +9,12 @@ the console before its Start button.
    would route it (the group's filter within its per-trace regex time, the job's sample): the
    project's traces and its pairs - in slices, the event loop given back every ``SLICE_S``, as
    the live loop routes (a tenant's hostile filter costs its own estimate's time, not the API's);
-3. scaled to the ranges' offsets, with the sample's error (95%: 1.96 standard errors of the
-   scaled sum, the runs being the sample's units - records close together are alike - with the
-   finite-population correction: 0 when the read took every record);
+3. when the read took every record of the ranges, that is the answer (exact). Else it is scaled
+   by the project's own traffic in the window - its records as the live loop counted them by
+   hour (``RatingsStore.traffic``) - never by the shared topic's records, which would tell a
+   tenant how much the others send: the project's pairs per trace read times its traces, with
+   the sample's error (95%: 1.96 standard errors, the runs being the sample's units - records
+   close together are alike - with the finite-population correction);
 4. the judge calls, tokens and cost per pair from the group's recent averages (its history of
    the last 30 days: the calls its results made and what they cost), or - without any - its
    panel's planned calls and their ceilings (the most they can cost).
@@ -46,12 +49,14 @@ Z_95 = 1.96
 
 
 async def estimate(make: Callable[[], AIOKafkaConsumer], topic: str, group: ScorerGroup, snapshot: CatalogSnapshot,
-                   *, from_ms: int, to_ms: int, sample_rate: float, history: RatingsHistory, pricing: Pricing,
-                   currency: str, limit: int, max_trace_bytes: int, max_spans: int,
+                   *, from_ms: int, to_ms: int, sample_rate: float, history: RatingsHistory, own_records: float,
+                   pricing: Pricing, currency: str, limit: int, max_trace_bytes: int, max_spans: int,
                    max_judge_calls: int | None = None) -> BackfillEstimate:
+    """``own_records``: the project's records in the window by its traffic index (3)."""
     traces = 0
-    runs: list[tuple[int, int]] = []  # 2. per run read: the offsets it covered, the pairs its records make
+    runs: list[tuple[int, int]] = []  # 2. per run read: the project's traces in it, the pairs they make
     ceilings: list[tuple[int, int, int | None]] = []  # per pair: its calls, token and cost ceilings (nanos)
+    covered = 0  # offsets read, not records: a gap (a transaction marker) is no trace
     async with started(make) as consumer:  # one consumer of no group: assigned and moved by hand
         plan = await plan_ranges(consumer, topic, from_ms, max(from_ms, to_ms))  # 1. the job's plan
         for partition, offsets in _runs(plan, limit):
@@ -59,7 +64,7 @@ async def estimate(make: Callable[[], AIOKafkaConsumer], topic: str, group: Scor
             consumer.assign([tp])
             for start, end in offsets:
                 consumer.seek(tp, start)
-                reader, pairs_made = RangeReader(consumer, tp, end), 0
+                reader, pairs_made, own = RangeReader(consumer, tp, end), 0, 0
                 while (batch := await reader.next_batch(end - start, timeout_ms=500)) is not None:
                     slice_ends = time.monotonic() + SLICE_S
                     for record in batch:
@@ -69,11 +74,15 @@ async def estimate(make: Callable[[], AIOKafkaConsumer], topic: str, group: Scor
                         pairs = _pairs(record, topic, group, snapshot, from_ms, to_ms, sample_rate,
                                        max_trace_bytes, max_spans, pricing)
                         if pairs is not None:
-                            traces += 1
+                            own += 1
                             pairs_made += len(pairs)
                             ceilings += pairs
-                runs.append((end - start, pairs_made))
-    return _scaled(plan.records, traces, runs, ceilings, history, currency, max_judge_calls)
+                runs.append((own, pairs_made))
+                traces += own
+                covered += end - start
+    exact = covered >= plan.records
+    return _scaled(traces if exact else max(own_records, traces), traces, runs, ceilings, history, currency,
+                   max_judge_calls, exact=exact, sample_rate=sample_rate)
 
 
 def _runs(plan: Plan, limit: int) -> list[tuple[int, list[tuple[int, int]]]]:
@@ -121,15 +130,20 @@ def _pairs(record: object, topic: str, group: ScorerGroup, snapshot: CatalogSnap
     return out
 
 
-def _scaled(records: int, traces: int, runs: list[tuple[int, int]],
+def _scaled(own_records: float, traces: int, runs: list[tuple[int, int]],
             ceilings: list[tuple[int, int, int | None]], history: RatingsHistory, currency: str,
-            max_judge_calls: int | None) -> BackfillEstimate:
-    """3-4: what was read, scaled to the window's offsets, with its error; the spend per pair."""
-    covered = sum(offsets for offsets, _ in runs)  # offsets, not records: a gap (a transaction marker) is no trace
-    scale = records / covered if covered else 0.0
+            max_judge_calls: int | None, *, exact: bool, sample_rate: float) -> BackfillEstimate:
+    """3-4: what was read of the project, scaled to its own records in the window, with its
+    error; the spend per pair."""
     pairs = sum(made for _, made in runs)
-    error = _error(records, covered, runs, pairs)
-    expected_pairs = pairs * scale
+    error: float | None
+    if exact:
+        expected_pairs, error, scale = float(pairs), 0.0, 1.0
+    elif traces:
+        scale = own_records / traces
+        expected_pairs, error = pairs * scale, _error(own_records, traces, runs, pairs)
+    else:  # none of its traces read: as if each of them were taken at the rate (the error unknown)
+        scale, expected_pairs, error = 0.0, own_records * sample_rate, None
     spent = history.spend()
     if spent.spent and spent.judge_calls:  # the group's recent averages, per result counted with its spend
         basis = "history"
@@ -153,23 +167,22 @@ def _scaled(records: int, traces: int, runs: list[tuple[int, int]],
         tokens_total, cost_total = expected_pairs * tokens, None if cost is None else expected_pairs * cost
     relative = None if error is None else (error / expected_pairs if expected_pairs else None)
     return BackfillEstimate(
-        exact=covered >= records, traces=round(traces * scale), pairs=round(expected_pairs),
+        exact=exact, traces=round(traces * scale) if traces else round(own_records), pairs=round(expected_pairs),
         pairs_error=None if error is None else math.ceil(error), judge_calls=round(judge_calls),
         tokens=round(tokens_total), cost=None if cost_total is None else round(cost_total, 6), currency=currency,
         basis=basis, relative_error=None if relative is None else round(relative, 4), capped=capped)
 
 
-def _error(records: int, covered: int, runs: list[tuple[int, int]], pairs: int) -> float | None:
-    """The 95% error of the pairs' total, the runs read being the sample's units (records close
-    together are alike: a tenant's traffic comes in bursts) - a ratio estimator's variance with
-    the finite-population correction. 0 when the runs covered the window; None when too few
-    runs to tell, or no pair seen - never 0 then (the bound that would give, 3 in the offsets
-    read, would tell the tenant how much traffic the shared topic holds)."""
+def _error(records: float, covered: int, runs: list[tuple[int, int]], pairs: int) -> float | None:
+    """The 95% error of the pairs' total over the project's ``records``, ``covered`` of them
+    read in ``runs`` (the sample's units: records close together are alike - a tenant's traffic
+    comes in bursts) - a ratio estimator's variance with the finite-population correction. None
+    when too few runs to tell, or no pair seen: never 0 then."""
     if covered >= records:
         return 0.0
-    n = len(runs)
+    n = len([run for run in runs if run[0]])
     if not pairs or n < 2:
         return None
     ratio = pairs / covered
-    spread = sum((made - ratio * offsets) ** 2 for offsets, made in runs) * n / (n - 1)
+    spread = sum((made - ratio * own) ** 2 for own, made in runs if own) * n / (n - 1)
     return Z_95 * records * math.sqrt(spread * (1 - covered / records)) / covered

@@ -49,6 +49,7 @@ from scoring.filters import HEADER_PROJECT, MAX_ROUTING_HEADER_BYTES, ROUTING_HE
 from scoring.panel import Panel
 from scoring.results import ResultScope
 from scoring.routing import DEFAULT_MAX_SPANS_PER_TRACE, Pair, route
+from scoring.stores import keys
 from scoring.stores.alerts import NoScoreAlerts
 from scoring.stores.claims import Claims
 from scoring.stores.ratings import RatingsStore
@@ -212,7 +213,7 @@ class TraceConsumer:
 
     async def tick(self) -> None:
         counts = self.pairs.counts
-        if counts.starved or counts.matched:  # counted in the history once a commit interval
+        if counts.starved or counts.matched or counts.traffic:  # counted once a commit interval
             await counts.write(wait=False)  # counts never hold back a commit
         for tp, behind in self.loop.lag().items():
             self._events.lag(tp.topic, tp.partition, behind)
@@ -226,9 +227,12 @@ class TraceConsumer:
         traces: list[tuple[Taken, Trace]] = []
         dead: list[tuple[Taken | None, DeadLetter]] = []
         filtered: Counter[tuple[str, str]] = Counter()  # counted per batch, not per trace
+        traffic: Counter[tuple[str, int]] = Counter()  # each project's records by hour (its estimates' scale)
         for taken in batch:
             record = taken.record
-            if record.headers and self._unwanted(record.headers, snapshot, filtered):
+            unwanted = self._unwanted(record.headers, snapshot, filtered) if record.headers else None
+            if unwanted is not None:
+                traffic[(unwanted, record.timestamp // keys.TRAFFIC_BUCKET_MS)] += 1
                 taken.ticket.finished(record.offset)
                 continue
             decoded = decode_trace(record.topic, record.partition, record.offset, record.key,
@@ -236,7 +240,9 @@ class TraceConsumer:
             if isinstance(decoded, DeadLetter):
                 dead.append((taken, decoded))
             else:
+                traffic[(decoded.project_id, record.timestamp // keys.TRAFFIC_BUCKET_MS)] += 1
                 traces.append((taken, decoded))
+        self.pairs.counts.traffic.update(traffic)
 
         # 2. route: each group's filter, then its sample (scoring.routing). Nothing a tenant sends
         #    may raise out of this loop: a trace that breaks routing is dead-lettered with the
@@ -353,21 +359,21 @@ class TraceConsumer:
 
     @staticmethod
     def _unwanted(headers: Sequence[tuple[str, bytes]], snapshot: CatalogSnapshot,
-                  filtered: Counter[tuple[str, str]]) -> bool:
+                  filtered: Counter[tuple[str, str]]) -> str | None:
         """Do the record's routing headers show that no live group of its project wants it? Then
-        it is never parsed (a record without them is decided on its decoded trace)."""
+        it is never parsed (a record without them is decided on its decoded trace): its project."""
         try:  # headers are the producer's: any that do not read as expected mean "parse it"
             fields = {name: value.decode(errors="replace") for name, value in headers
                       if name in ROUTING_HEADERS and isinstance(value, bytes)}
             if not HeaderView.complete(fields) or any(len(v) > MAX_ROUTING_HEADER_BYTES for v in fields.values()):
-                return False
+                return None
             project = fields[HEADER_PROJECT]
             if snapshot.wanted(project, HeaderView(fields)):
-                return False
+                return None
         except Exception:
-            return False
+            return None
         filtered.update((project, group.id) for group in snapshot.live_groups_of(project))
-        return True
+        return project
 
     def _unprocessable(self, taken: Taken, step: str, exc: BaseException) -> DeadLetter:
         record = taken.record

@@ -1,7 +1,8 @@
 """What the ratings history counts of the traffic beside its results: pairs skipped for the
 judge budget (shown beside no-score results, so that a starved group is seen, not silent) and
-traces that matched a group's filter (the traffic it is aimed at). Counted as pairs are claimed
-and traces routed, written once a commit interval in one round trip.
+traces that matched a group's filter (the traffic it is aimed at); and each project's records by
+hour (what a backfill's estimate scales by: the tenant's own traffic, never the shared topic's).
+Counted as pairs are claimed and traces routed, written once a commit interval in one round trip.
 """
 
 from __future__ import annotations
@@ -32,6 +33,7 @@ class TrafficCounts:
         self._ratings, self._outages, self._events, self._counting = ratings, outages, events, counting
         self.starved: Counter[str] = Counter()  # pairs skipped for budget since the last write, by group
         self.matched: Counter[str] = Counter()  # traces that matched a group's filter, by group
+        self.traffic: Counter[tuple[str, int]] = Counter()  # records by (project, hour of their timestamp)
         self._budget_logged: dict[str, tuple[float, int]] = {}  # group -> (last line, skips since)
 
     def skipped_for_budget(self, pair: Pair, **why: str) -> None:
@@ -63,11 +65,13 @@ class TrafficCounts:
         if not self._counting:
             self.starved.clear()
             self.matched.clear()
-        if not (self.starved or self.matched):
+            self.traffic.clear()
+        if not (self.starved or self.matched or self.traffic):
             return
-        skipped, matched = dict(self.starved), dict(self.matched)
-        self.starved, self.matched = Counter(), Counter()
-        write = functools.partial(self._ratings.write_counts, time.time(), skipped=skipped, matched=matched)
+        skipped, matched, traffic = dict(self.starved), dict(self.matched), dict(self.traffic)
+        self.starved, self.matched, self.traffic = Counter(), Counter(), Counter()
+        write = functools.partial(self._ratings.write_counts, time.time(), skipped=skipped, matched=matched,
+                                  traffic=traffic)
         if wait:
             await self._outages.call(write)
             return
@@ -76,3 +80,4 @@ class TrafficCounts:
         except Exception:  # Redis away or slow: the next tick writes them, with what came since
             self.starved.update(skipped)
             self.matched.update(matched)
+            self.traffic.update(traffic)

@@ -325,6 +325,18 @@ def project_storage(project_id: str) -> str:
     return f"{PREFIX}:storage:{{{project_id}}}"
 
 
+# A project's traffic index: its records on the traces topic by hour of their timestamp (field =
+# hours since the epoch, value = records), counted by the live loop as it reads them. What a
+# backfill's estimate scales by: the tenant's own traffic, never the shared topic's volume (which
+# would tell it other tenants'). Kept as long as a topic's retention usually is.
+TRAFFIC_TTL_S = 35 * 86_400
+TRAFFIC_BUCKET_MS = 3_600_000  # an hour
+
+
+def traffic(project_id: str) -> str:
+    return f"{PREFIX}:traffic:{{{project_id}}}"
+
+
 def evaluations(project_id: str) -> str:
     return f"{PREFIX}:evaluations:{{{project_id}}}"
 

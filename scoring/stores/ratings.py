@@ -380,18 +380,39 @@ class RatingsStore:
             await pipe.execute()
 
     async def write_counts(self, at: float, *, skipped: Mapping[str, int] = {},
-                           matched: Mapping[str, int] = {}) -> None:
+                           matched: Mapping[str, int] = {}, traffic: Mapping[tuple[str, int], int] = {}) -> None:
         """Count pairs skipped for budget and traces that matched the group's filter (each by
-        group) into the buckets of ``at``: one call per group."""
-        if not skipped and not matched:
+        group) into the buckets of ``at``: one call per group; and each project's records by
+        hour into its traffic index: one command per project and hour."""
+        if not skipped and not matched and not traffic:
             return
         async with ScriptPipeline(self._redis) as pipe:
             for group_id in sorted(skipped.keys() | matched.keys()):
                 names, ttls = _bucket_keys(group_id, at)
                 counts = _Aggregate(skipped=skipped.get(group_id, 0), matched=matched.get(group_id, 0))
                 pipe.script(self._record, names, [*counts.args(), len(names), *ttls])
-            _mark_active(pipe, dict.fromkeys(skipped.keys() | matched.keys(), at))
+            if skipped or matched:
+                _mark_active(pipe, dict.fromkeys(skipped.keys() | matched.keys(), at))
+            for (project, hour), count in sorted(traffic.items()):
+                pipe.redis.hincrby(keys.traffic(project), str(hour), count)
+            for project in sorted({project for project, _ in traffic}):
+                pipe.redis.expire(keys.traffic(project), keys.TRAFFIC_TTL_S)
             await pipe.execute()
+
+    async def traffic(self, project_id: str, from_ms: int, to_ms: int) -> float:
+        """The project's records stamped in ``[from_ms, to_ms)`` as its traffic index counted
+        them (the hours at the window's ends in proportion to their overlap)."""
+        bucket = keys.TRAFFIC_BUCKET_MS
+        first, last = from_ms // bucket, max(from_ms, to_ms - 1) // bucket
+        first = max(first, last - keys.TRAFFIC_TTL_S * 1000 // bucket - 1)  # older hours are gone from the index
+        hours = list(range(first, last + 1))
+        counts = await self._redis.hmget(keys.traffic(project_id), [str(h) for h in hours])
+        total = 0.0
+        for hour, count in zip(hours, counts, strict=True):
+            if count:
+                start, end = max(from_ms, hour * bucket), min(to_ms, (hour + 1) * bucket)
+                total += int(count) * max(0, end - start) / bucket
+        return total
 
     async def active(self, shards: Iterable[int], since: float, now: float | None = None) -> dict[str, float]:
         """The groups of ``shards`` with live traffic since ``since``, and when last (one round

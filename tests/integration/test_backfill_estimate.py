@@ -49,13 +49,16 @@ async def test_a_dry_run_spends_nothing_and_the_job_that_follows_is_within_its_e
         return await estimate(
             lambda: AIOKafkaConsumer(bootstrap_servers=bench.bootstrap, group_id=None), bench.names.traces, group,
             snapshot, from_ms=int(DAY.timestamp() * 1000), to_ms=int((DAY + timedelta(days=1)).timestamp() * 1000),
-            sample_rate=0.5, history=await store.history(group.id, "30d"), pricing=PRICING, currency="EUR",
-            limit=limit, max_trace_bytes=1 << 20, max_spans=50)
+            sample_rate=0.5, history=await store.history(group.id, "30d"),
+            own_records=await store.traffic(bench.project, int(DAY.timestamp() * 1000),
+                                            int((DAY + timedelta(days=1)).timestamp() * 1000)),
+            pricing=PRICING, currency="EUR", limit=limit, max_trace_bytes=1 << 20, max_spans=50)
 
+    before = await bench.redis.keys(f"*{{{bench.project}}}*")  # its traffic index, counted as it was sent
     sampled, whole = await dry_run(60), await dry_run(10_000)
     assert bench.judge.requests == [], "a dry run calls no judge"
     assert await Claims(bench.redis).budget_used(bench.project, 3600) == 0
-    assert await bench.redis.keys(f"*{{{bench.project}}}*") == [], "no claim, budget or money key of the project"
+    assert await bench.redis.keys(f"*{{{bench.project}}}*") == before, "no claim, budget or money key of the project"
     assert (whole.exact, whole.pairs_error, whole.basis) == (True, 0, "ceilings"), "read whole: exact"
     assert whole.traces == 300 and 100 < whole.pairs < 200 and whole.judge_calls == whole.pairs
     assert not sampled.exact and sampled.pairs_error > 0, "a bounded read says its error"

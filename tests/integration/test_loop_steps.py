@@ -397,6 +397,29 @@ async def test_kept_traces_are_counted_per_project_and_group_once_per_batch(
     assert await loop.controls.claims.budget_used(loop.project, 3600) == 3, "without a budget, calls are counted by the hour"
 
 
+async def test_every_record_is_counted_in_its_projects_traffic_index_parsed_or_not(
+        loops: Callable[..., Awaitable[Loop]]) -> None:
+    """What a backfill's estimate scales by: each project's records by hour, counted as read -
+    parsed ones by their trace's project, ones finished unparsed by their routing header's."""
+    loop = await loops(("bulk",))
+    other = f"{loop.project}-other"
+    for i in range(3):
+        await loop.send(f"t-{i}")
+    for i in range(2):  # routing headers of a project no live group wants: finished unparsed
+        await loop.producer.send_and_wait(
+            loop.topics.traces, key=f"h-{i}".encode(), value=trace(other, f"h-{i}", "x"), partition=0,
+            headers=[("sgw-project", other.encode()), ("sgw-agent", b"a"), ("sgw-trace", f"h-{i}".encode())])
+    await loop.start()
+    await loop.committed_to(5)
+    await loop.traces.tick()
+    hour = int(time.time() * 1000) // 3_600_000 * 3_600_000  # the records' own hour, whole
+    ratings = RatingsStore(loop.redis)
+    assert await ratings.traffic(loop.project, hour, hour + 3_600_000) == 3
+    assert await ratings.traffic(other, hour, hour + 3_600_000) == 2
+    assert await ratings.traffic(other, hour + 1_800_000, hour + 3_600_000) == 1, "half an hour: half its count"
+    assert await ratings.traffic(other, hour - 3_600_000, hour) == 0, "not in another hour"
+
+
 async def test_a_group_that_samples_nothing_claims_nothing_and_the_trace_is_finished(
         loops: Callable[..., Awaitable[Loop]], unique: str) -> None:
     project, other = f"p-{unique}", f"p-{unique}-all"

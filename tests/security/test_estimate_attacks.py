@@ -4,7 +4,10 @@
   in slices: the event loop it shares with every other tenant's requests waits at most about one
   trace's routing at a time, never a whole fetched batch's (the relation is measured in the same
   run: the longest stall against one trace's routing, timed alone);
-- a window that starts before 1970 is clamped as a real backfill's is: an estimate, not a 500.
+- a window that starts before 1970 is clamped as a real backfill's is: an estimate, not a 500;
+- an estimate answers from the tenant's own traffic: with A's one marker trace fixed, C's volume
+  in the same window (1,000 traces, then 5,000) does not move A's answer - scaled by the shared
+  topic's records, it said C's volume times a constant.
 """
 
 from __future__ import annotations
@@ -80,7 +83,8 @@ async def test_an_estimate_over_a_bomb_filter_gives_the_loop_back_between_traces
         lambda: AIOKafkaConsumer(bootstrap_servers=bench.bootstrap, group_id=None,
                                  max_partition_fetch_bytes=4 << 20), bench.names.traces, group, snapshot,
         from_ms=int(DAY.timestamp() * 1000), to_ms=int((DAY + timedelta(days=1)).timestamp() * 1000),
-        sample_rate=1.0, history=await RatingsStore(bench.redis).history(group.id, "30d"), pricing=NO_PRICING,
+        sample_rate=1.0, history=await RatingsStore(bench.redis).history(group.id, "30d"), own_records=TRACES,
+        pricing=NO_PRICING,
         currency="USD", limit=10_000, max_trace_bytes=1 << 20, max_spans=50)
     took = time.perf_counter() - began
     done.set()
@@ -112,3 +116,36 @@ async def test_a_dry_run_window_before_1970_is_clamped_not_a_500(bench: Bench, r
         api.stop()
     assert answer.status_code == 200, answer.text
     assert answer.json()["estimate"]["traces"] == 1
+
+
+async def test_an_estimate_does_not_move_with_another_tenants_volume(bench: Bench) -> None:
+    others = f"c-{bench.unique}"
+    marker = {"traceId": "marker", "projectId": bench.project, "agentId": "a", "timestamp": DAY.isoformat(),
+              "spans": [{"spanId": "r", "input": "q", "output": "I am so sorry [[marker]]"}]}
+    group = ScorerGroup.model_validate({
+        "id": f"g-{bench.unique}", "name": "Marker", "projectId": bench.project, "members": BY_PATTERN,
+        "online": {"enabled": False, "sampleRate": 1, "alertThreshold": 6, "severity": "high",
+                   "filter": {"field": "root.output", "op": "contains", "value": "[[marker]]"}}})
+    snapshot = CatalogSnapshot(groups={group.id: group}, patterns={APOLOGY.id: APOLOGY})
+    store = RatingsStore(bench.redis)
+    window = int(DAY.timestamp() * 1000), int((DAY + timedelta(days=1)).timestamp() * 1000)
+
+    def theirs(first: int, count: int) -> list[dict[str, object]]:
+        return [{"traceId": f"c-{n}", "projectId": others, "agentId": "a",
+                 "timestamp": (DAY + timedelta(seconds=5 * n)).isoformat(),
+                 "spans": [{"spanId": "r", "input": "q", "output": "fine"}]} for n in range(first, first + count)]
+
+    async def said() -> tuple[int, int, bool]:
+        answer = await estimate(
+            lambda: AIOKafkaConsumer(bootstrap_servers=bench.bootstrap, group_id=None), bench.names.traces, group,
+            snapshot, from_ms=window[0], to_ms=window[1], sample_rate=1.0,
+            history=await store.history(group.id, "30d"), own_records=await store.traffic(bench.project, *window),
+            pricing=NO_PRICING, currency="USD", limit=200, max_trace_bytes=1 << 20, max_spans=50)
+        return answer.traces, answer.pairs, answer.exact
+
+    await bench.produce([marker, *theirs(0, 1_000)])
+    small = await said()
+    await bench.produce(theirs(1_000, 4_000))
+    large = await said()
+    assert not small[2] and not large[2], "a bounded read of the window"
+    assert small[:2] == large[:2] == (1, 1), (small, large)

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import time
+from collections import Counter
 from collections.abc import AsyncIterator, Callable, Iterator
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
@@ -27,6 +28,7 @@ from scoring.catalog import CatalogSnapshot
 from scoring.members.judge import JudgeClient
 from scoring.models import Pattern, ScorerGroup
 from scoring.panel import Panel
+from scoring.stores import keys
 from scoring.stores.backfills import BackfillStore, JobParts
 from scoring.stores.claims import Claims
 from scoring.stores.ratings import RatingsStore
@@ -71,11 +73,16 @@ class Bench:
                                 webhooks=f"bf-webhooks-{u}", dlq="-")
         self.project = f"p-bf-{u}"
 
-    async def produce(self, traces: list[dict[str, Any]]) -> None:
+    async def produce(self, traces: list[dict[str, Any]], *, counted: bool = True) -> None:
+        """Send ``traces``; ``counted``: into their projects' traffic indexes too, as the live
+        loop reading them counts them (what an estimate scales by)."""
+        stamps = [int(datetime.fromisoformat(t["timestamp"]).timestamp() * 1000) for t in traces]
         sends = [await self.producer.send(self.names.traces, orjson.dumps(t), key=t["traceId"].encode(),
-                                          timestamp_ms=int(datetime.fromisoformat(t["timestamp"]).timestamp() * 1000))
-                 for t in traces]
+                                          timestamp_ms=at) for t, at in zip(traces, stamps, strict=True)]
         await asyncio.gather(*sends)
+        if counted:
+            hours = Counter((t["projectId"], at // keys.TRAFFIC_BUCKET_MS) for t, at in zip(traces, stamps, strict=True))
+            await RatingsStore(self.redis).write_counts(time.time(), traffic=hours)
 
     def runner(self, snapshot: Callable[[], CatalogSnapshot], worker: str = "w-1",
                live_pressed: Callable[[], bool] = lambda: False) -> BackfillRunner:
