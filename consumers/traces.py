@@ -230,9 +230,9 @@ class TraceConsumer:
         traffic: Counter[tuple[str, int]] = Counter()  # each project's records by hour (its estimates' scale)
         for taken in batch:
             record = taken.record
-            unwanted = self._unwanted(record.headers, snapshot, filtered) if record.headers else None
-            if unwanted is not None:
-                traffic[(unwanted, record.timestamp // keys.TRAFFIC_BUCKET_MS)] += 1
+            if record.headers and self._unwanted(record.headers, snapshot, filtered):
+                project = next(value for name, value in record.headers if name == HEADER_PROJECT)
+                traffic[(project.decode(errors="replace"), record.timestamp // keys.TRAFFIC_BUCKET_MS)] += 1
                 taken.ticket.finished(record.offset)
                 continue
             decoded = decode_trace(record.topic, record.partition, record.offset, record.key,
@@ -359,21 +359,21 @@ class TraceConsumer:
 
     @staticmethod
     def _unwanted(headers: Sequence[tuple[str, bytes]], snapshot: CatalogSnapshot,
-                  filtered: Counter[tuple[str, str]]) -> str | None:
+                  filtered: Counter[tuple[str, str]]) -> bool:
         """Do the record's routing headers show that no live group of its project wants it? Then
-        it is never parsed (a record without them is decided on its decoded trace): its project."""
+        it is never parsed (a record without them is decided on its decoded trace)."""
         try:  # headers are the producer's: any that do not read as expected mean "parse it"
             fields = {name: value.decode(errors="replace") for name, value in headers
                       if name in ROUTING_HEADERS and isinstance(value, bytes)}
             if not HeaderView.complete(fields) or any(len(v) > MAX_ROUTING_HEADER_BYTES for v in fields.values()):
-                return None
+                return False
             project = fields[HEADER_PROJECT]
             if snapshot.wanted(project, HeaderView(fields)):
-                return None
+                return False
         except Exception:
-            return None
+            return False
         filtered.update((project, group.id) for group in snapshot.live_groups_of(project))
-        return project
+        return True
 
     def _unprocessable(self, taken: Taken, step: str, exc: BaseException) -> DeadLetter:
         record = taken.record

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import asyncio
 import functools
+import time
 import weakref
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
@@ -47,6 +48,48 @@ THREADS = 4  # a project may hold 3 (fair_share.default_share): one is always fr
 _THREADS = ThreadPoolExecutor(max_workers=THREADS, thread_name_prefix="pattern")
 # The threads' fair share across projects, one per event loop (its waiters are that loop's).
 _SHARES: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, FairShare] = weakref.WeakKeyDictionary()
+# Threads bound how many searches a project runs at once, not the CPU they take: three threads of
+# one tenant's regex bombs on two cores held another tenant's results 3-4 s. So a project's
+# searches in threads may also use at most this much CPU a second on average (a token bucket of
+# ``THREAD_BURST_S``); past it, its next long search waits for its time - within the deadline.
+THREAD_SECONDS_PER_S = 0.5
+THREAD_BURST_S = 2.0
+_BUDGETS: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, ThreadTime] = weakref.WeakKeyDictionary()
+
+
+class ThreadTime:
+    """Each project's CPU time in the pattern threads, as a token bucket: ``rate`` seconds a
+    second, up to ``burst`` saved. Spent after a search by what it took (the thread's own CPU
+    time), so a project over its time waits before its next search, never during one."""
+
+    MAX_PROJECTS = 10_000  # projects tracked; past it, those with a full bucket are forgotten
+
+    def __init__(self, rate: float = THREAD_SECONDS_PER_S, burst: float = THREAD_BURST_S,
+                 clock: Callable[[], float] = time.monotonic) -> None:
+        self._rate, self._burst, self._clock = rate, burst, clock
+        self._buckets: dict[str, tuple[float, float]] = {}  # project -> (seconds left, as of)
+
+    def _left(self, project: str) -> float:
+        left, at = self._buckets.get(project, (self._burst, self._clock()))
+        return min(self._burst, left + (self._clock() - at) * self._rate)
+
+    def wait_s(self, project: str) -> float:
+        """How long the project's next search must wait for its time (0: none)."""
+        left = self._left(project)
+        return 0.0 if left >= 0 else -left / self._rate
+
+    def spend(self, project: str, seconds: float) -> None:
+        self._buckets[project] = (self._left(project) - seconds, self._clock())
+        if len(self._buckets) > self.MAX_PROJECTS:
+            self._buckets = {p: b for p, b in self._buckets.items() if self._left(p) < self._burst}
+
+
+def _timed(check: Callable[[str, str], PatternVerdict], input_text: str, output_text: str
+           ) -> tuple[PatternVerdict, float]:
+    """``check`` in a thread, with the CPU time it took there."""
+    started = time.thread_time()
+    verdict = check(input_text, output_text)
+    return verdict, time.thread_time() - started
 
 
 def luhn_valid(digits: str) -> bool:
@@ -236,20 +279,30 @@ class CompiledPattern:
 
     async def check_off_loop(self, input_text: str, output_text: str, project: str) -> PatternVerdict:
         """``check``, in a thread when the text is long, within ``project``'s fair share of the
-        threads; raises TimeoutError past DEADLINE_S (waiting for a thread included)."""
+        threads and of their CPU time; raises TimeoutError past DEADLINE_S (waiting for its time
+        and a thread included)."""
         if self.short(input_text, output_text):
             return self.check(input_text, output_text)
         loop = asyncio.get_running_loop()
-        share = _SHARES.get(loop)
-        if share is None:
-            share = _SHARES[loop] = FairShare(THREADS)
+        share = _SHARES.get(loop) or _SHARES.setdefault(loop, FairShare(THREADS))
+        budget = _BUDGETS.get(loop) or _BUDGETS.setdefault(loop, ThreadTime())
         async with asyncio.timeout(DEADLINE_S):
+            wait = budget.wait_s(project)
+            if wait > 0:  # its time runs in the open: no lock, no list of waiters to keep
+                await asyncio.sleep(wait)
             await share.acquire(project)
-            work = loop.run_in_executor(_THREADS, self.check, input_text, output_text)
+            work = loop.run_in_executor(_THREADS, _timed, self.check, input_text, output_text)
+
+            def done(finished: asyncio.Future[tuple[PatternVerdict, float]]) -> None:
+                share.release(project)
+                if not finished.cancelled() and finished.exception() is None:
+                    budget.spend(project, finished.result()[1])
+
             # The thread cannot be stopped: its slot is the project's until the search ends, past
             # the deadline too (so a project's runaway searches hold its own share, no other's).
-            work.add_done_callback(lambda _: share.release(project))
-            return await asyncio.shield(work)
+            work.add_done_callback(done)
+            verdict, _ = await asyncio.shield(work)
+            return verdict
 
 
 @functools.lru_cache(maxsize=4096)

@@ -23,7 +23,7 @@ from consumers.traces import TraceConsumer
 from scorer_groups.api_models import GradeRequest
 from scoring.catalog import CatalogSnapshot
 from scoring.filters import MAX_ROUTING_HEADER_BYTES, Decide, TraceView, compile_filter
-from scoring.members.patterns import _SHARES, PATTERN_SEARCH_WORK, THREADS, compiled
+from scoring.members.patterns import _BUDGETS, _SHARES, PATTERN_SEARCH_WORK, THREADS, ThreadTime, compiled
 from scoring.models import Pattern, ScorerGroup, compile_user_regex
 from scoring.playground import passes_filter
 from scoring.regex_work import FILTER_SEARCH_WORK, MAX_FILTER_TEXT_CHARS
@@ -190,6 +190,65 @@ async def test_a_projects_slow_patterns_leave_a_thread_for_another_project() -> 
     assert victim.matched
     await asyncio.gather(*attacker, return_exceptions=True)
     assert share.in_use == 0  # every thread given back once its search ended
+
+
+def test_a_projects_thread_time_is_a_bucket_that_refills_at_its_rate() -> None:
+    now = [0.0]
+    budget = ThreadTime(rate=0.5, burst=2.0, clock=lambda: now[0])
+    assert budget.wait_s("p-a") == 0, "a full bucket: no wait"
+    budget.spend("p-a", 3.0)  # one long search past its time: paid after, never cut short
+    assert budget.wait_s("p-a") == pytest.approx(2.0), "1 s owed at 0.5 s a second"
+    assert budget.wait_s("p-b") == 0, "another project's time is its own"
+    now[0] = 2.0
+    assert budget.wait_s("p-a") == 0
+    now[0] = 100.0
+    budget.spend("p-a", 2.5)
+    assert budget.wait_s("p-a") == pytest.approx(1.0), "saved time is capped at the burst"
+
+
+@pytest.mark.alone
+async def test_a_projects_bomb_patterns_use_at_most_its_thread_time() -> None:
+    """The attack: A's live patterns are bombs on long texts, three of the four threads busy on
+    two cores - B's results took 3-4 s instead of 0.8. A's searches now run within its thread
+    time: measured by the process's own CPU clock over the attack, whatever the machine's load
+    (it can only lower what A gets), against the bound the rate, the burst and the searches
+    already running allow."""
+    loop = asyncio.get_running_loop()
+    _BUDGETS[loop] = ThreadTime(rate=0.25, burst=0.5)
+    bomb = compiled(Pattern.model_validate({"id": "b", "name": "B", "polarity": "failure", "regex": BOMB}))
+    plain = compiled(Pattern.model_validate({"id": "k", "name": "K", "polarity": "failure", "regex": "refund"}))
+    searches = []
+    for _ in range(3):  # one search's cost, here and now (its worst of three)
+        one = time.thread_time()
+        bomb.check("", BOMB_TEXT)
+        searches.append(time.thread_time() - one)
+    search = max(searches)
+    deadline = time.monotonic() + 6.0
+
+    async def attacker() -> None:
+        while time.monotonic() < deadline:
+            try:
+                await bomb.check_off_loop("", BOMB_TEXT, "p-bomb")
+            except TimeoutError:
+                pass  # waited past the deadline for its time: a member error, as live
+
+    cpu, began = time.process_time(), time.monotonic()
+    attacks = [asyncio.create_task(attacker()) for _ in range(THREADS)]
+    victim_waits = []
+    while time.monotonic() < deadline:
+        started = time.monotonic()
+        assert (await plain.check_off_loop("", "x" * 200_000 + " refund", "p-b")).matched
+        victim_waits.append(time.monotonic() - started)
+        await asyncio.sleep(0.2)
+    await asyncio.gather(*attacks)
+    used, elapsed = time.process_time() - cpu, time.monotonic() - began
+    del _BUDGETS[loop]  # the loop may serve other tests: they start with a bucket of their own
+    # The burst, the rate, and what a bucket's debt allows: the searches started while it still had
+    # time (one a thread) and the ones still running when the attack ended.
+    allowed = 0.5 + 0.25 * elapsed + 2 * (THREADS - 1) * search
+    print(f"A's thread time: {used:.2f} s of CPU in {elapsed:.1f} s (allowed {allowed:.2f}; one search "
+          f"{search:.2f} s); B's long-text check: {max(victim_waits) * 1000:.0f} ms at worst")
+    assert used < allowed + 0.05 * elapsed + 0.5, (used, allowed, elapsed)  # + the loop's own and B's work
 
 
 # --- the live worker: the loop's own account ------------------------------------------------------
