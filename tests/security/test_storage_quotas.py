@@ -186,3 +186,22 @@ def test_alignment_runs_past_the_projects_one_at_a_time_answer_429_problem_docum
         assert refused.headers["Retry-After"] == "1"
     with process.client(key) as http:  # the connection that was refused goes on answering
         assert http.get("/v1/judges").status_code == 200
+
+
+def test_a_promotion_needs_the_documented_held_out_cases_unless_forced(api: tuple[ApiProcess, str]) -> None:
+    """The attack: a run on one held-out case with equal errors made its candidate the judge
+    without ``force``. Four labelled rows leave at most three held-out cases: not enough."""
+    process, key = api
+    with process.client(key) as http:
+        judge, dataset = _labelled(http)
+        started = http.post(f"/v1/judges/{judge}/alignments",
+                            json={"candidate": {"criteria": "Helpful, kindly?"}, "dataset": dataset})
+        assert started.status_code == 202, started.text
+        _wait_done(http, started.headers["Location"])
+        run = http.get(started.headers["Location"]).json()
+        assert run["state"] == "done" and run["current"]["cases"] < 10, run
+        refused = http.post(f"/v1/judges/{judge}/promote", json={"alignment": run["id"]})
+        assert refused.status_code == 409 and "at least 10" in refused.json()["detail"], refused.text
+        assert http.get(f"/v1/judges/{judge}").json()["criteria"] == "Helpful?", "the judge is unchanged"
+        forced = http.post(f"/v1/judges/{judge}/promote", json={"alignment": run["id"], "force": True})
+        assert forced.status_code == 200 and forced.json()["criteria"] == "Helpful, kindly?", forced.text
