@@ -2,18 +2,25 @@
 
 Writes one JSON line per row (to ``--output`` or stdout), prints the summary to stderr, and
 exits 1 when the ``--fail-under`` gate fails, 2 on bad input, 0 otherwise. The gate fails closed:
-a row without a score (a must-pass member could not score it) fails it, unless
-``--allow-unscored`` lets that many rows (a count, or a fraction of the rows) pass. ``--publish`` also
-sends each row's result to the ratings topic with scope ``dataset``.
+a row without a score (a must-pass member could not score it, or the judge budget had no room
+for it) fails it, unless ``--allow-unscored`` lets that many rows (a count, or a fraction of the
+rows) pass. ``--publish`` also sends each row's result to the ratings topic with scope ``dataset``.
+
+Its judge calls are reserved from the group's project's judge budget as the API's dataset runs'
+are (``worker.api.run_spend``): a row without room is not graded, and the summary names it.
+``--outside-budget`` is the operator's explicit way around it, and the summary says so.
 """
 
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import json
+import math
 import sys
 import time
 import uuid
+from collections.abc import Mapping
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import IO, Any, TextIO
@@ -25,6 +32,7 @@ from scoring.dataset import (
     DatasetRow,
     DatasetRun,
     GradingPlan,
+    RowResult,
     grade_rows,
     plan_grading,
     requires_expected_judges,
@@ -32,8 +40,11 @@ from scoring.dataset import (
 from scoring.errors import CatalogError
 from scoring.results import build_rating, rating_id
 from scoring.stores.catalog import CatalogStore
+from scoring.stores.claims import Claims
 from scoring.stores.verdicts import VerdictStore
 from scoring.unclaimed_verdicts import UnclaimedVerdicts
+from scoring.verdict_cache import PairVerdicts
+from worker.api.run_spend import RunSpend
 from worker.connections import kafka_producer, redis_client
 from worker.engine import ScoringEngine
 from worker.settings import Settings
@@ -55,6 +66,7 @@ class GradeRequest:
     allow_unscored: Allowance = 0  # rows without a score the gate lets pass (count or fraction)
     with_calls: bool = False  # each row's line carries its judge calls (scoring.judge_calls: cut and masked)
     cache: bool = True  # the verdict cache read and kept (--no-cache: every judge asked afresh)
+    outside_budget: bool = False  # --outside-budget: nothing reserved from the project's judge budget
 
 
 def read_rows(path: str) -> list[DatasetRow]:
@@ -135,7 +147,14 @@ async def grade(settings: Settings, request: GradeRequest, out: IO[str], err: Te
             document["judgeCalls"] = orjson.loads(row.calls() or b"[]")
         out.write(json.dumps(document) + "\n")
     out.flush()
-    print(json.dumps(run.summary(), indent=2), file=err)
+    summary = {**run.summary(), "judgeBudget": "outside (--outside-budget)" if request.outside_budget else
+               f"project {plan.group.project_id}"}
+    if run.budget_skipped:
+        summary["budgetSkippedRows"] = [int(i) for i in run.budget_skipped]
+    print(json.dumps(summary, indent=2), file=err)
+    if run.budget_skipped:
+        print(f"warning: {len(run.budget_skipped)} of {len(rows)} rows were not graded: the judge budget of project "
+              f"{plan.group.project_id!r} had no room for their calls", file=err)
     agreement = run.agreement
     for line in agreement.lines() if agreement is not None else []:
         print(line, file=err)
@@ -143,6 +162,12 @@ async def grade(settings: Settings, request: GradeRequest, out: IO[str], err: Te
         await _publish(settings, run, run_id)
         print(f"published {len(run.rows)} results to {settings.ratings_topic}", file=err)
     if request.fail_under is not None:
+        allowed = request.allow_unscored if isinstance(request.allow_unscored, int) else \
+            math.floor(request.allow_unscored * len(rows) + 1e-9)
+        if len(run.budget_skipped) > allowed:  # fail closed: a row never graded has no score
+            print(f"gate failed: {len(run.budget_skipped)} of {len(rows)} rows have no score (the judge budget had "
+                  f"no room) and {allowed} may (--allow-unscored)", file=err)
+            return 1
         try:
             value = run.gate(request.fail_under, scorer=request.gate_scorer,
                              allow_unscored=request.allow_unscored)
@@ -169,12 +194,37 @@ async def _grade(settings: Settings, catalog: Any, plan: GradingPlan, rows: list
             found = await cache.look_up(group, catalog, [  # by row index: a row's id is optional
                 (str(index), rating_id(group.id, f"dataset:{run_id}:{index}"), row.subject(group.project_id))
                 for index, row in enumerate(rows)])
-            run = await grade_rows(engine.panel, catalog, plan, rows, concurrency=request.concurrency,
-                                   progress=Progress(err), verdicts=[found.get(str(i)) for i in range(len(rows))])
+            if request.outside_budget:
+                run = await grade_rows(engine.panel, catalog, plan, rows, concurrency=request.concurrency,
+                                       progress=Progress(err), verdicts=[found.get(str(i)) for i in range(len(rows))])
+            else:
+                run = await _budgeted(engine, Claims(redis), catalog, plan, rows, request, err, run_id, found)
             await cache.keep(group.project_id, found.values())
             return run
     finally:
         await redis.aclose()
+
+
+async def _budgeted(engine: ScoringEngine, claims: Claims, catalog: Any, plan: GradingPlan, rows: list[DatasetRow],
+                    request: GradeRequest, err: TextIO, run_id: str, found: Mapping[str, PairVerdicts]
+                    ) -> DatasetRun:
+    """The rows graded within the project's judge budget: each row's calls reserved before it
+    is graded, all or none, as a dataset run of the API's; the others named skipped. Rows are
+    keyed by their place in the file (their own ids need not be unique)."""
+    by_place = [dataclasses.replace(row, id=str(i)) for i, row in enumerate(rows)]
+    spend = RunSpend(claims, run_id, plan, catalog, engine.panel.pricing)
+    try:
+        granted = await spend.reserve(by_place, found)
+        graded = await grade_rows(engine.panel, catalog, plan, granted, concurrency=request.concurrency,
+                                  progress=Progress(err), spends=spend.spends,
+                                  verdicts=[found.get(str(row.id)) for row in granted])
+        await spend.settle(graded, found)
+    finally:
+        await spend.close()
+    kept = {str(r.row.id) for r in graded.rows}
+    return dataclasses.replace(
+        graded, rows=[RowResult(int(str(r.row.id)), rows[int(str(r.row.id))], r.result) for r in graded.rows],
+        budget_skipped=[str(i) for i in range(len(rows)) if str(i) not in kept])
 
 
 async def _publish(settings: Settings, run: DatasetRun, run_id: str) -> None:

@@ -24,7 +24,7 @@ import pytest
 from deploy.judge_server import JudgeServer
 from scorer_groups import Client
 from scoring.stores import keys
-from tests.support.api_process import ApiProcess, api_with_judge, create_key
+from tests.support.api_process import ApiProcess, api_with_judge, cli, create_key
 from tests.support.redis_clients import connect_sync
 from tests.support.redis_databases import RedisDatabases
 
@@ -77,6 +77,35 @@ def test_a_run_against_a_spent_budget_calls_no_judge_and_names_every_row_skipped
     assert all(row["skipped"] == "budget" and row["judgeScorerResults"] == [] for row in run.rows)
     assert calls.calls == [] and calls.note is not None and "judge budget" in calls.note
     assert (used["judgeCalls"], used["judgeTokens"]) == (0, 0)
+
+
+def test_the_clis_grade_reserves_from_the_projects_budget_unless_the_operator_says_outside(
+        budgeted: tuple[ApiProcess, str, JudgeServer], tmp_path: Path) -> None:
+    """The bypass: a five-row ``scorer-worker grade`` over a judge group made 5 judge calls with
+    the project's budget at 0 (the API's dataset runs reserved; the CLI's did not)."""
+    process, key, judge = budgeted
+    with _operator(process) as operator, Client(process.url, key) as client:
+        assert operator.put("/v1/budgets/p-budget", json={"judgeCallsPerWindow": 0}).status_code == 200
+        group = _two_judge_group(client)
+    rows = tmp_path / "rows.jsonl"
+    rows.write_text("".join(f'{{"input": "question {i}", "output": "answer {i}"}}\n' for i in range(5)))
+    env = {"SGW_JUDGE_BASE_URL": judge.base_url}
+    graded = cli(process.redis_url, "grade", "--group", group, "--input", str(rows), env=env)
+    assert graded.returncode == 0, graded.stderr
+    assert judge.requests == [], "not one judge call"
+    assert graded.stdout == "", "no row was graded: no line"
+    assert '"budgetSkippedRows": [\n    0,\n    1,\n    2,\n    3,\n    4\n  ]' in graded.stderr
+    assert '"judgeBudget": "project p-budget"' in graded.stderr
+    assert "5 of 5 rows were not graded" in graded.stderr
+    gated = cli(process.redis_url, "grade", "--group", group, "--input", str(rows), "--fail-under", "5", env=env)
+    assert gated.returncode == 1 and "gate failed: 5 of 5 rows have no score" in gated.stderr, gated.stderr
+    assert judge.requests == []
+    outside = cli(process.redis_url, "grade", "--group", group, "--input", str(rows), "--outside-budget", env=env)
+    assert outside.returncode == 0, outside.stderr
+    assert len(judge.requests) == 10 and len(outside.stdout.splitlines()) == 5
+    assert '"judgeBudget": "outside (--outside-budget)"' in outside.stderr
+    with _operator(process) as operator:
+        assert _used(operator, "p-budget")["judgeCalls"] == 0, "outside the budget: not counted in it"
 
 
 def test_a_budget_of_n_calls_grades_whole_rows_only(budgeted: tuple[ApiProcess, str, JudgeServer]) -> None:

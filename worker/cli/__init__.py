@@ -2,7 +2,7 @@
 
     scorer-worker run                              consume traces and score them (the service)
     scorer-worker grade --group ID --input run.jsonl [--fail-under 7 [--scorer Safety] [--allow-unscored N]]
-                  [--with-calls] [--no-cache]
+                  [--with-calls] [--no-cache] [--outside-budget]
     scorer-worker datasets create FILE --project P [--name N] [--id ID]   JSONL or CSV rows, version 1
     scorer-worker datasets version ID FILE --project P                   the next version
     scorer-worker datasets list --project P
@@ -89,6 +89,9 @@ def build_parser() -> argparse.ArgumentParser:
     grade.add_argument("--no-cache", action="store_true",
                        help="ask every judge afresh: verdicts already paid for (the same judge, model and "
                             "messages) are neither read nor kept")
+    grade.add_argument("--outside-budget", action="store_true",
+                       help="an operator's run outside the project's judge budget: nothing is reserved (the "
+                            "summary says so); without it, a row the budget has no room for is not graded")
     grade.set_defaults(func=cmd_grade)
 
     templates = sub.add_parser("templates", help="the judge rubric templates; --examples: a template's "

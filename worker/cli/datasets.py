@@ -30,7 +30,8 @@ def cmd_grade(settings: Settings, args: argparse.Namespace) -> int:
         input_path=args.input, group_id=args.group, scorer_id=args.scorer_id,
         additional_scorer_ids=tuple(args.additional_scorer_id), output_path=args.output,
         fail_under=args.fail_under, gate_scorer=args.scorer, concurrency=args.concurrency,
-        publish=args.publish, allow_unscored=allow_unscored, with_calls=args.with_calls, cache=not args.no_cache)
+        publish=args.publish, allow_unscored=allow_unscored, with_calls=args.with_calls, cache=not args.no_cache,
+        outside_budget=args.outside_budget)
     out = write_to(args.output)
     try:
         return asyncio.run(grade(settings, request, out, sys.stderr))
