@@ -30,6 +30,7 @@ import contextlib
 import enum
 import functools
 import time
+import uuid
 from typing import Literal, Protocol
 
 import structlog
@@ -461,15 +462,20 @@ class PairProtocol:
         Last, apart, the judge verdicts paid for (the verdict cache): a failed write of those
         costs a later call, and must never replay the done marks and their settlements."""
         review = [taken for i in items for taken in i.review]
+        # One id for the batch, whatever the outage guard replays: a replay after a connection
+        # lost mid-pipeline adds no count, token or nano twice (each adding script checks it).
+        batch = uuid.uuid4().hex
 
         async def write() -> None:
-            await self._ratings.write([i.entry for i in items], [i.verdict for i in items if i.verdict is not None])
+            await self._ratings.write([i.entry for i in items], [i.verdict for i in items if i.verdict is not None],
+                                      batch=batch)
             if review:  # before the done marks, as the history: a pair done has its items
                 for taken in await self._reviews.take(review, time.time()):
                     self._events.review_items(taken.project_id, taken.taken, taken.turned_away)
             await self.claims.mark_done([(i.claim, i.rating_id) for i in items],
                                         settled=[s for i in items for s in i.settled],
-                                        saved=[(i.claim, i.saved.hits, i.saved.tokens) for i in items if i.saved.hits])
+                                        saved=[(i.claim, i.saved.hits, i.saved.tokens) for i in items if i.saved.hits],
+                                        batch=batch)
 
         await self._outages.call(write)
         paid = [p for i in items for p in i.paid]

@@ -285,24 +285,37 @@ return 1
 """
 
 
-# KEYS: a project's claim hashes, then its token and money windows. ARGV: the done marks' TTL,
-# the number of hashes, then per hash the number of its fields and their field, value pairs; then
-# per window the amount to settle and its TTL. A batch's done marks and settlements of one
-# project (one hash tag) in one command, not an HSET and an EXPIRE per hash and window.
+# KEYS: a project's claim hashes, then its token and money windows, then its saved-by-cache
+# windows, then - when its TTL is not 0 - the batch's once key. ARGV: the once TTL, the done
+# marks' TTL, the number of hashes, then per hash the number of its fields and their field,
+# value pairs; the number of windows, then per window the amount to settle and its TTL; then per
+# saved window its calls, tokens and TTL. A batch's done marks, settlements and savings of one
+# project (one hash tag) in one command - and once: a batch recorded already adds nothing (-1).
 MARK_DONE = """
-local at, hashes = 3, tonumber(ARGV[2])
+local once_ttl = tonumber(ARGV[1])
+if once_ttl > 0 and not redis.call('SET', KEYS[#KEYS], '1', 'NX', 'EX', once_ttl) then return -1 end
+local at, hashes = 4, tonumber(ARGV[3])
 for h = 1, hashes do
   local n = tonumber(ARGV[at])
   for first = at + 1, at + 2 * n, 4000 do  -- unpack's limit (Lua's C stack, 8000): 2000 fields a call
     redis.call('HSET', KEYS[h], unpack(ARGV, first, math.min(first + 3999, at + 2 * n)))
   end
-  redis.call('EXPIRE', KEYS[h], ARGV[1])
+  redis.call('EXPIRE', KEYS[h], ARGV[2])
   at = at + 1 + 2 * n
 end
-for w = hashes + 1, #KEYS do
+local windows = tonumber(ARGV[at])
+at = at + 1
+for w = hashes + 1, hashes + windows do
   redis.call('INCRBY', KEYS[w], ARGV[at])
   redis.call('EXPIRE', KEYS[w], ARGV[at + 1])
   at = at + 2
+end
+local last = #KEYS - (once_ttl > 0 and 1 or 0)
+for k = hashes + windows + 1, last do
+  redis.call('HINCRBY', KEYS[k], 'calls', ARGV[at])
+  redis.call('HINCRBY', KEYS[k], 'tokens', ARGV[at + 1])
+  redis.call('EXPIRE', KEYS[k], ARGV[at + 2])
+  at = at + 3
 end
 return hashes
 """

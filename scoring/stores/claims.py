@@ -208,14 +208,15 @@ class Claims:
                         tokens: Sequence[tuple[ClaimRequest, int]] = (), now: float | None = None,
                         saved: Sequence[tuple[ClaimRequest, int, int]] = (),
                         costs: Sequence[tuple[ClaimRequest, int]] = (),
-                        settled: Sequence[Settlement] = ()) -> None:
+                        settled: Sequence[Settlement] = (), batch: str | None = None) -> None:
         """Mark pairs done with their rating ids, once their outputs are acknowledged, and settle
         what they reserved (``PairSpend.settlements``: each in the window it was reserved in -
         ``tokens`` and ``costs``, in the window of ``now``, are the same for one window): the
         judge tokens to the usage reported, the money (nanos) to what the calls cost, in the
         project's window and the group's day. ``saved`` counts the (calls, tokens) the verdict
         cache saved them in their windows. One script call per project, pipelined: a round trip
-        for the batch."""
+        for the batch. ``batch``: its id, so that marking it again (a replay after a connection
+        lost mid-pipeline) settles and counts nothing twice."""
         now = time.time() if now is None else now
         settled = [*settled, *(Settlement(r, now, tokens=d) for r, d in tokens),
                    *(Settlement(r, now, cost=d) for r, d in costs)]
@@ -235,20 +236,26 @@ class Claims:
                 settle[(keys.judge_cost(request.project_id, window_start), window_s * 2)] += s.cost
             if s.cost and request.group_cost_limit is not None:
                 settle[(_group_cost_key(request, s.at), keys.GROUP_COST_TTL_S)] += s.cost
+        spared: dict[str, dict[tuple[str, int], tuple[int, int]]] = defaultdict(dict)
+        for (project, key, window_s), counted in _saved_by_window(saved, now).items():
+            by_project.setdefault(project, ({}, defaultdict(int)))
+            spared[project][(key, window_s)] = counted
         async with ScriptPipeline(self._redis) as pipe:
-            for hashes, settle in by_project.values():
-                args: list[str | int] = [self._done_ttl_s, len(hashes)]
+            for project, (hashes, settle) in by_project.items():
+                args: list[str | int] = [keys.ONCE_TTL_S if batch is not None else 0, self._done_ttl_s, len(hashes)]
                 for fields in hashes.values():
                     args.append(len(fields))
                     for field, value in fields.items():
                         args += [field, value]
+                args.append(len(settle))
                 for (_, ttl_s), delta in settle.items():
                     args += [delta, ttl_s]
-                pipe.script(self._mark_done, [*hashes, *(key for key, _ in settle)], args)
-            for (key, window_s), (calls, spared) in _saved_by_window(saved, now).items():
-                pipe.redis.hincrby(key, "calls", calls)
-                pipe.redis.hincrby(key, "tokens", spared)
-                pipe.redis.expire(key, window_s * 2)
+                for (_, window_s), (calls, saved_tokens) in spared[project].items():
+                    args += [calls, saved_tokens, window_s * 2]
+                names = [*hashes, *(key for key, _ in settle), *(key for key, _ in spared[project])]
+                if batch is not None:
+                    names.append(keys.once(project, batch))
+                pipe.script(self._mark_done, names, args)
             await pipe.execute()
 
     async def confirm(self, requests: list[ClaimRequest]) -> list[bool]:
@@ -421,12 +428,12 @@ def _group_cost_key(request: ClaimRequest, now: float) -> str:
 
 
 def _saved_by_window(saved: Sequence[tuple[ClaimRequest, int, int]],
-                     now: float) -> dict[tuple[str, int], tuple[int, int]]:
-    """(calls, tokens) saved, summed by the project's window key (and its length)."""
-    by: dict[tuple[str, int], tuple[int, int]] = {}
+                     now: float) -> dict[tuple[str, str, int], tuple[int, int]]:
+    """(calls, tokens) saved, summed by project and its window key (and its length)."""
+    by: dict[tuple[str, str, int], tuple[int, int]] = {}
     for request, calls, tokens in saved:
         window_s = request.budget_window_s
-        key = (keys.judge_saved(request.project_id, int(now) // window_s * window_s), window_s)
+        key = (request.project_id, keys.judge_saved(request.project_id, int(now) // window_s * window_s), window_s)
         had = by.get(key, (0, 0))
         by[key] = (had[0] + calls, had[1] + tokens)
     return by

@@ -31,6 +31,19 @@ def shard_of(key: str) -> int:
     return zlib.crc32(key.encode()) % SHARDS
 
 
+# --- Exactly once: a batch's writes that add (counters, money) are counted once ----------------
+# A script that adds records its batch's id in the same step (SET NX of a key under the tag of
+# what it adds to), and adds nothing when the id is there: the outage guard's replay of a batch
+# whose pipeline had partly run (a connection lost after some scripts ran) adds the rest only.
+# Kept long enough to outlast any replay: the outage guard gives up (and the process exits, its
+# traces redelivered as new batches) after SGW_OUTAGE_TOLERANCE_S, 120 s by default.
+ONCE_TTL_S = 900
+
+
+def once(tag: str, batch: str) -> str:
+    return f"{PREFIX}:once:{{{tag}}}:{batch}"
+
+
 # --- Catalog: a handful of small documents, changed by people, read by every worker --------
 CATALOG_TAG = "{catalog}"
 # Bumped by every catalog write; workers compare it to know whether their snapshot is stale,

@@ -40,7 +40,17 @@ from scoring.stores.scripts import ScriptPipeline
 # a multiple of RESULTS_INDEX_TRIM_EVERY: whatever trimmed the list (this script, an older
 # version's, an eviction), nothing of it outlives the list by more than that many seqs. A result recorded
 # again under the same id (a redelivery) moves its seq up, so trimming the older copy keeps it.
+# Last of all (``_trailer``): the spend's (field, delta) pairs added to every bucket ("spent",
+# "calls", "tokens", "cost", "cost:<ref id>", "unpriced"), their number, and the batch's once
+# TTL - with, when it is not 0, the batch's once key as the last KEY: a batch counted already (a
+# replay after a connection lost mid-pipeline) counts nothing again.
 _RECORD = """
+local once_ttl, spends = tonumber(ARGV[#ARGV]), tonumber(ARGV[#ARGV - 1])
+local nkeys, nargv = #KEYS, #ARGV - 2 - 2 * spends
+if once_ttl > 0 then
+  nkeys = nkeys - 1
+  if not redis.call('SET', KEYS[#KEYS], '1', 'NX', 'EX', once_ttl) then return -1 end
+end
 local fields = {'count', 'scored', 'sum', 'min', 'max', 'below', 'noscore', 'skipped', 'matched'}
 local count, scored, sum = tonumber(ARGV[1]), tonumber(ARGV[2]), tonumber(ARGV[3])
 local low, high = tonumber(ARGV[4]), tonumber(ARGV[5])
@@ -62,11 +72,12 @@ for i = 1, buckets do
     end
   end
   redis.call('HSET', key, unpack(new))
+  for s = nargv + 1, nargv + 2 * spends, 2 do redis.call('HINCRBY', key, ARGV[s], ARGV[s + 1]) end
   -- Every write sets 'count': a bucket without it is new. Its expiry is set once, when it is
   -- created (never before its start): it outlives every window that can show it.
   if not v[1] then redis.call('EXPIRE', key, ARGV[10 + i]) end
 end
-if #KEYS > buckets then
+if nkeys > buckets then
   local list, seqs, calls, at = KEYS[buckets + 1], KEYS[buckets + 2], KEYS[buckets + 3], 11 + buckets
   local kept = tonumber(ARGV[at])
   local head = redis.call('LINDEX', list, 0)
@@ -74,7 +85,7 @@ if #KEYS > buckets then
   if not head then redis.call('DEL', seqs, calls) end  -- a list begun again (expired, deleted): so is its index
   local every, before = tonumber(ARGV[at + 2]), seq
   local items, ranked, called = {}, {}, {}
-  for i = at + 3, #ARGV, 4 do
+  for i = at + 3, nargv, 4 do
     seq = seq + 1
     table.insert(items, seq .. ':' .. ARGV[i + 1] .. ':' .. ARGV[i])
     if ARGV[i + 2] ~= '' then
@@ -307,25 +318,34 @@ def _bucket_keys(group_id: str, at: float,
     return names, ttls
 
 
-def _add_spend(pipe: ScriptPipeline, buckets: list[str], agg: _Aggregate) -> None:
-    """The judge calls' cost into the buckets the script just counted in (and gave their
-    expiry): "cost" and "cost:<ref id>" in nanos, "unpriced" calls, the "calls" made and their
-    "tokens", and the results counted with them ("spent"). Nothing without calls: a batch of
-    results that made none adds nothing to the averages (they err high, never low)."""
-    if not agg.judge_calls:
-        return
+def _spend(agg: _Aggregate | None) -> list[int | str]:
+    """The judge calls' cost the script adds to its buckets: "cost" and "cost:<ref id>" in nanos,
+    "unpriced" calls, the "calls" made and their "tokens", and the results counted with them
+    ("spent"), as (field, delta) pairs. Nothing without calls: a batch of results that made none
+    adds nothing to the averages (they err high, never low)."""
+    if agg is None or not agg.judge_calls:
+        return []
     total = sum(agg.costs.values())
-    for name in buckets:
-        pipe.redis.hincrby(name, "spent", agg.count)
-        pipe.redis.hincrby(name, "calls", agg.judge_calls)
-        if agg.tokens:
-            pipe.redis.hincrby(name, "tokens", agg.tokens)
-        if total:
-            pipe.redis.hincrby(name, "cost", total)
-        for ref, n in agg.costs.items():
-            pipe.redis.hincrby(name, f"cost:{ref}", n)
-        if agg.unpriced:
-            pipe.redis.hincrby(name, "unpriced", agg.unpriced)
+    pairs: list[int | str] = ["spent", agg.count, "calls", agg.judge_calls]
+    if agg.tokens:
+        pairs += ["tokens", agg.tokens]
+    if total:
+        pairs += ["cost", total]
+    for ref, n in agg.costs.items():
+        pairs += [f"cost:{ref}", n]
+    if agg.unpriced:
+        pairs += ["unpriced", agg.unpriced]
+    return pairs
+
+
+def _trailer(names: list[str], group_id: str, batch: str | None, agg: _Aggregate | None = None,
+             part: str = "") -> list[int | str]:
+    """``_RECORD``'s last arguments - the spend, and the batch's once TTL - with the batch's once
+    key added to ``names`` (each call of a batch its own: ``part``)."""
+    spend = _spend(agg)
+    if batch is not None:
+        names.append(keys.once(group_id, f"{batch}:{part}"))
+    return [*spend, len(spend) // 2, keys.ONCE_TTL_S if batch is not None else 0]
 
 
 def _mark_active(pipe: ScriptPipeline, last: Mapping[str, float]) -> None:
@@ -344,9 +364,12 @@ class RatingsStore:
         self._latest = redis.register_script(_LATEST)
         self._one = redis.register_script(_ONE)
 
-    async def write(self, entries: list[HistoryEntry], sessions: list[SessionVerdict] = ()) -> None:  # type: ignore[assignment]
+    async def write(self, entries: list[HistoryEntry], sessions: list[SessionVerdict] = (),  # type: ignore[assignment]
+                    batch: str | None = None) -> None:
         """Count ``entries`` into their buckets, keep their documents among their groups' latest
-        results, and keep the latest session verdicts: one pipelined round trip for the batch."""
+        results, and keep the latest session verdicts: one pipelined round trip for the batch.
+        ``batch``: the batch's id, so that writing it again (a replay after a connection lost
+        mid-pipeline) counts nothing twice - each script checks and records it as it counts."""
         if not entries and not sessions:
             return
         results: dict[str, list[bytes | int | str]] = {}
@@ -363,11 +386,13 @@ class RatingsStore:
                     names += [keys.group_results(group_id), keys.group_results_seqs(group_id),
                               keys.group_judge_calls(group_id)]
                     args += [keys.RESULTS_KEPT, keys.RESULTS_TTL_S, keys.RESULTS_INDEX_TRIM_EVERY, *documents]
+                args += _trailer(names, group_id, batch, agg, f"{at}")
                 pipe.script(self._record, names, args)
-                _add_spend(pipe, names[:len(ttls)], agg)
             for (group_id, at), agg in _aggregate([e for e in entries if e.past]).items():
                 names, ttls = _bucket_keys(group_id, at, keys.rating_bucket_past)
-                pipe.script(self._record, names, [*agg.args(), len(names), *ttls])
+                args = [*agg.args(), len(names), *ttls]
+                args += _trailer(names, group_id, batch, part=f"past:{at}")
+                pipe.script(self._record, names, args)
             for verdict in sessions:
                 key = keys.session_scores(verdict.session_id)
                 pipe.redis.hset(key, verdict.group_id, orjson.dumps(asdict(verdict)))
@@ -390,7 +415,7 @@ class RatingsStore:
             for group_id in sorted(skipped.keys() | matched.keys()):
                 names, ttls = _bucket_keys(group_id, at)
                 counts = _Aggregate(skipped=skipped.get(group_id, 0), matched=matched.get(group_id, 0))
-                pipe.script(self._record, names, [*counts.args(), len(names), *ttls])
+                pipe.script(self._record, names, [*counts.args(), len(names), *ttls, *_trailer(names, group_id, None)])
             if skipped or matched:
                 _mark_active(pipe, dict.fromkeys(skipped.keys() | matched.keys(), at))
             for (project, hour), count in sorted(traffic.items()):
