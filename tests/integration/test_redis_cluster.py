@@ -41,6 +41,7 @@ from scoring.stores.digests import DigestStore
 from scoring.stores.incidents import IncidentStore
 from scoring.stores.keys import SHARDS
 from scoring.stores.otlp_buffer import OtlpBuffer
+from scoring.stores.quotas import ProjectStorage, Quotas
 from scoring.stores.ratings import RatingsStore, SessionVerdict
 from scoring.stores.review_items import ReviewItems
 from scoring.stores.sessions import SessionStore
@@ -195,8 +196,13 @@ async def use_every_store(redis: RedisCluster) -> list[AsyncScript]:
     assert len(await leases.hold("w-1", 30)) == SHARDS
     await leases.leave("w-1")
 
+    storage = ProjectStorage(redis, Quotas(datasets=5, runs=5, stored_bytes=10_000))
+    async with storage.reserved("p1", "dataset", 100):
+        pass
+    await storage.check("p1", "run")
+
     stores = (claims, ratings, sessions, buffer, schedule, alerts, jobs, parts, incidents, digests, reviews, catalog,
-              leases, verdicts)
+              leases, verdicts, storage)
     return [v for store in stores for v in vars(store).values() if isinstance(v, AsyncScript)]
 
 
