@@ -110,6 +110,19 @@ def test_a_candidate_that_agrees_better_on_held_out_labels_is_promoted(api: tupl
         assert [a["id"] for a in http.get(f"/v1/judges/{judge}/alignments").json()] == [done["id"]]
 
 
+def test_an_example_written_by_hand_holds_out_the_case_with_its_output(api: tuple[ApiProcess, str]) -> None:
+    """No ``source``: an example whose output is a labelled case's still holds that case out of
+    the candidate's grading, and is counted."""
+    process, key = api
+    judge, dataset = setup(process, key)
+    by_hand = {"id": "ex-hand", "input": "a question I wrote", "output": rows()[5]["output"], "rating": 4}
+    done = run(process, key, judge, {"dataset": dataset, "candidate": {"examples": [*taught(KINDS), by_hand]}})
+    assert done["counts"]["heldOutAsExamples"] == 1
+    assert done["counts"]["tune"] + done["counts"]["evaluated"] == ROWS - 1
+    assert f"{dataset}:1:5" not in done["tuneCaseIds"]
+    assert all(c["caseId"] != f"{dataset}:1:5" for c in done["changed"]), "never graded by the candidate"
+
+
 def test_a_candidate_that_agrees_worse_is_refused_unless_forced(api: tuple[ApiProcess, str]) -> None:
     process, key = api
     judge, dataset = setup(process, key)

@@ -110,6 +110,44 @@ async def test_the_live_agreement_is_the_reference_libraries_figures(api: tuple[
         assert ann.get(f"/v1/scorer-groups/{group}/agreement").status_code == 403, "admins' figures"
 
 
+async def test_peoples_verdict_is_the_median_of_three_unequal_labels(api: tuple[ApiProcess, str, str, str]) -> None:
+    """Three reviewers rate one answer 2, 3 and 10: people say 3 (the median), not 5 (the mean).
+    The group said 2 there and 8 where all three said 8: its mean absolute error is 0.5."""
+    process, admin_key, ann_key, bob_key = api
+    cy_key = create_key(process.redis_url, "--project", PROJECT, "--role", "reviewer", "--name", "cy")
+    with process.client(admin_key) as admin:
+        judge = admin.post("/v1/judges", json={"name": "Helpful", "criteria": "Helpful?"}).json()["id"]
+        group = admin.post("/v1/scorer-groups", json={
+            "name": "Three", "members": [{"kind": "judge", "refId": judge, "label": "Helpful"}],
+            "online": {"enabled": True, "sampleRate": 1.0, "alertThreshold": 6, "severity": "high"}}).json()["id"]
+        queue = ReviewQueue.model_validate(admin.post("/v1/review-queues", json={
+            "name": "Three", "groupIds": [group], "rule": {"sampleRate": 1.0}, "reviewersPerItem": 3}).json())
+    redis = aioredis.Redis.from_url(process.redis_url)
+    try:
+        for n, score in ((0, 2.0), (1, 8.0)):
+            await ReviewItems(redis).take([(item(queue, n, judge, group_score=score), queue)], time.time() + n * 0.001)
+    finally:
+        await redis.aclose()
+    labels = {ann_key: {0: 2, 1: 8}, bob_key: {0: 3, 1: 8}, cy_key: {0: 10, 1: 8}}
+    for key, given in labels.items():
+        with process.client(key) as reviewer:
+            for _ in range(2):
+                view = reviewer.post(f"/v1/review-queues/{queue.id}/next").json()
+                n = int(view["item"]["subject"]["traceId"].split("-")[1])
+                done = reviewer.put(f"/v1/review-items/{view['item']['id']}/labels/me", json={"rating": given[n]})
+                assert done.status_code == 200, done.text
+    with process.client(admin_key) as admin:
+        live = admin.get(f"/v1/scorer-groups/{group}/agreement").json()
+        exported = admin.post(f"/v1/review-queues/{queue.id}/export", json={})
+        assert exported.status_code == 201, exported.text
+        rows = admin.get(f"/v1/datasets/{exported.json()['id']}/rows").json()["items"]
+        example = admin.post(f"/v1/judges/{judge}/examples", json={"fromItem": review_item_id(queue.id, "r-0")})
+    assert live["labelledItems"] == 2
+    assert live["agreement"]["group"]["meanAbsoluteError"] == pytest.approx(0.5), live["agreement"]["group"]
+    assert sorted(r["humanRating"] for r in rows) == [3, 8], "the export's people's verdict: the median too"
+    assert example.status_code == 201 and example.json()["rating"] == 3, example.text
+
+
 async def test_an_export_graded_again_gives_the_live_figures(redis_databases: RedisDatabases, tmp_path: Path) -> None:
     """Export the labelled items to a dataset, grade its rows with the group (the same judge
     answering the same verdicts): the run's agreement is the live agreement."""
