@@ -48,6 +48,7 @@ def test_the_panel_keys_a_judge_by_its_criteria_and_examples_and_leaves_out_a_ju
     example = JudgeExample(id="e1", input="q", output="a", rating=3)
     assert key_with(judge.model_copy(update={"examples": [example]})) != key.key
     assert key_with(judge.model_copy(update={"name": "Renamed"})) == key.key, "a name is not part of the call"
+    assert key_with(judge.model_copy(update={"model": "gpt-4o"})) != key.key, "the judge's own model is"
     assert panel.verdict_keys(g, snapshot, subject("another answer"))[0].key != key.key
     off = snapshot.with_docs([judge.model_copy(update={"cache": False})])
     assert panel.verdict_keys(g, off, subject("an answer")) == [], '"cache": false is never looked up'
@@ -167,6 +168,35 @@ async def test_two_identical_calls_at_once_are_one_and_a_failed_one_is_never_sha
         assert judge_server.calls_by_key["broke"] == 1
     finally:
         judge_server.set_default(Behaviour.deterministic())
+
+
+async def test_a_judge_on_another_model_is_asked_itself_never_served_the_other_models_verdict(
+        panel: Panel, judge_server: JudgeServer) -> None:
+    """The same judge and messages on two models at once (a judge's model changed between two
+    pairs): two calls, one to each model - no verdict of one model stands in for the other's."""
+    g, snapshot = group(("judge", "quality", 1, False)), catalog("http://127.0.0.1:9")
+    on_4o = snapshot.with_docs([snapshot.judges["quality"].model_copy(update={"model": "gpt-4o"})])
+    text = "same [[rating=4]] [[key=models]]"
+
+    def verdicts_in(catalog_now: object, rating_id: str) -> PairVerdicts:
+        verdicts = PairVerdicts()
+        verdicts.rating_id = rating_id
+        found = panel.verdict_keys(g, catalog_now, subject(text))  # type: ignore[arg-type]
+        verdicts.keys = {k.judge_id: k for k in found}
+        verdicts.reserved = {k.key for k in found}
+        return verdicts
+
+    judge_server.set_default(Behaviour.deterministic(delay=0.2))
+    try:
+        first, second = await asyncio.gather(
+            panel.score(g, subject(text), snapshot, verdicts=verdicts_in(snapshot, "r-mini")),
+            panel.score(g, subject(text), on_4o, verdicts=verdicts_in(on_4o, "r-4o")))
+    finally:
+        judge_server.set_default(Behaviour.deterministic())
+    assert judge_server.calls_by_key["models"] == 2, "each model asked"
+    models = [r["model"] for r in judge_server.requests]
+    assert len(models) == 2 and len(set(models)) == 2 and "gpt-4o" in models, models
+    assert second.blend.members[0].outcome.cached_from is None and first.blend.members[0].outcome.cached_from is None
 
 
 async def test_a_verdict_off_its_scale_is_not_kept(panel: Panel, judge_server: JudgeServer) -> None:
