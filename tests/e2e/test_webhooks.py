@@ -222,6 +222,41 @@ async def test_each_answer_is_handled_as_the_protocol_says_and_dead_letters_repl
     assert delivered == 3, "a-500, a-429 and the replayed a-400"
 
 
+# --- A receiver's huge answer ---------------------------------------------------------------------------
+
+async def test_a_receiver_answering_8_mib_is_read_up_to_the_cut_and_its_status_decides(
+        kafka_bootstrap: str, redis_db_url: str, unique: str, tmp_path: Path) -> None:
+    """Through the live sender, not ``post_capped`` alone: 8 MiB with 200 is one delivery, counted
+    delivered; 8 MiB with 503 is retried on schedule and dead-lettered with each attempt's status.
+    Read whole, the size error escaped the attempt: nothing recorded, the delivery resent after
+    every lease."""
+    huge = b"x" * (8 * 1024 * 1024)
+    with ScriptedServer(default=Reply(body=huge)) as fine, \
+            ScriptedServer(default=Reply(status=503, body=huge)) as busy:
+        catalog = {"channels": [channel("a-huge-200", fine, secret=SECRET), channel("a-huge-503", busy, secret=SECRET)]}
+        async with catalog_db(redis_db_url, catalog) as url:
+            env = worker_env(kafka_bootstrap, url, unique, egress_allow="127.0.0.0/8", webhook_retry_schedule="1s,1s")
+            deliveries = [build_deliveries(signal(agent, 1), [server.url + "/hook"])[0]
+                          for agent, server in (("a-huge-200", fine), ("a-huge-503", busy))]
+            worker = WorkerProcess(env).start(tmp_path)
+            try:
+                worker.wait_ready()
+                await publish(env, kafka_bootstrap, deliveries)
+                failed = await read_topic(kafka_bootstrap, env["SGW_WEBHOOKS_DLQ_TOPIC"], until=lambda v: len(v) >= 1,
+                                          timeout_s=60, settle_s=1)
+                await wait_for(lambda: worker.metric("sgw_webhook_deliveries_total", outcome="delivered") >= 1,
+                               what="the 200 counted delivered")
+                await asyncio.sleep(2)  # a resend would come by now: the schedule is 1 s
+            finally:
+                assert worker.stop() == 0, worker.logs()
+        assert len(fine.requests) == 1, "delivered once, never sent again"
+        assert len(busy.requests) == 3
+    (dead,) = failed
+    assert dead["delivery"]["agentId"] == "a-huge-503" and dead["reason"] == "delivery_failed"
+    assert [(a["outcome"], a["status"]) for a in dead["attempts"]] == [("failed", 503)] * 3
+    assert len(json.dumps(dead)) < 100_000, "what the receiver said is cut in the record"
+
+
 # --- A worker killed mid-schedule -----------------------------------------------------------------------
 
 async def committed_offsets(kafka_bootstrap: str, group: str) -> int:
