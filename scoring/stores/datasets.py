@@ -130,7 +130,10 @@ class DatasetStore:
         self.redis = redis
 
     async def create(self, project_id: str, name: str, rows: list[DatasetItem], *,
-                     description: str | None = None, dataset_id: str | None = None) -> Dataset:
+                     description: str | None = None, dataset_id: str | None = None,
+                     reservation: str | None = None) -> Dataset:
+        """``reservation``: its place in the project's quotas (``scoring.stores.quotas``), given
+        back in the write's own transaction - the dataset then counts for itself, never twice."""
         now = time.time()
         try:
             dataset = Dataset(id=dataset_id or f"ds_{uuid.uuid4().hex[:12]}", project_id=project_id, name=name,
@@ -148,14 +151,18 @@ class DatasetStore:
                 pipe.set(keys.dataset_rows(project_id, dataset.id, 1), document)
                 pipe.incrby(keys.dataset_bytes(project_id), len(document))
                 pipe.hset(keys.datasets(project_id), dataset.id, orjson.dumps(dataset.stored()))
+                if reservation is not None:
+                    pipe.hdel(keys.project_storage(project_id), reservation)
                 try:
                     await pipe.execute()
                 except WatchError:
                     continue
                 return dataset
 
-    async def add_version(self, project_id: str, dataset_id: str, rows: builtins.list[DatasetItem]) -> Dataset:
-        """The rows as the dataset's next version; earlier versions stay as they were."""
+    async def add_version(self, project_id: str, dataset_id: str, rows: builtins.list[DatasetItem], *,
+                          reservation: str | None = None) -> Dataset:
+        """The rows as the dataset's next version; earlier versions stay as they were.
+        ``reservation``: as ``create``'s."""
         document = _rows_json(rows)
         while True:  # optimistic: two uploads at once become two versions, never one
             async with self.redis.pipeline(transaction=True) as pipe:
@@ -167,6 +174,8 @@ class DatasetStore:
                 pipe.set(keys.dataset_rows(project_id, dataset_id, updated.version), document)
                 pipe.incrby(keys.dataset_bytes(project_id), len(document))
                 pipe.hset(keys.datasets(project_id), dataset_id, orjson.dumps(updated.stored()))
+                if reservation is not None:
+                    pipe.hdel(keys.project_storage(project_id), reservation)
                 try:
                     await pipe.execute()
                 except WatchError:

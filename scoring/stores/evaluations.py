@@ -157,8 +157,10 @@ class EvaluationStore:
     def __init__(self, redis: RedisClient) -> None:
         self.redis = redis
 
-    async def save(self, run: EvaluationRun, calls: Mapping[int, bytes] | None = None) -> None:
-        """The run, and when it was just graded its rows' judge calls (``kept_calls``)."""
+    async def save(self, run: EvaluationRun, calls: Mapping[int, bytes] | None = None, *,
+                   reservation: str | None = None) -> None:
+        """The run, and when it was just graded its rows' judge calls (``kept_calls``).
+        ``reservation``: its place in the project's quotas, given back in the same transaction."""
         document, kinds = orjson.dumps(run.stored()), row_kinds(run)
         summary = orjson.dumps(listed(run).stored())
         size = len(document) + len(summary) + len(kinds) + sum(len(c) for c in (calls or {}).values())
@@ -171,6 +173,8 @@ class EvaluationStore:
                 pipe.expire(keys.evaluation_calls(project, run.id), ttl)
             pipe.hset(keys.evaluation_summaries(project), run.id, summary)
             pipe.hset(keys.evaluation_sizes(project), run.id, _size(time.time() + ttl, size))
+            if reservation is not None:
+                pipe.hdel(keys.project_storage(project), reservation)
             pipe.zadd(keys.evaluations(project), {run.id: run.created_at})
             for index in (keys.evaluations(project), keys.evaluation_summaries(project),
                           keys.evaluation_sizes(project)):

@@ -4,8 +4,8 @@ Checked and taken in one step: ``reserve`` is one script on the project's keys t
 the project keeps (datasets and their bytes, runs and their sizes, the entries of its storage
 ledger) and, when the addition fits, records it in the ledger - so two creates at the same moment
 can never both take the last place. A reservation for a document that is then written (a
-dataset, a version, a run) is released once the write is done, when the document counts for
-itself; an alignment run lives in the ledger for as long as the run is kept (its document is
+dataset, a version, a run) is released in the write's own transaction, when the document counts
+for itself; an alignment run lives in the ledger for as long as the run is kept (its document is
 under the judge's key, elsewhere on a cluster). A run grows when it is finalized: its bytes
 count from then on, so the next create is refused, never a finalize whose judges were paid for.
 """
@@ -115,12 +115,13 @@ class ProjectStorage:
         await self._redis.hdel(keys.project_storage(project_id), token)
 
     @asynccontextmanager
-    async def reserved(self, project_id: str, kind: Kind, adding_bytes: int) -> AsyncIterator[None]:
-        """Room for a write made in the block; given back after it (the written document then
-        counts for itself) or when it fails."""
+    async def reserved(self, project_id: str, kind: Kind, adding_bytes: int) -> AsyncIterator[str]:
+        """Room for a write made in the block, named by the token it yields: the write gives it
+        back in its own transaction (the document then counts for itself, never twice); this
+        gives it back too, after the block - a no-op then, the room back when the write failed."""
         token = await self.reserve(project_id, kind, adding_bytes)
         try:
-            yield
+            yield token
         finally:
             await self.release(project_id, token)
 

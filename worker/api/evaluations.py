@@ -126,9 +126,9 @@ async def create_dataset(who: Who, request: Request, response: Response) -> Data
     storage = storage_of(request)
     await storage.check(project, "dataset")  # before reading the upload
     body, rows = await read_body(request, DatasetCreate, _with_rows)
-    async with storage.reserved(project, "dataset", len(body.content.encode())):
-        dataset = await DatasetStore(redis_of(request)).create(project, body.name, rows,
-                                                               description=body.description, dataset_id=body.id)
+    async with storage.reserved(project, "dataset", len(body.content.encode())) as reservation:
+        dataset = await DatasetStore(redis_of(request)).create(project, body.name, rows, description=body.description,
+                                                               dataset_id=body.id, reservation=reservation)
     response.headers["Location"] = str(request.url_for("get_dataset", id=dataset.id).path)
     return dataset
 
@@ -154,8 +154,8 @@ async def add_dataset_version(dataset_id: ItemId, who: Who, request: Request) ->
     storage = storage_of(request)
     await storage.check(project, "version")
     upload, rows = await read_body(request, DatasetUpload, _with_rows)
-    async with storage.reserved(project, "version", len(upload.content.encode())):
-        return await store.add_version(project, dataset_id, rows)
+    async with storage.reserved(project, "version", len(upload.content.encode())) as reservation:
+        return await store.add_version(project, dataset_id, rows, reservation=reservation)
 
 
 @router.get("/datasets/{id}/rows", response_model=DatasetRows)
@@ -179,8 +179,8 @@ async def create_evaluation(body: EvaluationCreate, who: Who, request: Request, 
     plan = plan_grading(catalog, scorer_group_id=body.scorer_group_id, scorer_id=body.scorer_id,
                         additional_scorer_ids=body.additional_scorer_ids or (), project_id=project)
     run = new_run(project, body, version, len(items), plan)
-    async with storage.reserved(project, "run", 0):
-        await EvaluationStore(redis).save(run)
+    async with storage.reserved(project, "run", 0) as reservation:
+        await EvaluationStore(redis).save(run, reservation=reservation)
     response.headers["Location"] = str(request.url_for("get_evaluation", id=run.id).path)
     return run
 

@@ -219,10 +219,10 @@ async def export_queue(queue_id: QueueId, body: ExportBody, surface: Queues, who
     adding = sum(len(row.model_dump_json(by_alias=True)) for row in rows)
     storage = storage_of(request)
     if body.dataset is not None:
-        async with storage.reserved(queue.project_id, "version", adding):
-            return await store.add_version(queue.project_id, body.dataset, rows)
-    async with storage.reserved(queue.project_id, "dataset", adding):
+        async with storage.reserved(queue.project_id, "version", adding) as reservation:
+            return await store.add_version(queue.project_id, body.dataset, rows, reservation=reservation)
+    async with storage.reserved(queue.project_id, "dataset", adding) as reservation:
         dataset = await store.create(queue.project_id, body.name or queue.name, rows,
-                                     description=f"Labelled items of review queue {queue.id}")
+                                     description=f"Labelled items of review queue {queue.id}", reservation=reservation)
     response.headers["Location"] = str(request.url_for("get_dataset", id=dataset.id).path)
     return dataset
