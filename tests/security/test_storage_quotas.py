@@ -9,14 +9,19 @@ import asyncio
 import time
 from collections import Counter
 from collections.abc import Iterator
+from datetime import UTC, datetime
 from pathlib import Path
 
 import httpx
 import orjson
 import pytest
+import redis.asyncio as aioredis
 
+from scorer_groups.review_queues import ReviewItem, ReviewQueue
+from scoring.review_rules import review_item_id
 from scoring.stores import keys
-from tests.support.api_process import ApiProcess, api_with_judge
+from scoring.stores.review_items import ReviewItems
+from tests.support.api_process import ApiProcess, api_with_judge, create_key
 from tests.support.redis_clients import connect_sync
 from tests.support.redis_databases import RedisDatabases
 
@@ -205,3 +210,36 @@ def test_a_promotion_needs_the_documented_held_out_cases_unless_forced(api: tupl
         assert http.get(f"/v1/judges/{judge}").json()["criteria"] == "Helpful?", "the judge is unchanged"
         forced = http.post(f"/v1/judges/{judge}/promote", json={"alignment": run["id"], "force": True})
         assert forced.status_code == 200 and forced.json()["criteria"] == "Helpful, kindly?", forced.text
+
+
+async def test_queue_exports_sent_all_at_once_make_no_more_datasets_than_the_quota(
+        api: tuple[ApiProcess, str]) -> None:
+    """The attack: 25 exports of a review queue at once made 25 datasets past a quota of 5."""
+    process, key = api
+    reviewer = create_key(process.redis_url, "--project", PROJECT, "--role", "reviewer", "--name", "rita")
+    with process.client(key) as http:
+        pattern = http.post("/v1/patterns", json={"name": "P", "polarity": "failure", "template": "apology"}).json()
+        group = http.post("/v1/scorer-groups", json={
+            "name": "G", "members": [{"kind": "pattern", "refId": pattern["id"]}],
+            "online": {"enabled": True, "sampleRate": 1.0, "alertThreshold": 6, "severity": "high"}}).json()["id"]
+        queue = ReviewQueue.model_validate(http.post("/v1/review-queues", json={
+            "name": "Q", "groupIds": [group], "rule": {"sampleRate": 1.0}}).json())
+    at = datetime.now(UTC).isoformat()
+    item = ReviewItem.model_validate({
+        "id": review_item_id(queue.id, "r-1"), "queueId": queue.id, "projectId": PROJECT, "groupId": group,
+        "ratingId": "r-1", "reason": "sample", "origin": "live", "createdAt": at,
+        "subject": {"scope": "trace", "traceId": "t-1", "input": "q", "output": "a"},
+        "rating": {"id": "r-1", "groupId": group, "groupName": "G", "projectId": PROJECT, "agentId": "a",
+                   "scope": "trace", "traceId": "t-1", "kind": "k", "rating": 2.0, "reason": None,
+                   "justification": "", "scoredAt": at, "members": []}})
+    redis = aioredis.Redis.from_url(process.redis_url)
+    try:
+        await ReviewItems(redis).take([(item, queue)], time.time())
+    finally:
+        await redis.aclose()
+    with process.client(reviewer) as person:
+        view = person.post(f"/v1/review-queues/{queue.id}/next").json()
+        assert person.put(f"/v1/review-items/{view['item']['id']}/labels/me", json={"rating": 4}).status_code == 200
+    answers = await _at_once(process, key, [(f"/v1/review-queues/{queue.id}/export", {})] * 25)
+    assert answers == {201: 5, 409: 20}
+    assert connect_sync(process.redis_url).hlen(keys.datasets(PROJECT)) == 5
