@@ -141,7 +141,11 @@ def _scaled(own_records: float, traces: int, runs: list[tuple[int, int]],
         expected_pairs, error, scale = float(pairs), 0.0, 1.0
     elif traces:
         scale = own_records / traces
-        expected_pairs, error = pairs * scale, _error(own_records, traces, runs, pairs)
+        # The index holding no more than the read saw, on a read that did not take the window
+        # whole, is an index that has not counted all of it (its hours before the live loop read
+        # them, or past its time): the answer is a floor, its error unknown - never 0.
+        error = _error(own_records, traces, runs, pairs) if own_records > traces else None
+        expected_pairs = pairs * scale
     else:  # none of its traces read: as if each of them were taken at the rate (the error unknown)
         scale, expected_pairs, error = 0.0, own_records * sample_rate, None
     spent = history.spend()

@@ -230,9 +230,9 @@ class TraceConsumer:
         traffic: Counter[tuple[str, int]] = Counter()  # each project's records by hour (its estimates' scale)
         for taken in batch:
             record = taken.record
-            if record.headers and self._unwanted(record.headers, snapshot, filtered):
-                project = next(value for name, value in record.headers if name == HEADER_PROJECT)
-                traffic[(project.decode(errors="replace"), record.timestamp // keys.TRAFFIC_BUCKET_MS)] += 1
+            unwanted = self._unwanted_by(record.headers, snapshot, filtered) if record.headers else None
+            if unwanted is not None:
+                self._count(traffic, snapshot, unwanted, record.timestamp)
                 taken.ticket.finished(record.offset)
                 continue
             decoded = decode_trace(record.topic, record.partition, record.offset, record.key,
@@ -240,7 +240,7 @@ class TraceConsumer:
             if isinstance(decoded, DeadLetter):
                 dead.append((taken, decoded))
             else:
-                traffic[(decoded.project_id, record.timestamp // keys.TRAFFIC_BUCKET_MS)] += 1
+                self._count(traffic, snapshot, decoded.project_id, record.timestamp)
                 traces.append((taken, decoded))
         self.pairs.counts.traffic.update(traffic)
 
@@ -362,18 +362,34 @@ class TraceConsumer:
                   filtered: Counter[tuple[str, str]]) -> bool:
         """Do the record's routing headers show that no live group of its project wants it? Then
         it is never parsed (a record without them is decided on its decoded trace)."""
+        return TraceConsumer._unwanted_by(headers, snapshot, filtered) is not None
+
+    @staticmethod
+    def _unwanted_by(headers: Sequence[tuple[str, bytes]], snapshot: CatalogSnapshot,
+                     filtered: Counter[tuple[str, str]]) -> str | None:
+        """``_unwanted``, answering the project it decided for (None: parse the record)."""
         try:  # headers are the producer's: any that do not read as expected mean "parse it"
             fields = {name: value.decode(errors="replace") for name, value in headers
                       if name in ROUTING_HEADERS and isinstance(value, bytes)}
             if not HeaderView.complete(fields) or any(len(v) > MAX_ROUTING_HEADER_BYTES for v in fields.values()):
-                return False
+                return None
             project = fields[HEADER_PROJECT]
             if snapshot.wanted(project, HeaderView(fields)):
-                return False
+                return None
         except Exception:
-            return False
+            return None
         filtered.update((project, group.id) for group in snapshot.live_groups_of(project))
-        return True
+        return project
+
+    @staticmethod
+    def _count(traffic: Counter[tuple[str, int]], snapshot: CatalogSnapshot, project: str, at_ms: int) -> None:
+        """A record in its project's traffic index: only a project with groups (what an estimate
+        is for; any other name a producer writes costs no Redis), and only within the index's
+        time (a record stamped far off is no hour an estimate reads)."""
+        hour = at_ms // keys.TRAFFIC_BUCKET_MS
+        if project in snapshot.index.groups_by_project and abs(hour - time.time() * 1000 // keys.TRAFFIC_BUCKET_MS) \
+                <= keys.TRAFFIC_TTL_S * 1000 // keys.TRAFFIC_BUCKET_MS:
+            traffic[(project, hour)] += 1
 
     def _unprocessable(self, taken: Taken, step: str, exc: BaseException) -> DeadLetter:
         record = taken.record

@@ -168,9 +168,9 @@ async def grade(settings: Settings, request: GradeRequest, out: IO[str], err: Te
             print(f"gate failed: {len(run.budget_skipped)} of {len(rows)} rows have no score (the judge budget had "
                   f"no room) and {allowed} may (--allow-unscored)", file=err)
             return 1
-        try:
+        try:  # one allowance for both: what the rows never graded took of it is not given again
             value = run.gate(request.fail_under, scorer=request.gate_scorer,
-                             allow_unscored=request.allow_unscored)
+                             allow_unscored=allowed - len(run.budget_skipped))
         except NotAJudgeMember as exc:  # the gate's configuration, not the run's quality
             print(f"error: {exc}", file=err)
             return 2

@@ -84,11 +84,17 @@ class ThreadTime:
             self._buckets = {p: b for p, b in self._buckets.items() if self._left(p) < self._burst}
 
 
+ADMITTED_S = 0.05  # charged when a search starts, so that searches let in at once see each other
+
+
 def _timed(check: Callable[[str, str], PatternVerdict], input_text: str, output_text: str
-           ) -> tuple[PatternVerdict, float]:
-    """``check`` in a thread, with the CPU time it took there."""
+           ) -> tuple[PatternVerdict | Exception, float]:
+    """``check`` in a thread, with the CPU time it took there (a search that raised took it too)."""
     started = time.thread_time()
-    verdict = check(input_text, output_text)
+    try:
+        verdict: PatternVerdict | Exception = check(input_text, output_text)
+    except Exception as exc:
+        verdict = exc
     return verdict, time.thread_time() - started
 
 
@@ -287,21 +293,26 @@ class CompiledPattern:
         share = _SHARES.get(loop) or _SHARES.setdefault(loop, FairShare(THREADS))
         budget = _BUDGETS.get(loop) or _BUDGETS.setdefault(loop, ThreadTime())
         async with asyncio.timeout(DEADLINE_S):
-            wait = budget.wait_s(project)
-            if wait > 0:  # its time runs in the open: no lock, no list of waiters to keep
+            for _ in range(8):  # its time, again after each wait: others of its searches may have spent it
+                wait = budget.wait_s(project)
+                if wait <= 0:
+                    break
                 await asyncio.sleep(wait)
             await share.acquire(project)
+            budget.spend(project, ADMITTED_S)
             work = loop.run_in_executor(_THREADS, _timed, self.check, input_text, output_text)
 
-            def done(finished: asyncio.Future[tuple[PatternVerdict, float]]) -> None:
+            def done(finished: asyncio.Future[tuple[PatternVerdict | Exception, float]]) -> None:
                 share.release(project)
                 if not finished.cancelled() and finished.exception() is None:
-                    budget.spend(project, finished.result()[1])
+                    budget.spend(project, finished.result()[1] - ADMITTED_S)
 
             # The thread cannot be stopped: its slot is the project's until the search ends, past
             # the deadline too (so a project's runaway searches hold its own share, no other's).
             work.add_done_callback(done)
             verdict, _ = await asyncio.shield(work)
+            if isinstance(verdict, Exception):
+                raise verdict
             return verdict
 
 

@@ -167,7 +167,10 @@ class DatasetStore:
         while True:  # optimistic: two uploads at once become two versions, never one
             async with self.redis.pipeline(transaction=True) as pipe:
                 await pipe.watch(keys.datasets(project_id))
-                current = await self.get(project_id, dataset_id)
+                raw = await pipe.hget(keys.datasets(project_id), dataset_id)  # the watching connection's
+                if raw is None:
+                    raise NotFound(f"no dataset with id {dataset_id!r}")
+                current = Dataset.model_validate(orjson.loads(raw))
                 updated = current.model_copy(update={"version": current.version + 1, "row_count": len(rows),
                                                      "updated_at": time.time()})
                 pipe.multi()  # type: ignore[no-untyped-call]

@@ -41,6 +41,7 @@ from scoring.catalog import CatalogSnapshot
 from scoring.claim_request import ClaimRequest
 from scoring.models import Budget, Judge, Pattern, ScorerGroup
 from scoring.panel import GroupResult, Panel
+from scoring.stores import keys
 from scoring.stores.claims import ClaimResult, Claims, VerdictLookup
 from scoring.stores.ratings import RatingsStore
 from scoring.subjects import Subject, Trace
@@ -398,19 +399,27 @@ async def test_kept_traces_are_counted_per_project_and_group_once_per_batch(
 
 
 async def test_every_record_is_counted_in_its_projects_traffic_index_parsed_or_not(
-        loops: Callable[..., Awaitable[Loop]]) -> None:
+        loops: Callable[..., Awaitable[Loop]], unique: str) -> None:
     """What a backfill's estimate scales by: each project's records by hour, counted as read -
-    parsed ones by their trace's project, ones finished unparsed by their routing header's."""
-    loop = await loops(("bulk",))
-    other = f"{loop.project}-other"
+    parsed ones by their trace's project, ones finished unparsed by their routing header's (the
+    first of two such headers, or one without a value, never breaks the loop) - and only the
+    projects with groups: a name no catalog holds costs no Redis."""
+    project, other = f"p-{unique}", f"p-{unique}-other"
+    snapshot = catalog({project: ("bulk",)}).with_docs([ScorerGroup.model_validate({  # live for no trace of it
+        "id": "g-other", "name": "Off", "projectId": other, "members": [{"kind": "pattern", "refId": "p"}],
+        "online": {"enabled": False, "sampleRate": 1.0, "alertThreshold": 6, "severity": "high"}})])
+    loop = await loops(("bulk",), snapshot=snapshot)
+    assert loop.project == project
     for i in range(3):
         await loop.send(f"t-{i}")
     for i in range(2):  # routing headers of a project no live group wants: finished unparsed
         await loop.producer.send_and_wait(
             loop.topics.traces, key=f"h-{i}".encode(), value=trace(other, f"h-{i}", "x"), partition=0,
-            headers=[("sgw-project", other.encode()), ("sgw-agent", b"a"), ("sgw-trace", f"h-{i}".encode())])
+            headers=[("sgw-project", None if i else b"nobody"), ("sgw-project", other.encode()), ("sgw-agent", b"a"),
+                     ("sgw-trace", f"h-{i}".encode())])
+    await loop.send("stranger", project=f"p-{unique}-unknown")  # no group of its project anywhere
     await loop.start()
-    await loop.committed_to(5)
+    await loop.committed_to(6)
     await loop.traces.tick()
     hour = int(time.time() * 1000) // 3_600_000 * 3_600_000  # the records' own hour, whole
     ratings = RatingsStore(loop.redis)
@@ -418,6 +427,8 @@ async def test_every_record_is_counted_in_its_projects_traffic_index_parsed_or_n
     assert await ratings.traffic(other, hour, hour + 3_600_000) == 2
     assert await ratings.traffic(other, hour + 1_800_000, hour + 3_600_000) == 1, "half an hour: half its count"
     assert await ratings.traffic(other, hour - 3_600_000, hour) == 0, "not in another hour"
+    assert not await loop.redis.exists(keys.traffic(f"p-{unique}-unknown")) and \
+        not await loop.redis.exists(keys.traffic("nobody")), "no index for a project without groups"
 
 
 async def test_a_group_that_samples_nothing_claims_nothing_and_the_trace_is_finished(

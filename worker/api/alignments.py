@@ -37,7 +37,6 @@ from scoring.errors import Conflict, InvalidDocument, NotFound, TooMany
 from scoring.groups import Caller, Scorers
 from scoring.models import ID_PATTERN, Judge, Member, ScorerGroup
 from scoring.review_queues import ReviewQueues
-from scoring.stores import keys
 from scoring.stores.alignments import AlignmentStore, ledger_token
 from scoring.stores.catalog import CatalogStore, Write
 from scoring.stores.claims import Claims
@@ -201,8 +200,10 @@ async def _start(judge: Judge, project: str, body: AlignmentRequest, client: Cli
                     tune_case_ids=[c.id for c in tune][:200])
     store = AlignmentStore(redis_of(request))
     storage = storage_of(request)  # its place in the project's quotas, taken with the count in one step
+    # Pending until its first save, which keeps the entry as long as the run (a process that dies
+    # in between holds no place for 90 days).
     token = await storage.reserve(project, "alignment", len(run.model_dump_json(by_alias=True).encode()),
-                                  token=ledger_token(run.id), keep_s=keys.ALIGNMENT_TTL_S)
+                                  token=ledger_token(run.id))
     try:
         if body.shadow_hours is not None:
             run = await _shadow(client, judge, candidate, run, body.shadow_hours)
