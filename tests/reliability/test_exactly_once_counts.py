@@ -1,4 +1,4 @@
-"""Money and counters exact through a connection lost mid-pipeline (issue 69, item 1), on a real
+"""Money and counters exact through a connection lost mid-pipeline, on a real
 Redis behind a loopback proxy that cuts the connection at a chosen byte of the finish's pipeline.
 
 The finish writes a batch as ``PairProtocol._finish`` does - the ratings history (counts, spend)

@@ -1,4 +1,4 @@
-"""A tenant storming the catalog with writes (issue 68, item 5), on the real API process and Redis:
+"""A tenant storming the catalog with writes, on the real API process and Redis:
 while project A has 200 judge writes in flight, project B's one write takes its turn among A's -
 the write turns go round the projects waiting, not first come first served - and A's writes past
 its bounded queue are refused at once with 429 problem documents, never dropped or left to wait.

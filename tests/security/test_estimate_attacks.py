@@ -1,4 +1,4 @@
-"""A tenant against backfill estimates (issue 68, items 2 and 9), on the real broker and Redis:
+"""A tenant against backfill estimates, on the real broker and Redis:
 
 - a dry run over traces of 65,000 characters with a group whose filter is a regex bomb routes them
   in slices: the event loop it shares with every other tenant's requests waits about one trace's

@@ -1,4 +1,4 @@
-"""A tenant against review queues as storage (issue 68, item 6), on the real API process and Redis:
+"""A tenant against review queues as storage, on the real API process and Redis:
 
 - the attack as found: ten queues of capacity 100,000 over one group, each keeping its own copy
   of every result for a year - refused past the project's review quotas

@@ -1,4 +1,4 @@
-"""A tenant storming its storage quotas (issue 68, items 1 and 4), on the real API process and
+"""A tenant storming its storage quotas, on the real API process and
 Redis: creates sent all at once keep exactly the quota (datasets, runs, versions' bytes), and
 alignment runs - stored under the judge's keys - count in the project's runs and bytes. Each is
 measured in Redis itself: what the project keeps, not what the API answered."""
@@ -144,7 +144,7 @@ def test_an_alignment_run_past_the_stored_bytes_is_refused_before_it_is_stored(
         assert redis.zcard(keys.alignments(judge)) == 0 and redis.hlen(keys.project_storage(PROJECT)) == 0
 
 
-# --- limits on every path, every refusal a problem document (issue 68, items 7 and 9) -----------
+# --- limits on every path, every refusal a problem document -----------
 
 def test_a_judge_document_holds_no_more_examples_than_the_setting_on_any_path(api: tuple[ApiProcess, str]) -> None:
     """The attack: 32 examples of ~9 KB through the judge's own document, past the examples
