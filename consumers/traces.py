@@ -228,11 +228,12 @@ class TraceConsumer:
         dead: list[tuple[Taken | None, DeadLetter]] = []
         filtered: Counter[tuple[str, str]] = Counter()  # counted per batch, not per trace
         traffic: Counter[tuple[str, int]] = Counter()  # each project's records by hour (its estimates' scale)
+        hour_now = int(time.time() * 1000) // keys.TRAFFIC_BUCKET_MS  # once a batch, not a record
         for taken in batch:
             record = taken.record
             unwanted = self._unwanted_by(record.headers, snapshot, filtered) if record.headers else None
             if unwanted is not None:
-                self._count(traffic, snapshot, unwanted, record.timestamp)
+                self._count(traffic, snapshot, unwanted, record.timestamp, hour_now)
                 taken.ticket.finished(record.offset)
                 continue
             decoded = decode_trace(record.topic, record.partition, record.offset, record.key,
@@ -240,7 +241,7 @@ class TraceConsumer:
             if isinstance(decoded, DeadLetter):
                 dead.append((taken, decoded))
             else:
-                self._count(traffic, snapshot, decoded.project_id, record.timestamp)
+                self._count(traffic, snapshot, decoded.project_id, record.timestamp, hour_now)
                 traces.append((taken, decoded))
         self.pairs.counts.traffic.update(traffic)
 
@@ -382,13 +383,14 @@ class TraceConsumer:
         return project
 
     @staticmethod
-    def _count(traffic: Counter[tuple[str, int]], snapshot: CatalogSnapshot, project: str, at_ms: int) -> None:
+    def _count(traffic: Counter[tuple[str, int]], snapshot: CatalogSnapshot, project: str, at_ms: int,
+               hour_now: int) -> None:
         """A record in its project's traffic index: only a project with groups (what an estimate
         is for; any other name a producer writes costs no Redis), and only within the index's
         time (a record stamped far off is no hour an estimate reads)."""
         hour = at_ms // keys.TRAFFIC_BUCKET_MS
-        if project in snapshot.index.groups_by_project and abs(hour - time.time() * 1000 // keys.TRAFFIC_BUCKET_MS) \
-                <= keys.TRAFFIC_TTL_S * 1000 // keys.TRAFFIC_BUCKET_MS:
+        if project in snapshot.index.groups_by_project and \
+                abs(hour - hour_now) <= keys.TRAFFIC_TTL_S * 1000 // keys.TRAFFIC_BUCKET_MS:
             traffic[(project, hour)] += 1
 
     def _unprocessable(self, taken: Taken, step: str, exc: BaseException) -> DeadLetter:
