@@ -5,7 +5,7 @@ The finish writes a batch as ``PairProtocol._finish`` does - the ratings history
 of its groups, then the done marks, settlements (tokens, money) and savings of its projects -
 through the outage guard, which replays the whole write after the cut. Swept across the
 pipeline's bytes: wherever the cut lands (before any script ran, between two projects' scripts,
-inside one, after all of them), every project's tokens, money and savings and every group's
+inside the last one), every project's tokens, money and savings and every group's
 counts and spend equal the batch's own sums, exactly. Without the batch id checked in each
 adding script, a cut after some scripts ran counted their part twice.
 """
@@ -103,7 +103,7 @@ async def test_a_finish_cut_anywhere_in_its_pipeline_counts_everything_exactly_o
         await _exact(redis, f"{tag}-mm")
         assert length > 1_000, length
         for n in range(POINTS):
-            at = 1 + n * (length - 2) // (POINTS - 1)
+            at = 1 + n * (length - 64) // (POINTS - 1)  # the last before the end: lengths vary by a few bytes
             point = f"{tag}-{n:02d}"  # as long as the measured one's
             write = _finish(redis, point)
             await redis.ping()  # a connection in the pool: the cut falls inside the finish
