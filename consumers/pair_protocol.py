@@ -12,9 +12,11 @@ conversation and group):
    process stood still (``consumers.pauses``) is handed back and claimed afresh;
 4. publish the rating, Signal and deliveries - shielded: once under way it finishes, never
    cancelled halfway and scored again elsewhere;
-5. record: the ratings history, the group's latest results, session verdicts, the verdicts paid for
+5. record: the ratings history, the group's latest results, session verdicts, review items
    (what a published pair leaves for 5 and 6: ``consumers.finished_pairs``);
-6. mark done and settle the pair's judge tokens and money - or, when a step before 4 fails, release.
+6. mark done, settle the pair's judge tokens and money and keep the judge verdicts it paid for
+   (the first done mark of a pair keeps them: a cached verdict names the rating that used it) -
+   or, when a step before 4 fails, release.
 
 ``PairProtocol`` owns all six and the batchers that share their Redis calls across jobs. A loop
 hands it pairs two ways: ``alone`` - one pair that waits on the network (judges, external
@@ -56,7 +58,6 @@ from scoring.routing import Pair
 from scoring.stores.claims import ClaimResult, Claims, PairSpend, Reservation, ReserveCalls
 from scoring.stores.ratings import RatingsStore
 from scoring.stores.review_items import ReviewItems
-from scoring.stores.verdicts import VerdictStore
 from scoring.verdict_cache import CachedVerdict
 
 log = structlog.get_logger(__name__)
@@ -128,11 +129,6 @@ class PairProtocol:
     @functools.cached_property
     def _reviews(self) -> ReviewItems:  # review items: kept where the results are counted
         return ReviewItems(self._ratings.redis)
-
-    @functools.cached_property
-    def _verdicts(self) -> VerdictStore | None:  # the verdict cache, as the panel's policy says
-        policy = self._panel.verdict_cache
-        return None if policy is None else VerdictStore(self._ratings.redis, policy)
 
     @property
     def pricing(self) -> Pricing:  # what judge calls cost: the pairs' money caps reserve at it
@@ -457,14 +453,15 @@ class PairProtocol:
             raise
 
     async def _finish(self, items: list[Finished]) -> None:
-        """History, latest results and verdicts first: a pair marked done is never scored again,
-        so what it counts must exist by then. Then the done marks, settling tokens in passing.
-        Last, apart, the judge verdicts paid for (the verdict cache): a failed write of those
-        costs a later call, and must never replay the done marks and their settlements."""
+        """History, latest results and review items first: a pair marked done is never scored
+        again, so what it counts must exist by then. Then the done marks, settling tokens and
+        keeping the judge verdicts the pairs paid for (the verdict cache) in passing - a verdict
+        is kept only with the done mark of the rating that used it."""
         review = [taken for i in items for taken in i.review]
         # One id for the batch, whatever the outage guard replays: a replay after a connection
         # lost mid-pipeline adds no count, token or nano twice (each adding script checks it).
         batch = uuid.uuid4().hex
+        cache = self._panel.verdict_cache
 
         async def write() -> None:
             await self._ratings.write([i.entry for i in items], [i.verdict for i in items if i.verdict is not None],
@@ -475,15 +472,9 @@ class PairProtocol:
             await self.claims.mark_done([(i.claim, i.rating_id) for i in items],
                                         settled=[s for i in items for s in i.settled],
                                         saved=[(i.claim, i.saved.hits, i.saved.tokens) for i in items if i.saved.hits],
-                                        batch=batch)
+                                        batch=batch, paid=[(i.claim, p) for i in items for p in i.paid], cache=cache)
 
         await self._outages.call(write)
-        paid = [p for i in items for p in i.paid]
-        if paid and self._verdicts is not None:
-            try:
-                await self._verdicts.store(paid)
-            except Exception:  # the verdicts are asked again next time; nothing else depends on them
-                log.warning("keeping judge verdicts in the verdict cache failed", verdicts=len(paid), exc_info=True)
 
     # --- batched Redis calls ----------------------------------------------------------------------
 

@@ -6,6 +6,8 @@ and batch. Each script's KEYS and ARGV are written above it."""
 # ARGV (from ``first``, ``stride`` arguments each: hash index, field, ...) by hash and reads each
 # hash with one HMGET (in chunks: Lua's stack is finite). Returns the fields per hash and what
 # is stored, by "<hash index> <field>".
+from scoring.stores.verdicts import KEEP_VERDICTS
+
 STORED_FIELDS = """
 local function stored_fields(first, stride, key_offset)
   local by_hash = {}
@@ -286,19 +288,41 @@ return 1
 
 
 # KEYS: a project's claim hashes, then its token and money windows, then its saved-by-cache
-# windows, then - when its TTL is not 0 - the batch's once key. ARGV: the once TTL, the done
-# marks' TTL, the number of hashes, then per hash the number of its fields and their field,
-# value pairs; the number of windows, then per window the amount to settle and its TTL; then per
-# saved window its calls, tokens and TTL. A batch's done marks, settlements and savings of one
-# project (one hash tag) in one command - and once: a batch recorded already adds nothing (-1).
-MARK_DONE = """
+# windows, then - with verdicts to keep - the verdict cache's newest bucket, then - when its TTL
+# is not 0 - the batch's once key. ARGV: the once TTL, the done marks' TTL, the number of hashes,
+# then per hash the number of its fields and their field, value pairs; the number of windows,
+# then per window the amount to settle and its TTL; the number of saved windows, then per saved
+# window its calls, tokens and TTL; the number of verdicts, the bucket's most verdicts and when
+# it expires (ms), then per verdict the index of its pair's hash, the pair's field, the
+# verdict's key and entry. A batch's done marks, settlements, savings and verdicts of one project
+# (one hash tag) in one command - and once: a batch recorded already adds nothing (-1).
+#
+# The first done mark wins: a pair another worker marked done keeps its mark, and the verdicts
+# this batch paid for it are not kept - a cached verdict names the rating its pair's done mark
+# names. Returns how many verdicts were kept.
+MARK_DONE = STORED_FIELDS + KEEP_VERDICTS + """
 local once_ttl = tonumber(ARGV[1])
 if once_ttl > 0 and not redis.call('SET', KEYS[#KEYS], '1', 'NX', 'EX', once_ttl) then return -1 end
 local at, hashes = 4, tonumber(ARGV[3])
+local ours = {}
 for h = 1, hashes do
   local n = tonumber(ARGV[at])
+  local marks = {}
   for first = at + 1, at + 2 * n, 4000 do  -- unpack's limit (Lua's C stack, 8000): 2000 fields a call
-    redis.call('HSET', KEYS[h], unpack(ARGV, first, math.min(first + 3999, at + 2 * n)))
+    local fields = {}
+    for i = first, math.min(first + 3999, at + 2 * n), 2 do table.insert(fields, ARGV[i]) end
+    local stored = redis.call('HMGET', KEYS[h], unpack(fields))
+    for k, field in ipairs(fields) do
+      local current = stored[k]
+      if not (current and string.sub(current, 1, 5) == 'done:') then
+        ours[h .. ' ' .. field] = true
+        table.insert(marks, field)
+        table.insert(marks, ARGV[first + 2 * k - 1])
+      end
+    end
+  end
+  for from = 1, #marks, 4000 do
+    redis.call('HSET', KEYS[h], unpack(marks, from, math.min(from + 3999, #marks)))
   end
   redis.call('EXPIRE', KEYS[h], ARGV[2])
   at = at + 1 + 2 * n
@@ -310,12 +334,23 @@ for w = hashes + 1, hashes + windows do
   redis.call('EXPIRE', KEYS[w], ARGV[at + 1])
   at = at + 2
 end
-local last = #KEYS - (once_ttl > 0 and 1 or 0)
-for k = hashes + windows + 1, last do
+local saved = tonumber(ARGV[at])
+at = at + 1
+for k = hashes + windows + 1, hashes + windows + saved do
   redis.call('HINCRBY', KEYS[k], 'calls', ARGV[at])
   redis.call('HINCRBY', KEYS[k], 'tokens', ARGV[at + 1])
   redis.call('EXPIRE', KEYS[k], ARGV[at + 2])
   at = at + 3
 end
-return hashes
+local verdicts = tonumber(ARGV[at])
+if verdicts == 0 then return 0 end
+local most, expires_at = tonumber(ARGV[at + 1]), ARGV[at + 2]
+local entries = {}
+for v = at + 3, at + 2 + 4 * verdicts, 4 do
+  if ours[ARGV[v] .. ' ' .. ARGV[v + 1]] then
+    table.insert(entries, ARGV[v + 2])
+    table.insert(entries, ARGV[v + 3])
+  end
+end
+return keep_verdicts(KEYS[hashes + windows + saved + 1], most, expires_at, entries)
 """

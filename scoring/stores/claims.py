@@ -39,6 +39,8 @@ from scoring.stores import keys
 from scoring.stores.claim_scripts import CLAIM, CONFIRM, MARK_DONE, RELEASE, RESERVE
 from scoring.stores.client import RedisClient
 from scoring.stores.scripts import ScriptPipeline
+from scoring.stores.verdicts import Paid
+from scoring.verdict_cache import MAX_ENTRY_BYTES, CachePolicy
 
 ClaimState = Literal["claimed", "done", "skipped", "busy", "exhausted"]
 
@@ -208,20 +210,23 @@ class Claims:
                         tokens: Sequence[tuple[ClaimRequest, int]] = (), now: float | None = None,
                         saved: Sequence[tuple[ClaimRequest, int, int]] = (),
                         costs: Sequence[tuple[ClaimRequest, int]] = (),
-                        settled: Sequence[Settlement] = (), batch: str | None = None) -> None:
+                        settled: Sequence[Settlement] = (), batch: str | None = None,
+                        paid: Sequence[tuple[ClaimRequest, Paid]] = (), cache: CachePolicy | None = None) -> int:
         """Mark pairs done with their rating ids, once their outputs are acknowledged, and settle
         what they reserved (``PairSpend.settlements``: each in the window it was reserved in -
         ``tokens`` and ``costs``, in the window of ``now``, are the same for one window): the
         judge tokens to the usage reported, the money (nanos) to what the calls cost, in the
         project's window and the group's day. ``saved`` counts the (calls, tokens) the verdict
-        cache saved them in their windows. One script call per project, pipelined: a round trip
-        for the batch. ``batch``: its id, so that marking it again (a replay after a connection
-        lost mid-pipeline) settles and counts nothing twice."""
+        cache saved them in their windows; ``paid``, the verdicts their judge calls paid for, are
+        kept in the verdict cache (``cache``) with the done marks - only for the pairs whose mark
+        is the first (``MARK_DONE``). One script call per project, pipelined: a round trip for the
+        batch. ``batch``: its id, so that marking it again (a replay after a connection lost
+        mid-pipeline) settles and counts nothing twice. Returns how many verdicts were kept."""
         now = time.time() if now is None else now
         settled = [*settled, *(Settlement(r, now, tokens=d) for r, d in tokens),
                    *(Settlement(r, now, cost=d) for r, d in costs)]
         if not done and not settled and not saved:
-            return
+            return 0
         by_project: dict[str, tuple[dict[str, dict[str, str]], dict[tuple[str, int], int]]] = {}
         for request, rating_id in done:
             hashes, _ = by_project.setdefault(request.project_id, ({}, defaultdict(int)))
@@ -240,9 +245,16 @@ class Claims:
         for (project, key, window_s), counted in _saved_by_window(saved, now).items():
             by_project.setdefault(project, ({}, defaultdict(int)))
             spared[project][(key, window_s)] = counted
+        verdicts: dict[str, list[str | bytes]] = defaultdict(list)  # per project: hash, field, key, entry
+        for request, p in paid if cache is not None else ():
+            entry = p.verdict.encode()
+            if len(entry) <= MAX_ENTRY_BYTES and request.project_id in by_project:
+                verdicts[request.project_id] += [claim_hash(request), claim_field(request), p.key, entry]
+        newest = cache.reading(now)[0] if cache is not None else 0
         async with ScriptPipeline(self._redis) as pipe:
             for project, (hashes, settle) in by_project.items():
-                args: list[str | int] = [keys.ONCE_TTL_S if batch is not None else 0, self._done_ttl_s, len(hashes)]
+                args: list[str | bytes | int] = [keys.ONCE_TTL_S if batch is not None else 0, self._done_ttl_s,
+                                                 len(hashes)]
                 for fields in hashes.values():
                     args.append(len(fields))
                     for field, value in fields.items():
@@ -250,13 +262,23 @@ class Claims:
                 args.append(len(settle))
                 for (_, ttl_s), delta in settle.items():
                     args += [delta, ttl_s]
+                args.append(len(spared[project]))
                 for (_, window_s), (calls, saved_tokens) in spared[project].items():
                     args += [calls, saved_tokens, window_s * 2]
                 names = [*hashes, *(key for key, _ in settle), *(key for key, _ in spared[project])]
+                kept = verdicts.get(project, [])
+                args.append(len(kept) // 4)
+                if kept and cache is not None:
+                    index = {name: i for i, name in enumerate(hashes, 1)}
+                    args += [cache.per_bucket, cache.expires_at_ms(newest)]
+                    for v in range(0, len(kept), 4):
+                        args += [index.get(str(kept[v]), 0), *kept[v + 1:v + 4]]
+                    names.append(keys.judge_verdicts(project, newest))
                 if batch is not None:
                     names.append(keys.once(project, batch))
                 pipe.script(self._mark_done, names, args)
-            await pipe.execute()
+            replies = await pipe.execute()
+        return sum(max(int(n), 0) for n in replies)
 
     async def confirm(self, requests: list[ClaimRequest]) -> list[bool]:
         """Whether this worker still holds each pair's lease - renewed if so - right before it

@@ -24,17 +24,25 @@ from scoring.stores.client import RedisClient
 from scoring.stores.scripts import ScriptPipeline
 from scoring.verdict_cache import MAX_ENTRY_BYTES, CachedVerdict, CachePolicy
 
+# Keeps verdicts (a flat table: key, entry, ...) in a bucket while it holds fewer than ``most``;
+# the first ones fit. Returns how many were kept. (Also the done marks', ``claim_scripts``.)
+KEEP_VERDICTS = """
+local function keep_verdicts(bucket, most, expires_at, flat)
+  local kept = math.min(math.max(most - redis.call('HLEN', bucket), 0), #flat / 2)
+  for from = 1, 2 * kept, 4000 do
+    redis.call('HSET', bucket, unpack(flat, from, math.min(from + 3999, 2 * kept)))
+  end
+  if kept > 0 then redis.call('PEXPIREAT', bucket, expires_at) end
+  return kept
+end
+"""
+
 # KEYS: the project's newest bucket. ARGV: its most verdicts, when it expires (ms since the epoch),
 # then per verdict: its key (a field), the verdict. Returns how many were kept (the first ones).
-_STORE = """
-local room = tonumber(ARGV[1]) - redis.call('HLEN', KEYS[1])
-local given = (#ARGV - 2) / 2
-local kept = math.min(math.max(room, 0), given)
-for from = 3, 2 + 2 * kept, 4000 do
-  redis.call('HSET', KEYS[1], unpack(ARGV, from, math.min(from + 3999, 2 + 2 * kept)))
-end
-if kept > 0 then redis.call('PEXPIREAT', KEYS[1], ARGV[2]) end
-return kept
+_STORE = KEEP_VERDICTS + """
+local flat = {}
+for i = 3, #ARGV do flat[i - 2] = ARGV[i] end
+return keep_verdicts(KEYS[1], tonumber(ARGV[1]), ARGV[2], flat)
 """
 
 
