@@ -40,6 +40,7 @@ from scoring.frozen import frozen
 from scoring.members.fair_share import FairShare
 from scoring.models import WireModel
 from scoring.stores import changes, keys
+from scoring.stores.catalog_turn import CatalogTurn
 from scoring.stores.client import RedisClient
 
 log = structlog.get_logger(__name__)
@@ -98,8 +99,9 @@ class SnapshotCache:
         # optimistic race (a tenant's six writers made another's one write lose 20 times in a
         # row) - and the turns go round the projects waiting (``FairShare`` of one): one
         # tenant's 400 writes in flight held another's one write 6 s behind them first come,
-        # first served. Across processes the race remains, between one writer of each.
+        # first served. Across processes, each process's writer takes the fleet's turn.
         self.write_turns = FairShare(1)
+        self.fleet_turn = CatalogTurn()
 
 
 @frozen
@@ -153,7 +155,7 @@ class CatalogStore:
         turns = self._cache.write_turns
         if turns.waiting_of(self._writer) >= WAITING_WRITES:
             raise TooMany(f"{WAITING_WRITES} catalog writes of this project are waiting already; send fewer at once")
-        async with turns.slot(self._writer):
+        async with turns.slot(self._writer), self._cache.fleet_turn.held(self.redis):
             return await self._write(change)
 
     async def _write(self, change: Callable[[CatalogSnapshot], list[Write]]) -> CatalogSnapshot:

@@ -60,6 +60,17 @@ CATALOG_LOG = f"{PREFIX}:{CATALOG_TAG}:log"
 CATALOG_LOG_KEPT = 1000
 
 
+# The catalog's write turn across processes (``scoring.stores.catalog_turn``): the process
+# writing now (a string with a lease: a writer that dies leaves it within CATALOG_TURN_LEASE_MS),
+# and the processes waiting for it, by arrival (a sorted set) and by when each last asked (one
+# that stopped asking for CATALOG_TURN_GONE_MS left, and loses its place).
+CATALOG_TURN = f"{PREFIX}:{CATALOG_TAG}:turn"
+CATALOG_TURN_QUEUE = f"{PREFIX}:{CATALOG_TAG}:turn-queue"
+CATALOG_TURN_SEEN = f"{PREFIX}:{CATALOG_TAG}:turn-seen"
+CATALOG_TURN_LEASE_MS = 5_000  # a write takes milliseconds; the WATCH keeps one past it correct
+CATALOG_TURN_GONE_MS = 2_000
+
+
 def catalog_hash(kind: str) -> str:
     return f"{PREFIX}:{CATALOG_TAG}:{kind}"
 
