@@ -341,6 +341,28 @@ def alignments(judge_id: str) -> str:
     return f"{PREFIX}:alignments:{{{judge_id}}}"
 
 
+# An alignment run is a job any API process may grade (``worker.alignment_runner``): the runs not
+# ended, fleet-wide (a hash: run id -> "<project> <judge>"; a project has at most one), and per
+# run what it grades (its judges as they were and its cases, JSON; gone when the run ends), the
+# verdicts it has (a hash: "<judge role>:<case id>" -> rating, "" when none), and the lease of
+# the process grading it (renewed with each save: a process that died leaves it within
+# ALIGNMENT_LEASE_MS, and another resumes the run where its verdicts end).
+ALIGNMENTS_ACTIVE = f"{PREFIX}:alignments:active"
+ALIGNMENT_LEASE_MS = 15_000
+
+
+def alignment_work(judge_id: str, alignment_id: str) -> str:
+    return f"{PREFIX}:alignment:{{{judge_id}}}:{alignment_id}:work"
+
+
+def alignment_verdicts(judge_id: str, alignment_id: str) -> str:
+    return f"{PREFIX}:alignment:{{{judge_id}}}:{alignment_id}:verdicts"
+
+
+def alignment_lease(judge_id: str, alignment_id: str) -> str:
+    return f"{PREFIX}:alignment:{{{judge_id}}}:{alignment_id}:lease"
+
+
 # A project's storage ledger (scoring.stores.quotas): what its quotas count beside its datasets
 # and runs - alignment runs for as long as they are kept, and reservations of creates in flight
 # (field = token, value = "<kind> <expires at> <bytes>"); one script counts and adds, so two

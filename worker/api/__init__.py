@@ -30,6 +30,7 @@ from scoring.playground import Playground
 from scoring.stores.catalog import SnapshotCache
 from scoring.stores.claims import Claims
 from scoring.stores.verdicts import VerdictStore
+from worker.alignment_runner import AlignmentRunner
 from worker.api import (
     alignments,
     backfills,
@@ -75,6 +76,8 @@ def create_app(settings: Settings) -> FastAPI:
         app.state.run_reads = FairShare(RUN_READS, per_project=RUN_READS // 2)
         # Backfill dry runs (worker.api.backfills): one reader of the traces topic each, queued fairly.
         app.state.estimates = FairShare(ESTIMATES, per_project=1)
+        # Alignment runs are jobs: this process grades its share, and resumes those whose process died.
+        app.state.alignments = AlignmentRunner(app.state.engine, app.state.redis).start()
         stalls_stop = asyncio.Event()
         stalls = asyncio.create_task(watch_loop_stalls(stalls_stop), name="event-loop stall watch")
         try:
@@ -83,9 +86,7 @@ def create_app(settings: Settings) -> FastAPI:
             stalls_stop.set()
             await stalls
             app.state.bodies.close()
-            tasks = getattr(app.state, "alignment_tasks", None)
-            if tasks is not None:  # alignment runs still grading: read back later as interrupted
-                await tasks.close()
+            await app.state.alignments.close()  # their leases given back: another process resumes them
             await close_all([("scoring engine", app.state.engine.close()), ("redis", app.state.redis.aclose())])
 
     app = FastAPI(title="Scorer groups API", version=API_VERSION, lifespan=lifespan,

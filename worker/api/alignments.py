@@ -2,51 +2,43 @@
 the current one on people's labels it never saw, then - if it agrees at least as well, or with
 ``force`` - made the judge.
 
-A run, in this process, in the background (``AlignmentTasks``: at most ``PER_PROJECT`` at once per
-project and ``AT_ONCE`` in all; the rest are refused, 429):
+A run is a job (one not ended per project, fleet-wide; another is refused, 429):
 
 1. read the labelled cases (a dataset's rows with a humanRating and an output, or a review
    queue's labelled items with texts) and split them (``scoring.alignment.split``);
-2. reserve each judge's calls on the held-out cases from the project's judge budget, as a dataset
-   run's (``worker.api.run_spend``): a case without room for both is left out, and counted;
-3. grade the held-out cases with the current judge and with the candidate - each a one-member
-   group on the same engine as the dataset runs - saving the progress every ``SAVE_EVERY_S``;
-4. save the figures (``scoring.alignment``). A run whose process died stays "running" in Redis:
-   read back, it says ``interrupted`` once it has not been saved for ``STALE_S``.
+2. store the run, its place and its work - the judge and the candidate as they are now, the
+   held-out cases (``scoring.stores.alignments``);
+3. any API process grades it (``worker.alignment_runner``): each judge's calls reserved from the
+   project's judge budget as a dataset run's, a case without room for both left out and counted,
+   the figures saved at the end. A run no process has saved for ``STALE_S`` reads
+   ``interrupted`` until one resumes it.
 """
 
 from __future__ import annotations
 
-import asyncio
 import statistics
 import uuid
-from collections import Counter
-from collections.abc import Callable, Coroutine, Iterator
-from contextlib import contextmanager
 from datetime import UTC, datetime, timedelta
 from typing import Annotated, Any
 
 import structlog
-from fastapi import APIRouter, Depends, Path, Request, Response
+from fastapi import APIRouter, Path, Request, Response
 
 from scorer_groups.alignments import Alignment, AlignmentRequest, Candidate, CaseCounts, PromoteRequest, Shadow
-from scoring.alignment import MARK, PROMOTE_MIN_CASES, Case, better, changed, judge_figures, split
+from scoring.alignment import MARK, PROMOTE_MIN_CASES, Case, split
 from scoring.catalog import CatalogSnapshot, etag
-from scoring.dataset import DatasetRow, GradingPlan, grade_rows
-from scoring.errors import Conflict, InvalidDocument, NotFound, TooMany
+from scoring.errors import Conflict, InvalidDocument, NotFound
 from scoring.groups import Caller, Scorers
-from scoring.models import ID_PATTERN, Judge, Member, ScorerGroup
+from scoring.models import ID_PATTERN, Judge, ScorerGroup
 from scoring.review_queues import ReviewQueues
-from scoring.stores.alignments import AlignmentStore, ledger_token
-from scoring.stores.catalog import CatalogStore, Write
-from scoring.stores.claims import Claims
+from scoring.stores.alignments import AlignmentStore, AlignmentWork, ledger_token
+from scoring.stores.catalog import Write
 from scoring.stores.datasets import DatasetStore
 from scoring.stores.review_items import ReviewItems
 from scoring.subjects import as_text
+from worker.alignment_runner import AlignmentRunner
 from worker.api.auth import Client, Who, redis_of
 from worker.api.evaluations import storage_of
-from worker.api.run_spend import RunSpend
-from worker.engine import ScoringEngine
 
 log = structlog.get_logger(__name__)
 
@@ -60,51 +52,8 @@ STALE_S = 60.0
 LABELLED_READ = 10_000  # a queue's labelled items read for one run (the oldest first)
 
 
-class AlignmentTasks:
-    """The runs this process grades: a task registry with its bounds; ``close`` cancels them."""
-
-    def __init__(self) -> None:
-        self._running: dict[asyncio.Future[None], str] = {}  # a run's task (or a slot held for it) -> its project
-
-    @contextmanager
-    def admitted(self, project: str) -> Iterator[Callable[[Coroutine[Any, Any, None]], None]]:
-        """A slot for one run of ``project``, taken now (before the request's first await: two
-        requests at once cannot both take the last one), held by the run spawned in the block,
-        given back if none was."""
-        per = Counter(self._running.values())
-        if len(self._running) >= AT_ONCE or per[project] >= PER_PROJECT:
-            raise TooMany(f"an alignment run of project {project!r} is already grading (at most {PER_PROJECT} "
-                          f"per project, {AT_ONCE} in all); wait for it")
-        slot: asyncio.Future[None] = asyncio.get_running_loop().create_future()
-        self._running[slot] = project
-        spawned: list[asyncio.Task[None]] = []
-
-        def spawn(coroutine: Coroutine[Any, Any, None]) -> None:
-            task: asyncio.Task[None] = asyncio.get_running_loop().create_task(coroutine)
-            self._running[task] = project
-            task.add_done_callback(lambda t: self._running.pop(t, None))
-            spawned.append(task)
-
-        try:
-            yield spawn
-        finally:
-            self._running.pop(slot, None)
-            slot.cancel()
-
-    async def close(self) -> None:
-        for task in list(self._running):
-            task.cancel()
-        await asyncio.gather(*self._running, return_exceptions=True)
-
-
-def tasks_of(request: Request) -> AlignmentTasks:
-    tasks = getattr(request.app.state, "alignment_tasks", None)
-    if tasks is None:
-        tasks = request.app.state.alignment_tasks = AlignmentTasks()
-    return tasks
-
-
-Tasks = Annotated[AlignmentTasks, Depends(tasks_of)]
+def runner_of(request: Request) -> AlignmentRunner | None:
+    return getattr(request.app.state, "alignments", None)
 
 
 def with_candidate(judge: Judge, candidate: Candidate) -> Judge:
@@ -172,19 +121,17 @@ async def _cases(request: Request, client: Client, who: Caller, judge: Judge, bo
 
 @router.post("/judges/{id}/alignments", response_model=Alignment, status_code=202)
 async def start_alignment(judge_id: JudgeId, body: AlignmentRequest, client: Client, who: Who, request: Request,
-                          response: Response, tasks: Tasks) -> Alignment:
+                          response: Response) -> Alignment:
     """Measure a candidate (new criteria, examples or model) against the judge on labels it never
     saw: its own examples are held out, the rest split deterministically, and both judges grade
     the held-out cases within the project's judge budget. Read it back at the Location."""
     judge = await _judge(client, who, judge_id)
     project = _project(judge, who)
-    with tasks.admitted(project) as spawn:
-        return await _start(judge, project, body, client, who, request, response, spawn)
+    return await _start(judge, project, body, client, who, request, response)
 
 
 async def _start(judge: Judge, project: str, body: AlignmentRequest, client: Client, who: Caller,
-                 request: Request, response: Response, spawn: Callable[[Coroutine[Any, Any, None]], None]
-                 ) -> Alignment:
+                 request: Request, response: Response) -> Alignment:
     most = request.app.state.settings.judge_max_examples
     if body.candidate.examples is not None and len(body.candidate.examples) > most:
         raise InvalidDocument(f"candidate.examples: at most {most} (SGW_JUDGE_MAX_EXAMPLES)")
@@ -200,18 +147,26 @@ async def _start(judge: Judge, project: str, body: AlignmentRequest, client: Cli
                     tune_case_ids=[c.id for c in tune][:200])
     store = AlignmentStore(redis_of(request))
     storage = storage_of(request)  # its place in the project's quotas, taken with the count in one step
+    work = AlignmentWork(judge=judge, candidate=candidate,
+                         cases=[(c.id, c.input, c.output, c.human) for c in evaluated])
     # Pending until its first save, which keeps the entry as long as the run (a process that dies
     # in between holds no place for 90 days).
-    token = await storage.reserve(project, "alignment", len(run.model_dump_json(by_alias=True).encode()),
-                                  token=ledger_token(run.id))
+    size = len(run.model_dump_json(by_alias=True).encode()) + len(work.model_dump_json().encode())
+    token = await storage.reserve(project, "alignment", size, token=ledger_token(run.id))
+    began = False
     try:
+        work_bytes = await store.begin(run, work)  # its project's one place among the runs not ended
+        began = True
         if body.shadow_hours is not None:
             run = await _shadow(client, judge, candidate, run, body.shadow_hours)
-        await store.save(run)
+        await store.save(run, work_bytes)
     except BaseException:
+        if began:
+            await store.end(run.judge_id, run.id)
         await storage.release(project, token)
         raise
-    spawn(_grade(request.app.state.engine, redis_of(request), store, run, judge, candidate, project, evaluated))
+    if (runner := runner_of(request)) is not None:
+        runner.wake()
     response.headers["Location"] = f"/v1/judges/{judge.id}/alignments/{run.id}"
     return run
 
@@ -277,76 +232,6 @@ async def _unshadow(client: Client, run: Alignment) -> None:
         return writes + ([("judges", judge_id, None)] if judge_id in catalog.judges else [])
 
     await client.store.write(change)
-
-
-async def _grade(engine: ScoringEngine, redis: object, store: AlignmentStore, run: Alignment, judge: Judge,
-                 candidate: Judge, project: str, cases: list[Case]) -> None:
-    """2-4, in the background."""
-    state = {"run": run}
-
-    async def save(update: dict[str, object]) -> None:
-        """The run as stored now (a shadow stopped meanwhile stays stopped), with ``update``."""
-        stored = await store.get(run.judge_id, run.id)
-        state["run"] = (stored or state["run"]).model_copy(update={**update, "updated_at": _now()})
-        await store.save(state["run"])
-
-    try:
-        catalog = await CatalogStore(redis).snapshot()  # type: ignore[arg-type]
-        candidate_id = f"{judge.id}~candidate"
-        catalog = catalog.changed({("judges", judge.id): judge,
-                                   ("judges", candidate_id): candidate.model_copy(update={"id": candidate_id})})
-        rows = [DatasetRow(input=c.input, output=c.output, id=c.id) for c in cases]
-        done = 0
-
-        def progressed(_: int, __: int) -> None:
-            nonlocal done
-            done += 1
-
-        async def saver() -> None:
-            while True:
-                await asyncio.sleep(SAVE_EVERY_S)
-                await save({"done": done})
-
-        ticking = asyncio.create_task(saver())
-        try:
-            scores = [await _scores(engine, redis, catalog, f"{run.id}:{name}", ref, project, rows, progressed)
-                      for name, ref in (("current", judge.id), ("candidate", candidate_id))]
-        finally:
-            ticking.cancel()
-        skipped = [c.id for c, old, new in zip(cases, *scores, strict=True) if old is None or new is None]
-        both = [(c, old, new) for c, old, new in zip(cases, *scores, strict=True) if c.id not in skipped]
-        humans = [c.human for c, _, _ in both]
-        # The bootstraps are CPU work (400 resamples of up to 1,000 cases): off the API's loop.
-        current = await asyncio.to_thread(judge_figures, [old for _, old, _ in both], humans)
-        proposed = await asyncio.to_thread(judge_figures, [new for _, _, new in both], humans)
-        assert run.counts is not None
-        await save({"state": "done", "done": run.total, "current": current, "candidate_figures": proposed,
-                    "better": better(current, proposed),
-                    "changed": changed([c for c, _, _ in both], [o for _, o, _ in both], [n for _, _, n in both]),
-                    "counts": run.counts.model_copy(update={"budget_skipped": len(skipped)}), "finished_at": _now()})
-    except asyncio.CancelledError:
-        raise  # the process stops: read back later, the run says interrupted
-    except Exception as exc:  # a run that fails says so; nothing of it reaches another tenant
-        log.exception("an alignment run failed", alignment=run.id, judge=judge.id)
-        await save({"state": "failed", "error": f"grading failed ({type(exc).__name__})", "finished_at": _now()})
-
-
-async def _scores(engine: ScoringEngine, redis: object, catalog: CatalogSnapshot, run_id: str, judge_id: str,
-                  project: str, rows: list[DatasetRow], progressed: object) -> list[float | None]:
-    """Each row's verdict by one judge (None: no room in the budget, or it could not score)."""
-    group = ScorerGroup(id=f"alignment:{run_id}", name="alignment", project_id=project,
-                        members=[Member(kind="judge", ref_id=judge_id, weight=1)])
-    plan = GradingPlan(group, [])
-    spend = RunSpend(Claims(redis), run_id, plan, catalog, engine.panel.pricing)  # type: ignore[arg-type]
-    try:
-        granted = await spend.reserve(rows)
-        graded = await grade_rows(engine.panel, catalog, plan, granted, spends=spend.spends,
-                                  progress=progressed)  # type: ignore[arg-type]
-        await spend.settle(graded)
-    finally:
-        await spend.close()
-    by_row = {str(r.row.id): r.rating for r in graded.rows}
-    return [by_row.get(str(row.id)) for row in rows]
 
 
 @router.get("/judges/{id}/alignments", response_model=list[Alignment])

@@ -49,8 +49,8 @@ from worker.api import problems
 from worker.api.auth import Who, redis_of
 from worker.api.bodies import body_doc, read_body
 from worker.api.pages import Cursor, Limit, Number, Page, page
-from worker.api.run_spend import RunSpend
 from worker.engine import ScoringEngine
+from worker.run_spend import RunSpend
 from worker.settings import Settings
 
 router = APIRouter(prefix="/v1", tags=["datasets and evaluations"])
