@@ -1,6 +1,8 @@
 """The session sweep: judge whole conversations once they go quiet.
 
-Every ``interval_s``, for each project with live session-scope groups:
+Every ``interval_s``, for each project with live session-scope groups and conversations open
+(the fleet's index of them, kept as turns arrive; every ``FULL_SWEEP_S``, and at the start, every
+project with live session-scope groups - what the index may have missed):
 
 1. read the sessions quiet for at least the shortest ``idleSeconds`` of those groups, with
    their turns;
@@ -15,7 +17,8 @@ Every ``interval_s``, for each project with live session-scope groups:
    the pair protocol of ``consumers.pair_protocol``, which the trace loop follows too; a pair with a
    member that failed while the process stood still, or that another worker took over, is left
    to the next sweep (a pause is not a timeout: ``consumers.pauses``);
-5. drop from the index the sessions quiet past every group's idle time.
+5. drop from the index the sessions quiet past every group's idle time; a project with none left
+   leaves the index of projects with conversations open (unless turns came meanwhile).
 
 Every worker runs a sweeper; the claims make sure each (session, turns, group) is judged once.
 Redis or the broker away is waited out under the worker's one outage rule (``consumers.outage``,
@@ -58,6 +61,7 @@ log = structlog.get_logger(__name__)
 MIN_TURNS = 2
 PAGE = 200  # quiet sessions read at once
 MAX_PAGES = 25  # per project and sweep: the rest wait for the next tick
+FULL_SWEEP_S = 300.0  # every project with session groups looked at, beside the index of open ones
 
 
 class SessionSweeper:
@@ -74,6 +78,7 @@ class SessionSweeper:
                                   events=self._events, pauses=pauses, finish_batch=concurrency)
         self._interval_s = interval_s
         self._concurrency = concurrency
+        self._full_at = 0.0  # when the next sweep looks at every project (monotonic): the first does
 
     async def run(self, stop: asyncio.Event) -> None:
         self.pairs.start()
@@ -95,17 +100,23 @@ class SessionSweeper:
             await self.pairs.close(self._interval_s)
 
     async def sweep_once(self, now: float | None = None) -> int:
-        """One sweep over every project of this worker's share (``consumers.fleet_share``);
-        returns how many (session, group) pairs were judged."""
+        """One sweep over the projects of this worker's share (``consumers.fleet_share``) with
+        conversations open - or all of them with session groups, every ``FULL_SWEEP_S``; returns
+        how many (session, group) pairs were judged."""
         now = time.time() if now is None else now
         snapshot = self._catalog()
         # The projects with live session-scope groups, from the snapshot's index (never a walk of
         # every group: at 50,000 it held the loop ~55 ms every sweep), of this worker's share.
-        projects = sorted(p for p, scope in snapshot.index.live if scope == "session" and self._share.owns(p))
+        live = {p for p, scope in snapshot.index.live if scope == "session" and self._share.owns(p)}
+        open_ = await self._outages.call(self._store.open_projects)
+        full = time.monotonic() >= self._full_at
+        if full:
+            self._full_at = time.monotonic() + FULL_SWEEP_S
         judged = 0
-        for project in projects:
+        for project in sorted(live if full else live & open_.keys()):
             try:
                 judged += await self._sweep_project(project, snapshot, now)
+                await self._outages.call(functools.partial(self._store.reindex, project, open_.get(project)))
             except Exception as exc:
                 if not_the_subjects_fault(exc):
                     raise  # the infrastructure's: the whole sweep waits for the next tick

@@ -166,6 +166,12 @@ def session_activity(project_id: str) -> str:
     return f"{PREFIX}:session-activity:{{{project_id}}}"
 
 
+# Fleet-wide: the projects with conversations open (project -> its count of turn batches), kept
+# as turns arrive, so the sweep reads only those - an idle fleet reads no project's sessions. A
+# project leaves once its activity index is empty (and no turn came since).
+SESSIONS_OPEN = f"{PREFIX}:sessions:open"
+
+
 # --- Live scoring: budgets and dedupe, per project --------------------------------------------
 # The online judge-call budget is shared with online evaluators: the same key for both.
 def judge_budget(project_id: str, window_start: int) -> str:

@@ -1,8 +1,10 @@
 """Session turns in Redis: what session-scope groups judge once a conversation goes quiet.
 
 At ingest, a trace of a project with live session-scope groups is stored as a turn of its
-session, and the session's last activity is bumped. The sweeper then asks for sessions quiet for
-at least some time and loads their turns. Storing by traceId makes a redelivered trace one turn.
+session, the session's last activity is bumped, and so is the project's in the fleet's index of
+projects with conversations open (``keys.SESSIONS_OPEN``). The sweeper then asks which projects
+have conversations open, and of those, for the sessions quiet for at least some time with their
+turns. Storing by traceId makes a redelivered trace one turn.
 """
 
 from __future__ import annotations
@@ -31,6 +33,15 @@ redis.call('ZADD', KEYS[2], ARGV[5], ARGV[6])
 return 1
 """
 
+
+# KEYS: the projects with conversations open. ARGV: a project, its count of turn batches when the
+# sweep read it. The project leaves unless a batch came since (a count, never a clock: workers'
+# clocks differ).
+_CLOSE = """
+local seen = redis.call('ZSCORE', KEYS[1], ARGV[1])
+if seen and tonumber(seen) == tonumber(ARGV[2]) then redis.call('ZREM', KEYS[1], ARGV[1]) return 1 end
+return 0
+"""
 
 # ARGV[1] = the cut-off; ARGV[2..] = session ids to drop if no turn came after it.
 _FORGET = """
@@ -67,11 +78,16 @@ class SessionStore:
         self._redis = redis
         self._record = redis.register_script(_RECORD_TURN)
         self._forget = redis.register_script(_FORGET)
+        self._close = redis.register_script(_CLOSE)
 
     async def add_turns(self, traces: list[Trace], now: float | None = None) -> None:
         """Store each trace as a turn of its session, in one pipelined round trip."""
         now = time.time() if now is None else now
         async with ScriptPipeline(self._redis) as pipe:
+            # The project is open before its turns are stored: a sweep that finds its sessions all
+            # gone after this cannot close it (``reindex``: only if no batch came since it read it).
+            for project in {trace.project_id for trace in traces}:
+                pipe.redis.zincrby(keys.SESSIONS_OPEN, 1, project)
             for trace in traces:
                 assert trace.session_id is not None
                 pipe.script(self._record,
@@ -79,11 +95,26 @@ class SessionStore:
                              keys.session_activity(trace.project_id)],
                             [trace.trace_id, trace.model_dump_json(by_alias=True), keys.SESSION_TURNS_TTL_S,
                              keys.SESSION_MAX_TURNS, now, trace.session_id])
-            stored = await pipe.execute()
+            stored = (await pipe.execute())[-len(traces):] if traces else []
         for trace, ok in zip(traces, stored, strict=True):
             if not ok:
                 log.warning("session has the maximum of turns stored; turn dropped",
                             session=trace.session_id, trace=trace.trace_id, max=keys.SESSION_MAX_TURNS)
+
+    async def open_projects(self) -> dict[str, float]:
+        """The projects with conversations open, each with its count of turn batches."""
+        found: list[Any] = await self._redis.zrange(keys.SESSIONS_OPEN, 0, -1, withscores=True)
+        return {project.decode(): float(seen) for project, seen in found}
+
+    async def reindex(self, project_id: str, seen: float | None) -> None:
+        """After a sweep of the project (``seen``: its count when the sweep read the open index,
+        None when it was not there): with sessions left it stays, or comes back, in the index;
+        with none it leaves, unless turns came since."""
+        if await self._redis.zcard(keys.session_activity(project_id)):
+            if seen is None:
+                await self._redis.zadd(keys.SESSIONS_OPEN, {project_id: 0}, nx=True)
+        elif seen is not None:
+            await self._close(keys=[keys.SESSIONS_OPEN], args=[project_id, seen])
 
     async def quiet(self, project_id: str, quiet_for_s: float, now: float | None = None,
                     offset: int = 0, limit: int = 200) -> list[QuietSession]:

@@ -98,3 +98,56 @@ async def test_a_session_is_judged_only_once_quiet_for_its_groups_idle_seconds(s
     assert min(store.quiet_for) >= 10, "the sweep reads only sessions quiet for the shortest idle time"
     assert await sweep.ratings(2) == [("fast", "s-idle", 2), ("slow", "s-idle", 2)]
 
+
+
+class ReadsCounted(SessionStore):
+    """The real store, counting the projects whose sessions the sweep reads."""
+
+    def __init__(self, redis: Redis) -> None:
+        super().__init__(redis)
+        self.read: list[str] = []
+
+    async def quiet(self, project_id: str, quiet_for_s: float, now: float | None = None,
+                    offset: int = 0, limit: int = 200) -> list[QuietSession]:
+        self.read.append(project_id)
+        return await super().quiet(project_id, quiet_for_s, now, offset, limit)
+
+
+async def test_a_sweep_reads_only_the_projects_with_conversations_open(sweep: Sweep) -> None:
+    """30 projects have session groups and no conversation: after the first sweep (every project,
+    what the index may have missed) a sweep reads none of them - only the project a turn came to,
+    which leaves the index once its conversation is judged and forgotten, and not while turns come."""
+    idle = [f"{sweep.project}-idle-{n}" for n in range(30)]
+    groups = [session_group(sweep.project), *(session_group(p, group_id=f"conv-{p}") for p in idle)]
+    store = ReadsCounted(sweep.redis)
+    sweeper = sweep.sweeper(sweep.catalog(*groups), store=store)
+    now = time.time()
+
+    await sweeper.sweep_once(now=now)
+    assert sorted(store.read) == sorted([sweep.project, *idle]), "the first sweep looks at every project"
+    store.read.clear()
+    await sweeper.sweep_once(now=now)
+    assert store.read == [], "no conversation open: no project's sessions read"
+
+    await sweep.add_turns("s-1", 2, at=now - 5)
+    assert sweep.project in await store.open_projects()
+    assert await sweeper.sweep_once(now=now) == 1
+    assert store.read == [sweep.project], "only the project a turn came to"
+    assert sweep.project not in await store.open_projects(), "judged and forgotten: it leaves the index"
+
+    store.read.clear()
+    await sweeper.sweep_once(now=now)
+    assert store.read == []
+
+
+async def test_a_project_whose_turn_came_during_the_sweep_stays_open(sweep: Sweep) -> None:
+    store = sweep.store
+    await sweep.add_turns("s-1", 2, at=time.time() - 5)
+    seen = (await store.open_projects())[sweep.project]
+    await sweep.redis.delete(keys.session_activity(sweep.project))  # the sweep forgot its sessions
+    await sweep.add_turns("s-2", 1, at=time.time())  # ... while another turn came
+    await sweep.redis.delete(keys.session_activity(sweep.project))
+    await store.reindex(sweep.project, seen)
+    assert sweep.project in await store.open_projects(), "a turn came since the sweep read it"
+    await store.reindex(sweep.project, (await store.open_projects())[sweep.project])
+    assert sweep.project not in await store.open_projects()
