@@ -24,6 +24,7 @@ from datetime import UTC, datetime
 
 import structlog
 
+from consumers.outage import not_the_subjects_fault
 from scorer_groups.alignments import Alignment
 from scoring.alignment import Case, better, changed, judge_figures
 from scoring.catalog import CatalogSnapshot
@@ -102,31 +103,34 @@ class AlignmentRunner:
     # 3-4. One run, from where its verdicts end.
     async def _grade(self, run: Alignment) -> None:
         store, state = self._store, {"run": run}
-        found = await store.work(run.judge_id, run.id)
-        if found is None:
-            await store.end(run.judge_id, run.id)
-            return
-        work, work_bytes = found
-        verdicts = await store.verdicts(run.judge_id, run.id)
-        grading = {"done": 0}  # verdicts of the chunk being graded, for the progress
+        grading = {"done": 0, "stored": 0}  # verdicts stored, and of the chunk being graded
 
-        async def save(update: dict[str, object], *, ended: bool = False) -> None:
+        async def save(update: dict[str, object], work_bytes: int = 0) -> None:
             """The run as stored now (a shadow stopped meanwhile stays stopped), with ``update``;
             the lease renewed first - a run another process took is not written from here."""
-            if not ended and not await store.lease(run.judge_id, run.id, self._owner):
+            if not await store.lease(run.judge_id, run.id, self._owner):
                 raise LeaseLost(run.id)
             stored = await store.get(run.judge_id, run.id)
             state["run"] = (stored or state["run"]).model_copy(update={**update, "updated_at": _now()})
-            await store.save(state["run"], 0 if ended else work_bytes)
+            await store.save(state["run"], work_bytes)
 
-        async def saver() -> None:
-            while True:
-                await asyncio.sleep(SAVE_EVERY_S)
-                with contextlib.suppress(Exception):  # a lease lost is found at the chunk's end
-                    await save({"done": len(verdicts) + grading["done"]})
-
-        ticking = asyncio.create_task(saver())
+        ticking: asyncio.Task[None] | None = None
         try:
+            found = await store.work(run.judge_id, run.id)
+            if found is None:  # ended elsewhere meanwhile
+                await store.end(run.judge_id, run.id)
+                return
+            work, work_bytes = found
+            verdicts = await store.verdicts(run.judge_id, run.id)
+            grading["stored"] = len(verdicts)
+
+            async def saver() -> None:
+                while True:
+                    await asyncio.sleep(SAVE_EVERY_S)
+                    with contextlib.suppress(Exception):  # a lease lost is found at the chunk's end
+                        await save({"done": grading["stored"] + grading["done"]}, work_bytes)
+
+            ticking = asyncio.create_task(saver())
             cases = work.case_list()
             catalog = await self._catalog(work)
             for role in ROLES:
@@ -141,9 +145,9 @@ class AlignmentRunner:
                     fresh = {f"{role}:{c.id}": v for c, v in zip(chunk, scored, strict=True)}
                     await store.add_verdicts(run, fresh)
                     verdicts.update(fresh)
-                    grading["done"] = 0
-            ticking.cancel()
-            await save(await _figures(run, cases, verdicts), ended=True)
+                    grading["stored"], grading["done"] = len(verdicts), 0
+            await _stopped(ticking)  # no progress save lands after the last
+            await save(await _figures(run, cases, verdicts))
             await store.end(run.judge_id, run.id)
         except asyncio.CancelledError:  # a shutdown: another process resumes the run
             with contextlib.suppress(Exception):
@@ -151,14 +155,21 @@ class AlignmentRunner:
             raise
         except LeaseLost:  # this process stalled past its lease: the run is another's now
             log.warning("an alignment run was taken over by another process", alignment=run.id)
-        except Exception as exc:  # a run that fails says so; nothing of it reaches another tenant
-            ticking.cancel()
+        except Exception as exc:
+            if not_the_subjects_fault(exc):  # Redis away: the run is resumed once it is back
+                log.warning("an alignment run stopped; it resumes at a later look", alignment=run.id, error=repr(exc))
+                with contextlib.suppress(Exception):
+                    await self._give_back(run)
+                return
+            # The run's own: it says so, and ends - if it is still this process's to end.
             log.exception("an alignment run failed", alignment=run.id, judge=run.judge_id)
-            await save({"state": "failed", "error": f"grading failed ({type(exc).__name__})",
-                        "finished_at": _now()}, ended=True)
-            await store.end(run.judge_id, run.id)
+            with contextlib.suppress(LeaseLost):
+                await save({"state": "failed", "error": f"grading failed ({type(exc).__name__})",
+                            "finished_at": _now()})
+                await store.end(run.judge_id, run.id)
         finally:
-            ticking.cancel()
+            if ticking is not None:
+                await _stopped(ticking)
 
     async def _give_back(self, run: Alignment) -> None:
         """This process stops grading ``run``: its lease is let go if still ours (a shutdown: another
@@ -218,6 +229,12 @@ async def _figures(run: Alignment, cases: list[Case], verdicts: dict[str, float 
             "better": better(figures, proposed), "changed": changed(scored, old, new),
             "counts": run.counts.model_copy(update={"budget_skipped": len(cases) - len(scored)}),
             "finished_at": _now()}
+
+
+async def _stopped(task: asyncio.Task[None]) -> None:
+    task.cancel()
+    with contextlib.suppress(asyncio.CancelledError):
+        await task
 
 
 def _judge_id(work: AlignmentWork, role: str) -> str:

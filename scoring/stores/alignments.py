@@ -32,8 +32,8 @@ def ledger_token(alignment_id: str) -> str:
 
 ACTIVE_PER_PROJECT = 1  # a project's runs not ended, fleet-wide: each grades on its judge budget
 
-# KEYS: the runs not ended. ARGV: the run, "<project> <judge>", the most per project. 1 when the
-# run took its place; 0 when its project has the most already.
+# KEYS: the runs not ended. ARGV: the run, "<project> <judge>", the most per project, "take" or
+# "check". 1 when the run took its place (or, to check, would); 0 when its project has the most.
 _BEGIN = """
 local project = string.match(ARGV[2], '^(%S+)')
 local held = 0
@@ -42,7 +42,7 @@ for i = 2, #entries, 2 do
   if string.match(entries[i], '^(%S+)') == project then held = held + 1 end
 end
 if held >= tonumber(ARGV[3]) then return 0 end
-redis.call('HSET', KEYS[1], ARGV[1], ARGV[2])
+if ARGV[4] == 'take' then redis.call('HSET', KEYS[1], ARGV[1], ARGV[2]) end
 return 1
 """
 
@@ -54,6 +54,11 @@ if held and held ~= ARGV[1] then return 0 end
 redis.call('SET', KEYS[1], ARGV[1], 'PX', ARGV[2])
 return 1
 """
+
+
+def _busy(project_id: str) -> TooMany:
+    return TooMany(f"an alignment run of project {project_id!r} is already grading (at most "
+                   f"{ACTIVE_PER_PROJECT} per project); wait for it")
 
 
 class AlignmentWork(BaseModel):
@@ -73,17 +78,32 @@ class AlignmentStore:
         self._begin = redis.register_script(_BEGIN)
         self._lease = redis.register_script(_LEASE)
 
-    async def begin(self, run: Alignment, work: AlignmentWork) -> int:
-        """The run takes its place among the runs not ended (``TooMany`` when its project has
-        one), then its work is stored; the work's bytes (for the ledger, ``save``)."""
-        assert run.project_id is not None
-        if not await self._begin([keys.ALIGNMENTS_ACTIVE], [run.id, f"{run.project_id} {run.judge_id}",
-                                                            ACTIVE_PER_PROJECT]):
-            raise TooMany(f"an alignment run of project {run.project_id!r} is already grading (at most "
-                          f"{ACTIVE_PER_PROJECT} per project); wait for it")
+    async def check_place(self, project_id: str) -> None:
+        """``TooMany`` when the project has a run not ended - before a start reads its labels."""
+        if not await self._begin([keys.ALIGNMENTS_ACTIVE], ["-", f"{project_id} -", ACTIVE_PER_PROJECT, "check"]):
+            raise _busy(project_id)
+
+    async def store_work(self, run: Alignment, work: AlignmentWork) -> int:
+        """The run's work, stored before the run takes its place (a runner that finds a place
+        finds its work); its bytes, for the ledger (``save``)."""
         document = work.model_dump_json().encode()
         await self._redis.set(keys.alignment_work(run.judge_id, run.id), document, ex=keys.ALIGNMENT_TTL_S)
         return len(document)
+
+    async def begin(self, run: Alignment) -> None:
+        """The run, stored with its work, takes its place among the runs not ended: ``TooMany``
+        when its project has one (checked and taken in one script)."""
+        assert run.project_id is not None
+        if not await self._begin([keys.ALIGNMENTS_ACTIVE], [run.id, f"{run.project_id} {run.judge_id}",
+                                                            ACTIVE_PER_PROJECT, "take"]):
+            raise _busy(run.project_id)
+
+    async def forget(self, judge_id: str, alignment_id: str) -> None:
+        """A run that never began (refused its place): its document, work and index entry."""
+        async with self._redis.pipeline(transaction=True) as pipe:
+            pipe.delete(keys.alignment(judge_id, alignment_id), keys.alignment_work(judge_id, alignment_id))
+            pipe.zrem(keys.alignments(judge_id), alignment_id)
+            await pipe.execute()
 
     async def active(self) -> dict[str, str]:
         """The runs not ended: run id -> judge id."""

@@ -144,8 +144,9 @@ async def test_a_large_batch_costs_a_handful_of_commands(own_redis: LocalRedis, 
     assert [c.state for c in results] == ["busy"] + ["claimed"] * 8_999
     assert held == [True] * 9_000, "the first pair, claimed by the loading call, is ours too"
     assert {c.state for c in released} == {"claimed"}, "released leases are free to claim again"
-    # About 64: the claim script's chunks of 4,000 pairs, the done marks' HSETs of 2,000 fields.
-    assert spent <= 70, f"{spent} commands for 9,000 pairs over two days (past the scripts' chunks)"
+    # About 70: the claim script's chunks of 4,000 pairs, the done marks' HMGETs and HSETs of
+    # 2,000 fields (a done mark is written only over no done mark: the first wins).
+    assert spent <= 76, f"{spent} commands for 9,000 pairs over two days (past the scripts' chunks)"
     again = await claims.claim_many(batch, now=NOW)
     assert {c.state for c in again} == {"done"}, "every pair is done after its mark"
     assert again[7].detail == "done:rating-7"

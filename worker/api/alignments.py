@@ -135,6 +135,8 @@ async def _start(judge: Judge, project: str, body: AlignmentRequest, client: Cli
     most = request.app.state.settings.judge_max_examples
     if body.candidate.examples is not None and len(body.candidate.examples) > most:
         raise InvalidDocument(f"candidate.examples: at most {most} (SGW_JUDGE_MAX_EXAMPLES)")
+    store = AlignmentStore(redis_of(request))
+    await store.check_place(project)  # 429 before the labels are read, when a run is not ended
     source, cases = await _cases(request, client, who, judge, body)
     candidate = with_candidate(judge, body.candidate)
     own, tune, evaluated = split(cases, [*candidate.examples, *judge.examples])  # no judge grades its own
@@ -145,7 +147,6 @@ async def _start(judge: Judge, project: str, body: AlignmentRequest, client: Cli
                     counts=CaseCounts(labelled=len(cases), held_out_as_examples=len(own), tune=len(tune),
                                       evaluated=len(evaluated), budget_skipped=0),
                     tune_case_ids=[c.id for c in tune][:200])
-    store = AlignmentStore(redis_of(request))
     storage = storage_of(request)  # its place in the project's quotas, taken with the count in one step
     work = AlignmentWork(judge=judge, candidate=candidate,
                          cases=[(c.id, c.input, c.output, c.human) for c in evaluated])
@@ -153,16 +154,16 @@ async def _start(judge: Judge, project: str, body: AlignmentRequest, client: Cli
     # in between holds no place for 90 days).
     size = len(run.model_dump_json(by_alias=True).encode()) + len(work.model_dump_json().encode())
     token = await storage.reserve(project, "alignment", size, token=ledger_token(run.id))
-    began = False
     try:
-        work_bytes = await store.begin(run, work)  # its project's one place among the runs not ended
-        began = True
+        # Stored whole first, then its place taken: a runner that finds the place finds the run.
+        work_bytes = await store.store_work(run, work)
         if body.shadow_hours is not None:
             run = await _shadow(client, judge, candidate, run, body.shadow_hours)
         await store.save(run, work_bytes)
+        await store.begin(run)  # its project's one place among the runs not ended (429 if taken meanwhile)
     except BaseException:
-        if began:
-            await store.end(run.judge_id, run.id)
+        await store.forget(run.judge_id, run.id)
+        await _unshadow(client, run)
         await storage.release(project, token)
         raise
     if (runner := runner_of(request)) is not None:
