@@ -25,6 +25,7 @@ from deploy.judge_server import JudgeServer
 from deploy.redis_servers import LocalRedis, LocalRedisCluster
 from deploy.services import LocalKafka
 from scoring.stores.client import RedisClient
+from tests.support.api_process import end_leftover_apis
 from tests.support.harness import end_leftover_workers
 from tests.support.redis_clients import connect, on_cluster
 from tests.support.redis_databases import RedisClusters, RedisDatabases
@@ -148,6 +149,14 @@ async def redis(redis_url: str) -> AsyncIterator[RedisClient]:
         yield client
     finally:
         await client.aclose()
+
+
+@pytest.fixture(scope="session", autouse=True)
+def no_api_outlives_the_session() -> Iterator[None]:
+    """An API process still running when the session ends is stopped, and fails the run."""
+    yield
+    left = end_leftover_apis()
+    assert not left, f"API processes outlived the tests that started them (logs: {left})"
 
 
 @pytest.fixture(autouse=True)

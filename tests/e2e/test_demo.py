@@ -64,14 +64,17 @@ def test_the_tour_says_where_to_look_and_its_sdk_snippet_runs_as_printed(ran: De
     key = re.search(r"key\s+(sgw_\S+)\s+\(project shop-support\)", demo)
     assert console and key, demo[-3000:]
     assert "deploy/grafana/scorer-group-worker.json" in demo and (ROOT / "deploy/grafana/scorer-group-worker.json").is_file()
-    lines = demo.split(".venv/bin/python - <<'EOF'\n", 1)[1].split("\n")
-    snippet = "\n".join(line.removeprefix(" " * 14) for line in lines[:lines.index(" " * 14 + "EOF")])
+    # What a newcomer pastes: the lines from the heredoc's first to its EOF, flush left.
+    lines = demo.split("\n")
+    first = lines.index(".venv/bin/python - <<'EOF'")
+    snippet = "\n".join(lines[first:lines.index("EOF", first) + 1]) + "\n"
     assert f'Client("{console.group(1)}", "{key.group(1)}")' in snippet
-    # The demo's API stopped with it: the snippet runs as printed against another on the same store.
+    # The demo's API stopped with it: the snippet runs as printed, in a shell from the project's
+    # root, against another API on the same store.
     api = ApiProcess(ran.redis_url, tmp_path / "api.log").start()
     try:
-        done = subprocess.run([sys.executable, "-c", snippet.replace(console.group(1), api.url)],
-                              capture_output=True, text=True, timeout=60, cwd=tmp_path,
+        done = subprocess.run(["bash", "-c", snippet.replace(console.group(1), api.url)],
+                              capture_output=True, text=True, timeout=60, cwd=ROOT,
                               env={**os.environ, "PYTHONPATH": str(ROOT / "sdk")})
     finally:
         api.stop()

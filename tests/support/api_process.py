@@ -38,6 +38,20 @@ def create_key(redis_url: str, *args: str) -> str:
     return done.stdout.strip().splitlines()[-1]
 
 
+# Every API process a test starts: none may outlive the session (``end_leftover_apis``).
+_started: list[ApiProcess] = []
+
+
+def end_leftover_apis() -> list[str]:
+    """Kill the API processes still running (a fixture or test that never stopped its own);
+    their logs' paths."""
+    left = [p for p in _started if p.proc is not None and p.proc.poll() is None]
+    for process in left:
+        process.stop()
+    _started.clear()
+    return [str(p.log_path) for p in left]
+
+
 @dataclass
 class ApiProcess:
     redis_url: str
@@ -50,11 +64,14 @@ class ApiProcess:
     def url(self) -> str:
         return f"http://127.0.0.1:{self.port}"
 
-    def start(self, timeout_s: float = 30) -> ApiProcess:
+    def start(self, timeout_s: float = 90) -> ApiProcess:
+        """Started, and answering ``/healthz``; one that is not within ``timeout_s`` (a busy
+        machine's start-up is slow: a generous deadline) is stopped before the error is raised."""
         env = {**os.environ, "SGW_REDIS_URL": self.redis_url, "SGW_API_PORT": str(self.port),
                "SGW_API_HOST": "127.0.0.1", "SGW_LOG_FORMAT": "json", "PYTHONPATH": f"{ROOT}{os.pathsep}{ROOT / 'sdk'}", **self.env}
         self.proc = subprocess.Popen([sys.executable, "-m", "worker.cli", "api"], env=env, cwd=ROOT,
                                      stdout=open(self.log_path, "wb"), stderr=subprocess.STDOUT)
+        _started.append(self)
         deadline = time.monotonic() + timeout_s
         while time.monotonic() < deadline:
             if self.proc.poll() is not None:
@@ -65,6 +82,7 @@ class ApiProcess:
             except httpx.HTTPError:
                 pass
             time.sleep(0.1)
+        self.stop()  # never left running after the test that started it
         raise AssertionError(f"api not up in {timeout_s}s:\n{self.logs()}")
 
     def stop(self) -> None:

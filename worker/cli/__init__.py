@@ -1,4 +1,4 @@
-"""The ``scorer-worker`` command line.
+"""The ``scorer-worker`` command line (``scorer-worker --help`` prints the usage below).
 
     scorer-worker run                              consume traces and score them (the service)
     scorer-worker grade --group ID --input run.jsonl [--fail-under 7 [--scorer Safety] [--allow-unscored N]]
@@ -59,9 +59,12 @@ from worker.cli.service import (
 from worker.logs import configure_logging, use_known_secrets
 from worker.settings import Settings
 
+# What --help prints: the usage, without the note to the code's readers at its end.
+USAGE = (__doc__ or "").split("\n\n", 1)[1].rsplit("\n\nEach command group", 1)[0] + "\n"
+
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="scorer-worker", description=__doc__,
+    parser = argparse.ArgumentParser(prog="scorer-worker", description=USAGE,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = parser.add_subparsers(dest="command", required=True)
     sub.add_parser("run", help="consume traces and score them").set_defaults(func=cmd_run)

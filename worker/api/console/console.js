@@ -185,13 +185,14 @@ async function showAgreement(container, group) {
   try {
     const live = await api("GET", `/v1/scorer-groups/${encodeURIComponent(group.id)}/agreement`);
     const people = live.reviewers;
-    container.replaceChildren(
+    const parts = [
       live.agreement ? agreementView(live.agreement)
         : el("p", { class: "muted" }, "No labelled review items yet: a review queue watching this group, and people " +
              "labelling its items, measure its judges here."),
       people ? el("p", { id: "reviewers-agreement" }, `Reviewers with each other, over ${people.items} items labelled ` +
                   `twice: Spearman ${fmt(people.spearman)}, kappa ${fmt(people.kappa)}, MAE ${fmt(people.meanAbsoluteError)}.`)
-        : null);
+        : null];
+    container.replaceChildren(...parts.filter(Boolean)); // a null given to replaceChildren shows as "null"
   } catch (error) {
     container.replaceChildren(failure(error));
   }
@@ -269,6 +270,11 @@ async function drawChart(container, group, window) {
 function spendLine(history, day) {
   const money = (v) => `${v.toLocaleString(undefined, { maximumFractionDigits: v < 1 ? 6 : 2 })} ${history.currency}`;
   const unknown = (h) => h.unpricedCalls ? ` and ${h.unpricedCalls} call(s) of unknown cost` : "";
+  if (history.unpricedCalls && !history.cost) {  // nothing priced: no figure to show, only how to get one
+    return el("p", { id: "chart-spend", class: "muted" },
+      `Spend unknown: ${history.unpricedCalls} judge call(s) over ${history.window} of models without a price ` +
+      "- set SGW_JUDGE_PRICES for them.");
+  }
   return el("p", { id: "chart-spend", class: "muted" },
     `Spend: ${money(history.cost)} over ${history.window}${unknown(history)}`,
     history.costPerResult === null ? "" : ` (${money(history.costPerResult)} a result)`,
