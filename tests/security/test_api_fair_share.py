@@ -236,15 +236,23 @@ def _trickle(env: Env, path: str) -> socket.socket:
 
 
 def test_a_tenant_trickling_bodies_holds_its_share_of_the_reading_turns_not_everyones(env: Env) -> None:
+    example = {"input": "q", "output": "a [[rating=7]]", "metadata": {"notes": "n" * 100_000}}
+
+    def b_grades() -> float:  # B's large example (over 64 KiB: a reading turn, then a parser process)
+        with env.client("b") as b:
+            started = time.perf_counter()
+            answer = b.post(f"/v1/scorer-groups/{env.groups['b']}/grade", json=example)
+            assert answer.status_code == 200, answer.text
+            return time.perf_counter() - started
+
+    b_grades()  # the parser processes started (a spawn takes seconds on a busy machine): not measured
+    alone = b_grades()
     stalled = [_trickle(env, "/v1/evaluations/x/finalize") for _ in range(6)]  # more than every turn
     try:
         time.sleep(0.5)
-        with env.client("b") as b:  # B's large example (over 64 KiB: a reading turn) goes through at once
-            started = time.perf_counter()
-            answer = b.post(f"/v1/scorer-groups/{env.groups['b']}/grade",
-                            json={"input": "q", "output": "a [[rating=7]]", "metadata": {"notes": "n" * 100_000}})
-            assert answer.status_code == 200, answer.text
-            assert time.perf_counter() - started < READ_TIMEOUT_S / 2, "B did not wait behind A's bodies"
+        # Waiting behind A's bodies would take until their read timeout (READ_TIMEOUT_S - 0.5 s).
+        beside = b_grades()
+        assert beside < alone + READ_TIMEOUT_S / 2, f"B took {beside:.2f} s beside A's bodies, {alone:.2f} s alone"
         heads = []
         for sock in stalled[:3]:  # the ones holding turns: ended by the read timeout, 408
             sock.settimeout(READ_TIMEOUT_S * 4)
