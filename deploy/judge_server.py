@@ -176,6 +176,9 @@ class JudgeServer:
         # Chat requests by the [[key=K]] marker of their last user message (those without one are
         # not counted here): how many times each trace, say, was judged.
         self.calls_by_key: Counter[str] = Counter()
+        # The usage (prompt, completion tokens) of every completion answered: what a provider
+        # would bill, whether or not the client read the answer.
+        self.usages: list[tuple[int, int]] = []
         # The most chat requests answered at once among those since start or reset (tests check a
         # client's cap with it; a request still hanging from before a reset does not count).
         self.peak_in_flight = 0
@@ -240,6 +243,7 @@ class JudgeServer:
             self._queue.clear()
             self.requests.clear()
             self.calls_by_key.clear()
+            self.usages.clear()
             self.peak_in_flight = self._in_flight = 0
             self._generation += 1
             self._default = Behaviour.deterministic()
@@ -350,13 +354,19 @@ class _Handler(BaseHTTPRequestHandler):
             default_body = _error_body(b.status_code, f"Scripted error {b.status_code}")
             self._send(b.status_code, default_body if b.body is None else b.body, headers)
         elif b.kind == "content":
-            self._send(200, _completion(body, str(b.value)))
+            self._complete(body, str(b.value))
         else:  # a rating: scripted, or the deterministic default
             value, note = b.value, b.justification
             if b.kind == "deterministic":
                 value = self.judge._deterministic_rating(body["messages"], body.get("model"))
                 note = f"Deterministic judge: rating {_fmt(value)}"
-            self._send(200, _completion(body, json.dumps({"rating": value, "justification": note})))
+            self._complete(body, json.dumps({"rating": value, "justification": note}))
+
+    def _complete(self, body: dict[str, Any], text: str) -> None:
+        answer = _completion(body, text)
+        with self.judge._lock:
+            self.judge.usages.append((answer["usage"]["prompt_tokens"], answer["usage"]["completion_tokens"]))
+        self._send(200, answer)
 
 
 def _refusal(parameter: str) -> dict[str, Any]:

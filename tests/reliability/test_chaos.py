@@ -24,6 +24,11 @@ Then, from the ratings topic and the judge's own count of calls:
   lease before publishing, ``Claims.confirm``);
 - judge calls are repeated only for work that was in flight when a fault hit (REPEAT_BOUND), and
   every HTTP call made to the judge took a budget slot (retries included);
+- the money and tokens the project used are never less than what the judge answered (its own
+  count of every completion's usage, at the price table: what a provider bills), and exceed it
+  by at most the ceilings of the reservations never settled - a worker killed or frozen with
+  calls in flight, at most one per slot taken beyond the pairs judged (a settlement counted twice
+  falls below the judge's count; one never made, above the bound);
 - no worker exits for an outage shorter than SGW_OUTAGE_TOLERANCE_S: every worker the test did
   not kill still runs at the end, and exits 0 on SIGTERM;
 - the consumer group's committed offsets reach the end of the traces topic.
@@ -54,6 +59,10 @@ from deploy.judge_server import Behaviour, JudgeServer
 from deploy.redis_servers import LocalRedis
 from deploy.services import LocalKafka
 from scoring.groups import MonitorClient
+from scoring.judge_prompt import ANSWER_MAX_TOKENS, MESSAGE_OVERHEAD_TOKENS
+from scoring.models import Judge
+from scoring.ports import TokenUsage
+from scoring.prices import Pricing, call_cost, nanos, parse_prices
 from scoring.stores.claims import Claims
 from tests.support.chaos import RatingsTail, Workers, commit_lag, read_everything, wait_committed
 from tests.support.harness import produce, worker_env
@@ -98,8 +107,10 @@ CATALOG = {
          "online": {"enabled": True, "sampleRate": 1.0, "alertThreshold": 0, "severity": "low"},
          "members": [{"kind": "pattern", "refId": "apology", "weight": 1, "gate": False}]},
     ],
-    "budgets": [{"projectId": "p-chaos", "judgeCallsPerWindow": 10_000_000, "windowSeconds": 86400}],
+    "budgets": [{"projectId": "p-chaos", "judgeCallsPerWindow": 10_000_000, "windowSeconds": 86400,
+                 "judgeTokensPerWindow": 10**12, "judgeCostPerWindow": 10**6}],  # counted, never reached
 }
+PRICES = {"gpt-4o-mini": {"input": 0.15, "output": 0.6}}  # per million tokens (SGW_JUDGE_PRICES)
 
 
 def trace(i: int) -> tuple[bytes, bytes]:
@@ -168,6 +179,28 @@ class Chaos(Workers):
                 self.restart_the_broker]
 
 
+@dataclass(frozen=True)
+class Money:
+    """What the judge answered, by its own count - tokens and their cost at PRICES (nanos, each
+    call rounded up as the worker rounds it) - and the most one reservation holds back: the
+    ceiling of the largest prompt the judge was sent, and its cost."""
+
+    tokens: int
+    cost: int
+    ceiling: int
+    cost_ceiling: int
+
+    @classmethod
+    def of(cls, judge: JudgeServer) -> Money:
+        prices = parse_prices(orjson.dumps(PRICES).decode())
+        calls = list(judge.usages)
+        cost = sum(nanos(call_cost(prices, "gpt-4o-mini", TokenUsage(p, c)) or 0.0) for p, c in calls)
+        ceiling = max(sum(len(str(m["content"]).encode()) + MESSAGE_OVERHEAD_TOKENS for m in r["messages"])
+                      for r in judge.requests) + ANSWER_MAX_TOKENS
+        rates = Pricing(prices, "gpt-4o-mini").rates([Judge(id="j", name="j", criteria="c")], ANSWER_MAX_TOKENS)
+        return cls(sum(p + c for p, c in calls), cost, ceiling, rates.cost(1, ceiling))
+
+
 def repeated_calls(judge: JudgeServer) -> int:
     return sum(calls - 1 for calls in judge.calls_by_key.values() if calls > 1)
 
@@ -184,7 +217,7 @@ async def test_workers_ride_out_kills_joins_freezes_and_outages(
     env = worker_env(bootstrap, own_redis.url, f"chaos-{unique}", max_in_flight=MAX_IN_FLIGHT,
                      claim_lease_s=CLAIM_LEASE_S, member_deadline_s=MEMBER_DEADLINE_S,
                      judge_timeout_s=JUDGE_TIMEOUT_S, commit_interval_s=0.5, redis_timeout_s=1,
-                     topic_partitions=PARTITIONS, shutdown_timeout_s=10)
+                     topic_partitions=PARTITIONS, shutdown_timeout_s=10, judge_prices=orjson.dumps(PRICES).decode())
     admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap)
     await admin.start()
     await admin.create_topics([NewTopic(env["SGW_TRACES_TOPIC"], num_partitions=PARTITIONS, replication_factor=1)])
@@ -227,8 +260,11 @@ async def test_workers_ride_out_kills_joins_freezes_and_outages(
         never_judged = ROUNDS * TRACES_PER_ROUND - len(judge.calls_by_key)
         made = sum(judge.calls_by_key.values())
         redis = Redis.from_url(env["SGW_REDIS_URL"])
-        paid = await Claims(redis).budget_used("p-chaos", 86400)
+        claims = Claims(redis)
+        paid = await claims.budget_used("p-chaos", 86400)
+        tokens_used, cost_used = await claims.tokens_used("p-chaos", 86400), await claims.cost_used("p-chaos", 86400)
         await redis.aclose()
+        money = Money.of(judge)
 
     # 5. What was published: every pair, one id and one value each, the expected value.
     ratings = await read_everything(bootstrap, env["SGW_RATINGS_TOPIC"], PARTITIONS)
@@ -272,6 +308,11 @@ async def test_workers_ride_out_kills_joins_freezes_and_outages(
     # The budget counts HTTP calls made (retries included), never fewer: a slot for every call.
     assert made <= paid, f"{made} judge calls made, {paid} budget slots taken"
     assert never_judged == 0, "every trace was judged"
+    unsettled = paid - ROUNDS * TRACES_PER_ROUND  # slots beyond one per judged pair: at most this many never settled
+    print(f"chaos: money tokens_used={tokens_used} answered={money.tokens} (+ at most {unsettled} x {money.ceiling}) "
+          f"cost_used={cost_used} nanos answered={money.cost} (+ at most {unsettled} x {money.cost_ceiling})")
+    assert money.tokens <= tokens_used <= money.tokens + unsettled * money.ceiling, "tokens: what was answered"
+    assert money.cost <= cost_used <= money.cost + unsettled * money.cost_ceiling, "money: what was answered"
     assert not failed_exits, "\n\n".join(f"{w.name}: {failed_exits[w.name]}\n{w.logs()}"
                                          for w in chaos.running if w.name in failed_exits)
     assert lag_after_stop == 0, "the committed offsets reach the end of the traces topic"
