@@ -26,6 +26,8 @@ import time
 import uuid
 from collections.abc import AsyncIterator
 
+from redis.commands.core import AsyncScript
+
 from scoring.errors import TooMany
 from scoring.stores import keys
 from scoring.stores.client import RedisClient
@@ -70,15 +72,20 @@ _KEYS = [keys.CATALOG_TURN, keys.CATALOG_TURN_QUEUE, keys.CATALOG_TURN_SEEN]
 
 
 class CatalogTurn:
-    """The fleet's write turn, as one process takes it (one per process: ``SnapshotCache``)."""
+    """The fleet's write turn, as one process takes it (one per process: ``SnapshotCache``, whose
+    writes all go through one Redis client)."""
 
     def __init__(self, wait_s: float = WAIT_S) -> None:
         self.name = uuid.uuid4().hex
         self.wait_s = wait_s
+        self._take: AsyncScript | None = None
+        self._give: AsyncScript | None = None
 
     @contextlib.asynccontextmanager
     async def held(self, redis: RedisClient) -> AsyncIterator[None]:
-        take, give = redis.register_script(_TAKE), redis.register_script(_GIVE)
+        if self._take is None or self._give is None:
+            self._take, self._give = redis.register_script(_TAKE), redis.register_script(_GIVE)
+        take, give = self._take, self._give
         deadline = time.monotonic() + self.wait_s
         try:
             while not await take(_KEYS, [self.name, keys.CATALOG_TURN_LEASE_MS, keys.CATALOG_TURN_GONE_MS]):

@@ -23,6 +23,7 @@ from redis.exceptions import ConnectionError as RedisConnectionError
 
 import scoring.stores.review_items as review_items_module
 from deploy.redis_servers import LocalRedisCluster
+from scorer_groups.alignments import Alignment
 from scorer_groups.api_models import BackfillCreate
 from scorer_groups.review_queues import ReviewItem, ReviewQueue
 from scoring.claim_request import ClaimRequest, day_of
@@ -33,6 +34,7 @@ from scoring.otlp.mapping import BufferedSpan
 from scoring.results import HistoryEntry, Signal, build_deliveries
 from scoring.stores import keys
 from scoring.stores.alerts import NoScoreAlerts
+from scoring.stores.alignments import AlignmentStore
 from scoring.stores.backfills import BackfillStore, JobParts
 from scoring.stores.catalog import CatalogStore, SnapshotCache
 from scoring.stores.claims import Claims, Reservation
@@ -128,6 +130,8 @@ async def use_every_store(redis: RedisCluster) -> list[AsyncScript]:
     await sessions.add_turns([turn(f"p{n}", f"s{n}", n) for n in range(6)], now=now - 60)
     assert [q.session_id for q in await sessions.quiet("p2", 30, now=now)] == ["s2"]
     await sessions.forget("p2", ["s2"], not_after=now)
+    await sessions.reindex("p2", (await sessions.open_projects())["p2"])
+    assert "p2" not in await sessions.open_projects() and "p3" in await sessions.open_projects()
 
     buffer = OtlpBuffer(redis, quiet_s=0.05, max_wait_s=1, lease_s=5, prefix="cluster-otlp")
     spans = [BufferedSpan(trace_id=f"t{n}", project_id="p", service="svc", span=Span(span_id="r", output="x"))
@@ -187,10 +191,22 @@ async def use_every_store(redis: RedisCluster) -> list[AsyncScript]:
     assert await reviews.mark_unexported([queue], now) == 0
     await reviews.forget(queue)
 
-    catalog = CatalogStore(redis, cache=SnapshotCache())
+    cache = SnapshotCache()
+    catalog = CatalogStore(redis, cache=cache)
     await catalog.snapshot()  # read whole, then by the changes since
     await MonitorClient(redis).scorers.put(Judge(id="cluster-judge", name="J", criteria="Helpful?"))
     assert "cluster-judge" in (await catalog.snapshot()).judges
+    turned = Judge(id="turn-judge", name="J", criteria="Helpful?")
+    await catalog.write(lambda _: [("judges", turned.id, turned)])  # the fleet's write turn, taken and given
+    alignments = AlignmentStore(redis)
+    run = Alignment.model_validate({
+        "id": "al-cluster", "judgeId": "cluster-judge", "projectId": "p1", "state": "running", "source": "x",
+        "mark": 5, "candidate": {}, "judgeEtag": "e", "createdAt": datetime.now(UTC),
+        "updatedAt": datetime.now(UTC)})
+    await alignments.check_place("p1")
+    await alignments.begin(run)
+    assert await alignments.lease(run.judge_id, run.id, "w-1") and not await alignments.lease(run.judge_id, run.id, "w-2")
+    await alignments.end(run.judge_id, run.id)
 
     leases = ShardLeases(redis)
     assert len(await leases.hold("w-1", 30)) == SHARDS
@@ -202,7 +218,7 @@ async def use_every_store(redis: RedisCluster) -> list[AsyncScript]:
     await storage.check("p1", "run")
 
     stores = (claims, ratings, sessions, buffer, schedule, alerts, jobs, parts, incidents, digests, reviews, catalog,
-              leases, verdicts, storage)
+              cache.fleet_turn, alignments, leases, verdicts, storage)
     return [v for store in stores for v in vars(store).values() if isinstance(v, AsyncScript)]
 
 
