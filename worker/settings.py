@@ -17,6 +17,7 @@ from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from scoring.prices import Price, Pricing, parse_prices
 from scoring.redact import mask_url
+from scoring.stores import keys
 from scoring.stores.catalog import CatalogLimits
 from scoring.webhooks.payloads import LinkTemplate
 from scoring.webhooks.retries import RetrySchedule
@@ -294,11 +295,12 @@ class Settings(BaseSettings):
     )
 
     outage_tolerance_s: float = Field(
-        120.0, gt=0,
+        120.0, gt=0, le=keys.ONCE_TTL_S / 2,
         description=(
             "How long Redis or the broker may stay unreachable while the worker waits in-process "
             "(not fetching, in-flight work parked, /readyz false with the reason); past it the "
-            "worker exits 1 and uncommitted work is redelivered."
+            "worker exits 1 and uncommitted work is redelivered. At most 450 s: a batch's writes "
+            "replayed after an outage are recognised (and added once) for 900 s."
         ),
     )
     claim_lease_s: float = Field(

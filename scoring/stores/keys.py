@@ -36,7 +36,8 @@ def shard_of(key: str) -> int:
 # what it adds to), and adds nothing when the id is there: the outage guard's replay of a batch
 # whose pipeline had partly run (a connection lost after some scripts ran) adds the rest only.
 # Kept long enough to outlast any replay: the outage guard gives up (and the process exits, its
-# traces redelivered as new batches) after SGW_OUTAGE_TOLERANCE_S, 120 s by default.
+# traces redelivered as new batches) after SGW_OUTAGE_TOLERANCE_S, 120 s by default and at most
+# half of this (the setting refuses more).
 ONCE_TTL_S = 900
 
 
