@@ -6,6 +6,7 @@ took a slot of the project's judge budget."""
 
 from __future__ import annotations
 
+import asyncio
 import signal
 import time
 from pathlib import Path
@@ -58,7 +59,7 @@ async def test_a_run_whose_process_is_killed_is_resumed_by_another_and_ends_done
                 # 1. Killed once it has graded some of the run, not all.
                 deadline = time.monotonic() + 60
                 while (done := http.get(location).json()["done"]) < CHUNK and time.monotonic() < deadline:
-                    time.sleep(0.1)
+                    await asyncio.sleep(0.1)
                 assert CHUNK <= done < total, (done, total)
             assert first.proc is not None
             first.proc.send_signal(signal.SIGKILL)
@@ -71,7 +72,7 @@ async def test_a_run_whose_process_is_killed_is_resumed_by_another_and_ends_done
                 deadline = time.monotonic() + keys.ALIGNMENT_LEASE_MS / 1000 + 90
                 while (run := http.get(location).json())["state"] in ("running", "interrupted"):
                     assert time.monotonic() < deadline, run
-                    time.sleep(0.2)
+                    await asyncio.sleep(0.2)
         finally:
             first.stop()
             second.stop()
