@@ -114,16 +114,33 @@ function alignmentTable(judgeId, runs, parts) {
                    `${alignmentFigure(r.candidateFigures && r.candidateFigures.meanAbsoluteError)}`),
       el("td", {}, r.promotedAt ? `promoted by ${r.promotedBy}` : r.state === "done"
         ? el("button", { type: "button", class: "promote", onclick: () => promoteRun(judgeId, r, parts) },
-             r.better ? "Promote" : "Promote anyway (agreed worse)")
+             promoteLabel(r))
         : null)))));
 }
 
+// The server refuses a promotion without "force" when the candidate agreed worse, or when fewer
+// than PROMOTE_MIN_CASES held-out cases compared the two judges (scoring/alignment.py).
+const PROMOTE_MIN_CASES = 10;
+
+function promoteDoubt(run) {
+  if (!run.better) return "The candidate agreed worse with people on the held-out cases.";
+  const cases = run.current ? run.current.cases : 0;
+  if (cases < PROMOTE_MIN_CASES) return `Only ${cases} held-out cases compared the judges (${PROMOTE_MIN_CASES} needed).`;
+  return null;
+}
+
+function promoteLabel(run) {
+  if (!run.better) return "Promote anyway (agreed worse)";
+  return promoteDoubt(run) ? "Promote anyway (too few cases)" : "Promote";
+}
+
 async function promoteRun(judgeId, run, parts) {
-  if (!run.better && !window.confirm("The candidate agreed worse with people on the held-out cases. Promote it anyway?")) {
+  const doubt = promoteDoubt(run);
+  if (doubt && !window.confirm(`${doubt} Promote it anyway?`)) {
     return;
   }
   try {
-    await api("POST", `/v1/judges/${encodeURIComponent(judgeId)}/promote`, { alignment: run.id, force: !run.better });
+    await api("POST", `/v1/judges/${encodeURIComponent(judgeId)}/promote`, { alignment: run.id, force: Boolean(doubt) });
   } catch (error) {
     parts.alignments.prepend(failure(error));
     return;
