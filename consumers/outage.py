@@ -64,24 +64,26 @@ def outage_of(exc: BaseException) -> str | None:
         return "kafka"
     if isinstance(exc, ConnectionError | TimeoutError):  # a socket-level failure under either client
         return "network"
-    if isinstance(exc, AttributeError | TypeError) and _raised_in_redis_connection(exc):
+    if isinstance(exc, AttributeError | TypeError | RuntimeError) and _raised_in_redis_connection(exc):
         # redis-py's asyncio client lets a connection closed under a write surface as these
-        # (its writer or transport already torn down: redis/redis-py#4287, #3546), seen here when a
-        # Redis Cluster primary fails over: a broken connection, which is an outage like any.
+        # (its writer or transport already torn down: redis/redis-py#4287, #3546; uvloop's closed
+        # transport: "the handler is closed"), seen here when a Redis Cluster primary fails over:
+        # a broken connection, which is an outage like any.
         return "redis"
     return None
 
 
 def _raised_in_redis_connection(exc: BaseException) -> bool:
     """Raised while redis-py wrote to or read from a connection: it passed through its
-    connection module, and was raised there or in asyncio's transport under it (not in our code)."""
+    connection module, and was raised there or in the event loop's transport under it (asyncio's
+    or uvloop's; not in our code)."""
     files = []
     tb = exc.__traceback__
     while tb is not None:
         files.append(tb.tb_frame.f_code.co_filename.replace("\\", "/"))
         tb = tb.tb_next
     through = any("/redis/" in f and f.endswith("/connection.py") for f in files)
-    return through and bool(files) and ("/redis/" in files[-1] or "/asyncio/" in files[-1])
+    return through and bool(files) and any(part in files[-1] for part in ("/redis/", "/asyncio/", "uvloop/"))
 
 
 class OutageTooLong(ScoringError):

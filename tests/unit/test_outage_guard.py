@@ -104,6 +104,36 @@ async def test_redis_pys_transport_race_on_a_closed_connection_is_a_redis_outage
         assert outage_of(exc) is None, "the same error raised by our own code is a bug, not an outage"
 
 
+def test_a_write_to_a_connection_uvloop_closed_is_a_redis_outage() -> None:
+    # A Cluster primary killed under a pipeline: uvloop's transport is closed when redis-py writes,
+    # and uvloop raises RuntimeError ("the handler is closed") - it stopped a worker in a chaos run.
+    import redis.asyncio.connection
+    import uvloop
+
+    async def write_after_close() -> BaseException | None:
+        server = await asyncio.start_server(lambda _r, _w: None, "127.0.0.1", 0)
+        try:
+            reader, writer = await asyncio.open_connection("127.0.0.1", server.sockets[0].getsockname()[1])
+            connection = redis.asyncio.connection.Connection()
+            connection._reader, connection._writer = reader, writer
+            writer.transport.abort()
+            await asyncio.sleep(0.01)
+            try:
+                await connection._send_packed_command([b"PING\r\n"])
+            except RuntimeError as exc:
+                return exc
+            return None
+        finally:
+            server.close()
+
+    raised = uvloop.run(write_after_close())
+    assert isinstance(raised, RuntimeError) and outage_of(raised) == "redis"
+    try:
+        raise RuntimeError("the handler is closed")  # the same words from our own code: a bug
+    except RuntimeError as exc:
+        assert outage_of(exc) is None
+
+
 @pytest.mark.parametrize("answer", [ClusterDownError("The cluster is down"), MasterDownError("link with master is down"),
                                     TryAgainError("Multiple keys request during rehashing of slot"),
                                     SlotNotCoveredError("slot 42 is not covered")])
