@@ -21,6 +21,7 @@ from scoring.models import Judge
 from scoring.stores import keys
 from scoring.stores.client import RedisClient
 from scoring.stores.quotas import LEDGER_TTL_S, ledger_entry
+from scoring.stores.scripts import LEASE
 
 LISTED = 50  # the newest runs a judge's list shows
 
@@ -46,14 +47,6 @@ if ARGV[4] == 'take' then redis.call('HSET', KEYS[1], ARGV[1], ARGV[2]) end
 return 1
 """
 
-# KEYS: a run's lease. ARGV: the process, the lease (ms). Takes or renews it: 1, or 0 when another
-# process holds it.
-_LEASE = """
-local held = redis.call('GET', KEYS[1])
-if held and held ~= ARGV[1] then return 0 end
-redis.call('SET', KEYS[1], ARGV[1], 'PX', ARGV[2])
-return 1
-"""
 
 
 def _busy(project_id: str) -> TooMany:
@@ -76,7 +69,7 @@ class AlignmentStore:
     def __init__(self, redis: RedisClient) -> None:
         self._redis = redis
         self._begin = redis.register_script(_BEGIN)
-        self._lease = redis.register_script(_LEASE)
+        self._lease = redis.register_script(LEASE)
 
     async def check_place(self, project_id: str) -> None:
         """``TooMany`` when the project has a run not ended - before a start reads its labels."""

@@ -27,6 +27,7 @@ from scoring.errors import Conflict, InvalidDocument, NotFound
 from scoring.models import ScorerGroup
 from scoring.stores import keys
 from scoring.stores.client import RedisClient
+from scoring.stores.scripts import LEASE
 
 JOBS_KEPT_S = 30 * 86_400  # an ended job is kept for a month: its progress stays readable (an active one: always)
 MAX_ACTIVE_JOBS = 3  # a project's jobs not ended: each reads the shared topic again
@@ -52,14 +53,6 @@ redis.call('HSET', KEYS[1], 'status', ARGV[1], unpack(ARGV, 3))
 return 1
 """
 
-# KEYS: a partition's lease of a job. ARGV: the worker, the lease in ms. Takes or renews the lease
-# for the worker: 1, or 0 when another worker holds it.
-_LEASE = """
-local held = redis.call('GET', KEYS[1])
-if held and held ~= ARGV[1] then return 0 end
-redis.call('SET', KEYS[1], ARGV[1], 'PX', ARGV[2])
-return 1
-"""
 
 # KEYS: a job's state hash. ARGV: the job's most judge calls (-1: none), then the calls of each
 # pair in order. Reserves the longest prefix of pairs that fits, all or nothing per pair, and
@@ -233,7 +226,7 @@ class JobParts:
         self.lease_s = lease_s  # a worker holds a partition of a job this long without renewing it
         self._move = redis.register_script(_MOVE)
         self._reserve_calls = redis.register_script(_RESERVE_CALLS)
-        self._lease = redis.register_script(_LEASE)
+        self._lease = redis.register_script(LEASE)
 
     async def move(self, job_id: str, status: str, from_statuses: str, **fields: str) -> bool:
         """Set the job's status if it is one of ``from_statuses`` (with ``fields``, e.g.

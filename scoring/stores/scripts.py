@@ -18,6 +18,15 @@ from redis.exceptions import NoScriptError
 
 from scoring.stores.client import RedisClient
 
+# A lease held in one key (a backfill's partition, an alignment run). KEYS: the lease. ARGV: the
+# holder, the lease in ms. Takes or renews it for the holder: 1, or 0 when another holds it.
+LEASE = """
+local held = redis.call('GET', KEYS[1])
+if held and held ~= ARGV[1] then return 0 end
+redis.call('SET', KEYS[1], ARGV[1], 'PX', ARGV[2])
+return 1
+"""
+
 
 class ScriptPipeline:
     """``async with ScriptPipeline(redis) as pipe``: ``pipe.script(...)`` for scripts, ``pipe.redis``
