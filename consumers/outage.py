@@ -43,6 +43,7 @@ from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from consumers.events import SILENT
 from scoring.errors import ScoringError
+from scoring.stores.client import PoolBusy
 
 log = structlog.get_logger(__name__)
 
@@ -54,6 +55,8 @@ _MAX_DELAY_S = 5.0
 
 def outage_of(exc: BaseException) -> str | None:
     """Which dependency ``exc`` says is unreachable for now ("redis", "kafka"), or None."""
+    if isinstance(exc, PoolBusy):  # the process's own pool, full: back-pressure (``OutageGuard.call``)
+        return None
     if isinstance(exc, RedisConnectionError | RedisTimeoutError | BusyLoadingError | ReadOnlyError):
         return "redis"
     # A Redis Cluster failing over or moving slots answers CLUSTERDOWN, MASTERDOWN or TRYAGAIN,
@@ -131,17 +134,21 @@ class OutageGuard:
                 try:
                     return await step()
                 except Exception as exc:
-                    dependency = outage_of(exc)
+                    # The pool full past its wait is the process's own back-pressure, not Redis
+                    # down: retried like an outage, never reported as one.
+                    dependency = "redis pool" if isinstance(exc, PoolBusy) else outage_of(exc)
                     if dependency is None:
                         raise
-                    if waiting_for is None:
-                        waiting_for, first_failed = dependency, time.monotonic()
+                    if not first_failed:
+                        first_failed = time.monotonic()
+                    if waiting_for is None and not isinstance(exc, PoolBusy):
+                        waiting_for = dependency
                         self._enter(dependency, exc)
                     # The tolerance counts from this step's own first failure: the guard is shared
                     # by every loop, and one loop's long wait must not end another's first retry.
                     lasted = time.monotonic() - first_failed
                     if lasted > self.tolerance_s:
-                        raise OutageTooLong(f"{waiting_for} unreachable for {lasted:.0f}s, past the tolerance of "
+                        raise OutageTooLong(f"{dependency} unreachable for {lasted:.0f}s, past the tolerance of "
                                             f"{self.tolerance_s:g}s: {exc!r}") from exc
                 await asyncio.sleep(delay * random.uniform(0.5, 1.0))
                 delay = min(delay * 2, _MAX_DELAY_S)

@@ -3,7 +3,8 @@ a timeout, a delivery guarantee or an address is decided once for the worker, th
 
 - Redis: every command and connection attempt gives up after ``SGW_REDIS_TIMEOUT_S`` (a hung
   server is an outage the callers see, never a request that waits forever); at most
-  ``Settings.redis_connections()`` connections, a call past them waiting for one. Commands are packed
+  ``Settings.redis_connections()`` connections, a call past them waiting for one (back-pressure,
+  metered; past the timeout ``PoolBusy``, never taken for an outage). Commands are packed
   into the wire protocol by hiredis, as redis-py's own synchronous client does (``_CPacked``).
   A ``rediss://`` URL
   is TLS, checked against ``SGW_REDIS_CA_FILE`` (or the system's CAs); an ACL user and password
@@ -20,6 +21,8 @@ a timeout, a delivery guarantee or an address is decided once for the worker, th
 
 from __future__ import annotations
 
+import asyncio
+import time
 from typing import Any
 
 import hiredis  # noqa: F401 - the C packer's: missing, the worker says so at import, not at a first command
@@ -37,8 +40,10 @@ from redis.asyncio.connection import (
     parse_url,
 )
 from redis.connection import HiredisRespSerializer
+from redis.exceptions import ConnectionError as RedisConnectionError
 
-from scoring.stores.client import RedisClient
+from scoring.stores.client import PoolBusy, RedisClient
+from worker import metrics
 from worker.settings import Settings
 
 
@@ -75,6 +80,35 @@ C_PACKED: dict[type, type] = {Connection: CPackedConnection, SSLConnection: CPac
                               UnixDomainSocketConnection: CPackedUnixConnection}
 
 
+class MeteredPool(BlockingConnectionPool):
+    """The bounded pool, metered: a call that finds every connection in use waits for one
+    (counted, with its seconds) up to the pool's timeout, then raises ``PoolBusy`` - the process
+    asked more of its pool than it holds, which is back-pressure, not the server failing (a
+    plain ``ConnectionError`` here read as an outage, pausing every loop)."""
+
+    def __init__(self, **options: Any) -> None:
+        super().__init__(**options)
+        metrics.meter_redis_pool(lambda: len(self._available_connections) + len(self._in_use_connections),
+                                 lambda: len(self._in_use_connections), self.max_connections)
+
+    async def get_connection(self, *args: Any, **options: Any) -> Any:
+        if self.can_get_connection():  # the usual case: no wait, nothing to count
+            return await super().get_connection()  # type: ignore[no-untyped-call]
+        started = time.monotonic()
+        outcome = "got"
+        try:
+            return await super().get_connection()  # type: ignore[no-untyped-call]
+        except RedisConnectionError as exc:
+            if not isinstance(exc.__cause__, asyncio.TimeoutError):  # the server's failure, as it came
+                raise
+            outcome = "deadline"
+            raise PoolBusy(f"every one of the {self.max_connections} Redis connections stayed in use for "
+                           f"{self.timeout}s (SGW_REDIS_MAX_CONNECTIONS)") from exc
+        finally:
+            metrics.REDIS_CONNECTION_WAITS.labels(outcome).inc()
+            metrics.REDIS_CONNECTION_WAIT_SECONDS.inc(time.monotonic() - started)
+
+
 def redis_client(settings: Settings) -> RedisClient:
     options: dict[str, Any] = {"socket_timeout": settings.redis_timeout_s,
                                "socket_connect_timeout": settings.redis_timeout_s}
@@ -90,7 +124,7 @@ def redis_client(settings: Settings) -> RedisClient:
     # back-pressure; redis-py's default pool raised at its 100th connection, which the callers
     # took for an outage (503s, paused loops).
     most = url_options.pop("max_connections", None) or settings.redis_connections()
-    pool = BlockingConnectionPool(**{**options, **url_options, "connection_class": C_PACKED.get(kind, kind)},
+    pool = MeteredPool(**{**options, **url_options, "connection_class": C_PACKED.get(kind, kind)},
                                   max_connections=most, timeout=settings.redis_timeout_s)
     return Redis.from_pool(pool)  # the client owns its pool: closing it closes the pool
 

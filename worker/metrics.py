@@ -148,6 +148,28 @@ DEPENDENCY_UNREACHABLE = Gauge(
     "sgw_dependency_unreachable",
     "1 while the worker waits for an unreachable dependency (redis, kafka) instead of exiting.",
     ["dependency"], registry=REGISTRY)
+REDIS_CONNECTIONS = Gauge(
+    "sgw_redis_connections",
+    "This process's pool of connections to Redis (not a Redis Cluster client's), read at scrape time: open "
+    "(idle or in use), in_use, and most (its bound: SGW_REDIS_MAX_CONNECTIONS, or what the process drives).",
+    ["state"], registry=REGISTRY)
+REDIS_CONNECTION_WAITS = Counter(
+    "sgw_redis_connection_waits",
+    "Redis calls that found every connection of the pool in use and waited for one (back-pressure), by how "
+    "the wait ended: got (a connection), deadline (SGW_REDIS_TIMEOUT_S passed; the step is retried).",
+    ["outcome"], registry=REGISTRY)
+REDIS_CONNECTION_WAIT_SECONDS = Counter(
+    "sgw_redis_connection_wait_seconds", "Seconds Redis calls spent waiting for a connection of the pool.",
+    registry=REGISTRY)
+
+
+def meter_redis_pool(open_: Callable[[], int], in_use: Callable[[], int], most: int) -> None:
+    """The process's Redis pool, read at scrape time (the last pool built wins: one per process)."""
+    REDIS_CONNECTIONS.labels("open").set_function(open_)
+    REDIS_CONNECTIONS.labels("in_use").set_function(in_use)
+    REDIS_CONNECTIONS.labels("most").set(most)
+
+
 CATALOG_LOST = Gauge(
     "sgw_catalog_lost",
     "1 when Redis answered with an empty catalog after a non-empty one (data lost); the last "

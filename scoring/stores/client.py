@@ -19,11 +19,19 @@ from redis.asyncio import Redis
 from redis.asyncio.cluster import RedisCluster
 from redis.asyncio.connection import AbstractConnection
 from redis.commands.core import AsyncScript
+from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import NoScriptError
 
 from scoring.errors import CatalogError
 
 RedisClient: TypeAlias = Redis | RedisCluster
+
+
+class PoolBusy(RedisConnectionError):
+    """Every connection of this process's pool stayed in use past the wait's deadline: the
+    process drives more Redis work at once than its pool holds (``SGW_REDIS_MAX_CONNECTIONS``).
+    Back-pressure, not the server's failure: the outage guard retries the step without reporting
+    an outage, and the API answers 503 with Retry-After, as for any connection error."""
 
 
 class NotReplicated(CatalogError):

@@ -310,8 +310,12 @@ async def _raw_calls_per_s(base_url: str, concurrency: int, seconds: float) -> f
     return rate
 
 
-async def judge_bound(bench: Bench, concurrency: int, window_s: float) -> dict[str, Any]:
-    judge = JudgeProcess(bench, JUDGE_LATENCY_S)
+async def judge_bound(bench: Bench, concurrency: int, window_s: float,
+                      latency_s: float = JUDGE_LATENCY_S) -> dict[str, Any]:
+    """One judge group at ``concurrency`` calls in flight against a judge answering in ``latency_s``.
+    The bench's one project may hold them all (``judge_concurrency_per_project``): the default
+    keeps a sixteenth back for a second project, which would cap the ratio at 15/16."""
+    judge = JudgeProcess(bench, latency_s)
     server_capacity = await _raw_calls_per_s(judge.base_url, concurrency, min(3.0, window_s))
     await asyncio.sleep(0.6)  # the probe's calls counted: the worker's start from here
     probe_calls = judge.count[1]
@@ -319,7 +323,8 @@ async def judge_bound(bench: Bench, concurrency: int, window_s: float) -> dict[s
     # The worker's own room (derived from its judge concurrency), unless the run sets one.
     in_flight = int(bench.worker_settings.get("max_in_flight") or 0) or room_for(concurrency, 64)
     worker = bench.worker(f"judge-{concurrency}", redis_url, judge_base_url=judge.base_url,
-                          judge_concurrency=concurrency)
+                          judge_concurrency=concurrency, judge_concurrency_per_project=concurrency,
+                          judge_timeout_s=max(30.0, 4 * latency_s))
     assert worker.proc is not None
     tree = ProcessTree(worker.proc.pid).start()
     server = ProcessTree(judge.proc.pid)
@@ -339,13 +344,18 @@ async def judge_bound(bench: Bench, concurrency: int, window_s: float) -> dict[s
         after = await redis_calls(redis_url)
         cpu_s, server_cpu_s, starved = tree.cpu_s(), server.cpu_s(), tree.waited_s() / (t2 - t1)
         hwm = tree.root_hwm_mb()
+        pool = {state: worker.metric("sgw_redis_connections", state=state) for state in ("in_use", "most")}
+        waits = worker.metric("sgw_redis_connection_waits_total")
+        outages = worker.metric("sgw_dependency_unreachable")
     finally:
         profile.stop()
         tree.stop()
         worker.stop(timeout_s=120)
         judge.stop()
-    achieved, ideal = (n2 - n1) / (t2 - t1), concurrency / JUDGE_LATENCY_S
-    return {"concurrency": concurrency, "max_in_flight": in_flight, "calls_per_s": round(achieved, 1),
+    achieved, ideal = (n2 - n1) / (t2 - t1), concurrency / latency_s
+    return {"concurrency": concurrency, "latency_s": latency_s, "max_in_flight": in_flight,
+            "redis_pool": {"in_use_at_end": pool["in_use"], "most": pool["most"], "waits": waits},
+            "outage_at_end": outages, "calls_per_s": round(achieved, 1),
             "ideal_calls_per_s": round(ideal, 1), "ratio_to_ideal": round(achieved / ideal, 3),
             "server_peak_in_flight": peak, "server_capacity_calls_per_s": round(server_capacity, 1),
             "server_cpu_share": round(server_cpu_s / (t2 - t1), 2), "cpu_cores_used": round(cpu_s / (t2 - t1), 2),

@@ -16,7 +16,8 @@ traces topic (6 partitions) with ``--traces`` realistic ~2 KB traces, then runs,
 - scale_out: the same with ``--scale-workers`` worker processes in one consumer group, as an
   operator scales out (CPU and memory summed over them; peak_rss_mb is the first one's);
 - judge-bound: one judge group against deploy/judge_server.py in its own process answering in
-  300 ms, at SGW_JUDGE_CONCURRENCY 16, 64 and 256: judge calls/s against concurrency / latency;
+  300 ms (``--judge-latency``; real LLM judges take 1-10 s), at SGW_JUDGE_CONCURRENCY 16, 64 and 256
+  (``--judge-concurrency``): judge calls/s against concurrency / latency, the Redis pool's bound;
 - latency: open-loop production at half the deterministic rate to a fresh topic; produce time
   to the rating's broker timestamp, p50 / p99 / max;
 - backlog: the topic grown to ``--backlog`` traces, drained by a fresh worker: its peak RSS;
@@ -131,7 +132,9 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
             await scenario(f"deterministic_x{args.scale_workers}", scenarios.scale_out(bench, args.scale_workers))
         if "judge" in wanted:
             for concurrency in (int(c) for c in args.judge_concurrency.split(",")):
-                await scenario(f"judge_{concurrency}", scenarios.judge_bound(bench, concurrency, args.judge_seconds))
+                at = "" if args.judge_latency == scenarios.JUDGE_LATENCY_S else f"_at_{args.judge_latency:g}s"
+                await scenario(f"judge_{concurrency}{at}",
+                               scenarios.judge_bound(bench, concurrency, args.judge_seconds, args.judge_latency))
         if "latency" in wanted:
             det = results.get("deterministic", {}).get("traces_per_s")
             rate = args.latency_rate or (det / 2 if det else 200.0)
@@ -284,6 +287,8 @@ def main() -> None:
                         help="a few minutes: 10,000 traces, a 30,000 backlog, 8 s judge windows, 10 s of latency")
     parser.add_argument("--judge-seconds", type=float, default=20.0, help="measured window per concurrency")
     parser.add_argument("--judge-concurrency", default="16,64,256", help="SGW_JUDGE_CONCURRENCY values to run")
+    parser.add_argument("--judge-latency", type=float, default=0.3,
+                        help="seconds the judge server takes to answer (real LLM judges: 1-10)")
     parser.add_argument("--latency-seconds", type=float, default=30.0)
     parser.add_argument("--latency-rate", type=float, default=None, help="default: half the deterministic rate")
     parser.add_argument("--sandboxes", type=int, default=2, help="SGW_CODE_SANDBOXES of the worker")

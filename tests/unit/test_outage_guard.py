@@ -11,6 +11,7 @@ from redis.exceptions import ClusterDownError, MasterDownError, ResponseError, S
 from redis.exceptions import ConnectionError as RedisConnectionError
 
 from consumers.outage import OutageGuard, OutageTooLong, not_the_subjects_fault, outage_of
+from scoring.stores.client import PoolBusy
 
 
 def test_what_counts_as_an_outage() -> None:
@@ -56,6 +57,41 @@ async def test_an_outage_is_waited_out_and_reported_meanwhile() -> None:
     assert seen_reason[0] is None and all(r and r.startswith("redis unreachable") for r in seen_reason[1:])
     assert guard.reason is None
     assert changes == [("redis", True), ("redis", False)]
+
+
+async def test_the_pool_full_is_waited_out_and_never_reported_as_an_outage() -> None:
+    changes: list[tuple[str, bool]] = []
+
+    class Changes:
+        def outage(self, dependency: str, unreachable: bool) -> None:
+            changes.append((dependency, unreachable))
+
+    guard = OutageGuard(tolerance_s=30, events=Changes())
+    busy = 2
+    reasons: list[str | None] = []
+
+    async def step() -> str:
+        nonlocal busy
+        reasons.append(guard.reason)
+        if busy:
+            busy -= 1
+            raise PoolBusy("every one of the 8 Redis connections stayed in use")
+        return "done"
+
+    assert outage_of(PoolBusy("full")) is None
+    assert await guard.call(step) == "done"
+    assert reasons == [None, None, None] and changes == [], "back-pressure: no outage reported, /readyz stays ready"
+    assert not_the_subjects_fault(PoolBusy("full")), "a trace is never blamed for the pool"
+
+
+async def test_the_pool_full_past_the_tolerance_is_given_up() -> None:
+    guard = OutageGuard(tolerance_s=0.2)
+
+    async def step() -> None:
+        raise PoolBusy("full")
+
+    with pytest.raises(OutageTooLong, match="redis pool"):
+        await guard.call(step)
 
 
 async def test_other_errors_are_raised_at_once() -> None:
