@@ -316,7 +316,8 @@ async def judge_bound(bench: Bench, concurrency: int, window_s: float,
     The bench's one project may hold them all (``judge_concurrency_per_project``): the default
     keeps a sixteenth back for a second project, which would cap the ratio at 15/16."""
     judge = JudgeProcess(bench, latency_s)
-    server_capacity = await _raw_calls_per_s(judge.base_url, concurrency, min(3.0, window_s))
+    # the probe outlasts a few of the judge's answers (a 5 s judge answers nothing in 3 s)
+    server_capacity = await _raw_calls_per_s(judge.base_url, concurrency, min(max(3.0, 2.5 * latency_s), window_s))
     await asyncio.sleep(0.6)  # the probe's calls counted: the worker's start from here
     probe_calls = judge.count[1]
     redis_url = await bench.fresh_db(JUDGE_CATALOG)
