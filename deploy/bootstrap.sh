@@ -6,8 +6,23 @@
 # and Maven when missing, the Python virtualenv in .venv
 # with the pinned versions of constraints.txt, helm (built from its Go module, for the chart's
 # tests), and Kafka's jars from Maven Central.
+#
+#   deploy/bootstrap.sh        everything (./dev test)
+#   deploy/bootstrap.sh run    what running the product needs (./dev demo, ./dev example): no image
+#                              wheels, no helm - those are the test suite's
+# Installers' output goes to .bootstrap.log and is shown only when a step fails.
 set -euo pipefail
 cd "$(dirname "$0")/.."
+purpose=${1:-all}
+log=.bootstrap.log
+
+quietly() {  # a step's output kept in $log; shown, with the step, only if it fails
+  if ! "$@" >"$log" 2>&1; then
+    echo "bootstrap: failed: $*" >&2
+    tail -n 40 "$log" >&2
+    exit 1
+  fi
+}
 
 need_apt=()
 command -v redis-server >/dev/null 2>&1 || [ -x /usr/bin/redis-server ] || need_apt+=(redis-server)
@@ -37,10 +52,10 @@ if [ ! -x .venv/bin/python ]; then
 fi
 stamp=.venv/.installed-$(cat pyproject.toml sdk/pyproject.toml constraints.txt | sha256sum | cut -c1-16)
 if [ ! -f "$stamp" ]; then
-  echo "bootstrap: installing Python packages into .venv" >&2
-  .venv/bin/pip install -q --disable-pip-version-check --upgrade pip
+  echo "bootstrap: installing Python packages into .venv (a minute or two, once)" >&2
+  quietly .venv/bin/pip install -q --disable-pip-version-check --upgrade pip
   # The SDK (sdk/) is a distribution of its own, which the server depends on: both in one go.
-  .venv/bin/pip install -q --disable-pip-version-check -c constraints.txt -e ./sdk -e '.[test]'
+  quietly .venv/bin/pip install -q --disable-pip-version-check -c constraints.txt -e ./sdk -e '.[test]'
   rm -f .venv/.installed-*; touch "$stamp"
 fi
 # The image's dependencies as wheels, for tests/e2e/test_image.py to install the image's way
@@ -48,10 +63,10 @@ fi
 # its compiled stage.
 image_wheels=(./sdk . 'setuptools>=69' wheel mypy)
 wheels_stamp=.wheels/.made-$(echo "${image_wheels[*]} $(basename "$stamp")" | sha256sum | cut -c1-16)
-if [ ! -f "$wheels_stamp" ]; then
-  echo "bootstrap: collecting the image's wheels into .wheels" >&2
+if [ "$purpose" = all ] && [ ! -f "$wheels_stamp" ]; then
+  echo "bootstrap: collecting the image's wheels into .wheels (for the image's test)" >&2
   rm -rf .wheels
-  .venv/bin/pip wheel -q --disable-pip-version-check -c constraints.txt -w .wheels "${image_wheels[@]}"
+  quietly .venv/bin/pip wheel -q --disable-pip-version-check -c constraints.txt -w .wheels "${image_wheels[@]}"
   rm -f .wheels/scorer_group*.whl
   touch "$wheels_stamp"
 fi
@@ -60,11 +75,12 @@ fi
 # from its Go module, pinned, into .tools/.
 # A binary built by go install reports only major.minor ("v4.3"): a stamp says which was built.
 helm_version=v4.3.2
-if [ ! -x .tools/helm ] || [ "$(cat .tools/helm.version 2>/dev/null)" != "$helm_version" ]; then
+if [ "$purpose" = all ] && { [ ! -x .tools/helm ] || [ "$(cat .tools/helm.version 2>/dev/null)" != "$helm_version" ]; }; then
   go=$(command -v go || echo /usr/local/go/bin/go)
-  [ -x "$go" ] || { echo "bootstrap: Go is needed to build helm $helm_version (go install)" >&2; exit 1; }
-  echo "bootstrap: building helm $helm_version into .tools (once)" >&2
-  GOBIN="$PWD/.tools" "$go" install "helm.sh/helm/v4/cmd/helm@$helm_version"
+  [ -x "$go" ] || { echo "bootstrap: Go is needed to build helm $helm_version for the chart's tests (go install);" \
+                         "./dev demo needs neither" >&2; exit 1; }
+  echo "bootstrap: building helm $helm_version into .tools (for the chart's tests; once)" >&2
+  quietly env GOBIN="$PWD/.tools" "$go" install "helm.sh/helm/v4/cmd/helm@$helm_version"
   echo "$helm_version" > .tools/helm.version
 fi
 

@@ -1,4 +1,4 @@
-"""The scorer-groups SDK, as the spec shows it.
+"""The scorer-groups SDK.
 
     from scorer_groups import Client
 

@@ -1,5 +1,5 @@
 # Generated from evaluations_async.py by sdk/tools/generate_sync.py - do not edit; run `./dev sdk` to regenerate.
-"""Dataset runs from the SDK, as the spec shows them:
+"""Dataset runs from the SDK, as a team writes them:
 
     run = client.evaluations.run(dataset_id=dataset.id, subject={"kind": "custom_agent",
                                  "displayName": "my-agent"}, scorer_group_id=group.id

@@ -1,4 +1,4 @@
-"""Dataset runs from the SDK, as the spec shows them:
+"""Dataset runs from the SDK, as a team writes them:
 
     run = client.evaluations.run(dataset_id=dataset.id, subject={"kind": "custom_agent",
                                  "displayName": "my-agent"}, scorer_group_id=group.id

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import re
 import time
 from typing import Any
 
@@ -44,6 +45,16 @@ def test_the_console_is_served_with_a_policy_that_forbids_inline_script(env: Env
     assert "frame-ancestors 'none'" in policy and page.headers["x-content-type-options"] == "nosniff"
     assert "<script>" not in page.text, "no inline script in the page"
     assert httpx.get(env.api.url + "/console/static/../openapi.json").status_code == 404
+
+
+def test_the_console_and_the_api_docs_name_an_icon_the_api_serves(env: Env) -> None:
+    # Without one, a browser asks for /favicon.ico and logs the 404 on every page.
+    for page in ("/console", "/docs"):
+        icon = re.search(r'<link rel="icon" href="([^"]+)" type="image/svg\+xml">', httpx.get(env.api.url + page).text)
+        assert icon, f"{page} names no icon"
+        answer = httpx.get(env.api.url + icon.group(1))
+        assert answer.status_code == 200 and answer.headers["content-type"] == "image/svg+xml"
+        assert answer.text.startswith("<svg ") and "<script" not in answer.text
 
 
 def test_the_console_from_sign_in_to_an_edit(env: Env, browser: Any) -> None:

@@ -186,8 +186,8 @@ def test_the_image_serves_the_api_the_console_and_its_reference(image: Path, tmp
                     pass
                 assert time.monotonic() < deadline, log.read_text()[-3000:]
                 time.sleep(0.2)
-            for path in ("/console", "/console/static/console.js", "/docs", "/docs/static/swagger-ui-bundle.js",
-                         "/openapi.json"):
+            for path in ("/console", "/console/static/console.js", "/console/static/favicon.svg", "/docs",
+                         "/docs/static/swagger-ui-bundle.js", "/openapi.json"):
                 assert httpx.get(base + path, timeout=10).status_code == 200, path
             assert httpx.get(base + "/v1/scorer-groups", timeout=10).status_code == 401
         finally:

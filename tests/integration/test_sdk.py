@@ -200,7 +200,7 @@ def test_scorers_budgets_and_channels(env: Env) -> None:
 
 def test_the_readmes_five_lines_run(env: Env) -> None:
     readme = (Path(__file__).resolve().parents[2] / "README.md").read_text()
-    block = readme.split("The SDK, as the spec shows it")[1].split("```python\n")[1].split("```")[0]
+    block = readme.split("## The SDK\n")[1].split("```python\n")[1].split("```")[0]
     assert len(block.strip().splitlines()) == 5
     names: dict[str, Any] = {"api_key": env.keys["b"]}
     exec(block.replace("http://127.0.0.1:8080", env.process.url), names)

@@ -27,7 +27,7 @@ FILES = {"console.js": "text/javascript; charset=utf-8", "filters.js": "text/jav
          "runs.js": "text/javascript; charset=utf-8",
          "calls.js": "text/javascript; charset=utf-8", "templates.js": "text/javascript; charset=utf-8",
          "reviews.js": "text/javascript; charset=utf-8", "judges.js": "text/javascript; charset=utf-8",
-         "console.css": "text/css; charset=utf-8"}
+         "console.css": "text/css; charset=utf-8", "favicon.svg": "image/svg+xml"}
 HEADERS = {
     "Content-Security-Policy": ("default-src 'none'; script-src 'self'; style-src 'self'; connect-src 'self'; "
                                 "img-src 'self' data:; base-uri 'none'; form-action 'self'; frame-ancestors 'none'"),
