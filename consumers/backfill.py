@@ -1,4 +1,4 @@
-"""The backfill runner (issue 42): every worker runs one; the workers share a job's partitions
+"""The backfill runner: every worker runs one; the workers share a job's partitions
 through leases in Redis.
 
 Each tick, the jobs not ended take turns (``turn_order``): projects one after another, and a

@@ -1,4 +1,4 @@
-"""A backfill's estimate before it spends anything (issue 58): ``dryRun``, the CLI's ``--estimate``,
+"""A backfill's estimate before it spends anything: ``dryRun``, the CLI's ``--estimate``,
 the console before its Start button.
 
 1. the window's ranges of the traces topic, per partition - the job's own plan

@@ -1,4 +1,4 @@
-"""A backfill's plan (issue 42, step 2): the range of the traces topic its window covers, per
+"""A backfill's plan: the range of the traces topic its window covers, per
 partition, found by record time (offsets-for-times, the broker's index: one request per bound).
 
 - It starts at the first record stamped at or after ``from``: no record of the window is before.

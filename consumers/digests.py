@@ -1,4 +1,4 @@
-"""The digest sender (issue 43): a channel with ``digestSeconds`` hears a group's Signals of a
+"""The digest sender: a channel with ``digestSeconds`` hears a group's Signals of a
 period in one message - how many results were below the threshold, and the worst of them -
 instead of one message per Signal. For groups that alert per result (``alertMode`` each);
 every worker runs one, over the groups of its share of the fleet's background work

@@ -1,4 +1,4 @@
-"""The incident watcher (issue 43): every worker runs one, over the groups of its share of the
+"""The incident watcher: every worker runs one, over the groups of its share of the
 fleet's background work (``consumers.fleet_share``: each group watched by one worker); for each
 live group that alerts on its level (``alertMode`` window or drift, or ``alertNoScoreRate``) and
 had live traffic in its window or has an incident open (``RatingsStore.active``: the others have

@@ -1,4 +1,4 @@
-"""The labels' exporter (issue 55): every version of every review label goes on the labels topic
+"""The labels' exporter: every version of every review label goes on the labels topic
 (``SGW_LABELS_TOPIC``, keyed by item), for the team's warehouse.
 
 A label is kept in Redis, and put in its queue's outbox (a stream), by the one script that

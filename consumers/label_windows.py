@@ -1,4 +1,4 @@
-"""The windows of labels the agreement watch judges (issue 55, ``consumers.incidents``): for each
+"""The windows of labels the agreement watch judges (``consumers.incidents``): for each
 group of this worker's share that a review queue of its project watches, its newest labelled items - done, every
 label given - newest first, each once (a result in two queues is one item, its labels together).
 

@@ -1,4 +1,4 @@
-"""The shadow sweep (issue 56): a shadow group - a candidate judge beside its group, made by an
+"""The shadow sweep: a shadow group - a candidate judge beside its group, made by an
 alignment run - stops scoring at its ``shadowUntil`` (``scoring.routing`` skips it), and this
 sweep then takes it out of the catalog, with its candidate judge once no shadow uses it.
 

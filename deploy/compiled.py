@@ -25,7 +25,7 @@ scripts' (``.venv/bin/scorer-worker``, whose path holds no checkout) as well as 
 the root; the C and objects stay in ``build/``. Two checkouts built into one environment (a
 worktree benchmarked against main) each import their own runtime.
 
-Measured (issue 59; docs/operate/benchmarks.md): the build takes ~47 s on this 2-core machine idle.
+Measured (docs/operate/benchmarks.md): the build takes ~47 s on this 2-core machine idle.
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Alignment runs (issue 56): does a candidate judge agree with people better than the current one,
+"""Alignment runs: does a candidate judge agree with people better than the current one,
 on labels it never saw? Pure: the API reads the labels and grades (``worker.api.alignments``).
 
 1. The labelled cases: a dataset's rows with a ``humanRating`` and an ``output``, or a review

@@ -1,4 +1,4 @@
-"""Calibration against people (issue 44): how far a judge (or a group) agrees with the verdicts
+"""Calibration against people: how far a judge (or a group) agrees with the verdicts
 people gave the same rows. Pure: a dataset run hands it pairs of (machine, human) verdicts.
 
 The figures follow the reference libraries' definitions (the tests hold them together on random

@@ -1,4 +1,4 @@
-"""Incidents (issue 43): when a group's level, not one result, needs a person. Pure: the
+"""Incidents: when a group's level, not one result, needs a person. Pure: the
 watcher (``consumers.incidents``) reads the window's counts from the ratings history and keeps
 each watch's state in Redis; everything it decides is decided here, on a clock it is given.
 

@@ -1,4 +1,4 @@
-"""``client.judge_examples``: the graded examples a judge's prompt shows it (issue 56) - people's
+"""``client.judge_examples``: the graded examples a judge's prompt shows it - people's
 corrections made part of the rubric. An example is written by hand, or taken in one call from a
 labelled review item (its texts, the median of its reviewers' ratings, the first comment as why)
 or from a dataset row with a ``humanRating`` and an ``output``.

@@ -49,7 +49,7 @@ SPAN_QUESTION = (
 SPAN_CONTEXT = "The request the agent was working on (context only; do not grade it):\n{request}\n\n"
 
 
-# A judge's graded examples (issue 56), in every scope, after its criteria - one fixed format, so
+# A judge's graded examples, in every scope, after its criteria - one fixed format, so
 # a team knows exactly what its judge reads (docs/concepts.md "Examples in a judge"). They are
 # data, quoted: a reason or an input saying "ignore the criteria" is an example's text, no more.
 EXAMPLES_INTRO = ("Graded examples: how people grade against these criteria. Grade the case below as "

@@ -8,7 +8,7 @@ whoever sends it (``consumers.outputs.Outputs.send``, ``consumers.loop.Partition
 For each result, in order (``outbox``):
 
 1. its rating, keyed by its trace (or session): every result has one - and a shadow's (a
-   candidate judge's copy of a group, issue 56) has nothing else: it is there to be compared;
+   candidate judge's copy of a group) has nothing else: it is there to be compared;
 2. a backfill that did not ask for alerts stops here: last week's traffic pages nobody;
 3. its Signal: below the group's alert threshold, or without a score when a no-score Signal is
    due (the rate limit's word, ``no_score``); keyed ``scorer-group:<id>``;

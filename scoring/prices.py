@@ -1,4 +1,4 @@
-"""What a judge call costs in money (issue 58): the operators' price table per judge model
+"""What a judge call costs in money: the operators' price table per judge model
 (``SGW_JUDGE_PRICES``, per million tokens, in ``SGW_CURRENCY``) applied to the tokens the judge's
 API reported.
 

@@ -1,4 +1,4 @@
-"""Agreement as it happens (issue 55): the judges against people over a group's labelled review
+"""Agreement as it happens: the judges against people over a group's labelled review
 items - the figures of ``scoring.calibration`` (Spearman, Cohen's kappa at the marks, MAE), with
 an item for a row:
 

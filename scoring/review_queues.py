@@ -1,4 +1,4 @@
-"""``client.review_queues``: a project's review queues (issue 55), kept in the catalog beside the
+"""``client.review_queues``: a project's review queues, kept in the catalog beside the
 groups they watch - so every worker has them in its snapshot, and a queue's change costs one
 document. The same rules whichever way a change arrives (API, SDK, ``catalog apply``): the
 wire model's limits, and ``scoring.catalog.queue_errors`` (a queue watches its own project's

@@ -1,4 +1,4 @@
-"""Which review queues take a published result (issue 55): decided where the result is
+"""Which review queues take a published result: decided where the result is
 published, from what the publisher already holds - pure, no I/O.
 
 A queue takes a result of one of its groups, from one of its origins, when the first of its

@@ -1,4 +1,4 @@
-"""The verdict cache (issue 57): a judge's verdict on the same messages is the verdict a team
+"""The verdict cache: a judge's verdict on the same messages is the verdict a team
 already paid for, so it is paid once.
 
 1. **The key** (``verdict_key``): the project, the judge, the call's signature (the endpoint,

@@ -51,8 +51,8 @@ class _CPacked(AbstractConnection):
     """A connection whose commands hiredis packs (C), with redis-py's own serializer for it (its
     synchronous client's default), where redis-py's asyncio client packs in Python: an ``encode``
     and a join per argument, 640 ns each here. A batch's claim, history and done scripts carry
-    a dozen arguments per pair: packing them was 9% of a pattern-only trace's CPU (py-spy,
-    issue 59). The same bytes (tests/unit/test_redis_packing.py)."""
+    a dozen arguments per pair: packing them was 9% of a pattern-only trace's CPU (py-spy).
+    The same bytes (tests/unit/test_redis_packing.py)."""
 
     _packer = HiredisRespSerializer()
 

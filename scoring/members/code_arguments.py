@@ -1,7 +1,7 @@
 """Which of ``score(input, output, expected, spans, metadata)``'s arguments a code scorer reads.
 
 A code scorer's arguments cross a pipe as JSON on every call, and a trace's spans are most of
-them (issue 59: span documents built, encoded, sent and decoded were ~12% of a deterministic
+them (span documents built, encoded, sent and decoded were ~12% of a deterministic
 trace's CPU, for scorers that mostly read ``output``). An argument the code never names is not
 sent: the sandbox passes None in its place. What a tenant gains by fooling this is nothing - an
 argument of its own subject, unsent - but a scorer that reads one must get it, so the reading is

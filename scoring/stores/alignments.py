@@ -1,4 +1,4 @@
-"""A judge's alignment runs in Redis (issue 56): each run one JSON document, the judge's index of
+"""A judge's alignment runs in Redis: each run one JSON document, the judge's index of
 them by creation time; both kept ``keys.ALIGNMENT_TTL_S`` after their last change, and counted in
 the project's storage ledger for as long (``scoring.stores.quotas``: the API reserves a run's place
 before its first save).

@@ -1,4 +1,4 @@
-"""Backfill jobs in Redis (issue 42): each job's request, its state, and the indexes a worker
+"""Backfill jobs in Redis: each job's request, its state, and the indexes a worker
 and the API read - a group's jobs, newest first, and the jobs not ended yet.
 
 A job is two keys: its document as created (``keys.backfill``, never rewritten) and its state

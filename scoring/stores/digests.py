@@ -1,4 +1,4 @@
-"""Digests in Redis (issue 43): which worker sends a group's digest of a period to a channel.
+"""Digests in Redis: which worker sends a group's digest of a period to a channel.
 
 A period is claimed ``pending`` by one worker (SET when absent), then marked ``sent`` once the
 delivery is acknowledged. A pending claim older than ``PENDING_S`` (its worker died before the

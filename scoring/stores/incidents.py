@@ -1,4 +1,4 @@
-"""Incidents in Redis (issue 43): what a watcher reads - a window of a group's results, from the
+"""Incidents in Redis: what a watcher reads - a window of a group's results, from the
 ratings history's buckets - and what the fleet shares: each watch's state, the group's learned
 level, and its incidents (for the API).
 

@@ -186,7 +186,7 @@ def judge_tokens(project_id: str, window_start: int) -> str:
     return f"online-judge-tokens:{{{project_id}}}:{window_start}"
 
 
-# Money of the same window (issue 58), in whole nanos of the currency: what a money cap
+# Money of the same window, in whole nanos of the currency: what a money cap
 # reserves (the cost of a call's token ceiling at its model's price) and what settles it (what
 # the call cost); kept only under a cap, as tokens are.
 def judge_cost(project_id: str, window_start: int) -> str:
@@ -333,7 +333,7 @@ def evaluation(project_id: str, run_id: str) -> str:
     return f"{PREFIX}:evaluation:{{{project_id}}}:{run_id}"
 
 
-# A judge's alignment runs (issue 56: a candidate against the current judge on held-out labels):
+# A judge's alignment runs (a candidate against the current judge on held-out labels):
 # each one JSON string, and the judge's index of them (a sorted set by creation time), kept
 # ALIGNMENT_TTL_S after the last change - the figures a promotion was decided on stay readable
 # for as long as an evaluation run's.

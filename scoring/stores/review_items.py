@@ -1,4 +1,4 @@
-"""Review queues' items in Redis (issue 55): taken when their result is published, one script call
+"""Review queues' items in Redis: taken when their result is published, one script call
 per queue, pipelined - one round trip for a batch of results whatever the queues.
 
 Taking an item (``_TAKE``), for each item of the call, in order:

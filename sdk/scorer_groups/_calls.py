@@ -274,7 +274,7 @@ def create_channel(agent_id: str, url: str, secret: str | None, extra: Mapping[s
 __all__ = ["ApiError", "Call", "Retry"]
 
 
-# --- a judge's examples (issue 56) ------------------------------------------------------------
+# --- a judge's examples ------------------------------------------------------------
 
 
 def judge_examples(judge_id: str) -> Call[builtins.list[JudgeExample]]:
@@ -306,7 +306,7 @@ def promote_judge(judge_id: str, alignment_id: str, force: bool) -> Call[Judge]:
                 json={"alignment": alignment_id, "force": force})
 
 
-# --- /v1/review-queues and /v1/review-items (issue 55) ----------------------------------------
+# --- /v1/review-queues and /v1/review-items ----------------------------------------
 
 
 def list_queues() -> Call[builtins.list[ReviewQueue]]:

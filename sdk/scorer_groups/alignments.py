@@ -1,4 +1,4 @@
-"""Alignment runs' wire models (issue 56): a candidate judge - new criteria, examples or model -
+"""Alignment runs' wire models: a candidate judge - new criteria, examples or model -
 against the current one, on people's labels the candidate never saw, before it goes live.
 ``POST /v1/judges/{id}/alignments`` starts one, ``GET .../alignments/{alignmentId}`` reads it,
 ``POST /v1/judges/{id}/promote`` makes its candidate the judge."""

@@ -104,7 +104,7 @@ class Channel(ApiModel):
     format: Literal["standard", "slack", "pagerduty"] = "standard"
     disabled: bool = False  # set by the sender after 410 Gone or failing past SGW_WEBHOOK_DISABLE_AFTER_S
     disabled_reason: str | None = None
-    digest_seconds: int | None = None  # a digest channel's period (issue 43)
+    digest_seconds: int | None = None  # a digest channel's period
 
 
 class BudgetUse(ApiModel):
@@ -239,7 +239,7 @@ class PlaygroundRating(Rating):
     calls: list[JudgeCallRecord] = Field(default_factory=list, description="The judge calls behind it.")
 
 
-# --- Backfills (issue 42): a group grades traffic that already passed -------------------------
+# --- Backfills: a group grades traffic that already passed -------------------------
 
 BackfillStatus = Literal["queued", "running", "paused", "done", "failed", "cancelled"]
 BACKFILL_ENDED = ("done", "failed", "cancelled")
@@ -322,7 +322,7 @@ class BackfillJob(ApiModel):
     updated_at: AwareDatetime
 
 
-# --- Incidents (issue 43): a group's level needing a person, opened and resolved once ------------
+# --- Incidents: a group's level needing a person, opened and resolved once ------------
 
 class Incident(ApiModel):
     """One incident of a group: opened when its window (or coverage, or level) went bad,

@@ -1,4 +1,4 @@
-"""Backfill jobs (issue 42), the parts that do no I/O, shared by both clients and the CLI
+"""Backfill jobs, the parts that do no I/O, shared by both clients and the CLI
 (``scorer-worker backfill``): the window's ends - an aware ``datetime``, an ISO time with its
 zone, or a duration back from now ("90m", "24h", "7d") - the request's body, and the progress
 line a job draws while it is waited on. The calls are the clients' (``_async``, and ``_sync``

@@ -78,7 +78,7 @@ Id = Annotated[str, StringConstraints(min_length=1, max_length=128, strip_whites
 # number (a double) and in Redis' 64-bit integers, so larger values are refused at save.
 MAX_BUDGET_CALLS = 10**12
 MAX_BUDGET_TOKENS = 10**15  # exact in a double as well, and past any real spend
-# Money (issue 58), in the operators' currency (SGW_CURRENCY): kept as whole nanos of it in Redis,
+# Money, in the operators' currency (SGW_CURRENCY): kept as whole nanos of it in Redis,
 # so a cap of 10**6 is 10**15 nanos: exact in a double, as the claim script counts them.
 MAX_BUDGET_COST = 10**6
 Name = Annotated[str, StringConstraints(min_length=1, max_length=200, strip_whitespace=True)]
@@ -158,7 +158,7 @@ class OnlineProfile(WireModel):
                                                        "on its own - name, kind, input, output, durationMs, "
                                                        "attributes.<key>.")
 
-    # Alerts (issue 43). "each": a Signal per result below the threshold, each delivered (the
+    # Alerts. "each": a Signal per result below the threshold, each delivered (the
     # spec's). "window": per-result Signals stay on the signals topic (the record), and only
     # incidents page: the window's mean below the threshold opens one, a whole window at or
     # above ``alertResolveAbove`` resolves it. "drift": incidents against the group's own
@@ -183,21 +183,21 @@ class OnlineProfile(WireModel):
                                      description="Drift: how many standard deviations below its learned "
                                                  "level the window's mean must drop.")
 
-    # A shadow (issue 56): a candidate judge's copy of a group, scored on live traffic beside it on
+    # A shadow: a candidate judge's copy of a group, scored on live traffic beside it on
     # the same sample until ``shadowUntil`` (the trace's own time), publishing ratings only - no
     # Signal, delivery, incident or review item. Made and removed by an alignment run.
     shadow_of: Id | None = Field(None, exclude_if=lambda v: v is None,
                                  description="Set by an alignment run: the group this shadow runs beside.")
     shadow_until: AwareDatetime | None = Field(None, exclude_if=lambda v: v is None, strict=False,  # ISO text, a zone
                                           description="A shadow scores traces until this time (theirs).")
-    # Review queues (issue 55): people's labels check the judges; a judge that stops agreeing
+    # Review queues: people's labels check the judges; a judge that stops agreeing
     # with them opens an incident (scoring.incidents, reason "agreement").
     alert_min_agreement: float | None = Field(None, ge=0, le=1, exclude_if=lambda v: v is None,
                                               description="Agreement: an incident when a judge member's "
                                                           "Spearman correlation with people, over the "
                                                           "group's last 50 labelled review items (10 at "
                                                           "least), falls under it (0-1).")
-    # Money (issue 58): one rubric cannot eat its project's budget. Its judge calls reserve their
+    # Money: one rubric cannot eat its project's budget. Its judge calls reserve their
     # cost ceiling from the group's day (UTC), settled to what they cost.
     max_cost_per_day: float | None = Field(None, ge=0, le=MAX_BUDGET_COST, allow_inf_nan=False,
                                            exclude_if=lambda v: v is None,
@@ -265,7 +265,7 @@ EXAMPLE_REASON_MAX_CHARS = 1_000
 
 
 class JudgeExample(WireModel):
-    """A graded example a judge's prompt shows it (issue 56): a case and the rating people gave
+    """A graded example a judge's prompt shows it: a case and the rating people gave
     it, with why. Part of the judge's rubric: a changed example set is a new revision."""
 
     id: Id
@@ -294,7 +294,7 @@ class Judge(WireModel):
     # so a judge without examples keeps the revision it had before they existed.
     examples: list[JudgeExample] = Field(default_factory=list, max_length=MAX_JUDGE_EXAMPLES,
                                          exclude_if=lambda v: not v)
-    # Whether its verdicts are paid once for the same messages (the verdict cache, issue 57):
+    # Whether its verdicts are paid once for the same messages (the verdict cache):
     # false for a judge whose answer must be asked afresh each time (one sampling at a high
     # temperature on purpose, a judge of something outside the messages). Absent when true.
     cache: bool = Field(True, exclude_if=lambda v: v)
@@ -424,7 +424,7 @@ class AlertChannel(WireModel):
     # The body's shape (scoring/webhooks/payloads.py); pagerduty needs the integration's routingKey.
     format: Literal["standard", "slack", "pagerduty"] = "standard"
     routing_key: SecretStr | None = Field(None, max_length=200)
-    # A digest (issue 43): at most one message per group and period, with the count and the worst
+    # A digest: at most one message per group and period, with the count and the worst
     # result of the period, instead of one per Signal (groups alerting per result).
     digest_seconds: int | None = Field(None, ge=60, le=86_400, exclude_if=lambda v: v is None,
                                        description="At most one message per group per this many seconds "

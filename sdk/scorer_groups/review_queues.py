@@ -1,4 +1,4 @@
-"""A review queue (issue 55): where people check the judges on live traffic. A queue belongs to a
+"""A review queue: where people check the judges on live traffic. A queue belongs to a
 project, watches some of its groups, and takes a result when the result is published - by the
 worker, from what it already holds, never by reading Kafka again - if its ``rule`` says so.
 

@@ -1,4 +1,4 @@
-"""The backfill scenario (issue 42): a group's past traffic graded again - how fast, beside live
+"""The backfill scenario: a group's past traffic graded again - how fast, beside live
 scoring, and what a running job costs live latency.
 
 - backfill_live: ``--backfill-traces`` traces on a topic of their own, at record timestamps an

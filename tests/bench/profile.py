@@ -1,5 +1,5 @@
 """Where a scenario's CPU went: a py-spy sampling profile of the measured process over the
-measured window, summed by step (``--profile DIR`` of the suite; issue 59).
+measured window, summed by step (``--profile DIR`` of the suite).
 
 py-spy samples from outside the process (``--nonblocking``: it never pauses the worker, so the
 CPU figure it runs beside is the worker's own) and writes collapsed stacks - one line a distinct

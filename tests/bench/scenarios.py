@@ -213,7 +213,7 @@ async def deterministic(bench: Bench) -> dict[str, Any]:
     return await _worker_drain(bench, "deterministic", bench.traces)
 
 
-# Issue 55: three review queues watching both deterministic groups. ``reviewed``: samples of 5%, 2%
+# Three review queues watching both deterministic groups. ``reviewed``: samples of 5%, 2%
 # and 1% - every result decided three times, about 8% of them kept as items: what the rule costs
 # the hot path. ``reviewed_all``: below the threshold, members disagreeing by half the scale, a 2%
 # sample, with room for every item - most results of this workload are kept by one queue or two:

@@ -1,4 +1,4 @@
-"""The benchmark suite: every throughput figure of issue 16 in one invocation, on one topic.
+"""The benchmark suite: every throughput figure in one invocation, on one topic.
 
     .venv/bin/python -m tests.bench.suite [--traces 100000] [--backlog 1000000] [--quick] [--only limit,backfill]
 
@@ -40,12 +40,12 @@ traces topic (6 partitions) with ``--traces`` realistic ~2 KB traces, then runs,
 - tenants: catalogs of ``--tenant-sizes`` groups over up to 5,000 projects, each under fleets of
   ``--tenant-workers`` idle workers: CPU per worker, Redis commands/s, the incident and digest
   ticks, how fast a one-group change reaches every worker and what it stalls; then the bench
-  project's traces' CPU against a 10-group catalog (issue 53; tests/bench/tenants.py). Feeds its
+  project's traces' CPU against a 10-group catalog (tests/bench/tenants.py). Feeds its
   own topic: ``--only tenants`` pre-fills nothing;
 - verdict-cache: the judge group drains ``--cache-traces`` traces three times - each its own
   question, 30% of them repeating one of 20 FAQ answers, all repeating them: judge calls per
-  trace, CPU per cached pair against a judge pair's, Redis commands per pair (issue 57;
-  tests/bench/verdict_cache.py). Feeds its own topics.
+  trace, CPU per cached pair against a judge pair's, Redis commands per pair
+  (tests/bench/verdict_cache.py). Feeds its own topics.
 
 Each scenario reads its own consumer group and a Redis database of its own. traces/s counts
 outputs by broker timestamp (output topics use LogAppendTime) from the first to the last;

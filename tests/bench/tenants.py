@@ -1,4 +1,4 @@
-"""The tenants scenario (issue 53, "Fifty thousand groups"): what a big catalog costs a fleet
+"""The tenants scenario ("Fifty thousand groups"): what a big catalog costs a fleet
 that has nothing to do, and what it costs the one project that has traffic.
 
 Catalogs of ``--tenant-sizes`` groups (1k, 10k, 50k) over up to ``MAX_PROJECTS`` projects, ten
@@ -478,7 +478,7 @@ def notes(r: dict[str, Any]) -> str:
 
 def table(r: dict[str, Any]) -> list[str]:
     """The scenario's own table: catalog size x workers."""
-    lines = ["## tenants (issue 53)", "",
+    lines = ["## tenants", "",
              f"Idle window {r['idle_window_s']} s; {r['traces']:,} traces of the bench project per drain; "
              f"10-group catalog: {r['baseline_10_groups'].get('cpu_s_per_1k')} CPU s / 1k traces.", "",
              "| groups | projects | workers | idle CPU / worker (max) | idle Redis cmds/s | top commands/s "

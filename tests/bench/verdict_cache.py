@@ -1,4 +1,4 @@
-"""The verdict-cache scenario (issue 57): what paying once for the same verdict saves, measured in
+"""The verdict-cache scenario: what paying once for the same verdict saves, measured in
 one run against the same worker and judge otherwise.
 
     .venv/bin/python -m tests.bench.suite --only verdict-cache [--cache-traces 3000]

@@ -1,4 +1,4 @@
-"""A backfill through the API and the worker (issue 42): traces produced over a
+"""A backfill through the API and the worker: traces produced over a
 past day, a group created with live scoring off, a job over that day started through the API;
 the worker grades every trace once as "backfill" and the job reaches done with fraction 1.0."""
 

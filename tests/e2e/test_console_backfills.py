@@ -1,4 +1,4 @@
-"""The console's Backfills section (issue 42) in Debian's headless chromium, against the real API
+"""The console's Backfills section in Debian's headless chromium, against the real API
 process and Redis of the console tests' fixtures (``tests.support.console_browser``): a job started from a
 group's form is listed queued (no worker runs here) and cancelled with its button or through
 the API; refused starts show the API's message at the field it names; and a job's progress,

@@ -1,4 +1,4 @@
-"""The console's Incidents (issue 43) in Debian's headless chromium, against the real API process
+"""The console's Incidents in Debian's headless chromium, against the real API process
 and Redis of the console tests' fixtures (``tests.support.console_browser``): a group's incidents,
 written as the watcher records them, are listed open first and as text, and the page reads them
 again; a group paging per result is told how to switch; a learned level is drawn on the chart

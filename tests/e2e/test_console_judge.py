@@ -1,4 +1,4 @@
-"""A judge's page in the console (issue 56) in Debian's headless chromium, against a real API
+"""A judge's page in the console in Debian's headless chromium, against a real API
 process, Redis and the local judge: reached from its group's page, it lists where the judge and
 people disagree; one click makes a disagreement an example (its text - prompt injection and
 markup included - shown as text); the form measures a candidate on a dataset's labels, the run

@@ -1,4 +1,4 @@
-"""The console's review page (issue 55) in Debian's headless chromium, against a real API process
+"""The console's review page in Debian's headless chromium, against a real API process
 and Redis, signed in with a reviewer key alone: the key sees the review and nothing else; by
 keyboard only, a person rates (1 then 0 is ten), chooses members and agrees or disagrees, opens
 the judge calls, undoes, saves and takes the next item, and goes back to change the label of the

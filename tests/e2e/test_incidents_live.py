@@ -1,4 +1,4 @@
-"""Incidents end to end (issue 43): the real worker on the real broker and Redis, a webhook
+"""Incidents end to end: the real worker on the real broker and Redis, a webhook
 receiver per channel format. A group in window mode is fed a dip, then good traffic: each
 channel gets exactly one opened and one resolved delivery - none per trace - while every
 result below the threshold is still a Signal on the signals topic (the record). The same with

@@ -1,4 +1,4 @@
-"""Review queues in the live worker (issue 55; a worker subprocess on the real broker and Redis):
+"""Review queues in the live worker (a worker subprocess on the real broker and Redis):
 a result enters a queue when it is published - below the threshold into a "below" queue, the
 queue's sample into a sampled one, and nothing else - once, through a redelivery; a queue at its
 capacity turns the rest away and counts them; an item shows what the group saw and its verdict."""

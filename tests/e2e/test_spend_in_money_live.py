@@ -1,4 +1,4 @@
-"""Spend in money on live traffic (issue 58), in the worker on the real broker and Redis, judges
+"""Spend in money on live traffic, in the worker on the real broker and Redis, judges
 through the local judge server (its token counts are word counts): a priced judge's member says
 its exact cost beside its tokens, and sgw_judge_cost_total and the group's history count the same
 by project, group (member) and model; an unpriced model's cost is null and counted nowhere - never

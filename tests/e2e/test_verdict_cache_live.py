@@ -1,4 +1,4 @@
-"""The verdict cache on live traffic (issue 57), in the worker on the real broker and Redis, judges
+"""The verdict cache on live traffic, in the worker on the real broker and Redis, judges
 through the local judge server: ten traces answering the same make one judge call, ten ratings and
 one reservation - nine saying whose call paid; the same answer in another project, or once the
 judge's criteria changed, is asked afresh; a judge's error is never kept; a redelivery calls

@@ -1,4 +1,4 @@
-"""The agreement watch (issue 55) on real Redis and Kafka, on a driven clock: people label a judge's
+"""The agreement watch on real Redis and Kafka, on a driven clock: people label a judge's
 verdicts in a review queue; when the judge stops agreeing with them (Spearman under
 ``alertMinAgreement`` over its last labelled items), two watchers (two workers) open one
 ``agreement`` incident, and a window of items labelled after the opening in which it agrees again

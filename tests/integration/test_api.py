@@ -446,7 +446,7 @@ def test_a_budget_is_set_by_the_operators_and_its_project_may_only_lower_it(api:
         assert (raised.json()["judgeCallsPerWindow"], raised.json()["projectJudgeCallsPerWindow"]) == (200, 40)
         assert_problem(a.put("/v1/budgets/p-b", json={"judgeCallsPerWindow": 1}), 404)
         assert_problem(a.put("/v1/budgets/p-a", json={"judgeCallsPerWindow": -1}), 400, "judgeCallsPerWindow")
-        # Money (issue 58), the same way: the operators' cap, a project's lower one, never higher.
+        # Money, the same way: the operators' cap, a project's lower one, never higher.
         priced = op.put("/v1/budgets/p-a", json={"judgeCallsPerWindow": 200, "judgeCostPerWindow": 25})
         assert priced.status_code == 200 and priced.json()["judgeCostPerWindow"] == 25
         assert_problem(a.put("/v1/budgets/p-a", json={"judgeCallsPerWindow": 40, "judgeCostPerWindow": 30}), 403,

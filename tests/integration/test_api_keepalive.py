@@ -1,4 +1,4 @@
-"""A request on a kept-alive connection answers in about its handling time (issue 53): the SDK and
+"""A request on a kept-alive connection answers in about its handling time: the SDK and
 the console keep connections alive, and each of their calls paid 40-44 ms - Nagle's algorithm
 holding a response's body until the client acknowledged its head, which the client delays. The
 API's listening socket sets TCP_NODELAY, and accepted connections inherit it."""

@@ -1,4 +1,4 @@
-"""``scorer-worker backfill`` (issue 42), as an operator types it, on the real Redis: refusals are
+"""``scorer-worker backfill``, as an operator types it, on the real Redis: refusals are
 the API's, one ``error: <field>: <why>`` line each and exit 2 without a traceback; a queued job
 prints its id, is listed and cancelled; ``--follow`` ends with the job (1: cancelled). No worker
 runs here, so a job stays queued until it is cancelled."""

@@ -1,4 +1,4 @@
-"""A backfill's estimate before it spends (issue 58), on the real broker and Redis with a local
+"""A backfill's estimate before it spends, on the real broker and Redis with a local
 judge: a dry run reads a bounded share of the window, spends no judge call and claims nothing,
 and what it says - pairs within its stated error, judge calls, tokens and cost - is what the real
 job that follows grades and spends (exactly, when it read the whole window)."""

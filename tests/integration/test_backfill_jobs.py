@@ -1,4 +1,4 @@
-"""Backfill jobs through the API (issue 42), as a real process on the real Redis: a job
+"""Backfill jobs through the API, as a real process on the real Redis: a job
 is started (202, queued, with the group's sample or the request's), read, listed and cancelled;
 every refusal names its field; another project's job is a 404; a project has at most 3 jobs not
 ended; a ``to`` a little ahead of the server's clock is now."""

@@ -1,4 +1,4 @@
-"""The backfill runner on the real broker and Redis (issue 42), with a local judge: a day of past
+"""The backfill runner on the real broker and Redis, with a local judge: a day of past
 traces, a group, a job over that day.
 
 - every trace rated once with origin "backfill", in the history at the trace's time, paging
@@ -94,7 +94,7 @@ async def test_a_changed_rubric_grades_the_window_again(bench: Bench) -> None:
 
 
 async def test_a_judge_promoted_with_examples_grades_the_window_again_as_its_examples_say(bench: Bench) -> None:
-    """Issue 56: examples are part of the rubric - a judge promoted with them is a new revision,
+    """Examples are part of the rubric - a judge promoted with them is a new revision,
     and its verdicts follow them (the local judge grades a case as the example sharing its marker)."""
     await bench.produce([trace(bench.project, n, f"answer {n} [[case=refund]]") for n in range(4)])
     group = group_doc(f"g-{bench.unique}", bench.project, BY_JUDGE)

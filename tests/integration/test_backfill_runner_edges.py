@@ -1,4 +1,4 @@
-"""The backfill runner where it is hard (issue 42; found by a review, each failed before its fix):
+"""The backfill runner where it is hard (found by a review, each failed before its fix):
 
 - ``maxJudgeCalls`` holds for the calls decided while a pair is scored: a gates-first group's
   judges, and retries;

@@ -1,4 +1,4 @@
-"""Backfill jobs from the SDK (issue 42), against the real API process and Redis: a job started
+"""Backfill jobs from the SDK, against the real API process and Redis: a job started
 with a duration, read back, listed and cancelled; ``wait()`` returns once the job has ended -
 cancelled from elsewhere, as no worker runs here (a job stays queued without one) - and gives
 up after its timeout; refusals name their field. Both clients, the sync one from a thread."""

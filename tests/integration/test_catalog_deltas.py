@@ -1,7 +1,7 @@
 """A catalog change costs the changed document, on the real Redis: a reader that had the catalog
 reads only what the log names since (its bytes), its snapshot equals the catalog read whole,
 and it reads whole when the log cannot tell; a running watcher has a change within a second at
-10,000 groups (issue 53)."""
+10,000 groups."""
 
 from __future__ import annotations
 

@@ -1,5 +1,5 @@
 """The dataset gate fails closed, members keep their labels, additional scorers are accounted
-for, and a catalog file's every error is listed at once (issue 12, "What was found")."""
+for, and a catalog file's every error is listed at once ("What was found")."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Digests on real Redis and Kafka (issue 43), on a driven clock: a channel with digestSeconds
+"""Digests on real Redis and Kafka, on a driven clock: a channel with digestSeconds
 gets one message per group and period - the count of the agent's results below the threshold
 and the worst of them - whatever the number of workers; a period without one sends nothing; a
 PagerDuty channel takes no digest."""

@@ -376,7 +376,7 @@ def test_human_verdicts_come_in_csv_too_and_a_malformed_one_is_refused_by_name(
 
 
 def test_a_dataset_runs_rows_enter_the_review_queues_that_take_dataset_results(names: dict[str, Any]) -> None:
-    """Issue 55: a queue with origin ``dataset`` takes a finalized run's rows as its rule says; a
+    """A queue with origin ``dataset`` takes a finalized run's rows as its rule says; a
     queue of live traffic only takes none of them."""
     client = names["client"]
     group = client.monitor.scorer_groups.create("Reviewed release bar", members=[

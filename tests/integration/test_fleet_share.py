@@ -1,4 +1,4 @@
-"""The fleet shares its background work (issue 53), on the real Redis: shard leases split evenly
+"""The fleet shares its background work, on the real Redis: shard leases split evenly
 between the workers that renew them, are handed over when a worker dies (within a lease) or
 joins (within a renewal), and given back at once by a worker that stops; two incident watchers
 each watch half the groups, every group by exactly one; two digest senders send each channel's

@@ -1,4 +1,4 @@
-"""The incident watcher on real Redis and Kafka (issue 43), on a driven clock: a group in window
+"""The incident watcher on real Redis and Kafka, on a driven clock: a group in window
 mode fed a dip and a recovery through the ratings history - two watchers side by side (two
 workers) publish exactly one opened and one resolved Signal, and one delivery per channel and
 event, none per result; an event moved by a watcher that died before publishing is published by

@@ -1,4 +1,4 @@
-"""A group's incidents through the API (issue 43), as a real process on the real Redis: the
+"""A group's incidents through the API, as a real process on the real Redis: the
 alert settings are saved and merged key by key, refused at their field; the incidents the
 watcher recorded are listed, open ones first; another project's group is a 404."""
 

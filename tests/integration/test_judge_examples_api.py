@@ -1,4 +1,4 @@
-"""A judge's graded examples over the API (issue 56), on the real API process and Redis: added,
+"""A judge's graded examples over the API, on the real API process and Redis: added,
 listed and deleted by whoever may change the judge, up to ``SGW_JUDGE_MAX_EXAMPLES``; taken in
 one call from a labelled review item or a dataset row; a changed set is a new judge document.
 Attacked as a tenant: another project's item and judge, a shared judge, huge and injected text."""

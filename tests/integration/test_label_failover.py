@@ -1,4 +1,4 @@
-"""A label acknowledged to a reviewer survives a Redis failover (issue 55), on a real primary and
+"""A label acknowledged to a reviewer survives a Redis failover, on a real primary and
 its replica: a label is answered only once the replica holds it (``WAIT`` on the connection that
 wrote it); while the replica cannot acknowledge it (stopped), the label is refused (503, send it
 again) rather than acknowledged - replication is asynchronous, and what the primary had not

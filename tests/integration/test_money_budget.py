@@ -1,4 +1,4 @@
-"""Budgets in money (issue 58), on the real Redis and a real chat-completions server: a project's
+"""Budgets in money, on the real Redis and a real chat-completions server: a project's
 ``judgeCostPerWindow`` and a group's ``online.maxCostPerDay`` reserve each call's cost ceiling -
 its token ceiling at its model's price - all or nothing, and settle to what the calls cost at the
 tokens the judge API reported; a model without a price is refused under a money cap, never free;

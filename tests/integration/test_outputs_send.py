@@ -61,7 +61,7 @@ async def test_bulk_and_single_records_land_where_send_would_put_them_in_order(
 
 
 async def test_a_backfills_policy_says_backfill_and_pages_nobody(kafka_bootstrap: str, unique: str) -> None:
-    """Issue 42: a result below the threshold, published live, is a rating, a Signal and a
+    """A result below the threshold, published live, is a rating, a Signal and a
     delivery per channel; published by a backfill (without ``alerts``), it is a rating that says
     ``origin: backfill`` and nothing else."""
     import orjson

@@ -1,4 +1,4 @@
-"""Results put in a review queue by hand (issue 55: ``POST /v1/review-queues/{id}/items``, the
+"""Results put in a review queue by hand (``POST /v1/review-queues/{id}/items``, the
 console's results list), on the real API process and Redis: rating ids among a watched group's
 latest results become items once, with the verdicts and - one call away - the judge calls the
 results list keeps; attacked as another project, a reviewer key and a reused group id."""

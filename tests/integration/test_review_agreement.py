@@ -1,4 +1,4 @@
-"""Agreement as it happens (issue 55), on the real API process and Redis: two reviewers label a
+"""Agreement as it happens, on the real API process and Redis: two reviewers label a
 group's review items through the API, and ``GET /v1/scorer-groups/{id}/agreement`` answers the
 figures scipy and scikit-learn give on the same numbers - the group's and its judge's against the
 people's median, and the reviewers against each other."""

@@ -1,4 +1,4 @@
-"""The review (issue 55) on the real API process and Redis: reviewer keys take the next item and
+"""The review on the real API process and Redis: reviewer keys take the next item and
 label it, and nothing else; two reviewers never hold one item; an item with reviewersPerItem
 labels from distinct reviewers is done; a reservation that runs out gives the item back. Attacked
 as a hostile reviewer and tenant: other projects' items, labels of items not reserved, malformed

@@ -1,4 +1,4 @@
-"""``/v1/review-queues`` (issue 55) on the real API process and Redis: a queue is a catalog document
+"""``/v1/review-queues`` on the real API process and Redis: a queue is a catalog document
 of its project - created with its defaults, refused with the field that is wrong, merged by a
 PATCH as a group's online profile is, invisible to other projects, and in every worker's snapshot
 under the groups it watches."""

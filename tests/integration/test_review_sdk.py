@@ -1,4 +1,4 @@
-"""Review queues through the SDK (issue 55), both clients' surface as the sync one calls it: an
+"""Review queues through the SDK, both clients' surface as the sync one calls it: an
 admin key makes a queue, a reviewer key takes items and labels them, the admin reads the
 agreement and exports - and the reviewer key is refused the admin's calls (``Forbidden``)."""
 

@@ -1,4 +1,4 @@
-"""The shadow sweep (issue 56) on real Redis: a shadow past its ``shadowUntil`` that scored leaves
+"""The shadow sweep on real Redis: a shadow past its ``shadowUntil`` that scored leaves
 the catalog with its candidate judge; a shadow still in its time stays, as does a judge another
 group of the project still names, and the group the shadow ran beside; a worker whose share does
 not hold the shadow leaves it to the one whose share does."""

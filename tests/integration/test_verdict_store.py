@@ -1,4 +1,4 @@
-"""The verdict cache in Redis (issue 57): a project's verdicts are bounded in count (a share per
+"""The verdict cache in Redis: a project's verdicts are bounded in count (a share per
 time bucket) and size, kept a TTL, read back whole, and are read by the claim beside the budget - a
 pair reserves calls for its misses only, a key an earlier pair of the batch pays for is not
 reserved twice, and a refused pair pays for nothing."""

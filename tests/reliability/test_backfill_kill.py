@@ -1,4 +1,4 @@
-"""A backfill shared by two workers, one of them killed mid-job (issue 42).
+"""A backfill shared by two workers, one of them killed mid-job.
 
 Two ``scorer-worker run`` processes, a day of past traces over three partitions, a judge group
 (one call to the local judge per trace, answering in 0.5 s) with live scoring off, and a job over

@@ -1,4 +1,4 @@
-"""A tenant against the backfills (security review, issue 52), on the real API process, broker and
+"""A tenant against the backfills (security review), on the real API process, broker and
 Redis; each failed before its fix:
 
 - 25 starts at once make no more jobs than a project's cap (3), the rest a 409 naming it: the

@@ -1,4 +1,4 @@
-"""A tenant's catalog writes cost its own documents, not everyone's (issue 52, item 6), on the
+"""A tenant's catalog writes cost its own documents, not everyone's (item 6), on the
 real API process and Redis.
 
 The attack as it was found: project A kept 115 groups of 32 regexes each and wrote them from 6

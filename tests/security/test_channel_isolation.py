@@ -1,5 +1,5 @@
-"""Alert channels of different projects never share a lane, a breaker or a disabling (issue 52
-item 5), against the real worker (``scorer-worker run``), broker, Redis and a real receiver.
+"""Alert channels of different projects never share a lane, a breaker or a disabling,
+against the real worker (``scorer-worker run``), broker, Redis and a real receiver.
 
 Agent ids are the tenants' own, so an attacker (project A) can declare a channel with the
 victim's (project B) agent id and URL. Before the fix the sender keyed lanes and breakers by

@@ -1,4 +1,4 @@
-"""A tenant against dataset runs (issue 52, items 2 and 3), on the real API process, Redis and
+"""A tenant against dataset runs (items 2 and 3), on the real API process, Redis and
 the local judge:
 
 - a run spends the project's judge budget like everything else: against a budget of 0 (calls,

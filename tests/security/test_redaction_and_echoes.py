@@ -1,5 +1,5 @@
 """What is echoed back to a tenant answers no question about the operator's secrets: a dataset
-row of guesses comes back the same whichever guess is the worker's judge key (issue 52, 7); an
+row of guesses comes back the same whichever guess is the worker's judge key (7); an
 invalid setting is never quoted back, short keys and header values included (52, 8 i); a group
 moved to another project lists none of its old project's results (52, 8 ii)."""
 

@@ -1,4 +1,4 @@
-"""A tenant's worst regex costs that tenant's trace, never another's latency (issue 52, item 1).
+"""A tenant's worst regex costs that tenant's trace, never another's latency (item 1).
 
 The attack as it was found: ``a[ab]{999}[ab]{990}c`` is under the save-time program cap (1,995
 RE2 instructions) but defeats RE2's DFA; on a megabyte of ``a``/``b`` text one search took 9.7 s,

@@ -161,7 +161,7 @@ def score(input, output, expected, spans, metadata):
     return 0.5
 '''
 
-# 8. What the sandbox always held (issue 10), kept here so that it runs as both identities: the
+# 8. What the sandbox always held, kept here so that it runs as both identities: the
 #    worker's environment, other processes' environments, signals to the parent, the network.
 ESCAPE = '''
 import os, signal, socket

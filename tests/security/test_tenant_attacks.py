@@ -1,5 +1,5 @@
 """A hostile tenant against the real worker (``scorer-worker run`` on the real broker and Redis)
-and the real grading CLI: every attack of issue 10, at once, beside a victim tenant.
+and the real grading CLI: every attack on the worker, at once, beside a victim tenant.
 
 The worker holds secrets (a judge API key, a variable named like a password, the victim's
 channel secret in Redis). Afterwards: no secret in any output topic, log line or CLI output;

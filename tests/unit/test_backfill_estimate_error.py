@@ -1,4 +1,4 @@
-"""A backfill estimate's error bar (issue 58) says what it claims: on bursty traffic - a
+"""A backfill estimate's error bar says what it claims: on bursty traffic - a
 tenant's traces come in runs, and the estimate reads runs of records - its 95% interval holds
 the true count of pairs about 95 times in 100; a whole read is exact; too little read, or no pair
 seen, is unknown - not exact, and no figure that would tell the shared topic's size."""

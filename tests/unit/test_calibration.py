@@ -1,4 +1,4 @@
-"""Calibration figures (issue 44) held to the reference libraries' on random data - Spearman's
+"""Calibration figures held to the reference libraries' on random data - Spearman's
 rank correlation (scipy), Cohen's kappa and mean absolute error (scikit-learn) - and on their
 documented examples; the suggested threshold separates the people's pass from fail, and says
 how sure it is."""

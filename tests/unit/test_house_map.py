@@ -28,8 +28,8 @@ FEATURES = (
     "Digests", "The fleet's shared background work", "The catalog", "Backfills",
     "Dataset runs and evaluations", "The playground", "Judge call records and their OTLP export",
     "OTLP intake", "The code-scorer sandbox", "The HTTP API and console", "The CLI",
-    "Review queues (issue 55)", "Judges that learn (issue 56)", "The verdict cache (issue 57)",
-    "Spend in money (issue 58)",
+    "Review queues", "Judges that learn", "The verdict cache",
+    "Spend in money",
 )
 CODE = re.compile(r"`([^`]+)`")
 # A file's path (at least a name with an extension), optionally followed by ::Dotted.Name.
@@ -140,7 +140,7 @@ def test_the_walk_points_at_the_code_step_by_step() -> None:
 
 
 def test_kafka_is_polled_in_the_two_modules_that_say_so() -> None:
-    """Issue 54: consuming (a group's partitions, ``consumers/loop.py``) and reading back a fixed
+    """Consuming (a group's partitions, ``consumers/loop.py``) and reading back a fixed
     range (no group, ``consumers/range_reads.py``) are the two ways the service reads Kafka; a
     third poll elsewhere in the service is a concept said twice. (``deploy/demo.py`` tails the
     output topics for a person watching the demo: not the service.)"""

@@ -1,4 +1,4 @@
-"""``sgw_group_incident_open`` has a series only while an incident is open (issue 53): at 50,000
+"""``sgw_group_incident_open`` has a series only while an incident is open: at 50,000
 groups, one series per alerting group made /metrics 2 MB whatever was wrong."""
 
 from __future__ import annotations

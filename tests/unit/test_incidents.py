@@ -1,4 +1,4 @@
-"""The incident core (issue 43), on a driven clock: a window's verdict per reason, the watch's
+"""The incident core, on a driven clock: a window's verdict per reason, the watch's
 open and resolve (once each, a whole window after the opening), and drift against a learned
 level that a fixed threshold would have missed."""
 

@@ -1,4 +1,4 @@
-"""A judge's graded examples (issue 56), pure: shown in its prompt in the one documented format in
+"""A judge's graded examples, pure: shown in its prompt in the one documented format in
 every scope, part of its rubric revision (a judge without examples keeps the revision it had),
 bounded; and the local judge's learning behaviour the integration tests lean on."""
 

@@ -1,4 +1,4 @@
-"""Alert routing without a broker (issue 54): what a scored result publishes is decided by one
+"""Alert routing without a broker: what a scored result publishes is decided by one
 pure function, ``scoring.outbox.outbox`` - its rating, its Signal and which channels hear it -
 for each alert mode, digests, PagerDuty recoveries, disabled channels, agents and projects,
 no-score Signals and a backfill's policy."""
@@ -121,7 +121,7 @@ def test_without_a_channel_of_its_agent_a_signal_is_only_the_record() -> None:
 
 
 def test_a_shadow_publishes_its_rating_and_nothing_else() -> None:
-    """Issue 56: a candidate judge's shadow of a group is there to be compared: below the
+    """A candidate judge's shadow of a group is there to be compared: below the
     threshold, without a score, it raises no Signal and pages no channel."""
     shadow = group(shadowOf="g-live", shadowUntil="2026-12-07T00:00:00Z")
     assert shape(route(shadow, 0.2)) == [("ratings", "t-1", "live")]

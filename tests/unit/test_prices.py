@@ -1,4 +1,4 @@
-"""Money (issue 58, first step): the price table is refused by name when it is wrong (never
+"""Money (first step): the price table is refused by name when it is wrong (never
 echoing it), a call's cost is exact from its tokens, and a model without a price - or a call
 whose API left out a count - costs an unknown amount, never 0."""
 

@@ -243,7 +243,7 @@ def test_a_lone_surrogate_in_a_verdict_is_replaced_not_a_failed_publish() -> Non
 
 
 def test_a_backfilled_result_counts_at_its_traces_own_time() -> None:
-    """Issue 42: a backfill's history entry lands in the bucket of the trace's time (the chart
+    """A backfill's history entry lands in the bucket of the trace's time (the chart
     fills in the past); a live one in the bucket of when it was scored."""
     from scoring.results import history_entry
 

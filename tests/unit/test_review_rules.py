@@ -1,4 +1,4 @@
-"""Which review queues take a result (issue 55, ``scoring.review_rules``), and the queue document's
+"""Which review queues take a result (``scoring.review_rules``), and the queue document's
 save-time rules (``scorer_groups.review_queues``): errors name the wire's fields."""
 
 from __future__ import annotations

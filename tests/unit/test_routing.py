@@ -140,7 +140,7 @@ def test_gates_first_defers_the_judges_only_behind_a_free_must_pass_member() -> 
 
 
 def test_a_shadow_scores_the_same_sample_as_its_group_until_its_time_by_the_traces_clock() -> None:
-    """Issue 56: a candidate judge's shadow of a group is graded beside it on the same traces,
+    """A candidate judge's shadow of a group is graded beside it on the same traces,
     until ``shadowUntil`` - read against the trace's own time, so a redelivery decides alike."""
     base = group("half", "acme", PATTERN, sample_rate=0.5)
     assert base.online is not None

@@ -1,4 +1,4 @@
-"""The SDK's backfill parts that do no I/O (issue 42): a window's ends from durations and ISO
+"""The SDK's backfill parts that do no I/O: a window's ends from durations and ISO
 times, the request's body, and the progress line a job draws while it is waited on (the CLI's
 ``backfill --follow`` draws the same)."""
 

@@ -1,4 +1,4 @@
-"""The verdict cache's core (issue 57): what a key stands for, what an entry may be, and the panel
+"""The verdict cache's core: what a key stands for, what an entry may be, and the panel
 reading it - a verdict paid for is not asked again, two identical calls at once are one call, a
 failed call is never shared and the pair that counted on it reserves its own."""
 

@@ -1,4 +1,4 @@
-"""``/v1/judges/{id}/alignments`` and ``/promote`` (issue 56): a candidate judge is measured against
+"""``/v1/judges/{id}/alignments`` and ``/promote``: a candidate judge is measured against
 the current one on people's labels it never saw, then - if it agrees at least as well, or with
 ``force`` - made the judge.
 

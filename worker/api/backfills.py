@@ -1,4 +1,4 @@
-"""Backfills (issue 42): start, read and cancel a job that grades a group's past traffic.
+"""Backfills: start, read and cancel a job that grades a group's past traffic.
 
 A job is stored with its window and its sample; the workers' runner (``consumers.backfill``)
 reads the window's range of the traces topic again. What a request may ask of a group is

@@ -304,7 +304,7 @@ async def _grade(request: Request, project: str, run: EvaluationRun,
 
 async def _review(redis: RedisClient, catalog: CatalogSnapshot, group: ScorerGroup, run_id: str,
                   graded: list[RowResult]) -> None:
-    """The run's rows that the group's review queues with origin ``dataset`` take (issue 55)."""
+    """The run's rows that the group's review queues with origin ``dataset`` take."""
     queues = catalog.queues_watching(group.id)
     if not queues:
         return

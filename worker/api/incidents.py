@@ -1,4 +1,4 @@
-"""Incidents (issue 43): a group's incidents, open ones first, as the watcher records them
+"""Incidents: a group's incidents, open ones first, as the watcher records them
 (``consumers.incidents``), a page at a time. Another project's group is a 404, as everywhere."""
 
 from __future__ import annotations

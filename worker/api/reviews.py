@@ -1,4 +1,4 @@
-"""``/v1/review-queues``: where people check the judges on live traffic (issue 55). A thin shell
+"""``/v1/review-queues``: where people check the judges on live traffic. A thin shell
 around ``scoring.review_queues`` - the rules hold the same through ``catalog apply``."""
 
 from __future__ import annotations

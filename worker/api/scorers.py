@@ -171,7 +171,7 @@ def _scorer_routes(kind: str, noun: str, model: type[WireModel], body_model: typ
 _scorer_routes("judges", "judge", Judge, JudgeBody, JudgePage, "jdg")
 
 
-# --- a judge's graded examples (issue 56) -----------------------------------------------------
+# --- a judge's graded examples -----------------------------------------------------
 
 
 class ExampleBody(WireModel):

@@ -1,4 +1,4 @@
-"""``reviews``: a project's review queues from the command line (issue 55) - list them with their
+"""``reviews``: a project's review queues from the command line - list them with their
 counts, list a queue's items, a group's agreement with people, export a queue's labelled items to
 a dataset. Acts as the project (``--project``), on the Redis catalog like ``catalog``."""
 
