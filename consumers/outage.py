@@ -23,7 +23,6 @@ This module is the one outage rule of every loop (traces, OTLP, webhooks, the se
 from __future__ import annotations
 
 import asyncio
-import random
 import time
 from collections.abc import Awaitable, Callable
 from typing import Protocol, TypeVar
@@ -42,6 +41,7 @@ from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from consumers.events import SILENT
+from scoring.backoff import exponential
 from scoring.errors import ScoringError
 from scoring.stores.client import PoolBusy
 
@@ -126,7 +126,7 @@ class OutageGuard:
 
     async def call(self, step: Callable[[], Awaitable[T]]) -> T:
         """Run ``step``; while it fails with an outage, retry with backoff up to the tolerance."""
-        delay = _FIRST_DELAY_S
+        retries = 0
         waiting_for: str | None = None
         first_failed = 0.0
         try:
@@ -150,8 +150,8 @@ class OutageGuard:
                     if lasted > self.tolerance_s:
                         raise OutageTooLong(f"{dependency} unreachable for {lasted:.0f}s, past the tolerance of "
                                             f"{self.tolerance_s:g}s: {exc!r}") from exc
-                await asyncio.sleep(delay * random.uniform(0.5, 1.0))
-                delay = min(delay * 2, _MAX_DELAY_S)
+                await asyncio.sleep(exponential(retries, _FIRST_DELAY_S, _MAX_DELAY_S, floor=0.5))
+                retries += 1
         finally:
             if waiting_for is not None:
                 self._leave(waiting_for)

@@ -48,9 +48,10 @@ from consumers.loop import PartitionLoop, Taken
 from consumers.outage import OutageGuard
 from consumers.webhook_lanes import Lane, SenderLimits, channel_label
 from scorer_groups import signing
+from scoring.backoff import retry_after_seconds
 from scoring.catalog import CatalogSnapshot
 from scoring.egress import EgressPolicy, EgressRefused
-from scoring.members.http import describe_status, no_cookies, post_capped, retry_after_seconds
+from scoring.members.http import describe_status, no_cookies, post_capped
 from scoring.models import AlertChannel
 from scoring.results import RECOVERED_EVENT, WebhookDelivery, channel_key
 from scoring.stores import keys

@@ -9,11 +9,8 @@ the caller's deadline; a wait that would not fit ends the call with the last err
 from __future__ import annotations
 
 import asyncio
-import email.utils
 import http.cookiejar
 import json
-import random
-import time
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -22,6 +19,7 @@ import aiohttp
 import httpx
 import orjson
 
+from scoring.backoff import exponential, retry_after_seconds
 from scoring.ports import MemberError, RetryGate
 
 RETRY_STATUSES = frozenset({429, 500, 502, 503, 504})
@@ -42,27 +40,10 @@ class RetryPolicy:
     retry_after_cap_s: float = 30.0
 
     def backoff(self, attempt: int) -> float:
-        """Full jitter: spreads retries of many workers that failed at the same moment."""
-        return random.uniform(0, min(self.backoff_cap_s, self.backoff_base_s * 2 ** attempt))
+        return exponential(attempt, self.backoff_base_s, self.backoff_cap_s)
 
 
 DEFAULT_RETRY = RetryPolicy()
-
-
-def retry_after_seconds(value: str | None) -> float | None:
-    """Retry-After as seconds: either a number of seconds or an HTTP date."""
-    if not value:
-        return None
-    value = value.strip()
-    try:
-        return max(0.0, float(value))
-    except ValueError:
-        pass
-    try:
-        when = email.utils.parsedate_to_datetime(value)
-    except (TypeError, ValueError):
-        return None
-    return max(0.0, when.timestamp() - time.time())
 
 
 @dataclass(frozen=True, slots=True)
