@@ -20,7 +20,7 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import Callable
-from datetime import UTC, datetime
+from datetime import datetime
 from typing import Any
 
 import orjson
@@ -32,7 +32,7 @@ from scorer_groups.documents import DIGEST_EVENT
 from scoring.catalog import CatalogSnapshot
 from scoring.models import AlertChannel, ScorerGroup
 from scoring.outbox import Record, TopicNames
-from scoring.results import Signal, channel_key, delivery, derived_id, signal_key
+from scoring.results import channel_key, delivery, digest_signal
 from scoring.stores.digests import DigestStore
 from scoring.stores.keys import RESULTS_KEPT
 from scoring.stores.ratings import RatingsStore
@@ -94,19 +94,7 @@ class DigestSender:
         below, complete = await self._below(group.id, channel.agent_id, start, end)  # 3.
         if not below or not await self._digests.claim(group.id, key, period, now):  # 2.
             return
-        worst = min(below, key=lambda d: d["rating"])
-        count = len(below)
-        span = f"{period_s // 60} min" if period_s < 7200 else f"{period_s / 3600:g} h"
-        justification = (f"{'' if complete else 'at least '}{count} result{'s' if count > 1 else ''} below "
-                         f"{group.online.alert_threshold:g} in {span} (to {datetime.fromtimestamp(end, UTC):%H:%M} "
-                         f"UTC); the worst: {worst['rating']:.1f} - {worst.get('justification', '')}")
-        signal = Signal(
-            id=derived_id(f"digest:{group.id}:{key}:{period}"), key=signal_key(group.id), group_id=group.id,
-            group_name=group.name, project_id=group.project_id, agent_id=channel.agent_id, scope=worst["scope"],
-            trace_id=worst.get("traceId"), session_id=worst.get("sessionId"), span_id=worst.get("spanId"),
-            span_name=worst.get("spanName"), rating=worst["rating"], alert_threshold=group.online.alert_threshold,
-            severity=group.online.severity, justification=justification[:2000], rating_id=worst["id"],
-            raised_at=datetime.fromtimestamp(end, UTC), digest_count=count)
+        signal = digest_signal(group, channel.url, channel.agent_id, period, period_s, below, complete)
         sent = delivery(signal, channel.url, event=DIGEST_EVENT)  # 4.
         await self._send([Record(self._topics.webhooks, channel.agent_id.encode(), sent.to_json())])
         await self._digests.sent(group.id, key, period)

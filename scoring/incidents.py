@@ -39,7 +39,7 @@ from typing import Any, Literal
 from scorer_groups.documents import INCIDENT_EVENTS, IncidentReason, IncidentState
 from scoring.frozen import frozen
 from scoring.models import AlertChannel, OnlineProfile, ScorerGroup
-from scoring.results import Signal, WebhookDelivery, delivery, derived_id, signal_key
+from scoring.results import Signal, WebhookDelivery, delivery, derived_id, group_signal, signal_key
 
 Verdict = Literal["bad", "good", "unknown"]
 
@@ -229,13 +229,10 @@ def describe(reason: IncidentReason, state: IncidentState, profile: OnlineProfil
 def incident_signal(group: ScorerGroup, reason: IncidentReason, moved: Transition, stats: WindowStats,
                     agent_id: str, justification: str) -> Signal:
     assert group.online is not None
-    return Signal(
-        id=derived_id(f"incident-signal:{moved.incident_id}:{moved.state}"), key=signal_key(group.id),
-        reason=reason, state=moved.state, incident_id=moved.incident_id,
-        group_id=group.id, group_name=group.name, project_id=group.project_id, agent_id=agent_id,
-        scope=group.online.scope, rating=stats.mean, alert_threshold=group.online.alert_threshold,
-        severity=group.online.severity, justification=justification, rating_id=None,
-        raised_at=datetime.fromtimestamp(moved.at, UTC))
+    return group_signal(group, id_=derived_id(f"incident-signal:{moved.incident_id}:{moved.state}"), reason=reason,
+                        agent_id=agent_id, scope=group.online.scope, rating=stats.mean, justification=justification,
+                        raised_at=datetime.fromtimestamp(moved.at, UTC), state=moved.state,
+                        incident_id=moved.incident_id, rating_id=None)
 
 
 def incident_deliveries(signal: Signal, channels: list[AlertChannel]) -> list[WebhookDelivery]:

@@ -247,17 +247,46 @@ def below_threshold(group: ScorerGroup, rating: float | None) -> bool:
             and rating < online.alert_threshold)
 
 
+def group_signal(group: ScorerGroup, *, id_: str, agent_id: str | None, scope: str, rating: float | None,
+                 justification: str, raised_at: datetime, reason: str = "below_threshold", **about: Any) -> Signal:
+    """Every Signal of a group, whatever raised it (a result, an incident, a digest): keyed
+    ``scorer-group:<id>``, with the group's name, project, threshold and severity; ``about`` is
+    what the reason adds (the result's subject, the incident, the digest's count)."""
+    assert group.online is not None
+    return Signal(id=id_, key=signal_key(group.id), reason=reason, group_id=group.id, group_name=group.name,
+                  project_id=group.project_id, agent_id=agent_id, scope=scope, rating=rating,
+                  alert_threshold=group.online.alert_threshold, severity=group.online.severity,
+                  justification=justification, raised_at=raised_at, **about)
+
+
 def result_signal(group: ScorerGroup, rating: Rating | PublishedRating, *, id_: str, score: float | None,
                   justification: str, reason: SignalReason = "below_threshold") -> Signal:
     """The Signal of one result of ``group`` - below its threshold, without a score, or back over
-    it (a recovery): the one place a result's Signal is made."""
-    assert group.online is not None
-    return Signal(
-        id=id_, key=signal_key(group.id), reason=reason, group_id=group.id, group_name=group.name,
-        project_id=group.project_id, agent_id=rating.agent_id, scope=rating.scope, trace_id=rating.trace_id,
-        session_id=rating.session_id, span_id=rating.span_id, span_name=rating.span_name, rating=score,
-        alert_threshold=group.online.alert_threshold, severity=group.online.severity,
-        justification=justification, rating_id=rating.id, raised_at=rating.scored_at)
+    it (a recovery)."""
+    return group_signal(group, id_=id_, reason=reason, agent_id=rating.agent_id, scope=rating.scope, rating=score,
+                        justification=justification, raised_at=rating.scored_at, trace_id=rating.trace_id,
+                        session_id=rating.session_id, span_id=rating.span_id, span_name=rating.span_name,
+                        rating_id=rating.id)
+
+
+def digest_signal(group: ScorerGroup, channel_url: str, agent_id: str, period: int, period_s: int,
+                  below: list[dict[str, Any]], complete: bool) -> Signal:
+    """A digest channel's Signal of one period: the count of the agent's results below the
+    threshold (``below``: their documents; ``complete``: whether that is all of them) and the
+    worst of them, which it carries."""
+    assert group.online is not None and below
+    worst = min(below, key=lambda d: d["rating"])
+    count, end = len(below), (period + 1) * period_s
+    span = f"{period_s // 60} min" if period_s < 7200 else f"{period_s / 3600:g} h"
+    justification = (f"{'' if complete else 'at least '}{count} result{'s' if count > 1 else ''} below "
+                     f"{group.online.alert_threshold:g} in {span} (to {datetime.fromtimestamp(end, UTC):%H:%M} "
+                     f"UTC); the worst: {worst['rating']:.1f} - {worst.get('justification', '')}")
+    return group_signal(group, id_=derived_id(f"digest:{group.id}:{channel_key(channel_url)}:{period}"),
+                        agent_id=agent_id, scope=worst["scope"], rating=worst["rating"],
+                        justification=justification[:2000], raised_at=datetime.fromtimestamp(end, UTC),
+                        trace_id=worst.get("traceId"), session_id=worst.get("sessionId"),
+                        span_id=worst.get("spanId"), span_name=worst.get("spanName"), rating_id=worst["id"],
+                        digest_count=count)
 
 
 def build_signal(group: ScorerGroup, rating: Rating | PublishedRating) -> Signal | None:
