@@ -30,7 +30,7 @@ import orjson
 import structlog
 from redis.asyncio.client import Pipeline
 from redis.asyncio.cluster import ClusterPipeline
-from redis.exceptions import NoScriptError, WatchError
+from redis.exceptions import WatchError
 
 from scorer_groups.review_queues import KEPT_PER_OPEN
 from scoring.catalog import KIND_MODELS, CatalogSnapshot
@@ -41,7 +41,7 @@ from scoring.members.fair_share import FairShare
 from scoring.models import WireModel
 from scoring.stores import changes, keys
 from scoring.stores.catalog_turn import CatalogTurn
-from scoring.stores.client import RedisClient
+from scoring.stores.client import RedisClient, by_sha
 
 log = structlog.get_logger(__name__)
 
@@ -273,14 +273,8 @@ class CatalogStore:
 
     async def _call_changes_since(self, client: RedisClient | Pipeline | ClusterPipeline, since: int) -> list[Any]:
         # By name: a cluster pipeline blocks its evalsha() method, yet routes EVALSHA by its keys.
-        sha, count = self._changes_since.sha, len(_CHANGES_SINCE_KEYS)
-        try:
-            reply: Any = await client.execute_command("EVALSHA", sha, count, *_CHANGES_SINCE_KEYS, since,
-                                                      keys.CATALOG_LOG_KEPT, *KINDS)
-        except NoScriptError:  # a restarted or failed-over server: load it, then run it
-            await self.redis.script_load(_CHANGES_SINCE)
-            reply = await client.execute_command("EVALSHA", sha, count, *_CHANGES_SINCE_KEYS, since,
-                                                 keys.CATALOG_LOG_KEPT, *KINDS)
+        reply = await by_sha(client.execute_command, self._changes_since, _CHANGES_SINCE_KEYS,
+                             [since, keys.CATALOG_LOG_KEPT, *KINDS], load=self.redis.script_load)
         return list(reply)
 
 

@@ -11,7 +11,7 @@ asynchronous, and a failover loses what the primary had not yet passed on.
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from contextlib import asynccontextmanager
 from typing import Any, TypeAlias, cast
 
@@ -32,6 +32,19 @@ class PoolBusy(RedisConnectionError):
     process drives more Redis work at once than its pool holds (``SGW_REDIS_MAX_CONNECTIONS``).
     Back-pressure, not the server's failure: the outage guard retries the step without reporting
     an outage, and the API answers 503 with Retry-After, as for any connection error."""
+
+
+async def by_sha(execute: Callable[..., Awaitable[Any]], script: AsyncScript, keys: Sequence[Any],
+                 args: Sequence[Any], load: Callable[[Any], Awaitable[Any]] | None = None) -> Any:
+    """Run ``script`` by its SHA alone through ``execute`` (a client's, a pipeline's or a
+    connection's ``execute_command``). A server that does not know it (restarted, failed over,
+    flushed) answers ``NOSCRIPT``, having run nothing: the script is loaded (by ``load``, or
+    through ``execute``) and run again. ``ScriptPipeline`` does the same for a pipeline's scripts."""
+    try:
+        return await execute("EVALSHA", script.sha, len(keys), *keys, *args)
+    except NoScriptError:
+        await (load(script.script) if load is not None else execute("SCRIPT", "LOAD", script.script))
+        return await execute("EVALSHA", script.sha, len(keys), *keys, *args)
 
 
 class NotReplicated(CatalogError):
@@ -56,12 +69,7 @@ class OneConnection:
         return await self._connection.read_response()
 
     async def script(self, script: AsyncScript, keys: Sequence[Any], args: Sequence[Any]) -> Any:
-        """Run ``script`` by its SHA; on a server that does not know it, load it and run it."""
-        try:
-            return await self.command("EVALSHA", script.sha, len(keys), *keys, *args)
-        except NoScriptError:
-            await self.command("SCRIPT", "LOAD", script.script)
-            return await self.command("EVALSHA", script.sha, len(keys), *keys, *args)
+        return await by_sha(self.command, script, keys, args)
 
     async def on_a_replica(self, timeout_ms: int) -> None:
         """Return once a replica holds every write made on this connection - at once on a server
