@@ -49,6 +49,7 @@ from consumers.all_of import all_of
 from consumers.backfill_plan import plan_ranges
 from consumers.decode import DeadLetter, decode_trace
 from consumers.pair_protocol import Fate, PairOutcome, PairProtocol
+from consumers.periodic import every
 from consumers.range_reads import reading, started
 from scorer_groups.api_models import BACKFILL_ENDED, BackfillJob
 from scoring.catalog import CatalogSnapshot
@@ -99,20 +100,13 @@ class BackfillRunner:
         for protocol in self._protocols.values():
             protocol.start()
         try:
-            while not stop.is_set():
-                await self.tick(stop)
-                with contextlib.suppress(TimeoutError):
-                    await asyncio.wait_for(stop.wait(), timeout=self._interval_s)
+            await every(self._interval_s, lambda: self.tick(stop), stop, name="the backfill runner")
         finally:
             for protocol in self._protocols.values():
                 await protocol.close(self._interval_s)
 
     async def tick(self, stop: asyncio.Event) -> None:
-        try:
-            jobs = await self._waiting()
-        except Exception:
-            log.exception("backfill jobs could not be read; trying again on the next tick")
-            return
+        jobs = await self._waiting()
         for job_id in turn_order(jobs):
             if stop.is_set():
                 return

@@ -50,7 +50,7 @@ class DigestSender:
         self._share = share or FleetShare.everything()
 
     async def run(self, stop: asyncio.Event) -> None:
-        await every(self._interval_s, self.tick, stop)
+        await every(self._interval_s, self.tick, stop, name="the digests' tick")
 
     async def tick(self) -> None:
         snapshot = self._catalog()

@@ -53,7 +53,7 @@ class FleetShare:
 
     async def run(self, stop: asyncio.Event) -> None:
         try:
-            await every(self._lease_s / 3, self.renew, stop)
+            await every(self._lease_s / 3, self.renew, stop, name="renewing the fleet's shard leases")
         finally:
             if self._leases is not None:
                 try:

@@ -112,7 +112,7 @@ class IncidentWatcher:
         self._said_agreement: set[tuple[str, str, str]] = set()  # (project, group, judge) exported
 
     async def run(self, stop: asyncio.Event) -> None:
-        await every(self._interval_s, self.tick, stop)
+        await every(self._interval_s, self.tick, stop, name="the incident watch")
 
     async def tick(self) -> None:
         snapshot, now = self._catalog(), self._clock()

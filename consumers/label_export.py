@@ -44,20 +44,17 @@ class LabelExporter:
         self.exported = 0  # label versions sent, for tests and logs
 
     async def run(self, stop: asyncio.Event) -> None:
-        await every(self._interval_s, self.tick, stop)
+        await every(self._interval_s, self.tick, stop, name="exporting review labels")
 
     async def tick(self) -> None:
-        try:
-            snapshot = self._catalog()
-            if self._swept_at is None or self._clock() - self._swept_at >= LABELS_SWEEP_S:  # 4.
-                mine = [q for q in snapshot.queues.values() if self._share.owns(q.id)]
-                await self._items.mark_unexported(mine, time.time())
-                self._swept_at = self._clock()
-            for queue in await self._items.pending_queues():  # 1. (a deleted queue's outbox left with it;
-                if self._share.owns(queue.id):  # one an operator moved to another project still goes out)
-                    await self._export(queue)
-        except Exception:  # the outbox keeps them: the next tick tries again
-            log.exception("exporting review labels failed; trying again on the next tick")
+        snapshot = self._catalog()  # (a failed tick: the outbox keeps the labels for the next)
+        if self._swept_at is None or self._clock() - self._swept_at >= LABELS_SWEEP_S:  # 4.
+            mine = [q for q in snapshot.queues.values() if self._share.owns(q.id)]
+            await self._items.mark_unexported(mine, time.time())
+            self._swept_at = self._clock()
+        for queue in await self._items.pending_queues():  # 1. (a deleted queue's outbox left with it;
+            if self._share.owns(queue.id):  # one an operator moved to another project still goes out)
+                await self._export(queue)
 
     async def _export(self, queue: QueueRef) -> None:
         while versions := await self._items.outbox(queue):  # 2.

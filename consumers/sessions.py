@@ -39,10 +39,11 @@ import structlog
 from consumers.events import SILENT, PipelineEvents
 from consumers.fleet_share import FleetShare
 from consumers.loop import SLICE_S
-from consumers.outage import OutageGuard, OutageTooLong, not_the_subjects_fault
+from consumers.outage import OutageGuard, not_the_subjects_fault
 from consumers.outputs import Outputs
 from consumers.pair_protocol import Fate, PairProtocol
 from consumers.pauses import PauseWatch
+from consumers.periodic import every
 from scoring.catalog import CatalogSnapshot
 from scoring.claim_request import day_of
 from scoring.filters import TraceView
@@ -84,15 +85,7 @@ class SessionSweeper:
         self.pairs.start()
         watching = asyncio.create_task(self.pairs.pauses.run(stop), name="sweep-pause-watch")
         try:
-            while not stop.is_set():
-                try:
-                    await self.sweep_once()
-                except OutageTooLong:
-                    raise  # the outage rule: the worker stops, and is restarted
-                except Exception:  # a failure that is not an outage: the next tick tries again
-                    log.exception("session sweep failed; retrying on the next tick")
-                with contextlib.suppress(TimeoutError):
-                    await asyncio.wait_for(stop.wait(), timeout=self._interval_s)
+            await every(self._interval_s, self.sweep_once, stop, name="the session sweep")
         finally:
             watching.cancel()
             with contextlib.suppress(asyncio.CancelledError):

@@ -48,22 +48,19 @@ class ShadowSweep:
         self._redis, self._ratings, self._catalog, self._share, self._clock = redis, ratings, catalog, share, clock
 
     async def run(self, stop: asyncio.Event) -> None:
-        await every(SWEEP_S, self.tick, stop)
+        await every(SWEEP_S, self.tick, stop, name="the shadow sweep")
 
     async def tick(self) -> None:
         now = self._clock()
-        try:
-            active = await self._ratings.active(self._share.shards, now - ACTIVE_S, now)  # 1.
-            snapshot = self._catalog()
-            gone = [g for g in active if expired(snapshot.groups.get(g), now)]
-            if gone:  # 2. against the worker's snapshot and the changes since it: never a whole read
-                cache = SnapshotCache()
-                cache.current = snapshot
-                store = CatalogStore(self._redis, actor="shadow sweep", cache=cache)
-                await store.write(lambda catalog: _removals(catalog, gone, now))
-                log.info("expired shadows removed", groups=len(gone))
-        except Exception:  # the next tick tries again; nothing else waits on it
-            log.exception("the shadow sweep failed; trying again on the next tick")
+        active = await self._ratings.active(self._share.shards, now - ACTIVE_S, now)  # 1.
+        snapshot = self._catalog()
+        gone = [g for g in active if expired(snapshot.groups.get(g), now)]
+        if gone:  # 2. against the worker's snapshot and the changes since it: never a whole read
+            cache = SnapshotCache()
+            cache.current = snapshot
+            store = CatalogStore(self._redis, actor="shadow sweep", cache=cache)
+            await store.write(lambda catalog: _removals(catalog, gone, now))
+            log.info("expired shadows removed", groups=len(gone))
 
 
 def _removals(catalog: CatalogSnapshot, candidates: list[str], now: float) -> list[Write]:

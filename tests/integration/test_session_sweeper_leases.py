@@ -86,7 +86,7 @@ async def test_the_sweeper_sweeps_every_interval_rides_out_a_failed_sweep_and_st
         stop.set()
         await asyncio.wait_for(loop, timeout=10)
     (failed,) = [e for e in logs if e["log_level"] == "error"]
-    assert failed["event"] == "session sweep failed; retrying on the next tick" and failed["exc_info"] is True
+    assert failed["event"] == "the session sweep failed; trying again on the next tick" and failed["exc_info"] is True
     assert await sweep.ratings(1) == [("conv", "s-1", 2)]
 
 
