@@ -45,6 +45,9 @@ from typing import Any
 import structlog
 from aiokafka import AIOKafkaConsumer, TopicPartition
 
+from adapters.stores.backfills import BackfillStore, JobCap, JobParts
+from adapters.stores.claims import ClaimResult
+from adapters.stores.keys import DEDUPE_DONE_TTL_S
 from consumers.all_of import all_of
 from consumers.backfill_plan import plan_ranges
 from consumers.decode import DeadLetter, decode_trace
@@ -58,9 +61,6 @@ from scoring.models import ScorerGroup
 from scoring.prices import Pricing
 from scoring.results import ResultScope
 from scoring.routing import DEFAULT_BUDGET_WINDOW_S, DEFAULT_MAX_SPANS_PER_TRACE, Pair, group_pairs
-from scoring.stores.backfills import BackfillStore, JobCap, JobParts
-from scoring.stores.claims import ClaimResult
-from scoring.stores.keys import DEDUPE_DONE_TTL_S
 
 log = structlog.get_logger(__name__)
 

@@ -31,6 +31,7 @@ from collections.abc import Callable
 
 from aiokafka import AIOKafkaConsumer, TopicPartition
 
+from adapters.stores.ratings import RatingsHistory
 from consumers.backfill_plan import Plan, plan_ranges
 from consumers.decode import DeadLetter, decode_trace
 from consumers.loop import SLICE_S
@@ -42,7 +43,6 @@ from scoring.models import ScorerGroup
 from scoring.panel import planned_judges
 from scoring.prices import NANOS, UNPRICED_RATES, Pricing
 from scoring.routing import group_pairs
-from scoring.stores.ratings import RatingsHistory
 
 RUN = 50  # records a run reads in a row: a seek per run, not per record
 Z_95 = 1.96

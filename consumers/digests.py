@@ -7,7 +7,7 @@ began (``RatingsStore.active``: the others have nothing to send) and digest chan
 project (or an operator's):
 
 1. the last closed period of the channel (``digestSeconds``);
-2. claim it (``scoring.stores.digests``: one worker sends it; one whose sender died is sent
+2. claim it (``adapters.stores.digests``: one worker sends it; one whose sender died is sent
    again, under the same id);
 3. the group's results below the threshold in the period for the channel's agent, from the
    group's latest results (the record the console reads); none: nothing is sent;
@@ -26,6 +26,9 @@ from typing import Any
 import orjson
 import structlog
 
+from adapters.stores.digests import DigestStore
+from adapters.stores.keys import RESULTS_KEPT
+from adapters.stores.ratings import RatingsStore
 from consumers.fleet_share import FleetShare
 from consumers.periodic import Send, every
 from scorer_groups.documents import DIGEST_EVENT
@@ -33,9 +36,6 @@ from scoring.catalog import CatalogSnapshot
 from scoring.models import AlertChannel, ScorerGroup
 from scoring.outbox import Record, TopicNames
 from scoring.results import channel_key, delivery, digest_signal
-from scoring.stores.digests import DigestStore
-from scoring.stores.keys import RESULTS_KEPT
-from scoring.stores.ratings import RatingsStore
 
 log = structlog.get_logger(__name__)
 

@@ -6,6 +6,9 @@ it is built, its calls' cost and its cache hits. One pair at a time; no I/O."""
 
 from __future__ import annotations
 
+from adapters.stores.claims import PairSpend, Settlement
+from adapters.stores.ratings import SessionVerdict
+from adapters.stores.verdicts import Paid
 from consumers.events import PipelineEvents
 from scoring.claim_request import ClaimRequest
 from scoring.frozen import frozen
@@ -13,9 +16,6 @@ from scoring.panel import GroupResult
 from scoring.results import HistoryEntry, PublishedRating, ResultScope, cost_of, history_entry, tokens_of
 from scoring.review_rules import Kept
 from scoring.routing import Pair
-from scoring.stores.claims import PairSpend, Settlement
-from scoring.stores.ratings import SessionVerdict
-from scoring.stores.verdicts import Paid
 from scoring.verdict_cache import CachedVerdict, Savings, savings
 
 

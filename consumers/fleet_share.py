@@ -1,5 +1,5 @@
 """Which background work this worker does: the groups and projects of the shards it holds
-(``scoring.stores.shards``). Incident watches, digests and the session sweep each ask
+(``adapters.stores.shards``). Incident watches, digests and the session sweep each ask
 ``owns(group or project id)`` and skip the rest, so a fleet of N workers does each piece once,
 each worker about 1/N of it, instead of every worker all of it.
 
@@ -15,9 +15,9 @@ import functools
 
 import structlog
 
+from adapters.stores.keys import SHARDS, shard_of
+from adapters.stores.shards import ShardLeases
 from consumers.periodic import every
-from scoring.stores.keys import SHARDS, shard_of
-from scoring.stores.shards import ShardLeases
 
 log = structlog.get_logger(__name__)
 

@@ -40,6 +40,9 @@ from typing import Any, Protocol
 import orjson
 import structlog
 
+from adapters.stores.incidents import PENDING_S, IncidentStore, bucket_size
+from adapters.stores.ratings import RatingsStore
+from adapters.stores.review_items import ReviewItems
 from consumers.fleet_share import FleetShare
 from consumers.label_windows import LabelledRow, LabelWindows
 from consumers.periodic import Send, every
@@ -65,9 +68,6 @@ from scoring.models import AlertChannel, ScorerGroup
 from scoring.outbox import Record, TopicNames
 from scoring.results import channel_key
 from scoring.review_agreement import judge_agreements
-from scoring.stores.incidents import PENDING_S, IncidentStore, bucket_size
-from scoring.stores.ratings import RatingsStore
-from scoring.stores.review_items import ReviewItems
 
 log = structlog.get_logger(__name__)
 

@@ -2,7 +2,7 @@
 (``SGW_LABELS_TOPIC``, keyed by item), for the team's warehouse.
 
 A label is kept in Redis, and put in its queue's outbox (a stream), by the one script that
-answers the reviewer (``scoring.stores.review_items``); the API never talks to Kafka. Every
+answers the reviewer (``adapters.stores.review_items``); the API never talks to Kafka. Every
 worker runs an exporter over the queues of its share of the fleet (``consumers.fleet_share``),
 each tick:
 
@@ -23,12 +23,12 @@ from collections.abc import Callable
 import orjson
 import structlog
 
+from adapters.stores.keys import LABELS_SWEEP_S
+from adapters.stores.review_items import QueueRef, ReviewItems
 from consumers.fleet_share import FleetShare
 from consumers.periodic import Send, every
 from scoring.catalog import CatalogSnapshot
 from scoring.outbox import Record
-from scoring.stores.keys import LABELS_SWEEP_S
-from scoring.stores.review_items import QueueRef, ReviewItems
 
 log = structlog.get_logger(__name__)
 

@@ -12,11 +12,11 @@ Read each tick, in two steps:
 
 from __future__ import annotations
 
+from adapters.stores.review_items import ReviewItems
 from consumers.fleet_share import FleetShare
 from scorer_groups.review_queues import ReviewQueue, ScoreCard
 from scoring.catalog import CatalogSnapshot
 from scoring.incidents import AGREEMENT_WINDOW
-from scoring.stores.review_items import ReviewItems
 
 # A queue watching several groups holds them mixed: read this many of its newest done items for
 # every group to find its own window in them.

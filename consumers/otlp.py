@@ -1,6 +1,6 @@
 """OpenTelemetry in: the Collector's Kafka exporter output, assembled into traces.
 
-Two loops share a Redis assembly buffer (``scoring.stores.otlp_buffer``):
+Two loops share a Redis assembly buffer (``adapters.stores.otlp_buffer``):
 
 The **span loop**, the OTLP step of a ``consumers.loop.PartitionLoop``, per batch of records:
 
@@ -36,6 +36,7 @@ import orjson
 import structlog
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, ConsumerRebalanceListener
 
+from adapters.stores.otlp_buffer import BufferSize, DueTrace, OtlpBuffer, member_of
 from consumers.decode import DeadLetter, DeadLetterReason, dead_letter
 from consumers.events import SILENT
 from consumers.loop import PartitionLoop, Taken
@@ -51,7 +52,6 @@ from scoring.otlp.mapping import (
     decode_request,
 )
 from scoring.outbox import Record
-from scoring.stores.otlp_buffer import BufferSize, DueTrace, OtlpBuffer, member_of
 
 log = structlog.get_logger(__name__)
 

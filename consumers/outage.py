@@ -40,10 +40,10 @@ from redis.exceptions import (
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
+from adapters.stores.client import PoolBusy
 from consumers.events import SILENT
 from scoring.backoff import exponential
 from scoring.errors import ScoringError
-from scoring.stores.client import PoolBusy
 
 log = structlog.get_logger(__name__)
 

@@ -9,6 +9,7 @@ from typing import NamedTuple
 
 from aiokafka import AIOKafkaProducer
 
+from adapters.stores.alerts import NoScoreAlerts
 from consumers.events import PipelineEvents
 from consumers.judge_export import JudgeCallSink
 from consumers.sender import BULK_RECORDS, send_records
@@ -19,7 +20,6 @@ from scoring.outbox import BACKFILL, BACKFILL_ALERTING, LIVE, PublishPolicy, Rec
 from scoring.panel import GroupResult
 from scoring.results import PublishedRating, ResultScope, encode_rating, no_score_due, no_score_signal_id
 from scoring.review_rules import KeptItem
-from scoring.stores.alerts import NoScoreAlerts
 
 __all__ = ["BACKFILL", "BACKFILL_ALERTING", "BULK_RECORDS", "LIVE", "Outputs", "PublishPolicy", "TopicNames"]
 

@@ -37,6 +37,9 @@ from typing import Literal, Protocol
 
 import structlog
 
+from adapters.stores.claims import ClaimResult, Claims, PairSpend, Reservation, ReserveCalls
+from adapters.stores.ratings import RatingsStore
+from adapters.stores.review_items import ReviewItems
 from consumers.all_of import all_of
 from consumers.batcher import Batcher
 from consumers.events import SILENT, PipelineEvents
@@ -55,9 +58,6 @@ from scoring.ports import BudgetExhausted
 from scoring.prices import Pricing
 from scoring.results import ResultScope, rating_id
 from scoring.routing import Pair
-from scoring.stores.claims import ClaimResult, Claims, PairSpend, Reservation, ReserveCalls
-from scoring.stores.ratings import RatingsStore
-from scoring.stores.review_items import ReviewItems
 from scoring.verdict_cache import CachedVerdict
 
 log = structlog.get_logger(__name__)

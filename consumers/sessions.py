@@ -36,6 +36,9 @@ from collections.abc import Callable
 
 import structlog
 
+from adapters.stores.claims import Claims
+from adapters.stores.ratings import RatingsStore
+from adapters.stores.sessions import QuietSession, SessionStore
 from consumers.events import SILENT, PipelineEvents
 from consumers.fleet_share import FleetShare
 from consumers.loop import SLICE_S
@@ -52,9 +55,6 @@ from scoring.panel import Panel
 from scoring.regex_work import RegexWork
 from scoring.routing import Pair, pair_of
 from scoring.sampling import keep
-from scoring.stores.claims import Claims
-from scoring.stores.ratings import RatingsStore
-from scoring.stores.sessions import QuietSession, SessionStore
 from scoring.subjects import Subject, session_subject
 
 log = structlog.get_logger(__name__)

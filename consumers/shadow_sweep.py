@@ -22,13 +22,13 @@ from collections.abc import Callable
 
 import structlog
 
+from adapters.stores.catalog import CatalogStore, SnapshotCache, Write
+from adapters.stores.client import RedisClient
+from adapters.stores.ratings import RatingsStore
 from consumers.fleet_share import FleetShare
 from consumers.periodic import every
 from scoring.catalog import CatalogSnapshot
 from scoring.models import ScorerGroup
-from scoring.stores.catalog import CatalogStore, SnapshotCache, Write
-from scoring.stores.client import RedisClient
-from scoring.stores.ratings import RatingsStore
 
 log = structlog.get_logger(__name__)
 

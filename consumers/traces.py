@@ -34,6 +34,10 @@ from typing import Protocol
 import structlog
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, ConsumerRebalanceListener
 
+from adapters.stores import keys
+from adapters.stores.alerts import NoScoreAlerts
+from adapters.stores.claims import Claims
+from adapters.stores.ratings import RatingsStore
 from consumers.all_of import all_of
 from consumers.decode import DeadLetter, decode_trace, unprocessable
 from consumers.events import SILENT, PipelineEvents
@@ -49,10 +53,6 @@ from scoring.filters import HEADER_PROJECT, MAX_ROUTING_HEADER_BYTES, ROUTING_HE
 from scoring.panel import Panel
 from scoring.results import ResultScope
 from scoring.routing import DEFAULT_MAX_SPANS_PER_TRACE, Pair, route
-from scoring.stores import keys
-from scoring.stores.alerts import NoScoreAlerts
-from scoring.stores.claims import Claims
-from scoring.stores.ratings import RatingsStore
 from scoring.subjects import Trace
 
 log = structlog.get_logger(__name__)

@@ -14,10 +14,10 @@ from collections import Counter
 
 import structlog
 
+from adapters.stores.ratings import RatingsStore
 from consumers.events import PipelineEvents
 from consumers.outage import OutageGuard
 from scoring.routing import Pair
-from scoring.stores.ratings import RatingsStore
 
 log = structlog.get_logger(__name__)
 

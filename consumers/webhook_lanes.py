@@ -18,7 +18,7 @@ from scoring.webhooks.breaker import CircuitBreaker
 def channel_label(channel: AlertChannel) -> str:
     """A metric and log label for a channel: its project (none for an operator's), the agent and
     a short hash of the URL (URLs may carry credentials). Two projects' channels to the same
-    agent and URL are two channels (``scoring.stores.channels.channel_id``), so two labels."""
+    agent and URL are two channels (``adapters.stores.channels.channel_id``), so two labels."""
     label = f"{channel.agent_id}#{hashlib.sha256(channel.url.encode()).hexdigest()[:8]}"
     return label if channel.project_id is None else f"{channel.project_id}/{label}"
 

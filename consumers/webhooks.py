@@ -2,7 +2,7 @@
 
 1. Ingest (the sender's step of a ``consumers.loop.PartitionLoop``): a batch of records from
    the webhooks topic is written to the durable schedule in
-   Redis (``scoring.stores.deliveries``) in one script call - malformed records go to the
+   Redis (``adapters.stores.deliveries``) in one script call - malformed records go to the
    webhooks dead-letter topic - and only then do their offsets become committable. A record
    seen before (a redelivery) is not scheduled again.
 2. Dispatch: fresh deliveries are attempted at once; due retries are claimed from Redis every
@@ -43,6 +43,11 @@ from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, ConsumerRebalanceListen
 from pydantic import BaseModel, ConfigDict, ValidationError
 from pydantic.alias_generators import to_camel
 
+from adapters.egress import EgressPolicy, EgressRefused
+from adapters.members.http import describe_status, no_cookies, post_capped
+from adapters.stores import keys
+from adapters.stores.channels import channel_id, legacy_channel_id
+from adapters.stores.deliveries import Attempt, DeliverySchedule, Incident, PendingDelivery, Settlements, shard_of
 from consumers.events import SILENT
 from consumers.loop import PartitionLoop, Taken
 from consumers.outage import OutageGuard
@@ -50,13 +55,8 @@ from consumers.webhook_lanes import Lane, SenderLimits, channel_label
 from scorer_groups import signing
 from scoring.backoff import retry_after_seconds
 from scoring.catalog import CatalogSnapshot
-from scoring.egress import EgressPolicy, EgressRefused
-from scoring.members.http import describe_status, no_cookies, post_capped
 from scoring.models import AlertChannel
 from scoring.results import RECOVERED_EVENT, WebhookDelivery, channel_key
-from scoring.stores import keys
-from scoring.stores.channels import channel_id, legacy_channel_id
-from scoring.stores.deliveries import Attempt, DeliverySchedule, Incident, PendingDelivery, Settlements, shard_of
 from scoring.webhooks.breaker import CircuitBreaker
 from scoring.webhooks.retries import RetrySchedule
 

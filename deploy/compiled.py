@@ -60,7 +60,7 @@ HOT_PATH = (
 # What the stamp covers: the packages the compiled code was checked against (the SDK's wire models
 # included: mypyc checks their types at run time), the type checker's configuration and pins, and
 # this recipe.
-CHECKED_AGAINST = ("scoring", "consumers", "sdk/scorer_groups")
+CHECKED_AGAINST = ("scoring", "adapters", "consumers", "sdk/scorer_groups")
 CHECKED_FILES = ("pyproject.toml", "constraints.txt", "deploy/compiled.py")  # and the recipe itself
 STAMP = ROOT / "build" / "compiled.stamp"
 RUNTIME = ROOT / "build" / "mypyc-runtime"  # mypyc's shared runtime: on the path through RUNTIME_PTH

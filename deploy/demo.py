@@ -38,14 +38,14 @@ import yaml
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
 from redis.asyncio import Redis
 
+from adapters.stores.apikeys import ApiKeyStore
 from deploy.judge_server import JudgeServer
 from deploy.processes import free_port
 from deploy.webhook_receiver import WebhookReceiver
 from scoring.filters import routing_headers
-from scoring.groups import MonitorClient
 from scoring.models import Budget
-from scoring.stores.apikeys import ApiKeyStore
 from scoring.subjects import Trace
+from services.groups import MonitorClient
 from worker.app import ensure_topics
 from worker.logs import configure_logging
 from worker.settings import Settings

@@ -1,5 +1,5 @@
 """Waiting before trying again, for every retry in the product: one exponential backoff with
-jitter, and the wait an HTTP answer's ``Retry-After`` names. Member calls (``scoring.members.http``)
+jitter, and the wait an HTTP answer's ``Retry-After`` names. Member calls (``adapters.members.http``)
 and the outage guard (``consumers.outage``) wait by ``exponential``; webhook deliveries keep a
 durable schedule of the operator's waits (``scoring.webhooks.retries``) and, like member calls,
 honour ``Retry-After``."""

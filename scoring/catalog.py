@@ -2,7 +2,7 @@
 version, and the rules that span documents (a live group may not hold a judge that requires an
 expected answer; members are labelled once and keep their labels).
 
-Pure: no Redis. ``scoring.stores.catalog`` keeps the documents in Redis and hands out snapshots.
+Pure: no Redis. ``adapters.stores.catalog`` keeps the documents in Redis and hands out snapshots.
 """
 
 from __future__ import annotations

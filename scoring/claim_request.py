@@ -1,7 +1,7 @@
 """A (subject, group) pair, as the pair protocol claims it: which project, group and subject,
 how many judge calls to reserve, under which budget, and the day its claim is kept under.
 
-Pure: ``scoring.routing`` builds the requests, ``scoring.stores.claims`` keeps them in Redis.
+Pure: ``scoring.routing`` builds the requests, ``adapters.stores.claims`` keeps them in Redis.
 """
 
 from __future__ import annotations

@@ -290,7 +290,7 @@ async def grade_rows(panel: Panel, catalog: CatalogSnapshot, plan: GradingPlan, 
     (by row id) is each row's share of a judge budget, for the calls decided while it is graded
     (retries, a gates-first group's judges); a row that finds no room there is not graded, and
     its id is in the run's ``budget_skipped``. ``verdicts`` (one per row, in order): what the
-    verdict cache holds for each row's judges (``scoring.unclaimed_verdicts``)."""
+    verdict cache holds for each row's judges (``services.unclaimed_verdicts``)."""
     slots = asyncio.Semaphore(concurrency)
     done = 0
 

@@ -13,8 +13,8 @@ decided in one place for every loop: ``consumers.outage.outage_of``.
 
 Catalog errors (``CatalogError`` and its kinds, ``QuotaExceeded`` among them) are here; the
 others sit with what raises them and derive from the root: ``MemberError``, ``CodeScorerError``
-and ``BudgetExhausted`` (``scoring.ports``), ``PlaygroundRefused`` (``scoring.playground``),
-``OtlpError`` (``scoring.otlp.mapping``), ``EgressRefused`` (``scoring.egress``), ``OutputError``
+and ``BudgetExhausted`` (``scoring.ports``), ``PlaygroundRefused`` (``services.playground``),
+``OtlpError`` (``scoring.otlp.mapping``), ``EgressRefused`` (``adapters.egress``), ``OutputError``
 (``consumers.traces``), ``OutageTooLong`` (``consumers.outage``), ``BodyTooSlow``
 (``worker.api.bodies``). Errors that never leave their module (a sandbox's pipe protocol, its
 set-up, an HTTP attempt that went unanswered) are not part of the family.

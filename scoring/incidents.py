@@ -54,7 +54,7 @@ AGREEMENT_MIN_ITEMS = 10  # items a judge needs in that window before its agreem
 
 @frozen
 class WindowStats:
-    """The counts of one window of a group's results (``scoring.stores.ratings`` buckets)."""
+    """The counts of one window of a group's results (``adapters.stores.ratings`` buckets)."""
 
     results: int  # results, with or without a score
     scored: int

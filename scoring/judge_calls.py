@@ -7,7 +7,7 @@
    too: the messages and answer are the tenant's to steer (``scoring.redact`` says why).
 3. The outputs encode a result's calls (``encode_calls``) beside its rating; the ratings store
    keeps them as long as the rating stays among the group's latest results
-   (``scoring.stores.ratings``), and ``GET /v1/scorer-groups/{id}/results/{ratingId}`` answers
+   (``adapters.stores.ratings``), and ``GET /v1/scorer-groups/{id}/results/{ratingId}`` answers
    them (the wire model is ``scorer_groups.api_models.JudgeCallRecord``).
 
 Pure: no I/O.

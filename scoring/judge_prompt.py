@@ -1,7 +1,7 @@
 """What a judge is asked and how its answer is read: the chat messages for a rubric verdict
 (0-10) on one response or a whole session, the verdict parsed out of the model's text, and an
 upper bound of the tokens a call can cost, which a token budget reserves before the call. Pure:
-the client that sends them is ``scoring.members.judge``.
+the client that sends them is ``adapters.members.judge``.
 
 Trace scope asks about one response, with the judge's own ``judgePrompt``. Session scope asks
 the structured whole-session question built from the criteria (consistency across turns,

@@ -118,7 +118,7 @@ class BudgetExhausted(ScoringError):
 
 class JudgeSpend(Protocol):
     """The judge-call budget of the pair being scored, for the calls decided while it is scored
-    (``scoring.stores.claims``): a live pair's, the playground's, a dataset run row's."""
+    (``adapters.stores.claims``): a live pair's, the playground's, a dataset run row's."""
 
     # Under a token budget, each reservation also takes the calls' token ceiling
     # (``scoring.judge_prompt.token_ceiling``); without one, tokens are only counted, never asked.

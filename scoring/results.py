@@ -298,7 +298,7 @@ def build_signal(group: ScorerGroup, rating: Rating | PublishedRating) -> Signal
 
 def no_score_due(group: ScorerGroup, rating: Rating | PublishedRating) -> bool:
     """A result without a score, of a group that alerts on it: a no-score Signal may be due
-    (whether it is, the rate limit decides: ``scoring.stores.alerts``)."""
+    (whether it is, the rate limit decides: ``adapters.stores.alerts``)."""
     online = group.online
     return online is not None and online.alert_on_no_score and rating.rating is None
 
@@ -345,7 +345,7 @@ def build_recovery_deliveries(group: ScorerGroup, rating: Rating | PublishedRati
 
 @frozen
 class HistoryEntry:
-    """One group result, as the ratings history counts it (``scoring.stores.ratings``)."""
+    """One group result, as the ratings history counts it (``adapters.stores.ratings``)."""
 
     group_id: str
     rating: float | None
@@ -353,7 +353,7 @@ class HistoryEntry:
     at: float  # epoch seconds
     document: bytes = b""  # the rating as published, kept among the group's latest results
     # A result counted at its subject's own time, not now (a backfill's): the history also counts
-    # it apart, so the incident watcher judges live traffic only (scoring.stores.incidents).
+    # it apart, so the incident watcher judges live traffic only (adapters.stores.incidents).
     past: bool = False
     rating_id: str = ""  # finds the document (and its judge calls) among the latest results
     calls: bytes = b""  # its judge calls, cut and masked (scoring.judge_calls.encode_calls)

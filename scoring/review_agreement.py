@@ -10,7 +10,7 @@ an item for a row:
 4. the agreement watch (``consumers.incidents``) and its gauge: each judge's Spearman over the
    group's newest labelled items (``judge_agreements``).
 
-Pure: the API reads the items and their labels (``scoring.stores.review_items``).
+Pure: the API reads the items and their labels (``adapters.stores.review_items``).
 """
 
 from __future__ import annotations

@@ -6,12 +6,12 @@ already paid for, so it is paid once.
    the exact messages sent - which carry the criteria, the prompt, the examples and the subject's
    text, so any change to what the call asks is another key. Never shared across projects (the project
    is hashed in, and its entries live under its own Redis hash tag).
-2. **The lookup** is the claim's (``scoring.stores.claims``): a batch's keys are read in the
+2. **The lookup** is the claim's (``adapters.stores.claims``): a batch's keys are read in the
    same script that reserves the budget, and a pair reserves judge calls for its misses only.
 3. **In flight** (``VerdictFlights``): one process asks a judge once for the same key at a time -
    a second pair waits for the first's call - and keeps the verdicts it paid for lately.
 4. **Kept**: only a verdict that parsed and scored (never an error, a refusal, a timeout), by the
-   finish step, with the rating id that paid for it (``scoring.stores.verdicts``).
+   finish step, with the rating id that paid for it (``adapters.stores.verdicts``).
 
 A judge with ``"cache": false`` is neither looked up nor kept. Pure: no I/O.
 """

@@ -21,10 +21,10 @@ from collections.abc import AsyncIterator, Iterator
 
 import pytest
 
+from adapters.stores.client import RedisClient
 from deploy.judge_server import JudgeServer
 from deploy.redis_servers import LocalRedis, LocalRedisCluster
 from deploy.services import LocalKafka
-from scoring.stores.client import RedisClient
 from tests.support.api_process import end_leftover_apis
 from tests.support.harness import end_leftover_workers
 from tests.support.redis_clients import connect, on_cluster

@@ -1,4 +1,4 @@
-"""Alignment runs as jobs (``scoring.stores.alignments``): every API process grades the runs not
+"""Alignment runs as jobs (``adapters.stores.alignments``): every API process grades the runs not
 ended that no other process holds, so a run outlives the process that started it.
 
 1. Every ``POLL_S`` (or at once when this process started a run), the runs not ended: a run whose
@@ -24,19 +24,19 @@ from datetime import UTC, datetime
 
 import structlog
 
+from adapters.stores import keys
+from adapters.stores.alignments import AlignmentStore, AlignmentWork
+from adapters.stores.catalog import CatalogStore
+from adapters.stores.claims import Claims
+from adapters.stores.client import RedisClient
 from consumers.outage import not_the_subjects_fault
 from scorer_groups.alignments import Alignment
 from scoring.alignment import Case, better, changed, judge_figures
 from scoring.catalog import CatalogSnapshot
 from scoring.dataset import DatasetRow, GradingPlan, grade_rows
 from scoring.models import Member, ScorerGroup
-from scoring.stores import keys
-from scoring.stores.alignments import AlignmentStore, AlignmentWork
-from scoring.stores.catalog import CatalogStore
-from scoring.stores.claims import Claims
-from scoring.stores.client import RedisClient
+from services.run_spend import RunSpend
 from worker.engine import ScoringEngine
-from worker.run_spend import RunSpend
 
 log = structlog.get_logger(__name__)
 

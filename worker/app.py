@@ -25,6 +25,18 @@ from aiokafka.errors import KafkaError, TopicAlreadyExistsError
 from redis.exceptions import AuthenticationError, RedisClusterException
 from redis.exceptions import ConnectionError as RedisConnectionError
 
+from adapters.members.sandbox import SandboxPool
+from adapters.stores.alerts import NoScoreAlerts
+from adapters.stores.backfills import BackfillStore, JobParts
+from adapters.stores.catalog import CatalogStore, CatalogWatcher
+from adapters.stores.claims import Claims
+from adapters.stores.client import RedisClient
+from adapters.stores.digests import DigestStore
+from adapters.stores.incidents import IncidentStore
+from adapters.stores.ratings import RatingsStore
+from adapters.stores.review_items import ReviewItems
+from adapters.stores.sessions import SessionStore
+from adapters.stores.shards import ShardLeases
 from consumers.backfill import BackfillRunner
 from consumers.digests import DigestSender
 from consumers.fleet_share import FleetShare
@@ -38,19 +50,7 @@ from consumers.pair_protocol import PairProtocol
 from consumers.sessions import SessionSweeper
 from consumers.shadow_sweep import ShadowSweep
 from consumers.traces import OutputError, TraceConsumer, TraceLoopLimits
-from scoring.members.sandbox import SandboxPool
 from scoring.redact import mask_url
-from scoring.stores.alerts import NoScoreAlerts
-from scoring.stores.backfills import BackfillStore, JobParts
-from scoring.stores.catalog import CatalogStore, CatalogWatcher
-from scoring.stores.claims import Claims
-from scoring.stores.client import RedisClient
-from scoring.stores.digests import DigestStore
-from scoring.stores.incidents import IncidentStore
-from scoring.stores.ratings import RatingsStore
-from scoring.stores.review_items import ReviewItems
-from scoring.stores.sessions import SessionStore
-from scoring.stores.shards import ShardLeases
 from worker import metrics
 from worker.connections import kafka_admin, kafka_consumer, kafka_producer, redis_client
 from worker.engine import ScoringEngine

@@ -7,10 +7,10 @@ from __future__ import annotations
 
 from datetime import UTC, datetime
 
+from adapters.stores.backfills import backfill_sample
 from consumers.backfill_estimate import estimate
 from scorer_groups.api_models import BackfillCreate, BackfillEstimate
-from scoring.groups import MonitorClient
-from scoring.stores.backfills import backfill_sample
+from services.groups import MonitorClient
 from worker.connections import kafka_consumer
 from worker.settings import Settings
 

@@ -42,7 +42,7 @@ from redis.asyncio.connection import (
 from redis.connection import HiredisRespSerializer
 from redis.exceptions import ConnectionError as RedisConnectionError
 
-from scoring.stores.client import PoolBusy, RedisClient
+from adapters.stores.client import PoolBusy, RedisClient
 from worker import metrics
 from worker.settings import Settings
 

@@ -15,10 +15,10 @@ import asyncio
 from collections.abc import Callable
 from types import TracebackType
 
-from scoring.egress import EgressPolicy
-from scoring.members.external import ExternalClient
-from scoring.members.judge import JudgeClient, RequestShape
-from scoring.members.sandbox import SandboxPool
+from adapters.egress import EgressPolicy
+from adapters.members.external import ExternalClient
+from adapters.members.judge import JudgeClient, RequestShape
+from adapters.members.sandbox import SandboxPool
 from scoring.panel import MemberObserver, Panel, TokenObserver
 from scoring.redact import Redactor
 from scoring.verdict_cache import CachePolicy

@@ -7,7 +7,7 @@ for it) fails it, unless ``--allow-unscored`` lets that many rows (a count, or a
 rows) pass. ``--publish`` also sends each row's result to the ratings topic with scope ``dataset``.
 
 Its judge calls are reserved from the group's project's judge budget as the API's dataset runs'
-are (``worker.run_spend``): a row without room is not graded, and the summary names it.
+are (``services.run_spend``): a row without room is not graded, and the summary names it.
 ``--outside-budget`` is the operator's explicit way around it, and the summary says so.
 """
 
@@ -27,6 +27,9 @@ from typing import IO, Any, TextIO
 
 import orjson
 
+from adapters.stores.catalog import CatalogStore
+from adapters.stores.claims import Claims
+from adapters.stores.verdicts import VerdictStore
 from scorer_groups.gates import Allowance, GateFailed, NotAJudgeMember
 from scoring.dataset import (
     DatasetRow,
@@ -39,14 +42,11 @@ from scoring.dataset import (
 )
 from scoring.errors import CatalogError
 from scoring.results import build_rating, rating_id
-from scoring.stores.catalog import CatalogStore
-from scoring.stores.claims import Claims
-from scoring.stores.verdicts import VerdictStore
-from scoring.unclaimed_verdicts import UnclaimedVerdicts
 from scoring.verdict_cache import PairVerdicts
+from services.run_spend import RunSpend
+from services.unclaimed_verdicts import UnclaimedVerdicts
 from worker.connections import kafka_producer, redis_client
 from worker.engine import ScoringEngine
-from worker.run_spend import RunSpend
 from worker.settings import Settings
 
 PROGRESS_AFTER_S = 2.0  # a bar for runs longer than this; short runs print nothing until the end

@@ -22,8 +22,8 @@ from prometheus_client import (
     generate_latest,
 )
 
+from adapters.stores.otlp_buffer import BufferSize
 from scoring.ports import TokenUsage
-from scoring.stores.otlp_buffer import BufferSize
 from scoring.webhooks.breaker import STATE_VALUES
 from worker.loop_metrics import LoopCounter, LoopHistogram
 

@@ -9,11 +9,11 @@ import asyncio
 import structlog
 from aiokafka import AIOKafkaProducer
 
+from adapters.stores.client import RedisClient
+from adapters.stores.otlp_buffer import OtlpBuffer
 from consumers.otlp import OtlpConsumer
 from consumers.outage import OutageGuard
 from scoring.otlp.mapping import MappingRules
-from scoring.stores.client import RedisClient
-from scoring.stores.otlp_buffer import OtlpBuffer
 from worker import metrics
 from worker.connections import kafka_consumer
 from worker.settings import Settings

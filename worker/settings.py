@@ -15,10 +15,10 @@ import httpx
 from pydantic import Field, SecretStr, field_validator, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
+from adapters.stores import keys
+from adapters.stores.catalog import CatalogLimits
 from scoring.prices import Price, Pricing, parse_prices
 from scoring.redact import mask_url
-from scoring.stores import keys
-from scoring.stores.catalog import CatalogLimits
 from scoring.webhooks.payloads import LinkTemplate
 from scoring.webhooks.retries import RetrySchedule
 

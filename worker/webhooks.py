@@ -11,18 +11,18 @@ from typing import Any, TextIO
 import orjson
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
 
+from adapters.egress import EgressPolicy
+from adapters.stores.catalog import CatalogStore
+from adapters.stores.channels import disable_channel
+from adapters.stores.client import RedisClient
+from adapters.stores.deliveries import DeliverySchedule
 from consumers.outage import OutageGuard
 from consumers.range_reads import read_to_end
 from consumers.webhook_lanes import SenderLimits
 from consumers.webhooks import WebhookSender
 from scoring.catalog import CatalogSnapshot
-from scoring.egress import EgressPolicy
 from scoring.models import AlertChannel
 from scoring.results import WebhookDelivery, channel_key
-from scoring.stores.catalog import CatalogStore
-from scoring.stores.channels import disable_channel
-from scoring.stores.client import RedisClient
-from scoring.stores.deliveries import DeliverySchedule
 from scoring.webhooks import payloads
 from scoring.webhooks.payloads import LinkTemplate
 from scoring.webhooks.retries import parse_duration

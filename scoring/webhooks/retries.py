@@ -1,6 +1,6 @@
 """When a failed webhook delivery is tried again: the schedule of waits (``SGW_WEBHOOK_RETRIES``),
 jittered, and a receiver's ``Retry-After`` within a cap. Pure; the durable schedule that keeps
-deliveries in Redis is ``scoring.stores.deliveries``."""
+deliveries in Redis is ``adapters.stores.deliveries``."""
 
 from __future__ import annotations
 

@@ -1,6 +1,6 @@
 """The wire documents of datasets and evaluation runs: what the API answers and the SDK parses
 (a dataset and its rows; a run, its subject, the agent's outputs, and each judge member's
-column). Pure: ``scoring.stores.datasets`` and ``scoring.stores.evaluations`` keep them in Redis."""
+column). Pure: ``adapters.stores.datasets`` and ``adapters.stores.evaluations`` keep them in Redis."""
 
 from __future__ import annotations
 

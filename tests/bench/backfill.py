@@ -33,8 +33,8 @@ import orjson
 from aiokafka import AIOKafkaConsumer, TopicPartition
 from redis.asyncio import Redis
 
+from adapters.stores.backfills import BackfillStore
 from scorer_groups.api_models import BACKFILL_ENDED, BackfillCreate, BackfillJob
-from scoring.stores.backfills import BackfillStore
 from tests.bench import scenarios
 from tests.bench.scenarios import Bench
 from tests.bench.workload import (

@@ -15,7 +15,7 @@ import os
 import time
 from typing import Any
 
-from scoring.members.sandbox import SandboxPool
+from adapters.members.sandbox import SandboxPool
 from tests.bench.workload import DETERMINISTIC_CATALOG, ProcessTree
 
 CODE: str = DETERMINISTIC_CATALOG["customs"][0]["code"]

@@ -27,8 +27,8 @@ from redis.asyncio import Redis
 from deploy.processes import free_port
 from deploy.redis_servers import LocalRedis
 from deploy.services import LocalKafka
-from scoring.groups import MonitorClient
 from scoring.results import Signal, build_deliveries
+from services.groups import MonitorClient
 from tests.support.harness import WorkerProcess, produce, worker_env
 from tests.support.http_fakes import Reply, ScriptedServer
 

@@ -66,6 +66,8 @@ from typing import Any
 import orjson
 from redis.asyncio import Redis
 
+from adapters.stores import keys
+from adapters.stores.ratings import RatingsStore
 from consumers.decode import decode_trace
 from scoring.catalog import CatalogSnapshot
 from scoring.judge_calls import CALL_TEXT_MAX_CHARS, encode_calls, kept
@@ -74,8 +76,6 @@ from scoring.models import Judge, ScorerGroup
 from scoring.ports import JudgeCall, TokenUsage
 from scoring.results import HistoryEntry, derived_id
 from scoring.routing import trace_pairs
-from scoring.stores import keys
-from scoring.stores.ratings import RatingsStore
 from scoring.subjects import Subject
 from tests.bench import scenarios
 from tests.bench.scenarios import JUDGE_LATENCY_S, Bench, JudgeProcess
@@ -127,7 +127,7 @@ def _subjects(count: int) -> tuple[Judge, list[Subject]]:
 
 
 def _record(messages: list[dict[str, str]], answer: str, usage: TokenUsage) -> JudgeCall:
-    """What the judge client records of a call it made (scoring.members.judge)."""
+    """What the judge client records of a call it made (adapters.members.judge)."""
     return JudgeCall(MODEL, tuple((m["role"], m["content"]) for m in messages), answer, time.time(), 0.3, 1,
                      usage, None)
 

@@ -21,7 +21,7 @@ from aiokafka import AIOKafkaProducer
 from redis.asyncio import Redis
 
 from deploy.processes import free_port
-from scoring.groups import MonitorClient
+from services.groups import MonitorClient
 from tests.bench.profile import Profile
 from tests.bench.workload import (
     DETERMINISTIC_CATALOG,

@@ -68,10 +68,10 @@ import orjson
 import structlog
 from redis.asyncio import Redis
 
+from adapters.stores import keys
+from adapters.stores.catalog import SnapshotCache
 from deploy.processes import free_port
-from scoring.groups import MonitorClient
-from scoring.stores import keys
-from scoring.stores.catalog import SnapshotCache
+from services.groups import MonitorClient
 from tests.bench.scenarios import Bench, _drain
 from tests.bench.workload import (
     DETERMINISTIC_CATALOG,

@@ -38,8 +38,8 @@ import orjson
 from aiokafka import AIOKafkaProducer
 from redis.asyncio import Redis
 
+from adapters.stores.verdicts import Paid, VerdictStore
 from scoring.ports import TokenUsage
-from scoring.stores.verdicts import Paid, VerdictStore
 from scoring.verdict_cache import BUCKETS_READ, CachedVerdict, CachePolicy, verdict_key
 from tests.bench import scenarios
 from tests.bench.scenarios import JUDGE_LATENCY_S, Bench, JudgeProcess

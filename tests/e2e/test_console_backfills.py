@@ -14,8 +14,8 @@ from typing import Any
 
 import pytest
 
+from adapters.stores.backfills import JobParts
 from scorer_groups import Client
-from scoring.stores.backfills import JobParts
 from tests.support import console_browser
 from tests.support.console_browser import XSS, Env, sign_in, wait_for
 from tests.support.redis_clients import connect

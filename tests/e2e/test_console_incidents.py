@@ -16,10 +16,10 @@ from typing import Any
 import orjson
 import pytest
 
+from adapters.stores import keys
+from adapters.stores.incidents import IncidentStore
 from scorer_groups import Client
 from scoring.incidents import Baseline, Watch
-from scoring.stores import keys
-from scoring.stores.incidents import IncidentStore
 from tests.support import console_browser
 from tests.support.console_browser import XSS, Env, sign_in, wait_for
 from tests.support.redis_clients import connect

@@ -18,11 +18,11 @@ from typing import Any
 import orjson
 import pytest
 
+from adapters.stores.ratings import RatingsStore
+from adapters.stores.review_items import ReviewItems
 from scorer_groups.review_queues import ReviewItem, ReviewQueue
 from scoring.results import HistoryEntry
 from scoring.review_rules import review_item_id
-from scoring.stores.ratings import RatingsStore
-from scoring.stores.review_items import ReviewItems
 from tests.support import console_browser
 from tests.support.api_process import ApiProcess, create_key
 from tests.support.console_browser import XSS, wait_for

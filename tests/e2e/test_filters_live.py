@@ -14,9 +14,9 @@ from typing import Any
 import orjson
 import pytest
 
+from adapters.stores.ratings import RatingsStore
 from deploy.judge_server import JudgeServer
 from scoring.filters import routing_headers
-from scoring.stores.ratings import RatingsStore
 from scoring.subjects import Trace
 from tests.support.harness import WorkerProcess, catalog_db, produce, read_topic, worker_env
 from tests.support.redis_clients import connect

@@ -145,7 +145,7 @@ def test_the_dockerfile_copies_what_the_install_needs() -> None:
     named = stages(instructions(DOCKERFILE.read_text()))
     for stage in ("compiled", "image"):
         copied = {shlex.split(rest)[0] for keyword, rest in named[stage] if keyword == "COPY"}
-        assert {"sdk", "scoring", "consumers", "worker"} <= copied, "the server needs the SDK's distribution too"
+        assert {"sdk", "scoring", "adapters", "services", "consumers", "worker"} <= copied, "the server needs the SDK's distribution too"
 
 
 def test_the_images_hot_path_is_the_compiled_one(image: Path, tmp_path: Path) -> None:

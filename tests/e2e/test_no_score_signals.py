@@ -13,8 +13,8 @@ from typing import Any
 import orjson
 import pytest
 
-from scoring.groups import MonitorClient
-from scoring.stores.alerts import NoScoreAlerts
+from adapters.stores.alerts import NoScoreAlerts
+from services.groups import MonitorClient
 from tests.support.harness import WorkerProcess, catalog_db, produce, read_topic, worker_env
 from tests.support.redis_clients import connect
 

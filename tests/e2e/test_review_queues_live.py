@@ -13,9 +13,9 @@ from typing import Any
 import orjson
 import pytest
 
+from adapters.stores import keys
+from adapters.stores.review_items import ReviewItems
 from scorer_groups.review_queues import ReviewQueue
-from scoring.stores import keys
-from scoring.stores.review_items import ReviewItems
 from tests.support.api_process import ApiProcess, create_key
 from tests.support.harness import WorkerProcess, catalog_db, produce, read_topic, worker_env
 from tests.support.redis_clients import connect

@@ -13,7 +13,7 @@ import orjson
 import pytest
 
 from deploy.judge_server import JudgeServer
-from scoring.groups import MonitorClient
+from services.groups import MonitorClient
 from tests.support.harness import WorkerProcess, catalog_db, produce, read_topic, worker_env
 from tests.support.redis_clients import connect
 from tests.support.sampling_reference import reference_keep

@@ -15,8 +15,8 @@ from typing import Any
 import orjson
 import pytest
 
+from adapters.stores.claims import Claims
 from deploy.judge_server import Behaviour, JudgeServer
-from scoring.stores.claims import Claims
 from tests.support.harness import WorkerProcess, catalog_db, produce, read_topic, worker_env
 from tests.support.redis_clients import connect
 

@@ -15,9 +15,9 @@ from typing import Any
 import orjson
 import pytest
 
+from adapters.stores.claims import Claims
+from adapters.stores.ratings import RatingsStore
 from deploy.judge_server import JudgeServer
-from scoring.stores.claims import Claims
-from scoring.stores.ratings import RatingsStore
 from tests.support.harness import WorkerProcess, catalog_db, connect, produce, read_topic, worker_env
 
 pytestmark = pytest.mark.integration

@@ -12,8 +12,8 @@ from typing import Any
 import orjson
 import pytest
 
+from adapters.stores.ratings import RatingsStore
 from deploy.judge_server import JudgeServer
-from scoring.stores.ratings import RatingsStore
 from tests.support.harness import WorkerProcess, catalog_db, produce, read_topic, worker_env
 from tests.support.redis_clients import connect
 

@@ -14,9 +14,9 @@ from typing import Any
 import orjson
 import pytest
 
+from adapters.stores.claims import Claims
 from deploy.judge_server import Behaviour, JudgeServer
-from scoring.groups import MonitorClient
-from scoring.stores.claims import Claims
+from services.groups import MonitorClient
 from tests.support.harness import WorkerProcess, catalog_db, produce, read_topic, worker_env
 from tests.support.redis_clients import connect
 

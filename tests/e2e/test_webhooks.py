@@ -18,9 +18,9 @@ import orjson
 import pytest
 from standardwebhooks import Webhook
 
-from scoring.groups import MonitorClient
+from adapters.stores.catalog import CatalogStore
 from scoring.results import Signal, WebhookDelivery, build_deliveries
-from scoring.stores.catalog import CatalogStore
+from services.groups import MonitorClient
 from tests.support.harness import ROOT, WorkerProcess, catalog_db, produce, read_topic, worker_env
 from tests.support.http_fakes import Received, Reply, ScriptedServer
 from tests.support.redis_clients import connect

@@ -17,6 +17,9 @@ import pytest
 from aiokafka import AIOKafkaProducer
 from redis.asyncio import Redis
 
+from adapters.stores.incidents import IncidentStore
+from adapters.stores.ratings import RatingsStore
+from adapters.stores.review_items import ReviewItems
 from consumers.events import Silent
 from consumers.fleet_share import FleetShare
 from consumers.incidents import IncidentWatcher
@@ -26,9 +29,6 @@ from scoring.catalog import CatalogSnapshot
 from scoring.incidents import AGREEMENT_MIN_ITEMS
 from scoring.models import ScorerGroup
 from scoring.review_rules import review_item_id
-from scoring.stores.incidents import IncidentStore
-from scoring.stores.ratings import RatingsStore
-from scoring.stores.review_items import ReviewItems
 from tests.support.harness import read_topic
 from tests.support.redis_clients import connect
 

@@ -14,10 +14,10 @@ from pathlib import Path
 import orjson
 import pytest
 
+from adapters.stores import keys
+from adapters.stores.alignments import AlignmentStore
+from adapters.stores.claims import Claims
 from deploy.judge_server import Behaviour, JudgeServer
-from scoring.stores import keys
-from scoring.stores.alignments import AlignmentStore
-from scoring.stores.claims import Claims
 from tests.support.api_process import ApiProcess, create_key
 from tests.support.redis_clients import connect
 from tests.support.redis_databases import RedisDatabases

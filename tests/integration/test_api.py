@@ -342,8 +342,8 @@ def test_operator_key_acts_on_any_project_and_must_name_one_to_create(api: Api, 
 def test_ratings_and_session_scores_are_the_projects_own(api: Api, scorers: dict[str, str]) -> None:
     import asyncio
 
+    from adapters.stores.ratings import RatingsStore, SessionVerdict
     from scoring.results import HistoryEntry
-    from scoring.stores.ratings import RatingsStore, SessionVerdict
 
     with api.as_("a") as a, api.as_("op") as op:
         ga = create_group(a, name="A live", members=[member("judge", scorers["quality"])], online=FULL_ONLINE)
@@ -526,7 +526,7 @@ def test_port_0_picks_a_free_port_and_logs_it(api: Api, tmp_path: Path) -> None:
 def test_channels_of_two_projects_for_one_agent_id_stay_apart(api: Api) -> None:
     import asyncio
 
-    from scoring.stores.catalog import CatalogStore
+    from adapters.stores.catalog import CatalogStore
 
     with api.as_("a") as a, api.as_("b") as b:
         mine = a.post("/v1/channels", json={"agentId": "same-bot", "url": "https://hooks.example.com/a"}).json()
@@ -558,7 +558,7 @@ def test_scorer_writes_are_recorded_too(api: Api) -> None:
 def test_reads_see_a_change_made_outside_the_api_at_once(api: Api, scorers: dict[str, str]) -> None:
     import asyncio
 
-    from scoring.groups import MonitorClient
+    from services.groups import MonitorClient
 
     with api.as_("a") as a:
         g = create_group(a, name="Before", members=[member("judge", scorers["quality"])])

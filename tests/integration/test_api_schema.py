@@ -21,7 +21,7 @@ from schemathesis.checks import (
     status_code_conformance,
 )
 
-from scoring.stores import keys
+from adapters.stores import keys
 from tests.support.api_process import ApiProcess, create_key
 from tests.support.redis_clients import connect_sync
 from tests.support.redis_databases import RedisDatabases

@@ -12,15 +12,15 @@ import httpx
 import pytest
 from aiokafka import AIOKafkaConsumer
 
+from adapters.members.judge import JudgeClient
+from adapters.stores.claims import Claims
+from adapters.stores.ratings import RatingsStore
 from consumers.backfill_estimate import estimate
 from scorer_groups import AsyncClient
 from scoring.catalog import CatalogSnapshot
-from scoring.members.judge import JudgeClient
 from scoring.models import Judge
 from scoring.panel import Panel
 from scoring.prices import Price, Pricing
-from scoring.stores.claims import Claims
-from scoring.stores.ratings import RatingsStore
 from tests.support import backfill_bench
 from tests.support.api_process import ApiProcess, cli, create_key
 from tests.support.backfill_bench import BY_JUDGE, DAY, Bench, group_doc

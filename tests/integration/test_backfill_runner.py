@@ -22,17 +22,17 @@ import orjson
 import pytest
 from aiokafka import AIOKafkaProducer
 
+from adapters.members.judge import JudgeClient
+from adapters.stores.backfills import BackfillStore
+from adapters.stores.claims import Claims
+from adapters.stores.ratings import RatingsStore
 from consumers.decode import DeadLetter, decode_trace
 from scorer_groups.api_models import BackfillCreate
 from scoring.catalog import CatalogSnapshot
-from scoring.members.judge import JudgeClient
 from scoring.models import Budget, Judge, JudgeExample, Pattern
 from scoring.panel import Panel
 from scoring.prices import Price, Pricing
 from scoring.routing import group_pairs
-from scoring.stores.backfills import BackfillStore
-from scoring.stores.claims import Claims
-from scoring.stores.ratings import RatingsStore
 from tests.support import backfill_bench
 from tests.support.backfill_bench import APOLOGY, BY_JUDGE, BY_PATTERN, DAY, SORRY, Bench, group_doc, trace
 from tests.support.harness import read_topic

@@ -19,13 +19,13 @@ from typing import Any
 import pytest
 
 import consumers.backfill as backfill_module
+from adapters.stores import keys
+from adapters.stores.backfills import BackfillStore
 from deploy.judge_server import Behaviour
 from scorer_groups.api_models import BACKFILL_ENDED
 from scoring.catalog import CatalogSnapshot
 from scoring.claim_request import day_of
 from scoring.models import Budget, Judge
-from scoring.stores import keys
-from scoring.stores.backfills import BackfillStore
 from tests.support import backfill_bench
 from tests.support.backfill_bench import APOLOGY, BY_JUDGE, BY_PATTERN, DAY, Bench, group_doc, trace
 

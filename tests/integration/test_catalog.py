@@ -10,10 +10,10 @@ from typing import Any
 
 import pytest
 
+from adapters.stores.catalog import CatalogWatcher
 from scoring.errors import InvalidDocument, NotFound
-from scoring.groups import MonitorClient
 from scoring.models import Judge, Pattern
-from scoring.stores.catalog import CatalogWatcher
+from services.groups import MonitorClient
 from tests.support.redis_clients import connect
 
 pytestmark = pytest.mark.integration

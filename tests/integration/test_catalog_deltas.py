@@ -12,11 +12,11 @@ from typing import Any
 
 import pytest
 
+from adapters.stores import keys
+from adapters.stores.catalog import CatalogStore, CatalogWatcher, SnapshotCache
+from adapters.stores.client import RedisClient
 from scoring.catalog import CatalogSnapshot
-from scoring.groups import MonitorClient
-from scoring.stores import keys
-from scoring.stores.catalog import CatalogStore, CatalogWatcher, SnapshotCache
-from scoring.stores.client import RedisClient
+from services.groups import MonitorClient
 from tests.support.redis_clients import connect
 
 pytestmark = pytest.mark.integration

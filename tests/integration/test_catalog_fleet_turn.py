@@ -13,10 +13,10 @@ from pathlib import Path
 import httpx
 import pytest
 
+from adapters.stores import keys
+from adapters.stores.catalog import CatalogStore, SnapshotCache, Write
 from scoring.catalog import CatalogSnapshot
 from scoring.models import Pattern
-from scoring.stores import keys
-from scoring.stores.catalog import CatalogStore, SnapshotCache, Write
 from tests.support.api_process import ApiProcess, create_key
 from tests.support.redis_clients import connect
 from tests.support.redis_databases import RedisDatabases

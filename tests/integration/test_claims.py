@@ -8,9 +8,9 @@ from datetime import UTC, datetime, timedelta
 import pytest
 from redis.asyncio import Redis
 
+from adapters.stores.claims import ClaimResult, Claims, claim_hash
 from deploy.redis_servers import LocalRedis
 from scoring.claim_request import ClaimRequest, day_of
-from scoring.stores.claims import ClaimResult, Claims, claim_hash
 from tests.support.redis_clients import connect
 
 pytestmark = pytest.mark.integration

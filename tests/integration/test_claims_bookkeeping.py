@@ -8,8 +8,8 @@ import time
 import pytest
 from redis.asyncio import Redis
 
+from adapters.stores.claims import Claims, claim_hash
 from scoring.claim_request import ClaimRequest, day_of
-from scoring.stores.claims import Claims, claim_hash
 
 pytestmark = pytest.mark.integration
 

@@ -11,8 +11,8 @@ from pathlib import Path
 
 import pytest
 
+from adapters.stores.ratings import RatingsStore, SessionVerdict
 from scoring.results import HistoryEntry
-from scoring.stores.ratings import RatingsStore, SessionVerdict
 from tests.support.redis_clients import connect
 
 pytestmark = pytest.mark.integration

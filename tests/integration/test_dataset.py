@@ -12,8 +12,8 @@ import pytest
 
 from deploy.judge_server import JudgeServer
 from scorer_groups.gates import GateFailed
-from scoring.groups import MonitorClient
 from scoring.redact import REDACTED
+from services.groups import MonitorClient
 from tests.support.datasets import grade_api, grade_cli, m
 from tests.support.redis_clients import connect
 

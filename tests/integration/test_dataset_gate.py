@@ -12,7 +12,7 @@ import pytest
 
 from deploy.judge_server import JudgeServer
 from scoring.errors import InvalidDocument
-from scoring.groups import MonitorClient
+from services.groups import MonitorClient
 from tests.support.datasets import grade_api, grade_cli, m
 from tests.support.redis_clients import connect
 

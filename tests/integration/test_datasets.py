@@ -11,9 +11,9 @@ from pathlib import Path
 
 import pytest
 
+from adapters.stores.datasets import DatasetStore, parse_rows
 from scorer_groups.runs import DatasetItem
 from scoring.errors import InvalidDocument, NotFound
-from scoring.stores.datasets import DatasetStore, parse_rows
 from tests.support.redis_clients import connect
 
 pytestmark = pytest.mark.integration

@@ -10,9 +10,9 @@ from typing import Literal
 
 import pytest
 
+from adapters.stores import keys
+from adapters.stores.deliveries import Attempt, DeliverySchedule, Incident, PendingDelivery, shard_of
 from scoring.results import Signal, build_deliveries
-from scoring.stores import keys
-from scoring.stores.deliveries import Attempt, DeliverySchedule, Incident, PendingDelivery, shard_of
 from scoring.webhooks.retries import RetrySchedule
 from tests.support.redis_clients import connect
 
@@ -131,7 +131,7 @@ async def test_deliveries_of_the_unsharded_schedule_move_to_their_shards_with_op
 async def test_a_recovery_resolves_an_incident_opened_under_the_channel_id_without_its_project(
         schedule: DeliverySchedule) -> None:
     # Incidents opened before the project was part of the channel id are keyed by the legacy id
-    # (scoring.stores.channels.legacy_channel_id): a recovery closes those as well as new ones.
+    # (adapters.stores.channels.legacy_channel_id): a recovery closes those as well as new ones.
     now = time.time()
     trigger, *recoveries = [pending(n, now) for n in range(4)]  # one URL: one shard
     shard = shard_of(trigger.delivery)

@@ -16,14 +16,14 @@ from aiokafka import AIOKafkaProducer
 from pydantic import ValidationError
 from redis.asyncio import Redis
 
+from adapters.stores.digests import DigestStore
+from adapters.stores.ratings import RatingsStore
 from consumers.digests import DigestSender
 from consumers.events import Silent
 from consumers.outputs import Outputs, TopicNames
 from scoring.catalog import CatalogSnapshot
 from scoring.models import AlertChannel, ScorerGroup
 from scoring.results import HistoryEntry
-from scoring.stores.digests import DigestStore
-from scoring.stores.ratings import RatingsStore
 from tests.support.harness import read_topic
 
 pytestmark = pytest.mark.integration

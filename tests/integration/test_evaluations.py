@@ -296,7 +296,7 @@ async def test_the_async_twin_runs_and_gates_alike(names: dict[str, Any], api: t
 
 
 def test_a_run_is_graded_once(names: dict[str, Any], api: tuple[str, str, str]) -> None:
-    from scoring.stores import keys
+    from adapters.stores import keys
 
     client = names["client"]
     pending = client.evaluations.run(dataset_id=names["dataset"].id, scorer_group_id=_group(names).id,
@@ -397,8 +397,8 @@ def test_a_dataset_runs_rows_enter_the_review_queues_that_take_dataset_results(n
 
 def test_a_run_repeated_against_unchanged_judges_calls_none_and_reserves_nothing(
         names: dict[str, Any], judge: JudgeServer, api: tuple[str, str, str]) -> None:
+    from adapters.stores import keys
     from scoring.routing import DEFAULT_BUDGET_WINDOW_S
-    from scoring.stores import keys
 
     client = names["client"]
     group = client.monitor.scorer_groups.create("Repeated", members=[

@@ -17,6 +17,12 @@ import orjson
 import pytest
 from aiokafka import AIOKafkaProducer
 
+from adapters.stores.client import RedisClient
+from adapters.stores.digests import DigestStore
+from adapters.stores.incidents import IncidentStore
+from adapters.stores.keys import SHARDS, shard_of
+from adapters.stores.ratings import RatingsStore
+from adapters.stores.shards import ShardLeases
 from consumers.digests import DigestSender
 from consumers.events import Silent
 from consumers.fleet_share import FleetShare
@@ -26,12 +32,6 @@ from scoring.catalog import CatalogSnapshot
 from scoring.incidents import Watch, WindowStats
 from scoring.models import AlertChannel, ScorerGroup
 from scoring.results import HistoryEntry
-from scoring.stores.client import RedisClient
-from scoring.stores.digests import DigestStore
-from scoring.stores.incidents import IncidentStore
-from scoring.stores.keys import SHARDS, shard_of
-from scoring.stores.ratings import RatingsStore
-from scoring.stores.shards import ShardLeases
 from tests.support.harness import read_topic
 from tests.support.redis_clients import connect
 

@@ -17,6 +17,9 @@ import pytest
 from aiokafka import AIOKafkaProducer
 from redis.asyncio import Redis
 
+from adapters.stores import keys
+from adapters.stores.incidents import PENDING_S, IncidentStore, bucket_size
+from adapters.stores.ratings import RatingsStore
 from consumers.events import Silent
 from consumers.incidents import IncidentWatcher
 from consumers.outputs import Outputs, TopicNames
@@ -24,9 +27,6 @@ from scoring.catalog import CatalogSnapshot
 from scoring.incidents import Watch
 from scoring.models import AlertChannel, ScorerGroup
 from scoring.results import HistoryEntry
-from scoring.stores import keys
-from scoring.stores.incidents import PENDING_S, IncidentStore, bucket_size
-from scoring.stores.ratings import RatingsStore
 from tests.support.harness import read_topic
 from tests.support.redis_clients import connect
 

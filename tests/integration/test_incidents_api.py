@@ -11,8 +11,8 @@ from datetime import UTC, datetime
 
 import pytest
 
+from adapters.stores.incidents import IncidentStore
 from scoring.incidents import Watch
-from scoring.stores.incidents import IncidentStore
 from tests.support.api_process import ApiProcess, create_key
 from tests.support.redis_clients import connect
 from tests.support.redis_databases import RedisDatabases

@@ -14,9 +14,9 @@ from typing import Any
 import orjson
 import pytest
 
+from adapters.stores.review_items import ReviewItems
 from scorer_groups.review_queues import ReviewItem, ReviewQueue
 from scoring.review_rules import review_item_id
-from scoring.stores.review_items import ReviewItems
 from tests.support.api_process import ApiProcess, create_key
 from tests.support.redis_clients import connect
 from tests.support.redis_databases import RedisDatabases

@@ -15,9 +15,9 @@ import pytest
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
 from pydantic import ValidationError
 
+from adapters.members.http import RetryPolicy
+from adapters.members.judge import JudgeClient, RequestShape
 from deploy.judge_server import JudgeServer
-from scoring.members.http import RetryPolicy
-from scoring.members.judge import JudgeClient, RequestShape
 from scoring.models import Judge
 from scoring.subjects import Subject
 from tests.support.http_fakes import Reply, ScriptedServer

@@ -18,11 +18,11 @@ import pytest
 from redis import Redis as SyncRedis
 from redis.asyncio import Redis
 
+from adapters.stores.client import NotReplicated
+from adapters.stores.review_items import ReviewItems
 from deploy.redis_servers import LocalRedis
 from scorer_groups.review_queues import ReviewItem, ReviewQueue
 from scoring.review_rules import review_item_id
-from scoring.stores.client import NotReplicated
-from scoring.stores.review_items import ReviewItems
 
 pytestmark = pytest.mark.integration
 

@@ -23,17 +23,17 @@ from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
 from aiokafka.admin import AIOKafkaAdminClient, NewTopic
 from redis.asyncio import Redis
 
+from adapters.egress import EgressPolicy
+from adapters.members.external import ExternalClient
+from adapters.members.http import RetryPolicy
+from adapters.stores.claims import Claims
+from adapters.stores.ratings import RatingsStore
 from consumers.outputs import TopicNames
 from consumers.traces import OutputError, TraceConsumer, TraceLoopLimits
 from scoring.catalog import CatalogSnapshot
 from scoring.claim_request import ClaimRequest, day_of
-from scoring.egress import EgressPolicy
-from scoring.members.external import ExternalClient
-from scoring.members.http import RetryPolicy
 from scoring.models import CustomEvaluator, ScorerGroup
 from scoring.panel import Panel
-from scoring.stores.claims import Claims
-from scoring.stores.ratings import RatingsStore
 from tests.support.gated_scorer import HOLD, GatedScorer
 from tests.support.trace_loop import Loop, until
 from worker.app import Worker

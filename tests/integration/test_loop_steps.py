@@ -32,6 +32,9 @@ from redis.asyncio import Redis
 from redis.exceptions import ConnectionError as RedisConnectionError
 from structlog.testing import capture_logs
 
+from adapters.stores import keys
+from adapters.stores.claims import ClaimResult, Claims, VerdictLookup
+from adapters.stores.ratings import RatingsStore
 from consumers.outage import OutageGuard, OutageTooLong
 from consumers.outputs import TopicNames
 from consumers.traces import OutputError, TraceConsumer
@@ -41,9 +44,6 @@ from scoring.catalog import CatalogSnapshot
 from scoring.claim_request import ClaimRequest
 from scoring.models import Budget, Judge, Pattern, ScorerGroup
 from scoring.panel import GroupResult, Panel
-from scoring.stores import keys
-from scoring.stores.claims import ClaimResult, Claims, VerdictLookup
-from scoring.stores.ratings import RatingsStore
 from scoring.subjects import Subject, Trace
 from tests.support.sampling_reference import reference_keep
 from tests.support.trace_loop import WAIT_S, Loop, trace, until

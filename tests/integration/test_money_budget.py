@@ -14,19 +14,19 @@ from typing import Any
 import pytest
 from redis.asyncio import Redis
 
+from adapters.members.http import RetryPolicy
+from adapters.members.judge import JudgeClient
+from adapters.stores.claims import Claims
 from deploy.judge_server import Behaviour, JudgeServer
 from scoring.catalog import CatalogSnapshot
 from scoring.claim_request import day_of
 from scoring.errors import Forbidden
-from scoring.groups import Caller, budget_write
-from scoring.members.http import RetryPolicy
-from scoring.members.judge import JudgeClient
 from scoring.models import Budget, Judge, Pattern, ScorerGroup
 from scoring.panel import Panel
 from scoring.prices import Price, Pricing
 from scoring.results import cost_of
 from scoring.routing import Pair, pair_of
-from scoring.stores.claims import Claims
+from services.groups import Caller, budget_write
 from tests.support.panel_catalog import subject
 
 pytestmark = pytest.mark.integration

@@ -11,8 +11,8 @@ from datetime import UTC, datetime
 import pytest
 from redis.asyncio import Redis
 
+from adapters.stores.otlp_buffer import OtlpBuffer
 from scoring.otlp.mapping import BufferedSpan, assemble
-from scoring.stores.otlp_buffer import OtlpBuffer
 from scoring.subjects import Span
 
 pytestmark = pytest.mark.integration

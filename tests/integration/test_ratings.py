@@ -5,9 +5,9 @@ from __future__ import annotations
 import pytest
 from redis.asyncio import Redis
 
+from adapters.stores import keys
+from adapters.stores.ratings import RatingsStore, SessionVerdict
 from scoring.results import HistoryEntry
-from scoring.stores import keys
-from scoring.stores.ratings import RatingsStore, SessionVerdict
 
 pytestmark = pytest.mark.integration
 
@@ -98,8 +98,8 @@ async def test_session_scores_keep_the_latest_verdict_per_group(redis: Redis, un
 
 
 async def test_the_judge_call_index_never_outlives_the_list_whoever_trimmed_it(redis: Redis, unique: str) -> None:
-    from scoring.stores import keys
-    from scoring.stores.ratings import RatingsStore
+    from adapters.stores import keys
+    from adapters.stores.ratings import RatingsStore
 
     group, store = f"calls-{unique}", RatingsStore(redis)
 

@@ -21,41 +21,41 @@ from redis.asyncio.cluster import RedisCluster
 from redis.commands.core import AsyncScript
 from redis.exceptions import ConnectionError as RedisConnectionError
 
-import scoring.stores.review_items as review_items_module
+import adapters.stores.review_items as review_items_module
+from adapters.stores import keys
+from adapters.stores.alerts import NoScoreAlerts
+from adapters.stores.alignments import AlignmentStore
+from adapters.stores.backfills import BackfillStore, JobParts
+from adapters.stores.catalog import CatalogStore, SnapshotCache
+from adapters.stores.claims import Claims, Reservation
+from adapters.stores.deliveries import DeliverySchedule, PendingDelivery, shard_of
+from adapters.stores.digests import DigestStore
+from adapters.stores.incidents import IncidentStore
+from adapters.stores.keys import SHARDS
+from adapters.stores.otlp_buffer import OtlpBuffer
+from adapters.stores.quotas import ProjectStorage, Quotas
+from adapters.stores.ratings import RatingsStore, SessionVerdict
+from adapters.stores.review_items import ReviewItems
+from adapters.stores.sessions import SessionStore
+from adapters.stores.shards import ShardLeases
+from adapters.stores.verdicts import Paid, VerdictStore
 from deploy.redis_servers import LocalRedisCluster
 from scorer_groups.alignments import Alignment
 from scorer_groups.api_models import BackfillCreate
 from scorer_groups.review_queues import ReviewItem, ReviewQueue
 from scoring.claim_request import ClaimRequest, day_of
-from scoring.groups import MonitorClient
 from scoring.incidents import Watch
 from scoring.models import Judge
 from scoring.otlp.mapping import BufferedSpan
 from scoring.results import HistoryEntry, Signal, build_deliveries
-from scoring.stores import keys
-from scoring.stores.alerts import NoScoreAlerts
-from scoring.stores.alignments import AlignmentStore
-from scoring.stores.backfills import BackfillStore, JobParts
-from scoring.stores.catalog import CatalogStore, SnapshotCache
-from scoring.stores.claims import Claims, Reservation
-from scoring.stores.deliveries import DeliverySchedule, PendingDelivery, shard_of
-from scoring.stores.digests import DigestStore
-from scoring.stores.incidents import IncidentStore
-from scoring.stores.keys import SHARDS
-from scoring.stores.otlp_buffer import OtlpBuffer
-from scoring.stores.quotas import ProjectStorage, Quotas
-from scoring.stores.ratings import RatingsStore, SessionVerdict
-from scoring.stores.review_items import ReviewItems
-from scoring.stores.sessions import SessionStore
-from scoring.stores.shards import ShardLeases
-from scoring.stores.verdicts import Paid, VerdictStore
 from scoring.subjects import Span, Trace
 from scoring.verdict_cache import CachedVerdict, CachePolicy
 from scoring.webhooks.retries import RetrySchedule
+from services.groups import MonitorClient
 
 pytestmark = pytest.mark.integration
 
-STORES_DIR = Path(__file__).resolve().parents[2] / "scoring" / "stores"
+STORES_DIR = Path(__file__).resolve().parents[2] / "adapters" / "stores"
 
 
 @pytest.fixture(scope="module")
@@ -241,10 +241,10 @@ async def test_every_script_runs_on_a_cluster_even_after_the_nodes_forgot_them(
         with Redis(port=node.port) as plain:
             plain.script_flush()
     scripts = await use_every_store(client)  # raises on CROSSSLOT (redis-py refuses before sending)
-    assert len(scripts) == registered_in_source(), "every script of scoring/stores was used above"
+    assert len(scripts) == registered_in_source(), "every script of adapters/stores was used above"
     # Nothing loads a script but a NOSCRIPT answer to running it: every one ran, on every
     # primary (a script's keys are on one node; the fallback loads it on all) - but a label's,
-    # run on one connection to its node (then WAIT on it: scoring.stores.client.one_connection).
+    # run on one connection to its node (then WAIT on it: adapters.stores.client.one_connection).
     one_node = {hashlib.sha1(review_items_module._LABEL.encode()).hexdigest()}
     for script, known in zip(scripts, scripts_known(cluster, scripts), strict=True):
         assert all(known) if script.sha not in one_node else any(known), (script.sha, known)

@@ -8,8 +8,8 @@ import asyncio
 
 import pytest
 
+from adapters.stores.client import PoolBusy
 from consumers.outage import OutageGuard, outage_of
-from scoring.stores.client import PoolBusy
 from worker import metrics
 from worker.connections import redis_client
 from worker.settings import Settings

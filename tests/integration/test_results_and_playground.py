@@ -17,12 +17,12 @@ import httpx
 import orjson
 import pytest
 
+from adapters.stores import keys
+from adapters.stores.ratings import RatingsStore
 from deploy.judge_server import Behaviour, JudgeServer
 from scorer_groups import AsyncClient, BadRequest, Client, NotFound, RateLimited, Retry
 from scorer_groups.documents import MemberVerdict, Rating
 from scoring.results import HistoryEntry
-from scoring.stores import keys
-from scoring.stores.ratings import RatingsStore
 from tests.support.api_process import ApiProcess, create_key
 from tests.support.redis_clients import connect
 from tests.support.redis_databases import RedisDatabases

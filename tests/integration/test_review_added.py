@@ -15,8 +15,8 @@ import orjson
 import pytest
 import redis.asyncio as aioredis
 
+from adapters.stores.ratings import RatingsStore
 from scoring.results import HistoryEntry
-from scoring.stores.ratings import RatingsStore
 from tests.support.api_process import ApiProcess, create_key
 from tests.support.redis_databases import RedisDatabases
 

@@ -16,9 +16,9 @@ import redis.asyncio as aioredis
 from scipy.stats import spearmanr
 from sklearn.metrics import cohen_kappa_score, mean_absolute_error
 
+from adapters.stores.review_items import ReviewItems
 from scorer_groups.review_queues import ReviewItem, ReviewQueue
 from scoring.review_rules import review_item_id
-from scoring.stores.review_items import ReviewItems
 from tests.support.api_process import ApiProcess, api_with_judge, cli, create_key
 from tests.support.redis_databases import RedisDatabases
 

@@ -14,10 +14,10 @@ import httpx
 import pytest
 import redis.asyncio as aioredis
 
+from adapters.stores import keys
+from adapters.stores.catalog import CatalogStore
+from adapters.stores.review_items import ReviewItems
 from scorer_groups.review_queues import ReviewItem, ReviewQueue
-from scoring.stores import keys
-from scoring.stores.catalog import CatalogStore
-from scoring.stores.review_items import ReviewItems
 from tests.support.api_process import ApiProcess, create_key
 from tests.support.redis_databases import RedisDatabases
 

@@ -11,10 +11,10 @@ from collections.abc import Iterator
 import pytest
 import redis.asyncio as aioredis
 
+from adapters.stores.review_items import ReviewItems
 from scorer_groups import Client, Forbidden
 from scorer_groups.review_queues import ReviewItem, ReviewQueue
 from scoring.review_rules import review_item_id
-from scoring.stores.review_items import ReviewItems
 from tests.support.api_process import ApiProcess, cli, create_key
 from tests.support.redis_databases import RedisDatabases
 

@@ -14,6 +14,8 @@ from typing import Any
 
 import pytest
 
+from adapters.stores.claims import Claims
+from adapters.stores.ratings import RatingsStore, SessionVerdict
 from scorer_groups import (
     AsyncClient,
     BadRequest,
@@ -28,8 +30,6 @@ from scorer_groups import (
     Unauthorized,
 )
 from scoring.claim_request import ClaimRequest, day_of
-from scoring.stores.claims import Claims
-from scoring.stores.ratings import RatingsStore, SessionVerdict
 from tests.support.api_process import ApiProcess, cli, create_key
 from tests.support.http_fakes import Reply, ScriptedServer
 from tests.support.redis_clients import connect

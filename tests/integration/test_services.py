@@ -12,12 +12,12 @@ import pytest
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
 from aiokafka.admin import AIOKafkaAdminClient, NewTopic
 
+from adapters.stores.claims import Claims
 from deploy import services
 from deploy.processes import free_port as real_free_port
 from deploy.redis_servers import LocalRedis
 from deploy.services import LocalKafka
 from scoring.claim_request import ClaimRequest, day_of
-from scoring.stores.claims import Claims
 from tests.support.redis_clients import connect
 
 pytestmark = pytest.mark.integration

@@ -11,9 +11,9 @@ from collections.abc import AsyncIterator
 import pytest
 from redis.asyncio import Redis
 
-from scoring.stores import keys
-from scoring.stores.claims import Claims
-from scoring.stores.sessions import QuietSession, SessionStore
+from adapters.stores import keys
+from adapters.stores.claims import Claims
+from adapters.stores.sessions import QuietSession, SessionStore
 from tests.support.session_sweeps import Sweep, project_sweep, session_group, turn
 
 pytestmark = pytest.mark.integration

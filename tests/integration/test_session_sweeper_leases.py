@@ -16,16 +16,16 @@ from redis.asyncio import Redis
 from redis.exceptions import ConnectionError as RedisConnectionError
 from structlog.testing import capture_logs
 
+from adapters.egress import EgressPolicy
+from adapters.members.external import ExternalClient
+from adapters.stores.claims import Claims
 from consumers.events import Silent
 from consumers.pauses import PauseWatch
 from scoring.blend import MemberOutcome, blend
 from scoring.catalog import CatalogSnapshot
 from scoring.claim_request import ClaimRequest
-from scoring.egress import EgressPolicy
-from scoring.members.external import ExternalClient
 from scoring.models import CustomEvaluator, Judge, ScorerGroup
 from scoring.panel import GroupResult, Panel
-from scoring.stores.claims import Claims
 from scoring.subjects import Subject
 from tests.support.http_fakes import Reply, ScriptedServer
 from tests.support.session_sweeps import Sweep, project_sweep, session_group

@@ -13,18 +13,18 @@ import pytest
 from redis.asyncio import Redis
 from structlog.testing import capture_logs
 
+from adapters.egress import EgressPolicy
+from adapters.members.external import ExternalClient
+from adapters.members.judge import JudgeClient
+from adapters.stores import keys
+from adapters.stores.claims import Claims
+from adapters.stores.ratings import RatingsStore
+from adapters.stores.sessions import QuietSession, SessionStore
 from consumers.events import Silent
 from consumers.sessions import PAGE
 from deploy.judge_server import JudgeServer
-from scoring.egress import EgressPolicy
-from scoring.members.external import ExternalClient
-from scoring.members.judge import JudgeClient
 from scoring.models import Budget, CustomEvaluator, Judge, ScorerGroup
 from scoring.panel import Panel
-from scoring.stores import keys
-from scoring.stores.claims import Claims
-from scoring.stores.ratings import RatingsStore
-from scoring.stores.sessions import QuietSession, SessionStore
 from scoring.subjects import Trace
 from scoring.verdict_cache import CachePolicy
 from tests.support.http_fakes import Reply, ScriptedServer

@@ -13,12 +13,12 @@ from typing import Any
 import pytest
 from redis.asyncio import Redis
 
+from adapters.stores.catalog import CatalogStore
+from adapters.stores.ratings import RatingsStore
 from consumers.fleet_share import FleetShare
 from consumers.shadow_sweep import ShadowSweep
 from scoring.models import Judge, ScorerGroup
 from scoring.results import HistoryEntry
-from scoring.stores.catalog import CatalogStore
-from scoring.stores.ratings import RatingsStore
 from tests.support.redis_clients import connect
 
 pytestmark = pytest.mark.integration

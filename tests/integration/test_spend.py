@@ -12,18 +12,18 @@ from typing import Any
 import pytest
 from redis.asyncio import Redis
 
+from adapters.members.http import RetryPolicy
+from adapters.members.judge import JudgeClient
+from adapters.stores.claims import Claims
 from deploy.judge_server import Behaviour, JudgeServer
 from scoring.catalog import CatalogSnapshot
 from scoring.claim_request import day_of
 from scoring.judge_prompt import ANSWER_MAX_TOKENS
-from scoring.members.http import RetryPolicy
-from scoring.members.judge import JudgeClient
 from scoring.models import Budget, Judge, Pattern, ScorerGroup
 from scoring.panel import Panel
 from scoring.ports import BudgetExhausted, TokenUsage
 from scoring.results import build_rating, tokens_of
 from scoring.routing import Pair, pair_of
-from scoring.stores.claims import Claims
 from tests.support.panel_catalog import subject
 
 pytestmark = pytest.mark.integration

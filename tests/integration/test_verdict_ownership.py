@@ -10,9 +10,9 @@ import time
 import pytest
 from redis.asyncio import Redis
 
+from adapters.stores.claims import Claims, claim_field, claim_hash
+from adapters.stores.verdicts import Paid, VerdictStore
 from scoring.claim_request import ClaimRequest, day_of
-from scoring.stores.claims import Claims, claim_field, claim_hash
-from scoring.stores.verdicts import Paid, VerdictStore
 from scoring.verdict_cache import CachedVerdict, CachePolicy
 
 pytestmark = pytest.mark.integration

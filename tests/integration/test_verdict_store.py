@@ -9,10 +9,10 @@ import time
 
 from redis.asyncio import Redis
 
+from adapters.stores import keys
+from adapters.stores.claims import Claims
+from adapters.stores.verdicts import Paid, VerdictStore
 from scoring.claim_request import ClaimRequest, day_of
-from scoring.stores import keys
-from scoring.stores.claims import Claims
-from scoring.stores.verdicts import Paid, VerdictStore
 from scoring.verdict_cache import MAX_ENTRY_BYTES, CachedVerdict, CachePolicy
 
 

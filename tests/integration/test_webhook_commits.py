@@ -18,15 +18,15 @@ import pytest
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
 from aiokafka.admin import AIOKafkaAdminClient, NewTopic
 
+from adapters.egress import EgressPolicy
+from adapters.stores.catalog import CatalogStore
+from adapters.stores.deliveries import DeliverySchedule
 from consumers.outage import OutageGuard
 from consumers.webhook_lanes import SenderLimits
 from consumers.webhooks import WebhookSender
-from scoring.egress import EgressPolicy
-from scoring.groups import MonitorClient
 from scoring.results import Signal, build_deliveries
-from scoring.stores.catalog import CatalogStore
-from scoring.stores.deliveries import DeliverySchedule
 from scoring.webhooks.retries import RetrySchedule
+from services.groups import MonitorClient
 from tests.support.http_fakes import Reply, ScriptedServer
 from tests.support.redis_clients import connect
 from tests.support.trace_loop import until

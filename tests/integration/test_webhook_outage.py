@@ -15,15 +15,15 @@ from aiokafka import TopicPartition
 from aiokafka.structs import ConsumerRecord
 from redis.asyncio import Redis
 
+from adapters.egress import EgressPolicy
+from adapters.stores import keys
+from adapters.stores.deliveries import DeliverySchedule, shard_of
 from consumers.loop import Taken
 from consumers.outage import OutageGuard
 from consumers.webhooks import WebhookSender
 from deploy.redis_servers import LocalRedis
 from scoring.catalog import CatalogSnapshot
-from scoring.egress import EgressPolicy
 from scoring.results import Signal, build_deliveries
-from scoring.stores import keys
-from scoring.stores.deliveries import DeliverySchedule, shard_of
 from scoring.webhooks.retries import RetrySchedule
 
 pytestmark = pytest.mark.integration

@@ -29,10 +29,10 @@ import pytest
 from aiokafka import AIOKafkaProducer
 from aiokafka.admin import AIOKafkaAdminClient, NewTopic
 
+from adapters.stores import keys
+from adapters.stores.backfills import BackfillStore
 from deploy.judge_server import Behaviour, JudgeServer
 from scorer_groups.api_models import BACKFILL_ENDED, BackfillCreate
-from scoring.stores import keys
-from scoring.stores.backfills import BackfillStore
 from tests.support.harness import WorkerProcess, catalog_db, read_topic, worker_env
 from tests.support.redis_clients import connect
 

@@ -55,15 +55,15 @@ import pytest
 from aiokafka.admin import AIOKafkaAdminClient, NewTopic
 from redis.asyncio import Redis
 
+from adapters.stores.claims import Claims
 from deploy.judge_server import Behaviour, JudgeServer
 from deploy.redis_servers import LocalRedis
 from deploy.services import LocalKafka
-from scoring.groups import MonitorClient
 from scoring.judge_prompt import ANSWER_MAX_TOKENS, MESSAGE_OVERHEAD_TOKENS
 from scoring.models import Judge
 from scoring.ports import TokenUsage
 from scoring.prices import Pricing, call_cost, nanos, parse_prices
-from scoring.stores.claims import Claims
+from services.groups import MonitorClient
 from tests.support.chaos import RatingsTail, Workers, commit_lag, read_everything, wait_committed
 from tests.support.harness import produce, worker_env
 

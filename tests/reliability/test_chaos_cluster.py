@@ -46,13 +46,13 @@ import pytest
 from aiokafka.admin import AIOKafkaAdminClient, NewTopic
 from redis.asyncio.cluster import RedisCluster
 
+from adapters.stores import keys
+from adapters.stores.claims import Claims
 from deploy.judge_server import Behaviour, JudgeServer
 from deploy.redis_servers import LocalRedis, LocalRedisCluster
 from deploy.services import LocalKafkaCluster
 from scoring.claim_request import day_of
-from scoring.groups import MonitorClient
-from scoring.stores import keys
-from scoring.stores.claims import Claims
+from services.groups import MonitorClient
 from tests.support.chaos import RatingsTail, Workers, commit_lag, read_everything, wait_committed
 from tests.support.harness import produce, worker_env
 from tests.support.http_fakes import Reply, ScriptedServer

@@ -22,12 +22,12 @@ from redis.asyncio import Redis
 from redis.asyncio.retry import Retry
 from redis.backoff import NoBackoff
 
+from adapters.stores.claims import Claims, Settlement
+from adapters.stores.ratings import RatingsStore
 from consumers.outage import OutageGuard
 from scoring.claim_request import ClaimRequest, day_of
 from scoring.prices import Rates
 from scoring.results import HistoryEntry
-from scoring.stores.claims import Claims, Settlement
-from scoring.stores.ratings import RatingsStore
 from tests.support.cutting_proxy import CuttingProxy
 from worker.connections import redis_client
 from worker.settings import Settings

@@ -18,7 +18,7 @@ from redis.asyncio import Redis
 
 from deploy.judge_server import JudgeServer
 from deploy.redis_servers import LocalRedis
-from scoring.groups import MonitorClient
+from services.groups import MonitorClient
 from tests.support.harness import WorkerProcess, produce, read_topic, worker_env
 from tests.support.otlp_records import Telemetry, records, span, trace_hex
 

@@ -24,7 +24,7 @@ from redis.asyncio import Redis
 
 from deploy.redis_servers import LocalRedis
 from deploy.services import LocalKafka
-from scoring.groups import MonitorClient
+from services.groups import MonitorClient
 from tests.support.harness import WorkerProcess, produce, read_topic, worker_env
 from tests.support.redis_clients import connect
 

@@ -23,8 +23,8 @@ import sys
 import time
 from typing import Any
 
-from scoring.members import isolation
-from scoring.members.sandbox_process import exchange, kill, reap, spawn
+from adapters.members import isolation
+from adapters.members.sandbox_process import exchange, kill, reap, spawn
 
 ARGS = {"input": "question", "output": "answer", "expected": None, "spans": [], "metadata": {}}
 WATCH_S = 1.0

@@ -8,7 +8,7 @@ What each guards:
   ceiling; bodies that pass are validated in a parser process (worker.api.bodies), so /healthz
   answers throughout and the API's memory stays bounded;
 - judge calls: the fair share of the judge pool (scoring.members.fair_share);
-- budgets: budget_write (scoring.groups) - the operators set a budget, a project only lowers it;
+- budgets: budget_write (services.groups) - the operators set a budget, a project only lowers it;
 - cursors: worker.api.pages' ASCII-digit numbers;
 - /docs: worker.api.docs_pages (Swagger UI from the package, under the console's CSP).
 """

@@ -2,7 +2,7 @@
 Redis; each failed before its fix:
 
 - 25 starts at once make no more jobs than a project's cap (3), the rest a 409 naming it: the
-  cap is checked and a place taken in one script (``scoring.stores.backfills``);
+  cap is checked and a place taken in one script (``adapters.stores.backfills``);
 - a project's one job is not queued behind another project's three: projects take turns, then
   their jobs (``consumers.backfill.turn_order``);
 - a job's ``tracesRead`` counts its own project's traces only: another project's traffic in the
@@ -20,9 +20,9 @@ import httpx
 import pytest
 
 import consumers.backfill as backfill_module
+from adapters.stores.backfills import MAX_ACTIVE_JOBS, BackfillStore
 from consumers.backfill import BackfillRunner
 from scoring.catalog import CatalogSnapshot
-from scoring.stores.backfills import MAX_ACTIVE_JOBS, BackfillStore
 from tests.support import backfill_bench
 from tests.support.api_process import ApiProcess, api_with_key
 from tests.support.backfill_bench import APOLOGY, BY_PATTERN, DAY, SORRY, Bench, group_doc, trace

@@ -4,7 +4,7 @@ real API process and Redis.
 The attack as it was found: project A kept 115 groups of 32 regexes each and wrote them from 6
 concurrent clients; every write read and validated the whole catalog under one optimistic lock,
 and B's one-field PATCH took 12-16 s instead of 0.04 s. Now a write validates against the
-process's snapshot brought up to date by the changes since it (``scoring.stores.catalog``), and
+process's snapshot brought up to date by the changes since it (``adapters.stores.catalog``), and
 a project's documents of each kind are bounded (``SGW_CATALOG_MAX_DOCS_PER_PROJECT``).
 
 The bound stated and held here: while A writes as fast as 6 clients can, each of B's PATCHes

@@ -17,9 +17,9 @@ from pathlib import Path
 import httpx
 import pytest
 
+from adapters.stores.catalog import WAITING_WRITES, CatalogStore, SnapshotCache, Write
 from scoring.catalog import CatalogSnapshot
 from scoring.models import Pattern
-from scoring.stores.catalog import WAITING_WRITES, CatalogStore, SnapshotCache, Write
 from tests.support.api_process import ApiProcess, create_key
 from tests.support.redis_clients import connect
 from tests.support.redis_databases import RedisDatabases

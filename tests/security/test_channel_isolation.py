@@ -18,10 +18,10 @@ from pathlib import Path
 import pytest
 from standardwebhooks import Webhook
 
+from adapters.stores.catalog import CatalogStore
 from consumers.webhook_lanes import channel_label
 from scoring.models import AlertChannel
 from scoring.results import Signal, WebhookDelivery, build_deliveries
-from scoring.stores.catalog import CatalogStore
 from tests.support.harness import WorkerProcess, catalog_db, produce, read_topic, worker_env
 from tests.support.http_fakes import Received, Reply, ScriptedServer
 from tests.support.redis_clients import connect

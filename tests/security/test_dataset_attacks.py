@@ -21,9 +21,9 @@ from typing import Any
 import httpx
 import pytest
 
+from adapters.stores import keys
 from deploy.judge_server import JudgeServer
 from scorer_groups import Client
-from scoring.stores import keys
 from tests.support.api_process import ApiProcess, api_with_judge, cli, create_key
 from tests.support.redis_clients import connect_sync
 from tests.support.redis_databases import RedisDatabases

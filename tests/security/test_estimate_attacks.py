@@ -22,13 +22,13 @@ import orjson
 import pytest
 from aiokafka import AIOKafkaConsumer
 
+from adapters.stores.ratings import RatingsStore
 from consumers.backfill_estimate import estimate
 from consumers.decode import decode_trace
 from scoring.catalog import CatalogSnapshot
 from scoring.models import ScorerGroup
 from scoring.prices import NO_PRICING
 from scoring.routing import group_pairs
-from scoring.stores.ratings import RatingsStore
 from tests.support import backfill_bench
 from tests.support.api_process import ApiProcess, create_key
 from tests.support.backfill_bench import APOLOGY, BY_PATTERN, DAY, Bench

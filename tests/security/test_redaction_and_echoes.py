@@ -18,11 +18,11 @@ from typing import Any
 import pytest
 from pydantic import ValidationError
 
+from adapters.stores.ratings import RatingsStore
 from deploy.judge_server import Behaviour, JudgeServer
 from scorer_groups import Client, Retry
 from scorer_groups.documents import MemberVerdict, Rating
 from scoring.results import HistoryEntry
-from scoring.stores.ratings import RatingsStore
 from tests.support.api_process import ApiProcess, api_with_judge, create_key
 from tests.support.redis_clients import connect
 from tests.support.redis_databases import RedisDatabases

@@ -25,10 +25,10 @@ from scoring.catalog import CatalogSnapshot
 from scoring.filters import MAX_ROUTING_HEADER_BYTES, Decide, TraceView, compile_filter
 from scoring.members.patterns import _BUDGETS, _SHARES, PATTERN_SEARCH_WORK, THREADS, ThreadTime, compiled
 from scoring.models import Pattern, ScorerGroup, compile_user_regex
-from scoring.playground import passes_filter
 from scoring.regex_work import FILTER_SEARCH_WORK, MAX_FILTER_TEXT_CHARS
 from scoring.routing import route
 from scoring.subjects import Span, Trace
+from services.playground import passes_filter
 from tests.support.harness import WorkerProcess, catalog_db, produce, read_topic, worker_env
 
 BOMB = "a[ab]{999}[ab]{990}c"  # 1,995 instructions: accepted at save, the NFA's worst case

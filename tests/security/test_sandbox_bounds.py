@@ -246,11 +246,11 @@ def driver_dir() -> Iterator[Path]:
     checkout and its virtualenv may not be readable by others)."""
     folder = Path(tempfile.mkdtemp(prefix="sgw-bounds-", dir="/tmp"))
     try:
-        members = folder / "scoring" / "members"
+        members = folder / "adapters" / "members"
         members.mkdir(parents=True)
-        (folder / "scoring" / "__init__.py").write_text("")
+        (folder / "adapters" / "__init__.py").write_text("")
         for name in ("__init__.py", "isolation.py", "_seccomp_policy.py", "_sandbox_runner.py", "sandbox_process.py"):
-            shutil.copy(ROOT / "scoring" / "members" / name, members / name)
+            shutil.copy(ROOT / "adapters" / "members" / name, members / name)
         shutil.copy(Path(__file__).with_name("sandbox_driver.py"), folder / "sandbox_driver.py")
         for path in (folder, *folder.rglob("*")):
             path.chmod(0o755)

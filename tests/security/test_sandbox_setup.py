@@ -11,8 +11,8 @@ import httpx
 import orjson
 import pytest
 
-from scoring.members import sandbox as sandbox_module
-from scoring.members.sandbox import SandboxPool
+from adapters.members import sandbox as sandbox_module
+from adapters.members.sandbox import SandboxPool
 from scoring.ports import CodeScorerError
 from tests.support.harness import WorkerProcess, catalog_db, produce, read_topic, worker_env
 

@@ -17,10 +17,10 @@ import orjson
 import pytest
 import redis.asyncio as aioredis
 
+from adapters.stores import keys
+from adapters.stores.review_items import ReviewItems
 from scorer_groups.review_queues import ReviewItem, ReviewQueue
 from scoring.review_rules import review_item_id
-from scoring.stores import keys
-from scoring.stores.review_items import ReviewItems
 from tests.support.api_process import ApiProcess, api_with_judge, create_key
 from tests.support.redis_clients import connect_sync
 from tests.support.redis_databases import RedisDatabases

@@ -10,8 +10,8 @@ import json
 import pytest
 from pydantic import ValidationError
 
+from adapters.egress import EgressPolicy, EgressRefused
 from consumers.decode import MAX_NESTING, DeadLetter, decode_trace, nesting_depth
-from scoring.egress import EgressPolicy, EgressRefused
 from scoring.members.patterns import INLINE_TEXT_CHARS, MAX_TEXT_CHARS, compiled
 from scoring.models import MAX_REGEX_PROGRAM_SIZE, AlertChannel, CustomEvaluator, Pattern
 from scoring.redact import Redactor, mask_url

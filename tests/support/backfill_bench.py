@@ -17,6 +17,11 @@ from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
 from aiokafka.admin import AIOKafkaAdminClient, NewTopic
 from redis.asyncio import Redis
 
+from adapters.members.judge import JudgeClient
+from adapters.stores import keys
+from adapters.stores.backfills import BackfillStore, JobParts
+from adapters.stores.claims import Claims
+from adapters.stores.ratings import RatingsStore
 from consumers.backfill import BackfillRunner
 from consumers.events import Silent
 from consumers.outage import OutageGuard
@@ -25,13 +30,8 @@ from consumers.pair_protocol import PairProtocol
 from deploy.judge_server import JudgeServer
 from scorer_groups.api_models import BACKFILL_ENDED, BackfillCreate, BackfillJob
 from scoring.catalog import CatalogSnapshot
-from scoring.members.judge import JudgeClient
 from scoring.models import Pattern, ScorerGroup
 from scoring.panel import Panel
-from scoring.stores import keys
-from scoring.stores.backfills import BackfillStore, JobParts
-from scoring.stores.claims import Claims
-from scoring.stores.ratings import RatingsStore
 from tests.support.harness import read_topic
 
 DAY = datetime.now(UTC).replace(hour=0, minute=0, second=0, microsecond=0) - timedelta(days=3)

@@ -17,11 +17,11 @@ import orjson
 import pytest
 from aiokafka import AIOKafkaProducer
 
+from adapters.stores.ratings import RatingsStore
 from deploy.judge_server import JudgeServer
 from scorer_groups import Client
 from scorer_groups.documents import MemberVerdict, Rating
 from scoring.results import HistoryEntry
-from scoring.stores.ratings import RatingsStore
 from tests.support.api_process import ApiProcess, create_key
 from tests.support.redis_clients import connect
 from tests.support.redis_databases import RedisDatabases

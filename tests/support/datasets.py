@@ -8,12 +8,12 @@ import subprocess
 import sys
 from typing import Any
 
+from adapters.members.http import RetryPolicy
+from adapters.members.judge import JudgeClient
+from adapters.stores.catalog import CatalogStore
 from deploy.judge_server import JudgeServer
 from scoring.dataset import DatasetRow, grade_rows, plan_grading
-from scoring.members.http import RetryPolicy
-from scoring.members.judge import JudgeClient
 from scoring.panel import Panel
-from scoring.stores.catalog import CatalogStore
 from tests.support.harness import ROOT
 from tests.support.redis_clients import connect
 

@@ -19,7 +19,7 @@ import httpx
 import orjson
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
 
-from scoring.groups import MonitorClient
+from services.groups import MonitorClient
 from tests.support.redis_clients import connect
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -12,7 +12,7 @@ import redis.asyncio
 import redis.asyncio.cluster
 import redis.cluster
 
-from scoring.stores.client import RedisClient
+from adapters.stores.client import RedisClient
 
 
 def on_cluster() -> bool:

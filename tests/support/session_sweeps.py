@@ -13,6 +13,10 @@ from typing import Any
 from aiokafka import AIOKafkaProducer
 from redis.asyncio import Redis
 
+from adapters.stores import keys
+from adapters.stores.claims import Claims
+from adapters.stores.ratings import RatingsStore
+from adapters.stores.sessions import SessionStore
 from consumers.events import PipelineEvents, Silent
 from consumers.outputs import Outputs, TopicNames
 from consumers.sessions import SessionSweeper
@@ -20,10 +24,6 @@ from scoring.catalog import CatalogSnapshot
 from scoring.claim_request import ClaimRequest, day_of
 from scoring.models import Pattern, ScorerGroup
 from scoring.panel import Panel
-from scoring.stores import keys
-from scoring.stores.claims import Claims
-from scoring.stores.ratings import RatingsStore
-from scoring.stores.sessions import SessionStore
 from scoring.subjects import Trace
 from tests.support.harness import read_topic
 

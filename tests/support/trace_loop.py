@@ -22,10 +22,10 @@ from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
 from aiokafka.structs import ConsumerRecord
 from redis.asyncio import Redis
 
+from adapters.stores.claims import Claims
 from consumers.outputs import TopicNames
 from consumers.traces import TraceConsumer
 from scoring.claim_request import ClaimRequest, day_of
-from scoring.stores.claims import Claims
 
 # Every wait below ends by this deadline; none is a sleep a result depends on. Mutation runs may
 # set it lower, so that a mutant which stalls the loop fails in seconds.

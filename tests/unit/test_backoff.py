@@ -9,9 +9,9 @@ import time
 import pytest
 from redis.exceptions import ConnectionError as RedisConnectionError
 
+from adapters.members.http import RetryPolicy
 from consumers import outage
 from scoring.backoff import exponential, retry_after_seconds
-from scoring.members.http import RetryPolicy
 
 
 def test_the_wait_doubles_per_attempt_up_to_its_cap_within_its_jitter() -> None:

@@ -10,9 +10,9 @@ from typing import Any
 
 import pytest
 
+from adapters.members.sandbox import SandboxPool
 from scoring.catalog import CatalogSnapshot
 from scoring.members.code_arguments import ALL_ARGUMENTS, arguments_read
-from scoring.members.sandbox import SandboxPool
 from scoring.models import CustomEvaluator
 from scoring.panel import Panel
 from scoring.subjects import Subject, Trace, trace_subject

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import pytest
 
+from adapters.egress import EgressRefused
 from consumers.outage import OutageTooLong
 from consumers.traces import OutputError
-from scoring.egress import EgressRefused
 from scoring.errors import Conflict, Forbidden, InvalidDocument, NotFound, PreconditionFailed, ScoringError
 from scoring.otlp.mapping import OtlpError
 from scoring.ports import CodeScorerError, MemberError

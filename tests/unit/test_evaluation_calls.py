@@ -1,13 +1,13 @@
 """A dataset run keeps its rows' judge calls within a budget, the rows a failed gate sends people
-to first: the unscored, then the lowest rated (scoring.stores.evaluations.kept_calls)."""
+to first: the unscored, then the lowest rated (adapters.stores.evaluations.kept_calls)."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 from typing import cast
 
+from adapters.stores.evaluations import calls_left_out_note, kept_calls
 from scoring.dataset import DatasetRun
-from scoring.stores.evaluations import calls_left_out_note, kept_calls
 
 
 @dataclass

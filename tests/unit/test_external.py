@@ -10,10 +10,10 @@ from collections.abc import AsyncIterator, Iterator
 import httpx
 import pytest
 
+from adapters.egress import EgressPolicy, EgressRefused
+from adapters.members.external import ExternalClient
+from adapters.members.http import MAX_ANSWER_BYTES, RetryPolicy, no_cookies, post_capped
 from scoring.blend import goodness
-from scoring.egress import EgressPolicy, EgressRefused
-from scoring.members.external import ExternalClient
-from scoring.members.http import MAX_ANSWER_BYTES, RetryPolicy, no_cookies, post_capped
 from scoring.models import CustomEvaluator
 from scoring.ports import MemberError
 from scoring.subjects import Subject

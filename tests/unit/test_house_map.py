@@ -21,7 +21,7 @@ from tests.support.source_trees import parse
 ROOT = Path(__file__).resolve().parents[2]
 PAGE = ROOT / "docs" / "development.md"
 SECTION = "## A map of the house"
-FLOORS = ("deploy/", "worker/", "consumers/", "scoring/", "sdk/")
+FLOORS = ("deploy/", "worker/", "services/", "consumers/", "adapters/", "scoring/", "sdk/")
 FEATURES = (
     "Live trace scoring", "Session scoring", "Span scope", "Filters and routing", "Sampling",
     "Budgets and claims", "The outbox and publishing", "Webhooks and alert channels", "Incidents",
@@ -145,7 +145,7 @@ def test_kafka_is_polled_in_the_two_modules_that_say_so() -> None:
     third poll elsewhere in the service is a concept said twice. (``deploy/demo.py`` tails the
     output topics for a person watching the demo: not the service.)"""
     polling: set[str] = set()
-    for floor in ("consumers", "worker", "scoring"):
+    for floor in ("consumers", "worker", "services", "adapters", "scoring"):
         for path in sorted((ROOT / floor).rglob("*.py")):
             for node in ast.walk(parse(path)):
                 if (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute)

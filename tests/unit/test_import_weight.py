@@ -13,7 +13,7 @@ CORE = ["scoring.models", "scoring.blend", "scoring.panel", "scoring.results", "
         "scoring.dataset", "scoring.catalog", "scoring.webhooks.payloads", "scoring.otlp.mapping"]
 # (subprocess is not here: asyncio itself imports it; the core calls no process - lint-imports.)
 IO = {"httpx", "redis", "hiredis", "aiohttp", "aiokafka", "fastapi", "uvicorn"}
-SERVER = {"scoring", "consumers", "worker", "deploy", "redis", "aiokafka", "fastapi", "re2", "structlog", "orjson"}
+SERVER = {"scoring", "adapters", "services", "consumers", "worker", "deploy", "redis", "aiokafka", "fastapi", "re2", "structlog", "orjson"}
 
 
 def loaded_after(statement: str) -> set[str]:

@@ -9,10 +9,10 @@ from collections.abc import AsyncIterator, Iterator
 
 import pytest
 
+from adapters.members.http import RetryPolicy
+from adapters.members.judge import JudgeClient
 from deploy.judge_server import Behaviour, JudgeServer
 from scoring.judge_prompt import SESSION_QUESTION, parse_verdict
-from scoring.members.http import RetryPolicy
-from scoring.members.judge import JudgeClient
 from scoring.models import Judge
 from scoring.ports import MemberError
 from scoring.subjects import Subject

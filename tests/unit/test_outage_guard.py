@@ -10,8 +10,8 @@ from aiokafka.errors import KafkaConnectionError, KafkaTimeoutError, UnknownTopi
 from redis.exceptions import ClusterDownError, MasterDownError, ResponseError, SlotNotCoveredError, TryAgainError
 from redis.exceptions import ConnectionError as RedisConnectionError
 
+from adapters.stores.client import PoolBusy
 from consumers.outage import OutageGuard, OutageTooLong, not_the_subjects_fault, outage_of
-from scoring.stores.client import PoolBusy
 
 
 def test_what_counts_as_an_outage() -> None:

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 from pydantic import ValidationError
 
-from scoring.stores import keys
+from adapters.stores import keys
 from worker.settings import Settings
 
 

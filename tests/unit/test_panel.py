@@ -8,13 +8,13 @@ from typing import Any
 
 import pytest
 
+from adapters.egress import EgressPolicy
+from adapters.members.external import ExternalClient
+from adapters.members.http import RetryPolicy
+from adapters.members.judge import JudgeClient
+from adapters.members.sandbox import SandboxPool
 from deploy.judge_server import Behaviour, JudgeServer
 from scoring.catalog import CatalogSnapshot
-from scoring.egress import EgressPolicy
-from scoring.members.external import ExternalClient
-from scoring.members.http import RetryPolicy
-from scoring.members.judge import JudgeClient
-from scoring.members.sandbox import SandboxPool
 from scoring.models import CustomEvaluator, Judge, ScorerGroup
 from scoring.panel import Panel, planned_judge_calls
 from tests.support.http_fakes import Reply, ScriptedServer

@@ -9,8 +9,8 @@ from typing import Any
 
 import pytest
 
+from adapters.members.sandbox import SandboxPool
 from scoring.catalog import CatalogSnapshot
-from scoring.members.sandbox import SandboxPool
 from scoring.models import CustomEvaluator, Pattern, ScorerGroup
 from scoring.panel import _PLANS_KEPT, GroupResult, Panel
 from scoring.subjects import Subject, Trace, trace_subject

@@ -11,13 +11,13 @@ from structlog.testing import capture_logs
 
 import scoring.members.patterns
 import scoring.panel
+from adapters.egress import EgressPolicy
+from adapters.members.external import ExternalClient
+from adapters.members.http import RetryPolicy
+from adapters.members.judge import JudgeClient
+from adapters.members.sandbox import SandboxPool
 from deploy.judge_server import Behaviour, JudgeServer
 from scoring.catalog import CatalogSnapshot
-from scoring.egress import EgressPolicy
-from scoring.members.external import ExternalClient
-from scoring.members.http import RetryPolicy
-from scoring.members.judge import JudgeClient
-from scoring.members.sandbox import SandboxPool
 from scoring.models import CustomEvaluator, Pattern
 from scoring.panel import Panel
 from scoring.redact import Redactor

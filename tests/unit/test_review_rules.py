@@ -167,13 +167,13 @@ def test_a_group_is_watched_by_ten_queues_at_most() -> None:
 def test_the_hot_paths_item_is_the_models_item() -> None:
     """``kept_items`` (orjson from the published document, texts masked once) against
     ``review_item`` (the models), for a live result with a judge, a gate and a secret in its texts."""
+    from adapters.stores.review_items import _score_card
     from scorer_groups.review_queues import ReviewItem, ScoreCard
     from scoring.blend import MemberOutcome, blend
     from scoring.panel import GroupResult
     from scoring.ports import TokenUsage
     from scoring.results import encode_rating
     from scoring.review_rules import kept_items, review_item
-    from scoring.stores.review_items import _score_card
     from scoring.subjects import Trace, trace_subject
 
     leaked = "sk-live_4eC39HqLyjWDarjtT1zdp7dc"

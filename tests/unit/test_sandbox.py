@@ -15,9 +15,9 @@ from typing import Any
 
 import pytest
 
-from scoring.members import isolation
-from scoring.members import sandbox as sandbox_module
-from scoring.members.sandbox import SandboxPool
+from adapters.members import isolation
+from adapters.members import sandbox as sandbox_module
+from adapters.members.sandbox import SandboxPool
 from scoring.ports import CodeScorerError
 
 ARGS: dict[str, Any] = {"input": "question", "output": "answer", "expected": None, "spans": [],
@@ -486,8 +486,8 @@ def test_the_sandbox_identity_keeps_none_of_the_workers_groups(tmp_path: Path) -
     script.write_text(
         "import asyncio, os, subprocess, sys\n"
         "os.setgroups([4, 27])\n"
-        "from scoring.members import isolation\n"
-        "from scoring.members.sandbox import DEFAULT_PYTHON\n"
+        "from adapters.members import isolation\n"
+        "from adapters.members.sandbox import DEFAULT_PYTHON\n"
         "confinement = asyncio.run(isolation.prepare('bwrap', DEFAULT_PYTHON, 65534))\n"
         "probe = 'import os; print(os.getresuid(), os.getresgid(), os.getgroups())'\n"
         "sys.stdout.write(subprocess.run([*confinement.identity, DEFAULT_PYTHON, '-I', '-S', '-c', probe],\n"
@@ -550,7 +550,7 @@ def test_under_uvloop_no_descriptor_of_the_worker_reaches_a_sandbox(tmp_path: Pa
     script = tmp_path / "pool_on_uvloop.py"
     script.write_text(
         "import os, sys, uvloop\n"
-        "from scoring.members.sandbox import SandboxPool\n"
+        "from adapters.members.sandbox import SandboxPool\n"
         f"fd = os.open({str(canary)!r}, os.O_RDONLY)\n"
         "os.set_inheritable(fd, True)\n"
         "async def main():\n"

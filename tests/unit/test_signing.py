@@ -9,10 +9,10 @@ import pytest
 from pydantic import ValidationError
 from standardwebhooks import Webhook, WebhookVerificationError
 
+from adapters.stores.channels import saved_channel
 from scorer_groups import signing
 from scoring.errors import field_errors
 from scoring.models import SECRET_ROTATION_OVERLAP_S, AlertChannel
-from scoring.stores.channels import saved_channel
 
 BODY = b'{"type":"scorer_group.signal","data":{"rating":2.0}}'
 

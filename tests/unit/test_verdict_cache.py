@@ -9,9 +9,9 @@ from collections.abc import AsyncIterator
 
 import pytest
 
+from adapters.members.http import RetryPolicy
+from adapters.members.judge import JudgeClient, RequestShape
 from deploy.judge_server import Behaviour, JudgeServer
-from scoring.members.http import RetryPolicy
-from scoring.members.judge import JudgeClient, RequestShape
 from scoring.models import Judge, JudgeExample
 from scoring.panel import Panel
 from scoring.ports import BudgetExhausted, TokenUsage

@@ -25,11 +25,11 @@ from fastapi import FastAPI, Request, Response
 from fastapi.responses import PlainTextResponse
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
+from adapters.stores.catalog import SnapshotCache
+from adapters.stores.claims import Claims
+from adapters.stores.verdicts import VerdictStore
 from scoring.members.fair_share import FairShare
-from scoring.playground import Playground
-from scoring.stores.catalog import SnapshotCache
-from scoring.stores.claims import Claims
-from scoring.stores.verdicts import VerdictStore
+from services.playground import Playground
 from worker.alignment_runner import AlignmentRunner
 from worker.api import (
     alignments,

@@ -7,7 +7,7 @@ A run is a job (one not ended per project, fleet-wide; another is refused, 429):
 1. read the labelled cases (a dataset's rows with a humanRating and an output, or a review
    queue's labelled items with texts) and split them (``scoring.alignment.split``);
 2. store the run, its place and its work - the judge and the candidate as they are now, the
-   held-out cases (``scoring.stores.alignments``);
+   held-out cases (``adapters.stores.alignments``);
 3. any API process grades it (``worker.alignment_runner``): each judge's calls reserved from the
    project's judge budget as a dataset run's, a case without room for both left out and counted,
    the figures saved at the end. A run no process has saved for ``STALE_S`` reads
@@ -24,18 +24,18 @@ from typing import Annotated, Any
 import structlog
 from fastapi import APIRouter, Path, Request, Response
 
+from adapters.stores.alignments import AlignmentStore, AlignmentWork, ledger_token
+from adapters.stores.catalog import Write
+from adapters.stores.datasets import DatasetStore
+from adapters.stores.review_items import ReviewItems
 from scorer_groups.alignments import Alignment, AlignmentRequest, Candidate, CaseCounts, PromoteRequest, Shadow
 from scoring.alignment import MARK, PROMOTE_MIN_CASES, Case, split
 from scoring.catalog import CatalogSnapshot, etag
 from scoring.errors import Conflict, InvalidDocument, NotFound
-from scoring.groups import Caller, Scorers
 from scoring.models import ID_PATTERN, Judge, ScorerGroup
-from scoring.review_queues import ReviewQueues
-from scoring.stores.alignments import AlignmentStore, AlignmentWork, ledger_token
-from scoring.stores.catalog import Write
-from scoring.stores.datasets import DatasetStore
-from scoring.stores.review_items import ReviewItems
 from scoring.subjects import as_text
+from services.groups import Caller, Scorers
+from services.review_queues import ReviewQueues
 from worker.alignment_runner import AlignmentRunner
 from worker.api.auth import Client, Who, redis_of
 from worker.api.evaluations import storage_of

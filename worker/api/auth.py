@@ -9,9 +9,9 @@ from typing import Annotated
 from fastapi import Depends, HTTPException, Request
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 
-from scoring.groups import Caller, MonitorClient
-from scoring.stores.apikeys import ApiKeyStore
-from scoring.stores.client import RedisClient
+from adapters.stores.apikeys import ApiKeyStore
+from adapters.stores.client import RedisClient
+from services.groups import Caller, MonitorClient
 
 bearer = HTTPBearer(auto_error=False, description="An API key from `scorer-worker keys create`.")
 CHALLENGE = {"WWW-Authenticate": "Bearer"}

@@ -2,7 +2,7 @@
 
 A job is stored with its window and its sample; the workers' runner (``consumers.backfill``)
 reads the window's range of the traces topic again. What a request may ask of a group is
-decided in one place (``scoring.stores.backfills.backfill_sample``), for this API and the CLI.
+decided in one place (``adapters.stores.backfills.backfill_sample``), for this API and the CLI.
 Jobs are the caller's project's: another project's job is a 404, as its groups are.
 """
 
@@ -12,9 +12,9 @@ from typing import Annotated
 
 from fastapi import APIRouter, Path, Request, Response
 
+from adapters.stores.backfills import BackfillStore
 from scorer_groups.api_models import BackfillCreate, BackfillEstimateAnswer, BackfillJob
 from scoring.models import ID_PATTERN
-from scoring.stores.backfills import BackfillStore
 from worker.api.auth import Client, Who, redis_of
 from worker.backfill_estimates import backfill_estimate
 

@@ -26,7 +26,7 @@ from redis.exceptions import RedisClusterException, RedisError
 from starlette.routing import compile_path
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from scoring.stores.apikeys import ApiKey, ApiKeyStore
+from adapters.stores.apikeys import ApiKey, ApiKeyStore
 from worker.api.problems import PROBLEM_JSON, TITLES
 
 SMALL_BODY = 512 * 1024  # any catalog document: a code scorer's 100,000 characters, escaped, fit

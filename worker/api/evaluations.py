@@ -15,19 +15,11 @@ from typing import Annotated, Any, Literal
 from fastapi import APIRouter, Path, Query, Request, Response
 from pydantic import Field
 
-from scorer_groups.api_models import JudgeCallRecord, RowCalls
-from scorer_groups.runs import Dataset, DatasetItem, EvaluationCreate, EvaluationRun, Outputs
-from scoring.catalog import CatalogSnapshot
-from scoring.dataset import DatasetRow, RowResult, grade_rows, human_verdict, plan_grading
-from scoring.errors import Conflict, InvalidDocument, NotFound
-from scoring.models import ID_PATTERN, Id, Name, ScorerGroup, WireModel
-from scoring.results import build_rating, rating_id
-from scoring.review_rules import rated_items
-from scoring.stores.catalog import CatalogStore
-from scoring.stores.claims import Claims
-from scoring.stores.client import RedisClient
-from scoring.stores.datasets import DatasetStore, parse_rows
-from scoring.stores.evaluations import (
+from adapters.stores.catalog import CatalogStore
+from adapters.stores.claims import Claims
+from adapters.stores.client import RedisClient
+from adapters.stores.datasets import DatasetStore, parse_rows
+from adapters.stores.evaluations import (
     BUDGET_SKIPPED,
     CALLS_BUDGET,
     ROW_FAILED,
@@ -40,17 +32,25 @@ from scoring.stores.evaluations import (
     kept_calls,
     new_run,
 )
-from scoring.stores.quotas import ProjectStorage, Quotas
-from scoring.stores.review_items import ReviewItems
-from scoring.stores.verdicts import VerdictStore
+from adapters.stores.quotas import ProjectStorage, Quotas
+from adapters.stores.review_items import ReviewItems
+from adapters.stores.verdicts import VerdictStore
+from scorer_groups.api_models import JudgeCallRecord, RowCalls
+from scorer_groups.runs import Dataset, DatasetItem, EvaluationCreate, EvaluationRun, Outputs
+from scoring.catalog import CatalogSnapshot
+from scoring.dataset import DatasetRow, RowResult, grade_rows, human_verdict, plan_grading
+from scoring.errors import Conflict, InvalidDocument, NotFound
+from scoring.models import ID_PATTERN, Id, Name, ScorerGroup, WireModel
+from scoring.results import build_rating, rating_id
+from scoring.review_rules import rated_items
 from scoring.subjects import as_text
-from scoring.unclaimed_verdicts import UnclaimedVerdicts
+from services.run_spend import RunSpend
+from services.unclaimed_verdicts import UnclaimedVerdicts
 from worker.api import problems
 from worker.api.auth import Who, redis_of
 from worker.api.bodies import body_doc, read_body
 from worker.api.pages import Cursor, Limit, Number, Page, page
 from worker.engine import ScoringEngine
-from worker.run_spend import RunSpend
 from worker.settings import Settings
 
 router = APIRouter(prefix="/v1", tags=["datasets and evaluations"])
@@ -110,11 +110,11 @@ def quotas_of(request: Request) -> Quotas:
 
 
 def storage_of(request: Request) -> ProjectStorage:
-    """The project's quotas, checked and taken in one step (scoring.stores.quotas)."""
+    """The project's quotas, checked and taken in one step (adapters.stores.quotas)."""
     return ProjectStorage(redis_of(request), quotas_of(request))
 
 
-# A create past a quota: 409, the problem's ``quota`` naming it (scoring.stores.quotas).
+# A create past a quota: 409, the problem's ``quota`` naming it (adapters.stores.quotas).
 QUOTA_REFUSED: dict[int | str, dict[str, Any]] = {
     409: {**problems.RESPONSES[412], "description": "Past a project quota (the problem's `quota` says which)"}}
 

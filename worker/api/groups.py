@@ -1,6 +1,6 @@
 """``/v1/scorer-groups`` and ``/v1/sessions``: the spec's SDK surface over HTTP.
 
-Every handler is a thin shell around ``scoring.groups`` (the same code ``catalog apply`` and the
+Every handler is a thin shell around ``services.groups`` (the same code ``catalog apply`` and the
 CLI use), so the rules - limits, unknown refs, ``requiresExpected`` on a live group, the sparse
 ``online`` merge - hold the same whichever way a change arrives.
 """
@@ -11,6 +11,7 @@ from typing import Annotated, Any, Literal
 
 from fastapi import APIRouter, Header, Path, Query, Request, Response
 
+from adapters.stores.changes import ChangeLog
 from scorer_groups.api_models import (
     MAX_EXAMPLE_EXTRAS_CHARS,
     Change,
@@ -24,7 +25,6 @@ from scorer_groups.api_models import (
 from scorer_groups.filters import Filter, SpanFilter
 from scoring.catalog import etag
 from scoring.errors import NotFound
-from scoring.groups import Caller, MonitorClient
 from scoring.models import (
     ID_PATTERN,
     AlertMode,
@@ -37,8 +37,8 @@ from scoring.models import (
     Severity,
     WireModel,
 )
-from scoring.playground import Playground, passes_filter
-from scoring.stores.changes import ChangeLog
+from services.groups import Caller, MonitorClient
+from services.playground import Playground, passes_filter
 from worker.api.auth import Client, Who, redis_of
 from worker.api.bodies import body_doc, read_body
 from worker.api.pages import Cursor, Limit, OffsetCursor, Page, page

@@ -7,9 +7,9 @@ from typing import Annotated
 
 from fastapi import APIRouter, Path, Request
 
+from adapters.stores.incidents import IncidentStore
 from scorer_groups.api_models import Incident, Incidents, Level
 from scoring.models import ID_PATTERN
-from scoring.stores.incidents import IncidentStore
 from worker.api.auth import Client, redis_of
 from worker.api.pages import Limit, OffsetCursor
 

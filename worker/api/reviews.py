@@ -1,5 +1,5 @@
 """``/v1/review-queues``: where people check the judges on live traffic. A thin shell
-around ``scoring.review_queues`` - the rules hold the same through ``catalog apply``."""
+around ``services.review_queues`` - the rules hold the same through ``catalog apply``."""
 
 from __future__ import annotations
 
@@ -8,6 +8,7 @@ from typing import Annotated, Any, Literal
 
 from fastapi import APIRouter, Depends, Path, Query, Request, Response
 
+from adapters.stores.datasets import DatasetStore
 from scorer_groups.api_models import JudgeCallRecord
 from scorer_groups.review_queues import (
     AddedItems,
@@ -25,8 +26,7 @@ from scorer_groups.review_queues import (
 from scorer_groups.runs import Dataset
 from scoring.catalog import etag
 from scoring.models import ID_PATTERN, Id, Name, WireModel
-from scoring.review_queues import ReviewQueues
-from scoring.stores.datasets import DatasetStore
+from services.review_queues import ReviewQueues
 from worker.api.auth import Client, Who, redis_of
 from worker.api.door import for_reviewers
 from worker.api.evaluations import QUOTA_REFUSED, storage_of

@@ -20,7 +20,6 @@ from scorer_groups.models import JudgeExample
 from scoring import judge_templates
 from scoring.catalog import doc_id, etag
 from scoring.errors import InvalidDocument, NotFound
-from scoring.judge_examples import JudgeExamples
 from scoring.models import (
     ID_PATTERN,
     AlertChannel,
@@ -34,6 +33,7 @@ from scoring.models import (
     WireModel,
 )
 from scoring.redact import mask_url
+from services.judge_examples import JudgeExamples
 from worker.api.auth import Client, Who
 from worker.api.groups import ChangePage, IfMatch, changes_page
 from worker.api.pages import Cursor, Limit, OffsetCursor, Page, page

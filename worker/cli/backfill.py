@@ -9,12 +9,12 @@ from datetime import UTC, datetime
 
 from pydantic import ValidationError
 
+from adapters.stores.backfills import BackfillStore
 from scorer_groups.api_models import BACKFILL_ENDED, BackfillCreate, BackfillEstimate, BackfillJob
 from scorer_groups.backfills import BackfillBar, backfill_body, parse_when
 from scoring.errors import CatalogError, InvalidDocument
-from scoring.groups import Caller, MonitorClient
 from scoring.redact import Redactor
-from scoring.stores.backfills import BackfillStore
+from services.groups import Caller, MonitorClient
 from worker.backfill_estimates import backfill_estimate
 from worker.cli.common import with_client
 from worker.settings import Settings

@@ -13,7 +13,7 @@ from typing import Any
 import yaml
 
 from scoring.catalog import KIND_MODELS
-from scoring.groups import MonitorClient
+from services.groups import MonitorClient
 from worker.cli.common import with_client
 from worker.settings import Settings
 

@@ -8,8 +8,8 @@ import asyncio
 import sys
 import time
 
+from adapters.stores.catalog import CatalogStore
 from scoring.redact import Redactor, mask_url
-from scoring.stores.catalog import CatalogStore
 from worker.connections import redis_client
 from worker.settings import Settings
 

@@ -7,7 +7,7 @@ import sys
 from collections.abc import Awaitable, Callable
 
 from scoring.errors import CatalogError
-from scoring.groups import MonitorClient
+from services.groups import MonitorClient
 from worker.connections import redis_client
 from worker.settings import Settings
 

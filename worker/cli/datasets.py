@@ -9,7 +9,7 @@ import json
 import sys
 from pathlib import Path
 
-from scoring.groups import MonitorClient
+from services.groups import MonitorClient
 from worker.cli.common import with_client
 from worker.settings import Settings
 
@@ -63,7 +63,7 @@ def cmd_templates(_settings: Settings, args: argparse.Namespace) -> int:
 
 def cmd_datasets(settings: Settings, args: argparse.Namespace) -> int:
     """datasets create|version|list: rows from a JSONL or CSV file, one version per upload."""
-    from scoring.stores.datasets import DatasetStore, format_of, parse_rows
+    from adapters.stores.datasets import DatasetStore, format_of, parse_rows
 
     text = ""
     if args.action != "list":

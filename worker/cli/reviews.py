@@ -7,9 +7,9 @@ from __future__ import annotations
 import argparse
 import json
 
-from scoring.groups import Caller, MonitorClient
-from scoring.review_queues import ReviewQueues
-from scoring.stores.datasets import DatasetStore
+from adapters.stores.datasets import DatasetStore
+from services.groups import Caller, MonitorClient
+from services.review_queues import ReviewQueues
 from worker.cli.common import with_client
 from worker.settings import Settings
 

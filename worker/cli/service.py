@@ -9,8 +9,8 @@ import sys
 from collections.abc import Awaitable, Callable
 from datetime import UTC, datetime
 
+from adapters.stores.apikeys import ApiKeyStore
 from scoring.redact import Redactor
-from scoring.stores.apikeys import ApiKeyStore
 from worker.cli.common import with_client
 from worker.settings import Settings
 

@@ -1,0 +1,99 @@
+"""The catalog's write turn across processes: one process of the fleet writes at a time, in the
+order they asked.
+
+Within a process the writes take turns already (``SnapshotCache.write_turns``, round the
+projects waiting), so each process has one writer at a time; across API replicas those writers
+would still race on the catalog's version (the optimistic WATCH), and under load a loser could
+lose ``WRITE_ATTEMPTS`` times in a row and answer 409. So the process's writer also takes the
+fleet's turn, held in Redis:
+
+1. ask (``_TAKE``, one script): join the queue by arrival, drop the waiters that stopped asking
+   (``CATALOG_TURN_GONE_MS``: a process that died), and take the turn when it is free and this
+   process is first - with a lease (``CATALOG_TURN_LEASE_MS``), so a writer that dies never
+   holds it for long;
+2. ask again every ``POLL_S`` until taken, or give up after ``WAIT_S`` (429: the fleet is busy);
+3. write, and give the turn back (``_GIVE``: only if still this process's).
+
+The turn is for fairness and throughput, not correctness: a write past its lease is still a
+WATCHed transaction, so nothing is lost when two overlap.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import time
+import uuid
+from collections.abc import AsyncIterator
+
+from redis.commands.core import AsyncScript
+
+from adapters.stores import keys
+from adapters.stores.client import RedisClient
+from scoring.errors import TooMany
+
+POLL_S = 0.005
+WAIT_S = 10.0
+
+# KEYS: the turn, the queue (by arrival), the waiters' last asks. ARGV: this process, the lease
+# (ms), how long a waiter may stay silent (ms). Returns 1 when the turn is this process's.
+_TAKE = """
+local t = redis.call('TIME')
+local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+local me, lease, gone = ARGV[1], tonumber(ARGV[2]), tonumber(ARGV[3])
+local left = redis.call('ZRANGEBYSCORE', KEYS[3], '-inf', now - gone, 'LIMIT', 0, 100)
+for _, waiter in ipairs(left) do
+  redis.call('ZREM', KEYS[2], waiter)
+  redis.call('ZREM', KEYS[3], waiter)
+end
+redis.call('ZADD', KEYS[2], 'NX', now, me)
+redis.call('ZADD', KEYS[3], now, me)
+redis.call('PEXPIRE', KEYS[2], gone * 2)
+redis.call('PEXPIRE', KEYS[3], gone * 2)
+local holder = redis.call('GET', KEYS[1])
+if holder == me then return 1 end
+if holder or redis.call('ZRANGE', KEYS[2], 0, 0)[1] ~= me then return 0 end
+redis.call('SET', KEYS[1], me, 'PX', lease)
+redis.call('ZREM', KEYS[2], me)
+redis.call('ZREM', KEYS[3], me)
+return 1
+"""
+
+# KEYS: as _TAKE's. ARGV: this process. Gives the turn back if it is still this process's, and
+# leaves the queue (a waiter that gave up).
+_GIVE = """
+if redis.call('GET', KEYS[1]) == ARGV[1] then redis.call('DEL', KEYS[1]) end
+redis.call('ZREM', KEYS[2], ARGV[1])
+redis.call('ZREM', KEYS[3], ARGV[1])
+return 1
+"""
+
+_KEYS = [keys.CATALOG_TURN, keys.CATALOG_TURN_QUEUE, keys.CATALOG_TURN_SEEN]
+
+
+class CatalogTurn:
+    """The fleet's write turn, as one process takes it (one per process: ``SnapshotCache``, whose
+    writes all go through one Redis client)."""
+
+    def __init__(self, wait_s: float = WAIT_S) -> None:
+        self.name = uuid.uuid4().hex
+        self.wait_s = wait_s
+        self._take: AsyncScript | None = None
+        self._give: AsyncScript | None = None
+
+    @contextlib.asynccontextmanager
+    async def held(self, redis: RedisClient) -> AsyncIterator[None]:
+        if self._take is None or self._give is None:
+            self._take, self._give = redis.register_script(_TAKE), redis.register_script(_GIVE)
+        take, give = self._take, self._give
+        deadline = time.monotonic() + self.wait_s
+        try:
+            while not await take(_KEYS, [self.name, keys.CATALOG_TURN_LEASE_MS, keys.CATALOG_TURN_GONE_MS]):
+                if time.monotonic() >= deadline:
+                    raise TooMany(f"the catalog's writes of every API process waited {self.wait_s:g}s "
+                                  "for their turn; try again")
+                await asyncio.sleep(POLL_S)
+            yield
+        finally:
+            with contextlib.suppress(Exception):  # a lost give-back is the lease's to end
+                await asyncio.shield(give(_KEYS, [self.name]))
