@@ -51,6 +51,7 @@ from adapters.stores.keys import DEDUPE_DONE_TTL_S
 from consumers.all_of import all_of
 from consumers.backfill_plan import plan_ranges
 from consumers.decode import DeadLetter, decode_trace
+from consumers.outage import OutageTooLong
 from consumers.pair_protocol import Fate, PairOutcome, PairProtocol
 from consumers.periodic import every
 from consumers.range_reads import reading, started
@@ -114,6 +115,8 @@ class BackfillRunner:
                 await self._turn(job_id, stop)
             except NotFound:  # its document is gone (removed by hand): no longer looked at
                 await self._parts.forget(job_id)
+            except OutageTooLong:
+                raise  # the outage rule: the worker stops, and is restarted
             except Exception:  # this job's turn is lost; the others go on, the next tick tries again
                 log.exception("backfill turn failed; retrying on the next tick", job=job_id)
 

@@ -14,11 +14,14 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 purpose=${1:-all}
+case "$purpose" in all|run) ;; *) echo "bootstrap: unknown purpose '$purpose' (all or run)" >&2; exit 2 ;; esac
 log=.bootstrap.log
+: >"$log"
 
-quietly() {  # a step's output kept in $log; shown, with the step, only if it fails
-  if ! "$@" >"$log" 2>&1; then
-    echo "bootstrap: failed: $*" >&2
+quietly() {  # a step's output added to $log; shown, with the step, only if it fails
+  echo "== $*" >>"$log"
+  if ! "$@" >>"$log" 2>&1; then
+    echo "bootstrap: failed: $* (its output: $log)" >&2
     tail -n 40 "$log" >&2
     exit 1
   fi
@@ -32,18 +35,20 @@ command -v setpriv >/dev/null 2>&1 || need_apt+=(util-linux)
 /usr/bin/python3 -c 'import seccomp' >/dev/null 2>&1 || need_apt+=(python3-seccomp)
 command -v java >/dev/null 2>&1 || need_apt+=(openjdk-17-jre-headless)
 command -v mvn >/dev/null 2>&1 || need_apt+=(maven)
-# Prometheus and promtool: tests/reliability/test_prometheus_live.py runs its own on loopback.
-command -v prometheus >/dev/null 2>&1 && command -v promtool >/dev/null 2>&1 || need_apt+=(prometheus)
-# A headless browser for the console's tests (tests/e2e/test_console.py), driven through chromedriver.
-command -v chromium >/dev/null 2>&1 || need_apt+=(chromium)
-command -v chromedriver >/dev/null 2>&1 || need_apt+=(chromium-driver)
+if [ "$purpose" = all ]; then  # the suite's: neither runs the product
+  # Prometheus and promtool: tests/reliability/test_prometheus_live.py runs its own on loopback.
+  command -v prometheus >/dev/null 2>&1 && command -v promtool >/dev/null 2>&1 || need_apt+=(prometheus)
+  # A headless browser for the console's tests (tests/e2e/test_console.py), driven through chromedriver.
+  command -v chromium >/dev/null 2>&1 || need_apt+=(chromium)
+  command -v chromedriver >/dev/null 2>&1 || need_apt+=(chromium-driver)
+fi
 # A C compiler for the compiled hot path (deploy/compiled.py: mypyc writes C, gcc builds it).
 command -v gcc >/dev/null 2>&1 || need_apt+=(gcc)
 if [ ${#need_apt[@]} -gt 0 ]; then
   echo "bootstrap: installing ${need_apt[*]} from Debian" >&2
   sudo_cmd=""; [ "$(id -u)" -ne 0 ] && sudo_cmd="sudo"
-  $sudo_cmd apt-get update -qq
-  DEBIAN_FRONTEND=noninteractive $sudo_cmd apt-get install -y -qq "${need_apt[@]}" >/dev/null
+  quietly $sudo_cmd apt-get update -qq
+  quietly $sudo_cmd env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${need_apt[@]}"
 fi
 
 python=${PYTHON:-python3}

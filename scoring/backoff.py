@@ -15,7 +15,7 @@ def exponential(attempt: int, first_s: float, cap_s: float, floor: float = 0.0) 
     """The wait before retry ``attempt`` (0: the first): ``first_s`` doubled each attempt, at most
     ``cap_s``, drawn from ``floor`` of that to all of it - jitter, so that many workers that
     failed at the same moment do not retry in step (``floor`` 0: "full jitter")."""
-    ceiling = min(cap_s, first_s * 2 ** attempt)
+    ceiling = min(cap_s, first_s * 2 ** min(attempt, 64))  # past 64 doublings only the cap is left
     return random.uniform(floor * ceiling, ceiling)
 
 

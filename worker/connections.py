@@ -92,21 +92,21 @@ class MeteredPool(BlockingConnectionPool):
                                  lambda: len(self._in_use_connections), self.max_connections)
 
     async def get_connection(self, *args: Any, **options: Any) -> Any:
-        if self.can_get_connection():  # the usual case: no wait, nothing to count
-            return await super().get_connection()  # type: ignore[no-untyped-call]
+        waits = not self.can_get_connection()  # the usual case: a free connection, nothing to count
         started = time.monotonic()
-        outcome = "got"
         try:
-            return await super().get_connection()  # type: ignore[no-untyped-call]
+            connection = await super().get_connection()  # type: ignore[no-untyped-call]
         except RedisConnectionError as exc:
             if not isinstance(exc.__cause__, asyncio.TimeoutError):  # the server's failure, as it came
                 raise
-            outcome = "deadline"
+            metrics.REDIS_CONNECTION_WAITS.labels("deadline").inc()
+            metrics.REDIS_CONNECTION_WAIT_SECONDS.inc(time.monotonic() - started)
             raise PoolBusy(f"every one of the {self.max_connections} Redis connections stayed in use for "
                            f"{self.timeout}s (SGW_REDIS_MAX_CONNECTIONS)") from exc
-        finally:
-            metrics.REDIS_CONNECTION_WAITS.labels(outcome).inc()
+        if waits:
+            metrics.REDIS_CONNECTION_WAITS.labels("got").inc()
             metrics.REDIS_CONNECTION_WAIT_SECONDS.inc(time.monotonic() - started)
+        return connection
 
 
 def redis_client(settings: Settings) -> RedisClient:

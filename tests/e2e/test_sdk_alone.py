@@ -26,7 +26,7 @@ ALLOWED = {"scorer-groups", "httpx", "httpcore", "h11", "anyio", "idna", "sniffi
 SERVER_ONLY = {"redis", "hiredis", "aiokafka", "fastapi", "uvicorn", "google-re2", "structlog", "orjson",
                "aiohttp", "pyyaml", "prometheus-client", "pydantic-settings", "scorer-group-worker"}
 SERVER_MODULES = {"redis", "aiokafka", "fastapi", "re2", "structlog", "orjson", "aiohttp", "yaml", "scoring",
-                  "consumers", "worker", "deploy", "tests"}
+                  "adapters", "services", "consumers", "worker", "deploy", "tests"}
 NETWORK_TROUBLE = ("Could not find a version", "No matching distribution", "Failed to establish a new connection",
                    "Temporary failure in name resolution", "Network is unreachable")
 

@@ -9,6 +9,7 @@ import time
 import pytest
 from redis.exceptions import ConnectionError as RedisConnectionError
 
+from adapters.members import http
 from adapters.members.http import RetryPolicy
 from consumers import outage
 from scoring.backoff import exponential, retry_after_seconds
@@ -44,9 +45,20 @@ async def test_the_outage_guard_waits_by_it(monkeypatch: pytest.MonkeyPatch) -> 
     assert len(waits) == 8 and all(c / 2 <= w <= c for w, c in zip(waits, ceilings, strict=True)), waits
 
 
-def test_member_calls_wait_by_it() -> None:
-    policy = RetryPolicy(backoff_base_s=0.25, backoff_cap_s=8)
-    assert all(0 <= policy.backoff(1) <= 0.5 for _ in range(100)) and max(policy.backoff(10) for _ in range(100)) > 4
+def test_member_calls_wait_by_it(monkeypatch: pytest.MonkeyPatch) -> None:
+    asked: list[tuple[int, float, float]] = []
+
+    def recorded(attempt: int, first_s: float, cap_s: float, floor: float = 0.0) -> float:
+        asked.append((attempt, first_s, cap_s))
+        return 0.0
+
+    monkeypatch.setattr(http, "exponential", recorded)
+    RetryPolicy(backoff_base_s=0.25, backoff_cap_s=8).backoff(3)
+    assert asked == [(3, 0.25, 8)]
+
+
+def test_a_retry_count_past_any_doubling_waits_the_cap() -> None:
+    assert 2.5 <= exponential(5000, 0.1, 5.0, floor=0.5) <= 5.0
 
 
 def test_retry_after_reads_seconds_or_a_date_and_never_goes_negative() -> None:

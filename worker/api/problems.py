@@ -13,8 +13,11 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from pydantic import BaseModel, ConfigDict, Field
 from pydantic.alias_generators import to_camel
+from redis.exceptions import RedisError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
+from adapters.stores.client import PoolBusy
+from consumers.outage import outage_of
 from scoring.errors import REFUSED, CatalogError, ScoringError, format_errors
 
 log = structlog.get_logger(__name__)
@@ -85,6 +88,18 @@ def install(app: FastAPI) -> None:
             return problem(exc.status, "the request failed; try again later", request)
         return problem(exc.status, str(exc), request,
                        headers={"Retry-After": RETRY_AFTER_S} if exc.retriable else None)
+
+    @app.exception_handler(RedisError)
+    async def store_error(request: Request, exc: RedisError) -> JSONResponse:
+        """The store unreachable for now, or every connection of the pool busy: 503, ask again (the
+        SDK retries it). Any other answer of Redis is a failure of ours: 500, saying nothing of it."""
+        if isinstance(exc, PoolBusy) or outage_of(exc) is not None:
+            log.warning("request answered 503: the store is unreachable or busy", path=request.url.path,
+                        error=type(exc).__name__)
+            return problem(503, "the API cannot reach its store for now; retry shortly", request,
+                           headers={"Retry-After": RETRY_AFTER_S})
+        log.error("request failed", path=request.url.path, error=type(exc).__name__)
+        return problem(500, "internal error", request)
 
     @app.exception_handler(Exception)
     async def unexpected(request: Request, exc: Exception) -> JSONResponse:

@@ -1,4 +1,4 @@
-// Backfills on a group's page (issue 42): the group's jobs - their window, progress, notes and
+// Backfills on a group's page: the group's jobs - their window, progress, notes and
 // error - read again every two seconds while one has not ended, each with a Cancel button until
 // it ends; and a form that starts one over a past window. Refusals are shown at the field the
 // API names, as in the group editor. Like the rest of the console, every string the server

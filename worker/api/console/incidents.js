@@ -1,4 +1,4 @@
-// Incidents on a group's page (issue 43): the open ones first and prominent - why, since when,
+// Incidents on a group's page: the open ones first and prominent - why, since when,
 // what their last Signal said, the window's mean - then the resolved ones, opened and resolved;
 // read again every ten seconds while the page is open. The chart draws the learned level the
 // drift mode judges against (groupLevel, from the same answer), and the group editor edits the

@@ -1,4 +1,4 @@
-// A judge's page (#/judges/<id>, issue 56): where it disagrees with people (each one click from an
+// A judge's page (#/judges/<id>): where it disagrees with people (each one click from an
 // example), its graded examples, and its alignment runs side by side with Promote - plus a form to
 // measure a candidate (new criteria, the examples as they are now) on a dataset or a review
 // queue's labels. Every string (criteria, examples, the items' texts) is put on the page as text.

@@ -1,4 +1,4 @@
-// Review: people check the judges on live traffic (issue 55). The queues of the key's project
+// Review: people check the judges on live traffic. The queues of the key's project
 // (#/reviews), a result put in a queue by hand from a group's results, and one queue's review
 // (#/reviews/<queue id>), made for a person labelling a hundred items in a row - keyboard first:
 //
