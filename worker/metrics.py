@@ -168,6 +168,8 @@ def meter_redis_pool(open_: Callable[[], int], in_use: Callable[[], int], most: 
     REDIS_CONNECTIONS.labels("open").set_function(open_)
     REDIS_CONNECTIONS.labels("in_use").set_function(in_use)
     REDIS_CONNECTIONS.labels("most").set(most)
+    for outcome in ("got", "deadline"):  # exported at 0 from the start: a rate over them is never empty
+        REDIS_CONNECTION_WAITS.labels(outcome)
 
 
 CATALOG_LOST = Gauge(

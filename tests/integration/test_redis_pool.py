@@ -27,6 +27,8 @@ def waits(outcome: str) -> float:
 
 async def test_a_call_past_the_bound_waits_for_a_connection_and_is_counted(redis_db_url: str) -> None:
     redis = redis_client(Settings(redis_url=redis_db_url, redis_max_connections=8, redis_timeout_s=5))
+    for outcome in ("got", "deadline"):  # exported from the start (a dashboard's rate is never empty)
+        assert metrics.REGISTRY.get_sample_value("sgw_redis_connection_waits_total", {"outcome": outcome}) is not None
     got_before, seconds_before = waits("got"), metrics.REDIS_CONNECTION_WAIT_SECONDS._value.get()
     try:
         # Every connection held (as a pipeline or a long command would) for 0.3 s; 8 calls meanwhile.
