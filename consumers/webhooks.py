@@ -47,7 +47,14 @@ from adapters.egress import EgressPolicy, EgressRefused
 from adapters.members.http import describe_status, no_cookies, post_capped
 from adapters.stores import keys
 from adapters.stores.channels import channel_id, legacy_channel_id
-from adapters.stores.deliveries import Attempt, DeliverySchedule, Incident, PendingDelivery, Settlements, shard_of
+from adapters.stores.deliveries import (
+    Attempt,
+    DeliverySchedule,
+    PagerDutyIncident,
+    PendingDelivery,
+    Settlements,
+    shard_of,
+)
 from consumers.events import SILENT
 from consumers.loop import PartitionLoop, Taken
 from consumers.outage import OutageGuard
@@ -169,7 +176,7 @@ class WebhookSender:
     async def take(self, batch: list[Taken]) -> None:
         now = time.time()
         fresh: list[PendingDelivery] = []
-        incidents: list[Incident | None] = []
+        incidents: list[PagerDutyIncident | None] = []
         scheduled: list[Taken] = []
         invalid: list[tuple[Taken | None, FailedDelivery]] = []
         for taken in batch:
@@ -204,7 +211,7 @@ class WebhookSender:
             matching = [c for c in channels if channel_key(c.url) == delivery.channel]
         return min(matching, key=lambda c: (c.disabled, c.project_id is None), default=None)
 
-    def _incident(self, delivery: WebhookDelivery) -> Incident | None:
+    def _incident(self, delivery: WebhookDelivery) -> PagerDutyIncident | None:
         """PagerDuty channels: a trigger opens the group's incident, a recovery resolves it
         (and is not sent at all when none is open)."""
         channel = self._channel(delivery)
@@ -213,7 +220,7 @@ class WebhookSender:
         s = delivery.signal  # an incident of the group's level has a key of its own (scoring.incidents)
         signal_key = f"incident:{s.incident_id}" if s.incident_id else s.key
         closes = delivery.event == RECOVERED_EVENT or s.state == "resolved"
-        return Incident("close" if closes else "open",
+        return PagerDutyIncident("close" if closes else "open",
                         keys.webhook_incident(shard_of(delivery), _hash(channel_id(channel)), signal_key),
                         keys.webhook_incident(shard_of(delivery), _hash(legacy_channel_id(channel)), signal_key))
 

@@ -53,7 +53,7 @@ PROGRESS_AFTER_S = 2.0  # a bar for runs longer than this; short runs print noth
 
 
 @dataclass(frozen=True)
-class GradeRequest:
+class GradeOptions:
     input_path: str
     group_id: str | None
     scorer_id: str | None = None
@@ -112,7 +112,7 @@ class Progress:
         self._stream.flush()
 
 
-async def grade(settings: Settings, request: GradeRequest, out: IO[str], err: TextIO) -> int:
+async def grade(settings: Settings, request: GradeOptions, out: IO[str], err: TextIO) -> int:
     try:
         rows = read_rows(request.input_path)
     except (OSError, ValueError) as exc:
@@ -182,7 +182,7 @@ async def grade(settings: Settings, request: GradeRequest, out: IO[str], err: Te
 
 
 async def _grade(settings: Settings, catalog: Any, plan: GradingPlan, rows: list[DatasetRow],
-                 request: GradeRequest, err: TextIO, run_id: str) -> DatasetRun:
+                 request: GradeOptions, err: TextIO, run_id: str) -> DatasetRun:
     """Grade rows with the judge endpoint, external scorers and code sandbox ``settings`` name;
     the verdicts already paid for (the verdict cache) are read first and those paid for now kept."""
     redis = redis_client(settings)
@@ -206,7 +206,7 @@ async def _grade(settings: Settings, catalog: Any, plan: GradingPlan, rows: list
 
 
 async def _budgeted(engine: ScoringEngine, claims: Claims, catalog: Any, plan: GradingPlan, rows: list[DatasetRow],
-                    request: GradeRequest, err: TextIO, run_id: str, found: Mapping[str, PairVerdicts]
+                    request: GradeOptions, err: TextIO, run_id: str, found: Mapping[str, PairVerdicts]
                     ) -> DatasetRun:
     """The rows graded within the project's judge budget: each row's calls reserved before it
     is graded, all or none, as a dataset run of the API's; the others named skipped. Rows are

@@ -59,7 +59,7 @@ class PendingDelivery(_Doc):
 
 
 @dataclass(frozen=True)
-class Incident:
+class PagerDutyIncident:
     """What a delivery does to a PagerDuty channel's incident: a trigger opens, a recovery closes."""
 
     action: Literal["open", "close"]
@@ -166,7 +166,7 @@ class DeliverySchedule:
         self._claim = redis.register_script(_CLAIM)
 
     async def add_claimed(self, items: list[PendingDelivery], now: float,
-                          incidents: list[Incident | None] | None = None) -> list[bool]:
+                          incidents: list[PagerDutyIncident | None] | None = None) -> list[bool]:
         """Store new deliveries, already claimed by the caller (it attempts them right away).
         False for one already pending or finished (a redelivered record): not sent again; and
         for a recovery (``incidents[i].action == "close"``) with no incident open to resolve.

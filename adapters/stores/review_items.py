@@ -196,7 +196,7 @@ return {'ok', count, label['version'], done}
 
 
 @dataclass(frozen=True)
-class Taken:
+class QueueIntake:
     """What a batch did to one queue."""
 
     queue_id: str
@@ -269,7 +269,7 @@ class ReviewItems:
         self._next = redis.register_script(_NEXT)
         self._label = redis.register_script(_LABEL)
 
-    async def take(self, items: Sequence[tuple[ReviewItem | KeptItem, ReviewQueue]], now: float) -> list[Taken]:
+    async def take(self, items: Sequence[tuple[ReviewItem | KeptItem, ReviewQueue]], now: float) -> list[QueueIntake]:
         """Keep ``items`` in their queues (each with its queue as the snapshot that decided it had
         it: capacity, keepDays); one round trip. An item comes as the model, or encoded already
         (the hot path's ``KeptItem``)."""
@@ -291,7 +291,7 @@ class ReviewItems:
                         args += [item.id, item.to_json(), _score_card(item)]
                 pipe.script(self._take, _queue_keys(queue), args)
             replies = await pipe.execute()
-        return [Taken(queues[key].id, queues[key].project_id, int(reply[0]), int(reply[1]))
+        return [QueueIntake(queues[key].id, queues[key].project_id, int(reply[0]), int(reply[1]))
                 for key, reply in zip(by_queue, replies, strict=True)]
 
     async def page(self, queue: ReviewQueue, *, state: str = "open", limit: int = 50,

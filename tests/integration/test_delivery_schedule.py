@@ -11,7 +11,7 @@ from typing import Literal
 import pytest
 
 from adapters.stores import keys
-from adapters.stores.deliveries import Attempt, DeliverySchedule, Incident, PendingDelivery, shard_of
+from adapters.stores.deliveries import Attempt, DeliverySchedule, PagerDutyIncident, PendingDelivery, shard_of
 from scoring.results import Signal, build_deliveries
 from scoring.webhooks.retries import RetrySchedule
 from tests.support.redis_clients import connect
@@ -139,13 +139,13 @@ async def test_a_recovery_resolves_an_incident_opened_under_the_channel_id_witho
     def key(channel_hash: str, signal_key: str) -> str:
         return keys.webhook_incident(shard, channel_hash, signal_key)
 
-    def incident(action: Literal["open", "close"], signal_key: str) -> Incident:
-        return Incident(action, key("with-project", signal_key), key("legacy", signal_key))
+    def incident(action: Literal["open", "close"], signal_key: str) -> PagerDutyIncident:
+        return PagerDutyIncident(action, key("with-project", signal_key), key("legacy", signal_key))
 
     await schedule._redis.set(key("legacy", "scorer-group:old"), "1", ex=600)
     assert await schedule.add_claimed([trigger], now, [incident("open", "scorer-group:new")]) == [True]
     assert await schedule._redis.exists(key("with-project", "scorer-group:new")) == 1, "opened under the new key"
-    closes: list[Incident | None] = [incident("close", f"scorer-group:{k}") for k in ("old", "new", "none")]
+    closes: list[PagerDutyIncident | None] = [incident("close", f"scorer-group:{k}") for k in ("old", "new", "none")]
     assert await schedule.add_claimed(recoveries, now, closes) == [True, True, False], \
         "the old incident and the new one are resolved; with none open, no recovery is sent"
     assert await schedule._redis.exists(key("legacy", "scorer-group:old"), key("with-project", "scorer-group:new")) == 0

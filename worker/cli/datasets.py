@@ -16,7 +16,7 @@ from worker.settings import Settings
 
 def cmd_grade(settings: Settings, args: argparse.Namespace) -> int:
     from scorer_groups.gates import parse_allowance
-    from worker.grading import GradeRequest, grade, write_to
+    from worker.grading import GradeOptions, grade, write_to
 
     if args.scorer and args.fail_under is None:
         print("error: --scorer names the judge member a --fail-under gate applies to", file=sys.stderr)
@@ -26,7 +26,7 @@ def cmd_grade(settings: Settings, args: argparse.Namespace) -> int:
     except ValueError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
-    request = GradeRequest(
+    request = GradeOptions(
         input_path=args.input, group_id=args.group, scorer_id=args.scorer_id,
         additional_scorer_ids=tuple(args.additional_scorer_id), output_path=args.output,
         fail_under=args.fail_under, gate_scorer=args.scorer, concurrency=args.concurrency,
