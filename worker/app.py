@@ -16,10 +16,12 @@ import signal
 import socket
 import time
 import uuid
-from collections.abc import Coroutine
+from collections.abc import Callable, Coroutine
+from dataclasses import dataclass
 from typing import Any, NoReturn, Protocol
 
 import structlog
+from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
 from aiokafka.admin import AIOKafkaAdminClient, NewTopic
 from aiokafka.errors import KafkaError, TopicAlreadyExistsError
 from redis.exceptions import AuthenticationError, RedisClusterException
@@ -50,6 +52,7 @@ from consumers.pair_protocol import PairProtocol
 from consumers.sessions import SessionSweeper
 from consumers.shadow_sweep import ShadowSweep
 from consumers.traces import OutputError, TraceConsumer, TraceLoopLimits
+from consumers.webhooks import WebhookSender
 from scoring.redact import mask_url
 from worker import metrics
 from worker.connections import kafka_admin, kafka_consumer, kafka_producer, redis_client
@@ -222,6 +225,31 @@ class HasOutage(Protocol):
     def outage(self) -> str | None: ...
 
 
+@dataclass
+class _Opened:
+    """What ``Worker._open`` opened: closed last, by ``Worker._serve``."""
+
+    redis: RedisClient
+    ops: metrics.OpsServer
+    outages: OutageGuard
+    watcher: CatalogWatcher
+
+
+@dataclass
+class _Parts:
+    """The clients and loops ``Worker._assemble`` built, for ``Worker._serve`` to start and stop."""
+
+    producer: AIOKafkaProducer
+    engine: ScoringEngine
+    consumer: AIOKafkaConsumer
+    traces: TraceConsumer
+    share: FleetShare
+    loops: list[tuple[str, Callable[[asyncio.Event], Coroutine[Any, Any, None]]]]
+    judge_spans: JudgeCallExporter | None
+    hooks_consumer: AIOKafkaConsumer
+    hooks: WebhookSender
+
+
 class Worker:
     def __init__(self, settings: Settings) -> None:
         self.settings = settings
@@ -257,6 +285,17 @@ class Worker:
         return True, "ready"
 
     async def run(self) -> int:
+        """The process, as four steps: 1. open what every loop needs - the ops endpoint, Redis and
+        the catalog, the topics (a start that fails closes what it opened); 2. assemble the
+        clients and loops over them; 3. serve - start them, run the trace loop until told to
+        stop or a loop fails; 4. drain and close, each within a bound, whatever ended 3."""
+        opened = await self._open()
+        parts = self._assemble(opened)
+        exit_code = await self._serve(opened, parts)
+        log.info("worker stopped", exit_code=exit_code)
+        return exit_code
+
+    async def _open(self) -> _Opened:
         s = self.settings
         redis = redis_client(s)
         ops = metrics.OpsServer(s.metrics_port, self.readiness)
@@ -279,7 +318,10 @@ class Worker:
             await close_all([("catalog watcher", watcher.stop()), ("metrics server", ops.stop())])
             await close_all([("redis", redis.aclose())])
             raise
+        return _Opened(redis=redis, ops=ops, outages=outages, watcher=watcher)
 
+    def _assemble(self, opened: _Opened) -> _Parts:
+        s, redis, outages, watcher = self.settings, opened.redis, opened.outages, opened.watcher
         producer = kafka_producer(s, max_request_size=dead_letter_limit(s))
         engine = ScoringEngine(s, observe_judge_call=metrics.observe_judge_call,
                                observe_member=metrics.observe_member, count_tokens=metrics.count_judge_tokens)
@@ -366,7 +408,19 @@ class Worker:
         hooks_consumer = kafka_consumer(s, f"{s.consumer_group}-webhooks")
         hooks = webhook_sender(s, redis, hooks_consumer, producer, lambda: watcher.current, outages)
         self.outages = [traces, hooks]
+        # The background loops, each stopped by self.stop (started in this order by _serve).
+        loops: list[tuple[str, Callable[[asyncio.Event], Coroutine[Any, Any, None]]]] = [
+            ("event-loop stall watch", watch_loop_stalls), ("fleet share", share.run),
+            ("session sweeper", sweeper.run), ("backfill runner", backfills.run),
+            ("incident watcher", incidents.run), ("digest sender", digests.run),
+            ("review label export", labels.run), ("shadow sweep", shadows.run)]
+        return _Parts(producer=producer, engine=engine, consumer=consumer, traces=traces, share=share,
+                      loops=loops, judge_spans=judge_spans, hooks_consumer=hooks_consumer, hooks=hooks)
 
+    async def _serve(self, opened: _Opened, parts: _Parts) -> int:
+        s, traces, consumer = self.settings, parts.traces, parts.consumer
+        producer, engine, hooks, hooks_consumer = parts.producer, parts.engine, parts.hooks, parts.hooks_consumer
+        judge_spans = parts.judge_spans
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(sig, self._request_stop, sig)
@@ -380,7 +434,7 @@ class Worker:
             build = hot_path_build()
             (log.warning if build.stale else log.info)(
                 "worker started", topic=s.traces_topic, group=s.consumer_group,
-                catalog_version=watcher.current.version,
+                catalog_version=opened.watcher.current.version,
                 event_loop=type(asyncio.get_running_loop()).__module__.split(".")[0], hot_path=build.describe())
             metrics.observe_hot_path(len(build.compiled), len(build.stale))
             # What startup built (modules, models' schemas, clients: ~85,000 objects) lives as long
@@ -389,15 +443,8 @@ class Worker:
             gc.collect()
             gc.freeze()
             gc.set_threshold(*GC_THRESHOLDS)
-            await share.renew()  # this worker's share, before the work that reads it starts
-            background = [self._background("event-loop stall watch", watch_loop_stalls(self.stop)),
-                          self._background("fleet share", share.run(self.stop)),
-                          self._background("session sweeper", sweeper.run(self.stop)),
-                          self._background("backfill runner", backfills.run(self.stop)),
-                          self._background("incident watcher", incidents.run(self.stop)),
-                          self._background("digest sender", digests.run(self.stop)),
-                          self._background("review label export", labels.run(self.stop)),
-                          self._background("shadow sweep", shadows.run(self.stop))]
+            await parts.share.renew()  # this worker's share, before the work that reads it starts
+            background = [self._background(name, run(self.stop)) for name, run in parts.loops]
             spans_stop = asyncio.Event()  # told after the drain: the last results' calls are exported too
             if judge_spans is not None:
                 background.append(self._background("judge span export", judge_spans.run(spans_stop)))
@@ -406,7 +453,7 @@ class Worker:
                 await hooks_consumer.start()
                 background.append(self._background("webhook sender", hooks.run(self.stop)))
             if s.otlp_enabled:  # OpenTelemetry spans in, assembled traces out to the traces topic
-                intake = otlp_intake(s, redis, producer, outages)
+                intake = otlp_intake(s, opened.redis, producer, opened.outages)
                 self.outages.append(intake)
                 background.append(self._background("OTLP intake", run_otlp_intake(intake, s, self.stop)))
             try:
@@ -434,10 +481,9 @@ class Worker:
                 loop.remove_signal_handler(sig)
             await close_all([("traces consumer", consumer.stop()), ("webhooks consumer", hooks_consumer.stop()),
                              ("producer", producer.stop()), ("scoring engine", engine.close()),
-                             ("catalog watcher", watcher.stop()), ("metrics server", ops.stop())])
-            await close_all([("redis", redis.aclose())])  # last: the watcher reads it until it stops
+                             ("catalog watcher", opened.watcher.stop()), ("metrics server", opened.ops.stop())])
+            await close_all([("redis", opened.redis.aclose())])  # last: the watcher reads it until it stops
             self.watchdog.disarm()
-        log.info("worker stopped", exit_code=exit_code)
         return exit_code
 
     def _background(self, name: str, loop: Coroutine[Any, Any, None]) -> asyncio.Task[None]:
