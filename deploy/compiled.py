@@ -13,7 +13,7 @@ One rule keeps the two from drifting: an extension beside its source shadows it,
 source the build has not seen would run the old code. The build writes a stamp (``STAMP``): a hash
 of every source of the packages the compiled code was checked against (mypyc may inline a
 ``Final`` of another module) and of the compiler's version. ``build`` compiles again whenever that
-hash changed; ``./dev`` builds before anything runs (deploy/bootstrap.sh), and so does every pytest
+hash changed; ``./dev`` builds before anything runs (devtools/bootstrap.sh), and so does every pytest
 session (the plugin tests/support/hot_path_build.py), so a test never runs an extension older
 than its source. Anything else run from a checkout after an edit (``scorer-worker`` by hand, a
 debugger, mutmut) needs a build first, or ``SGW_INTERPRETED=1`` - which also runs the sources

@@ -22,9 +22,9 @@ from collections.abc import AsyncIterator, Iterator
 import pytest
 
 from adapters.stores.client import RedisClient
-from deploy.judge_server import JudgeServer
-from deploy.redis_servers import LocalRedis, LocalRedisCluster
-from deploy.services import LocalKafka
+from devtools.judge_server import JudgeServer
+from devtools.redis_servers import LocalRedis, LocalRedisCluster
+from devtools.services import LocalKafka
 from tests.support.api_process import end_leftover_apis
 from tests.support.harness import end_leftover_workers
 from tests.support.redis_clients import connect, on_cluster
@@ -73,7 +73,7 @@ def redis_url() -> Iterator[str]:
         redis.stop()
 
 
-# The local chat-completions judge (deploy.judge_server): a test's own (``judge``), or a module's
+# The local chat-completions judge (devtools.judge_server): a test's own (``judge``), or a module's
 # (``judge_server``: reset it between tests). A module may define its own to configure one.
 @pytest.fixture
 def judge() -> Iterator[JudgeServer]:

@@ -31,8 +31,8 @@ import orjson
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
 from redis.asyncio import Redis
 
-from deploy.redis_servers import LocalRedis
-from deploy.services import LocalKafka
+from devtools.redis_servers import LocalRedis
+from devtools.services import LocalKafka
 from services.groups import MonitorClient
 from tests.support.harness import WorkerProcess, worker_env
 from tests.support.redis_guard import refuse_foreign_keys

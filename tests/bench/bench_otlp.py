@@ -34,8 +34,8 @@ from opentelemetry.proto.common.v1.common_pb2 import AnyValue, KeyValue
 from opentelemetry.proto.trace.v1.trace_pb2 import Span
 from redis.asyncio import Redis
 
-from deploy.redis_servers import LocalRedis
-from deploy.services import LocalKafka
+from devtools.redis_servers import LocalRedis
+from devtools.services import LocalKafka
 from tests.bench.bench_live import collect, pct, rss_mib
 from tests.support.harness import WorkerProcess, worker_env
 from tests.support.redis_guard import refuse_foreign_keys

@@ -24,9 +24,9 @@ from pathlib import Path
 
 from redis.asyncio import Redis
 
-from deploy.processes import free_port
-from deploy.redis_servers import LocalRedis
-from deploy.services import LocalKafka
+from devtools.processes import free_port
+from devtools.redis_servers import LocalRedis
+from devtools.services import LocalKafka
 from scoring.results import Signal, build_deliveries
 from services.groups import MonitorClient
 from tests.support.harness import WorkerProcess, produce, worker_env

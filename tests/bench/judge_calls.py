@@ -11,7 +11,7 @@ sorted set (``keys.group_results_seqs``: rating id by its seq, for every result)
 the group's latest-results list (``keys.group_results``, ``keys.RESULTS_KEPT`` = 1,000 results).
 
 1. **Redis bytes** (``redis``). A worker with the judge-bound scenario's group (one judge: one call
-   per trace), started as ``scenarios.judge_bound`` starts it - against deploy/judge_server.py in
+   per trace), started as ``scenarios.judge_bound`` starts it - against devtools/judge_server.py in
    its own process (``JudgeProcess``, 300 ms) at SGW_JUDGE_CONCURRENCY 64 - drains
    ``--judge-calls-traces`` (2,000) of the workload's ~2 KB traces from a topic of its own: past
    the 1,000 results the list keeps, so the list and its index have been trimmed. Once the worker

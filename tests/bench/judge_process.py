@@ -1,4 +1,4 @@
-"""The local judge server (deploy/judge_server.py) in its own process at a fixed latency.
+"""The local judge server (devtools/judge_server.py) in its own process at a fixed latency.
 
     python -m tests.bench.judge_process LATENCY_S
 
@@ -13,7 +13,7 @@ import sys
 import threading
 import time
 
-from deploy.judge_server import Behaviour, JudgeServer
+from devtools.judge_server import Behaviour, JudgeServer
 
 
 def main(latency_s: float) -> None:

@@ -20,7 +20,7 @@ import orjson
 from aiokafka import AIOKafkaProducer
 from redis.asyncio import Redis
 
-from deploy.processes import free_port
+from devtools.processes import free_port
 from services.groups import MonitorClient
 from tests.bench.profile import Profile
 from tests.bench.workload import (
@@ -255,7 +255,7 @@ async def backlog(bench: Bench, size: int) -> dict[str, Any]:
 
 
 class JudgeProcess:
-    """deploy/judge_server.py in its own process at a fixed latency; its answered-request count."""
+    """devtools/judge_server.py in its own process at a fixed latency; its answered-request count."""
 
     def __init__(self, bench: Bench, latency_s: float) -> None:
         env = {**os.environ, "PYTHONPATH": str(ROOT)}

@@ -15,7 +15,7 @@ traces topic (6 partitions) with ``--traces`` realistic ~2 KB traces, then runs,
   scorer plus a pattern) draining the topic;
 - scale_out: the same with ``--scale-workers`` worker processes in one consumer group, as an
   operator scales out (CPU and memory summed over them; peak_rss_mb is the first one's);
-- judge-bound: one judge group against deploy/judge_server.py in its own process answering in
+- judge-bound: one judge group against devtools/judge_server.py in its own process answering in
   300 ms (``--judge-latency``; real LLM judges take 1-10 s), at SGW_JUDGE_CONCURRENCY 16, 64 and 256
   (``--judge-concurrency``): judge calls/s against concurrency / latency, the Redis pool's bound;
 - latency: open-loop production at half the deterministic rate to a fresh topic; produce time
@@ -69,8 +69,8 @@ from typing import Any
 
 import orjson
 
-from deploy.redis_servers import LocalRedis
-from deploy.services import LocalKafka
+from devtools.redis_servers import LocalRedis
+from devtools.services import LocalKafka
 from tests.bench import backfill, filtered, judge_calls, scenarios, tenants, verdict_cache
 from tests.bench.scenarios import Bench
 from tests.bench.workload import create_topics, machine, produce_traces

@@ -70,7 +70,7 @@ from redis.asyncio import Redis
 
 from adapters.stores import keys
 from adapters.stores.catalog import SnapshotCache
-from deploy.processes import free_port
+from devtools.processes import free_port
 from services.groups import MonitorClient
 from tests.bench.scenarios import Bench, _drain
 from tests.bench.workload import (

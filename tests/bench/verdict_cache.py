@@ -4,7 +4,7 @@ one run against the same worker and judge otherwise.
     .venv/bin/python -m tests.bench.suite --only verdict-cache [--cache-traces 3000]
 
 The judge-bound scenario's group (one judge: one call per trace) at SGW_JUDGE_CONCURRENCY 64,
-against deploy/judge_server.py in its own process (``JudgeProcess``, 300 ms a call), drains the
+against devtools/judge_server.py in its own process (``JudgeProcess``, 300 ms a call), drains the
 same number of the workload's ~2 KB traces three times, each from a topic of its own into a
 fresh Redis database:
 

@@ -1,5 +1,5 @@
 """The judge calls behind a dataset run's rows, on the console's run page, in Debian's headless
-chromium against a real API process, Redis and the local judge (``deploy.judge_server``, kept
+chromium against a real API process, Redis and the local judge (``devtools.judge_server``, kept
 here to read what the judge was sent): each judge verdict of the rows table has a Call button
 that opens, below the table, that judge's call on that row - its model, and each message exactly
 as the judge received it (an output written like an XSS payload shown as text) - read once per
@@ -17,7 +17,7 @@ from typing import Any
 
 import pytest
 
-from deploy.judge_server import JudgeServer
+from devtools.judge_server import JudgeServer
 from scorer_groups import Client
 from tests.support import console_browser
 from tests.support.api_process import ApiProcess, api_with_judge

@@ -1,5 +1,5 @@
 """The console's Judge templates page in Debian's headless chromium, against a real API process,
-Redis and the local judge (``deploy.judge_server``, kept here to read what the judge was sent):
+Redis and the local judge (``devtools.judge_server``, kept here to read what the judge was sent):
 the six shipped templates are listed with what their judge reads and their labelled examples;
 "Check against people" on the faithfulness template grades its examples with a judge made from
 it - the local judge receives each example's retrieved context (the rows' spans) - and opens the
@@ -15,7 +15,7 @@ from typing import Any
 
 import pytest
 
-from deploy.judge_server import JudgeServer
+from devtools.judge_server import JudgeServer
 from scoring.judge_templates import BY_NAME, TEMPLATES
 from tests.support import console_browser
 from tests.support.api_process import ApiProcess, api_with_judge

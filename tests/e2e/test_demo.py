@@ -40,7 +40,7 @@ def ran(kafka_bootstrap: str, redis_databases: RedisDatabases) -> Iterator[Demo]
                "SGW_CONSUMER_GROUP": f"demo-{run}", "SGW_TOPIC_PARTITIONS": "2",
                **{f"SGW_{name.upper()}_TOPIC": f"demo-{run}.{name}"
                   for name in ("traces", "ratings", "signals", "webhooks", "webhooks_dlq", "dlq")}}
-        done = subprocess.run([sys.executable, "-m", "deploy.demo", "--seconds", str(SECONDS)], env=env, cwd=ROOT,
+        done = subprocess.run([sys.executable, "-m", "devtools.demo", "--seconds", str(SECONDS)], env=env, cwd=ROOT,
                               capture_output=True, text=True, timeout=SECONDS + 120)
         output = done.stdout + done.stderr
         assert done.returncode == 0, output[-4000:]

@@ -17,7 +17,7 @@ pytestmark = pytest.mark.integration
 
 def run_example(example: str, kafka_bootstrap: str, redis_url: str) -> subprocess.CompletedProcess[str]:
     env = {**os.environ, "SGW_KAFKA_BOOTSTRAP": kafka_bootstrap, "SGW_REDIS_URL": redis_url, "PYTHONPATH": str(ROOT)}
-    return subprocess.run([sys.executable, "-m", "deploy.examples", example], env=env, cwd=ROOT,
+    return subprocess.run([sys.executable, "-m", "devtools.examples", example], env=env, cwd=ROOT,
                           capture_output=True, text=True, timeout=280)
 
 

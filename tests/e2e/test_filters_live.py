@@ -15,7 +15,7 @@ import orjson
 import pytest
 
 from adapters.stores.ratings import RatingsStore
-from deploy.judge_server import JudgeServer
+from devtools.judge_server import JudgeServer
 from scoring.filters import routing_headers
 from scoring.subjects import Trace
 from tests.support.harness import WorkerProcess, catalog_db, produce, read_topic, worker_env

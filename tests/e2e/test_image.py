@@ -21,7 +21,7 @@ import httpx
 import pytest
 
 from deploy.compiled import HOT_PATH
-from deploy.processes import free_port
+from devtools.processes import free_port
 from tests.support.redis_databases import RedisDatabases
 
 pytestmark = pytest.mark.integration
@@ -115,7 +115,7 @@ def site_packages(python: Path) -> Path:
 @pytest.fixture(scope="module")
 def image(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """The image's /app and its Python: the path of ``scorer-worker`` in a clean virtualenv."""
-    assert WHEELS.is_dir(), "run deploy/bootstrap.sh (./dev test does): it collects the image's wheels"
+    assert WHEELS.is_dir(), "run devtools/bootstrap.sh (./dev test does): it collects the image's wheels"
     named = stages(instructions(DOCKERFILE.read_text()))
     # The compiled stage: its install, then its ``python -m`` steps, the exported tree kept here.
     build_app = tmp_path_factory.mktemp("compiled-app")

@@ -16,7 +16,7 @@ from pathlib import Path
 import orjson
 import pytest
 
-from deploy.judge_server import Behaviour, JudgeServer
+from devtools.judge_server import Behaviour, JudgeServer
 from tests.support.harness import WorkerProcess, catalog_db, produce, read_topic, worker_env
 from tests.support.http_fakes import Reply, ScriptedServer
 

@@ -15,7 +15,7 @@ import pytest
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
 from opentelemetry.proto.trace.v1.trace_pb2 import Span
 
-from deploy.judge_server import JudgeServer
+from devtools.judge_server import JudgeServer
 from scorer_groups import Client, NotFound
 from scorer_groups.api_models import RatingWithCalls
 from scoring.judge_calls import CALL_TEXT_MAX_CHARS

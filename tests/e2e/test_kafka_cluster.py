@@ -14,8 +14,8 @@ import pytest
 from aiokafka.admin import AIOKafkaAdminClient
 from aiokafka.admin.config_resource import ConfigResource, ConfigResourceType
 
-from deploy.judge_server import JudgeServer
-from deploy.services import LocalKafkaCluster
+from devtools.judge_server import JudgeServer
+from devtools.services import LocalKafkaCluster
 from tests.support.harness import catalog_db, worker_env
 from tests.support.http_fakes import Reply, ScriptedServer
 from tests.support.live_scoring import catalog, check_live_scoring

@@ -79,7 +79,7 @@ async def test_the_rate_limit_claims_one_signal_per_group_and_interval_and_a_red
 
 async def test_pagerduty_opens_the_groups_incident_on_no_score_and_resolves_it_when_scores_return(
         kafka_bootstrap: str, redis_db_url: str, unique: str, tmp_path: Path) -> None:
-    from deploy.judge_server import JudgeServer
+    from devtools.judge_server import JudgeServer
     from tests.support.http_fakes import Reply, ScriptedServer
     from tests.support.webhook_shapes import ROUTING_KEY, check_pagerduty_event
 

@@ -18,7 +18,7 @@ import orjson
 import pytest
 from aiokafka import AIOKafkaProducer
 
-from deploy.judge_server import JudgeServer
+from devtools.judge_server import JudgeServer
 from tests.support.harness import WorkerProcess, catalog_db, read_topic, worker_env
 from tests.support.otlp_records import Telemetry, records, span, trace_hex
 

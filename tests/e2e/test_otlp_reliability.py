@@ -16,7 +16,7 @@ from typing import Any
 
 import pytest
 
-from deploy.judge_server import JudgeServer
+from devtools.judge_server import JudgeServer
 from tests.support.harness import WorkerProcess, catalog_db, produce, read_topic, worker_env
 from tests.support.otlp_records import Telemetry, records, span, trace_hex
 

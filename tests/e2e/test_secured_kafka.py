@@ -1,6 +1,6 @@
 """The worker on a Kafka that wants TLS and SASL, as managed Kafka does: a broker with a SASL_SSL
 listener (a CA and certificates made by the test with openssl, SCRAM users made with the
-storage; deploy/kafka_security.py). The live-scoring scenario runs whole with the worker given
+storage; devtools/kafka_security.py). The live-scoring scenario runs whole with the worker given
 the secured listener only (the test itself produces and reads on the broker's PLAINTEXT one);
 a wrong password and an untrusted CA each end the start with one line naming the setting."""
 
@@ -15,10 +15,10 @@ from pathlib import Path
 
 import pytest
 
-from deploy.judge_server import JudgeServer
-from deploy.kafka_security import SecuredListener
-from deploy.processes import free_port
-from deploy.services import LocalKafka
+from devtools.judge_server import JudgeServer
+from devtools.kafka_security import SecuredListener
+from devtools.processes import free_port
+from devtools.services import LocalKafka
 from tests.support.harness import catalog_db, worker_env
 from tests.support.http_fakes import Reply, ScriptedServer
 from tests.support.live_scoring import catalog, check_live_scoring

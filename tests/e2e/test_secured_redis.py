@@ -1,6 +1,6 @@
 """Redis as managed services offer it: TLS (a ``rediss://`` URL, the server's certificate checked
 against ``SGW_REDIS_CA_FILE``) and an ACL user in place of the default one - Debian's
-redis-server with a CA and certificate the test makes (``deploy.redis_servers.RedisTls``). The
+redis-server with a CA and certificate the test makes (``devtools.redis_servers.RedisTls``). The
 CLI applies a catalog and makes a key over it, the API grades in its playground (the claims'
 Lua scripts included), the live-scoring scenario runs whole; a wrong password and an untrusted
 certificate each end a worker's start with one line naming the setting."""
@@ -16,9 +16,9 @@ from pathlib import Path
 
 import pytest
 
-from deploy.judge_server import JudgeServer
-from deploy.processes import free_port
-from deploy.redis_servers import LocalRedis, LocalRedisCluster, RedisTls
+from devtools.judge_server import JudgeServer
+from devtools.processes import free_port
+from devtools.redis_servers import LocalRedis, LocalRedisCluster, RedisTls
 from tests.support.api_process import ApiProcess, cli, create_key
 from tests.support.harness import worker_env
 from tests.support.http_fakes import Reply, ScriptedServer

@@ -12,7 +12,7 @@ from typing import Any
 import orjson
 import pytest
 
-from deploy.judge_server import JudgeServer
+from devtools.judge_server import JudgeServer
 from services.groups import MonitorClient
 from tests.support.harness import WorkerProcess, catalog_db, produce, read_topic, worker_env
 from tests.support.redis_clients import connect

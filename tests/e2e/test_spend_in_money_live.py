@@ -17,7 +17,7 @@ import pytest
 
 from adapters.stores.claims import Claims
 from adapters.stores.ratings import RatingsStore
-from deploy.judge_server import JudgeServer
+from devtools.judge_server import JudgeServer
 from tests.support.harness import WorkerProcess, catalog_db, connect, produce, read_topic, worker_env
 
 pytestmark = pytest.mark.integration

@@ -13,7 +13,7 @@ import orjson
 import pytest
 
 from adapters.stores.ratings import RatingsStore
-from deploy.judge_server import JudgeServer
+from devtools.judge_server import JudgeServer
 from tests.support.harness import WorkerProcess, catalog_db, produce, read_topic, worker_env
 from tests.support.redis_clients import connect
 

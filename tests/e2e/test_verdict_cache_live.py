@@ -15,7 +15,7 @@ import orjson
 import pytest
 
 from adapters.stores.claims import Claims
-from deploy.judge_server import Behaviour, JudgeServer
+from devtools.judge_server import Behaviour, JudgeServer
 from services.groups import MonitorClient
 from tests.support.harness import WorkerProcess, catalog_db, produce, read_topic, worker_env
 from tests.support.redis_clients import connect

@@ -310,7 +310,7 @@ async def test_a_worker_killed_mid_schedule_leaves_the_retry_to_the_next_one_and
 async def test_a_dead_and_a_slow_channel_do_not_delay_a_healthy_one(
         kafka_bootstrap: str, redis_db_url: str, unique: str, tmp_path: Path) -> None:
     from consumers.webhook_lanes import channel_label
-    from deploy.processes import free_port
+    from devtools.processes import free_port
     from scoring.models import AlertChannel
 
     signals = 8

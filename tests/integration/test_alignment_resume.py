@@ -17,7 +17,7 @@ import pytest
 from adapters.stores import keys
 from adapters.stores.alignments import AlignmentStore
 from adapters.stores.claims import Claims
-from deploy.judge_server import Behaviour, JudgeServer
+from devtools.judge_server import Behaviour, JudgeServer
 from tests.support.api_process import ApiProcess, create_key
 from tests.support.redis_clients import connect
 from tests.support.redis_databases import RedisDatabases

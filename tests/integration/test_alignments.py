@@ -1,5 +1,5 @@
 """Alignment runs and promotion on the real API process, Redis and the local judge
-(``deploy.judge_server``, which learns from a judge's examples: a case sharing an example's
+(``devtools.judge_server``, which learns from a judge's examples: a case sharing an example's
 ``[[case=C]]`` marker gets that example's rating). People rate four kinds of case 1, 4, 7 and 10;
 the current judge reads each case's own ``[[rating=N]]`` marker, 3 points off people's. A candidate
 whose examples teach the four kinds agrees measurably better on the held-out cases: the run says

@@ -21,7 +21,7 @@ import pytest
 import consumers.backfill as backfill_module
 from adapters.stores import keys
 from adapters.stores.backfills import BackfillStore
-from deploy.judge_server import Behaviour
+from devtools.judge_server import Behaviour
 from scorer_groups.api_models import BACKFILL_ENDED
 from scoring.catalog import CatalogSnapshot
 from scoring.claim_request import day_of

@@ -9,7 +9,7 @@ import pytest
 from redis.asyncio import Redis
 
 from adapters.stores.claims import ClaimResult, Claims, claim_hash
-from deploy.redis_servers import LocalRedis
+from devtools.redis_servers import LocalRedis
 from scoring.claim_request import ClaimRequest, day_of
 from tests.support.redis_clients import connect
 

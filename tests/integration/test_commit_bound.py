@@ -18,7 +18,7 @@ from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
 
 from consumers import offsets
 from consumers.offsets import Committer, CommitTimedOut
-from deploy.services import LocalKafka
+from devtools.services import LocalKafka
 
 pytestmark = [pytest.mark.integration, pytest.mark.alone]
 

@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 
-from deploy.judge_server import JudgeServer
+from devtools.judge_server import JudgeServer
 from scorer_groups.gates import GateFailed
 from scoring.redact import REDACTED
 from services.groups import MonitorClient

@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 
-from deploy.judge_server import JudgeServer
+from devtools.judge_server import JudgeServer
 from scoring.errors import InvalidDocument
 from services.groups import MonitorClient
 from tests.support.datasets import grade_api, grade_cli, m

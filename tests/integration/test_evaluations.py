@@ -14,7 +14,7 @@ from typing import Any
 import httpx
 import pytest
 
-from deploy.judge_server import JudgeServer
+from devtools.judge_server import JudgeServer
 from scorer_groups import Client, GateFailed, NotAJudgeMember, NotFound
 from tests.support.api_process import ApiProcess, create_key
 from tests.support.redis_clients import connect_sync

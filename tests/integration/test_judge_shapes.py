@@ -17,7 +17,7 @@ from pydantic import ValidationError
 
 from adapters.members.http import RetryPolicy
 from adapters.members.judge import JudgeClient, RequestShape
-from deploy.judge_server import JudgeServer
+from devtools.judge_server import JudgeServer
 from scoring.models import Judge
 from scoring.subjects import Subject
 from tests.support.http_fakes import Reply, ScriptedServer

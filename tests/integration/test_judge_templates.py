@@ -11,7 +11,7 @@ from typing import Any
 import httpx
 import pytest
 
-from deploy.judge_server import JudgeServer
+from devtools.judge_server import JudgeServer
 from scorer_groups import AgentAnswer, BadRequest, Client
 from scorer_groups.runs import DatasetItem
 from scoring.dataset import DatasetRow

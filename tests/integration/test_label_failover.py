@@ -20,7 +20,7 @@ from redis.asyncio import Redis
 
 from adapters.stores.client import NotReplicated
 from adapters.stores.review_items import ReviewItems
-from deploy.redis_servers import LocalRedis
+from devtools.redis_servers import LocalRedis
 from scorer_groups.review_queues import ReviewItem, ReviewQueue
 from scoring.review_rules import review_item_id
 

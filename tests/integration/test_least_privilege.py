@@ -16,7 +16,7 @@ import httpx
 import pytest
 from aiokafka.admin import AIOKafkaAdminClient, NewTopic
 
-from deploy.processes import free_port
+from devtools.processes import free_port
 
 pytestmark = pytest.mark.integration
 

@@ -39,7 +39,7 @@ from adapters.stores.review_items import ReviewItems
 from adapters.stores.sessions import SessionStore
 from adapters.stores.shards import ShardLeases
 from adapters.stores.verdicts import Paid, VerdictStore
-from deploy.redis_servers import LocalRedisCluster
+from devtools.redis_servers import LocalRedisCluster
 from scorer_groups.alignments import Alignment
 from scorer_groups.api_models import BackfillCreate
 from scorer_groups.review_queues import ReviewItem, ReviewQueue

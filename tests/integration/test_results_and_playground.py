@@ -19,7 +19,7 @@ import pytest
 
 from adapters.stores import keys
 from adapters.stores.ratings import RatingsStore
-from deploy.judge_server import Behaviour, JudgeServer
+from devtools.judge_server import Behaviour, JudgeServer
 from scorer_groups import AsyncClient, BadRequest, Client, NotFound, RateLimited, Retry
 from scorer_groups.documents import MemberVerdict, Rating
 from scoring.results import HistoryEntry

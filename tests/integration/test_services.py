@@ -14,9 +14,9 @@ from aiokafka.admin import AIOKafkaAdminClient, NewTopic
 
 from adapters.stores.claims import Claims
 from deploy import services
-from deploy.processes import free_port as real_free_port
-from deploy.redis_servers import LocalRedis
-from deploy.services import LocalKafka
+from devtools.processes import free_port as real_free_port
+from devtools.redis_servers import LocalRedis
+from devtools.services import LocalKafka
 from scoring.claim_request import ClaimRequest, day_of
 from tests.support.redis_clients import connect
 

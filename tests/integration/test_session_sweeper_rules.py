@@ -22,7 +22,7 @@ from adapters.stores.ratings import RatingsStore
 from adapters.stores.sessions import QuietSession, SessionStore
 from consumers.events import Silent
 from consumers.sessions import PAGE
-from deploy.judge_server import JudgeServer
+from devtools.judge_server import JudgeServer
 from scoring.models import Budget, CustomEvaluator, Judge, ScorerGroup
 from scoring.panel import Panel
 from scoring.subjects import Trace

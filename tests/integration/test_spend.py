@@ -15,7 +15,7 @@ from redis.asyncio import Redis
 from adapters.members.http import RetryPolicy
 from adapters.members.judge import JudgeClient
 from adapters.stores.claims import Claims
-from deploy.judge_server import Behaviour, JudgeServer
+from devtools.judge_server import Behaviour, JudgeServer
 from scoring.catalog import CatalogSnapshot
 from scoring.claim_request import day_of
 from scoring.judge_prompt import ANSWER_MAX_TOKENS

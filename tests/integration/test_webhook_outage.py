@@ -21,7 +21,7 @@ from adapters.stores.deliveries import DeliverySchedule, shard_of
 from consumers.loop import Taken
 from consumers.outage import OutageGuard
 from consumers.webhooks import WebhookSender
-from deploy.redis_servers import LocalRedis
+from devtools.redis_servers import LocalRedis
 from scoring.catalog import CatalogSnapshot
 from scoring.results import Signal, build_deliveries
 from scoring.webhooks.retries import RetrySchedule

@@ -31,7 +31,7 @@ from aiokafka.admin import AIOKafkaAdminClient, NewTopic
 
 from adapters.stores import keys
 from adapters.stores.backfills import BackfillStore
-from deploy.judge_server import Behaviour, JudgeServer
+from devtools.judge_server import Behaviour, JudgeServer
 from scorer_groups.api_models import BACKFILL_ENDED, BackfillCreate
 from tests.support.harness import WorkerProcess, catalog_db, read_topic, worker_env
 from tests.support.redis_clients import connect

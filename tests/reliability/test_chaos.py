@@ -56,9 +56,9 @@ from aiokafka.admin import AIOKafkaAdminClient, NewTopic
 from redis.asyncio import Redis
 
 from adapters.stores.claims import Claims
-from deploy.judge_server import Behaviour, JudgeServer
-from deploy.redis_servers import LocalRedis
-from deploy.services import LocalKafka
+from devtools.judge_server import Behaviour, JudgeServer
+from devtools.redis_servers import LocalRedis
+from devtools.services import LocalKafka
 from scoring.judge_prompt import ANSWER_MAX_TOKENS, MESSAGE_OVERHEAD_TOKENS
 from scoring.models import Judge
 from scoring.ports import TokenUsage

@@ -48,9 +48,9 @@ from redis.asyncio.cluster import RedisCluster
 
 from adapters.stores import keys
 from adapters.stores.claims import Claims
-from deploy.judge_server import Behaviour, JudgeServer
-from deploy.redis_servers import LocalRedis, LocalRedisCluster
-from deploy.services import LocalKafkaCluster
+from devtools.judge_server import Behaviour, JudgeServer
+from devtools.redis_servers import LocalRedis, LocalRedisCluster
+from devtools.services import LocalKafkaCluster
 from scoring.claim_request import day_of
 from services.groups import MonitorClient
 from tests.support.chaos import RatingsTail, Workers, commit_lag, read_everything, wait_committed

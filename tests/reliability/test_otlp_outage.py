@@ -16,8 +16,8 @@ from typing import Any
 import pytest
 from redis.asyncio import Redis
 
-from deploy.judge_server import JudgeServer
-from deploy.redis_servers import LocalRedis
+from devtools.judge_server import JudgeServer
+from devtools.redis_servers import LocalRedis
 from services.groups import MonitorClient
 from tests.support.harness import WorkerProcess, produce, read_topic, worker_env
 from tests.support.otlp_records import Telemetry, records, span, trace_hex

@@ -22,8 +22,8 @@ import orjson
 import pytest
 from redis.asyncio import Redis
 
-from deploy.redis_servers import LocalRedis
-from deploy.services import LocalKafka
+from devtools.redis_servers import LocalRedis
+from devtools.services import LocalKafka
 from services.groups import MonitorClient
 from tests.support.harness import WorkerProcess, produce, read_topic, worker_env
 from tests.support.redis_clients import connect

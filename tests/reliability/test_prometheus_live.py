@@ -1,6 +1,6 @@
 """The dashboard and the alert rules, proven on a real Prometheus scraping a real worker.
 
-Debian's ``prometheus`` (with ``promtool``; deploy/bootstrap.sh installs it) runs on a free
+Debian's ``prometheus`` (with ``promtool``; devtools/bootstrap.sh installs it) runs on a free
 loopback port with its storage in the test's temporary folder, scraping every second a worker
 and an API process on the real broker and Redis, with the alert rules of deploy/prometheus
 loaded. The traffic is chosen so that every panel has something to show: traces rated and
@@ -37,8 +37,8 @@ import orjson
 import pytest
 import yaml
 
-from deploy.judge_server import Behaviour, JudgeServer
-from deploy.processes import free_port
+from devtools.judge_server import Behaviour, JudgeServer
+from devtools.processes import free_port
 from tests.support.api_process import ApiProcess
 from tests.support.harness import WorkerProcess, catalog_db, produce, read_topic, worker_env
 from tests.support.http_fakes import Reply, ScriptedServer
@@ -72,7 +72,7 @@ ONLINE = {"enabled": True, "sampleRate": 1.0, "alertThreshold": 5, "severity": "
 
 def tool(name: str) -> str:
     path = shutil.which(name)
-    assert path, f"{name} not found: run deploy/bootstrap.sh (installs Debian's prometheus package)"
+    assert path, f"{name} not found: run devtools/bootstrap.sh (installs Debian's prometheus package)"
     return path
 
 

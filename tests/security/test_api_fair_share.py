@@ -27,7 +27,7 @@ from typing import Any
 import httpx
 import pytest
 
-from deploy.judge_server import Behaviour, JudgeServer
+from devtools.judge_server import Behaviour, JudgeServer
 from tests.support.api_process import ApiProcess, create_key
 from tests.support.redis_databases import RedisDatabases
 

@@ -22,7 +22,7 @@ import httpx
 import pytest
 
 from adapters.stores import keys
-from deploy.judge_server import JudgeServer
+from devtools.judge_server import JudgeServer
 from scorer_groups import Client
 from tests.support.api_process import ApiProcess, api_with_judge, cli, create_key
 from tests.support.redis_clients import connect_sync

@@ -15,8 +15,8 @@ from typing import TYPE_CHECKING
 
 import httpx
 
-from deploy.judge_server import JudgeServer
-from deploy.processes import free_port
+from devtools.judge_server import JudgeServer
+from devtools.processes import free_port
 
 if TYPE_CHECKING:
     from tests.support.redis_databases import RedisDatabases

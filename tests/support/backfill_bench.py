@@ -27,7 +27,7 @@ from consumers.events import Silent
 from consumers.outage import OutageGuard
 from consumers.outputs import BACKFILL, BACKFILL_ALERTING, Outputs, PublishPolicy, TopicNames
 from consumers.pair_protocol import PairProtocol
-from deploy.judge_server import JudgeServer
+from devtools.judge_server import JudgeServer
 from scorer_groups.api_models import BACKFILL_ENDED, BackfillCreate, BackfillJob
 from scoring.catalog import CatalogSnapshot
 from scoring.models import Pattern, ScorerGroup

@@ -18,7 +18,7 @@ import pytest
 from aiokafka import AIOKafkaProducer
 
 from adapters.stores.ratings import RatingsStore
-from deploy.judge_server import JudgeServer
+from devtools.judge_server import JudgeServer
 from scorer_groups import Client
 from scorer_groups.documents import MemberVerdict, Rating
 from scoring.results import HistoryEntry
@@ -46,7 +46,7 @@ LOOPBACK_ONLY = [
 def browser() -> Iterator[Any]:
     if not (CHROMIUM and CHROMEDRIVER):
         pytest.skip("no chromium/chromedriver here (Debian: apt-get install chromium chromium-driver; "
-                    "deploy/bootstrap.sh installs them)")
+                    "devtools/bootstrap.sh installs them)")
     options = webdriver.ChromeOptions()
     options.binary_location = CHROMIUM
     for flag in LOOPBACK_ONLY:

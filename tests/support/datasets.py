@@ -11,7 +11,7 @@ from typing import Any
 from adapters.members.http import RetryPolicy
 from adapters.members.judge import JudgeClient
 from adapters.stores.catalog import CatalogStore
-from deploy.judge_server import JudgeServer
+from devtools.judge_server import JudgeServer
 from scoring.dataset import DatasetRow, grade_rows, plan_grading
 from scoring.panel import Panel
 from tests.support.harness import ROOT

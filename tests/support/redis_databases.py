@@ -18,7 +18,7 @@ from collections.abc import Iterator
 from redis import Redis
 from redis.exceptions import ResponseError
 
-from deploy.redis_servers import LocalRedisCluster
+from devtools.redis_servers import LocalRedisCluster
 
 DEFAULT_DATABASES = 16  # Redis's own default, when the server will not say (CONFIG refused)
 

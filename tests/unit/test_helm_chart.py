@@ -2,7 +2,7 @@
 values, a secured-Kafka values file, and everything switched on - into objects that validate
 against the Kubernetes schemas (kubernetes-validate's, shipped in its package: offline), use only
 settings that exist, probe /readyz and /healthz, and give the worker a grace period longer than
-its own shutdown watchdog. Helm is built once by deploy/bootstrap.sh (``go install``, pinned)."""
+its own shutdown watchdog. Helm is built once by devtools/bootstrap.sh (``go install``, pinned)."""
 
 from __future__ import annotations
 
@@ -27,7 +27,7 @@ EVERYTHING = ["--set", "autoscaling.keda.enabled=true", "--set", "secrets.SGW_RE
 
 
 def render(*args: str) -> list[dict[str, Any]]:
-    assert HELM.is_file(), "run deploy/bootstrap.sh (./dev test does): it builds helm into .tools/"
+    assert HELM.is_file(), "run devtools/bootstrap.sh (./dev test does): it builds helm into .tools/"
     done = subprocess.run([str(HELM), "template", "sgw", str(CHART), *args], capture_output=True, text=True,
                           timeout=120)
     assert done.returncode == 0, done.stderr

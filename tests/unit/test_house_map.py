@@ -21,7 +21,7 @@ from tests.support.source_trees import parse
 ROOT = Path(__file__).resolve().parents[2]
 PAGE = ROOT / "docs" / "development.md"
 SECTION = "## A map of the house"
-FLOORS = ("deploy/", "worker/", "services/", "consumers/", "adapters/", "scoring/", "sdk/")
+FLOORS = ("deploy/", "devtools/", "worker/", "services/", "consumers/", "adapters/", "scoring/", "sdk/")
 FEATURES = (
     "Live trace scoring", "Session scoring", "Span scope", "Filters and routing", "Sampling",
     "Budgets and claims", "The outbox and publishing", "Webhooks and alert channels", "Incidents",
@@ -142,7 +142,7 @@ def test_the_walk_points_at_the_code_step_by_step() -> None:
 def test_kafka_is_polled_in_the_two_modules_that_say_so() -> None:
     """Consuming (a group's partitions, ``consumers/loop.py``) and reading back a fixed
     range (no group, ``consumers/range_reads.py``) are the two ways the service reads Kafka; a
-    third poll elsewhere in the service is a concept said twice. (``deploy/demo.py`` tails the
+    third poll elsewhere in the service is a concept said twice. (``devtools/demo.py`` tails the
     output topics for a person watching the demo: not the service.)"""
     polling: set[str] = set()
     for floor in ("consumers", "worker", "services", "adapters", "scoring"):

@@ -11,7 +11,7 @@ import pytest
 
 from adapters.members.http import RetryPolicy
 from adapters.members.judge import JudgeClient
-from deploy.judge_server import Behaviour, JudgeServer
+from devtools.judge_server import Behaviour, JudgeServer
 from scoring.judge_prompt import SESSION_QUESTION, parse_verdict
 from scoring.models import Judge
 from scoring.ports import MemberError

@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 from pydantic import ValidationError
 
-from deploy.judge_server import JudgeServer
+from devtools.judge_server import JudgeServer
 from scorer_groups.review_queues import ScoreCard
 from scoring.catalog import CatalogSnapshot
 from scoring.errors import field_errors

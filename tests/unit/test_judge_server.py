@@ -16,7 +16,7 @@ from typing import Any
 import httpx
 import pytest
 
-from deploy.judge_server import Behaviour, JudgeServer
+from devtools.judge_server import Behaviour, JudgeServer
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -240,7 +240,7 @@ def test_models_unknown_paths_and_bad_request_bodies(judge: JudgeServer) -> None
 
 
 def test_runs_as_a_process_and_exits_cleanly_on_sigterm() -> None:
-    proc = subprocess.Popen([sys.executable, "-m", "deploy.judge_server", "--port", "0"], cwd=ROOT,
+    proc = subprocess.Popen([sys.executable, "-m", "devtools.judge_server", "--port", "0"], cwd=ROOT,
                             stdout=subprocess.PIPE, text=True, env={**os.environ, "PYTHONUNBUFFERED": "1"})
     try:
         assert proc.stdout is not None

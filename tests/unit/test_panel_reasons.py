@@ -16,7 +16,7 @@ from adapters.members.external import ExternalClient
 from adapters.members.http import RetryPolicy
 from adapters.members.judge import JudgeClient
 from adapters.members.sandbox import SandboxPool
-from deploy.judge_server import Behaviour, JudgeServer
+from devtools.judge_server import Behaviour, JudgeServer
 from scoring.catalog import CatalogSnapshot
 from scoring.models import CustomEvaluator, Pattern
 from scoring.panel import Panel

@@ -62,7 +62,7 @@ def test_the_settings_carry_the_table_and_a_currency_code() -> None:
 async def test_a_judge_members_usage_and_call_record_carry_the_exact_cost_and_null_when_unpriced() -> None:
     from adapters.members.http import RetryPolicy
     from adapters.members.judge import JudgeClient
-    from deploy.judge_server import JudgeServer
+    from devtools.judge_server import JudgeServer
     from scoring.judge_calls import call_document
     from scoring.models import Judge
     from scoring.panel import Panel

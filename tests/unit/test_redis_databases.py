@@ -8,7 +8,7 @@ import contextlib
 import pytest
 from redis import Redis
 
-from deploy.redis_servers import LocalRedis
+from devtools.redis_servers import LocalRedis
 from tests.support.redis_databases import RedisDatabases
 
 

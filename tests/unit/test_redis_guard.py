@@ -7,7 +7,7 @@ from collections.abc import Iterator
 import pytest
 from redis import Redis
 
-from deploy.redis_servers import LocalRedis
+from devtools.redis_servers import LocalRedis
 from tests.support.redis_guard import MAY_WIPE, RedisNotOurs, refuse_foreign_keys
 
 

@@ -11,7 +11,7 @@ import pytest
 
 from adapters.members.http import RetryPolicy
 from adapters.members.judge import JudgeClient, RequestShape
-from deploy.judge_server import Behaviour, JudgeServer
+from devtools.judge_server import Behaviour, JudgeServer
 from scoring.models import Judge, JudgeExample
 from scoring.panel import Panel
 from scoring.ports import BudgetExhausted, TokenUsage

@@ -7,8 +7,8 @@ import time
 import httpx
 import orjson
 
-from deploy.demo import local_channels
-from deploy.webhook_receiver import WebhookReceiver
+from devtools.demo import local_channels
+from devtools.webhook_receiver import WebhookReceiver
 from scorer_groups import signing
 
 SECRET = "whsec_MDEyMzQ1Njc4OWFiY2RlZjAxMjM0NTY3"

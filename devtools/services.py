@@ -1,20 +1,20 @@
 """Local Apache Kafka for development and tests, on loopback, and the command that starts it with
-Redis (``deploy.redis_servers``).
+Redis (``devtools.redis_servers``).
 
 This module owns how a broker starts, how we know it is ready, and how it stops. Tests reach it
 through the session fixtures in ``tests/conftest.py``; people reach it through ``python -m
-deploy.services run -- COMMAND`` (start Kafka and Redis, run COMMAND with
+devtools.services run -- COMMAND`` (start Kafka and Redis, run COMMAND with
 ``SGW_KAFKA_BOOTSTRAP`` and ``SGW_REDIS_URL`` set, stop both).
 
 Kafka is the real broker: a single-node KRaft server (broker and controller in one JVM) run
-from the jars that ``deploy/kafka/pom.xml`` resolves from Maven Central. It takes free ports
+from the jars that ``devtools/kafka/pom.xml`` resolves from Maven Central. It takes free ports
 chosen at start and keeps its data in a temporary folder that is removed on stop. A broker can
 also crash on purpose and come back (``LocalKafka.kill`` then ``restart``: same ports, same
 data), for the chaos test.
 
 ``LocalKafkaCluster`` is three such nodes in one KRaft quorum (``run --kafka-nodes 3``): the
 replicated cluster production runs, where a broker fails over under load. ``run --redis-cluster``
-starts a Redis Cluster instead of one server (``deploy.redis_servers``).
+starts a Redis Cluster instead of one server (``devtools.redis_servers``).
 """
 
 from __future__ import annotations
@@ -34,9 +34,9 @@ import time
 import uuid
 from pathlib import Path
 
-from deploy.kafka_security import NAME as SECURED
-from deploy.kafka_security import SecuredListener
-from deploy.processes import (
+from devtools.kafka_security import NAME as SECURED
+from devtools.kafka_security import SecuredListener
+from devtools.processes import (
     BIND_ATTEMPTS,
     STOP_TIMEOUT_S,
     PortTaken,
@@ -49,11 +49,11 @@ from deploy.processes import (
     stop_process,
     tail,
 )
-from deploy.redis_servers import LocalRedis, LocalRedisCluster
+from devtools.redis_servers import LocalRedis, LocalRedisCluster
 
-DEPLOY_DIR = Path(__file__).resolve().parent
-KAFKA_POM = DEPLOY_DIR / "kafka" / "pom.xml"
-KAFKA_LIBS = DEPLOY_DIR / "kafka" / "target" / "libs"
+HERE = Path(__file__).resolve().parent
+KAFKA_POM = HERE / "kafka" / "pom.xml"
+KAFKA_LIBS = HERE / "kafka" / "target" / "libs"
 # Written after a successful resolve; holds the pom's hash so an edited pom resolves again.
 KAFKA_LIBS_STAMP = KAFKA_LIBS / ".pom-sha256"
 
@@ -83,7 +83,7 @@ def ensure_kafka_jars() -> Path:
     if KAFKA_LIBS_STAMP.exists() and KAFKA_LIBS_STAMP.read_text().strip() == pom_hash:
         return KAFKA_LIBS
     if shutil.which("mvn") is None:
-        raise ServiceError("Maven (mvn) is not installed; run deploy/bootstrap.sh first")
+        raise ServiceError("Maven (mvn) is not installed; run devtools/bootstrap.sh first")
     if KAFKA_LIBS.exists():
         shutil.rmtree(KAFKA_LIBS)
     result = subprocess.run(
@@ -118,7 +118,7 @@ class LocalKafka:
     def __init__(self, partitions: int = 1, *, node_id: int = 1, voters: str = "", replicas: int = 1,
                  heap: list[str] | None = None, secured: SecuredListener | None = None) -> None:
         self.partitions = partitions
-        self.secured = secured  # a SASL_SSL listener beside the PLAINTEXT one (deploy/kafka_security.py)
+        self.secured = secured  # a SASL_SSL listener beside the PLAINTEXT one (devtools/kafka_security.py)
         self.node_id = node_id
         self.voters = voters  # "1@127.0.0.1:port,2@...": a static controller quorum of several nodes
         self.replicas = replicas  # of the internal topics (offsets, transactions)
@@ -145,7 +145,7 @@ class LocalKafka:
     def prepare(self, port: int, controller_port: int, cluster_id: str) -> None:
         """Choose the ports, write the configuration and format the storage (not started yet)."""
         if shutil.which("java") is None:
-            raise ServiceError("Java is not installed; run deploy/bootstrap.sh first")
+            raise ServiceError("Java is not installed; run devtools/bootstrap.sh first")
         ensure_kafka_jars()
         self.workdir = Path(tempfile.mkdtemp(prefix="sgw-kafka-"))
         self.port, self.controller_port = port, controller_port
@@ -357,7 +357,7 @@ def _run(command: list[str], kafka_nodes: int = 1, redis_cluster: bool = False) 
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m deploy.services", description=__doc__,
+    parser = argparse.ArgumentParser(prog="python -m devtools.services", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = parser.add_subparsers(dest="action", required=True)
     sub.add_parser("jars", help="resolve Kafka's jars from Maven Central")

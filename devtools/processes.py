@@ -1,5 +1,5 @@
 """Local services as processes: choosing their ports, starting them on free ones, reading their
-logs, stopping them. Shared by the Kafka (``deploy.services``) and Redis (``deploy.redis_servers``)
+logs, stopping them. Shared by the Kafka (``devtools.services``) and Redis (``devtools.redis_servers``)
 launchers."""
 
 from __future__ import annotations

@@ -1,8 +1,8 @@
 """Runs one of the walkthroughs in ``examples/eval_deep_dive/`` against the local stack:
 ``./dev example 09`` (or ``10``).
 
-Needs SGW_KAFKA_BOOTSTRAP and SGW_REDIS_URL (``python -m deploy.services run -- ...`` sets
-them). It starts, on loopback, the local judge server (deploy/judge_server.py: it rates by the
+Needs SGW_KAFKA_BOOTSTRAP and SGW_REDIS_URL (``python -m devtools.services run -- ...`` sets
+them). It starts, on loopback, the local judge server (devtools/judge_server.py: it rates by the
 ``[[rating@model=N]]`` markers the examples' answers carry), ``scorer-worker api`` with an API
 key for the project ``demo``, and ``scorer-worker run`` on topics of this run; then runs the
 example as a user would (a separate Python process that knows only the API's URL and key, and
@@ -22,8 +22,8 @@ from pathlib import Path
 
 import httpx
 
-from deploy.judge_server import JudgeServer
-from deploy.processes import free_port
+from devtools.judge_server import JudgeServer
+from devtools.processes import free_port
 
 ROOT = Path(__file__).resolve().parents[1]
 EXAMPLES = {"09": ROOT / "examples" / "eval_deep_dive" / "09_scorer_groups.py",

@@ -1,7 +1,7 @@
 """The demo behind `./dev demo`, the product tour: the real worker on sample traffic, and
 the API with its console beside it.
 
-Needs SGW_KAFKA_BOOTSTRAP and SGW_REDIS_URL (``python -m deploy.services run -- ...`` sets
+Needs SGW_KAFKA_BOOTSTRAP and SGW_REDIS_URL (``python -m devtools.services run -- ...`` sets
 them). Its steps:
 
 1. apply ``deploy/catalog.example.yaml`` (alert channels pointed at a local receiver that
@@ -39,9 +39,9 @@ from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
 from redis.asyncio import Redis
 
 from adapters.stores.apikeys import ApiKeyStore
-from deploy.judge_server import JudgeServer
-from deploy.processes import free_port
-from deploy.webhook_receiver import WebhookReceiver
+from devtools.judge_server import JudgeServer
+from devtools.processes import free_port
+from devtools.webhook_receiver import WebhookReceiver
 from scoring.filters import routing_headers
 from scoring.models import Budget
 from scoring.subjects import Trace
@@ -54,7 +54,7 @@ ROOT = Path(__file__).resolve().parents[1]
 CATALOG = ROOT / "deploy" / "catalog.example.yaml"
 
 # (project, agent, question, answer) - the judge server rates by the [[rating=N]] marker.
-# The example channels' URLs are replaced by a local receiver's (deploy/webhook_receiver.py):
+# The example channels' URLs are replaced by a local receiver's (devtools/webhook_receiver.py):
 # the demo reaches loopback only, and every delivery shows up as a RECEIVED line, verified.
 SAMPLES = [
     ("shop-support", "support-bot", "Where is my order #1042?",

@@ -27,8 +27,8 @@ from pathlib import Path
 from redis import Redis
 from redis.exceptions import RedisError
 
-from deploy.certificates import Certificates, make_certificates
-from deploy.processes import (
+from devtools.certificates import Certificates, make_certificates
+from devtools.processes import (
     STOP_TIMEOUT_S,
     PortTaken,
     ServiceError,
@@ -73,7 +73,7 @@ class RedisTls:
 
 class LocalRedis:
     """Debian's redis-server on loopback, no persistence. ``cluster_args``: a Redis Cluster node's
-    options (``deploy.redis_servers``); its cluster bus then takes a free port of its own.
+    options (``devtools.redis_servers``); its cluster bus then takes a free port of its own.
     ``tls``: TLS and an ACL user (a single server)."""
 
     def __init__(self, cluster_args: tuple[str, ...] = (), tls: RedisTls | None = None) -> None:
@@ -104,7 +104,7 @@ class LocalRedis:
     def _launch(self) -> LocalRedis:
         binary = shutil.which("redis-server") or "/usr/bin/redis-server"
         if not Path(binary).exists():
-            raise ServiceError("redis-server is not installed; run deploy/bootstrap.sh first")
+            raise ServiceError("redis-server is not installed; run devtools/bootstrap.sh first")
         assert self.workdir is not None
         listen = (self.tls.server_arguments(self.port, cluster=bool(self.cluster_args)) if self.tls
                   else ["--port", str(self.port)])

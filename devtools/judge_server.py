@@ -17,7 +17,7 @@ first out, with ``Behaviour`` constructors:
         judge.script(Behaviour.status(429, retry_after=1), Behaviour.content("not json"))
         ...  # the next two requests get a 429, then prose; later ones the deterministic default
 
-As a process (for the demo): ``python -m deploy.judge_server --port 0`` prints
+As a process (for the demo): ``python -m devtools.judge_server --port 0`` prints
 ``judge server listening on http://127.0.0.1:<port>/v1`` and serves until SIGTERM or SIGINT.
 """
 

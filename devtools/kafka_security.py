@@ -1,5 +1,5 @@
 """A SASL_SSL listener for the local broker, as managed Kafka offers (the tests of secured Kafka):
-a CA and a broker certificate (deploy/certificates.py), SCRAM-SHA-256/512 users made when the storage
+a CA and a broker certificate (devtools/certificates.py), SCRAM-SHA-256/512 users made when the storage
 is formatted, and PLAIN users in the listener's configuration. The broker keeps its PLAINTEXT
 listener beside it, so a test can set things up and look at topics without credentials."""
 
@@ -8,7 +8,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from deploy.certificates import Certificates, make_certificates
+from devtools.certificates import Certificates, make_certificates
 
 NAME = "SECURED"  # the listener's name in the broker's configuration
 SCRAM_MODULE = "org.apache.kafka.common.security.scram.ScramLoginModule"

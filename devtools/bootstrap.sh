@@ -7,8 +7,8 @@
 # with the pinned versions of constraints.txt, helm (built from its Go module, for the chart's
 # tests), and Kafka's jars from Maven Central.
 #
-#   deploy/bootstrap.sh        everything (./dev test)
-#   deploy/bootstrap.sh run    what running the product needs (./dev demo, ./dev example): no image
+#   devtools/bootstrap.sh        everything (./dev test)
+#   devtools/bootstrap.sh run    what running the product needs (./dev demo, ./dev example): no image
 #                              wheels, no helm - those are the test suite's
 # Installers' output goes to .bootstrap.log and is shown only when a step fails.
 set -euo pipefail
@@ -89,7 +89,7 @@ if [ "$purpose" = all ] && { [ ! -x .tools/helm ] || [ "$(cat .tools/helm.versio
   echo "$helm_version" > .tools/helm.version
 fi
 
-.venv/bin/python -m deploy.services jars >/dev/null
+.venv/bin/python -m devtools.services jars >/dev/null
 
 # The per-trace path compiled with mypyc (deploy/compiled.py): built again only when a source it
 # was made from changed; SGW_INTERPRETED=1 removes it and runs the sources.
