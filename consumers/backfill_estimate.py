@@ -1,25 +1,8 @@
-"""A backfill's estimate before it spends anything: ``dryRun``, the CLI's ``--estimate``,
-the console before its Start button.
+"""A backfill's estimate before it spends anything: ``dryRun``, the CLI's ``--estimate``, the console's Start.
 
-1. the window's ranges of the traces topic, per partition - the job's own plan
-   (``backfill_plan.plan_ranges``);
-2. a bounded read of them: at most ``limit`` records, in runs spread evenly over each range (a
-   partition's share of the read by its share of the records), so the read costs the same
-   whatever the window's size; each record stamped in the window decoded and routed as the job
-   would route it (the group's filter within its per-trace regex time, the job's sample): the
-   project's traces and its pairs - in slices, the event loop given back every ``SLICE_S``, as
-   the live loop routes (a tenant's hostile filter costs its own estimate's time, not the API's);
-3. when the read took every record of the ranges, that is the answer (exact). Else it is scaled
-   by the project's own traffic in the window - its records as the live loop counted them by
-   hour (``RatingsStore.traffic``) - never by the shared topic's records, which would tell a
-   tenant how much the others send: the project's pairs per trace read times its traces, with
-   the sample's error (95%: 1.96 standard errors, the runs being the sample's units - records
-   close together are alike - with the finite-population correction);
-4. the judge calls, tokens and cost per pair from the group's recent averages (its history of
-   the last 30 days: the calls its results made and what they cost), or - without any - its
-   panel's planned calls and their ceilings (the most they can cost).
-
-Nothing is claimed, reserved or called: a dry run spends no judge call.
+The one rule: nothing is claimed, reserved or called, and an estimate is scaled by the project's own
+traffic, never the shared topic's (which would tell a tenant how much the others send).
+The steps: docs/design-notes.md.
 """
 
 from __future__ import annotations

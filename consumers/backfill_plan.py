@@ -1,15 +1,8 @@
-"""A backfill's plan: the range of the traces topic its window covers, per
-partition, found by record time (offsets-for-times, the broker's index: one request per bound).
+"""A backfill's plan: the range of the traces topic its window covers, per partition, found by record time.
 
-- It starts at the first record stamped at or after ``from``: no record of the window is before.
-- It ends at the first record stamped an hour or more after ``to`` (``LATE_S``): records are
-  not always in time order (a producer's clock, a trace sent late), and a broker that keeps
-  ``log.message.timestamp.after.max.ms`` at its default accepts no record stamped more than an
-  hour ahead of its arrival. The reader keeps the records stamped within the window.
-- It ends no later than the live consumer group's committed offsets: what live scoring has not
-  done yet is live scoring's (its Signals and deliveries), not a backfill's.
-- A window that starts before what the topic still keeps (its retention) starts at the earliest
-  record there is, and the plan says so: the job answers with what is still there.
+Offsets-for-times, the broker's index: one request per bound. The one rule: the range ends no later than
+the live consumer group's committed offsets - what live scoring has not done yet is live scoring's.
+The bounds: docs/design-notes.md.
 """
 
 from __future__ import annotations

@@ -1,31 +1,9 @@
-"""The incident watcher: every worker runs one, over the groups of its share of the
-fleet's background work (``consumers.fleet_share``: each group watched by one worker); for each
-live group that alerts on its level (``alertMode`` window or drift, or ``alertNoScoreRate``) and
-had live traffic in its window or has an incident open (``RatingsStore.active``: the others have
-nothing to judge), each tick:
+"""The incident watcher: every worker watches the groups of its share of the fleet's background work.
 
-1. read the group's last window from the shared ratings history (every worker reads the same);
-2. drift: learn the windows closed since the last one learned into the group's level, in order
-   (after the fleet was away, up to ``CATCH_UP_WINDOWS`` of them), unless a drift incident is
-   open: its windows pass unlearned (a drop must not become the new normal);
-3. for each reason watched: an event a worker moved and did not acknowledge is published
-   again once stale (it died in between: the same ids, deduplicated downstream), and until then
-   the watch does not move; then judge the window (``scoring.incidents``) and, if the watch
-   opens or resolves, move it - once per fleet: the store moves it only from the version this
-   worker read - and publish the incident's Signal and one delivery per channel: at opening,
-   the channels of the agents the group rated in the window (else every channel of its
-   project); at resolution, the opening's channels;
-4. export whether each watch has an incident open;
-5. an incident open on a watch no longer watched (the group disabled, deleted, or no longer
-   alerting for that reason) resolves: nobody is left paged for what is no longer judged (a
-   watch of another worker's share is that worker's to judge).
-
-The agreement watch (``alertMinAgreement``) judges a window of labels, not of time: before the
-groups, the tick reads the newest labelled review items of its share's groups
-(``consumers.label_windows``) and exports each judge's agreement with people (a gauge); a group
-with labels is judged even without live traffic, over the items labelled since its watch last
-moved: an incident resolves on labels given after it opened, and opens again only on labels given
-after it resolved (the old ones said what they had to say).
+Judging is ``scoring.incidents``'s; this loop reads the windows, moves the watches and publishes. The one
+rule: a watch moves once per fleet (the store moves it only from the version this worker read), and an
+event moved but not acknowledged is published again, with the same ids, before the watch moves on.
+The tick's steps: docs/design-notes.md.
 """
 
 from __future__ import annotations

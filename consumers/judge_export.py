@@ -1,19 +1,7 @@
 """Judge calls exported as OpenTelemetry spans over OTLP/HTTP (``SGW_JUDGE_TRACE_EXPORT=otlp``).
 
-Telemetry, not a result: it must never hold up scoring nor grow without bound.
-
-1. Take: the outputs hand over each published result's calls (``add``, no await); they wait
-   in a queue bounded in spans and in characters (a span holds its call's texts) - when it is
-   full, the oldest are dropped and counted.
-2. Send: every ``interval_s``, or as soon as a batch is full, up to ``batch`` spans go in one
-   POST of an ``ExportTraceServiceRequest`` (protobuf), as the OTLP/HTTP exporters send it. A
-   batch is small (building one is CPU on the event loop every trace in flight shares), and the
-   loop yields between batches.
-3. Outcome: a 2xx counts them sent; a 429 or 5xx is tried once more after a pause; anything else
-   (or the second failure) drops the batch, counted and logged at most once a minute.
-4. Stop: told after the trace loop has drained (the worker's last results have calls too), what
-   is queued is sent within the deadline for background loops; whatever is left then, or comes
-   after, is counted dropped.
+The one rule: telemetry, not a result - it must never hold up scoring nor grow without bound (a bounded
+queue whose oldest spans are dropped and counted). Take, send, outcome, stop: docs/design-notes.md.
 """
 
 from __future__ import annotations

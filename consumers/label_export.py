@@ -1,17 +1,7 @@
-"""The labels' exporter: every version of every review label goes on the labels topic
-(``SGW_LABELS_TOPIC``, keyed by item), for the team's warehouse.
+"""The labels' exporter: every version of every review label goes on the labels topic, for the team's warehouse.
 
-A label is kept in Redis, and put in its queue's outbox (a stream), by the one script that
-answers the reviewer (``adapters.stores.review_items``); the API never talks to Kafka. Every
-worker runs an exporter over the queues of its share of the fleet (``consumers.fleet_share``),
-each tick:
-
-1. the queues marked as having labels to export (one read of one set, whatever the catalog);
-2. for each of this worker's: its oldest label versions, sent and acknowledged by the broker;
-3. only then out of the outbox (a worker that dies between 2 and 3 sends them again: a
-   consumer dedupes on the item, reviewer key and version the label carries);
-4. every ``LABELS_SWEEP_S``, this worker's queues of the catalog are looked at once more, so that
-   a mark lost to a crash after a label's script delays its export, never loses it.
+The one rule: a label leaves its queue's outbox only after the broker acknowledged it (at-least-once: a
+consumer dedupes on the item, reviewer key and version). The tick's steps: docs/design-notes.md.
 """
 
 from __future__ import annotations

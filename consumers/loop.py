@@ -1,25 +1,9 @@
-"""The one loop over a Kafka topic: the trace loop, the OTLP intake and the webhook sender are
-each a ``Step`` plugged into a ``PartitionLoop``.
+"""The one loop over a Kafka topic: the trace loop, the OTLP intake and the webhook sender each plug in a ``Step``.
 
-Each turn of the loop:
-
-1. make room: ask the step how many records it can take now; none means every assigned
-   partition is paused until the step frees room (``freed``) or a commit is due, polling
-   meanwhile only as often as staying in the consumer group needs;
-2. fetch a batch (``getmany``) no larger than that room nor ``max_batch``, waiting out a broker
-   outage (``consumers.outage``);
-3. hand out tickets: every record of a partition still assigned gets its offset ticket before
-   the first await - a rebalance runs during awaits, and a record must never be tracked under a
-   partition that was already given away;
-4. the step's own work on the batch (``Step.take``); the step finishes each record's ticket once
-   the record's work is done, or sends it to the dead-letter topic with ``dead_letter``;
-5. on the commit timer: the step's periodic work (``Step.tick``), then commit, per partition,
-   the offset below which every record is finished.
-
-**One rule for a failed commit**, in every loop: it is retried on the next tick and is an outage
-of the broker - reported after a few ticks (``outage``, hence ``/readyz``), and past the outage
-tolerance an ``OutageTooLong``, like any dependency away too long. Never a raise on the first
-failure: a rebalance or a broker bounce under a commit is ordinary.
+Every record of a partition still assigned gets its offset ticket before the first await, and only the
+offset below which every record is finished is committed. The one rule for a failed commit: an outage of
+the broker, retried on the next tick, never a raise on the first failure. The turn's steps:
+docs/design-notes.md.
 """
 
 from __future__ import annotations

@@ -1,28 +1,9 @@
 """OpenTelemetry in: the Collector's Kafka exporter output, assembled into traces.
 
-Two loops share a Redis assembly buffer (``adapters.stores.otlp_buffer``):
-
-The **span loop**, the OTLP step of a ``consumers.loop.PartitionLoop``, per batch of records:
-
-1. fetch a batch (the loop's);
-2. decode every record (``otlp_proto`` or ``otlp_json``) and map its spans
-   (``scoring.otlp.mapping``); a record that is not OTLP, or whose spans lack a project or valid ids,
-   goes to the dead-letter topic with the reason (its other spans are still buffered);
-3. buffer the spans: one pipelined Redis round trip; when the buffer is over its total bound,
-   hold the partitions (``PartitionLoop.hold``), wait for the flush loop to make room, and try
-   again (nothing is dropped); a record
-   whose project is over its own share is dead-lettered (``over_quota``), so one tenant never
-   holds up the others;
-4. only then are the batch's records finished, and their offsets committable (committed by the
-   loop on its timer): a crash before step 3 redelivers the records, and buffering them again
-   changes nothing.
-
-The **flush loop**, every ``flush_interval_s``: claim the due traces (atomically, under a lease),
-assemble each into a ``Trace``, publish it to the traces topic keyed by its trace id, and once
-the broker acknowledged, forget it in the buffer. A worker that dies between publish and finish
-lets the lease expire and another publishes the same trace id again; the traces pipeline's
-dedupe absorbs it. From the traces topic on, the trace is scored like any other (sampling,
-budget, dedupe).
+Two loops share a Redis assembly buffer: the span loop buffers spans, the flush loop assembles and
+publishes due traces. The one rule: a record is finished only once its spans are buffered, and a trace is
+forgotten only once the broker acknowledged it; a repeat is absorbed downstream. The steps:
+docs/design-notes.md.
 """
 
 from __future__ import annotations

@@ -1,23 +1,9 @@
-"""Riding out an outage of Redis or the broker inside the process, instead of exiting.
+"""Riding out an outage of Redis or the broker inside the process, instead of exiting: every loop's one outage rule.
 
-Kafka's and Redis's clients reconnect by themselves; what a loop must do is wait for them
-without losing or repeating work. ``OutageGuard.call`` runs one step that needs a dependency:
-when it fails with an error that means "unreachable for now", the step is retried with backoff
-(and jitter, so many workers do not retry in step) while the guard reports the outage - for
-``/readyz`` and a metric - and it is given up only once the outage has lasted longer than the
-tolerance. Every step retried this way must be safe to repeat: claims (a repeated claim finds
-its own lease and waits for it), done marks and history (idempotent writes), outputs
-(deterministic ids; the idempotent producer), dead letters.
-
-Errors that are not outages - a bug, bad data - are never retried here: they are raised at once.
-
-This module is the one outage rule of every loop (traces, OTLP, webhooks, the session sweep):
-
-- ``outage_of``: the dependency an error says is unreachable for now - wait for it
-  (``OutageGuard.call``), losing nothing;
-- ``not_the_subjects_fault``: an error the infrastructure raised (any Redis or Kafka error, an
-  outage past its tolerance) - the loop stops without committing, never dead-letters a trace
-  or drops a session for it; any other error raised while a subject was scored is the subject's.
+``outage_of``: the dependency an error says is away - wait for it (``OutageGuard.call``), losing nothing;
+``not_the_subjects_fault``: what the infrastructure raised - stop without committing. The one rule: a
+step retried here must be safe to repeat, and an error that is not an outage is raised at once.
+More: docs/design-notes.md.
 """
 
 from __future__ import annotations

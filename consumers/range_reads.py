@@ -1,15 +1,8 @@
-"""Reading a fixed range of offsets, outside any consumer group: the second of the two ways this
-service reads Kafka, and a different concept from the first.
+"""Reading a fixed range of offsets, outside any consumer group: the second of the service's two ways to read Kafka.
 
-- ``consumers.loop.PartitionLoop`` *consumes*: a member of a consumer group, partitions handed
-  to it by the group, offsets committed as work finishes, room and outages managed - the trace
-  loop, the OTLP intake, the webhook sender.
-- A ``RangeReader`` *reads back*: one partition's ``[start, end)``, with a consumer assigned by
-  hand and no group, committing nothing - so a reader never moves or waits on the live loop's
-  offsets. The backfill runner reads a job's planned range with it; the CLI reads the webhooks'
-  dead-letter topic as it stands now (``read_to_end``).
-
-Every ``getmany`` of the service is in one of these two modules.
+``consumers.loop.PartitionLoop`` consumes as a group member; a ``RangeReader`` reads one partition's
+``[start, end)`` back, assigned by hand, committing nothing. The one rule: every ``getmany`` of the
+service is in one of these two modules. More: docs/design-notes.md.
 """
 
 from __future__ import annotations

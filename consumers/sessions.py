@@ -1,29 +1,9 @@
 """The session sweep: judge whole conversations once they go quiet.
 
-Every ``interval_s``, for each project with live session-scope groups and conversations open
-(the fleet's index of them, kept as turns arrive; every ``FULL_SWEEP_S``, and at the start, every
-project with live session-scope groups - what the index may have missed):
-
-1. read the sessions quiet for at least the shortest ``idleSeconds`` of those groups, with
-   their turns;
-2. pick the (session, group) pairs due: quiet for the group's ``idleSeconds``, 2+ turns that
-   pass the group's filter (each turn is filtered alone, as a trace is; the group judges its
-   matching turns together), kept by the stable per-conversation sample;
-3. claim them in one round trip, keyed by the session *and its turn count*: a session already
-   judged at this length is skipped, one that grew is judged again; judge calls are reserved
-   from the same online budget as trace scoring;
-4. score the claimed pairs on the whole transcript, publish (rating, Signal, webhook
-   deliveries), record the verdicts (ratings history, session scores), then mark them done -
-   the pair protocol of ``consumers.pair_protocol``, which the trace loop follows too; a pair with a
-   member that failed while the process stood still, or that another worker took over, is left
-   to the next sweep (a pause is not a timeout: ``consumers.pauses``);
-5. drop from the index the sessions quiet past every group's idle time; a project with none left
-   leaves the index of projects with conversations open (unless turns came meanwhile).
-
-Every worker runs a sweeper; the claims make sure each (session, turns, group) is judged once.
-Redis or the broker away is waited out under the worker's one outage rule (``consumers.outage``,
-reported in ``/readyz``); past its tolerance the sweeper ends, and the worker with it. Any other
-failure costs one sweep: the next tick tries again.
+Every worker runs a sweeper; claims keyed by the session and its turn count make each (session, turns,
+group) judged once - a session that grew is judged again. The one rule: scoring follows the pair protocol
+(``consumers.pair_protocol``); an outage is waited out (``consumers.outage``), any other failure costs one
+sweep. The steps: docs/design-notes.md.
 """
 
 from __future__ import annotations

@@ -1,17 +1,7 @@
-"""The shadow sweep: a shadow group - a candidate judge beside its group, made by an
-alignment run - stops scoring at its ``shadowUntil`` (``scoring.routing`` skips it), and this
-sweep then takes it out of the catalog, with its candidate judge once no shadow uses it.
+"""The shadow sweep: a shadow group past its ``shadowUntil`` leaves the catalog, and its unused candidate judge too.
 
-Shared by the fleet, never a walk of the catalog, every ``SWEEP_S``:
-
-1. read which of this worker's groups had live traffic in the last two days
-   (``RatingsStore.active``: one round trip) - a shadow that scored is among them;
-2. those that are shadows past their time leave the catalog in one write (made again against
-   the newest catalog: only what is still a shadow past its time, and the candidate judges no
-   group of their project names any more).
-
-A shadow that never scored, or expired while no worker ran for two days, stays until its alignment
-run is promoted or its shadow stopped (``DELETE .../shadow``).
+``scoring.routing`` already skips it. The one rule: shared by the fleet, never a walk of the catalog -
+only groups with live traffic in the last two days are looked at. The steps: docs/design-notes.md.
 """
 
 from __future__ import annotations

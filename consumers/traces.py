@@ -1,25 +1,9 @@
 """The live loop: ingested traces in; ratings, Signals and webhook deliveries out.
 
-The trace step of a ``consumers.loop.PartitionLoop`` (which makes room, fetches, hands out
-offset tickets, dead-letters and commits). For each batch:
-
-1. decode it: malformed records go to the dead-letter topic with their reason; a record whose
-   routing headers show that no live group wants it is finished unparsed;
-2. route it: each live group's filter, then its stable sample; session-scope groups only record
-   the turn (``scoring.routing``);
-3. claim it: one pipelined Redis round trip dedupes every (group, trace) pair and reserves each
-   group's judge calls all or nothing (``PairProtocol.claim``);
-4. start one job for the batch: pairs that wait on nothing are scored, published and marked
-   done together; pairs that wait (judges, external scorers) each alone - the pair protocol of
-   ``consumers.pair_protocol`` either way;
-5. finish each trace with its last pair (dead-lettered if one of its pairs broke scoring).
-
-Flow control is this step's ``room``: at most ``max_in_flight`` traces in flight, holding at most
-``max_in_flight_bytes`` of records, and, with work in flight, a fetch only once an eighth of the
-room is free (a backlog then comes in batches that
-share their round trips). A job finishes its trace only once every output is acknowledged by the
-broker and its pair is marked done, so a commit never passes unfinished work (at-least-once), and
-a redelivered pair is skipped without spending budget again (no double spend).
+The trace step of a ``consumers.loop.PartitionLoop``: decode, route, claim, score, finish. The one rule:
+a trace is finished only once every output is acknowledged and its pairs are marked done, so a commit
+never passes unfinished work and a redelivered pair never spends budget again.
+The steps and the flow control: docs/design-notes.md.
 """
 
 from __future__ import annotations

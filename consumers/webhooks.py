@@ -1,30 +1,8 @@
 """The webhook sender: deliveries from the webhooks topic, POSTed to the agents' alert channels.
 
-1. Ingest (the sender's step of a ``consumers.loop.PartitionLoop``): a batch of records from
-   the webhooks topic is written to the durable schedule in
-   Redis (``adapters.stores.deliveries``) in one script call - malformed records go to the
-   webhooks dead-letter topic - and only then do their offsets become committable. A record
-   seen before (a redelivery) is not scheduled again.
-2. Dispatch: fresh deliveries are attempted at once; due retries are claimed from Redis every
-   ``poll_s`` by whichever worker is alive, so restarts and rebalances resume them.
-3. Isolation: every channel has its own lane - a few attempts at a time and a circuit breaker
-   (``scoring.webhooks.breaker``). A dead or slow channel fills only its own lane; what does not fit is
-   put back in the schedule without counting an attempt, so it never holds up another channel.
-   A channel is its project, agent and URL (``channel_id``): another project's channel to the
-   same agent and URL is another lane, and is never disabled for this one's answers.
-4. Outcome of an attempt: 2xx delivered; 3xx (redirects are not followed), 408, 429, 5xx and
-   transport failures are retried on the schedule (Retry-After honoured); 410 Gone disables the
-   channel; other 4xx are final. A final failure or an exhausted schedule goes to the dead-letter
-   topic with the attempt history (``scorer-worker webhooks replay`` sends it again). A channel
-   failing without a success for ``disable_after_s`` is disabled.
-
-A Redis or broker outage is waited out (``consumers.outage``): ingest stops fetching and the
-schedule's writes are retried, up to the outage tolerance; a failing offset commit is the
-loop's (tolerated the same way), never the end of the sender.
-
-Deliveries follow Standard Webhooks 1.0 (``scorer_groups.signing``): receivers verify
-``webhook-signature`` with the channel's ``whsec_`` secret and deduplicate on ``webhook-id``
-(the delivery's id, the same on every retry, redelivery and replay).
+Ingest, dispatch, outcome; deliveries follow Standard Webhooks 1.0 (``scorer_groups.signing``). The one
+rule: every channel (its project, agent and URL) has its own lane and circuit breaker, so a dead or slow
+channel never holds up another. The steps: docs/design-notes.md.
 """
 
 from __future__ import annotations

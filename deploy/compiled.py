@@ -5,27 +5,9 @@
     .venv/bin/python -m deploy.compiled clean    # back to interpreted: remove the built modules
     .venv/bin/python -m deploy.compiled export DIR    # the built extensions, as laid over an install
 
-mypyc compiles the modules of ``HOT_PATH`` - the same Python source the team reads, typed - into
-C extensions placed beside them (``scoring/blend.cpython-311-x86_64-linux-gnu.so``), which Python
-imports instead of the ``.py``. No second copy of any function: without a build, the ``.py`` runs.
-
-One rule keeps the two from drifting: an extension beside its source shadows it, so an edit of a
-source the build has not seen would run the old code. The build writes a stamp (``STAMP``): a hash
-of every source of the packages the compiled code was checked against (mypyc may inline a
-``Final`` of another module) and of the compiler's version. ``build`` compiles again whenever that
-hash changed; ``./dev`` builds before anything runs (devtools/bootstrap.sh), and so does every pytest
-session (the plugin tests/support/hot_path_build.py), so a test never runs an extension older
-than its source. Anything else run from a checkout after an edit (``scorer-worker`` by hand, a
-debugger, mutmut) needs a build first, or ``SGW_INTERPRETED=1`` - which also runs the sources
-(``build`` then removes the extensions), as a debugger, coverage or py-spy need to see them.
-mypyc's runtime shared by the modules (a top-level module, ``sgw_<hash>__mypyc.*.so``, which each
-imports, named by the sources built: ``runtime_name``) goes in ``RUNTIME``, and a ``.pth`` file in
-the environment's site-packages puts that directory on every interpreter's path - the console
-scripts' (``.venv/bin/scorer-worker``, whose path holds no checkout) as well as ``python -m`` from
-the root; the C and objects stay in ``build/``. Two checkouts built into one environment (a
-worktree benchmarked against main) each import their own runtime.
-
-Measured (docs/operate/benchmarks.md): the build takes ~47 s on this 2-core machine idle.
+mypyc compiles ``HOT_PATH`` into C extensions beside their sources. The one rule: an extension shadows
+its source, so an edit runs only after a build (the stamp, ``STAMP``, says when one is due) or with
+``SGW_INTERPRETED=1``. How: docs/design-notes.md.
 """
 
 from __future__ import annotations

@@ -1,20 +1,9 @@
-"""The demo behind `./dev demo`, the product tour: the real worker on sample traffic, and
-the API with its console beside it.
+"""The demo behind `./dev demo`, the product tour: the real worker on sample traffic, and the API beside it.
 
-Needs SGW_KAFKA_BOOTSTRAP and SGW_REDIS_URL (``python -m devtools.services run -- ...`` sets
-them). Its steps:
-
-1. apply ``deploy/catalog.example.yaml`` (alert channels pointed at a local receiver that
-   verifies every delivery's signature), and create an API key for the demo project;
-2. create the topics and wait until the cluster has settled (leaders, the group coordinator);
-3. start the local judge, ``scorer-worker run`` and ``scorer-worker api`` (the console);
-4. produce a few traces a second, in a shape worth a look - every CYCLE_S seconds a quality dip
-   (the support bot's answers get worse: Signals, deliveries, then recovery) and a moment when
-   the operators' budget runs out (groups skipped, then scored again);
-5. print every rating, Signal and delivery, and - once the first ratings are in - where to look:
-   the console, the key, an SDK snippet and the Grafana dashboard;
-
-until Ctrl-C (or ``--seconds``).
+Needs SGW_KAFKA_BOOTSTRAP and SGW_REDIS_URL (``python -m devtools.services run -- ...`` sets them).
+It applies the example catalog, starts the local judge, the worker and the API, produces traces with a
+quality dip and a budget that runs out, and prints what comes out, until Ctrl-C (or ``--seconds``).
+The steps: docs/design-notes.md.
 """
 
 from __future__ import annotations

@@ -1,24 +1,8 @@
 """A deterministic, local OpenAI-compatible chat-completions server: the LLM judge for tests and the demo.
 
-Tests never mock HTTP; they start a ``JudgeServer`` on 127.0.0.1 and point the judge client at
-``server.base_url``. By default every request is answered deterministically: if the last user message
-holds a marker ``[[rating=N]]`` the rating is N (the last marker wins), otherwise ``default_rating``.
-A marker ``[[key=K]]`` in the same message counts the request under K in ``calls_by_key``, so a test
-can tell how often each trace was judged.
-
-It learns from a judge's graded examples (``scoring.judge_prompt.examples_block``): the examples
-are set apart first (markers inside them never rate the case), then if an example's response is
-the case's own response, or shares its marker ``[[case=C]]``, the answer is that example's rating
-(the first such example wins) - so a judge with the right examples agrees with the people who
-graded them, measurably, and one without them does not. Tests script other answers, one per request and first in
-first out, with ``Behaviour`` constructors:
-
-    with JudgeServer() as judge:
-        judge.script(Behaviour.status(429, retry_after=1), Behaviour.content("not json"))
-        ...  # the next two requests get a 429, then prose; later ones the deterministic default
-
-As a process (for the demo): ``python -m devtools.judge_server --port 0`` prints
-``judge server listening on http://127.0.0.1:<port>/v1`` and serves until SIGTERM or SIGINT.
+Tests never mock HTTP: they start a ``JudgeServer`` on 127.0.0.1. A ``[[rating=N]]`` marker rates a
+request N (else ``default_rating``); ``script(Behaviour...)`` queues other answers, first in first out.
+As a process: ``python -m devtools.judge_server --port 0``. Markers, examples, scripts: docs/design-notes.md.
 """
 
 from __future__ import annotations

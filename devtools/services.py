@@ -1,20 +1,8 @@
-"""Local Apache Kafka for development and tests, on loopback, and the command that starts it with
-Redis (``devtools.redis_servers``).
+"""Local Apache Kafka for development and tests, on loopback, and the command that starts it with Redis.
 
-This module owns how a broker starts, how we know it is ready, and how it stops. Tests reach it
-through the session fixtures in ``tests/conftest.py``; people reach it through ``python -m
-devtools.services run -- COMMAND`` (start Kafka and Redis, run COMMAND with
-``SGW_KAFKA_BOOTSTRAP`` and ``SGW_REDIS_URL`` set, stop both).
-
-Kafka is the real broker: a single-node KRaft server (broker and controller in one JVM) run
-from the jars that ``devtools/kafka/pom.xml`` resolves from Maven Central. It takes free ports
-chosen at start and keeps its data in a temporary folder that is removed on stop. A broker can
-also crash on purpose and come back (``LocalKafka.kill`` then ``restart``: same ports, same
-data), for the chaos test.
-
-``LocalKafkaCluster`` is three such nodes in one KRaft quorum (``run --kafka-nodes 3``): the
-replicated cluster production runs, where a broker fails over under load. ``run --redis-cluster``
-starts a Redis Cluster instead of one server (``devtools.redis_servers``).
+``python -m devtools.services run -- COMMAND`` starts Kafka and Redis, runs COMMAND with
+``SGW_KAFKA_BOOTSTRAP`` and ``SGW_REDIS_URL`` set, and stops both. The one rule: this module owns how a
+broker starts, how we know it is ready, and how it stops. The brokers: docs/design-notes.md.
 """
 
 from __future__ import annotations

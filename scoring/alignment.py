@@ -1,18 +1,8 @@
-"""Alignment runs: does a candidate judge agree with people better than the current one,
-on labels it never saw? Pure: the API reads the labels and grades (``worker.api.alignments``).
+"""Alignment runs: does a candidate judge agree with people better than the current one, on labels it never saw?
 
-1. The labelled cases: a dataset's rows with a ``humanRating`` and an ``output``, or a review
-   queue's labelled items with their texts (people's verdict: the median of the reviewers').
-2. Held out as examples: a case the candidate shows as an example (the example's ``source`` is
-   the case, or it has the case's output) is never graded by it - it leaves the run.
-3. The rest are split by a hash of each case's id: ``TUNE_SHARE`` of them are set apart (where
-   the next examples may come from), the others are the held-out cases both judges grade. The
-   same labels split the same way every time.
-4. Each judge's figures on the held-out cases it scored: Spearman, Cohen's kappa at ``MARK``,
-   mean absolute error, each with a 95% bootstrap interval (``RESAMPLES`` resamples of the cases,
-   one fixed seed: the same run gives the same interval).
-5. ``better``: the candidate's Spearman is at least the current one's (MAE decides a tie or a
-   missing Spearman); the cases whose verdict changed, the largest moves first.
+Pure: the API reads the labels and grades (``worker.api.alignments``). The one rule: a case the
+candidate shows as an example is never graded by it, and the same labels split the same way every time.
+The steps: docs/design-notes.md.
 """
 
 from __future__ import annotations

@@ -1,20 +1,8 @@
-"""Calibration against people: how far a judge (or a group) agrees with the verdicts
-people gave the same rows. Pure: a dataset run hands it pairs of (machine, human) verdicts.
+"""Calibration against people: how far a judge (or a group) agrees with the verdicts people gave the same rows.
 
-The figures follow the reference libraries' definitions (the tests hold them together on random
-data): Spearman's rank correlation as ``scipy.stats.spearmanr`` (Pearson's correlation of the
-ranks, ties sharing their average rank), Cohen's kappa as ``sklearn.metrics.cohen_kappa_score``
-(unweighted), mean absolute error as ``sklearn.metrics.mean_absolute_error``. A figure that
-the data cannot give (fewer than two rows, no spread, one class only) is None, where the
-libraries answer NaN.
-
-The suggested threshold separates the people's pass from their fail best: the cut between two
-neighbouring machine scores with the highest balanced accuracy (Youden's J; ties go to the
-lower cut). How sure it is comes with it: the rows of each class behind it, and a 95% Wilson
-interval of the balanced accuracy - a threshold learned from 12 rows is a hint, not a setting.
-
-``agreement`` puts them together for a run: the group's column and each judge member's, against
-the rows' human verdicts (the wire document is ``scorer_groups.agreement``).
+Pure: a dataset run hands it pairs of (machine, human) verdicts. The one rule: each figure is the reference
+library's definition (the tests hold them together), and None where the data cannot give one.
+The figures and the suggested threshold: docs/design-notes.md.
 """
 
 from __future__ import annotations

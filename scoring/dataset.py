@@ -1,15 +1,8 @@
 """Grading a dataset run with a scorer group: the same panel and blend as live traffic, offline.
 
-Each row (``input``, ``output``, optional ``expected``, ``spans``, ``metadata``, and a human
-verdict: ``humanRating`` 0-10 and/or ``humanPass``) is graded by
-every member; the group's aggregate fills the row's rating, judge members surface as labelled
-verdicts and deterministic members as scorer rows. The run rating is the mean group score over
-the rows that have one (rows without a score are counted apart), and ``gate`` turns a run into
-a CI verdict: on the group score, or on one judge member's own average. Rows with a human
-verdict give the run its ``agreement`` with people (``scoring.calibration``).
-
-Unlike live scoring, judges that require an expected answer are allowed here: they read the
-row's ``expected``, and a row without one leaves that member unscorable.
+The one rule: a row is graded as a live trace is, except that judges that require an expected answer
+are allowed here and read the row's ``expected`` (a row without one leaves that member unscorable).
+Rows, the run rating and ``gate``: docs/design-notes.md.
 """
 
 from __future__ import annotations

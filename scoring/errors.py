@@ -1,24 +1,9 @@
-"""The service's errors: one root, ``ScoringError``, whose attributes are what callers branch
-on - never the message, which is for people:
+"""The service's errors: one root, ``ScoringError``, whose attributes are what callers branch on.
 
-- ``status``: how the HTTP API answers it (400 a document that breaks a rule, 403 a shared
-  document a project may only read, 404 an id that does not exist or belongs to another project,
-  409 a write that lost a race or conflicts with what is stored, or past a project's quota, 412
-  a write against a version that is no longer current, 429 no room in a budget or a share; 500
-  for what is not the caller's doing);
-- ``retriable``: the same call may succeed later (the infrastructure failed, not the input).
-
-Whether an error means a dependency (Redis, Kafka) is away - wait for it, lose nothing - is
-decided in one place for every loop: ``consumers.outage.outage_of``.
-
-Catalog errors (``CatalogError`` and its kinds, ``QuotaExceeded`` among them) are here; the
-others sit with what raises them and derive from the root: ``MemberError``, ``CodeScorerError``
-and ``BudgetExhausted`` (``scoring.ports``), ``PlaygroundRefused`` (``services.playground``),
-``OtlpError`` (``scoring.otlp.mapping``), ``EgressRefused`` (``adapters.egress``), ``OutputError``
-(``consumers.traces``), ``OutageTooLong`` (``consumers.outage``), ``BodyTooSlow``
-(``worker.api.bodies``). Errors that never leave their module (a sandbox's pipe protocol, its
-set-up, an HTTP attempt that went unanswered) are not part of the family.
-Messages name the user's field (``sampleRate``, ``members[2].refId``) and the rule it broke.
+The one rule: branch on ``status`` (how the HTTP API answers it) and ``retriable`` (the same call may
+succeed later), never on the message, which is for people. Whether an error means a dependency is away
+is decided in one place: ``consumers.outage.outage_of``. The statuses and where each error lives:
+docs/design-notes.md.
 """
 
 from __future__ import annotations

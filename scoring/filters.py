@@ -1,20 +1,8 @@
 """The online profile's filter, compiled: does a trace belong to a live group's traffic?
 
-``scorer_groups.filters`` is the wire format and its save-time rules; here a filter becomes a
-function of a *view* of the trace, compiled once per catalog snapshot (field paths split, value
-sets built, regexes compiled in RE2). A view reads each field once per trace whatever the
-number of groups, and bounds the span values a trace's filters may compare (``MAX_SPAN_TESTS``).
-
-Two views answer the same fields:
-
-- ``TraceView``: a decoded trace; every field is known (present or ``MISSING``);
-- ``HeaderView``: the routing headers a producer the operator runs wrote on the record
-  (``ROUTING_HEADERS``); the fields they do not carry are ``UNKNOWN``.
-
-Evaluation is three-valued so that a record can be decided from its headers alone: a leaf on an
-unknown field is ``None`` (unknown); ``all`` is false as soon as one part is false, ``any`` true
-as soon as one is true, ``not`` keeps unknown unknown (Kleene's logic). A record whose every group
-says false from the headers is never parsed; any other is decoded and decided on the trace.
+Compiled once per catalog snapshot, evaluated on a view of the trace (``TraceView`` or ``HeaderView``) in
+three-valued logic. The one rule: a leaf on an unknown field is unknown (None), so a record is decided from
+its headers alone only when every group says false. The views and the logic: docs/design-notes.md.
 """
 
 from __future__ import annotations

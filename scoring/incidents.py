@@ -1,32 +1,9 @@
-"""Incidents: when a group's level, not one result, needs a person. Pure: the
-watcher (``consumers.incidents``) reads the window's counts from the ratings history and keeps
-each watch's state in Redis; everything it decides is decided here, on a clock it is given.
+"""Incidents: when a group's level, not one result, needs a person.
 
-Three reasons an incident opens, each watched on its own:
-
-- ``window_below`` (``alertMode: "window"``): the mean of the last ``alertWindowSeconds`` is
-  below ``alertThreshold``, over at least ``alertMinResults`` results;
-- ``coverage`` (``alertNoScoreRate``, any mode): the share of the window's results without a
-  score - or skipped for budget - passes the rate, over at least ``alertMinResults``;
-- ``drift`` (``alertMode: "drift"``): the window's mean is more than ``alertDriftSigma``
-  standard deviations below the group's own level, learned from its past windows;
-- ``agreement`` (``alertMinAgreement``, any mode): a judge member's Spearman correlation with
-  people falls under it, over the group's last ``AGREEMENT_WINDOW`` labelled review items (a
-  window of labels, not of time: labels come when people work), judged on at least
-  ``AGREEMENT_MIN_ITEMS`` of them, labelled since the watch last moved: it resolves on items
-  labelled after its opening in which every judge judged agrees again, and opens again only on
-  items labelled after that.
-
-An open incident resolves once a window that lies wholly after its opening is good again, over
-at least ``alertMinResults`` results (its mean at or above ``alertResolveAbove``, its share
-without a score at most four fifths of the rate, its level back within one standard deviation):
-one window of good traffic, not one good result, so it does not flap.
-
-The level (``Baseline``) is an exponentially weighted mean and variance of the group's closed
-windows' means (EWMA: the last day weighs half; CUSUM would find smaller shifts sooner, but it
-needs a target and a slack per group - exactly the guess this mode spares a team). It learns
-nothing while a drift incident is open (a drop must not become the new normal), and judges only
-after ``MIN_LEARNED`` windows.
+Pure: the watcher (``consumers.incidents``) reads the counts and keeps each watch's state; everything it
+decides is decided here, on a clock it is given. The one rule: an incident resolves on a whole good window
+after its opening, never on one good result, and the level learns nothing while a drift incident is open.
+The reasons, the resolution and the level: docs/design-notes.md.
 """
 
 from __future__ import annotations

@@ -1,16 +1,8 @@
 """Judge call records: what each judge was asked and answered, kept with the group's results.
 
-1. The judge client records every call whatever its outcome (``scoring.ports.JudgeCall``).
-2. The panel keeps it cut and masked (``kept``): each message and the answer cut at
-   ``CALL_TEXT_MAX_CHARS`` with their full lengths said, then cut of secrets' shapes - a trace may
-   carry a key, and a judge may echo it. Only the error is cut of the process's known secrets
-   too: the messages and answer are the tenant's to steer (``scoring.redact`` says why).
-3. The outputs encode a result's calls (``encode_calls``) beside its rating; the ratings store
-   keeps them as long as the rating stays among the group's latest results
-   (``adapters.stores.ratings``), and ``GET /v1/scorer-groups/{id}/results/{ratingId}`` answers
-   them (the wire model is ``scorer_groups.api_models.JudgeCallRecord``).
-
-Pure: no I/O.
+Pure: no I/O. The one rule: a call is kept cut (``CALL_TEXT_MAX_CHARS``) and masked of secrets' shapes;
+only its error is cut of the process's known secrets too (``scoring.redact`` says why).
+From the judge client to the API: docs/design-notes.md.
 """
 
 from __future__ import annotations

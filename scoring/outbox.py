@@ -1,27 +1,8 @@
-"""What scored results publish, decided in one place: a pure function from the results (and the
-catalog snapshot, the publish policy, the topics) to the records to send. Senders only send.
+"""What scored results publish, decided in one place: a pure function from the results to the records to send.
 
-``Record`` is the one shape of "a record to send" - the trace loop's dead letters, the OTLP
-intake's traces, the incident watcher's and the digest sender's Signals, every result's rating -
-whoever sends it (``consumers.outputs.Outputs.send``, ``consumers.loop.PartitionLoop.send``).
-
-For each result, in order (``outbox``):
-
-1. its rating, keyed by its trace (or session): every result has one - and a shadow's (a
-   candidate judge's copy of a group) has nothing else: it is there to be compared;
-2. a backfill that did not ask for alerts stops here: last week's traffic pages nobody;
-3. its Signal: below the group's alert threshold, or without a score when a no-score Signal is
-   due (the rate limit's word, ``no_score``); keyed ``scorer-group:<id>``;
-4. the channels that hear it (``channels_hearing``): its agent's channels of the group's project
-   and the operators' shared ones, not disabled, not digests (a digest channel hears a period's
-   Signals in one message: ``consumers.digests``) - and none for a group that pages by incidents
-   (``alertMode`` window or drift: ``consumers.incidents``), whose per-result Signals are the
-   record, delivered to no one;
-5. one delivery per channel that hears the Signal; with no Signal, the PagerDuty channels among
-   them hear a recovery when the result is at or over the threshold (which resolves their
-   incident);
-6. an item for each review queue of the group that takes the result (``scoring.review_rules``),
-   whatever the policy says of alerts - kept in Redis by the pair's finish, with the history.
+Senders only send. ``Record`` is the one shape of "a record to send", whoever sends it. The one rule:
+every result has its rating; a shadow's has nothing else, and a backfill that did not ask for alerts
+stops there. The records, in order: docs/design-notes.md.
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""The panel: every member of a group grades one subject, concurrently, then the blend.
+"""The panel: every member of a group grades one subject, concurrently, then the blend (one concept, one module).
 
 Each member runs under its own deadline, and every way it can fail - a deleted reference, a
 judge outage, an exception in user code, a verdict off its scale - becomes a ``MemberOutcome``

@@ -1,26 +1,8 @@
-"""Cutting secrets out of text that leaves the process: member reasons and details (published in
-ratings, Signals and webhook bodies), judge call records, log lines, CLI output, shown URLs.
+"""Cutting secrets out of text that leaves the process: reasons, judge call records, logs, CLI output.
 
-Two kinds of secret are cut: ones recognised by their shape anywhere (``redact_text``, the wire
-models' rule, in scorer_groups.redaction), and ones known by value - the process's configured
-secrets, whatever shape they have (``Redactor``).
-
-Which text meets the known values is decided by where it came from, because masking a known value
-answers a question: a tenant who gets text of its choosing echoed back - a row output of a
-thousand guesses, a judge told to repeat them - sees which guess came back ``[redacted]``. So:
-
-- Text a tenant can steer is cut of shapes only (``redact_text``): traces, dataset rows and the
-  prompts built of them, a judge's answer and reason (the model is told only what the tenant
-  wrote, so it can say no secret of ours - only what the tenant had it say or spell), and what a
-  code scorer or the tenant's external scorer says. A hostile scorer that did read a secret would
-  spell it out of an exact match anyway; the sandbox and the egress guard keep secrets out of its
-  reach, not this.
-- Text the server's side writes - its clients' errors, the operator's judge endpoint's error
-  messages (which may echo its key or headers) - is cut of known values too, except those the
-  tenant itself gave in the same exchange (``tenant_gave``): an endpoint that echoes the model name
-  or the prompt it was sent, or an error that quotes the judge's answer, must not single out the
-  guess that is right. A value found in what the tenant gave was the tenant's already.
-- Text only the operator reads (logs, CLI output) is cut of both, whatever its origin.
+Two kinds: secrets by shape anywhere (``redact_text``) and the process's known secrets by value
+(``Redactor``). The one rule: text a tenant can steer is cut of shapes only, since masking a known value
+would tell a guessing tenant which guess came back. Which text meets which: docs/design-notes.md.
 """
 
 from __future__ import annotations

@@ -1,30 +1,8 @@
-"""A tenant's regex, run within bounds: how much text one search reads, and how much matching
-one trace may cost.
+"""A tenant's regex, run within bounds: how much text one search reads, and how much matching one trace may cost.
 
-RE2 matches in linear time, but linear in the text *times the program*: a pattern such as
-``a[ab]{999}[ab]{990}c`` (1,995 instructions, under the save-time cap) defeats RE2's DFA, and its
-NFA then costs about 3-7 ns per instruction per character here - 9.7 s on a megabyte. A regex
-that fast patterns read in microseconds (the DFA: ~3 ms a megabyte whatever the program) is
-the same shape on the wire, so the bound is on the *worst case*, one search at a time:
-
-1. **Text per search**: a search reads at most ``work // programsize`` characters of a field,
-   and never more than the caller's own cap (``MAX_FILTER_TEXT_CHARS`` for a filter): one
-   search's worst case is then ``work`` instruction-steps, whatever the pattern. Simple regexes
-   (up to ~60 instructions) read a filter's whole cap; the worst ones read a few thousand
-   characters. What was cut is counted (``RegexWork.cut``), and a search that found nothing in
-   the start of a text it could not read whole cannot tell (None: ``not matches`` fails closed).
-   ``contains`` reads the same start of a text, timed the same way.
-2. **Time per trace**: a trace's filters (all its groups', every condition, its spans') share
-   ``FILTER_SECONDS_PER_TRACE`` of matching. Past it, a ``matches`` condition is *unknown*: the
-   group does not take the trace (fail closed: nothing is spent on traffic it may not want) and
-   the trace is counted as cut by the budget. Time, not an estimate, so that ordinary regexes on
-   long texts - which the DFA scans far below the worst case - are never refused; the per-search
-   cap keeps one search from overshooting the budget by more than its own worst case.
-
-So a tenant's worst filter costs that tenant's trace at most the budget plus one search, and
-the live loop routes a batch in slices (``consumers.traces``) so that no other trace waits
-behind more than one trace's share. Pattern members read long texts in threads, with the same
-per-search rule at a larger cap (``scoring.members.patterns``).
+RE2 is linear in the text times the program, so the bound is on the worst case: a search reads at most
+``work // programsize`` characters, and a trace's filters share ``FILTER_SECONDS_PER_TRACE`` of matching.
+The one rule: what could not be read or timed out is unknown, and fails closed. Why: docs/design-notes.md.
 """
 
 from __future__ import annotations

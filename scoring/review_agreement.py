@@ -1,16 +1,8 @@
-"""Agreement as it happens: the judges against people over a group's labelled review
-items - the figures of ``scoring.calibration`` (Spearman, Cohen's kappa at the marks, MAE), with
-an item for a row:
+"""Agreement as it happens: the judges against people over a group's labelled review items.
 
-1. the people's verdict of an item is the median of its reviewers' ratings;
-2. the machine's columns are the group's score and each judge member's verdict (0-10), as the
-   item's rating recorded them when it was published (its ``ScoreCard``);
-3. people with each other: over the items two or more reviewers labelled, the first two labels
-   (by reviewer key) against each other;
-4. the agreement watch (``consumers.incidents``) and its gauge: each judge's Spearman over the
-   group's newest labelled items (``judge_agreements``).
-
-Pure: the API reads the items and their labels (``adapters.stores.review_items``).
+The figures are ``scoring.calibration``'s, with an item for a row; the people's verdict of an item is the
+median of its reviewers' ratings. Pure: the API reads the items and their labels
+(``adapters.stores.review_items``). The columns: docs/design-notes.md.
 """
 
 from __future__ import annotations

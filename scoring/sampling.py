@@ -1,17 +1,8 @@
-"""Sampling: a stable keep-or-skip decision per (subject, group) - and the same one for every
-group at the same rate.
+"""Sampling: a stable keep-or-skip decision per (subject, group), the same for every group at the same rate.
 
-The keep point of a subject (a trace, a span or a conversation) depends on the subject alone:
-two groups at 20% keep the same fifth of the traffic, so an old and a new rubric run side by
-side are compared trace by trace, and a group at 10% keeps a subset of what one at 20% keeps
-(nested samples). A group that wants a sample of its own sets ``online.sampleSalt``: different
-salts give independent samples. A salt equal to the group's id gives the sample every group had
-before consistent sampling (the point of the pair (subject, group)), for a team that must not
-see its sample shift on upgrade.
-
-The point hashes its inputs, so every process, every restart, every replay of a trace and every
-sweep tick over a session decides the same way. Python's ``hash`` is salted per process and
-would not; blake2b is stable and uniform.
+The keep point depends on the subject alone (nested samples), unless a group sets ``online.sampleSalt``.
+The one rule: the point is a stable hash (blake2b, never Python's salted ``hash``), so every process,
+restart and replay decides the same way. Why: docs/design-notes.md.
 """
 
 from __future__ import annotations

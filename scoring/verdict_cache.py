@@ -1,19 +1,9 @@
-"""The verdict cache: a judge's verdict on the same messages is the verdict a team
-already paid for, so it is paid once.
+"""The verdict cache: a judge's verdict on the same messages is the verdict a team already paid for, so it is paid once.
 
-1. **The key** (``verdict_key``): the project, the judge, the call's signature (the endpoint,
-   the model, the request's shape: ``response_format``, the answer's token limit) and a hash of
-   the exact messages sent - which carry the criteria, the prompt, the examples and the subject's
-   text, so any change to what the call asks is another key. Never shared across projects (the project
-   is hashed in, and its entries live under its own Redis hash tag).
-2. **The lookup** is the claim's (``adapters.stores.claims``): a batch's keys are read in the
-   same script that reserves the budget, and a pair reserves judge calls for its misses only.
-3. **In flight** (``VerdictFlights``): one process asks a judge once for the same key at a time -
-   a second pair waits for the first's call - and keeps the verdicts it paid for lately.
-4. **Kept**: only a verdict that parsed and scored (never an error, a refusal, a timeout), by the
-   finish step, with the rating id that paid for it (``adapters.stores.verdicts``).
-
-A judge with ``"cache": false`` is neither looked up nor kept. Pure: no I/O.
+Pure: no I/O. The one rule: the key (``verdict_key``) holds the project, the judge, the call's signature
+and a hash of the exact messages, so any change to what a call asks is another key and no entry is shared
+across projects; only a verdict that parsed and scored is kept. The key, the lookup, the flights:
+docs/design-notes.md.
 """
 
 from __future__ import annotations

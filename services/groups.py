@@ -1,15 +1,9 @@
-"""The scorer-groups surface, as the spec's SDK has it: ``list``, ``get``, ``create``,
-``update`` (sparse; ``online`` merged key by key), ``delete`` and ``ratings``; plus
-``sessions.scores``, the scorers' own puts and deletes, and applying a whole catalog file.
+"""The scorer-groups surface as the spec's SDK has it: list, get, create, update, delete, ratings.
 
-Every rule is checked against the catalog inside the write (see ``CatalogStore.write``), so a
-rule holds even when two people change related documents at the same moment.
-
-A ``Caller`` scopes the surface: a project's caller sees and changes its own project's
-documents only (another project's are "not found", never "forbidden"), reads the shared
-scorers operators keep (``projectId`` null) without changing them, and creates without naming
-its project. The operator (``Caller()``, the CLI) acts on every project. Writes accept the
-document's ETag as ``if_match`` and fail with a 412 when it is no longer current.
+Also ``sessions.scores``, the scorers' own puts and deletes, and applying a whole catalog file. The one
+rule: every rule is checked against the catalog inside the write (``CatalogStore.write``), and a ``Caller``
+scopes the surface - another project's documents are "not found", never "forbidden". More:
+docs/design-notes.md.
 """
 
 from __future__ import annotations

@@ -1,18 +1,8 @@
-"""Alignment runs as jobs (``adapters.stores.alignments``): every API process grades the runs not
-ended that no other process holds, so a run outlives the process that started it.
+"""Alignment runs as jobs: every API process grades the runs not ended that no other process holds.
 
-1. Every ``POLL_S`` (or at once when this process started a run), the runs not ended: a run whose
-   document is gone, or that ended, leaves the index.
-2. A run this process has room for (``AT_ONCE`` at once) and whose lease it wins is graded in a
-   task of its own; the lease is renewed with every save, and a run whose lease another process
-   took is left to it.
-3. Grading: per judge (the current one, then the candidate), the cases without a verdict,
-   ``CHUNK`` at a time - their calls reserved from the project's judge budget (``RunSpend``),
-   graded, settled, then their verdicts stored. A process that dies repeats at most the chunk it
-   was grading (those calls are paid again, and counted as paid); whoever resumes starts where the
-   stored verdicts end, and nothing stored is paid twice.
-4. Every case with both verdicts: the figures (``scoring.alignment``), the run done, its job ended.
-   A run that fails says so, and ends.
+So a run outlives the process that started it (``adapters.stores.alignments``). The one rule: nothing
+stored is paid twice - a process that dies repeats at most the chunk it was grading, and whoever resumes
+starts where the stored verdicts end. The steps: docs/design-notes.md.
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""The worker process: wiring and lifecycle.
+"""The worker process, wiring and lifecycle: one module, so that ``run``'s named steps read in order.
 
 ``run`` is a short list of named steps: connect, make sure the topics exist, start the parts,
 consume until told to stop, then shut down gracefully - stop fetching, let in-flight traces

@@ -1,22 +1,8 @@
-"""Every client this process opens to Redis and Kafka, built here with the same options, so that
-a timeout, a delivery guarantee or an address is decided once for the worker, the API and the CLI.
+"""Every client this process opens to Redis and Kafka, built here with the same options.
 
-- Redis: every command and connection attempt gives up after ``SGW_REDIS_TIMEOUT_S`` (a hung
-  server is an outage the callers see, never a request that waits forever); at most
-  ``Settings.redis_connections()`` connections, a call past them waiting for one (back-pressure,
-  metered; past the timeout ``PoolBusy``, never taken for an outage). Commands are packed
-  into the wire protocol by hiredis, as redis-py's own synchronous client does (``_CPacked``).
-  A ``rediss://`` URL
-  is TLS, checked against ``SGW_REDIS_CA_FILE`` (or the system's CAs); an ACL user and password
-  go in the URL. With
-  ``SGW_REDIS_CLUSTER`` the client is a Redis Cluster's: it learns the slots from the node the URL
-  names, and after a failover from whichever node answers.
-- Kafka producers: idempotent with ``acks=all``, so a record is written once, and only when
-  every in-sync replica has it; batching from ``SGW_PRODUCER_LINGER_MS`` and
-  ``SGW_PRODUCER_BATCH_BYTES``.
-- Kafka, every client: TLS and SASL as ``SGW_KAFKA_SECURITY_PROTOCOL`` says (``kafka_connection``).
-- Kafka consumers: offsets are committed by the loops themselves (at-least-once, after the work
-  is done), never automatically; a group with no committed offset starts from the earliest.
+The one rule: a timeout, a delivery guarantee or an address is decided once, here, for the worker, the
+API and the CLI - Redis commands time out (``SGW_REDIS_TIMEOUT_S``), producers are idempotent with
+``acks=all``, consumers never commit automatically. The options in full: docs/design-notes.md.
 """
 
 from __future__ import annotations

@@ -1,15 +1,8 @@
 """Metrics the hot path updates several times per trace, without a lock per update.
 
-prometheus_client's ``Histogram.observe`` takes a lock for its sum and another for its bucket,
-and scans the buckets in Python: ~1.5 us, several times a trace (each member, each group score),
-a tenth of the worker's pure scoring CPU. The worker updates these metrics from its event loop
-only, and ``/metrics`` is served from that same loop (``OpsServer``), so no update can race
-another or a scrape: plain integers suffice. They are exported through prometheus_client's
-custom-collector interface, in the same registry and exposition format as every other metric
-(the same samples, without prometheus_client's ``_created`` timestamps).
-
-Contract: ``observe`` and ``inc`` are called from one thread (the event loop). A process that
-updates a metric from threads uses prometheus_client's own types instead.
+Exported through prometheus_client's custom-collector interface, in the same registry and format. The
+one rule: ``observe`` and ``inc`` are called from one thread, the event loop; a process that updates a
+metric from threads uses prometheus_client's own types instead. Why: docs/design-notes.md.
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Prometheus metrics and the operations endpoint (/metrics, /healthz, /readyz).
+"""Prometheus metrics and the ops endpoint (/metrics, /healthz, /readyz): one registry, so one long module.
 
 All metrics live in one registry owned by this module, so a test can read them and a second
 worker in the same process (tests) does not collide with the default registry.

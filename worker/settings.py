@@ -1,4 +1,4 @@
-"""The worker's settings: one frozen object read from ``SGW_*`` environment variables.
+"""The worker's settings: one frozen object read from ``SGW_*`` variables, every field documented in it (hence long).
 
 Every field is documented where it is declared; ``scorer-worker settings`` prints them all
 with secrets masked.

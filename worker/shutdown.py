@@ -1,16 +1,9 @@
 """A shutdown that always ends.
 
-The worker stops in steps, each with a deadline: the loop drains in-flight traces
-(``SGW_SHUTDOWN_TIMEOUT_S``), background loops get as long (then are cancelled), then every
-client is closed, together within ``CLOSE_TIMEOUT_S`` - a client stuck closing (a consumer leaving its group
-mid-rebalance, a broker gone) is left behind with a warning instead of holding the others. The
-process then exits from inside the event loop (``worker.cli``), so nothing left behind can hold it.
-
-A watchdog armed when the stop is requested backs the steps up: if the whole sequence has not
-ended by its deadline, it logs where every task is waiting and ends the process with exit code 1.
-Nothing is lost by that: offsets are committed only for finished work, so what was in flight is
-redelivered, and its leases expire. An orchestrator would kill the pod anyway; exiting first
-leaves a record of what hung.
+The worker stops in steps, each with a deadline; a watchdog armed when the stop is requested ends the
+process with exit code 1 (logging where every task waits) if the steps have not ended by its deadline.
+The one rule: nothing is lost by that, since offsets are committed only for finished work.
+The steps: docs/design-notes.md.
 """
 
 from __future__ import annotations

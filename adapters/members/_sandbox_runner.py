@@ -1,40 +1,8 @@
-"""The program each sandbox process runs: a supervisor that runs each request of users' code in a
-child process of its own, which ends before the answer is sent.
+"""The program each sandbox process runs: a supervisor that runs each request of users' code in a child of its own.
 
-Started by ``adapters.members.sandbox_process`` as ``python -I -S -c <this source> <memory MiB>
-<cache size> <processes per call> <own PID namespace: 1 or 0>``, inside the confinement of
-``adapters.members.isolation`` (its own namespaces, uid, seccomp filter and read-only file
-system). Standard library only: ``-S`` leaves nothing else importable, and the source is passed
-on the command line because the service's files are not visible in the sandbox.
-
-Why a child per request. The supervisor (this process) never runs tenant code: it compiles the
-source (``compile`` runs nothing) and keeps the code objects. For each request it forks a child
-that, before any tenant code runs,
-
-1. keeps no descriptor but a pipe of its own for its results: the protocol pipes to the worker
-   are closed, so a scorer can write only its own results, never a reply (no forged verdicts);
-2. may not start a process or a thread (``RLIMIT_NPROC`` of 1; the kernel counts this
-   sandbox's own user namespace, so nothing it forks can outlive the call or multiply memory);
-3. gets a hard CPU limit for this request (it cannot be raised again: the kernel kills the
-   child at the hard limit; the worker's wall clock normally acts first);
-
-then runs the module once and score() for each subject, writing one result line each. The
-supervisor reads the results, reaps the child, and - in its own PID namespace - checks that no
-process but itself and bubblewrap's init is left before it answers; if one is, the answer is
-refused and marked fatal, and the worker kills the whole sandbox. The supervisor is not
-dumpable, so the child cannot reach its descriptors or memory through ``/proc``. Whatever a
-call changed in memory ends with its child: later calls start from the supervisor's state.
-
-Protocol with the worker: one JSON object per line. The parent sends
-``{"id", "key", "code" (or null when this process should know the key), "timeout", "args"}``;
-the supervisor answers with the same ``id`` and either ``{"ok": true, "value"}`` or
-``{"ok": false, "error"}`` (``"fatal": true`` when the process must not be reused). A request
-with ``"batch": [args, ...]`` instead of ``"args"`` calls score() once per entry and answers
-``{"ok": true, "results": [{"ok", "value" | "error"}, ...]}`` in the same order. Or
-``{"missing": true}`` when it no longer holds the compiled code for ``key``. ``"compiled"`` says
-whether this request compiled the code (so compilations can be counted), ``"loaded"`` whether the
-process now holds it. The first line, sent unasked, is ``{"ready": true}`` (or
-``{"ready": false, "error"}``).
+Standard library only, started inside ``adapters.members.isolation``'s confinement. The one rule: the
+supervisor never runs tenant code, and each child - no descriptor but its own result pipe, no fork, a hard
+CPU limit - ends before the answer is sent. Why, and the protocol with the worker: docs/design-notes.md.
 """
 
 from __future__ import annotations

@@ -1,18 +1,8 @@
 """Writes the code-scorer sandbox's seccomp filter, as BPF, to standard output.
 
-Run by ``adapters.members.isolation`` with the sandbox's Python (Debian's ``/usr/bin/python3`` by default),
-which has libseccomp's own Python binding (Debian package ``python3-seccomp``); the pool hands
-the program to bubblewrap (``bwrap --seccomp FD``), which loads it after ``no_new_privs`` and
-just before it starts the runner, so no user code ever runs without it.
-
-The filter allows what an ordinary Python program does and refuses, with EPERM, what only an
-escape needs: debugging or reading other processes, entering or making namespaces, mounting,
-loading kernel code, keyrings, io_uring, System V and POSIX message-queue IPC (their objects
-outlive the call that made them), signalling any process, sockets of any family (there is no
-network in the namespace, and unix sockets can carry descriptors past a call), and changing
-another process's limits, priority or CPU placement.
-
-Standard library and ``seccomp`` only: the worker's virtualenv is not visible here.
+Run by ``adapters.members.isolation`` with the sandbox's Python (libseccomp's binding, ``python3-seccomp``);
+standard library and ``seccomp`` only. The one rule: allow what an ordinary Python program does, refuse
+with EPERM what only an escape needs. What it refuses: docs/design-notes.md.
 """
 
 from __future__ import annotations

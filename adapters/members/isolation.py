@@ -1,32 +1,9 @@
 """How a code-scorer process is confined by the operating system.
 
-Tenants' code is hostile, so the boundary is the kernel's, not hooks inside an interpreter:
-every sandbox process is started by bubblewrap (Debian's ``bwrap``) with
-
-* another identity: when the worker runs as root, bwrap itself is started as an unprivileged
-  uid (``SGW_SANDBOX_UID``, default 65534) that owns no files - by util-linux's ``setpriv``
-  (real, effective and saved uid and gid, no supplementary groups), which works whatever event
-  loop starts the process; otherwise as the worker's own uid.
-  Either way bwrap builds a user namespace without capabilities, and refuses nested ones;
-* namespaces of its own: network (only a loopback of its own: no way out), PID (its own
-  ``/proc``: the worker's processes, their memory and environment are not even visible), mount,
-  IPC, UTS and cgroup;
-* a file system of ``/usr`` read-only, ``/dev`` and ``/proc`` of its own, an empty ``/tmp``,
-  all read-only: no service code, configuration or home directories, and nowhere to write;
-* an empty environment, ``no_new_privs``, every capability dropped, and a seccomp filter made
-  by libseccomp (``adapters/members/_seccomp_policy.py``) that refuses ptrace, reading other processes'
-  memory, ``setns``/``unshare``/``mount``, signals, keyrings, io_uring, System V and POSIX
-  message-queue IPC (kernel objects that would outlive a call), sockets of any family, and
-  changing another process's limits, priority or CPU placement.
-
-Inside, the runner (``_sandbox_runner.py``) runs each call in a child that may not fork, has a
-hard CPU limit and no descriptor but its own result pipe; the per-call bounds are listed in
-``CALL_BOUNDS``. Control groups are not used: the bounds are rlimits, namespaces and seccomp,
-which hold without cgroup delegation (and on cgroup v1).
-
-If any of this cannot be set up, ``prepare`` raises ``IsolationUnavailable`` with the reason and
-code scorers do not run (fail closed). ``unsafe-none`` - an operator's explicit opt-out - runs
-the process with an empty environment and nothing more.
+Tenants' code is hostile, so the boundary is the kernel's (bubblewrap: another uid, namespaces of its
+own, a read-only file system, seccomp), not hooks inside an interpreter. The one rule: fail closed - if
+any of it cannot be set up, ``prepare`` raises ``IsolationUnavailable`` and code scorers do not run
+(``unsafe-none`` is the operator's explicit opt-out). The confinement in full: docs/design-notes.md.
 """
 
 from __future__ import annotations

@@ -1,26 +1,9 @@
-"""A pool of warm, confined Python processes that run tenants' code scorers.
+"""The pool of warm, confined processes that run tenants' code scorers: one concept, who serves whom and when.
 
-Each process runs ``adapters/members/_sandbox_runner.py`` confined by the operating system as
-``adapters.members.isolation`` describes (bubblewrap: another uid, its own namespaces, a seccomp filter,
-a read-only view of ``/usr``, an empty environment), with resource limits: address space (a
-big allocation raises MemoryError), processes, open files, no file growth, a CPU backstop. The
-parent enforces the wall-clock timeout: a process that does not answer in time is killed with
-its whole sandbox and replaced, so a runaway scorer costs only its own process.
-
-Tenants never share a process: a process serves one project at a time and is replaced before
-it serves another, and a project may hold at most ``per_project`` processes at once, a freed one
-going to the waiting project that holds the fewest (``scoring.members.fair_share``), so one
-project's slow scorers cannot take every slot from the others.
-
-Fail closed: when the confinement cannot be set up, ``available`` is False, ``unavailable_reason``
-says why, and every call fails with "sandbox unavailable: ..." - no code runs unconfined unless
-the operator chose ``unsafe-none``.
-
-A process compiles a scorer version (``key``) once and keeps its score() for later calls; the
-parent remembers which keys a process holds and sends the code only to processes without it.
-
-Talking to one process - starting it, a request and its reply on the pipes, how it ended - is
-``adapters.members.sandbox_process``; this module decides which process serves whom, and when.
+Talking to one process is ``adapters.members.sandbox_process``; the confinement, ``adapters.members.isolation``.
+The one rule: tenants never share a process (one project at a time, replaced before another), and fail
+closed - without confinement every call fails, unless the operator chose ``unsafe-none``.
+Limits, fair shares, warm code: docs/design-notes.md.
 """
 
 from __future__ import annotations

@@ -1,33 +1,9 @@
 """Which of ``score(input, output, expected, spans, metadata)``'s arguments a code scorer reads.
 
-A code scorer's arguments cross a pipe as JSON on every call, and a trace's spans are most of
-them (span documents built, encoded, sent and decoded were ~12% of a deterministic
-trace's CPU, for scorers that mostly read ``output``). An argument the code never names is not
-sent: the sandbox passes None in its place. What a tenant gains by fooling this is nothing - an
-argument of its own subject, unsent - but a scorer that reads one must get it, so the reading is
-conservative: unless every rule holds, all five are sent, as before.
-
-1. the source is at most ``MAX_READ_CHARS`` long (it is read on the event loop, once per version
-   and worker) and parses (else the sandbox reports the error);
-2. ``score`` is bound once, by a plain top-level ``def`` with five named positional parameters
-   (no ``*args``/``**kwargs``, no decorator, no other binding anywhere): the function read is the
-   function called;
-3. nothing in it can reach a value by a name that is not written as a variable. Code does that
-   through frames and namespaces (``locals()``, a traceback's frame), through attribute access by
-   a name computed at run time (``getattr``, a format string's fields, a class pattern of
-   ``match``, ``type()`` with a computed dunder), through text made code (``eval``, pickle,
-   annotations) and through modules that hand out other modules (``re.functools``) - so: imports
-   only of ``PLAIN_MODULES`` and of their public functions and classes, a module named only as
-   ``module.function``; no ``match`` class pattern; ``.format`` only on a string literal; no private
-   or dunder name or attribute; no word of ``FRAME_ACCESS``, in the code or in its strings and bytes
-   (normalised as Python normalises identifiers);
-4. a parameter is read when a variable of its name appears anywhere (a nested function, a lambda,
-   an f-string), shadowed or not: over-counting only sends an argument unread.
-
-The contract users read (docs/concepts.md): a scorer gets the arguments its code names; code
-that reaches them another way gets all five when these rules recognise it, and None for the ones
-it does not name when they do not - never anything but its own subject's arguments.
-tests/unit/test_code_arguments.py holds the attacks two reviews found.
+An argument the code never names is not sent: the sandbox passes None in its place. The one rule: the
+reading is conservative - unless every rule holds, all five are sent - and a scorer never gets anything
+but its own subject's arguments. The rules and why: docs/design-notes.md; the attacks they hold against:
+tests/unit/test_code_arguments.py.
 """
 
 from __future__ import annotations

@@ -1,17 +1,9 @@
-"""Fair shares of a pool a process holds for grading - judge-call slots, code-scorer sandboxes,
-external-scorer connections - across the projects that want it. One rule for all three:
+"""Fair shares of a pool a process holds for grading, across the projects that want it.
 
-1. a project holds at most ``per_project`` of the pool's ``size`` slots. By default that is all
-   but a sixteenth (at least one kept back), so a project that arrives while another has taken
-   all it may still finds a slot free at once: no in-flight call can be taken back, so a share
-   that waited for one would wait a whole call;
-2. a project under its cap takes a free slot at once - unless callers of the same project are
-   already waiting (first come, first served within a project);
-3. when a slot is released and projects wait, it goes to the waiting project that holds the
-   fewest slots (ties: the one whose turn is oldest), so that no project keeps more than its
-   share while another waits.
-
-One event loop, so no lock; acquire and release cost a dict look-up when nobody waits.
+One rule for judge-call slots, code-scorer sandboxes and external-scorer connections: a project holds at
+most ``per_project`` slots, and a freed slot goes to the waiting project that holds the fewest, so no
+project keeps more than its share while another waits. One event loop, so no lock.
+The rule in full: docs/design-notes.md.
 """
 
 from __future__ import annotations

@@ -1,17 +1,9 @@
 """Pattern members: regexes (RE2, linear time), case-insensitive keywords and built-in templates.
 
-A pattern answers matched / not matched; ``blend.goodness`` reads that through its polarity.
-Each pattern version is compiled once (``compiled``), never per trace. Templates whose shape
-alone over-matches (credit cards, SSNs) confirm each candidate in Python: a Luhn checksum, the
-SSN area and group rules.
-
-Bounded, because patterns are written by tenants: a regex's program size is capped at save time
-(``models.MAX_REGEX_PROGRAM_SIZE``), a pattern reads at most ``MAX_TEXT_CHARS`` of each side and
-fewer for a large regex, so that one search costs at most ``PATTERN_SEARCH_WORK`` of RE2's worst
-case (``scoring.regex_work``; the verdict's detail says when it read less), and
-``check_off_loop`` runs long texts in a thread under a deadline, so that no pattern can stall the
-event loop (heartbeats, other traces). The threads are shared fairly across projects
-(``fair_share``): a project's slow regexes wait for its own share, never hold another's.
+A pattern answers matched / not matched; ``blend.goodness`` reads that through its polarity. Each pattern
+version is compiled once (``compiled``), never per trace. The one rule: patterns are written by tenants,
+so every search is bounded (``scoring.regex_work``) and long texts run off the event loop, in threads
+shared fairly across projects. The bounds: docs/design-notes.md.
 """
 
 from __future__ import annotations

@@ -1,20 +1,8 @@
 """What an OpenTelemetry span said and who said it, by convention.
 
-Input and output of a span, first found wins (the mapping table in docs/connect/opentelemetry.md):
-
-- GenAI semantic conventions: ``gen_ai.input.messages`` / ``gen_ai.output.messages`` (as span
-  attributes or on a ``gen_ai.client.inference.operation.details`` event), a tool span's
-  ``gen_ai.tool.call.arguments`` / ``gen_ai.tool.call.result``;
-- OpenInference: ``llm.input_messages.*`` / ``llm.output_messages.*``, then ``input.value`` /
-  ``output.value``;
-- the older GenAI attributes ``gen_ai.prompt`` / ``gen_ai.completion`` (a string, JSON messages,
-  or OpenLLMetry's flattened ``gen_ai.prompt.0.content``), then the older events
-  (``gen_ai.content.prompt`` / ``gen_ai.content.completion``, ``gen_ai.{system,user,assistant,
-  tool}.message`` and ``gen_ai.choice``);
-- OpenLLMetry's workflow and task spans: ``traceloop.entity.input`` / ``traceloop.entity.output``.
-
-Message lists become text the way a person reads them: one message of plain text is that
-text; several are one ``Role: text`` line each, tool calls written as ``[calls tool name(args)]``.
+Input and output of a span, first found wins, in the order of the mapping table in
+docs/connect/opentelemetry.md. Message lists become text the way a person reads them.
+The order and the text: docs/design-notes.md.
 """
 
 from __future__ import annotations

@@ -1,16 +1,8 @@
 """Judge calls as OpenTelemetry spans, so teams see them in their own tracing tool.
 
-Each kept judge call (``scoring.judge_calls``: cut and masked) becomes one ``chat`` span under
-the GenAI semantic conventions - ``gen_ai.operation.name``, ``gen_ai.provider.name``,
-``gen_ai.request.model``, ``gen_ai.usage.*``, and the messages as ``gen_ai.input.messages`` /
-``gen_ai.output.messages`` (JSON, the conventions' parts shape) - with the verdict it gave as
-``gen_ai.evaluation.*`` and this project's own ``sgw.*`` attributes. It is linked to the graded
-trace (and step): a span link to its trace id and span id, each taken as is when it is OTLP's hex,
-else hashed to the right size (the raw id rides along as ``sgw.graded.trace_id``).
-
-Ids are derived from the rating and the call, so exporting the same result twice (a
-redelivery) sends the same span ids. Pure: builds an ``ExportTraceServiceRequest``; the
-exporter is ``consumers.judge_export``.
+Pure: builds an ``ExportTraceServiceRequest``; the exporter is ``consumers.judge_export``. The one rule:
+ids are derived from the rating and the call, so exporting the same result twice sends the same span ids.
+The span's attributes and links: docs/design-notes.md.
 """
 
 from __future__ import annotations

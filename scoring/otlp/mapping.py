@@ -1,18 +1,8 @@
-"""OpenTelemetry spans in the trace model.
+"""OpenTelemetry spans in the trace model: ``decode_request``, ``buffered_spans``, ``assemble``.
 
-The Collector's Kafka exporter writes an ``ExportTraceServiceRequest`` per record, as protobuf
-(``otlp_proto``, its default) or as OTLP/JSON (``otlp_json``, ids in hex). One request may hold
-spans of many traces, and one trace may be spread over many requests, so the work is in three
-steps, each a function here:
-
-1. ``decode_request``: the record's bytes as a request, or an ``OtlpError`` saying why not;
-2. ``buffered_spans``: every span as a span of the wire model (``scoring.subjects.Span``) with
-   the trace-level hints it carries (project, agent, session), ready to be buffered until its
-   trace is complete; spans without a project are reported, never guessed;
-3. ``assemble``: the buffered spans of one trace as one ``Trace``.
-
-How the conventions map (GenAI semantic conventions, OpenInference, OpenLLMetry) is decided in
-``scoring.otlp.conventions``; docs/connect/opentelemetry.md has the table.
+One request may hold spans of many traces, and one trace may be spread over many requests, hence three
+steps. The one rule: spans without a project are reported, never guessed. How the conventions map is
+``scoring.otlp.conventions``. The steps: docs/design-notes.md.
 """
 
 from __future__ import annotations

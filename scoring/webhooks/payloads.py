@@ -1,15 +1,8 @@
-"""What a delivery's body looks like, per channel ``format``.
+"""What a delivery's body looks like, per channel ``format``: ``standard``, ``slack`` or ``pagerduty``.
 
-- ``standard``: the Standard Webhooks envelope ``{"type", "timestamp", "data"}`` with the Signal
-  as ``data`` plus ``link`` (from ``SGW_WEBHOOK_LINK_TEMPLATE``, null without one).
-- ``slack``: a Slack incoming-webhook message: ``text`` (the notification line) and ``blocks``.
-- ``pagerduty``: a PagerDuty Events API v2 event: ``trigger`` for a Signal, ``resolve`` when the
-  group scores at or above its threshold again; ``dedup_key`` is the Signal key
-  (``scorer-group:<id>``), so one incident per group opens and closes. An incident of the
-  group's level (``scoring.incidents``) triggers and resolves under ``incident:<incidentId>``.
-
-The body is built when the delivery is attempted, from the delivery on the topic and the
-channel in the catalog, so a channel's routing key never travels on a topic.
+The one rule: the body is built when the delivery is attempted, from the delivery on the topic and the
+channel in the catalog, so a channel's routing key never travels on a topic. The formats:
+docs/design-notes.md.
 """
 
 from __future__ import annotations

@@ -1,17 +1,8 @@
-"""``/v1/judges/{id}/alignments`` and ``/promote``: a candidate judge is measured against
-the current one on people's labels it never saw, then - if it agrees at least as well, or with
-``force`` - made the judge.
+"""``/v1/judges/{id}/alignments`` and ``/promote``: a candidate judge measured against the current one, then promoted.
 
-A run is a job (one not ended per project, fleet-wide; another is refused, 429):
-
-1. read the labelled cases (a dataset's rows with a humanRating and an output, or a review
-   queue's labelled items with texts) and split them (``scoring.alignment.split``);
-2. store the run, its place and its work - the judge and the candidate as they are now, the
-   held-out cases (``adapters.stores.alignments``);
-3. any API process grades it (``worker.alignment_runner``): each judge's calls reserved from the
-   project's judge budget as a dataset run's, a case without room for both left out and counted,
-   the figures saved at the end. A run no process has saved for ``STALE_S`` reads
-   ``interrupted`` until one resumes it.
+Measured on people's labels it never saw; promoted if it agrees at least as well, or with ``force``. The
+one rule: a run is a job, one not ended per project, fleet-wide (another is refused, 429), graded by any
+API process (``worker.alignment_runner``). The steps: docs/design-notes.md.
 """
 
 from __future__ import annotations

@@ -1,22 +1,8 @@
 """Request bodies read and validated without blocking the event loop.
 
-Validating JSON costs about 0.3 us a byte when it is made of tiny values (``[0,0,0,...]``), and
-pydantic holds the GIL throughout, so a thread would not help: a 3 MiB body would stop the event
-loop - ``/healthz`` and every other tenant's request - for a second. So:
-
-1. a body the door let through (``worker.api.door`` bounds its size) of at most ``INLINE_BYTES``
-   is validated on the loop: tens of milliseconds at worst;
-2. a larger one (or one of unknown length) first takes one of ``SGW_API_BODY_READERS`` turns,
-   shared fairly across projects - only then is it read, within ``SGW_API_BODY_READ_TIMEOUT_S``
-   (408 past it), so the bodies held in memory at once are bounded and a body that trickles in
-   holds one turn of its project's, not everyone's - and is validated in one of
-   ``SGW_API_BODY_PARSERS`` parser processes; the validated model (and whatever a route's
-   ``then`` makes of it there, e.g. a dataset's rows) comes back pickled.
-
-Memory under N concurrent maximal requests: the reading turns' bodies (``SGW_API_BODY_READERS``
-x the route's ceiling, raw and parsed), plus at most 64 KiB a waiting connection (uvicorn stops
-reading a socket whose app is not reading). A route reads its body with ``read_body`` and
-declares it with ``body_doc`` (its ceiling, and its schema in the OpenAPI document).
+The one rule: a body of at most ``INLINE_BYTES`` is validated on the loop; a larger one first takes a
+reading turn shared fairly across projects, then is validated in a parser process. A route reads its body
+with ``read_body`` and declares it with ``body_doc``. Why, and the memory bound: docs/design-notes.md.
 """
 
 from __future__ import annotations

@@ -1,19 +1,9 @@
-"""The door every HTTP request passes before any of its body is read. A tenant's body is read
-into memory whole (JSON), so an unbounded one could take the process's memory and the event loop;
-and a caller without a key must not even get that far.
+"""The door every HTTP request passes before any of its body is read.
 
-1. Find the route's ceiling: the ``x-max-body-bytes`` its operation declares in the OpenAPI
-   document (``ceiling(n)``), else ``SMALL_BODY`` - and never more than ``SGW_API_MAX_BODY_BYTES``.
-2. A ``/v1`` request must carry a valid key (``Authorization: Bearer``): checked here, before the
-   body, so that an unauthenticated body is never read (401). The key is kept in the request's
-   state, where ``worker.api.auth`` takes it: one look-up a request. A reviewer key is refused
-   (403) every route its operation does not open to reviewers (``for_reviewers()``, declared in
-   the OpenAPI document beside the ceiling): deny by default, so a route added later is closed
-   to reviewers until it says otherwise.
-3. A declared ``Content-Length`` over the ceiling is refused unread (413); a body sent without one
-   is counted as it streams in and refused once it passes the ceiling.
-
-Parsing what got through is ``worker.api.bodies`` (large bodies off the event loop).
+The one rule: nothing is read before the caller is known and the body bounded - the route's ceiling
+(declared in the OpenAPI document), the key checked (401; a reviewer key 403 wherever a route does not
+open to reviewers: deny by default), a body over the ceiling refused (413). Parsing is
+``worker.api.bodies``. The steps: docs/design-notes.md.
 """
 
 from __future__ import annotations
