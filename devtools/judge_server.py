@@ -8,18 +8,17 @@ As a process: ``python -m devtools.judge_server --port 0``. Markers, examples, s
 from __future__ import annotations
 
 import argparse
-import contextlib
 import json
 import re
 import signal
-import socket
 import threading
 import time
 import uuid
 from collections import Counter, deque
 from dataclasses import dataclass, replace
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-from typing import Any, Literal
+from typing import Any, Literal, Self
+
+from devtools.local_http import ClosingServer, LocalHttpServer, QuietHandler
 
 MARKER = re.compile(r"\[\[rating=(-?\d+(?:\.\d+)?)\]\]")
 # [[rating@MODEL=N]]: a rating for requests that ask MODEL only, so one prompt can give two
@@ -112,45 +111,14 @@ def _error_body(code: int, message: str) -> dict[str, Any]:
     return {"error": {"message": message, "type": err_type, "param": None, "code": err_code}}
 
 
-class _Server(ThreadingHTTPServer):
-    """A quiet threaded HTTP server that also closes its open (keep-alive) connections on close."""
-
-    daemon_threads = True
-    block_on_close = False
-    request_queue_size = 256  # the listen backlog; the default 5 resets bursts of concurrent connects
-
-    def __init__(self, address: tuple[str, int], handler: type[BaseHTTPRequestHandler]) -> None:
-        super().__init__(address, handler)
-        self.connections: set[socket.socket] = set()
-        self.connections_lock = threading.Lock()
-
-    def process_request(self, request: Any, client_address: Any) -> None:
-        with self.connections_lock:
-            self.connections.add(request)
-        super().process_request(request, client_address)
-
-    def shutdown_request(self, request: Any) -> None:
-        with self.connections_lock:
-            self.connections.discard(request)
-        super().shutdown_request(request)
-
-    def handle_error(self, request: Any, client_address: Any) -> None:
-        pass  # a client that went away mid-answer is not news
-
-    def server_close(self) -> None:
-        super().server_close()
-        with self.connections_lock:  # wakes handler threads idling on keep-alive connections
-            for conn in self.connections:
-                with contextlib.suppress(OSError):
-                    conn.shutdown(socket.SHUT_RDWR)
-
-
-class JudgeServer:
+class JudgeServer(LocalHttpServer):
     """The server; ``start()`` binds a free port on 127.0.0.1 and serves from a daemon thread."""
 
     def __init__(self, *, api_key: str | None = None, default_rating: float = 7.0, port: int = 0,
                  refuses: frozenset[str] = frozenset()) -> None:
-        self._requested_port = port  # 0 = a free port chosen at start
+        # port 0 = a free port chosen at each start; a stopped server has none (and starts again)
+        super().__init__(type("Handler", (_Handler,), {"judge": self}), port=port, bind_now=False,
+                         thread_name="judge-server", server_class=ClosingServer)
         # Request parameters answered 400 as OpenAI answers them: "max_tokens" as its reasoning
         # models do, "response_format" as some gateways do.
         self.refuses = refuses
@@ -172,45 +140,26 @@ class JudgeServer:
         self._queue: deque[Behaviour] = deque()
         self._lock = threading.Lock()
         self._stopping = threading.Event()  # set on stop: waits end and hung requests are dropped
-        self._httpd: _Server | None = None
-        self._thread: threading.Thread | None = None
 
     # --- lifecycle --------------------------------------------------------------------------
 
-    def start(self) -> JudgeServer:
-        handler = type("Handler", (_Handler,), {"judge": self})
-        self._httpd = _Server(("127.0.0.1", self._requested_port), handler)
+    def start(self) -> Self:
         self._stopping.clear()
-        self._thread = threading.Thread(target=self._httpd.serve_forever, kwargs={"poll_interval": 0.05},
-                                        name="judge-server", daemon=True)
-        self._thread.start()
-        return self
+        return super().start()
 
     def stop(self) -> None:
         self._stopping.set()
-        if self._httpd is not None:
-            self._httpd.shutdown()
-            self._httpd.server_close()
-            self._httpd = None
-        if self._thread is not None:
-            self._thread.join(timeout=5)
-            self._thread = None
-
-    def __enter__(self) -> JudgeServer:
-        return self.start()
-
-    def __exit__(self, *exc: object) -> None:
-        self.stop()
+        super().stop()
 
     @property
     def port(self) -> int:
-        if self._httpd is None:
+        if not self.bound:
             raise RuntimeError("judge server is not running")
-        return int(self._httpd.server_address[1])
+        return super().port
 
     @property
     def base_url(self) -> str:
-        return f"http://127.0.0.1:{self.port}/v1"
+        return f"{super().base_url}/v1"
 
     # --- scripting --------------------------------------------------------------------------
 
@@ -264,13 +213,9 @@ class JudgeServer:
         return float(found[-1]) if "." in found[-1] else int(found[-1])
 
 
-class _Handler(BaseHTTPRequestHandler):
+class _Handler(QuietHandler):  # HTTP/1.1: keep-alive, like the real API
     judge: JudgeServer
-    protocol_version = "HTTP/1.1"  # keep-alive, like the real API
     disable_nagle_algorithm = True  # headers and body go out in two writes; don't stall the second
-
-    def log_message(self, format: str, *args: Any) -> None:  # keep the server quiet
-        pass
 
     def _send(self, code: int, payload: Any, headers: dict[str, str] | None = None) -> None:
         data = payload.encode() if isinstance(payload, str) else json.dumps(payload).encode()
@@ -300,7 +245,7 @@ class _Handler(BaseHTTPRequestHandler):
                 {"id": MODEL_ID, "object": "model", "created": 0, "owned_by": "judge-server"}]})
 
     def do_POST(self) -> None:
-        raw = self.rfile.read(int(self.headers.get("Content-Length") or 0))  # always drain the body
+        raw = self.read_body()  # always drain the body
         if self.path.split("?")[0].rstrip("/") != "/v1/chat/completions":
             self._send(404, _error_body(404, f"Unknown path {self.path}"))
             return

@@ -11,15 +11,16 @@ from __future__ import annotations
 import json
 import threading
 from collections.abc import Callable
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
 from standardwebhooks import Webhook, WebhookVerificationError
 
+from devtools.local_http import LocalHttpServer, QuietHandler
 
-class WebhookReceiver:
+
+class WebhookReceiver(LocalHttpServer):
     """Serves ``POST /<name>`` on 127.0.0.1; ``secrets`` maps a name to its channel's whsec_
-    secret (or None for an unsigned channel). ``start()`` binds a free port."""
+    secret (or None for an unsigned channel). It binds a free port when made; ``start()`` serves."""
 
     def __init__(self, secrets: dict[str, str | None], say: Callable[[str], None] = print) -> None:
         self.verified: list[dict[str, Any]] = []
@@ -29,26 +30,15 @@ class WebhookReceiver:
         self._lock = threading.Lock()
         outer = self
 
-        class Handler(BaseHTTPRequestHandler):
-            protocol_version = "HTTP/1.1"
-
+        class Handler(QuietHandler):
             def do_POST(self) -> None:
-                body = self.rfile.read(int(self.headers.get("content-length") or 0))
+                body = self.read_body()
                 status = outer._receive(self.path.strip("/"), body, {k.lower(): v for k, v in self.headers.items()})
                 self.send_response(status)
                 self.send_header("Content-Length", "0")
                 self.end_headers()
 
-            def log_message(self, *args: Any) -> None:
-                pass
-
-        self._server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self._server.daemon_threads = True
-        self._thread = threading.Thread(target=self._server.serve_forever, args=(0.1,), daemon=True)
-
-    @property
-    def url(self) -> str:
-        return f"http://127.0.0.1:{self._server.server_address[1]}"
+        super().__init__(Handler, poll_interval_s=0.1)
 
     def channel_url(self, name: str) -> str:
         return f"{self.url}/{name}"
@@ -72,18 +62,3 @@ class WebhookReceiver:
         self._say(f"RECEIVED {name} ({how}) {headers.get('webhook-id', '')}: {data.get('groupId', '?')} "
                   f"rating {data.get('rating', '?')} < {data.get('alertThreshold', '?')}")
         return 204
-
-    def start(self) -> WebhookReceiver:
-        self._thread.start()
-        return self
-
-    def stop(self) -> None:
-        if self._thread.is_alive():  # shutdown() waits for serve_forever, which must have started
-            self._server.shutdown()
-        self._server.server_close()
-
-    def __enter__(self) -> WebhookReceiver:
-        return self.start()
-
-    def __exit__(self, *exc: object) -> None:
-        self.stop()

@@ -9,14 +9,15 @@ from __future__ import annotations
 import json
 import threading
 from collections import Counter
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
+
+from devtools.local_http import LocalHttpServer, QuietHandler
 
 HOLD = "[[hold]]"  # an output carrying this marker is answered only after release()
 HELD_AT_MOST_S = 60.0  # a test that forgets to release still ends
 
 
-class GatedScorer:
+class GatedScorer(LocalHttpServer):
     """Answers ``{"score": 0.9}`` (or ``answer``) for every POST; requests whose subject output
     carries ``HOLD`` wait for ``release()``. Counts requests by subject output."""
 
@@ -28,11 +29,9 @@ class GatedScorer:
         self._lock = threading.Lock()
         outer = self
 
-        class Handler(BaseHTTPRequestHandler):
-            protocol_version = "HTTP/1.1"
-
+        class Handler(QuietHandler):
             def do_POST(self) -> None:
-                body = json.loads(self.rfile.read(int(self.headers.get("content-length") or 0)))
+                body = json.loads(self.read_body())
                 output = str(body.get("output", ""))
                 with outer._lock:
                     outer.seen[output] += 1
@@ -49,16 +48,11 @@ class GatedScorer:
                 except (BrokenPipeError, ConnectionResetError):
                     pass
 
-            def log_message(self, *args: Any) -> None:
-                pass
-
-        self._server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self._server.daemon_threads = True
-        self._thread = threading.Thread(target=self._server.serve_forever, args=(0.05,), daemon=True)
+        super().__init__(Handler)
 
     @property
     def url(self) -> str:
-        return f"http://127.0.0.1:{self._server.server_address[1]}/score"
+        return f"{self.base_url}/score"
 
     def requests(self, output: str) -> int:
         with self._lock:
@@ -67,11 +61,6 @@ class GatedScorer:
     def release(self) -> None:
         self._released.set()
 
-    def __enter__(self) -> GatedScorer:
-        self._thread.start()
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.release()
-        self._server.shutdown()
-        self._server.server_close()
+    def stop(self) -> None:
+        self.release()  # held requests end first
+        super().stop()

@@ -10,8 +10,9 @@ import json
 import threading
 import time
 from dataclasses import dataclass, field
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
+
+from devtools.local_http import LocalHttpServer, QuietHandler
 
 
 @dataclass(frozen=True)
@@ -35,7 +36,7 @@ class Received:
         return json.loads(self.body)
 
 
-class ScriptedServer:
+class ScriptedServer(LocalHttpServer):
     def __init__(self, default: Reply | None = None) -> None:
         self.default = default or Reply()
         self.requests: list[Received] = []
@@ -43,12 +44,9 @@ class ScriptedServer:
         self._lock = threading.Lock()
         outer = self
 
-        class Handler(BaseHTTPRequestHandler):
-            protocol_version = "HTTP/1.1"
-
+        class Handler(QuietHandler):
             def do_POST(self) -> None:
-                length = int(self.headers.get("content-length") or 0)
-                body = self.rfile.read(length)
+                body = self.read_body()
                 with outer._lock:
                     outer.requests.append(Received("POST", self.path,
                                                    {k.lower(): v for k, v in self.headers.items()}, body))
@@ -73,31 +71,8 @@ class ScriptedServer:
                 except (BrokenPipeError, ConnectionResetError):
                     pass  # the client gave up (a timeout test)
 
-            def log_message(self, *args: Any) -> None:
-                pass
-
-        self._server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self._server.daemon_threads = True
-        self._thread = threading.Thread(target=self._server.serve_forever, args=(0.05,), daemon=True)
-
-    @property
-    def url(self) -> str:
-        return f"http://127.0.0.1:{self._server.server_address[1]}"
+        super().__init__(Handler)
 
     def script(self, *replies: Reply) -> None:
         with self._lock:
             self._script.extend(replies)
-
-    def start(self) -> ScriptedServer:
-        self._thread.start()
-        return self
-
-    def stop(self) -> None:
-        self._server.shutdown()
-        self._server.server_close()
-
-    def __enter__(self) -> ScriptedServer:
-        return self.start()
-
-    def __exit__(self, *exc: object) -> None:
-        self.stop()
