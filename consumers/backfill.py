@@ -369,12 +369,12 @@ def _leaving_live_its_share(pair: Pair) -> Pair:
     group's day: a backfill never takes what live traffic needs of a window (its claims and
     reservations are refused first, and the job pauses)."""
     claim = pair.claim
-    if claim.budget_limit is None and claim.group_cost_limit is None:
+    if claim.calls_cap is None and claim.group_cost_cap is None:
         return pair
 
     def lower(cap: int | None) -> int | None:
         return None if cap is None else int(cap * (1 - LIVE_SHARE))
 
     return dataclasses.replace(pair, claim=dataclasses.replace(
-        claim, budget_limit=lower(claim.budget_limit), token_limit=lower(claim.token_limit),
-        cost_limit=lower(claim.cost_limit), group_cost_limit=lower(claim.group_cost_limit)))
+        claim, calls_cap=lower(claim.calls_cap), tokens_cap=lower(claim.tokens_cap),
+        cost_cap=lower(claim.cost_cap), group_cost_cap=lower(claim.group_cost_cap)))

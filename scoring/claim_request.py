@@ -20,18 +20,18 @@ class ClaimRequest:
     group_id: str
     subject_key: str  # "trace:<traceId>", "session:<sessionId>:<turns>" or span_key(...)
     judge_calls: int  # slots to reserve, all or nothing
-    budget_limit: int | None  # calls per window; None = no budget configured (unlimited, counted)
+    calls_cap: int | None  # calls per window; None = no budget configured (unlimited, counted)
     budget_window_s: int = 3600
     # With a token budget: the ceiling of those calls' tokens (``judge_prompt.token_ceiling``),
     # reserved with them, all or nothing; settled to the real usage once the pair is done.
     judge_tokens: int = 0
-    token_limit: int | None = None  # tokens per window; None = no token budget
+    tokens_cap: int | None = None  # tokens per window; None = no token budget
     # Money (``scoring.prices``), in nanos of the currency: with a cap - the project's per window
-    # (``cost_limit``), the group's per day (``group_cost_limit``) - a reservation of calls and
+    # (``cost_cap``), the group's per day (``group_cost_cap``) - a reservation of calls and
     # their token ceiling also reserves their cost ceiling at ``rates``, settled to what they cost.
     rates: Rates = field(default=NO_RATES, kw_only=True)
-    cost_limit: int | None = field(default=None, kw_only=True)
-    group_cost_limit: int | None = field(default=None, kw_only=True)
+    cost_cap: int | None = field(default=None, kw_only=True)
+    group_cost_cap: int | None = field(default=None, kw_only=True)
     # The subject's own day (``day_of``: a trace's timestamp, a session's first turn), the same
     # on every redelivery: the hash its claim is kept in.
     day: int = field(kw_only=True)
@@ -41,12 +41,12 @@ class ClaimRequest:
 
     @property
     def counts_cost(self) -> bool:
-        return self.cost_limit is not None or self.group_cost_limit is not None
+        return self.cost_cap is not None or self.group_cost_cap is not None
 
     @property
     def counts_tokens(self) -> bool:
         """Are its calls' token ceilings reserved (a token cap, or a money cap: their cost)?"""
-        return self.token_limit is not None or self.counts_cost
+        return self.tokens_cap is not None or self.counts_cost
 
     def cost(self, calls: int, tokens: int) -> int:
         """The cost ceiling of ``calls`` judge calls of ``tokens`` token ceiling, in nanos (0

@@ -44,23 +44,23 @@ def pair_of(group: ScorerGroup, subject: Subject, snapshot: CatalogSnapshot, *, 
     ceiling under a token or money cap, and under a money cap - the project's, the group's
     ``maxCostPerDay`` - their cost at ``pricing``."""
     budget = snapshot.budget(group.project_id)
-    token_limit = budget.tokens_cap if budget else None
+    tokens_cap = budget.tokens_cap if budget else None
     cost_cap = budget.cost_cap if budget else None
     day_cap = group.online.max_cost_per_day if group.online is not None else None
     money = cost_cap is not None or day_cap is not None
     calls = upfront_judge_calls(group, snapshot, subject)
-    judges = planned_judges(group, snapshot, subject) if token_limit is not None or money else ()
+    judges = planned_judges(group, snapshot, subject) if tokens_cap is not None or money else ()
     return Pair(group, subject, ClaimRequest(
         project_id=group.project_id, group_id=group.id, subject_key=subject_key, judge_calls=calls,
         revision=snapshot.revision(group),
-        budget_limit=budget.calls_cap if budget else None,
+        calls_cap=budget.calls_cap if budget else None,
         budget_window_s=budget.window_seconds if budget else DEFAULT_BUDGET_WINDOW_S, day=day,
         # The prompts are built to measure them only under a token or money cap.
         judge_tokens=sum(token_ceiling(j, subject) for j in judges) if calls else 0,
-        token_limit=token_limit,
+        tokens_cap=tokens_cap,
         rates=pricing.rates(judges, ANSWER_MAX_TOKENS) if money else NO_RATES,
-        cost_limit=None if cost_cap is None else nanos(cost_cap),
-        group_cost_limit=None if day_cap is None else nanos(day_cap)))
+        cost_cap=None if cost_cap is None else nanos(cost_cap),
+        group_cost_cap=None if day_cap is None else nanos(day_cap)))
 
 
 @frozen

@@ -149,14 +149,14 @@ class Playground:
         window = request.budget_window_s
         start = int(now) // window * window
         state: dict[str, object] = {
-            "judgeCallsPerWindow": request.budget_limit, "judgeTokensPerWindow": request.token_limit,
+            "judgeCallsPerWindow": request.calls_cap, "judgeTokensPerWindow": request.tokens_cap,
             "windowSeconds": window, "windowStart": start, "resetsInSeconds": start + window - int(now),
             "judgeCallsUsed": await self._claims.budget_used(request.project_id, window, now),
             "judgeTokensUsed": await self._claims.tokens_used(request.project_id, window, now)}
-        if request.cost_limit is not None:  # money, in the currency (scoring.prices)
-            state["judgeCostPerWindow"] = request.cost_limit / NANOS
+        if request.cost_cap is not None:  # money, in the currency (scoring.prices)
+            state["judgeCostPerWindow"] = request.cost_cap / NANOS
             state["judgeCostUsed"] = await self._claims.cost_used(request.project_id, window, now) / NANOS
         return PlaygroundRefused(f"the project's judge budget has no room for this example's judge calls "
-                                 f"({state['judgeCallsUsed']} of {request.budget_limit} used; the window resets in "
+                                 f"({state['judgeCallsUsed']} of {request.calls_cap} used; the window resets in "
                                  f"{state['resetsInSeconds']} s)", {"budget": state})
 

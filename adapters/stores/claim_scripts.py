@@ -42,9 +42,9 @@ end
 
 # KEYS: the calls budget key, the tokens key, the money key (the project's window), the claim
 # hashes, the groups' money keys (their day), then the verdict cache's buckets (newest first).
-# ARGV: owner, lease ms, budget limit (-1: none), budget TTL, hash TTL, token limit (-1: none),
+# ARGV: owner, lease ms, calls cap (-1: none), budget TTL, hash TTL, tokens cap (-1: none),
 # "1" to fill (a backfill: see ``Claims``), the number of claim hashes, the number of verdict
-# keys, the money limit (-1: none), the number of group money keys, their TTL, the verdict keys,
+# keys, the cost cap (-1: none), the number of group money keys, their TTL, the verdict keys,
 # the groups' money limits; then per pair: hash index (1-based into the claim hashes), field,
 # judge calls, token ceiling, the group's revision, its verdict keys ("<index into the verdict
 # keys>:<token ceiling>,..."; index 0: a call under way in the worker), its money rates (nanos
@@ -55,11 +55,11 @@ end
 CLAIM = STORED_FIELDS + ADD + """
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
-local owner, lease_ms, limit, token_limit = ARGV[1], tonumber(ARGV[2]), tonumber(ARGV[3]), tonumber(ARGV[6])
+local owner, lease_ms, calls_cap, tokens_cap = ARGV[1], tonumber(ARGV[2]), tonumber(ARGV[3]), tonumber(ARGV[6])
 local lease = 'lease:' .. (now + lease_ms) .. ':' .. owner
 local fill = ARGV[7] == '1'
 local hashes, verdict_keys = tonumber(ARGV[8]), tonumber(ARGV[9])
-local cost_limit, groups, group_ttl = tonumber(ARGV[10]), tonumber(ARGV[11]), ARGV[12]
+local cost_cap, groups, group_ttl = tonumber(ARGV[10]), tonumber(ARGV[11]), ARGV[12]
 local first_group_key, first_bucket = 4 + hashes, 4 + hashes + groups
 local first_pair = 13 + verdict_keys + groups
 local stride = 9
@@ -87,11 +87,11 @@ local group_used, group_reserved = {}, {}
 local function over(want, tokens, cost, g)
   used = used or tonumber(redis.call('GET', KEYS[1]) or '0')
   tokens_used = tokens_used or tonumber(redis.call('GET', KEYS[2]) or '0')
-  if (limit >= 0 and used + reserved + want > limit)
-      or (token_limit >= 0 and tokens_used + tokens_reserved + tokens > token_limit) then return true end
-  if cost_limit >= 0 then
+  if (calls_cap >= 0 and used + reserved + want > calls_cap)
+      or (tokens_cap >= 0 and tokens_used + tokens_reserved + tokens > tokens_cap) then return true end
+  if cost_cap >= 0 then
     cost_used = cost_used or tonumber(redis.call('GET', KEYS[3]) or '0')
-    if cost_used + cost_reserved + cost > cost_limit then return true end
+    if cost_used + cost_reserved + cost > cost_cap then return true end
   end
   if g > 0 then
     group_used[g] = group_used[g] or tonumber(redis.call('GET', KEYS[first_group_key + g - 1]) or '0')
@@ -152,7 +152,7 @@ for i = 1, n do
       else
         reserved = reserved + want
         tokens_reserved = tokens_reserved + tokens
-        if cost_limit >= 0 then cost_reserved = cost_reserved + cost end
+        if cost_cap >= 0 then cost_reserved = cost_reserved + cost end
         if g > 0 then group_reserved[g] = group_reserved[g] + cost end
         for _, index in ipairs(leads) do paid_in_batch[index] = true end
       end
@@ -256,19 +256,19 @@ return out
 # Judge calls decided while a pair is scored (``PairSpend``): a gates-first group's judges once its
 # cheap gates passed, and each retry. KEYS: the calls budget key, the tokens key, the pair's claim
 # hash, the money key, the group's money key (the money key again when it has none). ARGV: owner,
-# budget limit (-1: none), budget TTL, calls, the pair's field, "1" to mark the pair skipped for
+# calls cap (-1: none), budget TTL, calls, the pair's field, "1" to mark the pair skipped for
 # budget when refused (still this owner's lease) as a claim that finds the budget exhausted does,
-# token limit (-1: none), token ceiling of the calls, money limit (-1: none), their money ceiling
-# (nanos), the group's money limit (-1: none), its key's TTL.
+# tokens cap (-1: none), token ceiling of the calls, cost cap (-1: none), their money ceiling
+# (nanos), the group's cost cap (-1: none), its key's TTL.
 RESERVE = ADD + """
-local limit, calls = tonumber(ARGV[2]), tonumber(ARGV[4])
-local token_limit, tokens = tonumber(ARGV[7]), tonumber(ARGV[8])
-local cost_limit, cost, group_limit = tonumber(ARGV[9]), tonumber(ARGV[10]), tonumber(ARGV[11])
+local calls_cap, calls = tonumber(ARGV[2]), tonumber(ARGV[4])
+local tokens_cap, tokens = tonumber(ARGV[7]), tonumber(ARGV[8])
+local cost_cap, cost, group_cost_cap = tonumber(ARGV[9]), tonumber(ARGV[10]), tonumber(ARGV[11])
 local used = tonumber(redis.call('GET', KEYS[1]) or '0')
 local tokens_used = tonumber(redis.call('GET', KEYS[2]) or '0')
-local refused = (limit >= 0 and used + calls > limit) or (token_limit >= 0 and tokens_used + tokens > token_limit)
-  or (cost_limit >= 0 and tonumber(redis.call('GET', KEYS[4]) or '0') + cost > cost_limit)
-  or (group_limit >= 0 and tonumber(redis.call('GET', KEYS[5]) or '0') + cost > group_limit)
+local refused = (calls_cap >= 0 and used + calls > calls_cap) or (tokens_cap >= 0 and tokens_used + tokens > tokens_cap)
+  or (cost_cap >= 0 and tonumber(redis.call('GET', KEYS[4]) or '0') + cost > cost_cap)
+  or (group_cost_cap >= 0 and tonumber(redis.call('GET', KEYS[5]) or '0') + cost > group_cost_cap)
 if refused then
   if ARGV[6] == '1' then
     local current = redis.call('HGET', KEYS[3], ARGV[5])
@@ -281,8 +281,8 @@ if refused then
 end
 add(KEYS[1], calls, ARGV[3])
 add(KEYS[2], tokens, ARGV[3])
-if cost_limit >= 0 then add(KEYS[4], cost, ARGV[3]) end
-if group_limit >= 0 then add(KEYS[5], cost, ARGV[12]) end
+if cost_cap >= 0 then add(KEYS[4], cost, ARGV[3]) end
+if group_cost_cap >= 0 then add(KEYS[5], cost, ARGV[12]) end
 return 1
 """
 

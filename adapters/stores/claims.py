@@ -135,10 +135,10 @@ class Claims:
                     self._reserve,
                     [keys.judge_budget(request.project_id, window_start),
                      keys.judge_tokens(request.project_id, window_start), claim_hash(request), money,
-                     money if request.group_cost_limit is None else _group_cost_key(request, at)],
-                    [self.owner, _limit(request.budget_limit), request.budget_window_s * 2, r.calls,
-                     claim_field(request), int(r.skip_when_refused), _limit(request.token_limit), tokens,
-                     _limit(request.cost_limit), request.cost(r.calls, tokens), _limit(request.group_cost_limit),
+                     money if request.group_cost_cap is None else _group_cost_key(request, at)],
+                    [self.owner, _limit(request.calls_cap), request.budget_window_s * 2, r.calls,
+                     claim_field(request), int(r.skip_when_refused), _limit(request.tokens_cap), tokens,
+                     _limit(request.cost_cap), request.cost(r.calls, tokens), _limit(request.group_cost_cap),
                      keys.GROUP_COST_TTL_S])
             replies = await pipe.execute()
         return [bool(reply) for reply in replies]
@@ -156,7 +156,7 @@ class Claims:
         # One call per project and budget (a batch's requests of a project share its budget).
         by_project: dict[tuple[str, int | None, int, int | None, int | None], list[int]] = defaultdict(list)
         for i, r in enumerate(requests):
-            by_project[(r.project_id, r.budget_limit, r.budget_window_s, r.token_limit, r.cost_limit)].append(i)
+            by_project[(r.project_id, r.calls_cap, r.budget_window_s, r.tokens_cap, r.cost_cap)].append(i)
         results: list[ClaimResult | None] = [None] * len(requests)
         looked_up: list[list[str]] = []  # per project: its verdict keys, in the script's order
         async with ScriptPipeline(self._redis) as pipe:
@@ -172,16 +172,16 @@ class Claims:
                     spec = ",".join(f"{0 if key is None else verdicts.setdefault(key, len(verdicts) + 1)}:{ceiling}"
                                     for key, ceiling in lookups[i]) if lookups is not None else ""
                     group = 0
-                    if r.group_cost_limit is not None:
+                    if r.group_cost_cap is not None:
                         group, _ = group_caps.setdefault(_group_cost_key(r, now),
-                                                         (len(group_caps) + 1, r.group_cost_limit))
+                                                         (len(group_caps) + 1, r.group_cost_cap))
                     rates = r.rates if r.counts_cost else NO_RATES
                     args += [hashes.setdefault(claim_hash(r), len(hashes) + 1), claim_field(r), r.judge_calls,
                              r.judge_tokens if r.counts_tokens else 0, r.revision, spec,
                              rates.per_token, rates.per_call, group]
-                header: list[str | int] = [self.owner, self.lease_ms, _limit(first.budget_limit),
-                                           first.budget_window_s * 2, self._done_ttl_s, _limit(first.token_limit),
-                                           int(self.fill), len(hashes), len(verdicts), _limit(first.cost_limit),
+                header: list[str | int] = [self.owner, self.lease_ms, _limit(first.calls_cap),
+                                           first.budget_window_s * 2, self._done_ttl_s, _limit(first.tokens_cap),
+                                           int(self.fill), len(hashes), len(verdicts), _limit(first.cost_cap),
                                            len(group_caps), keys.GROUP_COST_TTL_S, *verdicts,
                                            *(cap for _, cap in group_caps.values())]
                 looked_up.append(list(verdicts))
@@ -237,9 +237,9 @@ class Claims:
             _, settle = by_project.setdefault(request.project_id, ({}, defaultdict(int)))
             if s.tokens:
                 settle[(keys.judge_tokens(request.project_id, window_start), window_s * 2)] += s.tokens
-            if s.cost and request.cost_limit is not None:
+            if s.cost and request.cost_cap is not None:
                 settle[(keys.judge_cost(request.project_id, window_start), window_s * 2)] += s.cost
-            if s.cost and request.group_cost_limit is not None:
+            if s.cost and request.group_cost_cap is not None:
                 settle[(_group_cost_key(request, s.at), keys.GROUP_COST_TTL_S)] += s.cost
         spared: dict[str, dict[tuple[str, int], tuple[int, int]]] = defaultdict(dict)
         for (project, key, window_s), counted in _saved_by_window(saved, now).items():

@@ -21,7 +21,7 @@ NOW = 1_796_221_800.0
 def req(unique: str, subject: str, calls: int, limit: int | None = 10, group: str = "g",
         day: int = day_of(NOW)) -> ClaimRequest:
     return ClaimRequest(project_id=f"p-{unique}", group_id=group, subject_key=f"trace:{subject}",
-                        judge_calls=calls, budget_limit=limit, budget_window_s=3600, day=day)
+                        judge_calls=calls, calls_cap=limit, budget_window_s=3600, day=day)
 
 
 async def test_budget_is_reserved_all_or_nothing(redis: Redis, unique: str) -> None:
@@ -113,7 +113,7 @@ async def test_budget_runs_out_in_batch_order_within_one_call(redis: Redis, uniq
 async def test_projects_in_one_batch_keep_their_own_budgets(redis: Redis, unique: str) -> None:
     claims = Claims(redis)
     other = ClaimRequest(project_id=f"q-{unique}", group_id="g", subject_key="trace:t1", judge_calls=3,
-                         budget_limit=3, budget_window_s=3600, day=day_of(NOW))
+                         calls_cap=3, budget_window_s=3600, day=day_of(NOW))
     states = [c.state for c in await claims.claim_many(
         [req(unique, "t1", 3, limit=3), other, req(unique, "t2", 3, limit=3)], now=NOW)]
     assert states == ["claimed", "claimed", "exhausted"]
@@ -219,7 +219,7 @@ async def test_a_batch_over_several_projects_is_never_one_transaction(own_redis:
     try:
         claims = Claims(redis)
         other = ClaimRequest(project_id=f"q-{unique}", group_id="g", subject_key="trace:t1", judge_calls=1,
-                             budget_limit=10, budget_window_s=3600, day=day_of(NOW))
+                             calls_cap=10, budget_window_s=3600, day=day_of(NOW))
         batch = [req(unique, "t1", 1), other]
         assert [c.state for c in await claims.claim_many(batch, now=NOW)] == ["claimed", "claimed"]
         assert await claims.confirm(batch) == [True, True]

@@ -18,7 +18,7 @@ DAY = day_of(1_796_000_000)
 
 def req(unique: str, subject: str, calls: int = 1) -> ClaimRequest:
     return ClaimRequest(project_id=f"pb-{unique}", group_id="g", subject_key=f"trace:{subject}",
-                        judge_calls=calls, budget_limit=10, budget_window_s=3600, day=DAY)
+                        judge_calls=calls, calls_cap=10, budget_window_s=3600, day=DAY)
 
 
 async def test_a_done_mark_expires_after_its_ttl(redis: Redis, unique: str) -> None:

@@ -715,7 +715,7 @@ async def test_a_held_pair_whose_budget_runs_out_meanwhile_is_skipped_for_budget
     project = f"p-{unique}"
     loop = await loops(snapshot=catalog({project: ("wait",)}, [Budget(project_id=project, judge_calls_per_window=1)]))
     other = Claims(loop.redis, owner="another-worker", lease_s=90)
-    held = loop.request("wait", "t-0", judge_calls=1, budget_limit=1)
+    held = loop.request("wait", "t-0", judge_calls=1, calls_cap=1)
     assert [c.state for c in await other.claim_many([held])] == ["claimed"], "the other worker spent the budget"
     await loop.send("t-0")
     await loop.start()
@@ -736,7 +736,7 @@ async def test_a_held_pair_found_skipped_at_a_poll_is_not_scored(loops: Callable
     loop.controls.claims.open.clear()  # hold the loop's next poll while the pair changes hands
     await other.release([loop.request("wait", "t-0")])
     third = Claims(loop.redis, owner="third-worker")
-    assert [c.state for c in await third.claim_many([loop.request("wait", "t-0", judge_calls=1, budget_limit=0)])] \
+    assert [c.state for c in await third.claim_many([loop.request("wait", "t-0", judge_calls=1, calls_cap=0)])] \
         == ["exhausted"], "a third worker found no budget: the pair is skipped"
     loop.controls.claims.open.set()
     await loop.committed_to(1)

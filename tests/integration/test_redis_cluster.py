@@ -79,7 +79,7 @@ async def client(cluster: LocalRedisCluster) -> AsyncIterator[RedisCluster]:
 
 def claim(project: str, subject: str, calls: int = 2) -> ClaimRequest:
     return ClaimRequest(project_id=project, group_id="g", subject_key=f"trace:{subject}", judge_calls=calls,
-                        budget_limit=100, budget_window_s=3600, day=day_of(time.time()))
+                        calls_cap=100, budget_window_s=3600, day=day_of(time.time()))
 
 
 def turn(project: str, session: str, n: int) -> Trace:

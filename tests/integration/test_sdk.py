@@ -228,7 +228,7 @@ def test_a_budget_shows_the_calls_and_tokens_its_window_used(env: Env) -> None:
         op.monitor.budgets.set("p-a", 50, window_seconds=3600, judge_tokens_per_window=1_000_000)
         before = a.monitor.budgets.get("p-a")
         request = ClaimRequest(project_id="p-a", group_id="g", subject_key="trace:t-budget", judge_calls=2,
-                               budget_limit=50, budget_window_s=3600, judge_tokens=1_500, token_limit=1_000_000,
+                               calls_cap=50, budget_window_s=3600, judge_tokens=1_500, tokens_cap=1_000_000,
                                day=day_of(time.time()))
 
         async def spend() -> None:

@@ -13,7 +13,7 @@ from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
 from aiokafka.admin import AIOKafkaAdminClient, NewTopic
 
 from adapters.stores.claims import Claims
-from deploy import services
+from devtools import services
 from devtools.processes import free_port as real_free_port
 from devtools.redis_servers import LocalRedis
 from devtools.services import LocalKafka
@@ -76,7 +76,7 @@ async def test_the_claim_script_runs_atomically_on_real_redis(redis_url: str, un
     clients = [connect(redis_url) for _ in range(8)]
     workers = [Claims(client) for client in clients]
     pair = ClaimRequest(project_id=f"p-{unique}", group_id="g", subject_key="trace:t-1", judge_calls=3,
-                        budget_limit=10, day=day_of(time.time()))
+                        calls_cap=10, day=day_of(time.time()))
     try:
         results = await asyncio.gather(*[w.claim_many([pair]) for w in workers])
         states = sorted(state.state for (state,) in results)

@@ -23,7 +23,7 @@ RATING_ID = "rating-of-the-pair"  # a pair's rating id is the same whoever publi
 
 def pair(unique: str) -> ClaimRequest:
     return ClaimRequest(project_id=f"p-{unique}", group_id="g", subject_key="trace:t-1", judge_calls=1,
-                        budget_limit=None, budget_window_s=3600, day=day_of(time.time()))
+                        calls_cap=None, budget_window_s=3600, day=day_of(time.time()))
 
 
 async def two_workers_on_one_pair(redis: Redis, unique: str) -> tuple[ClaimRequest, Claims, Claims]:
@@ -74,7 +74,7 @@ async def test_a_done_mark_over_another_workers_lease_keeps_its_verdict_and_ends
 async def test_a_verdict_of_a_pair_not_marked_in_the_batch_is_not_kept(redis: Redis, unique: str) -> None:
     request = pair(unique)
     other = ClaimRequest(project_id=request.project_id, group_id="g", subject_key="trace:t-2", judge_calls=1,
-                         budget_limit=None, budget_window_s=3600, day=request.day)
+                         calls_cap=None, budget_window_s=3600, day=request.day)
     claims = Claims(redis)
     await claims.claim_many([request, other])
     assert await claims.mark_done([(request, RATING_ID)], paid=paid(other, "not this batch's"),

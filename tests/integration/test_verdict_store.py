@@ -51,7 +51,7 @@ async def test_an_entry_too_large_is_not_kept(redis: Redis, unique: str) -> None
 
 def request(project: str, subject: str, calls: int, limit: int) -> ClaimRequest:
     return ClaimRequest(project_id=project, group_id="g", subject_key=f"trace:{subject}", judge_calls=calls,
-                        budget_limit=limit, budget_window_s=3600, day=day_of(time.time()))
+                        calls_cap=limit, budget_window_s=3600, day=day_of(time.time()))
 
 
 async def test_the_claim_reserves_only_what_no_verdict_or_earlier_pair_pays_for(redis: Redis, unique: str) -> None:

@@ -45,7 +45,7 @@ def _batch(tag: str) -> tuple[list[HistoryEntry], list[tuple[ClaimRequest, str]]
     for p in range(PROJECTS):
         for i in range(PAIRS):
             request = ClaimRequest(f"p-{tag}-{p}", f"g-{tag}-{p}", f"trace:t{i}", 1, 100, judge_tokens=500,
-                                   token_limit=10_000, rates=Rates(per_token=1_000, per_call=1_000), cost_limit=10**12, day=day)
+                                   tokens_cap=10_000, rates=Rates(per_token=1_000, per_call=1_000), cost_cap=10**12, day=day)
             entries.append(HistoryEntry(request.group_id, 4.0 + i, False, now, document=b'{"doc": %d}' % i,
                                         rating_id=f"r-{tag}-{p}-{i}", costs=(("j", 1_000 + i),), judge_calls=1,
                                         tokens=100 + i))

@@ -124,8 +124,8 @@ class Loop:
     # --- looking at it --------------------------------------------------------------------------
 
     def request(self, group_id: str, trace_id: str, judge_calls: int = 0,
-                budget_limit: int | None = None) -> ClaimRequest:
-        return ClaimRequest(self.project, group_id, f"trace:{trace_id}", judge_calls, budget_limit, day=DAY)
+                calls_cap: int | None = None) -> ClaimRequest:
+        return ClaimRequest(self.project, group_id, f"trace:{trace_id}", judge_calls, calls_cap, day=DAY)
 
     async def state(self, group_id: str, trace_id: str) -> str:
         """The pair's claim as stored (read without claiming): lease:..., done:..., skipped:... or ''."""

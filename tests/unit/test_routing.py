@@ -53,7 +53,7 @@ def test_each_live_trace_group_of_the_project_gets_a_pair_with_its_claim() -> No
     for group_id, claim in claims.items():
         assert claim.group_id == group_id
         assert claim.project_id == "acme" and claim.subject_key == "trace:t-1"
-        assert (claim.budget_limit, claim.budget_window_s) == (500, 600), "acme's budget, not another's"
+        assert (claim.calls_cap, claim.budget_window_s) == (500, 600), "acme's budget, not another's"
         assert claim.day == 20_789, "the trace's own day: 2026-12-02 is day 20789 since 1970-01-01 (UTC)"
     assert all(p.subject.trace_id == "t-1" and p.subject.output == "fine" for p in pairs)
 
@@ -66,7 +66,7 @@ def test_a_judge_that_needs_an_expected_answer_reserves_a_call_only_when_the_tra
 
 def test_a_project_without_a_budget_claims_without_a_limit() -> None:
     (pair,) = trace_pairs(trace(), snapshot(group("judged", "acme", JUDGES)))
-    assert pair.claim.budget_limit is None and pair.claim.budget_window_s == DEFAULT_BUDGET_WINDOW_S
+    assert pair.claim.calls_cap is None and pair.claim.budget_window_s == DEFAULT_BUDGET_WINDOW_S
 
 
 def test_sampling_keeps_the_same_traces_for_groups_at_one_rate_and_its_own_for_a_salted_group() -> None:
@@ -99,7 +99,7 @@ def test_a_token_budget_makes_the_claim_reserve_its_judges_token_ceiling() -> No
     ceiling = sum(sum(len(m["content"].encode()) + 8 for m in build_messages(catalog.judges[j], judged.subject))
                   + ANSWER_MAX_TOKENS for j in ("j1", "j2"))
     assert judged.claim.judge_tokens == ceiling > 2 * ANSWER_MAX_TOKENS
-    assert judged.claim.token_limit == 90_000 and claims["patterned"].claim.token_limit == 90_000
+    assert judged.claim.tokens_cap == 90_000 and claims["patterned"].claim.tokens_cap == 90_000
     assert claims["patterned"].claim.judge_tokens == 0, "no judge, no tokens"
 
 
@@ -107,7 +107,7 @@ def test_without_a_token_budget_no_prompt_is_measured() -> None:
     catalog = snapshot(group("judged", "acme", JUDGES),
                        budgets=(Budget(project_id="acme", judge_calls_per_window=50),))
     (pair,) = trace_pairs(trace(), catalog)
-    assert (pair.claim.judge_calls, pair.claim.judge_tokens, pair.claim.token_limit) == (2, 0, None)
+    assert (pair.claim.judge_calls, pair.claim.judge_tokens, pair.claim.tokens_cap) == (2, 0, None)
 
 
 def test_a_gates_first_group_claims_no_judge_up_front() -> None:
