@@ -89,10 +89,10 @@ class DigestSender:
         period = int(now // period_s) - 1  # 1.
         start, end = period * period_s, (period + 1) * period_s
         key = channel_key(channel.url)
-        if await self._digests.settled(group.id, key, period, now):
+        if await self._digests.settled(group.id, key, period):
             return  # (one whose sender died is claimed again below, once stale)
         below, complete = await self._below(group.id, channel.agent_id, start, end)  # 3.
-        if not below or not await self._digests.claim(group.id, key, period, now):  # 2.
+        if not below or not await self._digests.claim(group.id, key, period):  # 2.
             return
         signal = digest_signal(group, channel.url, channel.agent_id, period, period_s, below, complete)
         sent = delivery(signal, channel.url, event=DIGEST_EVENT)  # 4.

@@ -30,6 +30,7 @@ from redis.commands.core import AsyncScript
 
 from adapters.stores import keys
 from adapters.stores.client import RedisClient
+from adapters.stores.scripts import NOW_MS
 from scoring.errors import TooMany
 
 POLL_S = 0.005
@@ -37,9 +38,7 @@ WAIT_S = 10.0
 
 # KEYS: the turn, the queue (by arrival), the waiters' last asks. ARGV: this process, the lease
 # (ms), how long a waiter may stay silent (ms). Returns 1 when the turn is this process's.
-_TAKE = """
-local t = redis.call('TIME')
-local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+_TAKE = NOW_MS + """
 local me, lease, gone = ARGV[1], tonumber(ARGV[2]), tonumber(ARGV[3])
 local left = redis.call('ZRANGEBYSCORE', KEYS[3], '-inf', now - gone, 'LIMIT', 0, 100)
 for _, waiter in ipairs(left) do

@@ -6,6 +6,7 @@ and batch. Each script's KEYS and ARGV are written above it."""
 # ARGV (from ``first``, ``stride`` arguments each: hash index, field, ...) by hash and reads each
 # hash with one HMGET (in chunks: Lua's stack is finite). Returns the fields per hash and what
 # is stored, by "<hash index> <field>".
+from adapters.stores.scripts import NOW_MS
 from adapters.stores.verdicts import KEEP_VERDICTS
 
 STORED_FIELDS = """
@@ -52,9 +53,7 @@ end
 # Money is counted in whole nanos, as integers (exact in Lua's doubles below 2**53). Returns a
 # flat list: per pair state, detail, the verdict keys it reserved calls for ("<index>,..."), the
 # calls, tokens and money it reserved; then per verdict key the verdict stored, or "".
-CLAIM = STORED_FIELDS + ADD + """
-local t = redis.call('TIME')
-local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+CLAIM = STORED_FIELDS + ADD + NOW_MS + """
 local owner, lease_ms, calls_cap, tokens_cap = ARGV[1], tonumber(ARGV[2]), tonumber(ARGV[3]), tonumber(ARGV[6])
 local lease = 'lease:' .. (now + lease_ms) .. ':' .. owner
 local fill = ARGV[7] == '1'
@@ -226,9 +225,7 @@ return released
 # KEYS: claim hashes. ARGV: owner, lease ms, then per pair: hash index, field. Per pair 1 when
 # this owner still holds its lease (renewed from now, even if it had run out while no one took
 # the pair), 0 when the pair is done or another worker's.
-CONFIRM = OWN_LEASES + """
-local t = redis.call('TIME')
-local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+CONFIRM = OWN_LEASES + NOW_MS + """
 local renewed = 'lease:' .. (now + tonumber(ARGV[2])) .. ':' .. ARGV[1]
 local by_hash, mine = own_leases(3, ':' .. ARGV[1])
 local writes = {}

@@ -39,15 +39,13 @@ from typing import Any
 from pydantic import ValidationError
 
 from adapters.stores.client import RedisClient
-from adapters.stores.scripts import ScriptPipeline
+from adapters.stores.scripts import NOW_MS, ScriptPipeline
 from scoring.otlp.mapping import BufferedSpan
 
 SHARDS = 16  # fixed: changing it strands buffered traces under the old tags
 PREFIX = "sgw:otlp"
 
-_ADD = """
-local t = redis.call('TIME')
-local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+_ADD = NOW_MS + """
 local quiet, max_wait, ttl = tonumber(ARGV[1]), tonumber(ARGV[2]), tonumber(ARGV[3])
 local max_spans, max_bytes, max_shard = tonumber(ARGV[4]), tonumber(ARGV[5]), tonumber(ARGV[6])
 local max_project = tonumber(ARGV[7])
@@ -120,9 +118,7 @@ local function forget(member)
 end
 """
 
-_CLAIM = _FORGET + """
-local t = redis.call('TIME')
-local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+_CLAIM = _FORGET + NOW_MS + """
 local prefix, lease = ARGV[3], tonumber(ARGV[2])
 local out = {}
 for _, member in ipairs(redis.call('ZRANGEBYSCORE', KEYS[1], '-inf', now, 'LIMIT', 0, tonumber(ARGV[1]))) do

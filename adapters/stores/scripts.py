@@ -18,6 +18,15 @@ from redis.exceptions import NoScriptError
 
 from adapters.stores.client import RedisClient
 
+# Every lease is on Redis's clock, never a worker's (workers' clocks drift; Redis has one): either
+# a key's expiry (LEASE below) or a deadline in milliseconds of NOW_MS, which a script that dates
+# anything starts with. The delivery schedule alone dates by the sender's clock: its entries are
+# due times of retries the sender plans, and a claimed entry's lease is its due time moved ahead.
+NOW_MS = """
+local t = redis.call('TIME')
+local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+"""
+
 # A lease held in one key (a backfill's partition, an alignment run). KEYS: the lease. ARGV: the
 # holder, the lease in ms. Takes or renews it for the holder: 1, or 0 when another holds it.
 LEASE = """

@@ -19,10 +19,9 @@ from __future__ import annotations
 
 from adapters.stores import keys
 from adapters.stores.client import RedisClient
+from adapters.stores.scripts import NOW_MS
 
-_HOLD = """
-local t = redis.call('TIME')
-local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+_HOLD = NOW_MS + """
 local worker, lease, shards = ARGV[1], tonumber(ARGV[2]), tonumber(ARGV[3])
 redis.call('ZADD', KEYS[1], now + lease, worker)
 redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', now)

@@ -16,7 +16,8 @@ from aiokafka import AIOKafkaProducer
 from pydantic import ValidationError
 from redis.asyncio import Redis
 
-from adapters.stores.digests import DigestStore
+from adapters.stores import keys
+from adapters.stores.digests import PENDING_S, DigestStore
 from adapters.stores.ratings import RatingsStore
 from consumers.digests import DigestSender
 from consumers.events import Silent
@@ -88,3 +89,21 @@ def test_a_pagerduty_channel_takes_no_digest() -> None:
     with pytest.raises(ValidationError, match="digestSeconds"):
         AlertChannel.model_validate({"agentId": "a", "url": "https://events.pagerduty.com/v2/enqueue",
                                      "format": "pagerduty", "routingKey": "k" * 32, "digestSeconds": 300})
+
+
+async def test_a_pending_claim_is_dated_by_redis_clock_and_taken_again_once_stale(redis: Redis, unique: str) -> None:
+    """A sender that died after claiming leaves ``pending:<Redis's seconds>``: another sender
+    may take the period once that is PENDING_S old on Redis's clock, not before; a sent period
+    is never taken again."""
+    store = DigestStore(redis)
+    seconds, _ = await redis.time()
+    key = keys.digest_period(f"g-{unique}", "c", 7)
+    await redis.set(key, f"pending:{seconds - PENDING_S + 5}")  # a live sender's, by Redis's clock
+    assert await store.settled(f"g-{unique}", "c", 7)
+    assert not await store.claim(f"g-{unique}", "c", 7), "a live sender has it"
+    await redis.set(key, f"pending:{seconds - PENDING_S - 5}")  # its sender died
+    assert not await store.settled(f"g-{unique}", "c", 7)
+    assert await store.claim(f"g-{unique}", "c", 7), "a stale claim is taken again"
+    assert not await store.claim(f"g-{unique}", "c", 7), "and then it is this sender's"
+    await store.sent(f"g-{unique}", "c", 7)
+    assert await store.settled(f"g-{unique}", "c", 7) and not await store.claim(f"g-{unique}", "c", 7)
