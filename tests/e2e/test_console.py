@@ -21,13 +21,11 @@ import pytest
 
 from scorer_groups import Client
 from scoring.results import HistoryEntry
-from tests.support import console_browser
 from tests.support.console_browser import XSS, Env, a_rating, count_matched, record, sign_in, wait_for
 
 pytestmark = pytest.mark.integration
 
 # The console's browser and API process (``tests.support.console_browser``), for this module.
-browser, env = console_browser.browser, console_browser.env
 
 webdriver = pytest.importorskip("selenium.webdriver", reason="selenium is not installed (pip install '.[test]')")
 from selenium.common.exceptions import (  # noqa: E402
@@ -38,30 +36,30 @@ from selenium.webdriver.common.by import By  # noqa: E402
 from selenium.webdriver.support.ui import WebDriverWait  # noqa: E402
 
 
-def test_the_console_is_served_with_a_policy_that_forbids_inline_script(env: Env) -> None:
-    page = httpx.get(env.api.url + "/console")
+def test_the_console_is_served_with_a_policy_that_forbids_inline_script(console: Env) -> None:
+    page = httpx.get(console.api.url + "/console")
     policy = page.headers["content-security-policy"]
     assert page.status_code == 200 and "script-src 'self'" in policy and "unsafe-inline" not in policy
     assert "frame-ancestors 'none'" in policy and page.headers["x-content-type-options"] == "nosniff"
     assert "<script>" not in page.text, "no inline script in the page"
-    assert httpx.get(env.api.url + "/console/static/../openapi.json").status_code == 404
+    assert httpx.get(console.api.url + "/console/static/../openapi.json").status_code == 404
 
 
-def test_the_console_and_the_api_docs_name_an_icon_the_api_serves(env: Env) -> None:
+def test_the_console_and_the_api_docs_name_an_icon_the_api_serves(console: Env) -> None:
     # Without one, a browser asks for /favicon.ico and logs the 404 on every page.
     for page in ("/console", "/docs"):
-        icon = re.search(r'<link rel="icon" href="([^"]+)" type="image/svg\+xml">', httpx.get(env.api.url + page).text)
+        icon = re.search(r'<link rel="icon" href="([^"]+)" type="image/svg\+xml">', httpx.get(console.api.url + page).text)
         assert icon, f"{page} names no icon"
-        answer = httpx.get(env.api.url + icon.group(1))
+        answer = httpx.get(console.api.url + icon.group(1))
         assert answer.status_code == 200 and answer.headers["content-type"] == "image/svg+xml"
         assert answer.text.startswith("<svg ") and "<script" not in answer.text
 
 
-def test_the_console_from_sign_in_to_an_edit(env: Env, browser: Any) -> None:
+def test_the_console_from_sign_in_to_an_edit(console: Env, browser: Any) -> None:
     # Sign in: the key goes to this tab's sessionStorage, nowhere else.
-    sign_in(browser, env)
-    assert browser.execute_script("return sessionStorage.getItem('sgw-api-key')") == env.key
-    assert env.key not in browser.current_url and browser.get_cookies() == []
+    sign_in(browser, console)
+    assert browser.execute_script("return sessionStorage.getItem('sgw-api-key')") == console.key
+    assert console.key not in browser.current_url and browser.get_cookies() == []
 
     # The groups: this project's only; the XSS name is text, not an element, and nothing ran.
     names = [a.text for a in browser.find_elements(By.CSS_SELECTOR, "#groups .group-name")]
@@ -69,25 +67,25 @@ def test_the_console_from_sign_in_to_an_edit(env: Env, browser: Any) -> None:
     assert browser.find_elements(By.CSS_SELECTOR, "main img") == [], "the group name became markup"
     with pytest.raises(NoAlertPresentException):
         browser.switch_to.alert  # noqa: B018
-    row = browser.find_element(By.CSS_SELECTOR, f"#groups tr[data-group='{env.group.id}']")
+    row = browser.find_element(By.CSS_SELECTOR, f"#groups tr[data-group='{console.group.id}']")
     assert "live, trace scope, sample 50%, alert below 6 (high)" in row.text
 
     # A group's page: the chart draws one point per bucket with ratings, the band, the counts.
     row.find_element(By.CSS_SELECTOR, "a").click()
-    points = wait_for(browser, "#chart circle.point", len(env.hours))
-    assert len(points) == len(env.hours) and browser.find_elements(By.CSS_SELECTOR, "#chart polygon.band")
+    points = wait_for(browser, "#chart circle.point", len(console.hours))
+    assert len(points) == len(console.hours) and browser.find_elements(By.CSS_SELECTOR, "#chart polygon.band")
     summary = browser.find_element(By.ID, "chart-summary").text
-    assert f"{env.results} results" in summary and f"{len(env.hours)} below the threshold" in summary
+    assert f"{console.results} results" in summary and f"{len(console.hours)} below the threshold" in summary
     spend = browser.find_element(By.ID, "chart-spend").text  # 11 calls at 0.0025 USD, one of unknown cost
     assert "Spend: 0.0275 USD over" in spend and "and 1 call(s) of unknown cost" in spend, spend
-    assert f"({0.0275 / env.results:.6f}".rstrip("0") + " USD a result)" in spend, spend
+    assert f"({0.0275 / console.results:.6f}".rstrip("0") + " USD a result)" in spend, spend
     assert "0.0275 USD over the last day" in spend, spend
 
     # Recent results, newest first, with the switch between the blend and the members' verdicts.
     results = wait_for(browser, "#results .result", 12)
-    assert len(results) == env.results
+    assert len(results) == console.results
     first = results[0]
-    assert f"trace-{env.results - 1}" in first.text, "the newest result first"
+    assert f"trace-{console.results - 1}" in first.text, "the newest result first"
     assert first.find_element(By.CSS_SELECTOR, ".justification").text.startswith("Weighted blend:")
     first.find_element(By.CSS_SELECTOR, "button[data-view='Judge scores']").click()
     verdicts = first.find_elements(By.CSS_SELECTOR, ".members tbody tr")
@@ -100,7 +98,7 @@ def test_the_console_from_sign_in_to_an_edit(env: Env, browser: Any) -> None:
     wait_for(browser, "#chart button[data-window='7d']")[0].click()
     WebDriverWait(browser, 10, ignored_exceptions=[StaleElementReferenceException]).until(
         lambda d: d.find_element(By.CSS_SELECTOR, "#chart button[aria-pressed='true']").get_attribute("data-window") == "7d")
-    assert len(wait_for(browser, "#chart circle.point", len(env.hours))) == len(env.hours), "hourly buckets at 7d"
+    assert len(wait_for(browser, "#chart circle.point", len(console.hours))) == len(console.hours), "hourly buckets at 7d"
 
     # The playground grades an example with every member, now.
     browser.find_element(By.ID, "play-input").send_keys("Where is my parcel?")
@@ -119,7 +117,7 @@ def test_the_console_from_sign_in_to_an_edit(env: Env, browser: Any) -> None:
     assert "1" in error.text and "invalid" in rate.get_attribute("class")
 
     # Dataset runs with their gate.
-    browser.get(env.api.url + "/console#/runs")
+    browser.get(console.api.url + "/console#/runs")
     run = wait_for(browser, "#runs tbody tr")[0]
     assert "Release bar" in run.text and "pass" in run.text
     gate = browser.find_element(By.ID, "fail-under")
@@ -129,9 +127,9 @@ def test_the_console_from_sign_in_to_an_edit(env: Env, browser: Any) -> None:
         lambda d: "fail" in d.find_element(By.CSS_SELECTOR, "#runs tbody tr").text)
 
 
-def test_the_xss_group_page_shows_its_name_as_text(env: Env, browser: Any) -> None:
-    sign_in(browser, env)
-    browser.get(env.api.url + f"/console#/groups/{env.xss.id}")
+def test_the_xss_group_page_shows_its_name_as_text(console: Env, browser: Any) -> None:
+    sign_in(browser, console)
+    browser.get(console.api.url + f"/console#/groups/{console.xss.id}")
     title = wait_for(browser, "#group-title")[0]
     assert title.text == XSS
     assert browser.find_elements(By.CSS_SELECTOR, "main img") == []
@@ -139,21 +137,21 @@ def test_the_xss_group_page_shows_its_name_as_text(env: Env, browser: Any) -> No
         browser.switch_to.alert  # noqa: B018
 
 
-def test_two_groups_at_one_rate_are_compared_trace_by_trace(env: Env, browser: Any) -> None:
+def test_two_groups_at_one_rate_are_compared_trace_by_trace(console: Env, browser: Any) -> None:
     # Consistent sampling: a new rubric at the old one's rate grades the same traces, so the
     # console sets their results side by side with the mean difference over the shared ones.
-    with Client(env.api.url, env.key) as client:
+    with Client(console.api.url, console.key) as client:
         online = {"enabled": True, "sampleRate": 0.5, "alertThreshold": 6, "severity": "high"}
-        members = [m.wire() for m in env.group.members]
+        members = [m.wire() for m in console.group.members]
         rubric = client.monitor.scorer_groups.create("New rubric", members=members, online=online)
         try:
             now = time.time()
             # The new rubric scored six of the release bar's traces, each one point higher.
             shared = [HistoryEntry(rubric.id, score + 1, False, now - 60, a_rating(rubric, n, score + 1, now - 60)
                                    .to_json()) for n, score in enumerate((4.0, 7.0, 9.0, 4.0, 7.0, 9.0))]
-            asyncio.run(record(env.url, shared))
-            sign_in(browser, env)
-            browser.get(env.api.url + f"/console#/groups/{env.group.id}")
+            asyncio.run(record(console.url, shared))
+            sign_in(browser, console)
+            browser.get(console.api.url + f"/console#/groups/{console.group.id}")
             choice = wait_for(browser, "#compare-with option[value='" + rubric.id + "']")[0]
             offered = [o.text for o in browser.find_elements(By.CSS_SELECTOR, "#compare-with option")][1:]
             assert sorted(offered) == sorted(["New rubric", XSS]), "this project's other groups, no one else's"
@@ -168,15 +166,15 @@ def test_two_groups_at_one_rate_are_compared_trace_by_trace(env: Env, browser: A
 
 
 def test_the_filter_builder_saves_a_filter_shows_refusals_at_their_row_and_the_playground_says_if_it_matches(
-        env: Env, browser: Any) -> None:
-    with Client(env.api.url, env.key) as client:
+        console: Env, browser: Any) -> None:
+    with Client(console.api.url, console.key) as client:
         online = {"enabled": True, "sampleRate": 0.2, "alertThreshold": 6, "severity": "high"}
-        group = client.monitor.scorer_groups.create("Aimed", members=[m.wire() for m in env.group.members],
+        group = client.monitor.scorer_groups.create("Aimed", members=[m.wire() for m in console.group.members],
                                                     online=online)
         try:
-            asyncio.run(count_matched(env.url, group.id, 37))  # as the worker counts them, on its tick
-            sign_in(browser, env)
-            browser.get(env.api.url + f"/console#/groups/{group.id}")
+            asyncio.run(count_matched(console.url, group.id, 37))  # as the worker counts them, on its tick
+            sign_in(browser, console)
+            browser.get(console.api.url + f"/console#/groups/{group.id}")
             wait_for(browser, "#filter-rows")
             assert wait_for(browser, "#chart-matched")[0].text == "37 traces of the project seen", "no filter yet"
 
@@ -212,7 +210,7 @@ def test_the_filter_builder_saves_a_filter_shows_refusals_at_their_row_and_the_p
             assert "invalid" in bad_input.get_attribute("class")
 
             # The playground says whether live scoring would see the example.
-            browser.get(env.api.url + f"/console#/groups/{group.id}")
+            browser.get(console.api.url + f"/console#/groups/{group.id}")
             wait_for(browser, "#play-input")[0].send_keys("q")
             browser.find_element(By.ID, "play-output").send_keys("a [[rating=7]]")
             browser.find_element(By.CSS_SELECTOR, "#playground button[type=submit]").click()

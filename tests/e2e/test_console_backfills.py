@@ -23,7 +23,6 @@ from tests.support.redis_clients import connect
 pytestmark = pytest.mark.integration
 
 # The console tests' fixtures, for this module: its own API process with its groups, and chromium.
-browser, env = console_browser.browser, console_browser.env
 
 By = pytest.importorskip("selenium.webdriver.common.by").By
 
@@ -66,24 +65,24 @@ def set_local(browser: Any, field: str, offset_s: int) -> datetime:
 
 
 def test_the_estimate_before_the_start_button_says_what_the_job_would_spend_and_starts_nothing(
-        env: Env, browser: Any) -> None:
-    group = a_group(env, "Estimated", 1.0)
+        console: Env, browser: Any) -> None:
+    group = a_group(console, "Estimated", 1.0)
     try:
-        open_group(browser, env, group.id)
+        open_group(browser, console, group.id)
         browser.find_element(By.ID, "backfill-estimate-button").click()
         said = wait_for(browser, "#backfill-estimate:not(:empty)")[0].text
         traces = console_browser.TRACES  # the topic's, of the last hour: every one in the last day
         assert said.startswith(f"Estimate: {traces} traces, {traces} pairs (+/- 0), {traces} judge calls, "), said
         assert " USD" in said and "the whole window read" in said and "ceilings" in said, said
-        assert jobs_of(env, group.id) == [], "an estimate starts nothing"
+        assert jobs_of(console, group.id) == [], "an estimate starts nothing"
     finally:
-        delete(env, group)
+        delete(console, group)
 
 
-def test_a_backfill_started_from_the_form_is_listed_queued_and_cancelled(env: Env, browser: Any) -> None:
-    group = a_group(env, "Backfilled", 0.25)
+def test_a_backfill_started_from_the_form_is_listed_queued_and_cancelled(console: Env, browser: Any) -> None:
+    group = a_group(console, "Backfilled", 0.25)
     try:
-        open_group(browser, env, group.id)
+        open_group(browser, console, group.id)
         assert browser.find_element(By.ID, "backfill-jobs").text == "No backfills yet."
         form = browser.find_element(By.ID, "backfill-form")
         rate = form.find_element(By.CSS_SELECTOR, "[data-field='sampleRate']")
@@ -99,7 +98,7 @@ def test_a_backfill_started_from_the_form_is_listed_queued_and_cancelled(env: En
         assert job.find_element(By.CSS_SELECTOR, ".backfill-status").text == "queued"
         assert "0%: 0 traces read, 0 scored, 0 skipped, 0 of at most 500 judge calls" in job.text
         assert "sample 25%, alerts off" in job.text
-        [started] = jobs_of(env, group.id)
+        [started] = jobs_of(console, group.id)
         assert job.get_attribute("data-backfill") == started["id"] and started["status"] == "queued"
         window = datetime.fromisoformat(started["from"]), datetime.fromisoformat(started["to"])
         assert window[1] - window[0] == timedelta(hours=1) and window[1].second == 0
@@ -110,7 +109,7 @@ def test_a_backfill_started_from_the_form_is_listed_queued_and_cancelled(env: En
         job.find_element(By.CSS_SELECTOR, f"button[data-cancel='{started['id']}']").click()
         done = wait_for(browser, f"#backfill-jobs .backfill[data-backfill='{started['id']}'][data-status='cancelled']")
         assert done[0].find_elements(By.CSS_SELECTOR, "button") == []
-        assert jobs_of(env, group.id)[0]["status"] == "cancelled"
+        assert jobs_of(console, group.id)[0]["status"] == "cancelled"
 
         # A custom window with alerts, listed first; cancelled elsewhere, the page reads it again.
         form.find_element(By.CSS_SELECTOR, "[data-field='maxJudgeCalls']").clear()
@@ -119,22 +118,22 @@ def test_a_backfill_started_from_the_form_is_listed_queued_and_cancelled(env: En
         alerts.click()
         form.find_element(By.CSS_SELECTOR, "button[type=submit]").click()
         wait_for(browser, "#backfill-jobs .backfill", 2)
-        second = jobs_of(env, group.id)[0]
+        second = jobs_of(console, group.id)[0]
         assert (datetime.fromisoformat(second["from"]), datetime.fromisoformat(second["to"])) == (begin, end)
         assert second["alerts"] is True and second["maxJudgeCalls"] is None
         rows = wait_for(browser, "#backfill-jobs .backfill[data-status='queued']")
         assert rows[0].get_attribute("data-backfill") == second["id"], "newest first"
-        with env.api.client(env.key) as http:
+        with console.api.client(console.key) as http:
             assert http.delete(f"/v1/backfills/{second['id']}").status_code == 200
         wait_for(browser, f"#backfill-jobs .backfill[data-backfill='{second['id']}'][data-status='cancelled']")
         assert browser.find_elements(By.CSS_SELECTOR, "#backfill-jobs button") == []
     finally:
-        delete(env, group)
+        delete(console, group)
 
 
-def test_refused_starts_show_the_api_message_at_the_field(env: Env, browser: Any) -> None:
+def test_refused_starts_show_the_api_message_at_the_field(console: Env, browser: Any) -> None:
     # The XSS-named group has no online profile: the job's sample rate is required.
-    open_group(browser, env, env.xss.id)
+    open_group(browser, console, console.xss.id)
     form = browser.find_element(By.ID, "backfill-form")
     rate = form.find_element(By.CSS_SELECTOR, "[data-field='sampleRate']")
     assert rate.get_attribute("value") == "" and "required" in form.find_element(By.CSS_SELECTOR, "label[for=f-sampleRate]").text
@@ -160,7 +159,7 @@ def test_refused_starts_show_the_api_message_at_the_field(env: Env, browser: Any
     assert "must not be in the future" in error.text
     assert "invalid" in form.find_element(By.CSS_SELECTOR, "[data-field='to']").get_attribute("class")
     assert browser.find_element(By.ID, "backfill-form-message").text == ""
-    assert jobs_of(env, env.xss.id) == [] and browser.find_element(By.ID, "backfill-jobs").text == "No backfills yet."
+    assert jobs_of(console, console.xss.id) == [] and browser.find_element(By.ID, "backfill-jobs").text == "No backfills yet."
     assert browser.find_elements(By.CSS_SELECTOR, "main img") == []
 
 
@@ -179,20 +178,20 @@ async def as_the_runner(url: str, step: str, job_id: str) -> None:
         await redis.aclose()
 
 
-def test_a_jobs_progress_pause_notes_and_error_are_shown_as_text_as_they_change(env: Env, browser: Any) -> None:
-    group = a_group(env, "Watched", 0.5)
+def test_a_jobs_progress_pause_notes_and_error_are_shown_as_text_as_they_change(console: Env, browser: Any) -> None:
+    group = a_group(console, "Watched", 0.5)
     try:
-        with env.api.client(env.key) as http:
+        with console.api.client(console.key) as http:
             now = datetime.now(UTC)
             started = http.post(f"/v1/scorer-groups/{group.id}/backfills", json={
                 "from": (now - timedelta(days=1)).isoformat(), "to": now.isoformat()})
             assert started.status_code == 202, started.text
             job_id = started.json()["id"]
-        open_group(browser, env, group.id)
+        open_group(browser, console, group.id)
         at = f"#backfill-jobs .backfill[data-backfill='{job_id}']"
         wait_for(browser, at + "[data-status='queued']")
 
-        asyncio.run(as_the_runner(env.url, "read", job_id))
+        asyncio.run(as_the_runner(console.url, "read", job_id))
         job = wait_for(browser, at + "[data-status='running']")[0]
         assert job.find_element(By.CSS_SELECTOR, ".backfill-counts").text == \
             "40%: 40 traces read, 30 scored, 2 skipped, 25 judge calls"
@@ -200,7 +199,7 @@ def test_a_jobs_progress_pause_notes_and_error_are_shown_as_text_as_they_change(
         assert [n.text for n in job.find_elements(By.CSS_SELECTOR, ".backfill-notes li")] == [f"partition 0: {XSS}"]
         assert browser.find_elements(By.CSS_SELECTOR, "main img") == [], "a note became markup"
 
-        asyncio.run(as_the_runner(env.url, "pause", job_id))
+        asyncio.run(as_the_runner(console.url, "pause", job_id))
         job = wait_for(browser, at + "[data-status='paused']")[0]
         assert job.find_element(By.CSS_SELECTOR, ".backfill-paused").text.startswith("paused until ")
         assert job.find_elements(By.CSS_SELECTOR, f"button[data-cancel='{job_id}']"), "a paused job can be cancelled"
@@ -208,10 +207,10 @@ def test_a_jobs_progress_pause_notes_and_error_are_shown_as_text_as_they_change(
             browser.execute_script("document.getElementById('backfills').scrollIntoView()")
             browser.save_screenshot(os.environ["SGW_CONSOLE_BACKFILLS_SCREENSHOT"])
 
-        asyncio.run(as_the_runner(env.url, "fail", job_id))
+        asyncio.run(as_the_runner(console.url, "fail", job_id))
         job = wait_for(browser, at + "[data-status='failed']")[0]
         assert job.find_element(By.CSS_SELECTOR, ".backfill-error").text == "<b>the traces topic is gone</b>"
         assert job.find_elements(By.CSS_SELECTOR, "button") == [] and browser.find_elements(By.CSS_SELECTOR, "main b") == []
         assert job.find_elements(By.CSS_SELECTOR, ".backfill-paused") == []
     finally:
-        delete(env, group)
+        delete(console, group)

@@ -21,13 +21,11 @@ from scorer_groups import Client
 from scoring.judge_calls import encode_calls, kept
 from scoring.ports import JudgeCall, TokenUsage
 from scoring.results import HistoryEntry
-from tests.support import console_browser
 from tests.support.console_browser import XSS, Env, a_rating, record, sign_in, wait_for
 
 pytestmark = pytest.mark.integration
 
 # The console tests' fixtures, for this module: its own API process with its groups, and chromium.
-browser, env = console_browser.browser, console_browser.env
 
 By = pytest.importorskip("selenium.webdriver.common.by").By
 Select = pytest.importorskip("selenium.webdriver.support.select").Select
@@ -59,9 +57,9 @@ def write(env: Env, group: Any, n: int, calls: list[tuple[str, str, tuple[JudgeC
 
 
 @pytest.fixture
-def group(env: Env) -> Iterator[Any]:
-    with Client(env.api.url, env.key) as client:
-        made = client.monitor.scorer_groups.create("Called", members=[m.wire() for m in env.group.members])
+def group(console: Env) -> Iterator[Any]:
+    with Client(console.api.url, console.key) as client:
+        made = client.monitor.scorer_groups.create("Called", members=[m.wire() for m in console.group.members])
         yield made
         client.monitor.scorer_groups.delete(made.id)
 
@@ -75,13 +73,13 @@ def open_judge_scores(browser: Any, env: Env, group: Any, rating_id: str) -> Any
     return result
 
 
-def test_the_judge_scores_view_opens_a_judge_members_call(env: Env, browser: Any, group: Any) -> None:
+def test_the_judge_scores_view_opens_a_judge_members_call(console: Env, browser: Any, group: Any) -> None:
     judge = group.members[0].ref_id
     graded = a_call("judge-model-x", (("system", SYSTEM), ("user", HOSTILE), ("user", LONG)), ANSWER,
                     latency_s=1.25, attempts=2, usage=TokenUsage(1200, 35))
     elsewhere = a_call("other-model", (("user", "not this member's"),), "{}", latency_s=0.1, attempts=1)
-    rating_id = write(env, group, 100, [(judge, "Helpful", (graded,)), (judge, "Helpful (old label)", (elsewhere,))])
-    result = open_judge_scores(browser, env, group, rating_id)
+    rating_id = write(console, group, 100, [(judge, "Helpful", (graded,)), (judge, "Helpful (old label)", (elsewhere,))])
+    result = open_judge_scores(browser, console, group, rating_id)
 
     rows = result.find_elements(By.CSS_SELECTOR, ".members tbody tr")
     assert [r.get_attribute("data-member") for r in rows] == ["Helpful", "PII"]
@@ -122,17 +120,17 @@ def test_the_judge_scores_view_opens_a_judge_members_call(env: Env, browser: Any
     assert not result.find_element(By.CSS_SELECTOR, "[data-call-panel]").is_displayed()
 
 
-def test_a_cached_verdict_says_who_paid_for_it_and_the_page_its_hit_rate(env: Env, browser: Any, group: Any) -> None:
+def test_a_cached_verdict_says_who_paid_for_it_and_the_page_its_hit_rate(console: Env, browser: Any, group: Any) -> None:
     judge = group.members[0].ref_id
-    paid = write(env, group, 300, [(judge, "Helpful", (a_call("m", (("user", "Is it right?"),), ANSWER, 1.0, 1),))])
+    paid = write(console, group, 300, [(judge, "Helpful", (a_call("m", (("user", "Is it right?"),), ANSWER, 1.0, 1),))])
     rating = a_rating(group, 301, 7.0, time.time())
     cached_member = rating.members[0].model_copy(update={"cached": True, "cached_from": paid})
     rating = rating.model_copy(update={"members": [cached_member, rating.members[1]]})
     not_made = kept(JudgeCall(model="m", messages=(("user", "Is it right?"),), answer=None, started_at=time.time(),
                               latency_s=0.0, attempts=0, usage=None, cached_from=paid), lambda text: text)
-    asyncio.run(record(env.url, [HistoryEntry(group.id, 7.0, False, time.time(), rating.to_json(), rating_id=rating.id,
+    asyncio.run(record(console.url, [HistoryEntry(group.id, 7.0, False, time.time(), rating.to_json(), rating_id=rating.id,
                                               calls=encode_calls([(judge, "Helpful", (not_made,))]))]))
-    result = open_judge_scores(browser, env, group, rating.id)
+    result = open_judge_scores(browser, console, group, rating.id)
     cached = result.find_element(By.CSS_SELECTOR, ".members [data-cached]")
     assert cached.get_attribute("data-cached") == paid and cached.text == "(cached)"
     result.find_element(By.CSS_SELECTOR, "button[data-call='Helpful']").click()
@@ -143,15 +141,15 @@ def test_a_cached_verdict_says_who_paid_for_it_and_the_page_its_hit_rate(env: En
     assert rate.startswith(f"Verdict cache: 1 of these {shown} judge verdicts were paid for already"), rate
 
 
-def test_a_result_without_calls_and_one_no_longer_kept_say_so(env: Env, browser: Any, group: Any) -> None:
-    quiet = write(env, group, 200, None)  # its judge made no call (a gate failed first, say)
-    result = open_judge_scores(browser, env, group, quiet)
+def test_a_result_without_calls_and_one_no_longer_kept_say_so(console: Env, browser: Any, group: Any) -> None:
+    quiet = write(console, group, 200, None)  # its judge made no call (a gate failed first, say)
+    result = open_judge_scores(browser, console, group, quiet)
     result.find_element(By.CSS_SELECTOR, "button[data-call='Helpful']").click()
     assert wait_for(browser, f"#call-{quiet} [data-no-call]")[0].text == "no call recorded"
     assert result.find_elements(By.CSS_SELECTOR, ".call") == []
 
-    gone = write(env, group, 201, None, indexed=False)  # not found by its id: as once trimmed from the list
-    result = open_judge_scores(browser, env, group, gone)
+    gone = write(console, group, 201, None, indexed=False)  # not found by its id: as once trimmed from the list
+    result = open_judge_scores(browser, console, group, gone)
     result.find_element(By.CSS_SELECTOR, "button[data-call='Helpful']").click()
     assert "the calls of this result are no longer kept" in \
         wait_for(browser, f"#call-{gone} [data-calls-gone]")[0].text.lower()
@@ -164,10 +162,10 @@ def judges(env: Env) -> list[dict[str, Any]]:
         return list(answer.json()["items"])
 
 
-def test_the_editor_makes_a_judge_from_a_template(env: Env, browser: Any) -> None:
-    before = {j["id"] for j in judges(env)}
-    sign_in(browser, env)
-    browser.get(env.api.url + "/console#/new")
+def test_the_editor_makes_a_judge_from_a_template(console: Env, browser: Any) -> None:
+    before = {j["id"] for j in judges(console)}
+    sign_in(browser, console)
+    browser.get(console.api.url + "/console#/new")
     row = wait_for(browser, "#group-form .member")[0]
     Select(row.find_element(By.CSS_SELECTOR, "[name=kind]")).select_by_value("judge")
     scorer = row.find_element(By.CSS_SELECTOR, "[name=refId]")
@@ -188,11 +186,11 @@ def test_the_editor_makes_a_judge_from_a_template(env: Env, browser: Any) -> Non
     browser.find_element(By.CSS_SELECTOR, "#group-form button[type=submit]").click()
     WebDriverWait(browser, 15).until(lambda d: "#/groups/" in d.current_url)
 
-    made = [j for j in judges(env) if j["id"] not in before]
+    made = [j for j in judges(console) if j["id"] not in before]
     assert len(made) == 1, made
     assert made[0]["context"] == "retrieval" and made[0]["name"] == FAITHFULNESS
     group_id = browser.current_url.split("#/groups/")[1]
-    with env.api.client(env.key) as http:
+    with console.api.client(console.key) as http:
         saved = http.get(f"/v1/scorer-groups/{group_id}").json()
         assert saved["name"] == "Grounded answers"
         assert [(m["kind"], m["refId"]) for m in saved["members"]] == [("judge", made[0]["id"])]

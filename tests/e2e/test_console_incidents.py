@@ -20,14 +20,12 @@ from adapters.stores import keys
 from adapters.stores.incidents import IncidentStore
 from scorer_groups import Client
 from scoring.incidents import Baseline, Watch
-from tests.support import console_browser
 from tests.support.console_browser import XSS, Env, sign_in, wait_for
 from tests.support.redis_clients import connect
 
 pytestmark = pytest.mark.integration
 
 # The console tests' fixtures, for this module: its own API process with its groups, and chromium.
-browser, env = console_browser.browser, console_browser.env
 
 By = pytest.importorskip("selenium.webdriver.common.by").By
 WebDriverWait = pytest.importorskip("selenium.webdriver.support.ui").WebDriverWait
@@ -89,14 +87,14 @@ def open_group(browser: Any, env: Env, group_id: str) -> None:
     wait_for(browser, "#incidents > :not(.muted), #incidents > p.muted[id]")  # its first read is done
 
 
-def test_incidents_are_listed_open_first_as_text_and_read_again(env: Env, browser: Any) -> None:
-    group = a_group(env, "Paged by window", alertMode="window")
+def test_incidents_are_listed_open_first_as_text_and_read_again(console: Env, browser: Any) -> None:
+    group = a_group(console, "Paged by window", alertMode="window")
     try:
         now = time.time()
-        asyncio.run(recorded(env.url, group, "inc-old", "window_below", "resolved", now - 7200,
+        asyncio.run(recorded(console.url, group, "inc-old", "window_below", "resolved", now - 7200,
                              "Resolved: a whole window at 6.50/10."))
-        asyncio.run(recorded(env.url, group, "inc-new", "window_below", "open", now - 600, XSS, version=1))
-        open_group(browser, env, group.id)
+        asyncio.run(recorded(console.url, group, "inc-new", "window_below", "open", now - 600, XSS, version=1))
+        open_group(browser, console, group.id)
         rows = wait_for(browser, "#incidents .incident", 2)
         assert [(r.get_attribute("data-incident"), r.get_attribute("data-state")) for r in rows] == \
             [("inc-new", "open"), ("inc-old", "resolved")], "open first"
@@ -117,7 +115,7 @@ def test_incidents_are_listed_open_first_as_text_and_read_again(env: Env, browse
             browser.save_screenshot(os.environ["SGW_CONSOLE_INCIDENTS_SCREENSHOT"])
 
         # A coverage incident opens meanwhile: the page reads the incidents again (every 10 s).
-        asyncio.run(recorded(env.url, group, "inc-cov", "coverage", "open", now - 30, "<b>no scores</b>"))
+        asyncio.run(recorded(console.url, group, "inc-cov", "coverage", "open", now - 30, "<b>no scores</b>"))
         wait_for(browser, "#incidents-open .incident[data-incident='inc-cov']", timeout_s=25)
         cov = browser.find_element(By.CSS_SELECTOR, "#incidents-open .incident[data-incident='inc-cov']")
         assert cov.find_element(By.CSS_SELECTOR, ".incident-reason").text == "too many results without a score"
@@ -125,11 +123,11 @@ def test_incidents_are_listed_open_first_as_text_and_read_again(env: Env, browse
         assert browser.find_elements(By.CSS_SELECTOR, "main b") == []
         assert len(browser.find_elements(By.CSS_SELECTOR, "#incidents .incident")) == 3
     finally:
-        delete(env, group)
+        delete(console, group)
 
 
-def test_a_group_paging_per_result_is_told_how_to_switch(env: Env, browser: Any) -> None:
-    open_group(browser, env, env.group.id)  # alertMode each, no alertNoScoreRate, no incidents
+def test_a_group_paging_per_result_is_told_how_to_switch(console: Env, browser: Any) -> None:
+    open_group(browser, console, console.group.id)  # alertMode each, no alertNoScoreRate, no incidents
     hint = wait_for(browser, "#incidents-hint")[0].text
     assert "Alerts are per result" in hint and "alertMode to window or drift" in hint
     assert browser.find_elements(By.CSS_SELECTOR, "#incidents .incident") == []
@@ -137,16 +135,16 @@ def test_a_group_paging_per_result_is_told_how_to_switch(env: Env, browser: Any)
     assert browser.find_elements(By.CSS_SELECTOR, "#chart .level-line") == [], "no level learned"
 
     # A group not scored live has nothing to switch.
-    open_group(browser, env, env.xss.id)
+    open_group(browser, console, console.xss.id)
     assert wait_for(browser, "#incidents-none")[0].text == "No incidents: the group is not scored live."
     assert browser.find_elements(By.ID, "incidents-hint") == []
 
 
-def test_the_learned_level_is_drawn_on_the_chart_with_its_band(env: Env, browser: Any) -> None:
-    group = a_group(env, "Drifting", alertMode="drift", alertDriftSigma=2)
+def test_the_learned_level_is_drawn_on_the_chart_with_its_band(console: Env, browser: Any) -> None:
+    group = a_group(console, "Drifting", alertMode="drift", alertDriftSigma=2)
     try:
-        asyncio.run(learned(env.url, group.id, 7.0, 0.25, 12))  # spread 0.5: the band is 6-8
-        open_group(browser, env, group.id)
+        asyncio.run(learned(console.url, group.id, 7.0, 0.25, 12))  # spread 0.5: the band is 6-8
+        open_group(browser, console, group.id)
         line = wait_for(browser, "#chart svg .level-line")[0]
         assert float(line.get_attribute("y1")) == pytest.approx(y(7.0))
         band = browser.find_element(By.CSS_SELECTOR, "#chart svg .level-band")
@@ -162,21 +160,21 @@ def test_the_learned_level_is_drawn_on_the_chart_with_its_band(env: Env, browser
         wait_for(browser, "#chart button[data-window='7d'][aria-pressed='true']")  # drawn again
         assert browser.find_elements(By.CSS_SELECTOR, "#chart svg .level-line")
     finally:
-        delete(env, group)
+        delete(console, group)
 
 
-def test_the_editor_saves_the_alert_settings_and_shows_a_refused_one_at_its_field(env: Env, browser: Any) -> None:
-    group = a_group(env, "Edited alerts")
+def test_the_editor_saves_the_alert_settings_and_shows_a_refused_one_at_its_field(console: Env, browser: Any) -> None:
+    group = a_group(console, "Edited alerts")
     try:
-        open_group(browser, env, group.id)
+        open_group(browser, console, group.id)
         form = browser.find_element(By.ID, "group-form")
         mode = form.find_element(By.CSS_SELECTOR, "[data-field='online.alertMode']")
         assert mode.get_attribute("value") == "each"
         form.find_element(By.CSS_SELECTOR, "[data-field='online.alertMode'] option[value='window']").click()
         form.find_element(By.CSS_SELECTOR, "[data-field='online.alertResolveAbove']").send_keys("7.5")
         form.find_element(By.CSS_SELECTOR, "button[type=submit]").click()
-        WebDriverWait(browser, 10).until(lambda _: online_of(env, group.id).get("alertMode") == "window")
-        online = online_of(env, group.id)
+        WebDriverWait(browser, 10).until(lambda _: online_of(console, group.id).get("alertMode") == "window")
+        online = online_of(console, group.id)
         assert online["alertResolveAbove"] == 7.5 and online["alertThreshold"] == 6
         assert "alertWindowSeconds" not in online and "alertNoScoreRate" not in online, "empty inputs are not sent"
 
@@ -193,24 +191,24 @@ def test_the_editor_saves_the_alert_settings_and_shows_a_refused_one_at_its_fiel
         error = wait_for(browser, "#group-form .field-error[data-error-for='online.alertResolveAbove']")[0]
         assert "must not be below alertThreshold (6)" in error.text and "invalid" in resolve.get_attribute("class")
         assert browser.find_element(By.ID, "form-message").text == ""
-        assert online_of(env, group.id)["alertResolveAbove"] == 7.5, "nothing saved"
+        assert online_of(console, group.id)["alertResolveAbove"] == 7.5, "nothing saved"
 
         # Emptied, a stored resolve mean is removed (null: back to the threshold); the others stay.
         resolve.clear()
         form.find_element(By.CSS_SELECTOR, "[data-field='online.alertMinResults']").send_keys("25")
         form.find_element(By.CSS_SELECTOR, "button[type=submit]").click()
-        WebDriverWait(browser, 10).until(lambda _: "alertResolveAbove" not in online_of(env, group.id))
-        assert online_of(env, group.id)["alertMinResults"] == 25
-        assert online_of(env, group.id)["alertMode"] == "window"
+        WebDriverWait(browser, 10).until(lambda _: "alertResolveAbove" not in online_of(console, group.id))
+        assert online_of(console, group.id)["alertMinResults"] == 25
+        assert online_of(console, group.id)["alertMode"] == "window"
     finally:
-        delete(env, group)
+        delete(console, group)
 
 
-def test_more_incidents_than_a_page_are_counted_as_a_floor(env: Env, browser: Any) -> None:
-    group = a_group(env, "Flapping", alertMode="window")
+def test_more_incidents_than_a_page_are_counted_as_a_floor(console: Env, browser: Any) -> None:
+    group = a_group(console, "Flapping", alertMode="window")
 
     async def many() -> None:  # 205 resolved incidents, as their moves left them
-        redis = connect(env.url)
+        redis = connect(console.url)
         try:
             now = time.time()
             await redis.hset(keys.group_incidents(group.id), mapping={f"inc-{n}": orjson.dumps({
@@ -223,9 +221,9 @@ def test_more_incidents_than_a_page_are_counted_as_a_floor(env: Env, browser: An
 
     try:
         asyncio.run(many())
-        open_group(browser, env, group.id)
+        open_group(browser, console, group.id)
         assert len(wait_for(browser, "#incidents-resolved .incident", 20)) == 20
         assert browser.find_element(By.ID, "incidents-earlier").text == "and over 180 earlier", \
             "a page of 200 read: at least 180 more than the 20 shown"
     finally:
-        delete(env, group)
+        delete(console, group)

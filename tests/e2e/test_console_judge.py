@@ -26,7 +26,6 @@ from tests.support.redis_databases import RedisDatabases
 
 pytestmark = pytest.mark.integration
 
-browser = console_browser.browser
 
 By = pytest.importorskip("selenium.webdriver.common.by").By
 
@@ -65,7 +64,7 @@ async def _disagreement(url: str, queue: ReviewQueue, group: str, judge: str) ->
 
 
 @pytest.fixture(scope="module")
-def env(redis_databases: RedisDatabases, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Env]:
+def console(redis_databases: RedisDatabases, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Env]:
     with api_with_judge(redis_databases, tmp_path_factory.mktemp("api"), PROJECT,
                         env={"SGW_JUDGE_TIMEOUT_S": "5"}) as (process, key, _judge):
         with process.client(key) as http:
@@ -91,13 +90,13 @@ def env(redis_databases: RedisDatabases, tmp_path_factory: pytest.TempPathFactor
         yield Env(process, key, judge, group, dataset.json()["id"])
 
 
-def test_a_disagreement_becomes_an_example_and_a_measured_candidate_is_promoted(browser: Any, env: Env) -> None:
-    console_browser.sign_in_at(browser, env.process.url, env.key)
-    browser.get(f"{env.process.url}/console#/groups/{env.group}")
+def test_a_disagreement_becomes_an_example_and_a_measured_candidate_is_promoted(browser: Any, console: Env) -> None:
+    console_browser.sign_in_at(browser, console.process.url, console.key)
+    browser.get(f"{console.process.url}/console#/groups/{console.group}")
     wait_for(browser, "#judge-links a.judge-link")[0].click()
-    (agreement,) = wait_for(browser, f"#judge-agreement tr[data-group='{env.group}']")
+    (agreement,) = wait_for(browser, f"#judge-agreement tr[data-group='{console.group}']")
     assert text_of(browser, "#judge-cache").startswith("Verdict cache on"), "a judge's cache is on unless turned off"
-    live = env.get(f"/v1/scorer-groups/{env.group}/agreement")
+    live = console.get(f"/v1/scorer-groups/{console.group}/agreement")
     cells = [td.text for td in agreement.find_elements(By.TAG_NAME, "td")]
     assert (cells[1], cells[4]) == (str(live["labelledItems"]), "7.00"), cells  # one item: the judge 9, people 2
     (row,) = wait_for(browser, "#judge-disagreements tr[data-item]")
@@ -106,19 +105,19 @@ def test_a_disagreement_becomes_an_example_and_a_measured_candidate_is_promoted(
     (example,) = wait_for(browser, "#judge-examples li.judge-example")
     assert INJECTION in example.text and "Rating 2.00" in example.text
     assert not browser.find_elements(By.CSS_SELECTOR, "#judge-examples img"), "shown as text"
-    assert [e["rating"] for e in env.get(f"/v1/judges/{env.judge}/examples")] == [2.0]
+    assert [e["rating"] for e in console.get(f"/v1/judges/{console.judge}/examples")] == [2.0]
     for field, typed in (("#example-input", "Where is my parcel?"), ("#example-output", "It left today."),
                          ("#example-rating", "9"), ("#example-reason", "Answers it.")):
         browser.find_element(By.CSS_SELECTOR, field).send_keys(typed)
     browser.find_element(By.CSS_SELECTOR, "#example-form button[type=submit]").click()
     wait_for(browser, "#judge-examples li.judge-example", 2)
-    assert [(e["input"], e["rating"], e.get("reason")) for e in env.get(f"/v1/judges/{env.judge}/examples")][1] == \
+    assert [(e["input"], e["rating"], e.get("reason")) for e in console.get(f"/v1/judges/{console.judge}/examples")][1] == \
         ("Where is my parcel?", 9.0, "Answers it.")
 
-    browser.find_element(By.CSS_SELECTOR, "#alignment-dataset").send_keys(env.dataset)
+    browser.find_element(By.CSS_SELECTOR, "#alignment-dataset").send_keys(console.dataset)
     browser.find_element(By.CSS_SELECTOR, "#alignment-form button[type=submit]").click()
     wait_for(browser, "#alignment-runs button.promote", timeout_s=60)
-    (run,) = env.get(f"/v1/judges/{env.judge}/alignments")
+    (run,) = console.get(f"/v1/judges/{console.judge}/alignments")
     assert run["state"] == "done" and run["candidate"]["examples"][0]["rating"] == 2.0
     assert f"{run['current']['spearman']['value']:.2f}" in text_of(browser, "#alignment-runs")
     browser.find_element(By.CSS_SELECTOR, "#alignment-runs button.promote").click()
@@ -127,7 +126,7 @@ def test_a_disagreement_becomes_an_example_and_a_measured_candidate_is_promoted(
     while "promoted by" not in text_of(browser, "#alignment-runs"):
         assert time.monotonic() < deadline, text_of(browser, "#alignment-runs")
         time.sleep(0.1)
-    assert env.get(f"/v1/judges/{env.judge}/alignments")[0]["promotedAt"] is not None
+    assert console.get(f"/v1/judges/{console.judge}/alignments")[0]["promotedAt"] is not None
 
 
 def text_of(browser: Any, css: str) -> str:

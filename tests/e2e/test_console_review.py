@@ -31,7 +31,6 @@ from tests.support.redis_databases import RedisDatabases
 
 pytestmark = pytest.mark.integration
 
-browser = console_browser.browser
 
 By = pytest.importorskip("selenium.webdriver.common.by").By
 
@@ -86,7 +85,7 @@ async def fill(url: str, made: list[tuple[ReviewItem, HistoryEntry]], queue: Rev
 
 
 @pytest.fixture(scope="module")
-def env(redis_databases: RedisDatabases, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Env]:
+def console(redis_databases: RedisDatabases, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Env]:
     with redis_databases.lease() as url:
         admin = create_key(url, "--project", PROJECT)
         reviewer = create_key(url, "--project", PROJECT, "--role", "reviewer", "--name", "ann")
@@ -136,21 +135,21 @@ def marks(browser: Any) -> list[str]:
         "return [...document.querySelectorAll('#review-members .member-mark')].map((m) => m.dataset.mark);"))
 
 
-def test_a_reviewer_key_reviews_by_keyboard_alone(browser: Any, env: Env) -> None:
-    browser.get(env.process.url + "/console")
+def test_a_reviewer_key_reviews_by_keyboard_alone(browser: Any, console: Env) -> None:
+    browser.get(console.process.url + "/console")
     browser.execute_script("sessionStorage.clear()")
     browser.refresh()
-    wait_for(browser, "#api-key")[0].send_keys(env.reviewer)
+    wait_for(browser, "#api-key")[0].send_keys(console.reviewer)
     browser.find_element(By.CSS_SELECTOR, "#sign-in button").click()
-    wait_for(browser, f"#queues tr[data-queue='{env.queue.id}']")
+    wait_for(browser, f"#queues tr[data-queue='{console.queue.id}']")
     shown = [a.get_attribute("href").rsplit("#", 1)[1] for a in browser.find_elements(By.CSS_SELECTOR, "#nav a")
              if a.is_displayed()]
     assert shown == ["/reviews"], f"a reviewer key is offered the review alone: {shown}"
 
-    browser.find_element(By.CSS_SELECTOR, f"#queues tr[data-queue='{env.queue.id}'] a.review-link").click()
+    browser.find_element(By.CSS_SELECTOR, f"#queues tr[data-queue='{console.queue.id}'] a.review-link").click()
     wait_for(browser, "#review-members li", 2)
     wait_text(browser, "#review-progress", "2 open · 0 yours · 0 done")
-    first = env.items[0]
+    first = console.items[0]
     assert text_of(browser, "#review-input") == XSS, "the tenant's text is shown as text"
     assert not browser.find_elements(By.CSS_SELECTOR, "#review img"), "and never as markup"
     assert "null" not in text_of(browser, "#review"), "nothing the item lacks is written out"
@@ -172,8 +171,8 @@ def test_a_reviewer_key_reviews_by_keyboard_alone(browser: Any, env: Env) -> Non
     keys(browser, "n")  # save, and the next item
     wait_text(browser, "#review-input", "How do I reset my password?")
     wait_text(browser, "#review-progress", "2 open · 1 yours · 0 done")
-    judge, pattern = (m["refId"] for m in env.group["members"])
-    (label,) = env.get(f"/v1/review-items/{first.id}")["labels"]
+    judge, pattern = (m["refId"] for m in console.group["members"])
+    (label,) = console.get(f"/v1/review-items/{first.id}")["labels"]
     assert (label["reviewer"], label["rating"], label["version"]) == ("ann", 10.0, 1)
     assert label["members"] == {judge: {"agree": True, "rating": None}, pattern: {"agree": False, "rating": None}}
 
@@ -183,41 +182,41 @@ def test_a_reviewer_key_reviews_by_keyboard_alone(browser: Any, env: Env) -> Non
     assert marks(browser) == ["agree", "disagree"]
     keys(browser, "3n")  # a changed label while the item is open, then on to the item still held
     wait_text(browser, "#review-input", "How do I reset my password?")
-    (label,) = env.get(f"/v1/review-items/{first.id}")["labels"]
+    (label,) = console.get(f"/v1/review-items/{first.id}")["labels"]
     assert (label["rating"], label["version"]) == (3.0, 2)
 
     keys(browser, "n")  # no rating yet: nothing is saved, and the page says why
     wait_text(browser, "#review-message", "Give a rating first")
-    assert env.get(f"/v1/review-items/{env.items[1].id}")["labels"] == []
+    assert console.get(f"/v1/review-items/{console.items[1].id}")["labels"] == []
 
 
-def test_the_groups_page_shows_the_judges_agreement_with_people(browser: Any, env: Env) -> None:
-    with env.process.client(env.admin) as http:  # a queue of its own: the other test's items stay as they are
-        made = http.post("/v1/review-queues", json={"name": "Spot checks", "groupIds": [env.group["id"]],
+def test_the_groups_page_shows_the_judges_agreement_with_people(browser: Any, console: Env) -> None:
+    with console.process.client(console.admin) as http:  # a queue of its own: the other test's items stay as they are
+        made = http.post("/v1/review-queues", json={"name": "Spot checks", "groupIds": [console.group["id"]],
                                                     "rule": {"sampleRate": 0.1}})
         assert made.status_code == 201, made.text
         queue = ReviewQueue.model_validate(made.json())
-        asyncio.run(fill(env.process.redis_url, [an_item(queue, env.group, 7, "Spot check")], queue))
+        asyncio.run(fill(console.process.redis_url, [an_item(queue, console.group, 7, "Spot check")], queue))
         held = http.post(f"/v1/review-queues/{queue.id}/next")  # an admin key may review too
         assert held.status_code == 200, held.text
         assert http.put(f"/v1/review-items/{held.json()['item']['id']}/labels/me",
                         json={"rating": 5}).status_code == 200
-    live = env.get(f"/v1/scorer-groups/{env.group['id']}/agreement")
-    console_browser.sign_in_at(browser, env.process.url, env.admin)
-    browser.get(f"{env.process.url}/console#/groups/{env.group['id']}")
+    live = console.get(f"/v1/scorer-groups/{console.group['id']}/agreement")
+    console_browser.sign_in_at(browser, console.process.url, console.admin)
+    browser.get(f"{console.process.url}/console#/groups/{console.group['id']}")
     wait_for(browser, "#live-agreement #agreement-summary")
     assert live["labelledItems"] >= 1
     assert f"{live['agreement']['labelledRows']} rows carry a human verdict" in text_of(browser, "#agreement-summary")
 
 
-def test_a_result_is_put_in_a_queue_from_the_groups_results(browser: Any, env: Env) -> None:
-    with env.process.client(env.admin) as http:
-        made = http.post("/v1/review-queues", json={"name": "By hand", "groupIds": [env.group["id"]],
+def test_a_result_is_put_in_a_queue_from_the_groups_results(browser: Any, console: Env) -> None:
+    with console.process.client(console.admin) as http:
+        made = http.post("/v1/review-queues", json={"name": "By hand", "groupIds": [console.group["id"]],
                                                     "rule": {"below": True}})
         assert made.status_code == 201, made.text
     queue = made.json()["id"]
-    console_browser.sign_in_at(browser, env.process.url, env.admin)
-    browser.get(f"{env.process.url}/console#/groups/{env.group['id']}")
+    console_browser.sign_in_at(browser, console.process.url, console.admin)
+    browser.get(f"{console.process.url}/console#/groups/{console.group['id']}")
     (result,) = wait_for(browser, "#results .result[data-rating='r-1']")
     Select = pytest.importorskip("selenium.webdriver.support.ui").Select
     Select(result.find_element(By.CSS_SELECTOR, "select.add-to-queue")).select_by_value(queue)
@@ -225,5 +224,5 @@ def test_a_result_is_put_in_a_queue_from_the_groups_results(browser: Any, env: E
     wait_text(browser, "#results .result[data-rating='r-1'] .add-to-queue-said", "added")
     result.find_element(By.CSS_SELECTOR, "button.add-to-queue-button").click()
     wait_text(browser, "#results .result[data-rating='r-1'] .add-to-queue-said", "already there")
-    items = env.get(f"/v1/review-queues/{queue}/items")["items"]
+    items = console.get(f"/v1/review-queues/{queue}/items")["items"]
     assert [(i["ratingId"], i["reason"]) for i in items] == [("r-1", "added")]

@@ -19,7 +19,6 @@ import pytest
 
 from devtools.judge_server import JudgeServer
 from scorer_groups import Client
-from tests.support import console_browser
 from tests.support.api_process import ApiProcess, api_with_judge
 from tests.support.console_browser import XSS, sign_in_at, wait_for
 from tests.support.redis_databases import RedisDatabases
@@ -27,7 +26,6 @@ from tests.support.redis_databases import RedisDatabases
 pytestmark = pytest.mark.integration
 
 # The console tests' browser; the API is this module's own, with its judge in reach.
-browser = console_browser.browser
 
 By = pytest.importorskip("selenium.webdriver.common.by").By
 WebDriverWait = pytest.importorskip("selenium.webdriver.support.ui").WebDriverWait
@@ -55,7 +53,7 @@ class Env:
 
 
 @pytest.fixture(scope="module")
-def env(redis_databases: RedisDatabases, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Env]:
+def console(redis_databases: RedisDatabases, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Env]:
     with api_with_judge(redis_databases, tmp_path_factory.mktemp("api"), "p-console-run-calls",
                         env={"SGW_JUDGE_TIMEOUT_S": "5"}) as (api, key, judge):
         with Client(api.url, key) as client:
@@ -122,10 +120,10 @@ def reads(browser: Any) -> list[str]:
     return list(browser.execute_script("return window.rowCallReads"))
 
 
-def test_a_judge_cell_opens_the_call_behind_its_verdict(browser: Any, env: Env) -> None:
-    run = env.run
+def test_a_judge_cell_opens_the_call_behind_its_verdict(browser: Any, console: Env) -> None:
+    run = console.run
     assert [r["row"] for r in run["rows"]] == [0, 1, 2] and run["rows"][2]["error"]
-    open_run(browser, env)
+    open_run(browser, console)
     panel = browser.find_element(By.ID, "run-call")
     assert not panel.is_displayed()
 
@@ -143,8 +141,8 @@ def test_a_judge_cell_opens_the_call_behind_its_verdict(browser: Any, env: Env) 
         browser.save_screenshot(os.environ["SGW_CONSOLE_RUN_CALLS_SCREENSHOT"])
     assert len(panel.find_elements(By.CSS_SELECTOR, ".call")) == 1, "only this member's call"
     assert facts(panel)["model"] == "quality-model" and facts(panel)["error"] == "none"
-    assert user_messages(panel) == [env.asked[("quality-model", "q0")]]
-    assert XSS in env.asked[("quality-model", "q0")]
+    assert user_messages(panel) == [console.asked[("quality-model", "q0")]]
+    assert XSS in console.asked[("quality-model", "q0")]
     assert panel.find_element(By.CSS_SELECTOR, "h3").text == "Judge call of Quality on row 0"
     verdict = next(v for v in run["rows"][0]["judgeScorerResults"] if v["label"] == "Quality")
     assert verdict["rating"] == 8 and '"rating": 8' in panel.find_element(By.CSS_SELECTOR, "pre[data-answer]").text
@@ -157,14 +155,14 @@ def test_a_judge_cell_opens_the_call_behind_its_verdict(browser: Any, env: Env) 
     # The same row's other judge: its own call (the row read once).
     panel = open_call(browser, 0, "Safety")
     assert facts(panel)["model"] == "safety-model"
-    assert user_messages(panel) == [env.asked[("safety-model", "q0")]]
+    assert user_messages(panel) == [console.asked[("safety-model", "q0")]]
     assert call_button(browser, 0, "Quality").get_attribute("aria-pressed") == "false"
 
     # Another row's button replaces the view with that row's call.
     panel = open_call(browser, 1, "Quality")
     assert len(panel.find_elements(By.CSS_SELECTOR, ".call")) == 1
     assert facts(panel)["model"] == "quality-model"
-    assert user_messages(panel) == [env.asked[("quality-model", "q1")]]
+    assert user_messages(panel) == [console.asked[("quality-model", "q1")]]
     assert XSS not in panel.text
     assert [b.get_attribute("aria-pressed") for b in browser.find_elements(By.CSS_SELECTOR, "button.call-button")] \
         == ["false", "false", "true", "false"]
@@ -177,9 +175,9 @@ def test_a_judge_cell_opens_the_call_behind_its_verdict(browser: Any, env: Env) 
     assert reads(browser) == [f"/v1/evaluations/{run_id}/rows/0/calls", f"/v1/evaluations/{run_id}/rows/1/calls"]
 
 
-def test_a_failed_read_is_tried_again_and_a_row_without_the_call_says_why(browser: Any, env: Env) -> None:
-    open_run(browser, env)
-    run_id = env.run["id"]
+def test_a_failed_read_is_tried_again_and_a_row_without_the_call_says_why(browser: Any, console: Env) -> None:
+    open_run(browser, console)
+    run_id = console.run["id"]
     # Row 0's first read is refused (with a detail written like markup); row 1's answers no call,
     # with a note (as a run over its budget says it).
     browser.execute_script("""
@@ -202,7 +200,7 @@ def test_a_failed_read_is_tried_again_and_a_row_without_the_call_says_why(browse
     assert error.text == f"{XSS} unavailable"
     call_button(browser, 0, "Quality").click()  # closes what it opened
     panel = open_call(browser, 0, "Quality")  # and reads again
-    assert user_messages(panel) == [env.asked[("quality-model", "q0")]]
+    assert user_messages(panel) == [console.asked[("quality-model", "q0")]]
 
     call_button(browser, 1, "Safety").click()
     assert wait_for(browser, "#run-call[data-row='1'] [data-no-call]")[0].text == f"{XSS} not kept"

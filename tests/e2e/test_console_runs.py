@@ -17,13 +17,11 @@ from typing import Any
 import pytest
 
 from scorer_groups import Client
-from tests.support import console_browser
 from tests.support.console_browser import XSS, Env, sign_in, wait_for
 
 pytestmark = pytest.mark.integration
 
 # The console tests' fixtures, for this module: its own API process with its groups, and chromium.
-browser, env = console_browser.browser, console_browser.env
 
 By = pytest.importorskip("selenium.webdriver.common.by").By
 NoAlertPresentException = pytest.importorskip("selenium.common.exceptions").NoAlertPresentException
@@ -57,8 +55,8 @@ def run_document(env: Env, run_id: str) -> dict[str, Any]:
 
 
 @pytest.fixture(scope="module")
-def runs(env: Env) -> Runs:
-    with Client(env.api.url, env.key) as client:
+def runs(console: Env) -> Runs:
+    with Client(console.api.url, console.key) as client:
         quality = client.monitor.judges.create(name="Quality", criteria="Helpful?", model="quality-model")
         hostile = client.monitor.judges.create(name="Hostile", criteria="Safe?", model="hostile-model")
         group = client.monitor.scorer_groups.create(
@@ -72,7 +70,7 @@ def runs(env: Env) -> Runs:
                                        scorer_group_id=group.id).execute(agent).finalize()
         second = client.evaluations.run(dataset_id=unlabelled.id, subject=subject,
                                         scorer_group_id=group.id).execute(agent).finalize()
-    return Runs(run_document(env, first.id), run_document(env, second.id))
+    return Runs(run_document(console, first.id), run_document(console, second.id))
 
 
 # --- the figures as the page writes them -----------------------------------------------------
@@ -119,7 +117,7 @@ def open_run_from_the_list(browser: Any, env: Env, run_id: str) -> None:
 
 # --- the tests -------------------------------------------------------------------------------
 
-def test_a_labelled_run_shows_its_agreement_with_people(env: Env, browser: Any, runs: Runs) -> None:
+def test_a_labelled_run_shows_its_agreement_with_people(console: Env, browser: Any, runs: Runs) -> None:
     run = runs.labelled
     agreement = run["agreement"]
     assert agreement is not None and agreement["labelledRows"] == 6, "q6 carries no verdict"
@@ -129,7 +127,7 @@ def test_a_labelled_run_shows_its_agreement_with_people(env: Env, browser: Any, 
     assert group["spearman"] is not None and quality["suggestedThreshold"] is not None
     assert hostile["spearman"] is None
 
-    open_run_from_the_list(browser, env, run["id"])
+    open_run_from_the_list(browser, console, run["id"])
     if os.environ.get("SGW_CONSOLE_RUNS_SCREENSHOT"):
         browser.save_screenshot(os.environ["SGW_CONSOLE_RUNS_SCREENSHOT"])
 
@@ -195,11 +193,11 @@ def test_a_labelled_run_shows_its_agreement_with_people(env: Env, browser: Any, 
         browser.switch_to.alert  # noqa: B018
 
 
-def test_a_run_over_unlabelled_rows_says_no_row_carries_a_human_verdict(env: Env, browser: Any,
+def test_a_run_over_unlabelled_rows_says_no_row_carries_a_human_verdict(console: Env, browser: Any,
                                                                          runs: Runs) -> None:
     run = runs.unlabelled
     assert run.get("agreement") is None
-    open_run_from_the_list(browser, env, run["id"])
+    open_run_from_the_list(browser, console, run["id"])
     assert "No row of this dataset carries a human verdict" in wait_for(browser, "#agreement-none")[0].text
     assert browser.find_elements(By.ID, "agreement") == []
     assert len(browser.find_elements(By.CSS_SELECTOR, "#run-rows tbody tr")) == run["rowCount"] == 2

@@ -17,7 +17,6 @@ import pytest
 
 from devtools.judge_server import JudgeServer
 from scoring.judge_templates import BY_NAME, TEMPLATES
-from tests.support import console_browser
 from tests.support.api_process import ApiProcess, api_with_judge
 from tests.support.console_browser import XSS, sign_in_at, wait_for
 from tests.support.redis_databases import RedisDatabases
@@ -25,7 +24,6 @@ from tests.support.redis_databases import RedisDatabases
 pytestmark = pytest.mark.integration
 
 # The console tests' browser; the API is this module's own, with its judge in reach.
-browser = console_browser.browser
 
 By = pytest.importorskip("selenium.webdriver.common.by").By
 
@@ -44,7 +42,7 @@ class Api:
 
 
 @pytest.fixture(scope="module")
-def api(redis_databases: RedisDatabases, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Api]:
+def console(redis_databases: RedisDatabases, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Api]:
     with api_with_judge(redis_databases, tmp_path_factory.mktemp("api"), "p-console-templates",
                         env={"SGW_JUDGE_TIMEOUT_S": "5"}) as (process, key, judge):
         yield Api(process, key, judge)
@@ -72,8 +70,8 @@ def faithfulness_judges(api: Api) -> list[dict[str, Any]]:
     return [j for j in api.get("/v1/judges?limit=200")["items"] if j["name"] == FAITHFULNESS.title]
 
 
-def test_the_templates_are_listed_with_what_they_read_and_their_examples(browser: Any, api: Api) -> None:
-    rows = open_templates(browser, api)
+def test_the_templates_are_listed_with_what_they_read_and_their_examples(browser: Any, console: Api) -> None:
+    rows = open_templates(browser, console)
     if os.environ.get("SGW_CONSOLE_TEMPLATES_SCREENSHOT"):
         browser.save_screenshot(os.environ["SGW_CONSOLE_TEMPLATES_SCREENSHOT"])
     assert [r.get_attribute("data-template") for r in rows] == [
@@ -86,8 +84,8 @@ def test_the_templates_are_listed_with_what_they_read_and_their_examples(browser
         assert f"{n} judge calls" in cells[3]
 
 
-def test_checking_a_template_against_people_opens_its_run_with_the_agreement(browser: Any, api: Api) -> None:
-    run_id = check_faithfulness(browser, api)
+def test_checking_a_template_against_people_opens_its_run_with_the_agreement(browser: Any, console: Api) -> None:
+    run_id = check_faithfulness(browser, console)
     examples = FAITHFULNESS.examples
 
     # The run: the template's judge over its examples, each graded.
@@ -95,7 +93,7 @@ def test_checking_a_template_against_people_opens_its_run_with_the_agreement(bro
     assert browser.find_element(By.ID, "run-subject").text == f"{FAITHFULNESS.title} examples"
     assert browser.find_element(By.ID, "run-status").text == "completed"
     assert browser.find_element(By.ID, "run-scored").text == f"{len(examples)} of {len(examples)}"
-    run = api.get(f"/v1/evaluations/{run_id}")
+    run = console.get(f"/v1/evaluations/{run_id}")
     assert run["agreement"]["labelledRows"] == len(examples) == 6
     group = browser.find_element(By.CSS_SELECTOR, "#agreement tbody tr[data-kind=group]")
     assert group.find_element(By.CSS_SELECTOR, "[data-figure=labelledRows]").text == "6"
@@ -104,28 +102,28 @@ def test_checking_a_template_against_people_opens_its_run_with_the_agreement(bro
     # The judge read each example's retrieved context: the rows' spans reached it - in this check,
     # or in an earlier one of this module whose verdicts it reuses (the verdict cache: a verdict
     # paid for is not paid again, so the judge may have been asked nothing just now).
-    asked = [m["content"] for r in api.judge.requests for m in r["messages"] if m["role"] == "user"]
+    asked = [m["content"] for r in console.judge.requests for m in r["messages"] if m["role"] == "user"]
     for example in examples:
         spans: list[dict[str, Any]] = example["spans"]  # type: ignore[assignment]
         retrieved = next(s["output"] for s in spans if s.get("kind") == "retriever")
         assert any(str(retrieved) in text and str(example["output"]) in text for text in asked), retrieved
 
 
-def test_a_second_check_reuses_the_templates_judge(browser: Any, api: Api) -> None:
-    first = check_faithfulness(browser, api)
-    judges = faithfulness_judges(api)
+def test_a_second_check_reuses_the_templates_judge(browser: Any, console: Api) -> None:
+    first = check_faithfulness(browser, console)
+    judges = faithfulness_judges(console)
     assert len(judges) == 1
-    second = check_faithfulness(browser, api)
+    second = check_faithfulness(browser, console)
     assert second != first
-    assert faithfulness_judges(api) == judges, "a second judge was made from the template"
-    assert api.get(f"/v1/evaluations/{second}")["scorerId"] == judges[0]["id"]
-    named = [d for d in api.get("/v1/datasets?limit=200")["items"] if d["name"] == f"Template examples: {FAITHFULNESS.title}"]
+    assert faithfulness_judges(console) == judges, "a second judge was made from the template"
+    assert console.get(f"/v1/evaluations/{second}")["scorerId"] == judges[0]["id"]
+    named = [d for d in console.get("/v1/datasets?limit=200")["items"] if d["name"] == f"Template examples: {FAITHFULNESS.title}"]
     assert len(named) == 1 and named[0]["version"] == 1, "the examples' dataset is reused, not uploaded again"
-    assert api.get(f"/v1/evaluations/{second}")["datasetId"] == named[0]["id"]
+    assert console.get(f"/v1/evaluations/{second}")["datasetId"] == named[0]["id"]
 
 
-def test_a_failed_check_says_why_and_can_be_tried_again(browser: Any, api: Api) -> None:
-    row = next(r for r in open_templates(browser, api) if r.get_attribute("data-template") == "toxicity")
+def test_a_failed_check_says_why_and_can_be_tried_again(browser: Any, console: Api) -> None:
+    row = next(r for r in open_templates(browser, console) if r.get_attribute("data-template") == "toxicity")
     # The dataset upload is refused (as a full store would), with a detail written like markup.
     browser.execute_script("""
       const real = window.fetch, detail = arguments[0];

@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
@@ -18,10 +17,8 @@ from adapters.stores.ratings import RatingsStore
 from devtools.judge_server import JudgeServer
 from scoring.filters import routing_headers
 from scoring.subjects import Trace
-from tests.support.harness import WorkerProcess, catalog_db, produce, read_topic, worker_env
+from tests.support.harness import WorkerProcess, produce, read_topic
 from tests.support.redis_clients import connect
-
-pytestmark = pytest.mark.integration
 
 ONLINE = {"enabled": True, "sampleRate": 1.0, "alertThreshold": 6, "severity": "high"}
 SUPPORT_IN_PRODUCTION = {"all": [{"field": "agentId", "op": "eq", "value": "support"},
@@ -43,11 +40,8 @@ def trace(name: str, agent: str, environment: str) -> dict[str, Any]:
             "spans": [{"spanId": "r", "name": "agent.run", "input": "q", "output": f"ok [[rating=8]] [[key={name}]]"}]}
 
 
-@pytest.fixture
-async def env(kafka_bootstrap: str, redis_db_url: str, unique: str, judge: JudgeServer) -> AsyncIterator[dict[str, str]]:
-    async with catalog_db(redis_db_url, CATALOG) as url:
-        yield worker_env(kafka_bootstrap, url, unique, judge_base_url=judge.base_url, judge_timeout_s=5,
-                         commit_interval_s=0.2)
+# env (tests/e2e/conftest.py): a worker's environment with this catalog and these settings
+pytestmark = [pytest.mark.integration, pytest.mark.worker(CATALOG, judge_timeout_s=5, commit_interval_s=0.2)]
 
 
 async def test_disjoint_filters_see_disjoint_traffic_and_filtered_traces_spend_nothing(

@@ -11,7 +11,7 @@ from __future__ import annotations
 import asyncio
 import json
 from collections import Counter
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 
 import orjson
@@ -19,10 +19,8 @@ import pytest
 from aiokafka import AIOKafkaProducer
 
 from devtools.judge_server import JudgeServer
-from tests.support.harness import WorkerProcess, catalog_db, read_topic, worker_env
+from tests.support.harness import WorkerProcess, read_topic
 from tests.support.otlp_records import Telemetry, records, span, trace_hex
-
-pytestmark = pytest.mark.integration
 
 ONLINE = {"enabled": True, "sampleRate": 1.0, "alertThreshold": 5, "severity": "high"}
 CATALOG = {
@@ -129,12 +127,12 @@ def judge() -> Iterator[JudgeServer]:
         yield s
 
 
-@pytest.fixture
-async def env(kafka_bootstrap: str, redis_db_url: str, unique: str, judge: JudgeServer) -> AsyncIterator[dict[str, str]]:
-    async with catalog_db(redis_db_url, CATALOG) as url:
-        yield worker_env(kafka_bootstrap, url, unique, judge_base_url=judge.base_url, otlp_enabled="true",
-                         otlp_topic=f"otlp-{unique}", otlp_quiet_s=0.5, otlp_max_wait_s=MAX_WAIT_S,
-                         otlp_flush_interval_s=0.2, session_sweep_interval_s=0.3, commit_interval_s=0.2)
+# env (tests/e2e/conftest.py): a worker's environment with this catalog and these settings
+pytestmark = [pytest.mark.integration, pytest.mark.worker(CATALOG, otlp_enabled="true",
+                                                          otlp_topic=lambda unique: f"otlp-{unique}",
+                                                          otlp_quiet_s=0.5, otlp_max_wait_s=MAX_WAIT_S,
+                                                          otlp_flush_interval_s=0.2, session_sweep_interval_s=0.3,
+                                                          commit_interval_s=0.2)]
 
 
 async def test_collector_records_are_assembled_and_rated_once_each(env: dict[str, str], kafka_bootstrap: str,

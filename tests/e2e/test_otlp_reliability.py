@@ -10,17 +10,13 @@ import json
 import signal
 import time
 from collections import defaultdict
-from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from devtools.judge_server import JudgeServer
-from tests.support.harness import WorkerProcess, catalog_db, produce, read_topic, worker_env
+from tests.support.harness import WorkerProcess, produce, read_topic
 from tests.support.otlp_records import Telemetry, records, span, trace_hex
-
-pytestmark = pytest.mark.integration
 
 BEFORE, BUFFERED, SPLIT = 20, 20, 10  # rated before the crash; buffered at it; root after it
 CATALOG = {
@@ -31,12 +27,12 @@ CATALOG = {
 }
 
 
-@pytest.fixture
-async def env(kafka_bootstrap: str, redis_db_url: str, unique: str, judge: JudgeServer) -> AsyncIterator[dict[str, str]]:
-    async with catalog_db(redis_db_url, CATALOG) as url:
-        yield worker_env(kafka_bootstrap, url, unique, judge_base_url=judge.base_url, otlp_enabled="true",
-                         otlp_topic=f"otlp-{unique}", otlp_quiet_s=3, otlp_max_wait_s=60, otlp_claim_lease_s=3,
-                         otlp_flush_interval_s=0.2, claim_lease_s=3, member_deadline_s=2, commit_interval_s=0.2)
+# env (tests/e2e/conftest.py): a worker's environment with this catalog and these settings
+pytestmark = [pytest.mark.integration, pytest.mark.worker(CATALOG, otlp_enabled="true",
+                                                          otlp_topic=lambda unique: f"otlp-{unique}", otlp_quiet_s=3,
+                                                          otlp_max_wait_s=60, otlp_claim_lease_s=3,
+                                                          otlp_flush_interval_s=0.2, claim_lease_s=3,
+                                                          member_deadline_s=2, commit_interval_s=0.2)]
 
 
 def agent_trace(i: int) -> Telemetry:

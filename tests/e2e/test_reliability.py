@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import signal
 from collections import defaultdict
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -15,10 +15,8 @@ import pytest
 
 from adapters.stores.claims import Claims
 from devtools.judge_server import Behaviour, JudgeServer
-from tests.support.harness import WorkerProcess, catalog_db, produce, read_topic, worker_env
+from tests.support.harness import WorkerProcess, produce, read_topic
 from tests.support.redis_clients import connect
-
-pytestmark = pytest.mark.integration
 
 TRACES = 300
 MAX_IN_FLIGHT = 20
@@ -40,11 +38,9 @@ def judge() -> Iterator[JudgeServer]:
         yield s
 
 
-@pytest.fixture
-async def env(kafka_bootstrap: str, redis_db_url: str, unique: str, judge: JudgeServer) -> AsyncIterator[dict[str, str]]:
-    async with catalog_db(redis_db_url, CATALOG) as url:
-        yield worker_env(kafka_bootstrap, url, unique, judge_base_url=judge.base_url, max_in_flight=MAX_IN_FLIGHT,
-                         claim_lease_s=3, member_deadline_s=2, commit_interval_s=0.5)
+# env (tests/e2e/conftest.py): a worker's environment with this catalog and these settings
+pytestmark = [pytest.mark.integration, pytest.mark.worker(CATALOG, max_in_flight=MAX_IN_FLIGHT, claim_lease_s=3,
+                                                          member_deadline_s=2, commit_interval_s=0.5)]
 
 
 def trace(i: int) -> dict[str, Any]:

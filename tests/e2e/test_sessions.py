@@ -5,7 +5,6 @@ through sessions.scores; Signals below threshold, like trace scope."""
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
@@ -14,11 +13,9 @@ import pytest
 
 from devtools.judge_server import JudgeServer
 from services.groups import MonitorClient
-from tests.support.harness import WorkerProcess, catalog_db, produce, read_topic, worker_env
+from tests.support.harness import WorkerProcess, produce, read_topic
 from tests.support.redis_clients import connect
 from tests.support.sampling_reference import reference_keep
-
-pytestmark = pytest.mark.integration
 
 SESSION = {"enabled": True, "sampleRate": 1.0, "alertThreshold": 6, "severity": "high",
            "scope": "session", "idleSeconds": 1}
@@ -54,11 +51,9 @@ CONVERSATIONS = {
 SESSIONS = [f"s-{i}" for i in range(12)]  # more conversations, for the per-conversation sample
 
 
-@pytest.fixture
-async def env(kafka_bootstrap: str, redis_db_url: str, unique: str, judge: JudgeServer) -> AsyncIterator[dict[str, str]]:
-    async with catalog_db(redis_db_url, CATALOG) as url:
-        yield worker_env(kafka_bootstrap, url, unique, judge_base_url=judge.base_url,
-                         session_sweep_interval_s=0.3, commit_interval_s=0.2)
+# env (tests/e2e/conftest.py): a worker's environment with this catalog and these settings
+pytestmark = [pytest.mark.integration, pytest.mark.worker(CATALOG, session_sweep_interval_s=0.3,
+                                                          commit_interval_s=0.2)]
 
 
 def records(turns: list[dict[str, Any]]) -> list[tuple[bytes | None, bytes]]:

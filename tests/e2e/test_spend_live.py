@@ -5,7 +5,6 @@ do not fit), and every judge verdict carries its tokens, counted per project."""
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
@@ -14,10 +13,8 @@ import pytest
 
 from adapters.stores.ratings import RatingsStore
 from devtools.judge_server import JudgeServer
-from tests.support.harness import WorkerProcess, catalog_db, produce, read_topic, worker_env
+from tests.support.harness import WorkerProcess, produce, read_topic
 from tests.support.redis_clients import connect
-
-pytestmark = pytest.mark.integration
 
 ONLINE = {"enabled": True, "sampleRate": 1.0, "alertThreshold": 6, "severity": "high"}
 CATALOG: dict[str, Any] = {
@@ -39,11 +36,8 @@ def trace(name: str, leaks: bool) -> dict[str, Any]:
             "spans": [{"spanId": "r", "parentSpanId": None, "name": "agent.run", "input": "q", "output": text}]}
 
 
-@pytest.fixture
-async def env(kafka_bootstrap: str, redis_db_url: str, unique: str, judge: JudgeServer) -> AsyncIterator[dict[str, str]]:
-    async with catalog_db(redis_db_url, CATALOG) as url:
-        yield worker_env(kafka_bootstrap, url, unique, judge_base_url=judge.base_url, judge_timeout_s=5,
-                         commit_interval_s=0.2)
+# env (tests/e2e/conftest.py): a worker's environment with this catalog and these settings
+pytestmark = [pytest.mark.integration, pytest.mark.worker(CATALOG, judge_timeout_s=5, commit_interval_s=0.2)]
 
 
 async def test_gates_first_spends_only_on_traces_whose_gates_passed(

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import AsyncIterator
 from datetime import UTC, datetime
 from typing import Any
 
@@ -30,7 +29,6 @@ from scoring.incidents import AGREEMENT_MIN_ITEMS
 from scoring.models import ScorerGroup
 from scoring.review_rules import review_item_id
 from tests.support.harness import read_topic
-from tests.support.redis_clients import connect
 
 pytestmark = pytest.mark.integration
 
@@ -57,13 +55,6 @@ class Gauges:
             self.series.pop((project_id, group_id, judge), None)
         else:
             self.series[(project_id, group_id, judge)] = (spearman, items)
-
-
-@pytest.fixture
-async def redis(redis_db_url: str) -> AsyncIterator[Redis]:
-    client = connect(redis_db_url)
-    yield client
-    await client.aclose()
 
 
 @pytest.fixture
@@ -121,22 +112,22 @@ def watchers(redis: Redis, producer: AIOKafkaProducer, topics: TopicNames, snaps
 
 
 async def test_a_judge_that_stops_agreeing_with_people_opens_one_incident_and_agreeing_again_resolves_it(
-        redis: Redis, kafka_bootstrap: str, producer: AIOKafkaProducer, unique: str) -> None:
+        redis_db_client: Redis, kafka_bootstrap: str, producer: AIOKafkaProducer, unique: str) -> None:
     group = a_group(unique, alertMinAgreement=0.5)
     queue = a_queue(group)
     snapshot = CatalogSnapshot(groups={group.id: group}, queues={queue.id: queue})
     topics = TopicNames(traces="-", ratings="-", signals=f"agr-signals-{unique}", webhooks=f"agr-hooks-{unique}",
                         dlq="-")
     clock, gauges = Clock(time.time()), Gauges()
-    two = watchers(redis, producer, topics, snapshot, clock, gauges, 2)
+    two = watchers(redis_db_client, producer, topics, snapshot, clock, gauges, 2)
 
     # The judge ranks the items backwards from people: too few labels first, then enough.
     backwards = [(float(n), float(9 - n)) for n in range(AGREEMENT_MIN_ITEMS)]
-    await label(redis, queue, backwards[:AGREEMENT_MIN_ITEMS - 1], 0, clock.now)
+    await label(redis_db_client, queue, backwards[:AGREEMENT_MIN_ITEMS - 1], 0, clock.now)
     await asyncio.gather(*(w.tick() for w in two))
     assert gauges.series[(group.project_id, group.id, "helpful")] == (-1.0, AGREEMENT_MIN_ITEMS - 1)
     clock.now += 5
-    await label(redis, queue, backwards[-1:], AGREEMENT_MIN_ITEMS - 1, clock.now)
+    await label(redis_db_client, queue, backwards[-1:], AGREEMENT_MIN_ITEMS - 1, clock.now)
     for _ in range(3):
         await asyncio.gather(*(w.tick() for w in two))  # opens once, however often they look
     assert gauges.series[(group.project_id, group.id, "helpful")] == (-1.0, AGREEMENT_MIN_ITEMS)
@@ -144,10 +135,10 @@ async def test_a_judge_that_stops_agreeing_with_people_opens_one_incident_and_ag
     # People and the judge agree again on what is labelled after the opening - but too few first.
     clock.now += 5
     along = [(float(n), float(n) + 0.5) for n in range(AGREEMENT_MIN_ITEMS)]
-    await label(redis, queue, along[:AGREEMENT_MIN_ITEMS - 1], 100, clock.now)
+    await label(redis_db_client, queue, along[:AGREEMENT_MIN_ITEMS - 1], 100, clock.now)
     await asyncio.gather(*(w.tick() for w in two))
     clock.now += 5
-    await label(redis, queue, along[-1:], 200, clock.now)
+    await label(redis_db_client, queue, along[-1:], 200, clock.now)
     for _ in range(3):
         await asyncio.gather(*(w.tick() for w in two))
 
@@ -156,26 +147,26 @@ async def test_a_judge_that_stops_agreeing_with_people_opens_one_incident_and_ag
     assert signals[0]["incidentId"] == signals[1]["incidentId"]
     assert f"Helpful -1.00 over {AGREEMENT_MIN_ITEMS} items" in signals[0]["justification"], signals[0]
     assert f"Helpful 1.00 over {AGREEMENT_MIN_ITEMS} items" in signals[1]["justification"], signals[1]
-    (incident,) = await IncidentStore(redis).incidents(group.id)
+    (incident,) = await IncidentStore(redis_db_client).incidents(group.id)
     assert (incident["state"], incident["reason"]) == ("resolved", "agreement")
 
 
 async def test_the_gauge_is_the_owning_workers_and_a_group_without_the_alert_opens_nothing(
-        redis: Redis, kafka_bootstrap: str, producer: AIOKafkaProducer, unique: str) -> None:
+        redis_db_client: Redis, kafka_bootstrap: str, producer: AIOKafkaProducer, unique: str) -> None:
     group = a_group(unique)  # no alertMinAgreement: the figure is exported, no incident
     queue = a_queue(group)
     snapshot = CatalogSnapshot(groups={group.id: group}, queues={queue.id: queue})
     topics = TopicNames(traces="-", ratings="-", signals=f"agr2-signals-{unique}", webhooks="-", dlq="-")
     clock = Clock(time.time())
-    await label(redis, queue, [(float(n), float(9 - n)) for n in range(AGREEMENT_MIN_ITEMS)], 0, clock.now)
+    await label(redis_db_client, queue, [(float(n), float(9 - n)) for n in range(AGREEMENT_MIN_ITEMS)], 0, clock.now)
     outputs = Outputs(producer, topics, Silent())
     shares = [FleetShare.everything(), FleetShare.everything()]
     shares[1].shards = frozenset()  # another worker's share: none of this group's
     gauges = [Gauges(), Gauges()]
     for share, said in zip(shares, gauges, strict=True):
-        await IncidentWatcher(store=IncidentStore(redis), ratings=RatingsStore(redis), catalog=lambda: snapshot,
+        await IncidentWatcher(store=IncidentStore(redis_db_client), ratings=RatingsStore(redis_db_client), catalog=lambda: snapshot,
                               send=outputs.send, topics=topics, clock=clock, events=said, share=share,
-                              reviews=ReviewItems(redis)).tick()
+                              reviews=ReviewItems(redis_db_client)).tick()
     assert gauges[0].series == {(group.project_id, group.id, "helpful"): (-1.0, AGREEMENT_MIN_ITEMS)}
     assert gauges[1].series == {}, "only the worker whose share holds the group exports its figure"
-    assert await IncidentStore(redis).incidents(group.id) == []
+    assert await IncidentStore(redis_db_client).incidents(group.id) == []

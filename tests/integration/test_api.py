@@ -37,7 +37,7 @@ class Api:
 
 
 @pytest.fixture(scope="module")
-def api(redis_databases: RedisDatabases, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Api]:
+def seeded_api(redis_databases: RedisDatabases, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Api]:
     with redis_databases.lease() as url:
         keys = {"a": create_key(url, "--project", "p-a", "--name", "team a"),
                 "b": create_key(url, "--project", "p-b"),
@@ -54,10 +54,10 @@ def member(kind: str, ref: str, weight: float = 1, gate: bool = False) -> dict[s
 
 
 @pytest.fixture(scope="module")
-def scorers(api: Api) -> dict[str, str]:
+def scorers(seeded_api: Api) -> dict[str, str]:
     """Judges and a pattern of project A, and one judge the operators share."""
     ids = {}
-    with api.as_("a") as a, api.as_("op") as op:
+    with seeded_api.as_("a") as a, seeded_api.as_("op") as op:
         for name, body in (("quality", {"name": "Quality", "criteria": "Helpful?"}),
                            ("safety", {"name": "Safety", "criteria": "Safe?"}),
                            ("exact", {"name": "Exact", "criteria": "Matches?", "requiresExpected": True})):
@@ -93,40 +93,40 @@ def assert_problem(r: httpx.Response, status: int, field: str | None = None, say
 # --- Keys ------------------------------------------------------------------------------------
 
 
-def test_keys_are_needed_known_and_revoked_at_once(api: Api) -> None:
-    with api.process.client(None) as anonymous:
+def test_keys_are_needed_known_and_revoked_at_once(seeded_api: Api) -> None:
+    with seeded_api.process.client(None) as anonymous:
         r = anonymous.get("/v1/scorer-groups")
         assert_problem(r, 401)
         assert r.headers["www-authenticate"] == "Bearer"
-    with api.process.client("sgw_000000000000_guess") as wrong:
+    with seeded_api.process.client("sgw_000000000000_guess") as wrong:
         assert_problem(wrong.get("/v1/scorer-groups"), 401, says="unknown or revoked")
-    key = create_key(api.redis_url, "--project", "p-a", "--name", "short-lived")
-    with api.process.client(key) as c:
+    key = create_key(seeded_api.redis_url, "--project", "p-a", "--name", "short-lived")
+    with seeded_api.process.client(key) as c:
         assert c.get("/v1/scorer-groups").status_code == 200
         key_id = key.split("_")[1]
-        listed = cli(api.redis_url, "keys", "list", "--project", "p-a")
+        listed = cli(seeded_api.redis_url, "keys", "list", "--project", "p-a")
         assert key_id in listed.stdout and key not in listed.stdout, "the secret is never shown again"
-        revoked = cli(api.redis_url, "keys", "revoke", key_id)
+        revoked = cli(seeded_api.redis_url, "keys", "revoke", key_id)
         assert revoked.returncode == 0, revoked.stderr
         assert_problem(c.get("/v1/scorer-groups"), 401)  # the very next request
-    stored = connect_sync(api.redis_url).hgetall("sgw:api-keys")
+    stored = connect_sync(seeded_api.redis_url).hgetall("sgw:api-keys")
     assert all(key.encode() not in v for v in stored.values()), "Redis keeps a hash, not the key"
 
 
-def test_keys_create_prints_the_key_alone_on_the_last_line(api: Api) -> None:
-    done = cli(api.redis_url, "keys", "create", "--project", "p-z", "--name", "ci")
+def test_keys_create_prints_the_key_alone_on_the_last_line(seeded_api: Api) -> None:
+    done = cli(seeded_api.redis_url, "keys", "create", "--project", "p-z", "--name", "ci")
     last = done.stdout.rstrip("\n").splitlines()[-1]
     assert last.startswith("sgw_") and " " not in last
     assert done.stdout.count(last) == 1
-    refused = cli(api.redis_url, "keys", "create", "--name", "x")
+    refused = cli(seeded_api.redis_url, "keys", "create", "--name", "x")
     assert refused.returncode == 2, "a key is for a project or an operator key, never implicitly both"
 
 
 # --- Groups: the spec's rules through HTTP ------------------------------------------------------
 
 
-def test_create_get_list_delete_with_location_and_etag(api: Api, scorers: dict[str, str]) -> None:
-    with api.as_("a") as a:
+def test_create_get_list_delete_with_location_and_etag(seeded_api: Api, scorers: dict[str, str]) -> None:
+    with seeded_api.as_("a") as a:
         r = a.post("/v1/scorer-groups", json={"name": "Release quality bar", "members": [
             member("judge", scorers["quality"]), member("judge", scorers["safety"], gate=True),
             member("pattern", scorers["pii"], 0, True)]})
@@ -141,8 +141,8 @@ def test_create_get_list_delete_with_location_and_etag(api: Api, scorers: dict[s
         assert_problem(a.get(f"/v1/scorer-groups/{group['id']}"), 404)
 
 
-def test_lists_are_paginated(api: Api, scorers: dict[str, str]) -> None:
-    with api.as_("op") as op:
+def test_lists_are_paginated(seeded_api: Api, scorers: dict[str, str]) -> None:
+    with seeded_api.as_("op") as op:
         made = {create_group(op, name=f"Paged {i}", projectId="p-pages",
                              members=[member("judge", scorers["shared"])])["id"] for i in range(5)}
         seen: list[str] = []
@@ -159,8 +159,8 @@ def test_lists_are_paginated(api: Api, scorers: dict[str, str]) -> None:
         assert_problem(op.get("/v1/scorer-groups", params={"limit": 0}), 400, "limit")
 
 
-def test_patch_is_sparse_and_online_merges_key_by_key(api: Api, scorers: dict[str, str]) -> None:
-    with api.as_("a") as a:
+def test_patch_is_sparse_and_online_merges_key_by_key(seeded_api: Api, scorers: dict[str, str]) -> None:
+    with seeded_api.as_("a") as a:
         g = create_group(a, name="G", members=[member("judge", scorers["quality"])],
                          online={**FULL_ONLINE, "scope": "session", "idleSeconds": 300})
         r = a.patch(f"/v1/scorer-groups/{g['id']}", json={"online": {"sampleRate": 0.5, "severity": "critical"}})
@@ -195,8 +195,8 @@ def test_patch_is_sparse_and_online_merges_key_by_key(api: Api, scorers: dict[st
         assert r.status_code == 200 and r.json()["online"] is None, "online: null detaches"
 
 
-def test_partial_online_on_a_group_without_one_is_a_400_naming_the_missing_keys(api: Api, scorers: dict[str, str]) -> None:
-    with api.as_("a") as a:
+def test_partial_online_on_a_group_without_one_is_a_400_naming_the_missing_keys(seeded_api: Api, scorers: dict[str, str]) -> None:
+    with seeded_api.as_("a") as a:
         g = create_group(a, name="G", members=[member("judge", scorers["quality"])])
         r = a.patch(f"/v1/scorer-groups/{g['id']}", json={"online": {"sampleRate": 0.5}})
         assert_problem(r, 400, "online", says="missing: enabled, alertThreshold, severity")
@@ -204,8 +204,8 @@ def test_partial_online_on_a_group_without_one_is_a_400_naming_the_missing_keys(
         assert a.get(f"/v1/scorer-groups/{g['id']}").json()["online"] is None, "nothing invented"
 
 
-def test_unknown_ref_and_requires_expected_on_a_live_group_are_400s(api: Api, scorers: dict[str, str]) -> None:
-    with api.as_("a") as a:
+def test_unknown_ref_and_requires_expected_on_a_live_group_are_400s(seeded_api: Api, scorers: dict[str, str]) -> None:
+    with seeded_api.as_("a") as a:
         r = a.post("/v1/scorer-groups", json={"name": "G", "members": [member("judge", scorers["quality"]),
                                                                         member("judge", "nope")]})
         assert_problem(r, 400, "members[1].refId", says="no LLM judge with id 'nope'")
@@ -252,16 +252,16 @@ def test_unknown_ref_and_requires_expected_on_a_live_group_are_400s(api: Api, sc
     ({"online": {**FULL_ONLINE, "scope": "span", "spanFilter": {"field": "output", "op": "matches", "value": "(?=x)"}}},
      "online.spanFilter.value"),
 ])
-def test_every_save_time_limit_is_a_400_naming_the_field(api: Api, scorers: dict[str, str],
+def test_every_save_time_limit_is_a_400_naming_the_field(seeded_api: Api, scorers: dict[str, str],
                                                          change: dict[str, Any], field: str) -> None:
     body = {"name": "G", "members": [member("judge", scorers["quality"])], **change}
-    with api.as_("a") as a:
+    with seeded_api.as_("a") as a:
         assert_problem(a.post("/v1/scorer-groups", json=body), 400, field)
 
 
-def test_a_refusal_names_a_long_value_without_echoing_it_in_one_wording(api: Api, scorers: dict[str, str]) -> None:
+def test_a_refusal_names_a_long_value_without_echoing_it_in_one_wording(seeded_api: Api, scorers: dict[str, str]) -> None:
     long = "d" * 2001
-    with api.as_("a") as a:
+    with seeded_api.as_("a") as a:
         # Refused by the API's request model, and by the group's own model: the same wording.
         for answer in (a.post("/v1/scorer-groups", json={"name": "G", "members": [], "description": long}),
                        a.post("/v1/datasets", json={"name": "D", "content": "{}\n", "description": long}),
@@ -275,8 +275,8 @@ def test_a_refusal_names_a_long_value_without_echoing_it_in_one_wording(api: Api
         assert described["errors"][0]["field"] == "description" and "2,001 characters" in message, message
 
 
-def test_stale_if_match_is_a_412_and_the_current_one_writes(api: Api, scorers: dict[str, str]) -> None:
-    with api.as_("a") as a:
+def test_stale_if_match_is_a_412_and_the_current_one_writes(seeded_api: Api, scorers: dict[str, str]) -> None:
+    with seeded_api.as_("a") as a:
         r = a.post("/v1/scorer-groups", json={"name": "G", "members": [member("judge", scorers["quality"])]})
         first = r.headers["etag"]
         r = a.patch(f"/v1/scorer-groups/{r.json()['id']}", json={"name": "G2"}, headers={"If-Match": first})
@@ -292,8 +292,8 @@ def test_stale_if_match_is_a_412_and_the_current_one_writes(api: Api, scorers: d
 # --- Tenancy ----------------------------------------------------------------------------------
 
 
-def test_two_projects_see_only_their_own(api: Api, scorers: dict[str, str]) -> None:
-    with api.as_("a") as a, api.as_("b") as b:
+def test_two_projects_see_only_their_own(seeded_api: Api, scorers: dict[str, str]) -> None:
+    with seeded_api.as_("a") as a, seeded_api.as_("b") as b:
         g = create_group(a, name="Mine", members=[member("judge", scorers["quality"])])
         path = f"/v1/scorer-groups/{g['id']}"
         for r in (b.get(path), b.patch(path, json={"name": "Theirs"}), b.delete(path),
@@ -314,9 +314,9 @@ def test_two_projects_see_only_their_own(api: Api, scorers: dict[str, str]) -> N
         assert a.get(path).json()["name"] == "Mine"
 
 
-def test_shared_scorers_are_read_and_used_by_projects_but_changed_by_operators(api: Api, scorers: dict[str, str]) -> None:
+def test_shared_scorers_are_read_and_used_by_projects_but_changed_by_operators(seeded_api: Api, scorers: dict[str, str]) -> None:
     shared = f"/v1/judges/{scorers['shared']}"
-    with api.as_("a") as a, api.as_("op") as op:
+    with seeded_api.as_("a") as a, seeded_api.as_("op") as op:
         assert a.get(shared).status_code == 200
         create_group(a, name="Uses shared", members=[member("judge", scorers["shared"])])
         assert_problem(a.put(shared, json={"name": "Mine now", "criteria": "?"}), 403)
@@ -325,8 +325,8 @@ def test_shared_scorers_are_read_and_used_by_projects_but_changed_by_operators(a
         assert r.status_code == 200 and r.json()["criteria"] == "Polite and warm?"
 
 
-def test_operator_key_acts_on_any_project_and_must_name_one_to_create(api: Api, scorers: dict[str, str]) -> None:
-    with api.as_("a") as a, api.as_("op") as op:
+def test_operator_key_acts_on_any_project_and_must_name_one_to_create(seeded_api: Api, scorers: dict[str, str]) -> None:
+    with seeded_api.as_("a") as a, seeded_api.as_("op") as op:
         g = create_group(a, name="A's", members=[member("judge", scorers["quality"])])
         assert op.get(f"/v1/scorer-groups/{g['id']}").status_code == 200
         assert op.patch(f"/v1/scorer-groups/{g['id']}", json={"description": "ops note"}).status_code == 200
@@ -335,23 +335,23 @@ def test_operator_key_acts_on_any_project_and_must_name_one_to_create(api: Api, 
         r = op.post("/v1/scorer-groups", json={"name": "For B", "projectId": "p-b",
                                                "members": [member("judge", scorers["shared"])]})
         assert r.status_code == 201
-        with api.as_("b") as b:
+        with seeded_api.as_("b") as b:
             assert b.get(f"/v1/scorer-groups/{r.json()['id']}").status_code == 200
 
 
-def test_ratings_and_session_scores_are_the_projects_own(api: Api, scorers: dict[str, str]) -> None:
+def test_ratings_and_session_scores_are_the_projects_own(seeded_api: Api, scorers: dict[str, str]) -> None:
     import asyncio
 
     from adapters.stores.ratings import RatingsStore, SessionVerdict
     from scoring.results import HistoryEntry
 
-    with api.as_("a") as a, api.as_("op") as op:
+    with seeded_api.as_("a") as a, seeded_api.as_("op") as op:
         ga = create_group(a, name="A live", members=[member("judge", scorers["quality"])], online=FULL_ONLINE)
         gb = create_group(op, name="B live", projectId="p-b", members=[member("judge", scorers["shared"])],
                           online=FULL_ONLINE)
 
         async def record() -> None:
-            redis = connect(api.redis_url)
+            redis = connect(seeded_api.redis_url)
             now = time.time()
             await RatingsStore(redis).write(
                 [HistoryEntry(ga["id"], 8.0, False, now), HistoryEntry(ga["id"], 4.0, True, now)],
@@ -369,7 +369,7 @@ def test_ratings_and_session_scores_are_the_projects_own(api: Api, scorers: dict
         scores = a.get("/v1/sessions/s-shared/scores").json()
         assert scores == [{"kind": f"scorer-group:{ga['id']}", "rating": 4.5,
                            "justification": "Weighted blend: A", "scoredAt": scores[0]["scoredAt"]}]
-        with api.as_("b") as b:
+        with seeded_api.as_("b") as b:
             assert [s["kind"] for s in b.get("/v1/sessions/s-shared/scores").json()] == [f"scorer-group:{gb['id']}"]
             nothing = b.get("/v1/sessions/s-only-a/scores")  # only another project's verdict: none of b's
             assert nothing.status_code == 200 and nothing.json() == []
@@ -380,9 +380,9 @@ def test_ratings_and_session_scores_are_the_projects_own(api: Api, scorers: dict
 # --- The change log -----------------------------------------------------------------------------
 
 
-def test_every_write_is_recorded_who_when_what(api: Api, scorers: dict[str, str]) -> None:
+def test_every_write_is_recorded_who_when_what(seeded_api: Api, scorers: dict[str, str]) -> None:
     before = time.time()
-    with api.as_("a") as a, api.as_("b") as b:
+    with seeded_api.as_("a") as a, seeded_api.as_("b") as b:
         g = create_group(a, name="Logged", members=[member("judge", scorers["quality"])])
         a.patch(f"/v1/scorer-groups/{g['id']}", json={"name": "Logged 2", "online": FULL_ONLINE})
         a.delete(f"/v1/scorer-groups/{g['id']}")
@@ -390,7 +390,7 @@ def test_every_write_is_recorded_who_when_what(api: Api, scorers: dict[str, str]
         assert r.status_code == 200, r.text
         entries = r.json()["items"]
         assert [e["action"] for e in entries] == ["deleted", "updated", "created"]
-        key_id = api.keys["a"].split("_")[1]
+        key_id = seeded_api.keys["a"].split("_")[1]
         assert all(e["actor"] == f"key:{key_id} (team a)" and e["at"] >= before for e in entries)
         assert entries[1]["changes"]["name"] == {"before": "Logged", "after": "Logged 2"}
         assert entries[1]["changes"]["online"]["before"] is None
@@ -401,11 +401,11 @@ def test_every_write_is_recorded_who_when_what(api: Api, scorers: dict[str, str]
 # --- Scorers, budgets, channels ------------------------------------------------------------------
 
 
-def test_scorer_crud_for_every_kind(api: Api) -> None:
+def test_scorer_crud_for_every_kind(seeded_api: Api) -> None:
     bodies = {"judges": {"name": "J", "criteria": "Good?"},
               "patterns": {"name": "P", "polarity": "proper", "contains": ["thanks"]},
               "customs": {"name": "C", "type": "code", "code": "def score(**kw):\n    return 1.0\n"}}
-    with api.as_("a") as a:
+    with seeded_api.as_("a") as a:
         for path, body in [*bodies.items(), ("customs", {"name": "E", "type": "external",
                                                          "url": "https://scorer.example.com/x"})]:
             r = a.post(f"/v1/{path}", json=body)
@@ -423,8 +423,8 @@ def test_scorer_crud_for_every_kind(api: Api) -> None:
         assert_problem(a.post("/v1/judges", json={"name": "J", "criteria": "x", "id": "mine"}), 400, "id")
 
 
-def test_a_budget_is_set_by_the_operators_and_its_project_may_only_lower_it(api: Api) -> None:
-    with api.as_("a") as a, api.as_("op") as op:
+def test_a_budget_is_set_by_the_operators_and_its_project_may_only_lower_it(seeded_api: Api) -> None:
+    with seeded_api.as_("a") as a, seeded_api.as_("op") as op:
         assert_problem(a.put("/v1/budgets/p-a", json={"judgeCallsPerWindow": 100}), 403, says="operators set budgets")
         r = op.put("/v1/budgets/p-a", json={"judgeCallsPerWindow": 100, "windowSeconds": 3600})
         assert r.status_code == 200 and r.json() == {"projectId": "p-a", "judgeCallsPerWindow": 100,
@@ -459,9 +459,9 @@ def test_a_budget_is_set_by_the_operators_and_its_project_may_only_lower_it(api:
         assert op.delete("/v1/budgets/p-a").status_code == 204
 
 
-def test_channel_secrets_are_write_only(api: Api) -> None:
+def test_channel_secrets_are_write_only(seeded_api: Api) -> None:
     secret = "whsec_" + base64.b64encode(os.urandom(32)).decode()
-    with api.as_("a") as a, api.as_("b") as b:
+    with seeded_api.as_("a") as a, seeded_api.as_("b") as b:
         r = a.post("/v1/channels", json={"agentId": "bot", "url": "https://hooks.example.com/a", "secret": secret})
         assert r.status_code == 201, r.text
         channel = r.json()
@@ -474,8 +474,8 @@ def test_channel_secrets_are_write_only(api: Api) -> None:
         assert_problem(a.get(f"/v1/channels/{channel['id']}"), 404)
 
 
-def test_channels_show_format_and_disabled_and_hide_url_credentials(api: Api) -> None:
-    with api.as_("a") as a:
+def test_channels_show_format_and_disabled_and_hide_url_credentials(seeded_api: Api) -> None:
+    with seeded_api.as_("a") as a:
         r = a.post("/v1/channels", json={"agentId": "pd", "url": "https://u:pa55word@events.example.com/v2?token=t0k3n",
                                          "format": "pagerduty", "routingKey": "R0UT1NGKEY"})
         assert r.status_code == 201, r.text
@@ -491,10 +491,10 @@ def test_channels_show_format_and_disabled_and_hide_url_credentials(api: Api) ->
 # --- Operations -------------------------------------------------------------------------------
 
 
-def test_metrics_count_requests_by_route_and_status(api: Api) -> None:
-    with api.as_("a") as a:
+def test_metrics_count_requests_by_route_and_status(seeded_api: Api) -> None:
+    with seeded_api.as_("a") as a:
         a.get("/v1/scorer-groups/does-not-exist")
-        text = httpx.get(api.process.url + "/metrics").text
+        text = httpx.get(seeded_api.process.url + "/metrics").text
     assert 'sgw_api_requests_total{method="GET",route="/v1/scorer-groups/{id}",status="404"}' in text
     assert 'sgw_api_request_seconds_bucket{le="0.005",method="GET",route="/v1/scorer-groups/{id}"}' in text
     assert "does-not-exist" not in text, "labels are route templates, never raw ids"
@@ -502,9 +502,9 @@ def test_metrics_count_requests_by_route_and_status(api: Api) -> None:
 
 
 
-def test_port_0_picks_a_free_port_and_logs_it(api: Api, tmp_path: Path) -> None:
+def test_port_0_picks_a_free_port_and_logs_it(seeded_api: Api, tmp_path: Path) -> None:
     log_path = tmp_path / "api0.log"
-    env = {**os.environ, "SGW_REDIS_URL": api.redis_url, "SGW_API_PORT": "0", "SGW_API_HOST": "127.0.0.1",
+    env = {**os.environ, "SGW_REDIS_URL": seeded_api.redis_url, "SGW_API_PORT": "0", "SGW_API_HOST": "127.0.0.1",
            "SGW_LOG_FORMAT": "json", "PYTHONPATH": str(Path(__file__).resolve().parents[2])}
     proc = subprocess.Popen([sys.executable, "-m", "worker.cli", "api"], env=env,
                             stdout=open(log_path, "wb"), stderr=subprocess.STDOUT)
@@ -516,25 +516,25 @@ def test_port_0_picks_a_free_port_and_logs_it(api: Api, tmp_path: Path) -> None:
             port = next((e["port"] for e in events if e.get("event") == "api listening"), None)
             time.sleep(0.1)
         assert port, log_path.read_text()
-        with ApiProcess(api.redis_url, log_path, port=port).client(api.keys["a"]) as a:
+        with ApiProcess(seeded_api.redis_url, log_path, port=port).client(seeded_api.keys["a"]) as a:
             assert a.get("/v1/scorer-groups").status_code == 200
     finally:
         proc.terminate()
         proc.wait(timeout=15)
 
 
-def test_channels_of_two_projects_for_one_agent_id_stay_apart(api: Api) -> None:
+def test_channels_of_two_projects_for_one_agent_id_stay_apart(seeded_api: Api) -> None:
     import asyncio
 
     from adapters.stores.catalog import CatalogStore
 
-    with api.as_("a") as a, api.as_("b") as b:
+    with seeded_api.as_("a") as a, seeded_api.as_("b") as b:
         mine = a.post("/v1/channels", json={"agentId": "same-bot", "url": "https://hooks.example.com/a"}).json()
         theirs = b.post("/v1/channels", json={"agentId": "same-bot", "url": "https://hooks.example.com/a"}).json()
         assert mine["id"] != theirs["id"], "the same agent and URL in two projects are two channels"
 
     async def snapshot() -> Any:
-        redis = connect(api.redis_url)
+        redis = connect(seeded_api.redis_url)
         try:
             return await CatalogStore(redis).snapshot()
         finally:
@@ -545,8 +545,8 @@ def test_channels_of_two_projects_for_one_agent_id_stay_apart(api: Api) -> None:
     assert [c.project_id for c in catalog.channels_for("same-bot", "p-b")] == ["p-b"]
 
 
-def test_scorer_writes_are_recorded_too(api: Api) -> None:
-    with api.as_("a") as a, api.as_("b") as b:
+def test_scorer_writes_are_recorded_too(seeded_api: Api) -> None:
+    with seeded_api.as_("a") as a, seeded_api.as_("b") as b:
         judge = a.post("/v1/judges", json={"name": "Tone", "criteria": "Polite?"}).json()
         a.put(f"/v1/judges/{judge['id']}", json={"name": "Tone", "criteria": "Polite and warm?"})
         entries = a.get(f"/v1/judges/{judge['id']}/changes").json()["items"]
@@ -555,17 +555,17 @@ def test_scorer_writes_are_recorded_too(api: Api) -> None:
         assert_problem(b.get(f"/v1/judges/{judge['id']}/changes"), 404)
 
 
-def test_reads_see_a_change_made_outside_the_api_at_once(api: Api, scorers: dict[str, str]) -> None:
+def test_reads_see_a_change_made_outside_the_api_at_once(seeded_api: Api, scorers: dict[str, str]) -> None:
     import asyncio
 
     from services.groups import MonitorClient
 
-    with api.as_("a") as a:
+    with seeded_api.as_("a") as a:
         g = create_group(a, name="Before", members=[member("judge", scorers["quality"])])
         assert a.get(f"/v1/scorer-groups/{g['id']}").json()["name"] == "Before"  # now cached
 
         async def rename() -> None:
-            redis = connect(api.redis_url)
+            redis = connect(seeded_api.redis_url)
             try:
                 await MonitorClient(redis).scorer_groups.update(g["id"], name="After")  # as the CLI would
             finally:

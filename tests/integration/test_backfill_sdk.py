@@ -37,7 +37,7 @@ class Env:
 
 
 @pytest.fixture(scope="module")
-def env(redis_databases: RedisDatabases, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Env]:
+def seeded_api(redis_databases: RedisDatabases, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Env]:
     with redis_databases.lease() as url:
         keys = {"a": create_key(url, "--project", "p-a"), "b": create_key(url, "--project", "p-b")}
         process = ApiProcess(url, tmp_path_factory.mktemp("api") / "api.log").start()
@@ -47,9 +47,9 @@ def env(redis_databases: RedisDatabases, tmp_path_factory: pytest.TempPathFactor
             process.stop()
 
 
-def test_a_job_is_started_read_listed_waited_on_and_cancelled(env: Env, capsys: pytest.CaptureFixture[str]) -> None:
-    group = env.group()
-    with env.client() as client, env.client("b") as other:
+def test_a_job_is_started_read_listed_waited_on_and_cancelled(seeded_api: Env, capsys: pytest.CaptureFixture[str]) -> None:
+    group = seeded_api.group()
+    with seeded_api.client() as client, seeded_api.client("b") as other:
         before = datetime.now(UTC)
         job = client.monitor.scorer_groups.backfill(group.id, since="24h")
         assert (job.status, job.group_id, job.project_id, job.sample_rate) == ("queued", group.id, "p-a", 0.3)
@@ -63,7 +63,7 @@ def test_a_job_is_started_read_listed_waited_on_and_cancelled(env: Env, capsys: 
             other.monitor.backfills.get(job.id)  # another project's job does not exist
 
         def cancel() -> None:
-            with env.client() as elsewhere:
+            with seeded_api.client() as elsewhere:
                 elsewhere.monitor.backfills.cancel(job.id)
 
         # No worker runs: the job stays queued until it is cancelled, here from another thread.
@@ -80,9 +80,9 @@ def test_a_job_is_started_read_listed_waited_on_and_cancelled(env: Env, capsys: 
             job.cancel()  # an ended job cannot be cancelled
 
 
-def test_wait_gives_up_after_its_timeout_and_the_job_goes_on(env: Env) -> None:
-    group = env.group()
-    with env.client() as client:
+def test_wait_gives_up_after_its_timeout_and_the_job_goes_on(seeded_api: Env) -> None:
+    group = seeded_api.group()
+    with seeded_api.client() as client:
         job = client.monitor.scorer_groups.backfill(group.id, since=datetime.now(UTC) - timedelta(hours=2),
                                                     until="1h", sample_rate=1, max_judge_calls=100, alerts=True)
         assert (job.sample_rate, job.max_judge_calls, job.alerts) == (1.0, 100, True)
@@ -92,9 +92,9 @@ def test_wait_gives_up_after_its_timeout_and_the_job_goes_on(env: Env) -> None:
         assert client.monitor.backfills.cancel(job.id).status == "cancelled"
 
 
-async def test_the_async_client_waits_while_another_task_cancels(env: Env) -> None:
-    group = env.group()
-    async with AsyncClient(env.process.url, env.keys["a"]) as client:
+async def test_the_async_client_waits_while_another_task_cancels(seeded_api: Env) -> None:
+    group = seeded_api.group()
+    async with AsyncClient(seeded_api.process.url, seeded_api.keys["a"]) as client:
         job = await client.monitor.scorer_groups.backfill(group.id, since="90m", until="30m")
         assert job.to - job.from_ == timedelta(hours=1)
 
@@ -107,10 +107,10 @@ async def test_the_async_client_waits_while_another_task_cancels(env: Env) -> No
         assert [j.status for j in await client.monitor.scorer_groups.backfills(group.id)] == ["cancelled"]
 
 
-def test_refusals_name_their_field(env: Env) -> None:
-    sessions = env.group({**ONLINE, "scope": "session"})
-    bare = env.group(None)
-    with env.client() as client:
+def test_refusals_name_their_field(seeded_api: Env) -> None:
+    sessions = seeded_api.group({**ONLINE, "scope": "session"})
+    bare = seeded_api.group(None)
+    with seeded_api.client() as client:
         with pytest.raises(BadRequest) as refused:
             client.monitor.scorer_groups.backfill(sessions.id, since="1h")
         assert refused.value.fields == ["scope"], refused.value.problem

@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import AsyncIterator
 from typing import Any
 
 import pytest
@@ -17,18 +16,8 @@ from adapters.stores.catalog import CatalogStore, CatalogWatcher, SnapshotCache
 from adapters.stores.client import RedisClient
 from scoring.catalog import CatalogSnapshot
 from services.groups import MonitorClient
-from tests.support.redis_clients import connect
 
 pytestmark = pytest.mark.integration
-
-
-@pytest.fixture
-async def redis(redis_db_url: str) -> AsyncIterator[RedisClient]:
-    client = connect(redis_db_url)
-    try:
-        yield client
-    finally:
-        await client.aclose()
 
 
 def catalog(groups: int, projects: int = 50) -> dict[str, Any]:
@@ -57,23 +46,23 @@ def documents(snapshot: CatalogSnapshot) -> dict[str, Any]:
             for kind in ("judges", "patterns", "customs", "groups", "budgets", "channels")}
 
 
-async def test_a_reader_that_had_the_catalog_reads_only_what_changed(redis: RedisClient) -> None:
-    await MonitorClient(redis).apply(catalog(2_000))
-    reader = CatalogStore(redis, cache=SnapshotCache())
+async def test_a_reader_that_had_the_catalog_reads_only_what_changed(redis_db_client: RedisClient) -> None:
+    await MonitorClient(redis_db_client).apply(catalog(2_000))
+    reader = CatalogStore(redis_db_client, cache=SnapshotCache())
     first = await reader.snapshot()
-    since = await mark(redis)
+    since = await mark(redis_db_client)
     await reader.snapshot()  # nothing changed: the script answers the version alone
-    unchanged = await sent_since(redis, since)
+    unchanged = await sent_since(redis_db_client, since)
 
-    writer = MonitorClient(redis)
+    writer = MonitorClient(redis_db_client)
     await writer.scorer_groups.update("g-7", description="changed")
     await writer.scorer_groups.delete("g-8")
-    since = await mark(redis)
+    since = await mark(redis_db_client)
     after = await reader.snapshot()
-    delta = await sent_since(redis, since)
-    since = await mark(redis)
-    whole = await CatalogStore(redis).snapshot()
-    full = await sent_since(redis, since)
+    delta = await sent_since(redis_db_client, since)
+    since = await mark(redis_db_client)
+    whole = await CatalogStore(redis_db_client).snapshot()
+    full = await sent_since(redis_db_client, since)
 
     assert after.version == first.version + 2 == whole.version
     assert documents(after) == documents(whole)
@@ -82,26 +71,26 @@ async def test_a_reader_that_had_the_catalog_reads_only_what_changed(redis: Redi
     assert unchanged < 200 and delta < 5_000 < 500_000 < full, (unchanged, delta, full)
 
 
-async def test_a_version_the_log_does_not_name_is_read_whole(redis: RedisClient) -> None:
+async def test_a_version_the_log_does_not_name_is_read_whole(redis_db_client: RedisClient) -> None:
     """A write that left no log entry (a version before this one, a hand-made change): the
     reader cannot trust a delta and reads the catalog whole."""
-    await MonitorClient(redis).apply(catalog(50))
-    reader = CatalogStore(redis, cache=SnapshotCache())
+    await MonitorClient(redis_db_client).apply(catalog(50))
+    reader = CatalogStore(redis_db_client, cache=SnapshotCache())
     await reader.snapshot()
-    await redis.hset(keys.catalog_hash("groups"), "g-3", (await redis.hget(keys.catalog_hash("groups"), "g-4")) or b"")
-    await redis.incr(keys.CATALOG_VERSION)
+    await redis_db_client.hset(keys.catalog_hash("groups"), "g-3", (await redis_db_client.hget(keys.catalog_hash("groups"), "g-4")) or b"")
+    await redis_db_client.incr(keys.CATALOG_VERSION)
     after = await reader.snapshot()
     assert after.groups["g-3"].id == "g-4"  # what Redis holds, read whole
-    assert documents(after) == documents(await CatalogStore(redis).snapshot())
+    assert documents(after) == documents(await CatalogStore(redis_db_client).snapshot())
 
 
-async def test_a_running_watcher_has_a_change_within_a_second_at_ten_thousand_groups(redis: RedisClient) -> None:
-    await MonitorClient(redis).apply(catalog(10_000, projects=1_000))
-    watcher = CatalogWatcher(CatalogStore(redis))
+async def test_a_running_watcher_has_a_change_within_a_second_at_ten_thousand_groups(redis_db_client: RedisClient) -> None:
+    await MonitorClient(redis_db_client).apply(catalog(10_000, projects=1_000))
+    watcher = CatalogWatcher(CatalogStore(redis_db_client))
     await watcher.start()
     try:
         assert len(watcher.current.groups) == 10_000
-        await MonitorClient(redis).scorer_groups.update("g-42", online={"enabled": False})
+        await MonitorClient(redis_db_client).scorer_groups.update("g-42", online={"enabled": False})
         changed_at = time.monotonic()
         while not (watcher.current.groups["g-42"].online and not watcher.current.groups["g-42"].online.enabled):
             assert time.monotonic() - changed_at < 1.0, "the watcher did not have the change within a second"

@@ -54,14 +54,14 @@ def api_process(redis_databases: RedisDatabases, judge: JudgeServer,
 
 
 @pytest.fixture(scope="module")
-def api(api_process: tuple[ApiProcess, str, str]) -> tuple[str, str, str]:
+def api_address(api_process: tuple[ApiProcess, str, str]) -> tuple[str, str, str]:
     process, key, url = api_process
     return process.url, key, url
 
 
 @pytest.fixture
-def names(api: tuple[str, str, str]) -> Iterator[dict[str, Any]]:
-    client = Client(api[0], api[1])
+def names(api_address: tuple[str, str, str]) -> Iterator[dict[str, Any]]:
+    client = Client(api_address[0], api_address[1])
     quality = client.monitor.judges.create(name="Quality", criteria="Helpful?", model="quality-model")
     safety = client.monitor.judges.create(name="Safety", criteria="Safe?", model="safety-model")
     pii = client.monitor.patterns.create(name="PII", polarity="failure", template="email")
@@ -82,7 +82,7 @@ def test_the_snippet_is_the_specs() -> None:
     assert RUN_SNIPPET in SPEC.read_text()
 
 
-def test_the_specs_dataset_run_runs_verbatim(names: dict[str, Any], judge: JudgeServer, api: tuple[str, str, str]) -> None:
+def test_the_specs_dataset_run_runs_verbatim(names: dict[str, Any], judge: JudgeServer, api_address: tuple[str, str, str]) -> None:
     names["my_agent"] = agent_rating(quality=8, safety=9)
     exec(RUN_SNIPPET, names)
     run = names["run"]
@@ -131,7 +131,7 @@ def test_rows_the_agent_failed_on_fail_the_gate_unless_allowed(names: dict[str, 
 
 
 def test_each_rows_judge_calls_are_kept_with_the_run_and_only_for_its_project(
-        names: dict[str, Any], judge: JudgeServer, api: tuple[str, str, str]) -> None:
+        names: dict[str, Any], judge: JudgeServer, api_address: tuple[str, str, str]) -> None:
     # What a failed CI gate sends people to read: the exact question each judge got on a row.
     client, group = names["client"], _group(names)
 
@@ -155,7 +155,7 @@ def test_each_rows_judge_calls_are_kept_with_the_run_and_only_for_its_project(
     assert not any("judge calls" in n for n in run.notes), "every row's calls fit"
     with pytest.raises(NotFound):
         client.evaluations.calls(run.id, 3)  # the run has 3 rows
-    with Client(api[0], create_key(api[2], "--project", "p-other")) as stranger, pytest.raises(NotFound):
+    with Client(api_address[0], create_key(api_address[2], "--project", "p-other")) as stranger, pytest.raises(NotFound):
         stranger.evaluations.calls(run.id, 1)
 
 
@@ -207,11 +207,11 @@ def test_a_gate_on_a_name_that_is_no_judge_member_is_a_configuration_error(names
         assert not isinstance(info.value, GateFailed), "CI must not read it as a quality failure"
 
 
-def test_runs_and_datasets_are_the_projects_own(names: dict[str, Any], api: tuple[str, str, str]) -> None:
+def test_runs_and_datasets_are_the_projects_own(names: dict[str, Any], api_address: tuple[str, str, str]) -> None:
     run = names["client"].evaluations.run(dataset_id=names["dataset"].id,
                                           subject={"kind": "custom_agent", "displayName": "a"},
                                           scorer_group_id=_group(names).id)
-    with Client(api[0], create_key(api[2], "--project", "p-other")) as stranger:
+    with Client(api_address[0], create_key(api_address[2], "--project", "p-other")) as stranger:
         with pytest.raises(NotFound):
             stranger.datasets.get(names["dataset"].id)
         with pytest.raises(NotFound):
@@ -222,22 +222,22 @@ def test_runs_and_datasets_are_the_projects_own(names: dict[str, Any], api: tupl
                                      scorer_group_id=_group(names).id)
 
 
-def test_what_grades_a_run_is_refused_by_the_errors_kind(names: dict[str, Any], api: tuple[str, str, str]) -> None:
+def test_what_grades_a_run_is_refused_by_the_errors_kind(names: dict[str, Any], api_address: tuple[str, str, str]) -> None:
     # Chosen by the error's type (NotFound 404, InvalidDocument 400), whatever its message says.
-    headers = {"Authorization": f"Bearer {api[1]}"}
+    headers = {"Authorization": f"Bearer {api_address[1]}"}
     base = {"datasetId": names["dataset"].id, "subject": {"kind": "custom_agent", "displayName": "a"}}
     for body, status in (({}, 400), ({"scorerId": "nope"}, 404), ({"scorerGroupId": "nope"}, 404)):
-        answer = httpx.post(f"{api[0]}/v1/evaluations", headers=headers, json={**base, **body})
+        answer = httpx.post(f"{api_address[0]}/v1/evaluations", headers=headers, json={**base, **body})
         assert answer.status_code == status, (body, answer.text)
 
 
-def test_a_finalize_must_answer_every_row_once(names: dict[str, Any], api: tuple[str, str, str]) -> None:
+def test_a_finalize_must_answer_every_row_once(names: dict[str, Any], api_address: tuple[str, str, str]) -> None:
     client = names["client"]
     pending = client.evaluations.run(dataset_id=names["dataset"].id,
                                      subject={"kind": "custom_agent", "displayName": "a"},
                                      scorer_group_id=_group(names).id)
-    answer = httpx.post(f"{api[0]}/v1/evaluations/{pending.id}/finalize",
-                        headers={"Authorization": f"Bearer {api[1]}"},
+    answer = httpx.post(f"{api_address[0]}/v1/evaluations/{pending.id}/finalize",
+                        headers={"Authorization": f"Bearer {api_address[1]}"},
                         json={"outputs": [{"row": 0, "output": "x"}, {"row": 0, "output": "y"}]})
     assert answer.status_code == 400
     assert [e["message"] for e in answer.json()["errors"]] == ["row 0 is answered twice",
@@ -280,11 +280,11 @@ def _group(names: dict[str, Any]) -> Any:
         {"kind": "pattern", "refId": names["pii"].id, "weight": 0, "gate": True}])
 
 
-async def test_the_async_twin_runs_and_gates_alike(names: dict[str, Any], api: tuple[str, str, str]) -> None:
+async def test_the_async_twin_runs_and_gates_alike(names: dict[str, Any], api_address: tuple[str, str, str]) -> None:
     from scorer_groups import AsyncClient
 
     group = _group(names)
-    async with AsyncClient(api[0], api[1]) as client:
+    async with AsyncClient(api_address[0], api_address[1]) as client:
         dataset = await client.datasets.create("Async questions", rows=[{"input": "a"}, {"input": "b"}])
         pending = await client.evaluations.run(dataset_id=dataset.id, scorer_group_id=group.id,
                                                subject={"kind": "custom_agent", "displayName": "a"})
@@ -295,20 +295,20 @@ async def test_the_async_twin_runs_and_gates_alike(names: dict[str, Any], api: t
         assert (await client.evaluations.get(run.id)).rows == run.rows
 
 
-def test_a_run_is_graded_once(names: dict[str, Any], api: tuple[str, str, str]) -> None:
+def test_a_run_is_graded_once(names: dict[str, Any], api_address: tuple[str, str, str]) -> None:
     from adapters.stores import keys
 
     client = names["client"]
     pending = client.evaluations.run(dataset_id=names["dataset"].id, scorer_group_id=_group(names).id,
                                      subject={"kind": "custom_agent", "displayName": "a"})
     outputs = {"outputs": [{"row": i, "output": "x"} for i in range(3)]}
-    finalize = f"{api[0]}/v1/evaluations/{pending.id}/finalize"
-    auth = {"Authorization": f"Bearer {api[1]}"}
+    finalize = f"{api_address[0]}/v1/evaluations/{pending.id}/finalize"
+    auth = {"Authorization": f"Bearer {api_address[1]}"}
     claim = keys.evaluation("p-eval", pending.id) + ":finalizing"
-    connect_sync(api[2]).set(claim, b"1")  # another request is grading it right now
+    connect_sync(api_address[2]).set(claim, b"1")  # another request is grading it right now
     busy = httpx.post(finalize, headers=auth, json=outputs)
     assert busy.status_code == 409 and "being finalized by another request" in busy.json()["detail"]
-    connect_sync(api[2]).delete(claim)
+    connect_sync(api_address[2]).delete(claim)
     assert httpx.post(finalize, headers=auth, json=outputs, timeout=60).status_code == 200
     again = httpx.post(finalize, headers=auth, json=outputs, timeout=60)
     assert again.status_code == 400 and again.json()["errors"][0]["message"] == "the run is already finalized"
@@ -321,7 +321,7 @@ QUALITY_SAYS = {"q0": 8, "q1": 3, "q2": 9, "q3": 5, "q4": 7, "q5": 8, "q6": 4}
 
 
 def test_a_run_over_rows_people_labelled_reports_its_agreement_with_them(names: dict[str, Any],
-                                                                          api: tuple[str, str, str]) -> None:
+                                                                          api_address: tuple[str, str, str]) -> None:
     stats = pytest.importorskip("scipy.stats")
     client = names["client"]
     dataset = client.datasets.create("Labelled", rows=LABELLED)
@@ -351,12 +351,12 @@ def test_a_run_over_rows_people_labelled_reports_its_agreement_with_them(names: 
     unlabelled = client.evaluations.run(dataset_id=names["dataset"].id, subject={"kind": "custom_agent", "displayName": "a"},
                                         scorer_group_id=group.id).execute(agent_rating(quality=8, safety=9)).finalize()
     assert unlabelled.agreement is None
-    raw = httpx.get(f"{api[0]}/v1/evaluations/{unlabelled.id}", headers={"Authorization": f"Bearer {api[1]}"}).json()
+    raw = httpx.get(f"{api_address[0]}/v1/evaluations/{unlabelled.id}", headers={"Authorization": f"Bearer {api_address[1]}"}).json()
     assert "agreement" not in raw, "absent, not null: a 0.2 SDK reads the run"
 
 
 def test_human_verdicts_come_in_csv_too_and_a_malformed_one_is_refused_by_name(
-        names: dict[str, Any], api: tuple[str, str, str], tmp_path: Path) -> None:
+        names: dict[str, Any], api_address: tuple[str, str, str], tmp_path: Path) -> None:
     client = names["client"]
     path = tmp_path / "labelled.csv"
     path.write_text("input,humanRating,humanPass,lang\nq0,9,,en\nq1,,fail,fr\nq2,,,de\n")
@@ -364,13 +364,13 @@ def test_human_verdicts_come_in_csv_too_and_a_malformed_one_is_refused_by_name(
     _, items = client.datasets.rows(dataset.id)
     assert [(i.human_rating, i.human_pass, i.metadata) for i in items] == [
         (9.0, None, {"lang": "en"}), (None, False, {"lang": "fr"}), (None, None, {"lang": "de"})]
-    headers = {"Authorization": f"Bearer {api[1]}"}
+    headers = {"Authorization": f"Bearer {api_address[1]}"}
     for row, field in (({"input": "x", "humanRating": 11}, "humanRating"), ({"input": "x", "humanPass": "yes"}, "humanPass")):
-        answer = httpx.post(f"{api[0]}/v1/datasets", headers=headers,
+        answer = httpx.post(f"{api_address[0]}/v1/datasets", headers=headers,
                             json={"name": "bad", "format": "jsonl", "content": json.dumps(row)})
         assert answer.status_code == 400 and field in answer.text, answer.text
     path.write_text("input,humanRating\nq0,nine\n")
-    answer = httpx.post(f"{api[0]}/v1/datasets", headers=headers,
+    answer = httpx.post(f"{api_address[0]}/v1/datasets", headers=headers,
                         json={"name": "bad", "content": path.read_text(), "format": "csv"})
     assert answer.status_code == 400 and "line 2: humanRating: must be a number" in answer.text, answer.text
 
@@ -396,7 +396,7 @@ def test_a_dataset_runs_rows_enter_the_review_queues_that_take_dataset_results(n
 
 
 def test_a_run_repeated_against_unchanged_judges_calls_none_and_reserves_nothing(
-        names: dict[str, Any], judge: JudgeServer, api: tuple[str, str, str]) -> None:
+        names: dict[str, Any], judge: JudgeServer, api_address: tuple[str, str, str]) -> None:
     from adapters.stores import keys
     from scoring.routing import DEFAULT_BUDGET_WINDOW_S
 
@@ -407,7 +407,7 @@ def test_a_run_repeated_against_unchanged_judges_calls_none_and_reserves_nothing
 
     def reserved_now() -> int:  # the project's calls of this window (counted without a budget too)
         start = int(time.time()) // DEFAULT_BUDGET_WINDOW_S * DEFAULT_BUDGET_WINDOW_S
-        return int(connect_sync(api[2]).get(keys.judge_budget("p-eval", start)) or 0)
+        return int(connect_sync(api_address[2]).get(keys.judge_budget("p-eval", start)) or 0)
 
     def run_once() -> tuple[Any, int, int]:
         calls, used = len(judge.requests), reserved_now()
@@ -419,10 +419,10 @@ def test_a_run_repeated_against_unchanged_judges_calls_none_and_reserves_nothing
     first, called, reserved = run_once()
     assert (called, reserved) == (6, 6), "3 rows x 2 judges, asked and reserved"
     start = int(time.time()) // DEFAULT_BUDGET_WINDOW_S * DEFAULT_BUDGET_WINDOW_S
-    saved_before = int(connect_sync(api[2]).hget(keys.judge_saved("p-eval", start), "calls") or 0)
+    saved_before = int(connect_sync(api_address[2]).hget(keys.judge_saved("p-eval", start), "calls") or 0)
     again, called, reserved = run_once()
     assert (called, reserved) == (0, 0), "the same outputs to unchanged judges: paid for already"
-    saved = int(connect_sync(api[2]).hget(keys.judge_saved("p-eval", start), "calls") or 0) - saved_before
+    saved = int(connect_sync(api_address[2]).hget(keys.judge_saved("p-eval", start), "calls") or 0) - saved_before
     assert saved == 6, "the window counts the calls the cache saved"
     assert again.rating == first.rating == pytest.approx(7.5)
     assert again.judge_scorer_results == first.judge_scorer_results

@@ -9,7 +9,6 @@ from __future__ import annotations
 import asyncio
 import time
 from collections import Counter
-from collections.abc import AsyncIterator
 from datetime import UTC, datetime
 from typing import Any
 
@@ -33,25 +32,16 @@ from scoring.incidents import Watch, WindowStats
 from scoring.models import AlertChannel, ScorerGroup
 from scoring.results import HistoryEntry
 from tests.support.harness import read_topic
-from tests.support.redis_clients import connect
 
 pytestmark = pytest.mark.integration
+# Each test's ``redis_db_client`` is a database of its own: the leases are the fleet's, one per database.
 
 LEASE_S = 1.5
 EVERY = frozenset(range(SHARDS))
 
 
-@pytest.fixture
-async def redis(redis_db_url: str) -> AsyncIterator[RedisClient]:
-    client = connect(redis_db_url)  # a database of its own: the leases are the fleet's, one per database
-    try:
-        yield client
-    finally:
-        await client.aclose()
-
-
-async def test_two_workers_split_the_shards_and_one_takes_all_once_the_other_dies(redis: RedisClient) -> None:
-    leases = ShardLeases(redis)
+async def test_two_workers_split_the_shards_and_one_takes_all_once_the_other_dies(redis_db_client: RedisClient) -> None:
+    leases = ShardLeases(redis_db_client)
     a = await leases.hold("a", LEASE_S)
     assert a == EVERY  # alone: all of it
     b = await leases.hold("b", LEASE_S)
@@ -68,8 +58,8 @@ async def test_two_workers_split_the_shards_and_one_takes_all_once_the_other_die
     assert await leases.hold("b", LEASE_S) == frozenset()  # back, it waits for its share to be given back
 
 
-async def test_a_stopping_worker_gives_its_share_back_at_once(redis: RedisClient) -> None:
-    leases = ShardLeases(redis)
+async def test_a_stopping_worker_gives_its_share_back_at_once(redis_db_client: RedisClient) -> None:
+    leases = ShardLeases(redis_db_client)
     await leases.hold("a", 60)
     await leases.hold("b", 60)
     await leases.hold("a", 60)
@@ -78,8 +68,8 @@ async def test_a_stopping_worker_gives_its_share_back_at_once(redis: RedisClient
     assert await leases.hold("a", 60) == EVERY
 
 
-async def test_three_workers_hold_every_shard_once(redis: RedisClient) -> None:
-    leases = ShardLeases(redis)
+async def test_three_workers_hold_every_shard_once(redis_db_client: RedisClient) -> None:
+    leases = ShardLeases(redis_db_client)
     held: dict[str, frozenset[int]] = {}
     for _ in range(3):  # a few renewals each, in turn: the shares settle
         for worker in ("a", "b", "c"):
@@ -111,7 +101,7 @@ def alerting(n: int) -> CatalogSnapshot:
 
 
 async def test_two_watchers_watch_each_group_once_and_a_survivor_takes_the_dead_ones_share(
-        redis: RedisClient) -> None:
+        redis_db_client: RedisClient) -> None:
     snapshot = alerting(60)
     topics = TopicNames(traces="-", ratings="-", signals="-", webhooks="-", dlq="-")
     sent: list[Any] = []
@@ -123,13 +113,13 @@ async def test_two_watchers_watch_each_group_once_and_a_survivor_takes_the_dead_
     quiet = CatalogSnapshot(groups={f"q{k}": g.model_copy(update={"id": f"q{k}"}) for k, g in quiet.groups.items()})
     snapshot = CatalogSnapshot(groups={**snapshot.groups, **quiet.groups})
     now = time.time()
-    await RatingsStore(redis).write([HistoryEntry(g, 7.0, False, now - 30) for g in alerting(60).groups])
-    shares = [FleetShare(ShardLeases(redis), worker, lease_s=LEASE_S) for worker in ("a", "b")]
+    await RatingsStore(redis_db_client).write([HistoryEntry(g, 7.0, False, now - 30) for g in alerting(60).groups])
+    shares = [FleetShare(ShardLeases(redis_db_client), worker, lease_s=LEASE_S) for worker in ("a", "b")]
     for _ in range(2):
         for share in shares:
             await share.renew()
     seen: list[Counter[str]] = [Counter(), Counter()]
-    watchers = [IncidentWatcher(store=Counting(redis, seen[i]), ratings=RatingsStore(redis),
+    watchers = [IncidentWatcher(store=Counting(redis_db_client, seen[i]), ratings=RatingsStore(redis_db_client),
                                 catalog=lambda: snapshot, send=send, topics=topics, share=shares[i])
                 for i in range(2)]
     await asyncio.gather(*(w.tick() for w in watchers))
@@ -151,7 +141,7 @@ async def test_two_watchers_watch_each_group_once_and_a_survivor_takes_the_dead_
 
 
 async def test_two_senders_with_their_shares_send_each_channels_period_once(
-        redis: RedisClient, kafka_bootstrap: str, unique: str) -> None:
+        redis_db_client: RedisClient, kafka_bootstrap: str, unique: str) -> None:
     period_s = 60
     groups = [ScorerGroup.model_validate({
         "id": f"g-{i}-{unique}", "name": f"G {i}", "projectId": f"p-{unique}",
@@ -166,17 +156,17 @@ async def test_two_senders_with_their_shares_send_each_channels_period_once(
         doc = {"id": f"r-{group.id}", "agentId": "support", "scope": "trace", "traceId": f"t-{group.id}",
                "scoredAt": datetime.fromtimestamp(start + 5, UTC).isoformat(), "rating": 2.0, "justification": "low"}
         entries.append(HistoryEntry(group.id, 2.0, True, start + 5, orjson.dumps(doc)))
-    await RatingsStore(redis).write(entries)
+    await RatingsStore(redis_db_client).write(entries)
 
     topics = TopicNames(traces="-", ratings="-", signals="-", webhooks=f"fleet-digests-{unique}", dlq="-")
-    shares = [FleetShare(ShardLeases(redis), worker, lease_s=60) for worker in ("a", "b")]
+    shares = [FleetShare(ShardLeases(redis_db_client), worker, lease_s=60) for worker in ("a", "b")]
     for _ in range(2):
         for share in shares:
             await share.renew()
     producer = AIOKafkaProducer(bootstrap_servers=kafka_bootstrap, acks="all")
     await producer.start()
     try:
-        senders = [DigestSender(digests=DigestStore(redis), ratings=RatingsStore(redis), catalog=lambda: snapshot,
+        senders = [DigestSender(digests=DigestStore(redis_db_client), ratings=RatingsStore(redis_db_client), catalog=lambda: snapshot,
                                 send=Outputs(producer, topics, Silent()).send, topics=topics,
                                 clock=lambda: start + period_s + 10.0, share=share) for share in shares]
         for _ in range(2):
@@ -199,13 +189,13 @@ class Said:
         self.state[(project_id, group_id, reason)] = is_open
 
 
-async def test_a_resolution_whose_mover_died_is_said_even_when_the_group_went_quiet(redis: RedisClient) -> None:
+async def test_a_resolution_whose_mover_died_is_said_even_when_the_group_went_quiet(redis_db_client: RedisClient) -> None:
     """The mover resolved the incident and died before publishing; the group has no traffic
     since. The watch stays among the open ones until its resolution is published, so a watcher
     looks at it whatever its traffic, and says it."""
     (group,) = alerting(1).groups.values()
     snapshot = CatalogSnapshot(groups={group.id: group})
-    store, now = IncidentStore(redis), time.time()
+    store, now = IncidentStore(redis_db_client), time.time()
     opened = Watch("inc-1", now - 600, 1)
     assert await store.move(group.id, "window_below", Watch(), opened, {"signal": {"key": "k"}, "deliveries": []},
                             {"id": "inc-1", "state": "open"})
@@ -221,7 +211,7 @@ async def test_a_resolution_whose_mover_died_is_said_even_when_the_group_went_qu
         sent.extend(records)
 
     said = Said()
-    watcher = IncidentWatcher(store=store, ratings=RatingsStore(redis), catalog=lambda: snapshot, send=send,
+    watcher = IncidentWatcher(store=store, ratings=RatingsStore(redis_db_client), catalog=lambda: snapshot, send=send,
                               topics=TopicNames(traces="-", ratings="-", signals="signals", webhooks="-", dlq="-"),
                               events=said, clock=lambda: now)
     await watcher.tick()
@@ -230,10 +220,10 @@ async def test_a_resolution_whose_mover_died_is_said_even_when_the_group_went_qu
     assert said.state == {(group.project_id, group.id, "window_below"): False}
 
 
-async def test_a_watch_handed_to_another_worker_is_no_longer_said_open_from_here(redis: RedisClient) -> None:
+async def test_a_watch_handed_to_another_worker_is_no_longer_said_open_from_here(redis_db_client: RedisClient) -> None:
     (group,) = alerting(1).groups.values()
     snapshot = CatalogSnapshot(groups={group.id: group})
-    store, now = IncidentStore(redis), time.time()
+    store, now = IncidentStore(redis_db_client), time.time()
     assert await store.move(group.id, "window_below", Watch(), Watch("inc-1", now - 60, 1),
                             {"signal": {"key": "k"}, "deliveries": []}, {"id": "inc-1", "state": "open"})
     await store.published(group.id, "window_below", 1)
@@ -242,7 +232,7 @@ async def test_a_watch_handed_to_another_worker_is_no_longer_said_open_from_here
         pass
 
     said, share = Said(), FleetShare.everything()
-    watcher = IncidentWatcher(store=store, ratings=RatingsStore(redis), catalog=lambda: snapshot, send=send,
+    watcher = IncidentWatcher(store=store, ratings=RatingsStore(redis_db_client), catalog=lambda: snapshot, send=send,
                               topics=TopicNames(traces="-", ratings="-", signals="-", webhooks="-", dlq="-"),
                               events=said, clock=lambda: now, share=share)
     await watcher.tick()

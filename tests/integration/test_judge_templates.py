@@ -23,13 +23,13 @@ pytestmark = pytest.mark.integration
 
 
 @pytest.fixture(scope="module")
-def api(redis_databases: RedisDatabases, tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, str, JudgeServer]]:
+def api_address(redis_databases: RedisDatabases, tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, str, JudgeServer]]:
     with api_with_judge(redis_databases, tmp_path_factory.mktemp("api"), "p-templates") as (process, key, judge):
         yield process.url, key, judge
 
 
-def test_the_templates_are_listed_with_what_they_read_and_their_labelled_rows(api: tuple[str, str, JudgeServer]) -> None:
-    with Client(api[0], api[1]) as client:
+def test_the_templates_are_listed_with_what_they_read_and_their_labelled_rows(api_address: tuple[str, str, JudgeServer]) -> None:
+    with Client(api_address[0], api_address[1]) as client:
         listed = client.monitor.judge_templates()
     assert [t.name for t in listed] == ["helpfulness", "faithfulness", "answer-relevance", "instruction-following",
                                         "toxicity", "refusal-correctness"]
@@ -50,8 +50,8 @@ def test_every_templates_examples_are_labelled_dataset_rows(template: object) ->
     assert labels == {True, False}, "people passed some and failed some: the set can separate them"
 
 
-def test_a_judge_from_a_template_works_with_the_fields_given_overriding_it(api: tuple[str, str, JudgeServer]) -> None:
-    url, key, judge = api
+def test_a_judge_from_a_template_works_with_the_fields_given_overriding_it(api_address: tuple[str, str, JudgeServer]) -> None:
+    url, key, judge = api_address
     with Client(url, key) as client:
         faithful = client.monitor.judges.create(template="faithfulness", model="grounding-model")
         assert (faithful.name, faithful.context, faithful.model) == ("Faithfulness to retrieved context",
@@ -80,11 +80,11 @@ def test_a_judge_from_a_template_works_with_the_fields_given_overriding_it(api: 
     assert answer.status_code == 400 and "criteria" in answer.text
 
 
-def test_a_templates_examples_graded_in_a_dataset_run_with_the_agents_spans(api: tuple[str, str, JudgeServer]) -> None:
+def test_a_templates_examples_graded_in_a_dataset_run_with_the_agents_spans(api_address: tuple[str, str, JudgeServer]) -> None:
     # The loop a team runs before trusting a template: its judge, its labelled rows as a dataset,
     # the agent answering with the spans of its run (AgentAnswer) - the faithfulness judge reads
     # their retrieved context - and the run's agreement with people.
-    url, key, judge = api
+    url, key, judge = api_address
     template = next(t for t in TEMPLATES if t.name == "faithfulness")
     # Two examples may share an input (a faithful and an unfaithful answer to one question): the
     # agent, called on the rows in order (concurrency=1), answers each input's examples in turn.
@@ -114,8 +114,8 @@ def test_a_templates_examples_graded_in_a_dataset_run_with_the_agents_spans(api:
     assert agreement.group.mean_absolute_error == 0 and agreement.group.spearman == pytest.approx(1.0)
 
 
-def test_a_rows_spans_are_bounded_and_refused_by_name(api: tuple[str, str, JudgeServer]) -> None:
-    url, key, _ = api
+def test_a_rows_spans_are_bounded_and_refused_by_name(api_address: tuple[str, str, JudgeServer]) -> None:
+    url, key, _ = api_address
     headers = {"Authorization": f"Bearer {key}"}
     with Client(url, key) as client:
         judge = client.monitor.judges.create(template="helpfulness")

@@ -43,7 +43,7 @@ class Env:
 
 
 @pytest.fixture(scope="module")
-def env(redis_databases: RedisDatabases, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Env]:
+def seeded_api(redis_databases: RedisDatabases, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Env]:
     with JudgeServer() as judge, redis_databases.lease() as url:
         keys_ = {"a": create_key(url, "--project", "p-a"), "b": create_key(url, "--project", "p-b"),
                  "op": create_key(url, "--operator")}
@@ -81,15 +81,15 @@ def a_group(client: Client, name: str = "G", **extra: Any) -> Any:
     return client.monitor.scorer_groups.create(name, members=members, **extra)
 
 
-def test_results_come_newest_first_in_pages_and_filtered_below_the_threshold(env: Env) -> None:
-    with env.client() as a:
+def test_results_come_newest_first_in_pages_and_filtered_below_the_threshold(seeded_api: Env) -> None:
+    with seeded_api.client() as a:
         group = a_group(a)
-        record(env, group.id, [(rating(group.id, n, float(n)), n < 3) for n in range(7)])
+        record(seeded_api, group.id, [(rating(group.id, n, float(n)), n < 3) for n in range(7)])
 
         first = a.monitor.scorer_groups.results(group.id, limit=3)
         assert [r.trace_id for r in first.items] == ["t-6", "t-5", "t-4"] and first.next_cursor
         # Newer results arrive between two pages: the cursor still continues where the page ended.
-        record(env, group.id, [(rating(group.id, n, float(n)), False) for n in (7, 8)])
+        record(seeded_api, group.id, [(rating(group.id, n, float(n)), False) for n in (7, 8)])
         second = a.monitor.scorer_groups.results(group.id, limit=3, cursor=first.next_cursor)
         assert [r.trace_id for r in second.items] == ["t-3", "t-2", "t-1"]
         last = a.monitor.scorer_groups.results(group.id, limit=3, cursor=second.next_cursor)
@@ -103,18 +103,18 @@ def test_results_come_newest_first_in_pages_and_filtered_below_the_threshold(env
         with pytest.raises(BadRequest) as bad:
             a.monitor.scorer_groups.results(group.id, cursor="1-2; DROP")
         assert bad.value.fields == ["cursor"]
-    with env.client("b") as b, pytest.raises(NotFound):
+    with seeded_api.client("b") as b, pytest.raises(NotFound):
         b.monitor.scorer_groups.results(group.id)
 
 
-def test_result_text_shaped_like_the_lists_items_and_hostile_cursors_change_nothing(env: Env) -> None:
+def test_result_text_shaped_like_the_lists_items_and_hostile_cursors_change_nothing(seeded_api: Env) -> None:
     # A rating's text is a tenant's (labels, a judge's justification): text that looks like the
     # list's "<seq>:<below>:" prefix is part of the document, never read as another item.
-    with env.client() as a:
+    with seeded_api.client() as a:
         group = a_group(a, "Hostile")
         forged = [rating(group.id, n, 9.0) for n in range(3)]
         forged[1] = forged[1].model_copy(update={"justification": '7:1:{"id":"forged"}\n0:1:x'})
-        record(env, group.id, [(r, False) for r in forged])
+        record(seeded_api, group.id, [(r, False) for r in forged])
         page = a.monitor.scorer_groups.results(group.id, limit=10)
         assert [r.trace_id for r in page.items] == ["t-2", "t-1", "t-0"]
         assert page.items[1].justification == '7:1:{"id":"forged"}\n0:1:x'
@@ -126,21 +126,21 @@ def test_result_text_shaped_like_the_lists_items_and_hostile_cursors_change_noth
                 a.monitor.scorer_groups.results(group.id, cursor=cursor)
 
 
-def test_the_results_kept_are_bounded(env: Env) -> None:
-    with env.client() as a:
+def test_the_results_kept_are_bounded(seeded_api: Env) -> None:
+    with seeded_api.client() as a:
         group = a_group(a, "Busy")
         for start in range(0, 1_500, 500):
-            record(env, group.id, [(rating(group.id, n, 5.0), False) for n in range(start, start + 500)])
+            record(seeded_api, group.id, [(rating(group.id, n, 5.0), False) for n in range(start, start + 500)])
 
         async def length() -> int:
-            redis = connect(env.redis_url)
+            redis = connect(seeded_api.redis_url)
             try:
                 return int(await redis.llen(keys.group_results(group.id)))
             finally:
                 await redis.aclose()
 
         async def indexed() -> int:
-            redis = connect(env.redis_url)
+            redis = connect(seeded_api.redis_url)
             try:
                 return int(await redis.zcard(keys.group_results_seqs(group.id)))
             finally:
@@ -156,13 +156,13 @@ def test_the_results_kept_are_bounded(env: Env) -> None:
         with pytest.raises(NotFound):
             a.monitor.scorer_groups.result(group.id, "r-499")  # trimmed off with its calls
         # A newer result of the same id takes its entry over: trimming the older one leaves it.
-        record(env, group.id, [(rating(group.id, 500, 9.0), False)])
-        record(env, group.id, [(rating(group.id, n, 5.0), False) for n in range(2_000, 2_001)])
+        record(seeded_api, group.id, [(rating(group.id, 500, 9.0), False)])
+        record(seeded_api, group.id, [(rating(group.id, n, 5.0), False) for n in range(2_000, 2_001)])
         assert a.monitor.scorer_groups.result(group.id, "r-500").rating.rating == 9.0
 
 
-def test_the_playground_grades_an_example_with_every_member_and_publishes_nothing(env: Env) -> None:
-    with env.client() as a:
+def test_the_playground_grades_an_example_with_every_member_and_publishes_nothing(seeded_api: Env) -> None:
+    with seeded_api.client() as a:
         group = a_group(a, "Playground")
         verdict = a.monitor.scorer_groups.grade(group.id, input="Where is my order?",
                                                 output="It ships today. Mail me at jane@example.com [[rating=8]]")
@@ -171,21 +171,21 @@ def test_the_playground_grades_an_example_with_every_member_and_publishes_nothin
         assert verdict.rating == 4.0 and "Weighted blend" in verdict.justification
         assert verdict.members[0].usage is not None and verdict.members[0].usage.prompt_tokens
         (call,) = verdict.calls  # the judge's call behind it, as the judge received it; the pattern made none
-        sent = next(r for r in env.judge.requests if "jane@example.com [[rating=8]]" in str(r["messages"]))
+        sent = next(r for r in seeded_api.judge.requests if "jane@example.com [[rating=8]]" in str(r["messages"]))
         assert [(m.role, m.content) for m in call.messages] == [(m["role"], m["content"]) for m in sent["messages"]]
         assert (call.member, call.attempts, call.error) == ("Helpful", 1, None) and '"rating"' in (call.answer or "")
         assert a.monitor.scorer_groups.results(group.id).items == [], "a playground grade is not a result"
         assert a.monitor.scorer_groups.ratings(group.id, window="1h").count == 0
 
 
-def test_the_playground_shows_a_verdict_paid_for_already_as_cached_and_calls_no_judge(env: Env) -> None:
-    with env.client() as a:
+def test_the_playground_shows_a_verdict_paid_for_already_as_cached_and_calls_no_judge(seeded_api: Env) -> None:
+    with seeded_api.client() as a:
         group = a_group(a, "Asked twice")
         example = {"input": "Where is my order?", "output": "It ships today, twice asked [[rating=9]]"}
         first = a.monitor.scorer_groups.grade(group.id, **example)
-        calls = len(env.judge.requests)
+        calls = len(seeded_api.judge.requests)
         again = a.monitor.scorer_groups.grade(group.id, **example)
-        assert len(env.judge.requests) == calls, "the same judge on the same messages: not asked again"
+        assert len(seeded_api.judge.requests) == calls, "the same judge on the same messages: not asked again"
         assert not first.members[0].cached and again.members[0].cached
         assert again.members[0].cached_from and again.members[0].native == first.members[0].native == 9
         assert again.members[0].usage is None, "it spent nothing"
@@ -193,15 +193,15 @@ def test_the_playground_shows_a_verdict_paid_for_already_as_cached_and_calls_no_
         assert call.cached_from == again.members[0].cached_from and call.attempts == 0, \
             "its judge call record links to the call that paid"
         other = a.monitor.scorer_groups.grade(group.id, input="Where is my order?", output="Another answer [[rating=9]]")
-        assert not other.members[0].cached and len(env.judge.requests) == calls + 1
+        assert not other.members[0].cached and len(seeded_api.judge.requests) == calls + 1
 
 
-def test_the_playground_says_whether_live_scoring_would_see_the_example(env: Env) -> None:
+def test_the_playground_says_whether_live_scoring_would_see_the_example(seeded_api: Env) -> None:
     aimed = {"all": [{"field": "agentId", "op": "eq", "value": "support"},
                      {"field": "metadata.plan_tier", "op": "eq", "value": "gold"},
                      {"field": "spans.attributes.gen_ai.request.model", "op": "startsWith", "value": "gpt-4o"}]}
     online = {"enabled": False, "sample_rate": 0.1, "alert_threshold": 5, "severity": "low", "filter": aimed}
-    with env.client() as a:
+    with seeded_api.client() as a:
         group = a_group(a, "Aimed", online=online)
         llm = [{"spanId": "c", "name": "chat", "attributes": {"gen_ai.request.model": "gpt-4o-mini"}}]
         seen = a.monitor.scorer_groups.grade(group.id, input="q", output="a [[rating=7]]", spans=llm,
@@ -220,17 +220,17 @@ def test_the_playground_says_whether_live_scoring_would_see_the_example(env: Env
         assert a.monitor.scorer_groups.grade(steps.id, input="q", output="a", root_name="answer").passes_filter is False
 
 
-def test_the_playground_reserves_from_the_budget_and_says_its_state_when_it_has_no_room(env: Env) -> None:
-    with env.client("b") as b, env.client("op") as op:
+def test_the_playground_reserves_from_the_budget_and_says_its_state_when_it_has_no_room(seeded_api: Env) -> None:
+    with seeded_api.client("b") as b, seeded_api.client("op") as op:
         group = a_group(b, "Budgeted")
         op.monitor.budgets.set("p-b", 5, window_seconds=3600)
         b.monitor.budgets.set("p-b", 1)  # the project's own, lower cap is the one in force
         assert b.monitor.scorer_groups.grade(group.id, input="q", output="a [[rating=6]]").rating == 8.0
         assert b.monitor.budgets.get("p-b").used.judge_calls == 1
-        calls = len(env.judge.requests)
+        calls = len(seeded_api.judge.requests)
         with pytest.raises(RateLimited) as refused:
             b.monitor.scorer_groups.grade(group.id, input="q", output="a")
-        assert len(env.judge.requests) == calls, "no judge call without budget"
+        assert len(seeded_api.judge.requests) == calls, "no judge call without budget"
         state = refused.value.problem["budget"]
         assert (state["judgeCallsPerWindow"], state["judgeCallsUsed"], state["windowSeconds"]) == (1, 1, 3600)
         assert 0 < state["resetsInSeconds"] <= 3600
@@ -238,13 +238,13 @@ def test_the_playground_reserves_from_the_budget_and_says_its_state_when_it_has_
         op.monitor.budgets.delete("p-b")
 
 
-def test_the_playground_is_bounded_per_project(env: Env) -> None:
-    with env.client() as a:
+def test_the_playground_is_bounded_per_project(seeded_api: Env) -> None:
+    with seeded_api.client() as a:
         group = a_group(a, "Slow")
-    env.judge.set_default(Behaviour.deterministic(delay=1.0))
+    seeded_api.judge.set_default(Behaviour.deterministic(delay=1.0))
 
     async def at_once() -> list[Any]:
-        async with AsyncClient(env.api.url, env.keys["a"], retry=NO_RETRY) as client:
+        async with AsyncClient(seeded_api.api.url, seeded_api.keys["a"], retry=NO_RETRY) as client:
             return await asyncio.gather(*(client.monitor.scorer_groups.grade(group.id, input="q", output="a")
                                           for _ in range(6)), return_exceptions=True)
 
@@ -252,7 +252,7 @@ def test_the_playground_is_bounded_per_project(env: Env) -> None:
         started = time.monotonic()
         outcomes = asyncio.run(at_once())
     finally:
-        env.judge.set_default(Behaviour.deterministic())
+        seeded_api.judge.set_default(Behaviour.deterministic())
     refused = [o for o in outcomes if isinstance(o, RateLimited)]
     assert len(refused) == 2 and all("already" in r.detail for r in refused), outcomes
     assert sum(isinstance(o, Rating) for o in outcomes) == 4
@@ -262,8 +262,8 @@ def test_the_playground_is_bounded_per_project(env: Env) -> None:
 # --- a hostile tenant in the playground -----------------------------------------------------------
 
 
-def test_a_playground_code_scorer_cannot_show_the_processes_secrets(env: Env) -> None:
-    with env.client() as a:
+def test_a_playground_code_scorer_cannot_show_the_processes_secrets(seeded_api: Env) -> None:
+    with seeded_api.client() as a:
         spy = a.monitor.customs.create(name="Spy", type="code", code=(
             "def score(input, output, expected, spans, metadata):\n"
             "    import os\n"
@@ -278,37 +278,37 @@ def test_a_playground_code_scorer_cannot_show_the_processes_secrets(env: Env) ->
     member = verdict.members[0]
     assert member.status == "failed" and member.detail is not None and "ValueError" in member.detail
     shown = verdict.model_dump_json()
-    assert SECRET not in shown and "SGW_REDIS_URL" not in shown and env.redis_url not in shown
+    assert SECRET not in shown and "SGW_REDIS_URL" not in shown and seeded_api.redis_url not in shown
     assert "sk-planted-1234567890abcdef" not in shown, "a key-shaped string is cut from what members say"
 
 
-def test_the_playground_grades_only_the_callers_own_groups(env: Env) -> None:
-    with env.client("a") as a, env.client("b") as b:
+def test_the_playground_grades_only_the_callers_own_groups(seeded_api: Env) -> None:
+    with seeded_api.client("a") as a, seeded_api.client("b") as b:
         theirs = a_group(a, "Not yours")
         with pytest.raises(NotFound):
             b.monitor.scorer_groups.grade(theirs.id, input="q", output="a")
 
 
-def test_an_oversized_example_is_refused_before_any_member_runs(env: Env) -> None:
-    with env.client() as a:
+def test_an_oversized_example_is_refused_before_any_member_runs(seeded_api: Env) -> None:
+    with seeded_api.client() as a:
         group = a_group(a, "Bounded")
-        calls = len(env.judge.requests)
+        calls = len(seeded_api.judge.requests)
         with pytest.raises(BadRequest) as bad:
             a.monitor.scorer_groups.grade(group.id, input="q", output="a", metadata={"blob": "x" * 1_100_000})
         assert "at most 1048576" in bad.value.detail
-        assert len(env.judge.requests) == calls
+        assert len(seeded_api.judge.requests) == calls
 
 
-def test_a_body_over_the_limit_is_refused_unread_or_mid_stream(env: Env) -> None:
-    url = f"{env.api.url}/v1/scorer-groups/any/grade"
-    headers = {"Authorization": f"Bearer {env.keys['a']}", "Content-Type": "application/json"}
+def test_a_body_over_the_limit_is_refused_unread_or_mid_stream(seeded_api: Env) -> None:
+    url = f"{seeded_api.api.url}/v1/scorer-groups/any/grade"
+    headers = {"Authorization": f"Bearer {seeded_api.keys['a']}", "Content-Type": "application/json"}
     # Refused unread: only the head is sent, announcing a body over the limit. (Sending the body
     # too races the refusal: the server closes with the body unread, and the reset can reach the
     # client before the answer does.)
-    host, port = env.api.url.removeprefix("http://").split(":")
+    host, port = seeded_api.api.url.removeprefix("http://").split(":")
     with socket.create_connection((host, int(port)), timeout=30) as conn:
         conn.sendall(f"POST /v1/scorer-groups/any/grade HTTP/1.1\r\nHost: {host}\r\n"
-                     f"Authorization: Bearer {env.keys['a']}\r\nContent-Type: application/json\r\n"
+                     f"Authorization: Bearer {seeded_api.keys['a']}\r\nContent-Type: application/json\r\n"
                      f"Content-Length: {MAX_BODY + 10}\r\n\r\n".encode())
         answer = b""
         while b"\r\n\r\n" not in answer or not answer.rstrip().endswith(b"}"):
@@ -325,15 +325,15 @@ def test_a_body_over_the_limit_is_refused_unread_or_mid_stream(env: Env) -> None
 
     streamed = httpx.post(url, content=chunks(), headers=headers, timeout=30)
     assert streamed.status_code == 413
-    assert httpx.get(f"{env.api.url}/healthz").status_code == 200, "and the API goes on"
+    assert httpx.get(f"{seeded_api.api.url}/healthz").status_code == 200, "and the API goes on"
 
 
-def test_a_result_of_another_project_is_not_found_even_in_the_callers_group(env: Env) -> None:
+def test_a_result_of_another_project_is_not_found_even_in_the_callers_group(seeded_api: Env) -> None:
     # A group moved to another project (or an id reused) keeps its latest results a while: their
     # calls quote the old project's traces, so the new owner reads none of them.
-    with env.client("b") as b, Client(env.api.url, env.keys["op"], retry=NO_RETRY) as operator:
+    with seeded_api.client("b") as b, Client(seeded_api.api.url, seeded_api.keys["op"], retry=NO_RETRY) as operator:
         group = a_group(b, "Moved here")
-        record(env, group.id, [(rating(group.id, 1, 6.0), False)])  # a result of p-a's
+        record(seeded_api, group.id, [(rating(group.id, 1, 6.0), False)])  # a result of p-a's
         with pytest.raises(NotFound):
             b.monitor.scorer_groups.result(group.id, "r-1")
         assert operator.monitor.scorer_groups.result(group.id, "r-1").rating.project_id == "p-a"

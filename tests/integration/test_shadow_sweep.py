@@ -6,7 +6,6 @@ not hold the shadow leaves it to the one whose share does."""
 from __future__ import annotations
 
 import time
-from collections.abc import AsyncIterator
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
@@ -19,16 +18,8 @@ from consumers.fleet_share import FleetShare
 from consumers.shadow_sweep import ShadowSweep
 from scoring.models import Judge, ScorerGroup
 from scoring.results import HistoryEntry
-from tests.support.redis_clients import connect
 
 pytestmark = pytest.mark.integration
-
-
-@pytest.fixture
-async def redis(redis_db_url: str) -> AsyncIterator[Redis]:
-    client = connect(redis_db_url)
-    yield client
-    await client.aclose()
 
 
 def a_group(group_id: str, judge: str, project: str, **online: Any) -> ScorerGroup:
@@ -37,7 +28,7 @@ def a_group(group_id: str, judge: str, project: str, **online: Any) -> ScorerGro
         "online": {"enabled": True, "sampleRate": 1, "alertThreshold": 6, "severity": "high", **online}})
 
 
-async def test_an_expired_shadow_that_scored_leaves_the_catalog_with_its_candidate(redis: Redis, unique: str) -> None:
+async def test_an_expired_shadow_that_scored_leaves_the_catalog_with_its_candidate(redis_db_client: Redis, unique: str) -> None:
     project = f"p-{unique}"
     past, later = datetime.now(UTC) - timedelta(minutes=5), datetime.now(UTC) + timedelta(hours=1)
     live = a_group(f"g-{unique}", f"j-{unique}", project)
@@ -49,19 +40,19 @@ async def test_an_expired_shadow_that_scored_leaves_the_catalog_with_its_candida
     keeps_it = a_group(f"g2-{unique}", f"sh-{unique}c-judge", project)  # a tenant's group naming it
     groups = [live, expired, running, shared_candidate, keeps_it]
     judges = {g.members[0].ref_id for g in groups}
-    store = CatalogStore(redis)
+    store = CatalogStore(redis_db_client)
     await store.write(lambda _: [*[("judges", j, Judge(id=j, name=j, criteria="?", project_id=project))
                                    for j in sorted(judges)], *[("groups", g.id, g) for g in groups]])
     now = time.time()
-    await RatingsStore(redis).write([HistoryEntry(g.id, 5.0, False, now - 600) for g in groups])
+    await RatingsStore(redis_db_client).write([HistoryEntry(g.id, 5.0, False, now - 600) for g in groups])
     snapshot = await store.snapshot()
 
     elsewhere = FleetShare.everything()
     elsewhere.shards = frozenset()  # another worker's share: none of these groups
-    await ShadowSweep(redis=redis, ratings=RatingsStore(redis), catalog=lambda: snapshot, share=elsewhere).tick()
+    await ShadowSweep(redis=redis_db_client, ratings=RatingsStore(redis_db_client), catalog=lambda: snapshot, share=elsewhere).tick()
     assert set((await store.snapshot()).groups) >= {g.id for g in groups}, "not this worker's to sweep"
 
-    await ShadowSweep(redis=redis, ratings=RatingsStore(redis), catalog=lambda: snapshot,
+    await ShadowSweep(redis=redis_db_client, ratings=RatingsStore(redis_db_client), catalog=lambda: snapshot,
                       share=FleetShare.everything()).tick()
     after = await store.snapshot()
     assert {g.id for g in groups} - set(after.groups) == {expired.id, shared_candidate.id}

@@ -30,7 +30,8 @@ pytestmark = pytest.mark.integration
 
 
 @pytest.fixture
-async def redis(own_redis: LocalRedis) -> AsyncIterator[Redis]:
+async def own_redis_client(own_redis: LocalRedis) -> AsyncIterator[Redis]:
+    """A client of the test's own server (``own_redis``) that gives up on it within 0.3 s."""
     client = Redis.from_url(own_redis.url, socket_timeout=0.3, socket_connect_timeout=0.3)
     try:
         yield client
@@ -39,14 +40,14 @@ async def redis(own_redis: LocalRedis) -> AsyncIterator[Redis]:
 
 
 async def test_ingest_waits_for_a_frozen_redis_then_schedules_and_frees_the_offset(
-        own_redis: LocalRedis, redis: Redis) -> None:
+        own_redis: LocalRedis, own_redis_client: Redis) -> None:
     async def never_disabled(_id: str, _reason: str) -> bool:
         return False
 
     retry = RetrySchedule.parse("5s")
     guard = OutageGuard(tolerance_s=30)
     sender = WebhookSender(consumer=None, producer=None, dlq_topic="unused",  # type: ignore[arg-type]
-                           catalog=CatalogSnapshot, schedule=DeliverySchedule(redis, lease_s=60, schedule=retry),
+                           catalog=CatalogSnapshot, schedule=DeliverySchedule(own_redis_client, lease_s=60, schedule=retry),
                            retry=retry, egress=EgressPolicy(), disable=never_disabled, outages=guard)
     signal_ = Signal(id="s-1", key="scorer-group:g", group_id="g", group_name="G", project_id="p", agent_id="a",
                      scope="trace", trace_id="t-1", rating=1.0, alert_threshold=5.0, severity="low",
@@ -67,6 +68,6 @@ async def test_ingest_waits_for_a_frozen_redis_then_schedules_and_frees_the_offs
 
     assert guard.reason is None
     shard = shard_of(delivery)
-    assert await redis.exists(keys.webhook_pending(shard, delivery.id), keys.webhook_done(shard, delivery.id))
+    assert await own_redis_client.exists(keys.webhook_pending(shard, delivery.id), keys.webhook_done(shard, delivery.id))
     assert sender.loop.tracker.to_commit() == {tp: 42}, "the offset moves once the delivery is durable"
     await asyncio.gather(*sender._tasks, return_exceptions=True)

@@ -53,7 +53,7 @@ class Env:
 
 
 @pytest.fixture(scope="module")
-def env(redis_databases: RedisDatabases, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Env]:
+def seeded_api(redis_databases: RedisDatabases, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Env]:
     with JudgeServer() as judge, redis_databases.lease() as url:
         keys = {"a": create_key(url, "--project", "p-a"), "b": create_key(url, "--project", "p-b"),
                 "op": create_key(url, "--operator")}
@@ -168,11 +168,11 @@ def _answered(env: Env, status: int) -> float:
 
 
 @pytest.mark.parametrize("key", ["a", None])
-def test_huge_bodies_four_at_once_are_refused_fast_while_the_api_answers(env: Env, key: str | None) -> None:
-    url = f"{env.api.url}/v1/scorer-groups/{env.groups['a']}/grade"
-    headers = {"Content-Type": "application/json", **({"Authorization": f"Bearer {env.keys[key]}"} if key else {})}
+def test_huge_bodies_four_at_once_are_refused_fast_while_the_api_answers(seeded_api: Env, key: str | None) -> None:
+    url = f"{seeded_api.api.url}/v1/scorer-groups/{seeded_api.groups['a']}/grade"
+    headers = {"Content-Type": "application/json", **({"Authorization": f"Bearer {seeded_api.keys[key]}"} if key else {})}
     expected = 413 if key else 401
-    before = _answered(env, expected)
+    before = _answered(seeded_api, expected)
 
     async def attack() -> list[tuple[int, float]]:
         async with httpx.AsyncClient(timeout=60) as client:
@@ -186,42 +186,42 @@ def test_huge_bodies_four_at_once_are_refused_fast_while_the_api_answers(env: En
             bodies: list[Any] = [BIG, MANY, _chunks(BIG), _chunks(MANY)]
             return await asyncio.gather(*(one(body) for body in bodies))
 
-    with LoopWatch(env) as watch:
+    with LoopWatch(seeded_api) as watch:
         answers = asyncio.run(attack())
     assert [status for status, _ in answers] == [expected] * 4, answers
-    assert _answered(env, expected) - before == 4, "the API itself refused all four"
+    assert _answered(seeded_api, expected) - before == 4, "the API itself refused all four"
     assert max(seconds for _, seconds in answers) < 5, answers
     assert watch.held(), watch
-    assert _peak_rss_mb(env.api.proc.pid) < RSS_BOUND_MB  # type: ignore[union-attr]
+    assert _peak_rss_mb(seeded_api.api.proc.pid) < RSS_BOUND_MB  # type: ignore[union-attr]
 
 
-def test_parse_bombs_under_the_ceiling_are_validated_off_the_event_loop(env: Env) -> None:
+def test_parse_bombs_under_the_ceiling_are_validated_off_the_event_loop(seeded_api: Env) -> None:
     # 1.1 million empty lists: over a second of validation each on the event loop; four at once.
-    url = f"{env.api.url}/v1/scorer-groups/{env.groups['a']}/grade"
-    headers = {"Content-Type": "application/json", "Authorization": f"Bearer {env.keys['a']}"}
+    url = f"{seeded_api.api.url}/v1/scorer-groups/{seeded_api.groups['a']}/grade"
+    headers = {"Content-Type": "application/json", "Authorization": f"Bearer {seeded_api.keys['a']}"}
 
     async def attack() -> list[httpx.Response]:
         async with httpx.AsyncClient(timeout=60) as client:
             return await asyncio.gather(*(client.post(url, content=WITHIN, headers=headers) for _ in range(4)))
 
-    with LoopWatch(env) as watch:
+    with LoopWatch(seeded_api) as watch:
         answers = asyncio.run(attack())
     assert all(a.status_code == 400 and "at most 1048576" in a.text for a in answers), answers[0].text
     assert all(len(a.content) < 2000 for a in answers), "the refusal never echoes the body"
     assert watch.held() and watch.ticks >= 5, watch
-    assert _peak_rss_mb(env.api.proc.pid) < RSS_BOUND_MB  # type: ignore[union-attr]
+    assert _peak_rss_mb(seeded_api.api.proc.pid) < RSS_BOUND_MB  # type: ignore[union-attr]
 
 
-def test_no_body_is_read_before_the_key_is_checked(env: Env) -> None:
+def test_no_body_is_read_before_the_key_is_checked(seeded_api: Env) -> None:
     # A slow-loris body that never arrives: the door answers 401 without waiting for it.
-    with socket.create_connection(("127.0.0.1", env.api.port), timeout=5) as sock:
-        sock.sendall(f"POST /v1/scorer-groups/{env.groups['a']}/grade HTTP/1.1\r\nHost: x\r\n"
+    with socket.create_connection(("127.0.0.1", seeded_api.api.port), timeout=5) as sock:
+        sock.sendall(f"POST /v1/scorer-groups/{seeded_api.groups['a']}/grade HTTP/1.1\r\nHost: x\r\n"
                      "Content-Type: application/json\r\nContent-Length: 50000000\r\n\r\n{\"input\":".encode())
         started = time.perf_counter()
         head = sock.recv(4096).decode(errors="replace")
     assert head.startswith("HTTP/1.1 401") and time.perf_counter() - started < 2, head
     assert "www-authenticate: Bearer" in head.lower().replace("www-authenticate: bearer", "www-authenticate: Bearer")
-    with env.client(None) as anonymous:
+    with seeded_api.client(None) as anonymous:
         assert anonymous.post("/v1/judges", json={"name": "J", "criteria": "?"},
                               headers={"Authorization": "Bearer sgw_nope_nope"}).status_code == 401
 
@@ -235,19 +235,19 @@ def _trickle(env: Env, path: str) -> socket.socket:
     return sock
 
 
-def test_a_tenant_trickling_bodies_holds_its_share_of_the_reading_turns_not_everyones(env: Env) -> None:
+def test_a_tenant_trickling_bodies_holds_its_share_of_the_reading_turns_not_everyones(seeded_api: Env) -> None:
     example = {"input": "q", "output": "a [[rating=7]]", "metadata": {"notes": "n" * 100_000}}
 
     def b_grades() -> float:  # B's large example (over 64 KiB: a reading turn, then a parser process)
-        with env.client("b") as b:
+        with seeded_api.client("b") as b:
             started = time.perf_counter()
-            answer = b.post(f"/v1/scorer-groups/{env.groups['b']}/grade", json=example)
+            answer = b.post(f"/v1/scorer-groups/{seeded_api.groups['b']}/grade", json=example)
             assert answer.status_code == 200, answer.text
             return time.perf_counter() - started
 
     b_grades()  # the parser processes started (a spawn takes seconds on a busy machine): not measured
     alone = b_grades()
-    stalled = [_trickle(env, "/v1/evaluations/x/finalize") for _ in range(6)]  # more than every turn
+    stalled = [_trickle(seeded_api, "/v1/evaluations/x/finalize") for _ in range(6)]  # more than every turn
     try:
         time.sleep(0.5)
         # Waiting behind A's bodies would take until their read timeout (READ_TIMEOUT_S - 0.5 s).
@@ -263,14 +263,14 @@ def test_a_tenant_trickling_bodies_holds_its_share_of_the_reading_turns_not_ever
             sock.close()
 
 
-def test_every_route_with_a_body_declares_its_ceiling(env: Env) -> None:
-    doc = httpx.get(env.api.url + "/openapi.json").json()
+def test_every_route_with_a_body_declares_its_ceiling(seeded_api: Env) -> None:
+    doc = httpx.get(seeded_api.api.url + "/openapi.json").json()
     ceilings = {(m.upper(), p): op["x-max-body-bytes"] for p, ops in doc["paths"].items()
                 for m, op in ops.items() if "requestBody" in op}
     assert ceilings and all(isinstance(c, int) and c <= 64 * 1024 * 1024 for c in ceilings.values())
     assert ceilings[("POST", "/v1/scorer-groups/{id}/grade")] < 4 * 1024 * 1024
     assert ceilings[("POST", "/v1/judges")] == 512 * 1024
-    with env.client("a") as a:  # a catalog document over its ceiling: refused unread
+    with seeded_api.client("a") as a:  # a catalog document over its ceiling: refused unread
         assert a.post("/v1/judges", content=b" " * (600 * 1024),
                       headers={"Content-Type": "application/json"}).status_code == 413
 
@@ -278,28 +278,28 @@ def test_every_route_with_a_body_declares_its_ceiling(env: Env) -> None:
 # --- judge calls ---------------------------------------------------------------------------------
 
 
-def test_a_project_saturating_the_judge_pool_leaves_another_its_share(env: Env) -> None:
-    env.judge.set_default(Behaviour.deterministic(delay=JUDGE_DELAY_S))
+def test_a_project_saturating_the_judge_pool_leaves_another_its_share(seeded_api: Env) -> None:
+    seeded_api.judge.set_default(Behaviour.deterministic(delay=JUDGE_DELAY_S))
 
     async def grade(who: str) -> tuple[int, float]:
-        async with httpx.AsyncClient(base_url=env.api.url, timeout=120,
-                                     headers={"Authorization": f"Bearer {env.keys[who]}"}) as client:
+        async with httpx.AsyncClient(base_url=seeded_api.api.url, timeout=120,
+                                     headers={"Authorization": f"Bearer {seeded_api.keys[who]}"}) as client:
             started = time.perf_counter()
-            answer = await client.post(f"/v1/scorer-groups/{env.groups[who]}/grade", json={"input": "q", "output": "a"})
+            answer = await client.post(f"/v1/scorer-groups/{seeded_api.groups[who]}/grade", json={"input": "q", "output": "a"})
             return answer.status_code, time.perf_counter() - started
 
     async def scene() -> tuple[list[tuple[int, float]], tuple[int, float], int]:
         # A: its allowed 4 gradings of a 20-judge group at once - 80 calls for 16 slots.
         a = [asyncio.ensure_future(grade("a")) for _ in range(4)]
         await asyncio.sleep(JUDGE_DELAY_S / 2)  # A holds every slot it may
-        in_flight = env.judge.peak_in_flight
+        in_flight = seeded_api.judge.peak_in_flight
         b = await grade("b")  # B's one judge
         return await asyncio.gather(*a), b, in_flight
 
     try:
         a_answers, (b_status, b_seconds), a_in_flight = asyncio.run(scene())
     finally:
-        env.judge.set_default(Behaviour.deterministic())
+        seeded_api.judge.set_default(Behaviour.deterministic())
     assert b_status == 200 and b_seconds < JUDGE_DELAY_S + 1.0, f"B waited {b_seconds:.1f} s behind A"
     assert all(status == 200 for status, _ in a_answers)
     assert a_in_flight == 15, "A holds all but the slot kept back (16 - 16/16)"
@@ -309,8 +309,8 @@ def test_a_project_saturating_the_judge_pool_leaves_another_its_share(env: Env) 
 # --- budgets -------------------------------------------------------------------------------------
 
 
-def test_a_project_key_cannot_lift_its_own_budget(env: Env) -> None:
-    with env.client("a") as a, env.client("op") as op:
+def test_a_project_key_cannot_lift_its_own_budget(seeded_api: Env) -> None:
+    with seeded_api.client("a") as a, seeded_api.client("op") as op:
         assert a.put("/v1/budgets/p-a", json={"judgeCallsPerWindow": 10**12}).status_code == 403, "no budget yet"
         assert op.put("/v1/budgets/p-a", json={"judgeCallsPerWindow": 100, "windowSeconds": 3600}).status_code == 200
         for attempt in ({"judgeCallsPerWindow": 10**12}, {"judgeCallsPerWindow": 101},
@@ -333,9 +333,9 @@ def test_a_project_key_cannot_lift_its_own_budget(env: Env) -> None:
 
 @pytest.mark.parametrize("value", ["\u00b2", "\u2460", "\u0661\u0662", "\uff11\uff12", " 5", "1_0", "+5", "5.0",
                                    "9" * 20])  # past a signed 64-bit offset
-def test_numbers_in_queries_are_ascii_digits_or_a_400(env: Env, value: str) -> None:
-    group = env.groups["a"]
-    with env.client("a") as a:
+def test_numbers_in_queries_are_ascii_digits_or_a_400(seeded_api: Env, value: str) -> None:
+    group = seeded_api.groups["a"]
+    with seeded_api.client("a") as a:
         for path, name in ((f"/v1/scorer-groups/{group}/changes", "cursor"),
                            (f"/v1/scorer-groups/{group}/results", "cursor"),
                            ("/v1/scorer-groups", "limit"), (f"/v1/judges/{group}/changes", "cursor")):
@@ -358,17 +358,17 @@ def test_numbers_in_queries_are_ascii_digits_or_a_400(env: Env, value: str) -> N
 # --- /docs ---------------------------------------------------------------------------------------
 
 
-def test_no_page_of_the_apis_origin_loads_a_script_from_elsewhere(env: Env) -> None:
-    console_csp = httpx.get(env.api.url + "/console").headers["content-security-policy"]
+def test_no_page_of_the_apis_origin_loads_a_script_from_elsewhere(seeded_api: Env) -> None:
+    console_csp = httpx.get(seeded_api.api.url + "/console").headers["content-security-policy"]
     for page in ("/docs", "/console"):
-        answer = httpx.get(env.api.url + page)
+        answer = httpx.get(seeded_api.api.url + page)
         assert answer.status_code == 200 and answer.headers["content-security-policy"] == console_csp
         sources = re.findall(r"""<(?:script|link)[^>]+(?:src|href)=["']([^"']+)""", answer.text)
         assert sources and all(s.startswith("/") and not s.startswith("//") for s in sources), sources
         for source in sources:
-            assert httpx.get(env.api.url + source).status_code == 200, source
+            assert httpx.get(seeded_api.api.url + source).status_code == 200, source
     assert "script-src 'self'" in console_csp and "unsafe-inline" not in console_csp
-    assert httpx.get(env.api.url + "/redoc").status_code == 404
+    assert httpx.get(seeded_api.api.url + "/redoc").status_code == 404
 
 
 def test_an_unreachable_store_is_a_503_at_the_door_not_a_500(tmp_path: Any) -> None:

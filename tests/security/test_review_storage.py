@@ -32,7 +32,7 @@ PROJECT = "p-hoard"
 
 
 @pytest.fixture
-def api(redis_databases: RedisDatabases, tmp_path: Path) -> Iterator[tuple[ApiProcess, httpx.Client]]:
+def api_client(redis_databases: RedisDatabases, tmp_path: Path) -> Iterator[tuple[ApiProcess, httpx.Client]]:
     with redis_databases.lease() as url:
         key = create_key(url, "--project", PROJECT)
         process = ApiProcess(url, tmp_path / "api.log", env={"SGW_MAX_PROJECT_REVIEW_BYTES": str(200 * 1024**2)}
@@ -52,8 +52,8 @@ def _group(http: httpx.Client) -> str:
 
 
 def test_ten_year_long_queues_of_capacity_100000_over_one_group_are_refused_past_the_quota(
-        api: tuple[ApiProcess, httpx.Client]) -> None:
-    _, http = api
+        api_client: tuple[ApiProcess, httpx.Client]) -> None:
+    _, http = api_client
     group = _group(http)
     answers = [http.post("/v1/review-queues", json={"name": f"Q{n}", "groupIds": [group], "rule": {"sampleRate": 1},
                                                      "capacity": 100_000, "keepDays": 365})
@@ -90,8 +90,8 @@ def _item(queue: ReviewQueue, n: int, text: str) -> ReviewItem:
 
 
 async def test_a_queue_keeps_at_most_its_max_bytes_of_items_and_counts_them_exactly(
-        api: tuple[ApiProcess, httpx.Client]) -> None:
-    process, http = api
+        api_client: tuple[ApiProcess, httpx.Client]) -> None:
+    process, http = api_client
     group = _group(http)
     made = http.post("/v1/review-queues", json={"name": "Q", "groupIds": [group], "rule": {"sampleRate": 1},
                                                 "capacity": 1_000, "maxBytes": 1024**2, "keepDays": 1})

@@ -77,7 +77,7 @@ def a_rating(group: Any, n: int, score: float, at: float) -> Rating:
 
 
 @pytest.fixture(scope="module")
-def env(redis_databases: RedisDatabases, tmp_path_factory: pytest.TempPathFactory, kafka_bootstrap: str) -> Iterator[Env]:
+def console(redis_databases: RedisDatabases, tmp_path_factory: pytest.TempPathFactory, kafka_bootstrap: str) -> Iterator[Env]:
     with JudgeServer() as judge, redis_databases.lease() as url:
         key, other = create_key(url, "--project", "p-console"), create_key(url, "--project", "p-other")
         # A backfill's estimate reads the traces topic: one of its own, with TRACES traces in it.
