@@ -20,7 +20,7 @@ from scorer_groups.gates import Allowance
 from scorer_groups.runs import AgentAnswer, DatasetItem, EvaluationRun
 
 # row index -> {"row": i, "output": ..., "spans": [...]} or {"row": i, "error": ...}
-Outputs = dict[int, dict[str, Any]]
+RowAnswers = dict[int, dict[str, Any]]
 
 
 def _answered(index: int, answer: Any) -> dict[str, Any]:
@@ -95,14 +95,14 @@ class _Progress:
 
 
 async def call_agent_async(agent: Callable[[Any], Any], items: Sequence[DatasetItem], *, concurrency: int,
-                           retries: int, bar: _Progress) -> Outputs:
+                           retries: int, bar: _Progress) -> RowAnswers:
     """On the running event loop: an async agent is awaited; a sync one runs in threads of the
     run's own (``concurrency`` of them, not the loop's shared default executor) so that it never
     blocks the loop."""
     is_async = inspect.iscoroutinefunction(agent)
     threads = None if is_async else ThreadPoolExecutor(max_workers=max(1, concurrency))
     slots = asyncio.Semaphore(max(1, concurrency))
-    outputs: Outputs = {}
+    outputs: RowAnswers = {}
 
     async def call(value: Any) -> Any:
         if threads is None:
@@ -131,7 +131,7 @@ async def call_agent_async(agent: Callable[[Any], Any], items: Sequence[DatasetI
 
 
 def call_agent(agent: Callable[[Any], Any], items: Sequence[DatasetItem], *, concurrency: int, retries: int,
-               bar: _Progress) -> Outputs:
+               bar: _Progress) -> RowAnswers:
     """Without an event loop of the caller's: a sync agent runs in ``concurrency`` threads; an
     async one on an event loop of its own - in a thread of its own when the caller is already
     inside a running loop (a notebook, an async test), where ``asyncio.run`` is refused."""
@@ -143,7 +143,7 @@ def call_agent(agent: Callable[[Any], Any], items: Sequence[DatasetItem], *, con
             return asyncio.run(work)
         with ThreadPoolExecutor(max_workers=1) as runner:
             return runner.submit(asyncio.run, work).result()
-    outputs: Outputs = {}
+    outputs: RowAnswers = {}
 
     def one(index: int, item: DatasetItem) -> None:
         for attempt in range(retries + 1):

@@ -18,7 +18,7 @@ from typing import Any
 
 import pytest
 
-from scorer_groups._evaluations_shared import Outputs, _Progress, call_agent, call_agent_async
+from scorer_groups._evaluations_shared import RowAnswers, _Progress, call_agent, call_agent_async
 from scorer_groups.runs import DatasetItem
 
 TOOL = Path(__file__).resolve().parents[2] / "sdk" / "tools" / "generate_sync.py"
@@ -79,7 +79,7 @@ def test_the_check_finds_a_hand_edited_module(tool: ModuleType, tmp_path: Path) 
 # --- The hand-written part: calling the agent, the async client's way and the sync client's ----
 
 
-def call_with(way: str, agent: Callable[[Any], Any], inputs: list[str], concurrency: int, retries: int) -> Outputs:
+def call_with(way: str, agent: Callable[[Any], Any], inputs: list[str], concurrency: int, retries: int) -> RowAnswers:
     items = [DatasetItem(input=value) for value in inputs]
     bar = _Progress(len(items), False)
     if way == "async client":
