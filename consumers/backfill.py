@@ -1,34 +1,9 @@
-"""The backfill runner: every worker runs one; the workers share a job's partitions
-through leases in Redis.
+"""The backfill runner: every worker runs one; the workers share a job's partitions through leases in Redis.
 
-Each tick, the jobs not ended take turns (``turn_order``): projects one after another, and a
-project's turn goes to its jobs one after another, until every job has had a turn - a project's
-one job is never queued behind another project's three. A job's failure costs that job its turn,
-never the others theirs. In a job's turn:
-
-1. a paused job whose budget window has turned resumes (any worker; the state moves once);
-2. plan it once (one worker, under a lock): the offsets its window covers per partition
-   (``consumers.backfill_plan``: by record time, no further than live scoring has reached,
-   from no earlier than the claims remember - ``keys.DEDUPE_DONE_TTL_S``);
-3. for each partition whose range is not read to its end: lease it (one reader per partition
-   of a job; a killed worker's lease runs out and another takes the partition from its reached
-   offset), and read it for a turn (a batch at least, ``READ_TURN_S`` at most: the next turn comes);
-4. read in bounded batches with a ``consumers.range_reads.RangeReader`` (a consumer of its own,
-   assigned, no group: the live loop's offsets are never touched), only while the live loop is
-   not pressed (live traffic first); keep the records stamped within the window, and the pairs
-   of the job's group as live would keep them at the job's sample (``scoring.routing.group_pairs``);
-5. a chunk of pairs at a time - while the job is running and the lease is still this worker's
-   - count its judge calls against ``maxJudgeCalls``, then claim, score, publish and mark done
-   through a ``PairProtocol`` whose claims fill (``Claims``: a pair rated under the group's
-   current revision is never graded again) and whose outputs say origin "backfill", at the
-   trace's own time, paging nobody unless the job asked; a backfill's claims leave
-   ``LIVE_SHARE`` of every budget window to live traffic;
-6. advance the partition's reached offset and the job's counts (``tracesRead``: the job's project's
-   traces of the window; another project's traffic is not its to know) - up to the first pair not
-   graded: refused by the budget (the job pauses until the project's next budget window, and
-   reads on from there), by the cap (the job is done, and says where it stopped), or not
-   reached (the worker stopping, the lease lost, the job cancelled);
-7. a job whose every partition is read to its end is done.
+Each tick the jobs not ended take turns (``turn_order``). A job's turn: 1. resume, 2. plan once, 3. lease
+each partition not read to its end, 4. read it, 5. claim and score a chunk of pairs, 6. advance its offset,
+7. done. The one rule: the live loop's offsets are never touched and live traffic goes first; a pair rated
+under the group's current revision is never graded again. The steps in full: docs/design-notes.md.
 """
 
 from __future__ import annotations

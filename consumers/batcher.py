@@ -1,15 +1,8 @@
-"""Batching of small Redis calls made once per trace or pair (done marks, ratings history, lease
-confirmations).
+"""Batching of small Redis calls made once per trace or pair (done marks, ratings history, lease confirmations).
 
-Jobs finish one by one; a call for each would cost a round trip each. Each job submits its
-items and awaits a future; one flusher makes one call for everything submitted meanwhile, then
-resolves the futures - with each job's own answers, when the call answers item by item - or
-fails them, so no job counts as finished on a failed write.
-
-How long a batch lingers is the caller's trade: a few milliseconds where a job waits for the
-answer (lease confirmations), longer where nothing but the offset commit waits (done marks and
-history: jobs that finish at 50 a second still share a call) - cut short by ``hurry`` when the
-caller needs its items finished now.
+Each job submits its items and awaits a future; one flusher makes one call for everything submitted
+meanwhile. The one rule: a failed call fails every future, so no job counts as finished on a failed write.
+How long a batch lingers: docs/design-notes.md.
 """
 
 from __future__ import annotations

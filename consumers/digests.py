@@ -1,18 +1,9 @@
-"""The digest sender: a channel with ``digestSeconds`` hears a group's Signals of a
-period in one message - how many results were below the threshold, and the worst of them -
-instead of one message per Signal. For groups that alert per result (``alertMode`` each);
-every worker runs one, over the groups of its share of the fleet's background work
-(``consumers.fleet_share``); each tick, for every such group with live traffic since a period
-began (``RatingsStore.active``: the others have nothing to send) and digest channel of its
-project (or an operator's):
+"""The digest sender: a channel with ``digestSeconds`` hears a group's Signals of a period in one message.
 
-1. the last closed period of the channel (``digestSeconds``);
-2. claim it (``adapters.stores.digests``: one worker sends it; one whose sender died is sent
-   again, under the same id);
-3. the group's results below the threshold in the period for the channel's agent, from the
-   group's latest results (the record the console reads); none: nothing is sent;
-4. one delivery: a Signal of the worst result with ``digestCount``, event ``scorer_group.digest``;
-   then the period is marked sent.
+Every worker runs one over its share of the fleet's background work; per group alerting per result: 1. the
+last closed period, 2. claim it, 3. the results below the threshold (none: nothing is sent), 4. one
+delivery, then the period is marked sent. The one rule: one worker sends a period; one whose sender died
+is sent again under the same id. The rest: docs/design-notes.md.
 """
 
 from __future__ import annotations

@@ -1,28 +1,9 @@
-"""The pair protocol: the steps every (group, subject) pair goes through, whichever loop runs it -
-the trace loop (a pair per kept trace and group) or the session sweep (a pair per quiet
-conversation and group):
+"""The pair protocol, one module by design: the six steps of every (group, subject) pair have one owner.
 
-1. claim: dedupe, look the judges' verdicts up in the verdict cache, and reserve the judge calls
-   of the misses all or nothing (``claim``: one round trip for a batch; a pair that finds no
-   budget is skipped, whole, and counted in the history);
-2. score, with the pair's spend: a gates-first group reserves its judges once its gates passed
-   and each retry takes a slot; no room means the pair is skipped for budget, whole;
-3. confirm the lease right before publishing: a pair another worker took over (this one stalled
-   past its lease) is not published from here; a pair with a member that failed while the
-   process stood still (``consumers.pauses``) is handed back and claimed afresh;
-4. publish the rating, Signal and deliveries - shielded: once under way it finishes, never
-   cancelled halfway and scored again elsewhere;
-5. record: the ratings history, the group's latest results, session verdicts, review items
-   (what a published pair leaves for 5 and 6: ``consumers.finished_pairs``);
-6. mark done, settle the pair's judge tokens and money and keep the judge verdicts it paid for
-   (the first done mark of a pair keeps them: a cached verdict names the rating that used it) -
-   or, when a step before 4 fails, release.
-
-``PairProtocol`` owns all six and the batchers that share their Redis calls across jobs. A loop
-hands it pairs two ways: ``alone`` - one pair that waits on the network (judges, external
-scorers, another worker's lease) - or ``together`` - a chunk scored at once, published in one
-batch. Pairs lost in step 3 are waited for (``lost="wait"``: the trace loop, whose offsets wait
-on them) or left to their new owner (``lost="leave"``: the sweep, whose next tick looks again).
+Whichever loop runs a pair (the trace loop, the session sweep): 1. claim, 2. score with the pair's spend,
+3. confirm the lease, 4. publish (shielded), 5. record, 6. mark done - or release when a step before 4
+fails. The one rule: a pair another worker took over is never published from here, and a publish under
+way is never cancelled halfway. The steps, ``alone`` and ``together``: docs/design-notes.md.
 """
 
 from __future__ import annotations

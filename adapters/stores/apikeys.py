@@ -1,14 +1,9 @@
 """API keys: who may call the HTTP API, and for which project.
 
-A key reads ``sgw_<keyId>_<secret>``. Redis keeps only the SHA-256 of the whole key next to its
-id, so a leaked Redis dump lets no one call the API; the key is shown once, when it is created.
-A key belongs to one project, or is an operator key (``project`` is None) that may act on any
-project. Every request looks its key up again, so a revoked key is refused at once. A key's
-``role`` is ``admin`` (everything its project may do: every key before roles existed) or
-``reviewer`` (a project's review queues: take the next item, label it - nothing else; the API's
-door refuses every other route, ``worker.api.door``).
-
-SHA-256 is enough here (no slow hash): the secret is 256 random bits, not a password.
+A key reads ``sgw_<keyId>_<secret>``; it is one project's, or an operator's (any project), and its ``role``
+is ``admin`` or ``reviewer``. The one rule: Redis keeps only the SHA-256 of the whole key, never the key,
+and every request looks its key up again, so a revoked key is refused at once. The rest:
+docs/design-notes.md.
 """
 
 from __future__ import annotations

@@ -1,17 +1,9 @@
-"""Backfill jobs in Redis: each job's request, its state, and the indexes a worker
-and the API read - a group's jobs, newest first, and the jobs not ended yet.
+"""Backfill jobs in Redis: each job's request, its state, and the indexes a worker and the API read.
 
-A job is two keys: its document as created (``keys.backfill``, never rewritten) and its state
-(``keys.backfill_progress``: status, resumeAt, error, notes and the counts), a hash that every
-worker and the API change one field at a time - a status only by a script that refuses to move
-an ended job (a cancel is never undone by a worker finishing a batch).
-
-A project has at most ``MAX_ACTIVE_JOBS`` jobs not ended: a job first takes a place among its
-project's (``keys.project_backfills``), the cap checked and the place taken in one script, so
-concurrent starts never pass it together; then its own keys are written (the job's hash tag).
-
-The runner (``consumers.backfill``) plans a job's ranges, leases its partitions and records
-the offsets they reached here (``JobParts``).
+A job is its document as created (never rewritten) and its state, a hash changed one field at a time. The
+one rule: a status moves only by a script that refuses to move an ended job (a cancel is never undone),
+and a project's cap of jobs not ended is checked and taken in one script. The keys and the cap:
+docs/design-notes.md.
 """
 
 from __future__ import annotations

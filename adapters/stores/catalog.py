@@ -1,22 +1,9 @@
-"""The catalog: judges, patterns, custom evaluators, scorer groups, budgets and alert channels,
-stored in Redis as versioned JSON documents.
+"""The catalog: judges, patterns, custom evaluators, scorer groups, budgets and alert channels, in Redis.
 
-Writes are serialized by an optimistic check on one version key: each write WATCHes it, reads
-the catalog, validates the change against what is stored, and commits the documents, an entry
-in the catalog's log and the next version in one transaction - or starts again when another
-writer got there first. So two people updating one group never lose an update, and a rule that
-spans documents (a live group may not hold a judge that requires an expected answer) holds
-whichever side changes.
-
-Reading costs what changed: a process keeps its last snapshot and asks one script for the
-documents the log names since it (``_CHANGES_SINCE``), and the snapshot's indexes are carried
-over by change (``scoring.catalog_index``). The catalog is read whole only at a start, or when
-the log cannot tell (a reader more than ``CATALOG_LOG_KEPT`` versions behind), and then decoded
-in a thread beside the event loop.
-
-Readers take an immutable ``scoring.catalog.CatalogSnapshot``; workers keep one current through
-``CatalogWatcher`` (pub/sub, plus a periodic version check as a safety net) and swap it whole,
-so a trace is never scored with half of an old group and half of a new one.
+Versioned JSON documents; readers take an immutable ``scoring.catalog.CatalogSnapshot`` and swap it whole.
+The one rule: every write WATCHes the one version key and commits its documents, a log entry and the next
+version in one transaction (or starts again), so no update is lost and a rule spanning documents holds.
+Writes and reads in full: docs/design-notes.md.
 """
 
 from __future__ import annotations

@@ -1,21 +1,9 @@
-"""The catalog's write turn across processes: one process of the fleet writes at a time, in the
-order they asked.
+"""The catalog's write turn across processes: one process of the fleet writes at a time, in the order they asked.
 
-Within a process the writes take turns already (``SnapshotCache.write_turns``, round the
-projects waiting), so each process has one writer at a time; across API replicas those writers
-would still race on the catalog's version (the optimistic WATCH), and under load a loser could
-lose ``WRITE_ATTEMPTS`` times in a row and answer 409. So the process's writer also takes the
-fleet's turn, held in Redis:
-
-1. ask (``_TAKE``, one script): join the queue by arrival, drop the waiters that stopped asking
-   (``CATALOG_TURN_GONE_MS``: a process that died), and take the turn when it is free and this
-   process is first - with a lease (``CATALOG_TURN_LEASE_MS``), so a writer that dies never
-   holds it for long;
-2. ask again every ``POLL_S`` until taken, or give up after ``WAIT_S`` (429: the fleet is busy);
-3. write, and give the turn back (``_GIVE``: only if still this process's).
-
-The turn is for fairness and throughput, not correctness: a write past its lease is still a
-WATCHed transaction, so nothing is lost when two overlap.
+Held in Redis under a lease, above each process's own turns (``SnapshotCache.write_turns``): ask
+(``_TAKE``), ask again every ``POLL_S`` up to ``WAIT_S`` (then 429), write and give it back (``_GIVE``).
+The one rule: the turn is for fairness and throughput, not correctness - every write is still a WATCHed
+transaction. The steps: docs/design-notes.md.
 """
 
 from __future__ import annotations

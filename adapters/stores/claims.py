@@ -1,24 +1,9 @@
-"""Claims: dedupe of (group, subject) pairs and the judge-call budget, in one Redis round trip.
+"""Claims: pairs' dedupe and the judge-call budget, one module by design - one Redis round trip decides both.
 
-One Lua call per project of a batch (pipelined together) decides every pair of it atomically,
-in the batch's order:
-
-- the pair is already **done** (its outputs were acknowledged) or was **skipped** for budget:
-  do nothing again - no budget, no second rating;
-- another worker holds a live **lease** on it (e.g. after a rebalance): **busy**, wait for it
-  to finish or for the lease to expire - never count it finished before;
-- otherwise reserve the group's judge calls all or nothing from the project's budget window
-  and take the lease (**claimed**), or, with too few calls left, mark it **exhausted**: the
-  group is skipped whole, never scored on a partial panel. A judge call whose verdict was paid
-  for already (the verdict cache, read in the same call: an HMGET per bucket for the batch), or
-  that an earlier pair of the batch pays for, is not reserved (``scoring.verdict_cache``).
-
-Pairs live as fields of one hash per project and day (``keys.dedupe_claims``), so the call
-costs a handful of commands whatever the batch's size: the server's clock, one HMGET and one
-HSET per day touched, one GET and one INCRBY of the budget. A lease carries its own expiry
-(server time), since fields cannot expire on their own. The budget key is shared with online
-evaluators (same name, same fixed windows), and a project's keys share its hash tag, so the
-script runs on Redis Cluster too. The scripts themselves are ``adapters.stores.claim_scripts``.
+One Lua call per project of a batch (pipelined) decides every pair atomically: done or skipped (nothing
+again), busy (another worker's live lease), claimed (the group's judge calls reserved all or nothing) or
+exhausted. The one rule: a group is never scored on a partial panel, and a pair another worker holds is
+never counted finished before its done mark. The decisions and the keys: docs/design-notes.md.
 """
 
 from __future__ import annotations

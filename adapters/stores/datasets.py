@@ -1,14 +1,8 @@
 """Datasets: a project's rows of ``input``, optional ``expected`` and ``metadata``, versioned.
 
-A dataset is created from a JSONL or CSV file (the CLI, the API, the SDK) and each new upload
-of rows is a new version; a version never changes once written, so an evaluation run records
-the version it graded and reads exactly those rows later. Stored in Redis under the project's
-hash tag (adapters/stores/keys.py): the dataset documents in one hash, each version's rows as one JSON
-string.
-
-CSV: a header row with an ``input`` column; ``expected`` is optional (an empty cell is no
-expected answer); a ``metadata`` column holds a JSON object, and any other column becomes a
-metadata entry of that name.
+Each upload of rows is a new version, stored under the project's hash tag. The one rule: a version never
+changes once written, so an evaluation run reads exactly the rows it graded. The storage and the CSV
+format: docs/design-notes.md.
 """
 
 from __future__ import annotations

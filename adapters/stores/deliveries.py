@@ -1,18 +1,9 @@
 """The durable retry schedule of webhook deliveries, kept in Redis.
 
-A delivery read from the webhooks topic is written here before its offset is committed, so a
-restart or a rebalance never loses it: whichever worker is alive claims it when it is due.
-
-- ``due`` (sorted set, score = due time in ms): every delivery not yet finished. Claiming one
-  moves its due time one lease ahead, so a worker that dies mid-attempt leaves it to be claimed
-  again when the lease runs out (receivers deduplicate on ``webhook-id``).
-- ``pending:<id>``: the delivery with its attempt history, with a TTL beyond the schedule.
-- ``done:<id>``: "delivered" or "dead", kept a week, so a redelivered record is not sent again.
-- ``created`` (sorted set): first-seen time of every pending delivery, for the oldest-age metric.
-
-The schedule is sharded by channel (``keys.webhook_shard``): each shard's keys share a hash tag,
-so every script touches one shard and runs on Redis Cluster too, where the shards spread over the
-primaries. A poll reads every shard in one pipelined round trip.
+A delivery read from the webhooks topic is written here before its offset is committed; claiming one moves
+its due time one lease ahead. The one rule: a restart or a rebalance never loses a delivery - whichever
+worker is alive claims it when it is due - and a delivered one is not sent again. The keys and the shards:
+docs/design-notes.md.
 """
 
 from __future__ import annotations

@@ -1,12 +1,8 @@
-"""Every Redis key, channel and TTL the worker uses, in one place, with why.
+"""Every Redis key, channel and TTL the worker uses, with why: one module by design, the hash tags chosen together.
 
-Keys that one Lua script, pipeline or transaction touches together share a hash tag (the part in
-braces), so the same code runs on Redis Cluster (``SGW_REDIS_CLUSTER``): the catalog is one tag
-(few, small documents, written in one transaction); a project's budget and dedupe keys are the
-project's tag (a batch claims one project's pairs in one script call); a group's rating buckets
-and results are the group's tag; the webhook schedule is sharded by channel. Traffic spreads over
-the cluster by project, group and channel; no tag is shared by every tenant's hot path. Every key
-that grows with traffic has a TTL.
+The one rule: keys that one Lua script, pipeline or transaction touches together share a hash tag, so the
+same code runs on Redis Cluster, and no tag is shared by every tenant's hot path; every key that grows with
+traffic has a TTL. The tags: docs/design-notes.md.
 """
 
 from __future__ import annotations

@@ -1,32 +1,9 @@
 """The assembly buffer: spans of unfinished OpenTelemetry traces, in Redis.
 
-A trace is due when its root span has arrived (OTLP exports a span once it has ended) and no
-span came for ``quiet_s``, or ``max_wait_s`` after its first span whatever came (then it is
-scored with what arrived, marked partial). Living in Redis, the buffer survives a crash or a
-rebalance, and any worker can finish any trace:
-
-- ``add`` stores spans idempotently (a hash per trace, field = span id: a redelivered record
-  changes nothing) and moves the trace's due time; spans of a trace already emitted are only
-  counted (late), never buffered again;
-- ``claim_due`` takes due traces atomically under a lease (their due time moves to the lease's
-  end), so two workers never emit the same trace at once; a worker that dies mid-emit lets the
-  lease run out and another emits it again under the same trace id - the pipeline's dedupe
-  absorbs the repeat;
-- ``finish`` forgets an emitted trace and leaves an "emitted" marker for ``done_ttl_s``.
-
-Keys: traces are spread over ``SHARDS`` hash tags (``{otlp-N}``); one Lua call touches the keys
-of one tag only (Redis Cluster). Per shard: ``due`` (sorted set: member -> due time, ms),
-``stats`` (bytes and spans buffered), ``sizes`` (per member); per trace: ``spans:<member>``,
-``meta:<member>`` (first, last, root, dropped, claimed), both with ``ttl_s``, and
-``done:<member>``. A member is ``<projectId>/<traceId>``: a tenant can never add spans to
-another project's trace by reusing its trace id.
-
-Bounds: ``max_spans`` and ``max_trace_bytes`` per trace (spans past them are dropped, counted,
-and the trace is marked partial); ``max_project_bytes`` per project (default a quarter of the
-total), so one tenant cannot fill the buffer for all: past it the project's spans are refused
-and the consumer dead-letters their records (``over_quota``); ``max_total_bytes`` over all
-traces: past it ``add`` refuses (the consumer holds its offsets and retries), by at most one
-batch over. Both totals are kept per shard (a sixteenth each).
+A trace is due once its root span came and no span for ``quiet_s``, or ``max_wait_s`` after its first span
+(then partial). The one rule: ``add`` is idempotent and ``claim_due`` takes a trace under a lease, so any
+worker can finish any trace, and one emitted twice is absorbed by the pipeline's dedupe. The operations,
+keys and bounds: docs/design-notes.md.
 """
 
 from __future__ import annotations

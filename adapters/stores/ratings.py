@@ -1,11 +1,8 @@
-"""Ratings history (the group's chart), each group's latest results and the latest session
-verdicts, in Redis.
+"""Ratings history, groups' latest results and sessions' latest verdicts: one module by design, written together.
 
-Every group result lands in one time bucket per chart window (1h, 24h, 7d, 30d), each bucket a
-small hash of count, scored, sum, min, max, below-threshold and no-score counts, and what the
-judge calls cost (in all and per member). Bucket sizes
-grow with the window, so a group costs a bounded number of keys however busy it is, and each
-bucket expires once no window can show it.
+A batch's results are counted into one bucket per chart window (1h, 24h, 7d, 30d) and kept among their
+groups' latest results in one pipelined round trip. The one rule: a group costs a bounded number of keys
+however busy it is, each bucket expiring once no window can show it. The buckets: docs/design-notes.md.
 """
 
 from __future__ import annotations

@@ -1,21 +1,9 @@
-"""Review queues' items in Redis: taken when their result is published, one script call
-per queue, pipelined - one round trip for a batch of results whatever the queues.
+"""Review queues in Redis - items, labels, the labels' outbox: one module by design, its scripts share a queue's keys.
 
-Taking an item (``_TAKE``), for each item of the call, in order:
-
-1. an item already there (its result published again: a redelivery, a worker that died before
-   its done mark) is left as it is - open, held or done - and counts nothing;
-2. a queue with ``capacity`` open items - or 10 x ``capacity`` items kept, open or done, or its
-   ``maxBytes`` of them - turns the item away and counts it: what people have not reached yet is
-   not pushed out by what came after it, and what a queue keeps is bounded whatever its keepDays
-   and however large a tenant's texts (the bytes a queue keeps are counted here, as items come
-   and go);
-3. else the item is kept, and open (oldest first);
-4. items taken more than the queue's ``keepDays`` ago go, open or done, with their labels, and
-   the keys' TTL is pushed to ``keepDays`` (as by every script here).
-
-A queue's keys are under its project's and id's tag (``keys.review_tag``); deleting a queue
-deletes them (``forget``).
+Items are taken when their result is published (``_TAKE``: one script call per queue, pipelined). The one
+rule: an item already there is left as it is, and a full queue turns new items away (counted) rather than
+push out what people have not reached; what a queue keeps is bounded. The steps of a take:
+docs/design-notes.md.
 """
 
 from __future__ import annotations

@@ -1,18 +1,8 @@
-"""The fleet's share of background work: ``SHARDS`` leases in Redis, split evenly among the
-workers that renew them, handed over when a worker stops renewing (it died: its leases end) or
-when one joins (the others give back what is past their fair share at their next renewal).
+"""The fleet's share of background work: ``SHARDS`` leases in Redis, split evenly among the workers that renew them.
 
-One script call per renewal (``hold``), on Redis's clock, so that workers' clocks never decide
-who holds a shard:
-
-1. the worker is a member until its lease ends; members past theirs are dropped;
-2. its fair share is ``ceil(SHARDS / members)``;
-3. it keeps the shards it holds, up to that share, lowest first, and gives back the rest;
-4. it takes free shards (never held, or whose lease ended), lowest first, up to its share;
-5. what it holds is renewed to ``now + lease``.
-
-A shard held by two workers for a moment (a renewal late past its lease) costs nothing but
-work done twice: incidents move by a versioned script, digests and sessions are claimed.
+One script call per renewal (``hold``) drops members past their lease, keeps and takes shards up to the
+fair share, lowest first, and renews them. The one rule: Redis's clock, never a worker's, decides who holds
+a shard; a shard held twice for a moment costs only work done twice. The steps: docs/design-notes.md.
 """
 
 from __future__ import annotations

@@ -1,15 +1,8 @@
-"""The verdict cache in Redis (``scoring.verdict_cache`` says what it is; the claim's script
-reads it, ``adapters.stores.claims``): this writes the verdicts just paid for, and reads them for
-work that claims nothing (a dataset run, the playground).
+"""The verdict cache in Redis: writes the verdicts just paid for, reads them for work that claims nothing.
 
-A project's verdicts live in a few hashes by time bucket (``CachePolicy``: a bucket is a third of
-the TTL; a lookup reads the newest four), so a batch costs a command per bucket, never one per
-verdict. Per project (its hash tag), one script call writes a batch's verdicts:
-
-1. into the newest bucket, while it holds fewer than ``per_bucket`` - a tenant whose traffic
-   never repeats fills its own share and no more; what does not fit waits for the next bucket
-   (asked again meanwhile, as without a cache);
-2. the bucket leaves Redis once no lookup reads it: every verdict is kept at least the TTL.
+What it is: ``scoring.verdict_cache``; the claim's script reads it (``adapters.stores.claims``). The one
+rule: a project's bucket holds at most ``per_bucket`` verdicts (a tenant fills its own share and no more),
+and every verdict is kept at least the TTL. The buckets and the write: docs/design-notes.md.
 """
 
 from __future__ import annotations
