@@ -167,6 +167,7 @@ async def use_every_store(redis: RedisCluster) -> list[AsyncScript]:
     assert (await incidents.window("g1", now - 60, now, now)).results == 1
 
     digests = DigestStore(redis)
+    assert not await digests.settled("g1", "c1", 1)
     assert await digests.claim("g1", "c1", 1) and not await digests.claim("g1", "c1", 1)
     await digests.sent("g1", "c1", 1)
 
