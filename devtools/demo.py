@@ -100,8 +100,9 @@ async def _produce(bootstrap: str, topic: str, rate: float, stop: asyncio.Event)
                 break
             if dipping != _in(DIP_S, time.monotonic() - started):
                 dipping = not dipping
-                print("TRAFFIC the support bot's answers get poor: a quality dip" if dipping
-                      else "TRAFFIC the support bot's answers are good again: it recovers", flush=True)
+                print(f"TRAFFIC the support bot's answers get poor: a quality dip (from demo-{n})" if dipping
+                      else f"TRAFFIC the support bot's answers are good again: it recovers (from demo-{n})",
+                      flush=True)
             trace = _trace(n, rng, dip=dipping)
             # With the routing headers the worker reads before parsing (scoring.filters).
             await producer.send(topic, key=trace["traceId"].encode(), value=orjson.dumps(trace),
