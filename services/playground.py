@@ -16,7 +16,7 @@ from datetime import UTC, datetime
 
 from pydantic import ValidationError
 
-from adapters.stores.claims import Claims, Reservation
+from adapters.stores.claims import Claims
 from adapters.stores.verdicts import VerdictStore
 from scorer_groups.api_models import GradeRequest, JudgeCallRecord
 from scorer_groups.documents import Rating
@@ -29,9 +29,10 @@ from scoring.models import ScorerGroup
 from scoring.panel import Panel
 from scoring.ports import BudgetExhausted
 from scoring.prices import NANOS
-from scoring.results import build_rating, cost_of, tokens_of
+from scoring.results import build_rating
 from scoring.routing import pair_of
 from scoring.subjects import Span, Subject, Trace
+from services.spending import Spending
 from services.unclaimed_verdicts import UnclaimedVerdicts
 
 GRADES_PER_PROJECT = 4  # at once; the fifth is refused until one ends
@@ -116,22 +117,17 @@ class Playground:
         request = self._request(group, snapshot, subject, example_id)
         found = (await self._verdicts.look_up(group, snapshot, [
             (example_id, example_id, subject)])).get(example_id)  # a verdict it pays for names the example
-        free_calls, free_tokens = UnclaimedVerdicts.covered(found)
-        asked = max(0, request.judge_calls - free_calls) if request.judge_calls else 0
-        tokens = max(0, request.judge_tokens - free_tokens) if asked else 0
-        now = time.time()  # the window it reserves in, and so settles in
-        spend = self._claims.spend(request, tokens_reserved=tokens, cost_reserved=request.cost(asked, tokens),
-                                   claimed_at=now)
-        if asked and not await self._claims.reserve(Reservation(request, asked, tokens, skip_when_refused=False,
-                                                                at=now)):
-            raise await self._exhausted(request)
-        # 3. every member now; a gates-first panel and retries reserve as they go
-        try:
-            result = await self._panel.score(group, subject, snapshot, spend=spend, verdicts=found)
-        except BudgetExhausted:
-            raise await self._exhausted(request) from None
-        # 4. the ceilings reserved settled to what the calls used and cost, as a live pair's are
-        await self._claims.mark_done([], settled=spend.settlements(tokens_of(result), cost_of(result)))
+        async with Spending(self._claims) as spending:
+            if not await spending.reserve([(example_id, request, found)]):
+                raise await self._exhausted(request)
+            # 3. every member now; a gates-first panel and retries reserve as they go
+            try:
+                result = await self._panel.score(group, subject, snapshot, spend=spending.spends[example_id],
+                                                 verdicts=found)
+            except BudgetExhausted:
+                raise await self._exhausted(request) from None
+            # 4. the ceilings reserved settled to what the calls used and cost, as a live pair's are
+            await spending.settle([(example_id, result)])
         if found is not None:  # 5. what it paid for, kept for the next asking
             await self._verdicts.keep(group.project_id, [found])
         calls = [JudgeCallRecord.model_validate(call_document(call, m.outcome.ref_id, m.outcome.name))

@@ -95,11 +95,10 @@ def _labelled(http: httpx.Client) -> tuple[str, str]:
 
 
 def _wait_done(http: httpx.Client, location: str) -> None:
-    for _ in range(300):
-        if http.get(location).json()["state"] != "running":
-            return
+    deadline = time.monotonic() + 120  # generous: a loaded machine grades slowly, and only the end matters
+    while http.get(location).json()["state"] == "running":
+        assert time.monotonic() < deadline, "the alignment run never finished"
         time.sleep(0.1)
-    raise AssertionError("the alignment run never finished")
 
 
 def test_alignment_runs_count_in_the_projects_runs_and_bytes(api: tuple[ApiProcess, str]) -> None:
