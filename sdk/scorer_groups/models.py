@@ -1,4 +1,4 @@
-"""Wire models of scorer groups and the scorers their members refer to.
+"""Wire models of scorer groups and the scorers their members refer to: one module, the catalog's documents together.
 
 These pydantic models are the single source of truth for the documents users save (catalog
 files, SDK calls) and for every limit the spec enforces at save time. Field names on the wire
