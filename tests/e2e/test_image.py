@@ -24,7 +24,8 @@ from deploy.compiled import HOT_PATH
 from devtools.processes import free_port
 from tests.support.redis_databases import RedisDatabases
 
-pytestmark = pytest.mark.integration
+# Building the image (a clean install, the hot path compiled) takes minutes, more on a loaded machine.
+pytestmark = [pytest.mark.integration, pytest.mark.timeout(1200)]
 
 ROOT = Path(__file__).resolve().parents[2]
 DOCKERFILE = ROOT / "deploy" / "Dockerfile"
