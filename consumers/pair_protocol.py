@@ -207,7 +207,7 @@ class PairProtocol:
         try:
             return await self._alone(pair, snapshot, scope, busy, claimed_at, spend, reserve)
         except asyncio.CancelledError:
-            await self._give_back([pair])
+            await self._release_cancelled([pair])
             raise
         except Exception as exc:  # only the infrastructure's (_alone returns the subject's)
             self._stopped_by(exc, [pair])
@@ -232,7 +232,7 @@ class PairProtocol:
             result = await self._score(pair, busy, snapshot, spend)
             while not isinstance(result, PairOutcome):
                 if self.pauses.failed_through(result, began):
-                    await self._hand_back([pair])  # then claimed and scored afresh, just below
+                    await self._rescore_after_pause([pair])  # then claimed and scored afresh, just below
                 elif (await self._held([(pair.claim, claimed_at)]))[0]:
                     break
                 spend = self.claims.spend(pair.claim, reserve)
@@ -292,13 +292,13 @@ class PairProtocol:
         try:
             return await self._together(pairs, snapshot, scope, claimed_at, lost)
         except asyncio.CancelledError:
-            await self._give_back(pairs)
+            await self._release_cancelled(pairs)
             raise
         except Exception as exc:  # only the infrastructure's (a subject's is its pair's outcome)
             self._stopped_by(exc, pairs)
             raise
 
-    async def _give_back(self, pairs: list[Pair]) -> None:
+    async def _release_cancelled(self, pairs: list[Pair]) -> None:
         """Work cancelled (a shutdown): the leases of its pairs not yet publishing are given up at
         once, for another worker to take without waiting them out. A courtesy - leases expire
         anyway - whose failure never replaces why the work ended."""
@@ -352,7 +352,7 @@ class PairProtocol:
         # 3. A member failed while the process stood still: hand the pair back.
         again = [item for item in scored if self.pauses.failed_through(item[1].result, began)]
         if again:
-            await self._hand_back([s.pair for _, s in again])
+            await self._rescore_after_pause([s.pair for _, s in again])
             scored = [item for item in scored if item not in again]
         # 3. Still ours? Pairs another worker took over meanwhile are not published from here.
         held = await self._held([(s.pair.claim, claimed_at) for _, s in scored])
@@ -382,7 +382,7 @@ class PairProtocol:
 
     # --- 3. still ours? ----------------------------------------------------------------------------
 
-    async def _hand_back(self, pairs: list[Pair]) -> None:
+    async def _rescore_after_pause(self, pairs: list[Pair]) -> None:
         """Give up the leases of pairs scored through a pause, to claim them again (their judge
         calls reserved anew) and score them afresh - or leave them to a worker that took them."""
         log.warning("a member failed while the process stood still; scoring its pair again",

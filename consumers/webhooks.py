@@ -30,7 +30,7 @@ from adapters.stores.deliveries import (
     DeliverySchedule,
     PagerDutyIncident,
     PendingDelivery,
-    Settlements,
+    ScheduleWrites,
     shard_of,
 )
 from consumers.events import SILENT
@@ -105,7 +105,7 @@ class WebhookSender:
                                   poll_timeout_ms=200)
         self._tasks: dict[asyncio.Task[None], WebhookDelivery] = {}  # attempt task -> the delivery it holds
         self._lanes: dict[str, Lane] = {}
-        self._writes = Settlements()  # what ended attempts write to the schedule, sent in batches
+        self._writes = ScheduleWrites()  # what ended attempts write to the schedule, sent in batches
         self._http = httpx.AsyncClient(follow_redirects=False, cookies=no_cookies(),
                                        headers={"User-Agent": "scorer-group-worker-webhooks"})
         self.delivered = 0  # for tests and logs
@@ -254,9 +254,9 @@ class WebhookSender:
         one round trip however many attempts ended (and one Redis connection)."""
         if not self._writes:
             return
-        writes, self._writes = self._writes, Settlements()
+        writes, self._writes = self._writes, ScheduleWrites()
         try:
-            await self._outages.call(lambda: self._schedule.settle(writes))
+            await self._outages.call(lambda: self._schedule.write(writes))
         except Exception:
             log.exception("webhook schedule writes failed; those deliveries come back when their claims run out",
                           deliveries=len(writes))

@@ -68,8 +68,8 @@ def shard_of(delivery: WebhookDelivery) -> int:
 
 
 @dataclass
-class Settlements:
-    """Schedule writes gathered from many attempts, sent together by ``DeliverySchedule.settle``.
+class ScheduleWrites:
+    """Schedule writes gathered from many attempts, sent together by ``DeliverySchedule.write``.
     Keyed by delivery id; each remembers the delivery's shard."""
 
     finished: dict[str, tuple[int, Literal["delivered", "dead"]]] = field(default_factory=dict)
@@ -215,7 +215,7 @@ class DeliverySchedule:
             claimed = await script_pipe.execute()
         return [PendingDelivery.model_validate_json(doc) for docs in claimed for doc in docs]
 
-    async def settle(self, writes: Settlements) -> None:
+    async def write(self, writes: ScheduleWrites) -> None:
         """What attempts ended in, in one round trip: finished deliveries leave the schedule
         (with their outcome kept), failed ones wait for their retry with the attempt recorded,
         postponed ones (breaker open, channel behind, shutting down) move without an attempt.
@@ -238,21 +238,21 @@ class DeliverySchedule:
 
     async def retry(self, pending: PendingDelivery, at: float) -> None:
         """Keep the delivery (with its new attempt) for another try at ``at``."""
-        writes = Settlements()
+        writes = ScheduleWrites()
         writes.retry(pending, at)
-        await self.settle(writes)
+        await self.write(writes)
 
     async def postpone(self, deliveries: list[WebhookDelivery], at: float) -> None:
         """Try these again at ``at`` without counting an attempt."""
-        writes = Settlements()
+        writes = ScheduleWrites()
         for delivery in deliveries:
             writes.postpone(delivery, at)
-        await self.settle(writes)
+        await self.write(writes)
 
     async def finish(self, delivery: WebhookDelivery, outcome: Literal["delivered", "dead"]) -> None:
-        writes = Settlements()
+        writes = ScheduleWrites()
         writes.finish(delivery, outcome)
-        await self.settle(writes)
+        await self.write(writes)
 
     async def forget_dead(self, deliveries: list[WebhookDelivery]) -> None:
         """Let dead-lettered deliveries be scheduled again (a replay); delivered ones stay done."""
