@@ -131,7 +131,7 @@ def _scaled(own_records: float, traces: int, runs: list[tuple[int, int]],
         expected_pairs = pairs * scale
     else:  # none of its traces read: as if each of them were taken at the rate (the error unknown)
         scale, expected_pairs, error = 0.0, own_records * sample_rate, None
-    spent = history.spend()
+    spent = history.spent()
     if spent.spent and spent.judge_calls:  # the group's recent averages, per result counted with its spend
         basis = "history"
         calls = spent.judge_calls / spent.spent

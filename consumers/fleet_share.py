@@ -42,7 +42,7 @@ class FleetShare:
         if self._leases is None:
             return
         try:
-            held = await self._leases.hold(self._worker, self._lease_s)
+            held = await self._leases.renew(self._worker, self._lease_s)
         except Exception:  # Redis away: keep what we had (the work needs Redis anyway); at worst done twice
             log.warning("renewing the fleet's shard leases failed; keeping the last", exc_info=True)
             return

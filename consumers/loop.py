@@ -183,7 +183,7 @@ class PartitionLoop:
         """The step freed room: a loop waiting for it fetches now."""
         self._freed.set()
 
-    async def hold(self, seconds: float) -> None:
+    async def pause_for(self, seconds: float) -> None:
         """Pause every assigned partition for ``seconds`` while the step cannot take more (the
         OTLP buffer full), polling only as staying in the group needs; the step resumes them by
         having room again. What a poll returns meanwhile waits for the next turn."""

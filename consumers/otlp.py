@@ -170,7 +170,7 @@ class OtlpConsumer:
             # Over the total bound: hold these offsets (and the partitions) until traces leave.
             # Storing again what was stored changes nothing, so the whole batch is retried.
             log.warning("OTLP buffer full; pausing span intake until traces are emitted")
-            await self.loop.hold(self._full_retry_s)
+            await self.loop.pause_for(self._full_retry_s)
             if self._stop.is_set():
                 return None
             if self.ended():

@@ -167,7 +167,7 @@ class DatasetRun:
         return GateColumns(self.group.name, [r.rating for r in self.rows],
                            [r.result.blend.reason for r in self.rows], judges, by_group=self.by_group)
 
-    def spend(self) -> dict[str, Any]:
+    def spent(self) -> dict[str, Any]:
         """What its judges cost: the calls made (retries included; verdicts paid for already are
         none), their tokens, and their cost - null when a call's was unknown (an unpriced model:
         a total that left it out would look cheaper than it was), with how many such calls."""
@@ -193,7 +193,7 @@ class DatasetRun:
         return {**graded_by, "rows": len(self.rows),
                 "scoredRows": len(self.scored), "noScoreRows": len(self.rows) - len(self.scored),
                 "runRating": self.rating, "judgeAverages": self.judge_averages(),
-                "breakdown": self.breakdown(), "spend": self.spend(), "warnings": self.warnings, "notes": self.notes,
+                "breakdown": self.breakdown(), "spend": self.spent(), "warnings": self.warnings, "notes": self.notes,
                 **({"agreement": self.agreement.wire()} if self.agreement is not None else {})}
 
     @functools.cached_property

@@ -89,7 +89,7 @@ def completed(run: EvaluationRun, graded: DatasetRun, failed: dict[int, str],
     done = run.model_copy(update={
         "status": "completed", "finalized_at": time.time(), "rows": rows, "judges": judges,
         "scored_rows": len(scored), "no_score_rows": len(rows) - len(scored), "budget_skipped_rows": budget_skipped,
-        "notes": notes, "spend": JudgeSpendTotals.model_validate(graded.spend())})
+        "notes": notes, "spend": JudgeSpendTotals.model_validate(graded.spent())})
     columns_done = done.columns()
     breakdown = breakdown_lines(columns_done.name, columns_done.by_group, columns_done.rating, len(scored),
                                 len(rows), [(j.label, j.average) for j in judges])

@@ -231,7 +231,7 @@ class RatingsHistory:
     def matched(self) -> int:
         return sum(b.matched for b in self.buckets)
 
-    def spend(self) -> Bucket:
+    def spent(self) -> Bucket:
         """The window's spend in one bucket: its cost, by member, and the calls unpriced."""
         by_member: dict[str, int] = {}
         for b in self.buckets:
@@ -247,7 +247,7 @@ class RatingsHistory:
             "groupId": self.group_id, "window": self.window, "bucketSeconds": self.bucket_seconds,
             "count": self.count, "scored": self.scored, "mean": self.mean,
             "belowThreshold": self.below, "noScore": self.no_score, "skipped": self.skipped,
-            "matched": self.matched, **(spend := self.spend()).cost_wire(),
+            "matched": self.matched, **(spend := self.spent()).cost_wire(),
             # what a result cost, on average: the window's spend over the results counted with it
             "costPerResult": spend.cost / NANOS / spend.spent if spend.spent else None,
             "buckets": [{"start": b.start, "count": b.count, "scored": b.scored, "mean": b.mean,

@@ -1,6 +1,6 @@
 """The fleet's share of background work: ``SHARDS`` leases in Redis, split evenly among the workers that renew them.
 
-One script call per renewal (``hold``) drops members past their lease, keeps and takes shards up to the
+One script call per renewal (``renew``) drops members past their lease, keeps and takes shards up to the
 fair share, lowest first, and renews them. The one rule: Redis's clock, never a worker's, decides who holds
 a shard; a shard held twice for a moment costs only work done twice. The steps: docs/design-notes.md.
 """
@@ -53,7 +53,7 @@ class ShardLeases:
         self._hold = redis.register_script(_HOLD)
         self._leave = redis.register_script(_LEAVE)
 
-    async def hold(self, worker: str, lease_s: float) -> frozenset[int]:
+    async def renew(self, worker: str, lease_s: float) -> frozenset[int]:
         """Renew ``worker``'s membership and leases (the steps above); the shards it holds."""
         held = await self._hold(keys=[keys.FLEET_MEMBERS, keys.FLEET_LEASES],
                                 args=[worker, int(lease_s * 1000), keys.SHARDS])

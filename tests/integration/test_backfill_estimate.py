@@ -74,7 +74,7 @@ async def test_a_dry_run_spends_nothing_and_the_job_that_follows_is_within_its_e
     assert job.status == "done" and graded == whole.pairs, "read whole, the estimate is the job"
     assert abs(sampled.pairs - graded) <= sampled.pairs_error, (sampled, graded)
     assert job.progress.judge_calls == whole.judge_calls == len(bench.judge.requests)
-    spent = (await store.history(group.id, "30d")).spend()
+    spent = (await store.history(group.id, "30d")).spent()
     assert 0 < spent.cost / 1e9 < whole.cost, "the ceilings: the most it could cost"
 
     after = await dry_run(10_000)  # now from the group's own history: what its results cost

@@ -42,30 +42,30 @@ EVERY = frozenset(range(SHARDS))
 
 async def test_two_workers_split_the_shards_and_one_takes_all_once_the_other_dies(redis_db_client: RedisClient) -> None:
     leases = ShardLeases(redis_db_client)
-    a = await leases.hold("a", LEASE_S)
+    a = await leases.renew("a", LEASE_S)
     assert a == EVERY  # alone: all of it
-    b = await leases.hold("b", LEASE_S)
+    b = await leases.renew("b", LEASE_S)
     assert b == frozenset()  # a joiner takes what is free: nothing yet
-    a = await leases.hold("a", LEASE_S)  # a's renewal gives back what is past its fair share
+    a = await leases.renew("a", LEASE_S)  # a's renewal gives back what is past its fair share
     assert a == frozenset(range(SHARDS // 2))
-    b = await leases.hold("b", LEASE_S)
+    b = await leases.renew("b", LEASE_S)
     assert b == EVERY - a
 
     died_at = time.monotonic()
-    while (a := await leases.hold("a", LEASE_S)) != EVERY:  # b renews no more
+    while (a := await leases.renew("a", LEASE_S)) != EVERY:  # b renews no more
         assert time.monotonic() - died_at < LEASE_S + 0.5, "the dead worker's share was not taken in a lease"
         await asyncio.sleep(0.1)
-    assert await leases.hold("b", LEASE_S) == frozenset()  # back, it waits for its share to be given back
+    assert await leases.renew("b", LEASE_S) == frozenset()  # back, it waits for its share to be given back
 
 
 async def test_a_stopping_worker_gives_its_share_back_at_once(redis_db_client: RedisClient) -> None:
     leases = ShardLeases(redis_db_client)
-    await leases.hold("a", 60)
-    await leases.hold("b", 60)
-    await leases.hold("a", 60)
-    assert await leases.hold("b", 60) == frozenset(range(SHARDS // 2, SHARDS))
+    await leases.renew("a", 60)
+    await leases.renew("b", 60)
+    await leases.renew("a", 60)
+    assert await leases.renew("b", 60) == frozenset(range(SHARDS // 2, SHARDS))
     await leases.leave("b")
-    assert await leases.hold("a", 60) == EVERY
+    assert await leases.renew("a", 60) == EVERY
 
 
 async def test_three_workers_hold_every_shard_once(redis_db_client: RedisClient) -> None:
@@ -73,7 +73,7 @@ async def test_three_workers_hold_every_shard_once(redis_db_client: RedisClient)
     held: dict[str, frozenset[int]] = {}
     for _ in range(3):  # a few renewals each, in turn: the shares settle
         for worker in ("a", "b", "c"):
-            held[worker] = await leases.hold(worker, 60)
+            held[worker] = await leases.renew(worker, 60)
     assert sum(len(h) for h in held.values()) == SHARDS
     assert set().union(*held.values()) == EVERY
     assert max(len(h) for h in held.values()) <= -(-SHARDS // 3)

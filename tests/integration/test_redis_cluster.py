@@ -210,7 +210,7 @@ async def use_every_store(redis: RedisCluster) -> list[AsyncScript]:
     await alignments.end(run.judge_id, run.id)
 
     leases = ShardLeases(redis)
-    assert len(await leases.hold("w-1", 30)) == SHARDS
+    assert len(await leases.renew("w-1", 30)) == SHARDS
     await leases.leave("w-1")
 
     storage = ProjectStorage(redis, Quotas(datasets=5, runs=5, stored_bytes=10_000))

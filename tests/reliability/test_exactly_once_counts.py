@@ -74,7 +74,7 @@ async def _exact(redis: Redis, tag: str) -> None:
         assert await claims.cost_used(project, 3600) == cost, (project, "money")
         assert await claims.saved(project, 3600) == (PAIRS, sum(10 + i for i in range(PAIRS))), (project, "saved")
         history = await ratings.history(group, "1h")
-        spent = history.spend()
+        spent = history.spent()
         assert (history.count, history.scored) == (PAIRS, PAIRS), (group, "counts")
         assert (spent.judge_calls, spent.tokens, spent.cost) == (PAIRS, tokens, cost), (group, "spend")
         documents, _ = await ratings.results(group, limit=50)
