@@ -35,6 +35,7 @@ OVERLAP = 0.5  # a new cluster takes an old topic's id when it holds this share 
 MERGE = 0.25  # clusters whose centres are this alike (cosine, in the clustering space) are one topic
 COHESION = 0.55  # a topic's members are at least this alike to its centre on average, else noise
 TERMS = 5
+NAME_VOCABULARY = 20_000  # the commonest terms a batch's names are chosen from (bounds their memory)
 JOIN_FLOOR = 0.15  # a new result never joins a topic less alike than this (cosine)
 
 # A topic's centre and a new result live in a hashed space: it needs no fitting, so a result is
@@ -105,6 +106,9 @@ def cluster(results: Sequence[LowResult], *, min_size: int = MIN_TOPIC) -> np.nd
         return np.full(len(results), -1)
     reduced = normalize(TruncatedSVD(n_components=dimensions, random_state=0).fit_transform(weighted))
     labels: np.ndarray = HDBSCAN(min_cluster_size=min_size, min_samples=min_size, copy=True).fit_predict(reduced)
+    if labels.max() < 0:  # no split found: all one failure (a topic, if coherent) or all noise
+        labels = HDBSCAN(min_cluster_size=min_size, min_samples=min_size, allow_single_cluster=True,
+                         copy=True).fit_predict(reduced)
     return _coarsened(reduced, labels)
 
 
@@ -148,7 +152,8 @@ def _weighted(texts: list[str]) -> sparse.csr_matrix | None:
 def distinctive_terms(texts: Sequence[str], labels: np.ndarray, *, count: int = TERMS) -> dict[int, tuple[str, ...]]:
     """Each cluster's most distinctive terms against the others (class-based TF-IDF: a term's
     share of the cluster's words, weighed by how rare it is across all the low results)."""
-    words = CountVectorizer(stop_words="english", ngram_range=(1, 2), token_pattern=r"(?u)\b[^\W\d_]{3,}\b")
+    words = CountVectorizer(stop_words="english", ngram_range=(1, 2), token_pattern=r"(?u)\b[^\W\d_]{3,}\b",
+                            max_features=NAME_VOCABULARY)
     try:
         counts = words.fit_transform(texts)
     except ValueError:  # no word at all (every text empty or stop words)
@@ -190,15 +195,16 @@ def topics_of(group_id: str, results: Sequence[LowResult], previous: Sequence[To
         return [], noise
     terms = distinctive_terms(texts, labels)
     vectors = term_vectors(texts)
-    taken: set[str] = set()
+    members = {label: tuple(results[i].id for i in np.flatnonzero(labels == label)) for label in found}
+    ids = _matched(members, previous)
+    used = {t.id for t in previous} | set(ids.values())
     topics = []
     for label in found:
-        rows = np.flatnonzero(labels == label)
-        members = tuple(results[i].id for i in rows)
-        centre, radius = _centre(vectors[rows])
-        topic_id = _matched(set(members), previous, taken) or _new_id(group_id, members)
-        taken.add(topic_id)
-        topics.append(Topic(topic_id, members, terms.get(label, ()), centre, radius))
+        if label not in ids:
+            ids[label] = _new_id(group_id, members[label], used)
+            used.add(ids[label])
+        centre, radius = _centre(vectors[labels == label])
+        topics.append(Topic(ids[label], members[label], terms.get(label, ()), centre, radius))
     return topics, noise
 
 
@@ -217,12 +223,18 @@ def nearest(text: str, topics: Sequence[Topic]) -> str | None:
 
 
 def _centre(vectors: sparse.csr_matrix) -> tuple[tuple[tuple[int, float], ...], float]:
-    """The members' mean, cut to its heaviest features, and the cosine that most members reach."""
+    """The members' mean, cut to its heaviest features, and the cosine its least alike member has."""
     mean = np.asarray(vectors.mean(axis=0)).ravel()
     heaviest = np.argsort(-mean, kind="stable")[:CENTROID_FEATURES]
-    centre = tuple((int(i), float(mean[i])) for i in heaviest if mean[i] > 0)
-    similarities = [_cosine(vectors[row], centre) for row in range(vectors.shape[0])]
-    return centre, float(min(similarities))  # a new result as alike to it as its least alike member
+    heaviest = heaviest[mean[heaviest] > 0]
+    centre = tuple((int(i), float(mean[i])) for i in heaviest)
+    cut = np.zeros(vectors.shape[1])
+    cut[heaviest] = mean[heaviest]
+    norm = float(np.linalg.norm(cut))
+    if not norm:
+        return centre, 1.0
+    similarities = (vectors @ cut) / norm  # rows are unit length
+    return centre, float(similarities.min())
 
 
 def _cosine(vector: sparse.csr_matrix, centre: tuple[tuple[int, float], ...]) -> float:
@@ -235,17 +247,29 @@ def _cosine(vector: sparse.csr_matrix, centre: tuple[tuple[int, float], ...]) ->
     return float(dot) / norm
 
 
-def _matched(members: set[str], previous: Sequence[Topic], taken: set[str]) -> str | None:
-    best, best_id = 0.0, None
-    for topic in previous:
-        if topic.id in taken or not topic.members:
-            continue
-        overlap = len(members & set(topic.members)) / min(len(members), len(topic.members))
-        if overlap >= OVERLAP and overlap > best:
-            best, best_id = overlap, topic.id
-    return best_id
+def _matched(members: dict[int, tuple[str, ...]], previous: Sequence[Topic]) -> dict[int, str]:
+    """Old ids for new clusters, the largest overlaps first (a fragment of an old topic never
+    takes its id before the cluster that holds most of it)."""
+    pairs = []
+    for label, mine in members.items():
+        for topic in previous:
+            if topic.members:
+                shared = len(set(mine) & set(topic.members))
+                overlap = shared / min(len(mine), len(topic.members))
+                if overlap >= OVERLAP:
+                    pairs.append((-overlap, -shared, label, topic.id))
+    ids: dict[int, str] = {}
+    for _, _, label, topic_id in sorted(pairs):
+        if label not in ids and topic_id not in ids.values():
+            ids[label] = topic_id
+    return ids
 
 
-def _new_id(group_id: str, members: tuple[str, ...]) -> str:
-    """Named by the group and its first member: the same clustering names a topic the same."""
-    return "tp-" + hashlib.blake2b(f"{group_id}\n{min(members)}".encode(), digest_size=8).hexdigest()
+def _new_id(group_id: str, members: tuple[str, ...], used: set[str]) -> str:
+    """Named by the group and its first member (the same clustering names a topic the same),
+    never an id already in use."""
+    for salt in range(len(used) + 1):
+        candidate = "tp-" + hashlib.blake2b(f"{group_id}\n{min(members)}\n{salt}".encode(), digest_size=8).hexdigest()
+        if candidate not in used:
+            return candidate
+    raise AssertionError("unreachable: more salts than ids in use")

@@ -20,8 +20,9 @@ from adapters.stores.client import RedisClient
 
 # Every lease is on Redis's clock, never a worker's (workers' clocks drift; Redis has one): either
 # a key's expiry (LEASE below) or a deadline in milliseconds of NOW_MS, which a script that dates
-# anything starts with. The delivery schedule alone dates by the sender's clock: its entries are
-# due times of retries the sender plans, and a claimed entry's lease is its due time moved ahead.
+# anything starts with. Dated by the caller's clock, on purpose: the delivery schedule (its entries
+# are due times of retries the sender plans; a claimed entry's lease is its due time moved ahead),
+# review items' times (a person's, shown), and the storage ledger's expiry (entries kept for days).
 NOW_MS = """
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)

@@ -16,6 +16,7 @@ from scoring.topics import (
     OUTPUT_CHARS,
     TEXT_CHARS,
     LowResult,
+    Topic,
     low_result,
     nearest,
     topics_of,
@@ -73,6 +74,27 @@ def test_a_new_result_joins_its_modes_topic_at_once_and_noise_joins_none() -> No
         else:
             joined[topic == by_mode[mode]] += 1
     assert joined[True] >= 0.8 * sum(joined.values()), joined
+
+
+def test_one_failure_alone_is_one_topic() -> None:
+    results, _ = low_results(per_mode=30, noise=0, modes=["refund"], seed=5)
+    topics, noise = topics_of("g-1", results)
+    assert len(topics) == 1 and len(topics[0].members) >= 20, (len(topics), len(noise))  # its outliers: noise
+
+
+def test_a_new_topic_never_takes_an_id_in_use() -> None:
+    """A new id is made from a topic's first member; when an old topic already holds that id
+    (its members went on as another cluster), the new topic gets an id of its own."""
+    results, truth = low_results(per_mode=30, noise=10, modes=["refund", "link"], seed=6)
+    fresh, _ = topics_of("g-1", results)
+    link_id = next(t.id for t in fresh if truth[t.members[0]] == "link")
+    refund = next(t for t in fresh if truth[t.members[0]] == "refund")
+    # The past: the id the link results would be named by, held by a topic of the refund results.
+    past = [Topic(link_id, refund.members, refund.terms, refund.centroid, refund.radius)]
+    again, _ = topics_of("g-1", results, previous=past)
+    ids = [t.id for t in again]
+    assert len(ids) == len(set(ids)), ids
+    assert next(t for t in again if truth[t.members[0]] == "refund").id == link_id, "the refunds kept their id"
 
 
 def test_too_few_results_are_noise_not_topics() -> None:
